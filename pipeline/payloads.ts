@@ -1,0 +1,60 @@
+// The data that flows on each edge of the graph. Stages import these, never each other.
+
+/** A camera frame as a source delivers it. */
+export type FrameEncoding = 'jpeg' | 'png' | 'rgb8' | 'bgr8' | 'rgba8' | 'bgra8' | 'mono8' | 'mono16';
+export interface CameraFrame {
+  readonly encoding: FrameEncoding;
+  readonly data: Uint8Array;
+  /** Required for raw encodings. */
+  readonly width?: number;
+  readonly height?: number;
+  /** Bytes per row for raw encodings (defaults to width × channels × bytes per channel). */
+  readonly stride?: number;
+}
+
+/** An encoder input tensor, in the layout of an encoder contract. */
+export type EncoderContract = 'gemma3' | 'gemma4';
+export interface PixelTensor {
+  readonly contract: EncoderContract;
+  /** gemma3: [N,3,896,896] CHW in [-1,1]; gemma4: [N,P,768] patches (HWC 16×16×3) in [0,1]. */
+  readonly pixelValues: Float32Array;
+  readonly pixelDims: readonly number[];
+  /** gemma4 only: [N,P,2] (col,row) per patch, −1 for padding. */
+  readonly positionIds?: BigInt64Array;
+  readonly positionDims?: readonly number[];
+  /** The number of image tokens the decoder will receive for this image. */
+  readonly imageTokens: number;
+}
+
+/** Image embeddings in the decoder's width, ready for the prompt's image segment. */
+export interface ImageEmbedding {
+  /** nTokens × nEmbd floats, row-major. */
+  readonly data: Float32Array;
+  readonly nTokens: number;
+  readonly nEmbd: number;
+}
+
+export type StopReason = 'eos' | 'max_tokens' | 'stop' | 'cancelled' | 'deadline';
+/** What the decoder produced for one frame. */
+export interface Generation {
+  readonly text: string;
+  readonly tokens: readonly number[];
+  readonly stopReason: StopReason;
+  readonly promptTokens: number;
+  readonly reusedTokens: number;
+  readonly drafted: number;
+  readonly accepted: number;
+  readonly forced: number;
+  readonly prefillMs: number;
+  readonly decodeMs: number;
+  readonly ttftMs: number;
+}
+
+/** A validated action, ready for the wire. */
+export interface ActionMessage {
+  readonly schemaId: string;
+  readonly frameId: number;
+  readonly sourceId: string;
+  readonly captureWallMs: number;
+  readonly action: unknown;
+}

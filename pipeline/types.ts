@@ -1,0 +1,74 @@
+// The types every stage and the runtime share. A stage sees only its payload types and a
+// StageContext; the Envelope around the payload belongs to the runtime.
+import type { Clock } from './clock.ts';
+
+/** What the runtime knows about a frame, independent of its payload. */
+export interface FrameMeta {
+  readonly frameId: number;
+  readonly sourceId: string;
+  /** Capture time on the pipeline clock (monotonic ns). */
+  readonly captureNs: bigint;
+  /** Capture time as wall clock (ms since epoch), for humans and the wire. */
+  readonly captureWallMs: number;
+  /** captureNs + end-to-end budget: after this the frame is worthless to the robot. */
+  readonly deadlineNs: bigint;
+  /** Degrade level of the ladder when the frame entered the graph (0 = full quality). */
+  readonly degradeLevel: number;
+}
+
+export interface Span {
+  readonly stage: string;
+  readonly enterNs: bigint;
+  readonly exitNs: bigint;
+}
+
+export interface Envelope<T> extends FrameMeta {
+  readonly spans: readonly Span[];
+  readonly payload: T;
+}
+
+/** The knobs the degradation ladder turns. A stage reads the ones it understands. */
+export interface Knobs {
+  /** Gemma 4 image-token budget (70, 140, 280, 560, 1120); Gemma 3 is fixed at 256. */
+  readonly imageTokens: number;
+  /** Upper bound on new tokens per frame. */
+  readonly maxNewTokens: number;
+  /** Whether speculative drafting is used. */
+  readonly draft: boolean;
+  /** Process one frame in (frameSkip + 1). */
+  readonly frameSkip: number;
+}
+
+export type DropReason =
+  | 'stale' // past its deadline (or predicted to miss it) at stage entry
+  | 'conflated' // replaced by a newer frame on a latest-value edge
+  | 'queue_full' // bounded queue full
+  | 'skipped' // frame skip rung of the ladder
+  | 'error' // the stage threw for this frame
+  | 'invalid' // output failed validation (e.g. action schema)
+  | 'shutdown'; // in flight when the pipeline stopped
+
+/** Stage-reported events (the runtime adds span/drop/degrade events itself). */
+export type StageEvent =
+  | { readonly kind: 'cancel'; readonly reason: 'deadline' | 'shutdown' | 'aborted'; readonly detail?: string }
+  | { readonly kind: 'note'; readonly message: string; readonly data?: Readonly<Record<string, number | string | boolean>> };
+
+export interface StageContext {
+  readonly frame: FrameMeta;
+  readonly clock: Clock;
+  /** Fires at the stage's deadline (min of its own budget and the frame deadline) or on shutdown. */
+  readonly signal: AbortSignal;
+  /** The instant `signal` fires for the deadline, on `clock` (monotonic ns). */
+  readonly stageDeadlineNs: bigint;
+  readonly knobs: Knobs;
+  report(event: StageEvent): void;
+}
+
+/** One stage, one file in nodes/. `process` may throw: the runtime turns it into an error event
+ * and a dropped frame (reason 'error'); the graph keeps running. */
+export interface Stage<I, O> {
+  readonly name: string;
+  process(input: I, ctx: StageContext): Promise<O>;
+  /** Frees resources (models, sockets, workers); called once at shutdown. */
+  close?(): Promise<void>;
+}
