@@ -72,3 +72,31 @@ export interface Stage<I, O> {
   /** Frees resources (models, sockets, workers); called once at shutdown. */
   close?(): Promise<void>;
 }
+
+/** Thrown by a stage to drop the current frame with a specific reason (e.g. 'invalid' for an
+ * action that fails its schema). Any other error is counted as reason 'error'. */
+export class DropFrame extends Error {
+  readonly reason: DropReason;
+  constructor(reason: DropReason, message: string) {
+    super(message);
+    this.name = 'DropFrame';
+    this.reason = reason;
+  }
+}
+
+/** One item a source yields: the payload and when it was captured. */
+export interface SourceItem<T> {
+  readonly sourceId: string;
+  /** Capture time on the pipeline clock. Replay sources advance a VirtualClock to it first. */
+  readonly captureNs: bigint;
+  readonly captureWallMs: number;
+  readonly payload: T;
+}
+
+/** A frame source (pattern, bag, folder, camera). Sources pace themselves (fps or recorded
+ * timing) and stop when `signal` fires or their input ends. */
+export interface FrameSource<T> {
+  readonly id: string;
+  frames(clock: Clock, signal: AbortSignal): AsyncIterable<SourceItem<T>>;
+  close?(): Promise<void>;
+}

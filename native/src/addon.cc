@@ -1,7 +1,66 @@
+// percept native addon: entry point. Registers Model, Context, Grammar, Speculator and a few
+// free functions (JSON Schema → GBNF, logging, system info).
 #include <napi.h>
+
+#include "context.h"
+#include "grammar.h"
+#include "json-schema-to-grammar.h"
 #include "llama.h"
-static Napi::Object Init(Napi::Env env, Napi::Object exports) {
-  exports.Set("version", Napi::String::New(env, "placeholder"));
-  return exports;
+#include "model.h"
+#include "speculator.h"
+#include "util.h"
+
+namespace percept {
+namespace {
+
+Napi::Value JsonSchemaToGrammar(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    std::string text = requireString(info[0], "jsonSchemaToGrammar schema (JSON text)");
+    try {
+        return Napi::String::New(env, json_schema_to_grammar(common_json::parse(text)));
+    } catch (const std::exception & e) {
+        throw Napi::Error::New(env, std::string("jsonSchemaToGrammar: ") + e.what());
+    }
 }
-NODE_API_MODULE(percept, Init)
+
+Napi::Value SetLogger(const Napi::CallbackInfo & info) {
+    setLogForwarder(info.Env(), info[0]);
+    return info.Env().Undefined();
+}
+
+Napi::Value SystemInfo(const Napi::CallbackInfo & info) { return Napi::String::New(info.Env(), llama_print_system_info()); }
+
+Napi::Value MonotonicNs(const Napi::CallbackInfo & info) { return Napi::BigInt::New(info.Env(), monotonicNs()); }
+}  // namespace
+}  // namespace percept
+
+static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
+    using namespace percept;
+    auto * data = new AddonData();
+    env.SetInstanceData<AddonData>(data);
+    installLogger(env, *data);
+    llama_backend_init();
+    ggml_backend_load_all();
+
+    Napi::Function model = Model::Init(env);
+    Napi::Function context = Context::Init(env);
+    Napi::Function grammar = Grammar::Init(env);
+    Napi::Function speculator = Speculator::Init(env);
+    data->modelCtor = Napi::Persistent(model);
+    data->contextCtor = Napi::Persistent(context);
+    data->grammarCtor = Napi::Persistent(grammar);
+    data->speculatorCtor = Napi::Persistent(speculator);
+
+    exports.Set("Model", model);
+    exports.Set("Context", context);
+    exports.Set("Grammar", grammar);
+    exports.Set("Speculator", speculator);
+    exports.Set("jsonSchemaToGrammar", Napi::Function::New<JsonSchemaToGrammar>(env, "jsonSchemaToGrammar"));
+    exports.Set("setLogger", Napi::Function::New<SetLogger>(env, "setLogger"));
+    exports.Set("systemInfo", Napi::Function::New<SystemInfo>(env, "systemInfo"));
+    exports.Set("monotonicNs", Napi::Function::New<MonotonicNs>(env, "monotonicNs"));
+    exports.Set("llamaVersion", Napi::String::New(env, "0.5.0"));
+    return exports;
+}
+
+NODE_API_MODULE(percept_native, InitAddon)

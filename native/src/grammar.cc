@@ -1,0 +1,144 @@
+#include "grammar.h"
+
+#include "util.h"
+#include "llama-vocab.h"
+#include "model.h"
+
+#include <cmath>
+
+namespace percept {
+
+Napi::Function Grammar::Init(Napi::Env env) {
+    return DefineClass(env, "Grammar", {InstanceMethod<&Grammar::Source>("source")});
+}
+
+// new Grammar(model, gbnf, root): parses now (cheap, on the JS thread), so a bad grammar throws here.
+Grammar::Grammar(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Grammar>(info) {
+    Napi::Env env = info.Env();
+    if (!info[0].IsObject() || !info[0].As<Napi::Object>().InstanceOf(addonData(env).modelCtor.Value())) {
+        throw Napi::TypeError::New(env, "Grammar: expected a Model as the first argument");
+    }
+    model_ = Model::Unwrap(info[0].As<Napi::Object>());
+    model_->require(env);
+    gbnf_ = requireString(info[1], "Grammar gbnf");
+    std::string root = info.Length() > 2 && !info[2].IsUndefined() ? requireString(info[2], "Grammar root") : "root";
+    LogCapture capture;
+    llama_grammar * g = llama_grammar_init_impl(model_->vocab(), gbnf_.c_str(), root.c_str(), false, nullptr, 0, nullptr, 0);
+    if (g == nullptr) {
+        std::string why = capture.text();
+        throw Napi::Error::New(env, "Grammar: failed to parse GBNF" + (why.empty() ? std::string() : ": " + why));
+    }
+    proto_.reset(g);
+    modelRef_ = Napi::Persistent(info[0].As<Napi::Object>());
+}
+
+Napi::Value Grammar::Source(const Napi::CallbackInfo & info) { return Napi::String::New(info.Env(), gbnf_); }
+
+// ---------------------------------------------------------------------------------------------
+
+Sampler::Sampler(Model * model, const SamplingOptions & opts, GrammarPtr grammar)
+    : model_(model), opts_(opts), grammar_(std::move(grammar)), nVocab_(model->info().nVocab) {
+    if (opts_.temperature > 0.0f) {
+        llama_sampler * c = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        if (opts_.topK > 0) llama_sampler_chain_add(c, llama_sampler_init_top_k(opts_.topK));
+        if (opts_.topP < 1.0f) llama_sampler_chain_add(c, llama_sampler_init_top_p(opts_.topP, 1));
+        if (opts_.minP > 0.0f) llama_sampler_chain_add(c, llama_sampler_init_min_p(opts_.minP, 1));
+        llama_sampler_chain_add(c, llama_sampler_init_temp(opts_.temperature));
+        llama_sampler_chain_add(c, llama_sampler_init_dist(opts_.seed));
+        chain_.reset(c);
+    }
+    cur_.resize(nVocab_);
+}
+
+bool Sampler::grammarAllows(llama_token token) {
+    llama_token_data one{token, 0.0f, 0.0f};
+    llama_token_data_array arr{&one, 1, -1, false};
+    llama_grammar_apply_impl(*grammar_, &arr);
+    return std::isfinite(one.logit);
+}
+
+llama_token Sampler::sample(llama_context * ctx, int32_t idx) {
+    const float * logits = llama_get_logits_ith(ctx, idx);
+    if (logits == nullptr) throw std::runtime_error("no logits for batch index " + std::to_string(idx));
+
+    auto fill = [&]() {
+        for (int32_t i = 0; i < nVocab_; i++) cur_[i] = llama_token_data{i, logits[i], 0.0f};
+        return llama_token_data_array{cur_.data(), size_t(nVocab_), -1, false};
+    };
+    auto argmaxOf = [](const llama_token_data_array & a) {
+        size_t best = 0;
+        for (size_t i = 1; i < a.size; i++) if (a.data[i].logit > a.data[best].logit) best = i;
+        return a.data[best].id;
+    };
+
+    if (!chain_) {
+        // Greedy: same tie rule as llama_sampler_init_greedy (first maximum wins).
+        llama_token best = 0;
+        for (int32_t i = 1; i < nVocab_; i++) if (logits[i] > logits[best]) best = i;
+        if (!grammar_ || grammarAllows(best)) return best;
+        llama_token_data_array a = fill();
+        llama_grammar_apply_impl(*grammar_, &a);
+        llama_token t = argmaxOf(a);
+        if (!std::isfinite(cur_[size_t(t)].logit)) throw std::runtime_error("the grammar admits no token here");
+        return t;
+    }
+
+    llama_token_data_array a = fill();
+    llama_sampler_apply(chain_.get(), &a);
+    llama_token t = a.data[a.selected].id;
+    if (!grammar_ || grammarAllows(t)) return t;
+    a = fill();
+    llama_grammar_apply_impl(*grammar_, &a);
+    bool any = false;
+    for (size_t i = 0; i < a.size && !any; i++) any = std::isfinite(a.data[i].logit);
+    if (!any) throw std::runtime_error("the grammar admits no token here");
+    llama_sampler_apply(chain_.get(), &a);
+    return a.data[a.selected].id;
+}
+
+void Sampler::accept(llama_token token) {
+    if (grammar_ && !model_->vocab()->is_eog(token)) llama_grammar_accept_impl(*grammar_, token);
+    if (chain_) llama_sampler_accept(chain_.get(), token);
+}
+
+bool Sampler::grammarComplete() const {
+    if (!grammar_ || grammar_->stacks.empty()) return false;
+    for (const auto & stack : grammar_->stacks) if (!stack.empty()) return false;
+    return true;
+}
+
+llama_token Sampler::forcedToken() {
+    if (!grammar_ || grammar_->partial_utf8.n_remain != 0 || grammar_->stacks.empty()) return -1;
+    uint32_t chr = 0;
+    bool first = true;
+    for (const auto & stack : grammar_->stacks) {
+        if (stack.empty()) return -1;  // end of grammar is admissible too
+        const llama_grammar_element * pos = stack.back();
+        if (pos->type != LLAMA_GRETYPE_CHAR) return -1;
+        if (pos[1].type == LLAMA_GRETYPE_CHAR_ALT || pos[1].type == LLAMA_GRETYPE_CHAR_RNG_UPPER) return -1;
+        if (first) {
+            chr = pos->value;
+            first = false;
+        } else if (pos->value != chr) {
+            return -1;
+        }
+    }
+    // First byte of chr's UTF-8 encoding.
+    uint8_t lead = chr < 0x80 ? uint8_t(chr) : chr < 0x800 ? uint8_t(0xC0 | (chr >> 6))
+                 : chr < 0x10000 ? uint8_t(0xE0 | (chr >> 12)) : uint8_t(0xF0 | (chr >> 18));
+    const std::vector<llama_token> & bucket = model_->tokensByFirstByte()[lead];
+    if (bucket.empty()) return -1;
+    std::vector<llama_token_data> cand(bucket.size());
+    for (size_t i = 0; i < bucket.size(); i++) cand[i] = llama_token_data{bucket[i], 0.0f, 0.0f};
+    llama_token_data_array arr{cand.data(), cand.size(), -1, false};
+    llama_grammar_apply_impl(*grammar_, &arr);
+    llama_token only = -1;
+    for (const auto & c : cand) {
+        if (!std::isfinite(c.logit)) continue;
+        if (only >= 0) return -1;
+        only = c.id;
+    }
+    return only;
+}
+
+}  // namespace percept

@@ -1,0 +1,318 @@
+#include "model.h"
+
+#include "chat.h"
+#include "util.h"
+#include "gguf.h"
+#include "llama-vocab.h"
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <sys/stat.h>
+
+namespace percept {
+
+namespace {
+
+const char * const kAcceptedArchs[] = {"gemma3", "gemma4", "gemma4-assistant"};
+
+bool acceptedArch(const std::string & arch) {
+    for (const char * a : kAcceptedArchs) if (arch == a) return true;
+    return false;
+}
+
+// Looks a special token up by its text; -1 when the vocabulary has no single token for it.
+int32_t tokenByText(const llama_vocab * vocab, const char * text) {
+    llama_token out[4];
+    int n = llama_tokenize(vocab, text, int32_t(strlen(text)), out, 4, false, true);
+    if (n != 1) return -1;
+    const char * t = llama_vocab_get_text(vocab, out[0]);
+    return t != nullptr && strcmp(t, text) == 0 ? out[0] : -1;
+}
+
+std::string metaString(const llama_model * model, const char * key) {
+    char buf[256];
+    int n = llama_model_meta_val_str(model, key, buf, sizeof(buf));
+    return n < 0 ? std::string() : std::string(buf);
+}
+
+struct LoadOptions {
+    std::string path;
+    int32_t gpuLayers = 0;
+    bool mmap = true;
+    bool vocabOnly = false;
+};
+
+// Reads general.architecture without loading tensors, so an unsupported or corrupt file is
+// refused with a clear reason before llama.cpp starts allocating.
+std::string readArchitecture(const std::string & path) {
+    gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
+    gguf_context * g = gguf_init_from_file(path.c_str(), params);
+    if (g == nullptr) throw std::runtime_error("not a valid GGUF file (bad magic, version or truncated header)");
+    std::string arch;
+    int64_t k = gguf_find_key(g, "general.architecture");
+    if (k >= 0 && gguf_get_kv_type(g, k) == GGUF_TYPE_STRING) arch = gguf_get_val_str(g, k);
+    gguf_free(g);
+    if (arch.empty()) throw std::runtime_error("GGUF has no general.architecture");
+    return arch;
+}
+
+class LoadWorker : public Napi::AsyncWorker {
+public:
+    LoadWorker(Napi::Env env, LoadOptions opts)
+        : Napi::AsyncWorker(env, "percept:Model.load"), opts_(std::move(opts)), deferred_(Napi::Promise::Deferred::New(env)) {}
+    ~LoadWorker() override {
+        if (model_ != nullptr) llama_model_free(model_);
+    }
+    Napi::Promise promise() { return deferred_.Promise(); }
+
+protected:
+    void Execute() override {
+        try {
+            struct stat st{};
+            if (stat(opts_.path.c_str(), &st) != 0) {
+                SetError("ENOENT: model file not found: " + opts_.path);
+                return;
+            }
+            std::string arch = readArchitecture(opts_.path);
+            if (!acceptedArch(arch)) {
+                SetError("unsupported architecture '" + arch + "' in " + opts_.path +
+                         " (percept accepts gemma3 and gemma4 targets and gemma4-assistant drafts)");
+                return;
+            }
+            LogCapture capture;
+            llama_model_params mp = llama_model_default_params();
+            mp.n_gpu_layers = opts_.gpuLayers;
+            mp.load_mode = opts_.mmap ? LLAMA_LOAD_MODE_AUTO : LLAMA_LOAD_MODE_NONE;
+            mp.vocab_only = opts_.vocabOnly;
+            model_ = llama_model_load_from_file(opts_.path.c_str(), mp);
+            if (model_ == nullptr) {
+                std::string why = capture.text();
+                SetError("failed to load model " + opts_.path + (why.empty() ? std::string() : ": " + why));
+            }
+        } catch (const std::exception & e) {
+            SetError(std::string("failed to load model ") + opts_.path + ": " + e.what());
+        }
+    }
+    void OnOK() override {
+        Napi::Env env = Env();
+        llama_model * m = model_;
+        model_ = nullptr;  // ownership moves to the JS object
+        Napi::Object obj = addonData(env).modelCtor.New(
+            {Napi::External<llama_model>::New(env, m), Napi::Boolean::New(env, opts_.vocabOnly)});
+        deferred_.Resolve(obj);
+    }
+    void OnError(const Napi::Error & e) override {
+        Napi::Env env = Env();
+        const std::string msg = e.Message();
+        deferred_.Reject(codedError(env, msg.rfind("ENOENT", 0) == 0 ? "ENOENT" : "EMODEL", msg).Value());
+    }
+
+private:
+    LoadOptions opts_;
+    Napi::Promise::Deferred deferred_;
+    llama_model * model_ = nullptr;
+};
+
+}  // namespace
+
+std::string imageAttentionRule(const std::string & arch, int32_t nEmbdInp) {
+    if (arch == "gemma3") return "bidirectional";
+    if (arch == "gemma4") return (nEmbdInp == 1536 || nEmbdInp == 2560) ? "causal" : "bidirectional-swa";
+    return "causal";
+}
+
+Napi::Function Model::Init(Napi::Env env) {
+    return DefineClass(env, "Model",
+                       {
+                           StaticMethod<&Model::Load>("load"),
+                           InstanceMethod<&Model::Info>("info"),
+                           InstanceMethod<&Model::Tokenize>("tokenize"),
+                           InstanceMethod<&Model::Detokenize>("detokenize"),
+                           InstanceMethod<&Model::TokenText>("tokenText"),
+                           InstanceMethod<&Model::ApplyChatTemplate>("applyChatTemplate"),
+                           InstanceMethod<&Model::Dispose>("dispose"),
+                       });
+}
+
+Model::Model(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Model>(info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 2 || !info[0].IsExternal()) {
+        throw Napi::TypeError::New(env, "Model cannot be constructed directly; use Model.load(path, options)");
+    }
+    model_ = info[0].As<Napi::External<llama_model>>().Data();
+    const llama_vocab * v = vocab();
+    info_.arch = metaString(model_, "general.architecture");
+    info_.nEmbd = llama_model_n_embd_inp(model_);
+    info_.nEmbdText = llama_model_n_embd(model_);
+    info_.nEmbdOut = llama_model_n_embd_out(model_);
+    info_.nVocab = llama_vocab_n_tokens(v);
+    info_.nLayer = llama_model_n_layer(model_);
+    info_.nCtxTrain = llama_model_n_ctx_train(model_);
+    info_.sizeBytes = llama_model_size(model_);
+    info_.nParams = llama_model_n_params(model_);
+    const char * tmpl = llama_model_chat_template(model_, nullptr);
+    info_.chatTemplate = tmpl ? tmpl : "";
+    if (info_.arch == "gemma3") {
+        info_.imageStartToken = tokenByText(v, "<start_of_image>");
+        info_.imageEndToken = tokenByText(v, "<end_of_image>");
+    }
+    if (info_.imageStartToken < 0 || info_.imageEndToken < 0) {
+        info_.imageStartToken = tokenByText(v, "<|image>");
+        info_.imageEndToken = tokenByText(v, "<image|>");
+    }
+    info_.imageAttention = imageAttentionRule(info_.arch, info_.nEmbd);
+    info_.bos = llama_vocab_bos(v);
+    info_.eos = llama_vocab_eos(v);
+    info_.vocabOnly = info[1].ToBoolean().Value();
+}
+
+Model::~Model() {
+    // GC without dispose(): contexts hold a reference to this object, so none is alive here.
+    if (model_ != nullptr) llama_model_free(model_);
+}
+
+llama_model * Model::require(Napi::Env env) const {
+    if (model_ == nullptr) throw codedError(env, "EDISPOSED", "Model is disposed");
+    return model_;
+}
+
+const std::vector<std::vector<llama_token>> & Model::tokensByFirstByte() {
+    std::call_once(byFirstByteOnce_, [this]() {
+        byFirstByte_.assign(256, {});
+        const llama_vocab * v = vocab();
+        for (llama_token id = 0; id < info_.nVocab; id++) {
+            if (v->is_eog(id)) continue;
+            const std::string & piece = v->token_to_piece(id);
+            if (piece.empty() || piece[0] == 0) continue;
+            byFirstByte_[uint8_t(piece[0])].push_back(id);
+        }
+    });
+    return byFirstByte_;
+}
+
+Napi::Value Model::Load(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    LoadOptions opts;
+    opts.path = requireString(info[0], "Model.load path");
+    if (opts.path.empty()) throw Napi::TypeError::New(env, "Model.load: path is empty");
+    Napi::Object o = info.Length() > 1 && !info[1].IsUndefined() ? requireObject(info[1], "Model.load options")
+                                                                  : Napi::Object::New(env);
+    opts.gpuLayers = int32_t(optInt(o, "gpuLayers", 0, -1, 100000, "Model.load options"));
+    opts.mmap = optBool(o, "mmap", true, "Model.load options");
+    opts.vocabOnly = optBool(o, "vocabOnly", false, "Model.load options");
+    auto * worker = new LoadWorker(env, std::move(opts));
+    Napi::Promise p = worker->promise();
+    worker->Queue();
+    return p;
+}
+
+Napi::Value Model::Info(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    require(env);
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("arch", info_.arch);
+    o.Set("nEmbd", info_.nEmbd);
+    o.Set("nEmbdText", info_.nEmbdText);
+    o.Set("nEmbdOut", info_.nEmbdOut);
+    o.Set("nVocab", info_.nVocab);
+    o.Set("nLayer", info_.nLayer);
+    o.Set("nCtxTrain", info_.nCtxTrain);
+    o.Set("sizeBytes", double(info_.sizeBytes));
+    o.Set("nParams", double(info_.nParams));
+    o.Set("chatTemplate", info_.chatTemplate.empty() ? env.Null() : Napi::String::New(env, info_.chatTemplate));
+    o.Set("imageStartToken", info_.imageStartToken < 0 ? env.Null() : Napi::Number::New(env, info_.imageStartToken));
+    o.Set("imageEndToken", info_.imageEndToken < 0 ? env.Null() : Napi::Number::New(env, info_.imageEndToken));
+    o.Set("imageAttention", info_.imageAttention);
+    o.Set("bos", info_.bos);
+    o.Set("eos", info_.eos);
+    o.Set("vocabOnly", info_.vocabOnly);
+    return o;
+}
+
+Napi::Value Model::Tokenize(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    require(env);
+    std::string text = requireString(info[0], "tokenize text");
+    bool addSpecial = info[1].ToBoolean().Value();
+    bool parseSpecial = info[2].ToBoolean().Value();
+    int32_t cap = int32_t(text.size()) + 8;
+    std::vector<llama_token> out(cap);
+    int32_t n = llama_tokenize(vocab(), text.data(), int32_t(text.size()), out.data(), cap, addSpecial, parseSpecial);
+    if (n < 0) {
+        out.resize(-n);
+        n = llama_tokenize(vocab(), text.data(), int32_t(text.size()), out.data(), -n, addSpecial, parseSpecial);
+    }
+    if (n < 0) throw Napi::Error::New(env, "tokenize failed");
+    Napi::Int32Array arr = Napi::Int32Array::New(env, n);
+    std::copy(out.begin(), out.begin() + n, arr.Data());
+    return arr;
+}
+
+Napi::Value Model::Detokenize(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    require(env);
+    std::vector<int32_t> tokens = requireTokens(info[0], info_.nVocab, "detokenize tokens");
+    bool special = info[1].ToBoolean().Value();
+    std::string out(tokens.size() * 8 + 16, '\0');
+    int32_t n = llama_detokenize(vocab(), tokens.data(), int32_t(tokens.size()), out.data(), int32_t(out.size()), false, special);
+    if (n < 0) {
+        out.resize(-n);
+        n = llama_detokenize(vocab(), tokens.data(), int32_t(tokens.size()), out.data(), int32_t(out.size()), false, special);
+    }
+    if (n < 0) throw Napi::Error::New(env, "detokenize failed");
+    out.resize(n);
+    return Napi::String::New(env, out);
+}
+
+Napi::Value Model::TokenText(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    require(env);
+    double d = info[0].IsNumber() ? info[0].As<Napi::Number>().DoubleValue() : -1;
+    if (d < 0 || d >= info_.nVocab || d != double(int32_t(d))) {
+        throw Napi::RangeError::New(env, "tokenText: token id out of range [0, " + std::to_string(info_.nVocab) + ")");
+    }
+    const char * text = llama_vocab_get_text(vocab(), int32_t(d));
+    return Napi::String::New(env, text ? text : "");
+}
+
+Napi::Value Model::ApplyChatTemplate(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    require(env);
+    if (!info[0].IsArray()) throw Napi::TypeError::New(env, "applyChatTemplate: expected an array of {role, content}");
+    Napi::Array arr = info[0].As<Napi::Array>();
+    bool addGenerationPrompt = info[1].ToBoolean().Value();
+    common_chat_templates_inputs inputs;
+    inputs.add_generation_prompt = addGenerationPrompt;
+    inputs.use_jinja = true;
+    inputs.enable_thinking = false;
+    for (uint32_t i = 0; i < arr.Length(); i++) {
+        std::string where = "applyChatTemplate messages[" + std::to_string(i) + "]";
+        Napi::Object m = requireObject(arr.Get(i), where.c_str());
+        common_chat_msg msg;
+        msg.role = requireString(m.Get("role"), (where + ".role").c_str());
+        msg.content = requireString(m.Get("content"), (where + ".content").c_str());
+        inputs.messages.push_back(std::move(msg));
+    }
+    try {
+        common_chat_templates_ptr tmpls = common_chat_templates_init(model_, "");
+        common_chat_params params = common_chat_templates_apply(tmpls.get(), inputs);
+        return Napi::String::New(env, params.prompt);
+    } catch (const std::exception & e) {
+        throw Napi::Error::New(env, std::string("applyChatTemplate: the model's chat template failed: ") + e.what());
+    }
+}
+
+Napi::Value Model::Dispose(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    if (model_ == nullptr) return env.Undefined();
+    if (users_.load() > 0) {
+        throw codedError(env, "EBUSY", "Model is used by " + std::to_string(users_.load()) +
+                                           " open context(s) or speculator(s); dispose them first");
+    }
+    llama_model_free(model_);
+    model_ = nullptr;
+    return env.Undefined();
+}
+
+}  // namespace percept

@@ -1,0 +1,199 @@
+#include "util.h"
+
+#include "llama.h"
+#include "log.h"  // llama.cpp common/log.h: common_log_set_verbosity_thold
+
+#include <cmath>
+#include <ctime>
+#include <mutex>
+
+namespace percept {
+
+Napi::Error codedError(Napi::Env env, const char * code, const std::string & message) {
+    Napi::Error err = Napi::Error::New(env, message);
+    err.Set("code", Napi::String::New(env, code));
+    return err;
+}
+
+int64_t monotonicNs() {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+Napi::Object requireObject(const Napi::Value & v, const char * what) {
+    if (!v.IsObject()) throw Napi::TypeError::New(v.Env(), std::string("Expected an object for ") + what);
+    return v.As<Napi::Object>();
+}
+
+std::string requireString(const Napi::Value & v, const char * what) {
+    if (!v.IsString()) throw Napi::TypeError::New(v.Env(), std::string("Expected a string for ") + what);
+    return v.As<Napi::String>().Utf8Value();
+}
+
+double optNumber(const Napi::Object & o, const char * key, double def, const char * where) {
+    Napi::Value v = o.Get(key);
+    if (v.IsUndefined()) return def;
+    if (!v.IsNumber() || !std::isfinite(v.As<Napi::Number>().DoubleValue())) {
+        throw Napi::TypeError::New(o.Env(), std::string("Expected a finite number for ") + where + "." + key);
+    }
+    return v.As<Napi::Number>().DoubleValue();
+}
+
+int64_t optInt(const Napi::Object & o, const char * key, int64_t def, int64_t min, int64_t max, const char * where) {
+    Napi::Value v = o.Get(key);
+    if (v.IsUndefined()) return def;
+    double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : NAN;
+    if (!std::isfinite(d) || std::floor(d) != d || d < double(min) || d > double(max)) {
+        throw Napi::RangeError::New(o.Env(), std::string("Expected an integer between ") + std::to_string(min) + " and " +
+                                                 std::to_string(max) + " for " + where + "." + key);
+    }
+    return int64_t(d);
+}
+
+bool optBool(const Napi::Object & o, const char * key, bool def, const char * where) {
+    Napi::Value v = o.Get(key);
+    if (v.IsUndefined()) return def;
+    if (!v.IsBoolean()) throw Napi::TypeError::New(o.Env(), std::string("Expected a boolean for ") + where + "." + key);
+    return v.As<Napi::Boolean>().Value();
+}
+
+std::string optString(const Napi::Object & o, const char * key, const std::string & def, const char * where) {
+    Napi::Value v = o.Get(key);
+    if (v.IsUndefined()) return def;
+    if (!v.IsString()) throw Napi::TypeError::New(o.Env(), std::string("Expected a string for ") + where + "." + key);
+    return v.As<Napi::String>().Utf8Value();
+}
+
+std::vector<int32_t> requireTokens(const Napi::Value & v, int32_t limit, const std::string & what) {
+    Napi::Env env = v.Env();
+    std::vector<int32_t> out;
+    if (v.IsTypedArray() && v.As<Napi::TypedArray>().TypedArrayType() == napi_int32_array) {
+        Napi::Int32Array a = v.As<Napi::Int32Array>();
+        out.assign(a.Data(), a.Data() + a.ElementLength());
+    } else if (v.IsArray()) {
+        Napi::Array a = v.As<Napi::Array>();
+        out.reserve(a.Length());
+        for (uint32_t i = 0; i < a.Length(); i++) {
+            Napi::Value e = a.Get(i);
+            double d = e.IsNumber() ? e.As<Napi::Number>().DoubleValue() : NAN;
+            if (!std::isfinite(d) || std::floor(d) != d || d < INT32_MIN || d > INT32_MAX) {
+                throw Napi::TypeError::New(env, what + "[" + std::to_string(i) + "] is not an integer token id");
+            }
+            out.push_back(int32_t(d));
+        }
+    } else {
+        throw Napi::TypeError::New(env, "Expected an Int32Array or an array of token ids for " + what);
+    }
+    for (size_t i = 0; i < out.size(); i++) {
+        if (out[i] < 0 || out[i] >= limit) {
+            throw Napi::RangeError::New(env, what + "[" + std::to_string(i) + "] = " + std::to_string(out[i]) +
+                                                 " is out of range (vocabulary has " + std::to_string(limit) + " tokens)");
+        }
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logging. llama_log_set is process-wide; the capture is per thread (each worker captures the
+// errors of its own load/create call) and the forwarder is per environment.
+
+namespace {
+
+thread_local std::string * tlsCapture = nullptr;
+thread_local ggml_log_level tlsLastLevel = GGML_LOG_LEVEL_NONE;
+
+struct LogLine {
+    int level;
+    std::string text;
+};
+
+void callJsLog(Napi::Env env, Napi::Function fn, std::nullptr_t *, LogLine * line) {
+    if (env != nullptr && fn != nullptr) {
+        try {
+            fn.Call({Napi::Number::New(env, line->level), Napi::String::New(env, line->text)});
+        } catch (...) {
+            // A throwing JS logger must not take the process down.
+        }
+    }
+    delete line;
+}
+
+using LogTsfn = Napi::TypedThreadSafeFunction<std::nullptr_t, LogLine, callJsLog>;
+
+}  // namespace
+
+struct LogState {
+    std::mutex mutex;
+    LogTsfn tsfn;
+    bool forwarding = false;
+};
+
+namespace {
+
+void logCallback(ggml_log_level level, const char * text, void * user) {
+    ggml_log_level effective = level == GGML_LOG_LEVEL_CONT ? tlsLastLevel : level;
+    if (level != GGML_LOG_LEVEL_CONT) tlsLastLevel = level;
+    if (tlsCapture != nullptr && (effective == GGML_LOG_LEVEL_ERROR || effective == GGML_LOG_LEVEL_WARN)) {
+        tlsCapture->append(text);
+    }
+    auto * state = static_cast<LogState *>(user);
+    if (state == nullptr) return;
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (state->forwarding) state->tsfn.NonBlockingCall(new LogLine{int(effective), text});
+}
+
+}  // namespace
+
+LogCapture::LogCapture() { tlsCapture = new std::string(); }
+LogCapture::~LogCapture() {
+    delete tlsCapture;
+    tlsCapture = nullptr;
+}
+std::string LogCapture::text() const {
+    std::string s = tlsCapture ? *tlsCapture : std::string();
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    // Keep the message short: the last three lines carry the reason.
+    size_t pos = s.size();
+    for (int lines = 0; lines < 3 && pos != std::string::npos && pos > 0; lines++) pos = s.rfind('\n', pos - 1);
+    if (pos != std::string::npos && pos > 0) s = s.substr(pos + 1);
+    for (char & c : s) if (c == '\n') c = ';';
+    return s;
+}
+
+void installLogger(Napi::Env env, AddonData & data) {
+    auto * state = new LogState();
+    llama_log_set(logCallback, state);
+    common_log_set_verbosity_thold(-1);  // common/ (speculative, sampling) logs through its own sink
+    env.AddCleanupHook([state]() {
+        llama_log_set(logCallback, nullptr);
+        std::lock_guard<std::mutex> lock(state->mutex);
+        if (state->forwarding) state->tsfn.Release();
+        state->forwarding = false;
+        // The state is leaked on purpose: a llama.cpp thread may still be inside logCallback.
+    });
+    data.log = state;
+}
+
+void setLogForwarder(Napi::Env env, const Napi::Value & callback) {
+    LogState * state = addonData(env).log;
+    if (state == nullptr) throw Napi::Error::New(env, "logger not installed");
+    if (!callback.IsNull() && !callback.IsUndefined() && !callback.IsFunction()) {
+        throw Napi::TypeError::New(env, "setLogger: expected a function or null");
+    }
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (state->forwarding) {
+        state->tsfn.Release();
+        state->forwarding = false;
+    }
+    if (callback.IsFunction()) {
+        state->tsfn = LogTsfn::New(env, callback.As<Napi::Function>(), "percept-log", 0, 1);
+        state->tsfn.Unref(env);  // logging must not keep the process alive
+        state->forwarding = true;
+        common_log_set_verbosity_thold(LOG_LEVEL_WARN);
+    } else {
+        common_log_set_verbosity_thold(-1);
+    }
+}
+
+}  // namespace percept

@@ -1,0 +1,56 @@
+// Shared helpers of the percept addon: argument checks that throw TypeError/RangeError (never UB),
+// errors with a `code`, the monotonic clock, and the log capture that turns llama.cpp's last
+// error lines into the message of a thrown JS error.
+#pragma once
+
+#include <napi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace percept {
+
+// Constructors of the wrapped classes, kept per Node environment (worker_threads each get one).
+struct LogState;
+struct AddonData {
+    LogState * log = nullptr;  // owned by the log cleanup hook
+    Napi::FunctionReference modelCtor;
+    Napi::FunctionReference contextCtor;
+    Napi::FunctionReference grammarCtor;
+    Napi::FunctionReference speculatorCtor;
+};
+
+inline AddonData & addonData(Napi::Env env) { return *env.GetInstanceData<AddonData>(); }
+
+// An Error with a `code` property (EBUSY, EDISPOSED, ECANCELED...), like Node's system errors.
+Napi::Error codedError(Napi::Env env, const char * code, const std::string & message);
+
+// Monotonic nanoseconds on the clock process.hrtime.bigint() reads (CLOCK_MONOTONIC on Linux).
+int64_t monotonicNs();
+
+// Argument readers: each names the argument in its message and throws a JS exception.
+Napi::Object requireObject(const Napi::Value & v, const char * what);
+std::string requireString(const Napi::Value & v, const char * what);
+double optNumber(const Napi::Object & o, const char * key, double def, const char * where);
+int64_t optInt(const Napi::Object & o, const char * key, int64_t def, int64_t min, int64_t max, const char * where);
+bool optBool(const Napi::Object & o, const char * key, bool def, const char * where);
+std::string optString(const Napi::Object & o, const char * key, const std::string & def, const char * where);
+// Reads an Int32Array or an array of integers in [0, limit).
+std::vector<int32_t> requireTokens(const Napi::Value & v, int32_t limit, const std::string & what);
+
+// llama.cpp logs its reasons (bad magic, truncated tensor, unknown architecture) and returns
+// NULL; capture the error lines printed on this thread so the JS error can say why.
+class LogCapture {
+public:
+    LogCapture();
+    ~LogCapture();
+    // Error/warning lines logged on this thread since construction, trimmed; empty if none.
+    std::string text() const;
+};
+
+// Installs the llama/ggml log callback. Quiet by default; `forward` sends lines to JS.
+void installLogger(Napi::Env env, AddonData & data);
+void setLogForwarder(Napi::Env env, const Napi::Value & callback);  // function or null
+
+}  // namespace percept

@@ -1,0 +1,472 @@
+// Vision encoder stage: an ONNX `vision_encoder` (transformers.js contract) run by onnxruntime-node in a
+// worker thread, so the event loop keeps serving the rest of the graph during an encode.
+//
+// Contracts checked at load (names, dtypes, ranks, fixed dims):
+//   gemma3: pixel_values f32 [N,3,S,S]                         → image_features f32 [N,T,hidden]
+//   gemma4: pixel_values f32 [N,P,768] + pixel_position_ids i64 [N,P,2] → image_features f32 [N,T,hidden]
+//           (rank 2 [T,hidden] is accepted too: HF's tower returns the valid tokens flattened)
+// Buffers: the PixelTensor's arrays are transferred to the worker (no copy); the caller must not use them
+// after process() (set copyInputs to keep them). One run is in flight at a time. When ctx.signal fires
+// the stage stops waiting at once; the worker finishes that run and its result is discarded (counted).
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { Worker } from 'node:worker_threads';
+import type { ImageEmbedding, PixelTensor } from '../pipeline/payloads.ts';
+import { DropFrame, type Stage, type StageContext } from '../pipeline/types.ts';
+import type { WireTensor, WireValueInfo, WorkerInit, WorkerReply, WorkerRequest } from './encoder-onnx.worker.ts';
+
+export type ExecutionProvider = 'cpu' | 'cuda' | 'tensorrt';
+
+export interface OnnxEncoderConfig {
+  /** Path of vision_encoder.onnx (resolve `synth:<preset>` specifiers before, with tools/vision-synth.ts). */
+  readonly model: string;
+  readonly ep?: ExecutionProvider;
+  /** The decoder's n_embd: the encoder's output width must equal it. */
+  readonly expectedHidden?: number;
+  /** ORT intra-op threads (default: ORT's choice, one per core). */
+  readonly threads?: number;
+  readonly graphOptimizationLevel?: 'disabled' | 'basic' | 'extended' | 'all';
+  /** Copy input arrays instead of transferring them (keeps the caller's PixelTensor usable). */
+  readonly copyInputs?: boolean;
+}
+
+export interface EncoderContractInfo {
+  readonly kind: 'gemma3' | 'gemma4';
+  /** Output width (the decoder's n_embd). */
+  readonly hidden: number;
+  /** gemma3: square input side (896). */
+  readonly imageSize?: number;
+  /** gemma3: tokens per image when fixed in the model (256). */
+  readonly tokens?: number;
+  /** gemma4: values per patch (768). */
+  readonly patchDim?: number;
+  readonly inputs: readonly WireValueInfo[];
+  readonly outputs: readonly WireValueInfo[];
+}
+
+export interface OnnxEncoderStats {
+  readonly runs: number;
+  /** Runs whose result arrived after the frame was abandoned (signal fired). */
+  readonly discarded: number;
+  readonly lastRunMs: number;
+}
+
+export interface OnnxEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
+  readonly contract: EncoderContractInfo;
+  readonly ep: ExecutionProvider;
+  stats(): OnnxEncoderStats;
+  close(): Promise<void>;
+}
+
+const dimsText = (shape: readonly (number | string)[] | undefined): string => `[${(shape ?? []).join(',')}]`;
+
+function fixedDimMismatch(info: WireValueInfo, index: number, expected: number): string | undefined {
+  const d = info.shape?.[index];
+  return typeof d === 'number' && d !== expected ? `${info.name} dim ${index} is ${d}, expected ${expected} (shape ${dimsText(info.shape)})` : undefined;
+}
+
+/** Checks a model's inputs/outputs against the gemma3/gemma4 contracts. Throws an Error that lists every
+ * mismatch. Pure: the tests call it on hand-made metadata too. */
+export function checkEncoderContract(inputs: readonly WireValueInfo[], outputs: readonly WireValueInfo[], expectedHidden?: number, source = 'vision encoder'): EncoderContractInfo {
+  const problems: string[] = [];
+  const byName = (list: readonly WireValueInfo[], name: string): WireValueInfo | undefined => list.find((v) => v.name === name);
+  const pixels = byName(inputs, 'pixel_values');
+  const positions = byName(inputs, 'pixel_position_ids');
+  const features = byName(outputs, 'image_features');
+  const names = (l: readonly WireValueInfo[]): string => l.map((v) => `${v.name}:${v.type ?? '?'}${dimsText(v.shape)}`).join(', ') || 'none';
+  if (!pixels) problems.push(`missing input 'pixel_values' (inputs: ${names(inputs)})`);
+  if (!features) problems.push(`missing output 'image_features' (outputs: ${names(outputs)})`);
+  const extra = inputs.filter((v) => v.name !== 'pixel_values' && v.name !== 'pixel_position_ids');
+  if (extra.length) problems.push(`unexpected input(s) ${extra.map((v) => `'${v.name}'`).join(', ')} (the contract has pixel_values and, for gemma4, pixel_position_ids)`);
+  const kind: 'gemma3' | 'gemma4' = positions ? 'gemma4' : 'gemma3';
+  const check = (v: WireValueInfo | undefined, type: string, ranks: readonly number[]): boolean => {
+    if (!v) return false;
+    if (!v.isTensor) {
+      problems.push(`${v.name} is not a tensor`);
+      return false;
+    }
+    if (v.type !== type) problems.push(`${v.name} has dtype ${v.type}, expected ${type}`);
+    const rank = v.shape?.length ?? 0;
+    if (rank && !ranks.includes(rank)) {
+      problems.push(`${v.name} has rank ${rank} ${dimsText(v.shape)}, expected rank ${ranks.join(' or ')}`);
+      return false;
+    }
+    return rank > 0;
+  };
+  let imageSize: number | undefined;
+  let tokens: number | undefined;
+  let patchDim: number | undefined;
+  if (kind === 'gemma3') {
+    if (check(pixels, 'float32', [4]) && pixels) {
+      const c = fixedDimMismatch(pixels, 1, 3);
+      if (c) problems.push(c);
+      const h = pixels.shape![2];
+      const w = pixels.shape![3];
+      if (typeof h === 'number' && typeof w === 'number') {
+        if (h !== w) problems.push(`pixel_values is ${h}×${w}, expected a square image`);
+        imageSize = h;
+      }
+    }
+    if (check(features, 'float32', [3]) && features) {
+      const t = features.shape![1];
+      if (typeof t === 'number') tokens = t;
+    }
+  } else {
+    if (check(pixels, 'float32', [3]) && pixels) {
+      const d = pixels.shape![2];
+      if (typeof d === 'number') {
+        if (d !== 768) problems.push(`pixel_values dim 2 is ${d}, expected 768 (16×16×3 patches)`);
+        patchDim = d;
+      }
+    }
+    if (check(positions, 'int64', [3]) && positions) {
+      const m = fixedDimMismatch(positions, 2, 2);
+      if (m) problems.push(m);
+    }
+    check(features, 'float32', [2, 3]);
+  }
+  const outShape = features?.shape ?? [];
+  const last = outShape[outShape.length - 1];
+  const hidden = typeof last === 'number' ? last : undefined;
+  if (features && outShape.length && hidden === undefined) problems.push(`image_features width is symbolic (${dimsText(outShape)}); the contract needs a fixed hidden size`);
+  if (hidden !== undefined && expectedHidden !== undefined && hidden !== expectedHidden) {
+    problems.push(`image_features width is ${hidden}, but the decoder's n_embd is ${expectedHidden}`);
+  }
+  if (problems.length) throw new Error(`${source}: not a ${kind} vision_encoder: ${problems.join('; ')}`);
+  return {
+    kind,
+    hidden: hidden ?? expectedHidden ?? 0,
+    ...(imageSize !== undefined ? { imageSize } : {}),
+    ...(tokens !== undefined ? { tokens } : {}),
+    ...(patchDim !== undefined ? { patchDim } : {}),
+    inputs,
+    outputs,
+  };
+}
+
+/** ORT provider names and the shared libraries each needs next to the onnxruntime-node binding. */
+const PROVIDERS: Record<ExecutionProvider, { ort: string; libs: readonly string[] }> = {
+  cpu: { ort: 'cpu', libs: [] },
+  cuda: { ort: 'cuda', libs: ['libonnxruntime_providers_shared.so', 'libonnxruntime_providers_cuda.so'] },
+  tensorrt: { ort: 'tensorrt', libs: ['libonnxruntime_providers_shared.so', 'libonnxruntime_providers_tensorrt.so'] },
+};
+
+function ortBinaryDir(): string {
+  const require = createRequire(import.meta.url);
+  const pkg = dirname(require.resolve('onnxruntime-node/package.json'));
+  return join(pkg, 'bin', 'napi-v6', process.platform, process.arch);
+}
+
+/** Fails early, with a clear message, when a GPU provider's libraries are not installed. */
+export function checkExecutionProvider(ep: ExecutionProvider): void {
+  const p = PROVIDERS[ep];
+  if (!p) throw new RangeError(`encoder-onnx: execution provider must be one of ${Object.keys(PROVIDERS).join(', ')}, got ${String(ep)}`);
+  if (!p.libs.length) return;
+  const dir = ortBinaryDir();
+  const missing = p.libs.filter((lib) => !existsSync(join(dir, lib)));
+  if (missing.length) {
+    throw new Error(
+      `encoder-onnx: execution provider '${ep}' is not available: ${missing.join(', ')} not found in ${dir}. ` +
+        `onnxruntime-node downloads its GPU providers in its install script (linux-x64 only), which cannot run offline; use ep 'cpu' or install them.`,
+    );
+  }
+}
+
+interface PendingRun {
+  readonly resolve: (r: { outputs: Record<string, WireTensor>; runMs: number }) => void;
+  readonly reject: (e: Error) => void;
+  abandoned: boolean;
+  /** Resolves when the worker is done with this run, whether or not anyone waits for its result. */
+  readonly done: Promise<void>;
+  readonly markDone: () => void;
+}
+
+function transferable(a: Float32Array | BigInt64Array, copy: boolean): { data: Float32Array | BigInt64Array; transfer?: ArrayBuffer } {
+  if (copy || !(a.buffer instanceof ArrayBuffer) || a.byteOffset !== 0 || a.byteLength !== a.buffer.byteLength) {
+    // A SharedArrayBuffer is shared, not copied, by postMessage; a view into a larger buffer is copied.
+    if (!copy && !(a.buffer instanceof ArrayBuffer)) return { data: a };
+    const c = a.slice();
+    return { data: c, transfer: c.buffer as ArrayBuffer };
+  }
+  return { data: a, transfer: a.buffer };
+}
+
+/** Loads the model in a worker, checks its contract, and returns the stage. */
+export async function createOnnxEncoderStage(cfg: OnnxEncoderConfig): Promise<OnnxEncoderStage> {
+  if (typeof cfg?.model !== 'string' || cfg.model.length === 0) throw new TypeError('encoder-onnx: cfg.model must be the path of an .onnx file');
+  if (cfg.model.endsWith('.gguf')) throw new Error(`encoder-onnx: ${cfg.model} is a GGUF (mmproj): that needs the llama.cpp mtmd encoder, not onnxruntime`);
+  if (!existsSync(cfg.model)) throw new Error(`encoder-onnx: model ${cfg.model} does not exist`);
+  const ep = cfg.ep ?? 'cpu';
+  checkExecutionProvider(ep);
+  if (cfg.threads !== undefined && !(Number.isInteger(cfg.threads) && cfg.threads >= 1)) throw new RangeError(`encoder-onnx: threads must be a positive integer, got ${cfg.threads}`);
+  if (cfg.expectedHidden !== undefined && !(Number.isInteger(cfg.expectedHidden) && cfg.expectedHidden > 0)) {
+    throw new RangeError(`encoder-onnx: expectedHidden must be a positive integer, got ${cfg.expectedHidden}`);
+  }
+
+  const init: WorkerInit = {
+    modelPath: cfg.model,
+    executionProviders: ep === 'cpu' ? ['cpu'] : [PROVIDERS[ep].ort, 'cpu'],
+    graphOptimizationLevel: cfg.graphOptimizationLevel ?? 'all',
+    ...(cfg.threads !== undefined ? { intraOpNumThreads: cfg.threads } : {}),
+  };
+  // The worker is TypeScript; a small .mjs entry registers tsx inside the worker thread first (Node 20
+  // does not apply the parent's `--import tsx` hooks to a worker's entry module).
+  const worker = new Worker(new URL('./encoder-onnx.worker.mjs', import.meta.url), { workerData: init });
+
+  const ready = await new Promise<{ inputs: WireValueInfo[]; outputs: WireValueInfo[] }>((resolve, reject) => {
+    const onMessage = (msg: WorkerReply): void => {
+      cleanup();
+      if (msg.type === 'ready') resolve({ inputs: msg.inputs, outputs: msg.outputs });
+      else if (msg.type === 'load-error') reject(new Error(`encoder-onnx: cannot load ${cfg.model} with ep '${ep}': ${msg.message}`));
+      else reject(new Error(`encoder-onnx: unexpected worker message '${msg.type}' during load`));
+    };
+    const onError = (err: Error): void => {
+      cleanup();
+      reject(new Error(`encoder-onnx: worker failed while loading ${cfg.model}: ${err.message}`));
+    };
+    const onExit = (code: number): void => {
+      cleanup();
+      reject(new Error(`encoder-onnx: worker exited (code ${code}) while loading ${cfg.model}`));
+    };
+    const cleanup = (): void => {
+      worker.off('message', onMessage);
+      worker.off('error', onError);
+      worker.off('exit', onExit);
+    };
+    worker.on('message', onMessage);
+    worker.on('error', onError);
+    worker.on('exit', onExit);
+  }).catch(async (err: unknown) => {
+    await worker.terminate();
+    throw err;
+  });
+
+  let contract: EncoderContractInfo;
+  try {
+    contract = checkEncoderContract(ready.inputs, ready.outputs, cfg.expectedHidden, cfg.model);
+  } catch (err) {
+    await worker.terminate();
+    throw err;
+  }
+  return new OnnxEncoder(worker, contract, ep, cfg.copyInputs === true);
+}
+
+class OnnxEncoder implements OnnxEncoderStage {
+  readonly name = 'encode';
+  readonly contract: EncoderContractInfo;
+  readonly ep: ExecutionProvider;
+  readonly #worker: Worker;
+  readonly #copyInputs: boolean;
+  readonly #pending = new Map<number, PendingRun>();
+  #nextId = 1;
+  /** The run the worker is executing (possibly abandoned by its caller). */
+  #inFlight: PendingRun | undefined;
+  /** A process() call is between entry and return. */
+  #callerActive = false;
+  #failure: Error | undefined;
+  #closing: Promise<void> | undefined;
+  #runs = 0;
+  #discarded = 0;
+  #lastRunMs = 0;
+
+  constructor(worker: Worker, contract: EncoderContractInfo, ep: ExecutionProvider, copyInputs: boolean) {
+    this.#worker = worker;
+    this.contract = contract;
+    this.ep = ep;
+    this.#copyInputs = copyInputs;
+    worker.on('message', (msg: WorkerReply) => this.#onMessage(msg));
+    worker.on('error', (err) => this.#fail(new Error(`encoder-onnx: worker crashed: ${err.message}`)));
+    worker.on('exit', (code) => {
+      if (!this.#closing) this.#fail(new Error(`encoder-onnx: worker exited unexpectedly (code ${code})`));
+    });
+  }
+
+  stats(): OnnxEncoderStats {
+    return { runs: this.#runs, discarded: this.#discarded, lastRunMs: this.#lastRunMs };
+  }
+
+  #onMessage(msg: WorkerReply): void {
+    if (msg.type !== 'result' && msg.type !== 'run-error') return;
+    const run = this.#pending.get(msg.id);
+    if (!run) return;
+    this.#pending.delete(msg.id);
+    if (this.#inFlight === run) this.#inFlight = undefined;
+    run.markDone();
+    if (msg.type === 'result') {
+      this.#runs++;
+      this.#lastRunMs = msg.runMs;
+    }
+    if (run.abandoned) {
+      this.#discarded++;
+      return;
+    }
+    if (msg.type === 'result') run.resolve({ outputs: msg.outputs, runMs: msg.runMs });
+    else run.reject(new Error(`encoder-onnx: run failed: ${msg.message}`));
+  }
+
+  #fail(err: Error): void {
+    this.#failure ??= err;
+    for (const run of this.#pending.values()) {
+      run.markDone();
+      if (!run.abandoned) run.reject(err);
+    }
+    this.#pending.clear();
+    this.#inFlight = undefined;
+  }
+
+  #validate(input: PixelTensor): void {
+    const c = this.contract;
+    if (input?.contract !== c.kind) throw new Error(`encoder-onnx: got a ${String(input?.contract)} tensor, the model is ${c.kind}`);
+    const count = (dims: readonly number[]): number => dims.reduce((a, b) => a * b, 1);
+    if (!(input.pixelValues instanceof Float32Array)) throw new TypeError('encoder-onnx: pixelValues must be a Float32Array');
+    if (input.pixelValues.buffer.byteLength === 0) throw new Error('encoder-onnx: pixelValues is detached (its buffer was already handed to the encoder)');
+    if (count(input.pixelDims) !== input.pixelValues.length) {
+      throw new RangeError(`encoder-onnx: pixelDims [${input.pixelDims.join(',')}] need ${count(input.pixelDims)} values, got ${input.pixelValues.length}`);
+    }
+    if (c.kind === 'gemma3') {
+      const s = c.imageSize;
+      if (input.pixelDims.length !== 4 || input.pixelDims[1] !== 3 || (s !== undefined && (input.pixelDims[2] !== s || input.pixelDims[3] !== s))) {
+        throw new RangeError(`encoder-onnx: gemma3 pixelDims must be [N,3,${s ?? 'S'},${s ?? 'S'}], got [${input.pixelDims.join(',')}]`);
+      }
+    } else {
+      if (input.pixelDims.length !== 3 || input.pixelDims[2] !== 768) throw new RangeError(`encoder-onnx: gemma4 pixelDims must be [N,P,768], got [${input.pixelDims.join(',')}]`);
+      const pd = input.positionDims;
+      if (!(input.positionIds instanceof BigInt64Array) || !pd) throw new TypeError('encoder-onnx: gemma4 tensors need positionIds (BigInt64Array) and positionDims');
+      if (pd.length !== 3 || pd[0] !== input.pixelDims[0] || pd[1] !== input.pixelDims[1] || pd[2] !== 2 || count(pd) !== input.positionIds.length) {
+        throw new RangeError(`encoder-onnx: positionDims [${pd.join(',')}] do not match pixelDims [${input.pixelDims.join(',')}] / ${input.positionIds.length} ids`);
+      }
+    }
+  }
+
+  /** Waits until the worker has finished any abandoned run; abortable. */
+  async #waitIdle(signal: AbortSignal): Promise<void> {
+    while (this.#inFlight) {
+      const run = this.#inFlight;
+      await abortable(run.done, signal);
+    }
+  }
+
+  async process(input: PixelTensor, ctx: StageContext): Promise<ImageEmbedding> {
+    if (this.#closing) throw new Error('encoder-onnx: stage is closed');
+    if (this.#failure) throw this.#failure;
+    if (this.#callerActive) throw new Error('encoder-onnx: process() called while another frame is being encoded (one run in flight; the runtime serializes stage calls)');
+    this.#validate(input);
+    this.#callerActive = true;
+    try {
+      if (ctx.signal.aborted) throw this.#cancel(ctx, 'before the run');
+      try {
+        await this.#waitIdle(ctx.signal);
+      } catch {
+        throw this.#cancel(ctx, 'waiting for the worker to finish an abandoned run');
+      }
+      if (this.#failure) throw this.#failure;
+      const feeds: Record<string, WireTensor> = {};
+      const transfer: ArrayBuffer[] = [];
+      const pv = transferable(input.pixelValues, this.#copyInputs);
+      feeds.pixel_values = { type: 'float32', data: pv.data, dims: input.pixelDims };
+      if (pv.transfer) transfer.push(pv.transfer);
+      if (this.contract.kind === 'gemma4') {
+        const pos = transferable(input.positionIds!, this.#copyInputs);
+        feeds.pixel_position_ids = { type: 'int64', data: pos.data, dims: input.positionDims! };
+        if (pos.transfer) transfer.push(pos.transfer);
+      }
+      const id = this.#nextId++;
+      let markDone!: () => void;
+      const done = new Promise<void>((r) => (markDone = r));
+      const result = new Promise<{ outputs: Record<string, WireTensor>; runMs: number }>((resolve, reject) => {
+        const run: PendingRun = { resolve, reject, abandoned: false, done, markDone };
+        this.#pending.set(id, run);
+        this.#inFlight = run;
+      });
+      const request: WorkerRequest = { type: 'run', id, feeds };
+      this.#worker.postMessage(request, transfer);
+      let reply: { outputs: Record<string, WireTensor>; runMs: number };
+      try {
+        reply = await abortable(result, ctx.signal);
+      } catch (err) {
+        if (!ctx.signal.aborted) throw err;
+        const run = this.#pending.get(id);
+        if (run) run.abandoned = true;
+        throw this.#cancel(ctx, 'during the run (the worker finishes it; the result is discarded)');
+      }
+      return this.#toEmbedding(reply.outputs, input);
+    } finally {
+      this.#callerActive = false;
+    }
+  }
+
+  #cancel(ctx: StageContext, when: string): DropFrame {
+    const deadline = ctx.clock.nowNs() >= ctx.stageDeadlineNs;
+    ctx.report({ kind: 'cancel', reason: deadline ? 'deadline' : 'aborted', detail: `encoder ${when}` });
+    return new DropFrame(deadline ? 'stale' : 'shutdown', `encoder-onnx: aborted ${when}`);
+  }
+
+  #toEmbedding(outputs: Record<string, WireTensor>, input: PixelTensor): ImageEmbedding {
+    const f = outputs.image_features;
+    if (!f || !(f.data instanceof Float32Array)) throw new Error('encoder-onnx: the model returned no float32 image_features');
+    const dims = f.dims;
+    const nEmbd = dims[dims.length - 1]!;
+    const batch = dims.length === 3 ? dims[0]! : 1;
+    if (batch !== 1) throw new Error(`encoder-onnx: image_features has batch ${batch}; one image per frame is supported`);
+    const nTokens = dims.length === 3 ? dims[1]! : dims[0]!;
+    if (nEmbd !== this.contract.hidden && this.contract.hidden !== 0) throw new Error(`encoder-onnx: image_features width ${nEmbd} != ${this.contract.hidden}`);
+    if (nTokens !== input.imageTokens) {
+      throw new Error(`encoder-onnx: the encoder produced ${nTokens} tokens but the preprocessor announced ${input.imageTokens} (image_features [${dims.join(',')}])`);
+    }
+    return { data: f.data, nTokens, nEmbd };
+  }
+
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      for (const run of this.#pending.values()) {
+        run.markDone();
+        if (!run.abandoned) run.reject(new Error('encoder-onnx: stage closed during the run'));
+      }
+      this.#pending.clear();
+      this.#inFlight = undefined;
+      const exited = new Promise<void>((resolve) => this.#worker.once('exit', () => resolve()));
+      const closed = new Promise<void>((resolve) => {
+        const onMsg = (m: WorkerReply): void => {
+          if (m.type === 'closed') {
+            this.#worker.off('message', onMsg);
+            resolve();
+          }
+        };
+        this.#worker.on('message', onMsg);
+      });
+      try {
+        this.#worker.postMessage({ type: 'close' } satisfies WorkerRequest);
+      } catch {
+        // already gone
+      }
+      // Give the session a moment to release cleanly; a stuck native run is terminated.
+      const timer = new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 2000).unref());
+      const outcome = await Promise.race([closed.then(() => 'closed' as const), exited.then(() => 'exited' as const), timer]);
+      if (outcome !== 'exited') {
+        const done = await Promise.race([exited.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 500).unref())]);
+        if (!done) await this.#worker.terminate();
+      }
+    })();
+    return this.#closing;
+  }
+}
+
+/** Resolves/rejects with `p`, or rejects as soon as `signal` fires. */
+function abortable<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = (): void => reject(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
+    signal.addEventListener('abort', onAbort, { once: true });
+    p.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(v);
+      },
+      (e: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(e instanceof Error ? e : new Error(String(e)));
+      },
+    );
+  });
+}

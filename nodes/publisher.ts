@@ -1,0 +1,132 @@
+// publisher: validated actions → ZeroMQ PUB. Each message is three frames:
+//   [topic, header JSON, body JSON]
+//   header = { schema_id, seq, frame_id, source_id, capture_wall_ms, publish_wall_ms }
+//   body   = the action, exactly as it passed the schema
+// Subscribers filter on the topic frame (ZeroMQ filters are byte prefixes: 'actions' also matches
+// 'actions/rear'). Telemetry/events go out on their own topics through the same socket.
+// Concurrency: zeromq allows one pending send per socket, so sends are serialised by a lock: a
+// caller's await returns when its own message is handed to ZeroMQ (no queue grows behind it beyond
+// the callers that are awaiting). Use it behind concatMap.
+import { Publisher } from 'zeromq';
+import type { ActionMessage } from '../pipeline/payloads.ts';
+import type { Stage, StageContext } from '../pipeline/types.ts';
+
+export interface PublisherOptions {
+  /** e.g. 'tcp://127.0.0.1:5556', 'tcp://*:5556', 'tcp://127.0.0.1:*' (any free port), 'ipc:///tmp/percept.sock'. */
+  readonly endpoint: string;
+  /** Topic frame for actions (default 'actions'). */
+  readonly topic?: string;
+  /** ZeroMQ SNDHWM: messages queued per subscriber before PUB drops for that subscriber (default 1000). */
+  readonly sendHighWaterMark?: number;
+  /** Topics for publishTelemetry / publishEvent (defaults 'telemetry', 'events'). */
+  readonly telemetryTopic?: string;
+  readonly eventsTopic?: string;
+}
+
+export interface WireHeader {
+  readonly schema_id: string;
+  readonly seq: number;
+  readonly frame_id: number;
+  readonly source_id: string;
+  readonly capture_wall_ms: number;
+  readonly publish_wall_ms: number;
+}
+
+export interface PublisherStage extends Stage<ActionMessage, ActionMessage> {
+  /** The endpoint actually bound (a wildcard port resolved), usable by connect(). */
+  readonly endpoint: string;
+  readonly topic: string;
+  /** Action messages handed to ZeroMQ so far (= the next seq). */
+  readonly sent: number;
+  /** Sends `[telemetryTopic, JSON]`; bigint fields become decimal strings. */
+  publishTelemetry(event: object): Promise<void>;
+  /** Sends `[eventsTopic, JSON]`; bigint fields become decimal strings. */
+  publishEvent(event: object): Promise<void>;
+  close(): Promise<void>;
+}
+
+const ENDPOINT = /^(tcp|ipc|inproc):\/\/.+/;
+
+export async function createPublisherStage(options: PublisherOptions): Promise<PublisherStage> {
+  if (options === null || typeof options !== 'object') throw new TypeError('createPublisherStage: expected an options object { endpoint, topic }');
+  const { endpoint, topic = 'actions', sendHighWaterMark = 1000, telemetryTopic = 'telemetry', eventsTopic = 'events' } = options;
+  if (typeof endpoint !== 'string' || !ENDPOINT.test(endpoint)) {
+    throw new TypeError(`createPublisherStage: expected endpoint like tcp://host:port, ipc://path or inproc://name but received ${JSON.stringify(endpoint)}`);
+  }
+  for (const [name, value] of [['topic', topic], ['telemetryTopic', telemetryTopic], ['eventsTopic', eventsTopic]] as const) {
+    if (typeof value !== 'string' || value.length === 0) {
+      throw new TypeError(`createPublisherStage: expected a non-empty string for ${name} but received ${JSON.stringify(value)}`);
+    }
+  }
+  if (!Number.isInteger(sendHighWaterMark) || sendHighWaterMark < 0) {
+    throw new RangeError(`createPublisherStage: expected integer >= 0 for sendHighWaterMark but received ${sendHighWaterMark}`);
+  }
+
+  const socket = new Publisher({ sendHighWaterMark, linger: 0 });
+  try {
+    await socket.bind(endpoint);
+  } catch (err) {
+    socket.close();
+    const code = (err as { code?: string }).code;
+    throw new Error(`publisher: cannot bind ${endpoint}${code ? ` (${code})` : ''}: ${(err as Error).message}`, { cause: err });
+  }
+  const bound = socket.lastEndpoint ?? endpoint;
+  const topicFrame = Buffer.from(topic);
+  const telemetryFrame = Buffer.from(telemetryTopic);
+  const eventsFrame = Buffer.from(eventsTopic);
+
+  let seq = 0;
+  let closed = false;
+  let lock: Promise<unknown> = Promise.resolve();
+  // Runs `send` after every earlier send has settled; a failed send does not block later ones.
+  const serialised = (send: () => Promise<void>): Promise<void> => {
+    if (closed) return Promise.reject(new Error(`publisher ${bound}: send after close`));
+    const next = lock.then(send);
+    lock = next.catch(() => undefined);
+    return next;
+  };
+
+  return {
+    name: 'publisher',
+    endpoint: bound,
+    topic,
+    get sent() {
+      return seq;
+    },
+    process(msg: ActionMessage, ctx: StageContext): Promise<ActionMessage> {
+      return serialised(async () => {
+        const header: WireHeader = {
+          schema_id: msg.schemaId,
+          seq,
+          frame_id: msg.frameId,
+          source_id: msg.sourceId,
+          capture_wall_ms: msg.captureWallMs,
+          publish_wall_ms: ctx.clock.wallMs(),
+        };
+        await socket.send([topicFrame, JSON.stringify(header), JSON.stringify(msg.action)]);
+        seq += 1;
+      }).then(() => msg);
+    },
+    publishTelemetry(event: object): Promise<void> {
+      return serialised(() => socket.send([telemetryFrame, toJson(event)]));
+    },
+    publishEvent(event: object): Promise<void> {
+      return serialised(() => socket.send([eventsFrame, toJson(event)]));
+    },
+    async close(): Promise<void> {
+      if (closed) return;
+      closed = true;
+      await lock;
+      socket.linger = 0;
+      // close() releases the endpoint later, on ZeroMQ's reaper thread; unbind first so the
+      // address is free when close() resolves (a restart can bind it again at once).
+      await socket.unbind(bound).catch(() => undefined);
+      socket.close();
+    },
+  };
+}
+
+function toJson(event: object): string {
+  if (event === null || typeof event !== 'object') throw new TypeError(`publisher: expected an event object but received ${String(event)}`);
+  return JSON.stringify(event, (_key, value: unknown) => (typeof value === 'bigint' ? value.toString() : value));
+}

@@ -1,0 +1,171 @@
+// source-pattern: a generated test pattern, JPEG-encoded: colour bars, a box that moves one step
+// per frame, and the frame index drawn as 16 black/white blocks along the bottom (bit 15 first), so
+// a consumer can read the index back from the decoded image. Frame i is the same bytes every run.
+// Pacing: frame i is due at start + i/fps. On a RealClock it sleeps until then (scheduled from the
+// start time, so encode time never accumulates as drift; a late frame is sent at once and counted).
+// On a VirtualClock it advances the clock to the due time and yields without waiting.
+import sharp from 'sharp';
+import type { Clock } from '../pipeline/clock.ts';
+import type { CameraFrame } from '../pipeline/payloads.ts';
+import type { FrameSource, SourceItem } from '../pipeline/types.ts';
+
+export interface PatternSourceOptions {
+  readonly fps: number;
+  /** Frames to produce (a positive integer, or Infinity to run until aborted). */
+  readonly frames: number;
+  readonly width: number;
+  readonly height: number;
+  readonly id?: string;
+  /** JPEG quality 1..100 (default 80). */
+  readonly quality?: number;
+}
+
+export interface PatternSourceCounters {
+  readonly yielded: number;
+  /** Frames yielded more than one period after their due time (RealClock only). */
+  readonly late: number;
+}
+
+export interface PatternSource extends FrameSource<CameraFrame> {
+  readonly counters: PatternSourceCounters;
+}
+
+/** Bits of the frame counter drawn along the bottom edge. */
+export const PATTERN_COUNTER_BITS = 16;
+const BARS: ReadonlyArray<readonly [number, number, number]> = [
+  [235, 235, 235], [235, 235, 16], [16, 235, 235], [16, 235, 16], [235, 16, 235], [235, 16, 16], [16, 16, 235], [16, 16, 16],
+];
+
+export function createPatternSource(options: PatternSourceOptions): PatternSource {
+  if (options === null || typeof options !== 'object') throw new TypeError('createPatternSource: expected an options object { fps, frames, width, height }');
+  const { fps, frames, width, height, id = 'pattern', quality = 80 } = options;
+  if (typeof fps !== 'number' || !Number.isFinite(fps) || fps <= 0) throw new RangeError(`createPatternSource: expected finite number > 0 for fps but received ${fps}`);
+  if (!(frames === Infinity || (Number.isInteger(frames) && frames > 0))) {
+    throw new RangeError(`createPatternSource: expected positive integer or Infinity for frames but received ${frames}`);
+  }
+  for (const [name, v] of [['width', width], ['height', height]] as const) {
+    if (!Number.isInteger(v) || v < 64 || v > 8192) throw new RangeError(`createPatternSource: expected integer between 64 and 8192 for ${name} but received ${v}`);
+  }
+  if (!Number.isInteger(quality) || quality < 1 || quality > 100) throw new RangeError(`createPatternSource: expected integer between 1 and 100 for quality but received ${quality}`);
+  if (typeof id !== 'string' || id.length === 0) throw new TypeError(`createPatternSource: expected a non-empty string for id but received ${JSON.stringify(id)}`);
+
+  const periodNs = BigInt(Math.round(1e9 / fps));
+  const counters = { yielded: 0, late: 0 };
+
+  async function* generate(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame>> {
+    const startNs = clock.nowNs();
+    for (let i = 0; i < frames && !signal.aborted; i++) {
+      const dueNs = startNs + BigInt(i) * periodNs;
+      let captureNs: bigint;
+      if (clock.virtual) {
+        advanceVirtualClock(clock, dueNs);
+        captureNs = dueNs;
+      } else {
+        if (!(await sleepUntil(clock, dueNs, signal))) return;
+        captureNs = clock.nowNs();
+        if (captureNs - dueNs > periodNs) counters.late += 1;
+      }
+      const captureWallMs = wallMsAt(clock, captureNs);
+      const data = await encodePatternFrame(i, width, height, quality);
+      if (signal.aborted) return;
+      counters.yielded += 1;
+      yield { sourceId: id, captureNs, captureWallMs, payload: { encoding: 'jpeg', data, width, height } };
+    }
+  }
+
+  return {
+    id,
+    get counters(): PatternSourceCounters {
+      return { ...counters };
+    },
+    frames: generate,
+  };
+}
+
+/** The raw RGB pixels of frame `index` (pure, deterministic). */
+export function renderPattern(index: number, width: number, height: number): Buffer {
+  const px = Buffer.alloc(width * height * 3);
+  const fill = (x0: number, y0: number, x1: number, y1: number, [r, g, b]: readonly [number, number, number]): void => {
+    for (let y = Math.max(0, y0); y < Math.min(height, y1); y++) {
+      for (let x = Math.max(0, x0); x < Math.min(width, x1); x++) {
+        const o = (y * width + x) * 3;
+        px[o] = r;
+        px[o + 1] = g;
+        px[o + 2] = b;
+      }
+    }
+  };
+  const counterTop = height - Math.max(8, Math.floor(height / 8));
+  const barWidth = width / BARS.length;
+  BARS.forEach((colour, k) => fill(Math.round(k * barWidth), 0, Math.round((k + 1) * barWidth), counterTop, colour));
+  // The box bounces between the edges: a triangle wave over the free width, one step per frame.
+  const box = Math.max(8, Math.floor(height / 5));
+  const travel = width - box;
+  const step = Math.max(1, Math.floor(width / 64));
+  const phase = (index * step) % (2 * travel);
+  const x = phase <= travel ? phase : 2 * travel - phase;
+  const y = Math.floor((counterTop - box) / 2);
+  fill(x, y, x + box, y + box, [128, 128, 128]);
+  fill(x + 2, y + 2, x + box - 2, y + box - 2, [255, 128, 0]);
+  const cell = width / PATTERN_COUNTER_BITS;
+  for (let bit = 0; bit < PATTERN_COUNTER_BITS; bit++) {
+    const on = (index >>> (PATTERN_COUNTER_BITS - 1 - bit)) & 1;
+    fill(Math.round(bit * cell), counterTop, Math.round((bit + 1) * cell), height, on ? [255, 255, 255] : [0, 0, 0]);
+  }
+  return px;
+}
+
+/** Reads the frame counter back from decoded RGB pixels of a pattern frame (for tests and checks). */
+export function readPatternCounter(rgb: Uint8Array, width: number, height: number, channels = 3): number {
+  const counterTop = height - Math.max(8, Math.floor(height / 8));
+  const y = Math.floor((counterTop + height) / 2);
+  const cell = width / PATTERN_COUNTER_BITS;
+  let value = 0;
+  for (let bit = 0; bit < PATTERN_COUNTER_BITS; bit++) {
+    const x = Math.floor((bit + 0.5) * cell);
+    const o = (y * width + x) * channels;
+    const luma = (rgb[o] + rgb[o + 1] + rgb[o + 2]) / 3;
+    value = (value << 1) | (luma > 128 ? 1 : 0);
+  }
+  return value;
+}
+
+export async function encodePatternFrame(index: number, width: number, height: number, quality = 80): Promise<Buffer> {
+  return sharp(renderPattern(index, width, height), { raw: { width, height, channels: 3 } }).jpeg({ quality }).toBuffer();
+}
+
+/** Wall time of `captureNs`: the clock may already be past it (a consumer that fell behind on a
+ * VirtualClock), so step back from now instead of reading wallMs() as the capture time. */
+function wallMsAt(clock: Clock, captureNs: bigint): number {
+  return clock.wallMs() - Number(clock.nowNs() - captureNs) / 1e6;
+}
+
+function advanceVirtualClock(clock: Clock, ns: bigint): void {
+  const advanceTo = (clock as { advanceTo?: (ns: bigint) => void }).advanceTo;
+  if (typeof advanceTo !== 'function') throw new TypeError('source-pattern: a virtual clock must have advanceTo(ns)');
+  advanceTo.call(clock, ns);
+}
+
+/** Sleeps until `clock` reads at least `targetNs` (never early: setTimeout may fire a little before
+ * the clock gets there, so it loops). Returns false if `signal` fired first. */
+function sleepUntil(clock: Clock, targetNs: bigint, signal: AbortSignal): Promise<boolean> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve(false);
+    let timer: NodeJS.Timeout | undefined;
+    const onAbort = (): void => {
+      clearTimeout(timer);
+      resolve(false);
+    };
+    const check = (): void => {
+      const left = targetNs - clock.nowNs();
+      if (left <= 0n) {
+        signal.removeEventListener('abort', onAbort);
+        resolve(true);
+      } else {
+        timer = setTimeout(check, Math.min(Math.ceil(Number(left) / 1e6), 2_147_483_647));
+      }
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
+    check();
+  });
+}

@@ -1,0 +1,161 @@
+// `percept bench encode`: preprocessing and vision-encoder latency, each timed on its own, per frame.
+import { readFileSync } from 'node:fs';
+import sharp from 'sharp';
+import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder-onnx.ts';
+import { createPreprocessStage } from '../nodes/preprocess.ts';
+import { resolveVisionSpec } from '../tools/vision-synth.ts';
+import { RealClock } from './clock.ts';
+import type { CameraFrame } from './payloads.ts';
+import type { StageContext } from './types.ts';
+
+export interface BenchEncodeOptions {
+  /** .onnx path or synth:<preset>; .mmproj.gguf is reserved for the llama.cpp mtmd encoder. */
+  readonly encoder: string;
+  readonly ep?: ExecutionProvider | string;
+  /** JPEG or PNG file; default a generated 1280×720 JPEG (q85). */
+  readonly image?: string;
+  /** Gemma 4 image-token budget (default 280). */
+  readonly imageTokens?: number;
+  readonly iterations?: number;
+  readonly warmup?: number;
+  /** ORT intra-op threads. */
+  readonly threads?: number;
+}
+
+export interface BenchEncodeResult {
+  readonly encoder: string;
+  readonly contract: 'gemma3' | 'gemma4';
+  readonly ep: string;
+  readonly image: string;
+  readonly image_width: number;
+  readonly image_height: number;
+  readonly iterations: number;
+  readonly image_tokens_budget: number | null;
+  readonly tokens: number;
+  readonly hidden: number;
+  readonly load_ms: number;
+  readonly first_encode_ms: number;
+  readonly preprocess_ms_p50: number;
+  readonly preprocess_ms_p99: number;
+  readonly encode_ms_p50: number;
+  readonly encode_ms_p99: number;
+  /** Time inside session.run() in the worker (encode_ms minus transfer and messaging). */
+  readonly run_ms_p50: number;
+  readonly total_ms_p50: number;
+}
+
+/** Nearest-rank quantile of a sample. */
+export function quantile(values: readonly number[], q: number): number {
+  if (values.length === 0) return Number.NaN;
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
+}
+
+/** A deterministic 1280×720 test scene (gradients, edges, noise) as JPEG q85. */
+export async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<Buffer> {
+  const raw = Buffer.alloc(width * height * 3);
+  let s = 12345;
+  for (let y = 0; y < height; y++) {
+    for (let x = 0; x < width; x++) {
+      s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+      const noise = (s >>> 24) & 15;
+      const i = (y * width + x) * 3;
+      raw[i] = ((x * 255) / width + noise) & 255;
+      raw[i + 1] = ((y * 255) / height + noise) & 255;
+      raw[i + 2] = (((x >> 5) ^ (y >> 5)) & 1) * 180 + noise;
+    }
+  }
+  return sharp(raw, { raw: { width, height, channels: 3 } }).jpeg({ quality }).toBuffer();
+}
+
+function benchContext(imageTokens: number): StageContext {
+  const clock = new RealClock();
+  const far = clock.nowNs() + 3_600_000_000_000n;
+  return {
+    frame: { frameId: 0, sourceId: 'bench', captureNs: clock.nowNs(), captureWallMs: clock.wallMs(), deadlineNs: far, degradeLevel: 0 },
+    clock,
+    signal: new AbortController().signal,
+    stageDeadlineNs: far,
+    knobs: { imageTokens, maxNewTokens: 0, draft: false, frameSkip: 0 },
+    report: () => {},
+  };
+}
+
+export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncodeResult> {
+  if (typeof opts.encoder !== 'string' || !opts.encoder) throw new TypeError('bench encode: --encoder is required');
+  if (opts.encoder.endsWith('.gguf')) {
+    throw new Error(`bench encode: ${opts.encoder} is an mmproj GGUF; the llama.cpp mtmd encoder is not wired into the native addon yet (use an .onnx or synth:<preset>)`);
+  }
+  const iterations = opts.iterations ?? 20;
+  if (!Number.isInteger(iterations) || iterations < 1) throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
+  const warmup = opts.warmup ?? 1;
+  const imageTokens = opts.imageTokens ?? 280;
+  const ep = (opts.ep ?? 'cpu') as ExecutionProvider;
+  const modelPath = resolveVisionSpec(opts.encoder);
+
+  let frame: CameraFrame;
+  let imageName: string;
+  if (opts.image) {
+    const data = readFileSync(opts.image);
+    const format = (await sharp(data).metadata()).format;
+    if (format !== 'jpeg' && format !== 'png') throw new Error(`bench encode: ${opts.image} is ${format ?? 'unknown'}; use a JPEG or PNG`);
+    frame = { encoding: format, data };
+    imageName = opts.image;
+  } else {
+    frame = { encoding: 'jpeg', data: await syntheticJpeg() };
+    imageName = 'synthetic 1280x720 jpeg q85';
+  }
+  const meta = await sharp(frame.data).metadata();
+
+  const t0 = performance.now();
+  const encoder = await createOnnxEncoderStage({ model: modelPath, ep, ...(opts.threads !== undefined ? { threads: opts.threads } : {}) });
+  const loadMs = performance.now() - t0;
+  try {
+    const preprocess = createPreprocessStage({ contract: encoder.contract.kind });
+    const ctx = benchContext(imageTokens);
+    const pre: number[] = [];
+    const enc: number[] = [];
+    const run: number[] = [];
+    let firstEncodeMs = Number.NaN;
+    let tokens = 0;
+    let hidden = 0;
+    for (let i = 0; i < warmup + iterations; i++) {
+      const a = performance.now();
+      const tensor = await preprocess.process(frame, ctx);
+      const b = performance.now();
+      const emb = await encoder.process(tensor, ctx);
+      const c = performance.now();
+      tokens = emb.nTokens;
+      hidden = emb.nEmbd;
+      if (i === 0) firstEncodeMs = c - b;
+      if (i >= warmup) {
+        pre.push(b - a);
+        enc.push(c - b);
+        run.push(encoder.stats().lastRunMs);
+      }
+    }
+    const round = (x: number): number => Math.round(x * 1000) / 1000;
+    return {
+      encoder: modelPath,
+      contract: encoder.contract.kind,
+      ep,
+      image: imageName,
+      image_width: meta.width ?? 0,
+      image_height: meta.height ?? 0,
+      iterations,
+      image_tokens_budget: encoder.contract.kind === 'gemma4' ? imageTokens : null,
+      tokens,
+      hidden,
+      load_ms: round(loadMs),
+      first_encode_ms: round(firstEncodeMs),
+      preprocess_ms_p50: round(quantile(pre, 0.5)),
+      preprocess_ms_p99: round(quantile(pre, 0.99)),
+      encode_ms_p50: round(quantile(enc, 0.5)),
+      encode_ms_p99: round(quantile(enc, 0.99)),
+      run_ms_p50: round(quantile(run, 0.5)),
+      total_ms_p50: round(quantile(pre.map((p, i) => p + enc[i]!), 0.5)),
+    };
+  } finally {
+    await encoder.close();
+  }
+}

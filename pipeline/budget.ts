@@ -1,0 +1,204 @@
+// The budget policy: a per-stage cost model learned online and the degradation ladder it drives.
+//
+// CostModel    for each (stage, ladder level): the last `window` durations, their EWMA, a high
+//              quantile (the ladder's prediction) and the minimum (the "certain miss" test).
+// DegradeLadder level 0 = `initial` knobs, level n = rungs[0..n-1] applied on top. At every frame
+//              admission it predicts the end-to-end time at the current level as the sum of the
+//              stages' quantiles. Prediction > endToEnd × headroom → step down one rung.
+//              Prediction ≤ endToEnd × headroom × upBelow for `upAfter` consecutive frames →
+//              step up one rung. Each time the ladder enters a level it forgets what it knew about
+//              that level, so every decision rests on durations measured since the last step;
+//              until every stage has `minSamples` of those it holds (no decision).
+import type { LadderConfig } from './config.ts';
+import type { Knobs } from './types.ts';
+
+/** What the model knows about one stage at one level (ms). */
+export interface CostEstimate {
+  readonly count: number;
+  readonly ewmaMs: number;
+  readonly quantileMs: number;
+  readonly minMs: number;
+}
+
+/** Recent durations of one stage at one level. */
+class CostWindow {
+  readonly #values: Float64Array;
+  #next = 0;
+  #count = 0;
+  #ewma = 0;
+  #sorted: Float64Array | undefined; // cache, invalidated by record()
+
+  constructor(size: number) {
+    this.#values = new Float64Array(size);
+  }
+
+  record(ms: number, alpha: number): void {
+    this.#ewma = this.#count === 0 ? ms : this.#ewma + alpha * (ms - this.#ewma);
+    this.#values[this.#next] = ms;
+    this.#next = (this.#next + 1) % this.#values.length;
+    this.#count = Math.min(this.#count + 1, this.#values.length);
+    this.#sorted = undefined;
+  }
+
+  clear(): void {
+    this.#next = 0;
+    this.#count = 0;
+    this.#ewma = 0;
+    this.#sorted = undefined;
+  }
+
+  get count(): number {
+    return this.#count;
+  }
+
+  estimate(quantile: number): CostEstimate {
+    this.#sorted ??= this.#values.slice(0, this.#count).sort();
+    const sorted = this.#sorted;
+    return {
+      count: this.#count,
+      ewmaMs: this.#ewma,
+      // nearest rank, as LatencyHistogram
+      quantileMs: sorted[Math.max(0, Math.ceil(quantile * sorted.length) - 1)] ?? NaN,
+      minMs: sorted[0] ?? NaN,
+    };
+  }
+}
+
+export interface CostModelOptions {
+  readonly stages: readonly string[];
+  /** Number of ladder levels (rungs + 1). */
+  readonly levels: number;
+  readonly window: number;
+  readonly quantile: number;
+  readonly ewmaAlpha: number;
+  readonly minSamples: number;
+}
+
+export class CostModel {
+  readonly #stages: readonly string[];
+  readonly #windows: Map<string, CostWindow[]>;
+  readonly #quantile: number;
+  readonly #alpha: number;
+  readonly #minSamples: number;
+
+  constructor({ stages, levels, window, quantile, ewmaAlpha, minSamples }: CostModelOptions) {
+    if (!(Number.isInteger(levels) && levels >= 1)) throw new RangeError(`CostModel: expected levels ≥ 1 but received ${levels}`);
+    if (!(Number.isInteger(window) && window >= 1)) throw new RangeError(`CostModel: expected window ≥ 1 but received ${window}`);
+    if (!(quantile > 0 && quantile < 1)) throw new RangeError(`CostModel: expected 0 < quantile < 1 but received ${quantile}`);
+    if (!(ewmaAlpha > 0 && ewmaAlpha <= 1)) throw new RangeError(`CostModel: expected 0 < ewmaAlpha ≤ 1 but received ${ewmaAlpha}`);
+    if (!(Number.isInteger(minSamples) && minSamples >= 1 && minSamples <= window)) {
+      throw new RangeError(`CostModel: expected 1 ≤ minSamples ≤ window (${window}) but received ${minSamples}`);
+    }
+    this.#stages = stages;
+    this.#windows = new Map(stages.map((s) => [s, Array.from({ length: levels }, () => new CostWindow(window))]));
+    this.#quantile = quantile;
+    this.#alpha = ewmaAlpha;
+    this.#minSamples = minSamples;
+  }
+
+  record(stage: string, level: number, durationMs: number): void {
+    this.#window(stage, level).record(durationMs, this.#alpha);
+  }
+
+  /** Forgets everything measured at `level` (all stages). */
+  forgetLevel(level: number): void {
+    for (const stage of this.#stages) this.#window(stage, level).clear();
+  }
+
+  estimate(stage: string, level: number): CostEstimate {
+    return this.#window(stage, level).estimate(this.#quantile);
+  }
+
+  /** Predicted time (ms) of the stages from index `from` on at `level`: the sum of their quantiles
+   * ('quantile') or of their fastest recent runs ('min'); undefined until each has minSamples. */
+  predict(level: number, kind: 'quantile' | 'min', from = 0): number | undefined {
+    let total = 0;
+    for (let i = from; i < this.#stages.length; i++) {
+      const window = this.#window(this.#stages[i]!, level);
+      if (window.count < this.#minSamples) return undefined;
+      const estimate = window.estimate(this.#quantile);
+      total += kind === 'quantile' ? estimate.quantileMs : estimate.minMs;
+    }
+    return total;
+  }
+
+  #window(stage: string, level: number): CostWindow {
+    const windows = this.#windows.get(stage);
+    if (!windows) throw new RangeError(`CostModel: unknown stage '${stage}' (known: ${this.#stages.join(', ')})`);
+    const window = windows[level];
+    if (!window) throw new RangeError(`CostModel: level ${level} is outside 0..${windows.length - 1}`);
+    return window;
+  }
+}
+
+export interface LadderDecision {
+  readonly from: number;
+  readonly to: number;
+  readonly direction: 'down' | 'up';
+  readonly reason: 'predicted_miss' | 'comfortable';
+  readonly predictedMs: number;
+  readonly limitMs: number;
+  readonly knobs: Knobs;
+}
+
+export class DegradeLadder {
+  readonly #config: LadderConfig;
+  readonly #levels: readonly Knobs[];
+  readonly #limitMs: number;
+  #level = 0;
+  #comfortable = 0;
+
+  constructor(config: LadderConfig, endToEndMs: number) {
+    if (!(Number.isFinite(endToEndMs) && endToEndMs > 0)) throw new RangeError(`DegradeLadder: expected endToEndMs > 0 but received ${endToEndMs}`);
+    this.#config = config;
+    const levels: Knobs[] = [config.initial];
+    for (const rung of config.rungs) levels.push({ ...levels[levels.length - 1]!, ...rung });
+    this.#levels = levels;
+    this.#limitMs = endToEndMs * config.headroom;
+  }
+
+  /** Number of levels (rungs + 1). */
+  get levels(): number {
+    return this.#levels.length;
+  }
+
+  get level(): number {
+    return this.#level;
+  }
+
+  knobsAt(level: number): Knobs {
+    const knobs = this.#levels[level];
+    if (!knobs) throw new RangeError(`DegradeLadder: level ${level} is outside 0..${this.#levels.length - 1}`);
+    return knobs;
+  }
+
+  /** One decision, taken when a frame is admitted. Returns the step taken, if any; the model
+   * forgets the level entered. */
+  decide(model: CostModel): LadderDecision | undefined {
+    if (!this.#config.enabled) return undefined;
+    const predictedMs = model.predict(this.#level, 'quantile');
+    if (predictedMs === undefined) return undefined;
+    if (predictedMs > this.#limitMs) {
+      this.#comfortable = 0;
+      if (this.#level + 1 >= this.#levels.length) return undefined;
+      return this.#step(model, this.#level + 1, 'predicted_miss', predictedMs, this.#limitMs);
+    }
+    const comfortableMs = this.#limitMs * this.#config.upBelow;
+    if (predictedMs > comfortableMs) {
+      this.#comfortable = 0;
+      return undefined;
+    }
+    this.#comfortable += 1;
+    if (this.#comfortable < this.#config.upAfter || this.#level === 0) return undefined;
+    return this.#step(model, this.#level - 1, 'comfortable', predictedMs, comfortableMs);
+  }
+
+  /** `limitMs` is the threshold the prediction crossed (down) or stayed under (up). */
+  #step(model: CostModel, to: number, reason: LadderDecision['reason'], predictedMs: number, limitMs: number): LadderDecision {
+    const from = this.#level;
+    this.#level = to;
+    this.#comfortable = 0;
+    model.forgetLevel(to);
+    return { from, to, direction: to > from ? 'down' : 'up', reason, predictedMs, limitMs, knobs: this.#levels[to]! };
+  }
+}

@@ -1,0 +1,169 @@
+#!/usr/bin/env node
+// percept's command line. Each command imports its implementation lazily, so `percept --help`
+// stays fast and a command only loads what it uses (the native addon, onnxruntime, zeromq...).
+import { Command, InvalidArgumentError, Option } from 'commander';
+
+
+const int = (name: string) => (value: string): number => {
+  const n = Number(value);
+  if (!Number.isInteger(n)) throw new InvalidArgumentError(`${name} must be an integer, got '${value}'`);
+  return n;
+};
+const positiveNumber = (name: string) => (value: string): number => {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`${name} must be a number > 0, got '${value}'`);
+  return n;
+};
+
+/** Prints a result as JSON (--json) or as aligned `key  value` lines. */
+function printResult(result: Record<string, unknown>, json: boolean | undefined): void {
+  if (json) {
+    process.stdout.write(`${JSON.stringify(result, null, 2)}\n`);
+    return;
+  }
+  const width = Math.max(...Object.keys(result).map((k) => k.length));
+  for (const [key, value] of Object.entries(result)) {
+    const text = typeof value === 'number' ? (Number.isInteger(value) ? String(value) : value.toFixed(3)) : typeof value === 'string' ? value : JSON.stringify(value);
+    process.stdout.write(`${key.padEnd(width)}  ${text}\n`);
+  }
+}
+
+const program = new Command()
+  .name('percept')
+  .description('Perception pipeline for robots: camera frames → vision encoder → Gemma decoder → validated actions over ZeroMQ, with per-frame deadlines.')
+  .showHelpAfterError();
+
+program
+  .command('run')
+  .description('run the pipeline from a config until the source ends, --duration passes, or SIGINT/SIGTERM')
+  .option('-c, --config <file>', 'pipeline config (JSON, validated against configs/percept.schema.json)', 'configs/default.json')
+  .option('-s, --source <spec>', 'override the source: pattern[:FPS[:FRAMES]], bag:PATH, folder:PATH')
+  .option('-d, --duration <seconds>', 'stop after this many seconds', positiveNumber('--duration'))
+  .option('--json-summary <file>', 'also write the end-of-run summary as JSON to this file')
+  .option('--clock <kind>', 'override the clock: real or virtual (deterministic replay)')
+  .action(async (opts) => {
+    const { runPipeline } = await import('./run.ts');
+    const code = await runPipeline(opts);
+    process.exitCode = code;
+  });
+
+program
+  .command('generate')
+  .description('generate text (or a schema-constrained JSON action) with the native llama.cpp binding')
+  .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET')
+  .requiredOption('-p, --prompt <text>', 'prompt text (special tokens are parsed)')
+  .option('--schema <file>', 'JSON Schema: the output is constrained to it (llama.cpp json-schema-to-grammar)')
+  .addOption(new Option('--draft <file>', 'speculative decoding with a draft model (same vocabulary)').conflicts(['draftMtp', 'ngram']))
+  .addOption(new Option('--draft-mtp <file>', 'speculative decoding with a Gemma 4 MTP assistant GGUF').conflicts(['ngram']))
+  .option('--ngram', 'speculative decoding with n-gram drafting')
+  .option('-n, --max-tokens <n>', 'maximum new tokens', int('--max-tokens'), 128)
+  .option('--seed <n>', 'sampling seed', int('--seed'), 1)
+  .option('--temperature <t>', 'sampling temperature (0 = greedy)', Number, 0)
+  .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { generate } = await import('../native/commands.ts');
+    const result = await generate({ ...opts, onToken: opts.json ? undefined : (piece: string) => process.stdout.write(piece) });
+    if (!opts.json) process.stdout.write('\n');
+    printResult(opts.json ? result : { ...result, text: undefined, tokens: undefined }, opts.json);
+  });
+
+const bench = program.command('bench').description('benchmarks; every one prints JSON with --json');
+
+bench
+  .command('decode')
+  .description('decode speed of the native binding (optionally next to llama-bench built from the same source)')
+  .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET')
+  .addOption(new Option('--draft <file>', 'draft model').conflicts(['draftMtp', 'ngram']))
+  .addOption(new Option('--draft-mtp <file>', 'Gemma 4 MTP assistant').conflicts(['ngram']))
+  .option('--ngram', 'n-gram drafting')
+  .option('--schema <file>', 'constrain generation to this JSON Schema (structured-action benchmark)')
+  .option('--prompt-tokens <n>', 'prompt length', int('--prompt-tokens'), 64)
+  .option('--gen-tokens <n>', 'tokens to generate', int('--gen-tokens'), 128)
+  .option('--reps <n>', 'repetitions', int('--reps'), 3)
+  .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
+  .option('--peer', 'also run llama-bench from the same llama.cpp build and report the ratio')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchDecode } = await import('../native/commands.ts');
+    printResult(await benchDecode(opts), opts.json);
+  });
+
+bench
+  .command('encode')
+  .description('preprocess + vision encoder latency')
+  .requiredOption('-e, --encoder <file>', 'vision_encoder.onnx (or synth:PRESET)')
+  .option('--ep <provider>', 'execution provider: cpu, cuda, tensorrt', 'cpu')
+  .option('--image <file>', 'input image (default: a generated 1280×720 JPEG)')
+  .option('--image-tokens <n>', 'Gemma 4 image-token budget', int('--image-tokens'), 280)
+  .option('--iterations <n>', 'timed iterations', int('--iterations'), 20)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchEncode } = await import('./bench-encode.ts');
+    printResult(await benchEncode(opts), opts.json);
+  });
+
+bench
+  .command('graph')
+  .description('per-hop overhead of the graph runtime with no-op stages')
+  .option('--hz <n>', 'frame rate', int('--hz'), 1000)
+  .option('--frames <n>', 'frames', int('--frames'), 5000)
+  .option('--stages <n>', 'no-op stages', int('--stages'), 5)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchGraph } = await import('./bench-graph.ts');
+    printResult(await benchGraph(opts), opts.json);
+  });
+
+bench
+  .command('publish')
+  .description('ZeroMQ publish → receive throughput and latency on loopback')
+  .option('--messages <n>', 'messages', int('--messages'), 100000)
+  .option('--size <bytes>', 'body size', int('--size'), 256)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchPublish } = await import('./bench-publish.ts');
+    printResult(await benchPublish(opts), opts.json);
+  });
+
+const models = program.command('models').description('synthetic checkpoints (random weights, real shapes, real Gemma 4 tokenizer)');
+models
+  .command('synth')
+  .description('write a synthetic checkpoint: a decoder GGUF or a vision encoder ONNX (idempotent, seeded)')
+  .requiredOption('--preset <name>', 'preset (see `percept models list`)')
+  .requiredOption('-o, --out <file>', 'output file')
+  .option('--wtype <type>', 'GGUF weight type: f16, q8_0, q4_0, q4_k', 'q8_0')
+  .option('--seed <n>', 'random seed', int('--seed'), 1)
+  .action(async (opts) => {
+    const { synthesizeAny } = await import('./models.ts');
+    printResult(await synthesizeAny(opts), false);
+  });
+models
+  .command('list')
+  .description('list the synthetic presets')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { listAllPresets } = await import('./models.ts');
+    const presets = await listAllPresets();
+    if (opts.json) process.stdout.write(`${JSON.stringify(presets, null, 2)}\n`);
+    else for (const p of presets) process.stdout.write(`${p.name.padEnd(24)} ${p.description}\n`);
+  });
+
+program
+  .command('doctor')
+  .description('check the installation: Node, the native addon, onnxruntime, sharp, zeromq, configs')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { doctor } = await import('./doctor.ts');
+    const report = await doctor();
+    printResult(report, opts.json);
+    if (Object.values(report).some((v) => typeof v === 'string' && v.startsWith('FAIL'))) process.exitCode = 1;
+  });
+
+program.parseAsync(process.argv).catch((err: unknown) => {
+  const message = err instanceof Error ? err.message : String(err);
+  process.stderr.write(`percept: ${message}\n`);
+  if (process.env.PERCEPT_DEBUG && err instanceof Error) process.stderr.write(`${err.stack}\n`);
+  process.exitCode = 1;
+});
+

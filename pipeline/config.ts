@@ -1,0 +1,214 @@
+// Loading a percept config: JSON → ajv (strict, allErrors, useDefaults) against
+// configs/percept.schema.json → semantic checks → a fully defaulted PerceptConfig.
+//
+//   const config = loadConfig('configs/default.json');   // or loadConfig({ clock: 'virtual', ... })
+//
+// Nothing starts on an invalid config: loadConfig throws a ConfigError whose message lists every
+// problem as `<JSON path>: <what was expected>` (e.g. `/budgets/endToEndMs: must be number`), and
+// whose `issues` hold the same as data. The TS types below mirror the schema; the schema is the
+// source of truth for defaults and limits (test/pipeline-config.test.ts checks that they agree).
+import { readFileSync } from 'node:fs';
+import { Ajv, type ErrorObject } from 'ajv';
+import type { Knobs } from './types.ts';
+
+export type StageName = 'preprocess' | 'encode' | 'decode' | 'actions' | 'publish' | 'record';
+
+export type SourceConfig =
+  | { readonly kind: 'pattern'; readonly fps: number; readonly frames: number; readonly width: number; readonly height: number }
+  | { readonly kind: 'bag'; readonly path: string; readonly topic: string; readonly rate: number; readonly loop: boolean }
+  | { readonly kind: 'folder'; readonly path: string; readonly fps: number };
+
+export type EncoderConfig =
+  | { readonly kind: 'onnx'; readonly model: string; readonly executionProvider: 'cpu'; readonly threads: number }
+  | { readonly kind: 'mtmd'; readonly mmproj: string; readonly gpuLayers: number }
+  | { readonly kind: 'projection'; readonly seed: number; readonly tokens: number };
+
+export interface DecoderConfig {
+  readonly model: string;
+  readonly draft: string | null;
+  readonly draftMtp: string | null;
+  readonly ngram: boolean;
+  readonly gpuLayers: number;
+  readonly nCtx: number;
+  readonly systemPrompt: string;
+  readonly instruction: string;
+  readonly maxNewTokens: number;
+  readonly temperature: number;
+  readonly seed: number;
+  readonly jumpForward: boolean;
+}
+
+export type EdgePolicy = { readonly policy: 'latest' } | { readonly policy: 'queue'; readonly capacity: number };
+
+export interface BudgetsConfig {
+  readonly endToEndMs: number;
+  /** Stage name → budget (ms). Entries for stages the graph does not have are ignored. */
+  readonly stages: Readonly<Record<string, number>>;
+  readonly dropPredictedMiss: boolean;
+  readonly shutdownGraceMs: number;
+}
+
+export interface LadderConfig {
+  readonly enabled: boolean;
+  readonly initial: Knobs;
+  readonly rungs: readonly Partial<Knobs>[];
+  readonly headroom: number;
+  readonly upBelow: number;
+  readonly upAfter: number;
+  readonly quantile: number;
+  readonly window: number;
+  readonly minSamples: number;
+  readonly ewmaAlpha: number;
+}
+
+export interface TelemetryConfig {
+  readonly liveTable: 'auto' | 'on' | 'off';
+  readonly intervalMs: number;
+}
+
+export interface PerceptConfig {
+  readonly source: SourceConfig;
+  readonly preprocess: { readonly maxPixels: number };
+  readonly encoder: EncoderConfig;
+  readonly decoder: DecoderConfig;
+  readonly actions: { readonly schema: string };
+  readonly publisher: { readonly endpoint: string; readonly topic: string; readonly sendHighWaterMark: number };
+  readonly recorder: { readonly enabled: boolean; readonly path: string };
+  readonly budgets: BudgetsConfig;
+  /** `default` plus optional per-stage entries. */
+  readonly edges: Readonly<Record<string, EdgePolicy>> & { readonly default: EdgePolicy };
+  readonly ladder: LadderConfig;
+  readonly clock: 'real' | 'virtual';
+  /** Stage name → service time (ms) charged on a virtual clock, one value or one per ladder level. */
+  readonly virtualServiceMs: Readonly<Record<string, number | readonly number[]>>;
+  readonly telemetry: TelemetryConfig;
+}
+
+/** The part of the config the graph runtime reads. */
+export type GraphConfig = Pick<PerceptConfig, 'budgets' | 'edges' | 'ladder' | 'clock' | 'virtualServiceMs' | 'telemetry'>;
+
+export interface ConfigIssue {
+  /** JSON pointer into the config ('' is the whole document). */
+  readonly path: string;
+  readonly message: string;
+}
+
+/** An invalid config: every problem found, each naming its JSON path. */
+export class ConfigError extends Error {
+  readonly origin: string;
+  readonly issues: readonly ConfigIssue[];
+  constructor(origin: string, issues: readonly ConfigIssue[]) {
+    super(`invalid config ${origin}:\n${issues.map((i) => `  ${i.path || '/'}: ${i.message}`).join('\n')}`);
+    this.name = 'ConfigError';
+    this.origin = origin;
+    this.issues = issues;
+  }
+}
+
+export const CONFIG_SCHEMA_PATH = new URL('../configs/percept.schema.json', import.meta.url);
+
+/** Reads, validates and defaults a config. `input` is a file path or an already-parsed object
+ * (which is not modified). Throws ConfigError naming every problem; nothing is half-applied. */
+export function loadConfig(input: string | object): PerceptConfig {
+  const origin = typeof input === 'string' ? input : '<object>';
+  let data: unknown;
+  if (typeof input === 'string') {
+    let text: string;
+    try {
+      text = readFileSync(input, 'utf8');
+    } catch (err) {
+      throw new ConfigError(origin, [{ path: '', message: `cannot read the file (${(err as Error).message})` }]);
+    }
+    try {
+      data = JSON.parse(text);
+    } catch (err) {
+      throw new ConfigError(origin, [{ path: '', message: `is not valid JSON (${(err as Error).message})` }]);
+    }
+  } else if (input !== null && typeof input === 'object' && !Array.isArray(input)) {
+    data = structuredClone(input);
+  } else {
+    throw new TypeError(`loadConfig: expected a file path or a config object but received ${input === null ? 'null' : Array.isArray(input) ? 'an array' : typeof input}`);
+  }
+
+  const validate = compileSchema();
+  if (!validate(data)) throw new ConfigError(origin, describeAjvErrors(validate.errors ?? []));
+  const config = data as PerceptConfig;
+  const issues = checkSemantics(config);
+  if (issues.length > 0) throw new ConfigError(origin, issues);
+  return config;
+}
+
+function compileSchema() {
+  const schema = JSON.parse(readFileSync(CONFIG_SCHEMA_PATH, 'utf8')) as object;
+  const ajv = new Ajv({ strict: true, allErrors: true, useDefaults: true, discriminator: true });
+  return ajv.compile(schema);
+}
+
+function describeAjvErrors(errors: readonly ErrorObject[]): ConfigIssue[] {
+  const issues = new Map<string, ConfigIssue>();
+  for (const error of errors) {
+    if (error.keyword === 'propertyNames') continue; // its inner errors name the key
+    // A bad key yields several errors (the inner enum/anyOf and propertyNames itself); report the key once.
+    const issue: ConfigIssue = error.propertyName !== undefined
+      ? { path: `${error.instancePath}/${error.propertyName}`, message: `is not a known name here (expected ${error.instancePath === '/edges' ? '"default" or ' : ''}a stage name: preprocess, encode, decode, actions, publish, record)` }
+      : describeAjvError(error);
+    issues.set(`${issue.path}\0${issue.message}`, issue);
+  }
+  return [...issues.values()];
+}
+
+function describeAjvError(error: ErrorObject): ConfigIssue {
+  const params = error.params as Record<string, unknown>;
+  switch (error.keyword) {
+    case 'additionalProperties':
+      return { path: `${error.instancePath}/${String(params.additionalProperty)}`, message: 'is not a known property' };
+    case 'enum':
+      return { path: error.instancePath, message: `must be one of ${(params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', ')}` };
+    case 'const':
+      return { path: error.instancePath, message: `must be ${JSON.stringify(params.allowedValue)}` };
+    case 'discriminator':
+      return params.error === 'mapping'
+        ? { path: `${error.instancePath}/${String(params.tag)}`, message: `${JSON.stringify(params.tagValue)} is not one of the known kinds` }
+        : { path: `${error.instancePath}/${String(params.tag)}`, message: 'must be a string naming the kind' };
+    default:
+      return { path: error.instancePath, message: error.message ?? `fails ${error.keyword}` };
+  }
+}
+
+/** Checks the schema cannot express. Returns the problems found (empty when the config is sound). */
+export function checkSemantics(config: PerceptConfig): ConfigIssue[] {
+  const issues: ConfigIssue[] = [];
+  const { budgets, ladder } = config;
+  for (const [stage, ms] of Object.entries(budgets.stages)) {
+    if (ms > budgets.endToEndMs) {
+      issues.push({ path: `/budgets/stages/${stage}`, message: `must be at most /budgets/endToEndMs (${budgets.endToEndMs}) but is ${ms}` });
+    }
+  }
+  // Each rung must make the frame cheaper in the knob it names, or the ladder would not be a ladder.
+  let knobs: Knobs = ladder.initial;
+  ladder.rungs.forEach((rung, index) => {
+    const at = `/ladder/rungs/${index}`;
+    if (rung.imageTokens !== undefined && rung.imageTokens >= knobs.imageTokens) {
+      issues.push({ path: `${at}/imageTokens`, message: `must be below the level above (${knobs.imageTokens}) but is ${rung.imageTokens}` });
+    }
+    if (rung.maxNewTokens !== undefined && rung.maxNewTokens >= knobs.maxNewTokens) {
+      issues.push({ path: `${at}/maxNewTokens`, message: `must be below the level above (${knobs.maxNewTokens}) but is ${rung.maxNewTokens}` });
+    }
+    if (rung.draft !== undefined && (rung.draft || !knobs.draft)) {
+      issues.push({ path: `${at}/draft`, message: knobs.draft ? 'can only turn drafting off (false)' : 'drafting is already off at the level above' });
+    }
+    if (rung.frameSkip !== undefined && rung.frameSkip <= knobs.frameSkip) {
+      issues.push({ path: `${at}/frameSkip`, message: `must be above the level above (${knobs.frameSkip}) but is ${rung.frameSkip}` });
+    }
+    knobs = { ...knobs, ...rung };
+  });
+  if (ladder.minSamples > ladder.window) {
+    issues.push({ path: '/ladder/minSamples', message: `must be at most /ladder/window (${ladder.window}) but is ${ladder.minSamples}` });
+  }
+  for (const [stage, value] of Object.entries(config.virtualServiceMs)) {
+    if (Array.isArray(value) && value.length > ladder.rungs.length + 1) {
+      issues.push({ path: `/virtualServiceMs/${stage}`, message: `has ${value.length} levels but the ladder has ${ladder.rungs.length + 1}` });
+    }
+  }
+  return issues;
+}

@@ -1,0 +1,61 @@
+// `percept doctor`: what a robotics engineer checks first on a new box: can every native piece
+// load, and which execution providers and devices are there.
+import { existsSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
+
+type Check = () => Promise<string>;
+
+const ok = (detail: string) => `ok (${detail})`;
+const fail = (err: unknown) => `FAIL: ${err instanceof Error ? err.message : String(err)}`;
+
+async function attempt(check: Check): Promise<string> {
+  try {
+    return await check();
+  } catch (err) {
+    return fail(err);
+  }
+}
+
+export async function doctor(): Promise<Record<string, string>> {
+  const root = new URL('..', import.meta.url).pathname;
+  const checks: Record<string, Check> = {
+    node: async () => {
+      const [major, minor] = process.versions.node.split('.').map(Number);
+      if (major < 20 || (major === 20 && minor < 17)) throw new Error(`Node ${process.versions.node}; need >= 20.17`);
+      return ok(process.versions.node);
+    },
+    native_addon: async () => {
+      const { loadBinding } = await import('../native/binding.ts');
+      const binding = loadBinding();
+      return ok(`llama.cpp ${binding.llamaVersion?.() ?? '?'}; devices: ${binding.listDevices?.().map((d: { name: string }) => d.name).join(', ') ?? '?'}`);
+    },
+    onnxruntime: async () => {
+      const ort = await import('onnxruntime-node');
+      const backends = ort.listSupportedBackends?.() ?? [];
+      return ok(backends.map((b: { name: string; bundled: boolean }) => `${b.name}${b.bundled ? '' : '(not bundled)'}`).join(', '));
+    },
+    sharp: async () => {
+      const sharp = (await import('sharp')).default;
+      return ok(`libvips ${sharp.versions.vips}`);
+    },
+    zeromq: async () => {
+      const zmq = await import('zeromq');
+      return ok(`libzmq ${zmq.version}`);
+    },
+    configs: async () => {
+      const { loadConfig } = await import('./config.ts');
+      const dir = join(root, 'configs');
+      const files = readdirSync(dir).filter((f) => f.endsWith('.json') && !f.endsWith('.schema.json'));
+      for (const f of files) loadConfig(join(dir, f));
+      return ok(`${files.length} valid`);
+    },
+    sample_bag: async () => {
+      const p = join(root, 'bags', 'sample.mcap');
+      if (!existsSync(p)) throw new Error(`${p} missing`);
+      return ok(p);
+    },
+  };
+  const report: Record<string, string> = {};
+  for (const [name, check] of Object.entries(checks)) report[name] = await attempt(check);
+  return report;
+}

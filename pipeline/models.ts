@@ -1,0 +1,52 @@
+// `percept models …`: one front for the two kinds of synthetic checkpoints: decoder GGUFs
+// (native/synth.ts) and vision encoders in ONNX (tools/vision-synth.ts).
+import { listPresets, synthesize } from '../native/synth.ts';
+import { listVisionPresets, synthesizeVision } from '../tools/vision-synth.ts';
+
+export interface PresetListing {
+  readonly name: string;
+  readonly kind: 'decoder' | 'vision';
+  readonly description: string;
+}
+
+export async function listAllPresets(): Promise<PresetListing[]> {
+  return [
+    ...listPresets().map((p) => ({ name: p.name, kind: 'decoder' as const, description: p.description })),
+    ...listVisionPresets().map((p) => ({ name: p.name, kind: 'vision' as const, description: p.description })),
+  ];
+}
+
+export interface SynthOptions {
+  readonly preset: string;
+  readonly out: string;
+  readonly wtype?: string;
+  readonly seed?: number;
+}
+
+export async function synthesizeAny(opts: SynthOptions): Promise<Record<string, unknown>> {
+  const { SingleBar, Presets } = (await import('cli-progress')).default;
+  const bar = new SingleBar({ format: `${opts.preset} [{bar}] {percentage}% {value}/{total} MiB`, noTTYOutput: true, notTTYSchedule: 5000 }, Presets.shades_classic);
+  let started = false;
+  const onProgress = (done: number, total: number) => {
+    const mib = (n: number) => Math.round(n / 2 ** 20);
+    if (!started) {
+      bar.start(mib(total), 0);
+      started = true;
+    }
+    bar.update(mib(done));
+  };
+  try {
+    if (listVisionPresets().some((p) => p.name === opts.preset)) {
+      const r = await synthesizeVision({ preset: opts.preset, out: opts.out, seed: opts.seed, onProgress });
+      return { ...r };
+    }
+    if (!listPresets().some((p) => p.name === opts.preset)) {
+      const names = (await listAllPresets()).map((p) => p.name).join(', ');
+      throw new Error(`unknown preset '${opts.preset}'; presets: ${names}`);
+    }
+    const r = await synthesize({ preset: opts.preset, out: opts.out, wtype: opts.wtype as never, seed: opts.seed, onProgress });
+    return { ...r };
+  } finally {
+    if (started) bar.stop();
+  }
+}

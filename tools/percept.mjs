@@ -1,0 +1,6 @@
+#!/usr/bin/env node
+// `percept` on the PATH (npm link / npx percept): loads the TypeScript CLI through tsx.
+import { register } from 'tsx/esm/api';
+
+register();
+await import('../pipeline/cli.ts');
