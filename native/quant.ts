@@ -446,8 +446,8 @@ export const RANDOM_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType
 export type RandomType = (typeof RANDOM_TYPES)[number];
 
 /**
- * Fills `nBlocks` blocks of `type` with random valid data of std ≈ WEIGHT_STD. Every f16 scale is finite
- * and positive. Consumes exactly nBlocks·typeSize (F16/F32: 2 bytes per element) bytes of `rng`, so the
+ * Fills `nBlocks` blocks of `type` with random valid data of std ≈ WEIGHT_STD, mean ≈ 0. Every f16 scale
+ * is finite and nonzero. Consumes exactly nBlocks·typeSize (F16/F32: 2 bytes per element) bytes of `rng`, so the
  * output depends only on the rng label and the total length, not on how callers chunk it.
  */
 export function randomBlocks(type: RandomType, nBlocks: number, rng: KeystreamRng): Buffer {
@@ -470,11 +470,11 @@ export function randomBlocks(type: RandomType, nBlocks: number, rng: KeystreamRn
       return out;
     }
     case GGMLType.Q8_0:
-      return scaleOnly(rng.bytes(nBlocks * 34), 34, 0, jitterBase(WEIGHT_STD / GRID_STD(256)));
+      return scaleOnly(rng.bytes(nBlocks * 34), 34, jitterBase(WEIGHT_STD / GRID_STD(256)), false);
     case GGMLType.Q4_0:
-      return scaleOnly(rng.bytes(nBlocks * 18), 18, 0, jitterBase(WEIGHT_STD / GRID_STD(16)));
+      return scaleOnly(rng.bytes(nBlocks * 18), 18, jitterBase(WEIGHT_STD / GRID_STD(16)), true);
     case GGMLType.Q5_0:
-      return scaleOnly(rng.bytes(nBlocks * 22), 22, 0, jitterBase(WEIGHT_STD / GRID_STD(32)));
+      return scaleOnly(rng.bytes(nBlocks * 22), 22, jitterBase(WEIGHT_STD / GRID_STD(32)), true);
     case GGMLType.Q6_K: {
       const out = rng.bytes(nBlocks * 210);
       const base = jitterBase(WEIGHT_STD / (GRID_STD(64) * Q6K_SCALE_RMS));
@@ -507,10 +507,15 @@ export function randomBlocks(type: RandomType, nBlocks: number, rng: KeystreamRn
   }
 }
 
-/** Overwrites the leading f16 `d` of each block with base + (random low 6 bits): finite, positive, ±3 %. */
-function scaleOnly(out: Buffer, stride: number, at: number, base: number): Buffer {
-  for (let o = at; o < out.length; o += stride) {
-    const d = base + (out[o]! & 63);
+/**
+ * Overwrites the leading f16 `d` of each block with base + (random low 6 bits): finite, nonzero, ±3 %.
+ * With `signed`, bit 6 of the same random byte picks d's sign: the grids of Q4_0/Q5_0 are asymmetric
+ * ([-8, 7], [-16, 15]) and ggml's quantizer yields negative d about half the time, which centres them.
+ */
+function scaleOnly(out: Buffer, stride: number, base: number, signed: boolean): Buffer {
+  for (let o = 0; o < out.length; o += stride) {
+    const r = out[o]!;
+    const d = (base + (r & 63)) | (signed && r & 64 ? 0x8000 : 0);
     out[o] = d & 0xff;
     out[o + 1] = d >> 8;
   }

@@ -17,7 +17,7 @@ import { promisify } from 'node:util';
 import {
   GGUFWriter, arr, f32, readGGUF, str, u32, type GGUFValue, type GGUFWriteOptions, type PlannedTensor,
 } from './gguf.ts';
-import { GGMLType, KeystreamRng, blockSize, ggmlTypeName, randomBlocks, typeSize, type RandomType } from './quant.ts';
+import { GGMLType, KeystreamRng, blockSize, ggmlTypeName, randomBlocks, tensorBytes, typeSize, type RandomType } from './quant.ts';
 
 /** Bump when the bytes a preset produces change, so stale cached files are regenerated. */
 export const GENERATOR_VERSION = 1;
@@ -506,6 +506,29 @@ export function listPresets(): PresetSummary[] {
   });
 }
 
+export interface PlannedCheckpoint {
+  readonly preset: string;
+  readonly wtype: WeightType;
+  readonly config: ModelConfig;
+  /** Tensors in file order with the storage type this wtype gives them. */
+  readonly tensors: readonly { readonly name: string; readonly shape: readonly number[]; readonly type: number }[];
+  readonly params: number;
+  /** Tensor data bytes (each tensor padded to 32), i.e. the file size minus the ~16 MB header. */
+  readonly dataBytes: number;
+}
+
+/** What synthesize() would write, without writing (or reading the vocab): shapes, types, sizes. */
+export function planCheckpoint(options: { preset: string; wtype?: WeightType }): PlannedCheckpoint {
+  const preset = presetOf(options.preset);
+  const wtype = checkWtype(options.wtype ?? 'q8_0');
+  validateConfig(options.preset, preset.config);
+  const defs = tensorDefs(preset.config);
+  const types = chooseTypes(defs, wtype, preset.config.layers);
+  const tensors = defs.map((d, i) => ({ name: d.name, shape: d.shape, type: types[i]! }));
+  const dataBytes = tensors.reduce((sum, t) => sum + Math.ceil(Number(tensorBytes(t.type, t.shape)) / 32) * 32, 0);
+  return { preset: options.preset, wtype, config: preset.config, tensors, params: countParams(defs), dataBytes };
+}
+
 export interface SynthesizeOptions {
   readonly preset: string;
   readonly wtype?: WeightType;
@@ -562,8 +585,8 @@ export async function synthesize(options: SynthesizeOptions): Promise<Synthesize
   const out = resolve(options.out);
 
   const c = preset.config;
-  const defs = tensorDefs(c);
   validateConfig(options.preset, c);
+  const defs = tensorDefs(c);
   const types = chooseTypes(defs, wtype, c.layers);
   const params = countParams(defs);
 

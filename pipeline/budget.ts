@@ -6,9 +6,11 @@
 //              admission it predicts the end-to-end time at the current level as the sum of the
 //              stages' quantiles. Prediction > endToEnd × headroom → step down one rung.
 //              Prediction ≤ endToEnd × headroom × upBelow for `upAfter` consecutive frames →
-//              step up one rung. Each time the ladder enters a level it forgets what it knew about
-//              that level, so every decision rests on durations measured since the last step;
-//              until every stage has `minSamples` of those it holds (no decision).
+//              step up one rung. A stage with fewer than `minSamples` durations at the level counts
+//              as 0: a step down needs only the measured stages to exceed the limit (downstream
+//              stages may never run while frames go stale upstream), a step up needs all of them.
+//              Each time the ladder enters a level it forgets what it knew about that level, so
+//              every decision rests on durations measured since the last step.
 import type { LadderConfig } from './config.ts';
 import type { Knobs } from './types.ts';
 
@@ -110,16 +112,21 @@ export class CostModel {
   }
 
   /** Predicted time (ms) of the stages from index `from` on at `level`: the sum of their quantiles
-   * ('quantile') or of their fastest recent runs ('min'); undefined until each has minSamples. */
-  predict(level: number, kind: 'quantile' | 'min', from = 0): number | undefined {
-    let total = 0;
+   * ('quantile') or of their fastest recent runs ('min'). A stage with fewer than minSamples
+   * durations counts as 0, so `ms` is a lower bound unless `complete`. */
+  predict(level: number, kind: 'quantile' | 'min', from = 0): { readonly ms: number; readonly complete: boolean } {
+    let ms = 0;
+    let complete = true;
     for (let i = from; i < this.#stages.length; i++) {
       const window = this.#window(this.#stages[i]!, level);
-      if (window.count < this.#minSamples) return undefined;
+      if (window.count < this.#minSamples) {
+        complete = false;
+        continue;
+      }
       const estimate = window.estimate(this.#quantile);
-      total += kind === 'quantile' ? estimate.quantileMs : estimate.minMs;
+      ms += kind === 'quantile' ? estimate.quantileMs : estimate.minMs;
     }
-    return total;
+    return { ms, complete };
   }
 
   #window(stage: string, level: number): CostWindow {
@@ -176,14 +183,16 @@ export class DegradeLadder {
    * forgets the level entered. */
   decide(model: CostModel): LadderDecision | undefined {
     if (!this.#config.enabled) return undefined;
-    const predictedMs = model.predict(this.#level, 'quantile');
-    if (predictedMs === undefined) return undefined;
+    // A miss is certain enough when even the stages measured so far exceed the limit; comfort
+    // needs every stage measured.
+    const { ms: predictedMs, complete } = model.predict(this.#level, 'quantile');
     if (predictedMs > this.#limitMs) {
       this.#comfortable = 0;
       if (this.#level + 1 >= this.#levels.length) return undefined;
       return this.#step(model, this.#level + 1, 'predicted_miss', predictedMs, this.#limitMs);
     }
     const comfortableMs = this.#limitMs * this.#config.upBelow;
+    if (!complete) return undefined;
     if (predictedMs > comfortableMs) {
       this.#comfortable = 0;
       return undefined;

@@ -17,7 +17,8 @@
 //   frame that finds it full: drop 'queue_full'). One frame is in flight per stage; stages run
 //   concurrently, so stage k works on frame n+1 while stage k+1 works on frame n.
 // - At entry: drop 'stale' if the frame's deadline has passed, or (budgets.dropPredictedMiss) if
-//   the fastest recent run of every remaining stage, summed, would still miss it.
+//   the fastest recent runs of the remaining stages (those measured at the frame's level), summed,
+//   would still miss it.
 // - ctx.signal: aborts with a StageAbort at the stage deadline = min(frame deadline, entry + stage
 //   budget), reason 'deadline', or at stop(), reason 'shutdown'. A stage that gives up because of it
 //   says so with ctx.report({ kind: 'cancel', reason }); if it throws after the abort without
@@ -37,8 +38,9 @@
 // A stage call's virtual service time is (a) how far the stage advanced ctx.clock, a per-call
 // VirtualClock starting at the entry time, plus (b) config.virtualServiceMs[stage] (one value, or
 // one per ladder level). The stage exits at entry + service. The deadline signal fires when the
-// call's virtual time reaches its stage deadline: during ctx.clock advances, or before the call
-// when the modelled time (b) alone reaches it (then (b) is charged only up to the deadline).
+// call's virtual time (a + b) reaches its stage deadline: during a ctx.clock advance, or before the
+// call when (b) alone reaches it. A stage that then gives up (reports a cancel or throws) is
+// charged only up to the deadline; one that ignores the signal is charged its whole service time.
 //
 // stop(reason): the source's signal fires, waiting frames are dropped 'shutdown', in-flight calls
 // are aborted ('shutdown'); a frame a stage finishes after stop goes no further (drop 'shutdown')
@@ -50,7 +52,7 @@ import { VirtualClock, msToNs, nsToMs, type Clock } from './clock.ts';
 import { CostModel, DegradeLadder } from './budget.ts';
 import type { EdgePolicy, GraphConfig } from './config.ts';
 import { TelemetryAggregator, type RunSummary, type TelemetryEvent } from './telemetry.ts';
-import { DropFrame, type DropReason, type Envelope, type FrameSource, type SourceItem, type Stage, type StageContext, type StageEvent } from './types.ts';
+import { DropFrame, type DropReason, type Envelope, type FrameMeta, type FrameSource, type Knobs, type SourceItem, type Stage, type StageContext, type StageEvent } from './types.ts';
 
 /** The reason an aborted ctx.signal carries. */
 export class StageAbort extends Error {
@@ -217,6 +219,8 @@ class CallClock extends VirtualClock {
   }
 }
 
+const min = (a: bigint, b: bigint): bigint => (a < b ? a : b);
+const max = (a: bigint, b: bigint): bigint => (a > b ? a : b);
 const wallOriginOf = (clock: Clock): number => clock.wallMs() - Number(clock.nowNs() / 1_000_000n);
 const fmtMs = (ns: bigint): string => nsToMs(ns).toFixed(3);
 
@@ -314,8 +318,71 @@ type Outcome = { readonly ok: true; readonly value: unknown } | { readonly ok: f
 
 interface InFlight {
   readonly env: Envelope<unknown>;
-  readonly controller: AbortController;
+  readonly call: CallContext;
   abandoned: boolean;
+}
+
+/** The StageContext of one call. Its AbortController (and on a real clock the deadline timer) is
+ * made when the stage first reads `signal`, so a stage that never looks pays for neither; an abort
+ * that came earlier is already set on the signal it gets. */
+class CallContext implements StageContext {
+  readonly frame: FrameMeta;
+  readonly clock: Clock;
+  readonly stageDeadlineNs: bigint;
+  readonly knobs: Knobs;
+  cancelReported = false;
+  readonly #stage: string;
+  readonly #armTimer: boolean;
+  readonly #onReport: (event: StageEvent, atNs: bigint) => void;
+  #abortedBy: StageAbort | undefined;
+  #controller: AbortController | undefined;
+  #timer: NodeJS.Timeout | undefined;
+
+  constructor(stage: string, frame: FrameMeta, clock: Clock, stageDeadlineNs: bigint, knobs: Knobs, armTimer: boolean, onReport: (event: StageEvent, atNs: bigint) => void) {
+    this.#stage = stage;
+    this.frame = frame;
+    this.clock = clock;
+    this.stageDeadlineNs = stageDeadlineNs;
+    this.knobs = knobs;
+    this.#armTimer = armTimer;
+    this.#onReport = onReport;
+  }
+
+  get signal(): AbortSignal {
+    if (!this.#controller) {
+      this.#controller = new AbortController();
+      if (this.#abortedBy) {
+        this.#controller.abort(this.#abortedBy);
+      } else if (this.#armTimer) {
+        const leftMs = nsToMs(this.stageDeadlineNs - this.clock.nowNs());
+        if (leftMs <= 0) this.abort('deadline');
+        else this.#timer = setTimeout(() => this.abort('deadline'), leftMs);
+      }
+    }
+    return this.#controller.signal;
+  }
+
+  /** Why the signal fired (or would have, for a stage that never read it), if it did. */
+  get abortedBy(): StageAbort | undefined {
+    return this.#abortedBy;
+  }
+
+  readonly report = (event: StageEvent): void => {
+    if (event.kind === 'cancel') this.cancelReported = true;
+    this.#onReport(event, this.clock.nowNs());
+  };
+
+  abort(reason: 'deadline' | 'shutdown'): void {
+    if (this.#abortedBy) return;
+    this.#abortedBy = new StageAbort(reason, this.#stage);
+    this.dispose();
+    this.#controller?.abort(this.#abortedBy);
+  }
+
+  dispose(): void {
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#timer = undefined;
+  }
 }
 
 class StageRunner {
@@ -394,7 +461,7 @@ class StageRunner {
 
   #onShutdown(): void {
     for (const env of this.#edge.drain()) this.#host.drop(env.frameId, this.name, 'shutdown', 'waiting at stop');
-    this.#inFlight?.controller.abort(new StageAbort('shutdown', this.name));
+    this.#inFlight?.call.abort('shutdown');
     this.#maybeComplete();
   }
 
@@ -427,69 +494,53 @@ class StageRunner {
     if (host.shutdown.aborted) return this.#skip(env, 'shutdown', 'graph stopping');
     if (enterNs >= env.deadlineNs) return this.#skip(env, 'stale', `deadline passed ${fmtMs(enterNs - env.deadlineNs)} ms before entry`);
     if (host.dropPredictedMiss) {
-      const fastestMs = host.costModel.predict(env.degradeLevel, 'min', this.#index);
-      if (fastestMs !== undefined && enterNs + msToNs(fastestMs) > env.deadlineNs) {
+      const fastestMs = host.costModel.predict(env.degradeLevel, 'min', this.#index).ms;
+      if (fastestMs > 0 && enterNs + msToNs(fastestMs) > env.deadlineNs) {
         return this.#skip(env, 'stale', `predicted miss: the remaining stages take at least ${fastestMs.toFixed(3)} ms, ${fmtMs(env.deadlineNs - enterNs)} ms left`);
       }
     }
 
-    const stageDeadlineNs = this.#budgetNs !== undefined && enterNs + this.#budgetNs < env.deadlineNs ? enterNs + this.#budgetNs : env.deadlineNs;
-    const controller = new AbortController();
-    const abortAtDeadline = (): void => {
-      if (!controller.signal.aborted) controller.abort(new StageAbort('deadline', this.name));
-    };
-    const inFlight: InFlight = { env, controller, abandoned: false };
-    this.#inFlight = inFlight;
-
-    let clock: Clock = host.clock;
+    const stageDeadlineNs = this.#budgetNs === undefined ? env.deadlineNs : min(env.deadlineNs, enterNs + this.#budgetNs);
+    const knobs = host.ladder.knobsAt(env.degradeLevel);
+    const onReport = (event: StageEvent, atNs: bigint): void => this.#report(env.frameId, atNs, event);
+    let call: CallContext;
     let modelledNs = 0n;
-    let timer: NodeJS.Timeout | undefined;
     if (host.virtual) {
       modelledNs = msToNs(this.#serviceMs[Math.min(env.degradeLevel, this.#serviceMs.length - 1)]!);
-      if (enterNs + modelledNs >= stageDeadlineNs) {
-        modelledNs = stageDeadlineNs - enterNs; // cancelled at the deadline: charged up to it
-        abortAtDeadline();
-      }
-      const callClock: CallClock = new CallClock(enterNs, host.wallOriginMs, () => {
-        if (callClock.nowNs() + modelledNs >= stageDeadlineNs) abortAtDeadline();
+      const clock: CallClock = new CallClock(enterNs, host.wallOriginMs, () => {
+        if (clock.nowNs() + modelledNs >= stageDeadlineNs) call.abort('deadline');
       });
-      clock = callClock;
+      call = new CallContext(this.name, env, clock, stageDeadlineNs, knobs, false, onReport);
+      if (enterNs + modelledNs >= stageDeadlineNs) call.abort('deadline');
     } else {
-      timer = setTimeout(abortAtDeadline, nsToMs(stageDeadlineNs - enterNs));
+      call = new CallContext(this.name, env, host.clock, stageDeadlineNs, knobs, true, onReport);
     }
-
-    let cancelReported = false;
-    const ctx: StageContext = {
-      frame: env,
-      clock,
-      signal: controller.signal,
-      stageDeadlineNs,
-      knobs: host.ladder.knobsAt(env.degradeLevel),
-      report: (event: StageEvent) => {
-        if (event.kind === 'cancel') cancelReported = true;
-        this.#report(env.frameId, clock.nowNs(), event);
-      },
-    };
+    const inFlight: InFlight = { env, call, abandoned: false };
+    this.#inFlight = inFlight;
 
     let outcome: Outcome;
     try {
-      outcome = { ok: true, value: await this.#stage.process(env.payload, ctx) };
+      outcome = { ok: true, value: await this.#stage.process(env.payload, call) };
     } catch (error) {
       outcome = { ok: false, error };
     }
-    if (timer) clearTimeout(timer);
+    call.dispose();
     if (inFlight.abandoned) return; // already counted as dropped 'shutdown'
     if (host.virtual) {
-      const exitNs = clock.nowNs() + modelledNs;
-      host.scheduler.at(exitNs, () => this.#finish(inFlight, enterNs, exitNs, outcome, cancelReported));
+      // A stage that gave up at the deadline (reported a cancel, or threw) is charged its modelled
+      // time only up to the deadline; one that ignored the signal is charged all of it.
+      const spentNs = call.clock.nowNs();
+      const gaveUp = call.abortedBy?.reason === 'deadline' && (call.cancelReported || !outcome.ok);
+      const exitNs = gaveUp ? max(spentNs, min(spentNs + modelledNs, stageDeadlineNs)) : spentNs + modelledNs;
+      host.scheduler.at(exitNs, () => this.#finish(inFlight, enterNs, exitNs, outcome));
     } else {
-      this.#finish(inFlight, enterNs, host.clock.nowNs(), outcome, cancelReported);
+      this.#finish(inFlight, enterNs, host.clock.nowNs(), outcome);
     }
   }
 
-  #finish(inFlight: InFlight, enterNs: bigint, exitNs: bigint, outcome: Outcome, cancelReported: boolean): void {
+  #finish(inFlight: InFlight, enterNs: bigint, exitNs: bigint, outcome: Outcome): void {
     const host = this.#host;
-    const { env, controller } = inFlight;
+    const { env, call } = inFlight;
     this.#inFlight = undefined;
     host.emit({ type: 'span', atNs: exitNs, frameId: env.frameId, stage: this.name, enterNs, exitNs, degradeLevel: env.degradeLevel });
     host.costModel.record(this.name, env.degradeLevel, nsToMs(exitNs - enterNs));
@@ -512,9 +563,9 @@ class StageRunner {
       const message = error instanceof Error ? error.message : String(error);
       if (error instanceof DropFrame) {
         host.drop(env.frameId, this.name, error.reason, message);
-      } else if (controller.signal.aborted) {
-        const reason = controller.signal.reason instanceof StageAbort ? controller.signal.reason.reason : 'deadline';
-        if (!cancelReported) host.emit({ type: 'cancel', atNs: exitNs, frameId: env.frameId, stage: this.name, reason, detail: `threw after its signal fired: ${message}` });
+      } else if (call.abortedBy) {
+        const { reason } = call.abortedBy;
+        if (!call.cancelReported) host.emit({ type: 'cancel', atNs: exitNs, frameId: env.frameId, stage: this.name, reason, detail: `threw after its signal fired: ${message}` });
         host.drop(env.frameId, this.name, reason === 'shutdown' ? 'shutdown' : 'stale', `cancelled (${reason}): ${message}`);
       } else {
         host.emit({ type: 'error', atNs: exitNs, frameId: env.frameId, stage: this.name, message });

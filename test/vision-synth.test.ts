@@ -108,7 +108,8 @@ function siglipReference(spec: SiglipSpec, W: Map<string, Float32Array>, pixels:
     const lin = (inp: Mat, name: string, fi: number, fo: number) => addBias(matmul(inp, n, fi, W.get(`${name}.weight`)!, fo), W.get(`${name}.bias`)!);
     const n1 = layerNorm(x, h, W.get(`${l}.ln1.weight`)!, W.get(`${l}.ln1.bias`)!, spec.eps);
     const a = attention(lin(n1, `${l}.attn.q`, h, h), lin(n1, `${l}.attn.k`, h, h), lin(n1, `${l}.attn.v`, h, h), n, spec.heads, hd, 1 / Math.sqrt(hd));
-    x = x.map((v, j) => v + lin(a, `${l}.attn.o`, h, h)[j]!);
+    const o = lin(a, `${l}.attn.o`, h, h);
+    x = x.map((v, j) => v + o[j]!);
     const n2 = layerNorm(x, h, W.get(`${l}.ln2.weight`)!, W.get(`${l}.ln2.bias`)!, spec.eps);
     const f = lin(lin(n2, `${l}.mlp.fc1`, h, spec.ffn).map(gelu), `${l}.mlp.fc2`, spec.ffn, h);
     x = x.map((v, j) => v + f[j]!);

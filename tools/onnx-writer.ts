@@ -24,6 +24,8 @@ interface PendingInitializer {
   readonly dims: readonly number[];
   readonly byteLength: number;
   readonly produce: () => TensorData;
+  /** Counted in `params` (constants such as shapes and scalars are not). */
+  readonly isWeight: boolean;
 }
 
 const elemBytes: Record<OnnxElemType, number> = { float: 4, uint8: 1, int32: 4, int64: 8, bool: 1, float16: 2 };
@@ -35,7 +37,7 @@ export interface OnnxModelInfo {
   readonly dataPath?: string;
   readonly nodes: number;
   readonly initializers: number;
-  /** Number of scalar weights over all float initializers. */
+  /** Number of scalar weights (initializers added with weight()). */
   readonly params: number;
   readonly bytes: number;
 }
@@ -133,16 +135,21 @@ export class OnnxGraphBuilder {
 
   /** A weight whose data is produced when the model is written (lazily, for big models). */
   weight(name: string, dims: readonly number[], produce: () => Float32Array): string {
-    return this.initializer(name, 'float', dims, produce);
+    return this.#addInitializer(name, 'float', dims, produce, true);
   }
 
+  /** A constant tensor (shape, index, scalar): not counted as a parameter. */
   initializer(name: string, elemType: OnnxElemType, dims: readonly number[], data: TensorData | (() => TensorData)): string {
+    return this.#addInitializer(name, elemType, dims, data, false);
+  }
+
+  #addInitializer(name: string, elemType: OnnxElemType, dims: readonly number[], data: TensorData | (() => TensorData), isWeight: boolean): string {
     const count = dims.reduce((a, b) => a * b, 1);
     const produce = typeof data === 'function' ? data : () => data;
     if (typeof data !== 'function' && data.length !== count) {
       throw new RangeError(`initializer ${name}: ${data.length} elements for dims [${dims.join(',')}] (${count})`);
     }
-    this.#initializers.push({ name: this.#claim(name), elemType, dims: [...dims], byteLength: count * elemBytes[elemType], produce });
+    this.#initializers.push({ name: this.#claim(name), elemType, dims: [...dims], byteLength: count * elemBytes[elemType], produce, isWeight });
     return name;
   }
 
@@ -197,7 +204,7 @@ export class OnnxGraphBuilder {
         if (data.byteLength !== init.byteLength) {
           throw new RangeError(`initializer ${init.name}: produced ${data.byteLength} bytes, expected ${init.byteLength}`);
         }
-        if (init.elemType === 'float' || init.elemType === 'float16') params += data.length;
+        if (init.isWeight) params += data.length;
         const base = { name: init.name, dims: [...init.dims], dataType: OnnxType[init.elemType] };
         // Small tensors (shapes, scalars) stay inline even in external mode: ORT reads them at load.
         if (external && init.byteLength >= 1024) {

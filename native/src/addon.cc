@@ -30,6 +30,12 @@ Napi::Value SetLogger(const Napi::CallbackInfo & info) {
 
 Napi::Value SystemInfo(const Napi::CallbackInfo & info) { return Napi::String::New(info.Env(), llama_print_system_info()); }
 
+Napi::Value ImageAttentionRule(const Napi::CallbackInfo & info) {
+    std::string arch = requireString(info[0], "imageAttentionRule arch");
+    if (!info[1].IsNumber()) throw Napi::TypeError::New(info.Env(), "imageAttentionRule: nEmbd must be a number");
+    return Napi::String::New(info.Env(), imageAttentionRule(arch, info[1].As<Napi::Number>().Int32Value()));
+}
+
 Napi::Value MonotonicNs(const Napi::CallbackInfo & info) { return Napi::BigInt::New(info.Env(), monotonicNs()); }
 }  // namespace
 }  // namespace percept
@@ -58,6 +64,7 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
     exports.Set("jsonSchemaToGrammar", Napi::Function::New<JsonSchemaToGrammar>(env, "jsonSchemaToGrammar"));
     exports.Set("setLogger", Napi::Function::New<SetLogger>(env, "setLogger"));
     exports.Set("systemInfo", Napi::Function::New<SystemInfo>(env, "systemInfo"));
+    exports.Set("imageAttentionRule", Napi::Function::New<ImageAttentionRule>(env, "imageAttentionRule"));
     exports.Set("monotonicNs", Napi::Function::New<MonotonicNs>(env, "monotonicNs"));
     exports.Set("llamaVersion", Napi::String::New(env, "0.5.0"));
     return exports;

@@ -1,0 +1,188 @@
+// The raw addon: typings of every class and function native/src exports, and the loader.
+// Nothing here validates; native/llama.ts is the typed, validated API built on top.
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export type ImageAttention = 'causal' | 'bidirectional' | 'bidirectional-swa';
+
+export interface NativeModelInfo {
+  readonly arch: string;
+  /** Row width of image embeddings (llama_model_n_embd_inp). */
+  readonly nEmbd: number;
+  readonly nEmbdText: number;
+  readonly nEmbdOut: number;
+  readonly nVocab: number;
+  readonly nLayer: number;
+  readonly nCtxTrain: number;
+  readonly sizeBytes: number;
+  readonly nParams: number;
+  readonly chatTemplate: string | null;
+  readonly imageStartToken: number | null;
+  readonly imageEndToken: number | null;
+  readonly imageAttention: ImageAttention;
+  readonly bos: number;
+  readonly eos: number;
+  readonly vocabOnly: boolean;
+}
+
+export interface NativeLoadOptions {
+  gpuLayers: number;
+  mmap: boolean;
+  vocabOnly: boolean;
+}
+
+export declare class NativeModel {
+  private constructor();
+  static load(path: string, options: NativeLoadOptions): Promise<NativeModel>;
+  info(): NativeModelInfo;
+  tokenize(text: string, addSpecial: boolean, parseSpecial: boolean): Int32Array;
+  detokenize(tokens: Int32Array | readonly number[], special: boolean): string;
+  tokenText(token: number): string;
+  applyChatTemplate(messages: readonly { role: string; content: string }[], addGenerationPrompt: boolean): string;
+  dispose(): void;
+}
+
+export interface NativeContextOptions {
+  nCtx: number;
+  nBatch: number;
+  nUbatch: number;
+  nSeq: number;
+  maxOutputs: number;
+  flashAttention: boolean | 'auto';
+  kvType: 'f16' | 'q8_0';
+  threads: number;
+}
+
+export interface NativeContextInfo {
+  readonly nCtx: number;
+  readonly nBatch: number;
+  readonly nUbatch: number;
+  readonly nSeq: number;
+  readonly maxOutputs: number;
+  readonly threads: number;
+  readonly flashAttention: boolean | 'auto';
+  readonly kvType: 'f16' | 'q8_0';
+}
+
+export interface NativeMemoryBreakdown {
+  readonly model: number;
+  readonly context: number;
+  readonly compute: number;
+  readonly byBufferType: readonly { bufferType: string; model: number; context: number; compute: number }[];
+}
+
+export type NativeSegment =
+  | { readonly text: string; readonly addSpecial?: boolean }
+  | { readonly tokens: Int32Array | readonly number[] }
+  | { readonly image: Float32Array; readonly nTokens: number };
+
+export interface NativeGenerateOptions {
+  maxTokens: number;
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  minP?: number;
+  seed?: number;
+  stopStrings?: readonly string[];
+  stopTokens?: readonly number[];
+  ignoreEos?: boolean;
+  jumpForward?: boolean;
+  speculative?: boolean;
+  nDraft?: number;
+  /** Absolute, on the process.hrtime.bigint() clock. */
+  deadlineNs?: bigint;
+  grammar?: NativeGrammar;
+}
+
+export type NativeStopReason = 'eos' | 'max_tokens' | 'stop' | 'cancelled' | 'deadline';
+
+export interface NativeTimings {
+  readonly prefillMs: number;
+  readonly prefillTokens: number;
+  readonly ttftMs: number;
+  readonly decodeMs: number;
+  readonly decodeTokens: number;
+  readonly decodeCalls: number;
+  readonly sampleMs: number;
+  readonly draftMs: number;
+}
+
+export interface NativeGenerateResult {
+  readonly tokens: Int32Array;
+  readonly text: string;
+  readonly stopReason: NativeStopReason;
+  readonly promptTokens: number;
+  readonly reusedTokens: number;
+  readonly drafted: number;
+  readonly accepted: number;
+  readonly forced: number;
+  readonly timings: NativeTimings;
+}
+
+export declare class NativeContext {
+  private constructor();
+  static create(model: NativeModel, options: NativeContextOptions): Promise<NativeContext>;
+  info(): NativeContextInfo;
+  memoryBreakdown(): NativeMemoryBreakdown;
+  generate(prompt: readonly NativeSegment[], options: NativeGenerateOptions, onTokens?: (tokens: Int32Array) => void): Promise<NativeGenerateResult>;
+  cancel(): void;
+  clearCache(): void;
+  cachedPositions(): number;
+  dispose(): void;
+}
+
+export declare class NativeGrammar {
+  constructor(model: NativeModel, gbnf: string, root?: string);
+  source(): string;
+}
+
+export type SpeculatorType = 'draft-simple' | 'draft-mtp' | 'ngram-simple' | 'ngram-map-k' | 'ngram-map-k4v' | 'ngram-mod';
+
+export interface NativeSpeculatorOptions {
+  type: SpeculatorType;
+  draftModel?: NativeModel;
+  nMax: number;
+  nMin?: number;
+  pMin?: number;
+  ngramN?: number;
+}
+
+export declare class NativeSpeculator {
+  private constructor();
+  static create(context: NativeContext, options: NativeSpeculatorOptions): Promise<NativeSpeculator>;
+  info(): { type: SpeculatorType; nMax: number; disposed: boolean };
+  dispose(): void;
+}
+
+export interface NativeAddon {
+  readonly Model: typeof NativeModel;
+  readonly Context: typeof NativeContext;
+  readonly Grammar: typeof NativeGrammar;
+  readonly Speculator: typeof NativeSpeculator;
+  jsonSchemaToGrammar(schemaJson: string): string;
+  setLogger(callback: ((level: number, text: string) => void) | null): void;
+  systemInfo(): string;
+  monotonicNs(): bigint;
+  /** mtmd_decode_use_non_causal() for a text model of this architecture and input width. */
+  imageAttentionRule(arch: string, nEmbd: number): ImageAttention;
+  readonly llamaVersion: string;
+}
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+/** Where tools/build-native.mjs puts the addon; PERCEPT_NATIVE overrides (a prebuilt elsewhere). */
+export const ADDON_PATH = process.env.PERCEPT_NATIVE ?? join(ROOT, 'build', 'native', 'Release', 'percept.node');
+
+/** Loads the addon (Node's module cache makes repeated calls free) with a clear error when missing. */
+export function loadAddon(): NativeAddon {
+  if (!existsSync(ADDON_PATH)) {
+    throw new Error(`percept native addon not found at ${ADDON_PATH}: run \`node tools/build-native.mjs\``);
+  }
+  const require = createRequire(import.meta.url);
+  const addon = require(ADDON_PATH) as NativeAddon;
+  if (typeof addon.Model !== 'function') {
+    throw new Error(`${ADDON_PATH} is not the percept addon (no Model export): rebuild with \`node tools/build-native.mjs\``);
+  }
+  return addon;
+}

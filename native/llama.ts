@@ -1,0 +1,565 @@
+// The typed, validated API over the native llama.cpp binding: LlamaModel, LlamaContext,
+// LlamaGrammar, LlamaSpeculator. Arguments are checked here (errors name the argument), then
+// cross into C++ once per call; every slow call runs off the JS thread and returns a promise.
+import { stat } from 'node:fs/promises';
+import {
+  loadAddon,
+  type ImageAttention,
+  type NativeContext,
+  type NativeContextInfo,
+  type NativeGenerateResult,
+  type NativeGrammar,
+  type NativeMemoryBreakdown,
+  type NativeModel,
+  type NativeModelInfo,
+  type NativeSegment,
+  type NativeSpeculator,
+  type NativeStopReason,
+  type NativeTimings,
+  type SpeculatorType,
+} from './binding.ts';
+
+export type { ImageAttention, NativeModelInfo as ModelInfo, NativeContextInfo as ContextInfo, NativeMemoryBreakdown as MemoryBreakdown };
+export type StopReason = NativeStopReason;
+export type Timings = NativeTimings;
+
+// ---------------------------------------------------------------------------------------------
+// Small validators (sharp's is.* style): each throws an error that names the argument.
+
+const describe = (v: unknown): string => (v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v === 'bigint' ? `${v}n` : `${String(v)} of type ${typeof v}`);
+const invalid = (name: string, expected: string, actual: unknown): TypeError =>
+  new TypeError(`Expected ${expected} for ${name} but received ${describe(actual)}`);
+
+function intIn(name: string, v: unknown, min: number, max: number): number {
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) throw invalid(name, `an integer between ${min} and ${max}`, v);
+  return v;
+}
+function numIn(name: string, v: unknown, min: number, max: number): number {
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) throw invalid(name, `a number between ${min} and ${max}`, v);
+  return v;
+}
+function bool(name: string, v: unknown): boolean {
+  if (typeof v !== 'boolean') throw invalid(name, 'a boolean', v);
+  return v;
+}
+function plainObject(name: string, v: unknown): Record<string, unknown> {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) throw invalid(name, 'an object', v);
+  return v as Record<string, unknown>;
+}
+function knownKeys(name: string, o: Record<string, unknown>, keys: readonly string[]): void {
+  for (const k of Object.keys(o)) if (!keys.includes(k)) throw new TypeError(`Unknown option ${name}.${k} (expected one of ${keys.join(', ')})`);
+}
+
+/** An Error with a `code` (EBUSY, EDISPOSED, ...), native errors keep theirs. */
+function coded(code: string, message: string): Error {
+  return Object.assign(new Error(message), { code });
+}
+
+/** Re-throws a native error with a stack that points at the caller (sharp's nativeError). */
+function graft(err: unknown, stack: Error): Error {
+  if (err instanceof Error) {
+    const out = Object.assign(new Error(err.message), err as Error & { code?: string });
+    out.stack = `${err.constructor.name}: ${err.message}\n${stack.stack?.split('\n').slice(1).join('\n') ?? ''}`;
+    return out;
+  }
+  return new Error(String(err));
+}
+
+/** The image attention rule of a model (mirrors mtmd_decode_use_non_causal()). */
+export function imageAttentionRule(arch: string, nEmbd: number): ImageAttention {
+  if (typeof arch !== 'string') throw invalid('arch', 'a string', arch);
+  intIn('nEmbd', nEmbd, 1, 1 << 20);
+  return loadAddon().imageAttentionRule(arch, nEmbd);
+}
+
+/** Forwards llama.cpp logs to `callback` (level: 1 debug, 2 info, 3 warn, 4 error), or quiets them (null). */
+export function setLlamaLogger(callback: ((level: number, text: string) => void) | null): void {
+  if (callback !== null && typeof callback !== 'function') throw invalid('callback', 'a function or null', callback);
+  loadAddon().setLogger(callback);
+}
+
+/** Turns a JSON Schema (object or JSON text) into llama.cpp GBNF (common/json-schema-to-grammar). */
+export function jsonSchemaToGbnf(schema: object | string): string {
+  const text = typeof schema === 'string' ? schema : JSON.stringify(schema);
+  if (typeof schema !== 'string' && (typeof schema !== 'object' || schema === null)) throw invalid('schema', 'an object or JSON text', schema);
+  return loadAddon().jsonSchemaToGrammar(text);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+export interface LoadModelOptions {
+  /** Layers offloaded to the GPU (-1: all). Default 0. */
+  readonly gpuLayers?: number;
+  readonly mmap?: boolean;
+  /** Load only the tokenizer (no weights; no context can be created). */
+  readonly vocabOnly?: boolean;
+}
+
+export interface ChatMessage {
+  readonly role: 'system' | 'user' | 'assistant';
+  readonly content: string;
+}
+
+export interface ContextOptions {
+  readonly nCtx?: number;
+  readonly nBatch?: number;
+  /** Physical batch; an image with bidirectional attention must fit in one ubatch. */
+  readonly nUbatch?: number;
+  /** Most outputs in one batch: 1 + the longest draft. Sizes the compute buffer. Default 16. */
+  readonly maxOutputs?: number;
+  readonly flashAttention?: boolean | 'auto';
+  readonly kvType?: 'f16' | 'q8_0';
+  /** CPU threads (0: all cores). */
+  readonly threads?: number;
+}
+
+export class LlamaModel {
+  readonly path: string;
+  readonly info: NativeModelInfo;
+  readonly #native: NativeModel;
+  readonly #contexts = new Set<LlamaContext>();
+  #disposed = false;
+
+  private constructor(path: string, native: NativeModel) {
+    this.path = path;
+    this.#native = native;
+    this.info = native.info();
+  }
+
+  /** Loads a GGUF (gemma3, gemma4 or gemma4-assistant) off the JS thread. */
+  static async load(path: string, options: LoadModelOptions = {}): Promise<LlamaModel> {
+    if (typeof path !== 'string' || path.length === 0) throw invalid('path', 'a non-empty string', path);
+    const o = plainObject('options', options);
+    knownKeys('options', o, ['gpuLayers', 'mmap', 'vocabOnly']);
+    const gpuLayers = options.gpuLayers === undefined ? 0 : intIn('options.gpuLayers', options.gpuLayers, -1, 100000);
+    const mmap = options.mmap === undefined ? true : bool('options.mmap', options.mmap);
+    const vocabOnly = options.vocabOnly === undefined ? false : bool('options.vocabOnly', options.vocabOnly);
+    const stack = new Error();
+    try {
+      const s = await stat(path);
+      if (!s.isFile()) throw coded('EISDIR', `model path is not a file: ${path}`);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw coded('ENOENT', `model file not found: ${path}`);
+      throw err;
+    }
+    try {
+      const native = await loadAddon().Model.load(path, { gpuLayers, mmap, vocabOnly });
+      return new LlamaModel(path, native);
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  /** @internal the raw handle, for LlamaContext/LlamaGrammar/LlamaSpeculator. */
+  get native(): NativeModel {
+    if (this.#disposed) throw coded('EDISPOSED', 'LlamaModel is disposed');
+    return this.#native;
+  }
+
+  get disposed(): boolean {
+    return this.#disposed;
+  }
+
+  tokenize(text: string, options: { addSpecial?: boolean; parseSpecial?: boolean } = {}): Int32Array {
+    if (typeof text !== 'string') throw invalid('text', 'a string', text);
+    return this.native.tokenize(text, options.addSpecial ?? false, options.parseSpecial ?? true);
+  }
+
+  detokenize(tokens: Int32Array | readonly number[], options: { special?: boolean } = {}): string {
+    return this.native.detokenize(checkTokens('tokens', tokens, this.info.nVocab), options.special ?? false);
+  }
+
+  tokenText(token: number): string {
+    return this.native.tokenText(intIn('token', token, 0, this.info.nVocab - 1));
+  }
+
+  /** Renders messages with the model's own chat template (jinja, through llama.cpp common/chat). */
+  renderChat(messages: readonly ChatMessage[], options: { addGenerationPrompt?: boolean } = {}): string {
+    if (!Array.isArray(messages) || messages.length === 0) throw invalid('messages', 'a non-empty array of {role, content}', messages);
+    messages.forEach((m, i) => {
+      plainObject(`messages[${i}]`, m);
+      if (!['system', 'user', 'assistant'].includes(m.role)) throw invalid(`messages[${i}].role`, "'system', 'user' or 'assistant'", m.role);
+      if (typeof m.content !== 'string') throw invalid(`messages[${i}].content`, 'a string', m.content);
+    });
+    return this.native.applyChatTemplate(messages, options.addGenerationPrompt ?? true);
+  }
+
+  /**
+   * A chat prompt with images: renders `messages` where each `imageMarker` in a content string
+   * stands for the next entry of `images`, and splits at the markers into prompt segments.
+   */
+  chatPrompt(messages: readonly ChatMessage[], images: readonly ImageInput[] = [], options: { imageMarker?: string; addGenerationPrompt?: boolean } = {}): PromptSegment[] {
+    const marker = options.imageMarker ?? '<__percept_image__>';
+    const rendered = this.renderChat(messages, { addGenerationPrompt: options.addGenerationPrompt ?? true });
+    const parts = rendered.split(marker);
+    if (parts.length - 1 !== images.length) {
+      throw new RangeError(`chatPrompt: the messages hold ${parts.length - 1} image marker(s) but ${images.length} image(s) were given`);
+    }
+    const segments: PromptSegment[] = [];
+    // The template writes BOS as text when it wants one; otherwise let the tokenizer add it.
+    const addSpecial = !rendered.startsWith(this.info.bos >= 0 ? this.native.tokenText(this.info.bos) : '\u0000');
+    parts.forEach((text, i) => {
+      if (text.length > 0) segments.push({ text, ...(i === 0 && addSpecial ? { addSpecial: true } : {}) });
+      const img = images[i];
+      if (img) segments.push({ image: img.data, nTokens: img.nTokens });
+    });
+    return segments;
+  }
+
+  async createContext(options: ContextOptions = {}): Promise<LlamaContext> {
+    const o = plainObject('options', options);
+    knownKeys('options', o, ['nCtx', 'nBatch', 'nUbatch', 'maxOutputs', 'flashAttention', 'kvType', 'threads']);
+    const nCtx = options.nCtx === undefined ? 4096 : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
+    const nBatch = options.nBatch === undefined ? 512 : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
+    const nUbatch = options.nUbatch === undefined ? Math.min(nBatch, 512) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
+    const maxOutputs = options.maxOutputs === undefined ? Math.min(16, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
+    const fa = options.flashAttention ?? 'auto';
+    if (fa !== 'auto' && typeof fa !== 'boolean') throw invalid('options.flashAttention', "true, false or 'auto'", fa);
+    const kvType = options.kvType ?? 'f16';
+    if (kvType !== 'f16' && kvType !== 'q8_0') throw invalid('options.kvType', "'f16' or 'q8_0'", kvType);
+    if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
+    const threads = options.threads === undefined ? 0 : intIn('options.threads', options.threads, 0, 1024);
+    const stack = new Error();
+    try {
+      const native = await loadAddon().Context.create(this.native, { nCtx, nBatch, nUbatch, nSeq: 1, maxOutputs, flashAttention: fa, kvType, threads });
+      const ctx = new LlamaContext(this, native, () => this.#contexts.delete(ctx));
+      this.#contexts.add(ctx);
+      return ctx;
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  /** A grammar from GBNF text, parsed now (throws on a syntax error). */
+  grammar(gbnf: string, root = 'root'): LlamaGrammar {
+    if (typeof gbnf !== 'string' || gbnf.length === 0) throw invalid('gbnf', 'a non-empty string', gbnf);
+    return new LlamaGrammar(this, new (loadAddon().Grammar)(this.native, gbnf, root), gbnf);
+  }
+
+  /** A grammar that admits exactly the JSON documents `schema` describes. */
+  grammarFromJsonSchema(schema: object | string): LlamaGrammar {
+    return this.grammar(jsonSchemaToGbnf(schema));
+  }
+
+  /** Disposes every context of this model, then the model. Idempotent. */
+  async dispose(): Promise<void> {
+    if (this.#disposed) return;
+    await Promise.all([...this.#contexts].map((c) => c.dispose()));
+    this.#native.dispose();
+    this.#disposed = true;
+  }
+}
+
+export class LlamaGrammar {
+  readonly model: LlamaModel;
+  readonly gbnf: string;
+  /** @internal */
+  readonly native: NativeGrammar;
+  /** @internal */
+  constructor(model: LlamaModel, native: NativeGrammar, gbnf: string) {
+    this.model = model;
+    this.native = native;
+    this.gbnf = gbnf;
+  }
+}
+
+export interface ImageInput {
+  /** nTokens × nEmbd floats, row-major (the projected vision-encoder output). */
+  readonly data: Float32Array;
+  readonly nTokens: number;
+}
+
+export type PromptSegment =
+  | { readonly text: string; readonly addSpecial?: boolean }
+  | { readonly tokens: Int32Array | readonly number[] }
+  | { readonly image: Float32Array; readonly nTokens: number };
+
+export interface GenerateOptions {
+  /** New tokens at most (0: only evaluate the prompt). */
+  readonly maxTokens: number;
+  /** 0 (default): greedy. */
+  readonly temperature?: number;
+  readonly topK?: number;
+  readonly topP?: number;
+  readonly minP?: number;
+  readonly seed?: number;
+  readonly stop?: readonly string[];
+  readonly stopTokens?: readonly number[];
+  /** Keep going past end-of-generation tokens (benchmarks, parity tests). */
+  readonly ignoreEos?: boolean;
+  readonly grammar?: LlamaGrammar;
+  /** Append tokens the grammar alone determines without a sampling step. */
+  readonly jumpForward?: boolean;
+  /** Use the context's speculator (default true when one is attached). */
+  readonly speculative?: boolean;
+  /** Longest draft per step (default: the speculator's nMax). */
+  readonly nDraft?: number;
+  /** Cancels at the next token boundary (or inside the running decode). */
+  readonly signal?: AbortSignal;
+  /** Stop at this instant, process.hrtime.bigint() clock (monotonic ns). */
+  readonly deadlineNs?: bigint;
+  /** Streams token ids as they are accepted (best effort; the result holds them all). */
+  readonly onTokens?: (tokens: Int32Array) => void;
+}
+
+export interface GenerateResult {
+  readonly text: string;
+  readonly tokens: readonly number[];
+  readonly stopReason: StopReason;
+  readonly promptTokens: number;
+  readonly reusedTokens: number;
+  readonly drafted: number;
+  readonly accepted: number;
+  readonly forced: number;
+  readonly timings: Timings;
+}
+
+export type SpeculatorOptions =
+  | { readonly type: 'draft-simple'; readonly draftModel: LlamaModel; readonly nMax?: number; readonly pMin?: number }
+  | { readonly type: 'draft-mtp'; readonly draftModel: LlamaModel; readonly nMax?: number; readonly pMin?: number }
+  | { readonly type: 'ngram-simple' | 'ngram-map-k' | 'ngram-map-k4v' | 'ngram-mod'; readonly nMax?: number; readonly ngramN?: number };
+
+const GENERATE_KEYS = ['maxTokens', 'temperature', 'topK', 'topP', 'minP', 'seed', 'stop', 'stopTokens', 'ignoreEos', 'grammar', 'jumpForward', 'speculative', 'nDraft', 'signal', 'deadlineNs', 'onTokens'];
+
+function checkTokens(name: string, tokens: unknown, nVocab: number): Int32Array | readonly number[] {
+  if (!(tokens instanceof Int32Array) && !Array.isArray(tokens)) throw invalid(name, 'an Int32Array or an array of token ids', tokens);
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i] as unknown;
+    if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t >= nVocab) {
+      throw new RangeError(`${name}[${i}] = ${String(t)} is not a token id of this model (0 ≤ id < ${nVocab})`);
+    }
+  }
+  return tokens as Int32Array | readonly number[];
+}
+
+export class LlamaContext {
+  readonly model: LlamaModel;
+  readonly info: NativeContextInfo;
+  readonly #native: NativeContext;
+  readonly #onDispose: () => void;
+  #running: Promise<unknown> | undefined;
+  #speculator: LlamaSpeculator | undefined;
+  #disposed = false;
+
+  /** @internal use LlamaModel.createContext */
+  constructor(model: LlamaModel, native: NativeContext, onDispose: () => void) {
+    this.model = model;
+    this.#native = native;
+    this.#onDispose = onDispose;
+    this.info = native.info();
+  }
+
+  get speculator(): LlamaSpeculator | undefined {
+    return this.#speculator;
+  }
+
+  /** Bytes per buffer type: model weights, KV cache ("context") and compute buffers. */
+  memoryBreakdown(): NativeMemoryBreakdown {
+    return this.#live().memoryBreakdown();
+  }
+
+  /** Positions the KV cache currently holds (prompt prefix + generated tokens). */
+  cachedPositions(): number {
+    return this.#live().cachedPositions();
+  }
+
+  #live(): NativeContext {
+    if (this.#disposed) throw coded('EDISPOSED', 'LlamaContext is disposed');
+    return this.#native;
+  }
+
+  #checkPrompt(prompt: readonly PromptSegment[]): NativeSegment[] {
+    if (!Array.isArray(prompt) || prompt.length === 0) throw invalid('prompt', 'a non-empty array of segments', prompt);
+    const { nVocab, nEmbd } = this.model.info;
+    return prompt.map((seg, i) => {
+      const s = plainObject(`prompt[${i}]`, seg);
+      if ('text' in s) {
+        if (typeof s.text !== 'string') throw invalid(`prompt[${i}].text`, 'a string', s.text);
+        if (s.addSpecial !== undefined) bool(`prompt[${i}].addSpecial`, s.addSpecial);
+        return seg as NativeSegment;
+      }
+      if ('tokens' in s) return { tokens: checkTokens(`prompt[${i}].tokens`, s.tokens, nVocab) };
+      if ('image' in s) {
+        if (!(s.image instanceof Float32Array)) throw invalid(`prompt[${i}].image`, 'a Float32Array', s.image);
+        const nTokens = intIn(`prompt[${i}].nTokens`, s.nTokens, 1, 1 << 20);
+        if (s.image.length !== nTokens * nEmbd) {
+          throw new RangeError(
+            `prompt[${i}].image has ${s.image.length} floats; this model needs nTokens × nEmbd = ${nTokens} × ${nEmbd} = ${nTokens * nEmbd}` +
+              (s.image.length % nTokens === 0 ? ` (rows are ${s.image.length / nTokens} wide: wrong embedding width)` : ''),
+          );
+        }
+        if (this.model.info.imageStartToken === null) throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
+        return { image: s.image, nTokens };
+      }
+      throw new TypeError(`prompt[${i}] must have one of text, tokens or image`);
+    });
+  }
+
+  /**
+   * Evaluates `prompt` (reusing the KV of its longest unchanged prefix) and generates.
+   * One operation at a time per context: a second concurrent call rejects with EBUSY.
+   */
+  async generate(prompt: readonly PromptSegment[], options: GenerateOptions): Promise<GenerateResult> {
+    const native = this.#live();
+    const segments = this.#checkPrompt(prompt);
+    const o = plainObject('options', options);
+    knownKeys('options', o, GENERATE_KEYS);
+    const { nVocab } = this.model.info;
+    const maxTokens = intIn('options.maxTokens', options.maxTokens, 0, this.info.nCtx);
+    const temperature = options.temperature === undefined ? 0 : numIn('options.temperature', options.temperature, 0, 100);
+    const topK = options.topK === undefined ? 0 : intIn('options.topK', options.topK, 0, nVocab);
+    const topP = options.topP === undefined ? 1 : numIn('options.topP', options.topP, Number.MIN_VALUE, 1);
+    const minP = options.minP === undefined ? 0 : numIn('options.minP', options.minP, 0, 1);
+    const seed = options.seed === undefined ? 0 : intIn('options.seed', options.seed, 0, 0xffffffff);
+    const stopStrings = options.stop ?? [];
+    if (!Array.isArray(stopStrings) || stopStrings.some((s) => typeof s !== 'string' || s.length === 0)) {
+      throw invalid('options.stop', 'an array of non-empty strings', options.stop);
+    }
+    const stopTokens = options.stopTokens === undefined ? [] : [...checkTokens('options.stopTokens', options.stopTokens, nVocab)];
+    if (options.grammar !== undefined && !(options.grammar instanceof LlamaGrammar)) throw invalid('options.grammar', 'a LlamaGrammar', options.grammar);
+    if (options.grammar && options.grammar.model !== this.model) throw new TypeError('options.grammar was built for another model');
+    if (options.signal !== undefined && !(options.signal instanceof AbortSignal)) throw invalid('options.signal', 'an AbortSignal', options.signal);
+    if (options.deadlineNs !== undefined && typeof options.deadlineNs !== 'bigint') throw invalid('options.deadlineNs', 'a bigint (monotonic ns)', options.deadlineNs);
+    if (options.onTokens !== undefined && typeof options.onTokens !== 'function') throw invalid('options.onTokens', 'a function', options.onTokens);
+    const nDraft = options.nDraft === undefined ? undefined : intIn('options.nDraft', options.nDraft, 0, 256);
+    if (this.#running) throw coded('EBUSY', 'LlamaContext is busy: only one operation may run at a time on a context');
+
+    const signal = options.signal;
+    const onAbort = () => native.cancel();
+    const stack = new Error();
+    const run = (async () => {
+      const pending = native.generate(
+        segments,
+        {
+          maxTokens,
+          temperature,
+          topK,
+          topP,
+          minP,
+          seed,
+          stopStrings,
+          stopTokens,
+          ignoreEos: options.ignoreEos ?? false,
+          jumpForward: options.jumpForward ?? false,
+          speculative: options.speculative ?? true,
+          ...(nDraft !== undefined ? { nDraft } : {}),
+          ...(options.deadlineNs !== undefined ? { deadlineNs: options.deadlineNs } : {}),
+          ...(options.grammar ? { grammar: options.grammar.native } : {}),
+        },
+        options.onTokens,
+      );
+      // After the native call reset the flags: an already-aborted signal cancels at once.
+      if (signal?.aborted) native.cancel();
+      else signal?.addEventListener('abort', onAbort, { once: true });
+      try {
+        return toResult(await pending);
+      } finally {
+        signal?.removeEventListener('abort', onAbort);
+      }
+    })();
+    this.#running = run;
+    try {
+      return await run;
+    } catch (err) {
+      throw graft(err, stack);
+    } finally {
+      this.#running = undefined;
+    }
+  }
+
+  /** Evaluates the prompt only (fills the KV cache; later calls reuse it). */
+  async evaluate(prompt: readonly PromptSegment[], options: Pick<GenerateOptions, 'signal' | 'deadlineNs'> = {}): Promise<GenerateResult> {
+    return this.generate(prompt, { maxTokens: 0, ...options });
+  }
+
+  /** Drops the KV cache (the next prompt is evaluated from scratch). */
+  clearCache(): void {
+    if (this.#running) throw coded('EBUSY', 'LlamaContext is busy');
+    this.#live().clearCache();
+  }
+
+  /** Attaches speculative decoding (one speculator per context; it clears the KV cache). */
+  async attachSpeculator(options: SpeculatorOptions): Promise<LlamaSpeculator> {
+    const native = this.#live();
+    const o = plainObject('options', options);
+    const types: readonly SpeculatorType[] = ['draft-simple', 'draft-mtp', 'ngram-simple', 'ngram-map-k', 'ngram-map-k4v', 'ngram-mod'];
+    if (!types.includes(o.type as SpeculatorType)) throw invalid('options.type', types.join(' | '), o.type);
+    const nMax = o.nMax === undefined ? 4 : intIn('options.nMax', o.nMax, 1, Math.min(64, this.info.maxOutputs - 1));
+    let draftModel: NativeModel | undefined;
+    if (options.type === 'draft-simple' || options.type === 'draft-mtp') {
+      knownKeys('options', o, ['type', 'draftModel', 'nMax', 'pMin']);
+      if (!(options.draftModel instanceof LlamaModel)) throw invalid('options.draftModel', 'a LlamaModel', options.draftModel);
+      draftModel = options.draftModel.native;
+      if (options.pMin !== undefined) numIn('options.pMin', options.pMin, 0, 1);
+    } else {
+      knownKeys('options', o, ['type', 'nMax', 'ngramN']);
+      if (options.ngramN !== undefined) intIn('options.ngramN', options.ngramN, 1, 64);
+    }
+    if (this.#speculator) throw coded('EBUSY', 'this context already has a speculator; dispose it first');
+    if (this.#running) throw coded('EBUSY', 'LlamaContext is busy');
+    const stack = new Error();
+    try {
+      const spec = await loadAddon().Speculator.create(native, {
+        type: options.type,
+        nMax,
+        ...(draftModel ? { draftModel } : {}),
+        ...('pMin' in options && options.pMin !== undefined ? { pMin: options.pMin } : {}),
+        ...('ngramN' in options && options.ngramN !== undefined ? { ngramN: options.ngramN } : {}),
+      });
+      const wrapped = new LlamaSpeculator(spec, () => {
+        if (this.#speculator === wrapped) this.#speculator = undefined;
+      });
+      this.#speculator = wrapped;
+      return wrapped;
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  /** Cancels a running generation (if any), waits for it, then frees the context. Idempotent. */
+  async dispose(): Promise<void> {
+    if (this.#disposed) return;
+    if (this.#running) {
+      this.#native.cancel();
+      await this.#running.catch(() => undefined);
+    }
+    this.#speculator?.dispose();
+    this.#native.dispose();
+    this.#disposed = true;
+    this.#onDispose();
+  }
+}
+
+export class LlamaSpeculator {
+  readonly type: SpeculatorType;
+  readonly nMax: number;
+  readonly #native: NativeSpeculator;
+  readonly #onDispose: () => void;
+  /** @internal */
+  constructor(native: NativeSpeculator, onDispose: () => void) {
+    this.#native = native;
+    this.#onDispose = onDispose;
+    const i = native.info();
+    this.type = i.type;
+    this.nMax = i.nMax;
+  }
+  /** Detaches from the context (EBUSY while it generates). Idempotent. */
+  dispose(): void {
+    this.#native.dispose();
+    this.#onDispose();
+  }
+}
+
+function toResult(r: NativeGenerateResult): GenerateResult {
+  return {
+    text: r.text,
+    tokens: Array.from(r.tokens),
+    stopReason: r.stopReason,
+    promptTokens: r.promptTokens,
+    reusedTokens: r.reusedTokens,
+    drafted: r.drafted,
+    accepted: r.accepted,
+    forced: r.forced,
+    timings: r.timings,
+  };
+}

@@ -1,0 +1,108 @@
+// Config loading: schema defaults, and rejection that names the JSON path and what was expected.
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { ConfigError, loadConfig } from '../pipeline/config.ts';
+
+const cache = new URL('../.cache/pipeline-config/', import.meta.url);
+
+/** The issues loadConfig reports for `input`, as "path: message" lines. */
+function issuesOf(input: object | string): string[] {
+  try {
+    loadConfig(input);
+  } catch (error) {
+    assert.ok(error instanceof ConfigError, String(error));
+    return error.issues.map((i) => `${i.path}: ${i.message}`);
+  }
+  assert.fail('expected the config to be rejected');
+}
+
+describe('loadConfig', () => {
+  test('{} gets every default from the schema', () => {
+    const config = loadConfig({});
+    assert.deepEqual(config.source, { kind: 'pattern', fps: 10, frames: 20, width: 1280, height: 720 });
+    assert.deepEqual(config.encoder, { kind: 'onnx', model: 'synth:gemma4-vision-tiny', executionProvider: 'cpu', threads: 1 });
+    assert.equal(config.decoder.maxNewTokens, 48);
+    assert.equal(config.decoder.draft, null);
+    assert.deepEqual(config.budgets, {
+      endToEndMs: 2000,
+      stages: { preprocess: 50, encode: 500, decode: 1500, actions: 20, publish: 20 },
+      dropPredictedMiss: true,
+      shutdownGraceMs: 3000,
+    });
+    assert.deepEqual(config.edges, { default: { policy: 'latest' } });
+    assert.deepEqual(config.ladder.initial, { imageTokens: 280, maxNewTokens: 48, draft: true, frameSkip: 0 });
+    assert.deepEqual(config.ladder.rungs, [{ imageTokens: 140 }, { maxNewTokens: 32 }, { draft: false }, { frameSkip: 1 }]);
+    assert.equal(config.clock, 'real');
+    assert.deepEqual(config.telemetry, { liveTable: 'auto', intervalMs: 1000 });
+  });
+
+  test('defaults fill the chosen kind of a source, and the object passed in is left alone', () => {
+    const input = { source: { kind: 'bag', path: 'bags/sample.mcap' } };
+    const config = loadConfig(input);
+    assert.deepEqual(config.source, { kind: 'bag', path: 'bags/sample.mcap', topic: '/camera/front/compressed', rate: 1, loop: false });
+    assert.deepEqual(input, { source: { kind: 'bag', path: 'bags/sample.mcap' } });
+  });
+
+  test('configs/test-fake.json loads', () => {
+    const config = loadConfig('configs/test-fake.json');
+    assert.equal(config.clock, 'virtual');
+    assert.deepEqual(config.edges.publish, { policy: 'queue', capacity: 8 });
+  });
+
+  const rejected: [string, object, string[]][] = [
+    ['a wrong type', { budgets: { endToEndMs: '2000' } }, ['/budgets/endToEndMs: must be number']],
+    ['a misspelt key', { budgets: { endToEndMS: 2000 } }, ['/budgets/endToEndMS: is not a known property']],
+    ['an unknown source kind', { source: { kind: 'webcam' } }, ['/source/kind: "webcam" is not one of the known kinds']],
+    ['a missing required field', { source: { kind: 'bag' } }, ["/source: must have required property 'path'"]],
+    ['a queue without capacity', { edges: { publish: { policy: 'queue' } } }, ["/edges/publish: must have required property 'capacity'"]],
+    ['an edge for an unknown stage', { edges: { decoder: { policy: 'latest' } } }, ['/edges/decoder: is not a known name here (expected "default" or a stage name: preprocess, encode, decode, actions, publish, record)']],
+    ['a budget for an unknown stage', { budgets: { stages: { decod: 5 } } }, ['/budgets/stages/decod: is not a known name here (expected a stage name: preprocess, encode, decode, actions, publish, record)']],
+    ['a non-positive budget', { budgets: { endToEndMs: 0 } }, ['/budgets/endToEndMs: must be > 0']],
+    ['an image-token budget Gemma does not have', { ladder: { initial: { imageTokens: 300 } } }, ['/ladder/initial/imageTokens: must be one of 70, 140, 256, 280, 560, 1120']],
+    ['an empty rung', { ladder: { rungs: [{}] } }, ['/ladder/rungs/0: must NOT have fewer than 1 properties']],
+    ['a bad clock', { clock: 'wall' }, ['/clock: must be one of "real", "virtual"']],
+    ['several problems at once', { clock: 1, telemetry: { intervalMs: 5 } }, ['/clock: must be one of "real", "virtual"', '/telemetry/intervalMs: must be >= 50']],
+    // semantic checks, after the schema
+    ['a stage budget above the end-to-end budget', { budgets: { endToEndMs: 1000 } }, ['/budgets/stages/decode: must be at most /budgets/endToEndMs (1000) but is 1500']],
+    [
+      'rungs that do not degrade',
+      { ladder: { rungs: [{ imageTokens: 560 }, { draft: false }, { draft: false }, { maxNewTokens: 48 }, { frameSkip: 0 }] } },
+      [
+        '/ladder/rungs/0/imageTokens: must be below the level above (280) but is 560',
+        '/ladder/rungs/2/draft: drafting is already off at the level above',
+        '/ladder/rungs/3/maxNewTokens: must be below the level above (48) but is 48',
+        '/ladder/rungs/4/frameSkip: must be above the level above (0) but is 0',
+      ],
+    ],
+    ['more service levels than ladder levels', { ladder: { rungs: [{ draft: false }] }, virtualServiceMs: { decode: [3, 2, 1] } }, ['/virtualServiceMs/decode: has 3 levels but the ladder has 2']],
+    ['minSamples above the window', { ladder: { window: 4, minSamples: 5 } }, ['/ladder/minSamples: must be at most /ladder/window (4) but is 5']],
+  ];
+  for (const [what, input, expected] of rejected) {
+    test(`rejects ${what}, naming the path`, () => {
+      assert.deepEqual(issuesOf(input), expected);
+    });
+  }
+
+  test('the error message names the file and every issue', () => {
+    mkdirSync(cache, { recursive: true });
+    const file = new URL('bad.json', cache).pathname;
+    writeFileSync(file, JSON.stringify({ budgets: { endToEndMs: 'soon' }, clock: 'wall' }));
+    assert.throws(() => loadConfig(file), (error: Error) => {
+      assert.equal(error.message, `invalid config ${file}:\n  /budgets/endToEndMs: must be number\n  /clock: must be one of "real", "virtual"`);
+      return true;
+    });
+  });
+
+  test('a file that is not JSON, or missing, is a ConfigError too', () => {
+    mkdirSync(cache, { recursive: true });
+    const file = new URL('broken.json', cache).pathname;
+    writeFileSync(file, '{ "clock": ');
+    assert.match(issuesOf(file)[0]!, /^: is not valid JSON/);
+    assert.match(issuesOf(new URL('missing.json', cache).pathname)[0]!, /^: cannot read the file/);
+  });
+
+  test('rejects inputs that are neither a path nor an object', () => {
+    assert.throws(() => loadConfig([] as unknown as object), /expected a file path or a config object but received an array/);
+  });
+});
