@@ -76,7 +76,7 @@ export interface NativeMemoryBreakdown {
 export type NativeSegment =
   | { readonly text: string; readonly addSpecial?: boolean }
   | { readonly tokens: Int32Array | readonly number[] }
-  | { readonly image: Float32Array; readonly nTokens: number };
+  | { readonly image: Float32Array; readonly nTokens: number; readonly causal?: boolean };
 
 export interface NativeGenerateOptions {
   maxTokens: number;

@@ -708,6 +708,9 @@ export class GGUFWriter {
       pos += chunk.length;
       await inFlight;
       inFlight = writeAll(fh, chunk, at).then(() => options.onProgress?.(at + chunk.length, total));
+      // Mark handled now (a failure surfaces at the next `await inFlight`), or a write error that lands while
+      // the next chunk is being generated would be an unhandled rejection.
+      inFlight.catch(() => undefined);
     };
     try {
       await put(header.bytes);

@@ -272,7 +272,8 @@ export interface ImageInput {
 export type PromptSegment =
   | { readonly text: string; readonly addSpecial?: boolean }
   | { readonly tokens: Int32Array | readonly number[] }
-  | { readonly image: Float32Array; readonly nTokens: number };
+  /** `causal: true` decodes the image causally whatever the model's rule (for experiments). */
+  | { readonly image: Float32Array; readonly nTokens: number; readonly causal?: boolean };
 
 export interface GenerateOptions {
   /** New tokens at most (0: only evaluate the prompt). */
@@ -389,7 +390,8 @@ export class LlamaContext {
           );
         }
         if (this.model.info.imageStartToken === null) throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
-        return { image: s.image, nTokens };
+        if (s.causal !== undefined) bool(`prompt[${i}].causal`, s.causal);
+        return { image: s.image, nTokens, ...(s.causal ? { causal: true } : {}) };
       }
       throw new TypeError(`prompt[${i}] must have one of text, tokens or image`);
     });

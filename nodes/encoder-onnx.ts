@@ -27,6 +27,9 @@ export interface OnnxEncoderConfig {
   /** ORT intra-op threads (default: ORT's choice, one per core). */
   readonly threads?: number;
   readonly graphOptimizationLevel?: 'disabled' | 'basic' | 'extended' | 'all';
+  /** Let ORT's intra-op threads spin-wait between runs (default false: they would compete with the
+   * preprocessing and decoding threads for the same cores). */
+  readonly allowSpinning?: boolean;
   /** Copy input arrays instead of transferring them (keeps the caller's PixelTensor usable). */
   readonly copyInputs?: boolean;
 }
@@ -208,6 +211,7 @@ export async function createOnnxEncoderStage(cfg: OnnxEncoderConfig): Promise<On
     modelPath: cfg.model,
     executionProviders: ep === 'cpu' ? ['cpu'] : [PROVIDERS[ep].ort, 'cpu'],
     graphOptimizationLevel: cfg.graphOptimizationLevel ?? 'all',
+    allowSpinning: cfg.allowSpinning === true,
     ...(cfg.threads !== undefined ? { intraOpNumThreads: cfg.threads } : {}),
   };
   // The worker is TypeScript; a small .mjs entry registers tsx inside the worker thread first (Node 20

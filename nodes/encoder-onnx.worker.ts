@@ -13,6 +13,9 @@ export interface WorkerInit {
   readonly executionProviders: readonly string[];
   readonly intraOpNumThreads?: number;
   readonly graphOptimizationLevel: 'disabled' | 'basic' | 'extended' | 'all';
+  /** ORT's intra-op threads spin after a run by default; on a small shared CPU that spinning steals
+   * time from preprocessing and the decoder. */
+  readonly allowSpinning: boolean;
 }
 
 export interface WireTensor {
@@ -53,6 +56,7 @@ async function main(): Promise<void> {
       executionProviders: [...init.executionProviders],
       graphOptimizationLevel: init.graphOptimizationLevel,
       ...(init.intraOpNumThreads !== undefined ? { intraOpNumThreads: init.intraOpNumThreads } : {}),
+      extra: { session: { intra_op: { allow_spinning: init.allowSpinning ? '1' : '0' } } },
     });
   } catch (err) {
     post({ type: 'load-error', message: err instanceof Error ? err.message : String(err) });

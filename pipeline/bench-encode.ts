@@ -20,9 +20,10 @@ export interface BenchEncodeOptions {
   readonly warmup?: number;
   /** ORT intra-op threads. */
   readonly threads?: number;
+  readonly allowSpinning?: boolean;
 }
 
-export interface BenchEncodeResult {
+export type BenchEncodeResult = {
   readonly encoder: string;
   readonly contract: 'gemma3' | 'gemma4';
   readonly ep: string;
@@ -42,7 +43,7 @@ export interface BenchEncodeResult {
   /** Time inside session.run() in the worker (encode_ms minus transfer and messaging). */
   readonly run_ms_p50: number;
   readonly total_ms_p50: number;
-}
+};
 
 /** Nearest-rank quantile of a sample. */
 export function quantile(values: readonly number[], q: number): number {
@@ -108,7 +109,12 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   const meta = await sharp(frame.data).metadata();
 
   const t0 = performance.now();
-  const encoder = await createOnnxEncoderStage({ model: modelPath, ep, ...(opts.threads !== undefined ? { threads: opts.threads } : {}) });
+  const encoder = await createOnnxEncoderStage({
+    model: modelPath,
+    ep,
+    ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
+    ...(opts.allowSpinning !== undefined ? { allowSpinning: opts.allowSpinning } : {}),
+  });
   const loadMs = performance.now() - t0;
   try {
     const preprocess = createPreprocessStage({ contract: encoder.contract.kind });
@@ -158,4 +164,41 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   } finally {
     await encoder.close();
   }
+}
+
+export interface BenchPreprocessOptions {
+  readonly contract: 'gemma3' | 'gemma4';
+  readonly image?: string;
+  readonly imageTokens?: number;
+  readonly iterations?: number;
+  readonly kernel?: 'nearest' | 'linear' | 'cubic';
+}
+
+/** Preprocessing alone (no encoder): p50/p99 over `iterations` frames after 3 warm-ups. */
+export async function benchPreprocess(opts: BenchPreprocessOptions): Promise<{ contract: string; kernel: string; image: string; tokens: number; ms_p50: number; ms_p99: number; ms_min: number; iterations: number }> {
+  const iterations = opts.iterations ?? 50;
+  const data = opts.image ? readFileSync(opts.image) : await syntheticJpeg();
+  const format = (await sharp(data).metadata()).format;
+  if (format !== 'jpeg' && format !== 'png') throw new Error(`bench preprocess: image is ${format ?? 'unknown'}; use a JPEG or PNG`);
+  const stage = createPreprocessStage({ contract: opts.contract, ...(opts.kernel ? { kernel: opts.kernel } : {}) });
+  const ctx = benchContext(opts.imageTokens ?? 280);
+  const times: number[] = [];
+  let tokens = 0;
+  for (let i = 0; i < iterations + 3; i++) {
+    const t0 = performance.now();
+    const t = await stage.process({ encoding: format, data }, ctx);
+    if (i >= 3) times.push(performance.now() - t0);
+    tokens = t.imageTokens;
+  }
+  const round = (x: number): number => Math.round(x * 1000) / 1000;
+  return {
+    contract: opts.contract,
+    kernel: opts.kernel ?? (opts.contract === 'gemma3' ? 'linear' : 'cubic'),
+    image: opts.image ?? 'synthetic 1280x720 jpeg q85',
+    tokens,
+    ms_p50: round(quantile(times, 0.5)),
+    ms_p99: round(quantile(times, 0.99)),
+    ms_min: round(Math.min(...times)),
+    iterations,
+  };
 }

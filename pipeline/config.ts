@@ -19,7 +19,7 @@ export type SourceConfig =
   | { readonly kind: 'folder'; readonly path: string; readonly fps: number };
 
 export type EncoderConfig =
-  | { readonly kind: 'onnx'; readonly model: string; readonly executionProvider: 'cpu'; readonly threads: number }
+  | { readonly kind: 'onnx'; readonly model: string; readonly executionProvider: 'cpu' | 'cuda' | 'tensorrt'; readonly threads: number }
   | { readonly kind: 'mtmd'; readonly mmproj: string; readonly gpuLayers: number }
   | { readonly kind: 'projection'; readonly seed: number; readonly tokens: number };
 

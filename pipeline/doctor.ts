@@ -25,9 +25,9 @@ export async function doctor(): Promise<Record<string, string>> {
       return ok(process.versions.node);
     },
     native_addon: async () => {
-      const { loadBinding } = await import('../native/binding.ts');
-      const binding = loadBinding();
-      return ok(`llama.cpp ${binding.llamaVersion?.() ?? '?'}; devices: ${binding.listDevices?.().map((d: { name: string }) => d.name).join(', ') ?? '?'}`);
+      const { loadAddon } = await import('../native/binding.ts');
+      const addon = loadAddon();
+      return ok(`llama.cpp ${addon.llamaVersion}; ${addon.systemInfo().trim()}`);
     },
     onnxruntime: async () => {
       const ort = await import('onnxruntime-node');

@@ -41,30 +41,21 @@
 // call's virtual time (a + b) reaches its stage deadline: during a ctx.clock advance, or before the
 // call when (b) alone reaches it. A stage that then gives up (reports a cancel or throws) is
 // charged only up to the deadline; one that ignores the signal is charged its whole service time.
+// So on a virtual clock the signal fires only through virtual time: a stage must not wait for it
+// to make progress. Stats events come every telemetry.intervalMs of clock time on either clock.
 //
 // stop(reason): the source's signal fires, waiting frames are dropped 'shutdown', in-flight calls
 // are aborted ('shutdown'); a frame a stage finishes after stop goes no further (drop 'shutdown')
 // unless it was the last stage's. On a real clock, calls that have not returned within
 // budgets.shutdownGraceMs are abandoned (their frames dropped 'shutdown'). Then source.close() and
 // every stage's close() run in order, and run()/stop() resolve with the summary.
+export { StageAbort } from './types.ts';
 import { Observable, Subject, type OperatorFunction, type Subscriber } from 'rxjs';
 import { VirtualClock, msToNs, nsToMs, type Clock } from './clock.ts';
 import { CostModel, DegradeLadder } from './budget.ts';
 import type { EdgePolicy, GraphConfig } from './config.ts';
 import { TelemetryAggregator, type RunSummary, type TelemetryEvent } from './telemetry.ts';
-import { DropFrame, type DropReason, type Envelope, type FrameMeta, type FrameSource, type Knobs, type SourceItem, type Stage, type StageContext, type StageEvent } from './types.ts';
-
-/** The reason an aborted ctx.signal carries. */
-export class StageAbort extends Error {
-  override readonly name = 'AbortError';
-  readonly reason: 'deadline' | 'shutdown';
-  readonly stage: string;
-  constructor(reason: 'deadline' | 'shutdown', stage: string) {
-    super(reason === 'deadline' ? `stage '${stage}' reached its deadline` : `stage '${stage}' stopped: the graph is shutting down`);
-    this.reason = reason;
-    this.stage = stage;
-  }
-}
+import { DropFrame, StageAbort, type DropReason, type Envelope, type FrameMeta, type FrameSource, type Knobs, type SourceItem, type Stage, type StageContext, type StageEvent } from './types.ts';
 
 export interface Graph {
   readonly events: Observable<TelemetryEvent>;
@@ -354,15 +345,22 @@ class CallContext implements StageContext {
       if (this.#abortedBy) {
         this.#controller.abort(this.#abortedBy);
       } else if (this.#armTimer) {
-        const leftMs = nsToMs(this.stageDeadlineNs - this.clock.nowNs());
-        if (leftMs <= 0) this.abort('deadline');
-        else this.#timer = setTimeout(() => this.abort('deadline'), leftMs);
+        this.#armDeadline();
       }
     }
     return this.#controller.signal;
   }
 
-  /** Why the signal fired (or would have, for a stage that never read it), if it did. */
+  /** Node's timers count from the event loop's cached time, which can lag the clock, so a timer
+   * may fire early: check, and wait again for what is left. */
+  #armDeadline(): void {
+    const leftMs = nsToMs(this.stageDeadlineNs - this.clock.nowNs());
+    if (leftMs <= 0) this.abort('deadline');
+    else this.#timer = setTimeout(() => this.#armDeadline(), Math.ceil(leftMs));
+  }
+
+  /** The abort that happened, if any. On a real clock the deadline counts only for a stage that
+   * read the signal (nothing else arms the timer); on a virtual clock it always counts. */
   get abortedBy(): StageAbort | undefined {
     return this.#abortedBy;
   }

@@ -100,3 +100,15 @@ export interface FrameSource<T> {
   frames(clock: Clock, signal: AbortSignal): AsyncIterable<SourceItem<T>>;
   close?(): Promise<void>;
 }
+
+/** What an aborted ctx.signal carries as its reason: why the stage must stop now. */
+export class StageAbort extends Error {
+  override readonly name = 'AbortError';
+  readonly reason: 'deadline' | 'shutdown';
+  readonly stage: string;
+  constructor(reason: 'deadline' | 'shutdown', stage: string) {
+    super(reason === 'deadline' ? `stage '${stage}' reached its deadline` : `stage '${stage}' stopped: the graph is shutting down`);
+    this.reason = reason;
+    this.stage = stage;
+  }
+}

@@ -129,7 +129,7 @@ describe('deadlines', () => {
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1]);
     assert.deepEqual(result.summary.cancels, { decode: { deadline: 2 } });
-    for (const out of result.outputs) assert.ok(out.spans[0]!.exitNs - out.spans[0]!.enterNs >= ms(19), 'not before the budget');
+    for (const out of result.outputs) assert.ok(out.spans[0]!.exitNs - out.spans[0]!.enterNs >= ms(20), 'never before the budget');
     assertConservation(result);
   });
 });
@@ -416,6 +416,32 @@ describe('stop()', () => {
     assert.equal(result.summary.drops.byStage.decode?.shutdown, 5);
     assert.ok(source.closed && preprocess.closed && decode.closed);
     assertConservation(result);
+  });
+
+  test('on a real clock: a call that ignores the shutdown signal is abandoned after the grace period', async () => {
+    let entered!: () => void;
+    const decodeEntered = new Promise<void>((resolve) => (entered = resolve));
+    const decode = fakeStage<number>('decode', {
+      work: () => {
+        entered();
+        return new Promise<number>(() => {}); // never returns, never looks at its signal
+      },
+    });
+    const graph = createGraph({
+      source: fakeSource({ frames: Infinity, periodMs: 5 }),
+      stages: [decode],
+      clock: new RealClock(),
+      config: testConfig({ clock: 'real', budgets: { endToEndMs: 600_000, stages: {}, dropPredictedMiss: false, shutdownGraceMs: 50 } }),
+    });
+    const drops: string[] = [];
+    graph.events.subscribe((e) => e.type === 'drop' && e.reason === 'shutdown' && drops.push(`${e.frameId}:${e.detail}`));
+    const run = graph.run();
+    await decodeEntered;
+    const summary = await graph.stop('test');
+    assert.equal(summary, await run);
+    assert.ok(drops.includes('0:abandoned: the stage did not return within budgets.shutdownGraceMs'), drops.join('; '));
+    assert.equal(summary.frames.in, summary.frames.out + summary.frames.dropped);
+    assert.ok(decode.closed);
   });
 
   test('stop() before run() ends the run at once; stop() twice is harmless', async () => {

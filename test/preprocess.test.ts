@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import sharp from 'sharp';
+import sharp, { type SharpOptions } from 'sharp';
 import { clampImageTokens, createPreprocessStage, gemma4TargetSize, GEMMA4_TOKEN_BUDGETS } from '../nodes/preprocess.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import type { CameraFrame, PixelTensor } from '../pipeline/payloads.ts';
@@ -37,7 +37,7 @@ function scene(width: number, height: number): Buffer {
 const rawRgb = (w: number, h: number) => ({ raw: { width: w, height: h, channels: 3 as const } });
 
 /** The plain reference: sharp resizes, a naive loop normalizes into CHW. */
-async function referenceGemma3(input: Buffer | Uint16Array, opts: sharp.SharpOptions, size = 896): Promise<Float32Array> {
+async function referenceGemma3(input: Buffer | Uint16Array, opts: SharpOptions, size = 896): Promise<Float32Array> {
   const { data, info } = await sharp(input, opts).resize(size, size, { fit: 'fill', kernel: 'linear' }).removeAlpha().raw().toBuffer({ resolveWithObject: true });
   const out = new Float32Array(3 * size * size);
   for (let c = 0; c < 3; c++) {

@@ -96,11 +96,13 @@ struct Segment {
     std::vector<int32_t> tokens;
     std::vector<float> embd;
     int32_t nTokens = 0;
+    bool forceCausal = false;  // decode the image causally whatever the model's rule (experiments, tests)
 };
 
 struct PromptItem {
     CacheItem item;
     const float * embd = nullptr;  // image rows (nTokens × nEmbd)
+    bool forceCausal = false;
 };
 
 struct GenerateOptions {
@@ -276,7 +278,7 @@ private:
         llama_context * lctx = ctx_->raw();
         const ModelInfo & mi = ctx_->model()->info();
         const int32_t n = p.item.imageTokens;
-        const bool nonCausal = mi.imageAttention != "causal";
+        const bool nonCausal = mi.imageAttention != "causal" && !p.forceCausal;
         if (uint32_t(n) > ctx_->options().nBatch) {
             throw std::runtime_error("image of " + std::to_string(n) + " tokens exceeds nBatch " + std::to_string(ctx_->options().nBatch));
         }
@@ -395,7 +397,9 @@ private:
                 for (int32_t t : s.tokens) items.push_back({CacheItem{t, 0, 0}, nullptr});
             } else {
                 items.push_back({CacheItem{mi.imageStartToken, 0, 0}, nullptr});
-                items.push_back({CacheItem{-1, hashFloats(s.embd), s.nTokens}, s.embd.data()});
+                // The attention mode is part of the KV content: fold it into the identity.
+                uint64_t h = hashFloats(s.embd) ^ (s.forceCausal ? 0x9E3779B97F4A7C15ULL : 0);
+                items.push_back({CacheItem{-1, h, s.nTokens}, s.embd.data(), s.forceCausal});
                 items.push_back({CacheItem{mi.imageEndToken, 0, 0}, nullptr});
             }
         }
@@ -461,6 +465,7 @@ private:
             if (batch.b.n_tokens > 0 && decodeTokens(batch) == 2) return finishAborted();
         }
         res_.prefillTokens = promptPos - reusePos;
+        res_.decodeCalls = 0;  // from here on: generation decodes only
         res_.prefillMs = msSince(tPrefill);
         if (opts_.maxTokens == 0) {
             res_.stopReason = "max_tokens";
@@ -682,6 +687,7 @@ std::vector<Segment> parseSegments(Napi::Env env, const Napi::Value & v, const M
                 throw Napi::Error::New(env, where + ": this model's vocabulary has no image start/end tokens");
             }
             s.embd.assign(f.Data(), f.Data() + f.ElementLength());
+            s.forceCausal = optBool(o, "causal", false, where.c_str());
         } else {
             throw Napi::TypeError::New(env, where + " must have one of text, tokens or image");
         }

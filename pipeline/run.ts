@@ -1,0 +1,182 @@
+// `percept run`: config → stages → graph → summary. This file is the only place that knows every
+// stage; the stages themselves only know their input and output types.
+import { mkdirSync } from 'node:fs';
+import { dirname } from 'node:path';
+import { RealClock, VirtualClock, type Clock } from './clock.ts';
+import { loadConfig, type PerceptConfig, type SourceConfig } from './config.ts';
+import { createGraph, stopOnSignals } from './graph.ts';
+import { LiveTable, formatSummary, writeJsonSummary, type TelemetryEvent } from './telemetry.ts';
+import type { ActionMessage, CameraFrame, EncoderContract } from './payloads.ts';
+import type { FrameSource, Stage } from './types.ts';
+
+export interface RunOptions {
+  readonly config: string;
+  readonly source?: string;
+  readonly duration?: number;
+  readonly jsonSummary?: string;
+  readonly clock?: string;
+}
+
+const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
+
+/** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]` → a source config. */
+export function parseSourceSpec(spec: string, current: SourceConfig): SourceConfig {
+  const [kind, ...rest] = spec.split(':');
+  const num = (text: string | undefined, name: string, fallback: number): number => {
+    if (text === undefined || text === '') return fallback;
+    const n = Number(text);
+    if (!Number.isFinite(n) || n < 0) throw new Error(`--source ${spec}: ${name} must be a number >= 0, got '${text}'`);
+    return n;
+  };
+  switch (kind) {
+    case 'pattern': {
+      const base = current.kind === 'pattern' ? current : { kind: 'pattern' as const, fps: 10, frames: 20, width: 1280, height: 720 };
+      return { ...base, fps: num(rest[0], 'FPS', base.fps), frames: num(rest[1], 'FRAMES', base.frames) };
+    }
+    case 'bag': {
+      const path = rest.join(':');
+      if (!path) throw new Error(`--source ${spec}: expected bag:PATH`);
+      const base = current.kind === 'bag' ? current : { kind: 'bag' as const, topic: '/camera/front/compressed', rate: 1, loop: false, path };
+      return { ...base, path };
+    }
+    case 'folder': {
+      if (!rest[0]) throw new Error(`--source ${spec}: expected folder:PATH[:FPS]`);
+      return { kind: 'folder', path: rest[0], fps: num(rest[1], 'FPS', 5) };
+    }
+    default:
+      throw new Error(`--source '${spec}': unknown kind '${kind}' (expected pattern, bag or folder)`);
+  }
+}
+
+async function createSource(config: SourceConfig): Promise<FrameSource<CameraFrame>> {
+  switch (config.kind) {
+    case 'pattern': {
+      const { createPatternSource } = await import('../nodes/source-pattern.ts');
+      return createPatternSource({ fps: config.fps, frames: config.frames === 0 ? Infinity : config.frames, width: config.width, height: config.height });
+    }
+    case 'bag': {
+      const { createBagSource } = await import('../nodes/source-bag.ts');
+      return createBagSource({ path: config.path, topic: config.topic, rate: config.rate, loop: config.loop, onIssue: (issue) => log(`bag: ${issue.reason} (topic ${issue.topic}, sequence ${issue.sequence})`) });
+    }
+    case 'folder': {
+      const { createFolderSource } = await import('../nodes/source-folder.ts');
+      return createFolderSource({ path: config.path, fps: config.fps, onIssue: (issue) => log(`folder: ${issue.file}: ${issue.reason}`) });
+    }
+  }
+}
+
+/** Builds the stages in dependency order: the decoder first (its n_embd fixes the encoder's
+ * output width), then the encoder (its contract fixes preprocessing). */
+async function createStages(config: PerceptConfig): Promise<Stage<never, unknown>[]> {
+  const stages: Stage<never, unknown>[] = [];
+  const closeAll = async () => {
+    for (const s of stages) await s.close?.().catch(() => undefined);
+  };
+  try {
+    const { resolveModelSpec } = await import('../native/synth.ts');
+    const { createDecoderStage } = await import('../nodes/decoder.ts');
+    const resolveDraft = async (spec: string | null) => (spec ? resolveModelSpec(spec) : null);
+    log(`decoder: ${config.decoder.model}`);
+    const decoder = await createDecoderStage({
+      ...config.decoder,
+      model: await resolveModelSpec(config.decoder.model),
+      draft: await resolveDraft(config.decoder.draft),
+      draftMtp: await resolveDraft(config.decoder.draftMtp),
+      schemaPath: config.actions.schema,
+    });
+    const nEmbd = decoder.nEmbd;
+
+    let contract: EncoderContract;
+    let encoder: Stage<never, unknown>;
+    switch (config.encoder.kind) {
+      case 'onnx': {
+        const { resolveVisionSpec } = await import('../tools/vision-synth.ts');
+        const { createOnnxEncoderStage } = await import('../nodes/encoder-onnx.ts');
+        log(`encoder: ${config.encoder.model}`);
+        const onnx = await createOnnxEncoderStage({ model: resolveVisionSpec(config.encoder.model), ep: config.encoder.executionProvider, threads: config.encoder.threads, expectedHidden: nEmbd });
+        contract = onnx.contract.kind;
+        encoder = onnx as Stage<never, unknown>;
+        break;
+      }
+      case 'projection': {
+        const { createProjectionEncoderStage } = await import('../nodes/encoder-projection.ts');
+        contract = decoder.contract;
+        encoder = createProjectionEncoderStage({ nEmbd, seed: config.encoder.seed, tokens: config.encoder.tokens }) as Stage<never, unknown>;
+        break;
+      }
+      case 'mtmd':
+        throw new Error('encoder.kind "mtmd" is not available in this build yet; use "onnx" (see README)');
+    }
+    const { createPreprocessStage } = await import('../nodes/preprocess.ts');
+    const { createActionsStage } = await import('../nodes/actions.ts');
+    const { createPublisherStage } = await import('../nodes/publisher.ts');
+    stages.push(createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels }) as Stage<never, unknown>);
+    stages.push(encoder);
+    stages.push(decoder as Stage<never, unknown>);
+    stages.push(createActionsStage({ schema: config.actions.schema }) as Stage<never, unknown>);
+    const publisher = await createPublisherStage({ endpoint: config.publisher.endpoint, topic: config.publisher.topic, sendHighWaterMark: config.publisher.sendHighWaterMark });
+    log(`publishing actions on ${publisher.endpoint} (topic '${publisher.topic}')`);
+    stages.push(publisher as Stage<never, unknown>);
+    return stages;
+  } catch (err) {
+    await closeAll();
+    throw err;
+  }
+}
+
+export async function runPipeline(opts: RunOptions): Promise<number> {
+  const base = loadConfig(opts.config);
+  const overrides: Record<string, unknown> = {};
+  if (opts.source) overrides.source = parseSourceSpec(opts.source, base.source);
+  if (opts.clock) {
+    if (opts.clock !== 'real' && opts.clock !== 'virtual') throw new Error(`--clock must be 'real' or 'virtual', got '${opts.clock}'`);
+    overrides.clock = opts.clock;
+  }
+  // Re-validate with the overrides applied, so they obey the same schema as the file.
+  const config = Object.keys(overrides).length ? loadConfig({ ...base, ...overrides }) : base;
+  const clock: Clock = config.clock === 'virtual' ? new VirtualClock() : new RealClock();
+
+  const source = await createSource(config.source);
+  let stages: Stage<never, unknown>[];
+  try {
+    stages = await createStages(config);
+  } catch (err) {
+    await source.close?.();
+    throw err;
+  }
+  const graph = createGraph({ source, stages, clock, config });
+
+  let recorder: Awaited<ReturnType<typeof import('../nodes/recorder.ts')['createRecorder']>> | undefined;
+  if (config.recorder.enabled) {
+    const { createRecorder } = await import('../nodes/recorder.ts');
+    mkdirSync(dirname(config.recorder.path), { recursive: true });
+    recorder = await createRecorder({ path: config.recorder.path, actionSchema: config.actions.schema });
+    const rec = recorder;
+    graph.events.subscribe((event: TelemetryEvent) => {
+      if (event.type !== 'stats') void rec.recordEvent(event, event.atNs).catch((err: Error) => log(`recorder: ${err.message}`));
+    });
+    graph.outputs.subscribe((env) => {
+      const exit = env.spans.at(-1)?.exitNs ?? clock.nowNs();
+      void rec.recordAction(env.payload as ActionMessage, exit).catch((err: Error) => log(`recorder: ${err.message}`));
+    });
+  }
+
+  const table = new LiveTable({ mode: config.telemetry.liveTable, intervalMs: config.telemetry.intervalMs });
+  table.attach(graph.events);
+  const removeSignals = stopOnSignals(graph);
+  const timer = opts.duration ? setTimeout(() => void graph.stop('duration'), opts.duration * 1000) : undefined;
+  try {
+    const summary = await graph.run();
+    table.detach();
+    if (recorder) await recorder.close();
+    process.stdout.write(`${formatSummary(summary)}\n`);
+    if (opts.jsonSummary) {
+      mkdirSync(dirname(opts.jsonSummary), { recursive: true });
+      writeJsonSummary(opts.jsonSummary, summary);
+    }
+    return 0;
+  } finally {
+    if (timer) clearTimeout(timer);
+    removeSignals();
+  }
+}
