@@ -13,7 +13,7 @@ import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import type { ImageEmbedding, PixelTensor } from '../pipeline/payloads.ts';
-import { DropFrame, type Stage, type StageContext } from '../pipeline/types.ts';
+import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
 import type { WireTensor, WireValueInfo, WorkerInit, WorkerReply, WorkerRequest } from './encoder-onnx.worker.ts';
 
 export type ExecutionProvider = 'cpu' | 'cuda' | 'tensorrt';
@@ -401,9 +401,10 @@ class OnnxEncoder implements OnnxEncoderStage {
   }
 
   #cancel(ctx: StageContext, when: string): DropFrame {
-    const deadline = ctx.clock.nowNs() >= ctx.stageDeadlineNs;
-    ctx.report({ kind: 'cancel', reason: deadline ? 'deadline' : 'aborted', detail: `encoder ${when}` });
-    return new DropFrame(deadline ? 'stale' : 'shutdown', `encoder-onnx: aborted ${when}`);
+    // The runtime aborts with a StageAbort naming why; any other abort is judged by the clock.
+    const why = ctx.signal.reason instanceof StageAbort ? ctx.signal.reason.reason : ctx.clock.nowNs() >= ctx.stageDeadlineNs ? 'deadline' : 'aborted';
+    ctx.report({ kind: 'cancel', reason: why, detail: `encoder ${when}` });
+    return new DropFrame(why === 'deadline' ? 'stale' : 'shutdown', `encoder-onnx: aborted (${why}) ${when}`);
   }
 
   #toEmbedding(outputs: Record<string, WireTensor>, input: PixelTensor): ImageEmbedding {

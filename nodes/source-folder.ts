@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import type { Clock } from '../pipeline/clock.ts';
 import type { CameraFrame } from '../pipeline/payloads.ts';
 import type { FrameSource, SourceItem } from '../pipeline/types.ts';
+import { waitUntilDue, wallMsAt } from '../pipeline/pacing.ts';
 
 export interface FolderSourceOptions {
   readonly path: string;
@@ -84,14 +85,8 @@ export async function createFolderSource(options: FolderSourceOptions): Promise<
           continue;
         }
         const dueNs = startNs + BigInt(slot++) * periodNs;
-        let captureNs: bigint;
-        if (clock.virtual) {
-          advanceVirtualClock(clock, dueNs);
-          captureNs = dueNs;
-        } else {
-          if (!(await sleepUntil(clock, dueNs, signal))) return;
-          captureNs = clock.nowNs();
-        }
+        const captureNs = await waitUntilDue(clock, dueNs, signal);
+        if (captureNs === null) return;
         counters.yielded += 1;
         yield { sourceId: id, captureNs, captureWallMs: wallMsAt(clock, captureNs), payload };
       }
@@ -120,36 +115,3 @@ function toFrame(data: Buffer): CameraFrame {
 
 // ---- pacing (kept in step with the other sources) ------------------------------------------------
 
-/** Wall time of `captureNs`: the clock may already be past it (a consumer that fell behind on a
- * VirtualClock), so step back from now instead of reading wallMs() as the capture time. */
-function wallMsAt(clock: Clock, captureNs: bigint): number {
-  return clock.wallMs() - Number(clock.nowNs() - captureNs) / 1e6;
-}
-
-function advanceVirtualClock(clock: Clock, ns: bigint): void {
-  const advanceTo = (clock as { advanceTo?: (ns: bigint) => void }).advanceTo;
-  if (typeof advanceTo !== 'function') throw new TypeError('source-folder: a virtual clock must have advanceTo(ns)');
-  advanceTo.call(clock, ns);
-}
-
-function sleepUntil(clock: Clock, targetNs: bigint, signal: AbortSignal): Promise<boolean> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve(false);
-    let timer: NodeJS.Timeout | undefined;
-    const onAbort = (): void => {
-      clearTimeout(timer);
-      resolve(false);
-    };
-    const check = (): void => {
-      const left = targetNs - clock.nowNs();
-      if (left <= 0n) {
-        signal.removeEventListener('abort', onAbort);
-        resolve(true);
-      } else {
-        timer = setTimeout(check, Math.min(Math.ceil(Number(left) / 1e6), 2_147_483_647));
-      }
-    };
-    signal.addEventListener('abort', onAbort, { once: true });
-    check();
-  });
-}

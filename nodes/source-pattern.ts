@@ -8,6 +8,7 @@ import sharp from 'sharp';
 import type { Clock } from '../pipeline/clock.ts';
 import type { CameraFrame } from '../pipeline/payloads.ts';
 import type { FrameSource, SourceItem } from '../pipeline/types.ts';
+import { waitUntilDue, wallMsAt } from '../pipeline/pacing.ts';
 
 export interface PatternSourceOptions {
   readonly fps: number;
@@ -56,15 +57,9 @@ export function createPatternSource(options: PatternSourceOptions): PatternSourc
     const startNs = clock.nowNs();
     for (let i = 0; i < frames && !signal.aborted; i++) {
       const dueNs = startNs + BigInt(i) * periodNs;
-      let captureNs: bigint;
-      if (clock.virtual) {
-        advanceVirtualClock(clock, dueNs);
-        captureNs = dueNs;
-      } else {
-        if (!(await sleepUntil(clock, dueNs, signal))) return;
-        captureNs = clock.nowNs();
-        if (captureNs - dueNs > periodNs) counters.late += 1;
-      }
+      const captureNs = await waitUntilDue(clock, dueNs, signal);
+      if (captureNs === null) return;
+      if (captureNs - dueNs > periodNs) counters.late += 1;
       const captureWallMs = wallMsAt(clock, captureNs);
       const data = await encodePatternFrame(i, width, height, quality);
       if (signal.aborted) return;
@@ -134,38 +129,3 @@ export async function encodePatternFrame(index: number, width: number, height: n
   return sharp(renderPattern(index, width, height), { raw: { width, height, channels: 3 } }).jpeg({ quality }).toBuffer();
 }
 
-/** Wall time of `captureNs`: the clock may already be past it (a consumer that fell behind on a
- * VirtualClock), so step back from now instead of reading wallMs() as the capture time. */
-function wallMsAt(clock: Clock, captureNs: bigint): number {
-  return clock.wallMs() - Number(clock.nowNs() - captureNs) / 1e6;
-}
-
-function advanceVirtualClock(clock: Clock, ns: bigint): void {
-  const advanceTo = (clock as { advanceTo?: (ns: bigint) => void }).advanceTo;
-  if (typeof advanceTo !== 'function') throw new TypeError('source-pattern: a virtual clock must have advanceTo(ns)');
-  advanceTo.call(clock, ns);
-}
-
-/** Sleeps until `clock` reads at least `targetNs` (never early: setTimeout may fire a little before
- * the clock gets there, so it loops). Returns false if `signal` fired first. */
-function sleepUntil(clock: Clock, targetNs: bigint, signal: AbortSignal): Promise<boolean> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve(false);
-    let timer: NodeJS.Timeout | undefined;
-    const onAbort = (): void => {
-      clearTimeout(timer);
-      resolve(false);
-    };
-    const check = (): void => {
-      const left = targetNs - clock.nowNs();
-      if (left <= 0n) {
-        signal.removeEventListener('abort', onAbort);
-        resolve(true);
-      } else {
-        timer = setTimeout(check, Math.min(Math.ceil(Number(left) / 1e6), 2_147_483_647));
-      }
-    };
-    signal.addEventListener('abort', onAbort, { once: true });
-    check();
-  });
-}

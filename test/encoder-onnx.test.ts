@@ -10,7 +10,7 @@ import { createProjectionEncoderStage } from '../nodes/encoder-projection.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import type { PixelTensor } from '../pipeline/payloads.ts';
-import { DropFrame, type StageContext, type StageEvent } from '../pipeline/types.ts';
+import { DropFrame, StageAbort, type StageContext, type StageEvent } from '../pipeline/types.ts';
 import { OnnxGraphBuilder } from '../tools/onnx-writer.ts';
 import { synthesizeVision } from '../tools/vision-synth.ts';
 
@@ -195,7 +195,7 @@ describe('abort and close', () => {
       const events: StageEvent[] = [];
       // already aborted: no run at all
       const pre1 = await pre.process({ encoding: 'jpeg', data: jpeg }, ctx());
-      await assert.rejects(stage.process(pre1, ctx({ signal: AbortSignal.abort(), events })), (e: unknown) => e instanceof DropFrame && /aborted before the run/.test(e.message));
+      await assert.rejects(stage.process(pre1, ctx({ signal: AbortSignal.abort(), events })), (e: unknown) => e instanceof DropFrame && /aborted \(aborted\) before the run/.test(e.message));
       assert.equal(stage.stats().runs, 0);
 
       // aborted during the run (the run takes hundreds of ms; the abort comes at 30 ms)
@@ -231,6 +231,10 @@ describe('abort and close', () => {
       // the stage deadline is in the past and the signal has fired, as the runtime does at a deadline
       await assert.rejects(stage.process(t, ctx({ signal: AbortSignal.abort(), deadlineNs: 1n, events })), (e: unknown) => e instanceof DropFrame && e.reason === 'stale');
       assert.equal(events[0]?.kind === 'cancel' && events[0].reason, 'deadline');
+      // the runtime's StageAbort reason wins over the clock
+      await assert.rejects(stage.process(t, ctx({ signal: AbortSignal.abort(new StageAbort('deadline', 'encode')), events })), (e: unknown) => e instanceof DropFrame && e.reason === 'stale');
+      await assert.rejects(stage.process(t, ctx({ signal: AbortSignal.abort(new StageAbort('shutdown', 'graph')), events })), (e: unknown) => e instanceof DropFrame && e.reason === 'shutdown');
+      assert.deepEqual(events.map((e) => e.kind === 'cancel' && e.reason), ['deadline', 'deadline', 'shutdown']);
     } finally {
       await stage.close();
     }

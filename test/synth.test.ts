@@ -253,6 +253,17 @@ describe('llama.cpp loads and runs the tiny presets', () => {
     });
   }
 
+  test('gemma4-tiny-assistant passes llama.cpp\'s model loader (a context then needs the target: refused)', { skip, timeout: 60_000 }, async () => {
+    const drafter = await ensureSynthModel('gemma4-tiny-assistant');
+    // greedy.cc prints "failed to load" if llama_model_load_from_file rejects the file (hparams, tensor
+    // shapes, tensor count), and "failed to create context" only after the model loaded.
+    await assert.rejects(run(greedy!, [drafter, '1', 'Hi'], { timeout: 50_000 }), (err: { stderr?: string }) => {
+      assert.match(err.stderr ?? '', /failed to create context/);
+      assert.doesNotMatch(err.stderr ?? '', /failed to load/);
+      return true;
+    });
+  });
+
   const spec = findPeer('llama-speculative-simple');
   test('gemma4-tiny-assistant drafts for gemma4-tiny (llama-speculative-simple --spec-type draft-mtp)', {
     skip: spec ? false : 'llama-speculative-simple not built (PERCEPT_PEERS="llama-speculative-simple" node tools/build-native.mjs)',

@@ -525,7 +525,9 @@ private:
                 bool stopHere = false;
                 while (true) {
                     if (sampler.grammarComplete() && !opts_.ignoreEos) {
-                        // Only end-of-generation is admissible: greedy would sample EOS next.
+                        // Only end-of-generation is admissible: any sampler would pick an EOG
+                        // token next, so end here and save that decode (counted as forced).
+                        res_.forced++;
                         res_.stopReason = "eos";
                         stopHere = true;
                         break;

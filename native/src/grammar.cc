@@ -4,6 +4,7 @@
 #include "llama-vocab.h"
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace percept {
@@ -57,6 +58,30 @@ bool Sampler::grammarAllows(llama_token token) {
     return std::isfinite(one.logit);
 }
 
+std::vector<llama_token_data> Sampler::topAllowed(const float * logits, size_t k) {
+    order_.resize(nVocab_);
+    for (int32_t i = 0; i < nVocab_; i++) order_[i] = i;
+    auto better = [logits](llama_token a, llama_token b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    std::vector<llama_token_data> found;
+    size_t done = 0;
+    size_t chunk = std::max<size_t>(256, k * 4);
+    while (done < size_t(nVocab_) && found.size() < k) {
+        size_t end = std::min<size_t>(nVocab_, done + chunk);
+        std::partial_sort(order_.begin() + done, order_.begin() + end, order_.end(), better);
+        std::vector<llama_token_data> cand;
+        cand.reserve(end - done);
+        for (size_t i = done; i < end; i++) cand.push_back({order_[i], logits[order_[i]], 0.0f});
+        llama_token_data_array arr{cand.data(), cand.size(), -1, true};
+        llama_grammar_apply_impl(*grammar_, &arr);
+        for (const auto & c : cand) {
+            if (std::isfinite(c.logit) && found.size() < k) found.push_back(c);
+        }
+        done = end;
+        chunk *= 16;
+    }
+    return found;
+}
+
 llama_token Sampler::sample(llama_context * ctx, int32_t idx) {
     const float * logits = llama_get_logits_ith(ctx, idx);
     if (logits == nullptr) throw std::runtime_error("no logits for batch index " + std::to_string(idx));
@@ -65,28 +90,29 @@ llama_token Sampler::sample(llama_context * ctx, int32_t idx) {
         for (int32_t i = 0; i < nVocab_; i++) cur_[i] = llama_token_data{i, logits[i], 0.0f};
         return llama_token_data_array{cur_.data(), size_t(nVocab_), -1, false};
     };
-    auto argmaxOf = [](const llama_token_data_array & a) {
-        size_t best = 0;
-        for (size_t i = 1; i < a.size; i++) if (a.data[i].logit > a.data[best].logit) best = i;
-        return a.data[best].id;
-    };
 
     if (!chain_) {
         // Greedy: same tie rule as llama_sampler_init_greedy (first maximum wins).
         llama_token best = 0;
         for (int32_t i = 1; i < nVocab_; i++) if (logits[i] > logits[best]) best = i;
         if (!grammar_ || grammarAllows(best)) return best;
-        llama_token_data_array a = fill();
-        llama_grammar_apply_impl(*grammar_, &a);
-        llama_token t = argmaxOf(a);
-        if (!std::isfinite(cur_[size_t(t)].logit)) throw std::runtime_error("the grammar admits no token here");
-        return t;
+        std::vector<llama_token_data> top = topAllowed(logits, 1);
+        if (top.empty()) throw std::runtime_error("the grammar admits no token here");
+        return top[0].id;
     }
 
     llama_token_data_array a = fill();
     llama_sampler_apply(chain_.get(), &a);
     llama_token t = a.data[a.selected].id;
     if (!grammar_ || grammarAllows(t)) return t;
+    if (opts_.topK > 0) {
+        // top-k after the grammar keeps the k best admissible tokens: find just those.
+        std::vector<llama_token_data> top = topAllowed(logits, size_t(opts_.topK));
+        if (top.empty()) throw std::runtime_error("the grammar admits no token here");
+        llama_token_data_array ta{top.data(), top.size(), -1, true};
+        llama_sampler_apply(chain_.get(), &ta);
+        return ta.data[ta.selected].id;
+    }
     a = fill();
     llama_grammar_apply_impl(*grammar_, &a);
     bool any = false;

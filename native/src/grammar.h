@@ -71,6 +71,9 @@ public:
 
 private:
     bool grammarAllows(llama_token token);
+    // The k highest-logit tokens the grammar admits, best first (ties: lower id first), found by
+    // testing candidates in growing chunks of the logit order instead of the whole vocabulary.
+    std::vector<llama_token_data> topAllowed(const float * logits, size_t k);
 
     Model * model_;
     SamplingOptions opts_;
@@ -78,6 +81,7 @@ private:
     SamplerChainPtr chain_;  // null when greedy
     int32_t nVocab_;
     std::vector<llama_token_data> cur_;
+    std::vector<llama_token> order_;
 };
 
 }  // namespace percept
