@@ -78,11 +78,56 @@ export function setLlamaLogger(callback: ((level: number, text: string) => void)
   loadAddon().setLogger(callback);
 }
 
-/** Turns a JSON Schema (object or JSON text) into llama.cpp GBNF (common/json-schema-to-grammar). */
-export function jsonSchemaToGbnf(schema: object | string): string {
-  const text = typeof schema === 'string' ? schema : JSON.stringify(schema);
+export interface GbnfOptions {
+  /** Whitespace between JSON tokens: at most one space (default true; llama.cpp allows ~20). */
+  readonly compact?: boolean;
+  /** Decimal digits allowed in bounded numbers (default 4). */
+  readonly decimals?: number;
+}
+
+/**
+ * A GBNF rule for a number in [0, max] with an integer max ≤ 9, or undefined when the bounds are
+ * not of that shape. llama.cpp's converter bounds integers but not numbers, so without this a
+ * grammar-valid output like {"confidence": 8} would fail the schema's maximum.
+ */
+function boundedNumberRule(schema: Record<string, unknown>, decimals: number): string | undefined {
+  const min = schema.minimum;
+  const max = schema.maximum;
+  if (schema.type !== 'number' || min !== 0 || typeof max !== 'number' || !Number.isInteger(max) || max < 1 || max > 9) return undefined;
+  if (schema.exclusiveMinimum !== undefined || schema.exclusiveMaximum !== undefined || schema.multipleOf !== undefined) return undefined;
+  return `[0-${max - 1}] ("." [0-9]{1,${decimals}})? | "${max}" ("." "0"{1,${decimals}})?`;
+}
+
+/**
+ * Turns a JSON Schema (object or JSON text) into llama.cpp GBNF (common/json-schema-to-grammar),
+ * with bounded numbers enforced (see boundedNumberRule) and optionally compact whitespace.
+ */
+export function jsonSchemaToGbnf(schema: object | string, options: GbnfOptions = {}): string {
   if (typeof schema !== 'string' && (typeof schema !== 'object' || schema === null)) throw invalid('schema', 'an object or JSON text', schema);
-  return loadAddon().jsonSchemaToGrammar(text);
+  const decimals = options.decimals === undefined ? 4 : intIn('options.decimals', options.decimals, 1, 12);
+  let parsed: unknown;
+  try {
+    parsed = typeof schema === 'string' ? JSON.parse(schema) : structuredClone(schema);
+  } catch (err) {
+    throw new TypeError(`jsonSchemaToGrammar: schema is not valid JSON: ${(err as Error).message}`);
+  }
+  const rules: string[] = [];
+  const walk = (node: unknown): unknown => {
+    if (Array.isArray(node)) return node.map(walk);
+    if (typeof node !== 'object' || node === null) return node;
+    const rule = boundedNumberRule(node as Record<string, unknown>, decimals);
+    if (rule !== undefined) {
+      rules.push(rule);
+      return { const: `@@percept-num-${rules.length - 1}@@` };
+    }
+    return Object.fromEntries(Object.entries(node).map(([k, v]) => [k, walk(v)]));
+  };
+  let gbnf = loadAddon().jsonSchemaToGrammar(JSON.stringify(walk(parsed)));
+  rules.forEach((rule, i) => {
+    gbnf = gbnf.split(`"\\"@@percept-num-${i}@@\\""`).join(`percept-num-${i}`) + `percept-num-${i} ::= ${rule}\n`;
+  });
+  if (options.compact ?? true) gbnf = gbnf.replace(/^space ::= .*$/m, 'space ::= | " "');
+  return gbnf;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -237,8 +282,8 @@ export class LlamaModel {
   }
 
   /** A grammar that admits exactly the JSON documents `schema` describes. */
-  grammarFromJsonSchema(schema: object | string): LlamaGrammar {
-    return this.grammar(jsonSchemaToGbnf(schema));
+  grammarFromJsonSchema(schema: object | string, options: GbnfOptions = {}): LlamaGrammar {
+    return this.grammar(jsonSchemaToGbnf(schema, options));
   }
 
   /** Disposes every context of this model, then the model. Idempotent. */

@@ -3,14 +3,17 @@ import { readFileSync } from 'node:fs';
 import sharp from 'sharp';
 import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder-onnx.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
+import { isMmprojSpec, resolveMmprojSpec } from '../tools/mmproj-synth.ts';
 import { resolveVisionSpec } from '../tools/vision-synth.ts';
 import { RealClock } from './clock.ts';
-import type { CameraFrame } from './payloads.ts';
-import type { StageContext } from './types.ts';
+import type { CameraFrame, ImageEmbedding, PixelTensor } from './payloads.ts';
+import type { Stage, StageContext } from './types.ts';
 
 export interface BenchEncodeOptions {
-  /** .onnx path or synth:<preset>; .mmproj.gguf is reserved for the llama.cpp mtmd encoder. */
+  /** .onnx path or synth:<preset> (onnxruntime); .gguf mmproj or synth:<preset>-mmproj[@seed][?dtype=f16]
+   * (llama.cpp clip through the native addon). */
   readonly encoder: string;
+  /** ORT execution provider; for an mmproj, 'cuda' runs clip on the GPU backend. */
   readonly ep?: ExecutionProvider | string;
   /** JPEG or PNG file; default a generated 1280×720 JPEG (q85). */
   readonly image?: string;
@@ -18,13 +21,15 @@ export interface BenchEncodeOptions {
   readonly imageTokens?: number;
   readonly iterations?: number;
   readonly warmup?: number;
-  /** ORT intra-op threads. */
+  /** ORT intra-op threads, or clip's CPU threads. */
   readonly threads?: number;
   readonly allowSpinning?: boolean;
 }
 
 export type BenchEncodeResult = {
   readonly encoder: string;
+  /** 'onnx' (onnxruntime-node) or 'mtmd' (llama.cpp clip). */
+  readonly runtime: 'onnx' | 'mtmd';
   readonly contract: 'gemma3' | 'gemma4';
   readonly ep: string;
   readonly image: string;
@@ -40,7 +45,8 @@ export type BenchEncodeResult = {
   readonly preprocess_ms_p99: number;
   readonly encode_ms_p50: number;
   readonly encode_ms_p99: number;
-  /** Time inside session.run() in the worker (encode_ms minus transfer and messaging). */
+  /** Time inside session.run() in the ORT worker, or inside clip_image_encode (encode_ms minus layout
+   * conversion, transfer and messaging). */
   readonly run_ms_p50: number;
   readonly total_ms_p50: number;
 };
@@ -82,17 +88,23 @@ function benchContext(imageTokens: number): StageContext {
   };
 }
 
+/** What the bench needs of either encoder stage. */
+interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
+  readonly contract: { readonly kind: 'gemma3' | 'gemma4' };
+  stats(): { readonly lastRunMs: number };
+  close(): Promise<void>;
+}
+
 export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncodeResult> {
   if (typeof opts.encoder !== 'string' || !opts.encoder) throw new TypeError('bench encode: --encoder is required');
-  if (opts.encoder.endsWith('.gguf')) {
-    throw new Error(`bench encode: ${opts.encoder} is an mmproj GGUF; the llama.cpp mtmd encoder is not wired into the native addon yet (use an .onnx or synth:<preset>)`);
-  }
+  const runtime = isMmprojSpec(opts.encoder) ? 'mtmd' : 'onnx';
   const iterations = opts.iterations ?? 20;
   if (!Number.isInteger(iterations) || iterations < 1) throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
   const warmup = opts.warmup ?? 1;
   const imageTokens = opts.imageTokens ?? 280;
   const ep = (opts.ep ?? 'cpu') as ExecutionProvider;
-  const modelPath = resolveVisionSpec(opts.encoder);
+  if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda') throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
+  const modelPath = runtime === 'mtmd' ? await resolveMmprojSpec(opts.encoder) : resolveVisionSpec(opts.encoder);
 
   let frame: CameraFrame;
   let imageName: string;
@@ -109,12 +121,18 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   const meta = await sharp(frame.data).metadata();
 
   const t0 = performance.now();
-  const encoder = await createOnnxEncoderStage({
-    model: modelPath,
-    ep,
-    ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
-    ...(opts.allowSpinning !== undefined ? { allowSpinning: opts.allowSpinning } : {}),
-  });
+  let encoder: BenchedEncoder;
+  if (runtime === 'mtmd') {
+    const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
+    encoder = await createMtmdEncoderStage({ mmproj: modelPath, useGpu: ep === 'cuda', ...(opts.threads !== undefined ? { threads: opts.threads } : {}) });
+  } else {
+    encoder = await createOnnxEncoderStage({
+      model: modelPath,
+      ep,
+      ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
+      ...(opts.allowSpinning !== undefined ? { allowSpinning: opts.allowSpinning } : {}),
+    });
+  }
   const loadMs = performance.now() - t0;
   try {
     const preprocess = createPreprocessStage({ contract: encoder.contract.kind });
@@ -143,6 +161,7 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
     const round = (x: number): number => Math.round(x * 1000) / 1000;
     return {
       encoder: modelPath,
+      runtime,
       contract: encoder.contract.kind,
       ep,
       image: imageName,

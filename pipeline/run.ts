@@ -104,8 +104,15 @@ async function createStages(config: PerceptConfig): Promise<Stage<never, unknown
         encoder = createProjectionEncoderStage({ nEmbd, seed: config.encoder.seed, tokens: config.encoder.tokens }) as Stage<never, unknown>;
         break;
       }
-      case 'mtmd':
-        throw new Error('encoder.kind "mtmd" is not available in this build yet; use "onnx" (see README)');
+      case 'mtmd': {
+        const { resolveMmprojSpec } = await import('../tools/mmproj-synth.ts');
+        const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
+        log(`encoder (llama.cpp clip): ${config.encoder.mmproj}`);
+        const mtmd = await createMtmdEncoderStage({ mmproj: await resolveMmprojSpec(config.encoder.mmproj), gpuLayers: config.encoder.gpuLayers, expectedHidden: nEmbd });
+        contract = mtmd.contract.kind;
+        encoder = mtmd as Stage<never, unknown>;
+        break;
+      }
     }
     const { createPreprocessStage } = await import('../nodes/preprocess.ts');
     const { createActionsStage } = await import('../nodes/actions.ts');

@@ -7,6 +7,7 @@
 #include "speculator.h"
 
 #include "speculative.h"
+#include "ggml-cpu.h"
 
 #include <algorithm>
 #include <chrono>
@@ -33,6 +34,7 @@ public:
     }
     ~CreateWorker() override {
         if (ctx_ != nullptr) llama_free(ctx_);
+        if (opts_.threadpool != nullptr) ggml_threadpool_free(opts_.threadpool);
         model_->release();
     }
     Napi::Promise promise() { return deferred_.Promise(); }
@@ -62,6 +64,11 @@ protected:
                 SetError("failed to create context" + (why.empty() ? std::string() : ": " + why));
             }
             opts_.threads = threads;
+            if (ctx_ != nullptr) {
+                ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
+                opts_.threadpool = ggml_threadpool_new(&tpp);
+                if (opts_.threadpool != nullptr) llama_attach_threadpool(ctx_, opts_.threadpool, nullptr);
+            }
         } catch (const std::exception & e) {
             SetError(std::string("failed to create context: ") + e.what());
         }
@@ -71,6 +78,7 @@ protected:
         llama_context * c = ctx_;
         ctx_ = nullptr;
         auto * boxed = new ContextOptions(opts_);
+        opts_.threadpool = nullptr;  // owned by the Context now
         Napi::Object obj = addonData(env).contextCtor.New(
             {modelRef_.Value(), Napi::External<llama_context>::New(env, c),
              Napi::External<ContextOptions>::New(env, boxed, [](Napi::Env, ContextOptions * p) { delete p; })});
@@ -128,7 +136,7 @@ struct GenerateResult {
     int32_t accepted = 0;
     int32_t forced = 0;
     int32_t decodeCalls = 0;
-    double prefillMs = 0, ttftMs = 0, decodeMs = 0, sampleMs = 0, draftMs = 0;
+    double prefillMs = 0, ttftMs = 0, decodeMs = 0, sampleMs = 0, draftMs = 0, llamaDecodeMs = 0;
 };
 
 uint64_t hashFloats(const std::vector<float> & v) {
@@ -227,6 +235,7 @@ protected:
         t.Set("decodeCalls", res_.decodeCalls);
         t.Set("sampleMs", res_.sampleMs);
         t.Set("draftMs", res_.draftMs);
+        t.Set("llamaDecodeMs", res_.llamaDecodeMs);
         o.Set("timings", t);
         deferred_.Resolve(o);
     }
@@ -251,7 +260,10 @@ private:
     int decodeTokens(TokenBatch & batch) {
         llama_context * lctx = ctx_->raw();
         const llama_pos p0 = batch.b.pos[0];
+        const int64_t td0 = monotonicNs();
         int ret = llama_decode(lctx, batch.b);
+        llama_synchronize(lctx);
+        res_.llamaDecodeMs += msSince(td0);
         res_.decodeCalls++;
         if (ret == 2) {
             llama_memory_seq_rm(llama_get_memory(lctx), 0, p0, -1);
@@ -466,6 +478,7 @@ private:
         }
         res_.prefillTokens = promptPos - reusePos;
         res_.decodeCalls = 0;  // from here on: generation decodes only
+        res_.llamaDecodeMs = 0;
         res_.prefillMs = msSince(tPrefill);
         if (opts_.maxTokens == 0) {
             res_.stopReason = "max_tokens";
@@ -726,7 +739,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
     model_->retain();
     ctx_ = info[1].As<Napi::External<llama_context>>().Data();
     opts_ = *info[2].As<Napi::External<ContextOptions>>().Data();
-    llama_set_abort_callback(ctx_, &Context::abortCallback, this);
+    if (!getenv("PERCEPT_NO_ABORT")) llama_set_abort_callback(ctx_, &Context::abortCallback, this);
 }
 
 Context::~Context() { freeNative(); }
@@ -736,6 +749,8 @@ void Context::freeNative() {
     if (spec_ != nullptr) spec_->freeNative();  // the draft context refers to ours (ctx_other)
     llama_free(ctx_);
     ctx_ = nullptr;
+    if (opts_.threadpool != nullptr) ggml_threadpool_free(opts_.threadpool);
+    opts_.threadpool = nullptr;
     model_->release();
     modelRef_.Reset();
 }

@@ -37,6 +37,9 @@ struct ContextOptions {
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     std::string kvType = "f16";
     int32_t threads = 0;  // 0: all cores
+    // Filled at creation: the persistent CPU threadpool (as llama-bench attaches one); without it
+    // ggml spawns and joins its worker threads on every graph.
+    struct ggml_threadpool * threadpool = nullptr;
 };
 
 class Context : public Napi::ObjectWrap<Context> {

@@ -5,6 +5,7 @@
 #include "model.h"
 
 #include <algorithm>
+#include <bitset>
 #include <cmath>
 
 namespace percept {
@@ -58,18 +59,61 @@ bool Sampler::grammarAllows(llama_token token) {
     return std::isfinite(one.logit);
 }
 
+namespace {
+
+uint8_t leadByte(uint32_t cp) {
+    return cp < 0x80 ? uint8_t(cp) : cp < 0x800 ? uint8_t(0xC0 | (cp >> 6)) : cp < 0x10000 ? uint8_t(0xE0 | (cp >> 12)) : uint8_t(0xF0 | (cp >> 18));
+}
+
+}  // namespace
+
+// First bytes the grammar can accept next (bit 256: end of generation). Character classes on
+// the stack tops become byte ranges; anything else (negated classes, tokens, a partial UTF-8
+// sequence) admits every byte.
+std::bitset<257> Sampler::admissibleLeadBytes() const {
+    std::bitset<257> mask;
+    if (grammar_->partial_utf8.n_remain != 0) return mask.set();
+    for (const auto & stack : grammar_->stacks) {
+        if (stack.empty()) {
+            mask.set(256);
+            continue;
+        }
+        const llama_grammar_element * p = stack.back();
+        if (p->type != LLAMA_GRETYPE_CHAR) {
+            mask.set();
+            return mask;
+        }
+        do {
+            uint32_t lo = p->value, hi = p->value;
+            if (p[1].type == LLAMA_GRETYPE_CHAR_RNG_UPPER) {
+                hi = p[1].value;
+                p += 2;
+            } else {
+                p += 1;
+            }
+            for (uint32_t b = leadByte(lo); b <= leadByte(std::max(lo, hi)) && b < 256; b++) mask.set(b);
+        } while (p->type == LLAMA_GRETYPE_CHAR_ALT);
+    }
+    return mask;
+}
+
 std::vector<llama_token_data> Sampler::topAllowed(const float * logits, size_t k) {
-    order_.resize(nVocab_);
-    for (int32_t i = 0; i < nVocab_; i++) order_[i] = i;
+    // Only tokens whose first byte the grammar can take are candidates.
+    const auto & buckets = model_->tokensByFirstByte();
+    const std::bitset<257> mask = admissibleLeadBytes();
+    order_.clear();
+    for (size_t b = 0; b < 257; b++) {
+        if (mask.test(b)) order_.insert(order_.end(), buckets[b].begin(), buckets[b].end());
+    }
     auto better = [logits](llama_token a, llama_token b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
     std::vector<llama_token_data> found;
+    std::vector<llama_token_data> cand;
     size_t done = 0;
-    size_t chunk = std::max<size_t>(256, k * 4);
-    while (done < size_t(nVocab_) && found.size() < k) {
-        size_t end = std::min<size_t>(nVocab_, done + chunk);
+    size_t chunk = std::max<size_t>(64, k * 4);
+    while (done < order_.size() && found.size() < k) {
+        size_t end = std::min(order_.size(), done + chunk);
         std::partial_sort(order_.begin() + done, order_.begin() + end, order_.end(), better);
-        std::vector<llama_token_data> cand;
-        cand.reserve(end - done);
+        cand.clear();
         for (size_t i = done; i < end; i++) cand.push_back({order_[i], logits[order_[i]], 0.0f});
         llama_token_data_array arr{cand.data(), cand.size(), -1, true};
         llama_grammar_apply_impl(*grammar_, &arr);
@@ -77,7 +121,7 @@ std::vector<llama_token_data> Sampler::topAllowed(const float * logits, size_t k
             if (std::isfinite(c.logit) && found.size() < k) found.push_back(c);
         }
         done = end;
-        chunk *= 16;
+        chunk *= 8;
     }
     return found;
 }
@@ -93,8 +137,12 @@ llama_token Sampler::sample(llama_context * ctx, int32_t idx) {
 
     if (!chain_) {
         // Greedy: same tie rule as llama_sampler_init_greedy (first maximum wins).
+        // Two passes (max, then its first index) vectorize; one index-tracking pass does not.
+        float mx = logits[0];
+        for (int32_t i = 1; i < nVocab_; i++) mx = logits[i] > mx ? logits[i] : mx;
         llama_token best = 0;
-        for (int32_t i = 1; i < nVocab_; i++) if (logits[i] > logits[best]) best = i;
+        while (best < nVocab_ && !(logits[best] == mx)) best++;
+        if (best == nVocab_) best = 0;  // all NaN: degenerate, keep token 0 like the greedy sampler
         if (!grammar_ || grammarAllows(best)) return best;
         std::vector<llama_token_data> top = topAllowed(logits, 1);
         if (top.empty()) throw std::runtime_error("the grammar admits no token here");

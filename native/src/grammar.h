@@ -7,6 +7,7 @@
 #include "llama.h"
 #include "llama-grammar.h"
 
+#include <bitset>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +75,7 @@ private:
     // The k highest-logit tokens the grammar admits, best first (ties: lower id first), found by
     // testing candidates in growing chunks of the logit order instead of the whole vocabulary.
     std::vector<llama_token_data> topAllowed(const float * logits, size_t k);
+    std::bitset<257> admissibleLeadBytes() const;
 
     Model * model_;
     SamplingOptions opts_;

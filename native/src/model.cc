@@ -179,10 +179,13 @@ llama_model * Model::require(Napi::Env env) const {
 
 const std::vector<std::vector<llama_token>> & Model::tokensByFirstByte() {
     std::call_once(byFirstByteOnce_, [this]() {
-        byFirstByte_.assign(256, {});
+        byFirstByte_.assign(257, {});
         const llama_vocab * v = vocab();
         for (llama_token id = 0; id < info_.nVocab; id++) {
-            if (v->is_eog(id)) continue;
+            if (v->is_eog(id)) {
+                byFirstByte_[256].push_back(id);
+                continue;
+            }
             const std::string & piece = v->token_to_piece(id);
             if (piece.empty() || piece[0] == 0) continue;
             byFirstByte_[uint8_t(piece[0])].push_back(id);

@@ -48,7 +48,8 @@ public:
     const llama_vocab * vocab() const { return llama_model_get_vocab(model_); }
     const ModelInfo & info() const { return info_; }
 
-    // Tokens grouped by the first byte of their piece (as the grammar sees pieces), built once.
+    // Tokens grouped by the first byte of their piece (as the grammar sees pieces), built once;
+    // entry 256 lists the end-of-generation tokens.
     const std::vector<std::vector<llama_token>> & tokensByFirstByte();
 
     void retain() { users_++; }

@@ -85,6 +85,7 @@ protected:
                     SetError("failed to create the draft context" + (why.empty() ? std::string() : ": " + why));
                     return;
                 }
+                if (to.threadpool != nullptr) llama_attach_threadpool(parts_.ctxDft, to.threadpool, nullptr);
                 params.draft.ctx_dft = parts_.ctxDft;
             }
             parts_.spec = common_speculative_init(params, 1);

@@ -1,0 +1,285 @@
+// CLI command implementations over the native binding: `percept generate` and
+// `percept bench decode` (the lead wires them into commander in pipeline/cli.ts).
+import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { availableParallelism } from 'node:os';
+import { join, resolve } from 'node:path';
+import { promisify } from 'node:util';
+import { LlamaModel, type GenerateResult, type LlamaContext, type LlamaGrammar, type SpeculatorOptions, type StopReason, type Timings } from './llama.ts';
+import { resolveModelSpec } from './synth.ts';
+
+const execFileAsync = promisify(execFile);
+const ROOT = resolve(import.meta.dirname ?? new URL('.', import.meta.url).pathname, '..');
+
+export interface SpeculationFlags {
+  /** Draft model GGUF (same vocabulary) → draft-simple. */
+  readonly draft?: string | null;
+  /** Gemma 4 MTP assistant GGUF → draft-mtp. */
+  readonly draftMtp?: string | null;
+  /** n-gram drafting (ngram-simple). */
+  readonly ngram?: boolean;
+  /** Longest draft (default 4). */
+  readonly nDraft?: number;
+}
+
+/** Loads the draft (if any) and attaches the speculator the flags ask for; returns the draft model to dispose. */
+export async function attachSpeculation(ctx: LlamaContext, flags: SpeculationFlags, gpuLayers = 0): Promise<LlamaModel | undefined> {
+  const chosen = [flags.draft ? 'draft' : '', flags.draftMtp ? 'draftMtp' : '', flags.ngram ? 'ngram' : ''].filter(Boolean);
+  if (chosen.length > 1) throw new TypeError(`choose one of --draft, --draft-mtp, --ngram (got ${chosen.join(', ')})`);
+  const nMax = flags.nDraft ?? 4;
+  if (flags.ngram) {
+    await ctx.attachSpeculator({ type: 'ngram-simple', nMax, ngramN: 3 });
+    return undefined;
+  }
+  const spec = flags.draft ?? flags.draftMtp;
+  if (!spec) return undefined;
+  const draftModel = await LlamaModel.load(await resolveModelSpec(spec), { gpuLayers });
+  try {
+    const options: SpeculatorOptions = flags.draft ? { type: 'draft-simple', draftModel, nMax } : { type: 'draft-mtp', draftModel, nMax };
+    await ctx.attachSpeculator(options);
+    return draftModel;
+  } catch (err) {
+    await draftModel.dispose();
+    throw err;
+  }
+}
+
+async function loadSchemaGrammar(model: LlamaModel, schemaPath: string): Promise<LlamaGrammar> {
+  let text: string;
+  try {
+    text = await readFile(schemaPath, 'utf8');
+  } catch (err) {
+    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
+  }
+  try {
+    return model.grammarFromJsonSchema(JSON.parse(text) as object);
+  } catch (err) {
+    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+export interface GenerateCommandOptions extends SpeculationFlags {
+  readonly model: string;
+  readonly prompt: string;
+  readonly schema?: string;
+  readonly maxTokens?: number;
+  readonly seed?: number;
+  readonly temperature?: number;
+  readonly gpuLayers?: number;
+  readonly jumpForward?: boolean;
+  /** Streams decoded text pieces (CLI prints them). */
+  readonly onToken?: ((piece: string) => void) | undefined;
+}
+
+export interface GenerateCommandResult {
+  readonly text: string;
+  readonly tokens: readonly number[];
+  readonly stopReason: StopReason;
+  readonly promptTokens: number;
+  readonly drafted: number;
+  readonly accepted: number;
+  readonly forced: number;
+  readonly timings: Timings;
+}
+
+/** `percept generate`: one prompt through the model (optionally schema-constrained and speculative). */
+export async function generate(opts: GenerateCommandOptions): Promise<GenerateCommandResult> {
+  if (typeof opts.prompt !== 'string') throw new TypeError('--prompt is required');
+  const maxTokens = opts.maxTokens ?? 128;
+  const gpuLayers = opts.gpuLayers ?? 0;
+  const model = await LlamaModel.load(await resolveModelSpec(opts.model), { gpuLayers });
+  let draft: LlamaModel | undefined;
+  try {
+    const promptTokens = model.tokenize(opts.prompt, { addSpecial: true }).length;
+    const ctx = await model.createContext({ nCtx: Math.max(256, promptTokens + maxTokens + 16), nBatch: Math.max(512, promptTokens) });
+    draft = await attachSpeculation(ctx, opts, gpuLayers);
+    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
+    const onToken = opts.onToken;
+    const r: GenerateResult = await ctx.generate([{ text: opts.prompt, addSpecial: true }], {
+      maxTokens,
+      seed: opts.seed ?? 1,
+      temperature: opts.temperature ?? 0,
+      ...(opts.temperature ? { topK: 40, topP: 0.95 } : {}),
+      ...(grammar ? { grammar, jumpForward: opts.jumpForward ?? true } : {}),
+      ...(onToken ? { onTokens: (t: Int32Array) => onToken(model.detokenize(t)) } : {}),
+    });
+    return {
+      text: r.text,
+      tokens: r.tokens,
+      stopReason: r.stopReason,
+      promptTokens: r.promptTokens,
+      drafted: r.drafted,
+      accepted: r.accepted,
+      forced: r.forced,
+      timings: r.timings,
+    };
+  } finally {
+    await model.dispose();
+    await draft?.dispose();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+export interface BenchDecodeOptions extends SpeculationFlags {
+  readonly model: string;
+  readonly schema?: string;
+  readonly promptTokens?: number;
+  readonly genTokens?: number;
+  readonly reps?: number;
+  readonly gpuLayers?: number;
+  readonly threads?: number;
+  /** Also run llama-bench (built from the same llama.cpp tree) and report the ratio. */
+  readonly peer?: boolean;
+}
+
+export interface BenchDecodeResult {
+  readonly model: string;
+  readonly threads: number;
+  readonly prompt_tokens: number;
+  readonly gen_tokens: number;
+  readonly reps: number;
+  /** Decode tokens per second (after the first token), mean over reps. */
+  readonly tok_per_s: number;
+  readonly tok_per_s_runs: readonly number[];
+  readonly prefill_tok_per_s: number;
+  readonly ttft_ms: number;
+  readonly sample_ms_per_token: number;
+  readonly drafted: number;
+  readonly accepted: number;
+  readonly acceptance: number | null;
+  readonly forced: number;
+  readonly speculation: string | null;
+  readonly llama_bench_tg_tok_per_s?: number;
+  readonly llama_bench_pp_tok_per_s?: number;
+  /** ours / llama-bench, decode (tg) and prefill (pp). */
+  readonly ratio_tg?: number;
+  readonly ratio_pp?: number;
+  /** Same ratios from the best rep of each side (less sensitive to a shared, noisy machine). */
+  readonly ratio_tg_best?: number;
+  readonly ratio_pp_best?: number;
+}
+
+const mean = (xs: readonly number[]): number => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+
+/** Seeded pseudo-random token ids (like llama-bench's random prompt), away from special tokens. */
+function randomTokens(n: number, nVocab: number, seed: number): number[] {
+  let s = seed >>> 0 || 1;
+  return Array.from({ length: n }, () => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return 1000 + (s % (nVocab - 2000));
+  });
+}
+
+function findLlamaBench(): string {
+  for (const p of [join(ROOT, 'build', 'native', 'bin', 'llama-bench'), join(ROOT, 'build', 'native', 'bin', 'Release', 'llama-bench')]) {
+    if (existsSync(p)) return p;
+  }
+  throw new Error('llama-bench is not built: cmake --build build/native --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)');
+}
+
+interface LlamaBenchRow {
+  readonly n_prompt: number;
+  readonly n_gen: number;
+  readonly avg_ts: number;
+  readonly samples_ts?: readonly number[];
+}
+
+/**
+ * `percept bench decode`. Methodology matches llama-bench: a warm-up run, then `reps` runs;
+ * prefill (pp) = promptTokens random tokens decoded from an empty cache; decode (tg) = genTokens
+ * tokens one at a time from an empty cache, EOS ignored. Ours also samples (greedy argmax) each
+ * token, which llama-bench does not: that cost is part of our loop and stays in the number.
+ */
+export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecodeResult> {
+  const promptTokens = opts.promptTokens ?? 64;
+  const genTokens = opts.genTokens ?? 128;
+  const reps = opts.reps ?? 3;
+  const gpuLayers = opts.gpuLayers ?? 0;
+  const threads = opts.threads ?? availableParallelism();
+  for (const [k, v, min] of [['promptTokens', promptTokens, 1], ['genTokens', genTokens, 2], ['reps', reps, 1]] as const) {
+    if (!Number.isInteger(v) || v < min) throw new RangeError(`bench decode: ${k} must be an integer ≥ ${min}, got ${v}`);
+  }
+  const path = await resolveModelSpec(opts.model);
+  const model = await LlamaModel.load(path, { gpuLayers });
+  let draft: LlamaModel | undefined;
+  try {
+    const ctx = await model.createContext({ nCtx: promptTokens + genTokens + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
+    draft = await attachSpeculation(ctx, opts, gpuLayers);
+    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
+    const { bos, nVocab } = model.info;
+    const pp = [bos, ...randomTokens(promptTokens - 1, nVocab, 7)];
+    const tgPrompt = [bos];
+    const genOpts = { maxTokens: genTokens, ignoreEos: grammar === undefined, ...(grammar ? { grammar, jumpForward: true } : {}) };
+
+    // Warm-up (llama-bench does one too): first-touch of weights, graph allocation.
+    ctx.clearCache();
+    await ctx.generate([{ tokens: pp }], { maxTokens: 2, ignoreEos: true });
+
+    const ppRuns: number[] = [];
+    const tgRuns: number[] = [];
+    const ttft: number[] = [];
+    const sampleMs: number[] = [];
+    let drafted = 0;
+    let accepted = 0;
+    let forced = 0;
+    for (let r = 0; r < reps; r++) {
+      ctx.clearCache();
+      const p = await ctx.generate([{ tokens: pp }], { maxTokens: 1, ignoreEos: true });
+      ppRuns.push(p.timings.prefillTokens / (p.timings.prefillMs / 1000));
+      ttft.push(p.timings.ttftMs);
+      ctx.clearCache();
+      const g = await ctx.generate([{ tokens: tgPrompt }], genOpts);
+      tgRuns.push(g.timings.decodeTokens / (g.timings.decodeMs / 1000));
+      sampleMs.push(g.timings.sampleMs / Math.max(1, g.tokens.length));
+      drafted += g.drafted;
+      accepted += g.accepted;
+      forced += g.forced;
+    }
+    const speculation = ctx.speculator?.type ?? null;
+    const result: BenchDecodeResult = {
+      model: path,
+      threads,
+      prompt_tokens: promptTokens,
+      gen_tokens: genTokens,
+      reps,
+      tok_per_s: mean(tgRuns),
+      tok_per_s_runs: tgRuns,
+      prefill_tok_per_s: mean(ppRuns),
+      ttft_ms: mean(ttft),
+      sample_ms_per_token: mean(sampleMs),
+      drafted,
+      accepted,
+      acceptance: drafted > 0 ? accepted / drafted : null,
+      forced,
+      speculation,
+    };
+    await ctx.dispose();
+    if (!opts.peer) return result;
+
+    // The peer runs after our context is gone, so the two never compete for the cores.
+    const bench = findLlamaBench();
+    const args = ['-m', path, '-p', String(promptTokens), '-n', String(genTokens), '-r', String(reps), '-o', 'json', '-t', String(threads), '-ngl', String(gpuLayers), '-fa', 'auto'];
+    const { stdout } = await execFileAsync(bench, args, { maxBuffer: 16 << 20 });
+    const rows = JSON.parse(stdout) as LlamaBenchRow[];
+    const tgRow = rows.find((r) => r.n_gen > 0 && r.n_prompt === 0);
+    const ppRow = rows.find((r) => r.n_prompt > 0 && r.n_gen === 0);
+    if (!tgRow || !ppRow) throw new Error(`llama-bench output had no pp/tg rows: ${stdout.slice(0, 400)}`);
+    const best = (row: LlamaBenchRow) => Math.max(...(row.samples_ts ?? [row.avg_ts]));
+    return {
+      ...result,
+      llama_bench_tg_tok_per_s: tgRow.avg_ts,
+      llama_bench_pp_tok_per_s: ppRow.avg_ts,
+      ratio_tg: result.tok_per_s / tgRow.avg_ts,
+      ratio_pp: result.prefill_tok_per_s / ppRow.avg_ts,
+      ratio_tg_best: Math.max(...tgRuns) / best(tgRow),
+      ratio_pp_best: Math.max(...ppRuns) / best(ppRow),
+    };
+  } finally {
+    await model.dispose();
+    await draft?.dispose();
+  }
+}

@@ -1,0 +1,271 @@
+// Vision encoder stage on llama.cpp's clip (tools/mtmd) through the percept addon: an mmproj GGUF
+// encodes the preprocessor's PixelTensor into image embeddings, off the JS thread (an AsyncWorker),
+// on CPU or on the GPU backend the addon was built with. Same contract as the ONNX stage:
+//   gemma3 (projector gemma3):  pixel values [1,3,S,S] CHW in [-1,1] → [256, n_embd]
+//   gemma4 (projector gemma4v): patches [1,P,768] HWC in [0,1] + position ids [1,P,2] → [(cols/3)(rows/3), n_embd]
+// clip normalizes nothing itself (mtmd's preprocessing does, and we bypass it): gemma3 gets the
+// [-1,1] values as they are, gemma4v's graph applies ×2−1 to the [0,1] patches. clip derives the
+// patch positions from the image grid, so the gemma4 position ids must be the processor's row-major
+// layout (valid patches first); anything else is refused rather than encoded wrongly.
+// One run at a time. When ctx.signal fires the stage stops waiting at once; clip finishes that run
+// (it cannot be interrupted) and its result is discarded (counted); the next frame waits for it.
+import { existsSync } from 'node:fs';
+import type { ImageEmbedding, PixelTensor } from '../pipeline/payloads.ts';
+import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
+import { LlamaVision, type VisionEncodeResult, type VisionImage, type VisionInfo } from '../native/vision.ts';
+
+export interface MtmdEncoderConfig {
+  /** Path of the mmproj GGUF (resolve `synth:<preset>-mmproj` specifiers before, with tools/mmproj-synth.ts). */
+  readonly mmproj: string;
+  /** Run clip on the GPU backend (CUDA builds). */
+  readonly useGpu?: boolean;
+  /** Config-file form of useGpu: clip offloads all or nothing, so any value ≠ 0 means the GPU. */
+  readonly gpuLayers?: number;
+  /** The decoder's n_embd: the projector's output width must equal it. */
+  readonly expectedHidden?: number;
+  /** CPU threads for clip (default: all cores). */
+  readonly threads?: number;
+  readonly flashAttention?: 'auto' | 'on' | 'off';
+}
+
+export interface MtmdContractInfo {
+  readonly kind: 'gemma3' | 'gemma4';
+  readonly projector: 'gemma3' | 'gemma4v';
+  /** Output width (the decoder's n_embd). */
+  readonly hidden: number;
+  /** gemma3: the square input side (896). */
+  readonly imageSize?: number;
+  /** gemma4: values per patch (768). */
+  readonly patchDim?: number;
+  readonly patchSize: number;
+  /** Pooling over the patch grid (4 for gemma3, 3 for gemma4v). */
+  readonly merge: number;
+}
+
+export interface MtmdEncoderStats {
+  readonly runs: number;
+  /** Runs whose result arrived after the frame was abandoned (signal fired). */
+  readonly discarded: number;
+  /** clip_image_encode time of the last run. */
+  readonly lastRunMs: number;
+}
+
+export interface MtmdEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
+  readonly contract: MtmdContractInfo;
+  readonly info: VisionInfo;
+  stats(): MtmdEncoderStats;
+  close(): Promise<void>;
+}
+
+/** Checks what clip reports about an mmproj against the pipeline's contract. Pure. */
+export function checkMtmdContract(info: VisionInfo, expectedHidden: number | undefined, source: string): MtmdContractInfo {
+  const problems: string[] = [];
+  if (info.projector !== 'gemma3' && info.projector !== 'gemma4v') problems.push(`projector '${String(info.projector)}' is neither gemma3 nor gemma4v`);
+  if (expectedHidden !== undefined && info.nEmbd !== expectedHidden) problems.push(`its output width is ${info.nEmbd}, but the decoder's n_embd is ${expectedHidden}`);
+  if (info.projector === 'gemma4v' && info.patchSize * info.patchSize * 3 !== 768) problems.push(`gemma4v patch size ${info.patchSize} does not give 768 values per patch`);
+  if (problems.length) throw new Error(`encoder-mtmd: ${source}: ${problems.join('; ')}`);
+  return info.projector === 'gemma3'
+    ? { kind: 'gemma3', projector: 'gemma3', hidden: info.nEmbd, imageSize: info.imageSize, patchSize: info.patchSize, merge: info.merge }
+    : { kind: 'gemma4', projector: 'gemma4v', hidden: info.nEmbd, patchDim: info.patchSize * info.patchSize * 3, patchSize: info.patchSize, merge: info.merge };
+}
+
+/** The image clip should see for a PixelTensor, or an error naming what does not fit. Pure. */
+export function clipImageOf(input: PixelTensor, contract: MtmdContractInfo): VisionImage {
+  if (input === null || typeof input !== 'object') throw new TypeError('encoder-mtmd: input must be a PixelTensor');
+  if (input.contract !== contract.kind) throw new Error(`encoder-mtmd: got a ${String(input.contract)} tensor, the mmproj is ${contract.kind} (${contract.projector})`);
+  if (!(input.pixelValues instanceof Float32Array)) throw new TypeError('encoder-mtmd: pixelValues must be a Float32Array');
+  if (input.pixelValues.buffer.byteLength === 0) throw new Error('encoder-mtmd: pixelValues is detached (its buffer was handed to another stage)');
+  const dims = input.pixelDims;
+  const count = (d: readonly number[]): number => d.reduce((a, b) => a * b, 1);
+  if (!Array.isArray(dims) || count(dims) !== input.pixelValues.length) {
+    throw new RangeError(`encoder-mtmd: pixelDims [${String(dims)}] need ${Array.isArray(dims) ? count(dims) : '?'} values, got ${input.pixelValues.length}`);
+  }
+  if (dims[0] !== 1) throw new RangeError(`encoder-mtmd: batch ${dims[0]} is not supported (one image per frame)`);
+  if (contract.kind === 'gemma3') {
+    const s = contract.imageSize!;
+    if (dims.length !== 4 || dims[1] !== 3 || dims[2] !== s || dims[3] !== s) {
+      throw new RangeError(`encoder-mtmd: gemma3 pixelDims must be [1,3,${s},${s}] (the mmproj's image size), got [${dims.join(',')}]`);
+    }
+    return { layout: 'chw', width: s, height: s };
+  }
+  const patchDim = contract.patchDim!;
+  if (dims.length !== 3 || dims[2] !== patchDim) throw new RangeError(`encoder-mtmd: gemma4 pixelDims must be [1,P,${patchDim}], got [${dims.join(',')}]`);
+  const ids = input.positionIds;
+  const pd = input.positionDims;
+  if (!(ids instanceof BigInt64Array) || !pd) throw new TypeError('encoder-mtmd: gemma4 tensors need positionIds (BigInt64Array) and positionDims');
+  const capacity = dims[1]!;
+  if (pd.length !== 3 || pd[0] !== 1 || pd[1] !== capacity || pd[2] !== 2 || ids.length !== capacity * 2) {
+    throw new RangeError(`encoder-mtmd: positionDims [${pd.join(',')}] do not match pixelDims [${dims.join(',')}] / ${ids.length} ids`);
+  }
+  let valid = 0;
+  let cols = 0;
+  while (valid < capacity && ids[2 * valid]! >= 0n) {
+    cols = Math.max(cols, Number(ids[2 * valid]!) + 1);
+    valid++;
+  }
+  if (valid === 0) throw new RangeError('encoder-mtmd: gemma4 tensor has no valid patch (all position ids are -1)');
+  const rows = valid / cols;
+  const layoutError = (p: number, why: string): RangeError =>
+    new RangeError(`encoder-mtmd: gemma4 position ids are not the processor's row-major grid (clip derives positions from the grid): patch ${p} ${why}`);
+  if (!Number.isInteger(rows)) throw layoutError(valid - 1, `ends a ${valid}-patch run that is not a whole number of ${cols}-patch rows`);
+  for (let p = 0; p < valid; p++) {
+    const col = Number(ids[2 * p]!);
+    const row = Number(ids[2 * p + 1]!);
+    if (col !== p % cols || row !== Math.floor(p / cols)) throw layoutError(p, `is at (col ${col}, row ${row}), expected (${p % cols}, ${Math.floor(p / cols)})`);
+  }
+  for (let p = valid; p < capacity; p++) {
+    if (ids[2 * p] !== -1n || ids[2 * p + 1] !== -1n) throw layoutError(p, 'is a valid position after the first padding patch');
+  }
+  if (cols % contract.merge !== 0 || rows % contract.merge !== 0) {
+    throw new RangeError(`encoder-mtmd: gemma4 patch grid ${cols}×${rows} is not divisible by the ${contract.merge}×${contract.merge} pooling`);
+  }
+  return { layout: 'patches', width: cols * contract.patchSize, height: rows * contract.patchSize };
+}
+
+/** Loads the mmproj, checks its contract, and returns the stage. */
+export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<MtmdEncoderStage> {
+  if (typeof cfg?.mmproj !== 'string' || cfg.mmproj.length === 0) throw new TypeError('encoder-mtmd: cfg.mmproj must be the path of an mmproj .gguf');
+  if (cfg.mmproj.endsWith('.onnx')) throw new Error(`encoder-mtmd: ${cfg.mmproj} is an ONNX model: that needs encoder kind 'onnx'`);
+  if (!existsSync(cfg.mmproj)) throw new Error(`encoder-mtmd: mmproj ${cfg.mmproj} does not exist`);
+  if (cfg.expectedHidden !== undefined && !(Number.isInteger(cfg.expectedHidden) && cfg.expectedHidden > 0)) {
+    throw new RangeError(`encoder-mtmd: expectedHidden must be a positive integer, got ${cfg.expectedHidden}`);
+  }
+  if (cfg.gpuLayers !== undefined && !(Number.isInteger(cfg.gpuLayers) && cfg.gpuLayers >= -1)) {
+    throw new RangeError(`encoder-mtmd: gpuLayers must be an integer ≥ -1, got ${cfg.gpuLayers}`);
+  }
+  if (cfg.useGpu !== undefined && typeof cfg.useGpu !== 'boolean') throw new TypeError(`encoder-mtmd: useGpu must be a boolean, got ${String(cfg.useGpu)}`);
+  const useGpu = cfg.useGpu ?? (cfg.gpuLayers !== undefined && cfg.gpuLayers !== 0);
+  let vision: LlamaVision;
+  try {
+    vision = await LlamaVision.load(cfg.mmproj, {
+      useGpu,
+      ...(cfg.threads !== undefined ? { threads: cfg.threads } : {}),
+      ...(cfg.flashAttention !== undefined ? { flashAttention: cfg.flashAttention } : {}),
+    });
+  } catch (err) {
+    throw Object.assign(new Error(`encoder-mtmd: cannot load ${cfg.mmproj}: ${(err as Error).message}`), { code: (err as { code?: string }).code });
+  }
+  let contract: MtmdContractInfo;
+  try {
+    contract = checkMtmdContract(vision.info, cfg.expectedHidden, cfg.mmproj);
+  } catch (err) {
+    vision.dispose();
+    throw err;
+  }
+  return new MtmdEncoder(vision, contract);
+}
+
+class MtmdEncoder implements MtmdEncoderStage {
+  readonly name = 'encode';
+  readonly contract: MtmdContractInfo;
+  readonly #vision: LlamaVision;
+  /** The native run in progress (possibly abandoned by its caller); settles when clip is done. */
+  #inFlight: Promise<unknown> | undefined;
+  #callerActive = false;
+  #closing: Promise<void> | undefined;
+  #runs = 0;
+  #discarded = 0;
+  #lastRunMs = 0;
+
+  constructor(vision: LlamaVision, contract: MtmdContractInfo) {
+    this.#vision = vision;
+    this.contract = contract;
+  }
+
+  get info(): VisionInfo {
+    return this.#vision.info;
+  }
+
+  stats(): MtmdEncoderStats {
+    return { runs: this.#runs, discarded: this.#discarded, lastRunMs: this.#lastRunMs };
+  }
+
+  async process(input: PixelTensor, ctx: StageContext): Promise<ImageEmbedding> {
+    if (this.#closing) throw new Error('encoder-mtmd: stage is closed');
+    if (this.#callerActive) throw new Error('encoder-mtmd: process() called while another frame is being encoded (one run in flight; the runtime serializes stage calls)');
+    const image = clipImageOf(input, this.contract);
+    this.#callerActive = true;
+    try {
+      if (ctx.signal.aborted) throw this.#cancel(ctx, 'before the run');
+      try {
+        // An abandoned run of an earlier frame may still occupy clip.
+        while (this.#inFlight) await abortable(this.#inFlight, ctx.signal);
+      } catch {
+        throw this.#cancel(ctx, 'while waiting for an abandoned run');
+      }
+      const state = { abandoned: false };
+      const run = this.#vision.encode(input.pixelValues, image).then(
+        (r) => {
+          this.#runs++;
+          this.#lastRunMs = r.encodeMs;
+          if (state.abandoned) this.#discarded++;
+          return r;
+        },
+        (err: unknown) => {
+          throw new Error(`encoder-mtmd: encode failed: ${err instanceof Error ? err.message : String(err)}`);
+        },
+      );
+      const settled = run.then(
+        () => undefined,
+        () => undefined,
+      );
+      this.#inFlight = settled;
+      void settled.then(() => {
+        if (this.#inFlight === settled) this.#inFlight = undefined;
+      });
+      let result: VisionEncodeResult;
+      try {
+        result = await abortable(run, ctx.signal);
+      } catch (err) {
+        if (ctx.signal.aborted) {
+          state.abandoned = true;
+          run.catch(() => undefined);
+          throw this.#cancel(ctx, 'during the run');
+        }
+        throw err;
+      }
+      if (result.nEmbd !== this.contract.hidden) throw new Error(`encoder-mtmd: clip returned width ${result.nEmbd}, expected ${this.contract.hidden}`);
+      if (result.nTokens !== input.imageTokens) {
+        throw new Error(`encoder-mtmd: the encoder produced ${result.nTokens} tokens but the preprocessor announced ${input.imageTokens} (image ${image.width}×${image.height})`);
+      }
+      return { data: result.data, nTokens: result.nTokens, nEmbd: result.nEmbd };
+    } finally {
+      this.#callerActive = false;
+    }
+  }
+
+  #cancel(ctx: StageContext, when: string): DropFrame {
+    // The runtime aborts with a StageAbort naming why; any other abort is judged by the clock.
+    const why = ctx.signal.reason instanceof StageAbort ? ctx.signal.reason.reason : ctx.clock.nowNs() >= ctx.stageDeadlineNs ? 'deadline' : 'aborted';
+    ctx.report({ kind: 'cancel', reason: why, detail: `encoder ${when}` });
+    return new DropFrame(why === 'deadline' ? 'stale' : 'shutdown', `encoder-mtmd: aborted (${why}) ${when}`);
+  }
+
+  /** Waits for a running clip encode (it cannot be interrupted), then frees the context. */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      while (this.#inFlight) await this.#inFlight;
+      this.#vision.dispose();
+    })();
+    return this.#closing;
+  }
+}
+
+/** Resolves/rejects with `p`, or rejects as soon as `signal` fires. */
+function abortable<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = (): void => reject(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
+    signal.addEventListener('abort', onAbort, { once: true });
+    p.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(v);
+      },
+      (e: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(e instanceof Error ? e : new Error(String(e)));
+      },
+    );
+  });
+}

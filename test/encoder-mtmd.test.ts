@@ -1,0 +1,308 @@
+import assert from 'node:assert/strict';
+import { mkdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { after, before, describe, test } from 'node:test';
+import sharp from 'sharp';
+import { GGUFWriter, bool, readGGUF, readTensorData, str, u32, i32, f32, arr } from '../native/gguf.ts';
+import { LlamaVision } from '../native/vision.ts';
+import { createOnnxEncoderStage, type OnnxEncoderStage } from '../nodes/encoder-onnx.ts';
+import { clipImageOf, createMtmdEncoderStage, type MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
+import { createPreprocessStage } from '../nodes/preprocess.ts';
+import { RealClock } from '../pipeline/clock.ts';
+import type { ImageEmbedding, PixelTensor } from '../pipeline/payloads.ts';
+import { DropFrame, type StageContext, type StageEvent } from '../pipeline/types.ts';
+import { isMmprojSpec, listMmprojPresets, mmprojTensorPlan, patchLinearToConv, resolveMmprojSpec, synthesizeMmproj, transpose2d } from '../tools/mmproj-synth.ts';
+import { synthesizeVision, visionPreset, visionWeights } from '../tools/vision-synth.ts';
+
+const dir = join(import.meta.dirname, '..', '.cache', 'test-encoder-mtmd');
+rmSync(dir, { recursive: true, force: true });
+mkdirSync(dir, { recursive: true });
+const siglipOnnx = join(dir, 'siglip-tiny.onnx');
+const siglipGguf = join(dir, 'siglip-tiny.mmproj.gguf');
+const gemma4Onnx = join(dir, 'gemma4-vision-tiny.onnx');
+const gemma4Gguf = join(dir, 'gemma4-vision-tiny.mmproj.gguf');
+const SIGLIP_SEED = 1;
+const GEMMA4_SEED = 2;
+
+function ctx(opts: { imageTokens?: number; signal?: AbortSignal; events?: StageEvent[] } = {}): StageContext {
+  const far = 1n << 62n;
+  return {
+    frame: { frameId: 1, sourceId: 'test', captureNs: 0n, captureWallMs: 0, deadlineNs: far, degradeLevel: 0 },
+    clock: new RealClock(),
+    signal: opts.signal ?? new AbortController().signal,
+    stageDeadlineNs: far,
+    knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8, draft: false, frameSkip: 0 },
+    report: (e) => opts.events?.push(e),
+  };
+}
+
+async function cameraJpeg(w = 640, h = 360): Promise<Buffer> {
+  const raw = Buffer.alloc(w * h * 3);
+  for (let i = 0; i < raw.length; i++) raw[i] = (i * 7 + (i >> 9) + ((i / (w * 3)) | 0)) & 255;
+  return sharp(raw, { raw: { width: w, height: h, channels: 3 } }).jpeg().toBuffer();
+}
+
+async function preprocessed(contract: 'gemma3' | 'gemma4', imageTokens = 280, w = 640, h = 360): Promise<PixelTensor> {
+  return createPreprocessStage({ contract }).process({ encoding: 'jpeg', data: await cameraJpeg(w, h) }, ctx({ imageTokens }));
+}
+
+/** A deep copy, so the same pixels can go to two encoders that each take ownership. */
+function clonePixels(t: PixelTensor): PixelTensor {
+  return { ...t, pixelValues: t.pixelValues.slice(), ...(t.positionIds ? { positionIds: t.positionIds.slice() } : {}) };
+}
+
+function cosinePerToken(a: ImageEmbedding, b: ImageEmbedding): number[] {
+  assert.equal(a.nTokens, b.nTokens);
+  assert.equal(a.nEmbd, b.nEmbd);
+  const out: number[] = [];
+  for (let t = 0; t < a.nTokens; t++) {
+    let dot = 0;
+    let na = 0;
+    let nb = 0;
+    for (let i = t * a.nEmbd; i < (t + 1) * a.nEmbd; i++) {
+      dot += a.data[i]! * b.data[i]!;
+      na += a.data[i]! ** 2;
+      nb += b.data[i]! ** 2;
+    }
+    out.push(dot / Math.sqrt(na * nb));
+  }
+  return out;
+}
+
+before(async () => {
+  synthesizeVision({ preset: 'siglip-tiny', out: siglipOnnx, seed: SIGLIP_SEED });
+  synthesizeVision({ preset: 'gemma4-vision-tiny', out: gemma4Onnx, seed: GEMMA4_SEED });
+  await synthesizeMmproj({ preset: 'siglip-tiny', out: siglipGguf, seed: SIGLIP_SEED });
+  await synthesizeMmproj({ preset: 'gemma4-vision-tiny-mmproj', out: gemma4Gguf, seed: GEMMA4_SEED });
+});
+
+describe('mmproj synthesis', () => {
+  test('writes the keys and tensor shapes clip reads, with exact wire types', async () => {
+    const f = await readGGUF(siglipGguf);
+    assert.equal(f.get('general.architecture'), 'clip');
+    assert.equal(f.get('clip.vision.projection_dim'), 64);
+    assert.equal(f.get('clip.use_gelu'), true);
+    const types = Object.fromEntries(f.kvs.map((x) => [x.key, x.type]));
+    assert.equal(types['clip.vision.block_count'], 'u32');
+    assert.equal(types['clip.vision.attention.layer_norm_epsilon'], 'f32');
+    assert.equal(types['clip.has_vision_encoder'], 'bool');
+    assert.equal(types['clip.projector_type'], 'string');
+    assert.equal(f.tensors.length, mmprojTensorPlan('siglip-tiny').length);
+    const shape = (n: string) => f.tensor(n)?.shape.map(Number);
+    assert.deepEqual(shape('v.patch_embd.weight'), [14, 14, 3, 32]);
+    assert.deepEqual(shape('v.position_embd.weight'), [32, 4096]);
+    assert.deepEqual(shape('v.blk.1.ffn_down.weight'), [64, 32]);
+    assert.deepEqual(shape('mm.input_projection.weight'), [64, 32]);
+    const g4 = await readGGUF(gemma4Gguf);
+    const shape4 = (n: string) => g4.tensor(n)?.shape.map(Number);
+    assert.deepEqual(shape4('v.position_embd.weight'), [32, 10240, 2]);
+    assert.deepEqual(shape4('v.blk.0.attn_q_norm.weight'), [16]);
+    assert.deepEqual(shape4('mm.input_projection.weight'), [32, 64]);
+    assert.equal(g4.kv('clip.vision.projector_type')?.type, 'string');
+    assert.equal(g4.get('clip.vision.projector_type'), 'gemma4v');
+  });
+
+  test('tensor bytes are the ONNX weights, transposed/permuted where ggml wants another layout', async () => {
+    const w = visionWeights(visionPreset('siglip-tiny').spec, SIGLIP_SEED);
+    const f = await readGGUF(siglipGguf);
+    const read = async (name: string) => {
+      const b = await readTensorData(siglipGguf, f, name);
+      return new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+    };
+    assert.deepEqual(await read('v.blk.0.attn_q.weight'), transpose2d(w.get('layers.0.attn.q.weight')!, 32, 32));
+    assert.deepEqual(await read('mm.input_projection.weight'), w.get('mm.input_projection.weight'));
+    assert.deepEqual(await read('v.patch_embd.weight'), w.get('patch_embed.weight'));
+    const w4 = visionWeights(visionPreset('gemma4-vision-tiny').spec, GEMMA4_SEED);
+    const g4 = await readGGUF(gemma4Gguf);
+    const b = await readTensorData(gemma4Gguf, g4, 'v.patch_embd.weight');
+    assert.deepEqual(new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)), patchLinearToConv(w4.get('patch_embed.input_proj.weight')!, 16, 32));
+  });
+
+  test('layout helpers: transpose and patch-linear → conv kernel', () => {
+    assert.deepEqual(transpose2d(Float32Array.of(1, 2, 3, 4, 5, 6), 2, 3), Float32Array.of(1, 4, 2, 5, 3, 6));
+    // patch 1 (one pixel, 3 channels), hidden 2: W[c][o] → kernel [o][c]
+    assert.deepEqual(patchLinearToConv(Float32Array.of(1, 2, 3, 4, 5, 6), 1, 2), Float32Array.of(1, 3, 5, 2, 4, 6));
+    assert.throws(() => transpose2d(new Float32Array(5), 2, 3), /5 values is not 2×3/);
+  });
+
+  test('f16 halves the matrices; presets and specifiers are discoverable', async () => {
+    const f16 = join(dir, 'siglip-tiny-f16.mmproj.gguf');
+    const r = await synthesizeMmproj({ preset: 'siglip-tiny', out: f16, seed: SIGLIP_SEED, dtype: 'f16' });
+    assert.equal(r.dtype, 'f16');
+    assert.ok(statSync(f16).size < statSync(siglipGguf).size, 'f16 file is not smaller');
+    assert.ok(listMmprojPresets().some((p) => p.name === 'gemma4-vision-e2b-mmproj' && p.projectorType === 'gemma4v'));
+    assert.equal(isMmprojSpec('synth:siglip-tiny-mmproj@3'), true);
+    assert.equal(isMmprojSpec('synth:siglip-tiny'), false);
+    assert.equal(isMmprojSpec('x.mmproj.gguf'), true);
+    const cached = await resolveMmprojSpec('synth:siglip-tiny-mmproj@1', { cacheDir: dir });
+    assert.equal(statSync(cached).size, statSync(siglipGguf).size);
+    await assert.rejects(synthesizeMmproj({ preset: 'nope', out: join(dir, 'x.gguf') }), /unknown mmproj preset 'nope'/);
+  });
+});
+
+describe('LlamaVision (native clip)', () => {
+  test('loads an mmproj and reports what clip read', async () => {
+    const v = await LlamaVision.load(siglipGguf, { threads: 1 });
+    try {
+      assert.equal(v.info.projector, 'gemma3');
+      assert.equal(v.nEmbd, 64);
+      assert.deepEqual([v.info.hidden, v.info.layers, v.info.patchSize, v.info.imageSize, v.info.merge], [32, 2, 14, 896, 4]);
+      assert.ok(v.info.devices.some((d) => d.name === 'CPU' && d.bytes > 0));
+    } finally {
+      v.dispose();
+    }
+    v.dispose(); // idempotent
+    await assert.rejects(v.encode(new Float32Array(3 * 896 * 896), { layout: 'chw', width: 896, height: 896 }), (e: Error & { code?: string }) => e.code === 'EDISPOSED');
+  });
+
+  test('refuses files that are not a gemma mmproj with a reason, instead of aborting in clip', async () => {
+    await assert.rejects(LlamaVision.load(join(dir, 'missing.gguf')), (e: Error & { code?: string }) => e.code === 'ENOENT');
+    const text = join(dir, 'not-a-gguf.gguf');
+    writeFileSync(text, 'hello, not a gguf at all');
+    await assert.rejects(LlamaVision.load(text), /not a valid GGUF file/);
+    await assert.rejects(LlamaVision.load(siglipOnnx), /not a valid GGUF file/);
+    const decoder = join(dir, 'decoder.gguf');
+    await new GGUFWriter().set('general.architecture', str('gemma4')).write(decoder, () => []);
+    await assert.rejects(LlamaVision.load(decoder), /general\.architecture is 'gemma4', not 'clip'/);
+    // A wrong key type would trip a GGML_ASSERT inside clip (process abort); we refuse it first.
+    const wrongType = join(dir, 'wrong-type.gguf');
+    await new GGUFWriter()
+      .set('general.architecture', str('clip'))
+      .set('clip.has_vision_encoder', bool(true))
+      .set('clip.projector_type', str('gemma3'))
+      .set('clip.vision.embedding_length', u32(32))
+      .set('clip.vision.feed_forward_length', u32(64))
+      .set('clip.vision.block_count', i32(2))
+      .write(wrongType, () => []);
+    await assert.rejects(LlamaVision.load(wrongType), /key 'clip\.vision\.block_count' is i32, expected u32/);
+    const otherProjector = join(dir, 'llava.gguf');
+    await new GGUFWriter()
+      .set('general.architecture', str('clip'))
+      .set('clip.has_vision_encoder', bool(true))
+      .set('clip.projector_type', str('mlp'))
+      .set('clip.vision.attention.layer_norm_epsilon', f32(1e-6))
+      .set('clip.vision.image_mean', arr('f32', [0.5, 0.5, 0.5]))
+      .write(otherProjector, () => []);
+    await assert.rejects(LlamaVision.load(otherProjector), /projector type 'mlp' is not supported/);
+  });
+
+  test('refuses images clip cannot encode, with the reason', async () => {
+    const v = await LlamaVision.load(siglipGguf, { threads: 1 });
+    try {
+      await assert.rejects(v.encode(new Float32Array(3 * 448 * 448), { layout: 'chw', width: 448, height: 448 }), /must be 896x896/);
+      await assert.rejects(v.encode(new Float32Array(10), { layout: 'chw', width: 896, height: 896 }), /pixels has 10 values, expected 2408448/);
+      await assert.rejects(v.encode(new Float32Array(10), { layout: 'rgb' as never, width: 896, height: 896 }), /image\.layout/);
+    } finally {
+      v.dispose();
+    }
+  });
+
+  test('one encode at a time (EBUSY), and no dispose during it', async () => {
+    const v = await LlamaVision.load(siglipGguf, { threads: 1 });
+    const px = new Float32Array(3 * 896 * 896).fill(0.25);
+    const first = v.encode(px, { layout: 'chw', width: 896, height: 896 });
+    await assert.rejects(v.encode(px, { layout: 'chw', width: 896, height: 896 }), (e: Error & { code?: string }) => e.code === 'EBUSY');
+    assert.throws(() => v.dispose(), (e: Error & { code?: string }) => e.code === 'EBUSY');
+    const r = await first;
+    assert.deepEqual([r.nTokens, r.nEmbd, r.data.length], [256, 64, 256 * 64]);
+    v.dispose();
+  });
+});
+
+describe('encoder-mtmd stage', () => {
+  let onnx3: OnnxEncoderStage;
+  let onnx4: OnnxEncoderStage;
+  let mtmd3: MtmdEncoderStage;
+  let mtmd4: MtmdEncoderStage;
+  before(async () => {
+    onnx3 = await createOnnxEncoderStage({ model: siglipOnnx, threads: 1 });
+    onnx4 = await createOnnxEncoderStage({ model: gemma4Onnx, threads: 1 });
+    mtmd3 = await createMtmdEncoderStage({ mmproj: siglipGguf, threads: 1, expectedHidden: 64 });
+    mtmd4 = await createMtmdEncoderStage({ mmproj: gemma4Gguf, threads: 1, expectedHidden: 64 });
+  });
+  after(async () => {
+    await Promise.all([onnx3.close(), onnx4.close(), mtmd3.close(), mtmd4.close()]);
+  });
+
+  test('contract from the mmproj', () => {
+    assert.deepEqual([mtmd3.contract.kind, mtmd3.contract.hidden, mtmd3.contract.imageSize, mtmd3.name], ['gemma3', 64, 896, 'encode']);
+    assert.deepEqual([mtmd4.contract.kind, mtmd4.contract.hidden, mtmd4.contract.patchDim, mtmd4.contract.merge], ['gemma4', 64, 768, 3]);
+  });
+
+  test('gemma3: same weights, two runtimes: per-token cosine ≥ 0.999 against ONNX', async () => {
+    const px = await preprocessed('gemma3');
+    const ref = await onnx3.process(clonePixels(px), ctx());
+    const got = await mtmd3.process(px, ctx());
+    assert.deepEqual([got.nTokens, got.nEmbd, got.data.length], [256, 64, 256 * 64]);
+    const cos = cosinePerToken(got, ref);
+    const worst = Math.min(...cos);
+    console.log(`gemma3 worst per-token cosine ${worst.toFixed(7)}`);
+    assert.ok(worst >= 0.999, `worst per-token cosine ${worst}`);
+  });
+
+  for (const [budget, w, h] of [
+    [280, 640, 360],
+    [70, 300, 500],
+  ] as const) {
+    test(`gemma4: per-token cosine ≥ 0.999 against ONNX (budget ${budget}, ${w}×${h})`, async () => {
+      const px = await preprocessed('gemma4', budget, w, h);
+      const ref = await onnx4.process(clonePixels(px), ctx({ imageTokens: budget }));
+      const got = await mtmd4.process(px, ctx({ imageTokens: budget }));
+      assert.equal(got.nTokens, px.imageTokens);
+      const worst = Math.min(...cosinePerToken(got, ref));
+      console.log(`gemma4 ${w}×${h} budget ${budget}: ${got.nTokens} tokens, worst per-token cosine ${worst.toFixed(7)}`);
+      assert.ok(worst >= 0.999, `worst per-token cosine ${worst}`);
+    });
+  }
+
+  test("the decoder's n_embd must match the projector's output width", async () => {
+    await assert.rejects(createMtmdEncoderStage({ mmproj: gemma4Gguf, threads: 1, expectedHidden: 1536 }), /output width is 64, but the decoder's n_embd is 1536/);
+    await assert.rejects(createMtmdEncoderStage({ mmproj: siglipOnnx }), /is an ONNX model/);
+    await assert.rejects(createMtmdEncoderStage({ mmproj: join(dir, 'nope.gguf') }), /does not exist/);
+  });
+
+  test('tensors of the other contract or with a foreign position layout are refused', async () => {
+    const g3 = await preprocessed('gemma3');
+    const g4 = await preprocessed('gemma4', 70);
+    await assert.rejects(mtmd4.process(g3, ctx()), /got a gemma3 tensor, the mmproj is gemma4/);
+    await assert.rejects(mtmd3.process({ ...g3, pixelDims: [1, 3, 448, 1792] }, ctx()), /gemma3 pixelDims must be \[1,3,896,896\]/);
+    const swapped = g4.positionIds!.slice();
+    swapped[0] = 1n; // patch 0 claims column 1
+    assert.throws(() => clipImageOf({ ...g4, positionIds: swapped }, mtmd4.contract), /patch 0 is at \(col 1, row 0\), expected \(0, 0\)/);
+    const image = clipImageOf(g4, mtmd4.contract);
+    assert.equal(image.layout, 'patches');
+    assert.equal((image.width / 48) * (image.height / 48), g4.imageTokens);
+  });
+
+  test('the event loop stays responsive during an encode', async () => {
+    const px = await preprocessed('gemma3');
+    const h = monitorEventLoopDelay({ resolution: 5 });
+    h.enable();
+    const t0 = performance.now();
+    await mtmd3.process(px, ctx());
+    const encodeMs = performance.now() - t0;
+    h.disable();
+    const maxDelayMs = h.max / 1e6;
+    console.log(`mtmd encode ${encodeMs.toFixed(0)} ms; event loop delay max ${maxDelayMs.toFixed(1)} ms`);
+    assert.ok(encodeMs > 100, `encode took only ${encodeMs} ms: too short to tell`);
+    assert.ok(maxDelayMs < encodeMs / 4, `event loop blocked for ${maxDelayMs} ms of a ${encodeMs} ms encode`);
+  });
+
+  test('ctx.signal aborts the wait; the late result is discarded and counted; the next frame works', async () => {
+    const events: StageEvent[] = [];
+    const before0 = mtmd3.stats();
+    await assert.rejects(mtmd3.process(await preprocessed('gemma3'), ctx({ signal: AbortSignal.abort(), events })), (e: unknown) => e instanceof DropFrame && /before the run/.test(e.message));
+    assert.equal(mtmd3.stats().runs, before0.runs);
+    const controller = new AbortController();
+    const pending = mtmd3.process(await preprocessed('gemma3'), ctx({ signal: controller.signal, events }));
+    controller.abort();
+    await assert.rejects(pending, (e: unknown) => e instanceof DropFrame && /during the run/.test(e.message));
+    assert.ok(events.some((e) => e.kind === 'cancel'));
+    const next = await mtmd3.process(await preprocessed('gemma3'), ctx());
+    assert.equal(next.nTokens, 256);
+    const s = mtmd3.stats();
+    assert.equal(s.runs, before0.runs + 2);
+    assert.equal(s.discarded, before0.discarded + 1);
+  });
+});
