@@ -107,6 +107,8 @@ export interface NativeTimings {
   readonly decodeCalls: number;
   readonly sampleMs: number;
   readonly draftMs: number;
+  /** Time inside llama_decode (+ synchronize) during generation; the rest is our loop. */
+  readonly llamaDecodeMs: number;
 }
 
 export interface NativeGenerateResult {

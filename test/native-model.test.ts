@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { mkdir, open, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { imageAttentionRule, jsonSchemaToGbnf, LlamaModel } from '../native/llama.ts';
+import { imageAttentionRule, jsonSchemaToGbnf, LlamaModel, setLlamaLogger } from '../native/llama.ts';
 import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
 
 const SCRATCH = join(REPO_ROOT, '.cache', 'native-test');
@@ -105,6 +105,27 @@ describe('native model', () => {
     const gbnf = jsonSchemaToGbnf({ type: 'object', properties: { a: { enum: ['x', 'y'] } }, required: ['a'] });
     assert.match(gbnf, /root ::=/);
     assert.throws(() => jsonSchemaToGbnf('{not json'), /jsonSchemaToGrammar/);
+  });
+
+  test('llama.cpp logs are quiet by default and can be forwarded', async () => {
+    const lines: string[] = [];
+    let gotLine!: () => void;
+    const first = new Promise<void>((resolve) => (gotLine = resolve));
+    setLlamaLogger((_level, text) => {
+      lines.push(text);
+      gotLine();
+    });
+    try {
+      const v = await LlamaModel.load(gemma4, { vocabOnly: true });
+      await v.dispose();
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([first, new Promise((_, reject) => (timer = setTimeout(() => reject(new Error('no log line forwarded')), 5000)))]);
+      clearTimeout(timer);
+      assert.ok(lines.join('').includes('llama_model_loader'), lines.slice(0, 3).join(''));
+    } finally {
+      setLlamaLogger(null);
+    }
+    assert.throws(() => setLlamaLogger(42 as never), /function or null/);
   });
 
   test('a vocab-only model tokenizes but refuses contexts', async () => {

@@ -739,7 +739,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
     model_->retain();
     ctx_ = info[1].As<Napi::External<llama_context>>().Data();
     opts_ = *info[2].As<Napi::External<ContextOptions>>().Data();
-    if (!getenv("PERCEPT_NO_ABORT")) llama_set_abort_callback(ctx_, &Context::abortCallback, this);
+    llama_set_abort_callback(ctx_, &Context::abortCallback, this);
 }
 
 Context::~Context() { freeNative(); }

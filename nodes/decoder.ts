@@ -1,0 +1,160 @@
+// The decode stage: image embeddings → a schema-constrained generation, through the native
+// llama.cpp binding. The prompt is [chat-templated system + user text, image, instruction], so the
+// system prefix stays in the KV cache and is not prefilled again for each frame.
+import { readFile } from 'node:fs/promises';
+import type { EncoderContract, Generation, ImageEmbedding } from '../pipeline/payloads.ts';
+import type { Stage, StageContext } from '../pipeline/types.ts';
+import { LlamaModel, type LlamaContext, type LlamaGrammar, type ModelInfo, type PromptSegment } from '../native/llama.ts';
+import { attachSpeculation } from '../native/commands.ts';
+
+export interface DecoderStageConfig {
+  /** Decoder GGUF path (gemma3 / gemma4). */
+  readonly model: string;
+  /** Draft GGUF with the same vocabulary (draft-simple), or null. */
+  readonly draft?: string | null;
+  /** Gemma 4 MTP assistant GGUF (draft-mtp), or null. */
+  readonly draftMtp?: string | null;
+  /** n-gram drafting. */
+  readonly ngram?: boolean;
+  readonly gpuLayers?: number;
+  readonly nCtx?: number;
+  readonly systemPrompt: string;
+  readonly instruction: string;
+  /** JSON Schema of the action (default configs/actions/robot-action.schema.json). */
+  readonly schemaPath?: string;
+  readonly maxNewTokens: number;
+  readonly temperature?: number;
+  readonly seed?: number;
+  readonly jumpForward?: boolean;
+  /** Physical batch: a bidirectional image must fit one ubatch (default 1152: Gemma 4's 1120 max). */
+  readonly nUbatch?: number;
+  readonly threads?: number;
+}
+
+export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
+  /** Width of the image rows this decoder takes (the encoder must produce it). */
+  readonly nEmbd: number;
+  /** The vision-encoder contract that matches this decoder's architecture. */
+  readonly contract: EncoderContract;
+  readonly modelInfo: ModelInfo;
+}
+
+const DEFAULT_SCHEMA = 'configs/actions/robot-action.schema.json';
+const IMAGE_MARKER = '<__percept_image__>';
+
+export async function createDecoderStage(config: DecoderStageConfig): Promise<DecoderStage> {
+  if (typeof config !== 'object' || config === null) throw new TypeError('createDecoderStage: config must be an object');
+  if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
+  if (typeof config.systemPrompt !== 'string') throw new TypeError('decoder.systemPrompt must be a string');
+  if (typeof config.instruction !== 'string') throw new TypeError('decoder.instruction must be a string');
+  if (!Number.isInteger(config.maxNewTokens) || config.maxNewTokens < 1) throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1, got ${config.maxNewTokens}`);
+  const temperature = config.temperature ?? 0;
+  if (!(temperature >= 0)) throw new RangeError(`decoder.temperature must be ≥ 0, got ${temperature}`);
+
+  const schemaPath = config.schemaPath ?? DEFAULT_SCHEMA;
+  let schema: object;
+  try {
+    schema = JSON.parse(await readFile(schemaPath, 'utf8')) as object;
+  } catch (err) {
+    throw new Error(`decoder: cannot read the action schema ${schemaPath}: ${(err as Error).message}`);
+  }
+
+  const gpuLayers = config.gpuLayers ?? 0;
+  const model = await LlamaModel.load(config.model, { gpuLayers });
+  let draft: LlamaModel | undefined;
+  let ctx: LlamaContext;
+  let grammar: LlamaGrammar;
+  try {
+    const nUbatch = config.nUbatch ?? 1152;
+    ctx = await model.createContext({
+      nCtx: config.nCtx ?? 4096,
+      nBatch: nUbatch,
+      nUbatch,
+      maxOutputs: 9,
+      ...(config.threads !== undefined ? { threads: config.threads } : {}),
+    });
+    draft = await attachSpeculation(ctx, { draft: config.draft ?? null, draftMtp: config.draftMtp ?? null, ngram: config.ngram ?? false, nDraft: 4 }, gpuLayers);
+    grammar = model.grammarFromJsonSchema(schema);
+  } catch (err) {
+    await model.dispose();
+    await draft?.dispose();
+    throw err;
+  }
+
+  const info = model.info;
+  const messages = [
+    { role: 'system' as const, content: config.systemPrompt },
+    { role: 'user' as const, content: `${IMAGE_MARKER}\n${config.instruction}` },
+  ];
+  const contract: EncoderContract = info.arch === 'gemma3' ? 'gemma3' : 'gemma4';
+  const seed = config.seed ?? 0;
+  const jumpForward = config.jumpForward ?? true;
+
+  const process = async (input: ImageEmbedding, sc: StageContext): Promise<Generation> => {
+    if (input.nEmbd !== info.nEmbd) {
+      throw new RangeError(`decoder: image embedding is ${input.nEmbd} wide but ${config.model} takes ${info.nEmbd} (encoder/decoder mismatch)`);
+    }
+    if (input.data.length !== input.nTokens * input.nEmbd) {
+      throw new RangeError(`decoder: image embedding has ${input.data.length} floats, expected nTokens × nEmbd = ${input.nTokens} × ${input.nEmbd}`);
+    }
+    const prompt: PromptSegment[] = model.chatPrompt(messages, [{ data: input.data, nTokens: input.nTokens }], { imageMarker: IMAGE_MARKER });
+    const maxTokens = Math.max(1, Math.min(config.maxNewTokens, sc.knobs.maxNewTokens));
+    const r = await ctx.generate(prompt, {
+      maxTokens,
+      grammar,
+      jumpForward,
+      temperature,
+      ...(temperature > 0 ? { topK: 40, topP: 0.95 } : {}),
+      seed: (seed + sc.frame.frameId) >>> 0,
+      speculative: sc.knobs.draft,
+      signal: sc.signal,
+      // The stage deadline is on the pipeline clock; only a real clock is the monotonic clock
+      // native code reads. On a virtual clock the AbortSignal still cancels.
+      ...(sc.clock.virtual ? {} : { deadlineNs: sc.stageDeadlineNs }),
+    });
+    if (r.stopReason === 'cancelled' || r.stopReason === 'deadline') {
+      const late = r.stopReason === 'deadline' || sc.clock.nowNs() >= sc.stageDeadlineNs;
+      sc.report({ kind: 'cancel', reason: late ? 'deadline' : 'aborted', detail: `decode stopped after ${r.tokens.length} tokens` });
+    }
+    sc.report({
+      kind: 'note',
+      message: 'decode',
+      data: {
+        promptTokens: r.promptTokens,
+        reusedTokens: r.reusedTokens,
+        tokens: r.tokens.length,
+        drafted: r.drafted,
+        accepted: r.accepted,
+        forced: r.forced,
+        prefillMs: r.timings.prefillMs,
+        decodeMs: r.timings.decodeMs,
+        sampleMs: r.timings.sampleMs,
+      },
+    });
+    return {
+      text: r.text,
+      tokens: r.tokens,
+      stopReason: r.stopReason,
+      promptTokens: r.promptTokens,
+      reusedTokens: r.reusedTokens,
+      drafted: r.drafted,
+      accepted: r.accepted,
+      forced: r.forced,
+      prefillMs: r.timings.prefillMs,
+      decodeMs: r.timings.decodeMs,
+      ttftMs: r.timings.ttftMs,
+    };
+  };
+
+  return {
+    name: 'decode',
+    nEmbd: info.nEmbd,
+    contract,
+    modelInfo: info,
+    process,
+    async close() {
+      await model.dispose();
+      await draft?.dispose();
+    },
+  };
+}

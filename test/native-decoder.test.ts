@@ -1,0 +1,100 @@
+// The decode stage over the native binding: schema-valid actions from image embeddings, system
+// prefix reuse across frames, the knobs, cancel/deadline reporting, and the width check.
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { Ajv } from 'ajv';
+import { createDecoderStage, type DecoderStage } from '../nodes/decoder.ts';
+import { RealClock } from '../pipeline/clock.ts';
+import type { ImageEmbedding } from '../pipeline/payloads.ts';
+import type { Knobs, StageContext, StageEvent } from '../pipeline/types.ts';
+import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
+
+const SCHEMA = join(REPO_ROOT, 'configs/actions/robot-action.schema.json');
+
+function image(nTokens: number, nEmbd: number, seed: number): ImageEmbedding {
+  const data = new Float32Array(nTokens * nEmbd);
+  for (let i = 0; i < data.length; i++) data[i] = Math.sin(seed * 7.1 + i * 0.37);
+  return { data, nTokens, nEmbd };
+}
+
+function stageContext(frameId: number, opts: { budgetMs?: number; knobs?: Partial<Knobs>; signal?: AbortSignal } = {}): StageContext & { events: StageEvent[] } {
+  const clock = new RealClock();
+  const now = clock.nowNs();
+  const deadline = now + BigInt(Math.round((opts.budgetMs ?? 60_000) * 1e6));
+  const events: StageEvent[] = [];
+  return {
+    frame: { frameId, sourceId: 'test', captureNs: now, captureWallMs: clock.wallMs(), deadlineNs: deadline, degradeLevel: 0 },
+    clock,
+    signal: opts.signal ?? new AbortController().signal,
+    stageDeadlineNs: deadline,
+    knobs: { imageTokens: 280, maxNewTokens: 96, draft: true, frameSkip: 0, ...opts.knobs },
+    report: (e) => events.push(e),
+    events,
+  };
+}
+
+describe('decode stage on gemma4-tiny', () => {
+  let stage: DecoderStage;
+  before(async () => {
+    stage = await createDecoderStage({
+      model: await ensureSynthModel('gemma4-tiny'),
+      draft: await ensureSynthModel('gemma4-tiny'),
+      nCtx: 2048,
+      systemPrompt: 'You are the perception module of a mobile robot. Reply with exactly one JSON action.',
+      instruction: 'Choose the next action.',
+      schemaPath: SCHEMA,
+      maxNewTokens: 96,
+      temperature: 0,
+      seed: 1,
+      jumpForward: true,
+    });
+  });
+  after(async () => {
+    await stage.close?.();
+  });
+
+  test('frames become schema-valid actions; the system prefix is reused', async () => {
+    assert.equal(stage.nEmbd, 64);
+    assert.equal(stage.contract, 'gemma4');
+    const validate = new Ajv({ strict: false }).compile(JSON.parse(await readFile(SCHEMA, 'utf8')) as object);
+    const gens = [];
+    for (let f = 0; f < 3; f++) {
+      const sc = stageContext(f);
+      const g = await stage.process(image(16, stage.nEmbd, f), sc);
+      assert.equal(g.stopReason, 'eos', g.text);
+      assert.ok(validate(JSON.parse(g.text)), `${g.text}: ${JSON.stringify(validate.errors)}`);
+      assert.ok(sc.events.some((e) => e.kind === 'note' && e.message === 'decode'));
+      gens.push(g);
+    }
+    assert.equal(gens[0]!.reusedTokens, 0);
+    // Frames 2 and 3 reuse everything before the image: the chat-templated system prompt.
+    assert.ok(gens[1]!.reusedTokens > 10 && gens[1]!.reusedTokens === gens[2]!.reusedTokens, `${gens[1]!.reusedTokens}`);
+    assert.ok(gens[1]!.drafted > 0, 'the draft model drafts');
+  });
+
+  test('knobs: maxNewTokens caps the output, draft=false turns drafting off', async () => {
+    const g = await stage.process(image(16, stage.nEmbd, 9), stageContext(10, { knobs: { maxNewTokens: 3, draft: false } }));
+    assert.equal(g.tokens.length, 3);
+    assert.equal(g.stopReason, 'max_tokens');
+    assert.equal(g.drafted, 0);
+  });
+
+  test('an aborted signal returns the partial generation and reports a cancel', async () => {
+    const sc = stageContext(11, { signal: AbortSignal.abort() });
+    const g = await stage.process(image(16, stage.nEmbd, 3), sc);
+    assert.equal(g.stopReason, 'cancelled');
+    assert.ok(sc.events.some((e) => e.kind === 'cancel' && e.reason === 'aborted'));
+    const late = stageContext(12, { budgetMs: -1 });
+    const g2 = await stage.process(image(16, stage.nEmbd, 4), late);
+    assert.equal(g2.stopReason, 'deadline');
+    assert.ok(late.events.some((e) => e.kind === 'cancel' && e.reason === 'deadline'));
+  });
+
+  test('an embedding of the wrong width is a clear error, and the stage keeps working', async () => {
+    await assert.rejects(stage.process(image(16, 32, 1), stageContext(20)), /32 wide but .* takes 64/);
+    const g = await stage.process(image(16, stage.nEmbd, 5), stageContext(21));
+    assert.equal(g.stopReason, 'eos');
+  });
+});
