@@ -142,7 +142,7 @@ export interface BenchDecodeResult {
   readonly prompt_tokens: number;
   readonly gen_tokens: number;
   readonly reps: number;
-  /** Decode tokens per second (after the first token), mean over reps. */
+  /** Decode tokens per second (after the first token), median over reps. */
   readonly tok_per_s: number;
   readonly tok_per_s_runs: readonly number[];
   readonly prefill_tok_per_s: number;
@@ -163,7 +163,10 @@ export interface BenchDecodeResult {
   readonly ratio_pp_best?: number;
 }
 
-const mean = (xs: readonly number[]): number => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+const median = (xs: readonly number[]): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+};
 
 /** Seeded pseudo-random token ids (like llama-bench's random prompt), away from special tokens. */
 function randomTokens(n: number, nVocab: number, seed: number): number[] {
@@ -185,7 +188,6 @@ interface LlamaBenchRow {
   readonly n_prompt: number;
   readonly n_gen: number;
   readonly avg_ts: number;
-  readonly samples_ts?: readonly number[];
 }
 
 /**
@@ -219,6 +221,12 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     ctx.clearCache();
     await ctx.generate([{ tokens: pp }], { maxTokens: 2, ignoreEos: true });
 
+    // With --peer, llama-bench (one rep each) runs between our reps, so drifting load on a shared
+    // machine hits both sides alike; the ratios use medians and best reps.
+    const bench = opts.peer ? findLlamaBench() : undefined;
+    const peerArgs = ['-m', path, '-p', String(promptTokens), '-n', String(genTokens), '-r', '1', '-o', 'json', '-t', String(threads), '-ngl', String(gpuLayers), '-fa', 'auto'];
+    const peerTg: number[] = [];
+    const peerPp: number[] = [];
     const ppRuns: number[] = [];
     const tgRuns: number[] = [];
     const ttft: number[] = [];
@@ -227,6 +235,11 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     let accepted = 0;
     let forced = 0;
     for (let r = 0; r < reps; r++) {
+      if (bench) {
+        // The peer process just ran: warm caches again, as llama-bench warms up before measuring.
+        ctx.clearCache();
+        await ctx.generate([{ tokens: pp }], { maxTokens: 4, ignoreEos: true });
+      }
       ctx.clearCache();
       const p = await ctx.generate([{ tokens: pp }], { maxTokens: 1, ignoreEos: true });
       ppRuns.push(p.timings.prefillTokens / (p.timings.prefillMs / 1000));
@@ -238,45 +251,44 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       drafted += g.drafted;
       accepted += g.accepted;
       forced += g.forced;
+      if (bench) {
+        const { stdout } = await execFileAsync(bench, peerArgs, { maxBuffer: 16 << 20 });
+        const rows = JSON.parse(stdout) as LlamaBenchRow[];
+        const tgRow = rows.find((x) => x.n_gen > 0 && x.n_prompt === 0);
+        const ppRow = rows.find((x) => x.n_prompt > 0 && x.n_gen === 0);
+        if (!tgRow || !ppRow) throw new Error(`llama-bench output had no pp/tg rows: ${stdout.slice(0, 400)}`);
+        peerTg.push(tgRow.avg_ts);
+        peerPp.push(ppRow.avg_ts);
+      }
     }
     const speculation = ctx.speculator?.type ?? null;
+    await ctx.dispose();
     const result: BenchDecodeResult = {
       model: path,
       threads,
       prompt_tokens: promptTokens,
       gen_tokens: genTokens,
       reps,
-      tok_per_s: mean(tgRuns),
+      tok_per_s: median(tgRuns),
       tok_per_s_runs: tgRuns,
-      prefill_tok_per_s: mean(ppRuns),
-      ttft_ms: mean(ttft),
-      sample_ms_per_token: mean(sampleMs),
+      prefill_tok_per_s: median(ppRuns),
+      ttft_ms: median(ttft),
+      sample_ms_per_token: median(sampleMs),
       drafted,
       accepted,
       acceptance: drafted > 0 ? accepted / drafted : null,
       forced,
       speculation,
     };
-    await ctx.dispose();
-    if (!opts.peer) return result;
-
-    // The peer runs after our context is gone, so the two never compete for the cores.
-    const bench = findLlamaBench();
-    const args = ['-m', path, '-p', String(promptTokens), '-n', String(genTokens), '-r', String(reps), '-o', 'json', '-t', String(threads), '-ngl', String(gpuLayers), '-fa', 'auto'];
-    const { stdout } = await execFileAsync(bench, args, { maxBuffer: 16 << 20 });
-    const rows = JSON.parse(stdout) as LlamaBenchRow[];
-    const tgRow = rows.find((r) => r.n_gen > 0 && r.n_prompt === 0);
-    const ppRow = rows.find((r) => r.n_prompt > 0 && r.n_gen === 0);
-    if (!tgRow || !ppRow) throw new Error(`llama-bench output had no pp/tg rows: ${stdout.slice(0, 400)}`);
-    const best = (row: LlamaBenchRow) => Math.max(...(row.samples_ts ?? [row.avg_ts]));
+    if (!bench) return result;
     return {
       ...result,
-      llama_bench_tg_tok_per_s: tgRow.avg_ts,
-      llama_bench_pp_tok_per_s: ppRow.avg_ts,
-      ratio_tg: result.tok_per_s / tgRow.avg_ts,
-      ratio_pp: result.prefill_tok_per_s / ppRow.avg_ts,
-      ratio_tg_best: Math.max(...tgRuns) / best(tgRow),
-      ratio_pp_best: Math.max(...ppRuns) / best(ppRow),
+      llama_bench_tg_tok_per_s: median(peerTg),
+      llama_bench_pp_tok_per_s: median(peerPp),
+      ratio_tg: result.tok_per_s / median(peerTg),
+      ratio_pp: result.prefill_tok_per_s / median(peerPp),
+      ratio_tg_best: Math.max(...tgRuns) / Math.max(...peerTg),
+      ratio_pp_best: Math.max(...ppRuns) / Math.max(...peerPp),
     };
   } finally {
     await model.dispose();

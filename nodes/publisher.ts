@@ -87,7 +87,7 @@ export async function createPublisherStage(options: PublisherOptions): Promise<P
   };
 
   return {
-    name: 'publisher',
+    name: 'publish',
     endpoint: bound,
     topic,
     get sent() {

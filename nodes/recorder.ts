@@ -183,7 +183,7 @@ export async function createRecorder(options: RecorderOptions): Promise<Recorder
 /** A pass-through stage that records every action it sees, stamped with the pipeline clock. */
 export function createRecorderTap(recorder: Recorder): Stage<ActionMessage, ActionMessage> {
   return {
-    name: 'recorder',
+    name: 'record',
     async process(msg: ActionMessage, ctx: StageContext): Promise<ActionMessage> {
       await recorder.recordAction(msg, ctx.clock.nowNs());
       return msg;

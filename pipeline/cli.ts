@@ -16,7 +16,7 @@ const positiveNumber = (name: string) => (value: string): number => {
 };
 
 /** Prints a result as JSON (--json) or as aligned `key  value` lines. */
-function printResult(result: Record<string, unknown>, json: boolean | undefined): void {
+function printResult(result: object, json: boolean | undefined): void {
   if (json) {
     process.stdout.write(`${JSON.stringify(result, null, 2)}\n`);
     return;
