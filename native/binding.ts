@@ -163,6 +163,7 @@ export interface NativeAddon {
   readonly Context: typeof NativeContext;
   readonly Grammar: typeof NativeGrammar;
   readonly Speculator: typeof NativeSpeculator;
+  readonly Vision: typeof NativeVision;
   jsonSchemaToGrammar(schemaJson: string): string;
   setLogger(callback: ((level: number, text: string) => void) | null): void;
   systemInfo(): string;
@@ -187,4 +188,62 @@ export function loadAddon(): NativeAddon {
     throw new Error(`${ADDON_PATH} is not the percept addon (no Model export): rebuild with \`node tools/build-native.mjs\``);
   }
   return addon;
+}
+
+export interface NativeVisionLoadOptions {
+  useGpu: boolean;
+  /** CPU threads for encode (0: all cores). */
+  threads: number;
+  flashAttention: 'auto' | 'on' | 'off';
+  /** Allocate the compute buffers at load with a full-size dummy image (first encode is not slower). */
+  warmup: boolean;
+}
+
+export interface NativeVisionInfo {
+  readonly projector: 'gemma3' | 'gemma4v';
+  readonly contract: 'gemma3' | 'gemma4';
+  /** Output width: clip_n_mmproj_embd, the decoder's n_embd. */
+  readonly nEmbd: number;
+  /** Vision tower width, layers, heads, FFN. */
+  readonly hidden: number;
+  readonly layers: number;
+  readonly heads: number;
+  readonly ffn: number;
+  readonly patchSize: number;
+  /** gemma3: the only accepted input side (896); gemma4v: unused. */
+  readonly imageSize: number;
+  /** Average-pool kernel over the patch grid. */
+  readonly merge: number;
+  /** gemma4v: entries in each (x, y) position table; 0 for gemma3. */
+  readonly positionTable: number;
+  readonly threads: number;
+  readonly useGpu: boolean;
+  /** Weights + compute buffers per backend device. */
+  readonly devices: readonly { name: string; bytes: number }[];
+}
+
+export interface NativeVisionEncodeOptions {
+  /** 'chw': planar [3,H,W]; 'patches': row-major patches of patch×patch×3 HWC values (padding after). */
+  layout: 'chw' | 'patches';
+  width: number;
+  height: number;
+}
+
+export interface NativeVisionEncodeResult {
+  /** nTokens × nEmbd floats. */
+  readonly data: Float32Array;
+  readonly nTokens: number;
+  readonly nEmbd: number;
+  /** Layout conversion into clip's image buffer, and clip_image_encode itself. */
+  readonly prepareMs: number;
+  readonly encodeMs: number;
+}
+
+export declare class NativeVision {
+  private constructor();
+  static load(path: string, options: NativeVisionLoadOptions): Promise<NativeVision>;
+  info(): NativeVisionInfo;
+  /** Reads `pixels` on a worker thread until the promise settles: do not modify or transfer it before. */
+  encode(pixels: Float32Array, options: NativeVisionEncodeOptions): Promise<NativeVisionEncodeResult>;
+  dispose(): void;
 }

@@ -92,8 +92,8 @@ bench
 bench
   .command('encode')
   .description('preprocess + vision encoder latency')
-  .requiredOption('-e, --encoder <file>', 'vision_encoder.onnx (or synth:PRESET)')
-  .option('--ep <provider>', 'execution provider: cpu, cuda, tensorrt', 'cpu')
+  .requiredOption('-e, --encoder <file>', 'vision_encoder.onnx, mmproj .gguf, synth:PRESET or synth:PRESET-mmproj')
+  .option('--ep <provider>', 'execution provider: cpu, cuda, tensorrt (for an mmproj, cuda runs llama.cpp clip on the GPU)', 'cpu')
   .option('--image <file>', 'input image (default: a generated 1280×720 JPEG)')
   .option('--image-tokens <n>', 'Gemma 4 image-token budget', int('--image-tokens'), 280)
   .option('--iterations <n>', 'timed iterations', int('--iterations'), 20)
@@ -101,6 +101,25 @@ bench
   .action(async (opts) => {
     const { benchEncode } = await import('./bench-encode.ts');
     printResult(await benchEncode(opts), opts.json);
+  });
+
+bench
+  .command('frame')
+  .description('camera frame → validated action through the real stages (no publisher): latency p50/p99')
+  .requiredOption('-m, --model <file>', 'decoder GGUF, or synth:PRESET')
+  .option('-e, --encoder <file>', 'vision encoder: .onnx, mmproj .gguf, or "projection"', 'projection')
+  .option('--image-tokens <n>', 'image tokens per frame (Gemma 4 budget)', int('--image-tokens'), 280)
+  .option('--frames <n>', 'frames', int('--frames'), 20)
+  .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
+  .option('--max-new-tokens <n>', 'max new tokens per action', int('--max-new-tokens'), 48)
+  .option('--gpu-layers <n>', 'decoder layers on the GPU', int('--gpu-layers'), 0)
+  .addOption(new Option('--draft <file>', 'draft model').conflicts(['draftMtp', 'ngram']))
+  .addOption(new Option('--draft-mtp <file>', 'Gemma 4 MTP assistant').conflicts(['ngram']))
+  .option('--ngram', 'n-gram drafting')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchFrame } = await import('./bench-frame.ts');
+    printResult(await benchFrame(opts), opts.json);
   });
 
 bench

@@ -2,10 +2,11 @@
 // (native/synth.ts) and vision encoders in ONNX (tools/vision-synth.ts).
 import { listPresets, synthesize } from '../native/synth.ts';
 import { listVisionPresets, synthesizeVision } from '../tools/vision-synth.ts';
+import { listMmprojPresets, synthesizeMmproj } from '../tools/mmproj-synth.ts';
 
 export interface PresetListing {
   readonly name: string;
-  readonly kind: 'decoder' | 'vision';
+  readonly kind: 'decoder' | 'vision' | 'mmproj';
   readonly description: string;
 }
 
@@ -13,6 +14,7 @@ export async function listAllPresets(): Promise<PresetListing[]> {
   return [
     ...listPresets().map((p) => ({ name: p.name, kind: 'decoder' as const, description: p.description })),
     ...listVisionPresets().map((p) => ({ name: p.name, kind: 'vision' as const, description: p.description })),
+    ...listMmprojPresets().map((p) => ({ name: p.name, kind: 'mmproj' as const, description: p.description })),
   ];
 }
 
@@ -38,6 +40,10 @@ export async function synthesizeAny(opts: SynthOptions): Promise<Record<string, 
   try {
     if (listVisionPresets().some((p) => p.name === opts.preset)) {
       const r = await synthesizeVision({ preset: opts.preset, out: opts.out, seed: opts.seed, onProgress });
+      return { ...r };
+    }
+    if (listMmprojPresets().some((p) => p.name === opts.preset)) {
+      const r = await synthesizeMmproj({ preset: opts.preset, out: opts.out, seed: opts.seed, dtype: opts.wtype === 'f16' ? 'f16' : 'f32', onProgress });
       return { ...r };
     }
     if (!listPresets().some((p) => p.name === opts.preset)) {

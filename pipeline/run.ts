@@ -48,7 +48,7 @@ export function parseSourceSpec(spec: string, current: SourceConfig): SourceConf
   }
 }
 
-async function createSource(config: SourceConfig): Promise<FrameSource<CameraFrame>> {
+export async function createSource(config: SourceConfig): Promise<FrameSource<CameraFrame>> {
   switch (config.kind) {
     case 'pattern': {
       const { createPatternSource } = await import('../nodes/source-pattern.ts');
@@ -66,8 +66,9 @@ async function createSource(config: SourceConfig): Promise<FrameSource<CameraFra
 }
 
 /** Builds the stages in dependency order: the decoder first (its n_embd fixes the encoder's
- * output width), then the encoder (its contract fixes preprocessing). */
-async function createStages(config: PerceptConfig): Promise<Stage<never, unknown>[]> {
+ * output width), then the encoder (its contract fixes preprocessing). `publish: false` leaves
+ * the publisher out (benchmarks that end at the validated action). */
+export async function createStages(config: PerceptConfig, { publish = true } = {}): Promise<Stage<never, unknown>[]> {
   const stages: Stage<never, unknown>[] = [];
   const closeAll = async () => {
     for (const s of stages) await s.close?.().catch(() => undefined);
@@ -116,11 +117,12 @@ async function createStages(config: PerceptConfig): Promise<Stage<never, unknown
     }
     const { createPreprocessStage } = await import('../nodes/preprocess.ts');
     const { createActionsStage } = await import('../nodes/actions.ts');
-    const { createPublisherStage } = await import('../nodes/publisher.ts');
     stages.push(createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels }) as Stage<never, unknown>);
     stages.push(encoder);
     stages.push(decoder as Stage<never, unknown>);
     stages.push(createActionsStage({ schema: config.actions.schema }) as Stage<never, unknown>);
+    if (!publish) return stages;
+    const { createPublisherStage } = await import('../nodes/publisher.ts');
     const publisher = await createPublisherStage({ endpoint: config.publisher.endpoint, topic: config.publisher.topic, sendHighWaterMark: config.publisher.sendHighWaterMark });
     log(`publishing actions on ${publisher.endpoint} (topic '${publisher.topic}')`);
     stages.push(publisher as Stage<never, unknown>);

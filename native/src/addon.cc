@@ -9,6 +9,7 @@
 #include "model.h"
 #include "speculator.h"
 #include "util.h"
+#include "vision.h"
 
 namespace percept {
 namespace {
@@ -61,6 +62,7 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
     exports.Set("Context", context);
     exports.Set("Grammar", grammar);
     exports.Set("Speculator", speculator);
+    exports.Set("Vision", Vision::Init(env));  // clip (tools/mtmd) vision encoder, native/src/vision.cc
     exports.Set("jsonSchemaToGrammar", Napi::Function::New<JsonSchemaToGrammar>(env, "jsonSchemaToGrammar"));
     exports.Set("setLogger", Napi::Function::New<SetLogger>(env, "setLogger"));
     exports.Set("systemInfo", Napi::Function::New<SystemInfo>(env, "systemInfo"));

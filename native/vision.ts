@@ -1,0 +1,117 @@
+// The typed, validated API over the addon's clip (tools/mtmd) vision encoder: LlamaVision loads an
+// mmproj GGUF and turns preprocessed pixels into image embeddings in the decoder's width. Loading and
+// encoding run off the JS thread; one encode at a time per instance.
+import { stat } from 'node:fs/promises';
+import { loadAddon, type NativeVision, type NativeVisionEncodeResult, type NativeVisionInfo } from './binding.ts';
+
+export type VisionInfo = NativeVisionInfo;
+export type VisionEncodeResult = NativeVisionEncodeResult;
+
+export interface LoadVisionOptions {
+  /** Run on the first GPU/iGPU backend when the addon was built with one (default false: CPU). */
+  readonly useGpu?: boolean;
+  /** CPU threads for encode (default: all cores). */
+  readonly threads?: number;
+  /** Flash attention in the ViT (default 'auto': on when the backend supports it). */
+  readonly flashAttention?: 'auto' | 'on' | 'off';
+  /** Allocate compute buffers at load so the first encode is not slower (default true). */
+  readonly warmup?: boolean;
+}
+
+export interface VisionImage {
+  /** 'chw': planar [3,H,W] floats; 'patches': row-major patch×patch×3 (HWC) patches, extra values ignored. */
+  readonly layout: 'chw' | 'patches';
+  readonly width: number;
+  readonly height: number;
+}
+
+const LOAD_KEYS = ['useGpu', 'threads', 'flashAttention', 'warmup'] as const;
+
+function invalid(name: string, expected: string, actual: unknown): TypeError {
+  const what = actual === null ? 'null' : Array.isArray(actual) ? 'array' : `${String(actual)} of type ${typeof actual}`;
+  return new TypeError(`Expected ${expected} for ${name} but received ${what}`);
+}
+
+/** Re-throws a native error with a stack that points at the caller, keeping its `code`. */
+function graft(err: unknown, stack: Error): Error {
+  if (!(err instanceof Error)) return new Error(String(err));
+  const out = Object.assign(new Error(err.message), err as Error & { code?: string });
+  out.stack = `Error: ${err.message}\n${stack.stack?.split('\n').slice(1).join('\n') ?? ''}`;
+  return out;
+}
+
+/** One clip vision context (llama.cpp tools/mtmd) loaded from an mmproj GGUF. */
+export class LlamaVision {
+  readonly #native: NativeVision;
+  readonly info: VisionInfo;
+  readonly path: string;
+  #disposed = false;
+
+  private constructor(native: NativeVision, path: string) {
+    this.#native = native;
+    this.info = native.info();
+    this.path = path;
+  }
+
+  /** Loads an mmproj GGUF (gemma3 or gemma4v projector). Rejects with `code` ENOENT or EMODEL. */
+  static async load(path: string, options: LoadVisionOptions = {}): Promise<LlamaVision> {
+    if (typeof path !== 'string' || path.length === 0) throw invalid('path', 'a non-empty string', path);
+    if (typeof options !== 'object' || options === null) throw invalid('options', 'an object', options);
+    for (const k of Object.keys(options)) if (!(LOAD_KEYS as readonly string[]).includes(k)) throw new TypeError(`Unknown option options.${k} (expected one of ${LOAD_KEYS.join(', ')})`);
+    const useGpu = options.useGpu ?? false;
+    if (typeof useGpu !== 'boolean') throw invalid('options.useGpu', 'a boolean', useGpu);
+    const threads = options.threads ?? 0;
+    if (!Number.isInteger(threads) || threads < 0 || threads > 1024) throw invalid('options.threads', 'an integer between 0 and 1024', threads);
+    const flashAttention = options.flashAttention ?? 'auto';
+    if (flashAttention !== 'auto' && flashAttention !== 'on' && flashAttention !== 'off') throw invalid('options.flashAttention', "'auto', 'on' or 'off'", flashAttention);
+    const warmup = options.warmup ?? true;
+    if (typeof warmup !== 'boolean') throw invalid('options.warmup', 'a boolean', warmup);
+    const st = await stat(path).catch(() => undefined);
+    if (!st?.isFile()) throw Object.assign(new Error(`mmproj file not found: ${path}`), { code: 'ENOENT' });
+    const stack = new Error();
+    try {
+      const native = await loadAddon().Vision.load(path, { useGpu, threads, flashAttention, warmup });
+      return new LlamaVision(native, path);
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  /** The decoder width this projector outputs. */
+  get nEmbd(): number {
+    return this.info.nEmbd;
+  }
+
+  get disposed(): boolean {
+    return this.#disposed;
+  }
+
+  /**
+   * Encodes one image. `pixels` is read on a worker thread until the promise settles: do not modify or
+   * transfer its buffer before. Rejects with `code` EBUSY (another encode running), EDISPOSED or EENCODE.
+   */
+  async encode(pixels: Float32Array, image: VisionImage): Promise<VisionEncodeResult> {
+    if (!(pixels instanceof Float32Array)) throw invalid('pixels', 'a Float32Array', pixels);
+    if (pixels.buffer.byteLength === 0) throw new TypeError('pixels is detached (its buffer was transferred)');
+    if (typeof image !== 'object' || image === null) throw invalid('image', 'an object', image);
+    if (image.layout !== 'chw' && image.layout !== 'patches') throw invalid('image.layout', "'chw' or 'patches'", image.layout);
+    for (const k of ['width', 'height'] as const) {
+      const v = image[k];
+      if (!Number.isInteger(v) || v < 1 || v > 46000) throw invalid(`image.${k}`, 'an integer between 1 and 46000', v);
+    }
+    if (this.#disposed) throw Object.assign(new Error('LlamaVision is disposed'), { code: 'EDISPOSED' });
+    const stack = new Error();
+    try {
+      return await this.#native.encode(pixels, { layout: image.layout, width: image.width, height: image.height });
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  /** Frees the clip context (idempotent). Throws EBUSY while an encode runs: await it first. */
+  dispose(): void {
+    if (this.#disposed) return;
+    this.#native.dispose();
+    this.#disposed = true;
+  }
+}
