@@ -1,0 +1,86 @@
+// End to end: `percept run` as a user runs it (a child process, the real stages on the tiny
+// synthetic models) publishes schema-valid actions that a ZeroMQ subscriber receives, and its
+// JSON summary accounts for every frame.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+import { Subscriber } from 'zeromq';
+import { loadActionSchema } from '../pipeline/action-schema.ts';
+
+const root = new URL('..', import.meta.url).pathname;
+const dir = join(root, '.cache', 'e2e');
+
+/** A loopback port that was free a moment ago. */
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolve(port));
+    });
+    server.on('error', reject);
+  });
+}
+
+test('percept run on the tiny models publishes schema-valid actions and accounts for every frame', { timeout: 600_000 }, async () => {
+  mkdirSync(dir, { recursive: true });
+  const port = await freePort();
+  const endpoint = `tcp://127.0.0.1:${port}`;
+  const frames = 3;
+  const config = {
+    source: { kind: 'pattern', fps: 2, frames, width: 640, height: 360 },
+    encoder: { kind: 'onnx', model: 'synth:gemma4-vision-tiny' },
+    decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 128, nCtx: 2048 },
+    publisher: { endpoint, topic: 'actions' },
+    // Generous budgets and a queue edge: this test is about wiring, not about this box's speed.
+    budgets: { endToEndMs: 120_000, stages: { preprocess: 30_000, encode: 30_000, decode: 60_000, actions: 10_000, publish: 10_000 }, dropPredictedMiss: false },
+    edges: { default: { policy: 'queue', capacity: frames } },
+    ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 128, draft: true, frameSkip: 0 }, rungs: [] },
+    telemetry: { liveTable: 'off' },
+  };
+  const configPath = join(dir, 'config.json');
+  const summaryPath = join(dir, 'summary.json');
+  writeFileSync(configPath, JSON.stringify(config));
+
+  const schema = loadActionSchema(join(root, 'configs/actions/robot-action.schema.json'));
+  const sub = new Subscriber({ linger: 0, receiveTimeout: 300_000 });
+  sub.connect(endpoint);
+  sub.subscribe('actions');
+  const received: Array<{ header: { schema_id: string; frame_id: number; seq: number }; body: unknown }> = [];
+
+  const child = spawn(process.execPath, ['--import', 'tsx', 'pipeline/cli.ts', 'run', '--config', configPath, '--json-summary', summaryPath], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  child.stdout.on('data', (d) => (output += d));
+  child.stderr.on('data', (d) => (output += d));
+  const exited = new Promise<number | null>((resolve) => child.on('exit', resolve));
+
+  const receiving = (async () => {
+    for (;;) {
+      const [topic, header, body] = await sub.receive();
+      assert.equal(topic!.toString(), 'actions');
+      received.push({ header: JSON.parse(header!.toString()), body: JSON.parse(body!.toString()) });
+    }
+  })().catch(() => undefined); // ends when the socket closes
+
+  const code = await exited;
+  // Let the last message cross the socket, then close it (which ends the receive loop).
+  await new Promise((r) => setTimeout(r, 200));
+  sub.close();
+  await receiving;
+  assert.equal(code, 0, `percept run failed:\n${output}`);
+
+  const summary = JSON.parse(readFileSync(summaryPath, 'utf8'));
+  assert.equal(summary.frames.in, frames, output);
+  assert.equal(summary.frames.in, summary.frames.out + summary.frames.dropped, 'every frame is an output or a counted drop');
+  const invalid = summary.drops.byReason.invalid ?? 0;
+  assert.equal(summary.frames.out + invalid, frames, `only schema failures may drop frames here: ${JSON.stringify(summary.drops)}`);
+  assert.ok(summary.frames.out >= 1, `no action came out: ${JSON.stringify(summary.drops)}\n${output}`);
+  assert.equal(received.length, summary.frames.out, 'the subscriber received every published action');
+  for (const { header, body } of received) {
+    assert.equal(header.schema_id, schema.wireSchemaId);
+    assert.ok(schema.validate(body), `received action fails the schema: ${JSON.stringify(body)}`);
+  }
+  assert.deepEqual(received.map((m) => m.header.seq), received.map((_, i) => i), 'sequence numbers have no gaps');
+});
