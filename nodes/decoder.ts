@@ -131,19 +131,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
         sampleMs: r.timings.sampleMs,
       },
     });
-    return {
-      text: r.text,
-      tokens: r.tokens,
-      stopReason: r.stopReason,
-      promptTokens: r.promptTokens,
-      reusedTokens: r.reusedTokens,
-      drafted: r.drafted,
-      accepted: r.accepted,
-      forced: r.forced,
-      prefillMs: r.timings.prefillMs,
-      decodeMs: r.timings.decodeMs,
-      ttftMs: r.timings.ttftMs,
-    };
+    return r; // a GenerateResult is a Generation (payloads.ts) with more timings
   };
 
   return {

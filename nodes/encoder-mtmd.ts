@@ -13,6 +13,7 @@ import { existsSync } from 'node:fs';
 import type { ImageEmbedding, PixelTensor } from '../pipeline/payloads.ts';
 import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
 import { LlamaVision, type VisionEncodeResult, type VisionImage, type VisionInfo } from '../native/vision.ts';
+import { abortable } from '../pipeline/abort.ts';
 
 export interface MtmdEncoderConfig {
   /** Path of the mmproj GGUF (resolve `synth:<preset>-mmproj` specifiers before, with tools/mmproj-synth.ts). */
@@ -251,21 +252,3 @@ class MtmdEncoder implements MtmdEncoderStage {
   }
 }
 
-/** Resolves/rejects with `p`, or rejects as soon as `signal` fires. */
-function abortable<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
-    signal.addEventListener('abort', onAbort, { once: true });
-    p.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(e instanceof Error ? e : new Error(String(e)));
-      },
-    );
-  });
-}

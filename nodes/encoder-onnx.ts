@@ -15,6 +15,7 @@ import { Worker } from 'node:worker_threads';
 import type { ImageEmbedding, PixelTensor } from '../pipeline/payloads.ts';
 import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
 import type { WireTensor, WireValueInfo, WorkerInit, WorkerReply, WorkerRequest } from './encoder-onnx.worker.ts';
+import { abortable } from '../pipeline/abort.ts';
 
 export type ExecutionProvider = 'cpu' | 'cuda' | 'tensorrt';
 
@@ -457,21 +458,3 @@ class OnnxEncoder implements OnnxEncoderStage {
   }
 }
 
-/** Resolves/rejects with `p`, or rejects as soon as `signal` fires. */
-function abortable<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
-    signal.addEventListener('abort', onAbort, { once: true });
-    p.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(e instanceof Error ? e : new Error(String(e)));
-      },
-    );
-  });
-}

@@ -45,9 +45,15 @@ export interface Generation {
   readonly drafted: number;
   readonly accepted: number;
   readonly forced: number;
+  readonly timings: GenerationTimings;
+}
+export interface GenerationTimings {
   readonly prefillMs: number;
-  readonly decodeMs: number;
+  readonly prefillTokens: number;
   readonly ttftMs: number;
+  readonly decodeMs: number;
+  readonly decodeTokens: number;
+  readonly sampleMs: number;
 }
 
 /** A validated action, ready for the wire. */

@@ -11,7 +11,8 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { Observable, Subscription } from 'rxjs';
-import type { DropReason, Knobs, StageEvent } from './types.ts';
+import type { LadderDecision } from './budget.ts';
+import type { DropReason, StageEvent } from './types.ts';
 
 export type CancelReason = Extract<StageEvent, { kind: 'cancel' }>['reason'];
 
@@ -52,18 +53,12 @@ export interface CancelEvent {
   readonly reason: CancelReason;
   readonly detail: string;
 }
-export interface DegradeEvent {
+/** A ladder step (pipeline/budget.ts decides it), stamped with when and for which frame. */
+export interface DegradeEvent extends LadderDecision {
   readonly type: 'degrade';
   readonly atNs: bigint;
   /** The frame whose admission triggered the decision (it runs at the new level). */
   readonly frameId: number;
-  readonly from: number;
-  readonly to: number;
-  readonly direction: 'down' | 'up';
-  readonly reason: 'predicted_miss' | 'comfortable';
-  readonly predictedMs: number;
-  readonly limitMs: number;
-  readonly knobs: Knobs;
 }
 export interface ErrorEvent {
   readonly type: 'error';

@@ -14,7 +14,7 @@ const schemaPath = join(root, 'configs/actions/robot-action.schema.json');
 const cache = join(root, '.cache/test-actions');
 
 function generation(text: string, stopReason: StopReason = 'eos'): Generation {
-  return { text, tokens: [], stopReason, promptTokens: 0, reusedTokens: 0, drafted: 0, accepted: 0, forced: 0, prefillMs: 0, decodeMs: 0, ttftMs: 0 };
+  return { text, tokens: [], stopReason, promptTokens: 0, reusedTokens: 0, drafted: 0, accepted: 0, forced: 0, timings: { prefillMs: 0, prefillTokens: 0, ttftMs: 0, decodeMs: 0, decodeTokens: 0, sampleMs: 0 } };
 }
 
 function context(frameId = 7): StageContext {
