@@ -21,6 +21,8 @@ export interface PublisherOptions {
   /** Topics for publishTelemetry / publishEvent (defaults 'telemetry', 'events'). */
   readonly telemetryTopic?: string;
   readonly eventsTopic?: string;
+  /** How long close() keeps sending already-queued messages (ms, default 1000). */
+  readonly lingerMs?: number;
 }
 
 export interface WireHeader {
@@ -49,7 +51,7 @@ const ENDPOINT = /^(tcp|ipc|inproc):\/\/.+/;
 
 export async function createPublisherStage(options: PublisherOptions): Promise<PublisherStage> {
   if (options === null || typeof options !== 'object') throw new TypeError('createPublisherStage: expected an options object { endpoint, topic }');
-  const { endpoint, topic = 'actions', sendHighWaterMark = 1000, telemetryTopic = 'telemetry', eventsTopic = 'events' } = options;
+  const { endpoint, topic = 'actions', sendHighWaterMark = 1000, telemetryTopic = 'telemetry', eventsTopic = 'events', lingerMs = 1000 } = options;
   if (typeof endpoint !== 'string' || !ENDPOINT.test(endpoint)) {
     throw new TypeError(`createPublisherStage: expected endpoint like tcp://host:port, ipc://path or inproc://name but received ${JSON.stringify(endpoint)}`);
   }
@@ -58,6 +60,7 @@ export async function createPublisherStage(options: PublisherOptions): Promise<P
       throw new TypeError(`createPublisherStage: expected a non-empty string for ${name} but received ${JSON.stringify(value)}`);
     }
   }
+  if (!Number.isInteger(lingerMs) || lingerMs < 0) throw new RangeError(`createPublisherStage: expected integer >= 0 for lingerMs but received ${lingerMs}`);
   if (!Number.isInteger(sendHighWaterMark) || sendHighWaterMark < 0) {
     throw new RangeError(`createPublisherStage: expected integer >= 0 for sendHighWaterMark but received ${sendHighWaterMark}`);
   }
@@ -117,7 +120,9 @@ export async function createPublisherStage(options: PublisherOptions): Promise<P
       if (closed) return;
       closed = true;
       await lock;
-      socket.linger = 0;
+      // Queued actions still go out to connected subscribers for up to lingerMs (with linger 0
+      // the last actions of a run would vanish silently at shutdown); then they are dropped.
+      socket.linger = lingerMs;
       // close() releases the endpoint later, on ZeroMQ's reaper thread; unbind first so the
       // address is free when close() resolves (a restart can bind it again at once).
       await socket.unbind(bound).catch(() => undefined);

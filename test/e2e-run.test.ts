@@ -65,13 +65,14 @@ test('percept run on the tiny models publishes schema-valid actions and accounts
   })().catch(() => undefined); // ends when the socket closes
 
   const code = await exited;
-  // Let the last message cross the socket, then close it (which ends the receive loop).
-  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(code, 0, `percept run failed:\n${output}`);
+  const summary = JSON.parse(readFileSync(summaryPath, 'utf8'));
+  // The publisher lingers on close, so every published action reaches us; wait for them (bounded),
+  // then close the socket, which ends the receive loop.
+  for (let waited = 0; received.length < summary.frames.out && waited < 10_000; waited += 20) await new Promise((r) => setTimeout(r, 20));
   sub.close();
   await receiving;
-  assert.equal(code, 0, `percept run failed:\n${output}`);
 
-  const summary = JSON.parse(readFileSync(summaryPath, 'utf8'));
   assert.equal(summary.frames.in, frames, output);
   assert.equal(summary.frames.in, summary.frames.out + summary.frames.dropped, 'every frame is an output or a counted drop');
   const invalid = summary.drops.byReason.invalid ?? 0;
