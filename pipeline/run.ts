@@ -8,6 +8,7 @@ import { createGraph, stopOnSignals } from './graph.ts';
 import { LiveTable, formatSummary, writeJsonSummary, type TelemetryEvent } from './telemetry.ts';
 import type { ActionMessage, CameraFrame, EncoderContract } from './payloads.ts';
 import type { FrameSource, Stage } from './types.ts';
+import type { PublisherStage } from '../nodes/publisher.ts';
 
 export interface RunOptions {
   readonly config: string;
@@ -170,6 +171,20 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
     });
   }
 
+  // Drops, cancels, degrade steps and errors go out on the publisher's 'events' topic and the
+  // periodic stats on 'telemetry', so a robot stack sees every decision the graph makes.
+  // Those that come after the publisher has closed (the last ones of a run) are counted and
+  // reported; they are in the summary and the recording all the same.
+  const publisher = stages.find((s) => s.name === 'publish') as Partial<PublisherStage> | undefined;
+  let eventsNotPublished = 0;
+  if (publisher?.publishEvent && publisher.publishTelemetry) {
+    const { publishEvent, publishTelemetry } = publisher as PublisherStage;
+    graph.events.subscribe((event: TelemetryEvent) => {
+      const send = event.type === 'stats' ? publishTelemetry : ['drop', 'cancel', 'degrade', 'error'].includes(event.type) ? publishEvent : undefined;
+      send?.(event).catch(() => void eventsNotPublished++);
+    });
+  }
+
   const table = new LiveTable({ mode: config.telemetry.liveTable, intervalMs: config.telemetry.intervalMs });
   table.attach(graph.events);
   const removeSignals = stopOnSignals(graph);
@@ -179,6 +194,7 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
     table.detach();
     if (recorder) await recorder.close();
     process.stdout.write(`${formatSummary(summary)}\n`);
+    if (eventsNotPublished > 0) log(`${eventsNotPublished} telemetry/event message(s) came after the publisher closed and were not published`);
     if (opts.jsonSummary) {
       mkdirSync(dirname(opts.jsonSummary), { recursive: true });
       writeJsonSummary(opts.jsonSummary, summary);
