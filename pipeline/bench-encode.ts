@@ -5,9 +5,9 @@ import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder
 import { createPreprocessStage } from '../nodes/preprocess.ts';
 import { isMmprojSpec, resolveMmprojSpec } from '../tools/mmproj-synth.ts';
 import { resolveVisionSpec } from '../tools/vision-synth.ts';
-import { RealClock } from './clock.ts';
 import type { CameraFrame, ImageEmbedding, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from './types.ts';
+import { standaloneContext } from './standalone.ts';
 
 export interface BenchEncodeOptions {
   /** .onnx path or synth:<preset> (onnxruntime); .gguf mmproj or synth:<preset>-mmproj[@seed][?dtype=f16]
@@ -75,18 +75,7 @@ export async function syntheticJpeg(width = 1280, height = 720, quality = 85): P
   return sharp(raw, { raw: { width, height, channels: 3 } }).jpeg({ quality }).toBuffer();
 }
 
-function benchContext(imageTokens: number): StageContext {
-  const clock = new RealClock();
-  const far = clock.nowNs() + 3_600_000_000_000n;
-  return {
-    frame: { frameId: 0, sourceId: 'bench', captureNs: clock.nowNs(), captureWallMs: clock.wallMs(), deadlineNs: far, degradeLevel: 0 },
-    clock,
-    signal: new AbortController().signal,
-    stageDeadlineNs: far,
-    knobs: { imageTokens, maxNewTokens: 0, draft: false, frameSkip: 0 },
-    report: () => {},
-  };
-}
+const benchContext = (imageTokens: number): StageContext => standaloneContext({ frame: { sourceId: 'bench' }, knobs: { imageTokens, maxNewTokens: 0 } });
 
 /** What the bench needs of either encoder stage. */
 interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {

@@ -15,6 +15,7 @@ import { createPublisherStage } from '../nodes/publisher.ts';
 import { RealClock } from './clock.ts';
 import type { ActionMessage } from './payloads.ts';
 import type { StageContext } from './types.ts';
+import { standaloneContext } from './standalone.ts';
 
 export interface BenchPublishOptions {
   /** Messages in the throughput run (default 20000). */
@@ -149,16 +150,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
   }
 }
 
-function benchContext(clock: RealClock): StageContext {
-  return {
-    frame: { frameId: 0, sourceId: 'bench', captureNs: 0n, captureWallMs: 0, deadlineNs: 0n, degradeLevel: 0 },
-    clock,
-    signal: new AbortController().signal,
-    stageDeadlineNs: 0n,
-    knobs: { imageTokens: 0, maxNewTokens: 0, draft: false, frameSkip: 0 },
-    report() {},
-  };
-}
+const benchContext = (clock: RealClock): StageContext => standaloneContext({ clock, frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'bench' }, deadlineNs: 0n, knobs: { imageTokens: 0, maxNewTokens: 0 } });
 
 /** Polls `done` on every event-loop turn (setImmediate: no timer granularity in the measurement). */
 function waitFor(done: () => boolean, timeoutMs = 10_000): Promise<void> {

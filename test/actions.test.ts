@@ -8,6 +8,7 @@ import { VirtualClock } from '../pipeline/clock.ts';
 import type { Generation, StopReason } from '../pipeline/payloads.ts';
 import { DropFrame } from '../pipeline/types.ts';
 import type { StageContext } from '../pipeline/types.ts';
+import { standaloneContext } from '../pipeline/standalone.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 const schemaPath = join(root, 'configs/actions/robot-action.schema.json');
@@ -18,14 +19,7 @@ function generation(text: string, stopReason: StopReason = 'eos'): Generation {
 }
 
 function context(frameId = 7): StageContext {
-  return {
-    frame: { frameId, sourceId: 'cam/front', captureNs: 5n, captureWallMs: 1_700_000_000_123, deadlineNs: 10n, degradeLevel: 0 },
-    clock: new VirtualClock(),
-    signal: new AbortController().signal,
-    stageDeadlineNs: 10n,
-    knobs: { imageTokens: 280, maxNewTokens: 64, draft: false, frameSkip: 0 },
-    report() {},
-  };
+  return standaloneContext({ clock: new VirtualClock(), frame: { frameId, sourceId: 'cam/front', captureNs: 5n, captureWallMs: 1_700_000_000_123 }, deadlineNs: 10n, knobs: { maxNewTokens: 64 } });
 }
 
 async function dropOf(promise: Promise<unknown>): Promise<DropFrame> {

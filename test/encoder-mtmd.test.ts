@@ -9,11 +9,11 @@ import { LlamaVision } from '../native/vision.ts';
 import { createOnnxEncoderStage, type OnnxEncoderStage } from '../nodes/encoder-onnx.ts';
 import { clipImageOf, createMtmdEncoderStage, type MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
-import { RealClock } from '../pipeline/clock.ts';
 import type { ImageEmbedding, PixelTensor } from '../pipeline/payloads.ts';
 import { DropFrame, type StageContext, type StageEvent } from '../pipeline/types.ts';
 import { isMmprojSpec, listMmprojPresets, mmprojTensorPlan, patchLinearToConv, resolveMmprojSpec, synthesizeMmproj, transpose2d } from '../tools/mmproj-synth.ts';
 import { synthesizeVision, visionPreset, visionWeights } from '../tools/vision-synth.ts';
+import { standaloneContext } from '../pipeline/standalone.ts';
 
 const dir = join(import.meta.dirname, '..', '.cache', 'test-encoder-mtmd');
 rmSync(dir, { recursive: true, force: true });
@@ -26,15 +26,7 @@ const SIGLIP_SEED = 1;
 const GEMMA4_SEED = 2;
 
 function ctx(opts: { imageTokens?: number; signal?: AbortSignal; events?: StageEvent[] } = {}): StageContext {
-  const far = 1n << 62n;
-  return {
-    frame: { frameId: 1, sourceId: 'test', captureNs: 0n, captureWallMs: 0, deadlineNs: far, degradeLevel: 0 },
-    clock: new RealClock(),
-    signal: opts.signal ?? new AbortController().signal,
-    stageDeadlineNs: far,
-    knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8, draft: false, frameSkip: 0 },
-    report: (e) => opts.events?.push(e),
-  };
+  return standaloneContext({ frame: { frameId: 1, sourceId: 'test' }, knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8 }, signal: opts.signal, report: (e) => opts.events?.push(e) });
 }
 
 async function cameraJpeg(w = 640, h = 360): Promise<Buffer> {

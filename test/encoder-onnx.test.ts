@@ -8,11 +8,11 @@ import sharp from 'sharp';
 import { checkEncoderContract, checkExecutionProvider, createOnnxEncoderStage, type OnnxEncoderStage } from '../nodes/encoder-onnx.ts';
 import { createProjectionEncoderStage } from '../nodes/encoder-projection.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
-import { RealClock } from '../pipeline/clock.ts';
 import type { PixelTensor } from '../pipeline/payloads.ts';
 import { DropFrame, StageAbort, type StageContext, type StageEvent } from '../pipeline/types.ts';
 import { OnnxGraphBuilder } from '../tools/onnx-writer.ts';
 import { synthesizeVision } from '../tools/vision-synth.ts';
+import { standaloneContext } from '../pipeline/standalone.ts';
 
 const dir = join(import.meta.dirname, '..', '.cache', 'test-encoder-onnx');
 rmSync(dir, { recursive: true, force: true });
@@ -21,16 +21,7 @@ const gemma3Path = join(dir, 'siglip-tiny.onnx');
 const gemma4Path = join(dir, 'gemma4-vision-tiny.onnx');
 
 function ctx(opts: { imageTokens?: number; signal?: AbortSignal; events?: StageEvent[]; deadlineNs?: bigint } = {}): StageContext {
-  const clock = new RealClock();
-  const deadline = opts.deadlineNs ?? 1n << 62n;
-  return {
-    frame: { frameId: 1, sourceId: 'test', captureNs: 0n, captureWallMs: 0, deadlineNs: deadline, degradeLevel: 0 },
-    clock,
-    signal: opts.signal ?? new AbortController().signal,
-    stageDeadlineNs: deadline,
-    knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8, draft: false, frameSkip: 0 },
-    report: (e) => opts.events?.push(e),
-  };
+  return standaloneContext({ frame: { frameId: 1, sourceId: 'test' }, deadlineNs: opts.deadlineNs, knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8 }, signal: opts.signal, report: (e) => opts.events?.push(e) });
 }
 
 async function cameraJpeg(w = 640, h = 360): Promise<Buffer> {

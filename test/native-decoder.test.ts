@@ -10,6 +10,7 @@ import { RealClock } from '../pipeline/clock.ts';
 import type { ImageEmbedding } from '../pipeline/payloads.ts';
 import type { Knobs, StageContext, StageEvent } from '../pipeline/types.ts';
 import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
+import { standaloneContext } from '../pipeline/standalone.ts';
 
 const SCHEMA = join(REPO_ROOT, 'configs/actions/robot-action.schema.json');
 
@@ -21,18 +22,10 @@ function image(nTokens: number, nEmbd: number, seed: number): ImageEmbedding {
 
 function stageContext(frameId: number, opts: { budgetMs?: number; knobs?: Partial<Knobs>; signal?: AbortSignal } = {}): StageContext & { events: StageEvent[] } {
   const clock = new RealClock();
-  const now = clock.nowNs();
-  const deadline = now + BigInt(Math.round((opts.budgetMs ?? 60_000) * 1e6));
+  const deadlineNs = clock.nowNs() + BigInt(Math.round((opts.budgetMs ?? 60_000) * 1e6));
   const events: StageEvent[] = [];
-  return {
-    frame: { frameId, sourceId: 'test', captureNs: now, captureWallMs: clock.wallMs(), deadlineNs: deadline, degradeLevel: 0 },
-    clock,
-    signal: opts.signal ?? new AbortController().signal,
-    stageDeadlineNs: deadline,
-    knobs: { imageTokens: 280, maxNewTokens: 96, draft: true, frameSkip: 0, ...opts.knobs },
-    report: (e) => events.push(e),
-    events,
-  };
+  const ctx = standaloneContext({ clock, frame: { frameId, sourceId: 'test' }, deadlineNs, knobs: { maxNewTokens: 96, draft: true, ...opts.knobs }, signal: opts.signal, report: (e) => events.push(e) });
+  return { ...ctx, events };
 }
 
 describe('decode stage on gemma4-tiny', () => {

@@ -2,20 +2,12 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import sharp, { type SharpOptions } from 'sharp';
 import { clampImageTokens, createPreprocessStage, gemma4TargetSize, GEMMA4_TOKEN_BUDGETS } from '../nodes/preprocess.ts';
-import { RealClock } from '../pipeline/clock.ts';
 import type { CameraFrame, PixelTensor } from '../pipeline/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
+import { standaloneContext } from '../pipeline/standalone.ts';
 
 function ctx(imageTokens = 280): StageContext {
-  const clock = new RealClock();
-  return {
-    frame: { frameId: 1, sourceId: 'test', captureNs: 0n, captureWallMs: 0, deadlineNs: 1n << 62n, degradeLevel: 0 },
-    clock,
-    signal: new AbortController().signal,
-    stageDeadlineNs: 1n << 62n,
-    knobs: { imageTokens, maxNewTokens: 8, draft: false, frameSkip: 0 },
-    report: () => {},
-  };
+  return standaloneContext({ frame: { frameId: 1, sourceId: 'test' }, knobs: { imageTokens, maxNewTokens: 8 } });
 }
 
 /** A deterministic RGB scene: gradients, a checkerboard and noise, so resizing has detail to work on. */

@@ -9,19 +9,13 @@ import { benchPublish } from '../pipeline/bench-publish.ts';
 import { VirtualClock } from '../pipeline/clock.ts';
 import type { ActionMessage } from '../pipeline/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
+import { standaloneContext } from '../pipeline/standalone.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 const schema = loadActionSchema(join(root, 'configs/actions/robot-action.schema.json'));
 
 function context(clock = new VirtualClock(5_000_000n, 1_700_000_000_000)): StageContext {
-  return {
-    frame: { frameId: 0, sourceId: 'cam', captureNs: 0n, captureWallMs: 0, deadlineNs: 0n, degradeLevel: 0 },
-    clock,
-    signal: new AbortController().signal,
-    stageDeadlineNs: 0n,
-    knobs: { imageTokens: 280, maxNewTokens: 64, draft: false, frameSkip: 0 },
-    report() {},
-  };
+  return standaloneContext({ clock, frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'cam' }, deadlineNs: 0n, knobs: { maxNewTokens: 64 } });
 }
 
 function message(frameId: number, action: unknown = { action: 'move', confidence: 0.5, speed: frameId % 2 }): ActionMessage {
