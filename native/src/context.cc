@@ -24,11 +24,10 @@ double msSince(int64_t t0) { return double(monotonicNs() - t0) / 1e6; }
 // ------------------------------------------------------------------------------------------------
 // Context creation
 
-class CreateWorker : public Napi::AsyncWorker {
+class CreateWorker : public PromiseWorker {
 public:
     CreateWorker(Napi::Env env, Napi::Object modelObj, Model * model, ContextOptions opts)
-        : Napi::AsyncWorker(env, "percept:Context.create"), model_(model), opts_(std::move(opts)),
-          deferred_(Napi::Promise::Deferred::New(env)) {
+        : PromiseWorker(env, "percept:Context.create", "ECONTEXT"), model_(model), opts_(std::move(opts)) {
         modelRef_ = Napi::Persistent(modelObj);
         model_->retain();  // the model cannot be disposed while we create on it
     }
@@ -37,7 +36,6 @@ public:
         if (opts_.threadpool != nullptr) ggml_threadpool_free(opts_.threadpool);
         model_->release();
     }
-    Napi::Promise promise() { return deferred_.Promise(); }
 
 protected:
     void Execute() override {
@@ -84,13 +82,11 @@ protected:
              Napi::External<ContextOptions>::New(env, boxed, [](Napi::Env, ContextOptions * p) { delete p; })});
         deferred_.Resolve(obj);
     }
-    void OnError(const Napi::Error & e) override { deferred_.Reject(codedError(Env(), "ECONTEXT", e.Message()).Value()); }
 
 private:
     Napi::ObjectReference modelRef_;
     Model * model_;
     ContextOptions opts_;
-    Napi::Promise::Deferred deferred_;
     llama_context * ctx_ = nullptr;
 };
 
@@ -184,13 +180,12 @@ struct TokenBatch {
     }
 };
 
-class GenerateWorker : public Napi::AsyncWorker {
+class GenerateWorker : public PromiseWorker {
 public:
     GenerateWorker(Napi::Env env, Napi::Object self, Context * ctx, std::vector<Segment> segments, GenerateOptions opts,
                    GrammarPtr grammar, Napi::Object grammarObj, Napi::Value onTokens)
-        : Napi::AsyncWorker(env, "percept:Context.generate"), self_(Napi::Persistent(self)), ctx_(ctx),
-          segments_(std::move(segments)), opts_(std::move(opts)), grammar_(std::move(grammar)),
-          deferred_(Napi::Promise::Deferred::New(env)) {
+        : PromiseWorker(env, "percept:Context.generate", "EGENERATE"), self_(Napi::Persistent(self)), ctx_(ctx),
+          segments_(std::move(segments)), opts_(std::move(opts)), grammar_(std::move(grammar)) {
         if (!grammarObj.IsEmpty()) grammarRef_ = Napi::Persistent(grammarObj);
         if (onTokens.IsFunction()) {
             tsfn_ = TokenTsfn::New(env, onTokens.As<Napi::Function>(), "percept-tokens", 0, 1);
@@ -201,12 +196,13 @@ public:
     ~GenerateWorker() override {
         if (hasTsfn_) tsfn_.Release();
     }
-    Napi::Promise promise() { return deferred_.Promise(); }
 
 protected:
     void Execute() override {
         try {
             run();
+        } catch (const CodedFailure & e) {
+            SetCodedError(e.code, e.what());
         } catch (const std::exception & e) {
             SetError(e.what());
         }
@@ -242,10 +238,7 @@ protected:
 
     void OnError(const Napi::Error & e) override {
         ctx_->releaseBusy();
-        const std::string msg = e.Message();
-        const char * code = msg.rfind("context overflow", 0) == 0 ? "ERANGE" : "EGENERATE";
-        Napi::Error err = codedError(Env(), code, msg);
-        deferred_.Reject(err.Value());
+        PromiseWorker::OnError(e);
     }
 
 private:
@@ -420,7 +413,7 @@ private:
         res_.promptTokens = promptPos;
         if (promptPos == 0) throw std::runtime_error("empty prompt: give at least one token");
         if (promptPos + opts_.maxTokens > nCtx) {
-            throw std::runtime_error("context overflow: prompt (" + std::to_string(promptPos) + " positions) + maxTokens (" +
+            throw CodedFailure("ERANGE", "context overflow: prompt (" + std::to_string(promptPos) + " positions) + maxTokens (" +
                                      std::to_string(opts_.maxTokens) + ") exceeds nCtx " + std::to_string(nCtx));
         }
 
@@ -660,7 +653,6 @@ private:
     std::vector<Segment> segments_;
     GenerateOptions opts_;
     GrammarPtr grammar_;
-    Napi::Promise::Deferred deferred_;
     TokenTsfn tsfn_;
     bool hasTsfn_ = false;
     std::vector<llama_token> history_;

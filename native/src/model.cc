@@ -57,21 +57,20 @@ std::string readArchitecture(const std::string & path) {
     return arch;
 }
 
-class LoadWorker : public Napi::AsyncWorker {
+class LoadWorker : public PromiseWorker {
 public:
     LoadWorker(Napi::Env env, LoadOptions opts)
-        : Napi::AsyncWorker(env, "percept:Model.load"), opts_(std::move(opts)), deferred_(Napi::Promise::Deferred::New(env)) {}
+        : PromiseWorker(env, "percept:Model.load", "EMODEL"), opts_(std::move(opts)) {}
     ~LoadWorker() override {
         if (model_ != nullptr) llama_model_free(model_);
     }
-    Napi::Promise promise() { return deferred_.Promise(); }
 
 protected:
     void Execute() override {
         try {
             struct stat st{};
             if (stat(opts_.path.c_str(), &st) != 0) {
-                SetError("ENOENT: model file not found: " + opts_.path);
+                SetCodedError("ENOENT", "ENOENT: model file not found: " + opts_.path);
                 return;
             }
             std::string arch = readArchitecture(opts_.path);
@@ -102,15 +101,9 @@ protected:
             {Napi::External<llama_model>::New(env, m), Napi::Boolean::New(env, opts_.vocabOnly)});
         deferred_.Resolve(obj);
     }
-    void OnError(const Napi::Error & e) override {
-        Napi::Env env = Env();
-        const std::string msg = e.Message();
-        deferred_.Reject(codedError(env, msg.rfind("ENOENT", 0) == 0 ? "ENOENT" : "EMODEL", msg).Value());
-    }
 
 private:
     LoadOptions opts_;
-    Napi::Promise::Deferred deferred_;
     llama_model * model_ = nullptr;
 };
 

@@ -25,11 +25,10 @@ struct SpecParts {
     int32_t nMax = 0;
 };
 
-class SpecCreateWorker : public Napi::AsyncWorker {
+class SpecCreateWorker : public PromiseWorker {
 public:
     SpecCreateWorker(Napi::Env env, Napi::Object ctxObj, Context * ctx, Napi::Value draftObj, Model * draft, SpecOptions opts)
-        : Napi::AsyncWorker(env, "percept:Speculator.create"), ctx_(ctx), draft_(draft), opts_(std::move(opts)),
-          deferred_(Napi::Promise::Deferred::New(env)) {
+        : PromiseWorker(env, "percept:Speculator.create", "ESPECULATOR"), ctx_(ctx), draft_(draft), opts_(std::move(opts)) {
         ctxRef_ = Napi::Persistent(ctxObj);
         if (draft_ != nullptr) {
             draftRef_ = Napi::Persistent(draftObj.As<Napi::Object>());
@@ -41,7 +40,6 @@ public:
         if (parts_.ctxDft != nullptr) llama_free(parts_.ctxDft);
         if (draft_ != nullptr) draft_->release();
     }
-    Napi::Promise promise() { return deferred_.Promise(); }
 
 protected:
     void Execute() override {
@@ -120,7 +118,7 @@ protected:
     }
     void OnError(const Napi::Error & e) override {
         ctx_->releaseBusy();
-        deferred_.Reject(codedError(Env(), "ESPECULATOR", e.Message()).Value());
+        PromiseWorker::OnError(e);
     }
 
 private:
@@ -129,7 +127,6 @@ private:
     Context * ctx_;
     Model * draft_;
     SpecOptions opts_;
-    Napi::Promise::Deferred deferred_;
     SpecParts parts_;
 };
 

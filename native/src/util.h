@@ -6,6 +6,7 @@
 #include <napi.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,34 @@ inline AddonData & addonData(Napi::Env env) { return *env.GetInstanceData<AddonD
 
 // An Error with a `code` property (EBUSY, EDISPOSED, ECANCELED...), like Node's system errors.
 Napi::Error codedError(Napi::Env env, const char * code, const std::string & message);
+
+// A failure inside Execute() that knows its error code (ERANGE, ENOENT...).
+struct CodedFailure : std::runtime_error {
+    const char * code;
+    CodedFailure(const char * c, const std::string & message) : std::runtime_error(message), code(c) {}
+};
+
+// An AsyncWorker that settles a promise. Execute() fails with SetError (the worker's default code)
+// or SetCodedError (a specific one, e.g. ENOENT); the promise is rejected with an Error carrying
+// that code. Subclasses that hold a busy flag release it in OnError, then call this one.
+class PromiseWorker : public Napi::AsyncWorker {
+public:
+    Napi::Promise promise() { return deferred_.Promise(); }
+
+protected:
+    PromiseWorker(Napi::Env env, const char * name, const char * defaultCode)
+        : Napi::AsyncWorker(env, name), deferred_(Napi::Promise::Deferred::New(env)), code_(defaultCode) {}
+    void SetCodedError(const char * code, const std::string & message) {
+        code_ = code;
+        SetError(message);
+    }
+    void OnError(const Napi::Error & e) override { deferred_.Reject(codedError(Env(), code_, e.Message()).Value()); }
+
+    Napi::Promise::Deferred deferred_;
+
+private:
+    const char * code_;
+};
 
 // Monotonic nanoseconds on the clock process.hrtime.bigint() reads (CLOCK_MONOTONIC on Linux).
 int64_t monotonicNs();

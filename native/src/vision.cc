@@ -118,22 +118,20 @@ struct LoadOptions {
     bool warmup = true;
 };
 
-class LoadWorker : public Napi::AsyncWorker {
+class LoadWorker : public PromiseWorker {
 public:
     LoadWorker(Napi::Env env, Napi::Function ctor, LoadOptions opts)
-        : Napi::AsyncWorker(env, "percept:Vision.load"), ctor_(Napi::Persistent(ctor)), opts_(std::move(opts)),
-          deferred_(Napi::Promise::Deferred::New(env)) {}
+        : PromiseWorker(env, "percept:Vision.load", "EMODEL"), ctor_(Napi::Persistent(ctor)), opts_(std::move(opts)) {}
     ~LoadWorker() override {
         if (ctx_ != nullptr) clip_free(ctx_);
     }
-    Napi::Promise promise() { return deferred_.Promise(); }
 
 protected:
     void Execute() override {
         try {
             struct stat st{};
             if (stat(opts_.path.c_str(), &st) != 0) {
-                SetError("ENOENT: mmproj file not found: " + opts_.path);
+                SetCodedError("ENOENT", "ENOENT: mmproj file not found: " + opts_.path);
                 return;
             }
             meta_ = readVisionMeta(opts_.path);
@@ -171,15 +169,10 @@ protected:
         Napi::Object obj = ctor_.New({Napi::External<clip_ctx>::New(env, c), Napi::External<VisionMeta>::New(env, &meta_)});
         deferred_.Resolve(obj);
     }
-    void OnError(const Napi::Error & e) override {
-        const std::string msg = e.Message();
-        deferred_.Reject(codedError(Env(), msg.rfind("ENOENT", 0) == 0 ? "ENOENT" : "EMODEL", msg).Value());
-    }
 
 private:
     Napi::FunctionReference ctor_;
     LoadOptions opts_;
-    Napi::Promise::Deferred deferred_;
     VisionMeta meta_;
     clip_ctx * ctx_ = nullptr;
 };
@@ -189,13 +182,11 @@ private:
 
 enum class Layout { Chw, Patches };
 
-class EncodeWorker : public Napi::AsyncWorker {
+class EncodeWorker : public PromiseWorker {
 public:
     EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, Napi::Float32Array pixels, Layout layout, int32_t width, int32_t height)
-        : Napi::AsyncWorker(env, "percept:Vision.encode"), self_(Napi::Persistent(self)), pixelsRef_(Napi::Persistent(pixels.As<Napi::Object>())),
-          vision_(vision), src_(pixels.Data()), layout_(layout), width_(width), height_(height),
-          deferred_(Napi::Promise::Deferred::New(env)) {}
-    Napi::Promise promise() { return deferred_.Promise(); }
+        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), pixelsRef_(Napi::Persistent(pixels.As<Napi::Object>())),
+          vision_(vision), src_(pixels.Data()), layout_(layout), width_(width), height_(height) {}
 
 protected:
     void Execute() override {
@@ -257,7 +248,7 @@ protected:
     }
     void OnError(const Napi::Error & e) override {
         vision_->releaseBusy();
-        deferred_.Reject(codedError(Env(), "EENCODE", e.Message()).Value());
+        PromiseWorker::OnError(e);
     }
 
 private:
@@ -267,7 +258,6 @@ private:
     const float * src_;
     Layout layout_;
     int32_t width_, height_;
-    Napi::Promise::Deferred deferred_;
     std::vector<float> out_;
     int32_t nTokens_ = 0, nEmbd_ = 0;
     double prepareMs_ = 0, encodeMs_ = 0;
