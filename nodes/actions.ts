@@ -1,10 +1,10 @@
 // actions: the decoder's text → one validated action. Parses the text as JSON and checks it against
-// the action schema (configs/actions/*.schema.json through pipeline/action-schema.ts). Anything that
+// the action schema (configs/actions/*.schema.json through nodes/action-schema.ts). Anything that
 // does not pass is dropped with DropFrame and a message that says why and shows the text.
 // Concurrency: pure and synchronous per frame; safe under any edge policy.
-import { formatAjvErrors, loadActionSchema } from '../pipeline/action-schema.ts';
-import type { ActionSchema } from '../pipeline/action-schema.ts';
-import type { ActionMessage, Generation, StopReason } from '../pipeline/payloads.ts';
+import { formatAjvErrors, loadActionSchema } from './action-schema.ts';
+import type { ActionSchema } from './action-schema.ts';
+import type { ActionMessage, Generation, StopReason } from './payloads.ts';
 import { DropFrame } from '../pipeline/types.ts';
 import type { DropReason, Stage, StageContext } from '../pipeline/types.ts';
 

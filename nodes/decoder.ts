@@ -2,10 +2,42 @@
 // llama.cpp binding. The prompt is [chat-templated system + user text, image, instruction], so the
 // system prefix stays in the KV cache and is not prefilled again for each frame.
 import { readFile } from 'node:fs/promises';
-import type { EncoderContract, Generation, ImageEmbedding } from '../pipeline/payloads.ts';
+import type { EncoderContract, Generation, ImageEmbedding } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
-import { LlamaModel, type LlamaContext, type LlamaGrammar, type ModelInfo, type PromptSegment } from '../native/llama.ts';
-import { attachSpeculation } from '../native/commands.ts';
+import { LlamaModel, type LlamaContext, type LlamaGrammar, type ModelInfo, type PromptSegment, type SpeculatorOptions } from '../native/llama.ts';
+
+export interface SpeculationFlags {
+  /** Draft model GGUF path (same vocabulary) → draft-simple. */
+  readonly draft?: string | null;
+  /** Gemma 4 MTP assistant GGUF path → draft-mtp. */
+  readonly draftMtp?: string | null;
+  /** n-gram drafting (ngram-simple). */
+  readonly ngram?: boolean;
+  /** Longest draft (default 4). */
+  readonly nDraft?: number;
+}
+
+/** Loads the draft (if any) and attaches the speculator the flags ask for; returns the draft model to dispose. */
+export async function attachSpeculation(ctx: LlamaContext, flags: SpeculationFlags, gpuLayers = 0): Promise<LlamaModel | undefined> {
+  const chosen = [flags.draft ? 'draft' : '', flags.draftMtp ? 'draftMtp' : '', flags.ngram ? 'ngram' : ''].filter(Boolean);
+  if (chosen.length > 1) throw new TypeError(`choose one of --draft, --draft-mtp, --ngram (got ${chosen.join(', ')})`);
+  const nMax = flags.nDraft ?? 4;
+  if (flags.ngram) {
+    await ctx.attachSpeculator({ type: 'ngram-simple', nMax, ngramN: 3 });
+    return undefined;
+  }
+  const spec = flags.draft ?? flags.draftMtp;
+  if (!spec) return undefined;
+  const draftModel = await LlamaModel.load(spec, { gpuLayers });
+  try {
+    const options: SpeculatorOptions = flags.draft ? { type: 'draft-simple', draftModel, nMax } : { type: 'draft-mtp', draftModel, nMax };
+    await ctx.attachSpeculator(options);
+    return draftModel;
+  } catch (err) {
+    await draftModel.dispose();
+    throw err;
+  }
+}
 
 export interface DecoderStageConfig {
   /** Decoder GGUF path (gemma3 / gemma4). */

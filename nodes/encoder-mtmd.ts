@@ -10,13 +10,13 @@
 // One run at a time. When ctx.signal fires the stage stops waiting at once; clip finishes that run
 // (it cannot be interrupted) and its result is discarded (counted); the next frame waits for it.
 import { existsSync } from 'node:fs';
-import type { ImageEmbedding, PixelTensor } from '../pipeline/payloads.ts';
+import type { ImageEmbedding, PixelTensor } from './payloads.ts';
 import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
 import { LlamaVision, type VisionEncodeResult, type VisionImage, type VisionInfo } from '../native/vision.ts';
 import { abortable } from '../pipeline/abort.ts';
 
 export interface MtmdEncoderConfig {
-  /** Path of the mmproj GGUF (resolve `synth:<preset>-mmproj` specifiers before, with tools/mmproj-synth.ts). */
+  /** Path of the mmproj GGUF (resolve `synth:<preset>-mmproj` specifiers before, with models/mmproj-synth.ts). */
   readonly mmproj: string;
   /** Run clip on the GPU backend (CUDA builds). */
   readonly useGpu?: boolean;

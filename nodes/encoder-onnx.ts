@@ -12,7 +12,7 @@ import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { Worker } from 'node:worker_threads';
-import type { ImageEmbedding, PixelTensor } from '../pipeline/payloads.ts';
+import type { ImageEmbedding, PixelTensor } from './payloads.ts';
 import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
 import type { WireTensor, WireValueInfo, WorkerInit, WorkerReply, WorkerRequest } from './encoder-onnx.worker.ts';
 import { abortable } from '../pipeline/abort.ts';
@@ -20,7 +20,7 @@ import { abortable } from '../pipeline/abort.ts';
 export type ExecutionProvider = 'cpu' | 'cuda' | 'tensorrt';
 
 export interface OnnxEncoderConfig {
-  /** Path of vision_encoder.onnx (resolve `synth:<preset>` specifiers before, with tools/vision-synth.ts). */
+  /** Path of vision_encoder.onnx (resolve `synth:<preset>` specifiers before, with models/vision-synth.ts). */
   readonly model: string;
   readonly ep?: ExecutionProvider;
   /** The decoder's n_embd: the encoder's output width must equal it. */

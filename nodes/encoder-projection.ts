@@ -2,7 +2,7 @@
 // image token is a 48-value descriptor of its image region (4×4 sub-cells × RGB means) multiplied by a
 // fixed random matrix [48, nEmbd]. Different images give different embeddings and the cost is tiny
 // (~tokens·48·nEmbd multiply-adds), so the decoder's image path can be exercised end to end.
-import type { ImageEmbedding, PixelTensor } from '../pipeline/payloads.ts';
+import type { ImageEmbedding, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 
 export interface ProjectionEncoderConfig {

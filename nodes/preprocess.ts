@@ -10,7 +10,7 @@
 // Each output tensor is freshly allocated: the encoder stage takes ownership (it transfers the buffers
 // to its worker thread), so a pool here would be emptied by every frame anyway.
 import sharp, { type Metadata } from 'sharp';
-import type { CameraFrame, EncoderContract, FrameEncoding, PixelTensor } from '../pipeline/payloads.ts';
+import type { CameraFrame, EncoderContract, FrameEncoding, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 
 /** Gemma 4 image-token budgets (HF `max_soft_tokens`, llama.cpp --image-{min,max}-tokens range). */

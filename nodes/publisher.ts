@@ -8,7 +8,7 @@
 // caller's await returns when its own message is handed to ZeroMQ (no queue grows behind it beyond
 // the callers that are awaiting). Use it behind concatMap.
 import { Publisher } from 'zeromq';
-import type { ActionMessage } from '../pipeline/payloads.ts';
+import type { ActionMessage } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 
 export interface PublisherOptions {

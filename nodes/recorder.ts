@@ -12,9 +12,9 @@ import type { FileHandle } from 'node:fs/promises';
 import { McapWriter } from '@mcap/core';
 import { FileHandleWritable } from '@mcap/nodejs';
 import * as zstd from '@foxglove/wasm-zstd';
-import { loadActionSchema } from '../pipeline/action-schema.ts';
-import type { ActionSchema } from '../pipeline/action-schema.ts';
-import type { ActionMessage } from '../pipeline/payloads.ts';
+import { loadActionSchema } from './action-schema.ts';
+import type { ActionSchema } from './action-schema.ts';
+import type { ActionMessage } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 
 export const ACTIONS_TOPIC = '/actions';

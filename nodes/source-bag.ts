@@ -17,7 +17,7 @@ import type { McapTypes } from '@mcap/core';
 import { FileHandleReadable } from '@mcap/nodejs';
 import { loadDecompressHandlers } from '@mcap/support';
 import type { Clock } from '../pipeline/clock.ts';
-import type { CameraFrame, FrameEncoding } from '../pipeline/payloads.ts';
+import type { CameraFrame, FrameEncoding } from './payloads.ts';
 import type { FrameSource, SourceItem } from '../pipeline/types.ts';
 import { waitUntilDue, wallMsAt } from '../pipeline/pacing.ts';
 

@@ -6,7 +6,7 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Clock } from '../pipeline/clock.ts';
-import type { CameraFrame } from '../pipeline/payloads.ts';
+import type { CameraFrame } from './payloads.ts';
 import type { FrameSource, SourceItem } from '../pipeline/types.ts';
 import { waitUntilDue, wallMsAt } from '../pipeline/pacing.ts';
 

@@ -6,7 +6,7 @@
 // On a VirtualClock it advances the clock to the due time and yields without waiting.
 import sharp from 'sharp';
 import type { Clock } from '../pipeline/clock.ts';
-import type { CameraFrame } from '../pipeline/payloads.ts';
+import type { CameraFrame } from './payloads.ts';
 import type { FrameSource, SourceItem } from '../pipeline/types.ts';
 import { waitUntilDue, wallMsAt } from '../pipeline/pacing.ts';
 

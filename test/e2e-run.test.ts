@@ -8,7 +8,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Subscriber } from 'zeromq';
-import { loadActionSchema } from '../pipeline/action-schema.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 const dir = join(root, '.cache', 'e2e');
@@ -50,7 +50,7 @@ test('percept run on the tiny models publishes schema-valid actions and accounts
   sub.subscribe('actions');
   const received: Array<{ header: { schema_id: string; frame_id: number; seq: number }; body: unknown }> = [];
 
-  const child = spawn(process.execPath, ['--import', 'tsx', 'pipeline/cli.ts', 'run', '--config', configPath, '--json-summary', summaryPath], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', 'app/cli.ts', 'run', '--config', configPath, '--json-summary', summaryPath], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   child.stdout.on('data', (d) => (output += d));
   child.stderr.on('data', (d) => (output += d));

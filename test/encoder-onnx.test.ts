@@ -8,10 +8,10 @@ import sharp from 'sharp';
 import { checkEncoderContract, checkExecutionProvider, createOnnxEncoderStage, type OnnxEncoderStage } from '../nodes/encoder-onnx.ts';
 import { createProjectionEncoderStage } from '../nodes/encoder-projection.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
-import type { PixelTensor } from '../pipeline/payloads.ts';
+import type { PixelTensor } from '../nodes/payloads.ts';
 import { DropFrame, StageAbort, type StageContext, type StageEvent } from '../pipeline/types.ts';
-import { OnnxGraphBuilder } from '../tools/onnx-writer.ts';
-import { synthesizeVision } from '../tools/vision-synth.ts';
+import { OnnxGraphBuilder } from '../models/onnx-writer.ts';
+import { synthesizeVision } from '../models/vision-synth.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 
 const dir = join(import.meta.dirname, '..', '.cache', 'test-encoder-onnx');

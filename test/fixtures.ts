@@ -4,7 +4,7 @@
 import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { resolveModelSpec, type WeightType } from '../native/synth.ts';
+import { resolveModelSpec, type WeightType } from '../models/synth.ts';
 
 export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 export const MODEL_CACHE = join(REPO_ROOT, '.cache', 'models');

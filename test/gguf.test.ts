@@ -1,4 +1,4 @@
-// GGUF reader/writer and ggml block codecs (native/gguf.ts, native/quant.ts).
+// GGUF reader/writer and ggml block codecs (models/gguf.ts, models/quant.ts).
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
@@ -9,10 +9,10 @@ import { promisify } from 'node:util';
 import {
   BufferReadable, GGUFFormatError, GGUFWriter, arr, bool, f32, f64, i16, i32, i64, i8, raw, readGGUF, readTensorData,
   str, u16, u32, u64, u8, type GGUFValue,
-} from '../native/gguf.ts';
+} from '../models/gguf.ts';
 import {
   GGMLType, KeystreamRng, WEIGHT_STD, dequantize, f16BitsToF32, f32ToF16Bits, quantize, randomBlocks, type CodecType,
-} from '../native/quant.ts';
+} from '../models/quant.ts';
 
 const DIR = join(import.meta.dirname, '..', '.cache', 'test-gguf');
 before(async () => mkdir(DIR, { recursive: true }));

@@ -7,7 +7,7 @@ import { after, before, describe, test } from 'node:test';
 import { Ajv } from 'ajv';
 import { createDecoderStage, type DecoderStage } from '../nodes/decoder.ts';
 import { RealClock } from '../pipeline/clock.ts';
-import type { ImageEmbedding } from '../pipeline/payloads.ts';
+import type { ImageEmbedding } from '../nodes/payloads.ts';
 import type { Knobs, StageContext, StageEvent } from '../pipeline/types.ts';
 import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import sharp, { type SharpOptions } from 'sharp';
 import { clampImageTokens, createPreprocessStage, gemma4TargetSize, GEMMA4_TOKEN_BUDGETS } from '../nodes/preprocess.ts';
-import type { CameraFrame, PixelTensor } from '../pipeline/payloads.ts';
+import type { CameraFrame, PixelTensor } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 

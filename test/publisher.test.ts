@@ -4,10 +4,10 @@ import { join } from 'node:path';
 import { Subscriber } from 'zeromq';
 import { createPublisherStage } from '../nodes/publisher.ts';
 import type { PublisherStage, WireHeader } from '../nodes/publisher.ts';
-import { loadActionSchema } from '../pipeline/action-schema.ts';
-import { benchPublish } from '../pipeline/bench-publish.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
+import { benchPublish } from '../app/bench-publish.ts';
 import { VirtualClock } from '../pipeline/clock.ts';
-import type { ActionMessage } from '../pipeline/payloads.ts';
+import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 

@@ -8,9 +8,9 @@ import type { TypedMcapRecord } from '@mcap/core';
 import { FileHandleReadable } from '@mcap/nodejs';
 import { loadDecompressHandlers } from '@mcap/support';
 import { ACTIONS_TOPIC, EVENTS_TOPIC, createRecorder, createRecorderTap } from '../nodes/recorder.ts';
-import { loadActionSchema } from '../pipeline/action-schema.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
 import { VirtualClock } from '../pipeline/clock.ts';
-import type { ActionMessage } from '../pipeline/payloads.ts';
+import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 
 const root = new URL('..', import.meta.url).pathname;

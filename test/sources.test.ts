@@ -13,7 +13,7 @@ import { createFolderSource } from '../nodes/source-folder.ts';
 import { createPatternSource, encodePatternFrame, readPatternCounter } from '../nodes/source-pattern.ts';
 import { RealClock, VirtualClock } from '../pipeline/clock.ts';
 import type { Clock } from '../pipeline/clock.ts';
-import type { CameraFrame } from '../pipeline/payloads.ts';
+import type { CameraFrame } from '../nodes/payloads.ts';
 import type { FrameSource, SourceItem } from '../pipeline/types.ts';
 import { SAMPLE_START_NS, SAMPLE_TOPIC, makeSampleBag } from '../tools/make-sample-bag.ts';
 

@@ -1,4 +1,4 @@
-// Synthetic checkpoints (native/synth.ts): shapes, metadata types, tokenizer copy, determinism,
+// Synthetic checkpoints (models/synth.ts): shapes, metadata types, tokenizer copy, determinism,
 // idempotency, input errors, and an independent check that llama.cpp itself loads and runs them.
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -8,9 +8,9 @@ import { createReadStream } from 'node:fs';
 import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { BufferReadable, readGGUF, readTensorData, type GGUFFile } from '../native/gguf.ts';
-import { GGMLType, dequantize } from '../native/quant.ts';
-import { findGemmaVocab, listPresets, planCheckpoint, resolveModelSpec, synthesize, VOCAB_SIZE } from '../native/synth.ts';
+import { BufferReadable, readGGUF, readTensorData, type GGUFFile } from '../models/gguf.ts';
+import { GGMLType, dequantize } from '../models/quant.ts';
+import { findGemmaVocab, listPresets, planCheckpoint, resolveModelSpec, synthesize, VOCAB_SIZE } from '../models/synth.ts';
 import { REPO_ROOT, ensureSynthModel, findPeer } from './fixtures.ts';
 
 const DIR = join(REPO_ROOT, '.cache', 'test-synth');

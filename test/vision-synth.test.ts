@@ -11,7 +11,7 @@ import {
   visionWeights,
   type Gemma4VisionSpec,
   type SiglipSpec,
-} from '../tools/vision-synth.ts';
+} from '../models/vision-synth.ts';
 
 const dir = join(import.meta.dirname, '..', '.cache', 'test-vision-synth');
 rmSync(dir, { recursive: true, force: true });

@@ -6,16 +6,16 @@
 //               latency = receive time in the worker − time before process() in the sender (both
 //               process.hrtime, one monotonic clock), so it covers header building, JSON, the send,
 //               loopback tcp and the receive.
-//   node --import tsx pipeline/bench-publish.ts [--messages N] [--size BYTES] [--json]
+//   node --import tsx app/bench-publish.ts [--messages N] [--size BYTES] [--json]
 import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
 import { pathToFileURL } from 'node:url';
 import { Command } from 'commander';
 import { createPublisherStage } from '../nodes/publisher.ts';
-import { RealClock } from './clock.ts';
-import type { ActionMessage } from './payloads.ts';
-import type { StageContext } from './types.ts';
-import { standaloneContext } from './standalone.ts';
+import { RealClock } from '../pipeline/clock.ts';
+import type { ActionMessage } from '../nodes/payloads.ts';
+import type { StageContext } from '../pipeline/types.ts';
+import { standaloneContext } from '../pipeline/standalone.ts';
 
 export interface BenchPublishOptions {
   /** Messages in the throughput run (default 20000). */

@@ -62,7 +62,7 @@ program
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { generate } = await import('../native/commands.ts');
+    const { generate } = await import('./decode-commands.ts');
     const result = await generate({ ...opts, onToken: opts.json ? undefined : (piece: string) => process.stdout.write(piece) });
     if (!opts.json) process.stdout.write('\n');
     printResult(opts.json ? result : { ...result, text: undefined, tokens: undefined }, opts.json);
@@ -85,7 +85,7 @@ bench
   .option('--peer', 'also run llama-bench from the same llama.cpp build and report the ratio')
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchDecode } = await import('../native/commands.ts');
+    const { benchDecode } = await import('./decode-commands.ts');
     printResult(await benchDecode(opts), opts.json);
   });
 
@@ -154,7 +154,7 @@ models
   .option('--wtype <type>', 'GGUF weight type: f16, q8_0, q4_0, q4_k', 'q8_0')
   .option('--seed <n>', 'random seed', int('--seed'), 1)
   .action(async (opts) => {
-    const { synthesizeAny } = await import('./models.ts');
+    const { synthesizeAny } = await import('./model-commands.ts');
     printResult(await synthesizeAny(opts), false);
   });
 models
@@ -162,7 +162,7 @@ models
   .description('list the synthetic presets')
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { listAllPresets } = await import('./models.ts');
+    const { listAllPresets } = await import('./model-commands.ts');
     const presets = await listAllPresets();
     if (opts.json) process.stdout.write(`${JSON.stringify(presets, null, 2)}\n`);
     else for (const p of presets) process.stdout.write(`${p.name.padEnd(24)} ${p.description}\n`);

@@ -1,9 +1,9 @@
 // `percept bench frame`: camera frame → validated action through the real stages (preprocess,
 // encoder, decoder with the action grammar, validation), the publisher left out. Frames come from
 // the test pattern at a rate the pipeline can follow, so latencies are service times, not queueing.
-import { RealClock } from './clock.ts';
-import { loadConfig } from './config.ts';
-import { createGraph } from './graph.ts';
+import { RealClock } from '../pipeline/clock.ts';
+import { loadConfig } from '../pipeline/config.ts';
+import { createGraph } from '../pipeline/graph.ts';
 import { createSource, createStages } from './run.ts';
 
 export interface BenchFrameOptions {

@@ -1,8 +1,8 @@
 // `percept models …`: one front for the two kinds of synthetic checkpoints: decoder GGUFs
-// (native/synth.ts) and vision encoders in ONNX (tools/vision-synth.ts).
-import { listPresets, synthesize } from '../native/synth.ts';
-import { listVisionPresets, synthesizeVision } from '../tools/vision-synth.ts';
-import { listMmprojPresets, synthesizeMmproj } from '../tools/mmproj-synth.ts';
+// (models/synth.ts) and vision encoders in ONNX (models/vision-synth.ts).
+import { listPresets, synthesize } from '../models/synth.ts';
+import { listVisionPresets, synthesizeVision } from '../models/vision-synth.ts';
+import { listMmprojPresets, synthesizeMmproj } from '../models/mmproj-synth.ts';
 
 export interface PresetListing {
   readonly name: string;

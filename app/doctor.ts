@@ -43,7 +43,7 @@ export async function doctor(): Promise<Record<string, string>> {
       return ok(`libzmq ${zmq.version}`);
     },
     configs: async () => {
-      const { loadConfig } = await import('./config.ts');
+      const { loadConfig } = await import('../pipeline/config.ts');
       const dir = join(root, 'configs');
       const files = readdirSync(dir).filter((f) => f.endsWith('.json') && !f.endsWith('.schema.json'));
       for (const f of files) loadConfig(join(dir, f));

@@ -3,11 +3,11 @@ import { readFileSync } from 'node:fs';
 import sharp from 'sharp';
 import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder-onnx.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
-import { isMmprojSpec, resolveMmprojSpec } from '../tools/mmproj-synth.ts';
-import { resolveVisionSpec } from '../tools/vision-synth.ts';
-import type { CameraFrame, ImageEmbedding, PixelTensor } from './payloads.ts';
-import type { Stage, StageContext } from './types.ts';
-import { standaloneContext } from './standalone.ts';
+import { isMmprojSpec, resolveMmprojSpec } from '../models/mmproj-synth.ts';
+import { resolveVisionSpec } from '../models/vision-synth.ts';
+import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
+import type { Stage, StageContext } from '../pipeline/types.ts';
+import { standaloneContext } from '../pipeline/standalone.ts';
 
 export interface BenchEncodeOptions {
   /** .onnx path or synth:<preset> (onnxruntime); .gguf mmproj or synth:<preset>-mmproj[@seed][?dtype=f16]

@@ -1,5 +1,5 @@
 // Synthetic llama.cpp mmproj GGUFs (tools/mtmd clip) from the SAME random weights as the synthetic ONNX
-// vision encoders of tools/vision-synth.ts: one preset + seed gives one set of weights, written twice
+// vision encoders of models/vision-synth.ts: one preset + seed gives one set of weights, written twice
 // (ONNX for onnxruntime, GGUF for clip), so the two runtimes can be checked against each other.
 //
 // The mapping follows llama.cpp's converter (conversion/gemma.py Gemma3VisionModel / Gemma4VisionAudioModel)
@@ -21,8 +21,8 @@
 import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { GGUFWriter, arr, bool, f32, str, u32, type PlannedTensor } from '../native/gguf.ts';
-import { GGMLType, quantize } from '../native/quant.ts';
+import { GGUFWriter, arr, bool, f32, str, u32, type PlannedTensor } from './gguf.ts';
+import { GGMLType, quantize } from './quant.ts';
 import {
   listVisionPresets,
   visionPreset,

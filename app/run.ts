@@ -2,12 +2,12 @@
 // stage; the stages themselves only know their input and output types.
 import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
-import { RealClock, VirtualClock, type Clock } from './clock.ts';
-import { loadConfig, type PerceptConfig, type SourceConfig } from './config.ts';
-import { createGraph, stopOnSignals } from './graph.ts';
-import { LiveTable, formatSummary, writeJsonSummary, type TelemetryEvent } from './telemetry.ts';
-import type { ActionMessage, CameraFrame, EncoderContract } from './payloads.ts';
-import type { FrameSource, Stage } from './types.ts';
+import { RealClock, VirtualClock, type Clock } from '../pipeline/clock.ts';
+import { loadConfig, type PerceptConfig, type SourceConfig } from '../pipeline/config.ts';
+import { createGraph, stopOnSignals } from '../pipeline/graph.ts';
+import { LiveTable, formatSummary, writeJsonSummary, type TelemetryEvent } from '../pipeline/telemetry.ts';
+import type { ActionMessage, CameraFrame, EncoderContract } from '../nodes/payloads.ts';
+import type { FrameSource, Stage } from '../pipeline/types.ts';
 import type { PublisherStage } from '../nodes/publisher.ts';
 
 export interface RunOptions {
@@ -75,7 +75,7 @@ export async function createStages(config: PerceptConfig, { publish = true } = {
     for (const s of stages) await s.close?.().catch(() => undefined);
   };
   try {
-    const { resolveModelSpec } = await import('../native/synth.ts');
+    const { resolveModelSpec } = await import('../models/synth.ts');
     const { createDecoderStage } = await import('../nodes/decoder.ts');
     const resolveDraft = async (spec: string | null) => (spec ? resolveModelSpec(spec) : null);
     log(`decoder: ${config.decoder.model}`);
@@ -92,7 +92,7 @@ export async function createStages(config: PerceptConfig, { publish = true } = {
     let encoder: Stage<never, unknown>;
     switch (config.encoder.kind) {
       case 'onnx': {
-        const { resolveVisionSpec } = await import('../tools/vision-synth.ts');
+        const { resolveVisionSpec } = await import('../models/vision-synth.ts');
         const { createOnnxEncoderStage } = await import('../nodes/encoder-onnx.ts');
         log(`encoder: ${config.encoder.model}`);
         const onnx = await createOnnxEncoderStage({ model: resolveVisionSpec(config.encoder.model), ep: config.encoder.executionProvider, threads: config.encoder.threads, expectedHidden: nEmbd });
@@ -107,7 +107,7 @@ export async function createStages(config: PerceptConfig, { publish = true } = {
         break;
       }
       case 'mtmd': {
-        const { resolveMmprojSpec } = await import('../tools/mmproj-synth.ts');
+        const { resolveMmprojSpec } = await import('../models/mmproj-synth.ts');
         const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
         log(`encoder (llama.cpp clip): ${config.encoder.mmproj}`);
         const mtmd = await createMtmdEncoderStage({ mmproj: await resolveMmprojSpec(config.encoder.mmproj), gpuLayers: config.encoder.gpuLayers, expectedHidden: nEmbd });

@@ -6,12 +6,12 @@
 //   hop total        = stage k's exit − stage k−1's exit (both together)
 // The first `warmupFrames` frames are left out (JIT warm-up). Goal: hop overhead p99 ≤ 50 µs.
 //
-//   node --import tsx pipeline/bench-graph.ts [--hz 1000] [--frames 5000] [--stages 5] [--json]
+//   node --import tsx app/bench-graph.ts [--hz 1000] [--frames 5000] [--stages 5] [--json]
 import { pathToFileURL } from 'node:url';
-import { RealClock, type Clock } from './clock.ts';
-import { loadConfig } from './config.ts';
-import { createGraph } from './graph.ts';
-import type { Envelope, FrameSource, SourceItem, Stage } from './types.ts';
+import { RealClock, type Clock } from '../pipeline/clock.ts';
+import { loadConfig } from '../pipeline/config.ts';
+import { createGraph } from '../pipeline/graph.ts';
+import type { Envelope, FrameSource, SourceItem, Stage } from '../pipeline/types.ts';
 
 export type BenchGraphOptions = { readonly hz?: number; readonly frames?: number; readonly stages?: number; readonly warmupFrames?: number };
 

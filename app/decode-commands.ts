@@ -1,48 +1,25 @@
 // CLI command implementations over the native binding: `percept generate` and
-// `percept bench decode` (the lead wires them into commander in pipeline/cli.ts).
+// `percept bench decode` (wired into commander in app/cli.ts).
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { availableParallelism } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { LlamaModel, type GenerateResult, type LlamaContext, type LlamaGrammar, type SpeculatorOptions, type StopReason, type Timings } from './llama.ts';
-import { resolveModelSpec } from './synth.ts';
+import { LlamaModel, type GenerateResult, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
+import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
+import { resolveModelSpec } from '../models/synth.ts';
 
 const execFileAsync = promisify(execFile);
 const ROOT = resolve(import.meta.dirname ?? new URL('.', import.meta.url).pathname, '..');
 
-export interface SpeculationFlags {
-  /** Draft model GGUF (same vocabulary) → draft-simple. */
-  readonly draft?: string | null;
-  /** Gemma 4 MTP assistant GGUF → draft-mtp. */
-  readonly draftMtp?: string | null;
-  /** n-gram drafting (ngram-simple). */
-  readonly ngram?: boolean;
-  /** Longest draft (default 4). */
-  readonly nDraft?: number;
-}
-
-/** Loads the draft (if any) and attaches the speculator the flags ask for; returns the draft model to dispose. */
-export async function attachSpeculation(ctx: LlamaContext, flags: SpeculationFlags, gpuLayers = 0): Promise<LlamaModel | undefined> {
-  const chosen = [flags.draft ? 'draft' : '', flags.draftMtp ? 'draftMtp' : '', flags.ngram ? 'ngram' : ''].filter(Boolean);
-  if (chosen.length > 1) throw new TypeError(`choose one of --draft, --draft-mtp, --ngram (got ${chosen.join(', ')})`);
-  const nMax = flags.nDraft ?? 4;
-  if (flags.ngram) {
-    await ctx.attachSpeculator({ type: 'ngram-simple', nMax, ngramN: 3 });
-    return undefined;
-  }
-  const spec = flags.draft ?? flags.draftMtp;
-  if (!spec) return undefined;
-  const draftModel = await LlamaModel.load(await resolveModelSpec(spec), { gpuLayers });
-  try {
-    const options: SpeculatorOptions = flags.draft ? { type: 'draft-simple', draftModel, nMax } : { type: 'draft-mtp', draftModel, nMax };
-    await ctx.attachSpeculator(options);
-    return draftModel;
-  } catch (err) {
-    await draftModel.dispose();
-    throw err;
-  }
+/** The CLI's speculation flags with `synth:` specifiers resolved to files. */
+async function resolveSpeculation(flags: SpeculationFlags): Promise<SpeculationFlags> {
+  return {
+    ...flags,
+    draft: flags.draft ? await resolveModelSpec(flags.draft) : null,
+    draftMtp: flags.draftMtp ? await resolveModelSpec(flags.draftMtp) : null,
+  };
 }
 
 async function loadSchemaGrammar(model: LlamaModel, schemaPath: string): Promise<LlamaGrammar> {
@@ -95,7 +72,7 @@ export async function generate(opts: GenerateCommandOptions): Promise<GenerateCo
   try {
     const promptTokens = model.tokenize(opts.prompt, { addSpecial: true }).length;
     const ctx = await model.createContext({ nCtx: Math.max(256, promptTokens + maxTokens + 16), nBatch: Math.max(512, promptTokens) });
-    draft = await attachSpeculation(ctx, opts, gpuLayers);
+    draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
     const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
     const onToken = opts.onToken;
     const r: GenerateResult = await ctx.generate([{ text: opts.prompt, addSpecial: true }], {
@@ -210,7 +187,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
   let draft: LlamaModel | undefined;
   try {
     const ctx = await model.createContext({ nCtx: promptTokens + genTokens + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
-    draft = await attachSpeculation(ctx, opts, gpuLayers);
+    draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
     const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
     const { bos, nVocab } = model.info;
     const pp = [bos, ...randomTokens(promptTokens - 1, nVocab, 7)];
