@@ -3,7 +3,7 @@
 // the test pattern at a rate the pipeline can follow, so latencies are service times, not queueing.
 import { RealClock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
-import { createGraph } from '../pipeline/graph.ts';
+import { createGraph } from '../pipeline/graph/graph.ts';
 import { createSource, createStages } from './run.ts';
 
 export interface BenchFrameOptions {

@@ -10,7 +10,7 @@
 import { pathToFileURL } from 'node:url';
 import { RealClock, type Clock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
-import { createGraph } from '../pipeline/graph.ts';
+import { createGraph } from '../pipeline/graph/graph.ts';
 import type { Envelope, FrameSource, SourceItem, Stage } from '../pipeline/types.ts';
 
 export type BenchGraphOptions = { readonly hz?: number; readonly frames?: number; readonly stages?: number; readonly warmupFrames?: number };

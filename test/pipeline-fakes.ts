@@ -3,8 +3,8 @@
 import assert from 'node:assert/strict';
 import { VirtualClock, msToNs, type Clock } from '../pipeline/clock.ts';
 import { loadConfig, type PerceptConfig } from '../pipeline/config.ts';
-import { createGraph, type Graph } from '../pipeline/graph.ts';
-import { eventToJson, type RunSummary, type TelemetryEvent } from '../pipeline/telemetry.ts';
+import { createGraph, type Graph } from '../pipeline/graph/graph.ts';
+import { eventToJson, type RunSummary, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
 import type { Envelope, FrameSource, SourceItem, Stage, StageContext } from '../pipeline/types.ts';
 
 export interface FakeSourceOptions {

@@ -4,7 +4,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as delay } from 'node:timers/promises';
 import { RealClock, VirtualClock, msToNs } from '../pipeline/clock.ts';
-import { createGraph } from '../pipeline/graph.ts';
+import { createGraph } from '../pipeline/graph/graph.ts';
 import { DropFrame } from '../pipeline/types.ts';
 import type { Knobs, StageContext } from '../pipeline/types.ts';
 import { assertConservation, dropsOf, fakeDecoder, fakeSource, fakeStage, framesOf, runGraph, testConfig, transcript } from './pipeline-fakes.ts';

@@ -1,8 +1,8 @@
 // Child process for test/pipeline-shutdown.test.ts: an endless real-clock graph of fake stages
 // that stops on SIGINT/SIGTERM, prints its summary (text, then one JSON line) and exits by itself.
 import { RealClock } from '../pipeline/clock.ts';
-import { createGraph, stopOnSignals } from '../pipeline/graph.ts';
-import { formatSummary } from '../pipeline/telemetry.ts';
+import { createGraph, stopOnSignals } from '../pipeline/graph/graph.ts';
+import { formatSummary } from '../pipeline/telemetry/report.ts';
 import { fakeSource, fakeStage, testConfig } from './pipeline-fakes.ts';
 
 const stages = [

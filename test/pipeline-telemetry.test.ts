@@ -3,7 +3,10 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { Subject } from 'rxjs';
-import { LatencyHistogram, LiveTable, TelemetryAggregator, eventToJson, formatSummary, writeJsonSummary, type TelemetryEvent } from '../pipeline/telemetry.ts';
+import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
+import { eventToJson, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
+import { LatencyHistogram } from '../pipeline/telemetry/histogram.ts';
+import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
 
 /** mulberry32: a small seeded PRNG so the data sets are the same on every run. */
 function prng(seed: number): () => number {
