@@ -3,8 +3,7 @@ import { readFileSync } from 'node:fs';
 import sharp from 'sharp';
 import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder-onnx.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
-import { isMmprojSpec, resolveMmprojSpec } from '../models/mmproj-synth.ts';
-import { resolveVisionSpec } from '../models/vision-synth.ts';
+import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
 import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
@@ -93,7 +92,7 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   const imageTokens = opts.imageTokens ?? 280;
   const ep = (opts.ep ?? 'cpu') as ExecutionProvider;
   if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda') throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
-  const modelPath = runtime === 'mtmd' ? await resolveMmprojSpec(opts.encoder) : resolveVisionSpec(opts.encoder);
+  const modelPath = await resolveModel(opts.encoder, runtime === 'mtmd' ? 'mmproj' : 'vision');
 
   let frame: CameraFrame;
   let imageName: string;

@@ -4,6 +4,7 @@
 import { RealClock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import { createGraph } from '../pipeline/graph/graph.ts';
+import { isMmprojSpec } from '../models/resolve.ts';
 import { createSource, createStages } from './run.ts';
 
 export interface BenchFrameOptions {
@@ -36,7 +37,7 @@ export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameRes
   const imageTokens = opts.imageTokens ?? 280;
   const encoder = opts.encoder === 'projection'
     ? { kind: 'projection' }
-    : opts.encoder.endsWith('.gguf') || opts.encoder.startsWith('synth:') && opts.encoder.includes('mmproj')
+    : isMmprojSpec(opts.encoder)
       ? { kind: 'mtmd', mmproj: opts.encoder, gpuLayers: opts.gpuLayers ?? 0 }
       : { kind: 'onnx', model: opts.encoder };
   const maxNewTokens = opts.maxNewTokens ?? 48;

@@ -8,7 +8,7 @@ import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import { LlamaModel, type GenerateResult, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
 import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
-import { resolveModelSpec } from '../models/synth.ts';
+import { resolveModel } from '../models/resolve.ts';
 
 const execFileAsync = promisify(execFile);
 const ROOT = resolve(import.meta.dirname ?? new URL('.', import.meta.url).pathname, '..');
@@ -17,8 +17,8 @@ const ROOT = resolve(import.meta.dirname ?? new URL('.', import.meta.url).pathna
 async function resolveSpeculation(flags: SpeculationFlags): Promise<SpeculationFlags> {
   return {
     ...flags,
-    draft: flags.draft ? await resolveModelSpec(flags.draft) : null,
-    draftMtp: flags.draftMtp ? await resolveModelSpec(flags.draftMtp) : null,
+    draft: flags.draft ? await resolveModel(flags.draft, 'decoder') : null,
+    draftMtp: flags.draftMtp ? await resolveModel(flags.draftMtp, 'decoder') : null,
   };
 }
 
@@ -67,7 +67,7 @@ export async function generate(opts: GenerateCommandOptions): Promise<GenerateCo
   if (typeof opts.prompt !== 'string') throw new TypeError('--prompt is required');
   const maxTokens = opts.maxTokens ?? 128;
   const gpuLayers = opts.gpuLayers ?? 0;
-  const model = await LlamaModel.load(await resolveModelSpec(opts.model), { gpuLayers });
+  const model = await LlamaModel.load(await resolveModel(opts.model, 'decoder'), { gpuLayers });
   let draft: LlamaModel | undefined;
   try {
     const promptTokens = model.tokenize(opts.prompt, { addSpecial: true }).length;
@@ -182,7 +182,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
   for (const [k, v, min] of [['promptTokens', promptTokens, 1], ['genTokens', genTokens, 2], ['reps', reps, 1]] as const) {
     if (!Number.isInteger(v) || v < min) throw new RangeError(`bench decode: ${k} must be an integer ≥ ${min}, got ${v}`);
   }
-  const path = await resolveModelSpec(opts.model);
+  const path = await resolveModel(opts.model, 'decoder');
   const model = await LlamaModel.load(path, { gpuLayers });
   let draft: LlamaModel | undefined;
   try {

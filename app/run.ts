@@ -76,13 +76,13 @@ export async function createStages(config: PerceptConfig, { publish = true } = {
     for (const s of stages) await s.close?.().catch(() => undefined);
   };
   try {
-    const { resolveModelSpec } = await import('../models/synth.ts');
+    const { resolveModel } = await import('../models/resolve.ts');
     const { createDecoderStage } = await import('../nodes/decoder.ts');
-    const resolveDraft = async (spec: string | null) => (spec ? resolveModelSpec(spec) : null);
+    const resolveDraft = async (spec: string | null) => (spec ? resolveModel(spec, 'decoder') : null);
     log(`decoder: ${config.decoder.model}`);
     const decoder = await createDecoderStage({
       ...config.decoder,
-      model: await resolveModelSpec(config.decoder.model),
+      model: await resolveModel(config.decoder.model, 'decoder'),
       draft: await resolveDraft(config.decoder.draft),
       draftMtp: await resolveDraft(config.decoder.draftMtp),
       schemaPath: config.actions.schema,
@@ -93,10 +93,9 @@ export async function createStages(config: PerceptConfig, { publish = true } = {
     let encoder: Stage<never, unknown>;
     switch (config.encoder.kind) {
       case 'onnx': {
-        const { resolveVisionSpec } = await import('../models/vision-synth.ts');
         const { createOnnxEncoderStage } = await import('../nodes/encoder-onnx.ts');
         log(`encoder: ${config.encoder.model}`);
-        const onnx = await createOnnxEncoderStage({ model: resolveVisionSpec(config.encoder.model), ep: config.encoder.executionProvider, threads: config.encoder.threads, expectedHidden: nEmbd });
+        const onnx = await createOnnxEncoderStage({ model: await resolveModel(config.encoder.model, 'vision'), ep: config.encoder.executionProvider, threads: config.encoder.threads, expectedHidden: nEmbd });
         contract = onnx.contract.kind;
         encoder = onnx as Stage<never, unknown>;
         break;
@@ -108,10 +107,9 @@ export async function createStages(config: PerceptConfig, { publish = true } = {
         break;
       }
       case 'mtmd': {
-        const { resolveMmprojSpec } = await import('../models/mmproj-synth.ts');
         const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
         log(`encoder (llama.cpp clip): ${config.encoder.mmproj}`);
-        const mtmd = await createMtmdEncoderStage({ mmproj: await resolveMmprojSpec(config.encoder.mmproj), gpuLayers: config.encoder.gpuLayers, expectedHidden: nEmbd });
+        const mtmd = await createMtmdEncoderStage({ mmproj: await resolveModel(config.encoder.mmproj, 'mmproj'), gpuLayers: config.encoder.gpuLayers, expectedHidden: nEmbd });
         contract = mtmd.contract.kind;
         encoder = mtmd as Stage<never, unknown>;
         break;

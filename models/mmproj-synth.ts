@@ -18,9 +18,8 @@
 // One deliberate difference from real converted Gemma 4 mmproj files: those do not set clip.use_gelu, and
 // llama.cpp then runs GELU-quick in the vision FFN (clip.cpp load_hparams) while HF runs GELU-tanh. These
 // synthetic files set clip.use_gelu = true so clip computes the HF/ONNX math.
-import { existsSync, mkdirSync, statSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { GGUFWriter, arr, bool, f32, str, u32, type PlannedTensor } from './gguf.ts';
 import { GGMLType, quantize } from './quant.ts';
 import {
@@ -309,35 +308,4 @@ export async function synthesizeMmproj(opts: SynthesizeMmprojOptions): Promise<S
     outHidden: spec.outHidden,
     ms: performance.now() - t0,
   };
-}
-
-const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
-
-export interface ResolveMmprojOptions {
-  /** Where synthetic files are cached (default `<repo>/.cache/models`). */
-  readonly cacheDir?: string;
-}
-
-/** True for specifiers that name an mmproj: a `.gguf` path or `synth:<preset>-mmproj[@seed][?dtype=f16]`. */
-export function isMmprojSpec(specifier: string): boolean {
-  return typeof specifier === 'string' && (specifier.endsWith('.gguf') || /^synth:[a-z0-9-]+-mmproj(?:@\d+)?(?:\?dtype=f(?:16|32))?$/.test(specifier));
-}
-
-/** `synth:<preset>-mmproj[@seed][?dtype=f16]` → path of the cached GGUF (written on first use); any other
- * string is a path that must exist. */
-export async function resolveMmprojSpec(specifier: string, opts: ResolveMmprojOptions = {}): Promise<string> {
-  if (typeof specifier !== 'string' || specifier.length === 0) throw new TypeError('mmproj specifier must be a non-empty string');
-  if (!specifier.startsWith('synth:')) {
-    if (!existsSync(specifier)) throw new Error(`mmproj '${specifier}' does not exist`);
-    return specifier;
-  }
-  const m = /^synth:([a-z0-9-]+?)(?:@(\d+))?(?:\?dtype=(f16|f32))?$/.exec(specifier);
-  if (!m) throw new Error(`bad synthetic mmproj specifier '${specifier}' (expected synth:<preset>-mmproj[@seed][?dtype=f16])`);
-  const base = mmprojVisionPreset(m[1]!);
-  const seed = m[2] === undefined ? 0 : Number(m[2]);
-  const dtype = (m[3] ?? 'f32') as MmprojDtype;
-  const dir = opts.cacheDir ?? join(repoRoot, '.cache', 'models');
-  const path = join(dir, `${base}-s${seed}-${dtype}.mmproj.gguf`);
-  if (!existsSync(path) || statSync(path).size === 0) await synthesizeMmproj({ preset: base, out: path, seed, dtype });
-  return path;
 }

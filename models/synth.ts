@@ -9,7 +9,7 @@
 // runs, and a file already stamped with the same percept.synth.* KVs is not rewritten.
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdir, rename, rm, stat } from 'node:fs/promises';
+import { mkdir, rename, rm } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -24,7 +24,6 @@ export const GENERATOR_VERSION = 1;
 export const VOCAB_SIZE = 262144;
 
 const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
-export const DEFAULT_MODEL_CACHE = join(REPO_ROOT, '.cache', 'models');
 
 export const WEIGHT_TYPES = ['f32', 'f16', 'q8_0', 'q4_0', 'q4_k'] as const;
 /** q4_k mimics llama-quantize's Q4_K_M mix (models.md §6b); the others are uniform for 2-D weights. */
@@ -668,36 +667,4 @@ function validateConfig(name: string, c: ModelConfig): void {
     if (c.sliding[kvFrom - 1] || !c.sliding[kvFrom - 2]) fail(`layer ${kvFrom - 1} must be full and ${kvFrom - 2} sliding for KV reuse`);
   }
   if (c.arch === 'gemma4-assistant' && c.hidden === c.backboneHidden) fail('embedding_length_out must differ from embedding_length');
-}
-
-/**
- * Resolves a model spec to a file path. `synth:PRESET[?wtype=W&seed=N]` → a cached synthetic checkpoint
- * under `cacheDir` (generated on first use); anything else is a path that must exist.
- */
-export async function resolveModelSpec(spec: string, options: { cacheDir?: string; onProgress?: SynthesizeOptions['onProgress'] } = {}): Promise<string> {
-  if (typeof spec !== 'string' || spec.length === 0) throw new TypeError(`model spec must be a non-empty string, got ${JSON.stringify(spec)}`);
-  if (!spec.startsWith('synth:')) {
-    const path = resolve(spec);
-    try {
-      const s = await stat(path);
-      if (!s.isFile()) throw new Error(`model path ${path} is not a file`);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw new Error(`model file not found: ${path} (from spec ${JSON.stringify(spec)})`);
-      throw err;
-    }
-    return path;
-  }
-  const [name = '', query = ''] = spec.slice('synth:'.length).split('?', 2);
-  const params = new URLSearchParams(query);
-  for (const key of params.keys()) {
-    if (key !== 'wtype' && key !== 'seed') throw new RangeError(`model spec ${JSON.stringify(spec)}: unknown parameter '${key}' (expected wtype, seed)`);
-  }
-  presetOf(name);
-  const wtype = checkWtype(params.get('wtype') ?? 'q8_0');
-  const seedText = params.get('seed') ?? '1';
-  if (!/^\d+$/.test(seedText)) throw new RangeError(`model spec ${JSON.stringify(spec)}: seed must be a non-negative integer, got '${seedText}'`);
-  const seed = checkSeed(Number(seedText));
-  const out = join(options.cacheDir ?? DEFAULT_MODEL_CACHE, `${name}.${wtype}.s${seed}.gguf`);
-  const result = await synthesize({ preset: name, wtype, seed, out, ...(options.onProgress ? { onProgress: options.onProgress } : {}) });
-  return result.path;
 }

@@ -22,7 +22,7 @@
 //     cols = max(col)+1, rows = valid/cols.
 //   - Gemma 4 E2B/E4B "clippable" linears are plain linears (the clamp ranges come from training).
 //   - No 26B/31B `standardize` step. fp32 only (no fp16 variant yet).
-import { existsSync, mkdirSync, renameSync, statSync } from 'node:fs';
+import { mkdirSync, renameSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { OnnxGraphBuilder, SeededRandom, tensorSeed, type OnnxModelInfo } from './onnx-writer.ts';
 
@@ -410,28 +410,4 @@ export function synthesizeVision(opts: SynthesizeVisionOptions): SynthesizeVisio
     outHidden: preset.spec.outHidden,
     ms: performance.now() - t0,
   };
-}
-
-export interface ResolveVisionOptions {
-  /** Where synthetic models are cached (default `<repo>/.cache/models`). */
-  readonly cacheDir?: string;
-}
-
-const repoRoot = resolve(dirname(new URL(import.meta.url).pathname), '..');
-
-/** `synth:<preset>[@seed]` → path of the cached model (made on first use); any other string is a path
- * that must exist. */
-export function resolveVisionSpec(specifier: string, opts: ResolveVisionOptions = {}): string {
-  if (!specifier.startsWith('synth:')) {
-    if (!existsSync(specifier)) throw new Error(`vision encoder '${specifier}' does not exist`);
-    return specifier;
-  }
-  const m = /^synth:([a-z0-9-]+)(?:@(\d+))?$/.exec(specifier);
-  if (!m) throw new Error(`bad synthetic vision specifier '${specifier}' (expected synth:<preset>[@seed])`);
-  const preset = visionPreset(m[1]!);
-  const seed = m[2] === undefined ? 0 : Number(m[2]);
-  const dir = opts.cacheDir ?? join(repoRoot, '.cache', 'models');
-  const path = join(dir, `${preset.name}-s${seed}.onnx`);
-  if (!existsSync(path) || statSync(path).size === 0) synthesizeVision({ preset: preset.name, out: path, seed });
-  return path;
 }

@@ -11,7 +11,8 @@ import { clipImageOf, createMtmdEncoderStage, type MtmdEncoderStage } from '../n
 import { createPreprocessStage } from '../nodes/preprocess.ts';
 import type { ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import { DropFrame, type StageContext, type StageEvent } from '../pipeline/types.ts';
-import { isMmprojSpec, listMmprojPresets, mmprojTensorPlan, patchLinearToConv, resolveMmprojSpec, synthesizeMmproj, transpose2d } from '../models/mmproj-synth.ts';
+import { listMmprojPresets, mmprojTensorPlan, patchLinearToConv, synthesizeMmproj, transpose2d } from '../models/mmproj-synth.ts';
+import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
 import { synthesizeVision, visionPreset, visionWeights } from '../models/vision-synth.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 
@@ -127,9 +128,10 @@ describe('mmproj synthesis', () => {
     assert.equal(isMmprojSpec('synth:siglip-tiny-mmproj@3'), true);
     assert.equal(isMmprojSpec('synth:siglip-tiny'), false);
     assert.equal(isMmprojSpec('x.mmproj.gguf'), true);
-    const cached = await resolveMmprojSpec('synth:siglip-tiny-mmproj@1', { cacheDir: dir });
+    const cached = await resolveModel('synth:siglip-tiny-mmproj@1', 'mmproj', { cacheDir: dir });
     assert.equal(statSync(cached).size, statSync(siglipGguf).size);
     await assert.rejects(synthesizeMmproj({ preset: 'nope', out: join(dir, 'x.gguf') }), /unknown mmproj preset 'nope'/);
+    await assert.rejects(resolveModel('synth:siglip-tiny-mmproj?dtype=q4', 'mmproj', { cacheDir: dir }), /dtype must be one of f32, f16, got 'q4'/);
   });
 });
 

@@ -10,7 +10,8 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { BufferReadable, readGGUF, readTensorData, type GGUFFile } from '../models/gguf.ts';
 import { GGMLType, dequantize } from '../models/quant.ts';
-import { findGemmaVocab, listPresets, planCheckpoint, resolveModelSpec, synthesize, VOCAB_SIZE } from '../models/synth.ts';
+import { resolveModel } from '../models/resolve.ts';
+import { findGemmaVocab, listPresets, planCheckpoint, synthesize, VOCAB_SIZE } from '../models/synth.ts';
 import { REPO_ROOT, ensureSynthModel, findPeer } from './fixtures.ts';
 
 const DIR = join(REPO_ROOT, '.cache', 'test-synth');
@@ -206,22 +207,22 @@ describe('input errors', () => {
     await assert.rejects(synthesize({ preset: 'gemma4-tiny', out: '' }), /`out` must be a file path/);
   });
   test('model specs: missing file, unknown parameter, bad seed, unknown preset', async () => {
-    await assert.rejects(resolveModelSpec(join(DIR, 'missing.gguf')), /model file not found: .*missing\.gguf/);
-    await assert.rejects(resolveModelSpec('synth:gemma4-tiny?wtype=q8_0&layers=2'), /unknown parameter 'layers'/);
-    await assert.rejects(resolveModelSpec('synth:gemma4-tiny?seed=x'), /seed must be a non-negative integer, got 'x'/);
-    await assert.rejects(resolveModelSpec('synth:nope'), /unknown synthetic preset "nope"/);
-    await assert.rejects(resolveModelSpec('synth:gemma4-tiny?wtype=int3'), /invalid wtype "int3"/);
+    await assert.rejects(resolveModel(join(DIR, 'missing.gguf'), 'decoder'), /decoder model file not found: .*missing\.gguf/);
+    await assert.rejects(resolveModel('synth:gemma4-tiny?wtype=q8_0&layers=2', 'decoder'), /unknown parameter 'layers'/);
+    await assert.rejects(resolveModel('synth:gemma4-tiny?seed=x', 'decoder'), /seed must be a non-negative integer, got 'x'/);
+    await assert.rejects(resolveModel('synth:nope', 'decoder'), /unknown synthetic preset "nope"/);
+    await assert.rejects(resolveModel('synth:gemma4-tiny?wtype=int3', 'decoder'), /invalid wtype "int3"/);
   });
 });
 
 describe('model specs and fixtures', () => {
   test('synth: specs resolve to a cached checkpoint generated once; plain paths pass through', async () => {
-    const a = await resolveModelSpec('synth:gemma4-tiny-assistant?seed=3', { cacheDir: DIR });
+    const a = await resolveModel('synth:gemma4-tiny-assistant?seed=3', 'decoder', { cacheDir: DIR });
     assert.equal(a, join(DIR, 'gemma4-tiny-assistant.q8_0.s3.gguf'));
     const mtime = (await stat(a)).mtimeMs;
-    assert.equal(await resolveModelSpec('synth:gemma4-tiny-assistant?seed=3', { cacheDir: DIR }), a);
+    assert.equal(await resolveModel('synth:gemma4-tiny-assistant?seed=3', 'decoder', { cacheDir: DIR }), a);
     assert.equal((await stat(a)).mtimeMs, mtime);
-    assert.equal(await resolveModelSpec(a), a);
+    assert.equal(await resolveModel(a, 'decoder'), a);
     const f = await readGGUF(a);
     assert.equal(f.get('gemma4-assistant.embedding_length_out'), 64);
     assert.equal(f.get('gemma4-assistant.nextn_predict_layers'), 4);

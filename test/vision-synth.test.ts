@@ -5,13 +5,13 @@ import { describe, test } from 'node:test';
 import ort from 'onnxruntime-node';
 import {
   listVisionPresets,
-  resolveVisionSpec,
   synthesizeVision,
   visionPreset,
   visionWeights,
   type Gemma4VisionSpec,
   type SiglipSpec,
 } from '../models/vision-synth.ts';
+import { resolveModel } from '../models/resolve.ts';
 
 const dir = join(import.meta.dirname, '..', '.cache', 'test-vision-synth');
 rmSync(dir, { recursive: true, force: true });
@@ -323,16 +323,18 @@ describe('files', () => {
     assert.deepEqual(r2.data, r1.data);
   });
 
-  test('resolveVisionSpec makes a synth: model once and reuses it', () => {
+  test("resolveModel(spec, 'vision') makes a synth: model once and reuses it", async () => {
     const cacheDir = join(dir, 'cache');
-    const p1 = resolveVisionSpec('synth:gemma4-vision-tiny', { cacheDir });
+    const p1 = await resolveModel('synth:gemma4-vision-tiny', 'vision', { cacheDir });
     const m1 = statSync(p1).mtimeMs;
-    const p2 = resolveVisionSpec('synth:gemma4-vision-tiny', { cacheDir });
+    const p2 = await resolveModel('synth:gemma4-vision-tiny', 'vision', { cacheDir });
     assert.equal(p2, p1);
     assert.equal(statSync(p2).mtimeMs, m1);
-    assert.notEqual(resolveVisionSpec('synth:gemma4-vision-tiny@7', { cacheDir }), p1);
-    assert.throws(() => resolveVisionSpec('synth:nope', { cacheDir }), /unknown vision preset 'nope'/);
-    assert.throws(() => resolveVisionSpec('synth:Bad Name', { cacheDir }), /bad synthetic vision specifier/);
-    assert.throws(() => resolveVisionSpec(join(dir, 'missing.onnx')), /does not exist/);
+    assert.notEqual(await resolveModel('synth:gemma4-vision-tiny@7', 'vision', { cacheDir }), p1);
+    await assert.rejects(resolveModel('synth:nope', 'vision', { cacheDir }), /unknown vision preset 'nope'/);
+    await assert.rejects(resolveModel('synth:Bad Name', 'vision', { cacheDir }), /bad synthetic model spec/);
+    await assert.rejects(resolveModel('synth:gemma4-vision-tiny?wtype=f16', 'vision', { cacheDir }), /unknown parameter 'wtype' for a vision \(expected seed\)/);
+    await assert.rejects(resolveModel('synth:gemma4-vision-tiny@1?seed=2', 'vision', { cacheDir }), /the seed is given twice/);
+    await assert.rejects(resolveModel(join(dir, 'missing.onnx'), 'vision'), /vision model file not found: .*missing\.onnx/);
   });
 });
