@@ -10,6 +10,7 @@
 import { pathToFileURL } from 'node:url';
 import { RealClock, type Clock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
+import { chainOf } from '../pipeline/graph/chain.ts';
 import { createGraph } from '../pipeline/graph/graph.ts';
 import type { Envelope, FrameSource, SourceItem, Stage } from '../pipeline/types.ts';
 
@@ -51,7 +52,7 @@ export async function benchGraph({ hz = 1000, frames = 5000, stages = 5, warmupF
   });
   const noop: Stage<unknown, unknown>[] = Array.from({ length: stages }, (_, i) => ({ name: `noop${i}`, process: async (input: unknown) => input }));
   const clock = new RealClock();
-  const graph = createGraph({ source: pacedSource(hz, frames), stages: noop, clock, config });
+  const graph = createGraph({ source: pacedSource(hz, frames), stages: chainOf(noop), clock, config });
   const outputs: Envelope<unknown>[] = [];
   graph.outputs.subscribe((env) => outputs.push(env));
   const startNs = clock.nowNs();

@@ -3,6 +3,7 @@
 import assert from 'node:assert/strict';
 import { VirtualClock, msToNs, type Clock } from '../pipeline/clock.ts';
 import { loadConfig, type PerceptConfig } from '../pipeline/config.ts';
+import type { StageChain } from '../pipeline/graph/chain.ts';
 import { createGraph, type Graph } from '../pipeline/graph/graph.ts';
 import { eventToJson, type RunSummary, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
 import type { Envelope, FrameSource, SourceItem, Stage, StageContext } from '../pipeline/types.ts';
@@ -122,9 +123,9 @@ export interface RunResult {
 }
 
 /** Runs a graph to the end, collecting every event and output. */
-export async function runGraph(options: {
-  source: FrameSource<unknown>;
-  stages: readonly Stage<never, unknown>[];
+export async function runGraph<I>(options: {
+  source: FrameSource<I>;
+  stages: StageChain<I, unknown>;
   config: PerceptConfig;
   clock?: Clock;
   onOutput?: (env: Envelope<unknown>, graph: Graph) => void;

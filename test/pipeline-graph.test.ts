@@ -4,9 +4,11 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as delay } from 'node:timers/promises';
 import { RealClock, VirtualClock, msToNs } from '../pipeline/clock.ts';
+import { append, chain, chainOf, type StageChain } from '../pipeline/graph/chain.ts';
 import { createGraph } from '../pipeline/graph/graph.ts';
-import { DropFrame } from '../pipeline/types.ts';
+import { DropFrame, StageAbort } from '../pipeline/types.ts';
 import type { Knobs, StageContext } from '../pipeline/types.ts';
+import type { ActionMessage, CameraFrame, Generation, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import { assertConservation, dropsOf, fakeDecoder, fakeSource, fakeStage, framesOf, runGraph, testConfig, transcript } from './pipeline-fakes.ts';
 
 const ms = (n: number): bigint => msToNs(n);
@@ -20,7 +22,7 @@ describe('deadlines', () => {
     const decode = fakeStage<number>('decode');
     const result = await runGraph({
       source: fakeSource({ frames: 10, periodMs: 100 }),
-      stages: [decode],
+      stages: chain(decode),
       config: testConfig({ budgets: { endToEndMs: 400, stages: {}, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 10 } }, virtualServiceMs: { decode: 260 } }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 4, 7]);
@@ -39,7 +41,7 @@ describe('deadlines', () => {
     const run = (dropPredictedMiss: boolean) =>
       runGraph({
         source: fakeSource({ frames: 10, periodMs: 100 }),
-        stages: [fakeStage<number>('decode')],
+        stages: chain(fakeStage<number>('decode')),
         config: testConfig({
           budgets: { endToEndMs: 500, stages: {}, dropPredictedMiss },
           edges: { default: { policy: 'queue', capacity: 10 } },
@@ -67,7 +69,7 @@ describe('deadlines', () => {
     const decode = fakeDecoder('decode', { tokens: 48, msPerToken: 10 });
     const result = await runGraph({
       source: fakeSource({ frames: 3, periodMs: 1000 }),
-      stages: [decode],
+      stages: chain(decode),
       config: testConfig({ budgets: { endToEndMs: 2000, stages: { decode: 100 }, dropPredictedMiss: false } }),
     });
     assert.deepEqual(result.outputs.map((o) => o.payload), [0, 1, 2].map((frame) => ({ frame, tokens: 10, stop: 'deadline' })));
@@ -82,7 +84,7 @@ describe('deadlines', () => {
     // Frame deadline capture + 50 ms, decode budget 1000 ms: cancelled at 50 ms (5 tokens).
     const result = await runGraph({
       source: fakeSource({ frames: 1, periodMs: 1 }),
-      stages: [fakeDecoder('decode', { tokens: 48, msPerToken: 10 })],
+      stages: chain(fakeDecoder('decode', { tokens: 48, msPerToken: 10 })),
       config: testConfig({ budgets: { endToEndMs: 50, stages: {}, dropPredictedMiss: false } }),
     });
     assert.deepEqual(result.outputs.map((o) => o.payload), [{ frame: 0, tokens: 5, stop: 'deadline' }]);
@@ -99,7 +101,7 @@ describe('deadlines', () => {
     });
     const result = await runGraph({
       source: fakeSource({ frames: 2, periodMs: 1000 }),
-      stages: [encode],
+      stages: chain(encode),
       config: testConfig({ budgets: { endToEndMs: 2000, stages: { encode: 300 }, dropPredictedMiss: false }, virtualServiceMs: { encode: 500 } }),
     });
     assert.deepEqual(seen, ['0:true', '1:true']);
@@ -107,6 +109,19 @@ describe('deadlines', () => {
     assert.deepEqual(result.summary.cancels, { encode: { deadline: 2 } });
     const spans = result.events.flatMap((e) => (e.type === 'span' ? [e.exitNs - e.enterNs] : []));
     assert.deepEqual(spans, [ms(300), ms(300)], 'charged up to the deadline');
+    assertConservation(result);
+  });
+
+  test('a StageAbort the stage throws itself (native code saw the deadline first) is a cancel, not an error', async () => {
+    const decode = fakeStage<number>('decode', {
+      work: () => {
+        throw new StageAbort('deadline', 'decode');
+      },
+    });
+    const result = await runGraph({ source: fakeSource({ frames: 2, periodMs: 1000 }), stages: chain(decode), config: testConfig() });
+    assert.deepEqual(dropsOf(result.events), [0, 1].map((frameId) => ({ frameId, stage: 'decode', reason: 'stale' })));
+    assert.deepEqual(result.summary.cancels, { decode: { deadline: 2 } });
+    assert.deepEqual(result.summary.errors, {});
     assertConservation(result);
   });
 
@@ -124,8 +139,8 @@ describe('deadlines', () => {
     const result = await runGraph({
       clock,
       source: fakeSource({ frames: 2, periodMs: 1 }),
-      stages: [decode],
-      config: testConfig({ clock: 'real', budgets: { endToEndMs: 5000, stages: { decode: 20 }, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 2 } } }),
+      stages: chain(decode),
+      config: testConfig({ clock: 'real', budgets: { endToEndMs: 3_600_000, stages: { decode: 20 }, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 2 } } }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1]);
     assert.deepEqual(result.summary.cancels, { decode: { deadline: 2 } });
@@ -140,7 +155,7 @@ describe('edges and pipelining', () => {
     // (460-690); f5 by f6 (690-920); f7 by f8 and f8 by f9 (920-1150).
     const result = await runGraph({
       source: fakeSource({ frames: 10, periodMs: 100 }),
-      stages: [fakeStage<number>('decode')],
+      stages: chain(fakeStage<number>('decode')),
       config: testConfig({ virtualServiceMs: { decode: 230 } }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 2, 4, 6, 9]);
@@ -157,7 +172,7 @@ describe('edges and pipelining', () => {
     // (f8 rejected), still [5,7] at 900 (f9 rejected); then 5 and 7 run in order.
     const result = await runGraph({
       source: fakeSource({ frames: 10, periodMs: 100 }),
-      stages: [fakeStage<number>('decode')],
+      stages: chain(fakeStage<number>('decode')),
       config: testConfig({ edges: { default: { policy: 'latest' }, decode: { policy: 'queue', capacity: 2 } }, virtualServiceMs: { decode: 230 } }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 3, 5, 7]);
@@ -171,7 +186,7 @@ describe('edges and pipelining', () => {
     const stages = ['preprocess', 'encode', 'decode'].map((name) => fakeStage<number>(name));
     const result = await runGraph({
       source: fakeSource({ frames: 4, periodMs: 110 }),
-      stages,
+      stages: chainOf(stages),
       config: testConfig({ virtualServiceMs: { preprocess: 100, encode: 100, decode: 100 } }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 3]);
@@ -202,12 +217,13 @@ describe('edges and pipelining', () => {
         return input;
       },
     });
-    const guard = AbortSignal.timeout(10_000);
+    // A hang detector, not a timing assertion: without pipelining the graph deadlocks for good.
+    const guard = AbortSignal.timeout(120_000);
     const run = runGraph({
       clock: new RealClock(),
       source: fakeSource({ frames: 3, periodMs: 5 }),
-      stages: [preprocess, decode],
-      config: testConfig({ clock: 'real', budgets: { endToEndMs: 60_000, stages: {}, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 4 } } }),
+      stages: chain(preprocess, decode),
+      config: testConfig({ clock: 'real', budgets: { endToEndMs: 3_600_000, stages: {}, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 4 } } }),
     });
     const result = await Promise.race([run, new Promise<never>((_, reject) => guard.addEventListener('abort', () => reject(new Error('no pipelining: decode never saw frame 1 enter preprocess'))))]);
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2]);
@@ -229,7 +245,7 @@ describe('errors', () => {
     const publish = fakeStage<number>('publish');
     const result = await runGraph({
       source: fakeSource({ frames: 8, periodMs: 100 }),
-      stages: [actions, publish],
+      stages: chain(actions, publish),
       config: testConfig({ virtualServiceMs: { actions: 10, publish: 1 } }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 3, 4, 7]);
@@ -252,7 +268,7 @@ describe('errors', () => {
         throw new Error('disk unplugged');
       },
     };
-    const result = await runGraph({ source, stages: [fakeStage<number>('decode')], config: testConfig() });
+    const result = await runGraph({ source, stages: chain(fakeStage<number>('decode')), config: testConfig() });
     assert.equal(result.summary.endReason, 'source_error');
     assert.deepEqual(framesOf(result.outputs), [0]);
     assert.deepEqual(result.events.flatMap((e) => (e.type === 'error' ? [[e.stage, e.message]] : [])), [['source', 'disk unplugged']]);
@@ -269,7 +285,7 @@ describe('the degradation ladder', () => {
   const ladderRun = () =>
     runGraph({
       source: fakeSource({ frames: 30, periodMs: 2500 }),
-      stages: [fakeStage<number>('decode', { costMs: (frame: number, ctx: StageContext) => cost(ctx.knobs) * (frame < 12 ? 1.5 : 0.5) })],
+      stages: chain(fakeStage<number>('decode', { costMs: (frame: number, ctx: StageContext) => cost(ctx.knobs) * (frame < 12 ? 1.5 : 0.5) })),
       config: testConfig({
         budgets: { endToEndMs: 1500, stages: {}, dropPredictedMiss: false },
         ladder: { enabled: true, minSamples: 2, window: 4, upAfter: 3, quantile: 0.9, headroom: 0.9, upBelow: 0.75 },
@@ -300,7 +316,7 @@ describe('the degradation ladder', () => {
   test('the frameSkip rung drops frames at the source edge as skipped', async () => {
     const result = await runGraph({
       source: fakeSource({ frames: 12, periodMs: 1000 }),
-      stages: [fakeStage<number>('decode')],
+      stages: chain(fakeStage<number>('decode')),
       config: testConfig({
         budgets: { endToEndMs: 500, stages: {}, dropPredictedMiss: false },
         ladder: { enabled: true, minSamples: 2, rungs: [{ frameSkip: 2 }] },
@@ -321,7 +337,7 @@ describe('determinism', () => {
     const scenario = () =>
       runGraph({
         source: fakeSource({ frames: 60, periodMs: 70 }),
-        stages: [
+        stages: chain(
           fakeStage<number>('preprocess', { work: async (x) => (await delay(Math.random() * 2), x) }),
           fakeStage<number>('encode', { costMs: (_x, ctx) => ctx.knobs.imageTokens }),
           fakeDecoder('decode', { tokens: 40, msPerToken: 4 }),
@@ -333,7 +349,7 @@ describe('determinism', () => {
             },
           }),
           fakeStage('publish'),
-        ],
+        ),
         config: testConfig({
           budgets: { endToEndMs: 400, stages: { decode: 120 }, dropPredictedMiss: true },
           edges: { default: { policy: 'latest' }, publish: { policy: 'queue', capacity: 4 } },
@@ -359,7 +375,7 @@ describe('stop()', () => {
     let stopped: Promise<unknown> | undefined;
     const result = await runGraph({
       source,
-      stages,
+      stages: chainOf(stages),
       config: testConfig({ edges: { default: { policy: 'queue', capacity: 3 } }, virtualServiceMs: { preprocess: 5, decode: 25 } }),
       onOutput: (env, graph) => {
         if (env.frameId === 4) stopped = graph.stop('test');
@@ -399,7 +415,7 @@ describe('stop()', () => {
     const result = await runGraph({
       clock: new RealClock(),
       source,
-      stages: [preprocess, decode],
+      stages: chain(preprocess, decode),
       config: testConfig({
         clock: 'real',
         budgets: { endToEndMs: 600_000, stages: {}, dropPredictedMiss: false },
@@ -429,7 +445,7 @@ describe('stop()', () => {
     });
     const graph = createGraph({
       source: fakeSource({ frames: Infinity, periodMs: 5 }),
-      stages: [decode],
+      stages: chain(decode),
       clock: new RealClock(),
       config: testConfig({ clock: 'real', budgets: { endToEndMs: 600_000, stages: {}, dropPredictedMiss: false, shutdownGraceMs: 50 } }),
     });
@@ -445,7 +461,7 @@ describe('stop()', () => {
   });
 
   test('stop() before run() ends the run at once; stop() twice is harmless', async () => {
-    const graph = createGraph({ source: fakeSource({ frames: 5, periodMs: 10 }), stages: [fakeStage('decode')], clock: new VirtualClock(), config: testConfig() });
+    const graph = createGraph({ source: fakeSource({ frames: 5, periodMs: 10 }), stages: chain(fakeStage('decode')), clock: new VirtualClock(), config: testConfig() });
     const [a, b] = await Promise.all([graph.stop('early'), graph.stop('again')]);
     assert.equal(a, b);
     assert.equal(a.endReason, 'stopped');
@@ -460,9 +476,40 @@ describe('createGraph validation', () => {
   test('rejects bad stage lists and clock mismatches, naming the problem', () => {
     const config = testConfig();
     const clock = new VirtualClock();
-    assert.throws(() => createGraph({ source, stages: [], clock, config }), /stages to be a non-empty array/);
-    assert.throws(() => createGraph({ source, stages: [fakeStage('a'), fakeStage('a')], clock, config }), /stage name 'a' is used twice/);
-    assert.throws(() => createGraph({ source, stages: [fakeStage('source')], clock, config }), /other than 'source'/);
-    assert.throws(() => createGraph({ source, stages: [fakeStage('a')], clock: new RealClock(), config }), /config.clock is 'virtual' but the clock given is real/);
+    assert.throws(() => createGraph({ source, stages: chainOf([]), clock, config }), /stages to be a non-empty chain of stages/);
+    assert.throws(() => createGraph({ source, stages: chain(fakeStage('a'), fakeStage('a')), clock, config }), /stage name 'a' is used twice/);
+    assert.throws(() => createGraph({ source, stages: chain(fakeStage('source')), clock, config }), /other than 'source'/);
+    assert.throws(() => createGraph({ source, stages: chain(fakeStage('a')), clock: new RealClock(), config }), /config.clock is 'virtual' but the clock given is real/);
+  });
+});
+
+describe('chain()', () => {
+  // The @ts-expect-error lines are the test: `npm run typecheck` (tsc) fails if any of them compiles.
+  test('keeps the stages in order, and a chain in the wrong order does not compile', () => {
+    const pre = fakeStage<CameraFrame, PixelTensor>('preprocess');
+    const enc = fakeStage<PixelTensor, ImageEmbedding>('encode');
+    const dec = fakeStage<ImageEmbedding, Generation>('decode');
+    const act = fakeStage<Generation, ActionMessage>('actions');
+    const pub = fakeStage<ActionMessage, ActionMessage>('publish');
+    const full: StageChain<CameraFrame, ActionMessage> = chain(pre, enc, dec, act, pub);
+    assert.deepEqual(full.stages.map((s) => s.name), ['preprocess', 'encode', 'decode', 'actions', 'publish']);
+    const extended: StageChain<CameraFrame, ActionMessage> = append(chain(pre, enc, dec, act), pub);
+    assert.deepEqual(extended.stages, full.stages);
+
+    // Never called: these only have to fail to compile.
+    const wrong = (): unknown[] => [
+      // @ts-expect-error the decoder placed before the encoder
+      chain(pre, dec, enc, act, pub),
+      // @ts-expect-error a stage left out (preprocess output straight into the decoder)
+      chain(pre, dec, act),
+      // @ts-expect-error appending a stage that does not take the chain's output
+      append(chain(pre, enc), act),
+      // @ts-expect-error a source whose frames (numbers) the first stage does not take
+      createGraph({ source: fakeSource({ frames: 1, periodMs: 1 }), stages: full, clock: new VirtualClock(), config: testConfig() }),
+    ];
+    // @ts-expect-error a chain that ends before the action
+    const short: StageChain<CameraFrame, ActionMessage> = chain(pre, enc, dec);
+    assert.equal(typeof wrong, 'function');
+    assert.equal(short.stages.length, 3);
   });
 });

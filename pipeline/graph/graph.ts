@@ -1,9 +1,9 @@
-// The graph runtime: a source and an ordered list of stages become one RxJS pipeline with
+// The graph runtime: a source and a typed chain of stages become one RxJS pipeline with
 // per-frame deadlines, bounded edges, a degradation ladder and one telemetry stream.
 //
-//   const graph = createGraph({ source, stages: [preprocess, encode, decode, actions, publish], clock, config });
+//   const graph = createGraph({ source, stages: chain(preprocess, encode, decode, actions, publish), clock, config });
 //   graph.events.subscribe(...);          // TelemetryEvent: frame/span/drop/cancel/degrade/error/note/output/stats
-//   graph.outputs.subscribe(...);         // Envelope<unknown>: what the last stage returned, per frame
+//   graph.outputs.subscribe(...);         // Envelope<O>: what the last stage returned, per frame
 //   const summary = await graph.run();    // resolves when the source ended and everything drained, or after stop()
 //   await graph.stop('SIGINT');           // idempotent; resolves with the same summary as run()
 //
@@ -20,11 +20,13 @@
 //   the fastest recent runs of the remaining stages (those measured at the frame's level), summed,
 //   would still miss it.
 // - ctx.signal: aborts with a StageAbort at the stage deadline = min(frame deadline, entry + stage
-//   budget), reason 'deadline', or at stop(), reason 'shutdown'. A stage that gives up because of it
-//   says so with ctx.report({ kind: 'cancel', reason }); if it throws after the abort without
-//   reporting, the runtime records the cancel for it.
-// - Error isolation: DropFrame → drop with its reason; a throw after an abort → drop 'stale'
-//   (deadline) or 'shutdown'; any other throw → an 'error' event and drop 'error'. The graph runs on.
+//   budget), reason 'deadline', or at stop(), reason 'shutdown'. A stage gives up by throwing
+//   ctx.signal.reason (pipeline/abort.ts helps with uninterruptible work), or a StageAbort of its
+//   own when native code saw the same deadline first; the runtime records the cancel for it (a
+//   stage that reported one with ctx.report({ kind: 'cancel', reason }) is not counted twice).
+// - Error isolation: DropFrame → drop with its reason; a throw after an abort, or a StageAbort →
+//   drop 'stale' (deadline) or 'shutdown'; any other throw → an 'error' event and drop 'error'.
+//   The graph runs on.
 // - The ladder (pipeline/budget.ts) decides at each admission; frameSkip drops at the source edge
 //   ('skipped'). Every frame that enters ends as exactly one output or one drop:
 //   frames.in = frames.out + frames.dropped once a run has ended.
@@ -56,12 +58,13 @@ import type { GraphConfig } from '../config.ts';
 import { TelemetryAggregator } from '../telemetry/aggregator.ts';
 import type { RunSummary, TelemetryEvent } from '../telemetry/events.ts';
 import { StageAbort, type DropReason, type Envelope, type FrameSource, type SourceItem, type Stage } from '../types.ts';
+import type { StageChain } from './chain.ts';
 import { RealScheduler, VirtualScheduler, type Scheduler } from './scheduler.ts';
 import { StageRunner, type RunnerHost } from './stage-runner.ts';
 
-export interface Graph {
+export interface Graph<O = unknown> {
   readonly events: Observable<TelemetryEvent>;
-  readonly outputs: Observable<Envelope<unknown>>;
+  readonly outputs: Observable<Envelope<O>>;
   /** Runs the graph once; resolves with the summary when the source has ended and every frame
    * has come out or been dropped, or after stop(). */
   run(): Promise<RunSummary>;
@@ -69,16 +72,24 @@ export interface Graph {
   stop(reason?: string): Promise<RunSummary>;
 }
 
-export interface GraphOptions {
-  readonly source: FrameSource<unknown>;
-  /** In pipeline order; names unique. Stage k's output type is stage k+1's input type. */
-  readonly stages: readonly Stage<never, unknown>[];
+export interface GraphOptions<I, O> {
+  readonly source: FrameSource<I>;
+  /** In pipeline order (see chain()); names unique. */
+  readonly stages: StageChain<I, O>;
   readonly clock: Clock;
   readonly config: GraphConfig;
 }
 
-export function createGraph(options: GraphOptions): Graph {
-  return new GraphRuntime(options);
+export function createGraph<I, O>({ source, stages, clock, config }: GraphOptions<I, O>): Graph<O> {
+  // The chain's types end here: the runtime moves envelopes of unknown payloads between stages.
+  return new GraphRuntime({ source, stages: stages?.stages, clock, config }) as Graph<unknown> as Graph<O>;
+}
+
+interface RuntimeOptions {
+  readonly source: FrameSource<unknown>;
+  readonly stages: readonly Stage<never, unknown>[];
+  readonly clock: Clock;
+  readonly config: GraphConfig;
 }
 
 /** Calls graph.stop(signal) on the first of `signals`; returns a function that removes the handlers. */
@@ -125,9 +136,9 @@ class GraphRuntime implements Graph, RunnerHost {
   #resolveRun: ((summary: RunSummary) => void) | undefined;
   #finalizing = false;
 
-  constructor({ source, stages, clock, config }: GraphOptions) {
+  constructor({ source, stages, clock, config }: RuntimeOptions) {
     if (!source || typeof source.frames !== 'function') throw new TypeError('createGraph: expected source to be a FrameSource with a frames() method');
-    if (!Array.isArray(stages) || stages.length === 0) throw new TypeError('createGraph: expected stages to be a non-empty array');
+    if (!Array.isArray(stages) || stages.length === 0) throw new TypeError('createGraph: expected stages to be a non-empty chain of stages (chain(...))');
     const names = new Set<string>();
     stages.forEach((stage: Stage<never, unknown>, i) => {
       if (!stage || typeof stage.name !== 'string' || stage.name === '' || stage.name === 'source') {

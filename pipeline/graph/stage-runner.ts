@@ -302,9 +302,10 @@ export class StageRunner {
       const message = error instanceof Error ? error.message : String(error);
       if (error instanceof DropFrame) {
         host.drop(env.frameId, this.name, error.reason, message);
-      } else if (call.abortedBy) {
-        const { reason } = call.abortedBy;
-        if (!call.cancelReported) host.emit({ type: 'cancel', atNs: exitNs, frameId: env.frameId, stage: this.name, reason, detail: `threw after its signal fired: ${message}` });
+      } else if (call.abortedBy || error instanceof StageAbort) {
+        // Aborted by the runtime, or by the stage itself at the same deadline (native code checks it too).
+        const { reason } = call.abortedBy ?? (error as StageAbort);
+        if (!call.cancelReported) host.emit({ type: 'cancel', atNs: exitNs, frameId: env.frameId, stage: this.name, reason, detail: `gave up: ${message}` });
         host.drop(env.frameId, this.name, reason === 'shutdown' ? 'shutdown' : 'stale', `cancelled (${reason}): ${message}`);
       } else {
         host.emit({ type: 'error', atNs: exitNs, frameId: env.frameId, stage: this.name, message });
