@@ -7,13 +7,14 @@
 // [-1,1] values as they are, gemma4v's graph applies ×2−1 to the [0,1] patches. clip derives the
 // patch positions from the image grid, so the gemma4 position ids must be the processor's row-major
 // layout (valid patches first); anything else is refused rather than encoded wrongly.
-// One run at a time. When ctx.signal fires the stage stops waiting at once; clip finishes that run
-// (it cannot be interrupted) and its result is discarded (counted); the next frame waits for it.
+// One run at a time (an AbandonableSlot). When ctx.signal fires the stage rethrows its reason at once;
+// clip finishes that run (it cannot be interrupted), its result is discarded (counted) and the next
+// frame waits for it.
 import { existsSync } from 'node:fs';
 import type { ImageEmbedding, PixelTensor } from './payloads.ts';
-import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
+import type { Stage, StageContext } from '../pipeline/types.ts';
 import { LlamaVision, type VisionEncodeResult, type VisionImage, type VisionInfo } from '../native/vision.ts';
-import { abortable } from '../pipeline/abort.ts';
+import { AbandonableSlot } from '../pipeline/abort.ts';
 
 export interface MtmdEncoderConfig {
   /** Path of the mmproj GGUF (resolve `synth:<preset>-mmproj` specifiers before, with models/mmproj-synth.ts). */
@@ -160,12 +161,9 @@ class MtmdEncoder implements MtmdEncoderStage {
   readonly name = 'encode';
   readonly contract: MtmdContractInfo;
   readonly #vision: LlamaVision;
-  /** The native run in progress (possibly abandoned by its caller); settles when clip is done. */
-  #inFlight: Promise<unknown> | undefined;
-  #callerActive = false;
+  readonly #slot = new AbandonableSlot();
   #closing: Promise<void> | undefined;
   #runs = 0;
-  #discarded = 0;
   #lastRunMs = 0;
 
   constructor(vision: LlamaVision, contract: MtmdContractInfo) {
@@ -178,74 +176,36 @@ class MtmdEncoder implements MtmdEncoderStage {
   }
 
   stats(): MtmdEncoderStats {
-    return { runs: this.#runs, discarded: this.#discarded, lastRunMs: this.#lastRunMs };
+    return { runs: this.#runs, discarded: this.#slot.abandoned, lastRunMs: this.#lastRunMs };
   }
 
   async process(input: PixelTensor, ctx: StageContext): Promise<ImageEmbedding> {
     if (this.#closing) throw new Error('encoder-mtmd: stage is closed');
-    if (this.#callerActive) throw new Error('encoder-mtmd: process() called while another frame is being encoded (one run in flight; the runtime serializes stage calls)');
     const image = clipImageOf(input, this.contract);
-    this.#callerActive = true;
-    try {
-      if (ctx.signal.aborted) throw this.#cancel(ctx, 'before the run');
-      try {
-        // An abandoned run of an earlier frame may still occupy clip.
-        while (this.#inFlight) await abortable(this.#inFlight, ctx.signal);
-      } catch {
-        throw this.#cancel(ctx, 'while waiting for an abandoned run');
-      }
-      const state = { abandoned: false };
-      const run = this.#vision.encode(input.pixelValues, image).then(
-        (r) => {
-          this.#runs++;
-          this.#lastRunMs = r.encodeMs;
-          if (state.abandoned) this.#discarded++;
-          return r;
-        },
-        (err: unknown) => {
-          throw new Error(`encoder-mtmd: encode failed: ${err instanceof Error ? err.message : String(err)}`);
-        },
-      );
-      const settled = run.then(
-        () => undefined,
-        () => undefined,
-      );
-      this.#inFlight = settled;
-      void settled.then(() => {
-        if (this.#inFlight === settled) this.#inFlight = undefined;
-      });
-      let result: VisionEncodeResult;
-      try {
-        result = await abortable(run, ctx.signal);
-      } catch (err) {
-        if (ctx.signal.aborted) {
-          state.abandoned = true;
-          run.catch(() => undefined);
-          throw this.#cancel(ctx, 'during the run');
-        }
-        throw err;
-      }
-      if (result.nEmbd !== this.contract.hidden) throw new Error(`encoder-mtmd: clip returned width ${result.nEmbd}, expected ${this.contract.hidden}`);
-      if (result.nTokens !== input.imageTokens) {
-        throw new Error(`encoder-mtmd: the encoder produced ${result.nTokens} tokens but the preprocessor announced ${input.imageTokens} (image ${image.width}×${image.height})`);
-      }
-      return { data: result.data, nTokens: result.nTokens, nEmbd: result.nEmbd };
-    } finally {
-      this.#callerActive = false;
+    const result = await this.#slot.run(() => this.#encode(input, image), ctx.signal);
+    if (result.nEmbd !== this.contract.hidden) throw new Error(`encoder-mtmd: clip returned width ${result.nEmbd}, expected ${this.contract.hidden}`);
+    if (result.nTokens !== input.imageTokens) {
+      throw new Error(`encoder-mtmd: the encoder produced ${result.nTokens} tokens but the preprocessor announced ${input.imageTokens} (image ${image.width}×${image.height})`);
     }
+    return { data: result.data, nTokens: result.nTokens, nEmbd: result.nEmbd };
   }
 
-  #cancel(ctx: StageContext, when: string): DropFrame {
-    // The runtime aborts with a StageAbort naming why; any other abort is judged by the clock.
-    const why = ctx.signal.reason instanceof StageAbort ? ctx.signal.reason.reason : ctx.clock.nowNs() >= ctx.stageDeadlineNs ? 'deadline' : 'aborted';
-    ctx.report({ kind: 'cancel', reason: why, detail: `encoder ${when}` });
-    return new DropFrame(why === 'deadline' ? 'stale' : 'shutdown', `encoder-mtmd: aborted (${why}) ${when}`);
+  async #encode(input: PixelTensor, image: VisionImage): Promise<VisionEncodeResult> {
+    let result: VisionEncodeResult;
+    try {
+      result = await this.#vision.encode(input.pixelValues, image);
+    } catch (err) {
+      throw new Error(`encoder-mtmd: encode failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
+    this.#runs++;
+    this.#lastRunMs = result.encodeMs;
+    return result;
   }
 
   /** Waits for a running clip encode (it cannot be interrupted), then frees the context. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      while (this.#inFlight) await this.#inFlight;
+      await this.#slot.idle();
       this.#vision.dispose();
     })();
     return this.#closing;
