@@ -11,8 +11,9 @@ import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
 import { pathToFileURL } from 'node:url';
 import { Command } from 'commander';
-import { createPublisherStage } from '../nodes/publisher.ts';
+import { createPublisher } from '../nodes/publisher.ts';
 import { RealClock } from '../pipeline/clock.ts';
+import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
 import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
@@ -63,7 +64,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     if (!Number.isInteger(v) || v < 1) throw new RangeError(`benchPublish: expected integer >= 1 for ${name} but received ${v}`);
   }
   const topic = 'actions';
-  const publisher = await createPublisherStage({ endpoint: 'tcp://127.0.0.1:*', topic, sendHighWaterMark });
+  const { stage: publisher, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic, sendHighWaterMark });
   const counter = new SharedArrayBuffer(4);
   const received = new Int32Array(counter);
   const workerData: SubscriberCommand = { zeromq: createRequire(import.meta.url).resolve('zeromq'), endpoint: publisher.endpoint, topic, counter };
@@ -111,7 +112,8 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
       await publisher.process(message(i), ctx);
     }
     const throughputEnd = publisher.sent;
-    await publisher.publishEvent({ kind: 'bench-end' });
+    // A run ends with a stats message on the telemetry topic; so does the bench (the subscriber's cue).
+    await sink.publish({ type: 'stats', atNs: process.hrtime.bigint(), summary: new TelemetryAggregator('real').snapshot() });
     const { seqs, receivedNs } = await report;
 
     const at = new Map<number, bigint>();
@@ -182,12 +184,12 @@ const { Subscriber } = require(workerData.zeromq);
   const sub = new Subscriber({ linger: 0, receiveHighWaterMark: 100000 });
   sub.connect(workerData.endpoint);
   sub.subscribe(workerData.topic);
-  sub.subscribe('events');
+  sub.subscribe('telemetry');
   const seqs = [];
   const receivedNs = [];
   for await (const frames of sub) {
     const now = process.hrtime.bigint();
-    if (frames[0].toString() === 'events') break;
+    if (frames[0].toString() === 'telemetry') break;
     seqs.push(JSON.parse(frames[1].toString()).seq);
     receivedNs.push(now.toString());
     Atomics.add(received, 0, 1);
