@@ -2,12 +2,12 @@
 // `percept bench decode` (wired into commander in app/cli.ts).
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { availableParallelism } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import { LlamaModel, type GenerateResult, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
-import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
+import { SAMPLING, attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
 import { resolveModel } from '../models/resolve.ts';
 
 const execFileAsync = promisify(execFile);
@@ -22,17 +22,12 @@ async function resolveSpeculation(flags: SpeculationFlags): Promise<SpeculationF
   };
 }
 
-async function loadSchemaGrammar(model: LlamaModel, schemaPath: string): Promise<LlamaGrammar> {
-  let text: string;
+/** The decoding grammar of an action schema file (--schema), through the same loader the pipeline uses. */
+function schemaGrammar(model: LlamaModel, schemaPath: string): LlamaGrammar {
   try {
-    text = await readFile(schemaPath, 'utf8');
+    return model.grammarFromJsonSchema(loadActionSchema(schemaPath).schema);
   } catch (err) {
-    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
-  }
-  try {
-    return model.grammarFromJsonSchema(JSON.parse(text) as object);
-  } catch (err) {
-    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
+    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
   }
 }
 
@@ -42,11 +37,10 @@ export interface GenerateCommandOptions extends SpeculationFlags {
   readonly model: string;
   readonly prompt: string;
   readonly schema?: string;
-  readonly maxTokens?: number;
-  readonly seed?: number;
-  readonly temperature?: number;
-  readonly gpuLayers?: number;
-  readonly jumpForward?: boolean;
+  readonly maxTokens: number;
+  readonly seed: number;
+  readonly temperature: number;
+  readonly gpuLayers: number;
   /** Streams decoded text pieces (CLI prints them). */
   readonly onToken?: ((piece: string) => void) | undefined;
 }
@@ -65,22 +59,21 @@ export interface GenerateCommandResult {
 /** `percept generate`: one prompt through the model (optionally schema-constrained and speculative). */
 export async function generate(opts: GenerateCommandOptions): Promise<GenerateCommandResult> {
   if (typeof opts.prompt !== 'string') throw new TypeError('--prompt is required');
-  const maxTokens = opts.maxTokens ?? 128;
-  const gpuLayers = opts.gpuLayers ?? 0;
+  const { maxTokens, gpuLayers } = opts;
   const model = await LlamaModel.load(await resolveModel(opts.model, 'decoder'), { gpuLayers });
   let draft: LlamaModel | undefined;
   try {
     const promptTokens = model.tokenize(opts.prompt, { addSpecial: true }).length;
     const ctx = await model.createContext({ nCtx: Math.max(256, promptTokens + maxTokens + 16), nBatch: Math.max(512, promptTokens) });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
-    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
+    const grammar = opts.schema ? schemaGrammar(model, opts.schema) : undefined;
     const onToken = opts.onToken;
     const r: GenerateResult = await ctx.generate([{ text: opts.prompt, addSpecial: true }], {
       maxTokens,
-      seed: opts.seed ?? 1,
-      temperature: opts.temperature ?? 0,
-      ...(opts.temperature ? { topK: 40, topP: 0.95 } : {}),
-      ...(grammar ? { grammar, jumpForward: opts.jumpForward ?? true } : {}),
+      seed: opts.seed,
+      temperature: opts.temperature,
+      ...(opts.temperature > 0 ? SAMPLING : {}),
+      ...(grammar ? { grammar, jumpForward: true } : {}),
       ...(onToken ? { onTokens: (t: Int32Array) => onToken(model.detokenize(t)) } : {}),
     });
     return {
@@ -104,10 +97,11 @@ export async function generate(opts: GenerateCommandOptions): Promise<GenerateCo
 export interface BenchDecodeOptions extends SpeculationFlags {
   readonly model: string;
   readonly schema?: string;
-  readonly promptTokens?: number;
-  readonly genTokens?: number;
-  readonly reps?: number;
-  readonly gpuLayers?: number;
+  readonly promptTokens: number;
+  readonly genTokens: number;
+  readonly reps: number;
+  readonly gpuLayers: number;
+  /** CPU threads (absent: one per core, as llama-bench's default). */
   readonly threads?: number;
   /** Also run llama-bench (built from the same llama.cpp tree) and report the ratio. */
   readonly peer?: boolean;
@@ -174,10 +168,7 @@ interface LlamaBenchRow {
  * token, which llama-bench does not: that cost is part of our loop and stays in the number.
  */
 export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecodeResult> {
-  const promptTokens = opts.promptTokens ?? 64;
-  const genTokens = opts.genTokens ?? 128;
-  const reps = opts.reps ?? 3;
-  const gpuLayers = opts.gpuLayers ?? 0;
+  const { promptTokens, genTokens, reps, gpuLayers } = opts;
   const threads = opts.threads ?? availableParallelism();
   for (const [k, v, min] of [['promptTokens', promptTokens, 1], ['genTokens', genTokens, 2], ['reps', reps, 1]] as const) {
     if (!Number.isInteger(v) || v < min) throw new RangeError(`bench decode: ${k} must be an integer ≥ ${min}, got ${v}`);
@@ -188,7 +179,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
   try {
     const ctx = await model.createContext({ nCtx: promptTokens + genTokens + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
-    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
+    const grammar = opts.schema ? schemaGrammar(model, opts.schema) : undefined;
     const { bos, nVocab } = model.info;
     const pp = [bos, ...randomTokens(promptTokens - 1, nVocab, 7)];
     const tgPrompt = [bos];

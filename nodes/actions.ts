@@ -2,15 +2,14 @@
 // the action schema (configs/actions/*.schema.json through nodes/action-schema.ts). Anything that
 // does not pass is dropped with DropFrame and a message that says why and shows the text.
 // Concurrency: pure and synchronous per frame; safe under any edge policy.
-import { formatAjvErrors, loadActionSchema } from './action-schema.ts';
-import type { ActionSchema } from './action-schema.ts';
+import { formatAjvErrors, type ActionSchema } from './action-schema.ts';
 import type { ActionMessage, Generation, StopReason } from './payloads.ts';
 import { DropFrame } from '../pipeline/types.ts';
 import type { DropReason, Stage, StageContext } from '../pipeline/types.ts';
 
 export interface ActionsStageOptions {
-  /** Path of the action schema file, or one already loaded with loadActionSchema. */
-  readonly schema: string | ActionSchema;
+  /** The action schema, loaded once with loadActionSchema (the decoder's grammar comes from the same one). */
+  readonly schema: ActionSchema;
   /** Characters of the decoder text quoted in drop messages (default 160). */
   readonly snippetChars?: number;
 }
@@ -27,9 +26,9 @@ export function createActionsStage(options: ActionsStageOptions): ActionsStage {
   if (options === null || typeof options !== 'object') {
     throw new TypeError('createActionsStage: expected an options object { schema }');
   }
-  const schema = typeof options.schema === 'string' ? loadActionSchema(options.schema) : options.schema;
+  const { schema } = options;
   if (!schema || typeof schema.validate !== 'function' || typeof schema.wireSchemaId !== 'string') {
-    throw new TypeError('createActionsStage: options.schema must be a schema path or the result of loadActionSchema()');
+    throw new TypeError('createActionsStage: options.schema must be the result of loadActionSchema()');
   }
   const snippetChars = options.snippetChars ?? 160;
   if (!Number.isInteger(snippetChars) || snippetChars < 8) {

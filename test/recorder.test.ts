@@ -56,7 +56,7 @@ describe('recorder', () => {
   test('writes actions and events; both @mcap/core readers read back exact counts and contents', async () => {
     const path = join(cache, 'roundtrip.mcap');
     // A small chunk size forces several zstd chunks.
-    const rec = await createRecorder({ path, actionSchema: schemaPath, chunkSize: 4096 });
+    const rec = await createRecorder({ path, actionSchema: schema, chunkSize: 4096 });
     const n = 300;
     for (let i = 0; i < n; i++) {
       await rec.recordAction(action(i, i % 5 === 0 ? 'cam/rear' : 'cam/front'), 1_000_000n * BigInt(i));
@@ -126,7 +126,7 @@ describe('recorder', () => {
 
   test('concurrent calls without await are serialised into a valid file', async () => {
     const path = join(cache, 'concurrent.mcap');
-    const rec = await createRecorder({ path, compression: 'none' });
+    const rec = await createRecorder({ path, actionSchema: schema, compression: 'none' });
     const pending: Promise<void>[] = [];
     for (let i = 0; i < 100; i++) {
       pending.push(rec.recordAction(action(i), BigInt(i) * 10n));
@@ -145,7 +145,7 @@ describe('recorder', () => {
 
   test('an empty recording is a valid MCAP that declares the action schema', async () => {
     const path = join(cache, 'empty.mcap');
-    const rec = await createRecorder({ path });
+    const rec = await createRecorder({ path, actionSchema: schema });
     await rec.close();
     const { reader, messages } = await readIndexed(path);
     assert.equal(messages.length, 0);
@@ -156,7 +156,7 @@ describe('recorder', () => {
 
   test('the tap stage records with the pipeline clock and passes the message through', async () => {
     const path = join(cache, 'tap.mcap');
-    const rec = await createRecorder({ path });
+    const rec = await createRecorder({ path, actionSchema: schema });
     const tap = createRecorderTap(rec);
     const clock = new VirtualClock(777n);
     const ctx = { clock } as unknown as StageContext;
@@ -169,11 +169,13 @@ describe('recorder', () => {
   });
 
   test('validates arguments and rejects calls after close', async () => {
-    await assert.rejects(createRecorder({ path: '' }), /non-empty path/);
+    await assert.rejects(createRecorder({ path: '', actionSchema: schema }), /non-empty path/);
     // @ts-expect-error: wrong value on purpose
-    await assert.rejects(createRecorder({ path: join(cache, 'x.mcap'), compression: 'lz4' }), /compression 'zstd' or 'none'/);
-    await assert.rejects(createRecorder({ path: join(cache, 'no-such-dir/x.mcap') }), /cannot create .*no-such-dir\/x\.mcap/);
-    const rec = await createRecorder({ path: join(cache, 'closed.mcap') });
+    await assert.rejects(createRecorder({ path: join(cache, 'x.mcap'), actionSchema: schema, compression: 'lz4' }), /compression 'zstd' or 'none'/);
+    await assert.rejects(createRecorder({ path: join(cache, 'no-such-dir/x.mcap'), actionSchema: schema }), /cannot create .*no-such-dir\/x\.mcap/);
+    // @ts-expect-error: missing on purpose (there is no default schema: the run loads one and shares it)
+    await assert.rejects(createRecorder({ path: join(cache, 'x.mcap') }), /actionSchema to be the result of loadActionSchema/);
+    const rec = await createRecorder({ path: join(cache, 'closed.mcap'), actionSchema: schema });
     // @ts-expect-error: number instead of bigint on purpose
     await assert.rejects(rec.recordAction(action(0), 5), /bigint logTimeNs/);
     await assert.rejects(rec.recordEvent({}, -1n), /bigint logTimeNs >= 0/);
