@@ -13,12 +13,12 @@ export interface BenchEncodeOptions {
    * (llama.cpp clip through the native addon). */
   readonly encoder: string;
   /** ORT execution provider; for an mmproj, 'cuda' runs clip on the GPU backend. */
-  readonly ep?: ExecutionProvider | string;
+  readonly ep: ExecutionProvider | string;
   /** JPEG or PNG file; default a generated 1280×720 JPEG (q85). */
   readonly image?: string;
-  /** Gemma 4 image-token budget (default 280). */
-  readonly imageTokens?: number;
-  readonly iterations?: number;
+  /** Gemma 4 image-token budget. */
+  readonly imageTokens: number;
+  readonly iterations: number;
   readonly warmup?: number;
   /** ORT intra-op threads, or clip's CPU threads. */
   readonly threads?: number;
@@ -86,11 +86,10 @@ interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
 export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncodeResult> {
   if (typeof opts.encoder !== 'string' || !opts.encoder) throw new TypeError('bench encode: --encoder is required');
   const runtime = isMmprojSpec(opts.encoder) ? 'mtmd' : 'onnx';
-  const iterations = opts.iterations ?? 20;
+  const { iterations, imageTokens } = opts;
   if (!Number.isInteger(iterations) || iterations < 1) throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
   const warmup = opts.warmup ?? 1;
-  const imageTokens = opts.imageTokens ?? 280;
-  const ep = (opts.ep ?? 'cpu') as ExecutionProvider;
+  const ep = opts.ep as ExecutionProvider; // checked by the encoder stage
   if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda') throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
   const modelPath = await resolveModel(opts.encoder, runtime === 'mtmd' ? 'mmproj' : 'vision');
 
@@ -171,41 +170,4 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   } finally {
     await encoder.close();
   }
-}
-
-export interface BenchPreprocessOptions {
-  readonly contract: 'gemma3' | 'gemma4';
-  readonly image?: string;
-  readonly imageTokens?: number;
-  readonly iterations?: number;
-  readonly kernel?: 'nearest' | 'linear' | 'cubic';
-}
-
-/** Preprocessing alone (no encoder): p50/p99 over `iterations` frames after 3 warm-ups. */
-export async function benchPreprocess(opts: BenchPreprocessOptions): Promise<{ contract: string; kernel: string; image: string; tokens: number; ms_p50: number; ms_p99: number; ms_min: number; iterations: number }> {
-  const iterations = opts.iterations ?? 50;
-  const data = opts.image ? readFileSync(opts.image) : await syntheticJpeg();
-  const format = (await sharp(data).metadata()).format;
-  if (format !== 'jpeg' && format !== 'png') throw new Error(`bench preprocess: image is ${format ?? 'unknown'}; use a JPEG or PNG`);
-  const stage = createPreprocessStage({ contract: opts.contract, ...(opts.kernel ? { kernel: opts.kernel } : {}) });
-  const ctx = benchContext(opts.imageTokens ?? 280);
-  const times: number[] = [];
-  let tokens = 0;
-  for (let i = 0; i < iterations + 3; i++) {
-    const t0 = performance.now();
-    const t = await stage.process({ encoding: format, data }, ctx);
-    if (i >= 3) times.push(performance.now() - t0);
-    tokens = t.imageTokens;
-  }
-  const round = (x: number): number => Math.round(x * 1000) / 1000;
-  return {
-    contract: opts.contract,
-    kernel: opts.kernel ?? (opts.contract === 'gemma3' ? 'linear' : 'cubic'),
-    image: opts.image ?? 'synthetic 1280x720 jpeg q85',
-    tokens,
-    ms_p50: round(quantile(times, 0.5)),
-    ms_p99: round(quantile(times, 0.99)),
-    ms_min: round(Math.min(...times)),
-    iterations,
-  };
 }

@@ -748,8 +748,3 @@ async function writeAll(fh: FileHandle, chunk: Uint8Array, position: number): Pr
     done += bytesWritten;
   }
 }
-
-/** Bytes per element of a ggml type (for size estimates). */
-export function bytesPerElement(type: number): number {
-  return typeSize(type) / blockSize(type);
-}

@@ -7,11 +7,16 @@
 // problem as `<JSON path>: <what was expected>` (e.g. `/budgets/endToEndMs: must be number`), and
 // whose `issues` hold the same as data. The TS types below mirror the schema; the schema is the
 // source of truth for defaults and limits (test/pipeline-config.test.ts checks that they agree).
+//
+// Paths: a relative path in a config file is relative to that file's folder, so a run works from
+// any directory; one in a config object stays as given (relative to the current directory). A path
+// the schema fills in by default is relative to the folder above configs/ (the installation).
+// `synth:` model specs are not paths and stay as they are.
 import { readFileSync } from 'node:fs';
+import { dirname, isAbsolute, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Ajv, type ErrorObject } from 'ajv';
 import type { Knobs } from './types.ts';
-
-export type StageName = 'preprocess' | 'encode' | 'decode' | 'actions' | 'publish' | 'record';
 
 export type SourceConfig =
   | { readonly kind: 'pattern'; readonly fps: number; readonly frames: number; readonly width: number; readonly height: number }
@@ -106,6 +111,20 @@ export class ConfigError extends Error {
 }
 
 export const CONFIG_SCHEMA_PATH = new URL('../configs/percept.schema.json', import.meta.url);
+/** What the schema's default paths are relative to: the folder that holds configs/. */
+const DEFAULTS_BASE = fileURLToPath(new URL('..', import.meta.url));
+
+/** The config fields that name files (section, key). */
+const PATH_FIELDS: readonly (readonly [string, string])[] = [
+  ['source', 'path'],
+  ['encoder', 'model'],
+  ['encoder', 'mmproj'],
+  ['decoder', 'model'],
+  ['decoder', 'draft'],
+  ['decoder', 'draftMtp'],
+  ['actions', 'schema'],
+  ['recorder', 'path'],
+];
 
 /** Reads, validates and defaults a config. `input` is a file path or an already-parsed object
  * (which is not modified). Throws ConfigError naming every problem; nothing is half-applied. */
@@ -130,13 +149,31 @@ export function loadConfig(input: string | object): PerceptConfig {
     throw new TypeError(`loadConfig: expected a file path or a config object but received ${input === null ? 'null' : Array.isArray(input) ? 'an array' : typeof input}`);
   }
 
+  const given = new Set(PATH_FIELDS.filter(([section, key]) => pathAt(data, section, key) !== undefined));
+  if (typeof input === 'string') resolvePaths(data, PATH_FIELDS, dirname(resolve(input)));
   const validate = compileSchema();
   if (!validate(data)) throw new ConfigError(origin, describeAjvErrors(validate.errors ?? []));
+  resolvePaths(data, PATH_FIELDS.filter((field) => !given.has(field)), DEFAULTS_BASE);
   const config = data as PerceptConfig;
   const issues = checkSemantics(config);
   if (issues.length > 0) throw new ConfigError(origin, issues);
   return config;
 }
+
+/** The file path at data[section][key], if there is one (a non-empty string that is no synth: spec). */
+function pathAt(data: unknown, section: string, key: string): string | undefined {
+  const value = isRecord(data) && isRecord(data[section]) ? data[section][key] : undefined;
+  return typeof value === 'string' && value !== '' && !value.startsWith('synth:') ? value : undefined;
+}
+
+function resolvePaths(data: unknown, fields: readonly (readonly [string, string])[], base: string): void {
+  for (const [section, key] of fields) {
+    const path = pathAt(data, section, key);
+    if (path !== undefined && !isAbsolute(path)) (data as Record<string, Record<string, unknown>>)[section]![key] = resolve(base, path);
+  }
+}
+
+const isRecord = (value: unknown): value is Record<string, unknown> => value !== null && typeof value === 'object' && !Array.isArray(value);
 
 function compileSchema() {
   const schema = JSON.parse(readFileSync(CONFIG_SCHEMA_PATH, 'utf8')) as object;

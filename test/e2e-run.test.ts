@@ -34,8 +34,9 @@ test('percept run on the tiny models publishes schema-valid actions and accounts
     encoder: { kind: 'onnx', model: 'synth:gemma4-vision-tiny' },
     decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 128, nCtx: 2048 },
     publisher: { endpoint, topic: 'actions' },
-    // Generous budgets and a queue edge: this test is about wiring, not about this box's speed.
-    budgets: { endToEndMs: 120_000, stages: { preprocess: 30_000, encode: 30_000, decode: 60_000, actions: 10_000, publish: 10_000 }, dropPredictedMiss: false },
+    // No stage budgets and the longest frame budget the schema allows (longer than the test's own
+    // timeout), with a queue edge: this test is about wiring, not about this machine's speed or load.
+    budgets: { endToEndMs: 3_600_000, stages: {}, dropPredictedMiss: false },
     edges: { default: { policy: 'queue', capacity: frames } },
     ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 128, draft: true, frameSkip: 0 }, rungs: [] },
     telemetry: { liveTable: 'off' },
