@@ -7,7 +7,7 @@
 // offsets follow gguf.cpp's rule (each offset = sum of the previous sizes padded to the alignment), and tensor
 // data streamed to disk chunk by chunk from a caller-supplied source, written to a temp name and renamed.
 import { open, rename, unlink, type FileHandle } from 'node:fs/promises';
-import { blockSize, ggmlTypeName, isKnownGgmlType, tensorBytes, typeSize } from './quant.ts';
+import { blockSize, ggmlTypeName, isKnownGgmlType, tensorBytes } from './quant.ts';
 
 export const GGUF_MAGIC = 'GGUF';
 export const GGUF_VERSION = 3;

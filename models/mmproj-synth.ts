@@ -19,7 +19,7 @@
 // llama.cpp then runs GELU-quick in the vision FFN (clip.cpp load_hparams) while HF runs GELU-tanh. These
 // synthetic files set clip.use_gelu = true so clip computes the HF/ONNX math.
 import { mkdirSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import { GGUFWriter, arr, bool, f32, str, u32, type PlannedTensor } from './gguf.ts';
 import { GGMLType, quantize } from './quant.ts';
 import {

@@ -98,7 +98,7 @@ async function existingFile(spec: string, kind: ModelKind): Promise<string> {
   try {
     isFile = (await stat(path)).isFile();
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw new Error(`${kind} model file not found: ${path} (from spec ${JSON.stringify(spec)})`);
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw new Error(`${kind} model file not found: ${path} (from spec ${JSON.stringify(spec)})`, { cause: err });
     throw err;
   }
   if (!isFile) throw new Error(`${kind} model path ${path} is not a file`);

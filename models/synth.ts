@@ -610,7 +610,6 @@ export async function synthesize(options: SynthesizeOptions): Promise<Synthesize
   if (tokenizerKvs.length === 0) throw new Error(`vocab file has no tokenizer.* keys`);
   for (const kv of tokenizerKvs) w.set(kv.key, kv.asValue());
   defs.forEach((d, i) => w.addTensor({ name: d.name, type: types[i]!, shape: d.shape }));
-  const plan = w.plan();
 
   await mkdir(dirname(out), { recursive: true });
   const progress: GGUFWriteOptions = options.onProgress ? { onProgress: options.onProgress } : {};

@@ -23,7 +23,7 @@
 //   - Gemma 4 E2B/E4B "clippable" linears are plain linears (the clamp ranges come from training).
 //   - No 26B/31B `standardize` step. fp32 only (no fp16 variant yet).
 import { mkdirSync, renameSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import { OnnxGraphBuilder, SeededRandom, tensorSeed, type OnnxModelInfo } from './onnx-writer.ts';
 
 export type VisionContract = 'gemma3' | 'gemma4';

@@ -109,7 +109,7 @@ export function jsonSchemaToGbnf(schema: object | string, options: GbnfOptions =
   try {
     parsed = typeof schema === 'string' ? JSON.parse(schema) : structuredClone(schema);
   } catch (err) {
-    throw new TypeError(`jsonSchemaToGrammar: schema is not valid JSON: ${(err as Error).message}`);
+    throw new TypeError(`jsonSchemaToGrammar: schema is not valid JSON: ${(err as Error).message}`, { cause: err });
   }
   const rules: string[] = [];
   const walk = (node: unknown): unknown => {

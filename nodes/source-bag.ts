@@ -291,7 +291,7 @@ function parseJsonObject(data: Uint8Array): Record<string, unknown> {
   try {
     value = JSON.parse(Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString('utf8'));
   } catch (err) {
-    throw new Error(`payload is not JSON: ${(err as Error).message}`);
+    throw new Error(`payload is not JSON: ${(err as Error).message}`, { cause: err });
   }
   if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new Error('payload is not a JSON object');
   return value as Record<string, unknown>;

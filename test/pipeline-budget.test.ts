@@ -118,7 +118,10 @@ describe('DegradeLadder', () => {
   test('stays put when disabled or at the bottom', () => {
     const disabled = new DegradeLadder(ladderConfig({ enabled: false }), 1000);
     const costs = model(['decode']);
-    for (let level = 0; level < 5; level++) costs.record('decode', level, 5000), costs.record('decode', level, 5000);
+    for (let level = 0; level < 5; level++) {
+      costs.record('decode', level, 5000);
+      costs.record('decode', level, 5000);
+    }
     assert.equal(disabled.decide(costs), undefined);
     const ladder = new DegradeLadder(ladderConfig(), 1000);
     const steps = [];

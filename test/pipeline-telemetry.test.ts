@@ -155,6 +155,7 @@ describe('LiveTable', () => {
     let written = nextWrite();
     events.next(stats(3));
     await written;
+    // eslint-disable-next-line no-control-regex -- the table is drawn with ANSI escape sequences
     assert.match(writes[0]!, /^\x1b\[2Kframes in 3 /);
     const lines = writes[0]!.split('\n').length - 1;
     written = nextWrite();
