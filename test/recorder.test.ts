@@ -170,8 +170,9 @@ describe('recorder', () => {
 
   test('validates arguments and rejects calls after close', async () => {
     await assert.rejects(createRecorder({ path: '', actionSchema: schema }), /non-empty path/);
+    const path = join(cache, 'x.mcap');
     // @ts-expect-error: wrong value on purpose
-    await assert.rejects(createRecorder({ path: join(cache, 'x.mcap'), actionSchema: schema, compression: 'lz4' }), /compression 'zstd' or 'none'/);
+    await assert.rejects(createRecorder({ path, actionSchema: schema, compression: 'lz4' }), /compression 'zstd' or 'none'/);
     await assert.rejects(createRecorder({ path: join(cache, 'no-such-dir/x.mcap'), actionSchema: schema }), /cannot create .*no-such-dir\/x\.mcap/);
     // @ts-expect-error: missing on purpose (there is no default schema: the run loads one and shares it)
     await assert.rejects(createRecorder({ path: join(cache, 'x.mcap') }), /actionSchema to be the result of loadActionSchema/);
