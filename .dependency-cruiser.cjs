@@ -40,7 +40,7 @@ module.exports = {
     {
       name: 'stages-never-import-stages',
       comment:
-        "A stage sees only its input and output types: nodes/X.ts imports no other stage. The shared payload types, " +
+        'A stage sees only its input and output types: nodes/X.ts imports no other stage. The shared payload types, ' +
         "the action schema and the stage's own worker file are not stages.",
       severity: 'error',
       from: { path: '^nodes/([^/]+?)(\\.worker)?\\.ts$' },

@@ -71,10 +71,13 @@ export async function syntheticJpeg(width = 1280, height = 720, quality = 85): P
       raw[i + 2] = (((x >> 5) ^ (y >> 5)) & 1) * 180 + noise;
     }
   }
-  return sharp(raw, { raw: { width, height, channels: 3 } }).jpeg({ quality }).toBuffer();
+  return sharp(raw, { raw: { width, height, channels: 3 } })
+    .jpeg({ quality })
+    .toBuffer();
 }
 
-const benchContext = (imageTokens: number): StageContext => standaloneContext({ frame: { sourceId: 'bench' }, knobs: { imageTokens, maxNewTokens: 0 } });
+const benchContext = (imageTokens: number): StageContext =>
+  standaloneContext({ frame: { sourceId: 'bench' }, knobs: { imageTokens, maxNewTokens: 0 } });
 
 /** What the bench needs of either encoder stage. */
 interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
@@ -87,10 +90,12 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   if (typeof opts.encoder !== 'string' || !opts.encoder) throw new TypeError('bench encode: --encoder is required');
   const runtime = isMmprojSpec(opts.encoder) ? 'mtmd' : 'onnx';
   const { iterations, imageTokens } = opts;
-  if (!Number.isInteger(iterations) || iterations < 1) throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
+  if (!Number.isInteger(iterations) || iterations < 1)
+    throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
   const warmup = opts.warmup ?? 1;
   const ep = opts.ep as ExecutionProvider; // checked by the encoder stage
-  if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda') throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
+  if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda')
+    throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
   const modelPath = await resolveModel(opts.encoder, runtime === 'mtmd' ? 'mmproj' : 'vision');
 
   let frame: CameraFrame;
@@ -111,7 +116,11 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   let encoder: BenchedEncoder;
   if (runtime === 'mtmd') {
     const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
-    encoder = await createMtmdEncoderStage({ mmproj: modelPath, useGpu: ep === 'cuda', ...(opts.threads !== undefined ? { threads: opts.threads } : {}) });
+    encoder = await createMtmdEncoderStage({
+      mmproj: modelPath,
+      useGpu: ep === 'cuda',
+      ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
+    });
   } else {
     encoder = await createOnnxEncoderStage({
       model: modelPath,
@@ -165,7 +174,12 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
       encode_ms_p50: round(quantile(enc, 0.5)),
       encode_ms_p99: round(quantile(enc, 0.99)),
       run_ms_p50: round(quantile(run, 0.5)),
-      total_ms_p50: round(quantile(pre.map((p, i) => p + enc[i]!), 0.5)),
+      total_ms_p50: round(
+        quantile(
+          pre.map((p, i) => p + enc[i]!),
+          0.5,
+        ),
+      ),
     };
   } finally {
     await encoder.close();

@@ -36,16 +36,28 @@ export interface BenchFrameResult {
 
 export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameResult> {
   const { imageTokens, maxNewTokens, gpuLayers } = opts;
-  const encoder = opts.encoder === 'projection'
-    ? { kind: 'projection' }
-    : isMmprojSpec(opts.encoder)
-      ? { kind: 'mtmd', mmproj: opts.encoder, gpuLayers }
-      : { kind: 'onnx', model: opts.encoder };
+  const encoder =
+    opts.encoder === 'projection'
+      ? { kind: 'projection' }
+      : isMmprojSpec(opts.encoder)
+        ? { kind: 'mtmd', mmproj: opts.encoder, gpuLayers }
+        : { kind: 'onnx', model: opts.encoder };
   const config = loadConfig({
     source: { kind: 'pattern', fps: opts.fps, frames: opts.frames, width: 1280, height: 720 },
     encoder,
-    decoder: { model: opts.model, gpuLayers, maxNewTokens, draft: opts.draft ?? null, draftMtp: opts.draftMtp ?? null, ngram: opts.ngram ?? false },
-    budgets: { endToEndMs: 60_000, stages: { preprocess: 10_000, encode: 30_000, decode: 30_000, actions: 1_000 }, dropPredictedMiss: false },
+    decoder: {
+      model: opts.model,
+      gpuLayers,
+      maxNewTokens,
+      draft: opts.draft ?? null,
+      draftMtp: opts.draftMtp ?? null,
+      ngram: opts.ngram ?? false,
+    },
+    budgets: {
+      endToEndMs: 60_000,
+      stages: { preprocess: 10_000, encode: 30_000, decode: 30_000, actions: 1_000 },
+      dropPredictedMiss: false,
+    },
     edges: { default: { policy: 'queue', capacity: 64 } },
     ladder: { enabled: false, initial: { imageTokens, maxNewTokens, draft: true, frameSkip: 0 }, rungs: [] },
     telemetry: { liveTable: 'off' },

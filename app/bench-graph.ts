@@ -14,7 +14,12 @@ import { chainOf } from '../pipeline/graph/chain.ts';
 import { createGraph } from '../pipeline/graph/graph.ts';
 import type { Envelope, FrameSource, SourceItem, Stage } from '../pipeline/types.ts';
 
-export type BenchGraphOptions = { readonly hz?: number; readonly frames?: number; readonly stages?: number; readonly warmupFrames?: number };
+export type BenchGraphOptions = {
+  readonly hz?: number;
+  readonly frames?: number;
+  readonly stages?: number;
+  readonly warmupFrames?: number;
+};
 
 export type BenchGraphResult = {
   hz: number;
@@ -39,10 +44,16 @@ export type BenchGraphResult = {
 
 const GOAL_US = 50;
 
-export async function benchGraph({ hz = 1000, frames = 5000, stages = 5, warmupFrames }: BenchGraphOptions = {}): Promise<BenchGraphResult> {
+export async function benchGraph({
+  hz = 1000,
+  frames = 5000,
+  stages = 5,
+  warmupFrames,
+}: BenchGraphOptions = {}): Promise<BenchGraphResult> {
   if (!(Number.isFinite(hz) && hz > 0 && hz <= 100_000)) throw new RangeError(`benchGraph: expected 0 < hz ≤ 100000 but received ${hz}`);
   if (!(Number.isInteger(frames) && frames >= 1)) throw new RangeError(`benchGraph: expected frames ≥ 1 but received ${frames}`);
-  if (!(Number.isInteger(stages) && stages >= 2 && stages <= 64)) throw new RangeError(`benchGraph: expected 2 ≤ stages ≤ 64 but received ${stages}`);
+  if (!(Number.isInteger(stages) && stages >= 2 && stages <= 64))
+    throw new RangeError(`benchGraph: expected 2 ≤ stages ≤ 64 but received ${stages}`);
   const warmup = warmupFrames ?? Math.min(200, Math.floor(frames / 10));
 
   const config = loadConfig({
@@ -50,7 +61,10 @@ export async function benchGraph({ hz = 1000, frames = 5000, stages = 5, warmupF
     ladder: { enabled: true },
     telemetry: { liveTable: 'off' },
   });
-  const noop: Stage<unknown, unknown>[] = Array.from({ length: stages }, (_, i) => ({ name: `noop${i}`, process: async (input: unknown) => input }));
+  const noop: Stage<unknown, unknown>[] = Array.from({ length: stages }, (_, i) => ({
+    name: `noop${i}`,
+    process: async (input: unknown) => input,
+  }));
   const clock = new RealClock();
   const graph = createGraph({ source: pacedSource(hz, frames), stages: chainOf(noop), clock, config });
   const outputs: Envelope<unknown>[] = [];

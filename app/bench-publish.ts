@@ -60,14 +60,23 @@ interface SubscriberReport {
 
 export async function benchPublish(options: BenchPublishOptions = {}): Promise<BenchPublishResult> {
   const { messages = 20_000, size = 128, latencySamples = 2000, sendHighWaterMark = 100_000 } = options;
-  for (const [name, v] of [['messages', messages], ['size', size], ['latencySamples', latencySamples]] as const) {
+  for (const [name, v] of [
+    ['messages', messages],
+    ['size', size],
+    ['latencySamples', latencySamples],
+  ] as const) {
     if (!Number.isInteger(v) || v < 1) throw new RangeError(`benchPublish: expected integer >= 1 for ${name} but received ${v}`);
   }
   const topic = 'actions';
   const { stage: publisher, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic, sendHighWaterMark });
   const counter = new SharedArrayBuffer(4);
   const received = new Int32Array(counter);
-  const workerData: SubscriberCommand = { zeromq: createRequire(import.meta.url).resolve('zeromq'), endpoint: publisher.endpoint, topic, counter };
+  const workerData: SubscriberCommand = {
+    zeromq: createRequire(import.meta.url).resolve('zeromq'),
+    endpoint: publisher.endpoint,
+    topic,
+    counter,
+  };
   const worker = new Worker(SUBSCRIBER_SOURCE, { eval: true, workerData });
   const report = new Promise<SubscriberReport>((resolve, reject) => {
     worker.once('message', resolve);
@@ -79,7 +88,13 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
   const action = { action: 'move', confidence: 0.5, speed: 1, pad: '' };
   action.pad = 'x'.repeat(Math.max(0, size - JSON.stringify(action).length));
   const bodyBytes = JSON.stringify(action).length;
-  const message = (frameId: number): ActionMessage => ({ schemaId: 'percept/robot-action/v1', frameId, sourceId: 'bench', captureWallMs: 0, action });
+  const message = (frameId: number): ActionMessage => ({
+    schemaId: 'percept/robot-action/v1',
+    frameId,
+    sourceId: 'bench',
+    captureWallMs: 0,
+    action,
+  });
   const sentNs: bigint[] = [];
 
   try {
@@ -152,7 +167,13 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
   }
 }
 
-const benchContext = (clock: RealClock): StageContext => standaloneContext({ clock, frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'bench' }, deadlineNs: 0n, knobs: { imageTokens: 0, maxNewTokens: 0 } });
+const benchContext = (clock: RealClock): StageContext =>
+  standaloneContext({
+    clock,
+    frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'bench' },
+    deadlineNs: 0n,
+    knobs: { imageTokens: 0, maxNewTokens: 0 },
+  });
 
 /** Polls `done` on every event-loop turn (setImmediate: no timer granularity in the measurement). */
 function waitFor(done: () => boolean, timeoutMs = 10_000): Promise<void> {
@@ -213,7 +234,9 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
       if (o.json) console.log(JSON.stringify(r));
       else {
         console.log(`publish ${r.transport}: ${r.msgs_per_s} msg/s (${r.received}/${r.messages} received, ${r.body_bytes} B bodies)`);
-        console.log(`latency one at a time: p50 ${r.p50_us} µs, p99 ${r.p99_us} µs, max ${r.max_us} µs; under load: p50 ${r.loaded_p50_us} µs, p99 ${r.loaded_p99_us} µs`);
+        console.log(
+          `latency one at a time: p50 ${r.p50_us} µs, p99 ${r.p99_us} µs, max ${r.max_us} µs; under load: p50 ${r.loaded_p50_us} µs, p99 ${r.loaded_p99_us} µs`,
+        );
       }
     })
     .catch((err: unknown) => {

@@ -6,16 +6,20 @@ import { Command, InvalidArgumentError, Option } from 'commander';
 
 const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
 
-const int = (name: string) => (value: string): number => {
-  const n = Number(value);
-  if (!Number.isInteger(n)) throw new InvalidArgumentError(`${name} must be an integer, got '${value}'`);
-  return n;
-};
-const positiveNumber = (name: string) => (value: string): number => {
-  const n = Number(value);
-  if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`${name} must be a number > 0, got '${value}'`);
-  return n;
-};
+const int =
+  (name: string) =>
+  (value: string): number => {
+    const n = Number(value);
+    if (!Number.isInteger(n)) throw new InvalidArgumentError(`${name} must be an integer, got '${value}'`);
+    return n;
+  };
+const positiveNumber =
+  (name: string) =>
+  (value: string): number => {
+    const n = Number(value);
+    if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`${name} must be a number > 0, got '${value}'`);
+    return n;
+  };
 
 /** Prints a result as JSON (--json) or as aligned `key  value` lines. */
 function printResult(result: object, json: boolean | undefined): void {
@@ -25,7 +29,14 @@ function printResult(result: object, json: boolean | undefined): void {
   }
   const width = Math.max(...Object.keys(result).map((k) => k.length));
   for (const [key, value] of Object.entries(result)) {
-    const text = typeof value === 'number' ? (Number.isInteger(value) ? String(value) : value.toFixed(3)) : typeof value === 'string' ? value : JSON.stringify(value);
+    const text =
+      typeof value === 'number'
+        ? Number.isInteger(value)
+          ? String(value)
+          : value.toFixed(3)
+        : typeof value === 'string'
+          ? value
+          : JSON.stringify(value);
     process.stdout.write(`${key.padEnd(width)}  ${text}\n`);
   }
 }
@@ -37,18 +48,27 @@ function speculationOptions(command: Command, what: { draft: string; draftMtp: s
     .addOption(new Option('--draft-mtp <file>', what.draftMtp).conflicts(['ngram']))
     .option('--ngram', what.ngram);
 }
-const SPECULATION = { draft: 'draft model (same vocabulary), or synth:PRESET', draftMtp: 'Gemma 4 MTP assistant GGUF, or synth:PRESET', ngram: 'n-gram drafting' };
+const SPECULATION = {
+  draft: 'draft model (same vocabulary), or synth:PRESET',
+  draftMtp: 'Gemma 4 MTP assistant GGUF, or synth:PRESET',
+  ngram: 'n-gram drafting',
+};
 
 const program = new Command()
   .name('percept')
-  .description('Perception pipeline for robots: camera frames → vision encoder → Gemma decoder → validated actions over ZeroMQ, with per-frame deadlines.')
+  .description(
+    'Perception pipeline for robots: camera frames → vision encoder → Gemma decoder → validated actions over ZeroMQ, with per-frame deadlines.',
+  )
   .version(version)
   .showHelpAfterError();
 
 program
   .command('run')
   .description('run the pipeline from a config until the source ends, --duration passes, or SIGINT/SIGTERM')
-  .option('-c, --config <file>', 'pipeline config (JSON, validated against configs/percept.schema.json; default: the embedded configs/default.json)')
+  .option(
+    '-c, --config <file>',
+    'pipeline config (JSON, validated against configs/percept.schema.json; default: the embedded configs/default.json)',
+  )
   .option('-s, --source <spec>', 'override the source: pattern[:FPS[:FRAMES]], bag:PATH, folder:PATH')
   .option('-d, --duration <seconds>', 'stop after this many seconds', positiveNumber('--duration'))
   .option('--json-summary <file>', 'also write the end-of-run summary as JSON to this file')
@@ -197,4 +217,3 @@ program.parseAsync(process.argv).catch((err: unknown) => {
   if (process.env.PERCEPT_DEBUG && err instanceof Error) process.stderr.write(`${err.stack}\n`);
   process.exitCode = 1;
 });
-

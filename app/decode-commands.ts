@@ -152,7 +152,9 @@ function findLlamaBench(): string {
   for (const p of [join(ROOT, 'build', 'native', 'bin', 'llama-bench'), join(ROOT, 'build', 'native', 'bin', 'Release', 'llama-bench')]) {
     if (existsSync(p)) return p;
   }
-  throw new Error('llama-bench is not built: cmake --build build/native --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)');
+  throw new Error(
+    'llama-bench is not built: cmake --build build/native --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)',
+  );
 }
 
 interface LlamaBenchRow {
@@ -170,14 +172,23 @@ interface LlamaBenchRow {
 export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecodeResult> {
   const { promptTokens, genTokens, reps, gpuLayers } = opts;
   const threads = opts.threads ?? availableParallelism();
-  for (const [k, v, min] of [['promptTokens', promptTokens, 1], ['genTokens', genTokens, 2], ['reps', reps, 1]] as const) {
+  for (const [k, v, min] of [
+    ['promptTokens', promptTokens, 1],
+    ['genTokens', genTokens, 2],
+    ['reps', reps, 1],
+  ] as const) {
     if (!Number.isInteger(v) || v < min) throw new RangeError(`bench decode: ${k} must be an integer ≥ ${min}, got ${v}`);
   }
   const path = await resolveModel(opts.model, 'decoder');
   const model = await LlamaModel.load(path, { gpuLayers });
   let draft: LlamaModel | undefined;
   try {
-    const ctx = await model.createContext({ nCtx: promptTokens + genTokens + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
+    const ctx = await model.createContext({
+      nCtx: promptTokens + genTokens + 64,
+      nBatch: Math.max(512, promptTokens),
+      threads,
+      flashAttention: 'auto',
+    });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
     const grammar = opts.schema ? schemaGrammar(model, opts.schema) : undefined;
     const { bos, nVocab } = model.info;
@@ -192,7 +203,24 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     // With --peer, llama-bench (one rep each) runs between our reps, so drifting load on a shared
     // machine hits both sides alike; the ratios use medians and best reps.
     const bench = opts.peer ? findLlamaBench() : undefined;
-    const peerArgs = ['-m', path, '-p', String(promptTokens), '-n', String(genTokens), '-r', '1', '-o', 'json', '-t', String(threads), '-ngl', String(gpuLayers), '-fa', 'auto'];
+    const peerArgs = [
+      '-m',
+      path,
+      '-p',
+      String(promptTokens),
+      '-n',
+      String(genTokens),
+      '-r',
+      '1',
+      '-o',
+      'json',
+      '-t',
+      String(threads),
+      '-ngl',
+      String(gpuLayers),
+      '-fa',
+      'auto',
+    ];
     const peerTg: number[] = [];
     const peerPp: number[] = [];
     const ppRuns: number[] = [];

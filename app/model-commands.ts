@@ -27,7 +27,10 @@ export interface SynthOptions {
 
 export async function synthesizeAny(opts: SynthOptions): Promise<Record<string, unknown>> {
   const { SingleBar, Presets } = (await import('cli-progress')).default;
-  const bar = new SingleBar({ format: `${opts.preset} [{bar}] {percentage}% {value}/{total} MiB`, noTTYOutput: true, notTTYSchedule: 5000 }, Presets.shades_classic);
+  const bar = new SingleBar(
+    { format: `${opts.preset} [{bar}] {percentage}% {value}/{total} MiB`, noTTYOutput: true, notTTYSchedule: 5000 },
+    Presets.shades_classic,
+  );
   let started = false;
   const onProgress = (done: number, total: number) => {
     const mib = (n: number) => Math.round(n / 2 ** 20);
@@ -43,7 +46,13 @@ export async function synthesizeAny(opts: SynthOptions): Promise<Record<string, 
       return { ...r };
     }
     if (listMmprojPresets().some((p) => p.name === opts.preset)) {
-      const r = await synthesizeMmproj({ preset: opts.preset, out: opts.out, seed: opts.seed, dtype: opts.wtype === 'f16' ? 'f16' : 'f32', onProgress });
+      const r = await synthesizeMmproj({
+        preset: opts.preset,
+        out: opts.out,
+        seed: opts.seed,
+        dtype: opts.wtype === 'f16' ? 'f16' : 'f32',
+        onProgress,
+      });
       return { ...r };
     }
     if (!listPresets().some((p) => p.name === opts.preset)) {

@@ -60,7 +60,12 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
   switch (config.kind) {
     case 'pattern': {
       const { createPatternSource } = await import('../nodes/source-pattern.ts');
-      return createPatternSource({ fps: config.fps, frames: config.frames === 0 ? Infinity : config.frames, width: config.width, height: config.height });
+      return createPatternSource({
+        fps: config.fps,
+        frames: config.frames === 0 ? Infinity : config.frames,
+        width: config.width,
+        height: config.height,
+      });
     }
     case 'bag': {
       const { createBagSource } = await import('../nodes/source-bag.ts');
@@ -146,12 +151,19 @@ async function createEncoder(
     }
     case 'projection': {
       const { createProjectionEncoderStage } = await import('../nodes/encoder-projection.ts');
-      return { contract: decoderContract, stage: createProjectionEncoderStage({ nEmbd, seed: config.encoder.seed, tokens: config.encoder.tokens }) };
+      return {
+        contract: decoderContract,
+        stage: createProjectionEncoderStage({ nEmbd, seed: config.encoder.seed, tokens: config.encoder.tokens }),
+      };
     }
     case 'mtmd': {
       const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
       log(`encoder (llama.cpp clip): ${config.encoder.mmproj}`);
-      const stage = await createMtmdEncoderStage({ mmproj: await resolveModel(config.encoder.mmproj, 'mmproj'), gpuLayers: config.encoder.gpuLayers, expectedHidden: nEmbd });
+      const stage = await createMtmdEncoderStage({
+        mmproj: await resolveModel(config.encoder.mmproj, 'mmproj'),
+        gpuLayers: config.encoder.gpuLayers,
+        expectedHidden: nEmbd,
+      });
       return { contract: stage.contract.kind, stage };
     }
   }

@@ -67,7 +67,11 @@ export function mmprojVisionPreset(name: string): string {
   if (typeof name !== 'string' || name.length === 0) throw new TypeError(`mmproj preset must be a non-empty string, got ${String(name)}`);
   const base = name.endsWith(MMPROJ_SUFFIX) ? name.slice(0, -MMPROJ_SUFFIX.length) : name;
   if (!listVisionPresets().some((p) => p.name === base)) {
-    throw new Error(`unknown mmproj preset '${name}' (known: ${listMmprojPresets().map((p) => p.name).join(', ')})`);
+    throw new Error(
+      `unknown mmproj preset '${name}' (known: ${listMmprojPresets()
+        .map((p) => p.name)
+        .join(', ')})`,
+    );
   }
   return base;
 }
@@ -134,7 +138,12 @@ function siglipPlan(spec: SiglipSpec): MmprojTensorPlan[] {
       { name: `${b}.ln1.weight`, ne: [h], halfOk: false, values: same(`${l}.ln1.weight`) },
       { name: `${b}.ln1.bias`, ne: [h], halfOk: false, values: same(`${l}.ln1.bias`) },
     );
-    for (const [m, tn] of [['q', 'attn_q'], ['k', 'attn_k'], ['v', 'attn_v'], ['o', 'attn_out']] as const) {
+    for (const [m, tn] of [
+      ['q', 'attn_q'],
+      ['k', 'attn_k'],
+      ['v', 'attn_v'],
+      ['o', 'attn_out'],
+    ] as const) {
       plan.push(
         { name: `${b}.${tn}.weight`, ne: [h, h], halfOk: true, values: transposed(`${l}.attn.${m}.weight`, h, h) },
         { name: `${b}.${tn}.bias`, ne: [h], halfOk: false, values: same(`${l}.attn.${m}.bias`) },
@@ -165,7 +174,12 @@ function gemma4Plan(spec: Gemma4VisionSpec): MmprojTensorPlan[] {
   const hd = h / spec.heads;
   const n = spec.positionTableSize;
   const plan: MmprojTensorPlan[] = [
-    { name: 'v.patch_embd.weight', ne: [p, p, 3, h], halfOk: true, values: (get) => patchLinearToConv(get('patch_embed.input_proj.weight'), p, h) },
+    {
+      name: 'v.patch_embd.weight',
+      ne: [p, p, 3, h],
+      halfOk: true,
+      values: (get) => patchLinearToConv(get('patch_embed.input_proj.weight'), p, h),
+    },
     {
       name: 'v.position_embd.weight',
       ne: [h, n, 2],
@@ -182,7 +196,11 @@ function gemma4Plan(spec: Gemma4VisionSpec): MmprojTensorPlan[] {
     const l = `layers.${i}`;
     const b = `v.blk.${i}`;
     plan.push({ name: `${b}.ln1.weight`, ne: [h], halfOk: false, values: same(`${l}.input_norm.weight`) });
-    for (const [m, tn] of [['q', 'attn_q'], ['k', 'attn_k'], ['v', 'attn_v']] as const) {
+    for (const [m, tn] of [
+      ['q', 'attn_q'],
+      ['k', 'attn_k'],
+      ['v', 'attn_v'],
+    ] as const) {
       plan.push({ name: `${b}.${tn}.weight`, ne: [h, h], halfOk: true, values: transposed(`${l}.attn.${m}.weight`, h, h) });
     }
     plan.push(
@@ -198,7 +216,12 @@ function gemma4Plan(spec: Gemma4VisionSpec): MmprojTensorPlan[] {
     );
   }
   // gemma4v.cpp: ggml_mul_mat(mm_input_proj_w, x): a plain linear, ne [h, out].
-  plan.push({ name: 'mm.input_projection.weight', ne: [h, spec.outHidden], halfOk: true, values: transposed('mm.input_projection.weight', h, spec.outHidden) });
+  plan.push({
+    name: 'mm.input_projection.weight',
+    ne: [h, spec.outHidden],
+    halfOk: true,
+    values: transposed('mm.input_projection.weight', h, spec.outHidden),
+  });
   return plan;
 }
 

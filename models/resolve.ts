@@ -44,8 +44,10 @@ export function isMmprojSpec(spec: string): boolean {
 /** Resolves `spec` to the path of a model file of `kind`, writing a synthetic checkpoint into the
  * cache the first time one is named (idempotent: an existing file is reused). */
 export async function resolveModel(spec: string, kind: ModelKind, options: ResolveModelOptions = {}): Promise<string> {
-  if (typeof spec !== 'string' || spec.length === 0) throw new TypeError(`Expected a non-empty string for the ${kind} model but received ${JSON.stringify(spec)}`);
-  if (!(kind in KEYS)) throw new TypeError(`Expected one of ${Object.keys(KEYS).join(', ')} for the model kind but received ${JSON.stringify(kind)}`);
+  if (typeof spec !== 'string' || spec.length === 0)
+    throw new TypeError(`Expected a non-empty string for the ${kind} model but received ${JSON.stringify(spec)}`);
+  if (!(kind in KEYS))
+    throw new TypeError(`Expected one of ${Object.keys(KEYS).join(', ')} for the model kind but received ${JSON.stringify(kind)}`);
   if (!spec.startsWith(SYNTH)) return existingFile(spec, kind);
 
   const { name, seed, params } = parseSynthSpec(spec, kind);
@@ -81,10 +83,14 @@ function parseSynthSpec(spec: string, kind: ModelKind): { name: string; seed: nu
   if (!m) throw new RangeError(`bad synthetic model spec ${JSON.stringify(spec)} (expected synth:PRESET[@SEED][?key=value&…])`);
   const params = new URLSearchParams(m[3] ?? '');
   for (const key of params.keys()) {
-    if (!KEYS[kind].includes(key)) throw new RangeError(`model spec ${JSON.stringify(spec)}: unknown parameter '${key}' for a ${kind} (expected ${KEYS[kind].join(', ')})`);
+    if (!KEYS[kind].includes(key))
+      throw new RangeError(
+        `model spec ${JSON.stringify(spec)}: unknown parameter '${key}' for a ${kind} (expected ${KEYS[kind].join(', ')})`,
+      );
   }
   const seedParam = params.get('seed');
-  if (m[2] !== undefined && seedParam !== null) throw new RangeError(`model spec ${JSON.stringify(spec)}: the seed is given twice (@${m[2]} and ?seed=${seedParam})`);
+  if (m[2] !== undefined && seedParam !== null)
+    throw new RangeError(`model spec ${JSON.stringify(spec)}: the seed is given twice (@${m[2]} and ?seed=${seedParam})`);
   const seedText = m[2] ?? seedParam ?? String(DEFAULT_SEED[kind]);
   if (!/^\d+$/.test(seedText) || Number(seedText) > 0xffffffff) {
     throw new RangeError(`model spec ${JSON.stringify(spec)}: seed must be a non-negative integer, got '${seedText}' (at most 2^32 - 1)`);
@@ -98,7 +104,8 @@ async function existingFile(spec: string, kind: ModelKind): Promise<string> {
   try {
     isFile = (await stat(path)).isFile();
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw new Error(`${kind} model file not found: ${path} (from spec ${JSON.stringify(spec)})`, { cause: err });
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT')
+      throw new Error(`${kind} model file not found: ${path} (from spec ${JSON.stringify(spec)})`, { cause: err });
     throw err;
   }
   if (!isFile) throw new Error(`${kind} model path ${path} is not a file`);

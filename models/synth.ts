@@ -14,9 +14,7 @@ import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import {
-  GGUFWriter, arr, f32, readGGUF, str, u32, type GGUFValue, type GGUFWriteOptions, type PlannedTensor,
-} from './gguf.ts';
+import { GGUFWriter, arr, f32, readGGUF, str, u32, type GGUFValue, type GGUFWriteOptions, type PlannedTensor } from './gguf.ts';
 import { GGMLType, KeystreamRng, blockSize, ggmlTypeName, randomBlocks, tensorBytes, typeSize, type RandomType } from './quant.ts';
 
 /** Bump when the bytes a preset produces change, so stale cached files are regenerated. */
@@ -118,78 +116,198 @@ const PRESETS: Readonly<Record<string, Preset>> = {
   'gemma4-tiny': {
     description: 'unit-test Gemma 4: 4 layers [S,F,S,F], hidden 64, PLE 8, 2 KV-shared layers (double-wide MLP)',
     config: {
-      arch: 'gemma4', layers: 4, hidden: 64, heads: 2, kvHeads: { sliding: 1, full: 1 }, headDim: { sliding: 64, full: 128 },
-      ffn: 256, doubleWideMlp: true, sliding: [true, false, true, false], window: 128, sharedKvLayers: 2, perLayerInput: 8,
-      context: 8192, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, softcap: 30, eps: 1e-6,
+      arch: 'gemma4',
+      layers: 4,
+      hidden: 64,
+      heads: 2,
+      kvHeads: { sliding: 1, full: 1 },
+      headDim: { sliding: 64, full: 128 },
+      ffn: 256,
+      doubleWideMlp: true,
+      sliding: [true, false, true, false],
+      window: 128,
+      sharedKvLayers: 2,
+      perLayerInput: 8,
+      context: 8192,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      softcap: 30,
+      eps: 1e-6,
     },
   },
   'gemma4-tiny-draft': {
     description: 'smaller Gemma 4 with the same vocab, for draft-model speculation against gemma4-tiny: 2 layers [S,F], hidden 32, no PLE',
     config: {
-      arch: 'gemma4', layers: 2, hidden: 32, heads: 2, kvHeads: { sliding: 1, full: 1 }, headDim: { sliding: 64, full: 128 },
-      ffn: 128, doubleWideMlp: false, sliding: [true, false], window: 128, sharedKvLayers: 0, perLayerInput: 0,
-      context: 8192, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, softcap: 30, eps: 1e-6,
+      arch: 'gemma4',
+      layers: 2,
+      hidden: 32,
+      heads: 2,
+      kvHeads: { sliding: 1, full: 1 },
+      headDim: { sliding: 64, full: 128 },
+      ffn: 128,
+      doubleWideMlp: false,
+      sliding: [true, false],
+      window: 128,
+      sharedKvLayers: 0,
+      perLayerInput: 0,
+      context: 8192,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      softcap: 30,
+      eps: 1e-6,
     },
   },
   'gemma4-tiny-assistant': {
     description: 'gemma4-assistant (MTP drafter) for gemma4-tiny: 4 Q-only layers [S,S,S,F], hidden 32, backbone 64',
     config: {
-      arch: 'gemma4-assistant', target: 'gemma4-tiny', layers: 4, hidden: 32, backboneHidden: 64, heads: 2,
-      kvHeads: { sliding: 1, full: 1 }, headDim: { sliding: 64, full: 128 }, ffn: 128, sliding: [true, true, true, false],
-      window: 128, context: 8192, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, eps: 1e-6,
+      arch: 'gemma4-assistant',
+      target: 'gemma4-tiny',
+      layers: 4,
+      hidden: 32,
+      backboneHidden: 64,
+      heads: 2,
+      kvHeads: { sliding: 1, full: 1 },
+      headDim: { sliding: 64, full: 128 },
+      ffn: 128,
+      sliding: [true, true, true, false],
+      window: 128,
+      context: 8192,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      eps: 1e-6,
     },
   },
   'gemma3-tiny': {
     description: 'unit-test Gemma 3: 6 layers (5 local : 1 global), hidden 64',
     config: {
-      arch: 'gemma3', layers: 6, hidden: 64, heads: 2, kvHeads: 1, headDim: 64, ffn: 256, window: 128, context: 8192,
-      rope: GEMMA4_ROPE, eps: 1e-6,
+      arch: 'gemma3',
+      layers: 6,
+      hidden: 64,
+      heads: 2,
+      kvHeads: 1,
+      headDim: 64,
+      ffn: 256,
+      window: 128,
+      context: 8192,
+      rope: GEMMA4_ROPE,
+      eps: 1e-6,
     },
   },
   'gemma4-e2b': {
     description: 'Gemma 4 E2B shapes: 35 layers [S,S,S,S,F]x7, hidden 1536, PLE 256, 20 KV-shared layers',
     config: {
-      arch: 'gemma4', layers: 35, hidden: 1536, heads: 8, kvHeads: { sliding: 1, full: 1 }, headDim: { sliding: 256, full: 512 },
-      ffn: 6144, doubleWideMlp: true, sliding: pattern(5, 7), window: 512, sharedKvLayers: 20, perLayerInput: 256,
-      context: 131072, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, softcap: 30, eps: 1e-6,
+      arch: 'gemma4',
+      layers: 35,
+      hidden: 1536,
+      heads: 8,
+      kvHeads: { sliding: 1, full: 1 },
+      headDim: { sliding: 256, full: 512 },
+      ffn: 6144,
+      doubleWideMlp: true,
+      sliding: pattern(5, 7),
+      window: 512,
+      sharedKvLayers: 20,
+      perLayerInput: 256,
+      context: 131072,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      softcap: 30,
+      eps: 1e-6,
     },
   },
   'gemma4-e4b': {
     description: 'Gemma 4 E4B shapes: 42 layers [Sx5,F]x7, hidden 2560, PLE 256, 18 KV-shared layers',
     config: {
-      arch: 'gemma4', layers: 42, hidden: 2560, heads: 8, kvHeads: { sliding: 2, full: 2 }, headDim: { sliding: 256, full: 512 },
-      ffn: 10240, doubleWideMlp: false, sliding: pattern(6, 7), window: 512, sharedKvLayers: 18, perLayerInput: 256,
-      context: 131072, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, softcap: 30, eps: 1e-6,
+      arch: 'gemma4',
+      layers: 42,
+      hidden: 2560,
+      heads: 8,
+      kvHeads: { sliding: 2, full: 2 },
+      headDim: { sliding: 256, full: 512 },
+      ffn: 10240,
+      doubleWideMlp: false,
+      sliding: pattern(6, 7),
+      window: 512,
+      sharedKvLayers: 18,
+      perLayerInput: 256,
+      context: 131072,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      softcap: 30,
+      eps: 1e-6,
     },
   },
   'gemma4-e2b-assistant': {
     description: 'Gemma 4 E2B assistant (MTP drafter) shapes: 4 layers [S,S,S,F], hidden 256, backbone 1536',
     config: {
-      arch: 'gemma4-assistant', target: 'gemma4-e2b', layers: 4, hidden: 256, backboneHidden: 1536, heads: 4,
-      kvHeads: { sliding: 1, full: 1 }, headDim: { sliding: 256, full: 512 }, ffn: 2048, sliding: [true, true, true, false],
-      window: 512, context: 131072, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, eps: 1e-6,
+      arch: 'gemma4-assistant',
+      target: 'gemma4-e2b',
+      layers: 4,
+      hidden: 256,
+      backboneHidden: 1536,
+      heads: 4,
+      kvHeads: { sliding: 1, full: 1 },
+      headDim: { sliding: 256, full: 512 },
+      ffn: 2048,
+      sliding: [true, true, true, false],
+      window: 512,
+      context: 131072,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      eps: 1e-6,
     },
   },
   'gemma4-e4b-assistant': {
     description: 'Gemma 4 E4B assistant (MTP drafter) shapes: 4 layers [S,S,S,F], hidden 256, backbone 2560',
     config: {
-      arch: 'gemma4-assistant', target: 'gemma4-e4b', layers: 4, hidden: 256, backboneHidden: 2560, heads: 4,
-      kvHeads: { sliding: 2, full: 2 }, headDim: { sliding: 256, full: 512 }, ffn: 2048, sliding: [true, true, true, false],
-      window: 512, context: 131072, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, eps: 1e-6,
+      arch: 'gemma4-assistant',
+      target: 'gemma4-e4b',
+      layers: 4,
+      hidden: 256,
+      backboneHidden: 2560,
+      heads: 4,
+      kvHeads: { sliding: 2, full: 2 },
+      headDim: { sliding: 256, full: 512 },
+      ffn: 2048,
+      sliding: [true, true, true, false],
+      window: 512,
+      context: 131072,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      eps: 1e-6,
     },
   },
   'gemma3-1b': {
     description: 'Gemma 3 1B shapes: 26 layers, hidden 1152, 4 heads / 1 KV head, window 512',
     config: {
-      arch: 'gemma3', layers: 26, hidden: 1152, heads: 4, kvHeads: 1, headDim: 256, ffn: 6912, window: 512, context: 32768,
-      rope: GEMMA4_ROPE, eps: 1e-6,
+      arch: 'gemma3',
+      layers: 26,
+      hidden: 1152,
+      heads: 4,
+      kvHeads: 1,
+      headDim: 256,
+      ffn: 6912,
+      window: 512,
+      context: 32768,
+      rope: GEMMA4_ROPE,
+      eps: 1e-6,
     },
   },
   'gemma3-4b': {
     description: 'Gemma 3 4B text shapes: 34 layers, hidden 2560, 8 heads / 4 KV heads, window 1024, linear RoPE x8',
     config: {
-      arch: 'gemma3', layers: 34, hidden: 2560, heads: 8, kvHeads: 4, headDim: 256, ffn: 10240, window: 1024, context: 131072,
-      rope: GEMMA4_ROPE, ropeScaling: { type: 'linear', factor: 8 }, eps: 1e-6,
+      arch: 'gemma3',
+      layers: 34,
+      hidden: 2560,
+      heads: 8,
+      kvHeads: 4,
+      headDim: 256,
+      ffn: 10240,
+      window: 1024,
+      context: 131072,
+      rope: GEMMA4_ROPE,
+      ropeScaling: { type: 'linear', factor: 8 },
+      eps: 1e-6,
     },
   },
 };
@@ -308,9 +426,12 @@ function ropeFreqs(headDimFull: number, partial: number): TensorDef {
 
 function tensorDefs(c: ModelConfig): TensorDef[] {
   switch (c.arch) {
-    case 'gemma4': return gemma4Tensors(c);
-    case 'gemma4-assistant': return gemma4AssistantTensors(c);
-    case 'gemma3': return gemma3Tensors(c);
+    case 'gemma4':
+      return gemma4Tensors(c);
+    case 'gemma4-assistant':
+      return gemma4AssistantTensors(c);
+    case 'gemma3':
+      return gemma3Tensors(c);
   }
 }
 
@@ -358,11 +479,18 @@ function archKVs(c: ModelConfig): [string, GGUFValue][] {
       const p = 'gemma4.';
       const firstShared = c.layers - c.sharedKvLayers;
       const ffn: GGUFValue = c.doubleWideMlp
-        ? arr('i32', Array.from({ length: c.layers }, (_, i) => (i < firstShared ? c.ffn : 2 * c.ffn)))
+        ? arr(
+            'i32',
+            Array.from({ length: c.layers }, (_, i) => (i < firstShared ? c.ffn : 2 * c.ffn)),
+          )
         : u32(c.ffn);
-      const kvHeads: GGUFValue = c.kvHeads.sliding === c.kvHeads.full
-        ? u32(c.kvHeads.full)
-        : arr('i32', c.sliding.map((s) => (s ? c.kvHeads.sliding : c.kvHeads.full)));
+      const kvHeads: GGUFValue =
+        c.kvHeads.sliding === c.kvHeads.full
+          ? u32(c.kvHeads.full)
+          : arr(
+              'i32',
+              c.sliding.map((s) => (s ? c.kvHeads.sliding : c.kvHeads.full)),
+            );
       return [
         [`${p}block_count`, u32(c.layers)],
         [`${p}context_length`, u32(c.context)],
@@ -388,9 +516,13 @@ function archKVs(c: ModelConfig): [string, GGUFValue][] {
     }
     case 'gemma4-assistant': {
       const p = 'gemma4-assistant.';
-      const kvHeads: GGUFValue = c.kvHeads.sliding === c.kvHeads.full
-        ? u32(c.kvHeads.full)
-        : arr('i32', c.sliding.map((s) => (s ? c.kvHeads.sliding : c.kvHeads.full)));
+      const kvHeads: GGUFValue =
+        c.kvHeads.sliding === c.kvHeads.full
+          ? u32(c.kvHeads.full)
+          : arr(
+              'i32',
+              c.sliding.map((s) => (s ? c.kvHeads.sliding : c.kvHeads.full)),
+            );
       return [
         [`${p}block_count`, u32(c.layers)],
         [`${p}context_length`, u32(c.context)],
@@ -468,7 +600,9 @@ async function extractVocabFromBundle(dest: string): Promise<string> {
     .find((d) => existsSync(join(d, 'package.json')));
   const bundle = pkgDir && join(pkgDir, 'llama', 'gitRelease.bundle');
   if (!bundle || !existsSync(bundle)) {
-    throw new Error(`cannot find ${VOCAB_FILE}: not in build/llama.cpp/models and node-llama-cpp's gitRelease.bundle is missing (set PERCEPT_GEMMA_VOCAB)`);
+    throw new Error(
+      `cannot find ${VOCAB_FILE}: not in build/llama.cpp/models and node-llama-cpp's gitRelease.bundle is missing (set PERCEPT_GEMMA_VOCAB)`,
+    );
   }
   const run = promisify(execFile);
   const gitDir = `${dest}.git-${process.pid}`;
@@ -547,7 +681,12 @@ export interface SynthesizeResult {
   readonly skipped: boolean;
 }
 
-const STAMP = { preset: 'percept.synth.preset', wtype: 'percept.synth.wtype', seed: 'percept.synth.seed', version: 'percept.synth.version' } as const;
+const STAMP = {
+  preset: 'percept.synth.preset',
+  wtype: 'percept.synth.wtype',
+  seed: 'percept.synth.seed',
+  version: 'percept.synth.version',
+} as const;
 
 function presetOf(name: unknown): Preset {
   if (typeof name !== 'string' || !Object.hasOwn(PRESETS, name)) {
@@ -625,7 +764,11 @@ export async function synthesize(options: SynthesizeOptions): Promise<Synthesize
 async function stampedSize(path: string, preset: string, wtype: WeightType, seed: number): Promise<number | undefined> {
   try {
     const f = await readGGUF(path);
-    const same = f.get(STAMP.preset) === preset && f.get(STAMP.wtype) === wtype && f.get(STAMP.seed) === seed && f.get(STAMP.version) === GENERATOR_VERSION;
+    const same =
+      f.get(STAMP.preset) === preset &&
+      f.get(STAMP.wtype) === wtype &&
+      f.get(STAMP.seed) === seed &&
+      f.get(STAMP.version) === GENERATOR_VERSION;
     return same ? f.fileSize : undefined;
   } catch {
     return undefined; // missing or unreadable: regenerate
@@ -656,7 +799,9 @@ function countParams(defs: readonly TensorDef[]): number {
 
 /** Checks the invariants llama.cpp's loaders assert, so a bad preset fails here with a sentence. */
 function validateConfig(name: string, c: ModelConfig): void {
-  const fail = (msg: string): never => { throw new Error(`preset ${name}: ${msg}`); };
+  const fail = (msg: string): never => {
+    throw new Error(`preset ${name}: ${msg}`);
+  };
   if (c.arch === 'gemma3') return;
   if (c.sliding.length !== c.layers) fail(`sliding pattern has ${c.sliding.length} entries for ${c.layers} layers`);
   if (c.sliding[c.layers - 1]) fail('the last layer must be full attention');

@@ -315,8 +315,14 @@ function buildGemma4(g: OnnxGraphBuilder, spec: Gemma4VisionSpec, seed: number):
   const angX = angles(col);
   const angY = angles(row);
   const headAxis = g.constI64([1]);
-  const cos = g.node('Unsqueeze', [g.node('Concat', [g.node('Cos', [angX]), g.node('Cos', [angX]), g.node('Cos', [angY]), g.node('Cos', [angY])], { axis: -1 }), headAxis]);
-  const sin = g.node('Unsqueeze', [g.node('Concat', [g.node('Sin', [angX]), g.node('Sin', [angX]), g.node('Sin', [angY]), g.node('Sin', [angY])], { axis: -1 }), headAxis]);
+  const cos = g.node('Unsqueeze', [
+    g.node('Concat', [g.node('Cos', [angX]), g.node('Cos', [angX]), g.node('Cos', [angY]), g.node('Cos', [angY])], { axis: -1 }),
+    headAxis,
+  ]);
+  const sin = g.node('Unsqueeze', [
+    g.node('Concat', [g.node('Sin', [angX]), g.node('Sin', [angX]), g.node('Sin', [angY]), g.node('Sin', [angY])], { axis: -1 }),
+    headAxis,
+  ]);
   const quarters = g.constI64([quarter, quarter, quarter, quarter]);
   const rope = (t: string): string => {
     const [a1, b1, a2, b2] = g.nodeN('Split', [t, quarters], 4, { axis: -1 }) as [string, string, string, string];
@@ -348,7 +354,11 @@ function buildGemma4(g: OnnxGraphBuilder, spec: Gemma4VisionSpec, seed: number):
   }
 
   // Pool k×k over the (rows × cols) grid: [1,n,h] → [1,rows,cols,h] → [1,h,rows,cols] → avg → [1,T,h].
-  const gridShape = g.node('Concat', [g.constI64([1]), g.node('Reshape', [rows, g.constI64([1])]), g.node('Reshape', [cols, g.constI64([1])]), g.constI64([h])], { axis: 0 });
+  const gridShape = g.node(
+    'Concat',
+    [g.constI64([1]), g.node('Reshape', [rows, g.constI64([1])]), g.node('Reshape', [cols, g.constI64([1])]), g.constI64([h])],
+    { axis: 0 },
+  );
   x = g.node('Transpose', [g.node('Reshape', [x, gridShape])], { perm: [0, 3, 1, 2] });
   x = g.node('AveragePool', [x], { kernel_shape: [spec.poolKernel, spec.poolKernel], strides: [spec.poolKernel, spec.poolKernel] });
   x = g.node('Transpose', [g.node('Reshape', [x, g.constI64([1, h, -1])])], { perm: [0, 2, 1] });
@@ -382,7 +392,8 @@ export function synthesizeVision(opts: SynthesizeVisionOptions): SynthesizeVisio
   const preset = visionPreset(opts.preset);
   const seed = opts.seed ?? 0;
   if (!Number.isInteger(seed) || seed < 0) throw new RangeError(`synthesizeVision: seed must be a non-negative integer, got ${seed}`);
-  if (opts.dtype !== undefined && opts.dtype !== 'fp32') throw new RangeError(`synthesizeVision: dtype '${String(opts.dtype)}' is not supported (fp32 only)`);
+  if (opts.dtype !== undefined && opts.dtype !== 'fp32')
+    throw new RangeError(`synthesizeVision: dtype '${String(opts.dtype)}' is not supported (fp32 only)`);
   const t0 = performance.now();
   const g = new OnnxGraphBuilder({
     name: `percept-synth-${preset.name}`,

@@ -5,7 +5,14 @@ import type { ActionSchema } from './action-schema.ts';
 import type { EncoderContract, Generation, ImageEmbedding } from './payloads.ts';
 import type { DecoderConfig } from '../pipeline/config.ts';
 import { StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
-import { LlamaModel, type LlamaContext, type LlamaGrammar, type ModelInfo, type PromptSegment, type SpeculatorOptions } from '../native/llama.ts';
+import {
+  LlamaModel,
+  type LlamaContext,
+  type LlamaGrammar,
+  type ModelInfo,
+  type PromptSegment,
+  type SpeculatorOptions,
+} from '../native/llama.ts';
 
 /** Longest draft the decode stage asks for. */
 export const DRAFT_MAX = 4;
@@ -42,7 +49,9 @@ export async function attachSpeculation(ctx: LlamaContext, flags: SpeculationFla
   if (!spec) return undefined;
   const draftModel = await LlamaModel.load(spec, { gpuLayers });
   try {
-    const options: SpeculatorOptions = flags.draft ? { type: 'draft-simple', draftModel, ...nMax } : { type: 'draft-mtp', draftModel, ...nMax };
+    const options: SpeculatorOptions = flags.draft
+      ? { type: 'draft-simple', draftModel, ...nMax }
+      : { type: 'draft-mtp', draftModel, ...nMax };
     await ctx.attachSpeculator(options);
     return draftModel;
   } catch (err) {
@@ -74,9 +83,11 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
   if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
   if (typeof config.systemPrompt !== 'string') throw new TypeError('decoder.systemPrompt must be a string');
   if (typeof config.instruction !== 'string') throw new TypeError('decoder.instruction must be a string');
-  if (!Number.isInteger(config.maxNewTokens) || config.maxNewTokens < 1) throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1, got ${config.maxNewTokens}`);
+  if (!Number.isInteger(config.maxNewTokens) || config.maxNewTokens < 1)
+    throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1, got ${config.maxNewTokens}`);
   if (!(config.temperature >= 0)) throw new RangeError(`decoder.temperature must be ≥ 0, got ${config.temperature}`);
-  if (typeof config.actionSchema?.schema !== 'object') throw new TypeError('createDecoderStage: actionSchema must be the result of loadActionSchema()');
+  if (typeof config.actionSchema?.schema !== 'object')
+    throw new TypeError('createDecoderStage: actionSchema must be the result of loadActionSchema()');
   const { temperature, seed, jumpForward, gpuLayers } = config;
 
   const model = await LlamaModel.load(config.model, { gpuLayers });
@@ -91,7 +102,11 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
       maxOutputs: MAX_OUTPUTS,
       ...(config.threads !== undefined ? { threads: config.threads } : {}),
     });
-    draft = await attachSpeculation(ctx, { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: DRAFT_MAX }, gpuLayers);
+    draft = await attachSpeculation(
+      ctx,
+      { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: DRAFT_MAX },
+      gpuLayers,
+    );
     grammar = model.grammarFromJsonSchema(config.actionSchema.schema);
   } catch (err) {
     await model.dispose();
@@ -108,12 +123,18 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
 
   const process = async (input: ImageEmbedding, sc: StageContext): Promise<Generation> => {
     if (input.nEmbd !== info.nEmbd) {
-      throw new RangeError(`decoder: image embedding is ${input.nEmbd} wide but ${config.model} takes ${info.nEmbd} (encoder/decoder mismatch)`);
+      throw new RangeError(
+        `decoder: image embedding is ${input.nEmbd} wide but ${config.model} takes ${info.nEmbd} (encoder/decoder mismatch)`,
+      );
     }
     if (input.data.length !== input.nTokens * input.nEmbd) {
-      throw new RangeError(`decoder: image embedding has ${input.data.length} floats, expected nTokens × nEmbd = ${input.nTokens} × ${input.nEmbd}`);
+      throw new RangeError(
+        `decoder: image embedding has ${input.data.length} floats, expected nTokens × nEmbd = ${input.nTokens} × ${input.nEmbd}`,
+      );
     }
-    const prompt: PromptSegment[] = model.chatPrompt(messages, [{ data: input.data, nTokens: input.nTokens }], { imageMarker: IMAGE_MARKER });
+    const prompt: PromptSegment[] = model.chatPrompt(messages, [{ data: input.data, nTokens: input.nTokens }], {
+      imageMarker: IMAGE_MARKER,
+    });
     const maxTokens = Math.max(1, Math.min(config.maxNewTokens, sc.knobs.maxNewTokens));
     const r = await ctx.generate(prompt, {
       maxTokens,

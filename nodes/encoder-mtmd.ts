@@ -62,25 +62,39 @@ export interface MtmdEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
 /** Checks what clip reports about an mmproj against the pipeline's contract. Pure. */
 export function checkMtmdContract(info: VisionInfo, expectedHidden: number | undefined, source: string): MtmdContractInfo {
   const problems: string[] = [];
-  if (info.projector !== 'gemma3' && info.projector !== 'gemma4v') problems.push(`projector '${String(info.projector)}' is neither gemma3 nor gemma4v`);
-  if (expectedHidden !== undefined && info.nEmbd !== expectedHidden) problems.push(`its output width is ${info.nEmbd}, but the decoder's n_embd is ${expectedHidden}`);
-  if (info.projector === 'gemma4v' && info.patchSize * info.patchSize * 3 !== 768) problems.push(`gemma4v patch size ${info.patchSize} does not give 768 values per patch`);
+  if (info.projector !== 'gemma3' && info.projector !== 'gemma4v')
+    problems.push(`projector '${String(info.projector)}' is neither gemma3 nor gemma4v`);
+  if (expectedHidden !== undefined && info.nEmbd !== expectedHidden)
+    problems.push(`its output width is ${info.nEmbd}, but the decoder's n_embd is ${expectedHidden}`);
+  if (info.projector === 'gemma4v' && info.patchSize * info.patchSize * 3 !== 768)
+    problems.push(`gemma4v patch size ${info.patchSize} does not give 768 values per patch`);
   if (problems.length) throw new Error(`encoder-mtmd: ${source}: ${problems.join('; ')}`);
   return info.projector === 'gemma3'
     ? { kind: 'gemma3', projector: 'gemma3', hidden: info.nEmbd, imageSize: info.imageSize, patchSize: info.patchSize, merge: info.merge }
-    : { kind: 'gemma4', projector: 'gemma4v', hidden: info.nEmbd, patchDim: info.patchSize * info.patchSize * 3, patchSize: info.patchSize, merge: info.merge };
+    : {
+        kind: 'gemma4',
+        projector: 'gemma4v',
+        hidden: info.nEmbd,
+        patchDim: info.patchSize * info.patchSize * 3,
+        patchSize: info.patchSize,
+        merge: info.merge,
+      };
 }
 
 /** The image clip should see for a PixelTensor, or an error naming what does not fit. Pure. */
 export function clipImageOf(input: PixelTensor, contract: MtmdContractInfo): VisionImage {
   if (input === null || typeof input !== 'object') throw new TypeError('encoder-mtmd: input must be a PixelTensor');
-  if (input.contract !== contract.kind) throw new Error(`encoder-mtmd: got a ${String(input.contract)} tensor, the mmproj is ${contract.kind} (${contract.projector})`);
+  if (input.contract !== contract.kind)
+    throw new Error(`encoder-mtmd: got a ${String(input.contract)} tensor, the mmproj is ${contract.kind} (${contract.projector})`);
   if (!(input.pixelValues instanceof Float32Array)) throw new TypeError('encoder-mtmd: pixelValues must be a Float32Array');
-  if (input.pixelValues.buffer.byteLength === 0) throw new Error('encoder-mtmd: pixelValues is detached (its buffer was handed to another stage)');
+  if (input.pixelValues.buffer.byteLength === 0)
+    throw new Error('encoder-mtmd: pixelValues is detached (its buffer was handed to another stage)');
   const dims = input.pixelDims;
   const count = (d: readonly number[]): number => d.reduce((a, b) => a * b, 1);
   if (!Array.isArray(dims) || count(dims) !== input.pixelValues.length) {
-    throw new RangeError(`encoder-mtmd: pixelDims [${String(dims)}] need ${Array.isArray(dims) ? count(dims) : '?'} values, got ${input.pixelValues.length}`);
+    throw new RangeError(
+      `encoder-mtmd: pixelDims [${String(dims)}] need ${Array.isArray(dims) ? count(dims) : '?'} values, got ${input.pixelValues.length}`,
+    );
   }
   if (dims[0] !== 1) throw new RangeError(`encoder-mtmd: batch ${dims[0]} is not supported (one image per frame)`);
   if (contract.kind === 'gemma3') {
@@ -91,10 +105,12 @@ export function clipImageOf(input: PixelTensor, contract: MtmdContractInfo): Vis
     return { layout: 'chw', width: s, height: s };
   }
   const patchDim = contract.patchDim!;
-  if (dims.length !== 3 || dims[2] !== patchDim) throw new RangeError(`encoder-mtmd: gemma4 pixelDims must be [1,P,${patchDim}], got [${dims.join(',')}]`);
+  if (dims.length !== 3 || dims[2] !== patchDim)
+    throw new RangeError(`encoder-mtmd: gemma4 pixelDims must be [1,P,${patchDim}], got [${dims.join(',')}]`);
   const ids = input.positionIds;
   const pd = input.positionDims;
-  if (!(ids instanceof BigInt64Array) || !pd) throw new TypeError('encoder-mtmd: gemma4 tensors need positionIds (BigInt64Array) and positionDims');
+  if (!(ids instanceof BigInt64Array) || !pd)
+    throw new TypeError('encoder-mtmd: gemma4 tensors need positionIds (BigInt64Array) and positionDims');
   const capacity = dims[1]!;
   if (pd.length !== 3 || pd[0] !== 1 || pd[1] !== capacity || pd[2] !== 2 || ids.length !== capacity * 2) {
     throw new RangeError(`encoder-mtmd: positionDims [${pd.join(',')}] do not match pixelDims [${dims.join(',')}] / ${ids.length} ids`);
@@ -108,25 +124,31 @@ export function clipImageOf(input: PixelTensor, contract: MtmdContractInfo): Vis
   if (valid === 0) throw new RangeError('encoder-mtmd: gemma4 tensor has no valid patch (all position ids are -1)');
   const rows = valid / cols;
   const layoutError = (p: number, why: string): RangeError =>
-    new RangeError(`encoder-mtmd: gemma4 position ids are not the processor's row-major grid (clip derives positions from the grid): patch ${p} ${why}`);
+    new RangeError(
+      `encoder-mtmd: gemma4 position ids are not the processor's row-major grid (clip derives positions from the grid): patch ${p} ${why}`,
+    );
   if (!Number.isInteger(rows)) throw layoutError(valid - 1, `ends a ${valid}-patch run that is not a whole number of ${cols}-patch rows`);
   for (let p = 0; p < valid; p++) {
     const col = Number(ids[2 * p]!);
     const row = Number(ids[2 * p + 1]!);
-    if (col !== p % cols || row !== Math.floor(p / cols)) throw layoutError(p, `is at (col ${col}, row ${row}), expected (${p % cols}, ${Math.floor(p / cols)})`);
+    if (col !== p % cols || row !== Math.floor(p / cols))
+      throw layoutError(p, `is at (col ${col}, row ${row}), expected (${p % cols}, ${Math.floor(p / cols)})`);
   }
   for (let p = valid; p < capacity; p++) {
     if (ids[2 * p] !== -1n || ids[2 * p + 1] !== -1n) throw layoutError(p, 'is a valid position after the first padding patch');
   }
   if (cols % contract.merge !== 0 || rows % contract.merge !== 0) {
-    throw new RangeError(`encoder-mtmd: gemma4 patch grid ${cols}×${rows} is not divisible by the ${contract.merge}×${contract.merge} pooling`);
+    throw new RangeError(
+      `encoder-mtmd: gemma4 patch grid ${cols}×${rows} is not divisible by the ${contract.merge}×${contract.merge} pooling`,
+    );
   }
   return { layout: 'patches', width: cols * contract.patchSize, height: rows * contract.patchSize };
 }
 
 /** Loads the mmproj, checks its contract, and returns the stage. */
 export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<MtmdEncoderStage> {
-  if (typeof cfg?.mmproj !== 'string' || cfg.mmproj.length === 0) throw new TypeError('encoder-mtmd: cfg.mmproj must be the path of an mmproj .gguf');
+  if (typeof cfg?.mmproj !== 'string' || cfg.mmproj.length === 0)
+    throw new TypeError('encoder-mtmd: cfg.mmproj must be the path of an mmproj .gguf');
   if (cfg.mmproj.endsWith('.onnx')) throw new Error(`encoder-mtmd: ${cfg.mmproj} is an ONNX model: that needs encoder kind 'onnx'`);
   if (!existsSync(cfg.mmproj)) throw new Error(`encoder-mtmd: mmproj ${cfg.mmproj} does not exist`);
   if (cfg.expectedHidden !== undefined && !(Number.isInteger(cfg.expectedHidden) && cfg.expectedHidden > 0)) {
@@ -135,7 +157,8 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
   if (cfg.gpuLayers !== undefined && !(Number.isInteger(cfg.gpuLayers) && cfg.gpuLayers >= -1)) {
     throw new RangeError(`encoder-mtmd: gpuLayers must be an integer ≥ -1, got ${cfg.gpuLayers}`);
   }
-  if (cfg.useGpu !== undefined && typeof cfg.useGpu !== 'boolean') throw new TypeError(`encoder-mtmd: useGpu must be a boolean, got ${String(cfg.useGpu)}`);
+  if (cfg.useGpu !== undefined && typeof cfg.useGpu !== 'boolean')
+    throw new TypeError(`encoder-mtmd: useGpu must be a boolean, got ${String(cfg.useGpu)}`);
   const useGpu = cfg.useGpu ?? (cfg.gpuLayers !== undefined && cfg.gpuLayers !== 0);
   let vision: LlamaVision;
   try {
@@ -145,7 +168,9 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
       ...(cfg.flashAttention !== undefined ? { flashAttention: cfg.flashAttention } : {}),
     });
   } catch (err) {
-    throw Object.assign(new Error(`encoder-mtmd: cannot load ${cfg.mmproj}: ${(err as Error).message}`), { code: (err as { code?: string }).code });
+    throw Object.assign(new Error(`encoder-mtmd: cannot load ${cfg.mmproj}: ${(err as Error).message}`), {
+      code: (err as { code?: string }).code,
+    });
   }
   let contract: MtmdContractInfo;
   try {
@@ -183,9 +208,12 @@ class MtmdEncoder implements MtmdEncoderStage {
     if (this.#closing) throw new Error('encoder-mtmd: stage is closed');
     const image = clipImageOf(input, this.contract);
     const result = await this.#slot.run(() => this.#encode(input, image), ctx.signal);
-    if (result.nEmbd !== this.contract.hidden) throw new Error(`encoder-mtmd: clip returned width ${result.nEmbd}, expected ${this.contract.hidden}`);
+    if (result.nEmbd !== this.contract.hidden)
+      throw new Error(`encoder-mtmd: clip returned width ${result.nEmbd}, expected ${this.contract.hidden}`);
     if (result.nTokens !== input.imageTokens) {
-      throw new Error(`encoder-mtmd: the encoder produced ${result.nTokens} tokens but the preprocessor announced ${input.imageTokens} (image ${image.width}×${image.height})`);
+      throw new Error(
+        `encoder-mtmd: the encoder produced ${result.nTokens} tokens but the preprocessor announced ${input.imageTokens} (image ${image.width}×${image.height})`,
+      );
     }
     return { data: result.data, nTokens: result.nTokens, nEmbd: result.nEmbd };
   }
@@ -211,4 +239,3 @@ class MtmdEncoder implements MtmdEncoderStage {
     return this.#closing;
   }
 }
-

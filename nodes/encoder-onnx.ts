@@ -69,22 +69,33 @@ const dimsText = (shape: readonly (number | string)[] | undefined): string => `[
 
 function fixedDimMismatch(info: WireValueInfo, index: number, expected: number): string | undefined {
   const d = info.shape?.[index];
-  return typeof d === 'number' && d !== expected ? `${info.name} dim ${index} is ${d}, expected ${expected} (shape ${dimsText(info.shape)})` : undefined;
+  return typeof d === 'number' && d !== expected
+    ? `${info.name} dim ${index} is ${d}, expected ${expected} (shape ${dimsText(info.shape)})`
+    : undefined;
 }
 
 /** Checks a model's inputs/outputs against the gemma3/gemma4 contracts. Throws an Error that lists every
  * mismatch. Pure: the tests call it on hand-made metadata too. */
-export function checkEncoderContract(inputs: readonly WireValueInfo[], outputs: readonly WireValueInfo[], expectedHidden?: number, source = 'vision encoder'): EncoderContractInfo {
+export function checkEncoderContract(
+  inputs: readonly WireValueInfo[],
+  outputs: readonly WireValueInfo[],
+  expectedHidden?: number,
+  source = 'vision encoder',
+): EncoderContractInfo {
   const problems: string[] = [];
   const byName = (list: readonly WireValueInfo[], name: string): WireValueInfo | undefined => list.find((v) => v.name === name);
   const pixels = byName(inputs, 'pixel_values');
   const positions = byName(inputs, 'pixel_position_ids');
   const features = byName(outputs, 'image_features');
-  const names = (l: readonly WireValueInfo[]): string => l.map((v) => `${v.name}:${v.type ?? '?'}${dimsText(v.shape)}`).join(', ') || 'none';
+  const names = (l: readonly WireValueInfo[]): string =>
+    l.map((v) => `${v.name}:${v.type ?? '?'}${dimsText(v.shape)}`).join(', ') || 'none';
   if (!pixels) problems.push(`missing input 'pixel_values' (inputs: ${names(inputs)})`);
   if (!features) problems.push(`missing output 'image_features' (outputs: ${names(outputs)})`);
   const extra = inputs.filter((v) => v.name !== 'pixel_values' && v.name !== 'pixel_position_ids');
-  if (extra.length) problems.push(`unexpected input(s) ${extra.map((v) => `'${v.name}'`).join(', ')} (the contract has pixel_values and, for gemma4, pixel_position_ids)`);
+  if (extra.length)
+    problems.push(
+      `unexpected input(s) ${extra.map((v) => `'${v.name}'`).join(', ')} (the contract has pixel_values and, for gemma4, pixel_position_ids)`,
+    );
   const kind: 'gemma3' | 'gemma4' = positions ? 'gemma4' : 'gemma3';
   const check = (v: WireValueInfo | undefined, type: string, ranks: readonly number[]): boolean => {
     if (!v) return false;
@@ -135,7 +146,8 @@ export function checkEncoderContract(inputs: readonly WireValueInfo[], outputs: 
   const outShape = features?.shape ?? [];
   const last = outShape[outShape.length - 1];
   const hidden = typeof last === 'number' ? last : undefined;
-  if (features && outShape.length && hidden === undefined) problems.push(`image_features width is symbolic (${dimsText(outShape)}); the contract needs a fixed hidden size`);
+  if (features && outShape.length && hidden === undefined)
+    problems.push(`image_features width is symbolic (${dimsText(outShape)}); the contract needs a fixed hidden size`);
   if (hidden !== undefined && expectedHidden !== undefined && hidden !== expectedHidden) {
     problems.push(`image_features width is ${hidden}, but the decoder's n_embd is ${expectedHidden}`);
   }
@@ -201,12 +213,15 @@ function transferable(a: Float32Array | BigInt64Array, copy: boolean): { data: F
 
 /** Loads the model in a worker, checks its contract, and returns the stage. */
 export async function createOnnxEncoderStage(cfg: OnnxEncoderConfig): Promise<OnnxEncoderStage> {
-  if (typeof cfg?.model !== 'string' || cfg.model.length === 0) throw new TypeError('encoder-onnx: cfg.model must be the path of an .onnx file');
-  if (cfg.model.endsWith('.gguf')) throw new Error(`encoder-onnx: ${cfg.model} is a GGUF (mmproj): that needs the llama.cpp mtmd encoder, not onnxruntime`);
+  if (typeof cfg?.model !== 'string' || cfg.model.length === 0)
+    throw new TypeError('encoder-onnx: cfg.model must be the path of an .onnx file');
+  if (cfg.model.endsWith('.gguf'))
+    throw new Error(`encoder-onnx: ${cfg.model} is a GGUF (mmproj): that needs the llama.cpp mtmd encoder, not onnxruntime`);
   if (!existsSync(cfg.model)) throw new Error(`encoder-onnx: model ${cfg.model} does not exist`);
   const { ep } = cfg;
   checkExecutionProvider(ep);
-  if (cfg.threads !== undefined && !(Number.isInteger(cfg.threads) && cfg.threads >= 1)) throw new RangeError(`encoder-onnx: threads must be a positive integer, got ${cfg.threads}`);
+  if (cfg.threads !== undefined && !(Number.isInteger(cfg.threads) && cfg.threads >= 1))
+    throw new RangeError(`encoder-onnx: threads must be a positive integer, got ${cfg.threads}`);
   if (cfg.expectedHidden !== undefined && !(Number.isInteger(cfg.expectedHidden) && cfg.expectedHidden > 0)) {
     throw new RangeError(`encoder-onnx: expectedHidden must be a positive integer, got ${cfg.expectedHidden}`);
   }
@@ -319,21 +334,38 @@ class OnnxEncoder implements OnnxEncoderStage {
     if (input?.contract !== c.kind) throw new Error(`encoder-onnx: got a ${String(input?.contract)} tensor, the model is ${c.kind}`);
     const count = (dims: readonly number[]): number => dims.reduce((a, b) => a * b, 1);
     if (!(input.pixelValues instanceof Float32Array)) throw new TypeError('encoder-onnx: pixelValues must be a Float32Array');
-    if (input.pixelValues.buffer.byteLength === 0) throw new Error('encoder-onnx: pixelValues is detached (its buffer was already handed to the encoder)');
+    if (input.pixelValues.buffer.byteLength === 0)
+      throw new Error('encoder-onnx: pixelValues is detached (its buffer was already handed to the encoder)');
     if (count(input.pixelDims) !== input.pixelValues.length) {
-      throw new RangeError(`encoder-onnx: pixelDims [${input.pixelDims.join(',')}] need ${count(input.pixelDims)} values, got ${input.pixelValues.length}`);
+      throw new RangeError(
+        `encoder-onnx: pixelDims [${input.pixelDims.join(',')}] need ${count(input.pixelDims)} values, got ${input.pixelValues.length}`,
+      );
     }
     if (c.kind === 'gemma3') {
       const s = c.imageSize;
-      if (input.pixelDims.length !== 4 || input.pixelDims[1] !== 3 || (s !== undefined && (input.pixelDims[2] !== s || input.pixelDims[3] !== s))) {
+      if (
+        input.pixelDims.length !== 4 ||
+        input.pixelDims[1] !== 3 ||
+        (s !== undefined && (input.pixelDims[2] !== s || input.pixelDims[3] !== s))
+      ) {
         throw new RangeError(`encoder-onnx: gemma3 pixelDims must be [N,3,${s ?? 'S'},${s ?? 'S'}], got [${input.pixelDims.join(',')}]`);
       }
     } else {
-      if (input.pixelDims.length !== 3 || input.pixelDims[2] !== 768) throw new RangeError(`encoder-onnx: gemma4 pixelDims must be [N,P,768], got [${input.pixelDims.join(',')}]`);
+      if (input.pixelDims.length !== 3 || input.pixelDims[2] !== 768)
+        throw new RangeError(`encoder-onnx: gemma4 pixelDims must be [N,P,768], got [${input.pixelDims.join(',')}]`);
       const pd = input.positionDims;
-      if (!(input.positionIds instanceof BigInt64Array) || !pd) throw new TypeError('encoder-onnx: gemma4 tensors need positionIds (BigInt64Array) and positionDims');
-      if (pd.length !== 3 || pd[0] !== input.pixelDims[0] || pd[1] !== input.pixelDims[1] || pd[2] !== 2 || count(pd) !== input.positionIds.length) {
-        throw new RangeError(`encoder-onnx: positionDims [${pd.join(',')}] do not match pixelDims [${input.pixelDims.join(',')}] / ${input.positionIds.length} ids`);
+      if (!(input.positionIds instanceof BigInt64Array) || !pd)
+        throw new TypeError('encoder-onnx: gemma4 tensors need positionIds (BigInt64Array) and positionDims');
+      if (
+        pd.length !== 3 ||
+        pd[0] !== input.pixelDims[0] ||
+        pd[1] !== input.pixelDims[1] ||
+        pd[2] !== 2 ||
+        count(pd) !== input.positionIds.length
+      ) {
+        throw new RangeError(
+          `encoder-onnx: positionDims [${pd.join(',')}] do not match pixelDims [${input.pixelDims.join(',')}] / ${input.positionIds.length} ids`,
+        );
       }
     }
   }
@@ -374,9 +406,12 @@ class OnnxEncoder implements OnnxEncoderStage {
     const batch = dims.length === 3 ? dims[0]! : 1;
     if (batch !== 1) throw new Error(`encoder-onnx: image_features has batch ${batch}; one image per frame is supported`);
     const nTokens = dims.length === 3 ? dims[1]! : dims[0]!;
-    if (nEmbd !== this.contract.hidden && this.contract.hidden !== 0) throw new Error(`encoder-onnx: image_features width ${nEmbd} != ${this.contract.hidden}`);
+    if (nEmbd !== this.contract.hidden && this.contract.hidden !== 0)
+      throw new Error(`encoder-onnx: image_features width ${nEmbd} != ${this.contract.hidden}`);
     if (nTokens !== input.imageTokens) {
-      throw new Error(`encoder-onnx: the encoder produced ${nTokens} tokens but the preprocessor announced ${input.imageTokens} (image_features [${dims.join(',')}])`);
+      throw new Error(
+        `encoder-onnx: the encoder produced ${nTokens} tokens but the preprocessor announced ${input.imageTokens} (image_features [${dims.join(',')}])`,
+      );
     }
     return { data: f.data, nTokens, nEmbd };
   }
@@ -410,4 +445,3 @@ class OnnxEncoder implements OnnxEncoderStage {
     return this.#closing;
   }
 }
-

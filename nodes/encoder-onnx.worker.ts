@@ -32,7 +32,8 @@ export interface WireValueInfo {
   readonly shape?: readonly (number | string)[];
 }
 
-export type WorkerRequest = { readonly type: 'run'; readonly id: number; readonly feeds: Readonly<Record<string, WireTensor>> } | { readonly type: 'close' };
+export type WorkerRequest =
+  { readonly type: 'run'; readonly id: number; readonly feeds: Readonly<Record<string, WireTensor>> } | { readonly type: 'close' };
 
 export type WorkerReply =
   | { readonly type: 'ready'; readonly inputs: WireValueInfo[]; readonly outputs: WireValueInfo[] }

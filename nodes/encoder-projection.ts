@@ -109,15 +109,19 @@ export function createProjectionEncoderStage(cfg: ProjectionEncoderConfig): Stag
       let desc: Float32Array;
       let nTokens: number;
       if (input?.contract === 'gemma3') {
-        if (input.pixelDims.length !== 4 || input.pixelDims[1] !== 3) throw new RangeError(`encoder-projection: gemma3 pixelDims must be [1,3,H,W], got [${input.pixelDims.join(',')}]`);
+        if (input.pixelDims.length !== 4 || input.pixelDims[1] !== 3)
+          throw new RangeError(`encoder-projection: gemma3 pixelDims must be [1,3,H,W], got [${input.pixelDims.join(',')}]`);
         nTokens = tokens;
         desc = gemma3Descriptors(input, tokens);
       } else if (input?.contract === 'gemma4') {
         if (input.pixelDims.length !== 3 || input.pixelDims[2] !== 768 || !input.positionIds) {
-          throw new RangeError(`encoder-projection: gemma4 input needs pixelDims [1,P,768] and positionIds, got [${input.pixelDims.join(',')}]`);
+          throw new RangeError(
+            `encoder-projection: gemma4 input needs pixelDims [1,P,768] and positionIds, got [${input.pixelDims.join(',')}]`,
+          );
         }
         ({ desc, tokens: nTokens } = gemma4Descriptors(input));
-        if (nTokens !== input.imageTokens) throw new Error(`encoder-projection: patch grid gives ${nTokens} tokens, the tensor announces ${input.imageTokens}`);
+        if (nTokens !== input.imageTokens)
+          throw new Error(`encoder-projection: patch grid gives ${nTokens} tokens, the tensor announces ${input.imageTokens}`);
       } else {
         throw new TypeError(`encoder-projection: unknown tensor contract ${String(input?.contract)}`);
       }

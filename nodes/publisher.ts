@@ -63,17 +63,32 @@ const DECISIONS: ReadonlySet<TelemetryEvent['type']> = new Set(['drop', 'cancel'
 const ENDPOINT = /^(tcp|ipc|inproc):\/\/.+/;
 
 export async function createPublisher(options: PublisherOptions): Promise<Publisher> {
-  if (options === null || typeof options !== 'object') throw new TypeError('createPublisher: expected an options object { endpoint, topic }');
-  const { endpoint, topic = 'actions', sendHighWaterMark = 1000, telemetryTopic = 'telemetry', eventsTopic = 'events', lingerMs = 1000 } = options;
+  if (options === null || typeof options !== 'object')
+    throw new TypeError('createPublisher: expected an options object { endpoint, topic }');
+  const {
+    endpoint,
+    topic = 'actions',
+    sendHighWaterMark = 1000,
+    telemetryTopic = 'telemetry',
+    eventsTopic = 'events',
+    lingerMs = 1000,
+  } = options;
   if (typeof endpoint !== 'string' || !ENDPOINT.test(endpoint)) {
-    throw new TypeError(`createPublisher: expected endpoint like tcp://host:port, ipc://path or inproc://name but received ${JSON.stringify(endpoint)}`);
+    throw new TypeError(
+      `createPublisher: expected endpoint like tcp://host:port, ipc://path or inproc://name but received ${JSON.stringify(endpoint)}`,
+    );
   }
-  for (const [name, value] of [['topic', topic], ['telemetryTopic', telemetryTopic], ['eventsTopic', eventsTopic]] as const) {
+  for (const [name, value] of [
+    ['topic', topic],
+    ['telemetryTopic', telemetryTopic],
+    ['eventsTopic', eventsTopic],
+  ] as const) {
     if (typeof value !== 'string' || value.length === 0) {
       throw new TypeError(`createPublisher: expected a non-empty string for ${name} but received ${JSON.stringify(value)}`);
     }
   }
-  if (!Number.isInteger(lingerMs) || lingerMs < 0) throw new RangeError(`createPublisher: expected integer >= 0 for lingerMs but received ${lingerMs}`);
+  if (!Number.isInteger(lingerMs) || lingerMs < 0)
+    throw new RangeError(`createPublisher: expected integer >= 0 for lingerMs but received ${lingerMs}`);
   if (!Number.isInteger(sendHighWaterMark) || sendHighWaterMark < 0) {
     throw new RangeError(`createPublisher: expected integer >= 0 for sendHighWaterMark but received ${sendHighWaterMark}`);
   }

@@ -49,13 +49,16 @@ export interface Recorder {
 export async function createRecorder(options: RecorderOptions): Promise<Recorder> {
   if (options === null || typeof options !== 'object') throw new TypeError('createRecorder: expected an options object { path }');
   const { path, compression = 'zstd', chunkSize = 256 * 1024, library = 'percept recorder' } = options;
-  if (typeof path !== 'string' || path.length === 0) throw new TypeError(`createRecorder: expected a non-empty path but received ${JSON.stringify(path)}`);
+  if (typeof path !== 'string' || path.length === 0)
+    throw new TypeError(`createRecorder: expected a non-empty path but received ${JSON.stringify(path)}`);
   if (compression !== 'zstd' && compression !== 'none') {
     throw new TypeError(`createRecorder: expected compression 'zstd' or 'none' but received ${JSON.stringify(compression)}`);
   }
-  if (!Number.isInteger(chunkSize) || chunkSize < 1024) throw new RangeError(`createRecorder: expected integer >= 1024 for chunkSize but received ${chunkSize}`);
+  if (!Number.isInteger(chunkSize) || chunkSize < 1024)
+    throw new RangeError(`createRecorder: expected integer >= 1024 for chunkSize but received ${chunkSize}`);
   const schema = options.actionSchema;
-  if (typeof schema?.mcapSchema !== 'object') throw new TypeError('createRecorder: expected actionSchema to be the result of loadActionSchema()');
+  if (typeof schema?.mcapSchema !== 'object')
+    throw new TypeError('createRecorder: expected actionSchema to be the result of loadActionSchema()');
 
   if (compression === 'zstd') await zstd.isLoaded;
   let handle: FileHandle;
@@ -157,7 +160,8 @@ export async function createRecorder(options: RecorderOptions): Promise<Recorder
     },
     async recordEvent(event: object, logTimeNs: bigint): Promise<void> {
       checkTime('recordEvent', logTimeNs);
-      if (event === null || typeof event !== 'object') throw new TypeError(`recorder.recordEvent: expected an event object but received ${String(event)}`);
+      if (event === null || typeof event !== 'object')
+        throw new TypeError(`recorder.recordEvent: expected an event object but received ${String(event)}`);
       if (closing) throw new Error(`recorder ${path}: recordEvent after close`);
       const data = new TextEncoder().encode(JSON.stringify(event, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v)));
       await enqueue('recordEvent', async () => {

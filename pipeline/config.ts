@@ -146,14 +146,20 @@ export function loadConfig(input: string | object): PerceptConfig {
   } else if (input !== null && typeof input === 'object' && !Array.isArray(input)) {
     data = structuredClone(input);
   } else {
-    throw new TypeError(`loadConfig: expected a file path or a config object but received ${input === null ? 'null' : Array.isArray(input) ? 'an array' : typeof input}`);
+    throw new TypeError(
+      `loadConfig: expected a file path or a config object but received ${input === null ? 'null' : Array.isArray(input) ? 'an array' : typeof input}`,
+    );
   }
 
   const given = new Set(PATH_FIELDS.filter(([section, key]) => pathAt(data, section, key) !== undefined));
   if (typeof input === 'string') resolvePaths(data, PATH_FIELDS, dirname(resolve(input)));
   const validate = compileSchema();
   if (!validate(data)) throw new ConfigError(origin, describeAjvErrors(validate.errors ?? []));
-  resolvePaths(data, PATH_FIELDS.filter((field) => !given.has(field)), DEFAULTS_BASE);
+  resolvePaths(
+    data,
+    PATH_FIELDS.filter((field) => !given.has(field)),
+    DEFAULTS_BASE,
+  );
   const config = data as PerceptConfig;
   const issues = checkSemantics(config);
   if (issues.length > 0) throw new ConfigError(origin, issues);
@@ -186,9 +192,13 @@ function describeAjvErrors(errors: readonly ErrorObject[]): ConfigIssue[] {
   for (const error of errors) {
     if (error.keyword === 'propertyNames') continue; // its inner errors name the key
     // A bad key yields several errors (the inner enum/anyOf and propertyNames itself); report the key once.
-    const issue: ConfigIssue = error.propertyName !== undefined
-      ? { path: `${error.instancePath}/${error.propertyName}`, message: `is not a known name here (expected ${error.instancePath === '/edges' ? '"default" or ' : ''}a stage name: preprocess, encode, decode, actions, publish, record)` }
-      : describeAjvError(error);
+    const issue: ConfigIssue =
+      error.propertyName !== undefined
+        ? {
+            path: `${error.instancePath}/${error.propertyName}`,
+            message: `is not a known name here (expected ${error.instancePath === '/edges' ? '"default" or ' : ''}a stage name: preprocess, encode, decode, actions, publish, record)`,
+          }
+        : describeAjvError(error);
     issues.set(`${issue.path}\0${issue.message}`, issue);
   }
   return [...issues.values()];
@@ -200,12 +210,18 @@ function describeAjvError(error: ErrorObject): ConfigIssue {
     case 'additionalProperties':
       return { path: `${error.instancePath}/${String(params.additionalProperty)}`, message: 'is not a known property' };
     case 'enum':
-      return { path: error.instancePath, message: `must be one of ${(params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', ')}` };
+      return {
+        path: error.instancePath,
+        message: `must be one of ${(params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', ')}`,
+      };
     case 'const':
       return { path: error.instancePath, message: `must be ${JSON.stringify(params.allowedValue)}` };
     case 'discriminator':
       return params.error === 'mapping'
-        ? { path: `${error.instancePath}/${String(params.tag)}`, message: `${JSON.stringify(params.tagValue)} is not one of the known kinds` }
+        ? {
+            path: `${error.instancePath}/${String(params.tag)}`,
+            message: `${JSON.stringify(params.tagValue)} is not one of the known kinds`,
+          }
         : { path: `${error.instancePath}/${String(params.tag)}`, message: 'must be a string naming the kind' };
     default:
       return { path: error.instancePath, message: error.message ?? `fails ${error.keyword}` };
@@ -218,7 +234,10 @@ export function checkSemantics(config: PerceptConfig): ConfigIssue[] {
   const { budgets, ladder } = config;
   for (const [stage, ms] of Object.entries(budgets.stages)) {
     if (ms > budgets.endToEndMs) {
-      issues.push({ path: `/budgets/stages/${stage}`, message: `must be at most /budgets/endToEndMs (${budgets.endToEndMs}) but is ${ms}` });
+      issues.push({
+        path: `/budgets/stages/${stage}`,
+        message: `must be at most /budgets/endToEndMs (${budgets.endToEndMs}) but is ${ms}`,
+      });
     }
   }
   // Each rung must make the frame cheaper in the knob it names, or the ladder would not be a ladder.
@@ -226,13 +245,22 @@ export function checkSemantics(config: PerceptConfig): ConfigIssue[] {
   ladder.rungs.forEach((rung, index) => {
     const at = `/ladder/rungs/${index}`;
     if (rung.imageTokens !== undefined && rung.imageTokens >= knobs.imageTokens) {
-      issues.push({ path: `${at}/imageTokens`, message: `must be below the level above (${knobs.imageTokens}) but is ${rung.imageTokens}` });
+      issues.push({
+        path: `${at}/imageTokens`,
+        message: `must be below the level above (${knobs.imageTokens}) but is ${rung.imageTokens}`,
+      });
     }
     if (rung.maxNewTokens !== undefined && rung.maxNewTokens >= knobs.maxNewTokens) {
-      issues.push({ path: `${at}/maxNewTokens`, message: `must be below the level above (${knobs.maxNewTokens}) but is ${rung.maxNewTokens}` });
+      issues.push({
+        path: `${at}/maxNewTokens`,
+        message: `must be below the level above (${knobs.maxNewTokens}) but is ${rung.maxNewTokens}`,
+      });
     }
     if (rung.draft !== undefined && (rung.draft || !knobs.draft)) {
-      issues.push({ path: `${at}/draft`, message: knobs.draft ? 'can only turn drafting off (false)' : 'drafting is already off at the level above' });
+      issues.push({
+        path: `${at}/draft`,
+        message: knobs.draft ? 'can only turn drafting off (false)' : 'drafting is already off at the level above',
+      });
     }
     if (rung.frameSkip !== undefined && rung.frameSkip <= knobs.frameSkip) {
       issues.push({ path: `${at}/frameSkip`, message: `must be above the level above (${knobs.frameSkip}) but is ${rung.frameSkip}` });
@@ -244,7 +272,10 @@ export function checkSemantics(config: PerceptConfig): ConfigIssue[] {
   }
   for (const [stage, value] of Object.entries(config.virtualServiceMs)) {
     if (Array.isArray(value) && value.length > ladder.rungs.length + 1) {
-      issues.push({ path: `/virtualServiceMs/${stage}`, message: `has ${value.length} levels but the ladder has ${ladder.rungs.length + 1}` });
+      issues.push({
+        path: `/virtualServiceMs/${stage}`,
+        message: `has ${value.length} levels but the ladder has ${ladder.rungs.length + 1}`,
+      });
     }
   }
   return issues;

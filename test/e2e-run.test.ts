@@ -51,7 +51,10 @@ test('percept run on the tiny models publishes schema-valid actions and accounts
   sub.subscribe('actions');
   const received: Array<{ header: { schema_id: string; frame_id: number; seq: number }; body: unknown }> = [];
 
-  const child = spawn(process.execPath, ['--import', 'tsx', 'app/cli.ts', 'run', '--config', configPath, '--json-summary', summaryPath], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', 'app/cli.ts', 'run', '--config', configPath, '--json-summary', summaryPath], {
+    cwd: root,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let output = '';
   child.stdout.on('data', (d) => (output += d));
   child.stderr.on('data', (d) => (output += d));
@@ -84,5 +87,9 @@ test('percept run on the tiny models publishes schema-valid actions and accounts
     assert.equal(header.schema_id, schema.wireSchemaId);
     assert.ok(schema.validate(body), `received action fails the schema: ${JSON.stringify(body)}`);
   }
-  assert.deepEqual(received.map((m) => m.header.seq), received.map((_, i) => i), 'sequence numbers have no gaps');
+  assert.deepEqual(
+    received.map((m) => m.header.seq),
+    received.map((_, i) => i),
+    'sequence numbers have no gaps',
+  );
 });

@@ -27,13 +27,20 @@ const SIGLIP_SEED = 1;
 const GEMMA4_SEED = 2;
 
 function ctx(opts: { imageTokens?: number; signal?: AbortSignal; events?: StageEvent[] } = {}): StageContext {
-  return standaloneContext({ frame: { frameId: 1, sourceId: 'test' }, knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8 }, signal: opts.signal, report: (e) => opts.events?.push(e) });
+  return standaloneContext({
+    frame: { frameId: 1, sourceId: 'test' },
+    knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8 },
+    signal: opts.signal,
+    report: (e) => opts.events?.push(e),
+  });
 }
 
 async function cameraJpeg(w = 640, h = 360): Promise<Buffer> {
   const raw = Buffer.alloc(w * h * 3);
   for (let i = 0; i < raw.length; i++) raw[i] = (i * 7 + (i >> 9) + ((i / (w * 3)) | 0)) & 255;
-  return sharp(raw, { raw: { width: w, height: h, channels: 3 } }).jpeg().toBuffer();
+  return sharp(raw, { raw: { width: w, height: h, channels: 3 } })
+    .jpeg()
+    .toBuffer();
 }
 
 async function preprocessed(contract: 'gemma3' | 'gemma4', imageTokens = 280, w = 640, h = 360): Promise<PixelTensor> {
@@ -109,7 +116,10 @@ describe('mmproj synthesis', () => {
     const w4 = visionWeights(visionPreset('gemma4-vision-tiny').spec, GEMMA4_SEED);
     const g4 = await readGGUF(gemma4Gguf);
     const b = await readTensorData(gemma4Gguf, g4, 'v.patch_embd.weight');
-    assert.deepEqual(new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)), patchLinearToConv(w4.get('patch_embed.input_proj.weight')!, 16, 32));
+    assert.deepEqual(
+      new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)),
+      patchLinearToConv(w4.get('patch_embed.input_proj.weight')!, 16, 32),
+    );
   });
 
   test('layout helpers: transpose and patch-linear → conv kernel', () => {
@@ -131,7 +141,10 @@ describe('mmproj synthesis', () => {
     const cached = await resolveModel('synth:siglip-tiny-mmproj@1', 'mmproj', { cacheDir: dir });
     assert.equal(statSync(cached).size, statSync(siglipGguf).size);
     await assert.rejects(synthesizeMmproj({ preset: 'nope', out: join(dir, 'x.gguf') }), /unknown mmproj preset 'nope'/);
-    await assert.rejects(resolveModel('synth:siglip-tiny-mmproj?dtype=q4', 'mmproj', { cacheDir: dir }), /dtype must be one of f32, f16, got 'q4'/);
+    await assert.rejects(
+      resolveModel('synth:siglip-tiny-mmproj?dtype=q4', 'mmproj', { cacheDir: dir }),
+      /dtype must be one of f32, f16, got 'q4'/,
+    );
   });
 });
 
@@ -147,7 +160,10 @@ describe('LlamaVision (native clip)', () => {
       v.dispose();
     }
     v.dispose(); // idempotent
-    await assert.rejects(v.encode(new Float32Array(3 * 896 * 896), { layout: 'chw', width: 896, height: 896 }), (e: Error & { code?: string }) => e.code === 'EDISPOSED');
+    await assert.rejects(
+      v.encode(new Float32Array(3 * 896 * 896), { layout: 'chw', width: 896, height: 896 }),
+      (e: Error & { code?: string }) => e.code === 'EDISPOSED',
+    );
   });
 
   test('refuses files that are not a gemma mmproj with a reason, instead of aborting in clip', async () => {
@@ -185,7 +201,10 @@ describe('LlamaVision (native clip)', () => {
     const v = await LlamaVision.load(siglipGguf, { threads: 1 });
     try {
       await assert.rejects(v.encode(new Float32Array(3 * 448 * 448), { layout: 'chw', width: 448, height: 448 }), /must be 896x896/);
-      await assert.rejects(v.encode(new Float32Array(10), { layout: 'chw', width: 896, height: 896 }), /pixels has 10 values, expected 2408448/);
+      await assert.rejects(
+        v.encode(new Float32Array(10), { layout: 'chw', width: 896, height: 896 }),
+        /pixels has 10 values, expected 2408448/,
+      );
       await assert.rejects(v.encode(new Float32Array(10), { layout: 'rgb' as never, width: 896, height: 896 }), /image\.layout/);
     } finally {
       v.dispose();
@@ -197,7 +216,10 @@ describe('LlamaVision (native clip)', () => {
     const px = new Float32Array(3 * 896 * 896).fill(0.25);
     const first = v.encode(px, { layout: 'chw', width: 896, height: 896 });
     await assert.rejects(v.encode(px, { layout: 'chw', width: 896, height: 896 }), (e: Error & { code?: string }) => e.code === 'EBUSY');
-    assert.throws(() => v.dispose(), (e: Error & { code?: string }) => e.code === 'EBUSY');
+    assert.throws(
+      () => v.dispose(),
+      (e: Error & { code?: string }) => e.code === 'EBUSY',
+    );
     const r = await first;
     assert.deepEqual([r.nTokens, r.nEmbd, r.data.length], [256, 64, 256 * 64]);
     v.dispose();
@@ -251,7 +273,10 @@ describe('encoder-mtmd stage', () => {
   }
 
   test("the decoder's n_embd must match the projector's output width", async () => {
-    await assert.rejects(createMtmdEncoderStage({ mmproj: gemma4Gguf, threads: 1, expectedHidden: 1536 }), /output width is 64, but the decoder's n_embd is 1536/);
+    await assert.rejects(
+      createMtmdEncoderStage({ mmproj: gemma4Gguf, threads: 1, expectedHidden: 1536 }),
+      /output width is 64, but the decoder's n_embd is 1536/,
+    );
     await assert.rejects(createMtmdEncoderStage({ mmproj: siglipOnnx }), /is an ONNX model/);
     await assert.rejects(createMtmdEncoderStage({ mmproj: join(dir, 'nope.gguf') }), /does not exist/);
   });
@@ -277,17 +302,25 @@ describe('encoder-mtmd stage', () => {
     await mtmd3.process(px, ctx());
     const elu = performance.eventLoopUtilization(elu0);
     h.disable();
-    console.log(`mtmd encode ${(elu.idle + elu.active).toFixed(0)} ms; event loop busy ${(100 * elu.utilization).toFixed(1)} %, delay max ${(h.max / 1e6).toFixed(1)} ms`);
+    console.log(
+      `mtmd encode ${(elu.idle + elu.active).toFixed(0)} ms; event loop busy ${(100 * elu.utilization).toFixed(1)} %, delay max ${(h.max / 1e6).toFixed(1)} ms`,
+    );
     // The share of the encode's time the loop spent running: about 1 if clip ran on this thread,
     // however fast or loaded the machine; near 0 when it runs on an AsyncWorker.
-    assert.ok(elu.utilization < 0.5, `the event loop was busy ${(100 * elu.utilization).toFixed(1)} % of the encode (${elu.active.toFixed(1)} of ${(elu.active + elu.idle).toFixed(1)} ms)`);
+    assert.ok(
+      elu.utilization < 0.5,
+      `the event loop was busy ${(100 * elu.utilization).toFixed(1)} % of the encode (${elu.active.toFixed(1)} of ${(elu.active + elu.idle).toFixed(1)} ms)`,
+    );
   });
 
   test('ctx.signal aborts the wait; the late result is discarded and counted; the next frame works', async () => {
     const events: StageEvent[] = [];
     const before0 = mtmd3.stats();
     const aborted = AbortSignal.abort();
-    await assert.rejects(mtmd3.process(await preprocessed('gemma3'), ctx({ signal: aborted, events })), (e: unknown) => e === aborted.reason);
+    await assert.rejects(
+      mtmd3.process(await preprocessed('gemma3'), ctx({ signal: aborted, events })),
+      (e: unknown) => e === aborted.reason,
+    );
     assert.equal(mtmd3.stats().runs, before0.runs);
     // process() starts the native encode before it returns its promise; the abort comes after.
     const controller = new AbortController();

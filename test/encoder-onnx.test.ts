@@ -21,13 +21,21 @@ const gemma3Path = join(dir, 'siglip-tiny.onnx');
 const gemma4Path = join(dir, 'gemma4-vision-tiny.onnx');
 
 function ctx(opts: { imageTokens?: number; signal?: AbortSignal; events?: StageEvent[]; deadlineNs?: bigint } = {}): StageContext {
-  return standaloneContext({ frame: { frameId: 1, sourceId: 'test' }, deadlineNs: opts.deadlineNs, knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8 }, signal: opts.signal, report: (e) => opts.events?.push(e) });
+  return standaloneContext({
+    frame: { frameId: 1, sourceId: 'test' },
+    deadlineNs: opts.deadlineNs,
+    knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8 },
+    signal: opts.signal,
+    report: (e) => opts.events?.push(e),
+  });
 }
 
 async function cameraJpeg(w = 640, h = 360): Promise<Buffer> {
   const raw = Buffer.alloc(w * h * 3);
   for (let i = 0; i < raw.length; i++) raw[i] = (i * 7 + (i >> 9)) & 255;
-  return sharp(raw, { raw: { width: w, height: h, channels: 3 } }).jpeg().toBuffer();
+  return sharp(raw, { raw: { width: w, height: h, channels: 3 } })
+    .jpeg()
+    .toBuffer();
 }
 
 before(() => {
@@ -49,7 +57,10 @@ describe('contract checks at load', () => {
   });
 
   test("the decoder's n_embd must match the encoder's output width", async () => {
-    await assert.rejects(createOnnxEncoderStage({ ep: 'cpu', model: gemma4Path, threads: 1, expectedHidden: 1536 }), /image_features width is 64, but the decoder's n_embd is 1536/);
+    await assert.rejects(
+      createOnnxEncoderStage({ ep: 'cpu', model: gemma4Path, threads: 1, expectedHidden: 1536 }),
+      /image_features width is 64, but the decoder's n_embd is 1536/,
+    );
   });
 
   test('a model with the wrong contract is rejected with a message naming each mismatch', async () => {
@@ -73,31 +84,59 @@ describe('contract checks at load', () => {
     g2.output('image_features', 'float', [1, 'n', 64], flat);
     const wrongShape = join(dir, 'wrong-shape.onnx');
     g2.write(wrongShape);
-    await assert.rejects(createOnnxEncoderStage({ ep: 'cpu', model: wrongShape, threads: 1 }), /not a gemma3 vision_encoder: pixel_values dim 1 is 4, expected 3 .*; pixel_values is 896×800, expected a square image/);
+    await assert.rejects(
+      createOnnxEncoderStage({ ep: 'cpu', model: wrongShape, threads: 1 }),
+      /not a gemma3 vision_encoder: pixel_values dim 1 is 4, expected 3 .*; pixel_values is 896×800, expected a square image/,
+    );
   });
 
   test('checkEncoderContract on metadata: dtypes and ranks', () => {
     const pv = { name: 'pixel_values', isTensor: true, type: 'float32', shape: ['batch', 'num_patches', 768] };
     const out = { name: 'image_features', isTensor: true, type: 'float32', shape: ['batch', 'num_tokens', 2560] };
-    const ok = checkEncoderContract([pv, { name: 'pixel_position_ids', isTensor: true, type: 'int64', shape: ['batch', 'num_patches', 2] }], [out], 2560);
+    const ok = checkEncoderContract(
+      [pv, { name: 'pixel_position_ids', isTensor: true, type: 'int64', shape: ['batch', 'num_patches', 2] }],
+      [out],
+      2560,
+    );
     assert.equal(ok.kind, 'gemma4');
     // HF returns the valid tokens flattened: rank 2 output is accepted
-    assert.equal(checkEncoderContract([pv, { name: 'pixel_position_ids', isTensor: true, type: 'int64', shape: ['n', 'p', 2] }], [{ ...out, shape: ['t', 1536] }]).hidden, 1536);
+    assert.equal(
+      checkEncoderContract(
+        [pv, { name: 'pixel_position_ids', isTensor: true, type: 'int64', shape: ['n', 'p', 2] }],
+        [{ ...out, shape: ['t', 1536] }],
+      ).hidden,
+      1536,
+    );
     assert.throws(
       () => checkEncoderContract([pv, { name: 'pixel_position_ids', isTensor: true, type: 'int32', shape: ['b', 'p', 3] }], [out]),
       /pixel_position_ids has dtype int32, expected int64; pixel_position_ids dim 2 is 3, expected 2/,
     );
-    assert.throws(() => checkEncoderContract([{ ...pv, shape: [1, 3, 896, 896] }], [{ ...out, type: 'float16' }]), /image_features has dtype float16, expected float32/);
-    assert.throws(() => checkEncoderContract([{ ...pv, shape: [1, 3, 896, 896] }], [{ ...out, shape: [1, 256, 'hidden'] }]), /width is symbolic/);
+    assert.throws(
+      () => checkEncoderContract([{ ...pv, shape: [1, 3, 896, 896] }], [{ ...out, type: 'float16' }]),
+      /image_features has dtype float16, expected float32/,
+    );
+    assert.throws(
+      () => checkEncoderContract([{ ...pv, shape: [1, 3, 896, 896] }], [{ ...out, shape: [1, 256, 'hidden'] }]),
+      /width is symbolic/,
+    );
   });
 
   test('execution providers: GPU providers missing here give a clear error; unknown ones are refused', async () => {
     assert.doesNotThrow(() => checkExecutionProvider('cpu'));
-    await assert.rejects(createOnnxEncoderStage({ model: gemma4Path, ep: 'cuda' }), /execution provider 'cuda' is not available: .*libonnxruntime_providers_cuda\.so not found/);
+    await assert.rejects(
+      createOnnxEncoderStage({ model: gemma4Path, ep: 'cuda' }),
+      /execution provider 'cuda' is not available: .*libonnxruntime_providers_cuda\.so not found/,
+    );
     await assert.rejects(createOnnxEncoderStage({ model: gemma4Path, ep: 'tensorrt' }), /execution provider 'tensorrt' is not available/);
-    await assert.rejects(createOnnxEncoderStage({ model: gemma4Path, ep: 'tpu' as never }), /execution provider must be one of cpu, cuda, tensorrt, got tpu/);
+    await assert.rejects(
+      createOnnxEncoderStage({ model: gemma4Path, ep: 'tpu' as never }),
+      /execution provider must be one of cpu, cuda, tensorrt, got tpu/,
+    );
     await assert.rejects(createOnnxEncoderStage({ ep: 'cpu', model: join(dir, 'nope.onnx') }), /does not exist/);
-    await assert.rejects(createOnnxEncoderStage({ ep: 'cpu', model: 'x.mmproj.gguf' }), /GGUF \(mmproj\): that needs the llama\.cpp mtmd encoder/);
+    await assert.rejects(
+      createOnnxEncoderStage({ ep: 'cpu', model: 'x.mmproj.gguf' }),
+      /GGUF \(mmproj\): that needs the llama\.cpp mtmd encoder/,
+    );
   });
 });
 
@@ -114,10 +153,15 @@ describe('encoding in the worker', () => {
 
   test('preprocess → encode gives what onnxruntime gives on the main thread, for both contracts', async () => {
     const jpeg = await cameraJpeg();
-    for (const [stage, path] of [[e3, gemma3Path], [e4, gemma4Path]] as const) {
+    for (const [stage, path] of [
+      [e3, gemma3Path],
+      [e4, gemma4Path],
+    ] as const) {
       const pre = createPreprocessStage({ contract: stage.contract.kind });
       const tensor = await pre.process({ encoding: 'jpeg', data: jpeg }, ctx({ imageTokens: 140 }));
-      const feeds: Record<string, ort.Tensor> = { pixel_values: new ort.Tensor('float32', tensor.pixelValues.slice(), [...tensor.pixelDims]) };
+      const feeds: Record<string, ort.Tensor> = {
+        pixel_values: new ort.Tensor('float32', tensor.pixelValues.slice(), [...tensor.pixelDims]),
+      };
       if (tensor.positionIds) feeds.pixel_position_ids = new ort.Tensor('int64', tensor.positionIds.slice(), [...tensor.positionDims!]);
       const session = await ort.InferenceSession.create(path, { intraOpNumThreads: 1 });
       const direct = (await session.run(feeds)).image_features!;
@@ -168,11 +212,16 @@ describe('encoding in the worker', () => {
     await e3.process(tensor, ctx());
     const elu = performance.eventLoopUtilization(elu0);
     h.disable();
-    console.log(`encode ${(elu.idle + elu.active).toFixed(0)} ms; event loop busy ${(100 * elu.utilization).toFixed(1)} %, delay max ${(h.max / 1e6).toFixed(1)} ms`);
+    console.log(
+      `encode ${(elu.idle + elu.active).toFixed(0)} ms; event loop busy ${(100 * elu.utilization).toFixed(1)} %, delay max ${(h.max / 1e6).toFixed(1)} ms`,
+    );
     // Event loop utilization is the share of the encode's time the loop spent running (not waiting
     // for events): about 1 if the encode ran on this thread, however fast or loaded the machine is;
     // near 0 when it runs on the worker and the loop only posts the request and takes the reply.
-    assert.ok(elu.utilization < 0.5, `the event loop was busy ${(100 * elu.utilization).toFixed(1)} % of the encode (${elu.active.toFixed(1)} of ${(elu.active + elu.idle).toFixed(1)} ms)`);
+    assert.ok(
+      elu.utilization < 0.5,
+      `the event loop was busy ${(100 * elu.utilization).toFixed(1)} % of the encode (${elu.active.toFixed(1)} of ${(elu.active + elu.idle).toFixed(1)} ms)`,
+    );
   });
 });
 
@@ -231,7 +280,14 @@ describe('abort and close', () => {
     await stage.close();
     await stage.close(); // idempotent
     assert.equal(process.getActiveResourcesInfo().filter((r) => r === 'MessagePort').length, before);
-    const t: PixelTensor = { contract: 'gemma4', pixelValues: new Float32Array(768), pixelDims: [1, 1, 768], positionIds: new BigInt64Array(2), positionDims: [1, 1, 2], imageTokens: 0 };
+    const t: PixelTensor = {
+      contract: 'gemma4',
+      pixelValues: new Float32Array(768),
+      pixelDims: [1, 1, 768],
+      positionIds: new BigInt64Array(2),
+      positionDims: [1, 1, 2],
+      imageTokens: 0,
+    };
     await assert.rejects(stage.process(t, ctx()), /stage is closed/);
   });
 });
@@ -244,7 +300,9 @@ describe('projection stand-in encoder', () => {
     const pre3 = createPreprocessStage({ contract: 'gemma3' });
     const pre4 = createPreprocessStage({ contract: 'gemma4' });
     const a = await cameraJpeg(320, 240);
-    const b = await sharp({ create: { width: 320, height: 240, channels: 3, background: '#204080' } }).jpeg().toBuffer();
+    const b = await sharp({ create: { width: 320, height: 240, channels: 3, background: '#204080' } })
+      .jpeg()
+      .toBuffer();
     const ea = await stage.process(await pre3.process({ encoding: 'jpeg', data: a }, ctx()), ctx());
     assert.deepEqual([ea.nTokens, ea.nEmbd, ea.data.length], [256, 48, 256 * 48]);
     assert.deepEqual(ea.data, (await again.process(await pre3.process({ encoding: 'jpeg', data: a }, ctx()), ctx())).data);

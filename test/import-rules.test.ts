@@ -29,12 +29,14 @@ describe('import rules', () => {
     const dir = join(ROOT, '.cache', 'import-rules-fixture');
     rmSync(dir, { recursive: true, force: true });
     const files: Record<string, string> = {
-      'app/run.ts': "import '../nodes/decoder.ts';\nimport '../pipeline/graph.ts';\nimport '../models/resolve.ts';\nimport '../native/llama.ts';\n",
+      'app/run.ts':
+        "import '../nodes/decoder.ts';\nimport '../pipeline/graph.ts';\nimport '../models/resolve.ts';\nimport '../native/llama.ts';\n",
       'pipeline/graph.ts': "import '../nodes/payloads.ts';\n", // the runtime knows no stage
       'pipeline/types.ts': 'export {};\n',
       'nodes/payloads.ts': 'export {};\n',
       'nodes/action-schema.ts': 'export {};\n',
-      'nodes/encoder.ts': "import './payloads.ts';\nimport './action-schema.ts';\nimport './encoder.worker.ts';\nimport '../pipeline/types.ts';\n",
+      'nodes/encoder.ts':
+        "import './payloads.ts';\nimport './action-schema.ts';\nimport './encoder.worker.ts';\nimport '../pipeline/types.ts';\n",
       'nodes/encoder.worker.ts': "import './payloads.ts';\n",
       'nodes/decoder.ts': "import './encoder.ts';\nimport '../native/llama.ts';\nimport '../models/resolve.ts';\n", // a stage importing a stage; resolving a spec
       'nodes/recorder.ts': "import '../app/run.ts';\n", // a stage importing the app

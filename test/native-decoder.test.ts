@@ -22,7 +22,10 @@ function image(nTokens: number, nEmbd: number, seed: number): ImageEmbedding {
 
 /** A stage context with no deadline unless `budgetMs` is given: how long a decode takes depends on
  * the machine (and its load), so only the test about deadlines sets one, already in the past. */
-function stageContext(frameId: number, opts: { budgetMs?: number; knobs?: Partial<Knobs>; signal?: AbortSignal } = {}): StageContext & { events: StageEvent[] } {
+function stageContext(
+  frameId: number,
+  opts: { budgetMs?: number; knobs?: Partial<Knobs>; signal?: AbortSignal } = {},
+): StageContext & { events: StageEvent[] } {
   const clock = new RealClock();
   const deadlineNs = opts.budgetMs === undefined ? undefined : clock.nowNs() + BigInt(Math.round(opts.budgetMs * 1e6));
   const events: StageEvent[] = [];
@@ -41,7 +44,9 @@ describe('decode stage on gemma4-tiny', () => {
   let stage: DecoderStage;
   before(async () => {
     // The decoder section as the schema defaults it; the stage has no defaults of its own.
-    const { decoder } = loadConfig({ decoder: { nCtx: 2048, instruction: 'Choose the next action.', maxNewTokens: 96, temperature: 0, seed: 1, jumpForward: true } });
+    const { decoder } = loadConfig({
+      decoder: { nCtx: 2048, instruction: 'Choose the next action.', maxNewTokens: 96, temperature: 0, seed: 1, jumpForward: true },
+    });
     stage = await createDecoderStage({
       ...decoder,
       model: await ensureSynthModel('gemma4-tiny'),
@@ -85,7 +90,10 @@ describe('decode stage on gemma4-tiny', () => {
     assert.ok(sc.events.some((e) => e.kind === 'note' && e.data?.stopReason === 'cancelled'));
     // Native code sees the deadline before any JS timer could fire: the stage gives up with a StageAbort of its own.
     const late = stageContext(12, { budgetMs: -1 });
-    await assert.rejects(stage.process(image(16, stage.nEmbd, 4), late), (e: unknown) => e instanceof StageAbort && e.reason === 'deadline' && e.stage === 'decode');
+    await assert.rejects(
+      stage.process(image(16, stage.nEmbd, 4), late),
+      (e: unknown) => e instanceof StageAbort && e.reason === 'deadline' && e.stage === 'decode',
+    );
     assert.ok(late.events.some((e) => e.kind === 'note' && e.data?.stopReason === 'deadline'));
   });
 

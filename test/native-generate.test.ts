@@ -63,7 +63,10 @@ describe('native generate on gemma4-tiny', () => {
   });
 
   test('the system prefix is reused across calls and gives the output of a fresh context', async () => {
-    const system: PromptSegment = { text: model.renderChat([{ role: 'system', content: 'You are a careful robot. Answer in JSON.' }], { addGenerationPrompt: false }), addSpecial: false };
+    const system: PromptSegment = {
+      text: model.renderChat([{ role: 'system', content: 'You are a careful robot. Answer in JSON.' }], { addGenerationPrompt: false }),
+      addSpecial: false,
+    };
     const sysTokens = model.tokenize((system as { text: string }).text).length;
     const first = await ctx.generate([system, { text: 'frame one' }], { maxTokens: 8, ignoreEos: true });
     assert.equal(first.reusedTokens, 0);
@@ -148,7 +151,10 @@ describe('native generate on gemma4-tiny', () => {
     assert.ok(r.tokens.length < 900);
     const tokenMs = Math.max(perTokenMs, r.timings.decodeMs / Math.max(1, r.timings.decodeTokens));
     const wakeMs = loopDelay.max / 1e6;
-    assert.ok(lateMs < 3 * tokenMs + 2 * wakeMs + 1, `stopped ${lateMs.toFixed(1)} ms after the deadline (token ≈ ${tokenMs.toFixed(1)} ms, event-loop delay ≤ ${wakeMs.toFixed(1)} ms)`);
+    assert.ok(
+      lateMs < 3 * tokenMs + 2 * wakeMs + 1,
+      `stopped ${lateMs.toFixed(1)} ms after the deadline (token ≈ ${tokenMs.toFixed(1)} ms, event-loop delay ≤ ${wakeMs.toFixed(1)} ms)`,
+    );
     const past = await ctx.generate([{ text: 'late' }], { maxTokens: 5, deadlineNs: process.hrtime.bigint() - 1n });
     assert.equal(past.stopReason, 'deadline');
     assert.equal(past.tokens.length, 0);
@@ -157,7 +163,10 @@ describe('native generate on gemma4-tiny', () => {
   test('a second concurrent operation is refused with EBUSY', async () => {
     const first = ctx.generate([{ text: 'busy' }], { maxTokens: 20, ignoreEos: true });
     await assert.rejects(ctx.generate([{ text: 'other' }], { maxTokens: 1 }), (e: Error & { code?: string }) => e.code === 'EBUSY');
-    assert.throws(() => ctx.clearCache(), (e: Error & { code?: string }) => e.code === 'EBUSY');
+    assert.throws(
+      () => ctx.clearCache(),
+      (e: Error & { code?: string }) => e.code === 'EBUSY',
+    );
     assert.equal((await first).tokens.length, 20);
   });
 
@@ -215,7 +224,9 @@ test('the event loop stays idle while a model loads and generates (the work is o
   h.disable();
   await model.dispose();
   assert.equal(r.tokens.length, 200);
-  console.log(`event loop busy ${(100 * elu.utilization).toFixed(1)} % of ${(elu.active + elu.idle).toFixed(0)} ms; delay p99 ${(h.percentile(99) / 1e6).toFixed(1)} ms, max ${(h.max / 1e6).toFixed(1)} ms`);
+  console.log(
+    `event loop busy ${(100 * elu.utilization).toFixed(1)} % of ${(elu.active + elu.idle).toFixed(0)} ms; delay p99 ${(h.percentile(99) / 1e6).toFixed(1)} ms, max ${(h.max / 1e6).toFixed(1)} ms`,
+  );
   // The share of the time the loop spent running rather than waiting for events: about 1 if the
   // load or the token loop ran on this thread, however fast or loaded the machine is.
   assert.ok(elu.utilization < 0.5, `the event loop was busy ${(100 * elu.utilization).toFixed(1)} % of the load and generation`);

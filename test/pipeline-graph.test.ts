@@ -9,7 +9,17 @@ import { createGraph } from '../pipeline/graph/graph.ts';
 import { DropFrame, StageAbort } from '../pipeline/types.ts';
 import type { Knobs, StageContext } from '../pipeline/types.ts';
 import type { ActionMessage, CameraFrame, Generation, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
-import { assertConservation, dropsOf, fakeDecoder, fakeSource, fakeStage, framesOf, runGraph, testConfig, transcript } from './pipeline-fakes.ts';
+import {
+  assertConservation,
+  dropsOf,
+  fakeDecoder,
+  fakeSource,
+  fakeStage,
+  framesOf,
+  runGraph,
+  testConfig,
+  transcript,
+} from './pipeline-fakes.ts';
 
 const ms = (n: number): bigint => msToNs(n);
 
@@ -23,13 +33,23 @@ describe('deadlines', () => {
     const result = await runGraph({
       source: fakeSource({ frames: 10, periodMs: 100 }),
       stages: chain(decode),
-      config: testConfig({ budgets: { endToEndMs: 400, stages: {}, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 10 } }, virtualServiceMs: { decode: 260 } }),
+      config: testConfig({
+        budgets: { endToEndMs: 400, stages: {}, dropPredictedMiss: false },
+        edges: { default: { policy: 'queue', capacity: 10 } },
+        virtualServiceMs: { decode: 260 },
+      }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 4, 7]);
-    assert.deepEqual(dropsOf(result.events).map((d) => [d.frameId, d.stage, d.reason]), [3, 5, 6, 8, 9].map((f) => [f, 'decode', 'stale']));
+    assert.deepEqual(
+      dropsOf(result.events).map((d) => [d.frameId, d.stage, d.reason]),
+      [3, 5, 6, 8, 9].map((f) => [f, 'decode', 'stale']),
+    );
     assert.equal(result.summary.frames.late, 4);
     assert.equal(result.summary.deadlineMisses, 4 + 5);
-    assert.deepEqual(result.outputs.map((o) => o.spans[0]!.exitNs - o.captureNs), [260, 420, 580, 640, 600].map(ms));
+    assert.deepEqual(
+      result.outputs.map((o) => o.spans[0]!.exitNs - o.captureNs),
+      [260, 420, 580, 640, 600].map(ms),
+    );
     assert.equal(decode.calls, 5);
     assertConservation(result);
   });
@@ -52,8 +72,14 @@ describe('deadlines', () => {
     const predicted = await run(true);
     assert.deepEqual(framesOf(predicted.outputs), [0, 1, 4, 7]);
     const drops = predicted.events.flatMap((e) => (e.type === 'drop' ? [e] : []));
-    assert.deepEqual(drops.map((d) => d.frameId), [2, 3, 5, 6, 8, 9]);
-    assert.ok(drops.every((d) => d.reason === 'stale' && d.detail.startsWith('predicted miss')), drops[0]?.detail);
+    assert.deepEqual(
+      drops.map((d) => d.frameId),
+      [2, 3, 5, 6, 8, 9],
+    );
+    assert.ok(
+      drops.every((d) => d.reason === 'stale' && d.detail.startsWith('predicted miss')),
+      drops[0]?.detail,
+    );
     assert.equal(predicted.summary.frames.late, 0);
     assertConservation(predicted);
 
@@ -72,11 +98,20 @@ describe('deadlines', () => {
       stages: chain(decode),
       config: testConfig({ budgets: { endToEndMs: 2000, stages: { decode: 100 }, dropPredictedMiss: false } }),
     });
-    assert.deepEqual(result.outputs.map((o) => o.payload), [0, 1, 2].map((frame) => ({ frame, tokens: 10, stop: 'deadline' })));
+    assert.deepEqual(
+      result.outputs.map((o) => o.payload),
+      [0, 1, 2].map((frame) => ({ frame, tokens: 10, stop: 'deadline' })),
+    );
     const cancels = result.events.flatMap((e) => (e.type === 'cancel' ? [[e.frameId, e.stage, e.reason, e.detail]] : []));
-    assert.deepEqual(cancels, [0, 1, 2].map((f) => [f, 'decode', 'deadline', 'after 10 tokens']));
+    assert.deepEqual(
+      cancels,
+      [0, 1, 2].map((f) => [f, 'decode', 'deadline', 'after 10 tokens']),
+    );
     assert.deepEqual(result.summary.cancels, { decode: { deadline: 3 } });
-    assert.deepEqual(result.outputs.map((o) => o.spans[0]!.exitNs - o.spans[0]!.enterNs), [ms(100), ms(100), ms(100)]);
+    assert.deepEqual(
+      result.outputs.map((o) => o.spans[0]!.exitNs - o.spans[0]!.enterNs),
+      [ms(100), ms(100), ms(100)],
+    );
     assertConservation(result);
   });
 
@@ -87,7 +122,10 @@ describe('deadlines', () => {
       stages: chain(fakeDecoder('decode', { tokens: 48, msPerToken: 10 })),
       config: testConfig({ budgets: { endToEndMs: 50, stages: {}, dropPredictedMiss: false } }),
     });
-    assert.deepEqual(result.outputs.map((o) => o.payload), [{ frame: 0, tokens: 5, stop: 'deadline' }]);
+    assert.deepEqual(
+      result.outputs.map((o) => o.payload),
+      [{ frame: 0, tokens: 5, stop: 'deadline' }],
+    );
   });
 
   test('a modelled service time past the deadline fires the signal before the call; a throw then counts as a cancel', async () => {
@@ -102,10 +140,16 @@ describe('deadlines', () => {
     const result = await runGraph({
       source: fakeSource({ frames: 2, periodMs: 1000 }),
       stages: chain(encode),
-      config: testConfig({ budgets: { endToEndMs: 2000, stages: { encode: 300 }, dropPredictedMiss: false }, virtualServiceMs: { encode: 500 } }),
+      config: testConfig({
+        budgets: { endToEndMs: 2000, stages: { encode: 300 }, dropPredictedMiss: false },
+        virtualServiceMs: { encode: 500 },
+      }),
     });
     assert.deepEqual(seen, ['0:true', '1:true']);
-    assert.deepEqual(dropsOf(result.events), [0, 1].map((frameId) => ({ frameId, stage: 'encode', reason: 'stale' })));
+    assert.deepEqual(
+      dropsOf(result.events),
+      [0, 1].map((frameId) => ({ frameId, stage: 'encode', reason: 'stale' })),
+    );
     assert.deepEqual(result.summary.cancels, { encode: { deadline: 2 } });
     const spans = result.events.flatMap((e) => (e.type === 'span' ? [e.exitNs - e.enterNs] : []));
     assert.deepEqual(spans, [ms(300), ms(300)], 'charged up to the deadline');
@@ -119,7 +163,10 @@ describe('deadlines', () => {
       },
     });
     const result = await runGraph({ source: fakeSource({ frames: 2, periodMs: 1000 }), stages: chain(decode), config: testConfig() });
-    assert.deepEqual(dropsOf(result.events), [0, 1].map((frameId) => ({ frameId, stage: 'decode', reason: 'stale' })));
+    assert.deepEqual(
+      dropsOf(result.events),
+      [0, 1].map((frameId) => ({ frameId, stage: 'decode', reason: 'stale' })),
+    );
     assert.deepEqual(result.summary.cancels, { decode: { deadline: 2 } });
     assert.deepEqual(result.summary.errors, {});
     assertConservation(result);
@@ -140,7 +187,11 @@ describe('deadlines', () => {
       clock,
       source: fakeSource({ frames: 2, periodMs: 1 }),
       stages: chain(decode),
-      config: testConfig({ clock: 'real', budgets: { endToEndMs: 3_600_000, stages: { decode: 20 }, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 2 } } }),
+      config: testConfig({
+        clock: 'real',
+        budgets: { endToEndMs: 3_600_000, stages: { decode: 20 }, dropPredictedMiss: false },
+        edges: { default: { policy: 'queue', capacity: 2 } },
+      }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1]);
     assert.deepEqual(result.summary.cancels, { decode: { deadline: 2 } });
@@ -160,9 +211,15 @@ describe('edges and pipelining', () => {
     });
     assert.deepEqual(framesOf(result.outputs), [0, 2, 4, 6, 9]);
     const conflated = result.events.flatMap((e) => (e.type === 'drop' ? [[e.frameId, e.reason, e.detail]] : []));
-    assert.deepEqual(conflated, [1, 3, 5, 7, 8].map((f) => [f, 'conflated', `replaced by frame ${f + 1}`]));
+    assert.deepEqual(
+      conflated,
+      [1, 3, 5, 7, 8].map((f) => [f, 'conflated', `replaced by frame ${f + 1}`]),
+    );
     assert.deepEqual(result.summary.drops.byStage, { decode: { conflated: 5 } });
-    assert.deepEqual(result.outputs.map((o) => o.spans[0]!.enterNs), [0, 230, 460, 690, 920].map(ms));
+    assert.deepEqual(
+      result.outputs.map((o) => o.spans[0]!.enterNs),
+      [0, 230, 460, 690, 920].map(ms),
+    );
     assertConservation(result);
   });
 
@@ -173,11 +230,20 @@ describe('edges and pipelining', () => {
     const result = await runGraph({
       source: fakeSource({ frames: 10, periodMs: 100 }),
       stages: chain(fakeStage<number>('decode')),
-      config: testConfig({ edges: { default: { policy: 'latest' }, decode: { policy: 'queue', capacity: 2 } }, virtualServiceMs: { decode: 230 } }),
+      config: testConfig({
+        edges: { default: { policy: 'latest' }, decode: { policy: 'queue', capacity: 2 } },
+        virtualServiceMs: { decode: 230 },
+      }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 3, 5, 7]);
-    assert.deepEqual(dropsOf(result.events), [4, 6, 8, 9].map((frameId) => ({ frameId, stage: 'decode', reason: 'queue_full' })));
-    assert.deepEqual(result.outputs.map((o) => o.spans[0]!.enterNs), [0, 230, 460, 690, 920, 1150].map(ms));
+    assert.deepEqual(
+      dropsOf(result.events),
+      [4, 6, 8, 9].map((frameId) => ({ frameId, stage: 'decode', reason: 'queue_full' })),
+    );
+    assert.deepEqual(
+      result.outputs.map((o) => o.spans[0]!.enterNs),
+      [0, 230, 460, 690, 920, 1150].map(ms),
+    );
     assertConservation(result);
   });
 
@@ -192,7 +258,10 @@ describe('edges and pipelining', () => {
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 3]);
     for (const out of result.outputs) {
       const t0 = 110 * out.frameId;
-      assert.deepEqual(out.spans, stages.map((s, i) => ({ stage: s.name, enterNs: ms(t0 + 100 * i), exitNs: ms(t0 + 100 * i + 100) })));
+      assert.deepEqual(
+        out.spans,
+        stages.map((s, i) => ({ stage: s.name, enterNs: ms(t0 + 100 * i), exitNs: ms(t0 + 100 * i + 100) })),
+      );
     }
     // Frame 1 is in preprocess (110-210) while frame 0 is in encode (100-200).
     assert.ok(result.outputs[1]!.spans[0]!.enterNs < result.outputs[0]!.spans[1]!.exitNs);
@@ -223,9 +292,18 @@ describe('edges and pipelining', () => {
       clock: new RealClock(),
       source: fakeSource({ frames: 3, periodMs: 5 }),
       stages: chain(preprocess, decode),
-      config: testConfig({ clock: 'real', budgets: { endToEndMs: 3_600_000, stages: {}, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 4 } } }),
+      config: testConfig({
+        clock: 'real',
+        budgets: { endToEndMs: 3_600_000, stages: {}, dropPredictedMiss: false },
+        edges: { default: { policy: 'queue', capacity: 4 } },
+      }),
     });
-    const result = await Promise.race([run, new Promise<never>((_, reject) => guard.addEventListener('abort', () => reject(new Error('no pipelining: decode never saw frame 1 enter preprocess'))))]);
+    const result = await Promise.race([
+      run,
+      new Promise<never>((_, reject) =>
+        guard.addEventListener('abort', () => reject(new Error('no pipelining: decode never saw frame 1 enter preprocess'))),
+      ),
+    ]);
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2]);
     assert.equal(preprocess.maxConcurrent, 1);
     assert.equal(decode.maxConcurrent, 1);
@@ -252,7 +330,10 @@ describe('errors', () => {
     assert.deepEqual(result.summary.drops.byStage, { actions: { error: 2, invalid: 2 } });
     assert.deepEqual(
       result.events.flatMap((e) => (e.type === 'error' ? [[e.frameId, e.stage, e.message]] : [])),
-      [[1, 'actions', 'bad frame 1'], [5, 'actions', 'bad frame 5']],
+      [
+        [1, 'actions', 'bad frame 1'],
+        [5, 'actions', 'bad frame 5'],
+      ],
     );
     assert.deepEqual(result.summary.errors, { actions: 2 });
     assert.equal(result.summary.endReason, 'source_end');
@@ -271,7 +352,10 @@ describe('errors', () => {
     const result = await runGraph({ source, stages: chain(fakeStage<number>('decode')), config: testConfig() });
     assert.equal(result.summary.endReason, 'source_error');
     assert.deepEqual(framesOf(result.outputs), [0]);
-    assert.deepEqual(result.events.flatMap((e) => (e.type === 'error' ? [[e.stage, e.message]] : [])), [['source', 'disk unplugged']]);
+    assert.deepEqual(
+      result.events.flatMap((e) => (e.type === 'error' ? [[e.stage, e.message]] : [])),
+      [['source', 'disk unplugged']],
+    );
   });
 });
 
@@ -285,7 +369,9 @@ describe('the degradation ladder', () => {
   const ladderRun = () =>
     runGraph({
       source: fakeSource({ frames: 30, periodMs: 2500 }),
-      stages: chain(fakeStage<number>('decode', { costMs: (frame: number, ctx: StageContext) => cost(ctx.knobs) * (frame < 12 ? 1.5 : 0.5) })),
+      stages: chain(
+        fakeStage<number>('decode', { costMs: (frame: number, ctx: StageContext) => cost(ctx.knobs) * (frame < 12 ? 1.5 : 0.5) }),
+      ),
       config: testConfig({
         budgets: { endToEndMs: 1500, stages: {}, dropPredictedMiss: false },
         ladder: { enabled: true, minSamples: 2, window: 4, upAfter: 3, quantile: 0.9, headroom: 0.9, upBelow: 0.75 },
@@ -325,7 +411,10 @@ describe('the degradation ladder', () => {
     });
     // Level 1 from frame 2 on: admit one frame, skip two.
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 5, 8, 11]);
-    assert.deepEqual(dropsOf(result.events), [3, 4, 6, 7, 9, 10].map((frameId) => ({ frameId, stage: 'source', reason: 'skipped' })));
+    assert.deepEqual(
+      dropsOf(result.events),
+      [3, 4, 6, 7, 9, 10].map((frameId) => ({ frameId, stage: 'source', reason: 'skipped' })),
+    );
     assertConservation(result);
   });
 });
@@ -363,7 +452,8 @@ describe('determinism', () => {
     const a = transcript(first);
     assert.equal(a, transcript(second));
     const kinds = new Set(first.events.map((e) => e.type));
-    for (const kind of ['frame', 'span', 'drop', 'cancel', 'degrade', 'error', 'output', 'stats']) assert.ok(kinds.has(kind as never), `scenario covers ${kind}`);
+    for (const kind of ['frame', 'span', 'drop', 'cancel', 'degrade', 'error', 'output', 'stats'])
+      assert.ok(kinds.has(kind as never), `scenario covers ${kind}`);
     assertConservation(first);
   });
 });
@@ -389,8 +479,14 @@ describe('stop()', () => {
     // f3 80-105, f4 105-130; its queue (3) is full from 65 ms, so f6, f7, f9, f11, f12 are rejected.
     // Stopping when f4 comes out (130 ms) drops the queued f5, f8, f10; f13 (due at 130) never enters.
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 3, 4]);
-    assert.deepEqual(dropsOf(result.events, 'queue_full').map((d) => d.frameId), [6, 7, 9, 11, 12]);
-    assert.deepEqual(dropsOf(result.events, 'shutdown'), [5, 8, 10].map((frameId) => ({ frameId, stage: 'decode', reason: 'shutdown' })));
+    assert.deepEqual(
+      dropsOf(result.events, 'queue_full').map((d) => d.frameId),
+      [6, 7, 9, 11, 12],
+    );
+    assert.deepEqual(
+      dropsOf(result.events, 'shutdown'),
+      [5, 8, 10].map((frameId) => ({ frameId, stage: 'decode', reason: 'shutdown' })),
+    );
     assert.equal(result.summary.frames.in, 13);
     assert.ok(source.closed && stages.every((s) => s.closed));
     assertConservation(result);
@@ -461,7 +557,12 @@ describe('stop()', () => {
   });
 
   test('stop() before run() ends the run at once; stop() twice is harmless', async () => {
-    const graph = createGraph({ source: fakeSource({ frames: 5, periodMs: 10 }), stages: chain(fakeStage('decode')), clock: new VirtualClock(), config: testConfig() });
+    const graph = createGraph({
+      source: fakeSource({ frames: 5, periodMs: 10 }),
+      stages: chain(fakeStage('decode')),
+      clock: new VirtualClock(),
+      config: testConfig(),
+    });
     const [a, b] = await Promise.all([graph.stop('early'), graph.stop('again')]);
     assert.equal(a, b);
     assert.equal(a.endReason, 'stopped');
@@ -477,9 +578,15 @@ describe('createGraph validation', () => {
     const config = testConfig();
     const clock = new VirtualClock();
     assert.throws(() => createGraph({ source, stages: chainOf([]), clock, config }), /stages to be a non-empty chain of stages/);
-    assert.throws(() => createGraph({ source, stages: chain(fakeStage('a'), fakeStage('a')), clock, config }), /stage name 'a' is used twice/);
+    assert.throws(
+      () => createGraph({ source, stages: chain(fakeStage('a'), fakeStage('a')), clock, config }),
+      /stage name 'a' is used twice/,
+    );
     assert.throws(() => createGraph({ source, stages: chain(fakeStage('source')), clock, config }), /other than 'source'/);
-    assert.throws(() => createGraph({ source, stages: chain(fakeStage('a')), clock: new RealClock(), config }), /config.clock is 'virtual' but the clock given is real/);
+    assert.throws(
+      () => createGraph({ source, stages: chain(fakeStage('a')), clock: new RealClock(), config }),
+      /config.clock is 'virtual' but the clock given is real/,
+    );
   });
 });
 
@@ -492,7 +599,10 @@ describe('chain()', () => {
     const act = fakeStage<Generation, ActionMessage>('actions');
     const pub = fakeStage<ActionMessage, ActionMessage>('publish');
     const full: StageChain<CameraFrame, ActionMessage> = chain(pre, enc, dec, act, pub);
-    assert.deepEqual(full.stages.map((s) => s.name), ['preprocess', 'encode', 'decode', 'actions', 'publish']);
+    assert.deepEqual(
+      full.stages.map((s) => s.name),
+      ['preprocess', 'encode', 'decode', 'actions', 'publish'],
+    );
     const extended: StageChain<CameraFrame, ActionMessage> = append(chain(pre, enc, dec, act), pub);
     assert.deepEqual(extended.stages, full.stages);
 

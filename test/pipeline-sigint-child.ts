@@ -8,15 +8,18 @@ import { fakeSource, fakeStage, testConfig } from './pipeline-fakes.ts';
 
 const stages = [
   fakeStage<number>('preprocess'),
-  fakeStage<number>('decode', { work: (frame, ctx) => new Promise<number>((resolve) => {
-    // 5 ms of "work", cut short by the signal.
-    const timer = setTimeout(() => resolve(frame), 5);
-    ctx.signal.addEventListener('abort', () => {
-      clearTimeout(timer);
-      ctx.report({ kind: 'cancel', reason: (ctx.signal.reason as { reason: 'deadline' | 'shutdown' }).reason });
-      resolve(frame);
-    });
-  }) }),
+  fakeStage<number>('decode', {
+    work: (frame, ctx) =>
+      new Promise<number>((resolve) => {
+        // 5 ms of "work", cut short by the signal.
+        const timer = setTimeout(() => resolve(frame), 5);
+        ctx.signal.addEventListener('abort', () => {
+          clearTimeout(timer);
+          ctx.report({ kind: 'cancel', reason: (ctx.signal.reason as { reason: 'deadline' | 'shutdown' }).reason });
+          resolve(frame);
+        });
+      }),
+  }),
   fakeStage<number>('publish'),
 ];
 const graph = createGraph({

@@ -19,7 +19,12 @@ const root = new URL('..', import.meta.url).pathname;
 const schema = loadActionSchema(join(root, 'configs/actions/robot-action.schema.json'));
 
 function context(clock = new VirtualClock(5_000_000n, 1_700_000_000_000)): StageContext {
-  return standaloneContext({ clock, frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'cam' }, deadlineNs: 0n, knobs: { maxNewTokens: 64 } });
+  return standaloneContext({
+    clock,
+    frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'cam' },
+    deadlineNs: 0n,
+    knobs: { maxNewTokens: 64 },
+  });
 }
 
 function message(frameId: number, action: unknown = { action: 'move', confidence: 0.5, speed: frameId % 2 }): ActionMessage {
@@ -65,7 +70,10 @@ describe('publisher', () => {
     assert.match(pub.endpoint, /^tcp:\/\/127\.0\.0\.1:\d+$/);
     const actionsSub = subscriber();
     const telemetrySub = subscriber();
-    closers.push(() => actionsSub.close(), () => telemetrySub.close());
+    closers.push(
+      () => actionsSub.close(),
+      () => telemetrySub.close(),
+    );
     actionsSub.connect(pub.endpoint);
     telemetrySub.connect(pub.endpoint);
     actionsSub.subscribe('actions/front');
@@ -137,7 +145,9 @@ describe('publisher', () => {
     await probe(pub, sub, ctx);
     const startSeq = pub.sent;
     const sends = Array.from({ length: 50 }, (_, i) => pub.process(message(i), ctx));
-    sends.push(sink.publish({ type: 'drop', atNs: 0n, frameId: 7, stage: 'decode', reason: 'stale', detail: 'between' }).then(() => message(-2)));
+    sends.push(
+      sink.publish({ type: 'drop', atNs: 0n, frameId: 7, stage: 'decode', reason: 'stale', detail: 'between' }).then(() => message(-2)),
+    );
     await Promise.all(sends);
     assert.equal(pub.sent, startSeq + 50);
     for (let i = 0; i < 50; i++) {
@@ -179,7 +189,12 @@ describe('publisher', () => {
   });
 
   test('the sink publishes decisions on the events topic and stats on the telemetry topic, nothing else', async () => {
-    const { stage: pub, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', eventsTopic: 'ev', telemetryTopic: 'tm' });
+    const { stage: pub, sink } = await createPublisher({
+      endpoint: 'tcp://127.0.0.1:*',
+      topic: 'actions',
+      eventsTopic: 'ev',
+      telemetryTopic: 'tm',
+    });
     closers.push(() => pub.close());
     const sub = subscriber();
     closers.push(() => sub.close());
@@ -193,7 +208,18 @@ describe('publisher', () => {
       { type: 'output', atNs: 4n, frameId: 1, latencyNs: 4n, late: false },
       { type: 'drop', atNs: 5n, frameId: 2, stage: 'encode', reason: 'conflated', detail: 'replaced by frame 3' },
       { type: 'cancel', atNs: 6n, frameId: 3, stage: 'decode', reason: 'deadline', detail: '' },
-      { type: 'degrade', atNs: 7n, frameId: 4, direction: 'down', from: 0, to: 1, reason: 'predicted_miss', predictedMs: 9, limitMs: 8, knobs: { imageTokens: 140, maxNewTokens: 48, draft: true, frameSkip: 0 } },
+      {
+        type: 'degrade',
+        atNs: 7n,
+        frameId: 4,
+        direction: 'down',
+        from: 0,
+        to: 1,
+        reason: 'predicted_miss',
+        predictedMs: 9,
+        limitMs: 8,
+        knobs: { imageTokens: 140, maxNewTokens: 48, draft: true, frameSkip: 0 },
+      },
       { type: 'error', atNs: 8n, frameId: 5, stage: 'decode', message: 'boom' },
       stats(9n),
     ];

@@ -33,7 +33,10 @@ function action(i: number, sourceId = 'cam/front'): ActionMessage {
 async function readIndexed(path: string) {
   const handle = await open(path, 'r');
   try {
-    const reader = await McapIndexedReader.Initialize({ readable: new FileHandleReadable(handle), decompressHandlers: await loadDecompressHandlers() });
+    const reader = await McapIndexedReader.Initialize({
+      readable: new FileHandleReadable(handle),
+      decompressHandlers: await loadDecompressHandlers(),
+    });
     const messages = [];
     for await (const m of reader.readMessages({ validateCrcs: true })) messages.push(m);
     return { reader, messages };
@@ -47,7 +50,7 @@ async function readStreaming(path: string): Promise<{ records: TypedMcapRecord[]
   const records: TypedMcapRecord[] = [];
   for await (const chunk of createReadStream(path, { highWaterMark: 4096 })) {
     reader.append(chunk as Buffer);
-    for (let r; (r = reader.nextRecord()); ) records.push(r);
+    for (let r; (r = reader.nextRecord());) records.push(r);
   }
   return { records, done: reader.done() };
 }
@@ -60,7 +63,11 @@ describe('recorder', () => {
     const n = 300;
     for (let i = 0; i < n; i++) {
       await rec.recordAction(action(i, i % 5 === 0 ? 'cam/rear' : 'cam/front'), 1_000_000n * BigInt(i));
-      if (i % 10 === 0) await rec.recordEvent({ kind: 'span', stage: 'decode', frame: i, enterNs: 123456789012345678n + BigInt(i) }, 1_000_000n * BigInt(i) + 1n);
+      if (i % 10 === 0)
+        await rec.recordEvent(
+          { kind: 'span', stage: 'decode', frame: i, enterNs: 123456789012345678n + BigInt(i) },
+          1_000_000n * BigInt(i) + 1n,
+        );
     }
     assert.deepEqual(rec.counts, { actions: n, events: n / 10 });
     await rec.close();
@@ -108,7 +115,12 @@ describe('recorder', () => {
     });
     gotEvents.forEach((m, k) => {
       const i = k * 10;
-      assert.deepEqual(JSON.parse(decoder.decode(m.data)), { kind: 'span', stage: 'decode', frame: i, enterNs: String(123456789012345678n + BigInt(i)) });
+      assert.deepEqual(JSON.parse(decoder.decode(m.data)), {
+        kind: 'span',
+        stage: 'decode',
+        frame: i,
+        enterNs: String(123456789012345678n + BigInt(i)),
+      });
       assert.equal(m.logTime, 1_000_000n * BigInt(i) + 1n);
     });
 
@@ -173,7 +185,10 @@ describe('recorder', () => {
     const path = join(cache, 'x.mcap');
     // @ts-expect-error: wrong value on purpose
     await assert.rejects(createRecorder({ path, actionSchema: schema, compression: 'lz4' }), /compression 'zstd' or 'none'/);
-    await assert.rejects(createRecorder({ path: join(cache, 'no-such-dir/x.mcap'), actionSchema: schema }), /cannot create .*no-such-dir\/x\.mcap/);
+    await assert.rejects(
+      createRecorder({ path: join(cache, 'no-such-dir/x.mcap'), actionSchema: schema }),
+      /cannot create .*no-such-dir\/x\.mcap/,
+    );
     // @ts-expect-error: missing on purpose (there is no default schema: the run loads one and shares it)
     await assert.rejects(createRecorder({ path: join(cache, 'x.mcap') }), /actionSchema to be the result of loadActionSchema/);
     const rec = await createRecorder({ path: join(cache, 'closed.mcap'), actionSchema: schema });

@@ -18,7 +18,13 @@ export function chain<A, B>(s1: Stage<A, B>): StageChain<A, B>;
 export function chain<A, B, C>(s1: Stage<A, B>, s2: Stage<B, C>): StageChain<A, C>;
 export function chain<A, B, C, D>(s1: Stage<A, B>, s2: Stage<B, C>, s3: Stage<C, D>): StageChain<A, D>;
 export function chain<A, B, C, D, E>(s1: Stage<A, B>, s2: Stage<B, C>, s3: Stage<C, D>, s4: Stage<D, E>): StageChain<A, E>;
-export function chain<A, B, C, D, E, F>(s1: Stage<A, B>, s2: Stage<B, C>, s3: Stage<C, D>, s4: Stage<D, E>, s5: Stage<E, F>): StageChain<A, F>;
+export function chain<A, B, C, D, E, F>(
+  s1: Stage<A, B>,
+  s2: Stage<B, C>,
+  s3: Stage<C, D>,
+  s4: Stage<D, E>,
+  s5: Stage<E, F>,
+): StageChain<A, F>;
 export function chain<A, B, C, D, E, F, G>(
   s1: Stage<A, B>,
   s2: Stage<B, C>,

@@ -69,5 +69,7 @@ export class QueueEdge implements Edge {
 export function createEdge(policy: EdgePolicy, where: string): Edge {
   if (policy.policy === 'latest') return new LatestEdge();
   if (policy.policy === 'queue' && Number.isInteger(policy.capacity) && policy.capacity >= 1) return new QueueEdge(policy.capacity);
-  throw new TypeError(`createGraph: ${where}: expected {policy:'latest'} or {policy:'queue', capacity ≥ 1} but received ${JSON.stringify(policy)}`);
+  throw new TypeError(
+    `createGraph: ${where}: expected {policy:'latest'} or {policy:'queue', capacity ≥ 1} but received ${JSON.stringify(policy)}`,
+  );
 }

@@ -137,12 +137,16 @@ class GraphRuntime implements Graph, RunnerHost {
   #finalizing = false;
 
   constructor({ source, stages, clock, config }: RuntimeOptions) {
-    if (!source || typeof source.frames !== 'function') throw new TypeError('createGraph: expected source to be a FrameSource with a frames() method');
-    if (!Array.isArray(stages) || stages.length === 0) throw new TypeError('createGraph: expected stages to be a non-empty chain of stages (chain(...))');
+    if (!source || typeof source.frames !== 'function')
+      throw new TypeError('createGraph: expected source to be a FrameSource with a frames() method');
+    if (!Array.isArray(stages) || stages.length === 0)
+      throw new TypeError('createGraph: expected stages to be a non-empty chain of stages (chain(...))');
     const names = new Set<string>();
     stages.forEach((stage: Stage<never, unknown>, i) => {
       if (!stage || typeof stage.name !== 'string' || stage.name === '' || stage.name === 'source') {
-        throw new TypeError(`createGraph: stages[${i}]: expected a non-empty name other than 'source' but received ${JSON.stringify(stage?.name)}`);
+        throw new TypeError(
+          `createGraph: stages[${i}]: expected a non-empty name other than 'source' but received ${JSON.stringify(stage?.name)}`,
+        );
       }
       if (typeof stage.process !== 'function') throw new TypeError(`createGraph: stage '${stage.name}': expected a process() method`);
       if (names.has(stage.name)) throw new TypeError(`createGraph: stage name '${stage.name}' is used twice`);
@@ -152,9 +156,11 @@ class GraphRuntime implements Graph, RunnerHost {
     if ((config.clock === 'virtual') !== clock.virtual) {
       throw new TypeError(`createGraph: config.clock is '${config.clock}' but the clock given is ${clock.virtual ? 'virtual' : 'real'}`);
     }
-    if (clock.virtual && !(clock instanceof VirtualClock)) throw new TypeError('createGraph: a virtual clock must be a VirtualClock (the graph advances it)');
+    if (clock.virtual && !(clock instanceof VirtualClock))
+      throw new TypeError('createGraph: a virtual clock must be a VirtualClock (the graph advances it)');
     const { endToEndMs } = config.budgets;
-    if (!(Number.isFinite(endToEndMs) && endToEndMs > 0)) throw new RangeError(`createGraph: expected config.budgets.endToEndMs > 0 but received ${endToEndMs}`);
+    if (!(Number.isFinite(endToEndMs) && endToEndMs > 0))
+      throw new RangeError(`createGraph: expected config.budgets.endToEndMs > 0 but received ${endToEndMs}`);
 
     this.#source = source;
     this.#stages = stages as readonly Stage<unknown, unknown>[];
@@ -169,7 +175,10 @@ class GraphRuntime implements Graph, RunnerHost {
     const { window, quantile, ewmaAlpha, minSamples } = config.ladder;
     this.costModel = new CostModel({ stages: [...names], levels: this.ladder.levels, window, quantile, ewmaAlpha, minSamples });
     const onError = (error: unknown): void => this.#internalError(error);
-    this.scheduler = clock instanceof VirtualClock && clock.virtual ? new VirtualScheduler(clock, (atNs) => this.#statsUpTo(atNs), onError) : new RealScheduler(onError);
+    this.scheduler =
+      clock instanceof VirtualClock && clock.virtual
+        ? new VirtualScheduler(clock, (atNs) => this.#statsUpTo(atNs), onError)
+        : new RealScheduler(onError);
     this.#runners = this.#stages.map((stage, i) => new StageRunner(stage, i, i === stages.length - 1, this, config));
     this.#aggregator = new TelemetryAggregator(clock.virtual ? 'virtual' : 'real', [...names]);
     this.#aggregator.subscribeTo(this.#events);
@@ -282,7 +291,13 @@ class GraphRuntime implements Graph, RunnerHost {
   #sourceError(error: unknown): void {
     if (this.#shutdown.signal.aborted) return; // a source that throws on its abort signal
     this.#sourceFailed = true;
-    this.emit({ type: 'error', atNs: this.clock.nowNs(), frameId: -1, stage: 'source', message: error instanceof Error ? error.message : String(error) });
+    this.emit({
+      type: 'error',
+      atNs: this.clock.nowNs(),
+      frameId: -1,
+      stage: 'source',
+      message: error instanceof Error ? error.message : String(error),
+    });
   }
 
   /** A source item enters the graph: ladder decision, frame id, deadline, frame skip. */
@@ -356,7 +371,13 @@ class GraphRuntime implements Graph, RunnerHost {
       try {
         await close?.();
       } catch (error) {
-        this.emit({ type: 'error', atNs: this.clock.nowNs(), frameId: -1, stage: name, message: `close() failed: ${error instanceof Error ? error.message : String(error)}` });
+        this.emit({
+          type: 'error',
+          atNs: this.clock.nowNs(),
+          frameId: -1,
+          stage: name,
+          message: `close() failed: ${error instanceof Error ? error.message : String(error)}`,
+        });
       }
     }
     const endReason = this.#stopReason !== undefined ? 'stopped' : this.#sourceFailed ? 'source_error' : 'source_end';

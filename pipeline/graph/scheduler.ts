@@ -74,7 +74,7 @@ export class VirtualScheduler implements Scheduler {
   #push(item: TimedTask): void {
     const heap = this.#heap;
     heap.push(item);
-    for (let i = heap.length - 1; i > 0; ) {
+    for (let i = heap.length - 1; i > 0;) {
       const parent = (i - 1) >> 1;
       if (!before(heap[i]!, heap[parent]!)) break;
       [heap[i], heap[parent]] = [heap[parent]!, heap[i]!];
@@ -88,7 +88,7 @@ export class VirtualScheduler implements Scheduler {
     const last = heap.pop();
     if (heap.length > 0 && last) {
       heap[0] = last;
-      for (let i = 0; ; ) {
+      for (let i = 0; ;) {
         const l = 2 * i + 1;
         const r = l + 1;
         let min = i;

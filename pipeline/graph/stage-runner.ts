@@ -6,7 +6,17 @@ import type { CostModel, DegradeLadder } from '../budget.ts';
 import { VirtualClock, msToNs, nsToMs, type Clock } from '../clock.ts';
 import type { GraphConfig } from '../config.ts';
 import type { TelemetryEvent } from '../telemetry/events.ts';
-import { DropFrame, StageAbort, type DropReason, type Envelope, type FrameMeta, type Knobs, type Stage, type StageContext, type StageEvent } from '../types.ts';
+import {
+  DropFrame,
+  StageAbort,
+  type DropReason,
+  type Envelope,
+  type FrameMeta,
+  type Knobs,
+  type Stage,
+  type StageContext,
+  type StageEvent,
+} from '../types.ts';
 import { createEdge, type Edge } from './edges.ts';
 import type { Scheduler } from './scheduler.ts';
 
@@ -70,7 +80,15 @@ class CallContext implements StageContext {
   #controller: AbortController | undefined;
   #timer: NodeJS.Timeout | undefined;
 
-  constructor(stage: string, frame: FrameMeta, clock: Clock, stageDeadlineNs: bigint, knobs: Knobs, armTimer: boolean, onReport: (event: StageEvent, atNs: bigint) => void) {
+  constructor(
+    stage: string,
+    frame: FrameMeta,
+    clock: Clock,
+    stageDeadlineNs: bigint,
+    knobs: Knobs,
+    armTimer: boolean,
+    onReport: (event: StageEvent, atNs: bigint) => void,
+  ) {
     this.#stage = stage;
     this.frame = frame;
     this.clock = clock;
@@ -235,7 +253,11 @@ export class StageRunner {
     if (host.dropPredictedMiss) {
       const fastestMs = host.costModel.predict(env.degradeLevel, 'min', this.#index).ms;
       if (fastestMs > 0 && enterNs + msToNs(fastestMs) > env.deadlineNs) {
-        return this.#skip(env, 'stale', `predicted miss: the remaining stages take at least ${fastestMs.toFixed(3)} ms, ${fmtMs(env.deadlineNs - enterNs)} ms left`);
+        return this.#skip(
+          env,
+          'stale',
+          `predicted miss: the remaining stages take at least ${fastestMs.toFixed(3)} ms, ${fmtMs(env.deadlineNs - enterNs)} ms left`,
+        );
       }
     }
 
@@ -295,7 +317,8 @@ export class StageRunner {
         spans: [...env.spans, { stage: this.name, enterNs, exitNs }],
         payload: outcome.value,
       };
-      if (host.shutdown.aborted && !this.#isLast) host.drop(env.frameId, this.name, 'shutdown', 'finished after stop; downstream is closed');
+      if (host.shutdown.aborted && !this.#isLast)
+        host.drop(env.frameId, this.name, 'shutdown', 'finished after stop; downstream is closed');
       else this.#subscriber?.next(out);
     } else {
       const { error } = outcome;
@@ -305,7 +328,8 @@ export class StageRunner {
       } else if (call.abortedBy || error instanceof StageAbort) {
         // Aborted by the runtime, or by the stage itself at the same deadline (native code checks it too).
         const { reason } = call.abortedBy ?? (error as StageAbort);
-        if (!call.cancelReported) host.emit({ type: 'cancel', atNs: exitNs, frameId: env.frameId, stage: this.name, reason, detail: `gave up: ${message}` });
+        if (!call.cancelReported)
+          host.emit({ type: 'cancel', atNs: exitNs, frameId: env.frameId, stage: this.name, reason, detail: `gave up: ${message}` });
         host.drop(env.frameId, this.name, reason === 'shutdown' ? 'shutdown' : 'stale', `cancelled (${reason}): ${message}`);
       } else {
         host.emit({ type: 'error', atNs: exitNs, frameId: env.frameId, stage: this.name, message });
@@ -320,7 +344,14 @@ export class StageRunner {
     if (event.kind === 'cancel') {
       this.#host.emit({ type: 'cancel', atNs, frameId, stage: this.name, reason: event.reason, detail: event.detail ?? '' });
     } else if (event.kind === 'note') {
-      this.#host.emit({ type: 'note', atNs, frameId, stage: this.name, message: event.message, ...(event.data ? { data: event.data } : {}) });
+      this.#host.emit({
+        type: 'note',
+        atNs,
+        frameId,
+        stage: this.name,
+        message: event.message,
+        ...(event.data ? { data: event.data } : {}),
+      });
     }
   }
 }

@@ -88,7 +88,8 @@ export interface StatsEvent {
   readonly atNs: bigint;
   readonly summary: RunSummary;
 }
-export type TelemetryEvent = FrameEvent | SpanEvent | DropEvent | CancelEvent | DegradeEvent | ErrorEvent | NoteEvent | OutputEvent | StatsEvent;
+export type TelemetryEvent =
+  FrameEvent | SpanEvent | DropEvent | CancelEvent | DegradeEvent | ErrorEvent | NoteEvent | OutputEvent | StatsEvent;
 
 /** One event as one line of JSON; bigints become decimal strings so nothing is rounded. */
 export function eventToJson(event: TelemetryEvent): string {
@@ -135,4 +136,3 @@ export interface RunSummary {
   /** Capture → last stage exit, over frames that came out. */
   readonly endToEnd: LatencyStats;
 }
-

@@ -55,7 +55,8 @@ export class LatencyHistogram {
 
 function exponentOf(v: number): number {
   let e = Math.floor(Math.log2(v));
-  if (2 ** e > v) e -= 1; // guard log2 rounding at powers of two
+  if (2 ** e > v)
+    e -= 1; // guard log2 rounding at powers of two
   else if (2 ** (e + 1) <= v) e += 1;
   return e;
 }

@@ -13,7 +13,12 @@ const fmtCounts = (counts: Readonly<Record<string, number | undefined>> | undefi
 
 function table(rows: readonly (readonly string[])[]): string[] {
   const widths = rows[0]!.map((_, c) => Math.max(...rows.map((r) => r[c]!.length)));
-  return rows.map((r) => r.map((cell, c) => (c === 0 ? cell.padEnd(widths[c]!) : cell.padStart(widths[c]!))).join('  ').trimEnd());
+  return rows.map((r) =>
+    r
+      .map((cell, c) => (c === 0 ? cell.padEnd(widths[c]!) : cell.padStart(widths[c]!)))
+      .join('  ')
+      .trimEnd(),
+  );
 }
 
 /** The per-stage table both the live view and the summary print. */
@@ -85,7 +90,8 @@ export class LiveTable {
   #subscription: Subscription | undefined;
 
   constructor({ stream = process.stdout, mode = 'auto', intervalMs = 1000 }: LiveTableOptions = {}) {
-    if (!(Number.isFinite(intervalMs) && intervalMs > 0)) throw new RangeError(`LiveTable: expected intervalMs > 0 but received ${intervalMs}`);
+    if (!(Number.isFinite(intervalMs) && intervalMs > 0))
+      throw new RangeError(`LiveTable: expected intervalMs > 0 but received ${intervalMs}`);
     this.#stream = stream;
     this.#enabled = mode === 'on' || (mode === 'auto' && stream.isTTY === true);
     this.#intervalMs = intervalMs;
