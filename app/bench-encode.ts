@@ -7,6 +7,7 @@ import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
 import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { quantile } from './stats.ts';
 
 export interface BenchEncodeOptions {
   /** .onnx path or synth:<preset> (onnxruntime); .gguf mmproj or synth:<preset>-mmproj[@seed][?dtype=f16]
@@ -49,13 +50,6 @@ export type BenchEncodeResult = {
   readonly run_ms_p50: number;
   readonly total_ms_p50: number;
 };
-
-/** Nearest-rank quantile of a sample. */
-export function quantile(values: readonly number[], q: number): number {
-  if (values.length === 0) return Number.NaN;
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
-}
 
 /** A deterministic 1280×720 test scene (gradients, edges, noise) as JPEG q85. */
 export async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<Buffer> {

@@ -6,17 +6,15 @@
 //               latency = receive time in the worker − time before process() in the sender (both
 //               process.hrtime, one monotonic clock), so it covers header building, JSON, the send,
 //               loopback tcp and the receive.
-//   node --import tsx app/bench-publish.ts [--messages N] [--size BYTES] [--json]
 import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
-import { pathToFileURL } from 'node:url';
-import { Command } from 'commander';
 import { createPublisher } from '../nodes/publisher.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
 import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { quantile } from './stats.ts';
 
 export interface BenchPublishOptions {
   /** Messages in the throughput run (default 20000). */
@@ -188,11 +186,6 @@ function waitFor(done: () => boolean, timeoutMs = 10_000): Promise<void> {
   });
 }
 
-function quantile(sorted: readonly number[], q: number): number {
-  if (sorted.length === 0) return NaN;
-  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))];
-}
-
 const round = (v: number): number => Math.round(v * 10) / 10;
 
 // The subscriber runs as plain JavaScript (eval): under Node 20 a worker's entry point is loaded
@@ -219,28 +212,3 @@ const { Subscriber } = require(workerData.zeromq);
   parentPort.postMessage({ seqs, receivedNs });
 })();
 `;
-
-if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const program = new Command('bench-publish')
-    .description('publisher stage → ZeroMQ SUB on loopback tcp: throughput and latency')
-    .option('--messages <n>', 'messages in the throughput run', (v) => Number.parseInt(v, 10), 20_000)
-    .option('--size <bytes>', 'approximate JSON body size', (v) => Number.parseInt(v, 10), 128)
-    .option('--latency-samples <n>', 'one-at-a-time messages for latency', (v) => Number.parseInt(v, 10), 2000)
-    .option('--json', 'print the result as JSON')
-    .parse();
-  const o = program.opts<{ messages: number; size: number; latencySamples: number; json?: boolean }>();
-  benchPublish({ messages: o.messages, size: o.size, latencySamples: o.latencySamples })
-    .then((r) => {
-      if (o.json) console.log(JSON.stringify(r));
-      else {
-        console.log(`publish ${r.transport}: ${r.msgs_per_s} msg/s (${r.received}/${r.messages} received, ${r.body_bytes} B bodies)`);
-        console.log(
-          `latency one at a time: p50 ${r.p50_us} µs, p99 ${r.p99_us} µs, max ${r.max_us} µs; under load: p50 ${r.loaded_p50_us} µs, p99 ${r.loaded_p99_us} µs`,
-        );
-      }
-    })
-    .catch((err: unknown) => {
-      console.error(err);
-      process.exitCode = 1;
-    });
-}

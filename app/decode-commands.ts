@@ -9,6 +9,7 @@ import { LlamaModel, type GenerateResult, type LlamaGrammar, type StopReason, ty
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { SAMPLING, attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
 import { resolveModel } from '../models/resolve.ts';
+import { median } from './stats.ts';
 
 const execFileAsync = promisify(execFile);
 const ROOT = resolve(import.meta.dirname ?? new URL('.', import.meta.url).pathname, '..');
@@ -133,11 +134,6 @@ export interface BenchDecodeResult {
   readonly ratio_tg_best?: number;
   readonly ratio_pp_best?: number;
 }
-
-const median = (xs: readonly number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
 
 /** Seeded pseudo-random token ids (like llama-bench's random prompt), away from special tokens. */
 function randomTokens(n: number, nVocab: number, seed: number): number[] {
