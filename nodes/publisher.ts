@@ -12,15 +12,14 @@
 import { Publisher as PubSocket } from 'zeromq';
 import type { ActionMessage } from './payloads.ts';
 import { eventToJson, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
+import type { PublisherConfig } from '../pipeline/config.ts';
 import type { Stage, StageContext, TelemetrySink } from '../pipeline/types.ts';
 
-export interface PublisherOptions {
-  /** e.g. 'tcp://127.0.0.1:5556', 'tcp://*:5556', 'tcp://127.0.0.1:*' (any free port), 'ipc:///tmp/percept.sock'. */
-  readonly endpoint: string;
-  /** Topic frame for actions (default 'actions'). */
-  readonly topic?: string;
-  /** ZeroMQ SNDHWM: messages queued per subscriber before PUB drops for that subscriber (default 1000). */
-  readonly sendHighWaterMark?: number;
+/** The publisher section of a defaulted config: `endpoint` (e.g. 'tcp://127.0.0.1:5556', 'tcp://*:5556',
+ * 'tcp://127.0.0.1:*' for any free port, 'ipc:///tmp/percept.sock'), the actions `topic`, and
+ * `sendHighWaterMark` (ZeroMQ SNDHWM: messages queued per subscriber before PUB drops for it); and
+ * the publisher's own settings. */
+export interface PublisherOptions extends PublisherConfig {
   /** Topics of the sink's stats and of its decision events (defaults 'telemetry', 'events'). */
   readonly telemetryTopic?: string;
   readonly eventsTopic?: string;
@@ -65,14 +64,7 @@ const ENDPOINT = /^(tcp|ipc|inproc):\/\/.+/;
 export async function createPublisher(options: PublisherOptions): Promise<Publisher> {
   if (options === null || typeof options !== 'object')
     throw new TypeError('createPublisher: expected an options object { endpoint, topic }');
-  const {
-    endpoint,
-    topic = 'actions',
-    sendHighWaterMark = 1000,
-    telemetryTopic = 'telemetry',
-    eventsTopic = 'events',
-    lingerMs = 1000,
-  } = options;
+  const { endpoint, topic, sendHighWaterMark, telemetryTopic = 'telemetry', eventsTopic = 'events', lingerMs = 1000 } = options;
   if (typeof endpoint !== 'string' || !ENDPOINT.test(endpoint)) {
     throw new TypeError(
       `createPublisher: expected endpoint like tcp://host:port, ipc://path or inproc://name but received ${JSON.stringify(endpoint)}`,

@@ -43,6 +43,12 @@ export interface DecoderConfig {
   readonly jumpForward: boolean;
 }
 
+export interface PublisherConfig {
+  readonly endpoint: string;
+  readonly topic: string;
+  readonly sendHighWaterMark: number;
+}
+
 export type EdgePolicy = { readonly policy: 'latest' } | { readonly policy: 'queue'; readonly capacity: number };
 
 export interface BudgetsConfig {
@@ -77,7 +83,7 @@ export interface PerceptConfig {
   readonly encoder: EncoderConfig;
   readonly decoder: DecoderConfig;
   readonly actions: { readonly schema: string };
-  readonly publisher: { readonly endpoint: string; readonly topic: string; readonly sendHighWaterMark: number };
+  readonly publisher: PublisherConfig;
   readonly recorder: { readonly enabled: boolean; readonly path: string };
   readonly budgets: BudgetsConfig;
   /** `default` plus optional per-stage entries. */

@@ -135,7 +135,7 @@ describe('publisher', () => {
   });
 
   test('concurrent process calls are serialised, never EBUSY', async () => {
-    const { stage: pub, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions' });
+    const { stage: pub, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: 1000 });
     closers.push(() => pub.close());
     const sub = subscriber();
     closers.push(() => sub.close());
@@ -158,22 +158,35 @@ describe('publisher', () => {
   });
 
   test('bind failure names the endpoint', async () => {
-    const { stage: first } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*' });
+    const { stage: first } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: 1000 });
     closers.push(() => first.close());
     await assert.rejects(
-      createPublisher({ endpoint: first.endpoint }),
+      createPublisher({ endpoint: first.endpoint, topic: 'actions', sendHighWaterMark: 1000 }),
       (err: Error) => err.message.startsWith(`publisher: cannot bind ${first.endpoint}`) && /in use/i.test(err.message),
     );
   });
 
   test('validates its options', async () => {
-    await assert.rejects(createPublisher({ endpoint: 'localhost:5555' }), /expected endpoint like tcp:\/\/host:port/);
-    await assert.rejects(createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: '' }), /non-empty string for topic/);
-    await assert.rejects(createPublisher({ endpoint: 'tcp://127.0.0.1:*', sendHighWaterMark: -1 }), /integer >= 0 for sendHighWaterMark/);
+    await assert.rejects(
+      createPublisher({ endpoint: 'localhost:5555', topic: 'actions', sendHighWaterMark: 1000 }),
+      /expected endpoint like tcp:\/\/host:port/,
+    );
+    await assert.rejects(
+      createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: '', sendHighWaterMark: 1000 }),
+      /non-empty string for topic/,
+    );
+    await assert.rejects(
+      createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: -1 }),
+      /integer >= 0 for sendHighWaterMark/,
+    );
   });
 
   test('send after close rejects; close is idempotent; the sink counts what it could not deliver', async () => {
-    const { stage: pub, sink } = await createPublisher({ endpoint: 'inproc://percept-test-close' });
+    const { stage: pub, sink } = await createPublisher({
+      endpoint: 'inproc://percept-test-close',
+      topic: 'actions',
+      sendHighWaterMark: 1000,
+    });
     await pub.close();
     await pub.close();
     await assert.rejects(pub.process(message(0), context()), /send after close/);
@@ -184,7 +197,7 @@ describe('publisher', () => {
     await new Promise((r) => setImmediate(r));
     assert.equal(sink.undelivered, 2);
     // The endpoint is free again.
-    const again = await createPublisher({ endpoint: 'inproc://percept-test-close' });
+    const again = await createPublisher({ endpoint: 'inproc://percept-test-close', topic: 'actions', sendHighWaterMark: 1000 });
     await again.stage.close();
   });
 
@@ -192,6 +205,7 @@ describe('publisher', () => {
     const { stage: pub, sink } = await createPublisher({
       endpoint: 'tcp://127.0.0.1:*',
       topic: 'actions',
+      sendHighWaterMark: 1000,
       eventsTopic: 'ev',
       telemetryTopic: 'tm',
     });
