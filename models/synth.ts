@@ -1,7 +1,7 @@
 // Synthetic Gemma checkpoints: real architecture, real shapes, real Gemma 4 tokenizer, random weights.
 //
 // No weights can be downloaded, so speed and memory are measured on these. Shapes and GGUF keys follow
-// /work/shared/reference/models.md §1–2b (HF converter variants, llama.cpp's loaders); weights are random
+// the HF converter (convert_hf_to_gguf.py) and llama.cpp's loaders for each architecture; weights are random
 // blocks of std ≈ 0.02 (see quant.ts), norms are 1, so generated text is gibberish but every code path
 // (PLE, KV sharing, per-layer head dims and FFN widths, proportional RoPE, tied embeddings) is exercised.
 //
@@ -24,7 +24,7 @@ export const VOCAB_SIZE = 262144;
 const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 
 export const WEIGHT_TYPES = ['f32', 'f16', 'q8_0', 'q4_0', 'q4_k'] as const;
-/** q4_k mimics llama-quantize's Q4_K_M mix (models.md §6b); the others are uniform for 2-D weights. */
+/** q4_k mimics llama-quantize's Q4_K_M tensor mix; the others are uniform for 2-D weights. */
 export type WeightType = (typeof WEIGHT_TYPES)[number];
 
 /** general.file_type (llama_ftype) per wtype. */

@@ -3,11 +3,11 @@
 // checkpoints, which cannot be downloaded here: shapes, contracts and compute are faithful, outputs are
 // meaningless.
 //
-// Gemma 3 (SigLIP so400m/14 @ 896 + projector), models.md §5:
+// Gemma 3 (SigLIP so400m/14 @ 896 + projector, as in HF's Gemma3 vision tower):
 //   pixel_values f32 [batch,3,896,896] (in [-1,1]) → Conv14/s14 (+bias) → +pos[4096,h] → L × (LayerNorm,
 //   q/k/v/o with bias, softmax(QKᵀ/√hd), LayerNorm, fc1, GELU-tanh, fc2) → post-LayerNorm → AvgPool 4×4 over
 //   the 64×64 grid → RMSNorm·(1+w) → MatMul [h, text_hidden] → image_features f32 [batch,256,text_hidden].
-// Gemma 4 (gemma4v.cpp + HF Gemma4VisionModel), models.md §3, §5, §7.5:
+// Gemma 4 (llama.cpp's gemma4v.cpp + HF Gemma4VisionModel):
 //   pixel_values f32 [batch,P,768] (16×16×3 HWC patches in [0,1], zero padding), pixel_position_ids i64
 //   [batch,P,2] ((col,row), −1 padding) → Linear(768→h, no bias) on 2x−1 → + x/y position tables
 //   [10240,h] gathered by col/row → L × sandwich-norm ViT layers (RMSNorm; q/k per-head RMSNorm with

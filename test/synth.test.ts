@@ -47,7 +47,7 @@ describe('presets', () => {
     for (const [name, arch] of expected) assert.equal(byName.get(name), arch, name);
   });
 
-  test("parameter counts match the released models (models.md §1: names, model cards, llama.cpp's own count)", () => {
+  test("parameter counts match the released models (model cards, llama.cpp's own count)", () => {
     const params = new Map(listPresets().map((p) => [p.name, p.params]));
     const near = (name: string, expected: number, tolerance: number) =>
       assert.ok(Math.abs(params.get(name)! - expected) <= tolerance, `${name}: ${params.get(name)} vs ${expected}`);
@@ -59,7 +59,7 @@ describe('presets', () => {
     near('gemma3-4b', 3.88e9, 0.005e9);
   });
 
-  test('E2B in q4_k reproduces llama-quantize Q4_K_M: per-tensor types and 3242.8 MiB (models.md §6b)', () => {
+  test('E2B in q4_k reproduces llama-quantize Q4_K_M: per-tensor types and 3242.8 MiB', () => {
     const plan = planCheckpoint({ preset: 'gemma4-e2b', wtype: 'q4_k' });
     const typeOf = (name: string) => plan.tensors.find((t) => t.name === name)!.type;
     assert.equal(typeOf('token_embd.weight'), GGMLType.Q6_K);

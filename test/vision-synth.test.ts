@@ -292,7 +292,7 @@ describe('vision presets', () => {
         ['gemma4-vision-e4b', 'gemma4', 2560],
       ],
     );
-    // models.md §5: the gemma3-4b-shaped SigLIP + projector is 419.8 M parameters.
+    // The gemma3-4b-shaped SigLIP + projector is 419.8 M parameters (HF's count for the released vision tower).
     const so400m = presets.find((p) => p.name === 'siglip-so400m-896')!;
     assert.ok(Math.abs(so400m.params / 1e6 - 419.8) < 0.5, `${so400m.params}`);
     assert.throws(() => visionPreset('siglip-huge'), /unknown vision preset 'siglip-huge' \(known: siglip-tiny, /);
