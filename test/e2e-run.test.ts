@@ -1,6 +1,6 @@
-// End to end: `percept run` as a user runs it (a child process, the real stages on the tiny
-// synthetic models) publishes schema-valid actions that a ZeroMQ subscriber receives, and its
-// JSON summary accounts for every frame.
+// End to end: `percept run` as a user runs it (the `percept` bin in a child process, started from
+// another directory than the repository, the real stages on the tiny synthetic models) publishes
+// schema-valid actions that a ZeroMQ subscriber receives, and its JSON summary accounts for every frame.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -33,6 +33,8 @@ test('percept run on the tiny models publishes schema-valid actions and accounts
     source: { kind: 'pattern', fps: 2, frames, width: 640, height: 360 },
     encoder: { kind: 'onnx', model: 'synth:gemma4-vision-tiny' },
     decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 128, nCtx: 2048 },
+    // Relative to this config file, wherever the run starts.
+    actions: { schema: '../../configs/actions/robot-action.schema.json' },
     publisher: { endpoint, topic: 'actions' },
     // No stage budgets and the longest frame budget the schema allows (longer than the test's own
     // timeout), with a queue edge: this test is about wiring, not about this machine's speed or load.
@@ -51,10 +53,14 @@ test('percept run on the tiny models publishes schema-valid actions and accounts
   sub.subscribe('actions');
   const received: Array<{ header: { schema_id: string; frame_id: number; seq: number }; body: unknown }> = [];
 
-  const child = spawn(process.execPath, ['--import', 'tsx', 'app/cli.ts', 'run', '--config', configPath, '--json-summary', summaryPath], {
-    cwd: root,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const child = spawn(
+    process.execPath,
+    [join(root, 'tools/percept.mjs'), 'run', '--config', 'config.json', '--json-summary', 'summary.json'],
+    {
+      cwd: dir,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
   let output = '';
   child.stdout.on('data', (d) => (output += d));
   child.stderr.on('data', (d) => (output += d));

@@ -2,6 +2,8 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { ConfigError, loadConfig } from '../pipeline/config.ts';
 
 const cache = new URL('../.cache/pipeline-config/', import.meta.url);
@@ -128,6 +130,34 @@ describe('loadConfig', () => {
         return true;
       },
     );
+  });
+
+  test('relative paths in a config file are relative to the file; defaults to the installation; synth: specs stay', () => {
+    const root = fileURLToPath(new URL('..', import.meta.url));
+    const dir = fileURLToPath(new URL('relative/configs/', cache));
+    mkdirSync(dir, { recursive: true });
+    const file = join(dir, 'run.json');
+    writeFileSync(
+      file,
+      JSON.stringify({
+        source: { kind: 'bag', path: '../bags/front.mcap' },
+        encoder: { kind: 'onnx', model: 'synth:gemma4-vision-tiny' },
+        decoder: { model: 'models/decoder.gguf', draft: '/abs/draft.gguf' },
+        recorder: { enabled: true, path: 'out/run.mcap' },
+      }),
+    );
+    const config = loadConfig(file);
+    assert.equal(config.source.kind === 'bag' && config.source.path, join(dir, '../bags/front.mcap'));
+    assert.equal(config.encoder.kind === 'onnx' && config.encoder.model, 'synth:gemma4-vision-tiny');
+    assert.equal(config.decoder.model, join(dir, 'models/decoder.gguf'));
+    assert.equal(config.decoder.draft, '/abs/draft.gguf');
+    assert.equal(config.decoder.draftMtp, null);
+    assert.equal(config.recorder.path, join(dir, 'out/run.mcap'));
+    assert.equal(config.actions.schema, join(root, 'configs/actions/robot-action.schema.json'), 'a default names the installed file');
+    // The shipped config works from any directory: its paths are relative to configs/.
+    const shipped = loadConfig(join(root, 'configs/default.json'));
+    assert.equal(shipped.source.kind === 'bag' && shipped.source.path, join(root, 'bags/sample.mcap'));
+    assert.equal(shipped.actions.schema, join(root, 'configs/actions/robot-action.schema.json'));
   });
 
   test('a file that is not JSON, or missing, is a ConfigError too', () => {
