@@ -183,7 +183,7 @@ models
   .description('write a synthetic checkpoint: a decoder GGUF or a vision encoder ONNX (idempotent, seeded)')
   .requiredOption('--preset <name>', 'preset (see `percept models list`)')
   .requiredOption('-o, --out <file>', 'output file')
-  .option('--wtype <type>', 'GGUF weight type: f16, q8_0, q4_0, q4_k', 'q8_0')
+  .option('--wtype <type>', 'weight type: f32, f16, q8_0, q4_0, q4_k for a decoder (default q8_0); f32 or f16 for an mmproj (default f32)')
   .option('--seed <n>', 'random seed', int('--seed'), 1)
   .action(async (opts) => {
     const { synthesizeAny } = await import('./model-commands.ts');

@@ -653,7 +653,7 @@ export interface PlannedCheckpoint {
 /** What synthesize() would write, without writing (or reading the vocab): shapes, types, sizes. */
 export function planCheckpoint(options: { preset: string; wtype?: WeightType }): PlannedCheckpoint {
   const preset = presetOf(options.preset);
-  const wtype = checkWtype(options.wtype ?? 'q8_0');
+  const wtype = parseWeightType(options.wtype ?? 'q8_0');
   validateConfig(options.preset, preset.config);
   const defs = tensorDefs(preset.config);
   const types = chooseTypes(defs, wtype, preset.config.layers);
@@ -695,7 +695,8 @@ function presetOf(name: unknown): Preset {
   return PRESETS[name]!;
 }
 
-function checkWtype(wtype: unknown): WeightType {
+/** `wtype` as a WeightType, or a RangeError naming the allowed ones. */
+export function parseWeightType(wtype: unknown): WeightType {
   if (typeof wtype !== 'string' || !(WEIGHT_TYPES as readonly string[]).includes(wtype)) {
     throw new RangeError(`invalid wtype ${JSON.stringify(wtype)}; expected one of: ${WEIGHT_TYPES.join(', ')}`);
   }
@@ -717,7 +718,7 @@ function checkSeed(seed: unknown): number {
 export async function synthesize(options: SynthesizeOptions): Promise<SynthesizeResult> {
   if (typeof options !== 'object' || options === null) throw new TypeError('synthesize: options object required');
   const preset = presetOf(options.preset);
-  const wtype = checkWtype(options.wtype ?? 'q8_0');
+  const wtype = parseWeightType(options.wtype ?? 'q8_0');
   const seed = checkSeed(options.seed ?? 1);
   if (typeof options.out !== 'string' || options.out.length === 0) throw new TypeError('synthesize: `out` must be a file path');
   const out = resolve(options.out);

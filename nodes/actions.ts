@@ -7,10 +7,13 @@ import type { ActionMessage, Generation, StopReason } from './payloads.ts';
 import { DropFrame } from '../pipeline/types.ts';
 import type { DropReason, Stage, StageContext } from '../pipeline/types.ts';
 
+/** Characters of the decoder's text a drop message quotes: enough to see what went wrong. */
+const SNIPPET_CHARS = 160;
+
 export interface ActionsStageOptions {
   /** The action schema, loaded once with loadActionSchema (the decoder's grammar comes from the same one). */
   readonly schema: ActionSchema;
-  /** Characters of the decoder text quoted in drop messages (default 160). */
+  /** Characters of the decoder text quoted in drop messages (default SNIPPET_CHARS). */
   readonly snippetChars?: number;
 }
 
@@ -30,7 +33,7 @@ export function createActionsStage(options: ActionsStageOptions): ActionsStage {
   if (!schema || typeof schema.validate !== 'function' || typeof schema.wireSchemaId !== 'string') {
     throw new TypeError('createActionsStage: options.schema must be the result of loadActionSchema()');
   }
-  const snippetChars = options.snippetChars ?? 160;
+  const snippetChars = options.snippetChars ?? SNIPPET_CHARS;
   if (!Number.isInteger(snippetChars) || snippetChars < 8) {
     throw new RangeError(`createActionsStage: expected integer >= 8 for snippetChars but received ${snippetChars}`);
   }
@@ -53,7 +56,7 @@ export function createActionsStage(options: ActionsStageOptions): ActionsStage {
 
 /** Parses and validates one generation's text; throws DropFrame when it is not a valid action.
  * Exported for tools (eval) that check texts outside a running graph. */
-export function parseAction(generation: Generation, schema: ActionSchema, snippetChars = 160): unknown {
+export function parseAction(generation: Generation, schema: ActionSchema, snippetChars = SNIPPET_CHARS): unknown {
   if (generation === null || typeof generation !== 'object' || typeof generation.text !== 'string') {
     throw new TypeError('actions: expected a Generation with a string `text`');
   }

@@ -20,6 +20,11 @@ import { AbandonableSlot } from '../pipeline/abort.ts';
 
 export type ExecutionProvider = 'cpu' | 'cuda' | 'tensorrt';
 
+/** close(): how long the worker may take to release its session before it is terminated. */
+const CLOSE_GRACE_MS = 2000;
+/** close(): how long to wait for the worker's exit after it said it closed. */
+const EXIT_WAIT_MS = 500;
+
 export interface OnnxEncoderConfig {
   /** Path of vision_encoder.onnx (resolve `synth:<preset>` specifiers before, with models/vision-synth.ts). */
   readonly model: string;
@@ -435,10 +440,13 @@ class OnnxEncoder implements OnnxEncoderStage {
         // already gone
       }
       // Give the session a moment to release cleanly; a stuck native run is terminated.
-      const timer = new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 2000).unref());
+      const timer = new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), CLOSE_GRACE_MS).unref());
       const outcome = await Promise.race([closed.then(() => 'closed' as const), exited.then(() => 'exited' as const), timer]);
       if (outcome !== 'exited') {
-        const done = await Promise.race([exited.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 500).unref())]);
+        const done = await Promise.race([
+          exited.then(() => true),
+          new Promise<boolean>((r) => setTimeout(() => r(false), EXIT_WAIT_MS).unref()),
+        ]);
         if (!done) await this.#worker.terminate();
       }
     })();
