@@ -52,7 +52,7 @@ export type BenchEncodeResult = {
 };
 
 /** A deterministic 1280×720 test scene (gradients, edges, noise) as JPEG q85. */
-export async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<Buffer> {
+async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<Buffer> {
   const raw = Buffer.alloc(width * height * 3);
   let s = 12345;
   for (let y = 0; y < height; y++) {

@@ -267,7 +267,7 @@ class HeaderCursor {
 }
 
 /** Decodes an encoded value (u32 type id followed by the value) as produced by the GGUF KV section. */
-export function decodeValue(rawBytes: Uint8Array): GGUFDecoded {
+function decodeValue(rawBytes: Uint8Array): GGUFDecoded {
   const view = new DataView(rawBytes.buffer, rawBytes.byteOffset, rawBytes.byteLength);
   let pos = 0;
   const read = (type: number): GGUFDecoded => {

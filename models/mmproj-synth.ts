@@ -34,7 +34,7 @@ import {
 } from './vision-synth.ts';
 
 /** Suffix that names the mmproj flavour of a vision preset (`siglip-tiny-mmproj`). */
-export const MMPROJ_SUFFIX = '-mmproj';
+const MMPROJ_SUFFIX = '-mmproj';
 
 export type MmprojDtype = 'f32' | 'f16';
 

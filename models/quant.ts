@@ -251,7 +251,7 @@ export function quantize(type: CodecType, x: Float32Array): Uint8Array {
 }
 
 /** Packs 8 (scale, min) 6-bit pairs the way get_scale_min_k4() unpacks them. */
-export function packQ4KScales(sc: ArrayLike<number>, m: ArrayLike<number>, out: Uint8Array, offset: number): void {
+function packQ4KScales(sc: ArrayLike<number>, m: ArrayLike<number>, out: Uint8Array, offset: number): void {
   for (let j = 0; j < 4; j++) {
     out[offset + j] = (sc[j]! & 63) | ((sc[j + 4]! >> 4) << 6);
     out[offset + j + 4] = (m[j]! & 63) | ((m[j + 4]! >> 4) << 6);
@@ -319,7 +319,7 @@ function quantizeQ6KBlock(x: Float32Array, out: Uint8Array, o: number): void {
 }
 
 /** Packs 256 6-bit quants (0..63), 16 scales and d into one block_q6_K (ql[128], qh[64], scales[16], d). */
-export function packQ6K(q: Uint8Array, sc: Int8Array, dBits: number, out: Uint8Array, o: number): void {
+function packQ6K(q: Uint8Array, sc: Int8Array, dBits: number, out: Uint8Array, o: number): void {
   for (let n = 0; n < 2; n++) {
     const qo = n * 128;
     for (let l = 0; l < 32; l++) {

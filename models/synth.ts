@@ -18,7 +18,7 @@ import { GGUFWriter, arr, f32, readGGUF, str, u32, type GGUFValue, type GGUFWrit
 import { GGMLType, KeystreamRng, blockSize, ggmlTypeName, randomBlocks, tensorBytes, typeSize, type RandomType } from './quant.ts';
 
 /** Bump when the bytes a preset produces change, so stale cached files are regenerated. */
-export const GENERATOR_VERSION = 1;
+const GENERATOR_VERSION = 1;
 export const VOCAB_SIZE = 262144;
 
 const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');

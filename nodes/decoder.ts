@@ -15,7 +15,7 @@ import {
 } from '../native/llama.ts';
 
 /** Longest draft the decode stage asks for. */
-export const DRAFT_MAX = 4;
+const DRAFT_MAX = 4;
 /** Logits rows per decode: a verify batch is the last accepted token plus up to DRAFT_MAX drafted ones. */
 const MAX_OUTPUTS = DRAFT_MAX + 1;
 /** Physical batch: an image attended bidirectionally must fit one ubatch (Gemma 4's largest is 1120 tokens). */

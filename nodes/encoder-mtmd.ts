@@ -60,7 +60,7 @@ export interface MtmdEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
 }
 
 /** Checks what clip reports about an mmproj against the pipeline's contract. Pure. */
-export function checkMtmdContract(info: VisionInfo, expectedHidden: number | undefined, source: string): MtmdContractInfo {
+function checkMtmdContract(info: VisionInfo, expectedHidden: number | undefined, source: string): MtmdContractInfo {
   const problems: string[] = [];
   if (info.projector !== 'gemma3' && info.projector !== 'gemma4v')
     problems.push(`projector '${String(info.projector)}' is neither gemma3 nor gemma4v`);

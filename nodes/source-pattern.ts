@@ -32,7 +32,7 @@ export interface PatternSource extends FrameSource<CameraFrame> {
 }
 
 /** Bits of the frame counter drawn along the bottom edge. */
-export const PATTERN_COUNTER_BITS = 16;
+const PATTERN_COUNTER_BITS = 16;
 const BARS: ReadonlyArray<readonly [number, number, number]> = [
   [235, 235, 235],
   [235, 235, 16],
@@ -93,7 +93,7 @@ export function createPatternSource(options: PatternSourceOptions): PatternSourc
 }
 
 /** The raw RGB pixels of frame `index` (pure, deterministic). */
-export function renderPattern(index: number, width: number, height: number): Buffer {
+function renderPattern(index: number, width: number, height: number): Buffer {
   const px = Buffer.alloc(width * height * 3);
   const fill = (x0: number, y0: number, x1: number, y1: number, [r, g, b]: readonly [number, number, number]): void => {
     for (let y = Math.max(0, y0); y < Math.min(height, y1); y++) {

@@ -116,7 +116,7 @@ export class ConfigError extends Error {
   }
 }
 
-export const CONFIG_SCHEMA_PATH = new URL('../configs/percept.schema.json', import.meta.url);
+const CONFIG_SCHEMA_PATH = new URL('../configs/percept.schema.json', import.meta.url);
 /** What the schema's default paths are relative to: the folder that holds configs/. */
 const DEFAULTS_BASE = fileURLToPath(new URL('..', import.meta.url));
 
@@ -235,7 +235,7 @@ function describeAjvError(error: ErrorObject): ConfigIssue {
 }
 
 /** Checks the schema cannot express. Returns the problems found (empty when the config is sound). */
-export function checkSemantics(config: PerceptConfig): ConfigIssue[] {
+function checkSemantics(config: PerceptConfig): ConfigIssue[] {
   const issues: ConfigIssue[] = [];
   const { budgets, ladder } = config;
   for (const [stage, ms] of Object.entries(budgets.stages)) {

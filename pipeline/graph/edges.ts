@@ -12,7 +12,7 @@ export interface Edge {
   readonly dropReason: DropReason;
 }
 
-export class LatestEdge implements Edge {
+class LatestEdge implements Edge {
   readonly dropReason = 'conflated';
   #waiting: Envelope<unknown> | undefined;
   get size(): number {
@@ -34,7 +34,7 @@ export class LatestEdge implements Edge {
   }
 }
 
-export class QueueEdge implements Edge {
+class QueueEdge implements Edge {
   readonly dropReason = 'queue_full';
   readonly #ring: (Envelope<unknown> | undefined)[];
   #head = 0;

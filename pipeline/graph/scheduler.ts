@@ -2,7 +2,7 @@
 // VirtualScheduler runs tasks one at a time in (time, insertion) order, advancing the clock to each.
 import type { VirtualClock } from '../clock.ts';
 
-export type Task = () => void | Promise<void>;
+type Task = () => void | Promise<void>;
 
 export interface Scheduler {
   /** Runs `task` at `atNs` on the graph clock (a real clock only ever asks for "now"). */

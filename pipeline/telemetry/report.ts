@@ -22,7 +22,7 @@ function table(rows: readonly (readonly string[])[]): string[] {
 }
 
 /** The per-stage table both the live view and the summary print. */
-export function formatStageTable(summary: RunSummary): string[] {
+function formatStageTable(summary: RunSummary): string[] {
   const rows: string[][] = [['stage', 'runs', 'p50 ms', 'p95 ms', 'p99 ms', 'max ms', 'drops', 'cancels', 'errors']];
   const add = (name: string, s: LatencyStats | undefined): void => {
     rows.push([
@@ -43,7 +43,7 @@ export function formatStageTable(summary: RunSummary): string[] {
   return table(rows);
 }
 
-export function formatHeadline(summary: RunSummary): string {
+function formatHeadline(summary: RunSummary): string {
   const f = summary.frames;
   return (
     `frames in ${f.in}  out ${f.out}  dropped ${f.dropped} (${fmtCounts(summary.drops.byReason)})` +
