@@ -15,7 +15,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import {
-  GGUFWriter, arr, f32, readGGUF, str, u32, type GGUFValue, type GGUFWriteOptions, type PlannedTensor,
+  GGUFWriter, arr, f32, readGGUF, str, u32, type GGUFFile, type GGUFValue, type GGUFWriteOptions, type PlannedTensor,
 } from './gguf.ts';
 import { GGMLType, KeystreamRng, blockSize, ggmlTypeName, randomBlocks, tensorBytes, typeSize, type RandomType } from './quant.ts';
 
@@ -584,25 +584,35 @@ export async function synthesize(options: SynthesizeOptions): Promise<Synthesize
   if (typeof options.out !== 'string' || options.out.length === 0) throw new TypeError('synthesize: `out` must be a file path');
   const out = resolve(options.out);
 
-  const c = preset.config;
-  validateConfig(options.preset, c);
-  const defs = tensorDefs(c);
-  const types = chooseTypes(defs, wtype, c.layers);
-  const params = countParams(defs);
-
+  validateConfig(options.preset, preset.config);
+  const plannedDefs = tensorDefs(preset.config);
+  const params = countParams(plannedDefs);
   if (!options.force) {
     const existing = await stampedSize(out, options.preset, wtype, seed);
-    if (existing !== undefined) return { path: out, bytes: existing, params, tensors: defs.length, skipped: true };
+    if (existing !== undefined) return { path: out, bytes: existing, params, tensors: plannedDefs.length, skipped: true };
   }
 
+  const { writer, defs } = await checkpointWriter(options.preset, wtype, seed);
+  await mkdir(dirname(out), { recursive: true });
+  const progress: GGUFWriteOptions = options.onProgress ? { onProgress: options.onProgress } : {};
+  const { bytes } = await writer.write(out, (t, i) => tensorChunks(t, defs[i]!, `${GENERATOR_VERSION}/${options.preset}/${seed}`), progress);
+  return { path: out, bytes, params, tensors: defs.length, skipped: false };
+}
+
+/** The writer of a synthetic checkpoint, KVs and tensor infos set (the vocab file is read for the tokenizer). */
+async function checkpointWriter(presetName: string, wtype: WeightType, seed: number): Promise<{ writer: GGUFWriter; defs: TensorDef[] }> {
+  const c = presetOf(presetName).config;
+  validateConfig(presetName, c);
+  const defs = tensorDefs(c);
+  const types = chooseTypes(defs, wtype, c.layers);
   const vocab = await readGGUF(await findGemmaVocab());
   const w = new GGUFWriter();
   w.set('general.architecture', str(c.arch));
   w.set('general.type', str('model'));
-  w.set('general.name', str(`percept synthetic ${options.preset}`));
+  w.set('general.name', str(`percept synthetic ${presetName}`));
   w.set('general.file_type', u32(FILE_TYPE[wtype]));
   w.set('general.quantization_version', u32(2));
-  w.set(STAMP.preset, str(options.preset));
+  w.set(STAMP.preset, str(presetName));
   w.set(STAMP.wtype, str(wtype));
   w.set(STAMP.seed, u32(seed));
   w.set(STAMP.version, u32(GENERATOR_VERSION));
@@ -611,12 +621,17 @@ export async function synthesize(options: SynthesizeOptions): Promise<Synthesize
   if (tokenizerKvs.length === 0) throw new Error(`vocab file has no tokenizer.* keys`);
   for (const kv of tokenizerKvs) w.set(kv.key, kv.asValue());
   defs.forEach((d, i) => w.addTensor({ name: d.name, type: types[i]!, shape: d.shape }));
-  const plan = w.plan();
+  return { writer: w, defs };
+}
 
-  await mkdir(dirname(out), { recursive: true });
-  const progress: GGUFWriteOptions = options.onProgress ? { onProgress: options.onProgress } : {};
-  const { bytes } = await w.write(out, (t, i) => tensorChunks(t, defs[i]!, `${GENERATOR_VERSION}/${options.preset}/${seed}`), progress);
-  return { path: out, bytes, params, tensors: defs.length, skipped: false };
+/**
+ * The parsed header of the checkpoint `synth:PRESET[?wtype=W&seed=N]` would resolve to, built in memory
+ * (GGUFWriter.skeleton): metadata and the tensor table of a multi-GB preset without generating or writing it.
+ */
+export async function describeSynthetic(spec: string): Promise<GGUFFile> {
+  const { preset, wtype, seed } = parseSynthSpec(spec);
+  const { writer } = await checkpointWriter(preset, wtype, seed);
+  return readGGUF(writer.skeleton());
 }
 
 /**
@@ -687,17 +702,23 @@ export async function resolveModelSpec(spec: string, options: { cacheDir?: strin
     }
     return path;
   }
-  const [name = '', query = ''] = spec.slice('synth:'.length).split('?', 2);
+  const { preset, wtype, seed } = parseSynthSpec(spec);
+  const out = join(options.cacheDir ?? DEFAULT_MODEL_CACHE, `${preset}.${wtype}.s${seed}.gguf`);
+  const result = await synthesize({ preset, wtype, seed, out, ...(options.onProgress ? { onProgress: options.onProgress } : {}) });
+  return result.path;
+}
+
+/** `synth:PRESET[?wtype=W&seed=N]` → its parts, validated (wtype defaults to q8_0, seed to 1). */
+export function parseSynthSpec(spec: string): { preset: string; wtype: WeightType; seed: number } {
+  if (!spec.startsWith('synth:')) throw new RangeError(`not a synthetic model spec: ${JSON.stringify(spec)} (expected synth:PRESET)`);
+  const [preset = '', query = ''] = spec.slice('synth:'.length).split('?', 2);
   const params = new URLSearchParams(query);
   for (const key of params.keys()) {
     if (key !== 'wtype' && key !== 'seed') throw new RangeError(`model spec ${JSON.stringify(spec)}: unknown parameter '${key}' (expected wtype, seed)`);
   }
-  presetOf(name);
+  presetOf(preset);
   const wtype = checkWtype(params.get('wtype') ?? 'q8_0');
   const seedText = params.get('seed') ?? '1';
   if (!/^\d+$/.test(seedText)) throw new RangeError(`model spec ${JSON.stringify(spec)}: seed must be a non-negative integer, got '${seedText}'`);
-  const seed = checkSeed(Number(seedText));
-  const out = join(options.cacheDir ?? DEFAULT_MODEL_CACHE, `${name}.${wtype}.s${seed}.gguf`);
-  const result = await synthesize({ preset: name, wtype, seed, out, ...(options.onProgress ? { onProgress: options.onProgress } : {}) });
-  return result.path;
+  return { preset, wtype, seed: checkSeed(Number(seedText)) };
 }
