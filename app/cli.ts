@@ -168,6 +168,24 @@ models
     else for (const p of presets) process.stdout.write(`${p.name.padEnd(24)} ${p.description}\n`);
   });
 
+const calc = program.command('calc').description('calculators over a GGUF\'s metadata (no weights loaded; synth:PRESET is described in memory)');
+calc
+  .command('kv')
+  .description('KV-cache bytes at a context, sized as llama.cpp sizes it (sliding-window, full and KV-shared layers)')
+  .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET[?wtype=…]')
+  .requiredOption('--ctx <n>', 'context per sequence, tokens', int('--ctx'))
+  .option('--batch <n>', 'sequences in parallel (llama.cpp -np)', int('--batch'), 1)
+  .option('--kv-type <type>', 'cache type: f16, bf16, f32, q8_0, q4_0', 'f16')
+  .option('--ubatch <n>', 'physical batch (the sliding cache keeps window + ubatch cells)', int('--ubatch'), 512)
+  .option('--swa-full', 'sliding layers keep the whole context (llama.cpp --swa-full; percept\'s decoder runs this way)')
+  .option('--no-flash-attn', 'flash attention off (V stored transposed, widened to the largest head)')
+  .option('--unified', 'one cache shared by all sequences (llama.cpp --kv-unified)')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { calcKv } = await import('./calc-commands.ts');
+    printResult(await calcKv(opts), opts.json);
+  });
+
 program
   .command('doctor')
   .description('check the installation: Node, the native addon, onnxruntime, sharp, zeromq, configs')
