@@ -185,6 +185,21 @@ calc
     const { calcKv } = await import('./calc-commands.ts');
     printResult(await calcKv(opts), opts.json);
   });
+calc
+  .command('roofline')
+  .description('decode bandwidth ceiling: bytes read per token (weights touched + KV attended) → the most tok/s')
+  .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET[?wtype=…]')
+  .addOption(new Option('--bandwidth-gbs <x>', 'memory bandwidth, GB/s').argParser(positiveNumber('--bandwidth-gbs')).conflicts('device'))
+  .option('--device <name>', 'bandwidth preset: jetson-orin-nano-8gb (68 GB/s), jetson-agx-orin (204.8), jetson-thor (273), h100 (3350), h200 (4800)')
+  .option('--measured-tok-s <y>', 'a measured decode rate to place against the ceiling', positiveNumber('--measured-tok-s'))
+  .option('--ctx <n>', 'context the decoded tokens attend (adds KV reads; 0 = weights only)', int('--ctx'), 0)
+  .option('--batch <n>', 'sequences decoded together (weights read once per step)', int('--batch'), 1)
+  .option('--kv-type <type>', 'cache type: f16, bf16, f32, q8_0, q4_0', 'f16')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { calcRoofline } = await import('./calc-commands.ts');
+    printResult(await calcRoofline(opts), opts.json);
+  });
 
 program
   .command('doctor')
