@@ -83,6 +83,7 @@ bench
   .option('--reps <n>', 'repetitions', int('--reps'), 3)
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
   .option('--peer', 'also run llama-bench from the same llama.cpp build and report the ratio')
+  .option('--energy <source>', 'board power sampled during decode: auto, tegrastats, nvidia-smi, off', 'auto')
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchDecode } = await import('./decode-commands.ts');
