@@ -519,14 +519,26 @@ export interface PlannedCheckpoint {
 
 /** What synthesize() would write, without writing (or reading the vocab): shapes, types, sizes. */
 export function planCheckpoint(options: { preset: string; wtype?: WeightType }): PlannedCheckpoint {
-  const preset = presetOf(options.preset);
   const wtype = checkWtype(options.wtype ?? 'q8_0');
-  validateConfig(options.preset, preset.config);
-  const defs = tensorDefs(preset.config);
-  const types = chooseTypes(defs, wtype, preset.config.layers);
+  const { config, defs, types } = tensorPlan(options.preset, wtype);
   const tensors = defs.map((d, i) => ({ name: d.name, shape: d.shape, type: types[i]! }));
   const dataBytes = tensors.reduce((sum, t) => sum + Math.ceil(Number(tensorBytes(t.type, t.shape)) / 32) * 32, 0);
-  return { preset: options.preset, wtype, config: preset.config, tensors, params: countParams(defs), dataBytes };
+  return { preset: options.preset, wtype, config, tensors, params: countParams(defs), dataBytes };
+}
+
+interface TensorPlan {
+  readonly config: ModelConfig;
+  readonly defs: TensorDef[];
+  /** Storage type of each of `defs` for the wtype. */
+  readonly types: RandomType[];
+}
+
+/** A preset's validated config, its tensors and their storage types. */
+function tensorPlan(presetName: string, wtype: WeightType): TensorPlan {
+  const { config } = presetOf(presetName);
+  validateConfig(presetName, config);
+  const defs = tensorDefs(config);
+  return { config, defs, types: chooseTypes(defs, wtype, config.layers) };
 }
 
 export interface SynthesizeOptions {
@@ -578,21 +590,21 @@ function checkSeed(seed: unknown): number {
  */
 export async function synthesize(options: SynthesizeOptions): Promise<SynthesizeResult> {
   if (typeof options !== 'object' || options === null) throw new TypeError('synthesize: options object required');
-  const preset = presetOf(options.preset);
+  presetOf(options.preset);
   const wtype = checkWtype(options.wtype ?? 'q8_0');
   const seed = checkSeed(options.seed ?? 1);
   if (typeof options.out !== 'string' || options.out.length === 0) throw new TypeError('synthesize: `out` must be a file path');
   const out = resolve(options.out);
 
-  validateConfig(options.preset, preset.config);
-  const plannedDefs = tensorDefs(preset.config);
-  const params = countParams(plannedDefs);
+  const plan = tensorPlan(options.preset, wtype);
+  const { defs } = plan;
+  const params = countParams(defs);
   if (!options.force) {
     const existing = await stampedSize(out, options.preset, wtype, seed);
-    if (existing !== undefined) return { path: out, bytes: existing, params, tensors: plannedDefs.length, skipped: true };
+    if (existing !== undefined) return { path: out, bytes: existing, params, tensors: defs.length, skipped: true };
   }
 
-  const { writer, defs } = await checkpointWriter(options.preset, wtype, seed);
+  const writer = await checkpointWriter(options.preset, plan, wtype, seed);
   await mkdir(dirname(out), { recursive: true });
   const progress: GGUFWriteOptions = options.onProgress ? { onProgress: options.onProgress } : {};
   const { bytes } = await writer.write(out, (t, i) => tensorChunks(t, defs[i]!, `${GENERATOR_VERSION}/${options.preset}/${seed}`), progress);
@@ -600,11 +612,8 @@ export async function synthesize(options: SynthesizeOptions): Promise<Synthesize
 }
 
 /** The writer of a synthetic checkpoint, KVs and tensor infos set (the vocab file is read for the tokenizer). */
-async function checkpointWriter(presetName: string, wtype: WeightType, seed: number): Promise<{ writer: GGUFWriter; defs: TensorDef[] }> {
-  const c = presetOf(presetName).config;
-  validateConfig(presetName, c);
-  const defs = tensorDefs(c);
-  const types = chooseTypes(defs, wtype, c.layers);
+async function checkpointWriter(presetName: string, plan: TensorPlan, wtype: WeightType, seed: number): Promise<GGUFWriter> {
+  const { config: c, defs, types } = plan;
   const vocab = await readGGUF(await findGemmaVocab());
   const w = new GGUFWriter();
   w.set('general.architecture', str(c.arch));
@@ -621,7 +630,7 @@ async function checkpointWriter(presetName: string, wtype: WeightType, seed: num
   if (tokenizerKvs.length === 0) throw new Error(`vocab file has no tokenizer.* keys`);
   for (const kv of tokenizerKvs) w.set(kv.key, kv.asValue());
   defs.forEach((d, i) => w.addTensor({ name: d.name, type: types[i]!, shape: d.shape }));
-  return { writer: w, defs };
+  return w;
 }
 
 /**
@@ -630,7 +639,7 @@ async function checkpointWriter(presetName: string, wtype: WeightType, seed: num
  */
 export async function describeSynthetic(spec: string): Promise<GGUFFile> {
   const { preset, wtype, seed } = parseSynthSpec(spec);
-  const { writer } = await checkpointWriter(preset, wtype, seed);
+  const writer = await checkpointWriter(preset, tensorPlan(preset, wtype), wtype, seed);
   return readGGUF(writer.skeleton());
 }
 
