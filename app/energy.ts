@@ -133,8 +133,6 @@ export interface EnergyMeterOptions {
   readonly intervalMs?: number;
   /** Where the measured work runs: nvidia-smi's GPU power says nothing about a CPU run. Default 'gpu'. */
   readonly device?: 'gpu' | 'cpu';
-  /** Clock in ms (default performance.now). */
-  readonly now?: () => number;
   /** Environment of the sampling tool (PATH, CUDA_VISIBLE_DEVICES). Default process.env. */
   readonly env?: NodeJS.ProcessEnv;
   /** How long to wait for the tool's first sample. Default 5000 ms. */
@@ -151,33 +149,25 @@ interface Sampler {
  * start() never throws for a missing or failing tool: stop() then returns available: false and why.
  */
 export class EnergyMeter {
-  readonly #now: () => number;
   readonly #integrator = new PowerIntegrator();
   #sampler: Sampler | undefined;
   #unavailable: { source: string | null; reason: string } | undefined;
   #failure: string | undefined;
 
-  private constructor(now: () => number) {
-    this.#now = now;
-  }
+  private constructor() {}
 
   static async start(options: EnergyMeterOptions = {}): Promise<EnergyMeter> {
-    const meter = new EnergyMeter(options.now ?? (() => performance.now()));
+    const meter = new EnergyMeter();
     await meter.#connect(options);
     return meter;
   }
 
-  /** The source in use (e.g. "tegrastats VDD_IN"), or null when unavailable. */
-  get source(): string | null {
-    return this.#sampler?.source ?? null;
-  }
-
   begin(): void {
-    this.#integrator.begin(this.#now());
+    this.#integrator.begin(performance.now());
   }
 
   end(): void {
-    this.#integrator.end(this.#now());
+    this.#integrator.end(performance.now());
   }
 
   /** Stops the sampling tool and reports the energy of the closed windows. */
@@ -290,7 +280,7 @@ export class EnergyMeter {
         else if (running()) this.#failure ??= `${command} stopped during the measurement: ${output || `code ${code}`}`;
       });
       createInterface({ input: child.stdout! }).on('line', (line) => {
-        const r = onLine(line, this.#now());
+        const r = onLine(line, performance.now());
         if (r === undefined) {
           otherOutput = `${otherOutput}${line}\n`.slice(-2000);
         } else if ('unusable' in r) {
