@@ -166,8 +166,8 @@ export interface KvEstimate {
   readonly bytesPerToken: number;
 }
 
-const positiveInt = (name: string, v: unknown, min = 1): number => {
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < min) throw new RangeError(`${name} must be an integer ≥ ${min}, got ${String(v)}`);
+const positiveInt = (name: string, v: unknown): number => {
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 1) throw new RangeError(`${name} must be an integer ≥ 1, got ${String(v)}`);
   return v;
 };
 
