@@ -15,7 +15,8 @@ import { stat } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { mmprojVisionPreset, synthesizeMmproj, type MmprojDtype } from './mmproj-synth.ts';
-import { synthesize, type WeightType } from './synth.ts';
+import { readGGUF, type GGUFFile } from './gguf.ts';
+import { describeSynthetic, synthesize, type WeightType } from './synth.ts';
 import { synthesizeVision, visionPreset } from './vision-synth.ts';
 
 export type ModelKind = 'decoder' | 'vision' | 'mmproj';
@@ -76,6 +77,16 @@ export async function resolveModel(spec: string, kind: ModelKind, options: Resol
       return out;
     }
   }
+}
+
+/** The parsed header of the decoder GGUF `spec` names; a `synth:` spec is described in memory, never
+ * written (calculators read multi-GB presets this way). */
+export async function describeModel(spec: string): Promise<GGUFFile> {
+  if (typeof spec !== 'string' || spec.length === 0)
+    throw new TypeError(`Expected a non-empty string for the decoder model but received ${JSON.stringify(spec)}`);
+  if (!spec.startsWith(SYNTH)) return readGGUF(await existingFile(spec, 'decoder'));
+  const { name, seed, params } = parseSynthSpec(spec, 'decoder');
+  return describeSynthetic({ preset: name, wtype: (params.get('wtype') ?? 'q8_0') as WeightType, seed });
 }
 
 function parseSynthSpec(spec: string, kind: ModelKind): { name: string; seed: number; params: URLSearchParams } {

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { BufferReadable, readGGUF, readTensorData, type GGUFFile } from '../models/gguf.ts';
 import { GGMLType, dequantize } from '../models/quant.ts';
-import { resolveModel } from '../models/resolve.ts';
+import { describeModel, resolveModel } from '../models/resolve.ts';
 import { findGemmaVocab, listPresets, planCheckpoint, synthesize, VOCAB_SIZE } from '../models/synth.ts';
 import { REPO_ROOT, ensureSynthModel, findPeer } from './fixtures.ts';
 
@@ -261,6 +261,22 @@ describe('model specs and fixtures', () => {
     assert.equal(f.get('gemma4-assistant.embedding_length_out'), 64);
     assert.equal(f.get('gemma4-assistant.nextn_predict_layers'), 4);
     assert.deepEqual(f.tensor('nextn.pre_projection.weight')!.shape, [128, 32]);
+  });
+
+  test('describeModel: the header of the checkpoint a synth: spec resolves to, built in memory', async () => {
+    const spec = 'synth:gemma4-tiny-assistant?seed=3';
+    const described = await describeModel(spec);
+    const path = await resolveModel(spec, 'decoder', { cacheDir: DIR });
+    const written = await readGGUF(path);
+    assert.deepEqual(
+      described.kvs.map((kv) => [kv.key, kv.raw]),
+      written.kvs.map((kv) => [kv.key, kv.raw]),
+    );
+    assert.deepEqual(described.tensors, written.tensors);
+    assert.equal(described.fileSize, written.fileSize);
+    await assert.rejects(describeModel('synth:gemma4-huge'), /unknown synthetic preset "gemma4-huge"/);
+    await assert.rejects(describeModel('synth:gemma4-tiny?wtype=q2_k'), /invalid wtype "q2_k"/);
+    assert.deepEqual((await describeModel(path)).tensors, written.tensors, 'a file spec is read, not described');
   });
 
   test('ensureSynthModel called concurrently yields one complete file', async () => {
