@@ -20,7 +20,15 @@ import type { Knobs } from './types.ts';
 
 export type SourceConfig =
   | { readonly kind: 'pattern'; readonly fps: number; readonly frames: number; readonly width: number; readonly height: number }
-  | { readonly kind: 'bag'; readonly path: string; readonly topic: string; readonly rate: number; readonly loop: boolean }
+  | {
+      readonly kind: 'bag';
+      readonly path: string;
+      readonly topic?: string;
+      readonly type?: string;
+      readonly pace: 'recorded' | 'fast';
+      readonly rate: number;
+      readonly loop: boolean;
+    }
   | { readonly kind: 'folder'; readonly path: string; readonly fps: number };
 
 export type EncoderConfig =
@@ -84,19 +92,21 @@ export interface PerceptConfig {
   readonly decoder: DecoderConfig;
   readonly actions: { readonly schema: string };
   readonly publisher: PublisherConfig;
-  readonly recorder: { readonly enabled: boolean; readonly path: string };
+  readonly recorder: { readonly enabled: boolean; readonly path: string; readonly frames: boolean; readonly chunkMs: number };
   readonly budgets: BudgetsConfig;
   /** `default` plus optional per-stage entries. */
   readonly edges: Readonly<Record<string, EdgePolicy>> & { readonly default: EdgePolicy };
   readonly ladder: LadderConfig;
   readonly clock: 'real' | 'virtual';
+  /** Virtual clock only: the next frame enters when the previous one has ended (every frame is processed). */
+  readonly lockstep: boolean;
   /** Stage name → service time (ms) charged on a virtual clock, one value or one per ladder level. */
   readonly virtualServiceMs: Readonly<Record<string, number | readonly number[]>>;
   readonly telemetry: TelemetryConfig;
 }
 
 /** The part of the config the graph runtime reads. */
-export type GraphConfig = Pick<PerceptConfig, 'budgets' | 'edges' | 'ladder' | 'clock' | 'virtualServiceMs' | 'telemetry'>;
+export type GraphConfig = Pick<PerceptConfig, 'budgets' | 'edges' | 'ladder' | 'clock' | 'lockstep' | 'virtualServiceMs' | 'telemetry'>;
 
 export interface ConfigIssue {
   /** JSON pointer into the config ('' is the whole document). */
@@ -273,6 +283,9 @@ function checkSemantics(config: PerceptConfig): ConfigIssue[] {
     }
     knobs = { ...knobs, ...rung };
   });
+  if (config.lockstep && config.clock !== 'virtual') {
+    issues.push({ path: '/lockstep', message: 'needs /clock "virtual" (lockstep replays on the virtual clock)' });
+  }
   if (ladder.minSamples > ladder.window) {
     issues.push({ path: '/ladder/minSamples', message: `must be at most /ladder/window (${ladder.window}) but is ${ladder.minSamples}` });
   }

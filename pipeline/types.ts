@@ -11,6 +11,9 @@ export interface FrameMeta {
   readonly captureNs: bigint;
   /** Capture time as wall clock (ms since epoch), for humans and the wire. */
   readonly captureWallMs: number;
+  /** The input's own time stamp, Unix ns (a bag message's log time), carried to every output made
+   * from it so outputs line up with the input; the graph sets it (by default the capture time). */
+  readonly stampNs?: bigint;
   /** captureNs + end-to-end budget: after this the frame is worthless to the robot. */
   readonly deadlineNs: bigint;
   /** Degrade level of the ladder when the frame entered the graph (0 = full quality). */
@@ -47,6 +50,7 @@ export type DropReason =
   | 'skipped' // frame skip rung of the ladder
   | 'error' // the stage threw for this frame
   | 'invalid' // output failed validation (e.g. action schema)
+  | 'rejected' // the source could not turn the input into a frame (corrupt message, not an image)
   | 'shutdown'; // in flight when the pipeline stopped
 
 /** Stage-reported events (the runtime adds span/drop/degrade events itself). */
@@ -102,14 +106,49 @@ export interface SourceItem<T> {
   /** Capture time on the pipeline clock. Replay sources advance a VirtualClock to it first. */
   readonly captureNs: bigint;
   readonly captureWallMs: number;
+  /** The input's own stamp, Unix ns (a bag message's log time); default: the capture time. */
+  readonly stampNs?: bigint;
   readonly payload: T;
+}
+
+/** An input the source read but could not turn into a payload (a corrupt bag message, a file that
+ * is not an image). It enters the graph as a frame and is dropped 'rejected', so that frames in =
+ * out + drops counts it and the summaries show why. */
+export interface SourceRejection {
+  readonly sourceId: string;
+  readonly captureNs: bigint;
+  readonly captureWallMs: number;
+  readonly stampNs?: bigint;
+  /** Short and stable (the summaries count drops by it), e.g. 'chunk CRC failed'. */
+  readonly rejected: string;
+  /** This input's particulars: where it was and what was wrong with it. */
+  readonly detail?: string;
+}
+
+export const isRejection = <T>(item: SourceItem<T> | SourceRejection): item is SourceRejection => 'rejected' in item;
+
+/** What a source says about its input at the end of a run: what it read, what it skipped and why. */
+export interface SourceReport {
+  /** What was read, e.g. `bag /data/run.mcap, topic /cam (sensor_msgs/msg/Image, cdr), indexed`. */
+  readonly description: string;
+  /** Counters, e.g. { messages: 60, frames: 41, rejected: 19 }. */
+  readonly counts: Readonly<Record<string, number>>;
+  /** One line for each thing skipped or found wrong, naming what and where. */
+  readonly warnings: readonly string[];
 }
 
 /** A frame source (pattern, bag, folder, camera). Sources pace themselves (fps or recorded
  * timing) and stop when `signal` fires or their input ends. */
 export interface FrameSource<T> {
   readonly id: string;
-  frames(clock: Clock, signal: AbortSignal): AsyncIterable<SourceItem<T>>;
+  /** Replay sources: the Unix time (ns) their input starts at, where a virtual clock replaying it
+   * starts (so a replay's times are the recording's). */
+  readonly startNs?: bigint;
+  /** Replay sources: how many inputs they hold (a progress bar's total), when known. */
+  readonly expectedItems?: number;
+  frames(clock: Clock, signal: AbortSignal): AsyncIterable<SourceItem<T> | SourceRejection>;
+  /** What the source read and skipped so far (the graph puts it into the run's summary). */
+  report?(): SourceReport;
   close?(): Promise<void>;
 }
 

@@ -4,6 +4,7 @@
 //   const graph = createGraph({ source, stages: chain(preprocess, encode, decode, actions, publish), clock, config });
 //   graph.events.subscribe(...);          // TelemetryEvent: frame/span/drop/cancel/degrade/error/note/output/stats
 //   graph.outputs.subscribe(...);         // Envelope<O>: what the last stage returned, per frame
+//   graph.inputs.subscribe(...);          // Envelope<I>: each frame as it entered (a recorder's frames)
 //   const summary = await graph.run();    // resolves when the source ended and everything drained, or after stop()
 //   await graph.stop('SIGINT');           // idempotent; resolves with the same summary as run()
 //
@@ -28,8 +29,10 @@
 //   drop 'stale' (deadline) or 'shutdown'; any other throw → an 'error' event and drop 'error'.
 //   The graph runs on.
 // - The ladder (pipeline/budget.ts) decides at each admission; frameSkip drops at the source edge
-//   ('skipped'). Every frame that enters ends as exactly one output or one drop:
-//   frames.in = frames.out + frames.dropped once a run has ended.
+//   ('skipped'). An input the source rejected (SourceRejection) enters as a frame and is dropped
+//   'rejected' at once. Every frame that enters ends as exactly one output or one drop:
+//   frames.in = frames.out + frames.dropped once a run has ended. When the source has ended, its
+//   report (what it read and skipped) goes out as a 'source' event and into the summary.
 //
 // Clocks. RealClock: stages run when they can, durations are measured. VirtualClock (replay,
 // deterministic): the graph is a discrete-event simulation. Tasks (frame arrivals, stage starts,
@@ -45,6 +48,10 @@
 // charged only up to the deadline; one that ignores the signal is charged its whole service time.
 // So on a virtual clock the signal fires only through virtual time: a stage must not wait for it
 // to make progress. Stats events come every telemetry.intervalMs of clock time on either clock.
+// Lockstep (config.lockstep, virtual clock only): the next source item is pulled only when the
+// previous frame has come out or been dropped, and enters at max(its capture time, now), the
+// source's timeline shifted by the accumulated wait: every frame is processed, none waits behind
+// another, and the recorded spacing is kept whenever the pipeline keeps up.
 //
 // stop(reason): the source's signal fires, waiting frames are dropped 'shutdown', in-flight calls
 // are aborted ('shutdown'); a frame a stage finishes after stop goes no further (drop 'shutdown')
@@ -57,14 +64,25 @@ import { VirtualClock, msToNs, type Clock } from '../clock.ts';
 import type { GraphConfig } from '../config.ts';
 import { TelemetryAggregator } from '../telemetry/aggregator.ts';
 import type { RunSummary, TelemetryEvent } from '../telemetry/events.ts';
-import { StageAbort, type DropReason, type Envelope, type FrameSource, type SourceItem, type Stage } from '../types.ts';
+import {
+  StageAbort,
+  isRejection,
+  type DropReason,
+  type Envelope,
+  type FrameSource,
+  type SourceItem,
+  type SourceRejection,
+  type Stage,
+} from '../types.ts';
 import type { StageChain } from './chain.ts';
 import { RealScheduler, VirtualScheduler, type Scheduler } from './scheduler.ts';
 import { StageRunner, type RunnerHost } from './stage-runner.ts';
 
-export interface Graph<O = unknown> {
+export interface Graph<O = unknown, I = unknown> {
   readonly events: Observable<TelemetryEvent>;
   readonly outputs: Observable<Envelope<O>>;
+  /** Each frame as it entered the graph (before frame skip), with its payload; not the rejected ones. */
+  readonly inputs: Observable<Envelope<I>>;
   /** Runs the graph once; resolves with the summary when the source has ended and every frame
    * has come out or been dropped, or after stop(). */
   run(): Promise<RunSummary>;
@@ -80,9 +98,9 @@ export interface GraphOptions<I, O> {
   readonly config: GraphConfig;
 }
 
-export function createGraph<I, O>({ source, stages, clock, config }: GraphOptions<I, O>): Graph<O> {
+export function createGraph<I, O>({ source, stages, clock, config }: GraphOptions<I, O>): Graph<O, I> {
   // The chain's types end here: the runtime moves envelopes of unknown payloads between stages.
-  return new GraphRuntime({ source, stages: stages?.stages, clock, config }) as Graph<unknown> as Graph<O>;
+  return new GraphRuntime({ source, stages: stages?.stages, clock, config }) as Graph<unknown> as Graph<O, I>;
 }
 
 interface RuntimeOptions {
@@ -106,6 +124,7 @@ const wallOriginOf = (clock: Clock): number => clock.wallMs() - Number(clock.now
 class GraphRuntime implements Graph, RunnerHost {
   readonly events: Observable<TelemetryEvent>;
   readonly outputs: Observable<Envelope<unknown>>;
+  readonly inputs: Observable<Envelope<unknown>>;
   readonly clock: Clock;
   readonly virtual: boolean;
   readonly wallOriginMs: number;
@@ -122,6 +141,12 @@ class GraphRuntime implements Graph, RunnerHost {
   readonly #statsIntervalNs: bigint;
   readonly #events = new Subject<TelemetryEvent>();
   readonly #outputs = new Subject<Envelope<unknown>>();
+  readonly #inputs = new Subject<Envelope<unknown>>();
+  readonly #lockstep: boolean;
+  /** Lockstep: how far the source's timeline has been moved back by waits (ns). */
+  #lockstepShiftNs = 0n;
+  /** Lockstep: the frame whose end lets the source be pulled again, and the pull. */
+  #lockstepWait: { readonly frameId: number; readonly pull: () => Promise<void> } | undefined;
   readonly #aggregator: TelemetryAggregator;
   readonly #shutdown = new AbortController();
   #nextFrameId = 0;
@@ -168,6 +193,8 @@ class GraphRuntime implements Graph, RunnerHost {
     this.clock = clock;
     this.virtual = clock.virtual;
     this.wallOriginMs = wallOriginOf(clock);
+    if (config.lockstep && !clock.virtual) throw new TypeError('createGraph: lockstep needs a virtual clock (config.clock "virtual")');
+    this.#lockstep = config.lockstep === true;
     this.#endToEndNs = msToNs(endToEndMs);
     this.#statsIntervalNs = msToNs(config.telemetry.intervalMs);
     this.dropPredictedMiss = config.budgets.dropPredictedMiss;
@@ -184,6 +211,7 @@ class GraphRuntime implements Graph, RunnerHost {
     this.#aggregator.subscribeTo(this.#events);
     this.events = this.#events.asObservable();
     this.outputs = this.#outputs.asObservable();
+    this.inputs = this.#inputs.asObservable();
   }
 
   get shutdown(): AbortSignal {
@@ -192,6 +220,11 @@ class GraphRuntime implements Graph, RunnerHost {
 
   emit(event: TelemetryEvent): void {
     this.#events.next(event);
+    const wait = this.#lockstepWait;
+    if (wait && (event.type === 'output' || event.type === 'drop') && event.frameId === wait.frameId) {
+      this.#lockstepWait = undefined;
+      this.scheduler.at(this.clock.nowNs(), wait.pull);
+    }
   }
 
   drop(frameId: number, stage: string, reason: DropReason, detail: string): void {
@@ -263,8 +296,11 @@ class GraphRuntime implements Graph, RunnerHost {
     }
   }
 
-  async #pullVirtual(iterator: AsyncIterator<SourceItem<unknown>>, subscriber: Subscriber<Envelope<unknown>>): Promise<void> {
-    let result: IteratorResult<SourceItem<unknown>>;
+  async #pullVirtual(
+    iterator: AsyncIterator<SourceItem<unknown> | SourceRejection>,
+    subscriber: Subscriber<Envelope<unknown>>,
+  ): Promise<void> {
+    let result: IteratorResult<SourceItem<unknown> | SourceRejection>;
     try {
       result = await iterator.next();
     } catch (error) {
@@ -276,15 +312,27 @@ class GraphRuntime implements Graph, RunnerHost {
       subscriber.complete();
       return;
     }
-    const item = result.value;
-    this.scheduler.at(item.captureNs, async () => {
+    let item = result.value;
+    if (this.#lockstep) {
+      // Enter no earlier than now: the source's timeline moves back by the time the pipeline took.
+      const atNs = item.captureNs + this.#lockstepShiftNs;
+      const enterNs = atNs > this.clock.nowNs() ? atNs : this.clock.nowNs();
+      this.#lockstepShiftNs = enterNs - item.captureNs;
+      const stampNs = item.stampNs ?? this.clock.unixNs(item.captureNs);
+      item = { ...item, captureNs: enterNs, captureWallMs: this.wallOriginMs + Number(enterNs) / 1e6, stampNs };
+    }
+    const entering = item;
+    this.scheduler.at(entering.captureNs, async () => {
       if (this.#shutdown.signal.aborted) {
         await iterator.return?.();
         subscriber.complete();
         return;
       }
-      this.#admit(item, subscriber);
-      await this.#pullVirtual(iterator, subscriber);
+      const pull = (): Promise<void> => this.#pullVirtual(iterator, subscriber);
+      // Set before admission: a frame dropped on entry ends inside #admit.
+      if (this.#lockstep) this.#lockstepWait = { frameId: this.#nextFrameId, pull };
+      this.#admit(entering, subscriber);
+      if (!this.#lockstep) await pull();
     });
   }
 
@@ -300,14 +348,35 @@ class GraphRuntime implements Graph, RunnerHost {
     });
   }
 
-  /** A source item enters the graph: ladder decision, frame id, deadline, frame skip. */
-  #admit(item: SourceItem<unknown>, subscriber: Subscriber<Envelope<unknown>>): void {
+  /** A source item enters the graph: ladder decision, frame id, deadline, frame skip. A rejected
+   * input enters as a frame and is dropped at once. */
+  #admit(item: SourceItem<unknown> | SourceRejection, subscriber: Subscriber<Envelope<unknown>>): void {
     const frameId = this.#nextFrameId++;
     const atNs = this.clock.nowNs();
+    const stampNs = item.stampNs ?? this.clock.unixNs(item.captureNs);
+    const { sourceId, captureNs } = item;
+    if (isRejection(item)) {
+      this.emit({ type: 'frame', atNs, frameId, sourceId, captureNs, stampNs, degradeLevel: this.ladder.level });
+      const detail = item.detail ? `${item.rejected}: ${item.detail}` : item.rejected;
+      this.emit({ type: 'drop', atNs, frameId, stage: 'source', reason: 'rejected', detail, cause: item.rejected });
+      return;
+    }
     const decision = this.ladder.decide(this.costModel);
     if (decision) this.emit({ type: 'degrade', atNs, frameId, ...decision });
     const level = this.ladder.level;
-    this.emit({ type: 'frame', atNs, frameId, sourceId: item.sourceId, captureNs: item.captureNs, degradeLevel: level });
+    this.emit({ type: 'frame', atNs, frameId, sourceId, captureNs, stampNs, degradeLevel: level });
+    const env: Envelope<unknown> = {
+      frameId,
+      sourceId,
+      captureNs,
+      captureWallMs: item.captureWallMs,
+      stampNs,
+      deadlineNs: captureNs + this.#endToEndNs,
+      degradeLevel: level,
+      spans: [],
+      payload: item.payload,
+    };
+    this.#inputs.next(env);
     const { frameSkip } = this.ladder.knobsAt(level);
     if (this.#toSkip > frameSkip) this.#toSkip = frameSkip;
     if (this.#toSkip > 0) {
@@ -316,16 +385,7 @@ class GraphRuntime implements Graph, RunnerHost {
       return;
     }
     this.#toSkip = frameSkip;
-    subscriber.next({
-      frameId,
-      sourceId: item.sourceId,
-      captureNs: item.captureNs,
-      captureWallMs: item.captureWallMs,
-      deadlineNs: item.captureNs + this.#endToEndNs,
-      degradeLevel: level,
-      spans: [],
-      payload: item.payload,
-    });
+    subscriber.next(env);
   }
 
   // --- the end ---------------------------------------------------------------------------------
@@ -382,11 +442,14 @@ class GraphRuntime implements Graph, RunnerHost {
     }
     const endReason = this.#stopReason !== undefined ? 'stopped' : this.#sourceFailed ? 'source_error' : 'source_end';
     const endNs = this.clock.nowNs();
+    const report = this.#source.report?.();
+    if (report) this.emit({ type: 'source', atNs: endNs, report });
     this.#aggregator.end(endNs, endReason, this.#stopReason ?? null);
     const summary = this.#aggregator.snapshot();
     this.#emitStats(endNs);
     this.#events.complete();
     this.#outputs.complete();
+    this.#inputs.complete();
     this.#resolveRun?.(summary);
   }
 }

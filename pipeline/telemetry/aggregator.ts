@@ -1,7 +1,7 @@
 // TelemetryAggregator: folds telemetry events into counters and histograms; snapshot() → RunSummary.
 import type { Observable, Subscription } from 'rxjs';
-import type { DropReason } from '../types.ts';
-import type { CancelReason, Counts, LatencyStats, RunSummary, TelemetryEvent } from './events.ts';
+import type { DropReason, SourceReport } from '../types.ts';
+import type { CancelReason, Counts, DropEvent, LatencyStats, RunSummary, TelemetryEvent } from './events.ts';
 import { LatencyHistogram } from './histogram.ts';
 
 /** Folds telemetry events into counters and histograms. Subscribe it before the graph runs. */
@@ -13,6 +13,8 @@ export class TelemetryAggregator {
   readonly #dropsByReason = new Map<DropReason, number>();
   readonly #cancels = new Map<string, Map<CancelReason, number>>();
   readonly #errors = new Map<string, number>();
+  readonly #causes = new Map<string, number>();
+  #source: SourceReport | null = null;
   #framesIn = 0;
   #framesOut = 0;
   #dropped = 0;
@@ -62,6 +64,7 @@ export class TelemetryAggregator {
         this.#dropped += 1;
         increment(this.#dropsByReason, event.reason);
         increment(mapFor(this.#dropsByStage, event.stage), event.reason);
+        this.#countCause(dropCause(event));
         break;
       case 'cancel':
         increment(mapFor(this.#cancels, event.stage), event.reason);
@@ -79,6 +82,9 @@ export class TelemetryAggregator {
         this.#framesOut += 1;
         this.#endToEnd.record(event.latencyNs);
         if (event.late) this.#late += 1;
+        break;
+      case 'source':
+        this.#source = event.report;
         break;
       case 'note':
       case 'stats':
@@ -107,13 +113,24 @@ export class TelemetryAggregator {
         late: this.#late,
       },
       deadlineMisses: this.#late + (this.#dropsByReason.get('stale') ?? 0),
-      drops: { byReason: Object.fromEntries(this.#dropsByReason), byStage },
+      drops: {
+        byReason: Object.fromEntries(this.#dropsByReason),
+        byStage,
+        causes: Object.fromEntries([...this.#causes].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1))),
+      },
       cancels,
       errors: Object.fromEntries(this.#errors),
       degrade: { down: this.#down, up: this.#up, level: this.#level, maxLevel: this.#maxLevel },
       stages,
       endToEnd: latencyStats(this.#endToEnd),
+      source: this.#source,
     };
+  }
+
+  #countCause(cause: string): void {
+    // A bounded table: past MAX_DROP_CAUSES distinct causes, the rest are counted together.
+    const key = this.#causes.has(cause) || this.#causes.size < MAX_DROP_CAUSES ? cause : OTHER_CAUSES;
+    increment(this.#causes, key);
   }
 
   #touch(atNs: bigint): void {
@@ -126,6 +143,22 @@ export class TelemetryAggregator {
     if (!hist) this.#stageHist.set(stage, (hist = new LatencyHistogram()));
     return hist;
   }
+}
+
+/** Distinct drop causes the summary keeps; more are counted as OTHER_CAUSES. */
+export const MAX_DROP_CAUSES = 50;
+const OTHER_CAUSES = '(other causes)';
+
+/** `stage: cause` of a drop: its own cause, or its detail with numbers, hex and quoted text blanked
+ * out, so that drops for the same reason count together ('deadline passed # ms before entry'). */
+export function dropCause(event: DropEvent): string {
+  const cause =
+    event.cause ??
+    event.detail
+      .replace(/"(?:[^"\\]|\\.)*"/g, '"…"')
+      .replace(/\b(?:0x[0-9a-f]+|[0-9a-f]*\d[0-9a-f]*(?:\.\d+)?)\b/gi, '#')
+      .slice(0, 120);
+  return `${event.stage}: ${cause || event.reason}`;
 }
 
 function increment<K>(map: Map<K, number>, key: K): void {

@@ -1,5 +1,5 @@
 // Telemetry events: the one stream the graph emits (frame | span | drop | cancel | degrade | error |
-// note | output | stats), the RunSummary a stats event carries, and eventToJson() for JSON lines.
+// note | output | source | stats), the RunSummary a stats event carries, and eventToJson() for JSON lines.
 //
 // The other telemetry files are consumers of this stream:
 //   histogram.ts   LatencyHistogram: log-linear (HDR-style) histogram of ns durations
@@ -8,7 +8,7 @@
 //
 // The summary is a pure fold over the events, so a recorded event stream rebuilds it exactly.
 import type { LadderDecision } from '../budget.ts';
-import type { DropReason, StageEvent } from '../types.ts';
+import type { DropReason, SourceReport, StageEvent } from '../types.ts';
 
 export type CancelReason = Extract<StageEvent, { kind: 'cancel' }>['reason'];
 
@@ -19,6 +19,8 @@ export interface FrameEvent {
   readonly frameId: number;
   readonly sourceId: string;
   readonly captureNs: bigint;
+  /** The input's stamp, Unix ns (a bag message's log time), to line the frame up with its input. */
+  readonly stampNs?: bigint;
   readonly degradeLevel: number;
 }
 /** A stage ran for a frame (whatever the outcome). */
@@ -40,6 +42,9 @@ export interface DropEvent {
   readonly stage: string;
   readonly reason: DropReason;
   readonly detail: string;
+  /** Short and stable, for counting (the summary's drops.causes); when absent, the detail with its
+   * numbers blanked out stands for it. */
+  readonly cause?: string;
 }
 export interface CancelEvent {
   readonly type: 'cancel';
@@ -82,6 +87,12 @@ export interface OutputEvent {
   /** Finished after its deadline (a deadline miss that still came out). */
   readonly late: boolean;
 }
+/** The source's account of its input (what it read, skipped and why), once, when it has ended. */
+export interface SourceReportEvent {
+  readonly type: 'source';
+  readonly atNs: bigint;
+  readonly report: SourceReport;
+}
 /** Periodic snapshot (every telemetry.intervalMs of clock time). */
 export interface StatsEvent {
   readonly type: 'stats';
@@ -89,7 +100,7 @@ export interface StatsEvent {
   readonly summary: RunSummary;
 }
 export type TelemetryEvent =
-  FrameEvent | SpanEvent | DropEvent | CancelEvent | DegradeEvent | ErrorEvent | NoteEvent | OutputEvent | StatsEvent;
+  FrameEvent | SpanEvent | DropEvent | CancelEvent | DegradeEvent | ErrorEvent | NoteEvent | OutputEvent | SourceReportEvent | StatsEvent;
 
 /** One event as one line of JSON; bigints become decimal strings so nothing is rounded. */
 export function eventToJson(event: TelemetryEvent): string {
@@ -127,7 +138,12 @@ export interface RunSummary {
   };
   /** Late outputs plus frames dropped as 'stale'. */
   readonly deadlineMisses: number;
-  readonly drops: { readonly byReason: Counts<DropReason>; readonly byStage: Readonly<Record<string, Counts<DropReason>>> };
+  readonly drops: {
+    readonly byReason: Counts<DropReason>;
+    readonly byStage: Readonly<Record<string, Counts<DropReason>>>;
+    /** `stage: cause` → count, most frequent first (at most MAX_DROP_CAUSES, the rest as '(other causes)'). */
+    readonly causes: Readonly<Record<string, number>>;
+  };
   readonly cancels: Readonly<Record<string, Counts<CancelReason>>>;
   readonly errors: Readonly<Record<string, number>>;
   readonly degrade: { readonly down: number; readonly up: number; readonly level: number; readonly maxLevel: number };
@@ -135,4 +151,6 @@ export interface RunSummary {
   readonly stages: Readonly<Record<string, LatencyStats>>;
   /** Capture → last stage exit, over frames that came out. */
   readonly endToEnd: LatencyStats;
+  /** The source's account of its input, once it has ended (null before, or for a source that gives none). */
+  readonly source: SourceReport | null;
 }

@@ -52,12 +52,34 @@ function formatHeadline(summary: RunSummary): string {
   );
 }
 
+/** Drop causes shown in the text summary (the JSON summary has them all). */
+const SHOWN_CAUSES = 10;
+
+/** The source's account (what it read and skipped) and the drops by cause, most frequent first. */
+function formatAccounts(summary: RunSummary): string[] {
+  const lines: string[] = [];
+  const { source } = summary;
+  if (source) {
+    lines.push(`source: ${source.description}  (${fmtCounts(source.counts)})`);
+    for (const warning of source.warnings) lines.push(`  warning: ${warning}`);
+  }
+  const causes = Object.entries(summary.drops.causes);
+  if (causes.length > 0) {
+    lines.push('drops by cause:');
+    const width = String(causes[0]![1]).length;
+    for (const [cause, n] of causes.slice(0, SHOWN_CAUSES)) lines.push(`  ${String(n).padStart(width)}  ${cause}`);
+    if (causes.length > SHOWN_CAUSES) lines.push(`  … ${causes.length - SHOWN_CAUSES} more causes in the JSON summary`);
+  }
+  return lines;
+}
+
 /** The end-of-run summary as text. */
 export function formatSummary(summary: RunSummary): string {
   const lines = [
     `percept run ${summary.endReason === 'stopped' ? `stopped (${summary.stopReason ?? 'stop'})` : (summary.endReason ?? 'running')}`,
     formatHeadline(summary),
     `deadline misses ${summary.deadlineMisses}  degrade steps down ${summary.degrade.down} up ${summary.degrade.up} (max level ${summary.degrade.maxLevel})`,
+    ...formatAccounts(summary),
     ...formatStageTable(summary),
   ];
   return lines.join('\n') + '\n';
