@@ -73,6 +73,11 @@ program
   .option('-d, --duration <seconds>', 'stop after this many seconds', positiveNumber('--duration'))
   .option('--json-summary <file>', 'also write the end-of-run summary as JSON to this file')
   .addOption(new Option('--clock <kind>', 'override the clock (virtual: deterministic replay)').choices(['real', 'virtual']))
+  .option('--record <file>', 'record the run to this MCAP file: frames, actions, events, stats and a metadata record')
+  .option(
+    '--lockstep',
+    'lockstep replay on the virtual clock: each frame enters when the previous one has ended (every frame processed, same outputs byte for byte)',
+  )
   .action(async (opts) => {
     const { runPipeline } = await import('./run.ts');
     const code = await runPipeline(opts);
