@@ -346,7 +346,8 @@ async function runMetadata(config: PerceptConfig, actionSchema: ActionSchema, cl
   return {
     percept_version: PERCEPT_VERSION,
     node_version: process.version,
-    config: JSON.stringify(config),
+    // Without the recording's own path: two replays into two files record the same run.
+    config: JSON.stringify({ ...config, recorder: { ...config.recorder, path: undefined } }),
     source: JSON.stringify(source),
     models: JSON.stringify(files),
     seeds: JSON.stringify(seeds),
