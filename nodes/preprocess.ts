@@ -1,5 +1,5 @@
-// Camera frame → encoder input tensor, with sharp (libvips) doing decode + resize in one native call
-// and one tight loop doing normalization and layout (CHW for Gemma 3, 16×16 HWC patches for Gemma 4).
+// Camera frame → encoder input tensor: sharp (libvips) decodes and resizes in one native call, one
+// tight loop normalizes, orients and lays out the pixels (CHW for Gemma 3, 16×16 HWC patches for Gemma 4).
 //
 // Contracts (transformers.js vision_encoder inputs; models.md §5):
 //   gemma3: resize to 896×896 (bilinear), ×1/255, (x−0.5)/0.5 → pixel_values f32 [1,3,896,896].
@@ -7,8 +7,16 @@
 //           (70/140/280/560/1120; tokens = (W/48)·(H/48)), bicubic, ×1/255, patchify 16×16 (HWC inside a
 //           patch, patches row-major) → pixel_values f32 [1, budget·9, 768] zero-padded, and
 //           pixel_position_ids i64 [1, budget·9, 2] = (col,row), −1 for padding.
-// Each output tensor is freshly allocated: the encoder stage takes ownership (it transfers the buffers
-// to its worker thread), so a pool here would be emptied by every frame anyway.
+// Speed (one libvips thread):
+//   - sharp gets the target size, so a JPEG much larger than the target is decoded at 1/2, 1/4 or 1/8
+//     scale by libjpeg's DCT scaling (shrink-on-load; libvips uses it from a 3× shrink on).
+//   - EXIF orientation is applied by the layout loop (an index mapping), not by libvips: libvips would
+//     rotate the full-size image before resizing and give up shrink-on-load.
+//   - A raw frame that already has the target size skips sharp entirely.
+//   - pixel_values comes from a small pool: the encoder hands the array back through
+//     PixelTensor.recycle when it is done, so steady state allocates nothing (and a 7.7 MB array per
+//     frame no longer feeds the GC). Values stay f32 here rather than going to the encoder as uint8:
+//     both encoders' contracts take f32, and normalizing elsewhere would move, not remove, the pass.
 import sharp, { type Metadata } from 'sharp';
 import type { CameraFrame, EncoderContract, FrameEncoding, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
@@ -38,6 +46,8 @@ export interface PreprocessConfig {
   readonly gemma4Sizing?: Gemma4Sizing;
   /** gemma4: a fixed token budget; when absent the budget is ctx.knobs.imageTokens (the ladder's knob). */
   readonly imageTokens?: number;
+  /** libvips threads per image (process-wide; default VIPS_CONCURRENCY, else 1). */
+  readonly threads?: number;
 }
 
 const DEFAULT_MAX_PIXELS = 4096 * 4096;
@@ -106,15 +116,22 @@ export function gemma4TargetSize(width: number, height: number, budget: number, 
   return { width: tw, height: th, cols, rows, tokens: (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL) };
 }
 
-/** A decodable input for sharp plus how to read its channels afterwards. */
+/** A frame as sharp can read it, with its stored size and EXIF orientation. */
 interface SourceImage {
-  readonly input: Buffer | Uint16Array;
+  readonly input: Uint8Array | Uint16Array;
   readonly raw?: { width: number; height: number; channels: 1 | 3 };
+  /** Stored size (before orientation). */
   readonly width: number;
   readonly height: number;
-  /** Channels are B,G,R in memory (swapped while normalizing: resizing does not care). */
+  /** Bytes per row of `input` for raw frames (may be padded). */
+  readonly stride?: number;
+  /** EXIF orientation 1…8 (1: as stored). */
+  readonly orientation: number;
+  /** Channels are B,G,R in memory (swapped by the layout loop: resizing does not care). */
   readonly bgr: boolean;
   readonly hasAlpha: boolean;
+  /** Raw 8-bit pixels the layout loop can read as they are, when no resize is needed. */
+  readonly direct: boolean;
 }
 
 const bytesPerPixel: Record<Exclude<FrameEncoding, 'jpeg' | 'png'>, number> = {
@@ -129,6 +146,9 @@ const bytesPerPixel: Record<Exclude<FrameEncoding, 'jpeg' | 'png'>, number> = {
 function frameError(encoding: string, problem: string): Error {
   return new Error(`preprocess: ${encoding} frame: ${problem}`);
 }
+
+/** Orientations 5–8 swap width and height. */
+const transposes = (orientation: number): boolean => orientation >= 5;
 
 async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<SourceImage> {
   const data = frame.data;
@@ -145,12 +165,14 @@ async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<S
   const height = meta.height ?? 0;
   if (width <= 0 || height <= 0) throw frameError(frame.encoding, `zero size ${width}×${height}`);
   if (width * height > maxPixels) throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
-  return { input: buffer, width, height, bgr: false, hasAlpha: meta.hasAlpha === true };
+  const o = meta.orientation ?? 1;
+  const orientation = Number.isInteger(o) && o >= 1 && o <= 8 ? o : 1;
+  return { input: buffer, width, height, orientation, bgr: false, hasAlpha: meta.hasAlpha === true, direct: false };
 }
 
-/** Validates a raw frame and returns tightly packed pixels (rows copied only when stride has padding
- * or alpha has to go: sharp wants packed rows, and HF's convert('RGB') drops alpha). */
-function describeRaw(frame: CameraFrame, maxPixels: number): SourceImage {
+/** Validates a raw frame. Rows are repacked only where sharp has to read them (it wants packed rows,
+ * and HF's convert('RGB') drops alpha); a frame read directly keeps its stride. */
+function describeRaw(frame: CameraFrame, maxPixels: number, canReadDirect: (width: number, height: number) => boolean): SourceImage {
   const enc = frame.encoding as keyof typeof bytesPerPixel;
   const { width, height } = frame;
   if (width === undefined || height === undefined) throw frameError(enc, 'width and height are required for raw frames');
@@ -165,6 +187,8 @@ function describeRaw(frame: CameraFrame, maxPixels: number): SourceImage {
   if (!(data instanceof Uint8Array)) throw frameError(enc, 'data must be a Uint8Array');
   if (data.byteLength < need) throw frameError(enc, `${data.byteLength} bytes, need ${need} for ${width}×${height} stride ${stride}`);
   const bgr = enc === 'bgr8' || enc === 'bgra8';
+  const common = { width, height, orientation: 1, bgr, hasAlpha: false };
+  if (enc !== 'mono16' && canReadDirect(width, height)) return { ...common, input: data, stride, direct: true };
   if (enc === 'rgba8' || enc === 'bgra8') {
     const packed = Buffer.allocUnsafe(width * height * 3);
     for (let y = 0, o = 0; y < height; y++) {
@@ -175,7 +199,7 @@ function describeRaw(frame: CameraFrame, maxPixels: number): SourceImage {
         packed[o + 2] = data[s + 2]!;
       }
     }
-    return { input: packed, raw: { width, height, channels: 3 }, width, height, bgr, hasAlpha: false };
+    return { ...common, input: packed, raw: { width, height, channels: 3 }, direct: false };
   }
   const channels = enc === 'mono8' || enc === 'mono16' ? 1 : 3;
   let packed: Uint8Array = data;
@@ -188,38 +212,89 @@ function describeRaw(frame: CameraFrame, maxPixels: number): SourceImage {
   if (enc === 'mono16') {
     // Host (little-endian) byte order; sharp reads a Uint16Array as 16-bit samples.
     const aligned = packed.byteOffset % 2 === 0 ? packed : packed.slice();
-    return { input: new Uint16Array(aligned.buffer, aligned.byteOffset, width * height), raw: { width, height, channels: 1 }, width, height, bgr: false, hasAlpha: false };
+    return { ...common, input: new Uint16Array(aligned.buffer, aligned.byteOffset, width * height), raw: { width, height, channels: 1 }, direct: false };
   }
-  return { input: Buffer.from(packed.buffer, packed.byteOffset, packed.byteLength), raw: { width, height, channels }, width, height, bgr, hasAlpha: false };
+  return { ...common, input: packed, raw: { width, height, channels }, direct: false };
 }
 
 function firstLine(err: unknown): string {
   return (err instanceof Error ? err.message : String(err)).split('\n')[0]!.trim();
 }
 
-interface ResizedPixels {
-  readonly data: Buffer;
+/** Interleaved 8-bit pixels read through an orientation: the display pixel (x, y) is the byte at
+ * `base + y·dy + x·dx` (plus the channel offset). dx and dy may be negative. */
+export interface PixelView {
+  readonly data: Uint8Array;
+  readonly channels: number;
+  readonly bgr: boolean;
+  readonly base: number;
+  readonly dx: number;
+  readonly dy: number;
+  /** Display size (after orientation). */
   readonly width: number;
   readonly height: number;
-  readonly channels: number;
 }
 
-async function decodeResized(src: SourceImage, encoding: string, width: number, height: number, kernel: ResizeKernel, maxPixels: number): Promise<ResizedPixels> {
-  let pipeline = sharp(src.input, {
-    ...(src.raw ? { raw: src.raw } : {}),
-    limitInputPixels: maxPixels,
-    sequentialRead: true,
-  });
-  if (width !== src.width || height !== src.height) pipeline = pipeline.resize(width, height, { fit: 'fill', kernel });
-  if (src.hasAlpha) pipeline = pipeline.removeAlpha();
-  try {
-    const { data, info } = await pipeline.raw().toBuffer({ resolveWithObject: true });
-    if (info.width !== width || info.height !== height) throw new Error(`sharp returned ${info.width}×${info.height}, wanted ${width}×${height}`);
-    if (data.length !== width * height * info.channels) throw new Error(`sharp returned ${data.length} bytes for ${width}×${height}×${info.channels}`);
-    return { data, width, height, channels: info.channels };
-  } catch (err) {
-    throw frameError(encoding, `decode/resize failed (${firstLine(err)})`);
+/** The view that shows `data` (stored width×height, `stride` bytes per row) in EXIF `orientation`. */
+export function orientedView(data: Uint8Array, width: number, height: number, channels: number, stride: number, orientation: number, bgr = false): PixelView {
+  const right = (width - 1) * channels;
+  const bottom = (height - 1) * stride;
+  // [base, dx, dy] per orientation: the stored pixel shown at display (x, y).
+  const maps: Record<number, [number, number, number]> = {
+    1: [0, channels, stride], // as stored
+    2: [right, -channels, stride], // mirrored left↔right
+    3: [bottom + right, -channels, -stride], // rotated 180°
+    4: [bottom, channels, -stride], // mirrored top↔bottom
+    5: [0, stride, channels], // transposed
+    6: [bottom, -stride, channels], // rotated 90° clockwise
+    7: [bottom + right, -stride, -channels], // transversed
+    8: [right, stride, -channels], // rotated 90° counter-clockwise
+  };
+  const m = maps[orientation];
+  if (!m) throw new RangeError(`orientedView: orientation must be 1…8, got ${orientation}`);
+  const [w, h] = transposes(orientation) ? [height, width] : [width, height];
+  return { data, channels, bgr, base: m[0], dx: m[1], dy: m[2], width: w, height: h };
+}
+
+/** PIL's filters (ImagingResample): triangle for bilinear, Catmull-Rom (a = −0.5) for bicubic. */
+const FILTERS = {
+  linear: { support: 1, weight: (x: number): number => (x < 1 ? 1 - x : 0) },
+  cubic: { support: 2, weight: (x: number): number => (x < 1 ? (1.5 * x - 2.5) * x * x + 1 : x < 2 ? ((-0.5 * x + 2.5) * x - 4) * x + 2 : 0) },
+} as const;
+
+/** Enlarges an image vertically (inRows → outRows, outRows ≥ inRows) as PIL's resample does its
+ * vertical pass: centre-aligned taps, clipped at the edges and renormalized, rounded to 8 bits. `rowBytes`
+ * is the width × channels of a row. */
+export function enlargeRows<T extends Uint8Array>(src: Uint8Array, rowBytes: number, inRows: number, outRows: number, kernel: keyof typeof FILTERS, out: T): T {
+  if (outRows < inRows) throw new RangeError(`enlargeRows: ${inRows} → ${outRows} rows is not an enlargement`);
+  if (src.length < rowBytes * inRows || out.length < rowBytes * outRows) throw new RangeError('enlargeRows: buffer too small');
+  const { support, weight } = FILTERS[kernel];
+  const scale = inRows / outRows;
+  const taps = new Float64Array(2 * support + 1);
+  for (let y = 0; y < outRows; y++) {
+    const centre = (y + 0.5) * scale;
+    const first = Math.max(0, Math.trunc(centre - support + 0.5));
+    const last = Math.min(inRows, Math.trunc(centre + support + 0.5));
+    let sum = 0;
+    for (let i = first; i < last; i++) sum += taps[i - first] = weight(Math.abs(i - centre + 0.5));
+    const o = y * rowBytes;
+    if (kernel === 'linear' && last - first === 2) {
+      // The common bilinear case: two non-negative weights, no clamping.
+      const a = first * rowBytes;
+      const b = a + rowBytes;
+      const wa = taps[0]! / sum;
+      const wb = taps[1]! / sum;
+      for (let j = 0; j < rowBytes; j++) out[o + j] = (wa * src[a + j]! + wb * src[b + j]! + 0.5) | 0;
+      continue;
+    }
+    for (let j = 0; j < rowBytes; j++) {
+      let v = 0;
+      for (let i = first, s = first * rowBytes + j; i < last; i++, s += rowBytes) v += taps[i - first]! * src[s]!;
+      v = v / sum + 0.5;
+      out[o + j] = v <= 0 ? 0 : v >= 255 ? 255 : v | 0;
+    }
   }
+  return out;
 }
 
 /** Byte → value tables: the normalization of every pixel is one table read. */
@@ -235,54 +310,124 @@ function channelOffsets(channels: number, bgr: boolean): [number, number, number
   return bgr ? [2, 1, 0] : [0, 1, 2];
 }
 
-/** Interleaved 8-bit pixels → planar CHW floats through `table`. */
-export function toChw(pixels: ResizedPixels, bgr: boolean, table: Float32Array, out = new Float32Array(3 * pixels.width * pixels.height)): Float32Array {
-  const n = pixels.width * pixels.height;
-  const ch = pixels.channels;
-  const [oR, oG, oB] = channelOffsets(ch, bgr);
-  const src = pixels.data;
-  for (let i = 0, j = 0; i < n; i++, j += ch) {
-    out[i] = table[src[j + oR]!]!;
-    out[n + i] = table[src[j + oG]!]!;
-    out[2 * n + i] = table[src[j + oB]!]!;
+/** Pixels → planar CHW floats through `table`, in one pass. */
+export function toChw<T extends Float32Array>(view: PixelView, table: Float32Array, out: T): T {
+  const { width, height, data: src, base, dx, dy } = view;
+  const n = width * height;
+  if (out.length < 3 * n) throw new RangeError(`toChw: output has ${out.length} values, need ${3 * n}`);
+  const [oR, oG, oB] = channelOffsets(view.channels, view.bgr);
+  for (let y = 0, i = 0; y < height; y++) {
+    let j = base + y * dy;
+    for (let x = 0; x < width; x++, i++, j += dx) {
+      out[i] = table[src[j + oR]!]!;
+      out[n + i] = table[src[j + oG]!]!;
+      out[2 * n + i] = table[src[j + oB]!]!;
+    }
   }
   return out;
 }
 
-/** Interleaved 8-bit pixels → 16×16 HWC patches, row-major patch order, padded to `patchCapacity`. */
-export function toGemma4Patches(pixels: ResizedPixels, bgr: boolean, table: Float32Array, patchCapacity: number): { values: Float32Array; positions: BigInt64Array } {
-  const { width, height, channels: ch, data: src } = pixels;
+/** Pixels → 16×16 HWC patches in row-major patch order, in one pass; the rest of `values` (the
+ * padding up to its capacity) is zeroed. Returns the number of patches written. */
+export function toGemma4Patches(view: PixelView, table: Float32Array, values: Float32Array): number {
+  const { width, height, data: src, base, dx, dy } = view;
   const cols = width / GEMMA4_PATCH;
   const rows = height / GEMMA4_PATCH;
   if (!Number.isInteger(cols) || !Number.isInteger(rows)) throw new RangeError(`toGemma4Patches: ${width}×${height} is not a multiple of ${GEMMA4_PATCH}`);
   const nPatches = cols * rows;
-  if (nPatches > patchCapacity) throw new RangeError(`toGemma4Patches: ${nPatches} patches exceed capacity ${patchCapacity}`);
-  const values = new Float32Array(patchCapacity * GEMMA4_PATCH_DIM);
-  const [oR, oG, oB] = channelOffsets(ch, bgr);
+  if (nPatches * GEMMA4_PATCH_DIM > values.length) throw new RangeError(`toGemma4Patches: ${nPatches} patches exceed the capacity ${values.length / GEMMA4_PATCH_DIM}`);
+  const [oR, oG, oB] = channelOffsets(view.channels, view.bgr);
+  const patchDx = GEMMA4_PATCH * dx;
   for (let y = 0; y < height; y++) {
-    const rowBase = (y >> 4) * cols;
-    const inPatchRow = (y & 15) * GEMMA4_PATCH;
-    let j = y * width * ch;
-    for (let x = 0; x < width; x++, j += ch) {
-      const d = ((rowBase + (x >> 4)) * 256 + inPatchRow + (x & 15)) * 3;
-      values[d] = table[src[j + oR]!]!;
-      values[d + 1] = table[src[j + oG]!]!;
-      values[d + 2] = table[src[j + oB]!]!;
+    // Each display row is `cols` runs of 16 pixels, one run per patch of this patch row.
+    let d0 = ((y >> 4) * cols * GEMMA4_PATCH * GEMMA4_PATCH + (y & 15) * GEMMA4_PATCH) * 3;
+    let j0 = base + y * dy;
+    for (let pc = 0; pc < cols; pc++, d0 += GEMMA4_PATCH_DIM, j0 += patchDx) {
+      for (let k = 0, d = d0, j = j0; k < GEMMA4_PATCH; k++, d += 3, j += dx) {
+        values[d] = table[src[j + oR]!]!;
+        values[d + 1] = table[src[j + oG]!]!;
+        values[d + 2] = table[src[j + oB]!]!;
+      }
     }
   }
-  // (col,row) as int64 written through an int32 view: low word = value, high word = sign.
-  const positions = new BigInt64Array(patchCapacity * 2);
+  values.fill(0, nPatches * GEMMA4_PATCH_DIM);
+  return nPatches;
+}
+
+/** (col,row) per patch as int64, −1 for padding. */
+function gemma4Positions(cols: number, nPatches: number, capacity: number): BigInt64Array {
+  const positions = new BigInt64Array(capacity * 2);
+  // Written through an int32 view: low word = value, high word = sign.
   const words = new Int32Array(positions.buffer);
   for (let p = 0; p < nPatches; p++) {
     words[4 * p] = p % cols;
     words[4 * p + 2] = Math.floor(p / cols);
   }
   words.fill(-1, 4 * nPatches);
-  return { values, positions };
+  return positions;
+}
+
+/** pixel_values arrays for reuse: the arrays of the size in use now, at most `keep` of them. A size
+ * change (the ladder's image-token knob) lets go of the old ones. */
+export class PixelPool {
+  readonly #keep: number;
+  #length = 0;
+  #free: Float32Array[] = [];
+  #allocated = 0;
+
+  constructor(keep = 2) {
+    this.#keep = keep;
+  }
+
+  /** An array of `length` values with arbitrary contents. */
+  take(length: number): Float32Array {
+    if (length !== this.#length) {
+      this.#length = length;
+      this.#free = [];
+    }
+    const reused = this.#free.pop();
+    if (reused) return reused;
+    this.#allocated++;
+    return new Float32Array(length);
+  }
+
+  /** Takes an array back (ignored when detached, of another size, already here, or the pool is full). */
+  give(array: Float32Array): void {
+    if (!(array instanceof Float32Array) || array.length !== this.#length || array.buffer.byteLength === 0) return;
+    if (this.#free.length >= this.#keep || this.#free.some((a) => a.buffer === array.buffer)) return;
+    this.#free.push(array);
+  }
+
+  /** Arrays allocated so far (the rest of the takes were reuses). */
+  get allocated(): number {
+    return this.#allocated;
+  }
+}
+
+/** libvips threads for every sharp call in this process (sharp.concurrency is process-wide). The
+ * operation cache is turned off: frames never repeat, and cached decodes would only hold memory. */
+export function configureLibvips(threads: number): void {
+  if (!Number.isInteger(threads) || threads < 1 || threads > 1024) throw new RangeError(`preprocess: threads must be an integer in 1..1024, got ${threads}`);
+  sharp.concurrency(threads);
+  sharp.cache(false);
+}
+
+/** libvips threads when the config does not say: VIPS_CONCURRENCY (libvips's own variable, which sharp
+ * otherwise overrides with 1 on glibc), else 1, leaving the other cores to the encoder and decoder. */
+export function defaultLibvipsThreads(env: NodeJS.ProcessEnv = process.env): number {
+  const text = env.VIPS_CONCURRENCY;
+  if (text === undefined || text === '') return 1;
+  const n = Number(text);
+  if (!Number.isInteger(n) || n < 1) throw new RangeError(`VIPS_CONCURRENCY must be a positive integer, got '${text}'`);
+  return n;
 }
 
 export interface PreprocessStage extends Stage<CameraFrame, PixelTensor> {
   readonly contract: EncoderContract;
+  /** The libvips threads this stage set. */
+  readonly threads: number;
+  /** pixel_values arrays allocated so far (steady state: 2, when the encoder recycles them). */
+  allocatedArrays(): number;
 }
 
 export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
@@ -296,42 +441,94 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
   const sizing = cfg.gemma4Sizing ?? 'hf';
   if (sizing !== 'hf' && sizing !== 'llama.cpp') throw new RangeError(`preprocess: gemma4Sizing must be 'hf' or 'llama.cpp', got ${String(sizing)}`);
   if (cfg.imageTokens !== undefined) clampImageTokens(cfg.imageTokens);
+  const threads = cfg.threads ?? defaultLibvipsThreads();
+  configureLibvips(threads);
   const gemma3Table = lut(0.5, 0.5);
   const unitTable = lut(1, 0);
+  const pool = new PixelPool();
+  let rows = new Uint8Array(0);
+  const rowBuffer = (length: number): Uint8Array => (rows.length === length ? rows : (rows = new Uint8Array(length)));
+  const recycle = (values: Float32Array): void => pool.give(values);
 
-  const describe = (frame: CameraFrame): Promise<SourceImage> | SourceImage => {
+  /** Display-oriented target size for a stored width×height. */
+  const targetOf = (width: number, height: number, orientation: number, ctx: StageContext): { width: number; height: number; budget: number } => {
+    if (cfg.contract === 'gemma3') return { width: imageSize, height: imageSize, budget: 0 };
+    const [w, h] = transposes(orientation) ? [height, width] : [width, height];
+    const budget = clampImageTokens(cfg.imageTokens ?? ctx.knobs.imageTokens);
+    const size = gemma4TargetSize(w, h, budget, sizing);
+    return { width: size.width, height: size.height, budget };
+  };
+
+  const describe = (frame: CameraFrame, ctx: StageContext): Promise<SourceImage> | SourceImage => {
     if (frame === null || typeof frame !== 'object') throw new TypeError('preprocess: frame must be a CameraFrame object');
     if (!ENCODINGS.includes(frame.encoding)) throw frameError(String(frame.encoding), `unsupported encoding (supported: ${ENCODINGS.join(', ')})`);
-    return frame.encoding === 'jpeg' || frame.encoding === 'png' ? describeEncoded(frame, maxPixels) : describeRaw(frame, maxPixels);
+    if (frame.encoding === 'jpeg' || frame.encoding === 'png') return describeEncoded(frame, maxPixels);
+    return describeRaw(frame, maxPixels, (w, h) => {
+      const t = targetOf(w, h, 1, ctx);
+      return t.width === w && t.height === h;
+    });
+  };
+
+  /** Decodes and resizes in the stored orientation (target sides swapped for orientations 5–8). */
+  const pixelsOf = async (src: SourceImage, encoding: string, target: { width: number; height: number }): Promise<PixelView> => {
+    if (src.direct) {
+      const channels = bytesPerPixel[encoding as keyof typeof bytesPerPixel];
+      return orientedView(src.input as Uint8Array, src.width, src.height, channels, src.stride!, 1, src.bgr);
+    }
+    const [width, height] = transposes(src.orientation) ? [target.height, target.width] : [target.width, target.height];
+    // libvips enlarges through its affine path, 10+ ms for 720 → 896 rows; rows are enlarged below instead.
+    const rowsHere = height > src.height && (kernel === 'linear' || kernel === 'cubic');
+    const vipsHeight = rowsHere ? src.height : height;
+    let pipeline = sharp(src.input, { ...(src.raw ? { raw: src.raw } : {}), limitInputPixels: maxPixels, sequentialRead: true });
+    if (width !== src.width || vipsHeight !== src.height) pipeline = pipeline.resize(width, vipsHeight, { fit: 'fill', kernel, fastShrinkOnLoad: true });
+    if (src.hasAlpha) pipeline = pipeline.removeAlpha();
+    let data: Uint8Array;
+    let channels: number;
+    try {
+      const out = await pipeline.raw().toBuffer({ resolveWithObject: true });
+      ({ data, info: { channels } } = out);
+      if (out.info.width !== width || out.info.height !== vipsHeight) throw new Error(`sharp returned ${out.info.width}×${out.info.height}, wanted ${width}×${vipsHeight}`);
+      if (data.length !== width * vipsHeight * channels) throw new Error(`sharp returned ${data.length} bytes for ${width}×${vipsHeight}×${channels}`);
+    } catch (err) {
+      throw frameError(encoding, `decode/resize failed (${firstLine(err)})`);
+    }
+    if (rowsHere) data = enlargeRows(data, width * channels, vipsHeight, height, kernel as 'linear' | 'cubic', rowBuffer(width * channels * height));
+    return orientedView(data, width, height, channels, width * channels, src.orientation, src.bgr);
   };
 
   return {
     name: 'preprocess',
     contract: cfg.contract,
+    threads,
+    allocatedArrays: () => pool.allocated,
     async process(frame: CameraFrame, ctx: StageContext): Promise<PixelTensor> {
-      const src = await describe(frame);
+      const src = await describe(frame, ctx);
+      const target = targetOf(src.width, src.height, src.orientation, ctx);
+      const view = await pixelsOf(src, frame.encoding, target);
       if (cfg.contract === 'gemma3') {
-        const pixels = await decodeResized(src, frame.encoding, imageSize, imageSize, kernel, maxPixels);
         return {
           contract: 'gemma3',
-          pixelValues: toChw(pixels, src.bgr, gemma3Table),
+          pixelValues: toChw(view, gemma3Table, pool.take(3 * imageSize * imageSize)),
           pixelDims: [1, 3, imageSize, imageSize],
           imageTokens: Math.floor(imageSize / 56) ** 2,
+          recycle,
         };
       }
-      const budget = clampImageTokens(cfg.imageTokens ?? ctx.knobs.imageTokens);
-      const size = gemma4TargetSize(src.width, src.height, budget, sizing);
-      const pixels = await decodeResized(src, frame.encoding, size.width, size.height, kernel, maxPixels);
+      const cols = view.width / GEMMA4_PATCH;
+      const rows = view.height / GEMMA4_PATCH;
+      const tokens = (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL);
       // llama.cpp sizing can exceed the budget's patch capacity only through its 70-token floor.
-      const capacity = Math.max(budget, size.tokens) * GEMMA4_POOL * GEMMA4_POOL;
-      const { values, positions } = toGemma4Patches(pixels, src.bgr, unitTable, capacity);
+      const capacity = Math.max(target.budget, tokens) * GEMMA4_POOL * GEMMA4_POOL;
+      const values = pool.take(capacity * GEMMA4_PATCH_DIM);
+      const nPatches = toGemma4Patches(view, unitTable, values);
       return {
         contract: 'gemma4',
         pixelValues: values,
         pixelDims: [1, capacity, GEMMA4_PATCH_DIM],
-        positionIds: positions,
+        positionIds: gemma4Positions(cols, nPatches, capacity),
         positionDims: [1, capacity, 2],
-        imageTokens: size.tokens,
+        imageTokens: tokens,
+        recycle,
       };
     },
   };
