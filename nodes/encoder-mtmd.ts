@@ -206,9 +206,10 @@ class MtmdEncoder implements MtmdEncoderStage {
           throw new Error(`encoder-mtmd: encode failed: ${err instanceof Error ? err.message : String(err)}`);
         },
       );
+      // Once clip is done reading the pixels (even for an abandoned frame), they can be reused.
       const settled = run.then(
-        () => undefined,
-        () => undefined,
+        () => input.recycle?.(input.pixelValues),
+        () => input.recycle?.(input.pixelValues),
       );
       this.#inFlight = settled;
       void settled.then(() => {

@@ -6,7 +6,8 @@
 //   gemma4: pixel_values f32 [N,P,768] + pixel_position_ids i64 [N,P,2] → image_features f32 [N,T,hidden]
 //           (rank 2 [T,hidden] is accepted too: HF's tower returns the valid tokens flattened)
 // Buffers: the PixelTensor's arrays are transferred to the worker (no copy); the caller must not use them
-// after process() (set copyInputs to keep them). One run is in flight at a time. When ctx.signal fires
+// after process() (set copyInputs to keep them). The worker sends pixel_values back after the run, and
+// it goes to the tensor's recycle() for the next frame. One run is in flight at a time. When ctx.signal fires
 // the stage stops waiting at once; the worker finishes that run and its result is discarded (counted).
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -184,6 +185,8 @@ interface PendingRun {
   /** Resolves when the worker is done with this run, whether or not anyone waits for its result. */
   readonly done: Promise<void>;
   readonly markDone: () => void;
+  /** Hands the input's pixel_values back to the preprocessor once the worker returns it. */
+  readonly recycle: ((pixelValues: Float32Array) => void) | undefined;
 }
 
 function transferable(a: Float32Array | BigInt64Array, copy: boolean): { data: Float32Array | BigInt64Array; transfer?: ArrayBuffer } {
@@ -298,6 +301,7 @@ class OnnxEncoder implements OnnxEncoderStage {
     this.#pending.delete(msg.id);
     if (this.#inFlight === run) this.#inFlight = undefined;
     run.markDone();
+    if (msg.pixelValues) run.recycle?.(msg.pixelValues);
     if (msg.type === 'result') {
       this.#runs++;
       this.#lastRunMs = msg.runMs;
@@ -380,7 +384,7 @@ class OnnxEncoder implements OnnxEncoderStage {
       let markDone!: () => void;
       const done = new Promise<void>((r) => (markDone = r));
       const result = new Promise<{ outputs: Record<string, WireTensor>; runMs: number }>((resolve, reject) => {
-        const run: PendingRun = { resolve, reject, abandoned: false, done, markDone };
+        const run: PendingRun = { resolve, reject, abandoned: false, done, markDone, recycle: input.recycle };
         this.#pending.set(id, run);
         this.#inFlight = run;
       });

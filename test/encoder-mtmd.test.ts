@@ -222,6 +222,16 @@ describe('encoder-mtmd stage', () => {
     assert.deepEqual([mtmd4.contract.kind, mtmd4.contract.hidden, mtmd4.contract.patchDim, mtmd4.contract.merge], ['gemma4', 64, 768, 3]);
   });
 
+  test('pixel_values go back to the preprocessor once clip has read them', async () => {
+    const pre = createPreprocessStage({ contract: 'gemma3' });
+    const frame = { encoding: 'jpeg' as const, data: await cameraJpeg() };
+    const first = await pre.process(frame, ctx());
+    await mtmd3.process(first, ctx());
+    const second = await pre.process(frame, ctx());
+    assert.equal(second.pixelValues, first.pixelValues, 'the array clip read is reused for the next frame');
+    assert.equal(pre.allocatedArrays(), 1);
+  });
+
   test('gemma3: same weights, two runtimes: per-token cosine ≥ 0.999 against ONNX', async () => {
     const px = await preprocessed('gemma3');
     const ref = await onnx3.process(clonePixels(px), ctx());

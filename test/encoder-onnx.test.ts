@@ -130,7 +130,7 @@ describe('encoding in the worker', () => {
     }
   });
 
-  test('inputs are transferred (detached afterwards) unless copyInputs is set', async () => {
+  test('inputs are transferred (detached afterwards, pixel_values recycled) unless copyInputs is set', async () => {
     const pre = createPreprocessStage({ contract: 'gemma4' });
     const jpeg = await cameraJpeg(320, 240);
     const t1 = await pre.process({ encoding: 'jpeg', data: jpeg }, ctx({ imageTokens: 70 }));
@@ -141,6 +141,7 @@ describe('encoding in the worker', () => {
     const copying = await createOnnxEncoderStage({ model: gemma4Path, threads: 1, copyInputs: true });
     try {
       const t2 = await pre.process({ encoding: 'jpeg', data: jpeg }, ctx({ imageTokens: 70 }));
+      assert.equal(pre.allocatedArrays(), 1, "the worker handed t1's pixel_values back and t2 reuses them");
       const a = await copying.process(t2, ctx());
       const b = await copying.process(t2, ctx());
       assert.equal(t2.pixelValues.length, 70 * 9 * 768);
