@@ -1,5 +1,6 @@
 // `percept bench encode`: preprocessing and vision-encoder latency, each timed on its own, per frame.
 import { readFileSync } from 'node:fs';
+import { loadavg } from 'node:os';
 import sharp from 'sharp';
 import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder-onnx.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
@@ -21,7 +22,7 @@ export interface BenchEncodeOptions {
   readonly imageTokens?: number;
   readonly iterations?: number;
   readonly warmup?: number;
-  /** ORT intra-op threads, or clip's CPU threads. */
+  /** CPU threads for preprocessing (libvips) and for the encoder (ORT intra-op or clip threads). */
   readonly threads?: number;
   readonly allowSpinning?: boolean;
 }
@@ -41,14 +42,21 @@ export type BenchEncodeResult = {
   readonly hidden: number;
   readonly load_ms: number;
   readonly first_encode_ms: number;
+  /** libvips threads the preprocessing ran with. */
+  readonly preprocess_threads: number;
   readonly preprocess_ms_p50: number;
   readonly preprocess_ms_p99: number;
+  /** CPU time of the process during preprocessing (all threads): what one core spends per frame,
+   * unlike wall time, not stretched by other processes on a shared machine. */
+  readonly preprocess_cpu_ms_p50: number;
   readonly encode_ms_p50: number;
   readonly encode_ms_p99: number;
   /** Time inside session.run() in the ORT worker, or inside clip_image_encode (encode_ms minus layout
    * conversion, transfer and messaging). */
   readonly run_ms_p50: number;
   readonly total_ms_p50: number;
+  /** 1-minute load average at the end: how busy the machine was. */
+  readonly load_average: number;
 };
 
 /** Nearest-rank quantile of a sample. */
@@ -124,18 +132,21 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   }
   const loadMs = performance.now() - t0;
   try {
-    const preprocess = createPreprocessStage({ contract: encoder.contract.kind });
+    const preprocess = createPreprocessStage({ contract: encoder.contract.kind, ...(opts.threads !== undefined ? { threads: opts.threads } : {}) });
     const ctx = benchContext(imageTokens);
     const pre: number[] = [];
+    const preCpu: number[] = [];
     const enc: number[] = [];
     const run: number[] = [];
     let firstEncodeMs = Number.NaN;
     let tokens = 0;
     let hidden = 0;
     for (let i = 0; i < warmup + iterations; i++) {
+      const cpu0 = process.cpuUsage();
       const a = performance.now();
       const tensor = await preprocess.process(frame, ctx);
       const b = performance.now();
+      const cpu = process.cpuUsage(cpu0);
       const emb = await encoder.process(tensor, ctx);
       const c = performance.now();
       tokens = emb.nTokens;
@@ -143,6 +154,7 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
       if (i === 0) firstEncodeMs = c - b;
       if (i >= warmup) {
         pre.push(b - a);
+        preCpu.push((cpu.user + cpu.system) / 1000);
         enc.push(c - b);
         run.push(encoder.stats().lastRunMs);
       }
@@ -162,12 +174,15 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
       hidden,
       load_ms: round(loadMs),
       first_encode_ms: round(firstEncodeMs),
+      preprocess_threads: preprocess.threads,
       preprocess_ms_p50: round(quantile(pre, 0.5)),
       preprocess_ms_p99: round(quantile(pre, 0.99)),
+      preprocess_cpu_ms_p50: round(quantile(preCpu, 0.5)),
       encode_ms_p50: round(quantile(enc, 0.5)),
       encode_ms_p99: round(quantile(enc, 0.99)),
       run_ms_p50: round(quantile(run, 0.5)),
       total_ms_p50: round(quantile(pre.map((p, i) => p + enc[i]!), 0.5)),
+      load_average: round(loadavg()[0]!),
     };
   } finally {
     await encoder.close();

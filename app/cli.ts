@@ -97,6 +97,7 @@ bench
   .option('--image <file>', 'input image (default: a generated 1280×720 JPEG)')
   .option('--image-tokens <n>', 'Gemma 4 image-token budget', int('--image-tokens'), 280)
   .option('--iterations <n>', 'timed iterations', int('--iterations'), 20)
+  .option('--threads <n>', 'CPU threads for preprocessing (libvips) and the CPU encoder; 1 measures one core', int('--threads'))
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchEncode } = await import('./bench-encode.ts');

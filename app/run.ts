@@ -118,7 +118,7 @@ export async function createStages(config: PerceptConfig, { publish = true } = {
     }
     const { createPreprocessStage } = await import('../nodes/preprocess.ts');
     const { createActionsStage } = await import('../nodes/actions.ts');
-    stages.push(createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels }) as Stage<never, unknown>);
+    stages.push(createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels, threads: config.preprocess.threads }) as Stage<never, unknown>);
     stages.push(encoder);
     stages.push(decoder as Stage<never, unknown>);
     stages.push(createActionsStage({ schema: config.actions.schema }) as Stage<never, unknown>);
