@@ -66,13 +66,32 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
   }
 }
 
+/** Refuses a vision encoder made for another decoder architecture (a Gemma 3 SigLIP encoder in front
+ * of a Gemma 4 decoder would feed it embeddings of the wrong model, even when the widths agree). */
+export function checkEncoderFitsDecoder(encoder: { readonly contract: EncoderContract; readonly source: string }, decoder: { readonly contract: EncoderContract; readonly source: string; readonly arch: string }): void {
+  if (encoder.contract === decoder.contract) return;
+  throw new Error(
+    `encoder ${encoder.source} has the ${encoder.contract} vision contract, but decoder ${decoder.source} is a ${decoder.arch} model that needs a ${decoder.contract} vision encoder`,
+  );
+}
+
+/** The frame the warm-up pushes through the stages: the pattern source's own size, else 720p. */
+async function warmupFrame(source: SourceConfig): Promise<CameraFrame> {
+  const { encodePatternFrame } = await import('../nodes/source-pattern.ts');
+  const [width, height] = source.kind === 'pattern' ? [source.width, source.height] : [1280, 720];
+  return { encoding: 'jpeg', data: await encodePatternFrame(0, width, height), width, height };
+}
+
 /** Builds the stages in dependency order: the decoder first (its n_embd fixes the encoder's
- * output width), then the encoder (its contract fixes preprocessing). `publish: false` leaves
- * the publisher out (benchmarks that end at the validated action). */
-export async function createStages(config: PerceptConfig, { publish = true } = {}): Promise<Stage<never, unknown>[]> {
+ * output width), then the encoder (its contract fixes preprocessing), then warms them up (see
+ * app/warmup.ts; `warmup: false` skips it). `publish: false` leaves the publisher out (benchmarks
+ * that end at the validated action). */
+export async function createStages(config: PerceptConfig, { publish = true, warmup = true } = {}): Promise<Stage<never, unknown>[]> {
   const stages: Stage<never, unknown>[] = [];
+  /** Stages made but not yet in `stages`, closed too if a later step fails. */
+  const pending: Stage<never, unknown>[] = [];
   const closeAll = async () => {
-    for (const s of stages) await s.close?.().catch(() => undefined);
+    for (const s of [...stages, ...pending]) await s.close?.().catch(() => undefined);
   };
   try {
     const { resolveModelSpec } = await import('../models/synth.ts');
@@ -86,10 +105,12 @@ export async function createStages(config: PerceptConfig, { publish = true } = {
       draftMtp: await resolveDraft(config.decoder.draftMtp),
       schemaPath: config.actions.schema,
     });
+    pending.push(decoder as Stage<never, unknown>);
     const nEmbd = decoder.nEmbd;
 
     let contract: EncoderContract;
     let encoder: Stage<never, unknown>;
+    let encoderSource: string;
     switch (config.encoder.kind) {
       case 'onnx': {
         const { resolveVisionSpec } = await import('../models/vision-synth.ts');
@@ -98,12 +119,14 @@ export async function createStages(config: PerceptConfig, { publish = true } = {
         const onnx = await createOnnxEncoderStage({ model: resolveVisionSpec(config.encoder.model), ep: config.encoder.executionProvider, threads: config.encoder.threads, expectedHidden: nEmbd });
         contract = onnx.contract.kind;
         encoder = onnx as Stage<never, unknown>;
+        encoderSource = config.encoder.model;
         break;
       }
       case 'projection': {
         const { createProjectionEncoderStage } = await import('../nodes/encoder-projection.ts');
         contract = decoder.contract;
         encoder = createProjectionEncoderStage({ nEmbd, seed: config.encoder.seed, tokens: config.encoder.tokens }) as Stage<never, unknown>;
+        encoderSource = 'projection';
         break;
       }
       case 'mtmd': {
@@ -113,15 +136,29 @@ export async function createStages(config: PerceptConfig, { publish = true } = {
         const mtmd = await createMtmdEncoderStage({ mmproj: await resolveMmprojSpec(config.encoder.mmproj), gpuLayers: config.encoder.gpuLayers, expectedHidden: nEmbd });
         contract = mtmd.contract.kind;
         encoder = mtmd as Stage<never, unknown>;
+        encoderSource = config.encoder.mmproj;
         break;
       }
     }
+    pending.push(encoder);
+    checkEncoderFitsDecoder({ contract, source: encoderSource }, { contract: decoder.contract, source: config.decoder.model, arch: decoder.modelInfo.arch });
     const { createPreprocessStage } = await import('../nodes/preprocess.ts');
     const { createActionsStage } = await import('../nodes/actions.ts');
     stages.push(createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels, threads: config.preprocess.threads }) as Stage<never, unknown>);
     stages.push(encoder);
     stages.push(decoder as Stage<never, unknown>);
+    pending.length = 0;
     stages.push(createActionsStage({ schema: config.actions.schema }) as Stage<never, unknown>);
+    if (warmup) {
+      const { warmUpStages } = await import('./warmup.ts');
+      const { DegradeLadder } = await import('../pipeline/budget.ts');
+      const ladder = new DegradeLadder(config.ladder, config.budgets.endToEndMs);
+      const levels = config.ladder.enabled ? Array.from({ length: ladder.levels }, (_, i) => ladder.knobsAt(i)) : [ladder.knobsAt(0)];
+      for (const step of await warmUpStages(stages, await warmupFrame(config.source), levels)) {
+        const times = Object.entries(step.ms).map(([name, ms]) => `${name} ${ms.toFixed(0)} ms`).join(', ');
+        log(`warm-up (${contract === 'gemma4' ? step.imageTokens : 256} image tokens): ${times}`);
+      }
+    }
     if (!publish) return stages;
     const { createPublisherStage } = await import('../nodes/publisher.ts');
     const publisher = await createPublisherStage({ endpoint: config.publisher.endpoint, topic: config.publisher.topic, sendHighWaterMark: config.publisher.sendHighWaterMark });
