@@ -117,6 +117,7 @@ bench
   .addOption(new Option('--draft <file>', 'draft model').conflicts(['draftMtp', 'ngram']))
   .addOption(new Option('--draft-mtp <file>', 'Gemma 4 MTP assistant').conflicts(['ngram']))
   .option('--ngram', 'n-gram drafting')
+  .option('--no-warmup', 'skip the warm-up at load (to see what the first frame pays without it)')
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchFrame } = await import('./bench-frame.ts');
