@@ -9,6 +9,7 @@ import { promisify } from 'node:util';
 import { LlamaModel, type GenerateResult, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
 import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
 import { resolveModelSpec } from '../models/synth.ts';
+import { EnergyMeter, checkEnergySource, energyJson, type EnergyJson, type EnergySource } from './energy.ts';
 
 const execFileAsync = promisify(execFile);
 const ROOT = resolve(import.meta.dirname ?? new URL('.', import.meta.url).pathname, '..');
@@ -111,6 +112,8 @@ export interface BenchDecodeOptions extends SpeculationFlags {
   readonly threads?: number;
   /** Also run llama-bench (built from the same llama.cpp tree) and report the ratio. */
   readonly peer?: boolean;
+  /** Board-power source sampled during the decode runs (default auto). */
+  readonly energy?: EnergySource;
 }
 
 export interface BenchDecodeResult {
@@ -130,6 +133,8 @@ export interface BenchDecodeResult {
   readonly acceptance: number | null;
   readonly forced: number;
   readonly speculation: string | null;
+  /** Board energy over the decode (tg) runs; tok_per_watt = generated tokens per joule. */
+  readonly energy: EnergyJson;
   readonly llama_bench_tg_tok_per_s?: number;
   readonly llama_bench_pp_tok_per_s?: number;
   /** ours / llama-bench, decode (tg) and prefill (pp). */
@@ -172,6 +177,7 @@ interface LlamaBenchRow {
  * prefill (pp) = promptTokens random tokens decoded from an empty cache; decode (tg) = genTokens
  * tokens one at a time from an empty cache, EOS ignored. Ours also samples (greedy argmax) each
  * token, which llama-bench does not: that cost is part of our loop and stays in the number.
+ * Board power is sampled during the decode (tg) runs only (app/energy.ts).
  */
 export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecodeResult> {
   const promptTokens = opts.promptTokens ?? 64;
@@ -182,9 +188,11 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
   for (const [k, v, min] of [['promptTokens', promptTokens, 1], ['genTokens', genTokens, 2], ['reps', reps, 1]] as const) {
     if (!Number.isInteger(v) || v < min) throw new RangeError(`bench decode: ${k} must be an integer ≥ ${min}, got ${v}`);
   }
+  const energySource = checkEnergySource(opts.energy ?? 'auto');
   const path = await resolveModelSpec(opts.model);
   const model = await LlamaModel.load(path, { gpuLayers });
   let draft: LlamaModel | undefined;
+  let meter: EnergyMeter | undefined;
   try {
     const ctx = await model.createContext({ nCtx: promptTokens + genTokens + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
@@ -197,6 +205,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     // Warm-up (llama-bench does one too): first-touch of weights, graph allocation.
     ctx.clearCache();
     await ctx.generate([{ tokens: pp }], { maxTokens: 2, ignoreEos: true });
+    meter = await EnergyMeter.start({ source: energySource, device: gpuLayers !== 0 ? 'gpu' : 'cpu' });
 
     // With --peer, llama-bench (one rep each) runs between our reps, so drifting load on a shared
     // machine hits both sides alike; the ratios use medians and best reps.
@@ -211,6 +220,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     let drafted = 0;
     let accepted = 0;
     let forced = 0;
+    let generated = 0;
     for (let r = 0; r < reps; r++) {
       if (bench) {
         // The peer process just ran: warm caches again, as llama-bench warms up before measuring.
@@ -222,7 +232,10 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       ppRuns.push(p.timings.prefillTokens / (p.timings.prefillMs / 1000));
       ttft.push(p.timings.ttftMs);
       ctx.clearCache();
+      meter.begin();
       const g = await ctx.generate([{ tokens: tgPrompt }], genOpts);
+      meter.end();
+      generated += g.tokens.length;
       tgRuns.push(g.timings.decodeTokens / (g.timings.decodeMs / 1000));
       sampleMs.push(g.timings.sampleMs / Math.max(1, g.tokens.length));
       drafted += g.drafted;
@@ -239,6 +252,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       }
     }
     const speculation = ctx.speculator?.type ?? null;
+    const energy = energyJson(await meter.stop(), { tokens: generated });
     await ctx.dispose();
     const result: BenchDecodeResult = {
       model: path,
@@ -256,6 +270,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       acceptance: drafted > 0 ? accepted / drafted : null,
       forced,
       speculation,
+      energy,
     };
     if (!bench) return result;
     return {
@@ -268,6 +283,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       ratio_pp_best: Math.max(...ppRuns) / Math.max(...peerPp),
     };
   } finally {
+    await meter?.stop();
     await model.dispose();
     await draft?.dispose();
   }
