@@ -197,6 +197,8 @@ export interface NativeVisionLoadOptions {
   flashAttention: 'auto' | 'on' | 'off';
   /** Allocate the compute buffers at load with a full-size dummy image (first encode is not slower). */
   warmup: boolean;
+  /** Install clip's graph-evaluation callback so encodes can report where their time goes. */
+  profile: boolean;
 }
 
 export interface NativeVisionInfo {
@@ -220,6 +222,28 @@ export interface NativeVisionInfo {
   readonly useGpu: boolean;
   /** Weights + compute buffers per backend device. */
   readonly devices: readonly { name: string; bytes: number }[];
+  /** What clip reported when it reserved its graph at load: flash attention as resolved (null when it
+   * did not say), graph splits across backends (1: all on one), compute buffers, and the ops the GPU
+   * backend cannot run (they run on the CPU, with copies both ways). */
+  readonly flashAttention: boolean | null;
+  readonly graphSplits: number;
+  readonly graphNodes: number;
+  readonly computeBuffers: readonly { name: string; bytes: number }[];
+  readonly unsupportedOps: readonly string[];
+  /** Several same-size images go through one graph (gemma4v); otherwise encodeBatch loops. */
+  readonly batchable: boolean;
+  /** Loaded with profile: encodes can report where their time goes. */
+  readonly profile: boolean;
+}
+
+/** Where one encode's time went (clip's graph-evaluation callback). */
+export interface NativeVisionProfile {
+  /** Before the first graph node finished: graph build, allocation, input upload. */
+  readonly setupMs: number;
+  /** The rest: graph compute and the output read-back. */
+  readonly computeMs: number;
+  /** 'ops' only: per op type, synchronized after every node (totals exceed an unprofiled run). */
+  readonly ops?: readonly { op: string; ms: number; count: number; onHost: number }[];
 }
 
 export interface NativeVisionEncodeOptions {
@@ -227,6 +251,8 @@ export interface NativeVisionEncodeOptions {
   layout: 'chw' | 'patches';
   width: number;
   height: number;
+  /** 'phases' or 'ops' need a context loaded with profile (default 'off'). */
+  profile?: 'off' | 'phases' | 'ops';
 }
 
 export interface NativeVisionEncodeResult {
@@ -234,9 +260,17 @@ export interface NativeVisionEncodeResult {
   readonly data: Float32Array;
   readonly nTokens: number;
   readonly nEmbd: number;
-  /** Layout conversion into clip's image buffer, and clip_image_encode itself. */
+  /** Layout conversion into clip's image buffer, and clip's encode itself. */
   readonly prepareMs: number;
   readonly encodeMs: number;
+  readonly profile?: NativeVisionProfile;
+}
+
+export interface NativeVisionBatchResult extends Omit<NativeVisionEncodeResult, 'data'> {
+  /** One nTokens × nEmbd array per image (views of one buffer). */
+  readonly data: Float32Array[];
+  /** The images went through one graph (else one after the other). */
+  readonly batched: boolean;
 }
 
 export declare class NativeVision {
@@ -245,5 +279,7 @@ export declare class NativeVision {
   info(): NativeVisionInfo;
   /** Reads `pixels` on a worker thread until the promise settles: do not modify or transfer it before. */
   encode(pixels: Float32Array, options: NativeVisionEncodeOptions): Promise<NativeVisionEncodeResult>;
+  /** Same-size images in one call; each array is read until the promise settles. */
+  encodeBatch(images: Float32Array[], options: NativeVisionEncodeOptions): Promise<NativeVisionBatchResult>;
   dispose(): void;
 }
