@@ -12,7 +12,7 @@
 import { existsSync } from 'node:fs';
 import type { ImageEmbedding, PixelTensor } from './payloads.ts';
 import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
-import { LlamaVision, type VisionEncodeResult, type VisionImage, type VisionInfo } from '../native/vision.ts';
+import { LlamaVision, type VisionEncodeResult, type VisionImage, type VisionInfo, type VisionProfile, type VisionProfileMode } from '../native/vision.ts';
 import { abortable } from '../pipeline/abort.ts';
 
 export interface MtmdEncoderConfig {
@@ -27,6 +27,9 @@ export interface MtmdEncoderConfig {
   /** CPU threads for clip (default: all cores). */
   readonly threads?: number;
   readonly flashAttention?: 'auto' | 'on' | 'off';
+  /** Report where each encode's time goes in stats().lastProfile (default 'off'; 'ops' synchronizes
+   * after every graph node, so it slows the encode it measures). */
+  readonly profile?: VisionProfileMode;
 }
 
 export interface MtmdContractInfo {
@@ -47,14 +50,19 @@ export interface MtmdEncoderStats {
   readonly runs: number;
   /** Runs whose result arrived after the frame was abandoned (signal fired). */
   readonly discarded: number;
-  /** clip_image_encode time of the last run. */
+  /** clip's encode time of the last run. */
   readonly lastRunMs: number;
+  /** Where the last run's time went, when profiling. */
+  readonly lastProfile?: VisionProfile;
 }
 
 export interface MtmdEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
   readonly contract: MtmdContractInfo;
   readonly info: VisionInfo;
   stats(): MtmdEncoderStats;
+  /** Several frames of one size in one clip call (cameras of a rig), embeddings in order. Not
+   * abortable: for benchmarks and callers outside the graph. */
+  encodeBatch(inputs: readonly PixelTensor[]): Promise<ImageEmbedding[]>;
   close(): Promise<void>;
 }
 
@@ -142,6 +150,7 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
       useGpu,
       ...(cfg.threads !== undefined ? { threads: cfg.threads } : {}),
       ...(cfg.flashAttention !== undefined ? { flashAttention: cfg.flashAttention } : {}),
+      profile: (cfg.profile ?? 'off') !== 'off',
     });
   } catch (err) {
     throw Object.assign(new Error(`encoder-mtmd: cannot load ${cfg.mmproj}: ${(err as Error).message}`), { code: (err as { code?: string }).code });
@@ -153,7 +162,7 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
     vision.dispose();
     throw err;
   }
-  return new MtmdEncoder(vision, contract);
+  return new MtmdEncoder(vision, contract, cfg.profile ?? 'off');
 }
 
 class MtmdEncoder implements MtmdEncoderStage {
@@ -164,13 +173,16 @@ class MtmdEncoder implements MtmdEncoderStage {
   #inFlight: Promise<unknown> | undefined;
   #callerActive = false;
   #closing: Promise<void> | undefined;
+  readonly #profile: VisionProfileMode;
   #runs = 0;
   #discarded = 0;
   #lastRunMs = 0;
+  #lastProfile: VisionProfile | undefined;
 
-  constructor(vision: LlamaVision, contract: MtmdContractInfo) {
+  constructor(vision: LlamaVision, contract: MtmdContractInfo, profile: VisionProfileMode) {
     this.#vision = vision;
     this.contract = contract;
+    this.#profile = profile;
   }
 
   get info(): VisionInfo {
@@ -178,7 +190,7 @@ class MtmdEncoder implements MtmdEncoderStage {
   }
 
   stats(): MtmdEncoderStats {
-    return { runs: this.#runs, discarded: this.#discarded, lastRunMs: this.#lastRunMs };
+    return { runs: this.#runs, discarded: this.#discarded, lastRunMs: this.#lastRunMs, ...(this.#lastProfile ? { lastProfile: this.#lastProfile } : {}) };
   }
 
   async process(input: PixelTensor, ctx: StageContext): Promise<ImageEmbedding> {
@@ -195,10 +207,11 @@ class MtmdEncoder implements MtmdEncoderStage {
         throw this.#cancel(ctx, 'while waiting for an abandoned run');
       }
       const state = { abandoned: false };
-      const run = this.#vision.encode(input.pixelValues, image).then(
+      const run = this.#vision.encode(input.pixelValues, image, this.#profile).then(
         (r) => {
           this.#runs++;
           this.#lastRunMs = r.encodeMs;
+          this.#lastProfile = r.profile;
           if (state.abandoned) this.#discarded++;
           return r;
         },
@@ -231,6 +244,30 @@ class MtmdEncoder implements MtmdEncoderStage {
         throw new Error(`encoder-mtmd: the encoder produced ${result.nTokens} tokens but the preprocessor announced ${input.imageTokens} (image ${image.width}×${image.height})`);
       }
       return { data: result.data, nTokens: result.nTokens, nEmbd: result.nEmbd };
+    } finally {
+      this.#callerActive = false;
+    }
+  }
+
+  async encodeBatch(inputs: readonly PixelTensor[]): Promise<ImageEmbedding[]> {
+    if (this.#closing) throw new Error('encoder-mtmd: stage is closed');
+    if (this.#callerActive) throw new Error('encoder-mtmd: encodeBatch() called while a frame is being encoded');
+    if (!Array.isArray(inputs) || inputs.length === 0) throw new TypeError('encoder-mtmd: encodeBatch needs a non-empty array of PixelTensors');
+    const images = inputs.map((t) => clipImageOf(t, this.contract));
+    const [first] = images;
+    const odd = images.findIndex((im) => im.width !== first!.width || im.height !== first!.height);
+    if (odd >= 0) throw new RangeError(`encoder-mtmd: a batch is one image size: input ${odd} is ${images[odd]!.width}×${images[odd]!.height}, input 0 is ${first!.width}×${first!.height}`);
+    this.#callerActive = true;
+    try {
+      while (this.#inFlight) await this.#inFlight;
+      const r = await this.#vision.encodeBatch(inputs.map((t) => t.pixelValues), first!, this.#profile);
+      this.#runs++;
+      this.#lastRunMs = r.encodeMs;
+      this.#lastProfile = r.profile;
+      for (const t of inputs) t.recycle?.(t.pixelValues);
+      const announced = inputs.find((t) => t.imageTokens !== r.nTokens);
+      if (announced) throw new Error(`encoder-mtmd: the encoder produced ${r.nTokens} tokens per image but the preprocessor announced ${announced.imageTokens}`);
+      return r.data.map((data) => ({ data, nTokens: r.nTokens, nEmbd: r.nEmbd }));
     } finally {
       this.#callerActive = false;
     }
