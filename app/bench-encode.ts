@@ -8,6 +8,8 @@ import { isMmprojSpec, resolveMmprojSpec } from '../models/mmproj-synth.ts';
 import { resolveVisionSpec } from '../models/vision-synth.ts';
 import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
+import type { MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
+import type { VisionProfile } from '../native/vision.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 
 export interface BenchEncodeOptions {
@@ -25,6 +27,33 @@ export interface BenchEncodeOptions {
   /** CPU threads for preprocessing (libvips) and for the encoder (ORT intra-op or clip threads). */
   readonly threads?: number;
   readonly allowSpinning?: boolean;
+  /** mmproj only: report where each encode's time goes ('phases': setup vs compute; 'ops': per op
+   * type, synchronized after every node, so it slows what it measures). */
+  readonly profile?: 'phases' | 'ops';
+  /** mmproj only: clip's flash attention (default 'auto': on where the backend supports it). */
+  readonly flashAttention?: 'auto' | 'on' | 'off';
+  /** mmproj only: also time N frames of one size in one encode call (encodeBatch). */
+  readonly batch?: number;
+}
+
+/** What clip reported at load, and where the time of the timed encodes went. */
+export interface BenchClipReport {
+  readonly flash_attention: boolean | null;
+  readonly graph_splits: number;
+  readonly graph_nodes: number;
+  readonly compute_buffers_mib: Readonly<Record<string, number>>;
+  readonly unsupported_ops: readonly string[];
+  readonly batchable: boolean;
+  readonly profile?: {
+    readonly mode: 'phases' | 'ops';
+    /** Graph build, allocation and input upload, before the first node finished. */
+    readonly setup_ms_p50: number;
+    /** Graph compute and output read-back. */
+    readonly compute_ms_p50: number;
+    /** 'ops': the last encode's time per op type, largest first. */
+    readonly ops?: readonly { op: string; ms: number; count: number; on_host: number }[];
+  };
+  readonly batch?: { readonly images: number; readonly batched: boolean; readonly encode_ms_p50: number; readonly per_image_ms_p50: number };
 }
 
 export type BenchEncodeResult = {
@@ -57,6 +86,8 @@ export type BenchEncodeResult = {
   readonly total_ms_p50: number;
   /** 1-minute load average at the end: how busy the machine was. */
   readonly load_average: number;
+  /** mmproj only. */
+  readonly clip?: BenchClipReport;
 };
 
 /** Nearest-rank quantile of a sample. */
@@ -88,7 +119,7 @@ const benchContext = (imageTokens: number): StageContext => standaloneContext({ 
 /** What the bench needs of either encoder stage. */
 interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
   readonly contract: { readonly kind: 'gemma3' | 'gemma4' };
-  stats(): { readonly lastRunMs: number };
+  stats(): { readonly lastRunMs: number; readonly lastProfile?: VisionProfile };
   close(): Promise<void>;
 }
 
@@ -101,6 +132,11 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   const imageTokens = opts.imageTokens ?? 280;
   const ep = (opts.ep ?? 'cpu') as ExecutionProvider;
   if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda') throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
+  if (runtime === 'onnx' && (opts.profile !== undefined || opts.flashAttention !== undefined || opts.batch !== undefined)) {
+    throw new RangeError('bench encode: --profile, --flash-attention and --batch are for the llama.cpp clip encoder (an mmproj)');
+  }
+  if (opts.profile !== undefined && opts.profile !== 'phases' && opts.profile !== 'ops') throw new RangeError(`bench encode: --profile must be 'phases' or 'ops', got '${String(opts.profile)}'`);
+  if (opts.batch !== undefined && !(Number.isInteger(opts.batch) && opts.batch >= 1 && opts.batch <= 64)) throw new RangeError(`bench encode: --batch must be an integer in 1..64, got ${opts.batch}`);
   const modelPath = runtime === 'mtmd' ? await resolveMmprojSpec(opts.encoder) : resolveVisionSpec(opts.encoder);
 
   let frame: CameraFrame;
@@ -119,9 +155,16 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
 
   const t0 = performance.now();
   let encoder: BenchedEncoder;
+  let mtmd: MtmdEncoderStage | undefined;
   if (runtime === 'mtmd') {
     const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
-    encoder = await createMtmdEncoderStage({ mmproj: modelPath, useGpu: ep === 'cuda', ...(opts.threads !== undefined ? { threads: opts.threads } : {}) });
+    encoder = mtmd = await createMtmdEncoderStage({
+      mmproj: modelPath,
+      useGpu: ep === 'cuda',
+      ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
+      ...(opts.flashAttention !== undefined ? { flashAttention: opts.flashAttention } : {}),
+      ...(opts.profile !== undefined ? { profile: opts.profile } : {}),
+    });
   } else {
     encoder = await createOnnxEncoderStage({
       model: modelPath,
@@ -138,6 +181,7 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
     const preCpu: number[] = [];
     const enc: number[] = [];
     const run: number[] = [];
+    const profiles: VisionProfile[] = [];
     let firstEncodeMs = Number.NaN;
     let tokens = 0;
     let hidden = 0;
@@ -157,9 +201,12 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
         preCpu.push((cpu.user + cpu.system) / 1000);
         enc.push(c - b);
         run.push(encoder.stats().lastRunMs);
+        const profile = encoder.stats().lastProfile;
+        if (profile) profiles.push(profile);
       }
     }
     const round = (x: number): number => Math.round(x * 1000) / 1000;
+    const clip = mtmd ? await clipReport(mtmd, profiles, opts, () => preprocess.process(frame, ctx)) : undefined;
     return {
       encoder: modelPath,
       runtime,
@@ -183,10 +230,49 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
       run_ms_p50: round(quantile(run, 0.5)),
       total_ms_p50: round(quantile(pre.map((p, i) => p + enc[i]!), 0.5)),
       load_average: round(loadavg()[0]!),
+      ...(clip ? { clip } : {}),
     };
   } finally {
     await encoder.close();
   }
+}
+
+async function clipReport(stage: MtmdEncoderStage, profiles: readonly VisionProfile[], opts: BenchEncodeOptions, nextTensor: () => Promise<PixelTensor>): Promise<BenchClipReport> {
+  const round = (x: number): number => Math.round(x * 1000) / 1000;
+  const info = stage.info;
+  const last = profiles.at(-1);
+  let batch: BenchClipReport['batch'];
+  if (opts.batch !== undefined) {
+    const times: number[] = [];
+    let batched = false;
+    for (let i = 0; i < (opts.warmup ?? 1) + (opts.iterations ?? 20); i++) {
+      const inputs = await Promise.all(Array.from({ length: opts.batch }, nextTensor));
+      const t0 = performance.now();
+      await stage.encodeBatch(inputs);
+      if (i >= (opts.warmup ?? 1)) times.push(performance.now() - t0);
+      batched = info.batchable && opts.batch > 1;
+    }
+    batch = { images: opts.batch, batched, encode_ms_p50: round(quantile(times, 0.5)), per_image_ms_p50: round(quantile(times, 0.5) / opts.batch) };
+  }
+  return {
+    flash_attention: info.flashAttention,
+    graph_splits: info.graphSplits,
+    graph_nodes: info.graphNodes,
+    compute_buffers_mib: Object.fromEntries(info.computeBuffers.map((b) => [b.name, round(b.bytes / 2 ** 20)])),
+    unsupported_ops: info.unsupportedOps,
+    batchable: info.batchable,
+    ...(opts.profile && profiles.length
+      ? {
+          profile: {
+            mode: opts.profile,
+            setup_ms_p50: round(quantile(profiles.map((p) => p.setupMs), 0.5)),
+            compute_ms_p50: round(quantile(profiles.map((p) => p.computeMs), 0.5)),
+            ...(last?.ops ? { ops: [...last.ops].sort((a, b) => b.ms - a.ms).map((o) => ({ op: o.op, ms: round(o.ms), count: o.count, on_host: o.onHost })) } : {}),
+          },
+        }
+      : {}),
+    ...(batch ? { batch } : {}),
+  };
 }
 
 export interface BenchPreprocessOptions {

@@ -99,6 +99,9 @@ bench
   .option('--image-tokens <n>', 'Gemma 4 image-token budget', int('--image-tokens'), 280)
   .option('--iterations <n>', 'timed iterations', int('--iterations'), 20)
   .option('--threads <n>', 'CPU threads for preprocessing (libvips) and the CPU encoder; 1 measures one core', int('--threads'))
+  .addOption(new Option('--profile <mode>', 'mmproj: where each encode\'s time goes (phases: setup vs compute; ops: per op type, slows the run)').choices(['phases', 'ops']))
+  .addOption(new Option('--flash-attention <mode>', 'mmproj: clip flash attention').choices(['auto', 'on', 'off']))
+  .option('--batch <n>', 'mmproj: also time N same-size frames in one encode call', int('--batch'))
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchEncode } = await import('./bench-encode.ts');
