@@ -42,6 +42,25 @@ describe('warm-up plan', () => {
     assert.equal(recycled, 2, 'the tensors not encoded go back to the pool');
     assert.deepEqual(steps.map((s) => [s.imageTokens, Object.keys(s.ms)]), [[280, ['preprocess', 'encode', 'decode']]]);
   });
+
+  test('when frames start below the largest setting, their setting is warmed again last (CUDA graphs are per shape)', async () => {
+    const calls: string[] = [];
+    const stages = ['preprocess', 'encode', 'decode'].map((name): Stage<never, unknown> => ({
+      name,
+      async process(_input: never, ctx: StageContext) {
+        calls.push(`${name}@${ctx.knobs.imageTokens}`);
+        return name === 'preprocess' ? ({ contract: 'gemma4', pixelValues: new Float32Array(1), pixelDims: [1, ctx.knobs.imageTokens * 9, 768], imageTokens: ctx.knobs.imageTokens } satisfies PixelTensor) : 'x';
+      },
+    }));
+    // A ladder that starts at 280 and has a 560 rung: 560 is warmed first, then 280; 280 is already last.
+    await warmUpStages(stages, { encoding: 'rgb8', data: new Uint8Array(3), width: 1, height: 1 }, [knobs(280), knobs(560)]);
+    const passes = (n: number) => Array.from({ length: 2 }, () => [`preprocess@${n}`, `encode@${n}`, `decode@${n}`]).flat();
+    assert.deepEqual(calls, [...passes(560), ...passes(280)]);
+    // Starting at 280 with 560 and 140 rungs: 560, 280, 140, then 280 again.
+    calls.length = 0;
+    await warmUpStages(stages, { encoding: 'rgb8', data: new Uint8Array(3), width: 1, height: 1 }, [knobs(280), knobs(560), knobs(140)]);
+    assert.deepEqual(calls, [...passes(560), ...passes(280), ...passes(140), ...passes(280)]);
+  });
 });
 
 describe('warm-up on the tiny models', () => {
