@@ -244,15 +244,15 @@ async function clipReport(stage: MtmdEncoderStage, profiles: readonly VisionProf
   let batch: BenchClipReport['batch'];
   if (opts.batch !== undefined) {
     const times: number[] = [];
-    let batched = false;
-    for (let i = 0; i < (opts.warmup ?? 1) + (opts.iterations ?? 20); i++) {
+    const warmup = opts.warmup ?? 1;
+    for (let i = 0; i < warmup + (opts.iterations ?? 20); i++) {
       const inputs = await Promise.all(Array.from({ length: opts.batch }, nextTensor));
       const t0 = performance.now();
       await stage.encodeBatch(inputs);
-      if (i >= (opts.warmup ?? 1)) times.push(performance.now() - t0);
-      batched = info.batchable && opts.batch > 1;
+      if (i >= warmup) times.push(performance.now() - t0);
     }
-    batch = { images: opts.batch, batched, encode_ms_p50: round(quantile(times, 0.5)), per_image_ms_p50: round(quantile(times, 0.5) / opts.batch) };
+    const p50 = quantile(times, 0.5);
+    batch = { images: opts.batch, batched: info.batchable && opts.batch > 1, encode_ms_p50: round(p50), per_image_ms_p50: round(p50 / opts.batch) };
   }
   return {
     flash_attention: info.flashAttention,
