@@ -168,6 +168,8 @@ export interface NativeAddon {
   setLogger(callback: ((level: number, text: string) => void) | null): void;
   systemInfo(): string;
   monotonicNs(): bigint;
+  /** Preprocessing's layout pass (native/src/pixels.cc). */
+  layoutPixels(src: Uint8Array, out: Float32Array, options: NativeLayoutOptions): Promise<number>;
   /** mtmd_decode_use_non_causal() for a text model of this architecture and input width. */
   imageAttentionRule(arch: string, nEmbd: number): ImageAttention;
   readonly llamaVersion: string;
@@ -188,6 +190,26 @@ export function loadAddon(): NativeAddon {
     throw new Error(`${ADDON_PATH} is not the percept addon (no Model export): rebuild with \`node tools/build-native.mjs\``);
   }
   return addon;
+}
+
+export interface NativeLayoutOptions {
+  readonly width: number;
+  readonly height: number;
+  readonly channels: 1 | 2 | 3 | 4;
+  /** Bytes per row (default width × channels). */
+  readonly stride?: number;
+  /** Rows after enlarging on PIL's grid (default height: none), with this filter (default 'linear'). */
+  readonly rows?: number;
+  readonly kernel?: 'linear' | 'cubic';
+  /** EXIF orientation 1…8 (default 1). */
+  readonly orientation?: number;
+  readonly bgr?: boolean;
+  readonly layout: 'chw' | 'patches';
+  /** Patch side for 'patches' (default 16). */
+  readonly patch?: number;
+  /** value = (v/255 − offset) / scale (defaults 1 and 0). */
+  readonly scale?: number;
+  readonly offset?: number;
 }
 
 export interface NativeVisionLoadOptions {

@@ -1,5 +1,6 @@
 // Camera frame → encoder input tensor: sharp (libvips) decodes and resizes in one native call, one
-// tight loop normalizes, orients and lays out the pixels (CHW for Gemma 3, 16×16 HWC patches for Gemma 4).
+// native layout pass (native/pixels.ts) normalizes, orients and lays out the pixels (CHW for Gemma 3,
+// 16×16 HWC patches for Gemma 4).
 //
 // Contracts (transformers.js vision_encoder inputs; models.md §5):
 //   gemma3: resize to 896×896 (bilinear), ×1/255, (x−0.5)/0.5 → pixel_values f32 [1,3,896,896].
@@ -10,8 +11,11 @@
 // Speed (one libvips thread):
 //   - sharp gets the target size, so a JPEG much larger than the target is decoded at 1/2, 1/4 or 1/8
 //     scale by libjpeg's DCT scaling (shrink-on-load; libvips uses it from a 3× shrink on).
-//   - EXIF orientation is applied by the layout loop (an index mapping), not by libvips: libvips would
+//   - EXIF orientation is applied by the layout pass (an index mapping), not by libvips: libvips would
 //     rotate the full-size image before resizing and give up shrink-on-load.
+//   - Rows that grow (720 → 896 for Gemma 3) are enlarged by the layout pass on PIL's sample grid (HF's
+//     processors resize with PIL); libvips's enlarging (affine) path cost 10+ ms and samples half an
+//     output pixel off that grid.
 //   - A raw frame that already has the target size skips sharp entirely.
 //   - pixel_values comes from a small pool: the encoder hands the array back through
 //     PixelTensor.recycle when it is done, so steady state allocates nothing (and a 7.7 MB array per
@@ -20,6 +24,7 @@
 import sharp, { type Metadata } from 'sharp';
 import type { CameraFrame, EncoderContract, FrameEncoding, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
+import { layoutPixels } from '../native/pixels.ts';
 
 /** Gemma 4 image-token budgets (HF `max_soft_tokens`, llama.cpp --image-{min,max}-tokens range). */
 export const GEMMA4_TOKEN_BUDGETS = [70, 140, 280, 560, 1120] as const;
@@ -127,10 +132,10 @@ interface SourceImage {
   readonly stride?: number;
   /** EXIF orientation 1…8 (1: as stored). */
   readonly orientation: number;
-  /** Channels are B,G,R in memory (swapped by the layout loop: resizing does not care). */
+  /** Channels are B,G,R in memory (swapped by the layout pass: resizing does not care). */
   readonly bgr: boolean;
   readonly hasAlpha: boolean;
-  /** Raw 8-bit pixels the layout loop can read as they are, when no resize is needed. */
+  /** Raw 8-bit pixels the layout pass can read as they are, when no resize is needed. */
   readonly direct: boolean;
 }
 
@@ -221,137 +226,15 @@ function firstLine(err: unknown): string {
   return (err instanceof Error ? err.message : String(err)).split('\n')[0]!.trim();
 }
 
-/** Interleaved 8-bit pixels read through an orientation: the display pixel (x, y) is the byte at
- * `base + y·dy + x·dx` (plus the channel offset). dx and dy may be negative. */
-export interface PixelView {
+/** 8-bit interleaved pixels in their stored orientation, for the layout pass. */
+interface StoredPixels {
   readonly data: Uint8Array;
-  readonly channels: number;
-  readonly bgr: boolean;
-  readonly base: number;
-  readonly dx: number;
-  readonly dy: number;
-  /** Display size (after orientation). */
   readonly width: number;
   readonly height: number;
-}
-
-/** The view that shows `data` (stored width×height, `stride` bytes per row) in EXIF `orientation`. */
-export function orientedView(data: Uint8Array, width: number, height: number, channels: number, stride: number, orientation: number, bgr = false): PixelView {
-  const right = (width - 1) * channels;
-  const bottom = (height - 1) * stride;
-  // [base, dx, dy] per orientation: the stored pixel shown at display (x, y).
-  const maps: Record<number, [number, number, number]> = {
-    1: [0, channels, stride], // as stored
-    2: [right, -channels, stride], // mirrored left↔right
-    3: [bottom + right, -channels, -stride], // rotated 180°
-    4: [bottom, channels, -stride], // mirrored top↔bottom
-    5: [0, stride, channels], // transposed
-    6: [bottom, -stride, channels], // rotated 90° clockwise
-    7: [bottom + right, -stride, -channels], // transversed
-    8: [right, stride, -channels], // rotated 90° counter-clockwise
-  };
-  const m = maps[orientation];
-  if (!m) throw new RangeError(`orientedView: orientation must be 1…8, got ${orientation}`);
-  const [w, h] = transposes(orientation) ? [height, width] : [width, height];
-  return { data, channels, bgr, base: m[0], dx: m[1], dy: m[2], width: w, height: h };
-}
-
-/** PIL's filters (ImagingResample): triangle for bilinear, Catmull-Rom (a = −0.5) for bicubic. */
-const FILTERS = {
-  linear: { support: 1, weight: (x: number): number => (x < 1 ? 1 - x : 0) },
-  cubic: { support: 2, weight: (x: number): number => (x < 1 ? (1.5 * x - 2.5) * x * x + 1 : x < 2 ? ((-0.5 * x + 2.5) * x - 4) * x + 2 : 0) },
-} as const;
-
-/** Enlarges an image vertically (inRows → outRows, outRows ≥ inRows) as PIL's resample does its
- * vertical pass: centre-aligned taps, clipped at the edges and renormalized, rounded to 8 bits. `rowBytes`
- * is the width × channels of a row. */
-export function enlargeRows<T extends Uint8Array>(src: Uint8Array, rowBytes: number, inRows: number, outRows: number, kernel: keyof typeof FILTERS, out: T): T {
-  if (outRows < inRows) throw new RangeError(`enlargeRows: ${inRows} → ${outRows} rows is not an enlargement`);
-  if (src.length < rowBytes * inRows || out.length < rowBytes * outRows) throw new RangeError('enlargeRows: buffer too small');
-  const { support, weight } = FILTERS[kernel];
-  const scale = inRows / outRows;
-  const taps = new Float64Array(2 * support + 1);
-  for (let y = 0; y < outRows; y++) {
-    const centre = (y + 0.5) * scale;
-    const first = Math.max(0, Math.trunc(centre - support + 0.5));
-    const last = Math.min(inRows, Math.trunc(centre + support + 0.5));
-    let sum = 0;
-    for (let i = first; i < last; i++) sum += taps[i - first] = weight(Math.abs(i - centre + 0.5));
-    const o = y * rowBytes;
-    if (kernel === 'linear' && last - first === 2) {
-      // The common bilinear case: two non-negative weights, no clamping.
-      const a = first * rowBytes;
-      const b = a + rowBytes;
-      const wa = taps[0]! / sum;
-      const wb = taps[1]! / sum;
-      for (let j = 0; j < rowBytes; j++) out[o + j] = (wa * src[a + j]! + wb * src[b + j]! + 0.5) | 0;
-      continue;
-    }
-    for (let j = 0; j < rowBytes; j++) {
-      let v = 0;
-      for (let i = first, s = first * rowBytes + j; i < last; i++, s += rowBytes) v += taps[i - first]! * src[s]!;
-      v = v / sum + 0.5;
-      out[o + j] = v <= 0 ? 0 : v >= 255 ? 255 : v | 0;
-    }
-  }
-  return out;
-}
-
-/** Byte → value tables: the normalization of every pixel is one table read. */
-function lut(scale: number, offset: number): Float32Array {
-  const t = new Float32Array(256);
-  for (let v = 0; v < 256; v++) t[v] = (v / 255 - offset) / scale;
-  return t;
-}
-
-/** Source channel offsets of R, G, B in an interleaved pixel. */
-function channelOffsets(channels: number, bgr: boolean): [number, number, number] {
-  if (channels < 3) return [0, 0, 0];
-  return bgr ? [2, 1, 0] : [0, 1, 2];
-}
-
-/** Pixels → planar CHW floats through `table`, in one pass. */
-export function toChw<T extends Float32Array>(view: PixelView, table: Float32Array, out: T): T {
-  const { width, height, data: src, base, dx, dy } = view;
-  const n = width * height;
-  if (out.length < 3 * n) throw new RangeError(`toChw: output has ${out.length} values, need ${3 * n}`);
-  const [oR, oG, oB] = channelOffsets(view.channels, view.bgr);
-  for (let y = 0, i = 0; y < height; y++) {
-    let j = base + y * dy;
-    for (let x = 0; x < width; x++, i++, j += dx) {
-      out[i] = table[src[j + oR]!]!;
-      out[n + i] = table[src[j + oG]!]!;
-      out[2 * n + i] = table[src[j + oB]!]!;
-    }
-  }
-  return out;
-}
-
-/** Pixels → 16×16 HWC patches in row-major patch order, in one pass; the rest of `values` (the
- * padding up to its capacity) is zeroed. Returns the number of patches written. */
-export function toGemma4Patches(view: PixelView, table: Float32Array, values: Float32Array): number {
-  const { width, height, data: src, base, dx, dy } = view;
-  const cols = width / GEMMA4_PATCH;
-  const rows = height / GEMMA4_PATCH;
-  if (!Number.isInteger(cols) || !Number.isInteger(rows)) throw new RangeError(`toGemma4Patches: ${width}×${height} is not a multiple of ${GEMMA4_PATCH}`);
-  const nPatches = cols * rows;
-  if (nPatches * GEMMA4_PATCH_DIM > values.length) throw new RangeError(`toGemma4Patches: ${nPatches} patches exceed the capacity ${values.length / GEMMA4_PATCH_DIM}`);
-  const [oR, oG, oB] = channelOffsets(view.channels, view.bgr);
-  const patchDx = GEMMA4_PATCH * dx;
-  for (let y = 0; y < height; y++) {
-    // Each display row is `cols` runs of 16 pixels, one run per patch of this patch row.
-    let d0 = ((y >> 4) * cols * GEMMA4_PATCH * GEMMA4_PATCH + (y & 15) * GEMMA4_PATCH) * 3;
-    let j0 = base + y * dy;
-    for (let pc = 0; pc < cols; pc++, d0 += GEMMA4_PATCH_DIM, j0 += patchDx) {
-      for (let k = 0, d = d0, j = j0; k < GEMMA4_PATCH; k++, d += 3, j += dx) {
-        values[d] = table[src[j + oR]!]!;
-        values[d + 1] = table[src[j + oG]!]!;
-        values[d + 2] = table[src[j + oB]!]!;
-      }
-    }
-  }
-  values.fill(0, nPatches * GEMMA4_PATCH_DIM);
-  return nPatches;
+  readonly channels: 1 | 2 | 3 | 4;
+  readonly stride: number;
+  /** Rows after enlargement (libvips enlarges through its slow affine path; the layout pass does it). */
+  readonly rows: number;
 }
 
 /** (col,row) per patch as int64, −1 for padding. */
@@ -443,11 +326,7 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
   if (cfg.imageTokens !== undefined) clampImageTokens(cfg.imageTokens);
   const threads = cfg.threads ?? defaultLibvipsThreads();
   configureLibvips(threads);
-  const gemma3Table = lut(0.5, 0.5);
-  const unitTable = lut(1, 0);
   const pool = new PixelPool();
-  let rows = new Uint8Array(0);
-  const rowBuffer = (length: number): Uint8Array => (rows.length === length ? rows : (rows = new Uint8Array(length)));
   const recycle = (values: Float32Array): void => pool.give(values);
 
   /** Display-oriented target size for a stored width×height. */
@@ -470,31 +349,42 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
   };
 
   /** Decodes and resizes in the stored orientation (target sides swapped for orientations 5–8). */
-  const pixelsOf = async (src: SourceImage, encoding: string, target: { width: number; height: number }): Promise<PixelView> => {
+  const pixelsOf = async (src: SourceImage, encoding: string, target: { width: number; height: number }): Promise<StoredPixels> => {
     if (src.direct) {
-      const channels = bytesPerPixel[encoding as keyof typeof bytesPerPixel];
-      return orientedView(src.input as Uint8Array, src.width, src.height, channels, src.stride!, 1, src.bgr);
+      const channels = bytesPerPixel[encoding as keyof typeof bytesPerPixel] as 1 | 3 | 4;
+      return { data: src.input as Uint8Array, width: src.width, height: src.height, channels, stride: src.stride!, rows: src.height };
     }
     const [width, height] = transposes(src.orientation) ? [target.height, target.width] : [target.width, target.height];
-    // libvips enlarges through its affine path, 10+ ms for 720 → 896 rows; rows are enlarged below instead.
     const rowsHere = height > src.height && (kernel === 'linear' || kernel === 'cubic');
     const vipsHeight = rowsHere ? src.height : height;
     let pipeline = sharp(src.input, { ...(src.raw ? { raw: src.raw } : {}), limitInputPixels: maxPixels, sequentialRead: true });
     if (width !== src.width || vipsHeight !== src.height) pipeline = pipeline.resize(width, vipsHeight, { fit: 'fill', kernel, fastShrinkOnLoad: true });
     if (src.hasAlpha) pipeline = pipeline.removeAlpha();
-    let data: Uint8Array;
-    let channels: number;
     try {
-      const out = await pipeline.raw().toBuffer({ resolveWithObject: true });
-      ({ data, info: { channels } } = out);
-      if (out.info.width !== width || out.info.height !== vipsHeight) throw new Error(`sharp returned ${out.info.width}×${out.info.height}, wanted ${width}×${vipsHeight}`);
-      if (data.length !== width * vipsHeight * channels) throw new Error(`sharp returned ${data.length} bytes for ${width}×${vipsHeight}×${channels}`);
+      const { data, info } = await pipeline.raw().toBuffer({ resolveWithObject: true });
+      if (info.width !== width || info.height !== vipsHeight) throw new Error(`sharp returned ${info.width}×${info.height}, wanted ${width}×${vipsHeight}`);
+      if (data.length !== width * vipsHeight * info.channels) throw new Error(`sharp returned ${data.length} bytes for ${width}×${vipsHeight}×${info.channels}`);
+      return { data, width, height: vipsHeight, channels: info.channels, stride: width * info.channels, rows: height };
     } catch (err) {
       throw frameError(encoding, `decode/resize failed (${firstLine(err)})`);
     }
-    if (rowsHere) data = enlargeRows(data, width * channels, vipsHeight, height, kernel as 'linear' | 'cubic', rowBuffer(width * channels * height));
-    return orientedView(data, width, height, channels, width * channels, src.orientation, src.bgr);
   };
+
+  /** The layout pass into `out`: resolves to the patches (or pixels) written. */
+  const lay = (px: StoredPixels, src: SourceImage, out: Float32Array, layout: 'chw' | 'patches'): Promise<number> =>
+    layoutPixels(px.data, out, {
+      width: px.width,
+      height: px.height,
+      channels: px.channels,
+      stride: px.stride,
+      rows: px.rows,
+      kernel: kernel === 'cubic' ? 'cubic' : 'linear',
+      orientation: src.orientation,
+      bgr: src.bgr,
+      layout,
+      // gemma3: (v/255 − 0.5)/0.5 → [−1, 1]; gemma4: v/255 (its graph applies ×2 − 1).
+      ...(layout === 'chw' ? { scale: 0.5, offset: 0.5 } : {}),
+    });
 
   return {
     name: 'preprocess',
@@ -504,23 +394,19 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
     async process(frame: CameraFrame, ctx: StageContext): Promise<PixelTensor> {
       const src = await describe(frame, ctx);
       const target = targetOf(src.width, src.height, src.orientation, ctx);
-      const view = await pixelsOf(src, frame.encoding, target);
+      const px = await pixelsOf(src, frame.encoding, target);
       if (cfg.contract === 'gemma3') {
-        return {
-          contract: 'gemma3',
-          pixelValues: toChw(view, gemma3Table, pool.take(3 * imageSize * imageSize)),
-          pixelDims: [1, 3, imageSize, imageSize],
-          imageTokens: Math.floor(imageSize / 56) ** 2,
-          recycle,
-        };
+        const values = pool.take(3 * imageSize * imageSize);
+        await lay(px, src, values, 'chw');
+        return { contract: 'gemma3', pixelValues: values, pixelDims: [1, 3, imageSize, imageSize], imageTokens: Math.floor(imageSize / 56) ** 2, recycle };
       }
-      const cols = view.width / GEMMA4_PATCH;
-      const rows = view.height / GEMMA4_PATCH;
+      const cols = target.width / GEMMA4_PATCH;
+      const rows = target.height / GEMMA4_PATCH;
       const tokens = (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL);
       // llama.cpp sizing can exceed the budget's patch capacity only through its 70-token floor.
       const capacity = Math.max(target.budget, tokens) * GEMMA4_POOL * GEMMA4_POOL;
       const values = pool.take(capacity * GEMMA4_PATCH_DIM);
-      const nPatches = toGemma4Patches(view, unitTable, values);
+      const nPatches = await lay(px, src, values, 'patches');
       return {
         contract: 'gemma4',
         pixelValues: values,

@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import sharp, { type SharpOptions } from 'sharp';
-import { clampImageTokens, createPreprocessStage, defaultLibvipsThreads, enlargeRows, gemma4TargetSize, GEMMA4_TOKEN_BUDGETS } from '../nodes/preprocess.ts';
+import { clampImageTokens, createPreprocessStage, defaultLibvipsThreads, gemma4TargetSize, GEMMA4_TOKEN_BUDGETS } from '../nodes/preprocess.ts';
+import { layoutPixels } from '../native/pixels.ts';
 import type { CameraFrame, PixelTensor } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
@@ -36,7 +37,8 @@ function pilFilter(kernel: 'linear' | 'cubic', x: number): number {
   return x < 1 ? ((a + 2) * x - (a + 3)) * x * x + 1 : x < 2 ? (((x - 5) * x + 8) * x - 4) * a : 0;
 }
 
-/** Naive vertical enlargement as PIL's vertical pass does it: one output byte at a time. */
+/** Naive vertical enlargement as PIL's vertical pass does it (weights normalized to sum 1), one output
+ * byte at a time. */
 function naiveEnlargeRows(src: Uint8Array, rowBytes: number, inRows: number, outRows: number, kernel: 'linear' | 'cubic'): Uint8Array {
   const support = kernel === 'linear' ? 1 : 2;
   const out = new Uint8Array(rowBytes * outRows);
@@ -44,15 +46,12 @@ function naiveEnlargeRows(src: Uint8Array, rowBytes: number, inRows: number, out
     const centre = ((y + 0.5) * inRows) / outRows;
     const lo = Math.max(0, Math.trunc(centre - support + 0.5));
     const hi = Math.min(inRows, Math.trunc(centre + support + 0.5));
+    let sum = 0;
+    for (let i = lo; i < hi; i++) sum += pilFilter(kernel, i - centre + 0.5);
     for (let j = 0; j < rowBytes; j++) {
       let v = 0;
-      let sum = 0;
-      for (let i = lo; i < hi; i++) {
-        const w = pilFilter(kernel, i - centre + 0.5);
-        v += w * src[i * rowBytes + j]!;
-        sum += w;
-      }
-      out[y * rowBytes + j] = Math.min(255, Math.max(0, Math.round(v / sum)));
+      for (let i = lo; i < hi; i++) v += (pilFilter(kernel, i - centre + 0.5) / sum) * src[i * rowBytes + j]!;
+      out[y * rowBytes + j] = Math.min(255, Math.max(0, Math.floor(v + 0.5)));
     }
   }
   return out;
@@ -282,7 +281,7 @@ describe('preprocess gemma4', () => {
 });
 
 describe('preprocess speed paths keep the output exact', () => {
-  test('EXIF orientations 1–8: the layout loop orients as libvips autoOrient does (JPEG and PNG, no resize)', async () => {
+  test('EXIF orientations 1–8: the layout pass orients as libvips autoOrient does (JPEG and PNG, no resize)', async () => {
     // Stored 1056×576 (orientations 1–4) or 576×1056 (5–8): displayed 1056×576, which is exactly the
     // 280-token target, so no resize happens and the comparison is exact.
     const stage = createPreprocessStage({ contract: 'gemma4' });
@@ -340,14 +339,19 @@ describe('preprocess speed paths keep the output exact', () => {
     assert.ok(mean < 0.02 && max < 0.35, `DCT-scaled decode too far from the full decode: mean ${mean}, max ${max}`);
   });
 
-  test('rows that grow are enlarged on PIL\'s sample grid (HF\'s processors resize with PIL)', () => {
+  test('rows that grow are enlarged on PIL\'s sample grid (HF\'s processors resize with PIL)', async () => {
     // A ramp of 20 per row, 10 → 25 rows: output row y samples source row (y + 0.5)·0.4 − 0.5, so
-    // rows are 20·(0.4·y − 0.3) where every tap is inside the image; the edges clamp. (libvips's own enlargement samples
-    // y·0.4 − 0.5, half an output row off this grid.)
+    // rows are 20·(0.4·y − 0.3) where every tap is inside the image; the edges clamp. (libvips's own
+    // enlargement samples y·0.4 − 0.5, half an output row off this grid.)
+    const enlarged = async (src: Uint8Array, width: number, height: number, rows: number, kernel: 'linear' | 'cubic'): Promise<Uint8Array> => {
+      const out = new Float32Array(3 * width * rows);
+      await layoutPixels(src, out, { width, height, channels: 1, rows, kernel, layout: 'chw' });
+      return Uint8Array.from(out.subarray(0, width * rows), (v) => Math.round(v * 255));
+    };
     const src = new Uint8Array(10 * 2);
     for (let y = 0; y < 10; y++) src.fill(y * 20, y * 2, y * 2 + 2);
     for (const kernel of ['linear', 'cubic'] as const) {
-      const out = enlargeRows(src, 2, 10, 25, kernel, new Uint8Array(50));
+      const out = await enlarged(src, 2, 10, 25, kernel);
       // Interior rows (all taps inside the image) reproduce the ramp exactly with either filter.
       const [from, to] = kernel === 'linear' ? [2, 22] : [4, 21];
       for (let y = from; y < to; y++) assert.equal(out[2 * y], Math.round(20 * (0.4 * y - 0.3)), `${kernel} row ${y}`);
@@ -356,9 +360,17 @@ describe('preprocess speed paths keep the output exact', () => {
     }
     // Cubic overshoot at a step is clamped to 0…255, not wrapped.
     const step = Uint8Array.of(0, 0, 255, 255);
-    const up = enlargeRows(step, 1, 4, 9, 'cubic', new Uint8Array(9));
+    const up = await enlarged(step, 1, 4, 9, 'cubic');
     assert.deepEqual(up, naiveEnlargeRows(step, 1, 4, 9, 'cubic'));
     assert.ok(up.includes(0) && up.includes(255) && up.every((v, i) => i === 0 || v >= up[i - 1]!), `not monotone: ${up}`);
+  });
+
+  test('the layout pass refuses what does not fit, with the reason', async () => {
+    const src = new Uint8Array(32 * 32 * 3);
+    await assert.rejects(layoutPixels(src, new Float32Array(10), { width: 32, height: 32, channels: 3, layout: 'patches' }), /out has 10 values, need at least 3072/);
+    await assert.rejects(layoutPixels(src, new Float32Array(3 * 30 * 32), { width: 30, height: 32, channels: 3, layout: 'patches' }), /30x32 is not a multiple of the patch size 16/);
+    await assert.rejects(layoutPixels(src.subarray(1), new Float32Array(3 * 32 * 32), { width: 32, height: 32, channels: 3, layout: 'chw' }), /src has 3071 bytes, need 3072/);
+    await assert.rejects(layoutPixels(src, new Float32Array(3 * 32 * 32), { width: 32, height: 32, channels: 3, rows: 20, layout: 'chw' }), /rows/);
   });
 
   test('raw frames of the target size skip sharp: padded rgb8/bgr8/rgba8/mono8 rows read in place', async () => {
