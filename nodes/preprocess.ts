@@ -252,7 +252,7 @@ function gemma4Positions(cols: number, nPatches: number, capacity: number): BigI
 
 /** pixel_values arrays for reuse: the arrays of the size in use now, at most `keep` of them. A size
  * change (the ladder's image-token knob) lets go of the old ones. */
-export class PixelPool {
+class PixelPool {
   readonly #keep: number;
   #length = 0;
   #free: Float32Array[] = [];
@@ -289,7 +289,7 @@ export class PixelPool {
 
 /** libvips threads for every sharp call in this process (sharp.concurrency is process-wide). The
  * operation cache is turned off: frames never repeat, and cached decodes would only hold memory. */
-export function configureLibvips(threads: number): void {
+function configureLibvips(threads: number): void {
   if (!Number.isInteger(threads) || threads < 1 || threads > 1024) throw new RangeError(`preprocess: threads must be an integer in 1..1024, got ${threads}`);
   sharp.concurrency(threads);
   sharp.cache(false);

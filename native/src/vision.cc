@@ -469,7 +469,6 @@ Vision::Vision(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Vision>(info)
 
 void VisionProfile::begin(Mode m) {
     mode = m;
-    startNs = monotonicNs();
     firstNodeNs = 0;
     lastNs = 0;
     asked = 0;
@@ -643,6 +642,8 @@ Napi::Value Vision::Dispose(const Napi::CallbackInfo & info) {
     if (busy_.load()) throw codedError(env, "EBUSY", "Vision is busy; await the running encode before dispose()");
     clip_free(ctx_);
     ctx_ = nullptr;
+    scratch_.hwc = {};
+    scratch_.batch->entries.clear();
     return env.Undefined();
 }
 

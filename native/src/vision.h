@@ -58,7 +58,6 @@ struct VisionProfile {
         int32_t onHost = 0;  // nodes whose output lives in host memory (computed on the CPU)
     };
     Mode mode = Mode::Off;
-    int64_t startNs = 0;
     int64_t firstNodeNs = 0;
     int64_t lastNs = 0;
     int32_t asked = 0;
