@@ -70,7 +70,7 @@ describe('warm-up on the tiny models', () => {
   // stretch the way it stretches wall time.
   // Frames walk up the ladder: a smaller shape after a larger one reuses its memory, so each rung
   // only shows its own first-call work when it comes first.
-  const RUNGS = [140, 560];
+  const RUNGS = [280, 560];
 
   /** First frame ÷ median of the next five, per rung (encode CPU time). */
   async function firstOverMedian(warm: boolean): Promise<number[]> {
