@@ -4,25 +4,26 @@ import { loadavg } from 'node:os';
 import sharp from 'sharp';
 import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder-onnx.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
-import { isMmprojSpec, resolveMmprojSpec } from '../models/mmproj-synth.ts';
-import { resolveVisionSpec } from '../models/vision-synth.ts';
+import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
 import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 import type { MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
 import type { VisionProfile } from '../native/vision.ts';
+import { loadConfig } from '../pipeline/config.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { quantile } from './stats.ts';
 
 export interface BenchEncodeOptions {
   /** .onnx path or synth:<preset> (onnxruntime); .gguf mmproj or synth:<preset>-mmproj[@seed][?dtype=f16]
    * (llama.cpp clip through the native addon). */
   readonly encoder: string;
   /** ORT execution provider; for an mmproj, 'cuda' runs clip on the GPU backend. */
-  readonly ep?: ExecutionProvider | string;
+  readonly ep: ExecutionProvider | string;
   /** JPEG or PNG file; default a generated 1280×720 JPEG (q85). */
   readonly image?: string;
-  /** Gemma 4 image-token budget (default 280). */
-  readonly imageTokens?: number;
-  readonly iterations?: number;
+  /** Gemma 4 image-token budget. */
+  readonly imageTokens: number;
+  readonly iterations: number;
   readonly warmup?: number;
   /** CPU threads for preprocessing (libvips) and for the encoder (ORT intra-op or clip threads). */
   readonly threads?: number;
@@ -53,7 +54,12 @@ export interface BenchClipReport {
     /** 'ops': the last encode's time per op type, largest first. */
     readonly ops?: readonly { op: string; ms: number; count: number; on_host: number }[];
   };
-  readonly batch?: { readonly images: number; readonly batched: boolean; readonly encode_ms_p50: number; readonly per_image_ms_p50: number };
+  readonly batch?: {
+    readonly images: number;
+    readonly batched: boolean;
+    readonly encode_ms_p50: number;
+    readonly per_image_ms_p50: number;
+  };
 }
 
 export type BenchEncodeResult = {
@@ -90,15 +96,8 @@ export type BenchEncodeResult = {
   readonly clip?: BenchClipReport;
 };
 
-/** Nearest-rank quantile of a sample. */
-export function quantile(values: readonly number[], q: number): number {
-  if (values.length === 0) return Number.NaN;
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
-}
-
 /** A deterministic 1280×720 test scene (gradients, edges, noise) as JPEG q85. */
-export async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<Buffer> {
+async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<Buffer> {
   const raw = Buffer.alloc(width * height * 3);
   let s = 12345;
   for (let y = 0; y < height; y++) {
@@ -111,10 +110,16 @@ export async function syntheticJpeg(width = 1280, height = 720, quality = 85): P
       raw[i + 2] = (((x >> 5) ^ (y >> 5)) & 1) * 180 + noise;
     }
   }
-  return sharp(raw, { raw: { width, height, channels: 3 } }).jpeg({ quality }).toBuffer();
+  return sharp(raw, { raw: { width, height, channels: 3 } })
+    .jpeg({ quality })
+    .toBuffer();
 }
 
-const benchContext = (imageTokens: number): StageContext => standaloneContext({ frame: { sourceId: 'bench' }, knobs: { imageTokens, maxNewTokens: 0 } });
+/** The most frames --batch takes in one encode call. */
+const MAX_BATCH = 64;
+
+const benchContext = (imageTokens: number): StageContext =>
+  standaloneContext({ frame: { sourceId: 'bench' }, knobs: { imageTokens, maxNewTokens: 0 } });
 
 /** What the bench needs of either encoder stage. */
 interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
@@ -126,18 +131,21 @@ interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
 export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncodeResult> {
   if (typeof opts.encoder !== 'string' || !opts.encoder) throw new TypeError('bench encode: --encoder is required');
   const runtime = isMmprojSpec(opts.encoder) ? 'mtmd' : 'onnx';
-  const iterations = opts.iterations ?? 20;
-  if (!Number.isInteger(iterations) || iterations < 1) throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
+  const { iterations, imageTokens } = opts;
+  if (!Number.isInteger(iterations) || iterations < 1)
+    throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
   const warmup = opts.warmup ?? 1;
-  const imageTokens = opts.imageTokens ?? 280;
-  const ep = (opts.ep ?? 'cpu') as ExecutionProvider;
-  if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda') throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
+  const ep = opts.ep as ExecutionProvider; // checked by the encoder stage
+  if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda')
+    throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
   if (runtime === 'onnx' && (opts.profile !== undefined || opts.flashAttention !== undefined || opts.batch !== undefined)) {
     throw new RangeError('bench encode: --profile, --flash-attention and --batch are for the llama.cpp clip encoder (an mmproj)');
   }
-  if (opts.profile !== undefined && opts.profile !== 'phases' && opts.profile !== 'ops') throw new RangeError(`bench encode: --profile must be 'phases' or 'ops', got '${String(opts.profile)}'`);
-  if (opts.batch !== undefined && !(Number.isInteger(opts.batch) && opts.batch >= 1 && opts.batch <= 64)) throw new RangeError(`bench encode: --batch must be an integer in 1..64, got ${opts.batch}`);
-  const modelPath = runtime === 'mtmd' ? await resolveMmprojSpec(opts.encoder) : resolveVisionSpec(opts.encoder);
+  if (opts.profile !== undefined && opts.profile !== 'phases' && opts.profile !== 'ops')
+    throw new RangeError(`bench encode: --profile must be 'phases' or 'ops', got '${String(opts.profile)}'`);
+  if (opts.batch !== undefined && !(Number.isInteger(opts.batch) && opts.batch >= 1 && opts.batch <= MAX_BATCH))
+    throw new RangeError(`bench encode: --batch must be an integer in 1..${MAX_BATCH}, got ${opts.batch}`);
+  const modelPath = await resolveModel(opts.encoder, runtime === 'mtmd' ? 'mmproj' : 'vision');
 
   let frame: CameraFrame;
   let imageName: string;
@@ -175,7 +183,9 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   }
   const loadMs = performance.now() - t0;
   try {
-    const preprocess = createPreprocessStage({ contract: encoder.contract.kind, ...(opts.threads !== undefined ? { threads: opts.threads } : {}) });
+    // The config's preprocess section (its defaults from the schema), with --threads for libvips.
+    const { preprocess: preprocessConfig } = loadConfig({ preprocess: opts.threads !== undefined ? { threads: opts.threads } : {} });
+    const preprocess = createPreprocessStage({ contract: encoder.contract.kind, ...preprocessConfig });
     const ctx = benchContext(imageTokens);
     const pre: number[] = [];
     const preCpu: number[] = [];
@@ -206,7 +216,7 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
       }
     }
     const round = (x: number): number => Math.round(x * 1000) / 1000;
-    const clip = mtmd ? await clipReport(mtmd, profiles, opts, () => preprocess.process(frame, ctx)) : undefined;
+    const clip = mtmd ? await clipReport(mtmd, profiles, opts, warmup, () => preprocess.process(frame, ctx)) : undefined;
     return {
       encoder: modelPath,
       runtime,
@@ -228,7 +238,12 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
       encode_ms_p50: round(quantile(enc, 0.5)),
       encode_ms_p99: round(quantile(enc, 0.99)),
       run_ms_p50: round(quantile(run, 0.5)),
-      total_ms_p50: round(quantile(pre.map((p, i) => p + enc[i]!), 0.5)),
+      total_ms_p50: round(
+        quantile(
+          pre.map((p, i) => p + enc[i]!),
+          0.5,
+        ),
+      ),
       load_average: round(loadavg()[0]!),
       ...(clip ? { clip } : {}),
     };
@@ -237,22 +252,32 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   }
 }
 
-async function clipReport(stage: MtmdEncoderStage, profiles: readonly VisionProfile[], opts: BenchEncodeOptions, nextTensor: () => Promise<PixelTensor>): Promise<BenchClipReport> {
+async function clipReport(
+  stage: MtmdEncoderStage,
+  profiles: readonly VisionProfile[],
+  opts: BenchEncodeOptions,
+  warmup: number,
+  nextTensor: () => Promise<PixelTensor>,
+): Promise<BenchClipReport> {
   const round = (x: number): number => Math.round(x * 1000) / 1000;
   const info = stage.info;
   const last = profiles.at(-1);
   let batch: BenchClipReport['batch'];
   if (opts.batch !== undefined) {
     const times: number[] = [];
-    const warmup = opts.warmup ?? 1;
-    for (let i = 0; i < warmup + (opts.iterations ?? 20); i++) {
+    for (let i = 0; i < warmup + opts.iterations; i++) {
       const inputs = await Promise.all(Array.from({ length: opts.batch }, nextTensor));
       const t0 = performance.now();
       await stage.encodeBatch(inputs);
       if (i >= warmup) times.push(performance.now() - t0);
     }
     const p50 = quantile(times, 0.5);
-    batch = { images: opts.batch, batched: info.batchable && opts.batch > 1, encode_ms_p50: round(p50), per_image_ms_p50: round(p50 / opts.batch) };
+    batch = {
+      images: opts.batch,
+      batched: info.batchable && opts.batch > 1,
+      encode_ms_p50: round(p50),
+      per_image_ms_p50: round(p50 / opts.batch),
+    };
   }
   return {
     flash_attention: info.flashAttention,
@@ -265,49 +290,28 @@ async function clipReport(stage: MtmdEncoderStage, profiles: readonly VisionProf
       ? {
           profile: {
             mode: opts.profile,
-            setup_ms_p50: round(quantile(profiles.map((p) => p.setupMs), 0.5)),
-            compute_ms_p50: round(quantile(profiles.map((p) => p.computeMs), 0.5)),
-            ...(last?.ops ? { ops: [...last.ops].sort((a, b) => b.ms - a.ms).map((o) => ({ op: o.op, ms: round(o.ms), count: o.count, on_host: o.onHost })) } : {}),
+            setup_ms_p50: round(
+              quantile(
+                profiles.map((p) => p.setupMs),
+                0.5,
+              ),
+            ),
+            compute_ms_p50: round(
+              quantile(
+                profiles.map((p) => p.computeMs),
+                0.5,
+              ),
+            ),
+            ...(last?.ops
+              ? {
+                  ops: [...last.ops]
+                    .sort((a, b) => b.ms - a.ms)
+                    .map((o) => ({ op: o.op, ms: round(o.ms), count: o.count, on_host: o.onHost })),
+                }
+              : {}),
           },
         }
       : {}),
     ...(batch ? { batch } : {}),
-  };
-}
-
-export interface BenchPreprocessOptions {
-  readonly contract: 'gemma3' | 'gemma4';
-  readonly image?: string;
-  readonly imageTokens?: number;
-  readonly iterations?: number;
-  readonly kernel?: 'nearest' | 'linear' | 'cubic';
-}
-
-/** Preprocessing alone (no encoder): p50/p99 over `iterations` frames after 3 warm-ups. */
-export async function benchPreprocess(opts: BenchPreprocessOptions): Promise<{ contract: string; kernel: string; image: string; tokens: number; ms_p50: number; ms_p99: number; ms_min: number; iterations: number }> {
-  const iterations = opts.iterations ?? 50;
-  const data = opts.image ? readFileSync(opts.image) : await syntheticJpeg();
-  const format = (await sharp(data).metadata()).format;
-  if (format !== 'jpeg' && format !== 'png') throw new Error(`bench preprocess: image is ${format ?? 'unknown'}; use a JPEG or PNG`);
-  const stage = createPreprocessStage({ contract: opts.contract, ...(opts.kernel ? { kernel: opts.kernel } : {}) });
-  const ctx = benchContext(opts.imageTokens ?? 280);
-  const times: number[] = [];
-  let tokens = 0;
-  for (let i = 0; i < iterations + 3; i++) {
-    const t0 = performance.now();
-    const t = await stage.process({ encoding: format, data }, ctx);
-    if (i >= 3) times.push(performance.now() - t0);
-    tokens = t.imageTokens;
-  }
-  const round = (x: number): number => Math.round(x * 1000) / 1000;
-  return {
-    contract: opts.contract,
-    kernel: opts.kernel ?? (opts.contract === 'gemma3' ? 'linear' : 'cubic'),
-    image: opts.image ?? 'synthetic 1280x720 jpeg q85',
-    tokens,
-    ms_p50: round(quantile(times, 0.5)),
-    ms_p99: round(quantile(times, 0.99)),
-    ms_min: round(Math.min(...times)),
-    iterations,
   };
 }

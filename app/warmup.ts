@@ -1,17 +1,23 @@
 // Warm-up at load: a synthetic camera frame goes through preprocess → encode → decode once for every
-// distinct image-token count of the degradation ladder, the largest image first,
-// so the first-call work of each stage is done before the first real frame: onnxruntime's arena and
-// per-shape plans, clip's graph and compute buffers, llama.cpp's graph reservations for the prefill
-// and decode batches, the grammar's first use, V8's compilation of the layout loops. Decoding is kept
-// short (a few tokens; llama.cpp reserves its compute buffers for the largest batch when the context
-// is made, so other batch sizes, drafted or not, need no warm-up of their own). It stops before the
-// actions stage: a warm-up output is never validated or published.
-import type { CameraFrame, PixelTensor } from '../nodes/payloads.ts';
+// distinct image-token count of the degradation ladder, the largest image first, so the first-call
+// work of each stage is done before the first real frame: onnxruntime's arena and per-shape plans,
+// clip's graph and compute buffers, llama.cpp's graph reservations for the prefill and decode batches,
+// the grammar's first use. Decoding is kept short (a few tokens; llama.cpp reserves its compute buffers
+// for the largest batch when the context is made, so other batch sizes, drafted or not, need no
+// warm-up of their own). It stops before the actions stage: a warm-up output is never validated or
+// published.
+import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import type { Knobs, Stage } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 
 /** The stages a warm-up frame goes through, in pipeline order. */
-const WARMED = ['preprocess', 'encode', 'decode'];
+export interface WarmupStages {
+  readonly preprocess: Stage<CameraFrame, PixelTensor>;
+  readonly encode: Stage<PixelTensor, ImageEmbedding>;
+  /** Absent: preprocess and encode only. */
+  readonly decode?: Stage<ImageEmbedding, unknown>;
+}
+
 /** New tokens per warm-up generation: enough for the decode batch and a speculative draft round. */
 const WARMUP_NEW_TOKENS = 8;
 
@@ -34,38 +40,36 @@ export function warmupKnobs(levels: readonly Knobs[]): Knobs[] {
 const PASSES = 2;
 
 /**
- * Runs `frame` through the leading preprocess/encode/decode stages of `stages`, PASSES times per knob
- * setting. Settings that give the encoder the same tensor (Gemma 3's fixed 256 tokens) run once. When
- * the last setting warmed is not the ladder's first level (where frames start), that level runs again
- * last: ggml keeps one CUDA graph per graph, re-captured when the shapes change. Throws what a stage
- * throws: a stage that cannot process a synthetic frame would fail on the first real one. Returns the
- * time of each stage's first pass per setting.
+ * Runs `frame` through `stages`, PASSES times per knob setting. Settings that give the encoder the
+ * same tensor (Gemma 3's fixed 256 tokens) run once. When the last setting warmed is not the ladder's
+ * first level (where frames start), that level runs again last: ggml keeps one CUDA graph per graph,
+ * re-captured when the shapes change. Throws what a stage throws: a stage that cannot process a
+ * synthetic frame would fail on the first real one. Returns the time of each stage's first pass per
+ * setting.
  */
-export async function warmUpStages(stages: readonly Stage<never, unknown>[], frame: CameraFrame, knobs: readonly Knobs[]): Promise<WarmupStep[]> {
-  const chain = [] as Stage<never, unknown>[];
-  for (const s of stages) {
-    if (!WARMED.includes(s.name)) break;
-    chain.push(s);
-  }
-  /** One pass of `k` through the chain. With `skip`, a tensor already in it is not encoded (undefined
+export async function warmUpStages(stages: WarmupStages, frame: CameraFrame, knobs: readonly Knobs[]): Promise<WarmupStep[]> {
+  /** One pass of `k` through the stages. With `skip`, a tensor already in it is not encoded (undefined
    * is returned); the tensor's key is added. */
   const pass = async (k: Knobs, ms?: Record<string, number>, skip?: Set<string>): Promise<string | undefined> => {
-    const ctx = standaloneContext({ frame: { sourceId: 'warmup' }, knobs: { ...k, maxNewTokens: Math.min(k.maxNewTokens, WARMUP_NEW_TOKENS) } });
-    let value: unknown = frame;
-    let key = '';
-    for (const stage of chain) {
+    const ctx = standaloneContext({
+      frame: { sourceId: 'warmup' },
+      knobs: { ...k, maxNewTokens: Math.min(k.maxNewTokens, WARMUP_NEW_TOKENS) },
+    });
+    const timed = async <I, O>(stage: Stage<I, O>, input: I): Promise<O> => {
       const t0 = performance.now();
-      value = await stage.process(value as never, ctx);
+      const output = await stage.process(input, ctx);
       if (ms) ms[stage.name] = performance.now() - t0;
-      if (stage.name !== 'preprocess') continue;
-      const t = value as PixelTensor;
-      key = `${t.pixelDims.join('x')}/${t.imageTokens}`;
-      if (skip?.has(key)) {
-        t.recycle?.(t.pixelValues);
-        return undefined;
-      }
-      skip?.add(key);
+      return output;
+    };
+    const tensor = await timed(stages.preprocess, frame);
+    const key = `${tensor.pixelDims.join('x')}/${tensor.imageTokens}`;
+    if (skip?.has(key)) {
+      tensor.recycle?.(tensor.pixelValues);
+      return undefined;
     }
+    skip?.add(key);
+    const embedding = await timed(stages.encode, tensor);
+    if (stages.decode) await timed(stages.decode, embedding);
     return key;
   };
   const steps: WarmupStep[] = [];

@@ -2,7 +2,8 @@
 // native layout pass (native/pixels.ts) normalizes, orients and lays out the pixels (CHW for Gemma 3,
 // 16×16 HWC patches for Gemma 4).
 //
-// Contracts (transformers.js vision_encoder inputs; models.md §5):
+// Contracts (the inputs of transformers.js's vision_encoder sessions, as HF's Gemma3ImageProcessor and
+// Gemma4ImageProcessor make them; Gemma 3's pan-and-scan is off, its default):
 //   gemma3: resize to 896×896 (bilinear), ×1/255, (x−0.5)/0.5 → pixel_values f32 [1,3,896,896].
 //   gemma4: aspect-preserving resize to multiples of 48 px within an image-token budget
 //           (70/140/280/560/1120; tokens = (W/48)·(H/48)), bicubic, ×1/255, patchify 16×16 (HWC inside a
@@ -41,21 +42,21 @@ export type Gemma4Sizing = 'hf' | 'llama.cpp';
 
 export interface PreprocessConfig {
   readonly contract: EncoderContract;
-  /** Frames with more pixels are refused before decoding (default 4096×4096). */
-  readonly maxPixels?: number;
+  /** Frames with more pixels are refused before decoding (the config's preprocess.maxPixels). */
+  readonly maxPixels: number;
   /** Resize kernel (default: 'linear' for gemma3 as HF's bilinear, 'cubic' for gemma4 as HF's bicubic). */
   readonly kernel?: ResizeKernel;
-  /** gemma3 square input size (default 896). */
+  /** gemma3 square input size (default 896, the processor's). */
   readonly imageSize?: number;
   /** gemma4 sizing rule (default 'hf', the processor the ONNX encoders were exported with). */
   readonly gemma4Sizing?: Gemma4Sizing;
   /** gemma4: a fixed token budget; when absent the budget is ctx.knobs.imageTokens (the ladder's knob). */
   readonly imageTokens?: number;
-  /** libvips threads per image (process-wide; default VIPS_CONCURRENCY, else 1). */
-  readonly threads?: number;
+  /** libvips threads per image, process-wide (the config's preprocess.threads). */
+  readonly threads: number;
 }
 
-const DEFAULT_MAX_PIXELS = 4096 * 4096;
+const GEMMA3_IMAGE_SIZE = 896;
 const KERNELS: readonly ResizeKernel[] = ['nearest', 'linear', 'cubic', 'mitchell', 'lanczos2', 'lanczos3'];
 const ENCODINGS: readonly FrameEncoding[] = ['jpeg', 'png', 'rgb8', 'bgr8', 'rgba8', 'bgra8', 'mono8', 'mono16'];
 
@@ -169,7 +170,8 @@ async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<S
   const width = meta.width ?? 0;
   const height = meta.height ?? 0;
   if (width <= 0 || height <= 0) throw frameError(frame.encoding, `zero size ${width}×${height}`);
-  if (width * height > maxPixels) throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
+  if (width * height > maxPixels)
+    throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
   const o = meta.orientation ?? 1;
   const orientation = Number.isInteger(o) && o >= 1 && o <= 8 ? o : 1;
   return { input: buffer, width, height, orientation, bgr: false, hasAlpha: meta.hasAlpha === true, direct: false };
@@ -181,12 +183,14 @@ function describeRaw(frame: CameraFrame, maxPixels: number, canReadDirect: (widt
   const enc = frame.encoding as keyof typeof bytesPerPixel;
   const { width, height } = frame;
   if (width === undefined || height === undefined) throw frameError(enc, 'width and height are required for raw frames');
-  if (!Number.isInteger(width) || !Number.isInteger(height) || width <= 0 || height <= 0) throw frameError(enc, `bad size ${width}×${height}`);
+  if (!Number.isInteger(width) || !Number.isInteger(height) || width <= 0 || height <= 0)
+    throw frameError(enc, `bad size ${width}×${height}`);
   if (width * height > maxPixels) throw frameError(enc, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
   const bpp = bytesPerPixel[enc];
   const rowBytes = width * bpp;
   const stride = frame.stride ?? rowBytes;
-  if (!Number.isInteger(stride) || stride < rowBytes) throw frameError(enc, `stride ${stride} is smaller than width × ${bpp} = ${rowBytes}`);
+  if (!Number.isInteger(stride) || stride < rowBytes)
+    throw frameError(enc, `stride ${stride} is smaller than width × ${bpp} = ${rowBytes}`);
   const need = stride * (height - 1) + rowBytes;
   const data = frame.data;
   if (!(data instanceof Uint8Array)) throw frameError(enc, 'data must be a Uint8Array');
@@ -217,7 +221,12 @@ function describeRaw(frame: CameraFrame, maxPixels: number, canReadDirect: (widt
   if (enc === 'mono16') {
     // Host (little-endian) byte order; sharp reads a Uint16Array as 16-bit samples.
     const aligned = packed.byteOffset % 2 === 0 ? packed : packed.slice();
-    return { ...common, input: new Uint16Array(aligned.buffer, aligned.byteOffset, width * height), raw: { width, height, channels: 1 }, direct: false };
+    return {
+      ...common,
+      input: new Uint16Array(aligned.buffer, aligned.byteOffset, width * height),
+      raw: { width, height, channels: 1 },
+      direct: false,
+    };
   }
   return { ...common, input: packed, raw: { width, height, channels }, direct: false };
 }
@@ -290,19 +299,10 @@ class PixelPool {
 /** libvips threads for every sharp call in this process (sharp.concurrency is process-wide). The
  * operation cache is turned off: frames never repeat, and cached decodes would only hold memory. */
 function configureLibvips(threads: number): void {
-  if (!Number.isInteger(threads) || threads < 1 || threads > 1024) throw new RangeError(`preprocess: threads must be an integer in 1..1024, got ${threads}`);
+  if (!Number.isInteger(threads) || threads < 1 || threads > 1024)
+    throw new RangeError(`preprocess: threads must be an integer in 1..1024, got ${threads}`);
   sharp.concurrency(threads);
   sharp.cache(false);
-}
-
-/** libvips threads when the config does not say: VIPS_CONCURRENCY (libvips's own variable, which sharp
- * otherwise overrides with 1 on glibc), else 1, leaving the other cores to the encoder and decoder. */
-export function defaultLibvipsThreads(env: NodeJS.ProcessEnv = process.env): number {
-  const text = env.VIPS_CONCURRENCY;
-  if (text === undefined || text === '') return 1;
-  const n = Number(text);
-  if (!Number.isInteger(n) || n < 1) throw new RangeError(`VIPS_CONCURRENCY must be a positive integer, got '${text}'`);
-  return n;
 }
 
 export interface PreprocessStage extends Stage<CameraFrame, PixelTensor> {
@@ -314,23 +314,31 @@ export interface PreprocessStage extends Stage<CameraFrame, PixelTensor> {
 }
 
 export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
-  if (cfg.contract !== 'gemma3' && cfg.contract !== 'gemma4') throw new TypeError(`preprocess: contract must be 'gemma3' or 'gemma4', got ${String(cfg.contract)}`);
-  const maxPixels = cfg.maxPixels ?? DEFAULT_MAX_PIXELS;
-  if (!Number.isInteger(maxPixels) || maxPixels <= 0) throw new RangeError(`preprocess: maxPixels must be a positive integer, got ${maxPixels}`);
+  if (cfg.contract !== 'gemma3' && cfg.contract !== 'gemma4')
+    throw new TypeError(`preprocess: contract must be 'gemma3' or 'gemma4', got ${String(cfg.contract)}`);
+  const { maxPixels, threads } = cfg;
+  if (!Number.isInteger(maxPixels) || maxPixels <= 0)
+    throw new RangeError(`preprocess: maxPixels must be a positive integer, got ${maxPixels}`);
   const kernel = cfg.kernel ?? (cfg.contract === 'gemma3' ? 'linear' : 'cubic');
   if (!KERNELS.includes(kernel)) throw new RangeError(`preprocess: kernel must be one of ${KERNELS.join(', ')}, got ${kernel}`);
-  const imageSize = cfg.imageSize ?? 896;
-  if (!Number.isInteger(imageSize) || imageSize <= 0 || imageSize > 8192) throw new RangeError(`preprocess: imageSize must be an integer in 1..8192, got ${imageSize}`);
+  const imageSize = cfg.imageSize ?? GEMMA3_IMAGE_SIZE;
+  if (!Number.isInteger(imageSize) || imageSize <= 0 || imageSize > 8192)
+    throw new RangeError(`preprocess: imageSize must be an integer in 1..8192, got ${imageSize}`);
   const sizing = cfg.gemma4Sizing ?? 'hf';
-  if (sizing !== 'hf' && sizing !== 'llama.cpp') throw new RangeError(`preprocess: gemma4Sizing must be 'hf' or 'llama.cpp', got ${String(sizing)}`);
+  if (sizing !== 'hf' && sizing !== 'llama.cpp')
+    throw new RangeError(`preprocess: gemma4Sizing must be 'hf' or 'llama.cpp', got ${String(sizing)}`);
   if (cfg.imageTokens !== undefined) clampImageTokens(cfg.imageTokens);
-  const threads = cfg.threads ?? defaultLibvipsThreads();
   configureLibvips(threads);
   const pool = new PixelPool();
   const recycle = (values: Float32Array): void => pool.give(values);
 
   /** Display-oriented target size for a stored width×height. */
-  const targetOf = (width: number, height: number, orientation: number, ctx: StageContext): { width: number; height: number; budget: number } => {
+  const targetOf = (
+    width: number,
+    height: number,
+    orientation: number,
+    ctx: StageContext,
+  ): { width: number; height: number; budget: number } => {
     if (cfg.contract === 'gemma3') return { width: imageSize, height: imageSize, budget: 0 };
     const [w, h] = transposes(orientation) ? [height, width] : [width, height];
     const budget = clampImageTokens(cfg.imageTokens ?? ctx.knobs.imageTokens);
@@ -340,7 +348,8 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
 
   const describe = (frame: CameraFrame, ctx: StageContext): Promise<SourceImage> | SourceImage => {
     if (frame === null || typeof frame !== 'object') throw new TypeError('preprocess: frame must be a CameraFrame object');
-    if (!ENCODINGS.includes(frame.encoding)) throw frameError(String(frame.encoding), `unsupported encoding (supported: ${ENCODINGS.join(', ')})`);
+    if (!ENCODINGS.includes(frame.encoding))
+      throw frameError(String(frame.encoding), `unsupported encoding (supported: ${ENCODINGS.join(', ')})`);
     if (frame.encoding === 'jpeg' || frame.encoding === 'png') return describeEncoded(frame, maxPixels);
     return describeRaw(frame, maxPixels, (w, h) => {
       const t = targetOf(w, h, 1, ctx);
@@ -358,12 +367,15 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
     const rowsHere = height > src.height && (kernel === 'linear' || kernel === 'cubic');
     const vipsHeight = rowsHere ? src.height : height;
     let pipeline = sharp(src.input, { ...(src.raw ? { raw: src.raw } : {}), limitInputPixels: maxPixels, sequentialRead: true });
-    if (width !== src.width || vipsHeight !== src.height) pipeline = pipeline.resize(width, vipsHeight, { fit: 'fill', kernel, fastShrinkOnLoad: true });
+    if (width !== src.width || vipsHeight !== src.height)
+      pipeline = pipeline.resize(width, vipsHeight, { fit: 'fill', kernel, fastShrinkOnLoad: true });
     if (src.hasAlpha) pipeline = pipeline.removeAlpha();
     try {
       const { data, info } = await pipeline.raw().toBuffer({ resolveWithObject: true });
-      if (info.width !== width || info.height !== vipsHeight) throw new Error(`sharp returned ${info.width}×${info.height}, wanted ${width}×${vipsHeight}`);
-      if (data.length !== width * vipsHeight * info.channels) throw new Error(`sharp returned ${data.length} bytes for ${width}×${vipsHeight}×${info.channels}`);
+      if (info.width !== width || info.height !== vipsHeight)
+        throw new Error(`sharp returned ${info.width}×${info.height}, wanted ${width}×${vipsHeight}`);
+      if (data.length !== width * vipsHeight * info.channels)
+        throw new Error(`sharp returned ${data.length} bytes for ${width}×${vipsHeight}×${info.channels}`);
       return { data, width, height: vipsHeight, channels: info.channels, stride: width * info.channels, rows: height };
     } catch (err) {
       throw frameError(encoding, `decode/resize failed (${firstLine(err)})`);
@@ -398,7 +410,13 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
       if (cfg.contract === 'gemma3') {
         const values = pool.take(3 * imageSize * imageSize);
         await lay(px, src, values, 'chw');
-        return { contract: 'gemma3', pixelValues: values, pixelDims: [1, 3, imageSize, imageSize], imageTokens: Math.floor(imageSize / 56) ** 2, recycle };
+        return {
+          contract: 'gemma3',
+          pixelValues: values,
+          pixelDims: [1, 3, imageSize, imageSize],
+          imageTokens: Math.floor(imageSize / 56) ** 2,
+          recycle,
+        };
       }
       const cols = target.width / GEMMA4_PATCH;
       const rows = target.height / GEMMA4_PATCH;

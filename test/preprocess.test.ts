@@ -1,11 +1,12 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import sharp, { type SharpOptions } from 'sharp';
-import { clampImageTokens, createPreprocessStage, defaultLibvipsThreads, gemma4TargetSize, GEMMA4_TOKEN_BUDGETS } from '../nodes/preprocess.ts';
+import { clampImageTokens, createPreprocessStage, gemma4TargetSize, GEMMA4_TOKEN_BUDGETS } from '../nodes/preprocess.ts';
 import { layoutPixels } from '../native/pixels.ts';
 import type { CameraFrame, PixelTensor } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { PREPROCESS_DEFAULTS } from './fixtures.ts';
 
 function ctx(imageTokens = 280): StageContext {
   return standaloneContext({ frame: { frameId: 1, sourceId: 'test' }, knobs: { imageTokens, maxNewTokens: 8 } });
@@ -59,12 +60,25 @@ function naiveEnlargeRows(src: Uint8Array, rowBytes: number, inRows: number, out
 
 /** The plain reference resize: sharp for everything that shrinks, with the same options as the stage;
  * rows that grow are enlarged by the naive loop above. Returns interleaved 8-bit pixels. */
-async function referencePixels(input: Buffer | Uint16Array, opts: SharpOptions, width: number, height: number, kernel: 'linear' | 'cubic'): Promise<{ data: Uint8Array; channels: number }> {
+async function referencePixels(
+  input: Buffer | Uint16Array,
+  opts: SharpOptions,
+  width: number,
+  height: number,
+  kernel: 'linear' | 'cubic',
+): Promise<{ data: Uint8Array; channels: number }> {
   const meta = await sharp(input, opts).metadata();
   const srcHeight = opts.autoOrient ? meta.autoOrient.height : meta.height;
   const vipsHeight = Math.min(height, srcHeight);
-  const { data, info } = await sharp(input, opts).resize(width, vipsHeight, { fit: 'fill', kernel }).removeAlpha().raw().toBuffer({ resolveWithObject: true });
-  return { data: vipsHeight === height ? data : naiveEnlargeRows(data, width * info.channels, vipsHeight, height, kernel), channels: info.channels };
+  const { data, info } = await sharp(input, opts)
+    .resize(width, vipsHeight, { fit: 'fill', kernel })
+    .removeAlpha()
+    .raw()
+    .toBuffer({ resolveWithObject: true });
+  return {
+    data: vipsHeight === height ? data : naiveEnlargeRows(data, width * info.channels, vipsHeight, height, kernel),
+    channels: info.channels,
+  };
 }
 
 /** Gemma 3 reference: referencePixels, then a naive loop normalizes into CHW. */
@@ -93,7 +107,8 @@ function naivePatches(data: Uint8Array, channels: number, width: number, height:
   for (let y = 0; y < height; y++) {
     for (let x = 0; x < width; x++) {
       const p = Math.floor(y / 16) * cols + Math.floor(x / 16);
-      for (let c = 0; c < 3; c++) out[p * 768 + ((y % 16) * 16 + (x % 16)) * 3 + c] = data[(y * width + x) * channels + (channels >= 3 ? c : 0)]! / 255;
+      for (let c = 0; c < 3; c++)
+        out[p * 768 + ((y % 16) * 16 + (x % 16)) * 3 + c] = data[(y * width + x) * channels + (channels >= 3 ? c : 0)]! / 255;
     }
   }
   return out;
@@ -120,7 +135,7 @@ describe('preprocess gemma3', () => {
 
   test('JPEG → [1,3,896,896] CHW in [-1,1] equals the plain reference', async () => {
     const jpeg = await sharp(rgb, rawRgb(W, H)).jpeg({ quality: 90 }).toBuffer();
-    const stage = createPreprocessStage({ contract: 'gemma3' });
+    const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3' });
     const t = await stage.process({ encoding: 'jpeg', data: jpeg }, ctx());
     assert.equal(t.contract, 'gemma3');
     assert.deepEqual(t.pixelDims, [1, 3, 896, 896]);
@@ -138,7 +153,7 @@ describe('preprocess gemma3', () => {
   });
 
   test('raw rgb8 / bgr8 with row padding / rgba8 / bgra8 all give the rgb8 result', async () => {
-    const stage = createPreprocessStage({ contract: 'gemma3' });
+    const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3' });
     const ref = await referenceGemma3(rgb, rawRgb(W, H));
     const plain = await stage.process({ encoding: 'rgb8', data: rgb, width: W, height: H }, ctx());
     assert.ok(maxAbsDiff(plain.pixelValues, ref) <= 1e-5);
@@ -161,7 +176,7 @@ describe('preprocess gemma3', () => {
   });
 
   test('mono8, mono16 and gray/16-bit/RGBA PNGs match their references', async () => {
-    const stage = createPreprocessStage({ contract: 'gemma3' });
+    const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3' });
     const gray = Buffer.alloc(W * H);
     for (let i = 0; i < gray.length; i++) gray[i] = rgb[i * 3]!;
     const mono8 = await stage.process({ encoding: 'mono8', data: gray, width: W, height: H }, ctx());
@@ -176,8 +191,14 @@ describe('preprocess gemma3', () => {
     assert.ok(maxAbsDiff(mono16.pixelValues, await referenceGemma3(g16, { raw: { width: W, height: H, channels: 1 } })) <= 1e-5, 'mono16');
 
     const pngs: Record<string, Buffer> = {
-      gray8: await sharp(gray, { raw: { width: W, height: H, channels: 1 } }).toColourspace('b-w').png().toBuffer(),
-      gray16: await sharp(g16, { raw: { width: W, height: H, channels: 1 } }).toColourspace('grey16').png().toBuffer(),
+      gray8: await sharp(gray, { raw: { width: W, height: H, channels: 1 } })
+        .toColourspace('b-w')
+        .png()
+        .toBuffer(),
+      gray16: await sharp(g16, { raw: { width: W, height: H, channels: 1 } })
+        .toColourspace('grey16')
+        .png()
+        .toBuffer(),
       rgba: await sharp(rgb, rawRgb(W, H)).ensureAlpha(1).png().toBuffer(),
     };
     for (const [name, png] of Object.entries(pngs)) {
@@ -213,7 +234,16 @@ describe('preprocess gemma4', () => {
 
   test('budget invariants over many aspect ratios', () => {
     for (const budget of GEMMA4_TOKEN_BUDGETS) {
-      for (const [w, h] of [[1280, 720], [720, 1280], [640, 640], [4000, 300], [300, 4000], [1920, 1080], [97, 1013], [3000, 2000]] as const) {
+      for (const [w, h] of [
+        [1280, 720],
+        [720, 1280],
+        [640, 640],
+        [4000, 300],
+        [300, 4000],
+        [1920, 1080],
+        [97, 1013],
+        [3000, 2000],
+      ] as const) {
         const s = gemma4TargetSize(w, h, budget);
         assert.ok(s.width % 48 === 0 && s.height % 48 === 0, `${w}×${h}@${budget}: ${s.width}×${s.height}`);
         assert.ok(s.tokens <= budget && s.tokens >= 1, `${w}×${h}@${budget}: ${s.tokens} tokens`);
@@ -238,7 +268,7 @@ describe('preprocess gemma4', () => {
     const W = 400;
     const H = 300;
     const rgb = scene(W, H);
-    const stage = createPreprocessStage({ contract: 'gemma4' });
+    const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' });
     const t = await stage.process({ encoding: 'rgb8', data: rgb, width: W, height: H }, ctx(70));
     const size = gemma4TargetSize(W, H, 70);
     assert.equal(t.imageTokens, size.tokens);
@@ -257,15 +287,24 @@ describe('preprocess gemma4', () => {
   });
 
   test('the ladder knob sets the budget: patch counts follow ctx.knobs.imageTokens for several aspect ratios', async () => {
-    const stage = createPreprocessStage({ contract: 'gemma4' });
+    const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' });
     const validPatches = (t: PixelTensor): number => {
       let n = 0;
       for (let p = 0; p < t.pixelDims[1]!; p++) if (t.positionIds![2 * p]! >= 0n) n++;
       return n;
     };
-    for (const [w, h] of [[1280, 720], [720, 1280], [640, 640], [4000, 300]] as const) {
+    for (const [w, h] of [
+      [1280, 720],
+      [720, 1280],
+      [640, 640],
+      [4000, 300],
+    ] as const) {
       const frame: CameraFrame = { encoding: 'mono8', data: new Uint8Array(w * h).fill(90), width: w, height: h };
-      for (const [knob, budget] of [[70, 70], [300, 280], [1120, 1120]] as const) {
+      for (const [knob, budget] of [
+        [70, 70],
+        [300, 280],
+        [1120, 1120],
+      ] as const) {
         const t = await stage.process(frame, ctx(knob));
         const s = gemma4TargetSize(w, h, budget);
         assert.equal(t.pixelDims[1], budget * 9, `${w}×${h} knob ${knob}: padded length`);
@@ -274,7 +313,7 @@ describe('preprocess gemma4', () => {
       }
     }
     // a fixed budget in the config overrides the knob
-    const fixed = createPreprocessStage({ contract: 'gemma4', imageTokens: 140 });
+    const fixed = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4', imageTokens: 140 });
     const t = await fixed.process({ encoding: 'mono8', data: new Uint8Array(640 * 480), width: 640, height: 480 }, ctx(1120));
     assert.equal(t.pixelDims[1], 140 * 9);
   });
@@ -284,12 +323,18 @@ describe('preprocess speed paths keep the output exact', () => {
   test('EXIF orientations 1–8: the layout pass orients as libvips autoOrient does (JPEG and PNG, no resize)', async () => {
     // Stored 1056×576 (orientations 1–4) or 576×1056 (5–8): displayed 1056×576, which is exactly the
     // 280-token target, so no resize happens and the comparison is exact.
-    const stage = createPreprocessStage({ contract: 'gemma4' });
+    const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' });
     const wide = scene(1056, 576);
     const tall = scene(576, 1056);
     for (let orientation = 1; orientation <= 8; orientation++) {
       const [data, w, h] = orientation >= 5 ? [tall, 576, 1056] : [wide, 1056, 576];
-      const encoded = { jpeg: await sharp(data, rawRgb(w, h)).jpeg({ quality: 90 }).withMetadata({ orientation }).toBuffer(), png: orientation % 3 === 0 ? await sharp(data, rawRgb(w, h)).png({ compressionLevel: 1 }).withMetadata({ orientation }).toBuffer() : undefined };
+      const encoded = {
+        jpeg: await sharp(data, rawRgb(w, h)).jpeg({ quality: 90 }).withMetadata({ orientation }).toBuffer(),
+        png:
+          orientation % 3 === 0
+            ? await sharp(data, rawRgb(w, h)).png({ compressionLevel: 1 }).withMetadata({ orientation }).toBuffer()
+            : undefined,
+      };
       for (const [encoding, bytes] of Object.entries(encoded) as ['jpeg' | 'png', Buffer | undefined][]) {
         if (!bytes) continue;
         const t = await stage.process({ encoding, data: bytes }, ctx(280));
@@ -307,14 +352,17 @@ describe('preprocess speed paths keep the output exact', () => {
     // orientation and rotates while laying out; libvips autoOrient rotates first. Both reduce in two
     // 8-bit passes (rows, then columns), so the two orders differ by one level at most.
     const jpeg = await sharp(scene(1920, 1080), rawRgb(1920, 1080)).jpeg({ quality: 90 }).withMetadata({ orientation: 6 }).toBuffer();
-    const t = await createPreprocessStage({ contract: 'gemma4' }).process({ encoding: 'jpeg', data: jpeg }, ctx(280));
+    const t = await createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' }).process(
+      { encoding: 'jpeg', data: jpeg },
+      ctx(280),
+    );
     const size = gemma4TargetSize(1080, 1920, 280);
     assert.deepEqual([size.width, size.height], [576, 1056]);
     assert.equal(t.imageTokens, size.tokens);
     const upright = await referencePixels(jpeg, { autoOrient: true }, size.width, size.height, 'cubic');
     const diff = maxAbsDiff(t.pixelValues, naivePatches(upright.data, 3, size.width, size.height, 280 * 9));
     assert.ok(diff <= 1 / 255 + 1e-5, `gemma4: max diff ${diff}`);
-    const g3 = await createPreprocessStage({ contract: 'gemma3' }).process({ encoding: 'jpeg', data: jpeg }, ctx());
+    const g3 = await createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3' }).process({ encoding: 'jpeg', data: jpeg }, ctx());
     const square = await referencePixels(jpeg, { autoOrient: true }, 896, 896, 'linear');
     const diff3 = maxAbsDiff(g3.pixelValues, naiveChw(square.data, 3, 896, 896));
     assert.ok(diff3 <= 2 / 255 + 1e-5, `gemma3: max diff ${diff3}`);
@@ -325,11 +373,17 @@ describe('preprocess speed paths keep the output exact', () => {
     // libvips resizes. The full-decode reference resizes the full-size pixels instead: a different
     // low-pass filter, so the two differ a little on fine detail and nowhere by much.
     const jpeg = await sharp(scene(2880, 1620), rawRgb(2880, 1620)).jpeg({ quality: 90 }).toBuffer();
-    const t = await createPreprocessStage({ contract: 'gemma4' }).process({ encoding: 'jpeg', data: jpeg }, ctx(70));
+    const t = await createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' }).process(
+      { encoding: 'jpeg', data: jpeg },
+      ctx(70),
+    );
     const size = gemma4TargetSize(2880, 1620, 70);
     assert.deepEqual([size.width, size.height], [528, 288]);
     const sameShrink = await referencePixels(jpeg, {}, 528, 288, 'cubic');
-    assert.ok(maxAbsDiff(t.pixelValues, naivePatches(sameShrink.data, 3, 528, 288, 70 * 9)) <= 1e-5, 'differs from sharp with shrink-on-load');
+    assert.ok(
+      maxAbsDiff(t.pixelValues, naivePatches(sameShrink.data, 3, 528, 288, 70 * 9)) <= 1e-5,
+      'differs from sharp with shrink-on-load',
+    );
     const full = await sharp(jpeg).raw().toBuffer();
     const fromFull = await sharp(full, rawRgb(2880, 1620)).resize(528, 288, { fit: 'fill', kernel: 'cubic' }).raw().toBuffer();
     const reference = naivePatches(fromFull, 3, 528, 288, 70 * 9);
@@ -339,11 +393,17 @@ describe('preprocess speed paths keep the output exact', () => {
     assert.ok(mean < 0.02 && max < 0.35, `DCT-scaled decode too far from the full decode: mean ${mean}, max ${max}`);
   });
 
-  test('rows that grow are enlarged on PIL\'s sample grid (HF\'s processors resize with PIL)', async () => {
+  test("rows that grow are enlarged on PIL's sample grid (HF's processors resize with PIL)", async () => {
     // A ramp of 20 per row, 10 → 25 rows: output row y samples source row (y + 0.5)·0.4 − 0.5, so
     // rows are 20·(0.4·y − 0.3) where every tap is inside the image; the edges clamp. (libvips's own
     // enlargement samples y·0.4 − 0.5, half an output row off this grid.)
-    const enlarged = async (src: Uint8Array, width: number, height: number, rows: number, kernel: 'linear' | 'cubic'): Promise<Uint8Array> => {
+    const enlarged = async (
+      src: Uint8Array,
+      width: number,
+      height: number,
+      rows: number,
+      kernel: 'linear' | 'cubic',
+    ): Promise<Uint8Array> => {
       const out = new Float32Array(3 * width * rows);
       await layoutPixels(src, out, { width, height, channels: 1, rows, kernel, layout: 'chw' });
       return Uint8Array.from(out.subarray(0, width * rows), (v) => Math.round(v * 255));
@@ -367,19 +427,36 @@ describe('preprocess speed paths keep the output exact', () => {
 
   test('the layout pass refuses what does not fit, with the reason', async () => {
     const src = new Uint8Array(32 * 32 * 3);
-    await assert.rejects(layoutPixels(src, new Float32Array(10), { width: 32, height: 32, channels: 3, layout: 'patches' }), /out has 10 values, need at least 3072/);
-    await assert.rejects(layoutPixels(src, new Float32Array(3 * 30 * 32), { width: 30, height: 32, channels: 3, layout: 'patches' }), /30x32 is not a multiple of the patch size 16/);
-    await assert.rejects(layoutPixels(src.subarray(1), new Float32Array(3 * 32 * 32), { width: 32, height: 32, channels: 3, layout: 'chw' }), /src has 3071 bytes, need 3072/);
-    await assert.rejects(layoutPixels(src, new Float32Array(3 * 32 * 32), { width: 32, height: 32, channels: 3, rows: 20, layout: 'chw' }), /rows/);
+    await assert.rejects(
+      layoutPixels(src, new Float32Array(10), { width: 32, height: 32, channels: 3, layout: 'patches' }),
+      /out has 10 values, need at least 3072/,
+    );
+    await assert.rejects(
+      layoutPixels(src, new Float32Array(3 * 30 * 32), { width: 30, height: 32, channels: 3, layout: 'patches' }),
+      /30x32 is not a multiple of the patch size 16/,
+    );
+    await assert.rejects(
+      layoutPixels(src.subarray(1), new Float32Array(3 * 32 * 32), { width: 32, height: 32, channels: 3, layout: 'chw' }),
+      /src has 3071 bytes, need 3072/,
+    );
+    await assert.rejects(
+      layoutPixels(src, new Float32Array(3 * 32 * 32), { width: 32, height: 32, channels: 3, rows: 20, layout: 'chw' }),
+      /rows/,
+    );
   });
 
   test('raw frames of the target size skip sharp: padded rgb8/bgr8/rgba8/mono8 rows read in place', async () => {
     const W = 1056;
     const H = 576;
     const rgb = scene(W, H);
-    const stage = createPreprocessStage({ contract: 'gemma4' });
+    const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' });
     const expected = naivePatches(rgb, 3, W, H, 280 * 9);
-    for (const [encoding, bpp] of [['rgb8', 3], ['bgr8', 3], ['rgba8', 4], ['mono8', 1]] as const) {
+    for (const [encoding, bpp] of [
+      ['rgb8', 3],
+      ['bgr8', 3],
+      ['rgba8', 4],
+      ['mono8', 1],
+    ] as const) {
       const stride = W * bpp + 5;
       const data = new Uint8Array(stride * H).fill(0xee);
       for (let y = 0; y < H; y++) {
@@ -392,13 +469,14 @@ describe('preprocess speed paths keep the output exact', () => {
         }
       }
       const t = await stage.process({ encoding, data, width: W, height: H, stride }, ctx(280));
-      const want = bpp === 1 ? naivePatches(Buffer.from(Array.from({ length: W * H * 3 }, (_, i) => rgb[i - (i % 3)]!)), 3, W, H, 280 * 9) : expected;
+      const want =
+        bpp === 1 ? naivePatches(Buffer.from(Array.from({ length: W * H * 3 }, (_, i) => rgb[i - (i % 3)]!)), 3, W, H, 280 * 9) : expected;
       assert.ok(maxAbsDiff(t.pixelValues, want) <= 1e-5, encoding);
     }
   });
 
   test('pixel_values arrays are reused once recycled; a reused array is fully rewritten (padding zeroed)', async () => {
-    const stage = createPreprocessStage({ contract: 'gemma4' });
+    const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' });
     const frame: CameraFrame = { encoding: 'rgb8', data: scene(400, 300), width: 400, height: 300 };
     const first = await stage.process(frame, ctx(280));
     const expected = first.pixelValues.slice();
@@ -421,17 +499,19 @@ describe('preprocess speed paths keep the output exact', () => {
     assert.equal(stage.allocatedArrays(), 3);
   });
 
-  test('libvips threads: from the config, else VIPS_CONCURRENCY, else 1; the operation cache is off', () => {
+  test('libvips threads: from the config (the schema default is 1); the operation cache is off', () => {
     const before = sharp.concurrency();
     try {
-      assert.equal(createPreprocessStage({ contract: 'gemma3', threads: 2 }).threads, 2);
+      assert.equal(createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3', threads: 2 }).threads, 2);
       assert.equal(sharp.concurrency(), 2);
       const cache = sharp.cache();
       assert.deepEqual([cache.memory.max, cache.files.max, cache.items.max], [0, 0, 0]);
-      assert.equal(defaultLibvipsThreads({}), 1);
-      assert.equal(defaultLibvipsThreads({ VIPS_CONCURRENCY: '3' }), 3);
-      assert.throws(() => defaultLibvipsThreads({ VIPS_CONCURRENCY: 'many' }), /VIPS_CONCURRENCY must be a positive integer, got 'many'/);
-      assert.throws(() => createPreprocessStage({ contract: 'gemma3', threads: 0 }), /threads must be an integer in 1..1024, got 0/);
+      assert.equal(createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' }).threads, 1);
+      assert.equal(sharp.concurrency(), 1);
+      assert.throws(
+        () => createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3', threads: 0 }),
+        /threads must be an integer in 1..1024, got 0/,
+      );
     } finally {
       sharp.concurrency(before);
     }
@@ -445,7 +525,7 @@ describe('preprocess rejects bad frames, one at a time', () => {
     const rgb = scene(W, H);
     const jpeg = await sharp(rgb, rawRgb(W, H)).jpeg().toBuffer();
     const png = await sharp(rgb, rawRgb(W, H)).png().toBuffer();
-    const stage = createPreprocessStage({ contract: 'gemma3', maxPixels: 100_000 });
+    const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3', maxPixels: 100_000 });
     const bad: [string, CameraFrame, RegExp][] = [
       ['truncated jpeg', { encoding: 'jpeg', data: jpeg.subarray(0, jpeg.length >> 1) }, /jpeg frame: .*(decode|premature|truncated)/i],
       ['garbage jpeg', { encoding: 'jpeg', data: new Uint8Array([0xff, 0xd8, 0xff, 1, 2, 3, 4]) }, /jpeg frame: cannot read header/],
@@ -453,13 +533,35 @@ describe('preprocess rejects bad frames, one at a time', () => {
       ['png declared as jpeg', { encoding: 'jpeg', data: png }, /jpeg frame: data is png, not jpeg/],
       ['zero width raw', { encoding: 'rgb8', data: new Uint8Array(10), width: 0, height: 4 }, /rgb8 frame: bad size 0×4/],
       ['missing size raw', { encoding: 'rgb8', data: new Uint8Array(10) }, /rgb8 frame: width and height are required/],
-      ['stride too small', { encoding: 'rgb8', data: rgb, width: W, height: H, stride: W * 3 - 1 }, /stride 191 is smaller than width × 3 = 192/],
-      ['short raw data', { encoding: 'rgba8', data: new Uint8Array(W * 4 * H - 1), width: W, height: H }, /rgba8 frame: 12287 bytes, need 12288/],
-      ['unsupported encoding', { encoding: 'yuv422' as never, data: new Uint8Array(10), width: 2, height: 2 }, /yuv422 frame: unsupported encoding/],
-      ['too many pixels raw', { encoding: 'mono8', data: new Uint8Array(400 * 400), width: 400, height: 400 }, /160000 pixels exceeds maxPixels 100000/],
+      [
+        'stride too small',
+        { encoding: 'rgb8', data: rgb, width: W, height: H, stride: W * 3 - 1 },
+        /stride 191 is smaller than width × 3 = 192/,
+      ],
+      [
+        'short raw data',
+        { encoding: 'rgba8', data: new Uint8Array(W * 4 * H - 1), width: W, height: H },
+        /rgba8 frame: 12287 bytes, need 12288/,
+      ],
+      [
+        'unsupported encoding',
+        { encoding: 'yuv422' as never, data: new Uint8Array(10), width: 2, height: 2 },
+        /yuv422 frame: unsupported encoding/,
+      ],
+      [
+        'too many pixels raw',
+        { encoding: 'mono8', data: new Uint8Array(400 * 400), width: 400, height: 400 },
+        /160000 pixels exceeds maxPixels 100000/,
+      ],
     ];
-    const bigJpeg = await sharp({ create: { width: 500, height: 400, channels: 3, background: '#808080' } }).jpeg().toBuffer();
-    bad.push(['too many pixels jpeg (header only)', { encoding: 'jpeg', data: bigJpeg }, /jpeg frame: 500×400 = 200000 pixels exceeds maxPixels 100000/]);
+    const bigJpeg = await sharp({ create: { width: 500, height: 400, channels: 3, background: '#808080' } })
+      .jpeg()
+      .toBuffer();
+    bad.push([
+      'too many pixels jpeg (header only)',
+      { encoding: 'jpeg', data: bigJpeg },
+      /jpeg frame: 500×400 = 200000 pixels exceeds maxPixels 100000/,
+    ]);
     for (const [name, frame, pattern] of bad) {
       await assert.rejects(stage.process(frame, ctx()), pattern, name);
       const ok = await stage.process({ encoding: 'jpeg', data: jpeg }, ctx());
@@ -468,9 +570,21 @@ describe('preprocess rejects bad frames, one at a time', () => {
   });
 
   test('config is validated at creation', () => {
-    assert.throws(() => createPreprocessStage({ contract: 'gemma5' as never }), /contract must be 'gemma3' or 'gemma4'/);
-    assert.throws(() => createPreprocessStage({ contract: 'gemma3', maxPixels: 0 }), /maxPixels must be a positive integer/);
-    assert.throws(() => createPreprocessStage({ contract: 'gemma3', kernel: 'box' as never }), /kernel must be one of/);
-    assert.throws(() => createPreprocessStage({ contract: 'gemma4', gemma4Sizing: 'pil' as never }), /gemma4Sizing/);
+    assert.throws(
+      () => createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma5' as never }),
+      /contract must be 'gemma3' or 'gemma4'/,
+    );
+    assert.throws(
+      () => createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3', maxPixels: 0 }),
+      /maxPixels must be a positive integer/,
+    );
+    assert.throws(
+      () => createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3', kernel: 'box' as never }),
+      /kernel must be one of/,
+    );
+    assert.throws(
+      () => createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4', gemma4Sizing: 'pil' as never }),
+      /gemma4Sizing/,
+    );
   });
 });
