@@ -118,6 +118,9 @@ async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<
 /** The most frames --batch takes in one encode call. */
 const MAX_BATCH = 64;
 
+/** Milliseconds as reported: three decimals. */
+const round = (x: number): number => Math.round(x * 1000) / 1000;
+
 const benchContext = (imageTokens: number): StageContext =>
   standaloneContext({ frame: { sourceId: 'bench' }, knobs: { imageTokens, maxNewTokens: 0 } });
 
@@ -215,7 +218,6 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
         if (profile) profiles.push(profile);
       }
     }
-    const round = (x: number): number => Math.round(x * 1000) / 1000;
     const clip = mtmd ? await clipReport(mtmd, profiles, opts, warmup, () => preprocess.process(frame, ctx)) : undefined;
     return {
       encoder: modelPath,
@@ -259,7 +261,6 @@ async function clipReport(
   warmup: number,
   nextTensor: () => Promise<PixelTensor>,
 ): Promise<BenchClipReport> {
-  const round = (x: number): number => Math.round(x * 1000) / 1000;
   const info = stage.info;
   const last = profiles.at(-1);
   let batch: BenchClipReport['batch'];
@@ -292,13 +293,13 @@ async function clipReport(
             mode: opts.profile,
             setup_ms_p50: round(
               quantile(
-                profiles.map((p) => p.setupMs),
+                profiles.map(({ setupMs }) => setupMs),
                 0.5,
               ),
             ),
             compute_ms_p50: round(
               quantile(
-                profiles.map((p) => p.computeMs),
+                profiles.map(({ computeMs }) => computeMs),
                 0.5,
               ),
             ),

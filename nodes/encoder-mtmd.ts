@@ -176,13 +176,14 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
   if (cfg.useGpu !== undefined && typeof cfg.useGpu !== 'boolean')
     throw new TypeError(`encoder-mtmd: useGpu must be a boolean, got ${String(cfg.useGpu)}`);
   const useGpu = cfg.useGpu ?? (cfg.gpuLayers !== undefined && cfg.gpuLayers !== 0);
+  const profile = cfg.profile ?? 'off';
   let vision: LlamaVision;
   try {
     vision = await LlamaVision.load(cfg.mmproj, {
       useGpu,
       ...(cfg.threads !== undefined ? { threads: cfg.threads } : {}),
       ...(cfg.flashAttention !== undefined ? { flashAttention: cfg.flashAttention } : {}),
-      profile: (cfg.profile ?? 'off') !== 'off',
+      profile: profile !== 'off',
     });
   } catch (err) {
     throw Object.assign(new Error(`encoder-mtmd: cannot load ${cfg.mmproj}: ${(err as Error).message}`), {
@@ -196,7 +197,7 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
     vision.dispose();
     throw err;
   }
-  return new MtmdEncoder(vision, contract, cfg.profile ?? 'off');
+  return new MtmdEncoder(vision, contract, profile);
 }
 
 class MtmdEncoder implements MtmdEncoderStage {

@@ -129,18 +129,16 @@ interface SourceImage {
   /** Stored size (before orientation). */
   readonly width: number;
   readonly height: number;
-  /** Bytes per row of `input` for raw frames (may be padded). */
-  readonly stride?: number;
   /** EXIF orientation 1…8 (1: as stored). */
   readonly orientation: number;
   /** Channels are B,G,R in memory (swapped by the layout pass: resizing does not care). */
   readonly bgr: boolean;
   readonly hasAlpha: boolean;
-  /** Raw 8-bit pixels the layout pass can read as they are, when no resize is needed. */
-  readonly direct: boolean;
+  /** A raw frame of the target size: the pixels the layout pass reads as they are (sharp is skipped). */
+  readonly direct?: StoredPixels;
 }
 
-const bytesPerPixel: Record<Exclude<FrameEncoding, 'jpeg' | 'png'>, number> = {
+const bytesPerPixel: Record<Exclude<FrameEncoding, 'jpeg' | 'png'>, 1 | 2 | 3 | 4> = {
   rgb8: 3,
   bgr8: 3,
   rgba8: 4,
@@ -174,7 +172,7 @@ async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<S
     throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
   const o = meta.orientation ?? 1;
   const orientation = Number.isInteger(o) && o >= 1 && o <= 8 ? o : 1;
-  return { input: buffer, width, height, orientation, bgr: false, hasAlpha: meta.hasAlpha === true, direct: false };
+  return { input: buffer, width, height, orientation, bgr: false, hasAlpha: meta.hasAlpha === true };
 }
 
 /** Validates a raw frame. Rows are repacked only where sharp has to read them (it wants packed rows,
@@ -197,7 +195,8 @@ function describeRaw(frame: CameraFrame, maxPixels: number, canReadDirect: (widt
   if (data.byteLength < need) throw frameError(enc, `${data.byteLength} bytes, need ${need} for ${width}×${height} stride ${stride}`);
   const bgr = enc === 'bgr8' || enc === 'bgra8';
   const common = { width, height, orientation: 1, bgr, hasAlpha: false };
-  if (enc !== 'mono16' && canReadDirect(width, height)) return { ...common, input: data, stride, direct: true };
+  if (enc !== 'mono16' && canReadDirect(width, height))
+    return { ...common, input: data, direct: { data, width, height, channels: bpp, stride, rows: height } };
   if (enc === 'rgba8' || enc === 'bgra8') {
     const packed = Buffer.allocUnsafe(width * height * 3);
     for (let y = 0, o = 0; y < height; y++) {
@@ -208,7 +207,7 @@ function describeRaw(frame: CameraFrame, maxPixels: number, canReadDirect: (widt
         packed[o + 2] = data[s + 2]!;
       }
     }
-    return { ...common, input: packed, raw: { width, height, channels: 3 }, direct: false };
+    return { ...common, input: packed, raw: { width, height, channels: 3 } };
   }
   const channels = enc === 'mono8' || enc === 'mono16' ? 1 : 3;
   let packed: Uint8Array = data;
@@ -225,10 +224,9 @@ function describeRaw(frame: CameraFrame, maxPixels: number, canReadDirect: (widt
       ...common,
       input: new Uint16Array(aligned.buffer, aligned.byteOffset, width * height),
       raw: { width, height, channels: 1 },
-      direct: false,
     };
   }
-  return { ...common, input: packed, raw: { width, height, channels }, direct: false };
+  return { ...common, input: packed, raw: { width, height, channels } };
 }
 
 function firstLine(err: unknown): string {
@@ -359,10 +357,7 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
 
   /** Decodes and resizes in the stored orientation (target sides swapped for orientations 5–8). */
   const pixelsOf = async (src: SourceImage, encoding: string, target: { width: number; height: number }): Promise<StoredPixels> => {
-    if (src.direct) {
-      const channels = bytesPerPixel[encoding as keyof typeof bytesPerPixel] as 1 | 3 | 4;
-      return { data: src.input as Uint8Array, width: src.width, height: src.height, channels, stride: src.stride!, rows: src.height };
-    }
+    if (src.direct) return src.direct;
     const [width, height] = transposes(src.orientation) ? [target.height, target.width] : [target.width, target.height];
     const rowsHere = height > src.height && (kernel === 'linear' || kernel === 'cubic');
     const vipsHeight = rowsHere ? src.height : height;
