@@ -130,6 +130,15 @@ bench
   .option('--image <file>', 'input image (default: a generated 1280×720 JPEG)')
   .option('--image-tokens <n>', 'Gemma 4 image-token budget', int('--image-tokens'), 280)
   .option('--iterations <n>', 'timed iterations', int('--iterations'), 20)
+  .option('--threads <n>', 'CPU threads for preprocessing (libvips) and the CPU encoder; 1 measures one core', int('--threads'))
+  .addOption(
+    new Option(
+      '--profile <mode>',
+      "mmproj: where each encode's time goes (phases: setup vs compute; ops: per op type, slows the run)",
+    ).choices(['phases', 'ops']),
+  )
+  .addOption(new Option('--flash-attention <mode>', 'mmproj: clip flash attention').choices(['auto', 'on', 'off']))
+  .option('--batch <n>', 'mmproj: also time N same-size frames in one encode call', int('--batch'))
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchEncode } = await import('./bench-encode.ts');
@@ -149,6 +158,7 @@ speculationOptions(
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
   .option('--max-new-tokens <n>', 'max new tokens per action', int('--max-new-tokens'), 48)
   .option('--gpu-layers <n>', 'decoder layers on the GPU', int('--gpu-layers'), 0)
+  .option('--no-warmup', 'skip the warm-up at load (to see what the first frame pays without it)')
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchFrame } = await import('./bench-frame.ts');
