@@ -152,7 +152,13 @@ class Progress {
     return new Progress(
       () =>
         new SingleBar(
-          { format: 'ladder [{bar}] {percentage}% {task}', stream: process.stderr, noTTYOutput: true, notTTYSchedule: 5000, hideCursor: true },
+          {
+            format: 'ladder [{bar}] {percentage}% {task}',
+            stream: process.stderr,
+            noTTYOutput: true,
+            notTTYSchedule: 5000,
+            hideCursor: true,
+          },
           Presets.shades_classic,
         ),
     );
@@ -226,7 +232,12 @@ async function referenceTokens(path: string, n: number, gpuLayers: number): Prom
 }
 
 /** Agreement of a rung with the reference (the definitions are at the top of this file). */
-export async function measureAgreement(path: string, ref: Reference, speculation: SpeculationFlags, gpuLayers: number): Promise<{ prefix: number; top1: number }> {
+export async function measureAgreement(
+  path: string,
+  ref: Reference,
+  speculation: SpeculationFlags,
+  gpuLayers: number,
+): Promise<{ prefix: number; top1: number }> {
   const n = ref.tokens[0]!.length;
   return withContext(path, gpuLayers, speculation, { prompts: ref.prompts, n }, async (ctx) => {
     let prefix = 0;
@@ -279,10 +290,19 @@ async function bagConfig(configPath: string, bag: string, encoder: string | unde
 }
 
 /** The bag through the stages of `raw` with `model` (and the draft) as the decoder. */
-async function runBag(raw: RawConfig, opts: { model: string; speculation: SpeculationFlags; gpuLayers: number; energy: EnergySource }): Promise<BagRun> {
+async function runBag(
+  raw: RawConfig,
+  opts: { model: string; speculation: SpeculationFlags; gpuLayers: number; energy: EnergySource },
+): Promise<BagRun> {
   const config = loadConfig({
     ...raw,
-    decoder: { ...raw.decoder, model: opts.model, draft: opts.speculation.draft ?? null, draftMtp: opts.speculation.draftMtp ?? null, gpuLayers: opts.gpuLayers },
+    decoder: {
+      ...raw.decoder,
+      model: opts.model,
+      draft: opts.speculation.draft ?? null,
+      draftMtp: opts.speculation.draftMtp ?? null,
+      gpuLayers: opts.gpuLayers,
+    },
   });
   const source = await createSource(config.source);
   let stages: Awaited<ReturnType<typeof createStages>>;
@@ -357,7 +377,10 @@ function chooseQuantizer(kind: BenchLadderOptions['quantizer']): QuantizerSpec {
     case 'percept':
       return { kind: 'percept' };
     case 'llama-quantize':
-      if (!binary) throw new Error('llama-quantize is not built: cmake --build build/native --target llama-quantize (or PERCEPT_PEERS="llama-quantize" node tools/build-native.mjs)');
+      if (!binary)
+        throw new Error(
+          'llama-quantize is not built: cmake --build build/native --target llama-quantize (or PERCEPT_PEERS="llama-quantize" node tools/build-native.mjs)',
+        );
       return { kind: 'llama-quantize', binary };
     default:
       throw new RangeError(`--quantizer must be auto, percept or llama-quantize, got '${String(kind)}'`);
@@ -374,7 +397,9 @@ function defaultKvContexts(file: GGUFFile): number[] {
 function kvBytes(files: readonly GGUFFile[], contexts: readonly number[]): Record<string, number> {
   // As percept's decoder allocates it: f16, flash attention, sliding layers holding the whole context.
   const layouts = files.map((f) => attentionLayout(f));
-  return Object.fromEntries(contexts.map((ctx) => [String(ctx), layouts.reduce((sum, l) => sum + kvCacheBytes(l, { ctx, swaFull: true }).totalBytes, 0)]));
+  return Object.fromEntries(
+    contexts.map((ctx) => [String(ctx), layouts.reduce((sum, l) => sum + kvCacheBytes(l, { ctx, swaFull: true }).totalBytes, 0)]),
+  );
 }
 
 export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResult> {
@@ -385,7 +410,12 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
   const reps = opts.reps ?? 3;
   const agreementTokens = opts.agreementTokens ?? 32;
   const energy = checkEnergySource(opts.energy ?? 'auto');
-  for (const [k, v, min] of [['agreementTokens', agreementTokens, 1], ['genTokens', genTokens, 2], ['promptTokens', promptTokens, 1], ['reps', reps, 1]] as const) {
+  for (const [k, v, min] of [
+    ['agreementTokens', agreementTokens, 1],
+    ['genTokens', genTokens, 2],
+    ['promptTokens', promptTokens, 1],
+    ['reps', reps, 1],
+  ] as const) {
     if (!Number.isInteger(v) || v < min) throw new RangeError(`bench ladder: ${k} must be an integer ≥ ${min}, got ${v}`);
   }
   if (opts.bandwidthGbs !== undefined && opts.device !== undefined) throw new Error('give one of --bandwidth-gbs or --device, not both');
@@ -426,7 +456,13 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
     }
 
     const plans: RungPlan[] = [
-      { rung: fileTypeLabel(refFile), quantizer: 'reference', file: { path: refPath, bytes: refFile.fileSize }, speculation: {}, speculationType: null },
+      {
+        rung: fileTypeLabel(refFile),
+        quantizer: 'reference',
+        file: { path: refPath, bytes: refFile.fileSize },
+        speculation: {},
+        speculationType: null,
+      },
     ];
     for (const step of steps) {
       if ('given' in step) {
@@ -446,7 +482,13 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
       progress.begin(1, `${label}: quantizing (${quantizer.kind})`);
       let file: RungPlan['file'];
       try {
-        const made = await makeRung({ source: refPath, quant: step.quant, dir: outDir, quantizer, onProgress: (done, total) => progress.update(done, undefined, total) });
+        const made = await makeRung({
+          source: refPath,
+          quant: step.quant,
+          dir: outDir,
+          quantizer,
+          onProgress: (done, total) => progress.update(done, undefined, total),
+        });
         file = { path: made.path, bytes: made.bytes };
       } catch (err) {
         file = { error: `quantizing to ${label}: ${errorText(err)}` };
@@ -456,7 +498,13 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
     if (draftPath) {
       const base = plans[plans.length - 1]!;
       const file: RungPlan['file'] = 'error' in base.file ? { error: `its base rung ${base.rung} failed` } : base.file;
-      plans.push({ rung: `${base.rung} + ${speculationType === 'draft-mtp' ? 'MTP' : 'draft'}`, quantizer: base.quantizer, file, speculation, speculationType });
+      plans.push({
+        rung: `${base.rung} + ${speculationType === 'draft-mtp' ? 'MTP' : 'draft'}`,
+        quantizer: base.quantizer,
+        file,
+        speculation,
+        speculationType,
+      });
     }
 
     // 2. The reference's tokens, then each rung measured.
@@ -501,11 +549,16 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
         return { file, kv: kvBytes(plan.speculationType === null || !draftFile ? [file] : [file, draftFile], contexts) };
       });
       const agreement = await step('agreement', () => measureAgreement(path, ref, plan.speculation, gpuLayers));
-      const decode = await step('decode', () => benchDecode({ model: path, ...plan.speculation, promptTokens, genTokens, reps, gpuLayers, energy }));
+      const decode = await step('decode', () =>
+        benchDecode({ model: path, ...plan.speculation, promptTokens, genTokens, reps, gpuLayers, energy }),
+      );
       const bagRun = bag ? await step('bag', () => runBag(bag, { model: path, speculation: plan.speculation, gpuLayers, energy })) : null;
       // Bytes read per token come from the same calculation whether or not a bandwidth was given;
       // the ceiling and the fraction only with one.
-      const rl = header && decode ? roofline(header.file, { bandwidthGBs: bandwidth ?? 1, ctx: Math.round(genTokens / 2), measuredTokS: decode.tok_per_s }) : null;
+      const rl =
+        header && decode
+          ? roofline(header.file, { bandwidthGBs: bandwidth ?? 1, ctx: Math.round(genTokens / 2), measuredTokS: decode.tok_per_s })
+          : null;
       rows.push({
         rung: plan.rung,
         status: failure === null ? 'ok' : 'failed',
@@ -520,7 +573,11 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
         kv_bytes: header?.kv ?? null,
         agreement,
         roofline: rl
-          ? { bytes_per_token: Math.round(rl.bytesPerToken), ceiling_tok_s: bandwidth === null ? null : rl.ceilingTokS, fraction: bandwidth === null ? null : rl.fractionOfCeiling }
+          ? {
+              bytes_per_token: Math.round(rl.bytesPerToken),
+              ceiling_tok_s: bandwidth === null ? null : rl.ceilingTokS,
+              fraction: bandwidth === null ? null : rl.fractionOfCeiling,
+            }
           : null,
         bag: bagRun?.bag ?? null,
         energy: { decode: decode?.energy ?? null, bag: bagRun?.energy ?? null },
@@ -581,7 +638,10 @@ export function formatLadderTable(result: LadderResult): string {
     ['decode tok/s', (r) => fixed(1)(r.decode_tok_s)],
     ['prefill tok/s', (r) => fixed(1)(r.prefill_tok_s)],
     ['TTFT ms', (r) => fixed(1)(r.ttft_ms)],
-    ...result.kv.ctx.map((ctx): [string, (r: LadderRow) => string] => [`KV@${ctx} MiB`, (r) => fixed(1)(r.kv_bytes ? r.kv_bytes[String(ctx)]! / MiB : null)]),
+    ...result.kv.ctx.map((ctx): [string, (r: LadderRow) => string] => [
+      `KV@${ctx} MiB`,
+      (r) => fixed(1)(r.kv_bytes ? r.kv_bytes[String(ctx)]! / MiB : null),
+    ]),
     ['agree prefix', (r) => fixed(3)(r.agreement?.prefix)],
     ['agree top-1', (r) => fixed(3)(r.agreement?.top1)],
     ['roofline %', (r) => fixed(1)(r.roofline?.fraction === null || r.roofline === null ? null : r.roofline.fraction * 100)],
@@ -597,7 +657,12 @@ export function formatLadderTable(result: LadderResult): string {
   ];
   const cells = [columns.map(([h]) => h), ...result.rungs.map((r) => columns.map(([, f]) => f(r)))];
   const widths = columns.map((_, i) => Math.max(...cells.map((row) => row[i]!.length)));
-  const lines = cells.map((row) => row.map((c, i) => (i === row.length - 1 ? c : c.padEnd(widths[i]!))).join('  ').trimEnd());
+  const lines = cells.map((row) =>
+    row
+      .map((c, i) => (i === row.length - 1 ? c : c.padEnd(widths[i]!)))
+      .join('  ')
+      .trimEnd(),
+  );
   const energyReason = result.rungs.map((r) => r.energy.decode).find((e) => e && !e.available)?.reason;
   const notes = [
     `reference  ${result.reference}${result.draft ? `; draft ${result.draft}` : ''}`,
@@ -611,7 +676,14 @@ export function formatLadderTable(result: LadderResult): string {
       ? [
           `bag        ${result.bag} through the stages of ${result.config}; dropped frames by reason: ${result.rungs
             .filter((r) => r.bag)
-            .map((r) => `${r.rung} ${Object.entries(r.bag!.dropped_by_reason).map(([k, v]) => `${k} ${v}`).join(', ') || 'none'}`)
+            .map(
+              (r) =>
+                `${r.rung} ${
+                  Object.entries(r.bag!.dropped_by_reason)
+                    .map(([k, v]) => `${k} ${v}`)
+                    .join(', ') || 'none'
+                }`,
+            )
             .join('; ')}`,
         ]
       : []),

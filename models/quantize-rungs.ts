@@ -37,8 +37,24 @@ export const QUANT_INFO: Readonly<Record<LadderQuant, QuantInfo>> = {
 
 /** llama_ftype names (llama.h) of the file types a ladder meets, for labelling a checkpoint. */
 const FILE_TYPE_LABELS: Readonly<Record<number, string>> = {
-  0: 'F32', 1: 'F16', 2: 'Q4_0', 3: 'Q4_1', 7: 'Q8_0', 8: 'Q5_0', 9: 'Q5_1', 10: 'Q2_K', 11: 'Q3_K_S', 12: 'Q3_K_M',
-  13: 'Q3_K_L', 14: 'Q4_K_S', 15: 'Q4_K_M', 16: 'Q5_K_S', 17: 'Q5_K_M', 18: 'Q6_K', 32: 'BF16', 38: 'MXFP4_MOE',
+  0: 'F32',
+  1: 'F16',
+  2: 'Q4_0',
+  3: 'Q4_1',
+  7: 'Q8_0',
+  8: 'Q5_0',
+  9: 'Q5_1',
+  10: 'Q2_K',
+  11: 'Q3_K_S',
+  12: 'Q3_K_M',
+  13: 'Q3_K_L',
+  14: 'Q4_K_S',
+  15: 'Q4_K_M',
+  16: 'Q5_K_S',
+  17: 'Q5_K_M',
+  18: 'Q6_K',
+  32: 'BF16',
+  38: 'MXFP4_MOE',
 };
 
 /** A checkpoint's llama_ftype name (general.file_type), e.g. 'Q4_K_M'. */
@@ -258,7 +274,13 @@ export async function quantizeGGUF(options: QuantizeOptions): Promise<{ path: st
         const jobs: ConvertJob[] = [];
         for (let r = 0; r < rows; r += rowsPerJob) {
           const nRows = Math.min(rowsPerJob, rows - r);
-          jobs.push({ offset: offset + r * rowBytes, byteLength: nRows * rowBytes, srcType: t.type, dstType: planned.type, n: nRows * rowElements });
+          jobs.push({
+            offset: offset + r * rowBytes,
+            byteLength: nRows * rowBytes,
+            srcType: t.type,
+            dstType: planned.type,
+            n: nRows * rowElements,
+          });
         }
         return convert(jobs);
       },
@@ -320,7 +342,9 @@ export async function runLlamaQuantize(options: LlamaQuantizeOptions): Promise<{
 // ---------------------------------------------------------------------------------------------------------
 // Rungs, made once
 
-export type QuantizerSpec = { readonly kind: 'percept'; readonly workers?: number } | { readonly kind: 'llama-quantize'; readonly binary: string; readonly threads?: number };
+export type QuantizerSpec =
+  | { readonly kind: 'percept'; readonly workers?: number }
+  | { readonly kind: 'llama-quantize'; readonly binary: string; readonly threads?: number };
 
 export interface MakeRungOptions {
   readonly source: string;
@@ -380,8 +404,21 @@ export async function makeRung(options: MakeRungOptions): Promise<RungFile> {
   const q = options.quantizer;
   const made =
     q.kind === 'percept'
-      ? await quantizeGGUF({ source, out: path, quant, ...(q.workers ? { workers: q.workers } : {}), ...(options.onProgress ? { onProgress: options.onProgress } : {}) })
-      : await runLlamaQuantize({ binary: q.binary, source, out: path, quant, ...(q.threads ? { threads: q.threads } : {}), ...(options.onProgress ? { onProgress: options.onProgress } : {}) });
+      ? await quantizeGGUF({
+          source,
+          out: path,
+          quant,
+          ...(q.workers ? { workers: q.workers } : {}),
+          ...(options.onProgress ? { onProgress: options.onProgress } : {}),
+        })
+      : await runLlamaQuantize({
+          binary: q.binary,
+          source,
+          out: path,
+          quant,
+          ...(q.threads ? { threads: q.threads } : {}),
+          ...(options.onProgress ? { onProgress: options.onProgress } : {}),
+        });
   const stamp: RungStamp = { ...expect, bytes: made.bytes };
   await writeFile(stampPath, `${JSON.stringify(stamp, null, 2)}\n`);
   return { path, bytes: made.bytes, quantizer: kind, reused: false };

@@ -84,16 +84,44 @@ describe('percept bench ladder on gemma4-tiny (F16 → Q8_0 → Q4_K_M → + dra
       source: { kind: 'pattern', fps: 2, frames: FRAMES, width: 320, height: 240 },
       encoder: { kind: 'projection' },
       decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 96, nCtx: 1024 },
-      budgets: { endToEndMs: 120_000, stages: { preprocess: 30_000, encode: 30_000, decode: 60_000, actions: 10_000 }, dropPredictedMiss: false },
+      budgets: {
+        endToEndMs: 120_000,
+        stages: { preprocess: 30_000, encode: 30_000, decode: 60_000, actions: 10_000 },
+        dropPredictedMiss: false,
+      },
       edges: { default: { policy: 'queue', capacity: FRAMES } },
       ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 96, draft: true, frameSkip: 0 }, rungs: [] },
       telemetry: { liveTable: 'off' },
     };
     await writeFile(join(DIR, 'config.json'), JSON.stringify(config));
     const r = await cli([
-      '-m', 'synth:gemma4-tiny', '--draft', 'synth:gemma4-tiny-draft', '--quantizer', 'percept', '--out-dir', RUNGS,
-      '--bag', bag.path, '-c', join(DIR, 'config.json'), '--reps', '1', '--prompt-tokens', '8', '--gen-tokens', '8',
-      '--agreement-tokens', '6', '--kv-ctx', '1024,8192', '--bandwidth-gbs', '20', '--energy', 'off', '--json',
+      '-m',
+      'synth:gemma4-tiny',
+      '--draft',
+      'synth:gemma4-tiny-draft',
+      '--quantizer',
+      'percept',
+      '--out-dir',
+      RUNGS,
+      '--bag',
+      bag.path,
+      '-c',
+      join(DIR, 'config.json'),
+      '--reps',
+      '1',
+      '--prompt-tokens',
+      '8',
+      '--gen-tokens',
+      '8',
+      '--agreement-tokens',
+      '6',
+      '--kv-ctx',
+      '1024,8192',
+      '--bandwidth-gbs',
+      '20',
+      '--energy',
+      'off',
+      '--json',
     ]);
     assert.equal(r.code, 0, `bench ladder failed:\n${r.stdout}\n${r.stderr}`);
     ladder = { code: r.code, result: JSON.parse(r.stdout) as LadderResult, stderr: r.stderr };
@@ -101,28 +129,45 @@ describe('percept bench ladder on gemma4-tiny (F16 → Q8_0 → Q4_K_M → + dra
 
   test('every rung is made and measured, with every column', async () => {
     const { result } = ladder;
-    assert.deepEqual(result.rungs.map((r) => [r.rung, r.quantizer, r.speculation]), [
-      ['F16', 'reference', null],
-      ['Q8_0', 'percept', null],
-      ['Q4_K_M', 'percept', null],
-      ['Q4_K_M + draft', 'percept', 'draft-simple'],
-    ]);
+    assert.deepEqual(
+      result.rungs.map((r) => [r.rung, r.quantizer, r.speculation]),
+      [
+        ['F16', 'reference', null],
+        ['Q8_0', 'percept', null],
+        ['Q4_K_M', 'percept', null],
+        ['Q4_K_M + draft', 'percept', 'draft-simple'],
+      ],
+    );
     assert.equal(result.failed, 0);
     assert.deepEqual(result.kv.ctx, [1024, 8192]);
     for (const r of result.rungs) {
       assert.equal(r.status, 'ok', `${r.rung}: ${r.error}`);
       assert.equal((await readFile(r.file!)).length, r.file_bytes, `${r.rung}: the file is there, as big as reported`);
-      for (const v of [r.decode_tok_s, r.prefill_tok_s, r.ttft_ms, r.roofline?.bytes_per_token, r.roofline?.ceiling_tok_s, r.roofline?.fraction]) {
+      for (const v of [
+        r.decode_tok_s,
+        r.prefill_tok_s,
+        r.ttft_ms,
+        r.roofline?.bytes_per_token,
+        r.roofline?.ceiling_tok_s,
+        r.roofline?.fraction,
+      ]) {
         assert.ok(typeof v === 'number' && v > 0, `${r.rung}: ${JSON.stringify(r)}`);
       }
       assert.deepEqual(Object.keys(r.kv_bytes!), ['1024', '8192']);
       assert.ok(r.kv_bytes!['8192']! > r.kv_bytes!['1024']!, `${r.rung}: KV grows with the context`);
-      assert.ok(r.agreement!.prefix >= 0 && r.agreement!.prefix <= r.agreement!.top1 && r.agreement!.top1 <= 1, `${r.rung}: ${JSON.stringify(r.agreement)}`);
+      assert.ok(
+        r.agreement!.prefix >= 0 && r.agreement!.prefix <= r.agreement!.top1 && r.agreement!.top1 <= 1,
+        `${r.rung}: ${JSON.stringify(r.agreement)}`,
+      );
       // The bag: every frame accounted for, and the only drops are actions the schema refused.
       const bag = r.bag!;
       assert.equal(bag.frames_in, FRAMES);
       assert.equal(bag.frames_in, bag.frames_out + bag.dropped, `${r.rung}: ${JSON.stringify(bag)}`);
-      assert.deepEqual(Object.keys(bag.dropped_by_reason).filter((k) => k !== 'invalid'), [], `${r.rung}: ${JSON.stringify(bag)}`);
+      assert.deepEqual(
+        Object.keys(bag.dropped_by_reason).filter((k) => k !== 'invalid'),
+        [],
+        `${r.rung}: ${JSON.stringify(bag)}`,
+      );
       assert.equal(bag.e2e_p99_ms === null, bag.frames_out === 0);
       // Energy: asked off, so "not available" with the reason, and no number.
       for (const e of [r.energy.decode!, r.energy.bag!]) {
@@ -131,10 +176,15 @@ describe('percept bench ladder on gemma4-tiny (F16 → Q8_0 → Q4_K_M → + dra
         assert.equal(e.joules, null);
       }
     }
-    assert.ok(result.rungs.some((r) => r.bag!.frames_out > 0), 'an action came out of the bag on some rung');
+    assert.ok(
+      result.rungs.some((r) => r.bag!.frames_out > 0),
+      'an action came out of the bag on some rung',
+    );
     const [f16, q8, q4, spec] = result.rungs;
     assert.ok(f16!.file_bytes! > q8!.file_bytes! && q8!.file_bytes! > q4!.file_bytes!, 'each rung is smaller');
-    assert.ok(f16!.roofline!.bytes_per_token > q8!.roofline!.bytes_per_token && q8!.roofline!.bytes_per_token > q4!.roofline!.bytes_per_token);
+    assert.ok(
+      f16!.roofline!.bytes_per_token > q8!.roofline!.bytes_per_token && q8!.roofline!.bytes_per_token > q4!.roofline!.bytes_per_token,
+    );
     assert.equal(spec!.file, q4!.file, 'the speculative rung runs the last quantized file');
     assert.ok(spec!.kv_bytes!['8192']! > q4!.kv_bytes!['8192']!, "the draft's own cache is counted");
     assert.match(ladder.stderr, /ladder \[/, 'a progress bar on stderr');
@@ -163,14 +213,39 @@ describe('percept bench ladder on gemma4-tiny (F16 → Q8_0 → Q4_K_M → + dra
     await writeFile(renamed, copy);
 
     const r = await cli([
-      '-m', 'synth:gemma4-tiny', '--quants', `q8_0,${truncated},${renamed}`, '--quantizer', 'percept', '--out-dir', RUNGS,
-      '--reps', '1', '--prompt-tokens', '8', '--gen-tokens', '8', '--agreement-tokens', '6', '--kv-ctx', '1024,8192', '--energy', 'off', '--no-progress',
+      '-m',
+      'synth:gemma4-tiny',
+      '--quants',
+      `q8_0,${truncated},${renamed}`,
+      '--quantizer',
+      'percept',
+      '--out-dir',
+      RUNGS,
+      '--reps',
+      '1',
+      '--prompt-tokens',
+      '8',
+      '--gen-tokens',
+      '8',
+      '--agreement-tokens',
+      '6',
+      '--kv-ctx',
+      '1024,8192',
+      '--energy',
+      'off',
+      '--no-progress',
     ]);
     assert.equal(r.code, 1, `${r.stdout}\n${r.stderr}`);
     assert.doesNotMatch(r.stderr, /ladder \[/, '--no-progress');
     const rows = parseTable(r.stdout);
-    assert.deepEqual(rows.map((x) => x.rung), ['F16', 'Q8_0', 'truncated.gguf', 'Q8_0']);
-    assert.deepEqual(rows.map((x) => x.quantizer), ['reference', 'percept', 'given', 'given']);
+    assert.deepEqual(
+      rows.map((x) => x.rung),
+      ['F16', 'Q8_0', 'truncated.gguf', 'Q8_0'],
+    );
+    assert.deepEqual(
+      rows.map((x) => x.quantizer),
+      ['reference', 'percept', 'given', 'given'],
+    );
     const [f16, made, trunc, bad] = rows;
     assert.equal(f16!.status, 'ok');
     assert.equal(made!.status, 'ok');
@@ -180,9 +255,13 @@ describe('percept bench ladder on gemma4-tiny (F16 → Q8_0 → Q4_K_M → + dra
       for (const column of ['decode tok/s', 'agree prefix', 'agree top-1']) assert.equal(row[column], 'n/a', column);
     }
     // Deterministic columns of the rows measured in both runs agree with the first run's JSON.
-    for (const [printed, json] of [[f16!, ladder.result.rungs[0]!], [made!, ladder.result.rungs[1]!]] as const) {
+    for (const [printed, json] of [
+      [f16!, ladder.result.rungs[0]!],
+      [made!, ladder.result.rungs[1]!],
+    ] as const) {
       const want = expectedCells(ladder.result, json);
-      for (const column of ['size MiB', 'KV@1024 MiB', 'KV@8192 MiB', 'agree prefix', 'agree top-1']) assert.equal(printed[column], want[column], `${json.rung} ${column}`);
+      for (const column of ['size MiB', 'KV@1024 MiB', 'KV@8192 MiB', 'agree prefix', 'agree top-1'])
+        assert.equal(printed[column], want[column], `${json.rung} ${column}`);
     }
     assert.match(r.stdout, /roofline {3}n\/a: give --device or --bandwidth-gbs/);
   });

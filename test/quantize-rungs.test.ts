@@ -35,7 +35,10 @@ describe("percept's quantizer on the gemma4-tiny F16 checkpoint", async () => {
   const source = await ensureSynthModel('gemma4-tiny', 'f16');
   const src = await readGGUF(source);
 
-  for (const [quant, wtype, fileType, bound] of [['q8_0', 'q8_0', 7, 0.01], ['q4_k_m', 'q4_k', 15, 0.1]] as const) {
+  for (const [quant, wtype, fileType, bound] of [
+    ['q8_0', 'q8_0', 7, 0.01],
+    ['q4_k_m', 'q4_k', 15, 0.1],
+  ] as const) {
     test(`${quant}: the synthetic preset's ${wtype} mix, the file type, every value within ${bound} relative RMS`, async () => {
       const out = join(DIR, `tiny.${quant}.gguf`);
       const progress: number[] = [];
@@ -59,7 +62,8 @@ describe("percept's quantizer on the gemma4-tiny F16 checkpoint", async () => {
         const a = await values(source, src, t.name);
         const b = await values(out, q, t.name);
         const qt = q.tensor(t.name)!;
-        if (qt.type === t.type) assert.deepEqual(await readTensorData(out, q, t.name), await readTensorData(source, src, t.name), `${t.name} copied as is`);
+        if (qt.type === t.type)
+          assert.deepEqual(await readTensorData(out, q, t.name), await readTensorData(source, src, t.name), `${t.name} copied as is`);
         else assert.ok(relativeRms(a, b) < bound, `${t.name} (${qt.type}): relative RMS ${relativeRms(a, b)}`);
       }
     });
@@ -77,10 +81,15 @@ describe("percept's quantizer on the gemma4-tiny F16 checkpoint", async () => {
     const view = new DataView(bf16.buffer);
     floats.forEach((x, i) => view.setUint16(i * 2, new Uint32Array(new Float32Array([x]).buffer)[0]! >>> 16, true));
     const out = new Float32Array(convertBlocks(bf16, GGMLType.BF16, GGMLType.F32, floats.length).buffer);
-    const truncated = floats.map((x) => new Float32Array(new Uint32Array([new Uint32Array(new Float32Array([x]).buffer)[0]! & 0xffff0000]).buffer)[0]);
+    const truncated = floats.map(
+      (x) => new Float32Array(new Uint32Array([new Uint32Array(new Float32Array([x]).buffer)[0]! & 0xffff0000]).buffer)[0],
+    );
     assert.deepEqual([...out], truncated);
     const f16 = convertBlocks(bf16, GGMLType.BF16, GGMLType.F16, floats.length);
-    assert.deepEqual([...new Uint16Array(f16.buffer)], truncated.map((x) => f32ToF16Bits(x!)));
+    assert.deepEqual(
+      [...new Uint16Array(f16.buffer)],
+      truncated.map((x) => f32ToF16Bits(x!)),
+    );
   });
 
   test('a rung is made once: reused while the reference is unchanged, made again after it changes', async () => {
@@ -106,30 +115,34 @@ describe('llama-quantize, the peer built from the same llama.cpp tree', () => {
   const binary = findPeer('llama-quantize');
   const skip = binary ? false : 'llama-quantize not built (PERCEPT_PEERS="llama-quantize" node tools/build-native.mjs)';
 
-  test("percept's type mix is llama-quantize's, tensor for tensor, and so are the values within the error of each type", { skip }, async () => {
-    await mkdir(DIR, { recursive: true });
-    const source = await ensureSynthModel('gemma4-tiny', 'f16');
-    const src = await readGGUF(source);
-    for (const quant of ['q8_0', 'q4_k_m'] as const) {
-      const ours = join(DIR, `ours.${quant}.gguf`);
-      const theirs = join(DIR, `llama-quantize.${quant}.gguf`);
-      await quantizeGGUF({ source, out: ours, quant, workers: 2 });
-      let lastDone = 0;
-      await runLlamaQuantize({ binary: binary!, source, out: theirs, quant, threads: 2, onProgress: (done) => (lastDone = done) });
-      const a = await readGGUF(ours);
-      const b = await readGGUF(theirs);
-      assert.ok(lastDone === b.tensors.length, 'progress counts the tensors');
-      // llama-quantize writes the tensors in its own order.
-      const byName = (f: GGUFFile) => f.tensors.map((t) => [t.name, t.type]).sort(([x], [y]) => String(x).localeCompare(String(y)));
-      assert.deepEqual(byName(a), byName(b));
-      assert.equal(a.get('general.file_type'), b.get('general.file_type'));
-      for (const t of a.tensors) {
-        const ref = await values(source, src, t.name);
-        const oursErr = relativeRms(ref, await values(ours, a, t.name));
-        const theirsErr = relativeRms(ref, await values(theirs, b, t.name));
-        // ggml searches its K-quant scales; ours rounds: at most a little worse, never far off.
-        assert.ok(oursErr <= theirsErr * 1.25 + 1e-6, `${quant} ${t.name}: ours ${oursErr}, llama-quantize ${theirsErr}`);
+  test(
+    "percept's type mix is llama-quantize's, tensor for tensor, and so are the values within the error of each type",
+    { skip },
+    async () => {
+      await mkdir(DIR, { recursive: true });
+      const source = await ensureSynthModel('gemma4-tiny', 'f16');
+      const src = await readGGUF(source);
+      for (const quant of ['q8_0', 'q4_k_m'] as const) {
+        const ours = join(DIR, `ours.${quant}.gguf`);
+        const theirs = join(DIR, `llama-quantize.${quant}.gguf`);
+        await quantizeGGUF({ source, out: ours, quant, workers: 2 });
+        let lastDone = 0;
+        await runLlamaQuantize({ binary: binary!, source, out: theirs, quant, threads: 2, onProgress: (done) => (lastDone = done) });
+        const a = await readGGUF(ours);
+        const b = await readGGUF(theirs);
+        assert.ok(lastDone === b.tensors.length, 'progress counts the tensors');
+        // llama-quantize writes the tensors in its own order.
+        const byName = (f: GGUFFile) => f.tensors.map((t) => [t.name, t.type]).sort(([x], [y]) => String(x).localeCompare(String(y)));
+        assert.deepEqual(byName(a), byName(b));
+        assert.equal(a.get('general.file_type'), b.get('general.file_type'));
+        for (const t of a.tensors) {
+          const ref = await values(source, src, t.name);
+          const oursErr = relativeRms(ref, await values(ours, a, t.name));
+          const theirsErr = relativeRms(ref, await values(theirs, b, t.name));
+          // ggml searches its K-quant scales; ours rounds: at most a little worse, never far off.
+          assert.ok(oursErr <= theirsErr * 1.25 + 1e-6, `${quant} ${t.name}: ours ${oursErr}, llama-quantize ${theirsErr}`);
+        }
       }
-    }
-  });
+    },
+  );
 });
