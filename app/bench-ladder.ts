@@ -90,7 +90,7 @@ export interface BenchLadderOptions {
 export interface LadderRow {
   readonly rung: string;
   readonly status: 'ok' | 'failed';
-  /** What failed and why (the steps that could still be measured are). */
+  /** The step that failed and why; the steps after it are not measured (their columns are null). */
   readonly error: string | null;
   readonly file: string | null;
   readonly file_bytes: number | null;
@@ -232,7 +232,7 @@ async function referenceTokens(path: string, n: number, gpuLayers: number): Prom
 }
 
 /** Agreement of a rung with the reference (the definitions are at the top of this file). */
-export async function measureAgreement(
+async function measureAgreement(
   path: string,
   ref: Reference,
   speculation: SpeculationFlags,
@@ -426,7 +426,7 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
   const quantizer = chooseQuantizer(opts.quantizer);
   const wanted = (opts.quants ?? ['q8_0', 'q4_k_m']).map((q) => q.trim()).filter(Boolean);
   // A known quantization name, or else a path to a rung made elsewhere.
-  const steps = wanted.map((q): { quant: LadderQuant } | { given: string } => {
+  const rungSpecs = wanted.map((q): { quant: LadderQuant } | { given: string } => {
     try {
       return { quant: checkLadderQuant(q) };
     } catch (err) {
@@ -464,27 +464,27 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
         speculationType: null,
       },
     ];
-    for (const step of steps) {
-      if ('given' in step) {
-        let rung = basename(step.given);
+    for (const spec of rungSpecs) {
+      if ('given' in spec) {
+        let rung = basename(spec.given);
         let file: RungPlan['file'];
         try {
-          const f = await readGGUF(step.given);
+          const f = await readGGUF(spec.given);
           rung = fileTypeLabel(f);
-          file = { path: step.given, bytes: f.fileSize };
+          file = { path: spec.given, bytes: f.fileSize };
         } catch (err) {
-          file = { error: `${step.given}: ${errorText(err)}` };
+          file = { error: `${spec.given}: ${errorText(err)}` };
         }
         plans.push({ rung, quantizer: 'given', file, speculation: {}, speculationType: null });
         continue;
       }
-      const label = QUANT_INFO[step.quant].label;
+      const label = QUANT_INFO[spec.quant].label;
       progress.begin(1, `${label}: quantizing (${quantizer.kind})`);
       let file: RungPlan['file'];
       try {
         const made = await makeRung({
           source: refPath,
-          quant: step.quant,
+          quant: spec.quant,
           dir: outDir,
           quantizer,
           onProgress: (done, total) => progress.update(done, undefined, total),
@@ -653,7 +653,8 @@ export function formatLadderTable(result: LadderResult): string {
         ] as [string, (r: LadderRow) => string][])
       : []),
     ['tok/s/W', (r) => fixed(2)(r.energy.decode?.tok_per_watt)],
-    ['status', (r) => (r.status === 'ok' ? 'ok' : `FAILED: ${r.error}`)],
+    // One line per rung: an error's own line breaks (llama.cpp's log lines, config issues) become spaces.
+    ['status', (r) => (r.status === 'ok' ? 'ok' : `FAILED: ${r.error?.replace(/\s*\n\s*/g, ' ')}`)],
   ];
   const cells = [columns.map(([h]) => h), ...result.rungs.map((r) => columns.map(([, f]) => f(r)))];
   const widths = columns.map((_, i) => Math.max(...cells.map((row) => row[i]!.length)));

@@ -68,7 +68,7 @@ function expectedCells(result: LadderResult, r: LadderRow): Record<string, strin
         }
       : {}),
     'tok/s/W': f(r.energy.decode?.tok_per_watt, 2),
-    status: r.status === 'ok' ? 'ok' : `FAILED: ${r.error}`,
+    status: r.status === 'ok' ? 'ok' : `FAILED: ${r.error?.replace(/\s*\n\s*/g, ' ')}`,
   };
 }
 
