@@ -3,23 +3,23 @@ import { readFileSync } from 'node:fs';
 import sharp from 'sharp';
 import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder-onnx.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
-import { isMmprojSpec, resolveMmprojSpec } from '../models/mmproj-synth.ts';
-import { resolveVisionSpec } from '../models/vision-synth.ts';
+import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
 import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { quantile } from './stats.ts';
 
 export interface BenchEncodeOptions {
   /** .onnx path or synth:<preset> (onnxruntime); .gguf mmproj or synth:<preset>-mmproj[@seed][?dtype=f16]
    * (llama.cpp clip through the native addon). */
   readonly encoder: string;
   /** ORT execution provider; for an mmproj, 'cuda' runs clip on the GPU backend. */
-  readonly ep?: ExecutionProvider | string;
+  readonly ep: ExecutionProvider | string;
   /** JPEG or PNG file; default a generated 1280×720 JPEG (q85). */
   readonly image?: string;
-  /** Gemma 4 image-token budget (default 280). */
-  readonly imageTokens?: number;
-  readonly iterations?: number;
+  /** Gemma 4 image-token budget. */
+  readonly imageTokens: number;
+  readonly iterations: number;
   readonly warmup?: number;
   /** ORT intra-op threads, or clip's CPU threads. */
   readonly threads?: number;
@@ -51,15 +51,8 @@ export type BenchEncodeResult = {
   readonly total_ms_p50: number;
 };
 
-/** Nearest-rank quantile of a sample. */
-export function quantile(values: readonly number[], q: number): number {
-  if (values.length === 0) return Number.NaN;
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
-}
-
 /** A deterministic 1280×720 test scene (gradients, edges, noise) as JPEG q85. */
-export async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<Buffer> {
+async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<Buffer> {
   const raw = Buffer.alloc(width * height * 3);
   let s = 12345;
   for (let y = 0; y < height; y++) {
@@ -72,10 +65,13 @@ export async function syntheticJpeg(width = 1280, height = 720, quality = 85): P
       raw[i + 2] = (((x >> 5) ^ (y >> 5)) & 1) * 180 + noise;
     }
   }
-  return sharp(raw, { raw: { width, height, channels: 3 } }).jpeg({ quality }).toBuffer();
+  return sharp(raw, { raw: { width, height, channels: 3 } })
+    .jpeg({ quality })
+    .toBuffer();
 }
 
-const benchContext = (imageTokens: number): StageContext => standaloneContext({ frame: { sourceId: 'bench' }, knobs: { imageTokens, maxNewTokens: 0 } });
+const benchContext = (imageTokens: number): StageContext =>
+  standaloneContext({ frame: { sourceId: 'bench' }, knobs: { imageTokens, maxNewTokens: 0 } });
 
 /** What the bench needs of either encoder stage. */
 interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
@@ -87,13 +83,14 @@ interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
 export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncodeResult> {
   if (typeof opts.encoder !== 'string' || !opts.encoder) throw new TypeError('bench encode: --encoder is required');
   const runtime = isMmprojSpec(opts.encoder) ? 'mtmd' : 'onnx';
-  const iterations = opts.iterations ?? 20;
-  if (!Number.isInteger(iterations) || iterations < 1) throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
+  const { iterations, imageTokens } = opts;
+  if (!Number.isInteger(iterations) || iterations < 1)
+    throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
   const warmup = opts.warmup ?? 1;
-  const imageTokens = opts.imageTokens ?? 280;
-  const ep = (opts.ep ?? 'cpu') as ExecutionProvider;
-  if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda') throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
-  const modelPath = runtime === 'mtmd' ? await resolveMmprojSpec(opts.encoder) : resolveVisionSpec(opts.encoder);
+  const ep = opts.ep as ExecutionProvider; // checked by the encoder stage
+  if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda')
+    throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
+  const modelPath = await resolveModel(opts.encoder, runtime === 'mtmd' ? 'mmproj' : 'vision');
 
   let frame: CameraFrame;
   let imageName: string;
@@ -113,7 +110,11 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   let encoder: BenchedEncoder;
   if (runtime === 'mtmd') {
     const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
-    encoder = await createMtmdEncoderStage({ mmproj: modelPath, useGpu: ep === 'cuda', ...(opts.threads !== undefined ? { threads: opts.threads } : {}) });
+    encoder = await createMtmdEncoderStage({
+      mmproj: modelPath,
+      useGpu: ep === 'cuda',
+      ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
+    });
   } else {
     encoder = await createOnnxEncoderStage({
       model: modelPath,
@@ -167,46 +168,14 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
       encode_ms_p50: round(quantile(enc, 0.5)),
       encode_ms_p99: round(quantile(enc, 0.99)),
       run_ms_p50: round(quantile(run, 0.5)),
-      total_ms_p50: round(quantile(pre.map((p, i) => p + enc[i]!), 0.5)),
+      total_ms_p50: round(
+        quantile(
+          pre.map((p, i) => p + enc[i]!),
+          0.5,
+        ),
+      ),
     };
   } finally {
     await encoder.close();
   }
-}
-
-export interface BenchPreprocessOptions {
-  readonly contract: 'gemma3' | 'gemma4';
-  readonly image?: string;
-  readonly imageTokens?: number;
-  readonly iterations?: number;
-  readonly kernel?: 'nearest' | 'linear' | 'cubic';
-}
-
-/** Preprocessing alone (no encoder): p50/p99 over `iterations` frames after 3 warm-ups. */
-export async function benchPreprocess(opts: BenchPreprocessOptions): Promise<{ contract: string; kernel: string; image: string; tokens: number; ms_p50: number; ms_p99: number; ms_min: number; iterations: number }> {
-  const iterations = opts.iterations ?? 50;
-  const data = opts.image ? readFileSync(opts.image) : await syntheticJpeg();
-  const format = (await sharp(data).metadata()).format;
-  if (format !== 'jpeg' && format !== 'png') throw new Error(`bench preprocess: image is ${format ?? 'unknown'}; use a JPEG or PNG`);
-  const stage = createPreprocessStage({ contract: opts.contract, ...(opts.kernel ? { kernel: opts.kernel } : {}) });
-  const ctx = benchContext(opts.imageTokens ?? 280);
-  const times: number[] = [];
-  let tokens = 0;
-  for (let i = 0; i < iterations + 3; i++) {
-    const t0 = performance.now();
-    const t = await stage.process({ encoding: format, data }, ctx);
-    if (i >= 3) times.push(performance.now() - t0);
-    tokens = t.imageTokens;
-  }
-  const round = (x: number): number => Math.round(x * 1000) / 1000;
-  return {
-    contract: opts.contract,
-    kernel: opts.kernel ?? (opts.contract === 'gemma3' ? 'linear' : 'cubic'),
-    image: opts.image ?? 'synthetic 1280x720 jpeg q85',
-    tokens,
-    ms_p50: round(quantile(times, 0.5)),
-    ms_p99: round(quantile(times, 0.99)),
-    ms_min: round(Math.min(...times)),
-    iterations,
-  };
 }

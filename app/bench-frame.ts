@@ -3,7 +3,9 @@
 // the test pattern at a rate the pipeline can follow, so latencies are service times, not queueing.
 import { RealClock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
-import { createGraph } from '../pipeline/graph.ts';
+import { createGraph } from '../pipeline/graph/graph.ts';
+import { isMmprojSpec } from '../models/resolve.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
 import { createSource, createStages } from './run.ts';
 
 export interface BenchFrameOptions {
@@ -11,11 +13,11 @@ export interface BenchFrameOptions {
   readonly model: string;
   /** Vision encoder: an .onnx, an mmproj .gguf, or 'projection' (a stand-in with no model). */
   readonly encoder: string;
-  readonly imageTokens?: number;
-  readonly frames?: number;
-  readonly fps?: number;
-  readonly gpuLayers?: number;
-  readonly maxNewTokens?: number;
+  readonly imageTokens: number;
+  readonly frames: number;
+  readonly fps: number;
+  readonly gpuLayers: number;
+  readonly maxNewTokens: number;
   readonly draftMtp?: string;
   readonly draft?: string;
   readonly ngram?: boolean;
@@ -33,25 +35,36 @@ export interface BenchFrameResult {
 }
 
 export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameResult> {
-  const imageTokens = opts.imageTokens ?? 280;
-  const encoder = opts.encoder === 'projection'
-    ? { kind: 'projection' }
-    : opts.encoder.endsWith('.gguf') || opts.encoder.startsWith('synth:') && opts.encoder.includes('mmproj')
-      ? { kind: 'mtmd', mmproj: opts.encoder, gpuLayers: opts.gpuLayers ?? 0 }
-      : { kind: 'onnx', model: opts.encoder };
-  const maxNewTokens = opts.maxNewTokens ?? 48;
+  const { imageTokens, maxNewTokens, gpuLayers } = opts;
+  const encoder =
+    opts.encoder === 'projection'
+      ? { kind: 'projection' }
+      : isMmprojSpec(opts.encoder)
+        ? { kind: 'mtmd', mmproj: opts.encoder, gpuLayers }
+        : { kind: 'onnx', model: opts.encoder };
   const config = loadConfig({
-    source: { kind: 'pattern', fps: opts.fps ?? 2, frames: opts.frames ?? 20, width: 1280, height: 720 },
+    source: { kind: 'pattern', fps: opts.fps, frames: opts.frames, width: 1280, height: 720 },
     encoder,
-    decoder: { model: opts.model, gpuLayers: opts.gpuLayers ?? 0, maxNewTokens, draft: opts.draft ?? null, draftMtp: opts.draftMtp ?? null, ngram: opts.ngram ?? false },
-    budgets: { endToEndMs: 60_000, stages: { preprocess: 10_000, encode: 30_000, decode: 30_000, actions: 1_000 }, dropPredictedMiss: false },
+    decoder: {
+      model: opts.model,
+      gpuLayers,
+      maxNewTokens,
+      draft: opts.draft ?? null,
+      draftMtp: opts.draftMtp ?? null,
+      ngram: opts.ngram ?? false,
+    },
+    budgets: {
+      endToEndMs: 60_000,
+      stages: { preprocess: 10_000, encode: 30_000, decode: 30_000, actions: 1_000 },
+      dropPredictedMiss: false,
+    },
     edges: { default: { policy: 'queue', capacity: 64 } },
     ladder: { enabled: false, initial: { imageTokens, maxNewTokens, draft: true, frameSkip: 0 }, rungs: [] },
     telemetry: { liveTable: 'off' },
   });
   const source = await createSource(config.source);
-  const stages = await createStages(config, { publish: false });
-  const summary = await createGraph({ source, stages, clock: new RealClock(), config }).run();
+  const stages = await createStages(config, loadActionSchema(config.actions.schema), { publish: false });
+  const summary = await createGraph({ source, stages: stages.chain, clock: new RealClock(), config }).run();
   const pick = (q: 'p50Ms' | 'p99Ms') => Object.fromEntries(Object.entries(summary.stages).map(([name, s]) => [name, s[q]]));
   return {
     frames_in: summary.frames.in,

@@ -2,14 +2,15 @@
 // `percept bench decode` (wired into commander in app/cli.ts).
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { availableParallelism } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import { LlamaModel, type GenerateResult, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
-import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
-import { resolveModelSpec } from '../models/synth.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
+import { SAMPLING, attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
+import { resolveModel } from '../models/resolve.ts';
 import { EnergyMeter, checkEnergySource, energyJson, type EnergyJson, type EnergySource } from './energy.ts';
+import { median } from './stats.ts';
 
 const execFileAsync = promisify(execFile);
 const ROOT = resolve(import.meta.dirname ?? new URL('.', import.meta.url).pathname, '..');
@@ -18,22 +19,17 @@ const ROOT = resolve(import.meta.dirname ?? new URL('.', import.meta.url).pathna
 async function resolveSpeculation(flags: SpeculationFlags): Promise<SpeculationFlags> {
   return {
     ...flags,
-    draft: flags.draft ? await resolveModelSpec(flags.draft) : null,
-    draftMtp: flags.draftMtp ? await resolveModelSpec(flags.draftMtp) : null,
+    draft: flags.draft ? await resolveModel(flags.draft, 'decoder') : null,
+    draftMtp: flags.draftMtp ? await resolveModel(flags.draftMtp, 'decoder') : null,
   };
 }
 
-async function loadSchemaGrammar(model: LlamaModel, schemaPath: string): Promise<LlamaGrammar> {
-  let text: string;
+/** The decoding grammar of an action schema file (--schema), through the same loader the pipeline uses. */
+function schemaGrammar(model: LlamaModel, schemaPath: string): LlamaGrammar {
   try {
-    text = await readFile(schemaPath, 'utf8');
+    return model.grammarFromJsonSchema(loadActionSchema(schemaPath).schema);
   } catch (err) {
-    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
-  }
-  try {
-    return model.grammarFromJsonSchema(JSON.parse(text) as object);
-  } catch (err) {
-    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
+    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
   }
 }
 
@@ -43,11 +39,10 @@ export interface GenerateCommandOptions extends SpeculationFlags {
   readonly model: string;
   readonly prompt: string;
   readonly schema?: string;
-  readonly maxTokens?: number;
-  readonly seed?: number;
-  readonly temperature?: number;
-  readonly gpuLayers?: number;
-  readonly jumpForward?: boolean;
+  readonly maxTokens: number;
+  readonly seed: number;
+  readonly temperature: number;
+  readonly gpuLayers: number;
   /** Streams decoded text pieces (CLI prints them). */
   readonly onToken?: ((piece: string) => void) | undefined;
 }
@@ -66,22 +61,21 @@ export interface GenerateCommandResult {
 /** `percept generate`: one prompt through the model (optionally schema-constrained and speculative). */
 export async function generate(opts: GenerateCommandOptions): Promise<GenerateCommandResult> {
   if (typeof opts.prompt !== 'string') throw new TypeError('--prompt is required');
-  const maxTokens = opts.maxTokens ?? 128;
-  const gpuLayers = opts.gpuLayers ?? 0;
-  const model = await LlamaModel.load(await resolveModelSpec(opts.model), { gpuLayers });
+  const { maxTokens, gpuLayers } = opts;
+  const model = await LlamaModel.load(await resolveModel(opts.model, 'decoder'), { gpuLayers });
   let draft: LlamaModel | undefined;
   try {
     const promptTokens = model.tokenize(opts.prompt, { addSpecial: true }).length;
     const ctx = await model.createContext({ nCtx: Math.max(256, promptTokens + maxTokens + 16), nBatch: Math.max(512, promptTokens) });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
-    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
+    const grammar = opts.schema ? schemaGrammar(model, opts.schema) : undefined;
     const onToken = opts.onToken;
     const r: GenerateResult = await ctx.generate([{ text: opts.prompt, addSpecial: true }], {
       maxTokens,
-      seed: opts.seed ?? 1,
-      temperature: opts.temperature ?? 0,
-      ...(opts.temperature ? { topK: 40, topP: 0.95 } : {}),
-      ...(grammar ? { grammar, jumpForward: opts.jumpForward ?? true } : {}),
+      seed: opts.seed,
+      temperature: opts.temperature,
+      ...(opts.temperature > 0 ? SAMPLING : {}),
+      ...(grammar ? { grammar, jumpForward: true } : {}),
       ...(onToken ? { onTokens: (t: Int32Array) => onToken(model.detokenize(t)) } : {}),
     });
     return {
@@ -105,10 +99,11 @@ export async function generate(opts: GenerateCommandOptions): Promise<GenerateCo
 export interface BenchDecodeOptions extends SpeculationFlags {
   readonly model: string;
   readonly schema?: string;
-  readonly promptTokens?: number;
-  readonly genTokens?: number;
-  readonly reps?: number;
-  readonly gpuLayers?: number;
+  readonly promptTokens: number;
+  readonly genTokens: number;
+  readonly reps: number;
+  readonly gpuLayers: number;
+  /** CPU threads (absent: one per core, as llama-bench's default). */
   readonly threads?: number;
   /** Also run llama-bench (built from the same llama.cpp tree) and report the ratio. */
   readonly peer?: boolean;
@@ -145,11 +140,6 @@ export interface BenchDecodeResult {
   readonly ratio_pp_best?: number;
 }
 
-const median = (xs: readonly number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
-
 /** Seeded pseudo-random token ids (like llama-bench's random prompt), away from special tokens. */
 function randomTokens(n: number, nVocab: number, seed: number): number[] {
   let s = seed >>> 0 || 1;
@@ -167,7 +157,9 @@ export function findPeerProgram(name: string): string | undefined {
 function findLlamaBench(): string {
   const path = findPeerProgram('llama-bench');
   if (path) return path;
-  throw new Error('llama-bench is not built: cmake --build build/native --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)');
+  throw new Error(
+    'llama-bench is not built: cmake --build build/native --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)',
+  );
 }
 
 interface LlamaBenchRow {
@@ -184,23 +176,29 @@ interface LlamaBenchRow {
  * Board power is sampled during the decode (tg) runs only (app/energy.ts).
  */
 export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecodeResult> {
-  const promptTokens = opts.promptTokens ?? 64;
-  const genTokens = opts.genTokens ?? 128;
-  const reps = opts.reps ?? 3;
-  const gpuLayers = opts.gpuLayers ?? 0;
+  const { promptTokens, genTokens, reps, gpuLayers } = opts;
   const threads = opts.threads ?? availableParallelism();
-  for (const [k, v, min] of [['promptTokens', promptTokens, 1], ['genTokens', genTokens, 2], ['reps', reps, 1]] as const) {
+  for (const [k, v, min] of [
+    ['promptTokens', promptTokens, 1],
+    ['genTokens', genTokens, 2],
+    ['reps', reps, 1],
+  ] as const) {
     if (!Number.isInteger(v) || v < min) throw new RangeError(`bench decode: ${k} must be an integer ≥ ${min}, got ${v}`);
   }
   const energySource = checkEnergySource(opts.energy ?? 'auto');
-  const path = await resolveModelSpec(opts.model);
+  const path = await resolveModel(opts.model, 'decoder');
   const model = await LlamaModel.load(path, { gpuLayers });
   let draft: LlamaModel | undefined;
   let meter: EnergyMeter | undefined;
   try {
-    const ctx = await model.createContext({ nCtx: promptTokens + genTokens + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
+    const ctx = await model.createContext({
+      nCtx: promptTokens + genTokens + 64,
+      nBatch: Math.max(512, promptTokens),
+      threads,
+      flashAttention: 'auto',
+    });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
-    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
+    const grammar = opts.schema ? schemaGrammar(model, opts.schema) : undefined;
     const { bos, nVocab } = model.info;
     const pp = [bos, ...randomTokens(promptTokens - 1, nVocab, 7)];
     const tgPrompt = [bos];
@@ -214,7 +212,24 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     // With --peer, llama-bench (one rep each) runs between our reps, so drifting load on a shared
     // machine hits both sides alike; the ratios use medians and best reps.
     const bench = opts.peer ? findLlamaBench() : undefined;
-    const peerArgs = ['-m', path, '-p', String(promptTokens), '-n', String(genTokens), '-r', '1', '-o', 'json', '-t', String(threads), '-ngl', String(gpuLayers), '-fa', 'auto'];
+    const peerArgs = [
+      '-m',
+      path,
+      '-p',
+      String(promptTokens),
+      '-n',
+      String(genTokens),
+      '-r',
+      '1',
+      '-o',
+      'json',
+      '-t',
+      String(threads),
+      '-ngl',
+      String(gpuLayers),
+      '-fa',
+      'auto',
+    ];
     const peerTg: number[] = [];
     const peerPp: number[] = [];
     const ppRuns: number[] = [];

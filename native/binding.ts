@@ -128,7 +128,11 @@ export declare class NativeContext {
   static create(model: NativeModel, options: NativeContextOptions): Promise<NativeContext>;
   info(): NativeContextInfo;
   memoryBreakdown(): NativeMemoryBreakdown;
-  generate(prompt: readonly NativeSegment[], options: NativeGenerateOptions, onTokens?: (tokens: Int32Array) => void): Promise<NativeGenerateResult>;
+  generate(
+    prompt: readonly NativeSegment[],
+    options: NativeGenerateOptions,
+    onTokens?: (tokens: Int32Array) => void,
+  ): Promise<NativeGenerateResult>;
   cancel(): void;
   clearCache(): void;
   cachedPositions(): number;

@@ -26,7 +26,8 @@ export type Timings = NativeTimings;
 // ---------------------------------------------------------------------------------------------
 // Small validators (sharp's is.* style): each throws an error that names the argument.
 
-const describe = (v: unknown): string => (v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v === 'bigint' ? `${v}n` : `${String(v)} of type ${typeof v}`);
+const describe = (v: unknown): string =>
+  v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v === 'bigint' ? `${v}n` : `${String(v)} of type ${typeof v}`;
 const invalid = (name: string, expected: string, actual: unknown): TypeError =>
   new TypeError(`Expected ${expected} for ${name} but received ${describe(actual)}`);
 
@@ -47,7 +48,8 @@ function plainObject(name: string, v: unknown): Record<string, unknown> {
   return v as Record<string, unknown>;
 }
 function knownKeys(name: string, o: Record<string, unknown>, keys: readonly string[]): void {
-  for (const k of Object.keys(o)) if (!keys.includes(k)) throw new TypeError(`Unknown option ${name}.${k} (expected one of ${keys.join(', ')})`);
+  for (const k of Object.keys(o))
+    if (!keys.includes(k)) throw new TypeError(`Unknown option ${name}.${k} (expected one of ${keys.join(', ')})`);
 }
 
 /** An Error with a `code` (EBUSY, EDISPOSED, ...), native errors keep theirs. */
@@ -103,13 +105,14 @@ function boundedNumberRule(schema: Record<string, unknown>, decimals: number): s
  * with bounded numbers enforced (see boundedNumberRule) and optionally compact whitespace.
  */
 export function jsonSchemaToGbnf(schema: object | string, options: GbnfOptions = {}): string {
-  if (typeof schema !== 'string' && (typeof schema !== 'object' || schema === null)) throw invalid('schema', 'an object or JSON text', schema);
+  if (typeof schema !== 'string' && (typeof schema !== 'object' || schema === null))
+    throw invalid('schema', 'an object or JSON text', schema);
   const decimals = options.decimals === undefined ? 4 : intIn('options.decimals', options.decimals, 1, 12);
   let parsed: unknown;
   try {
     parsed = typeof schema === 'string' ? JSON.parse(schema) : structuredClone(schema);
   } catch (err) {
-    throw new TypeError(`jsonSchemaToGrammar: schema is not valid JSON: ${(err as Error).message}`);
+    throw new TypeError(`jsonSchemaToGrammar: schema is not valid JSON: ${(err as Error).message}`, { cause: err });
   }
   const rules: string[] = [];
   const walk = (node: unknown): unknown => {
@@ -223,7 +226,8 @@ export class LlamaModel {
     if (!Array.isArray(messages) || messages.length === 0) throw invalid('messages', 'a non-empty array of {role, content}', messages);
     messages.forEach((m, i) => {
       plainObject(`messages[${i}]`, m);
-      if (!['system', 'user', 'assistant'].includes(m.role)) throw invalid(`messages[${i}].role`, "'system', 'user' or 'assistant'", m.role);
+      if (!['system', 'user', 'assistant'].includes(m.role))
+        throw invalid(`messages[${i}].role`, "'system', 'user' or 'assistant'", m.role);
       if (typeof m.content !== 'string') throw invalid(`messages[${i}].content`, 'a string', m.content);
     });
     return this.native.applyChatTemplate(messages, options.addGenerationPrompt ?? true);
@@ -233,7 +237,11 @@ export class LlamaModel {
    * A chat prompt with images: renders `messages` where each `imageMarker` in a content string
    * stands for the next entry of `images`, and splits at the markers into prompt segments.
    */
-  chatPrompt(messages: readonly ChatMessage[], images: readonly ImageInput[] = [], options: { imageMarker?: string; addGenerationPrompt?: boolean } = {}): PromptSegment[] {
+  chatPrompt(
+    messages: readonly ChatMessage[],
+    images: readonly ImageInput[] = [],
+    options: { imageMarker?: string; addGenerationPrompt?: boolean } = {},
+  ): PromptSegment[] {
     const marker = options.imageMarker ?? '<__percept_image__>';
     const rendered = this.renderChat(messages, { addGenerationPrompt: options.addGenerationPrompt ?? true });
     const parts = rendered.split(marker);
@@ -266,7 +274,16 @@ export class LlamaModel {
     const threads = options.threads === undefined ? 0 : intIn('options.threads', options.threads, 0, 1024);
     const stack = new Error();
     try {
-      const native = await loadAddon().Context.create(this.native, { nCtx, nBatch, nUbatch, nSeq: 1, maxOutputs, flashAttention: fa, kvType, threads });
+      const native = await loadAddon().Context.create(this.native, {
+        nCtx,
+        nBatch,
+        nUbatch,
+        nSeq: 1,
+        maxOutputs,
+        flashAttention: fa,
+        kvType,
+        threads,
+      });
       const ctx = new LlamaContext(this, native, () => this.#contexts.delete(ctx));
       this.#contexts.add(ctx);
       return ctx;
@@ -365,7 +382,24 @@ export type SpeculatorOptions =
   | { readonly type: 'draft-mtp'; readonly draftModel: LlamaModel; readonly nMax?: number; readonly pMin?: number }
   | { readonly type: 'ngram-simple' | 'ngram-map-k' | 'ngram-map-k4v' | 'ngram-mod'; readonly nMax?: number; readonly ngramN?: number };
 
-const GENERATE_KEYS = ['maxTokens', 'temperature', 'topK', 'topP', 'minP', 'seed', 'stop', 'stopTokens', 'ignoreEos', 'grammar', 'jumpForward', 'speculative', 'nDraft', 'signal', 'deadlineNs', 'onTokens'];
+const GENERATE_KEYS = [
+  'maxTokens',
+  'temperature',
+  'topK',
+  'topP',
+  'minP',
+  'seed',
+  'stop',
+  'stopTokens',
+  'ignoreEos',
+  'grammar',
+  'jumpForward',
+  'speculative',
+  'nDraft',
+  'signal',
+  'deadlineNs',
+  'onTokens',
+];
 
 function checkTokens(name: string, tokens: unknown, nVocab: number): Int32Array | readonly number[] {
   if (!(tokens instanceof Int32Array) && !Array.isArray(tokens)) throw invalid(name, 'an Int32Array or an array of token ids', tokens);
@@ -434,7 +468,8 @@ export class LlamaContext {
               (s.image.length % nTokens === 0 ? ` (rows are ${s.image.length / nTokens} wide: wrong embedding width)` : ''),
           );
         }
-        if (this.model.info.imageStartToken === null) throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
+        if (this.model.info.imageStartToken === null)
+          throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
         if (s.causal !== undefined) bool(`prompt[${i}].causal`, s.causal);
         return { image: s.image, nTokens, ...(s.causal ? { causal: true } : {}) };
       }
@@ -463,11 +498,15 @@ export class LlamaContext {
       throw invalid('options.stop', 'an array of non-empty strings', options.stop);
     }
     const stopTokens = options.stopTokens === undefined ? [] : [...checkTokens('options.stopTokens', options.stopTokens, nVocab)];
-    if (options.grammar !== undefined && !(options.grammar instanceof LlamaGrammar)) throw invalid('options.grammar', 'a LlamaGrammar', options.grammar);
+    if (options.grammar !== undefined && !(options.grammar instanceof LlamaGrammar))
+      throw invalid('options.grammar', 'a LlamaGrammar', options.grammar);
     if (options.grammar && options.grammar.model !== this.model) throw new TypeError('options.grammar was built for another model');
-    if (options.signal !== undefined && !(options.signal instanceof AbortSignal)) throw invalid('options.signal', 'an AbortSignal', options.signal);
-    if (options.deadlineNs !== undefined && typeof options.deadlineNs !== 'bigint') throw invalid('options.deadlineNs', 'a bigint (monotonic ns)', options.deadlineNs);
-    if (options.onTokens !== undefined && typeof options.onTokens !== 'function') throw invalid('options.onTokens', 'a function', options.onTokens);
+    if (options.signal !== undefined && !(options.signal instanceof AbortSignal))
+      throw invalid('options.signal', 'an AbortSignal', options.signal);
+    if (options.deadlineNs !== undefined && typeof options.deadlineNs !== 'bigint')
+      throw invalid('options.deadlineNs', 'a bigint (monotonic ns)', options.deadlineNs);
+    if (options.onTokens !== undefined && typeof options.onTokens !== 'function')
+      throw invalid('options.onTokens', 'a function', options.onTokens);
     const nDraft = options.nDraft === undefined ? undefined : intIn('options.nDraft', options.nDraft, 0, 256);
     if (this.#running) throw coded('EBUSY', 'LlamaContext is busy: only one operation may run at a time on a context');
 

@@ -57,13 +57,17 @@ export class LlamaVision {
   static async load(path: string, options: LoadVisionOptions = {}): Promise<LlamaVision> {
     if (typeof path !== 'string' || path.length === 0) throw invalid('path', 'a non-empty string', path);
     if (typeof options !== 'object' || options === null) throw invalid('options', 'an object', options);
-    for (const k of Object.keys(options)) if (!(LOAD_KEYS as readonly string[]).includes(k)) throw new TypeError(`Unknown option options.${k} (expected one of ${LOAD_KEYS.join(', ')})`);
+    for (const k of Object.keys(options))
+      if (!(LOAD_KEYS as readonly string[]).includes(k))
+        throw new TypeError(`Unknown option options.${k} (expected one of ${LOAD_KEYS.join(', ')})`);
     const useGpu = options.useGpu ?? false;
     if (typeof useGpu !== 'boolean') throw invalid('options.useGpu', 'a boolean', useGpu);
     const threads = options.threads ?? 0;
-    if (!Number.isInteger(threads) || threads < 0 || threads > 1024) throw invalid('options.threads', 'an integer between 0 and 1024', threads);
+    if (!Number.isInteger(threads) || threads < 0 || threads > 1024)
+      throw invalid('options.threads', 'an integer between 0 and 1024', threads);
     const flashAttention = options.flashAttention ?? 'auto';
-    if (flashAttention !== 'auto' && flashAttention !== 'on' && flashAttention !== 'off') throw invalid('options.flashAttention', "'auto', 'on' or 'off'", flashAttention);
+    if (flashAttention !== 'auto' && flashAttention !== 'on' && flashAttention !== 'off')
+      throw invalid('options.flashAttention', "'auto', 'on' or 'off'", flashAttention);
     const warmup = options.warmup ?? true;
     if (typeof warmup !== 'boolean') throw invalid('options.warmup', 'a boolean', warmup);
     const st = await stat(path).catch(() => undefined);

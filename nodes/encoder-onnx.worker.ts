@@ -1,5 +1,6 @@
-// Worker thread that owns one onnxruntime-node InferenceSession. session.run() is synchronous native
-// work behind a setImmediate (deps.md §1), so it must not run on the main thread: the pipeline's event
+// Worker thread that owns one onnxruntime-node InferenceSession. onnxruntime-node's session.run() does
+// its native work synchronously (it only defers the call with a setImmediate), so it must not run on
+// the main thread: the pipeline's event
 // loop would stall for the whole encode. Protocol (all messages are plain objects):
 //   in : workerData = WorkerInit; { type: 'run', id, feeds } (buffers transferred); { type: 'close' }
 //   out: { type: 'ready', inputs, outputs } | { type: 'load-error', message }
@@ -32,7 +33,8 @@ export interface WireValueInfo {
   readonly shape?: readonly (number | string)[];
 }
 
-export type WorkerRequest = { readonly type: 'run'; readonly id: number; readonly feeds: Readonly<Record<string, WireTensor>> } | { readonly type: 'close' };
+export type WorkerRequest =
+  { readonly type: 'run'; readonly id: number; readonly feeds: Readonly<Record<string, WireTensor>> } | { readonly type: 'close' };
 
 export type WorkerReply =
   | { readonly type: 'ready'; readonly inputs: WireValueInfo[]; readonly outputs: WireValueInfo[] }

@@ -144,7 +144,8 @@ async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<S
   const width = meta.width ?? 0;
   const height = meta.height ?? 0;
   if (width <= 0 || height <= 0) throw frameError(frame.encoding, `zero size ${width}×${height}`);
-  if (width * height > maxPixels) throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
+  if (width * height > maxPixels)
+    throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
   return { input: buffer, width, height, bgr: false, hasAlpha: meta.hasAlpha === true };
 }
 
@@ -154,12 +155,14 @@ function describeRaw(frame: CameraFrame, maxPixels: number): SourceImage {
   const enc = frame.encoding as keyof typeof bytesPerPixel;
   const { width, height } = frame;
   if (width === undefined || height === undefined) throw frameError(enc, 'width and height are required for raw frames');
-  if (!Number.isInteger(width) || !Number.isInteger(height) || width <= 0 || height <= 0) throw frameError(enc, `bad size ${width}×${height}`);
+  if (!Number.isInteger(width) || !Number.isInteger(height) || width <= 0 || height <= 0)
+    throw frameError(enc, `bad size ${width}×${height}`);
   if (width * height > maxPixels) throw frameError(enc, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
   const bpp = bytesPerPixel[enc];
   const rowBytes = width * bpp;
   const stride = frame.stride ?? rowBytes;
-  if (!Number.isInteger(stride) || stride < rowBytes) throw frameError(enc, `stride ${stride} is smaller than width × ${bpp} = ${rowBytes}`);
+  if (!Number.isInteger(stride) || stride < rowBytes)
+    throw frameError(enc, `stride ${stride} is smaller than width × ${bpp} = ${rowBytes}`);
   const need = stride * (height - 1) + rowBytes;
   const data = frame.data;
   if (!(data instanceof Uint8Array)) throw frameError(enc, 'data must be a Uint8Array');
@@ -188,9 +191,23 @@ function describeRaw(frame: CameraFrame, maxPixels: number): SourceImage {
   if (enc === 'mono16') {
     // Host (little-endian) byte order; sharp reads a Uint16Array as 16-bit samples.
     const aligned = packed.byteOffset % 2 === 0 ? packed : packed.slice();
-    return { input: new Uint16Array(aligned.buffer, aligned.byteOffset, width * height), raw: { width, height, channels: 1 }, width, height, bgr: false, hasAlpha: false };
+    return {
+      input: new Uint16Array(aligned.buffer, aligned.byteOffset, width * height),
+      raw: { width, height, channels: 1 },
+      width,
+      height,
+      bgr: false,
+      hasAlpha: false,
+    };
   }
-  return { input: Buffer.from(packed.buffer, packed.byteOffset, packed.byteLength), raw: { width, height, channels }, width, height, bgr, hasAlpha: false };
+  return {
+    input: Buffer.from(packed.buffer, packed.byteOffset, packed.byteLength),
+    raw: { width, height, channels },
+    width,
+    height,
+    bgr,
+    hasAlpha: false,
+  };
 }
 
 function firstLine(err: unknown): string {
@@ -204,7 +221,14 @@ interface ResizedPixels {
   readonly channels: number;
 }
 
-async function decodeResized(src: SourceImage, encoding: string, width: number, height: number, kernel: ResizeKernel, maxPixels: number): Promise<ResizedPixels> {
+async function decodeResized(
+  src: SourceImage,
+  encoding: string,
+  width: number,
+  height: number,
+  kernel: ResizeKernel,
+  maxPixels: number,
+): Promise<ResizedPixels> {
   let pipeline = sharp(src.input, {
     ...(src.raw ? { raw: src.raw } : {}),
     limitInputPixels: maxPixels,
@@ -214,8 +238,10 @@ async function decodeResized(src: SourceImage, encoding: string, width: number, 
   if (src.hasAlpha) pipeline = pipeline.removeAlpha();
   try {
     const { data, info } = await pipeline.raw().toBuffer({ resolveWithObject: true });
-    if (info.width !== width || info.height !== height) throw new Error(`sharp returned ${info.width}×${info.height}, wanted ${width}×${height}`);
-    if (data.length !== width * height * info.channels) throw new Error(`sharp returned ${data.length} bytes for ${width}×${height}×${info.channels}`);
+    if (info.width !== width || info.height !== height)
+      throw new Error(`sharp returned ${info.width}×${info.height}, wanted ${width}×${height}`);
+    if (data.length !== width * height * info.channels)
+      throw new Error(`sharp returned ${data.length} bytes for ${width}×${height}×${info.channels}`);
     return { data, width, height, channels: info.channels };
   } catch (err) {
     throw frameError(encoding, `decode/resize failed (${firstLine(err)})`);
@@ -236,7 +262,12 @@ function channelOffsets(channels: number, bgr: boolean): [number, number, number
 }
 
 /** Interleaved 8-bit pixels → planar CHW floats through `table`. */
-export function toChw(pixels: ResizedPixels, bgr: boolean, table: Float32Array, out = new Float32Array(3 * pixels.width * pixels.height)): Float32Array {
+export function toChw(
+  pixels: ResizedPixels,
+  bgr: boolean,
+  table: Float32Array,
+  out = new Float32Array(3 * pixels.width * pixels.height),
+): Float32Array {
   const n = pixels.width * pixels.height;
   const ch = pixels.channels;
   const [oR, oG, oB] = channelOffsets(ch, bgr);
@@ -250,11 +281,17 @@ export function toChw(pixels: ResizedPixels, bgr: boolean, table: Float32Array, 
 }
 
 /** Interleaved 8-bit pixels → 16×16 HWC patches, row-major patch order, padded to `patchCapacity`. */
-export function toGemma4Patches(pixels: ResizedPixels, bgr: boolean, table: Float32Array, patchCapacity: number): { values: Float32Array; positions: BigInt64Array } {
+export function toGemma4Patches(
+  pixels: ResizedPixels,
+  bgr: boolean,
+  table: Float32Array,
+  patchCapacity: number,
+): { values: Float32Array; positions: BigInt64Array } {
   const { width, height, channels: ch, data: src } = pixels;
   const cols = width / GEMMA4_PATCH;
   const rows = height / GEMMA4_PATCH;
-  if (!Number.isInteger(cols) || !Number.isInteger(rows)) throw new RangeError(`toGemma4Patches: ${width}×${height} is not a multiple of ${GEMMA4_PATCH}`);
+  if (!Number.isInteger(cols) || !Number.isInteger(rows))
+    throw new RangeError(`toGemma4Patches: ${width}×${height} is not a multiple of ${GEMMA4_PATCH}`);
   const nPatches = cols * rows;
   if (nPatches > patchCapacity) throw new RangeError(`toGemma4Patches: ${nPatches} patches exceed capacity ${patchCapacity}`);
   const values = new Float32Array(patchCapacity * GEMMA4_PATCH_DIM);
@@ -286,22 +323,27 @@ export interface PreprocessStage extends Stage<CameraFrame, PixelTensor> {
 }
 
 export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
-  if (cfg.contract !== 'gemma3' && cfg.contract !== 'gemma4') throw new TypeError(`preprocess: contract must be 'gemma3' or 'gemma4', got ${String(cfg.contract)}`);
+  if (cfg.contract !== 'gemma3' && cfg.contract !== 'gemma4')
+    throw new TypeError(`preprocess: contract must be 'gemma3' or 'gemma4', got ${String(cfg.contract)}`);
   const maxPixels = cfg.maxPixels ?? DEFAULT_MAX_PIXELS;
-  if (!Number.isInteger(maxPixels) || maxPixels <= 0) throw new RangeError(`preprocess: maxPixels must be a positive integer, got ${maxPixels}`);
+  if (!Number.isInteger(maxPixels) || maxPixels <= 0)
+    throw new RangeError(`preprocess: maxPixels must be a positive integer, got ${maxPixels}`);
   const kernel = cfg.kernel ?? (cfg.contract === 'gemma3' ? 'linear' : 'cubic');
   if (!KERNELS.includes(kernel)) throw new RangeError(`preprocess: kernel must be one of ${KERNELS.join(', ')}, got ${kernel}`);
   const imageSize = cfg.imageSize ?? 896;
-  if (!Number.isInteger(imageSize) || imageSize <= 0 || imageSize > 8192) throw new RangeError(`preprocess: imageSize must be an integer in 1..8192, got ${imageSize}`);
+  if (!Number.isInteger(imageSize) || imageSize <= 0 || imageSize > 8192)
+    throw new RangeError(`preprocess: imageSize must be an integer in 1..8192, got ${imageSize}`);
   const sizing = cfg.gemma4Sizing ?? 'hf';
-  if (sizing !== 'hf' && sizing !== 'llama.cpp') throw new RangeError(`preprocess: gemma4Sizing must be 'hf' or 'llama.cpp', got ${String(sizing)}`);
+  if (sizing !== 'hf' && sizing !== 'llama.cpp')
+    throw new RangeError(`preprocess: gemma4Sizing must be 'hf' or 'llama.cpp', got ${String(sizing)}`);
   if (cfg.imageTokens !== undefined) clampImageTokens(cfg.imageTokens);
   const gemma3Table = lut(0.5, 0.5);
   const unitTable = lut(1, 0);
 
   const describe = (frame: CameraFrame): Promise<SourceImage> | SourceImage => {
     if (frame === null || typeof frame !== 'object') throw new TypeError('preprocess: frame must be a CameraFrame object');
-    if (!ENCODINGS.includes(frame.encoding)) throw frameError(String(frame.encoding), `unsupported encoding (supported: ${ENCODINGS.join(', ')})`);
+    if (!ENCODINGS.includes(frame.encoding))
+      throw frameError(String(frame.encoding), `unsupported encoding (supported: ${ENCODINGS.join(', ')})`);
     return frame.encoding === 'jpeg' || frame.encoding === 'png' ? describeEncoded(frame, maxPixels) : describeRaw(frame, maxPixels);
   };
 

@@ -30,7 +30,11 @@ const rawRgb = (w: number, h: number) => ({ raw: { width: w, height: h, channels
 
 /** The plain reference: sharp resizes, a naive loop normalizes into CHW. */
 async function referenceGemma3(input: Buffer | Uint16Array, opts: SharpOptions, size = 896): Promise<Float32Array> {
-  const { data, info } = await sharp(input, opts).resize(size, size, { fit: 'fill', kernel: 'linear' }).removeAlpha().raw().toBuffer({ resolveWithObject: true });
+  const { data, info } = await sharp(input, opts)
+    .resize(size, size, { fit: 'fill', kernel: 'linear' })
+    .removeAlpha()
+    .raw()
+    .toBuffer({ resolveWithObject: true });
   const out = new Float32Array(3 * size * size);
   for (let c = 0; c < 3; c++) {
     for (let y = 0; y < size; y++) {
@@ -113,8 +117,14 @@ describe('preprocess gemma3', () => {
     assert.ok(maxAbsDiff(mono16.pixelValues, await referenceGemma3(g16, { raw: { width: W, height: H, channels: 1 } })) <= 1e-5, 'mono16');
 
     const pngs: Record<string, Buffer> = {
-      gray8: await sharp(gray, { raw: { width: W, height: H, channels: 1 } }).toColourspace('b-w').png().toBuffer(),
-      gray16: await sharp(g16, { raw: { width: W, height: H, channels: 1 } }).toColourspace('grey16').png().toBuffer(),
+      gray8: await sharp(gray, { raw: { width: W, height: H, channels: 1 } })
+        .toColourspace('b-w')
+        .png()
+        .toBuffer(),
+      gray16: await sharp(g16, { raw: { width: W, height: H, channels: 1 } })
+        .toColourspace('grey16')
+        .png()
+        .toBuffer(),
       rgba: await sharp(rgb, rawRgb(W, H)).ensureAlpha(1).png().toBuffer(),
     };
     for (const [name, png] of Object.entries(pngs)) {
@@ -150,7 +160,16 @@ describe('preprocess gemma4', () => {
 
   test('budget invariants over many aspect ratios', () => {
     for (const budget of GEMMA4_TOKEN_BUDGETS) {
-      for (const [w, h] of [[1280, 720], [720, 1280], [640, 640], [4000, 300], [300, 4000], [1920, 1080], [97, 1013], [3000, 2000]] as const) {
+      for (const [w, h] of [
+        [1280, 720],
+        [720, 1280],
+        [640, 640],
+        [4000, 300],
+        [300, 4000],
+        [1920, 1080],
+        [97, 1013],
+        [3000, 2000],
+      ] as const) {
         const s = gemma4TargetSize(w, h, budget);
         assert.ok(s.width % 48 === 0 && s.height % 48 === 0, `${w}×${h}@${budget}: ${s.width}×${s.height}`);
         assert.ok(s.tokens <= budget && s.tokens >= 1, `${w}×${h}@${budget}: ${s.tokens} tokens`);
@@ -181,7 +200,10 @@ describe('preprocess gemma4', () => {
     assert.equal(t.imageTokens, size.tokens);
     assert.deepEqual(t.pixelDims, [1, 70 * 9, 768]);
     assert.deepEqual(t.positionDims, [1, 70 * 9, 2]);
-    const { data } = await sharp(rgb, rawRgb(W, H)).resize(size.width, size.height, { fit: 'fill', kernel: 'cubic' }).raw().toBuffer({ resolveWithObject: true });
+    const { data } = await sharp(rgb, rawRgb(W, H))
+      .resize(size.width, size.height, { fit: 'fill', kernel: 'cubic' })
+      .raw()
+      .toBuffer({ resolveWithObject: true });
     const nPatches = size.cols * size.rows;
     let maxDiff = 0;
     for (let p = 0; p < 70 * 9; p++) {
@@ -209,9 +231,18 @@ describe('preprocess gemma4', () => {
       for (let p = 0; p < t.pixelDims[1]!; p++) if (t.positionIds![2 * p]! >= 0n) n++;
       return n;
     };
-    for (const [w, h] of [[1280, 720], [720, 1280], [640, 640], [4000, 300]] as const) {
+    for (const [w, h] of [
+      [1280, 720],
+      [720, 1280],
+      [640, 640],
+      [4000, 300],
+    ] as const) {
       const frame: CameraFrame = { encoding: 'mono8', data: new Uint8Array(w * h).fill(90), width: w, height: h };
-      for (const [knob, budget] of [[70, 70], [300, 280], [1120, 1120]] as const) {
+      for (const [knob, budget] of [
+        [70, 70],
+        [300, 280],
+        [1120, 1120],
+      ] as const) {
         const t = await stage.process(frame, ctx(knob));
         const s = gemma4TargetSize(w, h, budget);
         assert.equal(t.pixelDims[1], budget * 9, `${w}×${h} knob ${knob}: padded length`);
@@ -241,13 +272,35 @@ describe('preprocess rejects bad frames, one at a time', () => {
       ['png declared as jpeg', { encoding: 'jpeg', data: png }, /jpeg frame: data is png, not jpeg/],
       ['zero width raw', { encoding: 'rgb8', data: new Uint8Array(10), width: 0, height: 4 }, /rgb8 frame: bad size 0×4/],
       ['missing size raw', { encoding: 'rgb8', data: new Uint8Array(10) }, /rgb8 frame: width and height are required/],
-      ['stride too small', { encoding: 'rgb8', data: rgb, width: W, height: H, stride: W * 3 - 1 }, /stride 191 is smaller than width × 3 = 192/],
-      ['short raw data', { encoding: 'rgba8', data: new Uint8Array(W * 4 * H - 1), width: W, height: H }, /rgba8 frame: 12287 bytes, need 12288/],
-      ['unsupported encoding', { encoding: 'yuv422' as never, data: new Uint8Array(10), width: 2, height: 2 }, /yuv422 frame: unsupported encoding/],
-      ['too many pixels raw', { encoding: 'mono8', data: new Uint8Array(400 * 400), width: 400, height: 400 }, /160000 pixels exceeds maxPixels 100000/],
+      [
+        'stride too small',
+        { encoding: 'rgb8', data: rgb, width: W, height: H, stride: W * 3 - 1 },
+        /stride 191 is smaller than width × 3 = 192/,
+      ],
+      [
+        'short raw data',
+        { encoding: 'rgba8', data: new Uint8Array(W * 4 * H - 1), width: W, height: H },
+        /rgba8 frame: 12287 bytes, need 12288/,
+      ],
+      [
+        'unsupported encoding',
+        { encoding: 'yuv422' as never, data: new Uint8Array(10), width: 2, height: 2 },
+        /yuv422 frame: unsupported encoding/,
+      ],
+      [
+        'too many pixels raw',
+        { encoding: 'mono8', data: new Uint8Array(400 * 400), width: 400, height: 400 },
+        /160000 pixels exceeds maxPixels 100000/,
+      ],
     ];
-    const bigJpeg = await sharp({ create: { width: 500, height: 400, channels: 3, background: '#808080' } }).jpeg().toBuffer();
-    bad.push(['too many pixels jpeg (header only)', { encoding: 'jpeg', data: bigJpeg }, /jpeg frame: 500×400 = 200000 pixels exceeds maxPixels 100000/]);
+    const bigJpeg = await sharp({ create: { width: 500, height: 400, channels: 3, background: '#808080' } })
+      .jpeg()
+      .toBuffer();
+    bad.push([
+      'too many pixels jpeg (header only)',
+      { encoding: 'jpeg', data: bigJpeg },
+      /jpeg frame: 500×400 = 200000 pixels exceeds maxPixels 100000/,
+    ]);
     for (const [name, frame, pattern] of bad) {
       await assert.rejects(stage.process(frame, ctx()), pattern, name);
       const ok = await stage.process({ encoding: 'jpeg', data: jpeg }, ctx());

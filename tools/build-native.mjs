@@ -39,7 +39,11 @@ const patchDir = join(nlcDir, 'llama', 'patches');
 if (!existsSync(bundle)) throw new Error(`llama.cpp bundle not found at ${bundle} (is node-llama-cpp@3.22.1 installed?)`);
 
 const llamaDir = join(root, 'build', 'llama.cpp');
-const patches = existsSync(patchDir) ? readdirSync(patchDir).filter((f) => f.endsWith('.diff')).sort() : [];
+const patches = existsSync(patchDir)
+  ? readdirSync(patchDir)
+      .filter((f) => f.endsWith('.diff'))
+      .sort()
+  : [];
 const stamp = JSON.stringify({ bundle: readFileSync(join(nlcDir, 'package.json'), 'utf8').match(/"version":\s*"([^"]+)"/)?.[1], patches });
 const stampFile = join(llamaDir, '.percept-extracted');
 
@@ -68,8 +72,11 @@ const cmakeJs = join(findPackage('cmake-js'), 'bin', 'cmake-js');
 const outDir = join(root, 'build', 'native');
 log(`building native addon (jobs=${jobs}) into ${outDir}`);
 const t0 = Date.now();
-run(process.execPath, [cmakeJs, 'compile', '--directory', join(root, 'native'), '--out', outDir,
-  '--config', 'Release', '--parallel', jobs, ...defs], { cwd: root });
+run(
+  process.execPath,
+  [cmakeJs, 'compile', '--directory', join(root, 'native'), '--out', outDir, '--config', 'Release', '--parallel', jobs, ...defs],
+  { cwd: root },
+);
 
 const peers = (process.env.PERCEPT_PEERS ?? 'llama-bench llama-speculative-simple llama-quantize').split(/\s+/).filter(Boolean);
 if (peers.length) {
