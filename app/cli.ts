@@ -157,10 +157,19 @@ speculationOptions(
 
 bench
   .command('ladder')
-  .description('the deployment table, rung by rung (F16 → Q8_0 → Q4_K_M → + speculative): size, speed, TTFT, KV, agreement with F16, roofline, bag p99, energy')
+  .description(
+    'the deployment table, rung by rung (F16 → Q8_0 → Q4_K_M → + speculative): size, speed, TTFT, KV, agreement with F16, roofline, bag p99, energy',
+  )
   .requiredOption('-m, --model <file>', 'reference: an unquantized GGUF (F32/F16/BF16), or synth:PRESET (made in F16)')
-  .option('--quants <list>', 'rungs below the reference, comma-separated: q8_0, q4_0, q4_k_m, or GGUF files quantized elsewhere', 'q8_0,q4_k_m')
-  .option('--draft <file>', 'draft of the speculative rung on the last one: a same-vocabulary GGUF or a Gemma 4 MTP assistant (synth:PRESET too)')
+  .option(
+    '--quants <list>',
+    'rungs below the reference, comma-separated: q8_0, q4_0, q4_k_m, or GGUF files quantized elsewhere',
+    'q8_0,q4_k_m',
+  )
+  .option(
+    '--draft <file>',
+    'draft of the speculative rung on the last one: a same-vocabulary GGUF or a Gemma 4 MTP assistant (synth:PRESET too)',
+  )
   .option('--bag <file>', 'replay this bag through the real stages: end-to-end p99 and joules per frame per rung')
   .option('-c, --config <file>', 'config whose stages the bag runs through (each rung becomes its decoder)', 'configs/default.json')
   .option('-e, --encoder <spec>', "vision encoder of the bag run instead of the config's: .onnx, mmproj .gguf, synth:PRESET or projection")
@@ -171,7 +180,11 @@ bench
   .option('--reps <n>', 'decode benchmark repetitions', int('--reps'), 3)
   .option('--agreement-tokens <n>', 'greedy tokens per agreement prompt', int('--agreement-tokens'), 32)
   .option('--kv-ctx <list>', 'contexts of the KV columns, comma-separated (default 4096,32768,131072 up to the trained context)')
-  .addOption(new Option('--bandwidth-gbs <x>', 'memory bandwidth for the roofline, GB/s').argParser(positiveNumber('--bandwidth-gbs')).conflicts('device'))
+  .addOption(
+    new Option('--bandwidth-gbs <x>', 'memory bandwidth for the roofline, GB/s')
+      .argParser(positiveNumber('--bandwidth-gbs'))
+      .conflicts('device'),
+  )
   .option('--device <name>', 'bandwidth preset: jetson-orin-nano-8gb, jetson-agx-orin, jetson-thor, h100, h200')
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
   .option('--energy <source>', 'board power: auto, tegrastats, nvidia-smi, off', 'auto')
@@ -179,7 +192,11 @@ bench
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchLadder, formatLadderTable } = await import('./bench-ladder.ts');
-    const list = (text: string | undefined) => text?.split(',').map((x) => x.trim()).filter(Boolean);
+    const list = (text: string | undefined) =>
+      text
+        ?.split(',')
+        .map((x) => x.trim())
+        .filter(Boolean);
     const kvCtx = list(opts.kvCtx)?.map((x) => int('--kv-ctx')(x));
     const result = await benchLadder({ ...opts, quants: list(opts.quants), kvCtx });
     process.stdout.write(opts.json ? `${JSON.stringify(result, null, 2)}\n` : formatLadderTable(result));
