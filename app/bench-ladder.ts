@@ -13,14 +13,14 @@
 //    comparing next-token choices on the same context (llama-perplexity's "same top" for greedy decoding).
 // Both are 1 for a rung that decodes exactly as the reference; the reference row measures itself again
 // (a fresh load), so its 1 is a check of determinism, not a constant.
-import { readFile, stat } from 'node:fs/promises';
+import { stat } from 'node:fs/promises';
 import type { SingleBar } from 'cli-progress';
 import { availableParallelism, loadavg } from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { readGGUF, type GGUFFile } from '../models/gguf.ts';
 import { attentionLayout, kvCacheBytes } from '../models/kv.ts';
 import { DEVICE_PRESETS, roofline } from '../models/roofline.ts';
-import { DEFAULT_MODEL_CACHE, parseSynthSpec, resolveModelSpec } from '../models/synth.ts';
+import { MODEL_CACHE, resolveModel } from '../models/resolve.ts';
 import {
   QUANT_INFO,
   checkLadderQuant,
@@ -32,14 +32,16 @@ import {
   type QuantizerSpec,
 } from '../models/quantize-rungs.ts';
 import { LlamaModel, type LlamaContext } from '../native/llama.ts';
+import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
 import { RealClock } from '../pipeline/clock.ts';
-import { loadConfig } from '../pipeline/config.ts';
-import { createGraph } from '../pipeline/graph.ts';
-import type { RunSummary } from '../pipeline/telemetry.ts';
+import { loadConfig, type PerceptConfig } from '../pipeline/config.ts';
+import { createGraph } from '../pipeline/graph/graph.ts';
+import type { RunSummary } from '../pipeline/telemetry/events.ts';
+import { encoderSection } from './bench-frame.ts';
 import { benchDecode, findPeerProgram } from './decode-commands.ts';
 import { EnergyMeter, checkEnergySource, energyJson, type EnergyJson, type EnergyReading, type EnergySource } from './energy.ts';
-import { createSource, createStages, parseSourceSpec } from './run.ts';
+import { DEFAULT_CONFIG, createSource, createStages, parseSourceSpec } from './run.ts';
 
 /** The fixed prompts of the agreement measure: what a robot's decoder is asked. */
 export const AGREEMENT_PROMPTS: readonly string[] = [
@@ -64,7 +66,7 @@ export interface BenchLadderOptions {
   readonly draft?: string;
   /** Bag replayed through the real stages for end-to-end latency and energy per frame. */
   readonly bag?: string;
-  /** Config whose stages the bag runs through (default configs/default.json); each rung is its decoder. */
+  /** Config whose stages the bag runs through (default: the embedded configs/default.json); each rung is its decoder. */
   readonly config?: string;
   /** Encoder override for the bag run: 'projection', an .onnx, an mmproj .gguf, or synth:PRESET. */
   readonly encoder?: string;
@@ -271,33 +273,37 @@ interface BagRun {
   readonly energy: EnergyJson;
 }
 
-type RawConfig = Record<string, unknown> & { decoder?: object; telemetry?: object };
-
-/**
- * The bag run's config with everything but the decoder set: `configPath` (validated now, so a bad one is
- * refused before anything runs) with the bag as its source and the encoder override applied.
- */
-async function bagConfig(configPath: string, bag: string, encoder: string | undefined, gpuLayers: number): Promise<RawConfig> {
-  if (!(await stat(bag).catch(() => undefined))?.isFile()) throw new Error(`--bag ${bag}: no such file`);
-  const base = loadConfig(configPath);
-  const raw = JSON.parse(await readFile(configPath, 'utf8')) as RawConfig;
-  return {
-    ...raw,
-    source: parseSourceSpec(`bag:${bag}`, base.source),
-    ...(encoder ? { encoder: encoderConfig(encoder, gpuLayers) } : {}),
-    telemetry: { ...raw.telemetry, liveTable: 'off' },
-  };
+/** The bag run: the config with everything but the decoder set, and its action schema (loaded once). */
+interface BagSetup {
+  readonly config: PerceptConfig;
+  readonly actionSchema: ActionSchema;
 }
 
-/** The bag through the stages of `raw` with `model` (and the draft) as the decoder. */
+/**
+ * The bag run's config: `configPath` (validated now, so a bad one is refused before anything runs; its
+ * paths relative to its folder) with the bag as its source and the encoder override applied.
+ */
+async function bagSetup(configPath: string, bag: string, encoder: string | undefined, gpuLayers: number): Promise<BagSetup> {
+  if (!(await stat(bag).catch(() => undefined))?.isFile()) throw new Error(`--bag ${bag}: no such file`);
+  const base = loadConfig(configPath);
+  const config = loadConfig({
+    ...base,
+    source: parseSourceSpec(`bag:${bag}`, base.source),
+    ...(encoder ? { encoder: encoderSection(encoder, gpuLayers) } : {}),
+    telemetry: { ...base.telemetry, liveTable: 'off' },
+  });
+  return { config, actionSchema: loadActionSchema(config.actions.schema) };
+}
+
+/** The bag through the stages of `setup` with `model` (and the draft) as the decoder. */
 async function runBag(
-  raw: RawConfig,
+  setup: BagSetup,
   opts: { model: string; speculation: SpeculationFlags; gpuLayers: number; energy: EnergySource },
 ): Promise<BagRun> {
   const config = loadConfig({
-    ...raw,
+    ...setup.config,
     decoder: {
-      ...raw.decoder,
+      ...setup.config.decoder,
       model: opts.model,
       draft: opts.speculation.draft ?? null,
       draftMtp: opts.speculation.draftMtp ?? null,
@@ -307,7 +313,7 @@ async function runBag(
   const source = await createSource(config.source);
   let stages: Awaited<ReturnType<typeof createStages>>;
   try {
-    stages = await createStages(config, { publish: false });
+    stages = await createStages(config, setup.actionSchema, { publish: false });
   } catch (err) {
     await source.close?.();
     throw err;
@@ -317,7 +323,7 @@ async function runBag(
   let reading: EnergyReading;
   try {
     meter.begin();
-    summary = await createGraph({ source, stages, clock: new RealClock(), config }).run();
+    summary = await createGraph({ source, stages: stages.chain, clock: new RealClock(), config }).run();
     meter.end();
   } finally {
     reading = await meter.stop();
@@ -333,13 +339,6 @@ async function runBag(
     },
     energy: energyJson(reading, { frames: summary.frames.out }),
   };
-}
-
-/** bench frame's encoder forms: 'projection' (no model), an mmproj (.gguf, synth:…-mmproj), else ONNX. */
-function encoderConfig(spec: string, gpuLayers: number): object {
-  if (spec === 'projection') return { kind: 'projection' };
-  if (spec.endsWith('.gguf') || (spec.startsWith('synth:') && spec.includes('mmproj'))) return { kind: 'mtmd', mmproj: spec, gpuLayers };
-  return { kind: 'onnx', model: spec };
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -363,10 +362,11 @@ function positiveInts(name: string, values: readonly number[]): number[] {
 
 /** synth:PRESET → its F16 checkpoint unless a wtype is asked for; anything else as it is. */
 async function resolveReference(spec: string, onProgress: (done: number, total: number) => void): Promise<string> {
-  if (!spec.startsWith('synth:')) return resolveModelSpec(spec);
-  const { preset, seed } = parseSynthSpec(spec);
-  const explicit = new URLSearchParams(spec.split('?')[1] ?? '').get('wtype');
-  return resolveModelSpec(explicit ? spec : `synth:${preset}?wtype=f16&seed=${seed}`, { onProgress });
+  const query = spec.indexOf('?');
+  if (!spec.startsWith('synth:') || (query >= 0 && new URLSearchParams(spec.slice(query + 1)).has('wtype'))) {
+    return resolveModel(spec, 'decoder', { onProgress });
+  }
+  return resolveModel(`${spec}${query >= 0 ? '&' : '?'}wtype=f16`, 'decoder', { onProgress });
 }
 
 function chooseQuantizer(kind: BenchLadderOptions['quantizer']): QuantizerSpec {
@@ -434,9 +434,9 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
       throw err;
     }
   });
-  const configPath = opts.bag ? resolve(opts.config ?? 'configs/default.json') : null;
-  const bag = opts.bag && configPath ? await bagConfig(configPath, opts.bag, opts.encoder, gpuLayers) : null;
-  const outDir = resolve(opts.outDir ?? join(DEFAULT_MODEL_CACHE, '..', 'ladder'));
+  const configPath = opts.bag ? resolve(opts.config ?? DEFAULT_CONFIG) : null;
+  const bag = opts.bag && configPath ? await bagSetup(configPath, opts.bag, opts.encoder, gpuLayers) : null;
+  const outDir = resolve(opts.outDir ?? join(MODEL_CACHE, '..', 'ladder'));
   const progress = await Progress.create(opts.progress ?? false);
 
   try {
@@ -449,7 +449,7 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
     let speculation: SpeculationFlags = {};
     let speculationType: LadderRow['speculation'] = null;
     if (opts.draft) {
-      draftPath = await resolveModelSpec(opts.draft);
+      draftPath = await resolveModel(opts.draft, 'decoder');
       const mtp = (await readGGUF(draftPath)).get('general.architecture') === 'gemma4-assistant';
       speculation = mtp ? { draftMtp: draftPath } : { draft: draftPath };
       speculationType = mtp ? 'draft-mtp' : 'draft-simple';

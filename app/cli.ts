@@ -171,7 +171,10 @@ bench
     'draft of the speculative rung on the last one: a same-vocabulary GGUF or a Gemma 4 MTP assistant (synth:PRESET too)',
   )
   .option('--bag <file>', 'replay this bag through the real stages: end-to-end p99 and joules per frame per rung')
-  .option('-c, --config <file>', 'config whose stages the bag runs through (each rung becomes its decoder)', 'configs/default.json')
+  .option(
+    '-c, --config <file>',
+    'config whose stages the bag runs through, each rung as its decoder (default: the embedded configs/default.json)',
+  )
   .option('-e, --encoder <spec>', "vision encoder of the bag run instead of the config's: .onnx, mmproj .gguf, synth:PRESET or projection")
   .option('--quantizer <kind>', 'auto (llama-quantize when built, else percept), percept, llama-quantize', 'auto')
   .option('--out-dir <dir>', 'where rung files are made (reused by later runs)')
