@@ -44,17 +44,19 @@ export interface BenchFrameResult {
   readonly image_tokens: number;
 }
 
+/** A config's encoder section for an encoder named on the command line: 'projection' (no model), an
+ * mmproj (.gguf, synth:…-mmproj), else an ONNX model. */
+export function encoderSection(spec: string, gpuLayers: number): object {
+  if (spec === 'projection') return { kind: 'projection' };
+  if (isMmprojSpec(spec)) return { kind: 'mtmd', mmproj: spec, gpuLayers };
+  return { kind: 'onnx', model: spec };
+}
+
 export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameResult> {
   const { imageTokens, maxNewTokens, gpuLayers } = opts;
-  const encoder =
-    opts.encoder === 'projection'
-      ? { kind: 'projection' }
-      : isMmprojSpec(opts.encoder)
-        ? { kind: 'mtmd', mmproj: opts.encoder, gpuLayers }
-        : { kind: 'onnx', model: opts.encoder };
   const config = loadConfig({
     source: { kind: 'pattern', fps: opts.fps, frames: opts.frames, width: 1280, height: 720 },
-    encoder,
+    encoder: encoderSection(opts.encoder, gpuLayers),
     decoder: {
       model: opts.model,
       gpuLayers,

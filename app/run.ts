@@ -16,7 +16,7 @@ import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, Pixel
 import { resolveModel } from '../models/resolve.ts';
 
 /** The config `percept run` and `npm start` use when none is given. */
-const DEFAULT_CONFIG = fileURLToPath(new URL('../configs/default.json', import.meta.url));
+export const DEFAULT_CONFIG = fileURLToPath(new URL('../configs/default.json', import.meta.url));
 
 export interface RunOptions {
   readonly config?: string;
