@@ -306,6 +306,27 @@ calc
   });
 
 program
+  .command('calibrate')
+  .description(
+    "measure each stage's service time per ladder level on this machine; write a calibration file a config names in virtualServiceMs",
+  )
+  .option('-c, --config <file>', 'pipeline config (default: the embedded configs/default.json)')
+  .option('-s, --source <spec>', 'where the frames come from (default: the config source): pattern[:FPS[:FRAMES]], bag:PATH, folder:PATH')
+  .option('--frames <n>', 'frames timed per level', int('--frames'), 10)
+  .requiredOption('-o, --out <file>', 'the calibration file to write (JSON)')
+  .option('--json', 'print the calibration file')
+  .action(async (opts) => {
+    const { calibrate } = await import('./calibrate.ts');
+    const file = await calibrate({
+      ...opts,
+      onProgress: (done, total) => process.stderr.write(`\rpercept: calibrate ${done}/${total} frames`),
+    });
+    process.stderr.write('\n');
+    if (opts.json) process.stdout.write(`${JSON.stringify(file, null, 2)}\n`);
+    else printResult({ out: opts.out, frames: file.frames, levels: file.levels.length, ...file.virtualServiceMs }, false);
+  });
+
+program
   .command('doctor')
   .description('check the installation: Node, the native addon, onnxruntime, sharp, zeromq, configs')
   .option('--json', 'print JSON')

@@ -100,7 +100,8 @@ export interface PerceptConfig {
   readonly clock: 'real' | 'virtual';
   /** Virtual clock only: the next frame enters when the previous one has ended (every frame is processed). */
   readonly lockstep: boolean;
-  /** Stage name → service time (ms) charged on a virtual clock, one value or one per ladder level. */
+  /** Stage name → service time (ms) charged on a virtual clock, one value or one per ladder level
+   * (a calibration file named in the config file is read into this). */
   readonly virtualServiceMs: Readonly<Record<string, number | readonly number[]>>;
   readonly telemetry: TelemetryConfig;
 }
@@ -169,6 +170,8 @@ export function loadConfig(input: string | object): PerceptConfig {
 
   const given = new Set(PATH_FIELDS.filter(([section, key]) => pathAt(data, section, key) !== undefined));
   if (typeof input === 'string') resolvePaths(data, PATH_FIELDS, dirname(resolve(input)));
+  const calibrationIssue = inlineCalibration(data, typeof input === 'string' ? dirname(resolve(input)) : process.cwd());
+  if (calibrationIssue) throw new ConfigError(origin, [calibrationIssue]);
   const validate = compileSchema();
   if (!validate(data)) throw new ConfigError(origin, describeAjvErrors(validate.errors ?? []));
   resolvePaths(
@@ -180,6 +183,24 @@ export function loadConfig(input: string | object): PerceptConfig {
   const issues = checkSemantics(config);
   if (issues.length > 0) throw new ConfigError(origin, issues);
   return config;
+}
+
+/** A `virtualServiceMs` that names a calibration file (`percept calibrate`) is replaced by the
+ * file's measured service times; the schema then checks them like any others. */
+function inlineCalibration(data: unknown, base: string): ConfigIssue | undefined {
+  if (!isRecord(data) || typeof data.virtualServiceMs !== 'string' || data.virtualServiceMs === '') return undefined;
+  const path = resolve(base, data.virtualServiceMs);
+  let file: unknown;
+  try {
+    file = JSON.parse(readFileSync(path, 'utf8'));
+  } catch (err) {
+    return { path: '/virtualServiceMs', message: `cannot read the calibration file ${path} (${(err as Error).message})` };
+  }
+  if (!isRecord(file) || file.kind !== 'percept.calibration' || !isRecord(file.virtualServiceMs)) {
+    return { path: '/virtualServiceMs', message: `${path} is not a calibration file written by percept calibrate` };
+  }
+  data.virtualServiceMs = file.virtualServiceMs;
+  return undefined;
 }
 
 /** The file path at data[section][key], if there is one (a non-empty string that is no synth: spec). */
