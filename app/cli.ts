@@ -306,6 +306,58 @@ calc
   });
 
 program
+  .command('eval')
+  .description(
+    'replay a bag in lockstep, record it, and measure it: metrics.json and report.html (valid rate, accuracy vs labels, deadline misses, drops, latency)',
+  )
+  .requiredOption('-b, --bag <file>', 'the bag (MCAP) to replay')
+  .option('-c, --config <file>', 'pipeline config (default: the embedded configs/default.json)')
+  .option('-l, --labels <file>', 'expected actions, JSON lines (default: <bag>.labels.jsonl when it exists)')
+  .option(
+    '--reference <config>',
+    'a second config (e.g. the F16 decoder) replayed on the same bag: the report gives the token agreement of the two',
+  )
+  .requiredOption('-o, --out <dir>', 'output folder: metrics.json, report.html and the recordings')
+  .option(
+    '--fail-under <limits>',
+    'exit 2 when a metric is on the wrong side: valid=0.99,accuracy=0.8,iou=0.5,agreement=0.9 (minimums), miss=0.05 (maximum)',
+  )
+  .option('--no-progress', 'no progress bar')
+  .option('--json', 'print metrics.json')
+  .action(async (opts) => {
+    const { evaluate } = await import('./eval.ts');
+    const { code, metrics } = await evaluate(opts);
+    if (opts.json) process.stdout.write(`${JSON.stringify(metrics, null, 2)}\n`);
+    else {
+      const pct = (v: number | null | undefined) => (v === null || v === undefined ? '-' : `${(v * 100).toFixed(2)} %`);
+      printResult(
+        {
+          frames: `${metrics.frames.in} in, ${metrics.frames.out} out`,
+          valid: pct(metrics.validRate),
+          accuracy: pct(metrics.accuracy?.action),
+          miss: pct(metrics.deadlineMissRate),
+          ...(metrics.tokens ? { agreement: pct(metrics.tokens.tokenAgreement) } : {}),
+          report: `${opts.out}/report.html`,
+        },
+        false,
+      );
+    }
+    process.exitCode = code;
+  });
+
+program
+  .command('compare')
+  .description('two eval outputs side by side (folders or metrics.json files), with B − A')
+  .argument('<a>', 'the first eval output')
+  .argument('<b>', 'the second eval output')
+  .option('--json', 'print JSON')
+  .action(async (a: string, b: string, opts) => {
+    const { compare, formatComparison } = await import('./eval.ts');
+    const comparison = compare(a, b);
+    process.stdout.write(opts.json ? `${JSON.stringify(comparison, null, 2)}\n` : formatComparison(comparison));
+  });
+
+program
   .command('calibrate')
   .description(
     "measure each stage's service time per ladder level on this machine; write a calibration file a config names in virtualServiceMs",
