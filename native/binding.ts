@@ -89,6 +89,7 @@ export interface NativeGenerateOptions {
   stopTokens?: readonly number[];
   ignoreEos?: boolean;
   jumpForward?: boolean;
+  recordSampleTimes?: boolean;
   speculative?: boolean;
   nDraft?: number;
   /** Absolute, on the process.hrtime.bigint() clock. */
@@ -121,6 +122,8 @@ export interface NativeGenerateResult {
   readonly accepted: number;
   readonly forced: number;
   readonly timings: NativeTimings;
+  /** Microseconds of each sampling step (with recordSampleTimes). */
+  readonly sampleUs?: Float32Array;
 }
 
 export declare class NativeContext {
@@ -135,9 +138,37 @@ export declare class NativeContext {
   dispose(): void;
 }
 
+export interface NativeGrammarIndexInfo {
+  /** Byte-automaton states, and those met at token boundaries. */
+  readonly states: number;
+  readonly tokenStates: number;
+  /** (token, next state) pairs over all states. */
+  readonly entries: number;
+  /** Most tokens one state admits. */
+  readonly maxAllowed: number;
+  /** Token-boundary states with a forced run (jump-forward). */
+  readonly forcedStates: number;
+  /** Admissible tokens dropped because no completion follows them. */
+  readonly prunedEntries: number;
+  /** Worst-case tokens of a complete output; null when a cycle makes it unbounded. */
+  readonly maxTokens: number | null;
+  readonly buildMs: number;
+  /** Time spent building the model's vocabulary trie in this call (0 when it existed). */
+  readonly trieMs: number;
+}
+
+export type NativeGrammarIndexResult =
+  | { readonly index: NativeGrammarIndexInfo; readonly fallback: null }
+  | { readonly index: null; readonly fallback: string };
+
 export declare class NativeGrammar {
   constructor(model: NativeModel, gbnf: string, root?: string);
   source(): string;
+  buildIndex(limits?: { maxStates?: number; maxEntries?: number }): Promise<NativeGrammarIndexResult>;
+  indexInfo(): NativeGrammarIndexResult | undefined;
+  allowedTokens(prefix: Int32Array | readonly number[], via: 'index' | 'llama'): Promise<Int32Array>;
+  forcedTokens(prefix: Int32Array | readonly number[]): Int32Array;
+  admits(text: string): boolean;
 }
 
 export type SpeculatorType = 'draft-simple' | 'draft-mtp' | 'ngram-simple' | 'ngram-map-k' | 'ngram-map-k4v' | 'ngram-mod';

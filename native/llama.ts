@@ -2,6 +2,7 @@
 // LlamaGrammar, LlamaSpeculator. Arguments are checked here (errors name the argument), then
 // cross into C++ once per call; every slow call runs off the JS thread and returns a promise.
 import { stat } from 'node:fs/promises';
+import { jsonSchemaToGbnf, type GbnfOptions } from './schema-grammar.ts';
 import {
   loadAddon,
   type ImageAttention,
@@ -9,6 +10,7 @@ import {
   type NativeContextInfo,
   type NativeGenerateResult,
   type NativeGrammar,
+  type NativeGrammarIndexInfo,
   type NativeMemoryBreakdown,
   type NativeModel,
   type NativeModelInfo,
@@ -19,7 +21,13 @@ import {
   type SpeculatorType,
 } from './binding.ts';
 
-export type { ImageAttention, NativeModelInfo as ModelInfo, NativeContextInfo as ContextInfo, NativeMemoryBreakdown as MemoryBreakdown };
+export type {
+  ImageAttention,
+  NativeModelInfo as ModelInfo,
+  NativeContextInfo as ContextInfo,
+  NativeMemoryBreakdown as MemoryBreakdown,
+  NativeGrammarIndexInfo as GrammarIndexInfo,
+};
 export type StopReason = NativeStopReason;
 export type Timings = NativeTimings;
 
@@ -76,58 +84,6 @@ export function imageAttentionRule(arch: string, nEmbd: number): ImageAttention 
 export function setLlamaLogger(callback: ((level: number, text: string) => void) | null): void {
   if (callback !== null && typeof callback !== 'function') throw invalid('callback', 'a function or null', callback);
   loadAddon().setLogger(callback);
-}
-
-export interface GbnfOptions {
-  /** Whitespace between JSON tokens: at most one space (default true; llama.cpp allows ~20). */
-  readonly compact?: boolean;
-  /** Decimal digits allowed in bounded numbers (default 4). */
-  readonly decimals?: number;
-}
-
-/**
- * A GBNF rule for a number in [0, max] with an integer max ≤ 9, or undefined when the bounds are
- * not of that shape. llama.cpp's converter bounds integers but not numbers, so without this a
- * grammar-valid output like {"confidence": 8} would fail the schema's maximum.
- */
-function boundedNumberRule(schema: Record<string, unknown>, decimals: number): string | undefined {
-  const min = schema.minimum;
-  const max = schema.maximum;
-  if (schema.type !== 'number' || min !== 0 || typeof max !== 'number' || !Number.isInteger(max) || max < 1 || max > 9) return undefined;
-  if (schema.exclusiveMinimum !== undefined || schema.exclusiveMaximum !== undefined || schema.multipleOf !== undefined) return undefined;
-  return `[0-${max - 1}] ("." [0-9]{1,${decimals}})? | "${max}" ("." "0"{1,${decimals}})?`;
-}
-
-/**
- * Turns a JSON Schema (object or JSON text) into llama.cpp GBNF (common/json-schema-to-grammar),
- * with bounded numbers enforced (see boundedNumberRule) and optionally compact whitespace.
- */
-export function jsonSchemaToGbnf(schema: object | string, options: GbnfOptions = {}): string {
-  if (typeof schema !== 'string' && (typeof schema !== 'object' || schema === null)) throw invalid('schema', 'an object or JSON text', schema);
-  const decimals = options.decimals === undefined ? 4 : intIn('options.decimals', options.decimals, 1, 12);
-  let parsed: unknown;
-  try {
-    parsed = typeof schema === 'string' ? JSON.parse(schema) : structuredClone(schema);
-  } catch (err) {
-    throw new TypeError(`jsonSchemaToGrammar: schema is not valid JSON: ${(err as Error).message}`);
-  }
-  const rules: string[] = [];
-  const walk = (node: unknown): unknown => {
-    if (Array.isArray(node)) return node.map(walk);
-    if (typeof node !== 'object' || node === null) return node;
-    const rule = boundedNumberRule(node as Record<string, unknown>, decimals);
-    if (rule !== undefined) {
-      rules.push(rule);
-      return { const: `@@percept-num-${rules.length - 1}@@` };
-    }
-    return Object.fromEntries(Object.entries(node).map(([k, v]) => [k, walk(v)]));
-  };
-  let gbnf = loadAddon().jsonSchemaToGrammar(JSON.stringify(walk(parsed)));
-  rules.forEach((rule, i) => {
-    gbnf = gbnf.split(`"\\"@@percept-num-${i}@@\\""`).join(`percept-num-${i}`) + `percept-num-${i} ::= ${rule}\n`;
-  });
-  if (options.compact ?? true) gbnf = gbnf.replace(/^space ::= .*$/m, 'space ::= | " "');
-  return gbnf;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,14 +231,32 @@ export class LlamaModel {
     }
   }
 
-  /** A grammar from GBNF text, parsed now (throws on a syntax error). */
-  grammar(gbnf: string, root = 'root'): LlamaGrammar {
+  /**
+   * A grammar from GBNF text: parsed at once (a syntax error rejects), then its token index is
+   * built off the JS thread (or taken from this model's cache). A grammar without a finite
+   * automaton (recursion) or beyond `limits` has no index: `fallback` says why, and decoding with
+   * it checks llama.cpp's grammar over the vocabulary instead.
+   */
+  async grammar(gbnf: string, root = 'root', limits: GrammarIndexLimits = {}): Promise<LlamaGrammar> {
     if (typeof gbnf !== 'string' || gbnf.length === 0) throw invalid('gbnf', 'a non-empty string', gbnf);
-    return new LlamaGrammar(this, new (loadAddon().Grammar)(this.native, gbnf, root), gbnf);
+    if (typeof root !== 'string' || root.length === 0) throw invalid('root', 'a non-empty string', root);
+    knownKeys('limits', plainObject('limits', limits), ['maxStates', 'maxEntries']);
+    const checked = {
+      ...(limits.maxStates !== undefined ? { maxStates: intIn('limits.maxStates', limits.maxStates, 1, 1 << 24) } : {}),
+      ...(limits.maxEntries !== undefined ? { maxEntries: intIn('limits.maxEntries', limits.maxEntries, 1, 2 ** 32) } : {}),
+    };
+    const stack = new Error();
+    try {
+      const native = new (loadAddon().Grammar)(this.native, gbnf, root);
+      const built = await native.buildIndex(checked);
+      return new LlamaGrammar(this, native, gbnf, built.index, built.fallback);
+    } catch (err) {
+      throw graft(err, stack);
+    }
   }
 
-  /** A grammar that admits exactly the JSON documents `schema` describes. */
-  grammarFromJsonSchema(schema: object | string, options: GbnfOptions = {}): LlamaGrammar {
+  /** A grammar that admits only JSON documents `schema` accepts (see native/schema-grammar.ts). */
+  async grammarFromJsonSchema(schema: object | string, options: GbnfOptions = {}): Promise<LlamaGrammar> {
     return this.grammar(jsonSchemaToGbnf(schema, options));
   }
 
@@ -295,16 +269,55 @@ export class LlamaModel {
   }
 }
 
+export interface GrammarIndexLimits {
+  /** Automaton states before giving up on an index (default 20000). */
+  readonly maxStates?: number;
+  /** (token, state) entries before giving up (default 8 Mi). */
+  readonly maxEntries?: number;
+}
+
 export class LlamaGrammar {
   readonly model: LlamaModel;
   readonly gbnf: string;
+  /** The token index, or null (see `fallback`). */
+  readonly index: NativeGrammarIndexInfo | null;
+  /** Why the grammar has no index, or null. */
+  readonly fallback: string | null;
   /** @internal */
   readonly native: NativeGrammar;
-  /** @internal */
-  constructor(model: LlamaModel, native: NativeGrammar, gbnf: string) {
+  /** @internal use LlamaModel.grammar */
+  constructor(model: LlamaModel, native: NativeGrammar, gbnf: string, index: NativeGrammarIndexInfo | null, fallback: string | null) {
     this.model = model;
     this.native = native;
     this.gbnf = gbnf;
+    this.index = index;
+    this.fallback = fallback;
+  }
+
+  /**
+   * Worst-case number of tokens of a complete output (forced runs as the decoder takes them); a
+   * generation with at least this many max tokens always ends with the grammar complete. Null
+   * when the grammar has no index or admits unbounded outputs.
+   */
+  get maxTokens(): number | null {
+    return this.index?.maxTokens ?? null;
+  }
+
+  /** Tokens admitted after `prefix`, sorted: by the index, or by llama.cpp's own check over the whole vocabulary. */
+  async allowedTokens(prefix: Int32Array | readonly number[], via: 'index' | 'llama' = 'index'): Promise<Int32Array> {
+    if (via !== 'index' && via !== 'llama') throw invalid('via', "'index' or 'llama'", via);
+    return this.native.allowedTokens(checkTokens('prefix', prefix, this.model.info.nVocab), via);
+  }
+
+  /** Whether the grammar admits exactly `text` (llama.cpp's grammar, character by character). */
+  admits(text: string): boolean {
+    if (typeof text !== 'string') throw invalid('text', 'a string', text);
+    return this.native.admits(text);
+  }
+
+  /** The tokens the grammar alone decides after `prefix` (what jump-forward appends); empty when the model chooses. */
+  forcedTokens(prefix: Int32Array | readonly number[]): Int32Array {
+    return this.native.forcedTokens(checkTokens('prefix', prefix, this.model.info.nVocab));
   }
 }
 
@@ -334,8 +347,13 @@ export interface GenerateOptions {
   /** Keep going past end-of-generation tokens (benchmarks, parity tests). */
   readonly ignoreEos?: boolean;
   readonly grammar?: LlamaGrammar;
-  /** Append tokens the grammar alone determines without a sampling step. */
+  /**
+   * Decode the tokens the grammar alone decides (its forced runs) in one batch with the last
+   * sampled token, instead of one decode each. The tokens are the same either way.
+   */
   readonly jumpForward?: boolean;
+  /** Return the duration of every sampling step (`sampleUs`; benchmarks). */
+  readonly recordSampleTimes?: boolean;
   /** Use the context's speculator (default true when one is attached). */
   readonly speculative?: boolean;
   /** Longest draft per step (default: the speculator's nMax). */
@@ -356,8 +374,11 @@ export interface GenerateResult {
   readonly reusedTokens: number;
   readonly drafted: number;
   readonly accepted: number;
+  /** Tokens appended by jump-forward (decode steps saved). */
   readonly forced: number;
   readonly timings: Timings;
+  /** Microseconds of each sampling step, with `recordSampleTimes`. */
+  readonly sampleUs?: Float32Array;
 }
 
 export type SpeculatorOptions =
@@ -365,7 +386,7 @@ export type SpeculatorOptions =
   | { readonly type: 'draft-mtp'; readonly draftModel: LlamaModel; readonly nMax?: number; readonly pMin?: number }
   | { readonly type: 'ngram-simple' | 'ngram-map-k' | 'ngram-map-k4v' | 'ngram-mod'; readonly nMax?: number; readonly ngramN?: number };
 
-const GENERATE_KEYS = ['maxTokens', 'temperature', 'topK', 'topP', 'minP', 'seed', 'stop', 'stopTokens', 'ignoreEos', 'grammar', 'jumpForward', 'speculative', 'nDraft', 'signal', 'deadlineNs', 'onTokens'];
+const GENERATE_KEYS = ['maxTokens', 'temperature', 'topK', 'topP', 'minP', 'seed', 'stop', 'stopTokens', 'ignoreEos', 'grammar', 'jumpForward', 'recordSampleTimes', 'speculative', 'nDraft', 'signal', 'deadlineNs', 'onTokens'];
 
 function checkTokens(name: string, tokens: unknown, nVocab: number): Int32Array | readonly number[] {
   if (!(tokens instanceof Int32Array) && !Array.isArray(tokens)) throw invalid(name, 'an Int32Array or an array of token ids', tokens);
@@ -488,6 +509,7 @@ export class LlamaContext {
           stopTokens,
           ignoreEos: options.ignoreEos ?? false,
           jumpForward: options.jumpForward ?? false,
+          recordSampleTimes: options.recordSampleTimes ?? false,
           speculative: options.speculative ?? true,
           ...(nDraft !== undefined ? { nDraft } : {}),
           ...(options.deadlineNs !== undefined ? { deadlineNs: options.deadlineNs } : {}),
@@ -608,5 +630,6 @@ function toResult(r: NativeGenerateResult): GenerateResult {
     accepted: r.accepted,
     forced: r.forced,
     timings: r.timings,
+    ...(r.sampleUs ? { sampleUs: r.sampleUs } : {}),
   };
 }

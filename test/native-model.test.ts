@@ -4,7 +4,8 @@ import assert from 'node:assert/strict';
 import { mkdir, open, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { imageAttentionRule, jsonSchemaToGbnf, LlamaModel, setLlamaLogger } from '../native/llama.ts';
+import { imageAttentionRule, LlamaModel, setLlamaLogger } from '../native/llama.ts';
+import { jsonSchemaToGbnf } from '../native/schema-grammar.ts';
 import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
 
 const SCRATCH = join(REPO_ROOT, '.cache', 'native-test');
@@ -104,7 +105,7 @@ describe('native model', () => {
   test('JSON Schema becomes GBNF', () => {
     const gbnf = jsonSchemaToGbnf({ type: 'object', properties: { a: { enum: ['x', 'y'] } }, required: ['a'] });
     assert.match(gbnf, /root ::=/);
-    assert.throws(() => jsonSchemaToGbnf('{not json'), /jsonSchemaToGrammar/);
+    assert.throws(() => jsonSchemaToGbnf('{not json'), /not valid JSON/);
   });
 
   test('llama.cpp logs are quiet by default and can be forwarded', async () => {

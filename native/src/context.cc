@@ -116,6 +116,7 @@ struct GenerateOptions {
     std::vector<int32_t> stopTokens;
     bool ignoreEos = false;
     bool jumpForward = false;
+    bool recordSampleTimes = false;
     bool speculative = true;
     int32_t nDraft = -1;  // -1: the speculator's nMax
     int64_t deadlineNs = 0;
@@ -132,6 +133,7 @@ struct GenerateResult {
     int32_t accepted = 0;
     int32_t forced = 0;
     int32_t decodeCalls = 0;
+    std::vector<float> sampleUs;  // per sampling step, when recordSampleTimes
     double prefillMs = 0, ttftMs = 0, decodeMs = 0, sampleMs = 0, draftMs = 0, llamaDecodeMs = 0;
 };
 
@@ -183,7 +185,7 @@ struct TokenBatch {
 class GenerateWorker : public PromiseWorker {
 public:
     GenerateWorker(Napi::Env env, Napi::Object self, Context * ctx, std::vector<Segment> segments, GenerateOptions opts,
-                   GrammarPtr grammar, Napi::Object grammarObj, Napi::Value onTokens)
+                   GrammarInstance grammar, Napi::Object grammarObj, Napi::Value onTokens)
         : PromiseWorker(env, "percept:Context.generate", "EGENERATE"), self_(Napi::Persistent(self)), ctx_(ctx),
           segments_(std::move(segments)), opts_(std::move(opts)), grammar_(std::move(grammar)) {
         if (!grammarObj.IsEmpty()) grammarRef_ = Napi::Persistent(grammarObj);
@@ -230,6 +232,11 @@ protected:
         t.Set("decodeTokens", std::max<int32_t>(0, int32_t(res_.tokens.size()) - 1));
         t.Set("decodeCalls", res_.decodeCalls);
         t.Set("sampleMs", res_.sampleMs);
+        if (opts_.recordSampleTimes) {
+            Napi::Float32Array us = Napi::Float32Array::New(env, res_.sampleUs.size());
+            std::copy(res_.sampleUs.begin(), res_.sampleUs.end(), us.Data());
+            o.Set("sampleUs", us);
+        }
         t.Set("draftMs", res_.draftMs);
         t.Set("llamaDecodeMs", res_.llamaDecodeMs);
         o.Set("timings", t);
@@ -489,6 +496,7 @@ private:
             int64_t ts = monotonicNs();
             llama_token t = sampler.sample(lctx, idx);
             res_.sampleMs += msSince(ts);
+            if (opts_.recordSampleTimes) res_.sampleUs.push_back(float(monotonicNs() - ts) / 1e3f);
             return t;
         };
 
@@ -652,7 +660,7 @@ private:
     Context * ctx_;
     std::vector<Segment> segments_;
     GenerateOptions opts_;
-    GrammarPtr grammar_;
+    GrammarInstance grammar_;
     TokenTsfn tsfn_;
     bool hasTsfn_ = false;
     std::vector<llama_token> history_;
@@ -863,6 +871,7 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     g.sampling.seed = uint32_t(optInt(o, "seed", 0, 0, 0xFFFFFFFFLL, w));
     g.ignoreEos = optBool(o, "ignoreEos", false, w);
     g.jumpForward = optBool(o, "jumpForward", false, w);
+    g.recordSampleTimes = optBool(o, "recordSampleTimes", false, w);
     g.speculative = optBool(o, "speculative", true, w);
     g.nDraft = int32_t(optInt(o, "nDraft", -1, -1, 256, w));
     Napi::Value stops = o.Get("stopStrings");
@@ -884,7 +893,7 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     } else if (!dl.IsUndefined()) {
         throw Napi::TypeError::New(env, "generate options.deadlineNs must be a bigint (process.hrtime.bigint() clock)");
     }
-    GrammarPtr grammar;
+    GrammarInstance grammar;
     Napi::Object grammarObj;
     Napi::Value gv = o.Get("grammar");
     if (!gv.IsUndefined() && !gv.IsNull()) {
