@@ -39,14 +39,14 @@ export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameRes
     : opts.encoder.endsWith('.gguf') || opts.encoder.startsWith('synth:') && opts.encoder.includes('mmproj')
       ? { kind: 'mtmd', mmproj: opts.encoder, gpuLayers: opts.gpuLayers ?? 0 }
       : { kind: 'onnx', model: opts.encoder };
-  const maxNewTokens = opts.maxNewTokens ?? 48;
+  const maxNewTokens = opts.maxNewTokens ?? null;
   const config = loadConfig({
     source: { kind: 'pattern', fps: opts.fps ?? 2, frames: opts.frames ?? 20, width: 1280, height: 720 },
     encoder,
     decoder: { model: opts.model, gpuLayers: opts.gpuLayers ?? 0, maxNewTokens, draft: opts.draft ?? null, draftMtp: opts.draftMtp ?? null, ngram: opts.ngram ?? false },
     budgets: { endToEndMs: 60_000, stages: { preprocess: 10_000, encode: 30_000, decode: 30_000, actions: 1_000 }, dropPredictedMiss: false },
     edges: { default: { policy: 'queue', capacity: 64 } },
-    ladder: { enabled: false, initial: { imageTokens, maxNewTokens, draft: true, frameSkip: 0 }, rungs: [] },
+    ladder: { enabled: false, initial: { imageTokens, maxNewTokens: maxNewTokens ?? 65536, draft: true, frameSkip: 0 }, rungs: [] },
     telemetry: { liveTable: 'off' },
   });
   const source = await createSource(config.source);

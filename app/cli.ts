@@ -111,7 +111,7 @@ bench
   .option('--image-tokens <n>', 'image tokens per frame (Gemma 4 budget)', int('--image-tokens'), 280)
   .option('--frames <n>', 'frames', int('--frames'), 20)
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
-  .option('--max-new-tokens <n>', 'max new tokens per action', int('--max-new-tokens'), 48)
+  .option('--max-new-tokens <n>', "max new tokens per action (default: the action schema's worst case)", int('--max-new-tokens'))
   .option('--gpu-layers <n>', 'decoder layers on the GPU', int('--gpu-layers'), 0)
   .addOption(new Option('--draft <file>', 'draft model').conflicts(['draftMtp', 'ngram']))
   .addOption(new Option('--draft-mtp <file>', 'Gemma 4 MTP assistant').conflicts(['ngram']))

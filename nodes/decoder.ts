@@ -54,7 +54,11 @@ export interface DecoderStageConfig {
   readonly instruction: string;
   /** JSON Schema of the action (default configs/actions/robot-action.schema.json). */
   readonly schemaPath?: string;
-  readonly maxNewTokens: number;
+  /**
+   * New tokens per frame at most. Unset (or null): the worst case of a complete action under the
+   * schema, so no action is ever cut. A value below that worst case is refused.
+   */
+  readonly maxNewTokens?: number | null;
   readonly temperature?: number;
   readonly seed?: number;
   readonly jumpForward?: boolean;
@@ -64,6 +68,8 @@ export interface DecoderStageConfig {
 }
 
 export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
+  /** New tokens per frame at most: the configured value, or the action grammar's worst case. */
+  readonly maxNewTokens: number;
   /** Width of the image rows this decoder takes (the encoder must produce it). */
   readonly nEmbd: number;
   /** The vision-encoder contract that matches this decoder's architecture. */
@@ -72,6 +78,21 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
 }
 
 const DEFAULT_SCHEMA = 'configs/actions/robot-action.schema.json';
+
+/** The per-frame token budget: the configured one if a complete action always fits in it, else the grammar's worst case. */
+export function actionTokenBudget(configured: number | null, worstCase: number | null, schemaPath: string, fallback: string | null): number {
+  if (worstCase === null) {
+    if (configured !== null) return configured;
+    const why = fallback ?? 'it admits outputs of unbounded length';
+    throw new RangeError(`decoder.maxNewTokens must be set: the action schema ${schemaPath} has no worst-case length (${why})`);
+  }
+  if (configured !== null && configured < worstCase) {
+    throw new RangeError(
+      `decoder.maxNewTokens ${configured} is below the ${worstCase} tokens a complete action under ${schemaPath} can take; raise it to at least ${worstCase} or leave it unset`,
+    );
+  }
+  return configured ?? worstCase;
+}
 const IMAGE_MARKER = '<__percept_image__>';
 
 export async function createDecoderStage(config: DecoderStageConfig): Promise<DecoderStage> {
@@ -79,7 +100,10 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
   if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
   if (typeof config.systemPrompt !== 'string') throw new TypeError('decoder.systemPrompt must be a string');
   if (typeof config.instruction !== 'string') throw new TypeError('decoder.instruction must be a string');
-  if (!Number.isInteger(config.maxNewTokens) || config.maxNewTokens < 1) throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1, got ${config.maxNewTokens}`);
+  const configuredMax = config.maxNewTokens ?? null;
+  if (configuredMax !== null && (!Number.isInteger(configuredMax) || configuredMax < 1)) {
+    throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1 or null, got ${configuredMax}`);
+  }
   const temperature = config.temperature ?? 0;
   if (!(temperature >= 0)) throw new RangeError(`decoder.temperature must be ≥ 0, got ${temperature}`);
 
@@ -106,7 +130,21 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
       ...(config.threads !== undefined ? { threads: config.threads } : {}),
     });
     draft = await attachSpeculation(ctx, { draft: config.draft ?? null, draftMtp: config.draftMtp ?? null, ngram: config.ngram ?? false, nDraft: 4 }, gpuLayers);
-    grammar = model.grammarFromJsonSchema(schema);
+    try {
+      grammar = await model.grammarFromJsonSchema(schema);
+    } catch (err) {
+      throw new Error(`decoder: action schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
+    }
+  } catch (err) {
+    await model.dispose();
+    await draft?.dispose();
+    throw err;
+  }
+  // Every action must fit: the grammar's worst case is the floor of the token budget.
+  const worstCase = grammar.maxTokens;
+  let maxNewTokens: number;
+  try {
+    maxNewTokens = actionTokenBudget(configuredMax, worstCase, schemaPath, grammar.fallback);
   } catch (err) {
     await model.dispose();
     await draft?.dispose();
@@ -130,7 +168,8 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
       throw new RangeError(`decoder: image embedding has ${input.data.length} floats, expected nTokens × nEmbd = ${input.nTokens} × ${input.nEmbd}`);
     }
     const prompt: PromptSegment[] = model.chatPrompt(messages, [{ data: input.data, nTokens: input.nTokens }], { imageMarker: IMAGE_MARKER });
-    const maxTokens = Math.max(1, Math.min(config.maxNewTokens, sc.knobs.maxNewTokens));
+    // The ladder's knob may lower the budget, never below a complete action.
+    const maxTokens = Math.max(worstCase ?? 1, Math.min(maxNewTokens, sc.knobs.maxNewTokens));
     const r = await ctx.generate(prompt, {
       maxTokens,
       grammar,
@@ -148,6 +187,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
       const late = r.stopReason === 'deadline' || sc.clock.nowNs() >= sc.stageDeadlineNs;
       sc.report({ kind: 'cancel', reason: late ? 'deadline' : 'aborted', detail: `decode stopped after ${r.tokens.length} tokens` });
     }
+    if (grammar.fallback !== null) sc.report({ kind: 'note', message: 'grammar-fallback', data: { reason: grammar.fallback } });
     sc.report({
       kind: 'note',
       message: 'decode',
@@ -168,6 +208,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
 
   return {
     name: 'decode',
+    maxNewTokens,
     nEmbd: info.nEmbd,
     contract,
     modelInfo: info,
