@@ -6,7 +6,9 @@ import { readFile } from 'node:fs/promises';
 import { availableParallelism } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { LlamaModel, type GenerateResult, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
+import { loadavg } from 'node:os';
+import { LlamaModel, type GenerateResult, type GrammarIndexInfo, type LlamaContext, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
+import { jsonSchemaToGbnf } from '../native/schema-grammar.ts';
 import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
 import { resolveModelSpec } from '../models/synth.ts';
 
@@ -22,7 +24,7 @@ async function resolveSpeculation(flags: SpeculationFlags): Promise<SpeculationF
   };
 }
 
-async function loadSchemaGrammar(model: LlamaModel, schemaPath: string): Promise<LlamaGrammar> {
+async function readSchemaGbnf(schemaPath: string): Promise<string> {
   let text: string;
   try {
     text = await readFile(schemaPath, 'utf8');
@@ -30,10 +32,14 @@ async function loadSchemaGrammar(model: LlamaModel, schemaPath: string): Promise
     throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
   }
   try {
-    return model.grammarFromJsonSchema(JSON.parse(text) as object);
+    return jsonSchemaToGbnf(JSON.parse(text) as object);
   } catch (err) {
     throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
   }
+}
+
+async function loadSchemaGrammar(model: LlamaModel, schemaPath: string): Promise<LlamaGrammar> {
+  return model.grammar(await readSchemaGbnf(schemaPath));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -65,15 +71,16 @@ export interface GenerateCommandResult {
 /** `percept generate`: one prompt through the model (optionally schema-constrained and speculative). */
 export async function generate(opts: GenerateCommandOptions): Promise<GenerateCommandResult> {
   if (typeof opts.prompt !== 'string') throw new TypeError('--prompt is required');
-  const maxTokens = opts.maxTokens ?? 128;
   const gpuLayers = opts.gpuLayers ?? 0;
   const model = await LlamaModel.load(await resolveModelSpec(opts.model), { gpuLayers });
   let draft: LlamaModel | undefined;
   try {
+    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
+    // A schema's worst case is the default budget, so no output is cut.
+    const maxTokens = opts.maxTokens ?? grammar?.maxTokens ?? 128;
     const promptTokens = model.tokenize(opts.prompt, { addSpecial: true }).length;
     const ctx = await model.createContext({ nCtx: Math.max(256, promptTokens + maxTokens + 16), nBatch: Math.max(512, promptTokens) });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
-    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
     const onToken = opts.onToken;
     const r: GenerateResult = await ctx.generate([{ text: opts.prompt, addSpecial: true }], {
       maxTokens,
@@ -138,12 +145,129 @@ export interface BenchDecodeResult {
   /** Same ratios from the best rep of each side (less sensitive to a shared, noisy machine). */
   readonly ratio_tg_best?: number;
   readonly ratio_pp_best?: number;
+  /** With --schema: structured-action decoding against unconstrained decoding in the same run. */
+  readonly structured?: StructuredDecodeResult;
+}
+
+/** Percentiles of a sample (µs). */
+export interface Spread {
+  readonly p50: number;
+  readonly p99: number;
+}
+
+export interface StructuredDecodeResult {
+  readonly schema: string;
+  /** Actions per rep (one seeded random prompt each); every arm decodes the same prompts. */
+  readonly actions_per_rep: number;
+  /** The grammar's token index, or null with the reason in `fallback` (decoding then checks the whole vocabulary). */
+  readonly index: GrammarIndexInfo | null;
+  readonly fallback: string | null;
+  /** Worst-case tokens of a complete action (the decoder's default token budget). */
+  readonly max_tokens: number | null;
+  readonly tokens_per_action: number;
+  /** Actions that did not end complete (stop reason other than eos): must be 0. */
+  readonly incomplete: number;
+  /** Decode tokens/s, median over reps: constrained with and without jump-forward, unconstrained
+   * (same lengths, EOS ignored), and constrained through llama.cpp's whole-vocabulary check (the old path). */
+  readonly tok_per_s: { readonly jump_forward: number; readonly constrained: number; readonly unconstrained: number; readonly full_vocab_check: number };
+  /** constrained ÷ unconstrained (the grammar's cost), and with jump-forward. */
+  readonly ratio: number;
+  readonly ratio_jump_forward: number;
+  /** Sampling step cost per token, µs: under the grammar (index), unconstrained, and the old path. */
+  readonly sample_us: { readonly grammar: Spread; readonly unconstrained: Spread; readonly full_vocab_check: Spread };
+  /** Tokens jump-forward appended without their own decode, per action, and as a share of all tokens. */
+  readonly forced_per_action: number;
+  readonly decode_steps_saved: number;
+  /** 1/5/15-minute load averages at start and end (a shared machine). */
+  readonly loadavg: { readonly start: readonly number[]; readonly end: readonly number[] };
 }
 
 const median = (xs: readonly number[]): number => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };
+
+const spread = (xs: readonly number[]): Spread => {
+  const s = [...xs].sort((a, b) => a - b);
+  const at = (q: number): number => (s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.floor(q * s.length))]!);
+  return { p50: at(0.5), p99: at(0.99) };
+};
+
+type Arm = 'jump_forward' | 'constrained' | 'unconstrained' | 'full_vocab_check';
+const ARMS: readonly Arm[] = ['jump_forward', 'constrained', 'unconstrained', 'full_vocab_check'];
+
+/**
+ * Structured actions against free decoding, interleaved on the same prompts: per prompt the four
+ * arms run in a rotating order, so drifting load on a shared machine hits all of them alike.
+ * Unconstrained decodes as many tokens as the constrained run of the same prompt produced.
+ */
+async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath: string, promptTokens: number, reps: number): Promise<StructuredDecodeResult> {
+  const start = loadavg();
+  const gbnf = await readSchemaGbnf(schemaPath);
+  const grammar = await model.grammar(gbnf);
+  // The same grammar without an index: what decoding cost before the index (llama.cpp's check).
+  const fullVocab = await model.grammar(gbnf, 'root', { maxStates: 1 });
+  const actions = 8;
+  const sums = new Map<Arm, { tokens: number; ms: number }[]>(ARMS.map((a) => [a, []]));
+  const sampleUs = new Map<Arm, number[]>(ARMS.map((a) => [a, []]));
+  let tokens = 0;
+  let forced = 0;
+  let incomplete = 0;
+  for (let rep = 0; rep < reps; rep++) {
+    const acc = new Map<Arm, { tokens: number; ms: number }>(ARMS.map((a) => [a, { tokens: 0, ms: 0 }]));
+    for (let i = 0; i < actions; i++) {
+      const prompt = [{ tokens: [model.info.bos, ...randomTokens(promptTokens - 1, model.info.nVocab, 100 + i)] }];
+      let length = 0;
+      const order = ARMS.map((_, k) => ARMS[(k + i + rep) % ARMS.length]!);
+      // unconstrained needs the constrained length: run it after the first constrained arm
+      order.sort((a, b) => Number(a === 'unconstrained') - Number(b === 'unconstrained'));
+      for (const arm of order) {
+        ctx.clearCache();
+        const r = await ctx.generate(prompt, {
+          recordSampleTimes: true,
+          ...(arm === 'unconstrained'
+            ? { maxTokens: length, ignoreEos: true }
+            : { maxTokens: grammar.maxTokens ?? 256, grammar: arm === 'full_vocab_check' ? fullVocab : grammar, jumpForward: arm === 'jump_forward' }),
+        });
+        const a = acc.get(arm)!;
+        a.tokens += r.timings.decodeTokens;
+        a.ms += r.timings.decodeMs;
+        sampleUs.get(arm)!.push(...(r.sampleUs ?? []));
+        if (arm !== 'unconstrained') {
+          length = r.tokens.length;
+          if (r.stopReason !== 'eos') incomplete++;
+        }
+        if (arm === 'jump_forward') {
+          tokens += r.tokens.length;
+          forced += r.forced;
+        }
+      }
+    }
+    for (const arm of ARMS) sums.get(arm)!.push(acc.get(arm)!);
+  }
+  const tps = (arm: Arm): number => median(sums.get(arm)!.map((x) => x.tokens / (x.ms / 1000)));
+  const n = reps * actions;
+  return {
+    schema: schemaPath,
+    actions_per_rep: actions,
+    index: grammar.index,
+    fallback: grammar.fallback,
+    max_tokens: grammar.maxTokens,
+    tokens_per_action: tokens / n,
+    incomplete,
+    tok_per_s: { jump_forward: tps('jump_forward'), constrained: tps('constrained'), unconstrained: tps('unconstrained'), full_vocab_check: tps('full_vocab_check') },
+    ratio: tps('constrained') / tps('unconstrained'),
+    ratio_jump_forward: tps('jump_forward') / tps('unconstrained'),
+    sample_us: {
+      grammar: spread([...sampleUs.get('constrained')!, ...sampleUs.get('jump_forward')!]),
+      unconstrained: spread(sampleUs.get('unconstrained')!),
+      full_vocab_check: spread(sampleUs.get('full_vocab_check')!),
+    },
+    forced_per_action: forced / n,
+    decode_steps_saved: tokens > 0 ? forced / tokens : 0,
+    loadavg: { start, end: loadavg() },
+  };
+}
 
 /** Seeded pseudo-random token ids (like llama-bench's random prompt), away from special tokens. */
 function randomTokens(n: number, nVocab: number, seed: number): number[] {
@@ -186,13 +310,13 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
   const model = await LlamaModel.load(path, { gpuLayers });
   let draft: LlamaModel | undefined;
   try {
-    const ctx = await model.createContext({ nCtx: promptTokens + genTokens + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
+    // With --schema an action may take up to the grammar's worst case (a few hundred tokens at most for bounded schemas).
+    const ctx = await model.createContext({ nCtx: promptTokens + Math.max(genTokens, opts.schema ? 1024 : 0) + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
-    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
     const { bos, nVocab } = model.info;
     const pp = [bos, ...randomTokens(promptTokens - 1, nVocab, 7)];
     const tgPrompt = [bos];
-    const genOpts = { maxTokens: genTokens, ignoreEos: grammar === undefined, ...(grammar ? { grammar, jumpForward: true } : {}) };
+    const genOpts = { maxTokens: genTokens, ignoreEos: true };
 
     // Warm-up (llama-bench does one too): first-touch of weights, graph allocation.
     ctx.clearCache();
@@ -239,6 +363,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       }
     }
     const speculation = ctx.speculator?.type ?? null;
+    const structured = opts.schema ? await benchStructured(ctx, model, opts.schema, promptTokens, reps) : undefined;
     await ctx.dispose();
     const result: BenchDecodeResult = {
       model: path,
@@ -256,6 +381,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       acceptance: drafted > 0 ? accepted / drafted : null,
       forced,
       speculation,
+      ...(structured ? { structured } : {}),
     };
     if (!bench) return result;
     return {
