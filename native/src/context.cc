@@ -157,8 +157,7 @@ void onTokensJs(Napi::Env env, Napi::Function fn, std::nullptr_t *, std::vector<
         std::copy(tokens->begin(), tokens->end(), arr.Data());
         try {
             fn.Call({arr});
-        } catch (...) {
-        }
+        } catch (...) {}
     }
     delete tokens;
 }
@@ -182,8 +181,8 @@ struct TokenBatch {
 
 class GenerateWorker : public PromiseWorker {
 public:
-    GenerateWorker(Napi::Env env, Napi::Object self, Context * ctx, std::vector<Segment> segments, GenerateOptions opts,
-                   GrammarPtr grammar, Napi::Object grammarObj, Napi::Value onTokens)
+    GenerateWorker(Napi::Env env, Napi::Object self, Context * ctx, std::vector<Segment> segments, GenerateOptions opts, GrammarPtr grammar,
+                   Napi::Object grammarObj, Napi::Value onTokens)
         : PromiseWorker(env, "percept:Context.generate", "EGENERATE"), self_(Napi::Persistent(self)), ctx_(ctx),
           segments_(std::move(segments)), opts_(std::move(opts)), grammar_(std::move(grammar)) {
         if (!grammarObj.IsEmpty()) grammarRef_ = Napi::Persistent(grammarObj);
@@ -413,8 +412,9 @@ private:
         res_.promptTokens = promptPos;
         if (promptPos == 0) throw std::runtime_error("empty prompt: give at least one token");
         if (promptPos + opts_.maxTokens > nCtx) {
-            throw CodedFailure("ERANGE", "context overflow: prompt (" + std::to_string(promptPos) + " positions) + maxTokens (" +
-                                     std::to_string(opts_.maxTokens) + ") exceeds nCtx " + std::to_string(nCtx));
+            throw CodedFailure("ERANGE",
+                               "context overflow: prompt (" + std::to_string(promptPos) + " positions) + maxTokens (" +
+                                   std::to_string(opts_.maxTokens) + ") exceeds nCtx " + std::to_string(nCtx));
         }
 
         // 2. Reuse the longest unchanged prefix of what the KV cache already holds.
@@ -686,9 +686,11 @@ std::vector<Segment> parseSegments(Napi::Env env, const Napi::Value & v, const M
             if (s.nTokens < 0) throw Napi::TypeError::New(env, where + ".nTokens is required for an image segment");
             const size_t want = size_t(s.nTokens) * size_t(mi.nEmbd);
             if (f.ElementLength() != want) {
-                throw Napi::RangeError::New(env, where + ".image has " + std::to_string(f.ElementLength()) + " floats; expected nTokens × nEmbd = " +
-                                                     std::to_string(s.nTokens) + " × " + std::to_string(mi.nEmbd) + " = " + std::to_string(want) +
-                                                     " (wrong embedding width for this model?)");
+                throw Napi::RangeError::New(env,
+                                            where + ".image has " + std::to_string(f.ElementLength()) +
+                                                " floats; expected nTokens × nEmbd = " + std::to_string(s.nTokens) + " × " +
+                                                std::to_string(mi.nEmbd) + " = " + std::to_string(want) +
+                                                " (wrong embedding width for this model?)");
             }
             if (mi.imageStartToken < 0 || mi.imageEndToken < 0) {
                 throw Napi::Error::New(env, where + ": this model's vocabulary has no image start/end tokens");
@@ -779,7 +781,8 @@ Napi::Value Context::Create(const Napi::CallbackInfo & info) {
     if (model->info().arch == "gemma4-assistant") {
         throw Napi::Error::New(env, "Context.create: a gemma4-assistant model is a drafter; use it through a Speculator");
     }
-    Napi::Object o = info.Length() > 1 && !info[1].IsUndefined() ? requireObject(info[1], "Context.create options") : Napi::Object::New(env);
+    Napi::Object o =
+        info.Length() > 1 && !info[1].IsUndefined() ? requireObject(info[1], "Context.create options") : Napi::Object::New(env);
     ContextOptions c;
     const char * w = "Context.create options";
     c.nCtx = uint32_t(optInt(o, "nCtx", 4096, 16, 1 << 24, w));
@@ -813,7 +816,8 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("nSeq", llama_n_seq_max(ctx_));
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("threads", opts_.threads);
-    o.Set("flashAttention", opts_.flashAttention == -1 ? Napi::Value(Napi::String::New(env, "auto")) : Napi::Boolean::New(env, opts_.flashAttention == 1));
+    o.Set("flashAttention",
+          opts_.flashAttention == -1 ? Napi::Value(Napi::String::New(env, "auto")) : Napi::Boolean::New(env, opts_.flashAttention == 1));
     o.Set("kvType", opts_.kvType);
     return o;
 }

@@ -19,9 +19,9 @@ class Speculator;
 
 // What sits in the KV cache, position by position: a text token or a whole image.
 struct CacheItem {
-    int32_t token = -1;         // >= 0 for a token
-    uint64_t imageHash = 0;     // for an image
-    int32_t imageTokens = 0;    // > 0 for an image (its number of positions)
+    int32_t token = -1;       // >= 0 for a token
+    uint64_t imageHash = 0;   // for an image
+    int32_t imageTokens = 0;  // > 0 for an image (its number of positions)
     int32_t positions() const { return imageTokens > 0 ? imageTokens : 1; }
     bool sameAs(const CacheItem & o) const {
         return imageTokens > 0 ? (o.imageTokens == imageTokens && o.imageHash == imageHash) : o.imageTokens == 0 && o.token == token;
@@ -33,7 +33,7 @@ struct ContextOptions {
     uint32_t nBatch = 512;
     uint32_t nUbatch = 512;
     uint32_t nSeq = 1;
-    uint32_t maxOutputs = 16;  // outputs per batch: 1 + the longest draft (sizes the compute buffer)
+    uint32_t maxOutputs = 16;     // outputs per batch: 1 + the longest draft (sizes the compute buffer)
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     std::string kvType = "f16";
     int32_t threads = 0;  // 0: all cores

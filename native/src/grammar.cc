@@ -10,9 +10,7 @@
 
 namespace percept {
 
-Napi::Function Grammar::Init(Napi::Env env) {
-    return DefineClass(env, "Grammar", {InstanceMethod<&Grammar::Source>("source")});
-}
+Napi::Function Grammar::Init(Napi::Env env) { return DefineClass(env, "Grammar", {InstanceMethod<&Grammar::Source>("source")}); }
 
 // new Grammar(model, gbnf, root): parses now (cheap, on the JS thread), so a bad grammar throws here.
 Grammar::Grammar(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Grammar>(info) {
@@ -82,7 +80,10 @@ __attribute__((optimize("finite-math-only", "no-signed-zeros"))) float maxOf(con
 }
 
 uint8_t leadByte(uint32_t cp) {
-    return cp < 0x80 ? uint8_t(cp) : cp < 0x800 ? uint8_t(0xC0 | (cp >> 6)) : cp < 0x10000 ? uint8_t(0xE0 | (cp >> 12)) : uint8_t(0xF0 | (cp >> 18));
+    return cp < 0x80   ? uint8_t(cp)
+        : cp < 0x800   ? uint8_t(0xC0 | (cp >> 6))
+        : cp < 0x10000 ? uint8_t(0xE0 | (cp >> 12))
+                       : uint8_t(0xF0 | (cp >> 18));
 }
 
 }  // namespace
@@ -197,7 +198,8 @@ void Sampler::accept(llama_token token) {
 
 bool Sampler::grammarComplete() const {
     if (!grammar_ || grammar_->stacks.empty()) return false;
-    for (const auto & stack : grammar_->stacks) if (!stack.empty()) return false;
+    for (const auto & stack : grammar_->stacks)
+        if (!stack.empty()) return false;
     return true;
 }
 
@@ -218,8 +220,10 @@ llama_token Sampler::forcedToken() {
         }
     }
     // First byte of chr's UTF-8 encoding.
-    uint8_t lead = chr < 0x80 ? uint8_t(chr) : chr < 0x800 ? uint8_t(0xC0 | (chr >> 6))
-                 : chr < 0x10000 ? uint8_t(0xE0 | (chr >> 12)) : uint8_t(0xF0 | (chr >> 18));
+    uint8_t lead = chr < 0x80 ? uint8_t(chr)
+        : chr < 0x800         ? uint8_t(0xC0 | (chr >> 6))
+        : chr < 0x10000       ? uint8_t(0xE0 | (chr >> 12))
+                              : uint8_t(0xF0 | (chr >> 18));
     const std::vector<llama_token> & bucket = model_->tokensByFirstByte()[lead];
     if (bucket.empty()) return -1;
     std::vector<llama_token_data> cand(bucket.size());

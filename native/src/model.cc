@@ -17,7 +17,8 @@ namespace {
 const char * const kAcceptedArchs[] = {"gemma3", "gemma4", "gemma4-assistant"};
 
 bool acceptedArch(const std::string & arch) {
-    for (const char * a : kAcceptedArchs) if (arch == a) return true;
+    for (const char * a : kAcceptedArchs)
+        if (arch == a) return true;
     return false;
 }
 
@@ -59,8 +60,7 @@ std::string readArchitecture(const std::string & path) {
 
 class LoadWorker : public PromiseWorker {
 public:
-    LoadWorker(Napi::Env env, LoadOptions opts)
-        : PromiseWorker(env, "percept:Model.load", "EMODEL"), opts_(std::move(opts)) {}
+    LoadWorker(Napi::Env env, LoadOptions opts) : PromiseWorker(env, "percept:Model.load", "EMODEL"), opts_(std::move(opts)) {}
     ~LoadWorker() override {
         if (model_ != nullptr) llama_model_free(model_);
     }
@@ -68,7 +68,7 @@ public:
 protected:
     void Execute() override {
         try {
-            struct stat st{};
+            struct stat st {};
             if (stat(opts_.path.c_str(), &st) != 0) {
                 SetCodedError("ENOENT", "ENOENT: model file not found: " + opts_.path);
                 return;
@@ -97,8 +97,8 @@ protected:
         Napi::Env env = Env();
         llama_model * m = model_;
         model_ = nullptr;  // ownership moves to the JS object
-        Napi::Object obj = addonData(env).modelCtor.New(
-            {Napi::External<llama_model>::New(env, m), Napi::Boolean::New(env, opts_.vocabOnly)});
+        Napi::Object obj =
+            addonData(env).modelCtor.New({Napi::External<llama_model>::New(env, m), Napi::Boolean::New(env, opts_.vocabOnly)});
         deferred_.Resolve(obj);
     }
 
@@ -192,8 +192,7 @@ Napi::Value Model::Load(const Napi::CallbackInfo & info) {
     LoadOptions opts;
     opts.path = requireString(info[0], "Model.load path");
     if (opts.path.empty()) throw Napi::TypeError::New(env, "Model.load: path is empty");
-    Napi::Object o = info.Length() > 1 && !info[1].IsUndefined() ? requireObject(info[1], "Model.load options")
-                                                                  : Napi::Object::New(env);
+    Napi::Object o = info.Length() > 1 && !info[1].IsUndefined() ? requireObject(info[1], "Model.load options") : Napi::Object::New(env);
     opts.gpuLayers = int32_t(optInt(o, "gpuLayers", 0, -1, 100000, "Model.load options"));
     opts.mmap = optBool(o, "mmap", true, "Model.load options");
     opts.vocabOnly = optBool(o, "vocabOnly", false, "Model.load options");
@@ -303,8 +302,8 @@ Napi::Value Model::Dispose(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     if (model_ == nullptr) return env.Undefined();
     if (users_.load() > 0) {
-        throw codedError(env, "EBUSY", "Model is used by " + std::to_string(users_.load()) +
-                                           " open context(s) or speculator(s); dispose them first");
+        throw codedError(env, "EBUSY",
+                         "Model is used by " + std::to_string(users_.load()) + " open context(s) or speculator(s); dispose them first");
     }
     llama_model_free(model_);
     model_ = nullptr;

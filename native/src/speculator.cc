@@ -111,9 +111,9 @@ protected:
         ctx_->releaseBusy();
         auto * parts = new SpecParts(parts_);
         parts_ = SpecParts{};
-        Napi::Object obj = addonData(env).speculatorCtor.New(
-            {ctxRef_.Value(), draft_ != nullptr ? draftRef_.Value() : env.Null(),
-             Napi::External<SpecParts>::New(env, parts, [](Napi::Env, SpecParts * p) { delete p; })});
+        Napi::Object obj =
+            addonData(env).speculatorCtor.New({ctxRef_.Value(), draft_ != nullptr ? draftRef_.Value() : env.Null(),
+                                               Napi::External<SpecParts>::New(env, parts, [](Napi::Env, SpecParts * p) { delete p; })});
         deferred_.Resolve(obj);
     }
     void OnError(const Napi::Error & e) override {
@@ -194,16 +194,19 @@ Napi::Value Speculator::Create(const Napi::CallbackInfo & info) {
     bool known = false;
     for (const char * t : kTypes) known = known || s.type == t;
     if (!known) {
-        throw Napi::TypeError::New(env, "Speculator.create options.type must be one of draft-simple, draft-mtp, ngram-simple, "
-                                        "ngram-map-k, ngram-map-k4v, ngram-mod (got '" + s.type + "')");
+        throw Napi::TypeError::New(env,
+                                   "Speculator.create options.type must be one of draft-simple, draft-mtp, ngram-simple, "
+                                   "ngram-map-k, ngram-map-k4v, ngram-mod (got '" +
+                                       s.type + "')");
     }
     s.nMax = int32_t(optInt(o, "nMax", 4, 1, 64, w));
     s.nMin = int32_t(optInt(o, "nMin", 0, 0, s.nMax, w));
     s.pMin = float(optNumber(o, "pMin", 0.0, w));
     s.ngramN = int32_t(optInt(o, "ngramN", 3, 1, 64, w));
     if (uint32_t(s.nMax) + 1 > ctx->options().maxOutputs) {
-        throw Napi::RangeError::New(env, "Speculator.create: nMax " + std::to_string(s.nMax) + " needs a context with maxOutputs >= " +
-                                             std::to_string(s.nMax + 1) + " (it has " + std::to_string(ctx->options().maxOutputs) + ")");
+        throw Napi::RangeError::New(env,
+                                    "Speculator.create: nMax " + std::to_string(s.nMax) + " needs a context with maxOutputs >= " +
+                                        std::to_string(s.nMax + 1) + " (it has " + std::to_string(ctx->options().maxOutputs) + ")");
     }
     Model * draft = nullptr;
     Napi::Value draftObj = o.Get("draftModel");

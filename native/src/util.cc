@@ -45,8 +45,9 @@ int64_t optInt(const Napi::Object & o, const char * key, int64_t def, int64_t mi
     if (v.IsUndefined()) return def;
     double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : NAN;
     if (!std::isfinite(d) || std::floor(d) != d || d < double(min) || d > double(max)) {
-        throw Napi::RangeError::New(o.Env(), std::string("Expected an integer between ") + std::to_string(min) + " and " +
-                                                 std::to_string(max) + " for " + where + "." + key);
+        throw Napi::RangeError::New(o.Env(),
+                                    std::string("Expected an integer between ") + std::to_string(min) + " and " + std::to_string(max) +
+                                        " for " + where + "." + key);
     }
     return int64_t(d);
 }
@@ -87,8 +88,9 @@ std::vector<int32_t> requireTokens(const Napi::Value & v, int32_t limit, const s
     }
     for (size_t i = 0; i < out.size(); i++) {
         if (out[i] < 0 || out[i] >= limit) {
-            throw Napi::RangeError::New(env, what + "[" + std::to_string(i) + "] = " + std::to_string(out[i]) +
-                                                 " is out of range (vocabulary has " + std::to_string(limit) + " tokens)");
+            throw Napi::RangeError::New(env,
+                                        what + "[" + std::to_string(i) + "] = " + std::to_string(out[i]) +
+                                            " is out of range (vocabulary has " + std::to_string(limit) + " tokens)");
         }
     }
     return out;
@@ -157,7 +159,8 @@ std::string LogCapture::text() const {
     size_t pos = s.size();
     for (int lines = 0; lines < 3 && pos != std::string::npos && pos > 0; lines++) pos = s.rfind('\n', pos - 1);
     if (pos != std::string::npos && pos > 0) s = s.substr(pos + 1);
-    for (char & c : s) if (c == '\n') c = ';';
+    for (char & c : s)
+        if (c == '\n') c = ';';
     return s;
 }
 

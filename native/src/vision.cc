@@ -67,10 +67,12 @@ VisionMeta readVisionMeta(const std::string & path) {
     int64_t arch = gguf_find_key(g.get(), "general.architecture");
     if (arch >= 0 && gguf_get_kv_type(g.get(), arch) == GGUF_TYPE_STRING) {
         std::string a = gguf_get_val_str(g.get(), arch);
-        if (a != "clip") throw std::runtime_error("general.architecture is '" + a + "', not 'clip': this is not an mmproj file (a decoder GGUF?)");
+        if (a != "clip")
+            throw std::runtime_error("general.architecture is '" + a + "', not 'clip': this is not an mmproj file (a decoder GGUF?)");
     }
     int64_t hv = findKey(g.get(), "clip.has_vision_encoder", GGUF_TYPE_BOOL, false);
-    if (hv < 0 || !gguf_get_val_bool(g.get(), hv)) throw std::runtime_error("the file has no vision encoder (clip.has_vision_encoder is not true)");
+    if (hv < 0 || !gguf_get_val_bool(g.get(), hv))
+        throw std::runtime_error("the file has no vision encoder (clip.has_vision_encoder is not true)");
 
     VisionMeta m;
     m.path = path;
@@ -96,7 +98,8 @@ VisionMeta readVisionMeta(const std::string & path) {
     checkF32Array(g.get(), "clip.vision.image_mean");
     checkF32Array(g.get(), "clip.vision.image_std");
     m.merge = readU32(g.get(), "clip.vision.projector.scale_factor", false, m.projector == "gemma3" ? 4 : 3);
-    if (m.patchSize <= 0 || m.hidden <= 0 || m.heads <= 0 || m.merge <= 0) throw std::runtime_error("patch size, width, heads and pooling must be positive");
+    if (m.patchSize <= 0 || m.hidden <= 0 || m.heads <= 0 || m.merge <= 0)
+        throw std::runtime_error("patch size, width, heads and pooling must be positive");
     if (m.projector == "gemma4v") {
         ggml_tensor * pos = meta ? ggml_get_tensor(meta.get(), "v.position_embd.weight") : nullptr;
         if (pos == nullptr || pos->ne[0] != m.hidden || pos->ne[2] != 2) {
@@ -129,7 +132,7 @@ public:
 protected:
     void Execute() override {
         try {
-            struct stat st{};
+            struct stat st {};
             if (stat(opts_.path.c_str(), &st) != 0) {
                 SetCodedError("ENOENT", "ENOENT: mmproj file not found: " + opts_.path);
                 return;
@@ -185,8 +188,9 @@ enum class Layout { Chw, Patches };
 class EncodeWorker : public PromiseWorker {
 public:
     EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, Napi::Float32Array pixels, Layout layout, int32_t width, int32_t height)
-        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), pixelsRef_(Napi::Persistent(pixels.As<Napi::Object>())),
-          vision_(vision), src_(pixels.Data()), layout_(layout), width_(width), height_(height) {}
+        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)),
+          pixelsRef_(Napi::Persistent(pixels.As<Napi::Object>())), vision_(vision), src_(pixels.Data()), layout_(layout), width_(width),
+          height_(height) {}
 
 protected:
     void Execute() override {
@@ -208,7 +212,8 @@ protected:
                 for (size_t y = 0; y < h; y++) {
                     const float * patchRow = src_ + (y / p) * cols * patchValues + (y % p) * p * 3;
                     float * out = hwc.data() + y * w * 3;
-                    for (size_t px = 0; px < cols; px++) std::copy(patchRow + px * patchValues, patchRow + px * patchValues + p * 3, out + px * p * 3);
+                    for (size_t px = 0; px < cols; px++)
+                        std::copy(patchRow + px * patchValues, patchRow + px * patchValues + p * 3, out + px * p * 3);
                 }
             }
             clip_image_f32 img;
@@ -369,27 +374,39 @@ Napi::Value Vision::Encode(const Napi::CallbackInfo & info) {
     const int64_t p = meta_.patchSize;
     const std::string where = "Vision.encode (" + meta_.projector + "): ";
     if (width % p != 0 || height % p != 0) {
-        throw Napi::RangeError::New(env, where + std::to_string(width) + "x" + std::to_string(height) + " is not a multiple of the patch size " + std::to_string(p));
+        throw Napi::RangeError::New(env,
+                                    where + std::to_string(width) + "x" + std::to_string(height) + " is not a multiple of the patch size " +
+                                        std::to_string(p));
     }
     const int64_t cols = width / p, rows = height / p;
     if (meta_.projector == "gemma3") {
         if (width != meta_.imageSize || height != meta_.imageSize) {
-            throw Napi::RangeError::New(env, where + "the image must be " + std::to_string(meta_.imageSize) + "x" + std::to_string(meta_.imageSize) +
-                                                 " (its position table is fixed), got " + std::to_string(width) + "x" + std::to_string(height));
+            throw Napi::RangeError::New(env,
+                                        where + "the image must be " + std::to_string(meta_.imageSize) + "x" +
+                                            std::to_string(meta_.imageSize) + " (its position table is fixed), got " +
+                                            std::to_string(width) + "x" + std::to_string(height));
         }
-        if (cols % meta_.merge != 0) throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + " is not divisible by the pooling " + std::to_string(meta_.merge));
+        if (cols % meta_.merge != 0)
+            throw Napi::RangeError::New(
+                env, where + "patch grid " + std::to_string(cols) + " is not divisible by the pooling " + std::to_string(meta_.merge));
     } else {
         if (cols % meta_.merge != 0 || rows % meta_.merge != 0) {
-            throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) + " is not divisible by the pooling " + std::to_string(meta_.merge));
+            throw Napi::RangeError::New(env,
+                                        where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) +
+                                            " is not divisible by the pooling " + std::to_string(meta_.merge));
         }
         if (cols > meta_.positionTable || rows > meta_.positionTable) {
-            throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) + " exceeds the position table (" + std::to_string(meta_.positionTable) + ")");
+            throw Napi::RangeError::New(env,
+                                        where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) +
+                                            " exceeds the position table (" + std::to_string(meta_.positionTable) + ")");
         }
     }
     const size_t need = size_t(width) * size_t(height) * 3;
     if (layout == Layout::Chw ? pixels.ElementLength() != need : pixels.ElementLength() < need) {
-        throw Napi::RangeError::New(env, where + "pixels has " + std::to_string(pixels.ElementLength()) + " values, " + (layout == Layout::Chw ? "expected " : "need at least ") +
-                                             std::to_string(need) + " for " + layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
+        throw Napi::RangeError::New(env,
+                                    where + "pixels has " + std::to_string(pixels.ElementLength()) + " values, " +
+                                        (layout == Layout::Chw ? "expected " : "need at least ") + std::to_string(need) + " for " +
+                                        layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
     }
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true)) {
