@@ -2,7 +2,7 @@
 
 #include "util.h"
 #include "grammar.h"
-#include "llama-ext.h"  // llama_get_memory_breakdown (staging C++ API)
+#include "llama-internal.h"
 #include "model.h"
 #include "speculator.h"
 
@@ -825,19 +825,18 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
 Napi::Value Context::MemoryBreakdown(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Context is disposed");
-    llama_memory_breakdown mb = llama_get_memory_breakdown(ctx_);
     double model = 0, context = 0, compute = 0;
     Napi::Array per = Napi::Array::New(env);
     uint32_t i = 0;
-    for (const auto & [buft, d] : mb) {
-        model += double(d.model);
-        context += double(d.context);
-        compute += double(d.compute);
+    for (const BufferBytes & b : percept::memoryBreakdown(ctx_)) {
+        model += double(b.model);
+        context += double(b.context);
+        compute += double(b.compute);
         Napi::Object e = Napi::Object::New(env);
-        e.Set("bufferType", ggml_backend_buft_name(buft));
-        e.Set("model", double(d.model));
-        e.Set("context", double(d.context));
-        e.Set("compute", double(d.compute));
+        e.Set("bufferType", b.bufferType);
+        e.Set("model", double(b.model));
+        e.Set("context", double(b.context));
+        e.Set("compute", double(b.compute));
         per.Set(i++, e);
     }
     Napi::Object o = Napi::Object::New(env);

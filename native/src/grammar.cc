@@ -1,8 +1,7 @@
 #include "grammar.h"
 
-#include "util.h"
-#include "llama-vocab.h"
 #include "model.h"
+#include "util.h"
 
 #include <algorithm>
 #include <bitset>
@@ -23,12 +22,11 @@ Grammar::Grammar(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Grammar>(in
     gbnf_ = requireString(info[1], "Grammar gbnf");
     std::string root = info.Length() > 2 && !info[2].IsUndefined() ? requireString(info[2], "Grammar root") : "root";
     LogCapture capture;
-    llama_grammar * g = llama_grammar_init_impl(model_->vocab(), gbnf_.c_str(), root.c_str(), false, nullptr, 0, nullptr, 0);
-    if (g == nullptr) {
+    proto_ = grammarParse(model_->vocab(), gbnf_, root);
+    if (!proto_) {
         std::string why = capture.text();
         throw Napi::Error::New(env, "Grammar: failed to parse GBNF" + (why.empty() ? std::string() : ": " + why));
     }
-    proto_.reset(g);
     modelRef_ = Napi::Persistent(info[0].As<Napi::Object>());
 }
 
@@ -53,7 +51,7 @@ Sampler::Sampler(Model * model, const SamplingOptions & opts, GrammarPtr grammar
 bool Sampler::grammarAllows(llama_token token) {
     llama_token_data one{token, 0.0f, 0.0f};
     llama_token_data_array arr{&one, 1, -1, false};
-    llama_grammar_apply_impl(*grammar_, &arr);
+    grammarApply(*grammar_, &arr);
     return std::isfinite(one.logit);
 }
 
@@ -79,49 +77,12 @@ __attribute__((optimize("finite-math-only", "no-signed-zeros"))) float maxOf(con
     return m;
 }
 
-uint8_t leadByte(uint32_t cp) {
-    return cp < 0x80   ? uint8_t(cp)
-        : cp < 0x800   ? uint8_t(0xC0 | (cp >> 6))
-        : cp < 0x10000 ? uint8_t(0xE0 | (cp >> 12))
-                       : uint8_t(0xF0 | (cp >> 18));
-}
-
 }  // namespace
-
-// First bytes the grammar can accept next (bit 256: end of generation). Character classes on
-// the stack tops become byte ranges; anything else (negated classes, tokens, a partial UTF-8
-// sequence) admits every byte.
-std::bitset<257> Sampler::admissibleLeadBytes() const {
-    std::bitset<257> mask;
-    if (grammar_->partial_utf8.n_remain != 0) return mask.set();
-    for (const auto & stack : grammar_->stacks) {
-        if (stack.empty()) {
-            mask.set(256);
-            continue;
-        }
-        const llama_grammar_element * p = stack.back();
-        if (p->type != LLAMA_GRETYPE_CHAR) {
-            mask.set();
-            return mask;
-        }
-        do {
-            uint32_t lo = p->value, hi = p->value;
-            if (p[1].type == LLAMA_GRETYPE_CHAR_RNG_UPPER) {
-                hi = p[1].value;
-                p += 2;
-            } else {
-                p += 1;
-            }
-            for (uint32_t b = leadByte(lo); b <= leadByte(std::max(lo, hi)) && b < 256; b++) mask.set(b);
-        } while (p->type == LLAMA_GRETYPE_CHAR_ALT);
-    }
-    return mask;
-}
 
 std::vector<llama_token_data> Sampler::topAllowed(const float * logits, size_t k) {
     // Only tokens whose first byte the grammar can take are candidates.
     const auto & buckets = model_->tokensByFirstByte();
-    const std::bitset<257> mask = admissibleLeadBytes();
+    const std::bitset<257> mask = grammarLeadBytes(*grammar_);
     order_.clear();
     for (size_t b = 0; b < 257; b++) {
         if (mask.test(b)) order_.insert(order_.end(), buckets[b].begin(), buckets[b].end());
@@ -137,7 +98,7 @@ std::vector<llama_token_data> Sampler::topAllowed(const float * logits, size_t k
         cand.clear();
         for (size_t i = done; i < end; i++) cand.push_back({order_[i], logits[order_[i]], 0.0f});
         llama_token_data_array arr{cand.data(), cand.size(), -1, true};
-        llama_grammar_apply_impl(*grammar_, &arr);
+        grammarApply(*grammar_, &arr);
         for (const auto & c : cand) {
             if (std::isfinite(c.logit) && found.size() < k) found.push_back(c);
         }
@@ -183,7 +144,7 @@ llama_token Sampler::sample(llama_context * ctx, int32_t idx) {
         return ta.data[ta.selected].id;
     }
     a = fill();
-    llama_grammar_apply_impl(*grammar_, &a);
+    grammarApply(*grammar_, &a);
     bool any = false;
     for (size_t i = 0; i < a.size && !any; i++) any = std::isfinite(a.data[i].logit);
     if (!any) throw std::runtime_error("the grammar admits no token here");
@@ -192,33 +153,16 @@ llama_token Sampler::sample(llama_context * ctx, int32_t idx) {
 }
 
 void Sampler::accept(llama_token token) {
-    if (grammar_ && !model_->vocab()->is_eog(token)) llama_grammar_accept_impl(*grammar_, token);
+    if (grammar_ && !llama_vocab_is_eog(model_->vocab(), token)) grammarAccept(*grammar_, token);
     if (chain_) llama_sampler_accept(chain_.get(), token);
 }
 
-bool Sampler::grammarComplete() const {
-    if (!grammar_ || grammar_->stacks.empty()) return false;
-    for (const auto & stack : grammar_->stacks)
-        if (!stack.empty()) return false;
-    return true;
-}
+bool Sampler::grammarComplete() const { return grammar_ && percept::grammarComplete(*grammar_); }
 
 llama_token Sampler::forcedToken() {
-    if (!grammar_ || grammar_->partial_utf8.n_remain != 0 || grammar_->stacks.empty()) return -1;
-    uint32_t chr = 0;
-    bool first = true;
-    for (const auto & stack : grammar_->stacks) {
-        if (stack.empty()) return -1;  // end of grammar is admissible too
-        const llama_grammar_element * pos = stack.back();
-        if (pos->type != LLAMA_GRETYPE_CHAR) return -1;
-        if (pos[1].type == LLAMA_GRETYPE_CHAR_ALT || pos[1].type == LLAMA_GRETYPE_CHAR_RNG_UPPER) return -1;
-        if (first) {
-            chr = pos->value;
-            first = false;
-        } else if (pos->value != chr) {
-            return -1;
-        }
-    }
+    if (!grammar_) return -1;
+    const int64_t chr = grammarSingleChar(*grammar_);
+    if (chr < 0) return -1;
     // First byte of chr's UTF-8 encoding.
     uint8_t lead = chr < 0x80 ? uint8_t(chr)
         : chr < 0x800         ? uint8_t(0xC0 | (chr >> 6))
@@ -229,7 +173,7 @@ llama_token Sampler::forcedToken() {
     std::vector<llama_token_data> cand(bucket.size());
     for (size_t i = 0; i < bucket.size(); i++) cand[i] = llama_token_data{bucket[i], 0.0f, 0.0f};
     llama_token_data_array arr{cand.data(), cand.size(), -1, false};
-    llama_grammar_apply_impl(*grammar_, &arr);
+    grammarApply(*grammar_, &arr);
     llama_token only = -1;
     for (const auto & c : cand) {
         if (!std::isfinite(c.logit)) continue;

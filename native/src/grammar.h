@@ -4,8 +4,8 @@
 
 #include <napi.h>
 
+#include "llama-internal.h"
 #include "llama.h"
-#include "llama-grammar.h"
 
 #include <bitset>
 #include <memory>
@@ -15,11 +15,6 @@
 namespace percept {
 
 class Model;
-
-struct GrammarDeleter {
-    void operator()(llama_grammar * g) const { llama_grammar_free_impl(g); }
-};
-using GrammarPtr = std::unique_ptr<llama_grammar, GrammarDeleter>;
 
 struct SamplerChainDeleter {
     void operator()(llama_sampler * s) const { llama_sampler_free(s); }
@@ -32,7 +27,7 @@ public:
     explicit Grammar(const Napi::CallbackInfo & info);
 
     // A fresh grammar state for one generation.
-    GrammarPtr instantiate() const { return GrammarPtr(llama_grammar_clone_impl(*proto_)); }
+    GrammarPtr instantiate() const { return grammarClone(*proto_); }
     Model * model() const { return model_; }
 
 private:
@@ -75,7 +70,6 @@ private:
     // The k highest-logit tokens the grammar admits, best first (ties: lower id first), found by
     // testing candidates in growing chunks of the logit order instead of the whole vocabulary.
     std::vector<llama_token_data> topAllowed(const float * logits, size_t k);
-    std::bitset<257> admissibleLeadBytes() const;
 
     Model * model_;
     SamplingOptions opts_;

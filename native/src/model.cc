@@ -3,7 +3,6 @@
 #include "chat.h"
 #include "util.h"
 #include "gguf.h"
-#include "llama-vocab.h"
 
 #include <cstdio>
 #include <cstring>
@@ -174,13 +173,19 @@ const std::vector<std::vector<llama_token>> & Model::tokensByFirstByte() {
     std::call_once(byFirstByteOnce_, [this]() {
         byFirstByte_.assign(257, {});
         const llama_vocab * v = vocab();
+        std::string piece(64, '\0');
         for (llama_token id = 0; id < info_.nVocab; id++) {
-            if (v->is_eog(id)) {
+            if (llama_vocab_is_eog(v, id)) {
                 byFirstByte_[256].push_back(id);
                 continue;
             }
-            const std::string & piece = v->token_to_piece(id);
-            if (piece.empty() || piece[0] == 0) continue;
+            // The piece with special tokens rendered: what the grammar matches a token against.
+            int32_t n = llama_token_to_piece(v, id, piece.data(), int32_t(piece.size()), 0, true);
+            if (n < 0) {
+                piece.resize(size_t(-n));
+                n = llama_token_to_piece(v, id, piece.data(), int32_t(piece.size()), 0, true);
+            }
+            if (n <= 0 || piece[0] == 0) continue;
             byFirstByte_[uint8_t(piece[0])].push_back(id);
         }
     });

@@ -1,9 +1,8 @@
 #include "vision.h"
 
-#include "clip.h"
-#include "clip-impl.h"  // clip_image_f32 (its buffer is interleaved RGB, row-major)
 #include "ggml-backend.h"
 #include "gguf.h"
+#include "llama-internal.h"
 #include "llama.h"
 #include "mtmd.h"
 #include "util.h"
@@ -126,7 +125,7 @@ public:
     LoadWorker(Napi::Env env, Napi::Function ctor, LoadOptions opts)
         : PromiseWorker(env, "percept:Vision.load", "EMODEL"), ctor_(Napi::Persistent(ctor)), opts_(std::move(opts)) {}
     ~LoadWorker() override {
-        if (ctx_ != nullptr) clip_free(ctx_);
+        if (ctx_ != nullptr) clipFree(ctx_);
     }
 
 protected:
@@ -141,22 +140,7 @@ protected:
             meta_.useGpu = opts_.useGpu;
             meta_.threads = opts_.threads > 0 ? opts_.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
             LogCapture capture;
-            clip_context_params cp{};
-            cp.use_gpu = opts_.useGpu;
-            cp.device = nullptr;
-            cp.flash_attn_type = clip_flash_attn_type(opts_.flashAttention);
-            cp.image_min_tokens = -1;
-            cp.image_max_tokens = -1;
-            cp.warmup = opts_.warmup;
-            cp.cb_eval = nullptr;
-            cp.cb_eval_user_data = nullptr;
-            cp.no_alloc = false;
-            cp.progress_callback = nullptr;
-            cp.progress_callback_user_data = nullptr;
-            clip_init_result r = clip_init(opts_.path.c_str(), cp);
-            if (r.ctx_a != nullptr) clip_free(r.ctx_a);
-            if (r.ctx_gen_a != nullptr) clip_free(r.ctx_gen_a);
-            ctx_ = r.ctx_v;
+            ctx_ = clipLoad(opts_.path, ClipOptions{opts_.useGpu, opts_.flashAttention, opts_.warmup});
             if (ctx_ == nullptr) {
                 std::string why = capture.text();
                 SetError("failed to load mmproj " + opts_.path + (why.empty() ? std::string() : ": " + why));
@@ -197,7 +181,7 @@ protected:
         try {
             const int64_t t0 = monotonicNs();
             const size_t w = size_t(width_), h = size_t(height_), n = w * h;
-            // clip_image_f32 holds interleaved RGB rows; clip_encode makes them planar again for the conv.
+            // clip takes interleaved RGB rows (HWC); it makes them planar again for the conv.
             std::vector<float> hwc(n * 3);
             if (layout_ == Layout::Chw) {
                 for (size_t i = 0; i < n; i++) {
@@ -216,17 +200,11 @@ protected:
                         std::copy(patchRow + px * patchValues, patchRow + px * patchValues + p * 3, out + px * p * 3);
                 }
             }
-            clip_image_f32 img;
-            img.set_size({width_, height_}, /*is_placeholder=*/true, /*is_audio=*/false);
-            img.cpy_buf(hwc);
-            hwc.clear();
-            hwc.shrink_to_fit();
-            nTokens_ = clip_n_output_tokens(vision_->raw(), &img);
-            nEmbd_ = clip_n_mmproj_embd(vision_->raw());
-            out_.assign(size_t(nTokens_) * size_t(nEmbd_), 0.0f);
             const int64_t t1 = monotonicNs();
             LogCapture capture;
-            if (!clip_image_encode(vision_->raw(), vision_->meta().threads, &img, out_)) {
+            nEmbd_ = clipEmbdWidth(vision_->raw());
+            nTokens_ = clipEncode(vision_->raw(), vision_->meta().threads, width_, height_, std::move(hwc), out_);
+            if (nTokens_ < 0) {
                 std::string why = capture.text();
                 SetError("clip_image_encode failed" + (why.empty() ? std::string() : ": " + why));
                 return;
@@ -295,12 +273,12 @@ Vision::Vision(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Vision>(info)
     }
     ctx_ = info[0].As<Napi::External<clip_ctx>>().Data();
     meta_ = *info[1].As<Napi::External<VisionMeta>>().Data();
-    nEmbd_ = clip_n_mmproj_embd(ctx_);
+    nEmbd_ = clipEmbdWidth(ctx_);
 }
 
 Vision::~Vision() {
     // GC without dispose(): a running encode holds a reference to this object, so none is running here.
-    if (ctx_ != nullptr) clip_free(ctx_);
+    if (ctx_ != nullptr) clipFree(ctx_);
 }
 
 Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
@@ -343,10 +321,10 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
     o.Set("useGpu", meta_.useGpu);
     Napi::Array devices = Napi::Array::New(env);
     uint32_t i = 0;
-    for (const auto & [dev, bytes] : clip_get_mem_usage(ctx_)) {
+    for (const DeviceBytes & db : clipMemoryUsage(ctx_)) {
         Napi::Object d = Napi::Object::New(env);
-        d.Set("name", dev != nullptr ? ggml_backend_dev_name(dev) : "unknown");
-        d.Set("bytes", double(bytes));
+        d.Set("name", db.device);
+        d.Set("bytes", double(db.bytes));
         devices.Set(i++, d);
     }
     o.Set("devices", devices);
@@ -422,7 +400,7 @@ Napi::Value Vision::Dispose(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     if (ctx_ == nullptr) return env.Undefined();
     if (busy_.load()) throw codedError(env, "EBUSY", "Vision is busy; await the running encode before dispose()");
-    clip_free(ctx_);
+    clipFree(ctx_);
     ctx_ = nullptr;
     return env.Undefined();
 }
