@@ -197,10 +197,11 @@ Napi::Value Model::Load(const Napi::CallbackInfo & info) {
     LoadOptions opts;
     opts.path = requireString(info[0], "Model.load path");
     if (opts.path.empty()) throw Napi::TypeError::New(env, "Model.load: path is empty");
-    Napi::Object o = info.Length() > 1 && !info[1].IsUndefined() ? requireObject(info[1], "Model.load options") : Napi::Object::New(env);
-    opts.gpuLayers = int32_t(optInt(o, "gpuLayers", 0, -1, 100000, "Model.load options"));
-    opts.mmap = optBool(o, "mmap", true, "Model.load options");
-    opts.vocabOnly = optBool(o, "vocabOnly", false, "Model.load options");
+    const char * w = "Model.load options";
+    Napi::Object o = requireObject(info[1], w);
+    opts.gpuLayers = int32_t(requireInt(o, "gpuLayers", -1, 100000, w));
+    opts.mmap = requireBool(o, "mmap", w);
+    opts.vocabOnly = requireBool(o, "vocabOnly", w);
     auto * worker = new LoadWorker(env, std::move(opts));
     Napi::Promise p = worker->promise();
     worker->Queue();
@@ -308,7 +309,8 @@ Napi::Value Model::Dispose(const Napi::CallbackInfo & info) {
     if (model_ == nullptr) return env.Undefined();
     if (users_.load() > 0) {
         throw codedError(env, "EBUSY",
-                         "Model is used by " + std::to_string(users_.load()) + " open context(s) or speculator(s); dispose them first");
+                         "Model is used by " + std::to_string(users_.load()) +
+                             " open context(s) (as their model or draft model); dispose them first");
     }
     llama_model_free(model_);
     model_ = nullptr;

@@ -11,7 +11,6 @@
 #include <memory>
 #include <stdexcept>
 #include <sys/stat.h>
-#include <thread>
 #include <vector>
 
 namespace percept {
@@ -112,12 +111,13 @@ VisionMeta readVisionMeta(const std::string & path) {
 // ------------------------------------------------------------------------------------------------
 // Load
 
+// Every field is required from JS (native/vision.ts owns the defaults).
 struct LoadOptions {
     std::string path;
     bool useGpu = false;
     int32_t threads = 0;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
-    bool warmup = true;
+    bool warmup = false;
 };
 
 class LoadWorker : public PromiseWorker {
@@ -138,7 +138,7 @@ protected:
             }
             meta_ = readVisionMeta(opts_.path);
             meta_.useGpu = opts_.useGpu;
-            meta_.threads = opts_.threads > 0 ? opts_.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+            meta_.threads = opts_.threads;
             LogCapture capture;
             ctx_ = clipLoad(opts_.path, ClipOptions{opts_.useGpu, opts_.flashAttention, opts_.warmup});
             if (ctx_ == nullptr) {
@@ -287,15 +287,13 @@ Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
     LoadOptions opts;
     opts.path = requireString(info[0], "Vision.load path");
     if (opts.path.empty()) throw Napi::TypeError::New(env, "Vision.load: path is empty");
-    Napi::Object o = info.Length() > 1 && !info[1].IsUndefined() ? requireObject(info[1], "Vision.load options") : Napi::Object::New(env);
-    opts.useGpu = optBool(o, "useGpu", false, "Vision.load options");
-    opts.threads = int32_t(optInt(o, "threads", 0, 0, 1024, "Vision.load options"));
-    opts.warmup = optBool(o, "warmup", true, "Vision.load options");
-    std::string fa = optString(o, "flashAttention", "auto", "Vision.load options");
-    if (fa == "auto") opts.flashAttention = -1;
-    else if (fa == "on") opts.flashAttention = 1;
-    else if (fa == "off") opts.flashAttention = 0;
-    else throw Napi::RangeError::New(env, "Vision.load options.flashAttention must be 'auto', 'on' or 'off', got '" + fa + "'");
+    const char * w = "Vision.load options";
+    Napi::Object o = requireObject(info[1], w);
+    opts.useGpu = requireBool(o, "useGpu", w);
+    opts.threads = int32_t(requireInt(o, "threads", 1, 1024, w));
+    opts.warmup = requireBool(o, "warmup", w);
+    const int32_t faModes[] = {-1, 1, 0};
+    opts.flashAttention = faModes[requireChoice(o, "flashAttention", {"auto", "on", "off"}, w)];
     auto * worker = new LoadWorker(env, info.This().As<Napi::Function>(), std::move(opts));
     Napi::Promise p = worker->promise();
     worker->Queue();
@@ -339,14 +337,10 @@ Napi::Value Vision::Encode(const Napi::CallbackInfo & info) {
     }
     Napi::Float32Array pixels = info[0].As<Napi::Float32Array>();
     Napi::Object o = requireObject(info[1], "Vision.encode options");
-    std::string layoutName = optString(o, "layout", "", "Vision.encode options");
-    int64_t width = optInt(o, "width", 0, 1, 46000, "Vision.encode options");
-    int64_t height = optInt(o, "height", 0, 1, 46000, "Vision.encode options");
-    if (width == 0 || height == 0) throw Napi::TypeError::New(env, "Vision.encode: options.width and options.height are required");
-    Layout layout;
-    if (layoutName == "chw") layout = Layout::Chw;
-    else if (layoutName == "patches") layout = Layout::Patches;
-    else throw Napi::RangeError::New(env, "Vision.encode: options.layout must be 'chw' or 'patches', got '" + layoutName + "'");
+    const char * w = "Vision.encode options";
+    const Layout layout = requireChoice(o, "layout", {"chw", "patches"}, w) == 0 ? Layout::Chw : Layout::Patches;
+    const int64_t width = requireInt(o, "width", 1, 46000, w);
+    const int64_t height = requireInt(o, "height", 1, 46000, w);
 
     // Every condition clip would otherwise GGML_ASSERT/ABORT on is refused here with a message.
     const int64_t p = meta_.patchSize;
@@ -384,7 +378,8 @@ Napi::Value Vision::Encode(const Napi::CallbackInfo & info) {
         throw Napi::RangeError::New(env,
                                     where + "pixels has " + std::to_string(pixels.ElementLength()) + " values, " +
                                         (layout == Layout::Chw ? "expected " : "need at least ") + std::to_string(need) + " for " +
-                                        layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
+                                        (layout == Layout::Chw ? "chw " : "patches ") + std::to_string(width) + "x" +
+                                        std::to_string(height));
     }
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true)) {
