@@ -74,23 +74,24 @@ export interface NativeMemoryBreakdown {
 }
 
 export type NativeSegment =
-  | { readonly text: string; readonly addSpecial?: boolean }
+  | { readonly text: string; readonly addSpecial: boolean }
   | { readonly tokens: Int32Array | readonly number[] }
-  | { readonly image: Float32Array; readonly nTokens: number; readonly causal?: boolean };
+  | { readonly image: Float32Array; readonly nTokens: number; readonly causal: boolean };
 
+/** Every field but nDraft (absent: the speculator's nMax), deadlineNs and grammar is required. */
 export interface NativeGenerateOptions {
   maxTokens: number;
-  temperature?: number;
-  topK?: number;
-  topP?: number;
-  minP?: number;
-  seed?: number;
-  stopStrings?: readonly string[];
-  stopTokens?: readonly number[];
-  ignoreEos?: boolean;
-  jumpForward?: boolean;
-  recordSampleTimes?: boolean;
-  speculative?: boolean;
+  temperature: number;
+  topK: number;
+  topP: number;
+  minP: number;
+  seed: number;
+  stopStrings: readonly string[];
+  stopTokens: readonly number[];
+  ignoreEos: boolean;
+  jumpForward: boolean;
+  recordSampleTimes: boolean;
+  speculative: boolean;
   nDraft?: number;
   /** Absolute, on the process.hrtime.bigint() clock. */
   deadlineNs?: bigint;
@@ -135,6 +136,9 @@ export declare class NativeContext {
   cancel(): void;
   clearCache(): void;
   cachedPositions(): number;
+  /** Creates the speculator's state off the JS thread (the KV cache starts empty afterwards). */
+  attachSpeculator(draftModel: NativeModel | null, options: NativeSpeculatorOptions): Promise<{ type: SpeculatorType; nMax: number }>;
+  detachSpeculator(): void;
   dispose(): void;
 }
 
@@ -164,7 +168,7 @@ export type NativeGrammarIndexResult =
 export declare class NativeGrammar {
   constructor(model: NativeModel, gbnf: string, root?: string);
   source(): string;
-  buildIndex(limits?: { maxStates?: number; maxEntries?: number }): Promise<NativeGrammarIndexResult>;
+  buildIndex(limits: { maxStates: number; maxEntries: number }): Promise<NativeGrammarIndexResult>;
   indexInfo(): NativeGrammarIndexResult | undefined;
   allowedTokens(prefix: Int32Array | readonly number[], via: 'index' | 'llama'): Promise<Int32Array>;
   forcedTokens(prefix: Int32Array | readonly number[]): Int32Array;
@@ -175,25 +179,16 @@ export type SpeculatorType = 'draft-simple' | 'draft-mtp' | 'ngram-simple' | 'ng
 
 export interface NativeSpeculatorOptions {
   type: SpeculatorType;
-  draftModel?: NativeModel;
   nMax: number;
-  nMin?: number;
-  pMin?: number;
-  ngramN?: number;
-}
-
-export declare class NativeSpeculator {
-  private constructor();
-  static create(context: NativeContext, options: NativeSpeculatorOptions): Promise<NativeSpeculator>;
-  info(): { type: SpeculatorType; nMax: number; disposed: boolean };
-  dispose(): void;
+  nMin: number;
+  pMin: number;
+  ngramN: number;
 }
 
 export interface NativeAddon {
   readonly Model: typeof NativeModel;
   readonly Context: typeof NativeContext;
   readonly Grammar: typeof NativeGrammar;
-  readonly Speculator: typeof NativeSpeculator;
   readonly Vision: typeof NativeVision;
   jsonSchemaToGrammar(schemaJson: string): string;
   setLogger(callback: ((level: number, text: string) => void) | null): void;
@@ -223,7 +218,7 @@ export function loadAddon(): NativeAddon {
 
 export interface NativeVisionLoadOptions {
   useGpu: boolean;
-  /** CPU threads for encode (0: all cores). */
+  /** CPU threads for encode. */
   threads: number;
   flashAttention: 'auto' | 'on' | 'off';
   /** Allocate the compute buffers at load with a full-size dummy image (first encode is not slower). */

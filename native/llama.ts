@@ -2,6 +2,7 @@
 // LlamaGrammar, LlamaSpeculator. Arguments are checked here (errors name the argument), then
 // cross into C++ once per call; every slow call runs off the JS thread and returns a promise.
 import { stat } from 'node:fs/promises';
+import { availableParallelism } from 'node:os';
 import { jsonSchemaToGbnf, type GbnfOptions } from './schema-grammar.ts';
 import {
   loadAddon,
@@ -15,7 +16,6 @@ import {
   type NativeModel,
   type NativeModelInfo,
   type NativeSegment,
-  type NativeSpeculator,
   type NativeStopReason,
   type NativeTimings,
   type SpeculatorType,
@@ -30,6 +30,26 @@ export type {
 };
 export type StopReason = NativeStopReason;
 export type Timings = NativeTimings;
+
+// ---------------------------------------------------------------------------------------------
+// Binding defaults. This file owns them: C++ requires every field and checks only shape and range.
+
+/** KV cache positions of a context. */
+export const DEFAULT_N_CTX = 4096;
+/** Logical and physical batch (tokens per llama_decode call). */
+export const DEFAULT_N_BATCH = 512;
+/** Longest draft per speculative step. */
+export const DRAFT_MAX = 4;
+/** Outputs of one decode: the last token, up to DRAFT_MAX tokens the grammar forces, and DRAFT_MAX drafts. */
+export const MAX_OUTPUTS = 1 + 2 * DRAFT_MAX;
+/** Automaton states before a grammar is declared too big for a token index. */
+export const GRAMMAR_MAX_STATES = 20000;
+/** (token, state) entries before a grammar is declared too big for a token index (64 MiB). */
+export const GRAMMAR_MAX_ENTRIES = 8 << 20;
+/** n-gram length that n-gram speculators match. */
+export const DEFAULT_NGRAM_N = 3;
+/** CPU threads of a context: every core. */
+export const defaultThreads = (): number => availableParallelism();
 
 // ---------------------------------------------------------------------------------------------
 // Small validators (sharp's is.* style): each throws an error that names the argument.
@@ -106,11 +126,11 @@ export interface ContextOptions {
   readonly nBatch?: number;
   /** Physical batch; an image with bidirectional attention must fit in one ubatch. */
   readonly nUbatch?: number;
-  /** Most outputs in one batch: 1 + the longest draft. Sizes the compute buffer. Default 16. */
+  /** Most outputs in one batch (sizes the compute buffer). Default MAX_OUTPUTS (at most nBatch). */
   readonly maxOutputs?: number;
   readonly flashAttention?: boolean | 'auto';
   readonly kvType?: 'f16' | 'q8_0';
-  /** CPU threads (0: all cores). */
+  /** CPU threads (default: every core). */
   readonly threads?: number;
 }
 
@@ -151,7 +171,7 @@ export class LlamaModel {
     }
   }
 
-  /** @internal the raw handle, for LlamaContext/LlamaGrammar/LlamaSpeculator. */
+  /** @internal the raw handle, for LlamaContext and LlamaGrammar. */
   get native(): NativeModel {
     if (this.#disposed) throw coded('EDISPOSED', 'LlamaModel is disposed');
     return this.#native;
@@ -210,16 +230,16 @@ export class LlamaModel {
   async createContext(options: ContextOptions = {}): Promise<LlamaContext> {
     const o = plainObject('options', options);
     knownKeys('options', o, ['nCtx', 'nBatch', 'nUbatch', 'maxOutputs', 'flashAttention', 'kvType', 'threads']);
-    const nCtx = options.nCtx === undefined ? 4096 : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
-    const nBatch = options.nBatch === undefined ? 512 : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
-    const nUbatch = options.nUbatch === undefined ? Math.min(nBatch, 512) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
-    const maxOutputs = options.maxOutputs === undefined ? Math.min(16, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
+    const nCtx = options.nCtx === undefined ? DEFAULT_N_CTX : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
+    const nBatch = options.nBatch === undefined ? DEFAULT_N_BATCH : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
+    const nUbatch = options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
+    const maxOutputs = options.maxOutputs === undefined ? Math.min(MAX_OUTPUTS, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
     const fa = options.flashAttention ?? 'auto';
     if (fa !== 'auto' && typeof fa !== 'boolean') throw invalid('options.flashAttention', "true, false or 'auto'", fa);
     const kvType = options.kvType ?? 'f16';
     if (kvType !== 'f16' && kvType !== 'q8_0') throw invalid('options.kvType', "'f16' or 'q8_0'", kvType);
     if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
-    const threads = options.threads === undefined ? 0 : intIn('options.threads', options.threads, 0, 1024);
+    const threads = options.threads === undefined ? defaultThreads() : intIn('options.threads', options.threads, 1, 1024);
     const stack = new Error();
     try {
       const native = await loadAddon().Context.create(this.native, { nCtx, nBatch, nUbatch, nSeq: 1, maxOutputs, flashAttention: fa, kvType, threads });
@@ -242,8 +262,8 @@ export class LlamaModel {
     if (typeof root !== 'string' || root.length === 0) throw invalid('root', 'a non-empty string', root);
     knownKeys('limits', plainObject('limits', limits), ['maxStates', 'maxEntries']);
     const checked = {
-      ...(limits.maxStates !== undefined ? { maxStates: intIn('limits.maxStates', limits.maxStates, 1, 1 << 24) } : {}),
-      ...(limits.maxEntries !== undefined ? { maxEntries: intIn('limits.maxEntries', limits.maxEntries, 1, 2 ** 32) } : {}),
+      maxStates: limits.maxStates === undefined ? GRAMMAR_MAX_STATES : intIn('limits.maxStates', limits.maxStates, 1, 1 << 24),
+      maxEntries: limits.maxEntries === undefined ? GRAMMAR_MAX_ENTRIES : intIn('limits.maxEntries', limits.maxEntries, 1, 2 ** 32),
     };
     const stack = new Error();
     try {
@@ -270,9 +290,9 @@ export class LlamaModel {
 }
 
 export interface GrammarIndexLimits {
-  /** Automaton states before giving up on an index (default 20000). */
+  /** Automaton states before giving up on an index (default GRAMMAR_MAX_STATES). */
   readonly maxStates?: number;
-  /** (token, state) entries before giving up (default 8 Mi). */
+  /** (token, state) entries before giving up (default GRAMMAR_MAX_ENTRIES). */
   readonly maxEntries?: number;
 }
 
@@ -442,8 +462,7 @@ export class LlamaContext {
       const s = plainObject(`prompt[${i}]`, seg);
       if ('text' in s) {
         if (typeof s.text !== 'string') throw invalid(`prompt[${i}].text`, 'a string', s.text);
-        if (s.addSpecial !== undefined) bool(`prompt[${i}].addSpecial`, s.addSpecial);
-        return seg as NativeSegment;
+        return { text: s.text, addSpecial: s.addSpecial === undefined ? false : bool(`prompt[${i}].addSpecial`, s.addSpecial) };
       }
       if ('tokens' in s) return { tokens: checkTokens(`prompt[${i}].tokens`, s.tokens, nVocab) };
       if ('image' in s) {
@@ -456,8 +475,7 @@ export class LlamaContext {
           );
         }
         if (this.model.info.imageStartToken === null) throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
-        if (s.causal !== undefined) bool(`prompt[${i}].causal`, s.causal);
-        return { image: s.image, nTokens, ...(s.causal ? { causal: true } : {}) };
+        return { image: s.image, nTokens, causal: s.causal === undefined ? false : bool(`prompt[${i}].causal`, s.causal) };
       }
       throw new TypeError(`prompt[${i}] must have one of text, tokens or image`);
     });
@@ -553,33 +571,32 @@ export class LlamaContext {
     const o = plainObject('options', options);
     const types: readonly SpeculatorType[] = ['draft-simple', 'draft-mtp', 'ngram-simple', 'ngram-map-k', 'ngram-map-k4v', 'ngram-mod'];
     if (!types.includes(o.type as SpeculatorType)) throw invalid('options.type', types.join(' | '), o.type);
-    const nMax = o.nMax === undefined ? 4 : intIn('options.nMax', o.nMax, 1, Math.min(64, this.info.maxOutputs - 1));
-    let draftModel: NativeModel | undefined;
+    const nMax = o.nMax === undefined ? DRAFT_MAX : intIn('options.nMax', o.nMax, 1, Math.min(64, this.info.maxOutputs - 1));
+    let draftModel: NativeModel | null = null;
+    let pMin = 0;
+    let ngramN = DEFAULT_NGRAM_N;
     if (options.type === 'draft-simple' || options.type === 'draft-mtp') {
       knownKeys('options', o, ['type', 'draftModel', 'nMax', 'pMin']);
       if (!(options.draftModel instanceof LlamaModel)) throw invalid('options.draftModel', 'a LlamaModel', options.draftModel);
       draftModel = options.draftModel.native;
-      if (options.pMin !== undefined) numIn('options.pMin', options.pMin, 0, 1);
+      if (options.pMin !== undefined) pMin = numIn('options.pMin', options.pMin, 0, 1);
     } else {
       knownKeys('options', o, ['type', 'nMax', 'ngramN']);
-      if (options.ngramN !== undefined) intIn('options.ngramN', options.ngramN, 1, 64);
+      if (options.ngramN !== undefined) ngramN = intIn('options.ngramN', options.ngramN, 1, 64);
     }
     if (this.#speculator) throw coded('EBUSY', 'this context already has a speculator; dispose it first');
     if (this.#running) throw coded('EBUSY', 'LlamaContext is busy');
     const stack = new Error();
     try {
-      const spec = await loadAddon().Speculator.create(native, {
-        type: options.type,
-        nMax,
-        ...(draftModel ? { draftModel } : {}),
-        ...('pMin' in options && options.pMin !== undefined ? { pMin: options.pMin } : {}),
-        ...('ngramN' in options && options.ngramN !== undefined ? { ngramN: options.ngramN } : {}),
+      const info = await native.attachSpeculator(draftModel, { type: options.type, nMax, nMin: 0, pMin, ngramN });
+      const spec = new LlamaSpeculator(info.type, info.nMax, () => {
+        if (this.#running) throw coded('EBUSY', 'LlamaContext is busy: await the running generation before detaching its speculator');
+        if (this.#speculator !== spec) return;
+        native.detachSpeculator();
+        this.#speculator = undefined;
       });
-      const wrapped = new LlamaSpeculator(spec, () => {
-        if (this.#speculator === wrapped) this.#speculator = undefined;
-      });
-      this.#speculator = wrapped;
-      return wrapped;
+      this.#speculator = spec;
+      return spec;
     } catch (err) {
       throw graft(err, stack);
     }
@@ -592,30 +609,28 @@ export class LlamaContext {
       this.#native.cancel();
       await this.#running.catch(() => undefined);
     }
-    this.#speculator?.dispose();
+    this.#speculator = undefined;
     this.#native.dispose();
     this.#disposed = true;
     this.#onDispose();
   }
 }
 
+/** The speculator attached to a context: a handle that says what drafts and detaches it. */
 export class LlamaSpeculator {
   readonly type: SpeculatorType;
+  /** Longest draft per step. */
   readonly nMax: number;
-  readonly #native: NativeSpeculator;
-  readonly #onDispose: () => void;
-  /** @internal */
-  constructor(native: NativeSpeculator, onDispose: () => void) {
-    this.#native = native;
-    this.#onDispose = onDispose;
-    const i = native.info();
-    this.type = i.type;
-    this.nMax = i.nMax;
+  readonly #detach: () => void;
+  /** @internal use LlamaContext.attachSpeculator */
+  constructor(type: SpeculatorType, nMax: number, detach: () => void) {
+    this.type = type;
+    this.nMax = nMax;
+    this.#detach = detach;
   }
-  /** Detaches from the context (EBUSY while it generates). Idempotent. */
+  /** Detaches from the context (EBUSY while it generates); the next prompt is evaluated from scratch. Idempotent. */
   dispose(): void {
-    this.#native.dispose();
-    this.#onDispose();
+    this.#detach();
   }
 }
 

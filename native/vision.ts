@@ -2,6 +2,7 @@
 // mmproj GGUF and turns preprocessed pixels into image embeddings in the decoder's width. Loading and
 // encoding run off the JS thread; one encode at a time per instance.
 import { stat } from 'node:fs/promises';
+import { availableParallelism } from 'node:os';
 import { loadAddon, type NativeVision, type NativeVisionEncodeResult, type NativeVisionInfo } from './binding.ts';
 
 export type VisionInfo = NativeVisionInfo;
@@ -60,8 +61,8 @@ export class LlamaVision {
     for (const k of Object.keys(options)) if (!(LOAD_KEYS as readonly string[]).includes(k)) throw new TypeError(`Unknown option options.${k} (expected one of ${LOAD_KEYS.join(', ')})`);
     const useGpu = options.useGpu ?? false;
     if (typeof useGpu !== 'boolean') throw invalid('options.useGpu', 'a boolean', useGpu);
-    const threads = options.threads ?? 0;
-    if (!Number.isInteger(threads) || threads < 0 || threads > 1024) throw invalid('options.threads', 'an integer between 0 and 1024', threads);
+    const threads = options.threads ?? availableParallelism();
+    if (!Number.isInteger(threads) || threads < 1 || threads > 1024) throw invalid('options.threads', 'an integer between 1 and 1024', threads);
     const flashAttention = options.flashAttention ?? 'auto';
     if (flashAttention !== 'auto' && flashAttention !== 'on' && flashAttention !== 'off') throw invalid('options.flashAttention', "'auto', 'on' or 'off'", flashAttention);
     const warmup = options.warmup ?? true;

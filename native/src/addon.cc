@@ -1,4 +1,4 @@
-// percept native addon: entry point. Registers Model, Context, Grammar, Speculator and a few
+// percept native addon: entry point. Registers Model, Context, Grammar, Vision and a few
 // free functions (JSON Schema → GBNF, logging, system info).
 #include <napi.h>
 
@@ -7,7 +7,6 @@
 #include "json-schema-to-grammar.h"
 #include "llama.h"
 #include "model.h"
-#include "speculator.h"
 #include "util.h"
 #include "vision.h"
 
@@ -52,16 +51,13 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
     Napi::Function model = Model::Init(env);
     Napi::Function context = Context::Init(env);
     Napi::Function grammar = Grammar::Init(env);
-    Napi::Function speculator = Speculator::Init(env);
     data->modelCtor = Napi::Persistent(model);
     data->contextCtor = Napi::Persistent(context);
     data->grammarCtor = Napi::Persistent(grammar);
-    data->speculatorCtor = Napi::Persistent(speculator);
 
     exports.Set("Model", model);
     exports.Set("Context", context);
     exports.Set("Grammar", grammar);
-    exports.Set("Speculator", speculator);
     exports.Set("Vision", Vision::Init(env));  // clip (tools/mtmd) vision encoder, native/src/vision.cc
     exports.Set("jsonSchemaToGrammar", Napi::Function::New<JsonSchemaToGrammar>(env, "jsonSchemaToGrammar"));
     exports.Set("setLogger", Napi::Function::New<SetLogger>(env, "setLogger"));

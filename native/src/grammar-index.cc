@@ -1,12 +1,10 @@
 #include "grammar-index.h"
 
-#include "llama-grammar.h"
-#include "llama-vocab.h"
+#include "llama-internal.h"
 #include "util.h"
 
 #include <algorithm>
 #include <deque>
-#include <functional>
 #include <numeric>
 #include <stdexcept>
 
@@ -16,37 +14,22 @@ namespace {
 
 double msSince(int64_t t0) { return double(monotonicNs() - t0) / 1e6; }
 
+// Too big to index, or no completion with this vocabulary (the automaton's own limits throw
+// GrammarNotFinite).
 struct NotIndexable : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-struct ScratchDeleter {
-    void operator()(llama_grammar * g) const { llama_grammar_free_impl(g); }
-};
-
-// Same rule as llama.cpp's char matcher, used only to skip bytes no stack can take before asking
-// llama_grammar_accept (which decides).
-bool topAdmits(const llama_grammar_element * pos, uint32_t cp) {
-    if (pos->type != LLAMA_GRETYPE_CHAR && pos->type != LLAMA_GRETYPE_CHAR_NOT && pos->type != LLAMA_GRETYPE_CHAR_ANY) return true;
-    const bool positive = pos->type != LLAMA_GRETYPE_CHAR_NOT;
-    bool found = false;
-    do {
-        if (pos[1].type == LLAMA_GRETYPE_CHAR_RNG_UPPER) {
-            found = found || (pos->value <= cp && cp <= pos[1].value);
-            pos += 2;
-        } else if (pos->type == LLAMA_GRETYPE_CHAR_ANY) {
-            found = true;
-            pos += 1;
-        } else {
-            found = found || pos->value == cp;
-            pos += 1;
-        }
-    } while (pos->type == LLAMA_GRETYPE_CHAR_ALT);
-    return found == positive;
-}
-
-bool stackLess(const llama_grammar_stack & a, const llama_grammar_stack & b) {
-    return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(), std::less<const llama_grammar_element *>());
+// A token's piece as llama.cpp's grammar matches it: special tokens rendered as their text.
+std::string pieceOf(const llama_vocab * vocab, llama_token id) {
+    std::string piece(32, '\0');
+    int32_t n = llama_token_to_piece(vocab, id, piece.data(), int32_t(piece.size()), 0, true);
+    if (n < 0) {
+        piece.resize(size_t(-n));
+        n = llama_token_to_piece(vocab, id, piece.data(), int32_t(piece.size()), 0, true);
+    }
+    piece.resize(size_t(std::max(n, 0)));
+    return piece;
 }
 
 }  // namespace
@@ -57,19 +40,19 @@ bool stackLess(const llama_grammar_stack & a, const llama_grammar_stack & b) {
 TokenTrie::TokenTrie(const llama_vocab * vocab) {
     const int64_t t0 = monotonicNs();
     const int32_t nVocab = llama_vocab_n_tokens(vocab);
+    std::vector<std::string> pieces(static_cast<size_t>(nVocab));
     std::vector<llama_token> order;
     order.reserve(size_t(nVocab));
     for (llama_token id = 0; id < nVocab; id++) {
-        if (vocab->is_eog(id)) {
+        if (llama_vocab_is_eog(vocab, id)) {
             eog_.push_back(id);
             continue;
         }
         // llama.cpp's grammar never admits a token whose piece is empty or starts with NUL.
-        const std::string & piece = vocab->token_to_piece(id);
-        if (!piece.empty() && piece[0] != 0) order.push_back(id);
+        pieces[size_t(id)] = pieceOf(vocab, id);
+        if (!pieces[size_t(id)].empty() && pieces[size_t(id)][0] != 0) order.push_back(id);
     }
-    std::stable_sort(order.begin(), order.end(),
-                     [vocab](llama_token a, llama_token b) { return vocab->token_to_piece(a) < vocab->token_to_piece(b); });
+    std::stable_sort(order.begin(), order.end(), [&pieces](llama_token a, llama_token b) { return pieces[size_t(a)] < pieces[size_t(b)]; });
 
     // Sorted pieces share prefixes with their predecessor: nodes are created in preorder, each
     // child after its parent and siblings in byte order.
@@ -80,7 +63,7 @@ TokenTrie::TokenTrie(const llama_vocab * vocab) {
     std::vector<uint32_t> path{kRoot};
     const std::string * prev = nullptr;
     for (llama_token id : order) {
-        const std::string & p = vocab->token_to_piece(id);
+        const std::string & p = pieces[size_t(id)];
         size_t lcp = 0;
         if (prev != nullptr) {
             while (lcp < prev->size() && lcp < p.size() && (*prev)[lcp] == p[lcp]) lcp++;
@@ -126,13 +109,11 @@ int64_t TokenTrie::child(uint32_t node, uint8_t byte) const {
 class IndexBuilder {
 public:
     IndexBuilder(const llama_grammar & grammar, const llama_vocab * vocab, const TokenTrie & trie, const GrammarIndexLimits & limits)
-        : scratch_(llama_grammar_clone_impl(grammar)), vocab_(vocab), trie_(trie), limits_(limits) {}
+        : automaton_(grammar, limits.maxStates), vocab_(vocab), trie_(trie), limits_(limits) {}
 
     std::shared_ptr<const GrammarIndex> run() {
         const int64_t t0 = monotonicNs();
         out_.reset(new GrammarIndex());
-        if (scratch_->partial_utf8.n_remain != 0) throw NotIndexable("the grammar state is inside a UTF-8 sequence");
-        intern(scratch_->stacks, 0, 0);
         exploreBytes();
         markByteUseful();
         indexTokens();
@@ -140,96 +121,17 @@ public:
         computeForced();
         out_->stats_.maxTokens = longestPath();
         out_->eog_ = trie_.eog();
-        out_->stats_.states = int32_t(keys_.size());
+        out_->stats_.states = automaton_.states();
         out_->stats_.buildMs = msSince(t0);
         return std::shared_ptr<const GrammarIndex>(out_.release());
     }
 
 private:
-    // A grammar state: llama.cpp's stack set plus the pending partial UTF-8 sequence.
-    struct Key {
-        llama_grammar_stacks stacks;  // sorted, unique
-        uint32_t partial = 0;
-        int32_t remain = 0;
-        bool operator<(const Key & o) const {
-            if (remain != o.remain) return remain < o.remain;
-            if (partial != o.partial) return partial < o.partial;
-            return std::lexicographical_compare(stacks.begin(), stacks.end(), o.stacks.begin(), o.stacks.end(), stackLess);
-        }
-    };
-
-    static constexpr size_t kMaxStackDepth = 128;
-
-    int32_t intern(llama_grammar_stacks stacks, uint32_t partial, int32_t remain) {
-        std::sort(stacks.begin(), stacks.end(), stackLess);
-        stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
-        Key k{std::move(stacks), remain > 0 ? partial : 0, remain};
-        auto found = ids_.find(k);
-        if (found != ids_.end()) return found->second;
-        if (int32_t(keys_.size()) >= limits_.maxStates) {
-            throw NotIndexable("more than " + std::to_string(limits_.maxStates) + " automaton states (a recursive or very large grammar)");
-        }
-        bool accepting = false;
-        for (const auto & st : k.stacks) {
-            // Repetitions are right-recursive in llama.cpp and keep stacks flat; a stack this deep
-            // is nesting (a recursive schema), which no finite automaton captures.
-            if (st.size() > kMaxStackDepth) {
-                throw NotIndexable("grammar rules nest deeper than " + std::to_string(kMaxStackDepth) + " (a recursive grammar)");
-            }
-            if (st.empty()) {
-                accepting = true;
-            } else if (st.back()->type == LLAMA_GRETYPE_TOKEN || st.back()->type == LLAMA_GRETYPE_TOKEN_NOT) {
-                throw NotIndexable("the grammar matches token ids (<[id]>), not text");
-            }
-        }
-        const int32_t id = int32_t(keys_.size());
-        auto ins = ids_.emplace(std::move(k), id);
-        keys_.push_back(&ins.first->first);
-        accepting_.push_back(accepting ? 1 : 0);
-        return id;
-    }
-
-    // The state after one more byte, or -1. Bytes are decoded the way llama.cpp decodes a token's
-    // piece (llama-grammar.cpp decode_utf8): a multi-byte sequence waits in `partial` and must
-    // still be completable by some stack (llama_grammar_reject_candidates_for_stack decides).
-    int32_t step(int32_t s, uint8_t b) {
-        static const int kSeqLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4};
-        const Key & k = *keys_[size_t(s)];
-        if (b == 0) return -1;  // llama.cpp stops decoding a piece at NUL
-        if (k.remain > 0) {
-            if ((b >> 6) != 2) return -1;
-            const uint32_t v = (k.partial << 6) + (b & 0x3F);
-            return k.remain == 1 ? afterChar(k.stacks, v) : afterPartial(k.stacks, v, k.remain - 1);
-        }
-        const int remain = kSeqLen[b >> 4] - 1;
-        if (remain < 0) return -1;
-        if (remain == 0) return afterChar(k.stacks, b);
-        return afterPartial(k.stacks, b & ((1u << (7 - remain)) - 1), remain);
-    }
-
-    int32_t afterChar(const llama_grammar_stacks & stacks, uint32_t cp) {
-        bool any = false;
-        for (const auto & st : stacks) any = any || (!st.empty() && topAdmits(st.back(), cp));
-        if (!any) return -1;
-        scratch_->stacks = stacks;
-        llama_grammar_accept(scratch_.get(), cp);
-        if (scratch_->stacks.empty()) return -1;
-        return intern(scratch_->stacks, 0, 0);
-    }
-
-    int32_t afterPartial(const llama_grammar_stacks & stacks, uint32_t partial, int32_t remain) {
-        static const uint32_t kEnd = 0;
-        const llama_grammar_candidates probe{{0, &kEnd, llama_partial_utf8{partial, remain}, 0}};
-        const llama_grammar_rules & rules = llama_grammar_get_rules(scratch_.get());
-        for (const auto & st : stacks) {
-            if (llama_grammar_reject_candidates_for_stack(rules, st, probe).empty()) return intern(stacks, partial, remain);
-        }
-        return -1;
-    }
-
+    // Every state and its 256 byte transitions, breadth-first from the grammar's own state.
     void exploreBytes() {
-        for (size_t s = 0; s < keys_.size(); s++) {  // keys_ grows as states are found
-            for (int b = 0; b < 256; b++) delta_.push_back(step(int32_t(s), uint8_t(b)));
+        for (int32_t s = 0; s < automaton_.states(); s++) {  // the automaton grows as states are found
+            for (int b = 0; b < 256; b++) delta_.push_back(automaton_.step(s, uint8_t(b)));
+            accepting_.push_back(automaton_.accepting(s) ? 1 : 0);
         }
     }
 
@@ -237,7 +139,7 @@ private:
 
     // States from which some byte string reaches an accepting state.
     void markByteUseful() {
-        const size_t n = keys_.size();
+        const size_t n = accepting_.size();
         std::vector<uint32_t> predStart(n + 1, 0);
         for (int32_t t : delta_) {
             if (t >= 0) predStart[size_t(t) + 1]++;
@@ -271,7 +173,7 @@ private:
     // For every state reachable at a token boundary, walk the trie with the automaton and list the
     // tokens whose whole piece it accepts.
     void indexTokens() {
-        const size_t n = keys_.size();
+        const size_t n = accepting_.size();
         std::vector<std::vector<std::pair<llama_token, int32_t>>> rows(n);
         boundary_.assign(n, 0);
         std::deque<int32_t> todo{0};
@@ -295,7 +197,8 @@ private:
             }
             total += row.size();
             if (total > limits_.maxEntries) {
-                throw NotIndexable("more than " + std::to_string(limits_.maxEntries) + " (token, state) entries (free text admits most of the vocabulary)");
+                throw NotIndexable("more than " + std::to_string(limits_.maxEntries) +
+                                   " (token, state) entries (free text admits most of the vocabulary)");
             }
             std::sort(row.begin(), row.end());
             for (const auto & e : row) {
@@ -311,7 +214,7 @@ private:
     // Drops tokens after which no completion exists (llama.cpp would admit them and get stuck),
     // then lays the rows out flat.
     void pruneDeadEnds() {
-        const size_t n = keys_.size();
+        const size_t n = accepting_.size();
         std::vector<std::vector<int32_t>> pred(n);
         for (size_t s = 0; s < n; s++) {
             for (const auto & e : rows_[s]) pred[size_t(e.second)].push_back(int32_t(s));
@@ -384,7 +287,7 @@ private:
     // admissible token could replace. A state admitting exactly one token forces that one.
     void computeForced() {
         GrammarIndex & ix = *out_;
-        const size_t n = keys_.size();
+        const size_t n = accepting_.size();
         ix.forcedStart_.assign(n + 1, 0);
         for (size_t s = 0; s < n; s++) {
             std::vector<llama_token> kept;
@@ -425,7 +328,7 @@ private:
         std::string spelled;
         for (llama_token t : toks) {
             offset.push_back(spelled.size());
-            spelled += vocab_->token_to_piece(t);
+            spelled += pieceOf(vocab_, t);
         }
         if (spelled != text) return {};
         std::vector<llama_token> kept;
@@ -444,7 +347,7 @@ private:
     // decoder always takes it whole). -1 when a cycle makes it unbounded.
     int32_t longestPath() const {
         const GrammarIndex & ix = *out_;
-        const size_t n = keys_.size();
+        const size_t n = accepting_.size();
         // Successor i of s and the tokens it costs, or {-1, 0} past the last.
         auto succ = [&](int32_t s, size_t i) -> std::pair<int32_t, int32_t> {
             const size_t nForced = size_t(ix.forcedEnd(s) - ix.forcedBegin(s));
@@ -487,12 +390,10 @@ private:
         return longest[0];
     }
 
-    std::unique_ptr<llama_grammar, ScratchDeleter> scratch_;
+    GrammarAutomaton automaton_;
     const llama_vocab * vocab_;
     const TokenTrie & trie_;
     GrammarIndexLimits limits_;
-    std::map<Key, int32_t> ids_;
-    std::vector<const Key *> keys_;
     std::vector<uint8_t> accepting_;
     std::vector<int32_t> delta_;
     std::vector<uint8_t> byteUseful_;
@@ -515,8 +416,10 @@ std::shared_ptr<const GrammarIndex> GrammarIndex::build(const llama_grammar & gr
         return IndexBuilder(grammar, vocab, trie, limits).run();
     } catch (const NotIndexable & e) {
         why = e.what();
-        return nullptr;
+    } catch (const GrammarNotFinite & e) {
+        why = e.what();
     }
+    return nullptr;
 }
 
 GrammarIndexCache::Result GrammarIndexCache::get(const llama_grammar & grammar, const llama_vocab * vocab, const std::string & key,

@@ -49,20 +49,20 @@ private:
 };
 
 struct GrammarIndexLimits {
-    int32_t maxStates = 20000;          // automaton states (a recursive grammar never stops growing)
-    size_t maxEntries = size_t(8) << 20;  // (token, next state) pairs over all states
+    int32_t maxStates = 0;  // automaton states (a recursive grammar never stops growing)
+    size_t maxEntries = 0;  // (token, next state) pairs over all states
 };
 
 struct GrammarIndexStats {
-    int32_t states = 0;          // byte-automaton states
-    int32_t tokenStates = 0;     // states reachable at token boundaries
-    size_t entries = 0;          // (token, next) pairs
-    int32_t maxAllowed = 0;      // most tokens admitted in one state
-    int32_t forcedStates = 0;    // token-boundary states with jump-forward tokens
-    size_t prunedEntries = 0;    // tokens dropped because no completion follows them
-    int32_t maxTokens = -1;      // worst-case tokens of a complete output; -1: unbounded (a cycle)
-    double buildMs = 0;          // automaton + index (not the trie)
-    double trieMs = 0;           // the model's trie (0 when it was already built)
+    int32_t states = 0;        // byte-automaton states
+    int32_t tokenStates = 0;   // states reachable at token boundaries
+    size_t entries = 0;        // (token, next) pairs
+    int32_t maxAllowed = 0;    // most tokens admitted in one state
+    int32_t forcedStates = 0;  // token-boundary states with jump-forward tokens
+    size_t prunedEntries = 0;  // tokens dropped because no completion follows them
+    int32_t maxTokens = -1;    // worst-case tokens of a complete output; -1: unbounded (a cycle)
+    double buildMs = 0;        // automaton + index (not the trie)
+    double trieMs = 0;         // the model's trie (0 when it was already built)
 };
 
 class GrammarIndex {

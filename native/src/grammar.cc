@@ -1,8 +1,7 @@
 #include "grammar.h"
 
-#include "util.h"
-#include "llama-vocab.h"
 #include "model.h"
+#include "util.h"
 
 #include <algorithm>
 #include <bitset>
@@ -33,12 +32,11 @@ Grammar::Grammar(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Grammar>(in
     gbnf_ = requireString(info[1], "Grammar gbnf");
     std::string root = info.Length() > 2 && !info[2].IsUndefined() ? requireString(info[2], "Grammar root") : "root";
     LogCapture capture;
-    llama_grammar * g = llama_grammar_init_impl(model_->vocab(), gbnf_.c_str(), root.c_str(), false, nullptr, 0, nullptr, 0);
-    if (g == nullptr) {
+    proto_ = grammarParse(model_->vocab(), gbnf_, root);
+    if (!proto_) {
         std::string why = capture.text();
         throw Napi::Error::New(env, "Grammar: failed to parse GBNF" + (why.empty() ? std::string() : ": " + why));
     }
-    proto_.reset(g);
     key_ = gbnf_ + std::string(1, '\0') + root;
     modelRef_ = Napi::Persistent(info[0].As<Napi::Object>());
 }
@@ -48,7 +46,7 @@ Napi::Value Grammar::Source(const Napi::CallbackInfo & info) { return Napi::Stri
 GrammarInstance Grammar::instantiate() const {
     GrammarInstance g;
     if (index_) g.index = index_;
-    else g.grammar.reset(llama_grammar_clone_impl(*proto_));
+    else g.grammar = grammarClone(*proto_);
     return g;
 }
 
@@ -120,8 +118,8 @@ private:
 class AllowedWorker : public PromiseWorker {
 public:
     AllowedWorker(Napi::Env env, Napi::Object self, Grammar * g, std::vector<int32_t> prefix, bool viaLlama)
-        : PromiseWorker(env, "percept:Grammar.allowedTokens", "EGRAMMAR"), self_(Napi::Persistent(self)), g_(g),
-          index_(g->index()), prefix_(std::move(prefix)), viaLlama_(viaLlama) {
+        : PromiseWorker(env, "percept:Grammar.allowedTokens", "EGRAMMAR"), self_(Napi::Persistent(self)), g_(g), index_(g->index()),
+          prefix_(std::move(prefix)), viaLlama_(viaLlama) {
         g_->model()->retain();
     }
     ~AllowedWorker() override { g_->model()->release(); }
@@ -146,29 +144,32 @@ private:
         int32_t s = index_->start();
         for (size_t i = 0; i < prefix_.size(); i++) {
             s = index_->next(s, prefix_[i]);
-            if (s < 0) throw std::runtime_error("prefix[" + std::to_string(i) + "] = " + std::to_string(prefix_[i]) + " is not admitted by the grammar");
+            if (s < 0)
+                throw std::runtime_error("prefix[" + std::to_string(i) + "] = " + std::to_string(prefix_[i]) +
+                                         " is not admitted by the grammar");
         }
         out_.assign(index_->tokensBegin(s), index_->tokensEnd(s));
         if (index_->accepting(s)) out_.insert(out_.end(), index_->eog().begin(), index_->eog().end());
         std::sort(out_.begin(), out_.end());
     }
     void byLlama() {
-        GrammarPtr g(llama_grammar_clone_impl(g_->proto()));
+        GrammarPtr g = grammarClone(g_->proto());
         const llama_vocab * vocab = g_->model()->vocab();
         for (size_t i = 0; i < prefix_.size(); i++) {
             llama_token_data one{prefix_[i], 0.0f, 0.0f};
             llama_token_data_array arr{&one, 1, -1, false};
-            llama_grammar_apply_impl(*g, &arr);
-            if (!std::isfinite(one.logit) || vocab->is_eog(prefix_[i])) {
-                throw std::runtime_error("prefix[" + std::to_string(i) + "] = " + std::to_string(prefix_[i]) + " is not admitted by the grammar");
+            grammarApply(*g, &arr);
+            if (!std::isfinite(one.logit) || llama_vocab_is_eog(vocab, prefix_[i])) {
+                throw std::runtime_error("prefix[" + std::to_string(i) + "] = " + std::to_string(prefix_[i]) +
+                                         " is not admitted by the grammar");
             }
-            llama_grammar_accept_impl(*g, prefix_[i]);
+            grammarAccept(*g, prefix_[i]);
         }
         const int32_t n = llama_vocab_n_tokens(vocab);
         std::vector<llama_token_data> cur(static_cast<size_t>(n));
         for (int32_t i = 0; i < n; i++) cur[size_t(i)] = llama_token_data{i, 0.0f, 0.0f};
         llama_token_data_array arr{cur.data(), cur.size(), -1, false};
-        llama_grammar_apply_impl(*g, &arr);
+        grammarApply(*g, &arr);
         for (const auto & c : cur) {
             if (std::isfinite(c.logit)) out_.push_back(c.id);
         }
@@ -184,15 +185,15 @@ private:
 
 }  // namespace
 
-// buildIndex({maxStates?, maxEntries?}) → Promise<{index, fallback}>: builds (or takes from the
+// buildIndex({maxStates, maxEntries}) → Promise<{index, fallback}>: builds (or takes from the
 // model's cache) the token index off the JS thread. Without one, generations use the llama_grammar path.
 Napi::Value Grammar::BuildIndex(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     model_->require(env);
-    Napi::Object o = info.Length() > 0 && !info[0].IsUndefined() ? requireObject(info[0], "buildIndex options") : Napi::Object::New(env);
+    Napi::Object o = requireObject(info[0], "buildIndex limits");
     GrammarIndexLimits limits;
-    limits.maxStates = int32_t(optInt(o, "maxStates", limits.maxStates, 1, 1 << 24, "buildIndex options"));
-    limits.maxEntries = size_t(optInt(o, "maxEntries", int64_t(limits.maxEntries), 1, int64_t(1) << 32, "buildIndex options"));
+    limits.maxStates = int32_t(requireInt(o, "maxStates", 1, 1 << 24, "buildIndex limits"));
+    limits.maxEntries = size_t(requireInt(o, "maxEntries", 1, int64_t(1) << 32, "buildIndex limits"));
     auto * w = new BuildIndexWorker(env, Value(), this, limits);
     Napi::Promise p = w->promise();
     w->Queue();
@@ -222,17 +223,7 @@ Napi::Value Grammar::AllowedTokens(const Napi::CallbackInfo & info) {
 // admits(text) → whether llama.cpp's grammar takes exactly this text (character by character, no
 // tokens involved): what tests of the GBNF itself compare against.
 Napi::Value Grammar::Admits(const Napi::CallbackInfo & info) {
-    Napi::Env env = info.Env();
-    const std::string text = requireString(info[0], "admits text");
-    GrammarPtr g(llama_grammar_clone_impl(*proto_));
-    try {
-        llama_grammar_accept_str(*g, text);
-    } catch (const std::runtime_error &) {
-        return Napi::Boolean::New(env, false);  // the stacks ran out: text leaves the grammar
-    }
-    bool complete = false;
-    for (const auto & stack : g->stacks) complete = complete || stack.empty();
-    return Napi::Boolean::New(env, complete && g->partial_utf8.n_remain == 0);
+    return Napi::Boolean::New(info.Env(), grammarAdmitsText(*proto_, requireString(info[0], "admits text")));
 }
 
 // forcedTokens(prefix) → Int32Array: the forced run at the state after prefix (index walk, µs).
@@ -270,7 +261,7 @@ Sampler::Sampler(Model * model, const SamplingOptions & opts, GrammarInstance gr
 bool Sampler::grammarAllows(llama_token token) {
     llama_token_data one{token, 0.0f, 0.0f};
     llama_token_data_array arr{&one, 1, -1, false};
-    llama_grammar_apply_impl(*grammar_, &arr);
+    grammarApply(*grammar_, &arr);
     return std::isfinite(one.logit);
 }
 
@@ -296,46 +287,12 @@ __attribute__((optimize("finite-math-only", "no-signed-zeros"))) float maxOf(con
     return m;
 }
 
-uint8_t leadByte(uint32_t cp) {
-    return cp < 0x80 ? uint8_t(cp) : cp < 0x800 ? uint8_t(0xC0 | (cp >> 6)) : cp < 0x10000 ? uint8_t(0xE0 | (cp >> 12)) : uint8_t(0xF0 | (cp >> 18));
-}
-
 }  // namespace
-
-// First bytes the grammar can accept next (bit 256: end of generation). Character classes on
-// the stack tops become byte ranges; anything else (negated classes, tokens, a partial UTF-8
-// sequence) admits every byte.
-std::bitset<257> Sampler::admissibleLeadBytes() const {
-    std::bitset<257> mask;
-    if (grammar_->partial_utf8.n_remain != 0) return mask.set();
-    for (const auto & stack : grammar_->stacks) {
-        if (stack.empty()) {
-            mask.set(256);
-            continue;
-        }
-        const llama_grammar_element * p = stack.back();
-        if (p->type != LLAMA_GRETYPE_CHAR) {
-            mask.set();
-            return mask;
-        }
-        do {
-            uint32_t lo = p->value, hi = p->value;
-            if (p[1].type == LLAMA_GRETYPE_CHAR_RNG_UPPER) {
-                hi = p[1].value;
-                p += 2;
-            } else {
-                p += 1;
-            }
-            for (uint32_t b = leadByte(lo); b <= leadByte(std::max(lo, hi)) && b < 256; b++) mask.set(b);
-        } while (p->type == LLAMA_GRETYPE_CHAR_ALT);
-    }
-    return mask;
-}
 
 std::vector<llama_token_data> Sampler::topAllowed(const float * logits, size_t k) {
     // Only tokens whose first byte the grammar can take are candidates.
     const auto & buckets = model_->tokensByFirstByte();
-    const std::bitset<257> mask = admissibleLeadBytes();
+    const std::bitset<257> mask = grammarLeadBytes(*grammar_);
     order_.clear();
     for (size_t b = 0; b < 257; b++) {
         if (mask.test(b)) order_.insert(order_.end(), buckets[b].begin(), buckets[b].end());
@@ -351,7 +308,7 @@ std::vector<llama_token_data> Sampler::topAllowed(const float * logits, size_t k
         cand.clear();
         for (size_t i = done; i < end; i++) cand.push_back({order_[i], logits[order_[i]], 0.0f});
         llama_token_data_array arr{cand.data(), cand.size(), -1, true};
-        llama_grammar_apply_impl(*grammar_, &arr);
+        grammarApply(*grammar_, &arr);
         for (const auto & c : cand) {
             if (std::isfinite(c.logit) && found.size() < k) found.push_back(c);
         }
@@ -439,7 +396,7 @@ llama_token Sampler::sample(llama_context * ctx, int32_t idx) {
         return ta.data[ta.selected].id;
     }
     a = fill();
-    llama_grammar_apply_impl(*grammar_, &a);
+    grammarApply(*grammar_, &a);
     bool any = false;
     for (size_t i = 0; i < a.size && !any; i++) any = std::isfinite(a.data[i].logit);
     if (!any) throw std::runtime_error("the grammar admits no token here");
@@ -448,7 +405,8 @@ llama_token Sampler::sample(llama_context * ctx, int32_t idx) {
 }
 
 void Sampler::accept(llama_token token) {
-    if (index_ && !model_->vocab()->is_eog(token)) {
+    const bool eog = llama_vocab_is_eog(model_->vocab(), token);
+    if (index_ && !eog) {
         if (pendingAt_ < pending_.size() && pending_[pendingAt_] == token) {
             pendingAt_++;
         } else {
@@ -459,15 +417,13 @@ void Sampler::accept(llama_token token) {
         if (next < 0) throw std::runtime_error("token " + std::to_string(token) + " is not admitted by the grammar here");
         state_ = next;
     }
-    if (grammar_ && !model_->vocab()->is_eog(token)) llama_grammar_accept_impl(*grammar_, token);
+    if (grammar_ && !eog) grammarAccept(*grammar_, token);
     if (chain_) llama_sampler_accept(chain_.get(), token);
 }
 
 bool Sampler::grammarComplete() const {
     if (index_) return pendingAt_ >= pending_.size() && index_->complete(state_);
-    if (!grammar_ || grammar_->stacks.empty()) return false;
-    for (const auto & stack : grammar_->stacks) if (!stack.empty()) return false;
-    return true;
+    return grammar_ && percept::grammarComplete(*grammar_);
 }
 
 llama_token Sampler::forcedToken() {
@@ -478,30 +434,20 @@ llama_token Sampler::forcedToken() {
         pendingAt_ = 0;
         return pending_[0];
     }
-    if (!grammar_ || grammar_->partial_utf8.n_remain != 0 || grammar_->stacks.empty()) return -1;
-    uint32_t chr = 0;
-    bool first = true;
-    for (const auto & stack : grammar_->stacks) {
-        if (stack.empty()) return -1;  // end of grammar is admissible too
-        const llama_grammar_element * pos = stack.back();
-        if (pos->type != LLAMA_GRETYPE_CHAR) return -1;
-        if (pos[1].type == LLAMA_GRETYPE_CHAR_ALT || pos[1].type == LLAMA_GRETYPE_CHAR_RNG_UPPER) return -1;
-        if (first) {
-            chr = pos->value;
-            first = false;
-        } else if (pos->value != chr) {
-            return -1;
-        }
-    }
+    if (!grammar_) return -1;
+    const int64_t chr = grammarSingleChar(*grammar_);
+    if (chr < 0) return -1;
     // First byte of chr's UTF-8 encoding.
-    uint8_t lead = chr < 0x80 ? uint8_t(chr) : chr < 0x800 ? uint8_t(0xC0 | (chr >> 6))
-                 : chr < 0x10000 ? uint8_t(0xE0 | (chr >> 12)) : uint8_t(0xF0 | (chr >> 18));
+    uint8_t lead = chr < 0x80 ? uint8_t(chr)
+        : chr < 0x800         ? uint8_t(0xC0 | (chr >> 6))
+        : chr < 0x10000       ? uint8_t(0xE0 | (chr >> 12))
+                              : uint8_t(0xF0 | (chr >> 18));
     const std::vector<llama_token> & bucket = model_->tokensByFirstByte()[lead];
     if (bucket.empty()) return -1;
     std::vector<llama_token_data> cand(bucket.size());
     for (size_t i = 0; i < bucket.size(); i++) cand[i] = llama_token_data{bucket[i], 0.0f, 0.0f};
     llama_token_data_array arr{cand.data(), cand.size(), -1, false};
-    llama_grammar_apply_impl(*grammar_, &arr);
+    grammarApply(*grammar_, &arr);
     llama_token only = -1;
     for (const auto & c : cand) {
         if (!std::isfinite(c.logit)) continue;

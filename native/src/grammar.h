@@ -6,8 +6,8 @@
 #include <napi.h>
 
 #include "grammar-index.h"
+#include "llama-internal.h"
 #include "llama.h"
-#include "llama-grammar.h"
 
 #include <bitset>
 #include <memory>
@@ -17,11 +17,6 @@
 namespace percept {
 
 class Model;
-
-struct GrammarDeleter {
-    void operator()(llama_grammar * g) const { llama_grammar_free_impl(g); }
-};
-using GrammarPtr = std::unique_ptr<llama_grammar, GrammarDeleter>;
 
 struct SamplerChainDeleter {
     void operator()(llama_sampler * s) const { llama_sampler_free(s); }
@@ -100,12 +95,10 @@ public:
 
 private:
     llama_token sampleIndexed(const float * logits);
-
     bool grammarAllows(llama_token token);
     // The k highest-logit tokens the grammar admits, best first (ties: lower id first), found by
     // testing candidates in growing chunks of the logit order instead of the whole vocabulary.
     std::vector<llama_token_data> topAllowed(const float * logits, size_t k);
-    std::bitset<257> admissibleLeadBytes() const;
 
     Model * model_;
     SamplingOptions opts_;

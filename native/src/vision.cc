@@ -1,9 +1,8 @@
 #include "vision.h"
 
-#include "clip.h"
-#include "clip-impl.h"  // clip_image_f32 (its buffer is interleaved RGB, row-major)
 #include "ggml-backend.h"
 #include "gguf.h"
+#include "llama-internal.h"
 #include "llama.h"
 #include "mtmd.h"
 #include "util.h"
@@ -12,7 +11,6 @@
 #include <memory>
 #include <stdexcept>
 #include <sys/stat.h>
-#include <thread>
 #include <vector>
 
 namespace percept {
@@ -67,10 +65,12 @@ VisionMeta readVisionMeta(const std::string & path) {
     int64_t arch = gguf_find_key(g.get(), "general.architecture");
     if (arch >= 0 && gguf_get_kv_type(g.get(), arch) == GGUF_TYPE_STRING) {
         std::string a = gguf_get_val_str(g.get(), arch);
-        if (a != "clip") throw std::runtime_error("general.architecture is '" + a + "', not 'clip': this is not an mmproj file (a decoder GGUF?)");
+        if (a != "clip")
+            throw std::runtime_error("general.architecture is '" + a + "', not 'clip': this is not an mmproj file (a decoder GGUF?)");
     }
     int64_t hv = findKey(g.get(), "clip.has_vision_encoder", GGUF_TYPE_BOOL, false);
-    if (hv < 0 || !gguf_get_val_bool(g.get(), hv)) throw std::runtime_error("the file has no vision encoder (clip.has_vision_encoder is not true)");
+    if (hv < 0 || !gguf_get_val_bool(g.get(), hv))
+        throw std::runtime_error("the file has no vision encoder (clip.has_vision_encoder is not true)");
 
     VisionMeta m;
     m.path = path;
@@ -96,7 +96,8 @@ VisionMeta readVisionMeta(const std::string & path) {
     checkF32Array(g.get(), "clip.vision.image_mean");
     checkF32Array(g.get(), "clip.vision.image_std");
     m.merge = readU32(g.get(), "clip.vision.projector.scale_factor", false, m.projector == "gemma3" ? 4 : 3);
-    if (m.patchSize <= 0 || m.hidden <= 0 || m.heads <= 0 || m.merge <= 0) throw std::runtime_error("patch size, width, heads and pooling must be positive");
+    if (m.patchSize <= 0 || m.hidden <= 0 || m.heads <= 0 || m.merge <= 0)
+        throw std::runtime_error("patch size, width, heads and pooling must be positive");
     if (m.projector == "gemma4v") {
         ggml_tensor * pos = meta ? ggml_get_tensor(meta.get(), "v.position_embd.weight") : nullptr;
         if (pos == nullptr || pos->ne[0] != m.hidden || pos->ne[2] != 2) {
@@ -110,12 +111,13 @@ VisionMeta readVisionMeta(const std::string & path) {
 // ------------------------------------------------------------------------------------------------
 // Load
 
+// Every field is required from JS (native/vision.ts owns the defaults).
 struct LoadOptions {
     std::string path;
     bool useGpu = false;
     int32_t threads = 0;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
-    bool warmup = true;
+    bool warmup = false;
 };
 
 class LoadWorker : public PromiseWorker {
@@ -123,37 +125,22 @@ public:
     LoadWorker(Napi::Env env, Napi::Function ctor, LoadOptions opts)
         : PromiseWorker(env, "percept:Vision.load", "EMODEL"), ctor_(Napi::Persistent(ctor)), opts_(std::move(opts)) {}
     ~LoadWorker() override {
-        if (ctx_ != nullptr) clip_free(ctx_);
+        if (ctx_ != nullptr) clipFree(ctx_);
     }
 
 protected:
     void Execute() override {
         try {
-            struct stat st{};
+            struct stat st {};
             if (stat(opts_.path.c_str(), &st) != 0) {
                 SetCodedError("ENOENT", "ENOENT: mmproj file not found: " + opts_.path);
                 return;
             }
             meta_ = readVisionMeta(opts_.path);
             meta_.useGpu = opts_.useGpu;
-            meta_.threads = opts_.threads > 0 ? opts_.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+            meta_.threads = opts_.threads;
             LogCapture capture;
-            clip_context_params cp{};
-            cp.use_gpu = opts_.useGpu;
-            cp.device = nullptr;
-            cp.flash_attn_type = clip_flash_attn_type(opts_.flashAttention);
-            cp.image_min_tokens = -1;
-            cp.image_max_tokens = -1;
-            cp.warmup = opts_.warmup;
-            cp.cb_eval = nullptr;
-            cp.cb_eval_user_data = nullptr;
-            cp.no_alloc = false;
-            cp.progress_callback = nullptr;
-            cp.progress_callback_user_data = nullptr;
-            clip_init_result r = clip_init(opts_.path.c_str(), cp);
-            if (r.ctx_a != nullptr) clip_free(r.ctx_a);
-            if (r.ctx_gen_a != nullptr) clip_free(r.ctx_gen_a);
-            ctx_ = r.ctx_v;
+            ctx_ = clipLoad(opts_.path, ClipOptions{opts_.useGpu, opts_.flashAttention, opts_.warmup});
             if (ctx_ == nullptr) {
                 std::string why = capture.text();
                 SetError("failed to load mmproj " + opts_.path + (why.empty() ? std::string() : ": " + why));
@@ -185,15 +172,16 @@ enum class Layout { Chw, Patches };
 class EncodeWorker : public PromiseWorker {
 public:
     EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, Napi::Float32Array pixels, Layout layout, int32_t width, int32_t height)
-        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), pixelsRef_(Napi::Persistent(pixels.As<Napi::Object>())),
-          vision_(vision), src_(pixels.Data()), layout_(layout), width_(width), height_(height) {}
+        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)),
+          pixelsRef_(Napi::Persistent(pixels.As<Napi::Object>())), vision_(vision), src_(pixels.Data()), layout_(layout), width_(width),
+          height_(height) {}
 
 protected:
     void Execute() override {
         try {
             const int64_t t0 = monotonicNs();
             const size_t w = size_t(width_), h = size_t(height_), n = w * h;
-            // clip_image_f32 holds interleaved RGB rows; clip_encode makes them planar again for the conv.
+            // clip takes interleaved RGB rows (HWC); it makes them planar again for the conv.
             std::vector<float> hwc(n * 3);
             if (layout_ == Layout::Chw) {
                 for (size_t i = 0; i < n; i++) {
@@ -208,20 +196,15 @@ protected:
                 for (size_t y = 0; y < h; y++) {
                     const float * patchRow = src_ + (y / p) * cols * patchValues + (y % p) * p * 3;
                     float * out = hwc.data() + y * w * 3;
-                    for (size_t px = 0; px < cols; px++) std::copy(patchRow + px * patchValues, patchRow + px * patchValues + p * 3, out + px * p * 3);
+                    for (size_t px = 0; px < cols; px++)
+                        std::copy(patchRow + px * patchValues, patchRow + px * patchValues + p * 3, out + px * p * 3);
                 }
             }
-            clip_image_f32 img;
-            img.set_size({width_, height_}, /*is_placeholder=*/true, /*is_audio=*/false);
-            img.cpy_buf(hwc);
-            hwc.clear();
-            hwc.shrink_to_fit();
-            nTokens_ = clip_n_output_tokens(vision_->raw(), &img);
-            nEmbd_ = clip_n_mmproj_embd(vision_->raw());
-            out_.assign(size_t(nTokens_) * size_t(nEmbd_), 0.0f);
             const int64_t t1 = monotonicNs();
             LogCapture capture;
-            if (!clip_image_encode(vision_->raw(), vision_->meta().threads, &img, out_)) {
+            nEmbd_ = clipEmbdWidth(vision_->raw());
+            nTokens_ = clipEncode(vision_->raw(), vision_->meta().threads, width_, height_, std::move(hwc), out_);
+            if (nTokens_ < 0) {
                 std::string why = capture.text();
                 SetError("clip_image_encode failed" + (why.empty() ? std::string() : ": " + why));
                 return;
@@ -290,12 +273,12 @@ Vision::Vision(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Vision>(info)
     }
     ctx_ = info[0].As<Napi::External<clip_ctx>>().Data();
     meta_ = *info[1].As<Napi::External<VisionMeta>>().Data();
-    nEmbd_ = clip_n_mmproj_embd(ctx_);
+    nEmbd_ = clipEmbdWidth(ctx_);
 }
 
 Vision::~Vision() {
     // GC without dispose(): a running encode holds a reference to this object, so none is running here.
-    if (ctx_ != nullptr) clip_free(ctx_);
+    if (ctx_ != nullptr) clipFree(ctx_);
 }
 
 Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
@@ -304,15 +287,13 @@ Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
     LoadOptions opts;
     opts.path = requireString(info[0], "Vision.load path");
     if (opts.path.empty()) throw Napi::TypeError::New(env, "Vision.load: path is empty");
-    Napi::Object o = info.Length() > 1 && !info[1].IsUndefined() ? requireObject(info[1], "Vision.load options") : Napi::Object::New(env);
-    opts.useGpu = optBool(o, "useGpu", false, "Vision.load options");
-    opts.threads = int32_t(optInt(o, "threads", 0, 0, 1024, "Vision.load options"));
-    opts.warmup = optBool(o, "warmup", true, "Vision.load options");
-    std::string fa = optString(o, "flashAttention", "auto", "Vision.load options");
-    if (fa == "auto") opts.flashAttention = -1;
-    else if (fa == "on") opts.flashAttention = 1;
-    else if (fa == "off") opts.flashAttention = 0;
-    else throw Napi::RangeError::New(env, "Vision.load options.flashAttention must be 'auto', 'on' or 'off', got '" + fa + "'");
+    const char * w = "Vision.load options";
+    Napi::Object o = requireObject(info[1], w);
+    opts.useGpu = requireBool(o, "useGpu", w);
+    opts.threads = int32_t(requireInt(o, "threads", 1, 1024, w));
+    opts.warmup = requireBool(o, "warmup", w);
+    const int32_t faModes[] = {-1, 1, 0};
+    opts.flashAttention = faModes[requireChoice(o, "flashAttention", {"auto", "on", "off"}, w)];
     auto * worker = new LoadWorker(env, info.This().As<Napi::Function>(), std::move(opts));
     Napi::Promise p = worker->promise();
     worker->Queue();
@@ -338,10 +319,10 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
     o.Set("useGpu", meta_.useGpu);
     Napi::Array devices = Napi::Array::New(env);
     uint32_t i = 0;
-    for (const auto & [dev, bytes] : clip_get_mem_usage(ctx_)) {
+    for (const DeviceBytes & db : clipMemoryUsage(ctx_)) {
         Napi::Object d = Napi::Object::New(env);
-        d.Set("name", dev != nullptr ? ggml_backend_dev_name(dev) : "unknown");
-        d.Set("bytes", double(bytes));
+        d.Set("name", db.device);
+        d.Set("bytes", double(db.bytes));
         devices.Set(i++, d);
     }
     o.Set("devices", devices);
@@ -356,40 +337,49 @@ Napi::Value Vision::Encode(const Napi::CallbackInfo & info) {
     }
     Napi::Float32Array pixels = info[0].As<Napi::Float32Array>();
     Napi::Object o = requireObject(info[1], "Vision.encode options");
-    std::string layoutName = optString(o, "layout", "", "Vision.encode options");
-    int64_t width = optInt(o, "width", 0, 1, 46000, "Vision.encode options");
-    int64_t height = optInt(o, "height", 0, 1, 46000, "Vision.encode options");
-    if (width == 0 || height == 0) throw Napi::TypeError::New(env, "Vision.encode: options.width and options.height are required");
-    Layout layout;
-    if (layoutName == "chw") layout = Layout::Chw;
-    else if (layoutName == "patches") layout = Layout::Patches;
-    else throw Napi::RangeError::New(env, "Vision.encode: options.layout must be 'chw' or 'patches', got '" + layoutName + "'");
+    const char * w = "Vision.encode options";
+    const Layout layout = requireChoice(o, "layout", {"chw", "patches"}, w) == 0 ? Layout::Chw : Layout::Patches;
+    const int64_t width = requireInt(o, "width", 1, 46000, w);
+    const int64_t height = requireInt(o, "height", 1, 46000, w);
 
     // Every condition clip would otherwise GGML_ASSERT/ABORT on is refused here with a message.
     const int64_t p = meta_.patchSize;
     const std::string where = "Vision.encode (" + meta_.projector + "): ";
     if (width % p != 0 || height % p != 0) {
-        throw Napi::RangeError::New(env, where + std::to_string(width) + "x" + std::to_string(height) + " is not a multiple of the patch size " + std::to_string(p));
+        throw Napi::RangeError::New(env,
+                                    where + std::to_string(width) + "x" + std::to_string(height) + " is not a multiple of the patch size " +
+                                        std::to_string(p));
     }
     const int64_t cols = width / p, rows = height / p;
     if (meta_.projector == "gemma3") {
         if (width != meta_.imageSize || height != meta_.imageSize) {
-            throw Napi::RangeError::New(env, where + "the image must be " + std::to_string(meta_.imageSize) + "x" + std::to_string(meta_.imageSize) +
-                                                 " (its position table is fixed), got " + std::to_string(width) + "x" + std::to_string(height));
+            throw Napi::RangeError::New(env,
+                                        where + "the image must be " + std::to_string(meta_.imageSize) + "x" +
+                                            std::to_string(meta_.imageSize) + " (its position table is fixed), got " +
+                                            std::to_string(width) + "x" + std::to_string(height));
         }
-        if (cols % meta_.merge != 0) throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + " is not divisible by the pooling " + std::to_string(meta_.merge));
+        if (cols % meta_.merge != 0)
+            throw Napi::RangeError::New(
+                env, where + "patch grid " + std::to_string(cols) + " is not divisible by the pooling " + std::to_string(meta_.merge));
     } else {
         if (cols % meta_.merge != 0 || rows % meta_.merge != 0) {
-            throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) + " is not divisible by the pooling " + std::to_string(meta_.merge));
+            throw Napi::RangeError::New(env,
+                                        where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) +
+                                            " is not divisible by the pooling " + std::to_string(meta_.merge));
         }
         if (cols > meta_.positionTable || rows > meta_.positionTable) {
-            throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) + " exceeds the position table (" + std::to_string(meta_.positionTable) + ")");
+            throw Napi::RangeError::New(env,
+                                        where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) +
+                                            " exceeds the position table (" + std::to_string(meta_.positionTable) + ")");
         }
     }
     const size_t need = size_t(width) * size_t(height) * 3;
     if (layout == Layout::Chw ? pixels.ElementLength() != need : pixels.ElementLength() < need) {
-        throw Napi::RangeError::New(env, where + "pixels has " + std::to_string(pixels.ElementLength()) + " values, " + (layout == Layout::Chw ? "expected " : "need at least ") +
-                                             std::to_string(need) + " for " + layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
+        throw Napi::RangeError::New(env,
+                                    where + "pixels has " + std::to_string(pixels.ElementLength()) + " values, " +
+                                        (layout == Layout::Chw ? "expected " : "need at least ") + std::to_string(need) + " for " +
+                                        (layout == Layout::Chw ? "chw " : "patches ") + std::to_string(width) + "x" +
+                                        std::to_string(height));
     }
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true)) {
@@ -405,7 +395,7 @@ Napi::Value Vision::Dispose(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     if (ctx_ == nullptr) return env.Undefined();
     if (busy_.load()) throw codedError(env, "EBUSY", "Vision is busy; await the running encode before dispose()");
-    clip_free(ctx_);
+    clipFree(ctx_);
     ctx_ = nullptr;
     return env.Undefined();
 }

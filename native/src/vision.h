@@ -23,8 +23,8 @@ struct VisionMeta {
     int32_t heads = 0;
     int32_t ffn = 0;
     int32_t patchSize = 0;
-    int32_t imageSize = 0;  // gemma3: the one accepted input side
-    int32_t merge = 0;      // pooling kernel over the patch grid
+    int32_t imageSize = 0;      // gemma3: the one accepted input side
+    int32_t merge = 0;          // pooling kernel over the patch grid
     int32_t positionTable = 0;  // gemma4v: entries per position table
     int32_t projectionDim = 0;
     bool useGpu = false;
