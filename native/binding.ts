@@ -122,6 +122,7 @@ export interface NativeGenerateResult {
   readonly drafted: number;
   readonly accepted: number;
   readonly forced: number;
+  readonly draftsCut: number;
   readonly timings: NativeTimings;
   /** Microseconds of each sampling step (with recordSampleTimes). */
   readonly sampleUs?: Float32Array;

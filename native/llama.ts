@@ -396,6 +396,8 @@ export interface GenerateResult {
   readonly accepted: number;
   /** Tokens appended by jump-forward (decode steps saved). */
   readonly forced: number;
+  /** Draft tokens the grammar refused, cut before verification. */
+  readonly draftsCut: number;
   readonly timings: Timings;
   /** Microseconds of each sampling step, with `recordSampleTimes`. */
   readonly sampleUs?: Float32Array;
@@ -644,6 +646,7 @@ function toResult(r: NativeGenerateResult): GenerateResult {
     drafted: r.drafted,
     accepted: r.accepted,
     forced: r.forced,
+    draftsCut: r.draftsCut,
     timings: r.timings,
     ...(r.sampleUs ? { sampleUs: r.sampleUs } : {}),
   };

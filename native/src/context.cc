@@ -117,6 +117,7 @@ Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSamp
     o.Set("drafted", r.drafted);
     o.Set("accepted", r.accepted);
     o.Set("forced", r.forced);
+    o.Set("draftsCut", r.draftsCut);
     Napi::Object t = Napi::Object::New(env);
     t.Set("prefillMs", r.prefillMs);
     t.Set("prefillTokens", r.prefillTokens);

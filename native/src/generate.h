@@ -41,6 +41,7 @@ struct GenerateResult {
     int32_t drafted = 0;
     int32_t accepted = 0;
     int32_t forced = 0;
+    int32_t draftsCut = 0;  // draft tokens the grammar refused, cut before verification
     int32_t decodeCalls = 0;
     std::vector<float> sampleUs;  // per sampling step, with recordSampleTimes
     double prefillMs = 0, ttftMs = 0, decodeMs = 0, sampleMs = 0, draftMs = 0, llamaDecodeMs = 0;
@@ -63,9 +64,11 @@ private:
     void generate(int64_t tStart);
     bool sampleFirst(int64_t tStart);
     bool jumpForward(TokenBatch & batch);
-    std::vector<llama_token> draft();
+    std::vector<llama_token> draft(const TokenBatch & batch);
+    std::vector<llama_token> draftUnderGrammar(const TokenBatch & batch, int32_t nMax);
+    void cutInvalidDrafts(std::vector<llama_token> & drafted);
     bool acceptSampled();
-    bool verify(const std::vector<llama_token> & draft, int32_t nInBatch);
+    bool verify(const std::vector<llama_token> & draft, int32_t firstRow);
 
     // Helpers.
     bool stopped();
@@ -84,6 +87,7 @@ private:
     Sampler sampler_;
     TokenSink sink_;
     bool speculate_ = false;
+    bool commonDraft_ = false;  // the last drafts came from common_speculative_draft
     std::vector<llama_token> history_;  // every token in the KV cache (images as placeholders), for the speculator
     std::vector<llama_token> emitted_;  // accepted since the last flush
     llama_pos nPast_ = 0;

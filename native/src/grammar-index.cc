@@ -410,6 +410,48 @@ int32_t GrammarIndex::next(int32_t s, llama_token token) const {
     return it != e && *it == token ? nextBegin(s)[it - b] : -1;
 }
 
+IndexCursor::IndexCursor(std::shared_ptr<const GrammarIndex> index) : index_(std::move(index)), state_(index_->start()) {}
+
+llama_token IndexCursor::forced() {
+    if (pendingAt_ == pendingEnd_) {
+        pendingAt_ = index_->forcedBegin(state_);
+        pendingEnd_ = index_->forcedEnd(state_);
+    }
+    return pendingAt_ != pendingEnd_ ? *pendingAt_ : -1;
+}
+
+llama_token IndexCursor::best(const float * logits) const {
+    llama_token bestTok = -1;
+    float bestLogit = 0.0f;
+    auto consider = [&](llama_token t) {
+        if (bestTok < 0 || logits[t] > bestLogit || (logits[t] == bestLogit && t < bestTok)) {
+            bestTok = t;
+            bestLogit = logits[t];
+        }
+    };
+    for (const llama_token * t = index_->tokensBegin(state_); t != index_->tokensEnd(state_); t++) consider(*t);
+    if (index_->accepting(state_)) {
+        for (llama_token t : index_->eog()) consider(t);
+    }
+    return bestTok;
+}
+
+void IndexCursor::candidates(const float * logits, std::vector<llama_token_data> & out) const {
+    for (const llama_token * t = index_->tokensBegin(state_); t != index_->tokensEnd(state_); t++) out.push_back({*t, logits[*t], 0.0f});
+    if (index_->accepting(state_)) {
+        for (llama_token t : index_->eog()) out.push_back({t, logits[t], 0.0f});
+    }
+}
+
+bool IndexCursor::advance(llama_token token) {
+    const int32_t next = index_->next(state_, token);
+    if (next < 0) return index_->accepting(state_) && std::binary_search(index_->eog().begin(), index_->eog().end(), token);
+    if (pendingAt_ != pendingEnd_ && *pendingAt_ == token) pendingAt_++;
+    else pendingAt_ = pendingEnd_ = nullptr;
+    state_ = next;
+    return true;
+}
+
 std::shared_ptr<const GrammarIndex> GrammarIndex::build(const llama_grammar & grammar, const llama_vocab * vocab, const TokenTrie & trie,
                                                         const GrammarIndexLimits & limits, std::string & why) {
     try {

@@ -106,6 +106,36 @@ private:
     GrammarIndexStats stats_;
 };
 
+// A position in a grammar's token index during one generation: the state, and the forced run being
+// emitted (a forced run is taken whole, so it is fixed when it starts). Cheap to copy: drafting
+// walks a copy.
+class IndexCursor {
+public:
+    IndexCursor() = default;
+    explicit IndexCursor(std::shared_ptr<const GrammarIndex> index);
+    explicit operator bool() const { return index_ != nullptr; }
+
+    // The next token of the forced run (starting the state's run when none is pending), or -1 when
+    // the model has a choice.
+    llama_token forced();
+    // Only end-of-generation can follow.
+    bool complete() const { return pendingAt_ == pendingEnd_ && index_->complete(state_); }
+    // The admitted token with the best logit (end-of-generation tokens included where the grammar
+    // may end), the first by id among equals, as a greedy sampler over a masked vocabulary picks it.
+    llama_token best(const float * logits) const;
+    // Appends every admitted token with its logit.
+    void candidates(const float * logits, std::vector<llama_token_data> & out) const;
+    // Moves past `token`; false when the grammar does not admit it here. An end-of-generation
+    // token where the grammar may end is admitted and changes nothing.
+    bool advance(llama_token token);
+
+private:
+    std::shared_ptr<const GrammarIndex> index_;
+    int32_t state_ = 0;
+    const llama_token * pendingAt_ = nullptr;  // the rest of the forced run
+    const llama_token * pendingEnd_ = nullptr;
+};
+
 // Per model: the trie (built on first use) and the indexes built on it, keyed by grammar text, root
 // and limits, so a grammar built twice from the same schema costs nothing the second time.
 class GrammarIndexCache {

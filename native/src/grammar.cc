@@ -244,7 +244,8 @@ Napi::Value Grammar::ForcedTokens(const Napi::CallbackInfo & info) {
 // ---------------------------------------------------------------------------------------------
 
 Sampler::Sampler(Model * model, const SamplingOptions & opts, GrammarInstance grammar)
-    : model_(model), opts_(opts), index_(std::move(grammar.index)), grammar_(std::move(grammar.grammar)), nVocab_(model->info().nVocab) {
+    : model_(model), opts_(opts), grammar_(std::move(grammar.grammar)), nVocab_(model->info().nVocab) {
+    if (grammar.index) cursor_ = IndexCursor(std::move(grammar.index));
     if (opts_.temperature > 0.0f) {
         llama_sampler * c = llama_sampler_chain_init(llama_sampler_chain_default_params());
         if (opts_.topK > 0) llama_sampler_chain_add(c, llama_sampler_init_top_k(opts_.topK));
@@ -254,8 +255,7 @@ Sampler::Sampler(Model * model, const SamplingOptions & opts, GrammarInstance gr
         llama_sampler_chain_add(c, llama_sampler_init_dist(opts_.seed));
         chain_.reset(c);
     }
-    if (index_) state_ = index_->start();
-    else cur_.resize(nVocab_);
+    if (!cursor_) cur_.resize(size_t(nVocab_));
 }
 
 bool Sampler::grammarAllows(llama_token token) {
@@ -318,51 +318,26 @@ std::vector<llama_token_data> Sampler::topAllowed(const float * logits, size_t k
     return found;
 }
 
-llama_token Sampler::sampleIndexed(const float * logits) {
-    const llama_token * tok = index_->tokensBegin(state_);
-    const size_t n = index_->allowedCount(state_);
-    const bool eog = index_->accepting(state_);
-    if (!chain_) {
-        // Greedy over the admitted tokens, first maximum by id as llama.cpp's greedy sampler
-        // picks it from a masked array.
-        llama_token best = -1;
-        float bestLogit = 0.0f;
-        auto consider = [&](llama_token t) {
-            const float l = logits[t];
-            if (best < 0 || l > bestLogit || (l == bestLogit && t < best)) {
-                best = t;
-                bestLogit = l;
-            }
-        };
-        for (size_t i = 0; i < n; i++) consider(tok[i]);
-        if (eog) {
-            for (llama_token t : index_->eog()) consider(t);
-        }
-        if (best < 0) throw std::runtime_error("the grammar admits no token here");
-        return best;
-    }
-    cur_.clear();
-    for (size_t i = 0; i < n; i++) cur_.push_back(llama_token_data{tok[i], logits[tok[i]], 0.0f});
-    if (eog) {
-        for (llama_token t : index_->eog()) cur_.push_back(llama_token_data{t, logits[t], 0.0f});
-    }
-    llama_token_data_array a{cur_.data(), cur_.size(), -1, false};
-    llama_sampler_apply(chain_.get(), &a);
-    return a.data[a.selected].id;
-}
-
 llama_token Sampler::sample(llama_context * ctx, int32_t idx) {
-    if (index_) {
-        const llama_token f = forcedToken();
+    if (cursor_) {
+        // Forced tokens and the end need no logits.
+        const llama_token f = cursor_.forced();
         if (f >= 0) return f;
-        if (index_->complete(state_)) {
-            const llama_token eos = llama_vocab_eos(model_->vocab());
-            return eos >= 0 ? eos : index_->eog().front();
-        }
+        const llama_token eos = llama_vocab_eos(model_->vocab());
+        if (cursor_.complete() && eos >= 0) return eos;
     }
     const float * logits = llama_get_logits_ith(ctx, idx);
     if (logits == nullptr) throw std::runtime_error("no logits for batch index " + std::to_string(idx));
-    if (index_) return sampleIndexed(logits);
+    if (cursor_) {
+        // Only the admitted tokens are looked at: greedy as llama.cpp's greedy sampler picks from a
+        // masked vocabulary, sampling through the chain over the admitted candidates.
+        if (!chain_) return cursor_.best(logits);
+        cur_.clear();
+        cursor_.candidates(logits, cur_);
+        llama_token_data_array a{cur_.data(), cur_.size(), -1, false};
+        llama_sampler_apply(chain_.get(), &a);
+        return a.data[a.selected].id;
+    }
 
     auto fill = [&]() {
         for (int32_t i = 0; i < nVocab_; i++) cur_[i] = llama_token_data{i, logits[i], 0.0f};
@@ -406,34 +381,20 @@ llama_token Sampler::sample(llama_context * ctx, int32_t idx) {
 
 void Sampler::accept(llama_token token) {
     const bool eog = llama_vocab_is_eog(model_->vocab(), token);
-    if (index_ && !eog) {
-        if (pendingAt_ < pending_.size() && pending_[pendingAt_] == token) {
-            pendingAt_++;
-        } else {
-            pending_.clear();
-            pendingAt_ = 0;
-        }
-        const int32_t next = index_->next(state_, token);
-        if (next < 0) throw std::runtime_error("token " + std::to_string(token) + " is not admitted by the grammar here");
-        state_ = next;
+    if (cursor_ && !eog && !cursor_.advance(token)) {
+        throw std::runtime_error("token " + std::to_string(token) + " is not admitted by the grammar here");
     }
     if (grammar_ && !eog) grammarAccept(*grammar_, token);
     if (chain_) llama_sampler_accept(chain_.get(), token);
 }
 
 bool Sampler::grammarComplete() const {
-    if (index_) return pendingAt_ >= pending_.size() && index_->complete(state_);
+    if (cursor_) return cursor_.complete();
     return grammar_ && percept::grammarComplete(*grammar_);
 }
 
 llama_token Sampler::forcedToken() {
-    if (index_) {
-        if (pendingAt_ < pending_.size()) return pending_[pendingAt_];
-        if (index_->forcedBegin(state_) == index_->forcedEnd(state_)) return -1;
-        pending_.assign(index_->forcedBegin(state_), index_->forcedEnd(state_));
-        pendingAt_ = 0;
-        return pending_[0];
-    }
+    if (cursor_) return cursor_.forced();
     if (!grammar_) return -1;
     const int64_t chr = grammarSingleChar(*grammar_);
     if (chr < 0) return -1;

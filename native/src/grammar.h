@@ -83,7 +83,9 @@ public:
 
     llama_token sample(llama_context * ctx, int32_t idx);
     void accept(llama_token token);
-    bool hasGrammar() const { return index_ != nullptr || grammar_ != nullptr; }
+    bool hasGrammar() const { return bool(cursor_) || grammar_ != nullptr; }
+    // The grammar's token index position (empty without an index): drafting walks a copy.
+    const IndexCursor & cursor() const { return cursor_; }
 
     // The grammar admits nothing but end-of-generation.
     bool grammarComplete() const;
@@ -94,7 +96,6 @@ public:
     llama_token forcedToken();
 
 private:
-    llama_token sampleIndexed(const float * logits);
     bool grammarAllows(llama_token token);
     // The k highest-logit tokens the grammar admits, best first (ties: lower id first), found by
     // testing candidates in growing chunks of the logit order instead of the whole vocabulary.
@@ -102,10 +103,7 @@ private:
 
     Model * model_;
     SamplingOptions opts_;
-    std::shared_ptr<const GrammarIndex> index_;
-    int32_t state_ = 0;
-    std::vector<llama_token> pending_;  // the forced run being emitted
-    size_t pendingAt_ = 0;
+    IndexCursor cursor_;
     GrammarPtr grammar_;
     SamplerChainPtr chain_;  // null when greedy
     int32_t nVocab_;
