@@ -56,7 +56,7 @@ program
   .addOption(new Option('--draft <file>', 'speculative decoding with a draft model (same vocabulary)').conflicts(['draftMtp', 'ngram']))
   .addOption(new Option('--draft-mtp <file>', 'speculative decoding with a Gemma 4 MTP assistant GGUF').conflicts(['ngram']))
   .option('--ngram', 'speculative decoding with n-gram drafting')
-  .option('-n, --max-tokens <n>', 'maximum new tokens', int('--max-tokens'), 128)
+  .option('-n, --max-tokens <n>', "maximum new tokens (default 128; with --schema the schema's worst case)", int('--max-tokens'))
   .option('--seed <n>', 'sampling seed', int('--seed'), 1)
   .option('--temperature <t>', 'sampling temperature (0 = greedy)', Number, 0)
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)

@@ -165,7 +165,7 @@ export interface StructuredDecodeResult {
   /** Worst-case tokens of a complete action (the decoder's default token budget). */
   readonly max_tokens: number | null;
   readonly tokens_per_action: number;
-  /** Actions that did not end complete (stop reason other than eos): must be 0. */
+  /** Actions decoded through the index that did not end complete (stop reason other than eos): must be 0. */
   readonly incomplete: number;
   /** Decode tokens/s, median over reps: constrained with and without jump-forward, unconstrained
    * (same lengths, EOS ignored), and constrained through llama.cpp's whole-vocabulary check (the old path). */
@@ -178,6 +178,8 @@ export interface StructuredDecodeResult {
   /** Tokens jump-forward appended without their own decode, per action, and as a share of all tokens. */
   readonly forced_per_action: number;
   readonly decode_steps_saved: number;
+  /** With a speculator, over the constrained arms: drafts verified, accepted, and cut by the grammar before verification. */
+  readonly drafts: { readonly drafted: number; readonly accepted: number; readonly cut: number };
   /** 1/5/15-minute load averages at start and end (a shared machine). */
   readonly loadavg: { readonly start: readonly number[]; readonly end: readonly number[] };
 }
@@ -213,13 +215,14 @@ async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath:
   let tokens = 0;
   let forced = 0;
   let incomplete = 0;
+  const drafts = { drafted: 0, accepted: 0, cut: 0 };
   for (let rep = 0; rep < reps; rep++) {
     const acc = new Map<Arm, { tokens: number; ms: number }>(ARMS.map((a) => [a, { tokens: 0, ms: 0 }]));
     for (let i = 0; i < actions; i++) {
       const prompt = [{ tokens: [model.info.bos, ...randomTokens(promptTokens - 1, model.info.nVocab, 100 + i)] }];
       let length = 0;
       const order = ARMS.map((_, k) => ARMS[(k + i + rep) % ARMS.length]!);
-      // unconstrained needs the constrained length: run it after the first constrained arm
+      // unconstrained decodes as many tokens as the constrained arm: it runs after it
       order.sort((a, b) => Number(a === 'unconstrained') - Number(b === 'unconstrained'));
       for (const arm of order) {
         ctx.clearCache();
@@ -227,15 +230,21 @@ async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath:
           recordSampleTimes: true,
           ...(arm === 'unconstrained'
             ? { maxTokens: length, ignoreEos: true }
-            : { maxTokens: grammar.maxTokens ?? 256, grammar: arm === 'full_vocab_check' ? fullVocab : grammar, jumpForward: arm === 'jump_forward' }),
+            : arm === 'full_vocab_check'
+              ? // llama.cpp's check lets the model spell forced text its own way: the index's bound does not hold there
+                { maxTokens: 512, grammar: fullVocab, jumpForward: true }
+              : { maxTokens: grammar.maxTokens ?? 512, grammar, jumpForward: arm === 'jump_forward' }),
         });
         const a = acc.get(arm)!;
         a.tokens += r.timings.decodeTokens;
         a.ms += r.timings.decodeMs;
         sampleUs.get(arm)!.push(...(r.sampleUs ?? []));
-        if (arm !== 'unconstrained') {
-          length = r.tokens.length;
+        if (arm === 'constrained') length = r.tokens.length;
+        if (arm === 'constrained' || arm === 'jump_forward') {
           if (r.stopReason !== 'eos') incomplete++;
+          drafts.drafted += r.drafted;
+          drafts.accepted += r.accepted;
+          drafts.cut += r.draftsCut;
         }
         if (arm === 'jump_forward') {
           tokens += r.tokens.length;
@@ -265,6 +274,7 @@ async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath:
     },
     forced_per_action: forced / n,
     decode_steps_saved: tokens > 0 ? forced / tokens : 0,
+    drafts,
     loadavg: { start, end: loadavg() },
   };
 }
