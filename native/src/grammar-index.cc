@@ -189,8 +189,9 @@ private:
                 auto [node, st] = stack.back();
                 stack.pop_back();
                 for (const uint32_t * c = trie_.kidsBegin(node); c != trie_.kidsEnd(node); c++) {
+                    // (tokens into states that cannot complete are kept here and counted when pruned)
                     const int32_t t = delta(st, trie_.label(*c));
-                    if (t < 0 || !byteUseful_[size_t(t)]) continue;
+                    if (t < 0) continue;
                     for (const llama_token * tok = trie_.tokensBegin(*c); tok != trie_.tokensEnd(*c); tok++) row.emplace_back(*tok, t);
                     if (trie_.kidsBegin(*c) != trie_.kidsEnd(*c)) stack.emplace_back(*c, t);
                 }
