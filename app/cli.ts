@@ -82,6 +82,7 @@ bench
   .option('--gen-tokens <n>', 'tokens to generate', int('--gen-tokens'), 128)
   .option('--reps <n>', 'repetitions', int('--reps'), 3)
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
+  .option('--threads <n>', 'CPU threads (default: every core), for both sides with --peer', int('--threads'))
   .option('--peer', 'also run llama-bench from the same llama.cpp build and report the ratio')
   .option('--json', 'print JSON')
   .action(async (opts) => {

@@ -3,17 +3,16 @@
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import { availableParallelism } from 'node:os';
-import { join, resolve } from 'node:path';
-import { promisify } from 'node:util';
 import { loadavg } from 'node:os';
-import { LlamaModel, type GenerateResult, type GrammarIndexInfo, type LlamaContext, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
+import { dirname, join } from 'node:path';
+import { promisify } from 'node:util';
+import { ADDON_PATH } from '../native/binding.ts';
+import { defaultThreads, LlamaModel, type GenerateResult, type GrammarIndexInfo, type LlamaContext, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
 import { jsonSchemaToGbnf } from '../native/schema-grammar.ts';
 import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
 import { resolveModelSpec } from '../models/synth.ts';
 
 const execFileAsync = promisify(execFile);
-const ROOT = resolve(import.meta.dirname ?? new URL('.', import.meta.url).pathname, '..');
 
 /** The CLI's speculation flags with `synth:` specifiers resolved to files. */
 async function resolveSpeculation(flags: SpeculationFlags): Promise<SpeculationFlags> {
@@ -288,11 +287,13 @@ function randomTokens(n: number, nVocab: number, seed: number): number[] {
   });
 }
 
+/** llama-bench from the addon's own build (PERCEPT_NATIVE may point at another build than build/native). */
 function findLlamaBench(): string {
-  for (const p of [join(ROOT, 'build', 'native', 'bin', 'llama-bench'), join(ROOT, 'build', 'native', 'bin', 'Release', 'llama-bench')]) {
+  const buildDir = dirname(dirname(ADDON_PATH));
+  for (const p of [join(buildDir, 'bin', 'llama-bench'), join(buildDir, 'bin', 'Release', 'llama-bench')]) {
     if (existsSync(p)) return p;
   }
-  throw new Error('llama-bench is not built: cmake --build build/native --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)');
+  throw new Error(`llama-bench is not built in ${buildDir}: cmake --build ${buildDir} --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)`);
 }
 
 interface LlamaBenchRow {
@@ -312,7 +313,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
   const genTokens = opts.genTokens ?? 128;
   const reps = opts.reps ?? 3;
   const gpuLayers = opts.gpuLayers ?? 0;
-  const threads = opts.threads ?? availableParallelism();
+  const threads = opts.threads ?? defaultThreads();
   for (const [k, v, min] of [['promptTokens', promptTokens, 1], ['genTokens', genTokens, 2], ['reps', reps, 1]] as const) {
     if (!Number.isInteger(v) || v < min) throw new RangeError(`bench decode: ${k} must be an integer ≥ ${min}, got ${v}`);
   }

@@ -194,7 +194,6 @@ export interface NativeAddon {
   jsonSchemaToGrammar(schemaJson: string): string;
   setLogger(callback: ((level: number, text: string) => void) | null): void;
   systemInfo(): string;
-  monotonicNs(): bigint;
   /** mtmd_decode_use_non_causal() for a text model of this architecture and input width. */
   imageAttentionRule(arch: string, nEmbd: number): ImageAttention;
   readonly llamaVersion: string;

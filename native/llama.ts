@@ -3,6 +3,7 @@
 // cross into C++ once per call; every slow call runs off the JS thread and returns a promise.
 import { stat } from 'node:fs/promises';
 import { availableParallelism } from 'node:os';
+import { bool, coded, graft, intIn, invalid, knownKeys, nonEmptyString, numIn, oneOf, plainObject } from './args.ts';
 import { jsonSchemaToGbnf, type GbnfOptions } from './schema-grammar.ts';
 import {
   loadAddon,
@@ -52,46 +53,6 @@ export const DEFAULT_NGRAM_N = 3;
 export const defaultThreads = (): number => availableParallelism();
 
 // ---------------------------------------------------------------------------------------------
-// Small validators (sharp's is.* style): each throws an error that names the argument.
-
-const describe = (v: unknown): string => (v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v === 'bigint' ? `${v}n` : `${String(v)} of type ${typeof v}`);
-const invalid = (name: string, expected: string, actual: unknown): TypeError =>
-  new TypeError(`Expected ${expected} for ${name} but received ${describe(actual)}`);
-
-function intIn(name: string, v: unknown, min: number, max: number): number {
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) throw invalid(name, `an integer between ${min} and ${max}`, v);
-  return v;
-}
-function numIn(name: string, v: unknown, min: number, max: number): number {
-  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) throw invalid(name, `a number between ${min} and ${max}`, v);
-  return v;
-}
-function bool(name: string, v: unknown): boolean {
-  if (typeof v !== 'boolean') throw invalid(name, 'a boolean', v);
-  return v;
-}
-function plainObject(name: string, v: unknown): Record<string, unknown> {
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) throw invalid(name, 'an object', v);
-  return v as Record<string, unknown>;
-}
-function knownKeys(name: string, o: Record<string, unknown>, keys: readonly string[]): void {
-  for (const k of Object.keys(o)) if (!keys.includes(k)) throw new TypeError(`Unknown option ${name}.${k} (expected one of ${keys.join(', ')})`);
-}
-
-/** An Error with a `code` (EBUSY, EDISPOSED, ...), native errors keep theirs. */
-function coded(code: string, message: string): Error {
-  return Object.assign(new Error(message), { code });
-}
-
-/** Re-throws a native error with a stack that points at the caller (sharp's nativeError). */
-function graft(err: unknown, stack: Error): Error {
-  if (err instanceof Error) {
-    const out = Object.assign(new Error(err.message), err as Error & { code?: string });
-    out.stack = `${err.constructor.name}: ${err.message}\n${stack.stack?.split('\n').slice(1).join('\n') ?? ''}`;
-    return out;
-  }
-  return new Error(String(err));
-}
 
 /** The image attention rule of a model (mirrors mtmd_decode_use_non_causal()). */
 export function imageAttentionRule(arch: string, nEmbd: number): ImageAttention {
@@ -149,7 +110,7 @@ export class LlamaModel {
 
   /** Loads a GGUF (gemma3, gemma4 or gemma4-assistant) off the JS thread. */
   static async load(path: string, options: LoadModelOptions = {}): Promise<LlamaModel> {
-    if (typeof path !== 'string' || path.length === 0) throw invalid('path', 'a non-empty string', path);
+    nonEmptyString('path', path);
     const o = plainObject('options', options);
     knownKeys('options', o, ['gpuLayers', 'mmap', 'vocabOnly']);
     const gpuLayers = options.gpuLayers === undefined ? 0 : intIn('options.gpuLayers', options.gpuLayers, -1, 100000);
@@ -199,7 +160,7 @@ export class LlamaModel {
     if (!Array.isArray(messages) || messages.length === 0) throw invalid('messages', 'a non-empty array of {role, content}', messages);
     messages.forEach((m, i) => {
       plainObject(`messages[${i}]`, m);
-      if (!['system', 'user', 'assistant'].includes(m.role)) throw invalid(`messages[${i}].role`, "'system', 'user' or 'assistant'", m.role);
+      oneOf(`messages[${i}].role`, m.role, ['system', 'user', 'assistant']);
       if (typeof m.content !== 'string') throw invalid(`messages[${i}].content`, 'a string', m.content);
     });
     return this.native.applyChatTemplate(messages, options.addGenerationPrompt ?? true);
@@ -234,10 +195,8 @@ export class LlamaModel {
     const nBatch = options.nBatch === undefined ? DEFAULT_N_BATCH : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
     const nUbatch = options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
     const maxOutputs = options.maxOutputs === undefined ? Math.min(MAX_OUTPUTS, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
-    const fa = options.flashAttention ?? 'auto';
-    if (fa !== 'auto' && typeof fa !== 'boolean') throw invalid('options.flashAttention', "true, false or 'auto'", fa);
-    const kvType = options.kvType ?? 'f16';
-    if (kvType !== 'f16' && kvType !== 'q8_0') throw invalid('options.kvType', "'f16' or 'q8_0'", kvType);
+    const fa = oneOf('options.flashAttention', options.flashAttention ?? 'auto', [true, false, 'auto']);
+    const kvType = oneOf('options.kvType', options.kvType ?? 'f16', ['f16', 'q8_0']);
     if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
     const threads = options.threads === undefined ? defaultThreads() : intIn('options.threads', options.threads, 1, 1024);
     const stack = new Error();
@@ -258,8 +217,8 @@ export class LlamaModel {
    * it checks llama.cpp's grammar over the vocabulary instead.
    */
   async grammar(gbnf: string, root = 'root', limits: GrammarIndexLimits = {}): Promise<LlamaGrammar> {
-    if (typeof gbnf !== 'string' || gbnf.length === 0) throw invalid('gbnf', 'a non-empty string', gbnf);
-    if (typeof root !== 'string' || root.length === 0) throw invalid('root', 'a non-empty string', root);
+    nonEmptyString('gbnf', gbnf);
+    nonEmptyString('root', root);
     knownKeys('limits', plainObject('limits', limits), ['maxStates', 'maxEntries']);
     const checked = {
       maxStates: limits.maxStates === undefined ? GRAMMAR_MAX_STATES : intIn('limits.maxStates', limits.maxStates, 1, 1 << 24),
@@ -415,7 +374,7 @@ function checkTokens(name: string, tokens: unknown, nVocab: number): Int32Array 
   for (let i = 0; i < tokens.length; i++) {
     const t = tokens[i] as unknown;
     if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t >= nVocab) {
-      throw new RangeError(`${name}[${i}] = ${String(t)} is not a token id of this model (0 ≤ id < ${nVocab})`);
+      throw invalid(`${name}[${i}]`, `a token id of this model (an integer between 0 and ${nVocab - 1})`, t);
     }
   }
   return tokens as Int32Array | readonly number[];
@@ -479,7 +438,7 @@ export class LlamaContext {
         if (this.model.info.imageStartToken === null) throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
         return { image: s.image, nTokens, causal: s.causal === undefined ? false : bool(`prompt[${i}].causal`, s.causal) };
       }
-      throw new TypeError(`prompt[${i}] must have one of text, tokens or image`);
+      throw invalid(`prompt[${i}]`, 'a segment with text, tokens or image', seg);
     });
   }
 
@@ -571,8 +530,7 @@ export class LlamaContext {
   async attachSpeculator(options: SpeculatorOptions): Promise<LlamaSpeculator> {
     const native = this.#live();
     const o = plainObject('options', options);
-    const types: readonly SpeculatorType[] = ['draft-simple', 'draft-mtp', 'ngram-simple', 'ngram-map-k', 'ngram-map-k4v', 'ngram-mod'];
-    if (!types.includes(o.type as SpeculatorType)) throw invalid('options.type', types.join(' | '), o.type);
+    oneOf<SpeculatorType>('options.type', o.type, ['draft-simple', 'draft-mtp', 'ngram-simple', 'ngram-map-k', 'ngram-map-k4v', 'ngram-mod']);
     const nMax = o.nMax === undefined ? DRAFT_MAX : intIn('options.nMax', o.nMax, 1, Math.min(64, this.info.maxOutputs - 1));
     let draftModel: NativeModel | null = null;
     let pMin = 0;

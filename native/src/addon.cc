@@ -36,7 +36,6 @@ Napi::Value ImageAttentionRule(const Napi::CallbackInfo & info) {
     return Napi::String::New(info.Env(), imageAttentionRule(arch, info[1].As<Napi::Number>().Int32Value()));
 }
 
-Napi::Value MonotonicNs(const Napi::CallbackInfo & info) { return Napi::BigInt::New(info.Env(), monotonicNs()); }
 }  // namespace
 }  // namespace percept
 
@@ -63,7 +62,6 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
     exports.Set("setLogger", Napi::Function::New<SetLogger>(env, "setLogger"));
     exports.Set("systemInfo", Napi::Function::New<SystemInfo>(env, "systemInfo"));
     exports.Set("imageAttentionRule", Napi::Function::New<ImageAttentionRule>(env, "imageAttentionRule"));
-    exports.Set("monotonicNs", Napi::Function::New<MonotonicNs>(env, "monotonicNs"));
     exports.Set("llamaVersion", Napi::String::New(env, "0.5.0"));
     return exports;
 }
