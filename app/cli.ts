@@ -84,6 +84,7 @@ bench
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
   .option('--threads <n>', 'CPU threads (default: every core), for both sides with --peer', int('--threads'))
   .option('--peer', 'also run llama-bench from the same llama.cpp build and report the ratio')
+  .option('--energy <source>', 'board power sampled during decode: auto, tegrastats, nvidia-smi, off', 'auto')
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchDecode } = await import('./decode-commands.ts');
@@ -167,6 +168,39 @@ models
     const presets = await listAllPresets();
     if (opts.json) process.stdout.write(`${JSON.stringify(presets, null, 2)}\n`);
     else for (const p of presets) process.stdout.write(`${p.name.padEnd(24)} ${p.description}\n`);
+  });
+
+const calc = program.command('calc').description('calculators over a GGUF\'s metadata (no weights loaded; synth:PRESET is described in memory)');
+calc
+  .command('kv')
+  .description('KV-cache bytes at a context, sized as llama.cpp sizes it (sliding-window, full and KV-shared layers)')
+  .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET[?wtype=…]')
+  .requiredOption('--ctx <n>', 'context per sequence, tokens', int('--ctx'))
+  .option('--batch <n>', 'sequences in parallel (llama.cpp -np)', int('--batch'), 1)
+  .option('--kv-type <type>', 'cache type: f16, bf16, f32, q8_0, q4_0', 'f16')
+  .option('--ubatch <n>', 'physical batch (the sliding cache keeps window + ubatch cells)', int('--ubatch'), 512)
+  .option('--swa-full', 'sliding layers keep the whole context (llama.cpp --swa-full; percept\'s decoder runs this way)')
+  .option('--no-flash-attn', 'flash attention off (V stored transposed, widened to the largest head)')
+  .option('--unified', 'one cache shared by all sequences (llama.cpp --kv-unified)')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { calcKv } = await import('./calc-commands.ts');
+    printResult(await calcKv(opts), opts.json);
+  });
+calc
+  .command('roofline')
+  .description('decode bandwidth ceiling: bytes read per token (weights touched + KV attended) → the most tok/s')
+  .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET[?wtype=…]')
+  .addOption(new Option('--bandwidth-gbs <x>', 'memory bandwidth, GB/s').argParser(positiveNumber('--bandwidth-gbs')).conflicts('device'))
+  .option('--device <name>', 'bandwidth preset: jetson-orin-nano-8gb (68 GB/s), jetson-agx-orin (204.8), jetson-thor (273), h100 (3350), h200 (4800)')
+  .option('--measured-tok-s <y>', 'a measured decode rate to place against the ceiling', positiveNumber('--measured-tok-s'))
+  .option('--ctx <n>', 'context the decoded tokens attend (adds KV reads; 0 = weights only)', int('--ctx'), 0)
+  .option('--batch <n>', 'sequences decoded together (weights read once per step)', int('--batch'), 1)
+  .option('--kv-type <type>', 'cache type: f16, bf16, f32, q8_0, q4_0', 'f16')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { calcRoofline } = await import('./calc-commands.ts');
+    printResult(await calcRoofline(opts), opts.json);
   });
 
 program

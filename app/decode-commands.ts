@@ -11,6 +11,7 @@ import { defaultThreads, LlamaModel, type GenerateResult, type GrammarIndexInfo,
 import { jsonSchemaToGbnf } from '../native/schema-grammar.ts';
 import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
 import { resolveModelSpec } from '../models/synth.ts';
+import { EnergyMeter, checkEnergySource, energyJson, type EnergyJson, type EnergySource } from './energy.ts';
 
 const execFileAsync = promisify(execFile);
 
@@ -117,6 +118,8 @@ export interface BenchDecodeOptions extends SpeculationFlags {
   readonly threads?: number;
   /** Also run llama-bench (built from the same llama.cpp tree) and report the ratio. */
   readonly peer?: boolean;
+  /** Board-power source sampled during the decode runs (default auto). */
+  readonly energy?: EnergySource;
 }
 
 export interface BenchDecodeResult {
@@ -136,6 +139,8 @@ export interface BenchDecodeResult {
   readonly acceptance: number | null;
   readonly forced: number;
   readonly speculation: string | null;
+  /** Board energy over the decode (tg) runs; tok_per_watt = generated tokens per joule. */
+  readonly energy: EnergyJson;
   readonly llama_bench_tg_tok_per_s?: number;
   readonly llama_bench_pp_tok_per_s?: number;
   /** ours / llama-bench, decode (tg) and prefill (pp). */
@@ -307,6 +312,7 @@ interface LlamaBenchRow {
  * prefill (pp) = promptTokens random tokens decoded from an empty cache; decode (tg) = genTokens
  * tokens one at a time from an empty cache, EOS ignored. Ours also samples (greedy argmax) each
  * token, which llama-bench does not: that cost is part of our loop and stays in the number.
+ * Board power is sampled during the decode (tg) runs only (app/energy.ts).
  */
 export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecodeResult> {
   const promptTokens = opts.promptTokens ?? 64;
@@ -317,9 +323,11 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
   for (const [k, v, min] of [['promptTokens', promptTokens, 1], ['genTokens', genTokens, 2], ['reps', reps, 1]] as const) {
     if (!Number.isInteger(v) || v < min) throw new RangeError(`bench decode: ${k} must be an integer ≥ ${min}, got ${v}`);
   }
+  const energySource = checkEnergySource(opts.energy ?? 'auto');
   const path = await resolveModelSpec(opts.model);
   const model = await LlamaModel.load(path, { gpuLayers });
   let draft: LlamaModel | undefined;
+  let meter: EnergyMeter | undefined;
   try {
     // With --schema an action may take up to the grammar's worst case (a few hundred tokens at most for bounded schemas).
     const ctx = await model.createContext({ nCtx: promptTokens + Math.max(genTokens, opts.schema ? 1024 : 0) + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
@@ -332,6 +340,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     // Warm-up (llama-bench does one too): first-touch of weights, graph allocation.
     ctx.clearCache();
     await ctx.generate([{ tokens: pp }], { maxTokens: 2, ignoreEos: true });
+    meter = await EnergyMeter.start({ source: energySource, device: gpuLayers !== 0 ? 'gpu' : 'cpu' });
 
     // With --peer, llama-bench (one rep each) runs between our reps, so drifting load on a shared
     // machine hits both sides alike; the ratios use medians and best reps.
@@ -346,6 +355,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     let drafted = 0;
     let accepted = 0;
     let forced = 0;
+    let generated = 0;
     for (let r = 0; r < reps; r++) {
       if (bench) {
         // The peer process just ran: warm caches again, as llama-bench warms up before measuring.
@@ -357,7 +367,10 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       ppRuns.push(p.timings.prefillTokens / (p.timings.prefillMs / 1000));
       ttft.push(p.timings.ttftMs);
       ctx.clearCache();
+      meter.begin();
       const g = await ctx.generate([{ tokens: tgPrompt }], genOpts);
+      meter.end();
+      generated += g.tokens.length;
       tgRuns.push(g.timings.decodeTokens / (g.timings.decodeMs / 1000));
       sampleMs.push(g.timings.sampleMs / Math.max(1, g.tokens.length));
       drafted += g.drafted;
@@ -374,6 +387,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       }
     }
     const speculation = ctx.speculator?.type ?? null;
+    const energy = energyJson(await meter.stop(), { tokens: generated });
     const structured = opts.schema ? await benchStructured(ctx, model, opts.schema, promptTokens, reps) : undefined;
     await ctx.dispose();
     const result: BenchDecodeResult = {
@@ -393,6 +407,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       forced,
       speculation,
       ...(structured ? { structured } : {}),
+      energy,
     };
     if (!bench) return result;
     return {
@@ -405,6 +420,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       ratio_pp_best: Math.max(...ppRuns) / Math.max(...peerPp),
     };
   } finally {
+    await meter?.stop();
     await model.dispose();
     await draft?.dispose();
   }

@@ -120,6 +120,24 @@ export class BufferReadable implements IReadable {
   }
 }
 
+/** A header followed by `size - header.length` zero bytes (see GGUFWriter.skeleton). */
+class ZeroDataReadable implements IReadable {
+  readonly #header: Uint8Array;
+  readonly #size: number;
+  constructor(header: Uint8Array, size: number) {
+    this.#header = header;
+    this.#size = size;
+  }
+  async size(): Promise<number> {
+    return this.#size;
+  }
+  async read(offset: number, length: number): Promise<Uint8Array> {
+    const out = new Uint8Array(Math.max(0, Math.min(this.#size, offset + length) - offset));
+    if (offset < this.#header.length) out.set(this.#header.subarray(offset, Math.min(this.#header.length, offset + out.length)));
+    return out;
+  }
+}
+
 /**
  * Sequential reader over the header region. Keeps everything read so far in one growing buffer, so a KV's
  * raw bytes are a zero-copy subarray (the header of a Gemma file is ~16 MB, dominated by the tokenizer).
@@ -650,6 +668,16 @@ export class GGUFWriter {
   plan(): { headerBytes: number; dataOffset: number; tensors: PlannedTensor[]; totalBytes: number } {
     const header = this.#encodeHeader();
     return { headerBytes: header.unpadded, dataOffset: header.bytes.length, tensors: header.tensors, totalBytes: header.bytes.length + header.dataBytes };
+  }
+
+  /**
+   * The file `write()` would produce, as an IReadable whose header is the real one and whose tensor data
+   * reads as zeros: metadata consumers (readGGUF, the calculators) get a multi-GB checkpoint's exact
+   * header and tensor table without a byte being generated or written.
+   */
+  skeleton(): IReadable {
+    const header = this.#encodeHeader();
+    return new ZeroDataReadable(header.bytes, header.bytes.length + header.dataBytes);
   }
 
   #encodeHeader(): { bytes: Buffer; unpadded: number; tensors: PlannedTensor[]; dataBytes: number } {

@@ -15,7 +15,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import {
-  GGUFWriter, arr, f32, readGGUF, str, u32, type GGUFValue, type GGUFWriteOptions, type PlannedTensor,
+  GGUFWriter, arr, f32, readGGUF, str, u32, type GGUFFile, type GGUFValue, type GGUFWriteOptions, type PlannedTensor,
 } from './gguf.ts';
 import { GGMLType, KeystreamRng, blockSize, ggmlTypeName, randomBlocks, tensorBytes, typeSize, type RandomType } from './quant.ts';
 
@@ -519,14 +519,26 @@ export interface PlannedCheckpoint {
 
 /** What synthesize() would write, without writing (or reading the vocab): shapes, types, sizes. */
 export function planCheckpoint(options: { preset: string; wtype?: WeightType }): PlannedCheckpoint {
-  const preset = presetOf(options.preset);
   const wtype = checkWtype(options.wtype ?? 'q8_0');
-  validateConfig(options.preset, preset.config);
-  const defs = tensorDefs(preset.config);
-  const types = chooseTypes(defs, wtype, preset.config.layers);
+  const { config, defs, types } = tensorPlan(options.preset, wtype);
   const tensors = defs.map((d, i) => ({ name: d.name, shape: d.shape, type: types[i]! }));
   const dataBytes = tensors.reduce((sum, t) => sum + Math.ceil(Number(tensorBytes(t.type, t.shape)) / 32) * 32, 0);
-  return { preset: options.preset, wtype, config: preset.config, tensors, params: countParams(defs), dataBytes };
+  return { preset: options.preset, wtype, config, tensors, params: countParams(defs), dataBytes };
+}
+
+interface TensorPlan {
+  readonly config: ModelConfig;
+  readonly defs: TensorDef[];
+  /** Storage type of each of `defs` for the wtype. */
+  readonly types: RandomType[];
+}
+
+/** A preset's validated config, its tensors and their storage types. */
+function tensorPlan(presetName: string, wtype: WeightType): TensorPlan {
+  const { config } = presetOf(presetName);
+  validateConfig(presetName, config);
+  const defs = tensorDefs(config);
+  return { config, defs, types: chooseTypes(defs, wtype, config.layers) };
 }
 
 export interface SynthesizeOptions {
@@ -578,31 +590,38 @@ function checkSeed(seed: unknown): number {
  */
 export async function synthesize(options: SynthesizeOptions): Promise<SynthesizeResult> {
   if (typeof options !== 'object' || options === null) throw new TypeError('synthesize: options object required');
-  const preset = presetOf(options.preset);
+  presetOf(options.preset);
   const wtype = checkWtype(options.wtype ?? 'q8_0');
   const seed = checkSeed(options.seed ?? 1);
   if (typeof options.out !== 'string' || options.out.length === 0) throw new TypeError('synthesize: `out` must be a file path');
   const out = resolve(options.out);
 
-  const c = preset.config;
-  validateConfig(options.preset, c);
-  const defs = tensorDefs(c);
-  const types = chooseTypes(defs, wtype, c.layers);
+  const plan = tensorPlan(options.preset, wtype);
+  const { defs } = plan;
   const params = countParams(defs);
-
   if (!options.force) {
     const existing = await stampedSize(out, options.preset, wtype, seed);
     if (existing !== undefined) return { path: out, bytes: existing, params, tensors: defs.length, skipped: true };
   }
 
+  const writer = await checkpointWriter(options.preset, plan, wtype, seed);
+  await mkdir(dirname(out), { recursive: true });
+  const progress: GGUFWriteOptions = options.onProgress ? { onProgress: options.onProgress } : {};
+  const { bytes } = await writer.write(out, (t, i) => tensorChunks(t, defs[i]!, `${GENERATOR_VERSION}/${options.preset}/${seed}`), progress);
+  return { path: out, bytes, params, tensors: defs.length, skipped: false };
+}
+
+/** The writer of a synthetic checkpoint, KVs and tensor infos set (the vocab file is read for the tokenizer). */
+async function checkpointWriter(presetName: string, plan: TensorPlan, wtype: WeightType, seed: number): Promise<GGUFWriter> {
+  const { config: c, defs, types } = plan;
   const vocab = await readGGUF(await findGemmaVocab());
   const w = new GGUFWriter();
   w.set('general.architecture', str(c.arch));
   w.set('general.type', str('model'));
-  w.set('general.name', str(`percept synthetic ${options.preset}`));
+  w.set('general.name', str(`percept synthetic ${presetName}`));
   w.set('general.file_type', u32(FILE_TYPE[wtype]));
   w.set('general.quantization_version', u32(2));
-  w.set(STAMP.preset, str(options.preset));
+  w.set(STAMP.preset, str(presetName));
   w.set(STAMP.wtype, str(wtype));
   w.set(STAMP.seed, u32(seed));
   w.set(STAMP.version, u32(GENERATOR_VERSION));
@@ -611,12 +630,17 @@ export async function synthesize(options: SynthesizeOptions): Promise<Synthesize
   if (tokenizerKvs.length === 0) throw new Error(`vocab file has no tokenizer.* keys`);
   for (const kv of tokenizerKvs) w.set(kv.key, kv.asValue());
   defs.forEach((d, i) => w.addTensor({ name: d.name, type: types[i]!, shape: d.shape }));
-  const plan = w.plan();
+  return w;
+}
 
-  await mkdir(dirname(out), { recursive: true });
-  const progress: GGUFWriteOptions = options.onProgress ? { onProgress: options.onProgress } : {};
-  const { bytes } = await w.write(out, (t, i) => tensorChunks(t, defs[i]!, `${GENERATOR_VERSION}/${options.preset}/${seed}`), progress);
-  return { path: out, bytes, params, tensors: defs.length, skipped: false };
+/**
+ * The parsed header of the checkpoint `synth:PRESET[?wtype=W&seed=N]` would resolve to, built in memory
+ * (GGUFWriter.skeleton): metadata and the tensor table of a multi-GB preset without generating or writing it.
+ */
+export async function describeSynthetic(spec: string): Promise<GGUFFile> {
+  const { preset, wtype, seed } = parseSynthSpec(spec);
+  const writer = await checkpointWriter(preset, tensorPlan(preset, wtype), wtype, seed);
+  return readGGUF(writer.skeleton());
 }
 
 /**
@@ -687,17 +711,23 @@ export async function resolveModelSpec(spec: string, options: { cacheDir?: strin
     }
     return path;
   }
-  const [name = '', query = ''] = spec.slice('synth:'.length).split('?', 2);
+  const { preset, wtype, seed } = parseSynthSpec(spec);
+  const out = join(options.cacheDir ?? DEFAULT_MODEL_CACHE, `${preset}.${wtype}.s${seed}.gguf`);
+  const result = await synthesize({ preset, wtype, seed, out, ...(options.onProgress ? { onProgress: options.onProgress } : {}) });
+  return result.path;
+}
+
+/** `synth:PRESET[?wtype=W&seed=N]` → its parts, validated (wtype defaults to q8_0, seed to 1). */
+export function parseSynthSpec(spec: string): { preset: string; wtype: WeightType; seed: number } {
+  if (!spec.startsWith('synth:')) throw new RangeError(`not a synthetic model spec: ${JSON.stringify(spec)} (expected synth:PRESET)`);
+  const [preset = '', query = ''] = spec.slice('synth:'.length).split('?', 2);
   const params = new URLSearchParams(query);
   for (const key of params.keys()) {
     if (key !== 'wtype' && key !== 'seed') throw new RangeError(`model spec ${JSON.stringify(spec)}: unknown parameter '${key}' (expected wtype, seed)`);
   }
-  presetOf(name);
+  presetOf(preset);
   const wtype = checkWtype(params.get('wtype') ?? 'q8_0');
   const seedText = params.get('seed') ?? '1';
   if (!/^\d+$/.test(seedText)) throw new RangeError(`model spec ${JSON.stringify(spec)}: seed must be a non-negative integer, got '${seedText}'`);
-  const seed = checkSeed(Number(seedText));
-  const out = join(options.cacheDir ?? DEFAULT_MODEL_CACHE, `${name}.${wtype}.s${seed}.gguf`);
-  const result = await synthesize({ preset: name, wtype, seed, out, ...(options.onProgress ? { onProgress: options.onProgress } : {}) });
-  return result.path;
+  return { preset, wtype, seed: checkSeed(Number(seedText)) };
 }

@@ -136,6 +136,24 @@ describe('GGUF writer → reader round trip', () => {
     );
   });
 
+  test('skeleton(): the written file\'s exact header and size, tensor data reading as zeros', async () => {
+    const w = new GGUFWriter();
+    for (const [k, v] of kvs) w.set(k, v);
+    for (const t of tensors) w.addTensor(t);
+    const skeleton = w.skeleton();
+    const bytes = await readFile(path);
+    assert.equal(await skeleton.size(), bytes.length);
+    const f = await readGGUF(path);
+    assert.deepEqual(new Uint8Array(await skeleton.read(0, f.dataOffset)), new Uint8Array(bytes.subarray(0, f.dataOffset)));
+    const s = await readGGUF(skeleton);
+    assert.deepEqual(s.tensors, f.tensors);
+    assert.deepEqual(s.kvs.map((kv) => [kv.key, kv.raw]), f.kvs.map((kv) => [kv.key, kv.raw]));
+    const data = await readTensorData(skeleton, s, 'c.q4k');
+    assert.equal(data.length, 576);
+    assert.ok(data.every((b) => b === 0));
+    assert.equal((await skeleton.read(bytes.length - 4, 100)).length, 4, 'reads stop at the end of the file');
+  });
+
   test('raw KVs copy byte for byte into a new file', async () => {
     const f = await readGGUF(path);
     const w = new GGUFWriter();

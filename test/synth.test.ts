@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { BufferReadable, readGGUF, readTensorData, type GGUFFile } from '../models/gguf.ts';
 import { GGMLType, dequantize } from '../models/quant.ts';
-import { findGemmaVocab, listPresets, planCheckpoint, resolveModelSpec, synthesize, VOCAB_SIZE } from '../models/synth.ts';
+import { describeSynthetic, findGemmaVocab, listPresets, planCheckpoint, resolveModelSpec, synthesize, VOCAB_SIZE } from '../models/synth.ts';
 import { REPO_ROOT, ensureSynthModel, findPeer } from './fixtures.ts';
 
 const DIR = join(REPO_ROOT, '.cache', 'test-synth');
@@ -226,6 +226,17 @@ describe('model specs and fixtures', () => {
     assert.equal(f.get('gemma4-assistant.embedding_length_out'), 64);
     assert.equal(f.get('gemma4-assistant.nextn_predict_layers'), 4);
     assert.deepEqual(f.tensor('nextn.pre_projection.weight')!.shape, [128, 32]);
+  });
+
+  test('describeSynthetic: the header of the checkpoint the spec resolves to, built in memory', async () => {
+    const spec = 'synth:gemma4-tiny-assistant?seed=3';
+    const described = await describeSynthetic(spec);
+    const written = await readGGUF(await resolveModelSpec(spec, { cacheDir: DIR }));
+    assert.deepEqual(described.kvs.map((kv) => [kv.key, kv.raw]), written.kvs.map((kv) => [kv.key, kv.raw]));
+    assert.deepEqual(described.tensors, written.tensors);
+    assert.equal(described.fileSize, written.fileSize);
+    await assert.rejects(describeSynthetic('synth:gemma4-huge'), /unknown synthetic preset "gemma4-huge"/);
+    await assert.rejects(describeSynthetic('synth:gemma4-tiny?wtype=q2_k'), /invalid wtype "q2_k"/);
   });
 
   test('ensureSynthModel called concurrently yields one complete file', async () => {
