@@ -174,7 +174,8 @@ export interface StructuredDecodeResult {
   /** Decode tokens/s, median over reps: constrained with and without jump-forward, unconstrained
    * (same lengths, EOS ignored), and constrained through llama.cpp's whole-vocabulary check (the old path). */
   readonly tok_per_s: { readonly jump_forward: number; readonly constrained: number; readonly unconstrained: number; readonly full_vocab_check: number };
-  /** constrained ÷ unconstrained (the grammar's cost), and with jump-forward. */
+  /** constrained ÷ unconstrained tok/s (the grammar's cost), and with jump-forward: the median of
+   * per-prompt ratios (arms of one prompt run back to back, so load drift cancels out). */
   readonly ratio: number;
   readonly ratio_jump_forward: number;
   /** Sampling step cost per token, µs: under the grammar (index), unconstrained, and the old path. */
@@ -220,11 +221,14 @@ async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath:
   let forced = 0;
   let incomplete = 0;
   const drafts = { drafted: 0, accepted: 0, cut: 0 };
+  const ratios: number[] = [];
+  const ratiosJumpForward: number[] = [];
   for (let rep = 0; rep < reps; rep++) {
     const acc = new Map<Arm, { tokens: number; ms: number }>(ARMS.map((a) => [a, { tokens: 0, ms: 0 }]));
     for (let i = 0; i < actions; i++) {
       const prompt = [{ tokens: [model.info.bos, ...randomTokens(promptTokens - 1, model.info.nVocab, 100 + i)] }];
       let length = 0;
+      const promptTps = new Map<Arm, number>();
       const order = ARMS.map((_, k) => ARMS[(k + i + rep) % ARMS.length]!);
       // unconstrained decodes as many tokens as the constrained arm: it runs after it
       order.sort((a, b) => Number(a === 'unconstrained') - Number(b === 'unconstrained'));
@@ -242,6 +246,7 @@ async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath:
         const a = acc.get(arm)!;
         a.tokens += r.timings.decodeTokens;
         a.ms += r.timings.decodeMs;
+        promptTps.set(arm, r.timings.decodeTokens / r.timings.decodeMs);
         sampleUs.get(arm)!.push(...(r.sampleUs ?? []));
         if (arm === 'constrained') length = r.tokens.length;
         if (arm === 'constrained' || arm === 'jump_forward') {
@@ -255,6 +260,8 @@ async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath:
           forced += r.forced;
         }
       }
+      ratios.push(promptTps.get('constrained')! / promptTps.get('unconstrained')!);
+      ratiosJumpForward.push(promptTps.get('jump_forward')! / promptTps.get('unconstrained')!);
     }
     for (const arm of ARMS) sums.get(arm)!.push(acc.get(arm)!);
   }
@@ -269,8 +276,8 @@ async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath:
     tokens_per_action: tokens / n,
     incomplete,
     tok_per_s: { jump_forward: tps('jump_forward'), constrained: tps('constrained'), unconstrained: tps('unconstrained'), full_vocab_check: tps('full_vocab_check') },
-    ratio: tps('constrained') / tps('unconstrained'),
-    ratio_jump_forward: tps('jump_forward') / tps('unconstrained'),
+    ratio: median(ratios),
+    ratio_jump_forward: median(ratiosJumpForward),
     sample_us: {
       grammar: spread([...sampleUs.get('constrained')!, ...sampleUs.get('jump_forward')!]),
       unconstrained: spread(sampleUs.get('unconstrained')!),

@@ -138,7 +138,7 @@ void Generation::generate(int64_t tStart) {
     bool done = sampleFirst(tStart);
     if (speculate_ && !done) common_speculative_begin(ctx_.speculator()->spec(), 0, history_);
     TokenBatch batch(std::max<int32_t>(int32_t(ctx_.options().nBatch), int32_t(ctx_.options().maxOutputs) + 1));
-    while (!done && !stopped()) {
+    while (!done && !stopped() && !grammarEnded()) {
         batch.clear();
         batch.add(idLast_, nPast_, true);
         if (opts_.jumpForward && sampler_.hasGrammar() && jumpForward(batch)) break;
@@ -173,18 +173,14 @@ bool Generation::sampleFirst(int64_t tStart) {
     return done;
 }
 
-// Tokens the grammar alone decides ride along in this decode (leaving room for drafts). True when
-// generation is over.
+// Tokens the grammar alone decides ride along in this decode (leaving room for drafts), each one a
+// decode saved (counted in forced). True when generation is over.
 bool Generation::jumpForward(TokenBatch & batch) {
     const int32_t room = int32_t(ctx_.options().nBatch) - int32_t(ctx_.options().maxOutputs);
     bool stop = false;
     while (!stop && batch.b.n_tokens < room) {
-        if (sampler_.grammarComplete() && !opts_.ignoreEos) {
-            // Only end-of-generation is admissible: any sampler would pick an EOG token next, so
-            // end here and save that decode (counted as forced).
-            res_.forced++;
-            res_.stopReason = "eos";
-            stop = true;
+        if (grammarEnded()) {
+            stop = true;  // the forced run completed the grammar: nothing left to decode
             break;
         }
         const int64_t ts = monotonicNs();
@@ -341,6 +337,14 @@ bool Generation::verify(const std::vector<llama_token> & drafted, int32_t firstR
 
 // ------------------------------------------------------------------------------------------------
 // Helpers
+
+// Only end-of-generation is admissible: any sampler would pick an EOG token, so generation ends
+// without the decode that would give its logits. Sets the stop reason.
+bool Generation::grammarEnded() {
+    if (opts_.ignoreEos || !sampler_.grammarComplete()) return false;
+    res_.stopReason = "eos";
+    return true;
+}
 
 // Sets the stop reason and returns true when cancelled or past the deadline.
 bool Generation::stopped() {

@@ -71,6 +71,7 @@ private:
     bool verify(const std::vector<llama_token> & draft, int32_t firstRow);
 
     // Helpers.
+    bool grammarEnded();
     bool stopped();
     int aborted();
     int decodeTokens(TokenBatch & batch);
@@ -87,7 +88,7 @@ private:
     Sampler sampler_;
     TokenSink sink_;
     bool speculate_ = false;
-    bool commonDraft_ = false;  // the last drafts came from common_speculative_draft
+    bool commonDraft_ = false;          // the last drafts came from common_speculative_draft
     std::vector<llama_token> history_;  // every token in the KV cache (images as placeholders), for the speculator
     std::vector<llama_token> emitted_;  // accepted since the last flush
     llama_pos nPast_ = 0;
