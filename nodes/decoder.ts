@@ -78,6 +78,7 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
 }
 
 const DEFAULT_SCHEMA = 'configs/actions/robot-action.schema.json';
+const IMAGE_MARKER = '<__percept_image__>';
 
 /** The per-frame token budget: the configured one if a complete action always fits in it, else the grammar's worst case. */
 export function actionTokenBudget(configured: number | null, worstCase: number | null, schemaPath: string, fallback: string | null): number {
@@ -93,7 +94,6 @@ export function actionTokenBudget(configured: number | null, worstCase: number |
   }
   return configured ?? worstCase;
 }
-const IMAGE_MARKER = '<__percept_image__>';
 
 export async function createDecoderStage(config: DecoderStageConfig): Promise<DecoderStage> {
   if (typeof config !== 'object' || config === null) throw new TypeError('createDecoderStage: config must be an object');
@@ -120,6 +120,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
   let draft: LlamaModel | undefined;
   let ctx: LlamaContext;
   let grammar: LlamaGrammar;
+  let maxNewTokens: number;
   try {
     const nUbatch = config.nUbatch ?? 1152;
     ctx = await model.createContext({
@@ -135,16 +136,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
     } catch (err) {
       throw new Error(`decoder: action schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
     }
-  } catch (err) {
-    await model.dispose();
-    await draft?.dispose();
-    throw err;
-  }
-  // Every action must fit: the grammar's worst case is the floor of the token budget.
-  const worstCase = grammar.maxTokens;
-  let maxNewTokens: number;
-  try {
-    maxNewTokens = actionTokenBudget(configuredMax, worstCase, schemaPath, grammar.fallback);
+    maxNewTokens = actionTokenBudget(configuredMax, grammar.maxTokens, schemaPath, grammar.fallback);
   } catch (err) {
     await model.dispose();
     await draft?.dispose();
@@ -169,7 +161,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
     }
     const prompt: PromptSegment[] = model.chatPrompt(messages, [{ data: input.data, nTokens: input.nTokens }], { imageMarker: IMAGE_MARKER });
     // The ladder's knob may lower the budget, never below a complete action.
-    const maxTokens = Math.max(worstCase ?? 1, Math.min(maxNewTokens, sc.knobs.maxNewTokens));
+    const maxTokens = Math.max(grammar.maxTokens ?? 1, Math.min(maxNewTokens, sc.knobs.maxNewTokens));
     const r = await ctx.generate(prompt, {
       maxTokens,
       grammar,

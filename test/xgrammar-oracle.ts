@@ -1,6 +1,7 @@
-// XGrammar (npm @mlc-ai/web-xgrammar, WASM) as an independent oracle for grammar tests: does a
-// GBNF admit a string, and which tokens does it admit after a prefix. Its bundle is a UMD script
-// in a "type": "module" package, so it is evaluated here as the CommonJS module it is.
+// XGrammar (npm @mlc-ai/web-xgrammar, WASM) as an independent oracle for grammar tests: which
+// tokens a GBNF admits after a prefix. Its bundle is a UMD script in a "type": "module" package, so
+// it is evaluated here as the CommonJS module it is. (Its string matcher is not used: 0.1.27 admits
+// "1000" for `([0-9] | [1-9] [0-9] | [1-9] [0-9]{2}) ("." [0-9]{1,2})?`.)
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname } from 'node:path';
@@ -21,7 +22,6 @@ interface XgMatcher {
 }
 interface XGrammar {
   Grammar: { fromEBNF(ebnf: string, root?: string): Promise<XgGrammar> };
-  Testings: { isGrammarAcceptString(g: XgGrammar, s: string): Promise<boolean> };
   TokenizerInfo: { createTokenizerInfo(vocab: string[], vocabType?: string, prependSpace?: boolean, vocabSize?: number, stop?: number[]): Promise<XgTokenizerInfo> };
   GrammarCompiler: { createGrammarCompiler(t: XgTokenizerInfo, cache?: boolean): Promise<{ compileGrammar(g: XgGrammar): Promise<XgCompiledGrammar>; dispose(): void }> };
   GrammarMatcher: { createGrammarMatcher(c: XgCompiledGrammar, stop?: number[], terminateWithoutStop?: boolean, rollback?: number): Promise<XgMatcher> };
@@ -29,7 +29,7 @@ interface XGrammar {
 
 let cached: XGrammar | undefined;
 
-export function xgrammar(): XGrammar {
+function xgrammar(): XGrammar {
   if (cached) return cached;
   const require = createRequire(import.meta.url);
   const path = require.resolve('@mlc-ai/web-xgrammar');
@@ -43,11 +43,6 @@ export function xgrammar(): XGrammar {
 /** A GBNF grammar as XGrammar reads it (its EBNF is a superset of what our grammars use). */
 export async function xgGrammar(gbnf: string): Promise<XgGrammar> {
   return xgrammar().Grammar.fromEBNF(gbnf, 'root');
-}
-
-/** Whether the grammar admits exactly `text`. */
-export async function xgAccepts(grammar: XgGrammar, text: string): Promise<boolean> {
-  return xgrammar().Testings.isGrammarAcceptString(grammar, text);
 }
 
 /** A token matcher over a vocabulary: allowed tokens (from XGrammar's bitmask) after the tokens accepted so far. */
