@@ -1,23 +1,11 @@
 // `percept calc kv` and `percept calc roofline`: memory and bandwidth calculators over a GGUF's metadata.
 // Nothing is loaded but the header; a `synth:PRESET` spec is described in memory, never written.
-import { readGGUF, type GGUFFile } from '../models/gguf.ts';
 import { attentionLayout, checkKvType, kvCacheBytes, type KvGroup } from '../models/kv.ts';
 import { DEVICE_PRESETS, roofline } from '../models/roofline.ts';
-import { describeSynthetic } from '../models/synth.ts';
+import { describeModel } from '../models/resolve.ts';
 
 const MiB = 1024 * 1024;
 const round = (x: number, digits = 3) => Number(x.toFixed(digits));
-
-async function readModelHeader(spec: string): Promise<GGUFFile> {
-  if (typeof spec !== 'string' || spec.length === 0) throw new TypeError('--model is required');
-  if (spec.startsWith('synth:')) return describeSynthetic(spec);
-  try {
-    return await readGGUF(spec);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw new Error(`--model ${spec}: file not found`);
-    throw err;
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -62,10 +50,17 @@ export interface CalcKvResult {
   readonly bytes_per_token: number;
 }
 
-const groupJson = (g: KvGroup): KvGroupJson => ({ layers: g.layers.length, cells_per_seq: g.cells, streams: g.streams, k_bytes: g.kBytes, v_bytes: g.vBytes, bytes: g.bytes });
+const groupJson = (g: KvGroup): KvGroupJson => ({
+  layers: g.layers.length,
+  cells_per_seq: g.cells,
+  streams: g.streams,
+  k_bytes: g.kBytes,
+  v_bytes: g.vBytes,
+  bytes: g.bytes,
+});
 
 export async function calcKv(opts: CalcKvOptions): Promise<CalcKvResult> {
-  const file = await readModelHeader(opts.model);
+  const file = await describeModel(opts.model);
   const layout = attentionLayout(file, opts.model);
   const kvType = checkKvType(opts.kvType ?? 'f16');
   const options = {
@@ -143,7 +138,7 @@ export async function calcRoofline(opts: CalcRooflineOptions): Promise<CalcRoofl
     }
     bandwidth = DEVICE_PRESETS[opts.device]!.bandwidthGBs;
   }
-  const file = await readModelHeader(opts.model);
+  const file = await describeModel(opts.model);
   const kvType = checkKvType(opts.kvType ?? 'f16');
   const r = roofline(file, {
     bandwidthGBs: bandwidth!,

@@ -2,16 +2,17 @@
 // `percept bench decode` (wired into commander in app/cli.ts).
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { ADDON_PATH } from '../native/binding.ts';
 import { defaultThreads, LlamaModel, type GenerateResult, type GrammarIndexInfo, type LlamaContext, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
 import { jsonSchemaToGbnf } from '../native/schema-grammar.ts';
-import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
-import { resolveModelSpec } from '../models/synth.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
+import { SAMPLING, attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
+import { resolveModel } from '../models/resolve.ts';
 import { EnergyMeter, checkEnergySource, energyJson, type EnergyJson, type EnergySource } from './energy.ts';
+import { median, quantile } from './stats.ts';
 
 const execFileAsync = promisify(execFile);
 
@@ -19,28 +20,20 @@ const execFileAsync = promisify(execFile);
 async function resolveSpeculation(flags: SpeculationFlags): Promise<SpeculationFlags> {
   return {
     ...flags,
-    draft: flags.draft ? await resolveModelSpec(flags.draft) : null,
-    draftMtp: flags.draftMtp ? await resolveModelSpec(flags.draftMtp) : null,
+    draft: flags.draft ? await resolveModel(flags.draft, 'decoder') : null,
+    draftMtp: flags.draftMtp ? await resolveModel(flags.draftMtp, 'decoder') : null,
   };
 }
 
-async function readSchemaGbnf(schemaPath: string): Promise<string> {
-  let text: string;
+/** The decoding grammar (GBNF) of an action schema file (--schema), through the same loader the pipeline uses. */
+function schemaGbnf(schemaPath: string): string {
   try {
-    text = await readFile(schemaPath, 'utf8');
+    return jsonSchemaToGbnf(loadActionSchema(schemaPath).schema);
   } catch (err) {
-    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
-  }
-  try {
-    return jsonSchemaToGbnf(JSON.parse(text) as object);
-  } catch (err) {
-    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
+    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
   }
 }
 
-async function loadSchemaGrammar(model: LlamaModel, schemaPath: string): Promise<LlamaGrammar> {
-  return model.grammar(await readSchemaGbnf(schemaPath));
-}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -48,11 +41,11 @@ export interface GenerateCommandOptions extends SpeculationFlags {
   readonly model: string;
   readonly prompt: string;
   readonly schema?: string;
+  /** Absent: the schema's worst case with --schema, else DEFAULT_MAX_TOKENS. */
   readonly maxTokens?: number;
-  readonly seed?: number;
-  readonly temperature?: number;
-  readonly gpuLayers?: number;
-  readonly jumpForward?: boolean;
+  readonly seed: number;
+  readonly temperature: number;
+  readonly gpuLayers: number;
   /** Streams decoded text pieces (CLI prints them). */
   readonly onToken?: ((piece: string) => void) | undefined;
 }
@@ -68,26 +61,29 @@ export interface GenerateCommandResult {
   readonly timings: Timings;
 }
 
+/** New tokens of a generation without a schema when --max-tokens is absent. */
+const DEFAULT_MAX_TOKENS = 128;
+
 /** `percept generate`: one prompt through the model (optionally schema-constrained and speculative). */
 export async function generate(opts: GenerateCommandOptions): Promise<GenerateCommandResult> {
   if (typeof opts.prompt !== 'string') throw new TypeError('--prompt is required');
-  const gpuLayers = opts.gpuLayers ?? 0;
-  const model = await LlamaModel.load(await resolveModelSpec(opts.model), { gpuLayers });
+  const { gpuLayers } = opts;
+  const model = await LlamaModel.load(await resolveModel(opts.model, 'decoder'), { gpuLayers });
   let draft: LlamaModel | undefined;
   try {
-    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
+    const grammar = opts.schema ? await model.grammar(schemaGbnf(opts.schema)) : undefined;
     // A schema's worst case is the default budget, so no output is cut.
-    const maxTokens = opts.maxTokens ?? grammar?.maxTokens ?? 128;
+    const maxTokens = opts.maxTokens ?? grammar?.maxTokens ?? DEFAULT_MAX_TOKENS;
     const promptTokens = model.tokenize(opts.prompt, { addSpecial: true }).length;
     const ctx = await model.createContext({ nCtx: Math.max(256, promptTokens + maxTokens + 16), nBatch: Math.max(512, promptTokens) });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
     const onToken = opts.onToken;
     const r: GenerateResult = await ctx.generate([{ text: opts.prompt, addSpecial: true }], {
       maxTokens,
-      seed: opts.seed ?? 1,
-      temperature: opts.temperature ?? 0,
-      ...(opts.temperature ? { topK: 40, topP: 0.95 } : {}),
-      ...(grammar ? { grammar, jumpForward: opts.jumpForward ?? true } : {}),
+      seed: opts.seed,
+      temperature: opts.temperature,
+      ...(opts.temperature > 0 ? SAMPLING : {}),
+      ...(grammar ? { grammar, jumpForward: true } : {}),
       ...(onToken ? { onTokens: (t: Int32Array) => onToken(model.detokenize(t)) } : {}),
     });
     return {
@@ -111,10 +107,11 @@ export async function generate(opts: GenerateCommandOptions): Promise<GenerateCo
 export interface BenchDecodeOptions extends SpeculationFlags {
   readonly model: string;
   readonly schema?: string;
-  readonly promptTokens?: number;
-  readonly genTokens?: number;
-  readonly reps?: number;
-  readonly gpuLayers?: number;
+  readonly promptTokens: number;
+  readonly genTokens: number;
+  readonly reps: number;
+  readonly gpuLayers: number;
+  /** CPU threads (absent: one per core, as llama-bench's default). */
   readonly threads?: number;
   /** Also run llama-bench (built from the same llama.cpp tree) and report the ratio. */
   readonly peer?: boolean;
@@ -189,16 +186,7 @@ export interface StructuredDecodeResult {
   readonly loadavg: { readonly start: readonly number[]; readonly end: readonly number[] };
 }
 
-const median = (xs: readonly number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
-
-const spread = (xs: readonly number[]): Spread => {
-  const s = [...xs].sort((a, b) => a - b);
-  const at = (q: number): number => (s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.floor(q * s.length))]!);
-  return { p50: at(0.5), p99: at(0.99) };
-};
+const spread = (xs: readonly number[]): Spread => ({ p50: quantile(xs, 0.5), p99: quantile(xs, 0.99) });
 
 type Arm = 'jump_forward' | 'constrained' | 'unconstrained' | 'full_vocab_check';
 const ARMS: readonly Arm[] = ['jump_forward', 'constrained', 'unconstrained', 'full_vocab_check'];
@@ -210,7 +198,7 @@ const ARMS: readonly Arm[] = ['jump_forward', 'constrained', 'unconstrained', 'f
  */
 async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath: string, promptTokens: number, reps: number): Promise<StructuredDecodeResult> {
   const start = loadavg();
-  const gbnf = await readSchemaGbnf(schemaPath);
+  const gbnf = schemaGbnf(schemaPath);
   const grammar = await model.grammar(gbnf);
   // The same grammar without an index: what decoding cost before the index (llama.cpp's check).
   const fullVocab = await model.grammar(gbnf, 'root', { maxStates: 1 });
@@ -299,13 +287,20 @@ function randomTokens(n: number, nVocab: number, seed: number): number[] {
   });
 }
 
-/** llama-bench from the addon's own build (PERCEPT_NATIVE may point at another build than build/native). */
-function findLlamaBench(): string {
+/** A llama.cpp program built next to the addon (tools/build-native.mjs, PERCEPT_PEERS), or undefined.
+ * PERCEPT_NATIVE may point at another build than build/native: its own programs are the peers. */
+export function findPeerProgram(name: string): string | undefined {
   const buildDir = dirname(dirname(ADDON_PATH));
-  for (const p of [join(buildDir, 'bin', 'llama-bench'), join(buildDir, 'bin', 'Release', 'llama-bench')]) {
-    if (existsSync(p)) return p;
-  }
-  throw new Error(`llama-bench is not built in ${buildDir}: cmake --build ${buildDir} --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)`);
+  return [join(buildDir, 'bin', name), join(buildDir, 'bin', 'Release', name)].find((p) => existsSync(p));
+}
+
+function findLlamaBench(): string {
+  const path = findPeerProgram('llama-bench');
+  if (path) return path;
+  const buildDir = dirname(dirname(ADDON_PATH));
+  throw new Error(
+    `llama-bench is not built in ${buildDir}: cmake --build ${buildDir} --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)`,
+  );
 }
 
 interface LlamaBenchRow {
@@ -322,16 +317,17 @@ interface LlamaBenchRow {
  * Board power is sampled during the decode (tg) runs only (app/energy.ts).
  */
 export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecodeResult> {
-  const promptTokens = opts.promptTokens ?? 64;
-  const genTokens = opts.genTokens ?? 128;
-  const reps = opts.reps ?? 3;
-  const gpuLayers = opts.gpuLayers ?? 0;
+  const { promptTokens, genTokens, reps, gpuLayers } = opts;
   const threads = opts.threads ?? defaultThreads();
-  for (const [k, v, min] of [['promptTokens', promptTokens, 1], ['genTokens', genTokens, 2], ['reps', reps, 1]] as const) {
+  for (const [k, v, min] of [
+    ['promptTokens', promptTokens, 1],
+    ['genTokens', genTokens, 2],
+    ['reps', reps, 1],
+  ] as const) {
     if (!Number.isInteger(v) || v < min) throw new RangeError(`bench decode: ${k} must be an integer ≥ ${min}, got ${v}`);
   }
   const energySource = checkEnergySource(opts.energy ?? 'auto');
-  const path = await resolveModelSpec(opts.model);
+  const path = await resolveModel(opts.model, 'decoder');
   const model = await LlamaModel.load(path, { gpuLayers });
   let draft: LlamaModel | undefined;
   let meter: EnergyMeter | undefined;
@@ -352,7 +348,24 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     // With --peer, llama-bench (one rep each) runs between our reps, so drifting load on a shared
     // machine hits both sides alike; the ratios use medians and best reps.
     const bench = opts.peer ? findLlamaBench() : undefined;
-    const peerArgs = ['-m', path, '-p', String(promptTokens), '-n', String(genTokens), '-r', '1', '-o', 'json', '-t', String(threads), '-ngl', String(gpuLayers), '-fa', 'auto'];
+    const peerArgs = [
+      '-m',
+      path,
+      '-p',
+      String(promptTokens),
+      '-n',
+      String(genTokens),
+      '-r',
+      '1',
+      '-o',
+      'json',
+      '-t',
+      String(threads),
+      '-ngl',
+      String(gpuLayers),
+      '-fa',
+      'auto',
+    ];
     const peerTg: number[] = [];
     const peerPp: number[] = [];
     const ppRuns: number[] = [];

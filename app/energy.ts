@@ -79,7 +79,8 @@ export class PowerIntegrator {
   add(t: number, channel: string, watts: number): void {
     let samples = this.#channels.get(channel);
     if (!samples) this.#channels.set(channel, (samples = []));
-    if (samples.length > 0 && t < samples[samples.length - 1]!.t) throw new RangeError(`power samples must come in time order (${t} < ${samples[samples.length - 1]!.t})`);
+    if (samples.length > 0 && t < samples[samples.length - 1]!.t)
+      throw new RangeError(`power samples must come in time order (${t} < ${samples[samples.length - 1]!.t})`);
     samples.push({ t, watts });
   }
 
@@ -124,7 +125,14 @@ export class PowerIntegrator {
 // Meter
 
 export type EnergyReading =
-  | { readonly available: true; readonly source: string; readonly joules: number; readonly seconds: number; readonly avgWatts: number; readonly samples: number }
+  | {
+      readonly available: true;
+      readonly source: string;
+      readonly joules: number;
+      readonly seconds: number;
+      readonly avgWatts: number;
+      readonly samples: number;
+    }
   | { readonly available: false; readonly source: string | null; readonly reason: string };
 
 export interface EnergyMeterOptions {
@@ -189,7 +197,8 @@ export class EnergyMeter {
   async #connect(options: EnergyMeterOptions): Promise<void> {
     const source = checkEnergySource(options.source ?? 'auto');
     const intervalMs = options.intervalMs ?? 100;
-    if (!Number.isInteger(intervalMs) || intervalMs < 1) throw new RangeError(`intervalMs must be an integer ≥ 1, got ${String(intervalMs)}`);
+    if (!Number.isInteger(intervalMs) || intervalMs < 1)
+      throw new RangeError(`intervalMs must be an integer ≥ 1, got ${String(intervalMs)}`);
     if (source === 'off') {
       this.#unavailable = { source: null, reason: 'energy sampling is off (--energy off)' };
       return;
@@ -219,7 +228,10 @@ export class EnergyMeter {
       if (line.trim() === '') return undefined;
       const rails = parseTegrastatsRails(line);
       const board = tegrastatsBoardPower(rails);
-      if (!board) return { unusable: rails.size > 0 ? `no known board-power rail among ${[...rails.keys()].join(', ')}` : 'no power rail in its output' };
+      if (!board)
+        return {
+          unusable: rails.size > 0 ? `no known board-power rail among ${[...rails.keys()].join(', ')}` : 'no power rail in its output',
+        };
       this.#integrator.add(t, 'board', board.watts);
       return { source: `tegrastats ${board.rails.join('+')}` };
     });
@@ -271,7 +283,9 @@ export class EnergyMeter {
         resolve(result === true ? true : `${command}: ${result}`);
       };
       const timer = setTimeout(() => settle(`no power sample within ${timeoutMs} ms`), timeoutMs);
-      child.stderr!.setEncoding('utf8').on('data', (d: string) => { stderr = (stderr + d).slice(-2000); });
+      child.stderr!.setEncoding('utf8').on('data', (d: string) => {
+        stderr = (stderr + d).slice(-2000);
+      });
       child.on('error', (err: NodeJS.ErrnoException) => settle(err.code === 'ENOENT' ? 'not found on PATH' : err.message));
       // 'close', not 'exit': stdout is drained by then, so a failure printed there is in otherOutput.
       child.on('close', (code, signal) => {
@@ -325,9 +339,26 @@ export interface EnergyJson {
 export function energyJson(reading: EnergyReading, work: { readonly tokens: number } | { readonly frames: number }): EnergyJson {
   const perWork = (value: number | null) => ('tokens' in work ? { tok_per_watt: value } : { joules_per_frame: value });
   if (!reading.available) {
-    return { available: false, source: reading.source, joules: null, avg_watts: null, seconds: null, samples: 0, ...perWork(null), reason: reading.reason };
+    return {
+      available: false,
+      source: reading.source,
+      joules: null,
+      avg_watts: null,
+      seconds: null,
+      samples: 0,
+      ...perWork(null),
+      reason: reading.reason,
+    };
   }
   const count = 'tokens' in work ? work.tokens : work.frames;
   const value = count > 0 && reading.joules > 0 ? ('tokens' in work ? count / reading.joules : reading.joules / count) : null;
-  return { available: true, source: reading.source, joules: reading.joules, avg_watts: reading.avgWatts, seconds: reading.seconds, samples: reading.samples, ...perWork(value) };
+  return {
+    available: true,
+    source: reading.source,
+    joules: reading.joules,
+    avg_watts: reading.avgWatts,
+    seconds: reading.seconds,
+    samples: reading.samples,
+    ...perWork(value),
+  };
 }

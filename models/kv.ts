@@ -13,7 +13,13 @@ import { GGMLType, blockSize, ggmlTypeName, typeSize } from './quant.ts';
 
 export const KV_TYPES = ['f32', 'f16', 'bf16', 'q8_0', 'q4_0'] as const;
 export type KvType = (typeof KV_TYPES)[number];
-const KV_GGML_TYPE: Record<KvType, number> = { f32: GGMLType.F32, f16: GGMLType.F16, bf16: GGMLType.BF16, q8_0: GGMLType.Q8_0, q4_0: GGMLType.Q4_0 };
+const KV_GGML_TYPE: Record<KvType, number> = {
+  f32: GGMLType.F32,
+  f16: GGMLType.F16,
+  bf16: GGMLType.BF16,
+  q8_0: GGMLType.Q8_0,
+  q4_0: GGMLType.Q4_0,
+};
 const isQuantized = (t: KvType) => t === 'q8_0' || t === 'q4_0';
 
 /** llama.cpp pads the context and every cache size to this many cells. */
@@ -49,7 +55,9 @@ export function attentionLayout(file: GGUFFile, label = 'model'): AttentionLayou
     throw new Error(`${label}: architecture '${arch}' is not supported (supported: ${SUPPORTED_ARCHS.join(', ')})`);
   }
   const key = (k: string) => `${arch}.${k}`;
-  const fail = (msg: string): never => { throw new Error(`${label}: ${msg}`); };
+  const fail = (msg: string): never => {
+    throw new Error(`${label}: ${msg}`);
+  };
   const uint = (k: string, fallback?: number): number => {
     const v = file.get(key(k));
     if (v === undefined) {
@@ -84,7 +92,7 @@ export function attentionLayout(file: GGUFFile, label = 'model'): AttentionLayou
   const headVSwa = uint('attention.value_length_swa', headV);
 
   let sliding: boolean[];
-  let window = 0;
+  let window: number;
   const boolPattern = (v: GGUFDecoded | undefined): boolean[] | undefined => {
     if (!Array.isArray(v)) return undefined;
     if (v.length !== nLayer) fail(`${key('attention.sliding_window_pattern')} has ${v.length} entries for ${nLayer} layers`);
@@ -95,9 +103,10 @@ export function attentionLayout(file: GGUFFile, label = 'model'): AttentionLayou
     window = uint('attention.sliding_window', 0);
     // gemma3.cpp load_swa_pattern(ml, 6): a bool array if present, else every n-th layer (default 6) is full.
     const every = typeof patternValue === 'number' ? patternValue : 6;
-    sliding = window > 0
-      ? boolPattern(patternValue) ?? Array.from({ length: nLayer }, (_, il) => every === 0 || il % every < every - 1)
-      : new Array<boolean>(nLayer).fill(false);
+    sliding =
+      window > 0
+        ? (boolPattern(patternValue) ?? Array.from({ length: nLayer }, (_, il) => every === 0 || il % every < every - 1))
+        : new Array<boolean>(nLayer).fill(false);
   } else {
     window = uint('attention.sliding_window');
     sliding = boolPattern(patternValue) ?? fail(`${key('attention.sliding_window_pattern')} (one bool per layer) is missing`);
@@ -107,7 +116,8 @@ export function attentionLayout(file: GGUFFile, label = 'model'): AttentionLayou
   // their kind (llama-model.cpp create_memory: n_layer_kv_from_start - (is_swa ? 2 : 1)).
   const kvFromStart = arch === 'gemma4' ? nLayer - uint('attention.shared_kv_layers', 0) : nLayer;
   if (arch === 'gemma4' && kvFromStart < nLayer) {
-    if (kvFromStart < 2) fail(`KV sharing needs at least 2 layers with their own cache, ${key('attention.shared_kv_layers')} leaves ${kvFromStart}`);
+    if (kvFromStart < 2)
+      fail(`KV sharing needs at least 2 layers with their own cache, ${key('attention.shared_kv_layers')} leaves ${kvFromStart}`);
     if (!sliding[kvFromStart - 2] || sliding[kvFromStart - 1]) {
       fail(`KV sharing expects layer ${kvFromStart - 2} sliding and ${kvFromStart - 1} full (the layers shared layers reuse)`);
     }
@@ -115,7 +125,14 @@ export function attentionLayout(file: GGUFFile, label = 'model'): AttentionLayou
   const layers: AttentionLayer[] = Array.from({ length: nLayer }, (_, il) => {
     const swa = sliding[il]!;
     const kvFrom: number | 'target' = arch === 'gemma4-assistant' ? 'target' : il < kvFromStart ? il : kvFromStart - (swa ? 2 : 1);
-    return { index: il, kind: swa ? 'sliding' : 'full', kvHeads: nHeadKv[il]!, headDimK: swa ? headKSwa : headK, headDimV: swa ? headVSwa : headV, kvFrom };
+    return {
+      index: il,
+      kind: swa ? 'sliding' : 'full',
+      kvHeads: nHeadKv[il]!,
+      headDimK: swa ? headKSwa : headK,
+      headDimV: swa ? headVSwa : headV,
+      kvFrom,
+    };
   });
   if (window === 0 && layers.some((l) => l.kind === 'sliding')) fail(`sliding layers but ${key('attention.sliding_window')} is 0`);
   return { arch, layers, window };
@@ -174,12 +191,14 @@ const positiveInt = (name: string, v: unknown): number => {
 /** Bytes of one cache row of `n` elements in `type` (llama.cpp needs whole blocks). */
 function rowBytes(type: KvType, n: number, what: string): number {
   const t = KV_GGML_TYPE[type];
-  if (n % blockSize(t) !== 0) throw new RangeError(`${what}: a row of ${n} elements is not a whole number of ${ggmlTypeName(t)} blocks (${blockSize(t)})`);
+  if (n % blockSize(t) !== 0)
+    throw new RangeError(`${what}: a row of ${n} elements is not a whole number of ${ggmlTypeName(t)} blocks (${blockSize(t)})`);
   return (n / blockSize(t)) * typeSize(t);
 }
 
 export function checkKvType(v: unknown): KvType {
-  if (typeof v !== 'string' || !(KV_TYPES as readonly string[]).includes(v)) throw new RangeError(`invalid KV cache type ${JSON.stringify(v)}; expected one of: ${KV_TYPES.join(', ')}`);
+  if (typeof v !== 'string' || !(KV_TYPES as readonly string[]).includes(v))
+    throw new RangeError(`invalid KV cache type ${JSON.stringify(v)}; expected one of: ${KV_TYPES.join(', ')}`);
   return v as KvType;
 }
 
@@ -191,7 +210,8 @@ export function kvCacheBytes(layout: AttentionLayout, options: KvOptions): KvEst
   const kvType = checkKvType(options.kvType ?? 'f16');
   const flash = options.flashAttention ?? true;
   const unified = options.unified ?? false;
-  if (isQuantized(kvType) && !flash) throw new RangeError(`a ${kvType} V cache needs flash attention (llama.cpp refuses a quantized V cache without it)`);
+  if (isQuantized(kvType) && !flash)
+    throw new RangeError(`a ${kvType} V cache needs flash attention (llama.cpp refuses a quantized V cache without it)`);
 
   // llama-context.cpp: n_ctx = pad(n_ctx); split caches get pad(n_ctx / n_seq) cells per sequence.
   let nCtx = pad(ctx * nSeq);
@@ -240,7 +260,9 @@ export function kvReadBytesPerToken(layout: AttentionLayout, ctx: number, kvType
   let bytes = 0;
   for (const l of layout.layers) {
     const attended = l.kind === 'sliding' ? Math.min(ctx, layout.window) : ctx;
-    bytes += attended * (rowBytes(kvType, l.kvHeads * l.headDimK, `layer ${l.index} K`) + rowBytes(kvType, l.kvHeads * l.headDimV, `layer ${l.index} V`));
+    bytes +=
+      attended *
+      (rowBytes(kvType, l.kvHeads * l.headDimK, `layer ${l.index} K`) + rowBytes(kvType, l.kvHeads * l.headDimV, `layer ${l.index} V`));
   }
   return bytes;
 }

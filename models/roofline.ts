@@ -107,11 +107,13 @@ export interface Roofline {
 
 export function roofline(file: GGUFFile, options: RooflineOptions): Roofline {
   const { bandwidthGBs } = options;
-  if (typeof bandwidthGBs !== 'number' || !Number.isFinite(bandwidthGBs) || bandwidthGBs <= 0) throw new RangeError(`bandwidth must be a number > 0 GB/s, got ${String(bandwidthGBs)}`);
+  if (typeof bandwidthGBs !== 'number' || !Number.isFinite(bandwidthGBs) || bandwidthGBs <= 0)
+    throw new RangeError(`bandwidth must be a number > 0 GB/s, got ${String(bandwidthGBs)}`);
   const ctx = options.ctx ?? 0;
   const batch = options.batch ?? 1;
   const measured = options.measuredTokS;
-  if (measured !== undefined && (!Number.isFinite(measured) || measured <= 0)) throw new RangeError(`measured tok/s must be > 0, got ${String(measured)}`);
+  if (measured !== undefined && (!Number.isFinite(measured) || measured <= 0))
+    throw new RangeError(`measured tok/s must be > 0, got ${String(measured)}`);
   const weights = weightReads(file, { batch });
   const kvBytesPerToken = ctx > 0 ? kvReadBytesPerToken(attentionLayout(file), ctx, options.kvType ?? 'f16') : 0;
   const weightBytesPerToken = weights.readBytesPerStep / batch;

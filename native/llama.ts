@@ -170,7 +170,11 @@ export class LlamaModel {
    * A chat prompt with images: renders `messages` where each `imageMarker` in a content string
    * stands for the next entry of `images`, and splits at the markers into prompt segments.
    */
-  chatPrompt(messages: readonly ChatMessage[], images: readonly ImageInput[] = [], options: { imageMarker?: string; addGenerationPrompt?: boolean } = {}): PromptSegment[] {
+  chatPrompt(
+    messages: readonly ChatMessage[],
+    images: readonly ImageInput[] = [],
+    options: { imageMarker?: string; addGenerationPrompt?: boolean } = {},
+  ): PromptSegment[] {
     const marker = options.imageMarker ?? '<__percept_image__>';
     const rendered = this.renderChat(messages, { addGenerationPrompt: options.addGenerationPrompt ?? true });
     const parts = rendered.split(marker);
@@ -201,7 +205,16 @@ export class LlamaModel {
     const threads = options.threads === undefined ? defaultThreads() : intIn('options.threads', options.threads, 1, 1024);
     const stack = new Error();
     try {
-      const native = await loadAddon().Context.create(this.native, { nCtx, nBatch, nUbatch, nSeq: 1, maxOutputs, flashAttention: fa, kvType, threads });
+      const native = await loadAddon().Context.create(this.native, {
+        nCtx,
+        nBatch,
+        nUbatch,
+        nSeq: 1,
+        maxOutputs,
+        flashAttention: fa,
+        kvType,
+        threads,
+      });
       const ctx = new LlamaContext(this, native, () => this.#contexts.delete(ctx));
       this.#contexts.add(ctx);
       return ctx;
@@ -463,11 +476,15 @@ export class LlamaContext {
       throw invalid('options.stop', 'an array of non-empty strings', options.stop);
     }
     const stopTokens = options.stopTokens === undefined ? [] : [...checkTokens('options.stopTokens', options.stopTokens, nVocab)];
-    if (options.grammar !== undefined && !(options.grammar instanceof LlamaGrammar)) throw invalid('options.grammar', 'a LlamaGrammar', options.grammar);
+    if (options.grammar !== undefined && !(options.grammar instanceof LlamaGrammar))
+      throw invalid('options.grammar', 'a LlamaGrammar', options.grammar);
     if (options.grammar && options.grammar.model !== this.model) throw new TypeError('options.grammar was built for another model');
-    if (options.signal !== undefined && !(options.signal instanceof AbortSignal)) throw invalid('options.signal', 'an AbortSignal', options.signal);
-    if (options.deadlineNs !== undefined && typeof options.deadlineNs !== 'bigint') throw invalid('options.deadlineNs', 'a bigint (monotonic ns)', options.deadlineNs);
-    if (options.onTokens !== undefined && typeof options.onTokens !== 'function') throw invalid('options.onTokens', 'a function', options.onTokens);
+    if (options.signal !== undefined && !(options.signal instanceof AbortSignal))
+      throw invalid('options.signal', 'an AbortSignal', options.signal);
+    if (options.deadlineNs !== undefined && typeof options.deadlineNs !== 'bigint')
+      throw invalid('options.deadlineNs', 'a bigint (monotonic ns)', options.deadlineNs);
+    if (options.onTokens !== undefined && typeof options.onTokens !== 'function')
+      throw invalid('options.onTokens', 'a function', options.onTokens);
     const nDraft = options.nDraft === undefined ? undefined : intIn('options.nDraft', options.nDraft, 0, 256);
     if (this.#running) throw coded('EBUSY', 'LlamaContext is busy: only one operation may run at a time on a context');
 

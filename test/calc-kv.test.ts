@@ -7,7 +7,7 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { GGUFWriter, arr, readGGUF, str, u32, type GGUFValue } from '../models/gguf.ts';
 import { attentionLayout, kvCacheBytes, kvReadBytesPerToken, type AttentionLayout, type KvType } from '../models/kv.ts';
-import { describeSynthetic } from '../models/synth.ts';
+import { describeModel } from '../models/resolve.ts';
 import { LlamaModel } from '../native/llama.ts';
 import { REPO_ROOT, ensureSynthModel, findPeer } from './fixtures.ts';
 
@@ -25,10 +25,13 @@ const range = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => 
 
 describe('attention layout read from the synthetic presets (models.md §1)', () => {
   test('gemma4-e2b: [S,S,S,S,F]x7, layers 15-34 share the caches of 13 (sliding) and 14 (full)', async () => {
-    const l = attentionLayout(await describeSynthetic('synth:gemma4-e2b'));
+    const l = attentionLayout(await describeModel('synth:gemma4-e2b'));
     assert.equal(l.layers.length, 35);
     assert.equal(l.window, 512);
-    assert.deepEqual(l.layers.filter((x) => x.kind === 'full').map((x) => x.index), [4, 9, 14, 19, 24, 29, 34]);
+    assert.deepEqual(
+      l.layers.filter((x) => x.kind === 'full').map((x) => x.index),
+      [4, 9, 14, 19, 24, 29, 34],
+    );
     for (const x of l.layers) {
       assert.equal(x.kvFrom, x.index < 15 ? x.index : x.kind === 'sliding' ? 13 : 14, `layer ${x.index}`);
       assert.deepEqual([x.kvHeads, x.headDimK, x.headDimV], x.kind === 'sliding' ? [1, 256, 256] : [1, 512, 512]);
@@ -36,28 +39,40 @@ describe('attention layout read from the synthetic presets (models.md §1)', () 
   });
 
   test('gemma4-e4b: layers 24-41 share 22 (sliding) and 23 (full); 2 KV heads', async () => {
-    const l = attentionLayout(await describeSynthetic('synth:gemma4-e4b'));
-    assert.deepEqual(l.layers.filter((x) => x.kvFrom !== x.index).map((x) => x.index), range(24, 42));
-    assert.deepEqual(new Set(l.layers.filter((x) => x.index >= 24).map((x) => `${x.kind}→${x.kvFrom}`)), new Set(['sliding→22', 'full→23']));
+    const l = attentionLayout(await describeModel('synth:gemma4-e4b'));
+    assert.deepEqual(
+      l.layers.filter((x) => x.kvFrom !== x.index).map((x) => x.index),
+      range(24, 42),
+    );
+    assert.deepEqual(
+      new Set(l.layers.filter((x) => x.index >= 24).map((x) => `${x.kind}→${x.kvFrom}`)),
+      new Set(['sliding→22', 'full→23']),
+    );
     assert.ok(l.layers.every((x) => x.kvHeads === 2));
   });
 
   test('gemma3-1b: every 6th layer is global (5, 11, 17, 23; the 26th slides), window 512', async () => {
-    const l = attentionLayout(await describeSynthetic('synth:gemma3-1b'));
-    assert.deepEqual(l.layers.filter((x) => x.kind === 'full').map((x) => x.index), [5, 11, 17, 23]);
+    const l = attentionLayout(await describeModel('synth:gemma3-1b'));
+    assert.deepEqual(
+      l.layers.filter((x) => x.kind === 'full').map((x) => x.index),
+      [5, 11, 17, 23],
+    );
     assert.equal(l.window, 512);
     assert.ok(l.layers.every((x) => x.kvFrom === x.index && x.headDimK === 256));
   });
 
-  test('a Gemma 4 assistant owns no cache: every layer reads its target\'s', async () => {
-    const l = attentionLayout(await describeSynthetic('synth:gemma4-e2b-assistant'));
+  test("a Gemma 4 assistant owns no cache: every layer reads its target's", async () => {
+    const l = attentionLayout(await describeModel('synth:gemma4-e2b-assistant'));
     assert.ok(l.layers.every((x) => x.kvFrom === 'target'));
     assert.equal(kvCacheBytes(l, { ctx: 4096 }).totalBytes, 0);
   });
 
-  test('llama.cpp\'s logged caches at -c 2048 (models.md §4/§6): E2B 12 MiB full (3 layers) + 12 MiB SWA (12), E4B 32 + 40 MiB', async () => {
-    for (const [preset, full, fullLayers, swa, swaLayers] of [['gemma4-e2b', 12, 3, 12, 12], ['gemma4-e4b', 32, 4, 40, 20]] as const) {
-      const e = kvCacheBytes(attentionLayout(await describeSynthetic(`synth:${preset}`)), { ctx: 2048 });
+  test("llama.cpp's logged caches at -c 2048 (models.md §4/§6): E2B 12 MiB full (3 layers) + 12 MiB SWA (12), E4B 32 + 40 MiB", async () => {
+    for (const [preset, full, fullLayers, swa, swaLayers] of [
+      ['gemma4-e2b', 12, 3, 12, 12],
+      ['gemma4-e4b', 32, 4, 40, 20],
+    ] as const) {
+      const e = kvCacheBytes(attentionLayout(await describeModel(`synth:${preset}`)), { ctx: 2048 });
       assert.equal(e.full.bytes, full * MiB, preset);
       assert.equal(e.full.layers.length, fullLayers, preset);
       assert.equal(e.sliding.bytes, swa * MiB, preset);
@@ -106,13 +121,17 @@ interface LoggedCache {
   vMib: number;
 }
 
-const CACHE_LINE = /llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)\/(\d+) seqs\), K \(\w+\):\s*([\d.]+) MiB, V \(\w+\):\s*([\d.]+) MiB/g;
+const CACHE_LINE =
+  /llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)\/(\d+) seqs\), K \(\w+\):\s*([\d.]+) MiB, V \(\w+\):\s*([\d.]+) MiB/g;
 
-describe('against the caches llama.cpp\'s own program logs (tool defaults: bounded SWA cache, split streams)', () => {
+describe("against the caches llama.cpp's own program logs (tool defaults: bounded SWA cache, split streams)", () => {
   const peer = findPeer('llama-speculative-simple');
   const skip = peer ? false : 'llama-speculative-simple not built (PERCEPT_PEERS="llama-speculative-simple" node tools/build-native.mjs)';
   // [llama.cpp arguments, our options]. -c is llama.cpp's total context; ours is per sequence.
-  const cases: [string[], { ctx: number; batch?: number; kvType?: KvType; ubatch?: number; swaFull?: boolean; flashAttention?: boolean }][] = [
+  const cases: [
+    string[],
+    { ctx: number; batch?: number; kvType?: KvType; ubatch?: number; swaFull?: boolean; flashAttention?: boolean },
+  ][] = [
     [['-c', '8192'], { ctx: 8192 }],
     [['-c', '3000', '-np', '3'], { ctx: 1000, batch: 3 }],
     [['-c', '4096', '-ctk', 'q4_0', '-ctv', 'q4_0', '-fa', 'on'], { ctx: 4096, kvType: 'q4_0' }],
@@ -122,48 +141,75 @@ describe('against the caches llama.cpp\'s own program logs (tool defaults: bound
     [['-c', '1000', '-b', '64', '-ub', '64'], { ctx: 1000, ubatch: 64 }],
   ];
   // gemma4-tiny has every layer kind (sliding, full, KV-shared, two head sizes); gemma3-tiny the 1-in-6 pattern.
-  for (const [preset, settings] of [['gemma4-tiny', cases], ['gemma3-tiny', cases.slice(0, 3)]] as const) {
-    test(`${preset}: cells, layers, streams and MiB of each cache match (${settings.length} settings)`, { skip, timeout: 300_000 }, async () => {
-      const path = await ensureSynthModel(preset);
-      const layout = attentionLayout(await readGGUF(path));
-      for (const [args, options] of settings) {
-        // With no draft model given, the program builds the target context (logging its caches) and stops
-        // before generating anything.
-        const log = await run(peer!, ['-m', path, '-fit', 'off', '-t', '1', '-p', 'hi', '-v', ...args], { cwd: REPO_ROOT, timeout: 60_000, maxBuffer: 64 << 20 })
-          .then(({ stdout, stderr }) => stdout + stderr, (err: { stdout?: string; stderr?: string }) => `${err.stdout ?? ''}${err.stderr ?? ''}`);
-        const logged: LoggedCache[] = [...log.matchAll(CACHE_LINE)].map((m) => ({
-          mib: Number(m[1]), cells: Number(m[2]), layers: Number(m[3]), seqs: Number(m[4]), streams: Number(m[5]), kMib: Number(m[6]), vMib: Number(m[7]),
-        }));
-        const what = `${preset} ${args.join(' ')}`;
-        assert.equal(logged.length, 2, `${what}: expected the non-SWA and the SWA cache lines, log tail:\n${log.slice(-2000)}`);
-        const e = kvCacheBytes(layout, options);
-        // llama.cpp prints MiB with two decimals.
-        const near = (ours: number, printed: number, label: string) => assert.ok(Math.abs(ours / MiB - printed) <= 0.0051, `${what} ${label}: ours ${(ours / MiB).toFixed(4)} MiB, llama.cpp ${printed}`);
-        for (const [group, line] of [[e.full, logged[0]!], [e.sliding, logged[1]!]] as const) {
-          assert.equal(group.cells, line.cells, `${what}: cells`);
-          assert.equal(group.layers.length, line.layers, `${what}: layers`);
-          assert.equal(group.streams, line.streams, `${what}: streams`);
-          near(group.bytes, line.mib, 'size');
-          near(group.kBytes, line.kMib, 'K');
-          near(group.vBytes, line.vMib, 'V');
+  for (const [preset, settings] of [
+    ['gemma4-tiny', cases],
+    ['gemma3-tiny', cases.slice(0, 3)],
+  ] as const) {
+    test(
+      `${preset}: cells, layers, streams and MiB of each cache match (${settings.length} settings)`,
+      { skip, timeout: 300_000 },
+      async () => {
+        const path = await ensureSynthModel(preset);
+        const layout = attentionLayout(await readGGUF(path));
+        for (const [args, options] of settings) {
+          // With no draft model given, the program builds the target context (logging its caches) and stops
+          // before generating anything.
+          const log = await run(peer!, ['-m', path, '-fit', 'off', '-t', '1', '-p', 'hi', '-v', ...args], {
+            cwd: REPO_ROOT,
+            timeout: 60_000,
+            maxBuffer: 64 << 20,
+          }).then(
+            ({ stdout, stderr }) => stdout + stderr,
+            (err: { stdout?: string; stderr?: string }) => `${err.stdout ?? ''}${err.stderr ?? ''}`,
+          );
+          const logged: LoggedCache[] = [...log.matchAll(CACHE_LINE)].map((m) => ({
+            mib: Number(m[1]),
+            cells: Number(m[2]),
+            layers: Number(m[3]),
+            seqs: Number(m[4]),
+            streams: Number(m[5]),
+            kMib: Number(m[6]),
+            vMib: Number(m[7]),
+          }));
+          const what = `${preset} ${args.join(' ')}`;
+          assert.equal(logged.length, 2, `${what}: expected the non-SWA and the SWA cache lines, log tail:\n${log.slice(-2000)}`);
+          const e = kvCacheBytes(layout, options);
+          // llama.cpp prints MiB with two decimals.
+          const near = (ours: number, printed: number, label: string) =>
+            assert.ok(
+              Math.abs(ours / MiB - printed) <= 0.0051,
+              `${what} ${label}: ours ${(ours / MiB).toFixed(4)} MiB, llama.cpp ${printed}`,
+            );
+          for (const [group, line] of [
+            [e.full, logged[0]!],
+            [e.sliding, logged[1]!],
+          ] as const) {
+            assert.equal(group.cells, line.cells, `${what}: cells`);
+            assert.equal(group.layers.length, line.layers, `${what}: layers`);
+            assert.equal(group.streams, line.streams, `${what}: streams`);
+            near(group.bytes, line.mib, 'size');
+            near(group.kBytes, line.kMib, 'K');
+            near(group.vBytes, line.vMib, 'V');
+          }
         }
-      }
-    });
+      },
+    );
   }
 });
 
 describe('options and errors', () => {
-  const gemma3Like = (extra: Record<string, GGUFValue> = {}) => header({
-    'general.architecture': str('gemma3'),
-    'gemma3.block_count': u32(6),
-    'gemma3.embedding_length': u32(64),
-    'gemma3.attention.head_count': u32(2),
-    'gemma3.attention.head_count_kv': u32(1),
-    'gemma3.attention.key_length': u32(64),
-    'gemma3.attention.value_length': u32(64),
-    'gemma3.attention.sliding_window': u32(128),
-    ...extra,
-  });
+  const gemma3Like = (extra: Record<string, GGUFValue> = {}) =>
+    header({
+      'general.architecture': str('gemma3'),
+      'gemma3.block_count': u32(6),
+      'gemma3.embedding_length': u32(64),
+      'gemma3.attention.head_count': u32(2),
+      'gemma3.attention.head_count_kv': u32(1),
+      'gemma3.attention.key_length': u32(64),
+      'gemma3.attention.value_length': u32(64),
+      'gemma3.attention.sliding_window': u32(128),
+      ...extra,
+    });
 
   test('a unified cache: one stream of pad256(ctx·batch) cells; the window grows with the sequences', async () => {
     const l = attentionLayout(await gemma3Like());
@@ -190,8 +236,13 @@ describe('options and errors', () => {
   });
 
   test('an explicit per-layer pattern array wins over the default 1-in-6', async () => {
-    const l = attentionLayout(await gemma3Like({ 'gemma3.attention.sliding_window_pattern': arr('bool', [true, false, true, false, true, false]) }));
-    assert.deepEqual(l.layers.map((x) => x.kind), ['sliding', 'full', 'sliding', 'full', 'sliding', 'full']);
+    const l = attentionLayout(
+      await gemma3Like({ 'gemma3.attention.sliding_window_pattern': arr('bool', [true, false, true, false, true, false]) }),
+    );
+    assert.deepEqual(
+      l.layers.map((x) => x.kind),
+      ['sliding', 'full', 'sliding', 'full', 'sliding', 'full'],
+    );
   });
 
   test('KV reads per token: sliding layers read the window, full layers the context, shared layers their source again', () => {
@@ -218,36 +269,66 @@ describe('options and errors', () => {
     assert.throws(() => kvCacheBytes(l, { ctx: 4096, kvType: 'q5_1' as KvType }), /invalid KV cache type "q5_1"/);
     const odd = attentionLayout(await gemma3Like({ 'gemma3.attention.key_length': u32(48), 'gemma3.attention.value_length': u32(48) }));
     assert.throws(() => kvCacheBytes(odd, { ctx: 256, kvType: 'q4_0' }), /48 elements is not a whole number of Q4_0 blocks/);
-    await assert.rejects(async () => attentionLayout(await header({ 'general.architecture': str('llama'), 'llama.block_count': u32(2) }), 'x.gguf'), /x\.gguf: architecture 'llama' is not supported/);
-    await assert.rejects(async () => attentionLayout(await header({
-      'general.architecture': str('gemma4'), 'gemma4.block_count': u32(2), 'gemma4.embedding_length': u32(64), 'gemma4.attention.sliding_window': u32(128),
-    })), /gemma4\.attention\.sliding_window_pattern \(one bool per layer\) is missing/);
-    await assert.rejects(async () => attentionLayout(await gemma3Like({ 'gemma3.attention.sliding_window_pattern': arr('bool', [true, false]) })), /has 2 entries for 6 layers/);
-    await assert.rejects(async () => attentionLayout(await header({
-      'general.architecture': str('gemma4'), 'gemma4.block_count': u32(4), 'gemma4.embedding_length': u32(64), 'gemma4.attention.sliding_window': u32(128),
-      'gemma4.attention.sliding_window_pattern': arr('bool', [true, true, false, false]), 'gemma4.attention.shared_kv_layers': u32(2),
-    })), /expects layer 0 sliding and 1 full/);
+    await assert.rejects(
+      async () => attentionLayout(await header({ 'general.architecture': str('llama'), 'llama.block_count': u32(2) }), 'x.gguf'),
+      /x\.gguf: architecture 'llama' is not supported/,
+    );
+    await assert.rejects(
+      async () =>
+        attentionLayout(
+          await header({
+            'general.architecture': str('gemma4'),
+            'gemma4.block_count': u32(2),
+            'gemma4.embedding_length': u32(64),
+            'gemma4.attention.sliding_window': u32(128),
+          }),
+        ),
+      /gemma4\.attention\.sliding_window_pattern \(one bool per layer\) is missing/,
+    );
+    await assert.rejects(
+      async () => attentionLayout(await gemma3Like({ 'gemma3.attention.sliding_window_pattern': arr('bool', [true, false]) })),
+      /has 2 entries for 6 layers/,
+    );
+    await assert.rejects(
+      async () =>
+        attentionLayout(
+          await header({
+            'general.architecture': str('gemma4'),
+            'gemma4.block_count': u32(4),
+            'gemma4.embedding_length': u32(64),
+            'gemma4.attention.sliding_window': u32(128),
+            'gemma4.attention.sliding_window_pattern': arr('bool', [true, true, false, false]),
+            'gemma4.attention.shared_kv_layers': u32(2),
+          }),
+        ),
+      /expects layer 0 sliding and 1 full/,
+    );
   });
 });
 
 describe('percept calc kv', () => {
-  const cli = (...args: string[]) => run(process.execPath, ['--import', 'tsx', 'app/cli.ts', 'calc', 'kv', ...args], { cwd: REPO_ROOT, timeout: 60_000 });
+  const cli = (...args: string[]) =>
+    run(process.execPath, ['--import', 'tsx', 'app/cli.ts', 'calc', 'kv', ...args], { cwd: REPO_ROOT, timeout: 60_000 });
 
-  test('--json on a preset spec (described in memory, nothing written): the breakdown adds up to total_bytes', { timeout: 60_000 }, async () => {
-    const { stdout } = await cli('-m', 'synth:gemma4-e2b?wtype=q4_k', '--ctx', '4096', '--json');
-    const r = JSON.parse(stdout);
-    assert.equal(r.arch, 'gemma4');
-    assert.equal(r.total_bytes, r.full.bytes + r.sliding.bytes);
-    assert.deepEqual([r.full.layers, r.sliding.layers, r.kv_shared.layers, r.kv_shared.bytes], [3, 12, 20, 0]);
-    assert.equal(r.sliding.cells_per_seq, 1024); // window 512 + ubatch 512
-    assert.equal(r.full.cells_per_seq, 4096);
-    assert.equal(r.n_ctx, 4096);
-  });
+  test(
+    '--json on a preset spec (described in memory, nothing written): the breakdown adds up to total_bytes',
+    { timeout: 60_000 },
+    async () => {
+      const { stdout } = await cli('-m', 'synth:gemma4-e2b?wtype=q4_k', '--ctx', '4096', '--json');
+      const r = JSON.parse(stdout);
+      assert.equal(r.arch, 'gemma4');
+      assert.equal(r.total_bytes, r.full.bytes + r.sliding.bytes);
+      assert.deepEqual([r.full.layers, r.sliding.layers, r.kv_shared.layers, r.kv_shared.bytes], [3, 12, 20, 0]);
+      assert.equal(r.sliding.cells_per_seq, 1024); // window 512 + ubatch 512
+      assert.equal(r.full.cells_per_seq, 4096);
+      assert.equal(r.n_ctx, 4096);
+    },
+  );
 
   test('a missing file fails with its name, exit code 1', { timeout: 60_000 }, async () => {
     await assert.rejects(cli('-m', 'no/such.gguf', '--ctx', '4096'), (err: { code?: number; stderr?: string }) => {
       assert.equal(err.code, 1);
-      assert.match(err.stderr ?? '', /no\/such\.gguf: file not found/);
+      assert.match(err.stderr ?? '', /model file not found: .*no\/such\.gguf/);
       return true;
     });
   });

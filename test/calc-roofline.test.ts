@@ -7,7 +7,7 @@ import { promisify } from 'node:util';
 import { GGUFWriter, arr, readGGUF, str, u32 } from '../models/gguf.ts';
 import { GGMLType } from '../models/quant.ts';
 import { roofline, weightReads } from '../models/roofline.ts';
-import { describeSynthetic } from '../models/synth.ts';
+import { describeModel } from '../models/resolve.ts';
 import { REPO_ROOT } from './fixtures.ts';
 
 const run = promisify(execFile);
@@ -69,7 +69,7 @@ describe('weight bytes read per token', () => {
   });
 
   test('Gemma 4 E2B (Q4_K_M mix): the 35·256-wide per-layer table costs one Q6_K row, 35·256/256·210 bytes', async () => {
-    const r = weightReads(await describeSynthetic('synth:gemma4-e2b?wtype=q4_k'));
+    const r = weightReads(await describeModel('synth:gemma4-e2b?wtype=q4_k'));
     const ple = r.tensors.find((t) => t.name === 'per_layer_token_embd.weight')!;
     assert.equal(ple.type, 'Q6_K');
     assert.equal(ple.readBytes, 35 * 210);
@@ -98,21 +98,32 @@ describe('ceiling', () => {
     assert.throws(() => roofline(f, { bandwidthGBs: 1, measuredTokS: -1 }), /measured tok\/s must be > 0/);
   });
 
-  test('the anchors\' figure: a Gemma-3-4B-shaped Q4_K_M reads 2.48 GB a token (within 1 %)', async () => {
-    const r = roofline(await describeSynthetic('synth:gemma3-4b?wtype=q4_k'), { bandwidthGBs: 4300 });
+  test("the anchors' figure: a Gemma-3-4B-shaped Q4_K_M reads 2.48 GB a token (within 1 %)", async () => {
+    const r = roofline(await describeModel('synth:gemma3-4b?wtype=q4_k'), { bandwidthGBs: 4300 });
     assert.ok(Math.abs(r.bytesPerToken / 2.48e9 - 1) < 0.01, `${r.bytesPerToken} bytes`);
   });
 });
 
 describe('percept calc roofline', () => {
-  const cli = (...args: string[]) => run(process.execPath, ['--import', 'tsx', 'app/cli.ts', 'calc', 'roofline', ...args], { cwd: REPO_ROOT, timeout: 60_000 });
+  const cli = (...args: string[]) =>
+    run(process.execPath, ['--import', 'tsx', 'app/cli.ts', 'calc', 'roofline', ...args], { cwd: REPO_ROOT, timeout: 60_000 });
 
   test('--device h200 --measured-tok-s: ceiling and percent in the JSON', { timeout: 60_000 }, async () => {
-    const { stdout } = await cli('-m', 'synth:gemma4-e4b?wtype=q4_k', '--device', 'h200', '--measured-tok-s', '230', '--ctx', '4096', '--json');
+    const { stdout } = await cli(
+      '-m',
+      'synth:gemma4-e4b?wtype=q4_k',
+      '--device',
+      'h200',
+      '--measured-tok-s',
+      '230',
+      '--ctx',
+      '4096',
+      '--json',
+    );
     const r = JSON.parse(stdout);
     assert.equal(r.bandwidth_gbs, 4800);
     assert.equal(r.bytes_per_token, r.weight_bytes_per_token + r.kv_bytes_per_token);
-    assert.ok(r.lookup_bytes_not_read > 2 * 2 ** 30, 'E4B\'s per-layer table is looked up, not streamed');
+    assert.ok(r.lookup_bytes_not_read > 2 * 2 ** 30, "E4B's per-layer table is looked up, not streamed");
     assert.ok(Math.abs(r.ceiling_tok_s - 4800e9 / r.bytes_per_token) < 0.1);
     assert.ok(Math.abs(r.percent_of_ceiling - (100 * 230) / r.ceiling_tok_s) < 0.01);
   });
@@ -120,6 +131,9 @@ describe('percept calc roofline', () => {
   test('bandwidth: exactly one of --bandwidth-gbs and --device; unknown devices are named', { timeout: 60_000 }, async () => {
     await assert.rejects(cli('-m', 'synth:gemma3-1b', '--device', 'h200', '--bandwidth-gbs', '100'), /cannot be used with/);
     await assert.rejects(cli('-m', 'synth:gemma3-1b'), /give one of --bandwidth-gbs or --device/);
-    await assert.rejects(cli('-m', 'synth:gemma3-1b', '--device', 'a100'), /unknown --device 'a100'; expected one of: jetson-orin-nano-8gb/);
+    await assert.rejects(
+      cli('-m', 'synth:gemma3-1b', '--device', 'a100'),
+      /unknown --device 'a100'; expected one of: jetson-orin-nano-8gb/,
+    );
   });
 });

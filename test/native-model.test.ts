@@ -96,10 +96,16 @@ describe('native model', () => {
     assert.match(text, /SYS/);
     assert.match(text, /hi/);
     assert.ok(text.indexOf('SYS') < text.indexOf('hi'));
-    const segs = model.chatPrompt([{ role: 'user', content: 'look <__percept_image__> now' }], [{ data: new Float32Array(3 * 64), nTokens: 3 }]);
+    const segs = model.chatPrompt(
+      [{ role: 'user', content: 'look <__percept_image__> now' }],
+      [{ data: new Float32Array(3 * 64), nTokens: 3 }],
+    );
     assert.equal(segs.length, 3);
     assert.ok('image' in segs[1]!);
-    assert.throws(() => model.chatPrompt([{ role: 'user', content: 'no marker' }], [{ data: new Float32Array(64), nTokens: 1 }]), /1 image/);
+    assert.throws(
+      () => model.chatPrompt([{ role: 'user', content: 'no marker' }], [{ data: new Float32Array(64), nTokens: 1 }]),
+      /1 image/,
+    );
   });
 
   test('JSON Schema becomes GBNF', () => {
@@ -201,7 +207,10 @@ describe('native model', () => {
       const m = await LlamaModel.load(gemma4, { vocabOnly: true });
       await m.dispose();
       await m.dispose(); // idempotent
-      assert.throws(() => m.tokenize('x'), (e: Error & { code?: string }) => e.code === 'EDISPOSED');
+      assert.throws(
+        () => m.tokenize('x'),
+        (e: Error & { code?: string }) => e.code === 'EDISPOSED',
+      );
       const ctx = await model.createContext({ nCtx: 64 });
       await ctx.dispose();
       await assert.rejects(ctx.generate([{ text: 'x' }], { maxTokens: 1 }), (e: Error & { code?: string }) => e.code === 'EDISPOSED');

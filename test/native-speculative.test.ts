@@ -26,7 +26,12 @@ describe('speculative decoding parity on gemma4-tiny', () => {
     await target.dispose();
   });
 
-  const cases: { name: string; draft?: string; options: (d?: LlamaModel) => SpeculatorOptions; check: (drafted: number, accepted: number) => void }[] = [
+  const cases: {
+    name: string;
+    draft?: string;
+    options: (d?: LlamaModel) => SpeculatorOptions;
+    check: (drafted: number, accepted: number) => void;
+  }[] = [
     {
       name: 'draft model (a different, smaller gemma4)',
       draft: 'gemma4-tiny-draft',

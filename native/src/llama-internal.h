@@ -5,6 +5,7 @@
 // llama-internal.cc alone, and test/native-headers.test.ts checks the rule for tools/mtmd.
 #pragma once
 
+#include "ggml-backend.h"
 #include "llama.h"
 
 #include <bitset>
@@ -16,7 +17,8 @@
 #include <vector>
 
 struct llama_grammar;  // src/llama-grammar.h
-struct clip_ctx;       // tools/mtmd/clip.h
+struct clip_ctx;               // tools/mtmd/clip.h
+struct clip_image_f32_batch;  // tools/mtmd/clip-impl.h
 
 namespace percept {
 
@@ -101,15 +103,46 @@ struct ClipOptions {
     bool useGpu = false;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     bool warmup = true;           // allocate compute buffers at load with a full-size dummy image
+    // Asked by ggml's scheduler about every graph node of an encode (profiling), or null.
+    ggml_backend_sched_eval_callback evalCallback = nullptr;
+    void * evalCallbackData = nullptr;
 };
 // Loads the vision tower of an mmproj GGUF; null on failure (llama.cpp logs the reason).
 clip_ctx * clipLoad(const std::string & path, const ClipOptions & options);
 void clipFree(clip_ctx * ctx);
 // Output width (the decoder's n_embd).
 int32_t clipEmbdWidth(const clip_ctx * ctx);
-// Encodes one image given as interleaved RGB rows (HWC, row-major; consumed): fills `out` with
-// nTokens × clipEmbdWidth floats and returns nTokens, or -1 on failure (llama.cpp logs why).
-int32_t clipEncode(clip_ctx * ctx, int32_t threads, int32_t width, int32_t height, std::vector<float> && hwc, std::vector<float> & out);
+// Whether one graph encodes several images (gemma4v); otherwise each image takes its own graph.
+bool clipSupportsBatch(const clip_ctx * ctx);
+
+class ClipImages;
+// Output tokens of each image (they all have one size).
+int32_t clipOutputTokens(const clip_ctx * ctx, const ClipImages & images);
+// Encodes images [first, first + count) in one graph: `out` receives count × tokens × width floats.
+// False on failure (llama.cpp logs why).
+bool clipEncode(clip_ctx * ctx, int32_t threads, ClipImages & images, size_t first, size_t count, std::vector<float> & out);
+
+// Images of one size as clip takes them: interleaved RGB rows (HWC, row-major). Kept from one encode
+// to the next, so each image's buffer keeps its capacity.
+class ClipImages {
+public:
+    ClipImages();
+    ~ClipImages();
+    ClipImages(const ClipImages &) = delete;
+    ClipImages & operator=(const ClipImages &) = delete;
+
+    void resize(size_t n);
+    size_t size() const;
+    // Image i becomes width × height with these pixels (width × height × 3 floats, copied).
+    void set(size_t i, int32_t width, int32_t height, const std::vector<float> & hwc);
+    // Frees every image's buffer.
+    void clear();
+
+private:
+    friend int32_t clipOutputTokens(const clip_ctx * ctx, const ClipImages & images);
+    friend bool clipEncode(clip_ctx * ctx, int32_t threads, ClipImages & images, size_t first, size_t count, std::vector<float> & out);
+    std::unique_ptr<clip_image_f32_batch> batch_;
+};
 
 struct DeviceBytes {
     std::string device;
