@@ -41,8 +41,13 @@ export const DEFAULT_N_CTX = 4096;
 export const DEFAULT_N_BATCH = 512;
 /** Longest draft per speculative step. */
 export const DRAFT_MAX = 4;
-/** Outputs of one decode: the last token, up to DRAFT_MAX tokens the grammar forces, and DRAFT_MAX drafts. */
-export const MAX_OUTPUTS = 1 + 2 * DRAFT_MAX;
+/**
+ * Logits rows of one decode. A verify batch reads the row of the last certain token (the one sampled,
+ * or the end of a jump-forward run: the run's earlier tokens ride in the batch without rows) and one
+ * row per draft; forced tokens inside a draft are drafts and count toward DRAFT_MAX. The generate loop
+ * caps a draft at maxOutputs − 1, so a larger nDraft needs a context with more outputs.
+ */
+export const MAX_OUTPUTS = 1 + DRAFT_MAX;
 /** Automaton states before a grammar is declared too big for a token index. */
 export const GRAMMAR_MAX_STATES = 20000;
 /** (token, state) entries before a grammar is declared too big for a token index (64 MiB). */

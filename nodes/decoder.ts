@@ -6,7 +6,9 @@ import type { EncoderContract, Generation, ImageEmbedding } from './payloads.ts'
 import type { DecoderConfig } from '../pipeline/config.ts';
 import { StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
 import {
+  DRAFT_MAX,
   LlamaModel,
+  MAX_OUTPUTS,
   type LlamaContext,
   type LlamaGrammar,
   type ModelInfo,
@@ -14,10 +16,6 @@ import {
   type SpeculatorOptions,
 } from '../native/llama.ts';
 
-/** Longest draft the decode stage asks for. */
-const DRAFT_MAX = 4;
-/** Logits rows per decode: a verify batch is the last accepted token plus up to DRAFT_MAX drafted ones. */
-const MAX_OUTPUTS = DRAFT_MAX + 1;
 /** Physical batch: an image attended bidirectionally must fit one ubatch (Gemma 4's largest is 1120 tokens). */
 const IMAGE_UBATCH = 1152;
 /** n-gram length the ngram-simple drafter matches on. */
