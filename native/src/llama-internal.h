@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-struct llama_grammar;  // src/llama-grammar.h
-struct clip_ctx;               // tools/mtmd/clip.h
+struct llama_grammar;         // src/llama-grammar.h
+struct clip_ctx;              // tools/mtmd/clip.h
 struct clip_image_f32_batch;  // tools/mtmd/clip-impl.h
 
 namespace percept {

@@ -67,10 +67,12 @@ VisionMeta readVisionMeta(const std::string & path) {
     int64_t arch = gguf_find_key(g.get(), "general.architecture");
     if (arch >= 0 && gguf_get_kv_type(g.get(), arch) == GGUF_TYPE_STRING) {
         std::string a = gguf_get_val_str(g.get(), arch);
-        if (a != "clip") throw std::runtime_error("general.architecture is '" + a + "', not 'clip': this is not an mmproj file (a decoder GGUF?)");
+        if (a != "clip")
+            throw std::runtime_error("general.architecture is '" + a + "', not 'clip': this is not an mmproj file (a decoder GGUF?)");
     }
     int64_t hv = findKey(g.get(), "clip.has_vision_encoder", GGUF_TYPE_BOOL, false);
-    if (hv < 0 || !gguf_get_val_bool(g.get(), hv)) throw std::runtime_error("the file has no vision encoder (clip.has_vision_encoder is not true)");
+    if (hv < 0 || !gguf_get_val_bool(g.get(), hv))
+        throw std::runtime_error("the file has no vision encoder (clip.has_vision_encoder is not true)");
 
     VisionMeta m;
     m.path = path;
@@ -96,7 +98,8 @@ VisionMeta readVisionMeta(const std::string & path) {
     checkF32Array(g.get(), "clip.vision.image_mean");
     checkF32Array(g.get(), "clip.vision.image_std");
     m.merge = readU32(g.get(), "clip.vision.projector.scale_factor", false, m.projector == "gemma3" ? 4 : 3);
-    if (m.patchSize <= 0 || m.hidden <= 0 || m.heads <= 0 || m.merge <= 0) throw std::runtime_error("patch size, width, heads and pooling must be positive");
+    if (m.patchSize <= 0 || m.hidden <= 0 || m.heads <= 0 || m.merge <= 0)
+        throw std::runtime_error("patch size, width, heads and pooling must be positive");
     if (m.projector == "gemma4v") {
         ggml_tensor * pos = meta ? ggml_get_tensor(meta.get(), "v.position_embd.weight") : nullptr;
         if (pos == nullptr || pos->ne[0] != m.hidden || pos->ne[2] != 2) {
@@ -148,10 +151,12 @@ VisionLoadReport parseLoadReport(const std::string & log) {
         if (const char * p = std::strstr(line.c_str(), "flash attention is ")) {
             r.flashAttention = std::strncmp(p + 19, "enabled", 7) == 0 ? 1 : 0;
             inUnsupported = false;
-        } else if (const char * g = std::strstr(line.c_str(), "graph splits = "); g && std::sscanf(g, "graph splits = %d, nodes = %d", &a, &b) == 2) {
+        } else if (const char * g = std::strstr(line.c_str(), "graph splits = ");
+                   g && std::sscanf(g, "graph splits = %d, nodes = %d", &a, &b) == 2) {
             r.graphSplits = a;
             r.graphNodes = b;
-        } else if (const char * c = std::strstr(line.c_str(), ": "); c && std::strstr(line.c_str(), "compute buffer size") && std::sscanf(c + 2, "%63s compute buffer size = %lf MiB", name, &mib) == 2) {
+        } else if (const char * c = std::strstr(line.c_str(), ": "); c && std::strstr(line.c_str(), "compute buffer size") &&
+                   std::sscanf(c + 2, "%63s compute buffer size = %lf MiB", name, &mib) == 2) {
             // A retried reservation (flash attention unsupported) reports its buffers again.
             auto it = std::find_if(r.computeBuffersMiB.begin(), r.computeBuffersMiB.end(), [&](const auto & e) { return e.first == name; });
             if (it != r.computeBuffersMiB.end()) it->second = mib;
@@ -217,7 +222,7 @@ public:
 protected:
     void Execute() override {
         try {
-            struct stat st{};
+            struct stat st {};
             if (stat(opts_.path.c_str(), &st) != 0) {
                 SetCodedError("ENOENT", "ENOENT: mmproj file not found: " + opts_.path);
                 return;
@@ -248,8 +253,9 @@ protected:
         Napi::Env env = Env();
         clip_ctx * c = ctx_;
         ctx_ = nullptr;  // ownership moves to the JS object
-        Napi::Object obj = ctor_.New({Napi::External<clip_ctx>::New(env, c), Napi::External<VisionMeta>::New(env, &meta_),
-                                      Napi::External<VisionLoadReport>::New(env, &report_), Napi::External<VisionProfile>::New(env, profile_.release())});
+        Napi::Object obj =
+            ctor_.New({Napi::External<clip_ctx>::New(env, c), Napi::External<VisionMeta>::New(env, &meta_),
+                       Napi::External<VisionLoadReport>::New(env, &report_), Napi::External<VisionProfile>::New(env, profile_.release())});
         deferred_.Resolve(obj);
     }
 
@@ -283,7 +289,8 @@ void toInterleaved(const float * src, Layout layout, size_t w, size_t h, size_t 
     for (size_t y = 0; y < h; y++) {
         const float * patchRow = src + (y / patch) * cols * patchValues + (y % patch) * patch * 3;
         float * out = hwc + y * w * 3;
-        for (size_t px = 0; px < cols; px++) std::copy(patchRow + px * patchValues, patchRow + px * patchValues + patch * 3, out + px * patch * 3);
+        for (size_t px = 0; px < cols; px++)
+            std::copy(patchRow + px * patchValues, patchRow + px * patchValues + patch * 3, out + px * patch * 3);
     }
 }
 
@@ -292,10 +299,10 @@ void toInterleaved(const float * src, Layout layout, size_t w, size_t h, size_t 
 // JS ArrayBuffer without a copy.
 class EncodeWorker : public PromiseWorker {
 public:
-    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, const std::vector<Napi::Float32Array> & images, Layout layout, int32_t width, int32_t height,
-                 VisionProfile::Mode profile, bool single)
-        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision), layout_(layout), width_(width), height_(height),
-          profileMode_(profile), single_(single) {
+    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, const std::vector<Napi::Float32Array> & images, Layout layout,
+                 int32_t width, int32_t height, VisionProfile::Mode profile, bool single)
+        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision), layout_(layout),
+          width_(width), height_(height), profileMode_(profile), single_(single) {
         for (const auto & px : images) {
             refs_.push_back(Napi::Persistent(px.As<Napi::Object>()));
             src_.push_back(px.Data());
@@ -364,13 +371,15 @@ protected:
         const size_t n = src_.size();
         const size_t perImage = size_t(nTokens_) * size_t(nEmbd_);
         std::vector<float> * out = out_.release();
-        Napi::ArrayBuffer buffer = Napi::ArrayBuffer::New(env, out->data(), out->size() * sizeof(float), [](Napi::Env, void *, std::vector<float> * v) { delete v; }, out);
+        Napi::ArrayBuffer buffer = Napi::ArrayBuffer::New(
+            env, out->data(), out->size() * sizeof(float), [](Napi::Env, void *, std::vector<float> * v) { delete v; }, out);
         Napi::Object o = Napi::Object::New(env);
         if (single_) {
             o.Set("data", Napi::Float32Array::New(env, perImage, buffer, 0));
         } else {
             Napi::Array list = Napi::Array::New(env, n);
-            for (size_t i = 0; i < n; i++) list.Set(uint32_t(i), Napi::Float32Array::New(env, perImage, buffer, i * perImage * sizeof(float)));
+            for (size_t i = 0; i < n; i++)
+                list.Set(uint32_t(i), Napi::Float32Array::New(env, perImage, buffer, i * perImage * sizeof(float)));
             o.Set("data", list);
             o.Set("batched", batched_);
         }
@@ -460,7 +469,6 @@ void VisionProfile::begin(Mode m) {
     ops.clear();
 }
 
-
 Vision::~Vision() {
     // GC without dispose(): a running encode holds a reference to this object, so none is running here.
     if (ctx_ != nullptr) clipFree(ctx_);
@@ -545,7 +553,8 @@ Napi::Value Vision::EncodeBatch(const Napi::CallbackInfo & info) {
     if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Vision is disposed");
     if (!info[0].IsArray()) throw Napi::TypeError::New(env, "Vision.encodeBatch: images must be an array of Float32Array");
     Napi::Array list = info[0].As<Napi::Array>();
-    if (list.Length() == 0 || list.Length() > 64) throw Napi::RangeError::New(env, "Vision.encodeBatch: 1 to 64 images, got " + std::to_string(list.Length()));
+    if (list.Length() == 0 || list.Length() > 64)
+        throw Napi::RangeError::New(env, "Vision.encodeBatch: 1 to 64 images, got " + std::to_string(list.Length()));
     std::vector<Napi::Float32Array> images;
     for (uint32_t i = 0; i < list.Length(); i++) {
         Napi::Value v = list.Get(i);
@@ -568,27 +577,38 @@ Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Flo
     const int64_t height = requireInt(o, "height", 1, 46000, w);
     const VisionProfile::Mode profileModes[] = {VisionProfile::Mode::Off, VisionProfile::Mode::Phases, VisionProfile::Mode::Ops};
     const VisionProfile::Mode profile = profileModes[requireChoice(o, "profile", {"off", "phases", "ops"}, w)];
-    if (profile != VisionProfile::Mode::Off && profile_ == nullptr) throw Napi::Error::New(env, std::string(fn) + ": profiling needs Vision.load(path, { profile: true })");
+    if (profile != VisionProfile::Mode::Off && profile_ == nullptr)
+        throw Napi::Error::New(env, std::string(fn) + ": profiling needs Vision.load(path, { profile: true })");
 
     // Every condition clip would otherwise GGML_ASSERT/ABORT on is refused here with a message.
     const int64_t p = meta_.patchSize;
     const std::string where = std::string(fn) + " (" + meta_.projector + "): ";
     if (width % p != 0 || height % p != 0) {
-        throw Napi::RangeError::New(env, where + std::to_string(width) + "x" + std::to_string(height) + " is not a multiple of the patch size " + std::to_string(p));
+        throw Napi::RangeError::New(env,
+                                    where + std::to_string(width) + "x" + std::to_string(height) + " is not a multiple of the patch size " +
+                                        std::to_string(p));
     }
     const int64_t cols = width / p, rows = height / p;
     if (meta_.projector == "gemma3") {
         if (width != meta_.imageSize || height != meta_.imageSize) {
-            throw Napi::RangeError::New(env, where + "the image must be " + std::to_string(meta_.imageSize) + "x" + std::to_string(meta_.imageSize) +
-                                                 " (its position table is fixed), got " + std::to_string(width) + "x" + std::to_string(height));
+            throw Napi::RangeError::New(env,
+                                        where + "the image must be " + std::to_string(meta_.imageSize) + "x" +
+                                            std::to_string(meta_.imageSize) + " (its position table is fixed), got " +
+                                            std::to_string(width) + "x" + std::to_string(height));
         }
-        if (cols % meta_.merge != 0) throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + " is not divisible by the pooling " + std::to_string(meta_.merge));
+        if (cols % meta_.merge != 0)
+            throw Napi::RangeError::New(
+                env, where + "patch grid " + std::to_string(cols) + " is not divisible by the pooling " + std::to_string(meta_.merge));
     } else {
         if (cols % meta_.merge != 0 || rows % meta_.merge != 0) {
-            throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) + " is not divisible by the pooling " + std::to_string(meta_.merge));
+            throw Napi::RangeError::New(env,
+                                        where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) +
+                                            " is not divisible by the pooling " + std::to_string(meta_.merge));
         }
         if (cols > meta_.positionTable || rows > meta_.positionTable) {
-            throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) + " exceeds the position table (" + std::to_string(meta_.positionTable) + ")");
+            throw Napi::RangeError::New(env,
+                                        where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) +
+                                            " exceeds the position table (" + std::to_string(meta_.positionTable) + ")");
         }
     }
     const size_t need = size_t(width) * size_t(height) * 3;
@@ -596,15 +616,18 @@ Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Flo
         const size_t got = images[i].ElementLength();
         if (layout == Layout::Chw ? got != need : got < need) {
             const std::string which = single ? std::string("pixels") : "images[" + std::to_string(i) + "]";
-            throw Napi::RangeError::New(env, where + which + " has " + std::to_string(got) + " values, " + (layout == Layout::Chw ? "expected " : "need at least ") +
-                                                 std::to_string(need) + " for " + layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
+            throw Napi::RangeError::New(env,
+                                        where + which + " has " + std::to_string(got) + " values, " +
+                                            (layout == Layout::Chw ? "expected " : "need at least ") + std::to_string(need) + " for " +
+                                            layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
         }
     }
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true)) {
         throw codedError(env, "EBUSY", "Vision is busy: one encode at a time per context; await the running one");
     }
-    auto * worker = new EncodeWorker(env, info.This().As<Napi::Object>(), this, images, layout, int32_t(width), int32_t(height), profile, single);
+    auto * worker =
+        new EncodeWorker(env, info.This().As<Napi::Object>(), this, images, layout, int32_t(width), int32_t(height), profile, single);
     Napi::Promise promise = worker->promise();
     worker->Queue();
     return promise;
