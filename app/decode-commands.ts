@@ -6,7 +6,16 @@ import { loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { ADDON_PATH } from '../native/binding.ts';
-import { defaultThreads, LlamaModel, type GenerateResult, type GrammarIndexInfo, type LlamaContext, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
+import {
+  defaultThreads,
+  LlamaModel,
+  type GenerateResult,
+  type GrammarIndexInfo,
+  type LlamaContext,
+  type LlamaGrammar,
+  type StopReason,
+  type Timings,
+} from '../native/llama.ts';
 import { jsonSchemaToGbnf } from '../native/schema-grammar.ts';
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { SAMPLING, attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
@@ -33,7 +42,6 @@ function schemaGbnf(schemaPath: string): string {
     throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
   }
 }
-
 
 // ---------------------------------------------------------------------------------------------
 
@@ -170,7 +178,12 @@ export interface StructuredDecodeResult {
   readonly incomplete: number;
   /** Decode tokens/s, median over reps: constrained with and without jump-forward, unconstrained
    * (same lengths, EOS ignored), and constrained through llama.cpp's whole-vocabulary check (the old path). */
-  readonly tok_per_s: { readonly jump_forward: number; readonly constrained: number; readonly unconstrained: number; readonly full_vocab_check: number };
+  readonly tok_per_s: {
+    readonly jump_forward: number;
+    readonly constrained: number;
+    readonly unconstrained: number;
+    readonly full_vocab_check: number;
+  };
   /** constrained ÷ unconstrained tok/s (the grammar's cost), and with jump-forward: the median of
    * per-prompt ratios (arms of one prompt run back to back, so load drift cancels out). */
   readonly ratio: number;
@@ -196,7 +209,13 @@ const ARMS: readonly Arm[] = ['jump_forward', 'constrained', 'unconstrained', 'f
  * arms run in a rotating order, so drifting load on a shared machine hits all of them alike.
  * Unconstrained decodes as many tokens as the constrained run of the same prompt produced.
  */
-async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath: string, promptTokens: number, reps: number): Promise<StructuredDecodeResult> {
+async function benchStructured(
+  ctx: LlamaContext,
+  model: LlamaModel,
+  schemaPath: string,
+  promptTokens: number,
+  reps: number,
+): Promise<StructuredDecodeResult> {
   const start = loadavg();
   const gbnf = schemaGbnf(schemaPath);
   const grammar = await model.grammar(gbnf);
@@ -263,7 +282,12 @@ async function benchStructured(ctx: LlamaContext, model: LlamaModel, schemaPath:
     max_tokens: grammar.maxTokens,
     tokens_per_action: tokens / n,
     incomplete,
-    tok_per_s: { jump_forward: tps('jump_forward'), constrained: tps('constrained'), unconstrained: tps('unconstrained'), full_vocab_check: tps('full_vocab_check') },
+    tok_per_s: {
+      jump_forward: tps('jump_forward'),
+      constrained: tps('constrained'),
+      unconstrained: tps('unconstrained'),
+      full_vocab_check: tps('full_vocab_check'),
+    },
     ratio: median(ratios),
     ratio_jump_forward: median(ratiosJumpForward),
     sample_us: {
@@ -333,7 +357,12 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
   let meter: EnergyMeter | undefined;
   try {
     // With --schema an action may take up to the grammar's worst case (a few hundred tokens at most for bounded schemas).
-    const ctx = await model.createContext({ nCtx: promptTokens + Math.max(genTokens, opts.schema ? 1024 : 0) + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
+    const ctx = await model.createContext({
+      nCtx: promptTokens + Math.max(genTokens, opts.schema ? 1024 : 0) + 64,
+      nBatch: Math.max(512, promptTokens),
+      threads,
+      flashAttention: 'auto',
+    });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
     const { bos, nVocab } = model.info;
     const pp = [bos, ...randomTokens(promptTokens - 1, nVocab, 7)];

@@ -167,8 +167,7 @@ export interface NativeGrammarIndexInfo {
 }
 
 export type NativeGrammarIndexResult =
-  | { readonly index: NativeGrammarIndexInfo; readonly fallback: null }
-  | { readonly index: null; readonly fallback: string };
+  { readonly index: NativeGrammarIndexInfo; readonly fallback: null } | { readonly index: null; readonly fallback: string };
 
 export declare class NativeGrammar {
   constructor(model: NativeModel, gbnf: string, root?: string);

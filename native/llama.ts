@@ -202,8 +202,10 @@ export class LlamaModel {
     knownKeys('options', o, ['nCtx', 'nBatch', 'nUbatch', 'maxOutputs', 'flashAttention', 'kvType', 'threads']);
     const nCtx = options.nCtx === undefined ? DEFAULT_N_CTX : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
     const nBatch = options.nBatch === undefined ? DEFAULT_N_BATCH : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
-    const nUbatch = options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
-    const maxOutputs = options.maxOutputs === undefined ? Math.min(MAX_OUTPUTS, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
+    const nUbatch =
+      options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
+    const maxOutputs =
+      options.maxOutputs === undefined ? Math.min(MAX_OUTPUTS, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
     const fa = oneOf('options.flashAttention', options.flashAttention ?? 'auto', [true, false, 'auto']);
     const kvType = oneOf('options.kvType', options.kvType ?? 'f16', ['f16', 'q8_0']);
     if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
@@ -385,7 +387,25 @@ export type SpeculatorOptions =
   | { readonly type: 'draft-mtp'; readonly draftModel: LlamaModel; readonly nMax?: number; readonly pMin?: number }
   | { readonly type: 'ngram-simple' | 'ngram-map-k' | 'ngram-map-k4v' | 'ngram-mod'; readonly nMax?: number; readonly ngramN?: number };
 
-const GENERATE_KEYS = ['maxTokens', 'temperature', 'topK', 'topP', 'minP', 'seed', 'stop', 'stopTokens', 'ignoreEos', 'grammar', 'jumpForward', 'recordSampleTimes', 'speculative', 'nDraft', 'signal', 'deadlineNs', 'onTokens'];
+const GENERATE_KEYS = [
+  'maxTokens',
+  'temperature',
+  'topK',
+  'topP',
+  'minP',
+  'seed',
+  'stop',
+  'stopTokens',
+  'ignoreEos',
+  'grammar',
+  'jumpForward',
+  'recordSampleTimes',
+  'speculative',
+  'nDraft',
+  'signal',
+  'deadlineNs',
+  'onTokens',
+];
 
 function checkTokens(name: string, tokens: unknown, nVocab: number): Int32Array | readonly number[] {
   if (!(tokens instanceof Int32Array) && !Array.isArray(tokens)) throw invalid(name, 'an Int32Array or an array of token ids', tokens);
@@ -453,7 +473,8 @@ export class LlamaContext {
               (s.image.length % nTokens === 0 ? ` (rows are ${s.image.length / nTokens} wide: wrong embedding width)` : ''),
           );
         }
-        if (this.model.info.imageStartToken === null) throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
+        if (this.model.info.imageStartToken === null)
+          throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
         return { image: s.image, nTokens, causal: s.causal === undefined ? false : bool(`prompt[${i}].causal`, s.causal) };
       }
       throw invalid(`prompt[${i}]`, 'a segment with text, tokens or image', seg);
@@ -552,7 +573,14 @@ export class LlamaContext {
   async attachSpeculator(options: SpeculatorOptions): Promise<LlamaSpeculator> {
     const native = this.#live();
     const o = plainObject('options', options);
-    oneOf<SpeculatorType>('options.type', o.type, ['draft-simple', 'draft-mtp', 'ngram-simple', 'ngram-map-k', 'ngram-map-k4v', 'ngram-mod']);
+    oneOf<SpeculatorType>('options.type', o.type, [
+      'draft-simple',
+      'draft-mtp',
+      'ngram-simple',
+      'ngram-map-k',
+      'ngram-map-k4v',
+      'ngram-mod',
+    ]);
     const nMax = o.nMax === undefined ? DRAFT_MAX : intIn('options.nMax', o.nMax, 1, Math.min(64, this.info.maxOutputs - 1));
     let draftModel: NativeModel | null = null;
     let pMin = 0;

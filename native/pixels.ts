@@ -31,7 +31,8 @@ const MAX_SIDE = 1 << 16;
 const DEFAULT_PATCH = 16;
 
 function finite(name: string, v: unknown, nonZero: boolean): number {
-  if (typeof v !== 'number' || !Number.isFinite(v) || (nonZero && v === 0)) throw invalid(name, nonZero ? 'a finite non-zero number' : 'a finite number', v);
+  if (typeof v !== 'number' || !Number.isFinite(v) || (nonZero && v === 0))
+    throw invalid(name, nonZero ? 'a finite non-zero number' : 'a finite number', v);
   return v;
 }
 

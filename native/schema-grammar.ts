@@ -175,7 +175,10 @@ function checkObject(n: Node, path: string): void {
   if (n.additionalProperties === false && Array.isArray(n.required)) {
     for (const r of n.required) {
       if (typeof r === 'string' && !(r in props)) {
-        throw new SchemaGrammarError(`${path}/required`, `property "${r}" is required but not in properties, and additionalProperties is false`);
+        throw new SchemaGrammarError(
+          `${path}/required`,
+          `property "${r}" is required but not in properties, and additionalProperties is false`,
+        );
       }
     }
   }
@@ -202,7 +205,8 @@ function prepareValues(n: Node, path: string): Node {
 /** Why `v` fails the node's simple keywords (type, bounds, lengths, pattern), or undefined. */
 function valueProblem(v: unknown, n: Node): string | undefined {
   const type = typeof n.type === 'string' ? n.type : undefined;
-  const jsonType = v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v === 'number' ? (Number.isInteger(v) ? 'integer' : 'number') : typeof v;
+  const jsonType =
+    v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v === 'number' ? (Number.isInteger(v) ? 'integer' : 'number') : typeof v;
   if (type && !(type === jsonType || (type === 'number' && jsonType === 'integer'))) return `is not of type ${type}`;
   if (typeof v === 'number') {
     if (typeof n.minimum === 'number' && v < n.minimum) return `is below minimum ${n.minimum}`;
@@ -226,7 +230,8 @@ function valueProblem(v: unknown, n: Node): string | undefined {
 function stringRule(n: Node, path: string, opts: Resolved): string {
   const minLength = typeof n.minLength === 'number' ? n.minLength : 0;
   const maxLength = typeof n.maxLength === 'number' ? n.maxLength : Math.max(opts.maxStringLength, minLength);
-  if (minLength > maxLength) throw new SchemaGrammarError(path, `minLength ${minLength} > maxLength ${maxLength}: no string satisfies both`);
+  if (minLength > maxLength)
+    throw new SchemaGrammarError(path, `minLength ${minLength} > maxLength ${maxLength}: no string satisfies both`);
   return `"\\"" [\\x20\\x21\\x23-\\x5B\\x5D-\\x7E]{${minLength},${maxLength}} "\\""`;
 }
 
@@ -341,7 +346,8 @@ function multiplesRule(n: Node, path: string, opts: Resolved, m: Decimal, intege
     const text = renderScaled(k * unit, d);
     if (!integer || !text.includes('.')) values.push(`"${text}"`);
   }
-  if (values.length === 0) throw new SchemaGrammarError(path, `no integer multiple of ${String(n.multipleOf)} satisfies ${describeBounds(n)}`);
+  if (values.length === 0)
+    throw new SchemaGrammarError(path, `no integer multiple of ${String(n.multipleOf)} satisfies ${describeBounds(n)}`);
   return values.join(' | ');
 }
 

@@ -79,7 +79,12 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
 const IMAGE_MARKER = '<__percept_image__>';
 
 /** The per-frame token budget: the configured one if a complete action always fits in it, else the grammar's worst case. */
-export function actionTokenBudget(configured: number | null, worstCase: number | null, schemaPath: string, fallback: string | null): number {
+export function actionTokenBudget(
+  configured: number | null,
+  worstCase: number | null,
+  schemaPath: string,
+  fallback: string | null,
+): number {
   if (worstCase === null) {
     if (configured !== null) return configured;
     const why = fallback ?? 'it admits outputs of unbounded length';

@@ -80,7 +80,7 @@ describe('grammar token index (gemma4-tiny vocabulary, 262,144 tokens)', () => {
     }
   });
 
-  test('admitted sets equal llama.cpp\'s grammar check over the whole vocabulary at every step', async () => {
+  test("admitted sets equal llama.cpp's grammar check over the whole vocabulary at every step", async () => {
     let steps = 0;
     for (const path of paths) {
       for (let i = 0; i <= path.length; i++) {
@@ -97,7 +97,7 @@ describe('grammar token index (gemma4-tiny vocabulary, 262,144 tokens)', () => {
     assert.ok(steps > 100, `${steps} steps`);
   });
 
-  test('admitted sets equal XGrammar\'s mask for the same grammar at every step', async () => {
+  test("admitted sets equal XGrammar's mask for the same grammar at every step", async () => {
     const vocab = Array.from({ length: model.info.nVocab }, (_, t) => model.tokenText(t));
     const xg = await xgGrammar(grammar.gbnf);
     for (const path of paths) {
@@ -106,7 +106,11 @@ describe('grammar token index (gemma4-tiny vocabulary, 262,144 tokens)', () => {
         for (let i = 0; i <= path.length; i++) {
           const byIndex = await grammar.allowedTokens(path.slice(0, i));
           const byXg = await matcher.allowed();
-          assert.deepEqual({ extra: setDiff(byIndex, byXg), missing: setDiff(byXg, byIndex) }, { extra: [], missing: [] }, `after ${JSON.stringify(model.detokenize(path.slice(0, i)))}`);
+          assert.deepEqual(
+            { extra: setDiff(byIndex, byXg), missing: setDiff(byXg, byIndex) },
+            { extra: [], missing: [] },
+            `after ${JSON.stringify(model.detokenize(path.slice(0, i)))}`,
+          );
           if (i < path.length) assert.ok(matcher.accept(path[i]!));
         }
       } finally {
@@ -115,7 +119,7 @@ describe('grammar token index (gemma4-tiny vocabulary, 262,144 tokens)', () => {
     }
   });
 
-  test('forced runs are the tokenizer\'s own tokens of the text the grammar decides', () => {
+  test("forced runs are the tokenizer's own tokens of the text the grammar decides", () => {
     const start = grammar.forcedTokens([]);
     assert.ok(start.length > 0);
     const text = model.detokenize(start);
@@ -136,7 +140,10 @@ describe('grammar token index (gemma4-tiny vocabulary, 262,144 tokens)', () => {
   });
 
   test('grammars without a small finite automaton fall back, saying why', async () => {
-    const recursive = await model.grammarFromJsonSchema({ $defs: { node: { type: 'object', properties: { child: { $ref: '#/$defs/node' } }, additionalProperties: false } }, $ref: '#/$defs/node' });
+    const recursive = await model.grammarFromJsonSchema({
+      $defs: { node: { type: 'object', properties: { child: { $ref: '#/$defs/node' } }, additionalProperties: false } },
+      $ref: '#/$defs/node',
+    });
     assert.equal(recursive.index, null);
     assert.match(recursive.fallback!, /recursive grammar/);
     assert.equal(recursive.maxTokens, null);

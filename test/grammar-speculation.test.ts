@@ -23,7 +23,8 @@ describe('speculation under the action grammar on gemma4-tiny', () => {
     const schema = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
     grammar = await target.grammarFromJsonSchema(schema);
     const ctx = await target.createContext({ nCtx: 512 });
-    for (const p of PROMPTS) reference.set(p, (await ctx.generate([{ text: p, addSpecial: true }], { maxTokens: grammar.maxTokens!, grammar })).tokens);
+    for (const p of PROMPTS)
+      reference.set(p, (await ctx.generate([{ text: p, addSpecial: true }], { maxTokens: grammar.maxTokens!, grammar })).tokens);
     await ctx.dispose();
   });
   after(async () => {
@@ -31,36 +32,43 @@ describe('speculation under the action grammar on gemma4-tiny', () => {
     await target.dispose();
   });
 
-  const cases: { name: string; draft?: string; options: (d?: LlamaModel) => SpeculatorOptions; check: (runs: GenerateResult[]) => void }[] = [
-    {
-      name: 'draft model = a copy of the target: drafts among the admitted tokens, every one accepted',
-      draft: 'gemma4-tiny',
-      options: (d) => ({ type: 'draft-simple', draftModel: d!, nMax: 4 }),
-      check: (runs) => {
-        const drafted = runs.reduce((n, r) => n + r.drafted, 0);
-        assert.ok(drafted > 0);
-        assert.equal(runs.reduce((n, r) => n + r.accepted, 0), drafted);
-        assert.equal(runs.reduce((n, r) => n + r.draftsCut, 0), 0);
+  const cases: { name: string; draft?: string; options: (d?: LlamaModel) => SpeculatorOptions; check: (runs: GenerateResult[]) => void }[] =
+    [
+      {
+        name: 'draft model = a copy of the target: drafts among the admitted tokens, every one accepted',
+        draft: 'gemma4-tiny',
+        options: (d) => ({ type: 'draft-simple', draftModel: d!, nMax: 4 }),
+        check: (runs) => {
+          const drafted = runs.reduce((n, r) => n + r.drafted, 0);
+          assert.ok(drafted > 0);
+          assert.equal(
+            runs.reduce((n, r) => n + r.accepted, 0),
+            drafted,
+          );
+          assert.equal(
+            runs.reduce((n, r) => n + r.draftsCut, 0),
+            0,
+          );
+        },
       },
-    },
-    {
-      name: 'draft model (a different, smaller gemma4)',
-      draft: 'gemma4-tiny-draft',
-      options: (d) => ({ type: 'draft-simple', draftModel: d!, nMax: 4 }),
-      check: (runs) => assert.ok(runs.some((r) => r.drafted > 0)),
-    },
-    {
-      name: 'Gemma 4 MTP assistant (draft-mtp): drafts the grammar refuses are cut before verification',
-      draft: 'gemma4-tiny-assistant',
-      options: (d) => ({ type: 'draft-mtp', draftModel: d!, nMax: 3 }),
-      check: (runs) => assert.ok(runs.some((r) => r.drafted + r.draftsCut > 0)),
-    },
-    {
-      name: 'n-gram lookup (ngram-simple)',
-      options: () => ({ type: 'ngram-simple', nMax: 4, ngramN: 2 }),
-      check: (runs) => assert.ok(runs.every((r) => r.accepted <= r.drafted)),
-    },
-  ];
+      {
+        name: 'draft model (a different, smaller gemma4)',
+        draft: 'gemma4-tiny-draft',
+        options: (d) => ({ type: 'draft-simple', draftModel: d!, nMax: 4 }),
+        check: (runs) => assert.ok(runs.some((r) => r.drafted > 0)),
+      },
+      {
+        name: 'Gemma 4 MTP assistant (draft-mtp): drafts the grammar refuses are cut before verification',
+        draft: 'gemma4-tiny-assistant',
+        options: (d) => ({ type: 'draft-mtp', draftModel: d!, nMax: 3 }),
+        check: (runs) => assert.ok(runs.some((r) => r.drafted + r.draftsCut > 0)),
+      },
+      {
+        name: 'n-gram lookup (ngram-simple)',
+        options: () => ({ type: 'ngram-simple', nMax: 4, ngramN: 2 }),
+        check: (runs) => assert.ok(runs.every((r) => r.accepted <= r.drafted)),
+      },
+    ];
 
   for (const c of cases) {
     test(c.name, async () => {

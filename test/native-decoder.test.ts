@@ -77,18 +77,21 @@ describe('decode stage on gemma4-tiny', () => {
     assert.ok(gens[1]!.drafted > 0, 'the draft model drafts');
   });
 
-  test('knobs: maxNewTokens never cuts an action (the grammar\'s worst case is the floor), draft=false turns drafting off', async () => {
+  test("knobs: maxNewTokens never cuts an action (the grammar's worst case is the floor), draft=false turns drafting off", async () => {
     const g = await stage.process(image(16, stage.nEmbd, 9), stageContext(10, { knobs: { maxNewTokens: 3, draft: false } }));
     assert.equal(g.stopReason, 'eos', g.text);
     assert.ok(g.tokens.length > 3);
     assert.equal(g.drafted, 0);
   });
 
-  test('the token budget follows the schema\'s worst case; a configured one below it is refused', () => {
+  test("the token budget follows the schema's worst case; a configured one below it is refused", () => {
     assert.ok(stage.maxNewTokens > 30 && stage.maxNewTokens < 400, `${stage.maxNewTokens}`);
     assert.equal(actionTokenBudget(null, 113, 's.json', null), 113);
     assert.equal(actionTokenBudget(200, 113, 's.json', null), 200);
-    assert.throws(() => actionTokenBudget(64, 113, 's.json', null), /maxNewTokens 64 is below the 113 tokens a complete action under s\.json can take/);
+    assert.throws(
+      () => actionTokenBudget(64, 113, 's.json', null),
+      /maxNewTokens 64 is below the 113 tokens a complete action under s\.json can take/,
+    );
     assert.equal(actionTokenBudget(64, null, 's.json', 'a recursive grammar'), 64);
     assert.throws(() => actionTokenBudget(null, null, 's.json', 'a recursive grammar'), /must be set: .* \(a recursive grammar\)/);
   });

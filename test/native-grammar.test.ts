@@ -65,14 +65,28 @@ describe('action-schema generation on gemma4-tiny', () => {
   });
 
   test('sampling looks only at the admitted tokens: the same seed gives the same action', async () => {
-    const a = await ctx.generate(PROMPT, { maxTokens: grammar.maxTokens!, grammar, temperature: 1, topK: 40, topP: 0.9, seed: 7, jumpForward: true });
+    const a = await ctx.generate(PROMPT, {
+      maxTokens: grammar.maxTokens!,
+      grammar,
+      temperature: 1,
+      topK: 40,
+      topP: 0.9,
+      seed: 7,
+      jumpForward: true,
+    });
     const b = await ctx.generate(PROMPT, { maxTokens: grammar.maxTokens!, grammar, temperature: 1, topK: 40, topP: 0.9, seed: 7 });
     assert.deepEqual(a.tokens, b.tokens);
   });
 
-  test('a grammar without an index decodes through llama.cpp\'s check', async () => {
+  test("a grammar without an index decodes through llama.cpp's check", async () => {
     const recursive = await model.grammarFromJsonSchema({
-      $defs: { node: { type: 'object', properties: { n: { type: 'integer', minimum: 0, maximum: 9 }, child: { $ref: '#/$defs/node' } }, additionalProperties: false } },
+      $defs: {
+        node: {
+          type: 'object',
+          properties: { n: { type: 'integer', minimum: 0, maximum: 9 }, child: { $ref: '#/$defs/node' } },
+          additionalProperties: false,
+        },
+      },
       $ref: '#/$defs/node',
     });
     assert.equal(recursive.index, null);

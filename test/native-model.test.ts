@@ -196,7 +196,10 @@ describe('native model', () => {
     test('bad arguments are TypeErrors before crossing into C++', async () => {
       await assert.rejects(LlamaModel.load(''), TypeError);
       await assert.rejects(LlamaModel.load(gemma4, { gpuLayers: 1.5 }), /gpuLayers/);
-      await assert.rejects(LlamaModel.load(gemma4, { bogus: 1 } as never), /Expected undefined \(options takes only gpuLayers, mmap and vocabOnly\) for options.bogus/);
+      await assert.rejects(
+        LlamaModel.load(gemma4, { bogus: 1 } as never),
+        /Expected undefined \(options takes only gpuLayers, mmap and vocabOnly\) for options.bogus/,
+      );
       assert.throws(() => model.detokenize([1, 999_999_999]), /a token id of this model/);
       assert.throws(() => model.tokenText(-1), /token/);
       await assert.rejects(model.createContext({ nCtx: 8 }), /nCtx/);

@@ -134,22 +134,50 @@ describe('jsonSchemaToGbnf: numbers bounded in value and digits', () => {
 
   test('multipleOf: a power of ten sets the fraction digits, another lists the multiples', async () => {
     const cents = await grammarOf(one({ type: 'number', minimum: 0, maximum: 10, multipleOf: 0.01 }));
-    for (const [text, want] of [['9.99', true], ['0.5', true], ['0.123', false], ['10', true], ['10.01', false]] as const) {
+    for (const [text, want] of [
+      ['9.99', true],
+      ['0.5', true],
+      ['0.123', false],
+      ['10', true],
+      ['10.01', false],
+    ] as const) {
       assert.equal(cents(`{"x":${text}}`), want, text);
     }
     const quarters = await grammarOf(one({ type: 'number', minimum: -0.5, maximum: 1, multipleOf: 0.25 }));
-    for (const [text, want] of [['-0.5', true], ['-0.25', true], ['0', true], ['0.75', true], ['1', true], ['0.5', true], ['0.1', false], ['1.25', false], ['0.50', false]] as const) {
+    for (const [text, want] of [
+      ['-0.5', true],
+      ['-0.25', true],
+      ['0', true],
+      ['0.75', true],
+      ['1', true],
+      ['0.5', true],
+      ['0.1', false],
+      ['1.25', false],
+      ['0.50', false],
+    ] as const) {
       assert.equal(quarters(`{"x":${text}}`), want, text);
     }
     const fives = await grammarOf(one({ type: 'integer', minimum: 0, maximum: 20, multipleOf: 5 }));
-    for (const [text, want] of [['0', true], ['15', true], ['20', true], ['12', false], ['25', false]] as const) {
+    for (const [text, want] of [
+      ['0', true],
+      ['15', true],
+      ['20', true],
+      ['12', false],
+      ['25', false],
+    ] as const) {
       assert.equal(fives(`{"x":${text}}`), want, text);
     }
   });
 
   test('missing bounds: |v| < 10^integerDigits, fraction digits from options.decimals', async () => {
     const g = await grammarOf(one({ type: 'number' }), { integerDigits: 3, decimals: 2 });
-    for (const [text, want] of [['999.99', true], ['-999.99', true], ['1000', false], ['0.123', false], ['-0.01', true]] as const) {
+    for (const [text, want] of [
+      ['999.99', true],
+      ['-999.99', true],
+      ['1000', false],
+      ['0.123', false],
+      ['-0.01', true],
+    ] as const) {
       assert.equal(g(`{"x":${text}}`), want, text);
     }
     const big = await grammarOf(one({ type: 'integer', minimum: 5000000 }), { integerDigits: 2 });
@@ -159,7 +187,8 @@ describe('jsonSchemaToGbnf: numbers bounded in value and digits', () => {
 });
 
 describe('jsonSchemaToGbnf: the action grammar', () => {
-  const valid = '{"action":"move","confidence":0.5,"speed":1.25,"heading_deg":-90,"target":{"label":"cup","bbox":[0.1,0.2,0.3,0.4]},"hazards":["edge"]}';
+  const valid =
+    '{"action":"move","confidence":0.5,"speed":1.25,"heading_deg":-90,"target":{"label":"cup","bbox":[0.1,0.2,0.3,0.4]},"hazards":["edge"]}';
 
   test('compact separators, bounded numbers and arrays, optional properties in schema order', async () => {
     const gbnf = jsonSchemaToGbnf(ACTION_SCHEMA);
@@ -184,7 +213,14 @@ describe('jsonSchemaToGbnf: the action grammar', () => {
   });
 
   test('free strings are bounded printable ASCII; arrays get a default maxItems', async () => {
-    const g = await grammarOf({ type: 'object', properties: { s: { type: 'string' }, a: { type: 'array', items: { type: 'integer', minimum: 0, maximum: 9 } } }, required: ['s', 'a'] }, { maxStringLength: 4, maxItems: 3 });
+    const g = await grammarOf(
+      {
+        type: 'object',
+        properties: { s: { type: 'string' }, a: { type: 'array', items: { type: 'integer', minimum: 0, maximum: 9 } } },
+        required: ['s', 'a'],
+      },
+      { maxStringLength: 4, maxItems: 3 },
+    );
     for (const [text, want] of [
       ['{"s":"ab c","a":[1,2,3]}', true],
       ['{"s":"abcde","a":[]}', false],
@@ -204,25 +240,66 @@ describe('jsonSchemaToGbnf: the action grammar', () => {
 
 describe('jsonSchemaToGbnf: a schema no value satisfies is refused, naming where', () => {
   const cases: [string, object, string, RegExp][] = [
-    ['minimum above maximum', { properties: { speed: { type: 'number', minimum: 5, maximum: 1 } } }, '#/properties/speed', /minimum 5, maximum 1/],
+    [
+      'minimum above maximum',
+      { properties: { speed: { type: 'number', minimum: 5, maximum: 1 } } },
+      '#/properties/speed',
+      /minimum 5, maximum 1/,
+    ],
     ['an empty enum', { properties: { a: { enum: [] } } }, '#/properties/a/enum', /empty enum/],
-    ['minItems above maxItems', { properties: { b: { type: 'array', minItems: 5, maxItems: 2 } } }, '#/properties/b', /minItems 5 > maxItems 2/],
-    ['minLength above maxLength', { properties: { s: { type: 'string', minLength: 3, maxLength: 2 } } }, '#/properties/s', /minLength 3 > maxLength 2/],
-    ['a required property that cannot exist', { type: 'object', required: ['z'], properties: {}, additionalProperties: false }, '#/required', /"z"/],
+    [
+      'minItems above maxItems',
+      { properties: { b: { type: 'array', minItems: 5, maxItems: 2 } } },
+      '#/properties/b',
+      /minItems 5 > maxItems 2/,
+    ],
+    [
+      'minLength above maxLength',
+      { properties: { s: { type: 'string', minLength: 3, maxLength: 2 } } },
+      '#/properties/s',
+      /minLength 3 > maxLength 2/,
+    ],
+    [
+      'a required property that cannot exist',
+      { type: 'object', required: ['z'], properties: {}, additionalProperties: false },
+      '#/required',
+      /"z"/,
+    ],
     ['enum values of the wrong type', { properties: { t: { type: 'string', enum: [1, 2] } } }, '#/properties/t/enum', /not of type string/],
     ['no integer in range', { properties: { i: { type: 'integer', minimum: 0.2, maximum: 0.8 } } }, '#/properties/i', /no integer/],
-    ['no multiple in range', { properties: { m: { type: 'number', minimum: 0.1, maximum: 0.2, multipleOf: 0.25 } } }, '#/properties/m', /no multiple of 0.25/],
+    [
+      'no multiple in range',
+      { properties: { m: { type: 'number', minimum: 0.1, maximum: 0.2, multipleOf: 0.25 } } },
+      '#/properties/m',
+      /no multiple of 0.25/,
+    ],
     ['the schema false', { properties: { f: false } }, '#/properties/f', /admits no value/],
-    ['array items nothing satisfies', { properties: { n: { type: 'array', items: { type: 'number', minimum: 1, maximum: 0 } } } }, '#/properties/n/items', /minimum 1/],
-    ['a definition', { $defs: { bad: { type: 'integer', minimum: 1, maximum: 0 } }, properties: { r: { $ref: '#/$defs/bad' } } }, '#/$defs/bad', /no integer/],
+    [
+      'array items nothing satisfies',
+      { properties: { n: { type: 'array', items: { type: 'number', minimum: 1, maximum: 0 } } } },
+      '#/properties/n/items',
+      /minimum 1/,
+    ],
+    [
+      'a definition',
+      { $defs: { bad: { type: 'integer', minimum: 1, maximum: 0 } }, properties: { r: { $ref: '#/$defs/bad' } } },
+      '#/$defs/bad',
+      /no integer/,
+    ],
     ['a const of the wrong type', { properties: { c: { const: 'x', type: 'number' } } }, '#/properties/c/const', /not of type number/],
-    ['anyOf with no satisfiable branch', { properties: { u: { anyOf: [{ type: 'number', minimum: 3, maximum: 2 }, { enum: [] }] } } }, '#/properties/u/anyOf/0', /minimum 3/],
+    [
+      'anyOf with no satisfiable branch',
+      { properties: { u: { anyOf: [{ type: 'number', minimum: 3, maximum: 2 }, { enum: [] }] } } },
+      '#/properties/u/anyOf/0',
+      /minimum 3/,
+    ],
   ];
   for (const [name, schema, path, message] of cases) {
     test(name, () => {
       assert.throws(
         () => jsonSchemaToGbnf({ type: 'object', ...schema }),
-        (err: unknown) => err instanceof SchemaGrammarError && err.path === path && message.test(err.message) && err.message.startsWith(`schema ${path}:`),
+        (err: unknown) =>
+          err instanceof SchemaGrammarError && err.path === path && message.test(err.message) && err.message.startsWith(`schema ${path}:`),
       );
     });
   }

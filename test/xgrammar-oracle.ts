@@ -22,9 +22,24 @@ interface XgMatcher {
 }
 interface XGrammar {
   Grammar: { fromEBNF(ebnf: string, root?: string): Promise<XgGrammar> };
-  TokenizerInfo: { createTokenizerInfo(vocab: string[], vocabType?: string, prependSpace?: boolean, vocabSize?: number, stop?: number[]): Promise<XgTokenizerInfo> };
-  GrammarCompiler: { createGrammarCompiler(t: XgTokenizerInfo, cache?: boolean): Promise<{ compileGrammar(g: XgGrammar): Promise<XgCompiledGrammar>; dispose(): void }> };
-  GrammarMatcher: { createGrammarMatcher(c: XgCompiledGrammar, stop?: number[], terminateWithoutStop?: boolean, rollback?: number): Promise<XgMatcher> };
+  TokenizerInfo: {
+    createTokenizerInfo(
+      vocab: string[],
+      vocabType?: string,
+      prependSpace?: boolean,
+      vocabSize?: number,
+      stop?: number[],
+    ): Promise<XgTokenizerInfo>;
+  };
+  GrammarCompiler: {
+    createGrammarCompiler(
+      t: XgTokenizerInfo,
+      cache?: boolean,
+    ): Promise<{ compileGrammar(g: XgGrammar): Promise<XgCompiledGrammar>; dispose(): void }>;
+  };
+  GrammarMatcher: {
+    createGrammarMatcher(c: XgCompiledGrammar, stop?: number[], terminateWithoutStop?: boolean, rollback?: number): Promise<XgMatcher>;
+  };
 }
 
 let cached: XGrammar | undefined;
@@ -35,7 +50,13 @@ function xgrammar(): XGrammar {
   const path = require.resolve('@mlc-ai/web-xgrammar');
   const module = { exports: {} as XGrammar };
   // eslint-disable-next-line @typescript-eslint/no-implied-eval -- the package's own UMD bundle
-  new Function('exports', 'module', 'require', '__filename', '__dirname', readFileSync(path, 'utf8'))(module.exports, module, require, path, dirname(path));
+  new Function('exports', 'module', 'require', '__filename', '__dirname', readFileSync(path, 'utf8'))(
+    module.exports,
+    module,
+    require,
+    path,
+    dirname(path),
+  );
   cached = module.exports;
   return cached;
 }
