@@ -12,7 +12,6 @@ import {
   type GenerateResult,
   type GrammarIndexInfo,
   type LlamaContext,
-  type LlamaGrammar,
   type StopReason,
   type Timings,
 } from '../native/llama.ts';

@@ -68,7 +68,7 @@ export function jsonSchemaToGbnf(schema: object | string, options: GbnfOptions =
   try {
     parsed = typeof schema === 'string' ? JSON.parse(schema) : structuredClone(schema);
   } catch (err) {
-    throw new TypeError(`jsonSchemaToGbnf: schema is not valid JSON: ${(err as Error).message}`);
+    throw new TypeError(`jsonSchemaToGbnf: schema is not valid JSON: ${(err as Error).message}`, { cause: err });
   }
   const rules: string[] = [];
   const prepared = prepare(parsed, '#', opts, rules);

@@ -49,7 +49,7 @@ function xgrammar(): XGrammar {
   const require = createRequire(import.meta.url);
   const path = require.resolve('@mlc-ai/web-xgrammar');
   const module = { exports: {} as XGrammar };
-  // eslint-disable-next-line @typescript-eslint/no-implied-eval -- the package's own UMD bundle
+  // The package's own UMD bundle, run as CommonJS.
   new Function('exports', 'module', 'require', '__filename', '__dirname', readFileSync(path, 'utf8'))(
     module.exports,
     module,
