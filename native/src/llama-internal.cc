@@ -270,8 +270,6 @@ ClipImages::~ClipImages() = default;
 
 void ClipImages::resize(size_t n) { batch_->entries.resize(n); }
 
-size_t ClipImages::size() const { return batch_->entries.size(); }
-
 void ClipImages::set(size_t i, int32_t width, int32_t height, const std::vector<float> & hwc) {
     clip_image_f32 & img = batch_->entries.at(i);
     img.set_size({width, height}, /*is_placeholder=*/true, /*is_audio=*/false);

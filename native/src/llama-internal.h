@@ -132,7 +132,6 @@ public:
     ClipImages & operator=(const ClipImages &) = delete;
 
     void resize(size_t n);
-    size_t size() const;
     // Image i becomes width × height with these pixels (width × height × 3 floats, copied).
     void set(size_t i, int32_t width, int32_t height, const std::vector<float> & hwc);
     // Frees every image's buffer.
