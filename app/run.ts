@@ -14,6 +14,7 @@ import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetr
 import type { FrameSource, Stage, TelemetrySink } from '../pipeline/types.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
+import type { Publisher } from '../nodes/publisher.ts';
 import type { Recorder } from '../nodes/recorder.ts';
 import { resolveModel, type ModelKind } from '../models/resolve.ts';
 
@@ -119,10 +120,13 @@ export interface PipelineStages {
   readonly telemetry?: TelemetrySink;
 }
 
-/** Builds the stages in dependency order: the decoder first (its n_embd fixes the encoder's output
- * width), then the encoder (its contract fixes preprocessing), then warms them up (see app/warmup.ts;
- * `warmup: false` skips it). `publish: false` leaves the publisher out (benchmarks that end at the
- * validated action). A stage made before a step that fails is closed. */
+/** Builds the stages: the publisher first (it binds before the models load, so a busy endpoint fails
+ * at once and subscribers have the load time to connect: a ZeroMQ PUB drops what it sends before a
+ * subscription arrives, and the first action comes soon after the run starts), then in dependency
+ * order the decoder (its n_embd fixes the encoder's output width) and the encoder (its contract fixes
+ * preprocessing), then warms them up (see app/warmup.ts; `warmup: false` skips it). `publish: false`
+ * leaves the publisher out (benchmarks that end at the validated action). A stage made before a step
+ * that fails is closed. */
 export async function createStages(
   config: PerceptConfig,
   actionSchema: ActionSchema,
@@ -134,6 +138,13 @@ export async function createStages(
     return stage;
   };
   try {
+    let publisher: Publisher | undefined;
+    if (publish) {
+      const { createPublisher } = await import('../nodes/publisher.ts');
+      publisher = await createPublisher(config.publisher);
+      track(publisher.stage);
+      log(`publishing actions on ${publisher.stage.endpoint} (topic '${publisher.stage.topic}')`);
+    }
     const { createDecoderStage } = await import('../nodes/decoder.ts');
     const resolveDraft = async (spec: string | null) => (spec ? resolveModel(spec, 'decoder') : null);
     log(`decoder: ${config.decoder.model}`);
@@ -171,11 +182,7 @@ export async function createStages(
       }
     }
     const validated = chain(preprocess, encoder, decoder, actions);
-    if (!publish) return { chain: validated };
-    const { createPublisher } = await import('../nodes/publisher.ts');
-    const publisher = await createPublisher(config.publisher);
-    track(publisher.stage);
-    log(`publishing actions on ${publisher.stage.endpoint} (topic '${publisher.stage.topic}')`);
+    if (!publisher) return { chain: validated };
     return { chain: append(validated, publisher.stage), telemetry: publisher.sink };
   } catch (err) {
     for (const stage of built) await stage.close?.().catch(() => undefined);
