@@ -76,7 +76,7 @@ describe('calibrate', () => {
       const config = {
         source: { kind: 'pattern', fps: 10, frames: 3, width: 320, height: 240 },
         encoder: { kind: 'projection', seed: 1, tokens: 16 },
-        decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 16, nCtx: 2048 },
+        decoder: { model: 'synth:gemma4-tiny', nCtx: 2048 },
         actions: { schema: join(root, 'configs/actions/robot-action.schema.json') },
         ladder: {
           enabled: true,

@@ -32,10 +32,10 @@ const CHROMIUM_ARGS = [
 
 const config = (wtype: string) => ({
   encoder: { kind: 'projection', seed: 1, tokens: 16 },
-  decoder: { model: `synth:gemma4-tiny?wtype=${wtype}`, maxNewTokens: 64, nCtx: 2048 },
+  decoder: { model: `synth:gemma4-tiny?wtype=${wtype}`, nCtx: 2048 },
   actions: { schema: join(root, 'configs/actions/robot-action.schema.json') },
   budgets: { endToEndMs: 400, stages: {}, dropPredictedMiss: false },
-  ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 64, draft: true, frameSkip: 0 }, rungs: [] },
+  ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 128, draft: true, frameSkip: 0 }, rungs: [] },
   virtualServiceMs: { preprocess: 4, encode: 20, decode: 90, actions: 1 },
   telemetry: { liveTable: 'off' },
 });

@@ -35,12 +35,12 @@ function freePort(): Promise<number> {
 function config(endpoint: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
   return {
     encoder: { kind: 'projection', seed: 1, tokens: 16 },
-    decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 64, nCtx: 2048 },
+    decoder: { model: 'synth:gemma4-tiny', nCtx: 2048 },
     actions: { schema: join(root, 'configs/actions/robot-action.schema.json') },
     publisher: { endpoint, topic: 'actions' },
     budgets: { endToEndMs: 3_600_000, stages: {}, dropPredictedMiss: false },
     edges: { default: { policy: 'latest' } },
-    ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 64, draft: true, frameSkip: 0 }, rungs: [] },
+    ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 128, draft: true, frameSkip: 0 }, rungs: [] },
     virtualServiceMs: { preprocess: 4, encode: 20, decode: 90, actions: 1, publish: 1 },
     telemetry: { liveTable: 'off', intervalMs: 200 },
     ...extra,
