@@ -245,6 +245,23 @@ bench
     printResult(await benchPublish(opts), opts.json);
   });
 
+bench
+  .command('bag')
+  .description(
+    'bag replay read throughput (1080p JPEG, ROS 2 CompressedImage; @mcap/core as the peer) and recording throughput at 1080p 30 fps',
+  )
+  .option('--frames <n>', 'frames in the replay bag', int('--frames'), 300)
+  .option('--width <px>', 'frame width', int('--width'), 1920)
+  .option('--height <px>', 'frame height', int('--height'), 1080)
+  .option('--fps <n>', 'recording rate', positiveNumber('--fps'), 30)
+  .option('--seconds <s>', 'recording duration', positiveNumber('--seconds'), 5)
+  .option('--reps <n>', 'replay passes (median reported)', int('--reps'), 3)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchBag } = await import('./bench-bag.ts');
+    printResult(await benchBag(opts), opts.json);
+  });
+
 const models = program.command('models').description('synthetic checkpoints (random weights, real shapes, real Gemma 4 tokenizer)');
 models
   .command('synth')
