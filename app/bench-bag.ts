@@ -61,7 +61,8 @@ export type BenchBagResult = {
   readonly record_max_mb_s: number;
 };
 
-const ROS_COMPRESSED_IMAGE = `std_msgs/Header header
+/** sensor_msgs/msg/CompressedImage as rosbag2 stores it in a ros2msg schema (the type, then its dependencies). */
+export const ROS_COMPRESSED_IMAGE = `std_msgs/Header header
 string format
 uint8[] data
 ================================================================================

@@ -337,9 +337,11 @@ function compressedImage(frame: CameraFrame, timestamp: Stamp, frameId: string):
   };
 }
 
+const BYTES_PER_PIXEL: Readonly<Record<string, number>> = { rgb8: 3, bgr8: 3, rgba8: 4, bgra8: 4, mono8: 1, mono16: 2 };
+
 function rawImage(frame: CameraFrame, timestamp: Stamp, frameId: string): object {
-  const bytesPerPixel = { rgb8: 3, bgr8: 3, rgba8: 4, bgra8: 4, mono8: 1, mono16: 2 }[frame.encoding as 'rgb8'] ?? 1;
   const width = frame.width ?? 0;
+  const bytesPerPixel = BYTES_PER_PIXEL[frame.encoding] ?? 1;
   return {
     timestamp,
     frame_id: frameId,

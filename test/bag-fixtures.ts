@@ -1,6 +1,7 @@
 // Test bags: MCAP files written with @mcap/core's McapWriter, ROS 2 messages serialised with
 // @foxglove/rosmsg2-serialization from the message definitions as ROS 2 ships them (the text a
-// rosbag2 MCAP bag stores in its ros2msg schema records), and ways to damage a file.
+// rosbag2 MCAP bag stores in its ros2msg schema records; the bench writes the same), and ways to
+// damage a file.
 import { readFileSync, writeFileSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { McapIndexedReader, McapWriter } from '@mcap/core';
@@ -9,25 +10,11 @@ import { loadDecompressHandlers } from '@mcap/support';
 import { parse as parseRosMsg } from '@foxglove/rosmsg';
 import { MessageWriter } from '@foxglove/rosmsg2-serialization';
 import * as zstd from '@foxglove/wasm-zstd';
+import { ROS_COMPRESSED_IMAGE } from '../app/bench-bag.ts';
 
-const SEPARATOR = '='.repeat(80);
-const HEADER_DEFS = `${SEPARATOR}
-MSG: std_msgs/Header
-builtin_interfaces/Time stamp
-string frame_id
-${SEPARATOR}
-MSG: builtin_interfaces/Time
-int32 sec
-uint32 nanosec
-`;
+export { ROS_COMPRESSED_IMAGE };
 
-/** sensor_msgs/msg/CompressedImage as rosbag2 stores it (the type, then its dependencies). */
-export const ROS_COMPRESSED_IMAGE = `std_msgs/Header header
-string format
-uint8[] data
-${HEADER_DEFS}`;
-
-/** sensor_msgs/msg/Image as rosbag2 stores it. */
+/** sensor_msgs/msg/Image as rosbag2 stores it (its dependencies are CompressedImage's). */
 export const ROS_IMAGE = `std_msgs/Header header
 uint32 height
 uint32 width
@@ -35,7 +22,7 @@ string encoding
 uint8 is_bigendian
 uint32 step
 uint8[] data
-${HEADER_DEFS}`;
+${ROS_COMPRESSED_IMAGE.slice(ROS_COMPRESSED_IMAGE.indexOf('='))}`;
 
 const rosHeader = (stampNs: bigint, frameId = 'camera') => ({
   stamp: { sec: Number(stampNs / 1_000_000_000n), nanosec: Number(stampNs % 1_000_000_000n) },
