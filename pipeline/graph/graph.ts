@@ -2,7 +2,7 @@
 // per-frame deadlines, bounded edges, a degradation ladder and one telemetry stream.
 //
 //   const graph = createGraph({ source, stages: chain(preprocess, encode, decode, actions, publish), clock, config });
-//   graph.events.subscribe(...);          // TelemetryEvent: frame/span/drop/cancel/degrade/error/note/output/stats
+//   graph.events.subscribe(...);          // TelemetryEvent: frame/span/drop/cancel/degrade/error/note/output/source/stats
 //   graph.outputs.subscribe(...);         // Envelope<O>: what the last stage returned, per frame
 //   graph.inputs.subscribe(...);          // Envelope<I>: each frame as it entered (a recorder's frames)
 //   const summary = await graph.run();    // resolves when the source ended and everything drained, or after stop()
