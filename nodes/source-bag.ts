@@ -276,7 +276,7 @@ function selectChannels(file: McapFile, options: BagSourceOptions, path: string)
         ? channels.filter((c) => file.schemas.get(c.schemaId)?.name === options.type)
         : channels.filter((c) => isImage(c) && typeof resolved.get(c.id) === 'function');
     const topics = topicsOf(candidates);
-    const what = options.type !== undefined ? `a topic of type ${options.type}` : 'an image topic percept can decode';
+    const what = options.type !== undefined ? `topic of type ${options.type}` : 'image topic percept can decode';
     if (topics.length === 0) {
       const images = channels.filter(isImage);
       const why = images.map((c) => `${c.topic}: ${resolved.get(c.id) as string}`).join('; ');
