@@ -346,10 +346,7 @@ describe('bag source', () => {
         { encoding: 'mono16', width: 2, height: 2, stride: 4, data: mono16le }, // big endian, swapped
       ],
     );
-    await assert.rejects(
-      createBagSource({ path, type: 'foxglove.RawImage' }),
-      /has no topic of type foxglove\.RawImage \(channels: /,
-    );
+    await assert.rejects(createBagSource({ path, type: 'foxglove.RawImage' }), /has no topic of type foxglove\.RawImage \(channels: /);
   });
 
   test('CDR bytes laid out by hand from the spec decode as sensor_msgs/msg/CompressedImage', () => {
