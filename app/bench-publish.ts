@@ -66,12 +66,20 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     if (!Number.isInteger(v) || v < 1) throw new RangeError(`benchPublish: expected integer >= 1 for ${name} but received ${v}`);
   }
   const topic = 'actions';
-  const { stage: publisher, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic, sendHighWaterMark });
+  const pub = await createPublisher({
+    endpoint: 'tcp://127.0.0.1:*',
+    topic,
+    sendHighWaterMark,
+    highWaterMarks: { actions: messages + latencySamples + 2000 },
+  });
+  const { stage: publisher, sink } = pub;
+  /** Actions accepted so far: the seq the next one gets. */
+  const accepted = (): number => pub.stats()[topic]!.accepted;
   const counter = new SharedArrayBuffer(4);
   const received = new Int32Array(counter);
   const workerData: SubscriberCommand = {
     zeromq: createRequire(import.meta.url).resolve('zeromq'),
-    endpoint: publisher.endpoint,
+    endpoint: pub.endpoint,
     topic,
     counter,
   };
@@ -81,8 +89,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     worker.once('error', reject);
     worker.once('exit', (code) => reject(new Error(`bench subscriber exited with code ${code} before reporting`)));
   });
-  const clock = new RealClock();
-  const ctx = benchContext(clock);
+  const ctx = benchContext(new RealClock());
   const action = { action: 'move', confidence: 0.5, speed: 1, pad: '' };
   action.pad = 'x'.repeat(Math.max(0, size - JSON.stringify(action).length));
   const bodyBytes = JSON.stringify(action).length;
@@ -98,35 +105,35 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
   try {
     // Slow joiner: probe until the subscription has reached the publisher.
     for (let i = 0; Atomics.load(received, 0) === 0; i++) {
-      if (i > 2000) throw new Error(`bench: subscriber on ${publisher.endpoint} never received a probe`);
-      sentNs[publisher.sent] = process.hrtime.bigint();
+      if (i > 2000) throw new Error(`bench: subscriber on ${pub.endpoint} never received a probe`);
+      sentNs[accepted()] = process.hrtime.bigint();
       await publisher.process(message(-1), ctx);
       await new Promise((r) => setTimeout(r, 5));
     }
     // Let the probes still in flight arrive before timing anything.
-    const probes = publisher.sent;
+    const probes = accepted();
     await waitFor(() => Atomics.load(received, 0) >= probes, 2000).catch(() => undefined);
 
     // Latency, one message in flight at a time.
-    const latencyStart = publisher.sent;
+    const latencyStart = accepted();
     for (let i = 0; i < latencySamples; i++) {
       const before = Atomics.load(received, 0);
-      sentNs[publisher.sent] = process.hrtime.bigint();
+      sentNs[accepted()] = process.hrtime.bigint();
       await publisher.process(message(i), ctx);
       await waitFor(() => Atomics.load(received, 0) > before, 2000);
     }
-    const latencyEnd = publisher.sent;
+    const latencyEnd = accepted();
 
     // Throughput, back to back.
-    const throughputStart = publisher.sent;
+    const throughputStart = accepted();
     const t0 = process.hrtime.bigint();
     for (let i = 0; i < messages; i++) {
-      sentNs[publisher.sent] = process.hrtime.bigint();
+      sentNs[throughputStart + i] = process.hrtime.bigint();
       await publisher.process(message(i), ctx);
     }
-    const throughputEnd = publisher.sent;
-    // A run ends with a stats message on the telemetry topic; so does the bench (the subscriber's cue).
-    await sink.publish({ type: 'stats', atNs: process.hrtime.bigint(), summary: new TelemetryAggregator('real').snapshot() });
+    const throughputEnd = accepted();
+    // Telemetry goes out after the queued actions: the subscriber's cue that the bench is over.
+    sink.accept({ type: 'stats', atNs: process.hrtime.bigint(), summary: new TelemetryAggregator('real').snapshot() });
     const { seqs, receivedNs } = await report;
 
     const at = new Map<number, bigint>();
@@ -157,10 +164,10 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
       received: loaded.length,
       dropped: messages - loaded.length,
       body_bytes: bodyBytes,
-      transport: publisher.endpoint,
+      transport: pub.endpoint,
     };
   } finally {
-    await publisher.close();
+    await pub.close();
     await worker.terminate();
   }
 }

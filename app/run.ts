@@ -1,7 +1,7 @@
 // `percept run`: config → stages → graph → summary. This file is the only place that knows every
 // stage; the stages themselves only know their input and output types.
 import { mkdirSync } from 'node:fs';
-import { dirname, resolve } from 'node:path';
+import { basename, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { RealClock, VirtualClock, type Clock } from '../pipeline/clock.ts';
 import { loadConfig, type PerceptConfig, type SourceConfig } from '../pipeline/config.ts';
@@ -9,7 +9,8 @@ import { append, chain, type StageChain } from '../pipeline/graph/chain.ts';
 import { createGraph, stopOnSignals } from '../pipeline/graph/graph.ts';
 import type { RunSummary } from '../pipeline/telemetry/events.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
-import type { FrameSource, Stage, TelemetrySink } from '../pipeline/types.ts';
+import type { FrameSource, Stage } from '../pipeline/types.ts';
+import type { Publisher } from '../nodes/publisher.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import { resolveModel } from '../models/resolve.ts';
@@ -87,8 +88,20 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
 export interface PipelineStages {
   /** camera frame → published (or, without the publisher, validated) action. */
   readonly chain: StageChain<CameraFrame, ActionMessage>;
-  /** The publisher's telemetry face, when the publisher is part of the chain. */
-  readonly telemetry?: TelemetrySink;
+  /** The publisher, when it is part of the chain: its stage is the chain's last, its sink takes the
+   * graph's events, and the run closes it after the graph, with the final summary. */
+  readonly publisher?: Publisher;
+}
+
+/** Role → model id for the action headers: the config's spec (synth:…) or the file's name. */
+export function modelIds(config: PerceptConfig): Record<string, string> {
+  const id = (spec: string): string => (spec.startsWith('synth:') ? spec : basename(spec));
+  const ids: Record<string, string> = { decoder: id(config.decoder.model) };
+  const { encoder } = config;
+  ids.encoder = encoder.kind === 'onnx' ? id(encoder.model) : encoder.kind === 'mtmd' ? id(encoder.mmproj) : `projection@${encoder.seed}`;
+  if (config.decoder.draft) ids.draft = id(config.decoder.draft);
+  if (config.decoder.draftMtp) ids.draft = id(config.decoder.draftMtp);
+  return ids;
 }
 
 /** Builds the stages in dependency order: the decoder first (its n_embd fixes the encoder's output
@@ -122,10 +135,9 @@ export async function createStages(config: PerceptConfig, actionSchema: ActionSc
     const validated = chain(preprocess, encoder, decoder, actions);
     if (!publish) return { chain: validated };
     const { createPublisher } = await import('../nodes/publisher.ts');
-    const publisher = await createPublisher(config.publisher);
-    track(publisher.stage);
-    log(`publishing actions on ${publisher.stage.endpoint} (topic '${publisher.stage.topic}')`);
-    return { chain: append(validated, publisher.stage), telemetry: publisher.sink };
+    const publisher = await createPublisher({ ...config.publisher, clock: config.clock, models: modelIds(config) });
+    log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
+    return { chain: append(validated, publisher.stage), publisher };
   } catch (err) {
     for (const stage of built) await stage.close?.().catch(() => undefined);
     throw err;
@@ -167,6 +179,13 @@ async function createEncoder(
       return { contract: stage.contract.kind, stage };
     }
   }
+}
+
+/** `actions 12 (dropped 0), events 3 (dropped 0), …`: what each topic sent and what its queue dropped. */
+function describePublished(stats: ReturnType<Publisher['stats']>): string {
+  return Object.entries(stats)
+    .map(([topic, s]) => `${topic} ${s.sent}${s.dropped ? ` (dropped ${s.dropped}: a subscriber read too slowly)` : ''}`)
+    .join(', ');
 }
 
 /** Why a run that published nothing failed, or undefined when it published. */
@@ -214,10 +233,11 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
     });
   }
 
-  // Drops, cancels, degrade steps, errors and the periodic stats go to the publisher's topics, so a
-  // robot stack sees every decision the graph makes. Those after the publisher has closed (the last
-  // ones of a run) are counted and reported; they are in the summary and the recording all the same.
-  if (stages.telemetry) graph.events.subscribe(stages.telemetry.accept);
+  // Drops, cancels, degrade steps, errors, source incidents and the periodic stats go to the
+  // publisher's topics, so a robot stack sees every decision the graph makes. The publisher outlives
+  // the graph: it closes after the run's last stats, with the final summary as the last event.
+  const { publisher } = stages;
+  if (publisher) graph.events.subscribe(publisher.sink.accept);
 
   const table = new LiveTable({ mode: config.telemetry.liveTable, intervalMs: config.telemetry.intervalMs });
   table.attach(graph.events);
@@ -227,9 +247,9 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
     const summary = await graph.run();
     table.detach();
     if (recorder) await recorder.close();
+    const published = await publisher?.close(summary);
     process.stdout.write(`${formatSummary(summary)}\n`);
-    const undelivered = stages.telemetry?.undelivered ?? 0;
-    if (undelivered > 0) log(`${undelivered} telemetry/event message(s) came after the publisher closed and were not published`);
+    if (published) log(`published ${describePublished(published)}`);
     if (opts.jsonSummary) writeJsonSummary(opts.jsonSummary, summary);
     const failure = runFailure(summary);
     if (failure) log(failure);

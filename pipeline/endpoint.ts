@@ -3,6 +3,7 @@
 // `tcp://*:5556` binds every interface. So every endpoint in a config is parsed here first: the port
 // must be 1–65535 (or `*`, any free port, for a bind), and an endpoint reachable from other hosts
 // must be encrypted (CURVE) unless the config says `insecure: true`.
+import { readFileSync } from 'node:fs';
 
 export interface ParsedEndpoint {
   readonly transport: 'tcp' | 'ipc' | 'inproc';
@@ -67,4 +68,20 @@ export function insecureEndpointProblem(
     ? `binds ${wildcard ? 'every network interface' : `${endpoint.host}, which other hosts can reach,`}`
     : 'connects to another host';
   return `${raw} ${what} without encryption: set curve (key files) to encrypt it, or insecure: true to allow it in the clear`;
+}
+
+const Z85_KEY = /^[0-9a-zA-Z.\-:+=^!/*?&<>()[\]{}@%$#]{40}$/;
+
+/** A CURVE key (Z85 text, 40 characters) from a file; surrounding whitespace is ignored. Throws an
+ * error naming the file when it cannot be read or holds no key. */
+export function readCurveKey(file: string, what: string): string {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8').trim();
+  } catch (err) {
+    throw new Error(`cannot read the ${what} ${file}: ${(err as Error).message}`, { cause: err });
+  }
+  if (!Z85_KEY.test(text))
+    throw new Error(`the ${what} ${file} is not a CURVE key (expected 40 characters of Z85 text, as \`percept keys\` writes)`);
+  return text;
 }

@@ -57,7 +57,15 @@ import { VirtualClock, msToNs, type Clock } from '../clock.ts';
 import type { GraphConfig } from '../config.ts';
 import { TelemetryAggregator } from '../telemetry/aggregator.ts';
 import type { RunSummary, TelemetryEvent } from '../telemetry/events.ts';
-import { StageAbort, type DropReason, type Envelope, type FrameSource, type SourceItem, type Stage } from '../types.ts';
+import {
+  StageAbort,
+  type DropReason,
+  type Envelope,
+  type FrameSource,
+  type SourceIncident,
+  type SourceItem,
+  type Stage,
+} from '../types.ts';
 import type { StageChain } from './chain.ts';
 import { RealScheduler, VirtualScheduler, type Scheduler } from './scheduler.ts';
 import { StageRunner, type RunnerHost } from './stage-runner.ts';
@@ -242,7 +250,7 @@ class GraphRuntime implements Graph, RunnerHost {
       } else if (this.clock instanceof VirtualClock && this.virtual) {
         // One frame of lookahead on the source's own clock, so the graph clock moves only in task order.
         const sourceClock = new VirtualClock(this.clock.nowNs(), this.wallOriginMs);
-        const iterator = this.#source.frames(sourceClock, this.#shutdown.signal)[Symbol.asyncIterator]();
+        const iterator = this.#source.frames(sourceClock, this.#shutdown.signal, this.#reportSource)[Symbol.asyncIterator]();
         this.scheduler.at(this.clock.nowNs(), () => this.#pullVirtual(iterator, subscriber));
       } else {
         void this.#pumpReal(subscriber);
@@ -252,7 +260,7 @@ class GraphRuntime implements Graph, RunnerHost {
 
   async #pumpReal(subscriber: Subscriber<Envelope<unknown>>): Promise<void> {
     try {
-      for await (const item of this.#source.frames(this.clock, this.#shutdown.signal)) {
+      for await (const item of this.#source.frames(this.clock, this.#shutdown.signal, this.#reportSource)) {
         if (this.#shutdown.signal.aborted) break; // yielded after stop: never entered the graph
         this.#admit(item, subscriber);
       }
@@ -288,6 +296,10 @@ class GraphRuntime implements Graph, RunnerHost {
     });
   }
 
+  readonly #reportSource = (incident: SourceIncident): void => {
+    this.emit({ type: 'source', atNs: this.clock.nowNs(), sourceId: this.#source.id, kind: incident.kind, detail: incident.detail });
+  };
+
   #sourceError(error: unknown): void {
     if (this.#shutdown.signal.aborted) return; // a source that throws on its abort signal
     this.#sourceFailed = true;
@@ -321,6 +333,7 @@ class GraphRuntime implements Graph, RunnerHost {
       sourceId: item.sourceId,
       captureNs: item.captureNs,
       captureWallMs: item.captureWallMs,
+      sourceStamp: item.sourceStamp ?? null,
       deadlineNs: item.captureNs + this.#endToEndNs,
       degradeLevel: level,
       spans: [],
