@@ -28,7 +28,7 @@ export interface RunOptions {
 
 const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
 
-/** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]` → the source section of a config, for
+/** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]`, `ffmpeg:URL`, `zmq:ENDPOINT` → the source section of a config, for
  * loadConfig to validate: what the spec leaves out comes from `current` when it is the same kind,
  * else from the schema's defaults. PATH is relative to the current directory. */
 export function parseSourceSpec(spec: string, current: SourceConfig): Record<string, unknown> {
@@ -52,8 +52,20 @@ export function parseSourceSpec(spec: string, current: SourceConfig): Record<str
       if (!rest[0]) throw new Error(`--source ${spec}: expected folder:PATH[:FPS]`);
       return { kind, path: resolve(rest[0]), ...num(rest[1], 'fps') };
     }
+    case 'ffmpeg': {
+      const url = rest.join(':');
+      if (!url) throw new Error(`--source ${spec}: expected ffmpeg:URL (a device, stream URL or video file)`);
+      // A file path is relative to the current directory; a URL or device stays as written.
+      const path = /^[a-z][a-z0-9+.-]*:/i.test(url) || url.startsWith('/') ? url : resolve(url);
+      return { ...same, url: path };
+    }
+    case 'zmq': {
+      const endpoint = rest.join(':');
+      if (!endpoint) throw new Error(`--source ${spec}: expected zmq:ENDPOINT (e.g. zmq:tcp://127.0.0.1:5560)`);
+      return { ...same, endpoint };
+    }
     default:
-      throw new Error(`--source '${spec}': unknown kind '${kind}' (expected pattern, bag or folder)`);
+      throw new Error(`--source '${spec}': unknown kind '${kind}' (expected pattern, bag, folder, ffmpeg or zmq)`);
   }
 }
 
@@ -81,6 +93,18 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
     case 'folder': {
       const { createFolderSource } = await import('../nodes/source-folder.ts');
       return createFolderSource({ path: config.path, fps: config.fps, onIssue: (issue) => log(`folder: ${issue.file}: ${issue.reason}`) });
+    }
+    case 'ffmpeg': {
+      const { createFfmpegSource } = await import('../nodes/source-ffmpeg.ts');
+      const { kind: _kind, ...options } = config;
+      return createFfmpegSource(options);
+    }
+    case 'zmq': {
+      const { createZmqSource } = await import('../nodes/source-zmq.ts');
+      const { kind: _kind, ...options } = config;
+      const source = await createZmqSource(options);
+      log(`frames from ${source.endpoint} (${config.socket}${config.bind ? ', bound' : ''})`);
+      return source;
     }
   }
 }

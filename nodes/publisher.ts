@@ -124,6 +124,10 @@ const EVENT_TYPES: ReadonlySet<TelemetryEvent['type']> = new Set(['drop', 'cance
 
 const num = (value: number): string => (Number.isFinite(value) ? String(value) : 'null');
 const stampJson = (stamp: Stamp | null | undefined): string => (stamp ? `{"sec":${stamp.sec},"nanosec":${stamp.nanosec}}` : 'null');
+const requireSecretKey = (curve: CurveConfig): string => {
+  if (!curve.secretKeyFile) throw new TypeError('createPublisher: curve.secretKeyFile (the server secret key) is required');
+  return curve.secretKeyFile;
+};
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
 export async function createPublisher(options: PublisherOptions): Promise<Publisher> {
@@ -180,7 +184,7 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
     noDrop: true,
     sendTimeout: 0,
     linger: 0,
-    ...(curve ? { curveServer: true, curveSecretKey: readCurveKey(curve.secretKeyFile, 'publisher secret key') } : {}),
+    ...(curve ? { curveServer: true, curveSecretKey: readCurveKey(requireSecretKey(curve), 'publisher secret key') } : {}),
   });
   try {
     await socket.bind(endpoint);

@@ -53,10 +53,10 @@ export interface ZmqSourceConfig {
   readonly insecure: boolean;
 }
 
-/** CURVE keys, as paths of files holding Z85 text. */
+/** CURVE keys, as paths of files holding Z85 text: a bound socket's secret key, or the public key
+ * of the server a connecting socket talks to. */
 export interface CurveConfig {
-  readonly secretKeyFile: string;
-  /** Connecting sockets: the server's public key. */
+  readonly secretKeyFile?: string;
   readonly serverKeyFile?: string;
 }
 
@@ -293,34 +293,27 @@ function describeAjvError(error: ErrorObject): ConfigIssue {
 /** Every endpoint: a real port (1–65535, or * where a bind may pick one), and nothing other hosts
  * can reach without CURVE unless the section says insecure: true. */
 function checkEndpoints(config: PerceptConfig): ConfigIssue[] {
-  const sockets: { path: string; endpoint: string; bind: boolean; curve: boolean; insecure: boolean }[] = [
-    { path: '/publisher/endpoint', endpoint: config.publisher.endpoint, bind: true, ...security(config.publisher) },
+  const sockets: { section: string; endpoint: string; bind: boolean; curve: CurveConfig | null; insecure: boolean }[] = [
+    { section: '/publisher', bind: true, ...config.publisher },
   ];
-  if (config.control.enabled)
-    sockets.push({ path: '/control/endpoint', endpoint: config.control.endpoint, bind: true, ...security(config.control) });
-  if (config.source.kind === 'zmq') {
-    sockets.push({ path: '/source/endpoint', endpoint: config.source.endpoint, bind: config.source.bind, ...security(config.source) });
-    if (config.source.curve && !config.source.bind && !config.source.curve.serverKeyFile) {
-      return [{ path: '/source/curve/serverKeyFile', message: "is required to connect with CURVE (the server's public key)" }];
-    }
-  }
+  if (config.control.enabled) sockets.push({ section: '/control', bind: true, ...config.control });
+  if (config.source.kind === 'zmq') sockets.push({ section: '/source', ...config.source });
   const issues: ConfigIssue[] = [];
-  for (const { path, endpoint, bind, curve, insecure } of sockets) {
+  for (const { section, endpoint, bind, curve, insecure } of sockets) {
     try {
       const parsed = parseEndpoint(endpoint, { bind });
-      const problem = insecureEndpointProblem(parsed, endpoint, { bind, curve, insecure });
-      if (problem) issues.push({ path, message: problem });
+      const problem = insecureEndpointProblem(parsed, endpoint, { bind, curve: curve != null, insecure });
+      if (problem) issues.push({ path: `${section}/endpoint`, message: problem });
     } catch (err) {
-      issues.push({ path, message: (err as Error).message });
+      issues.push({ path: `${section}/endpoint`, message: (err as Error).message });
     }
+    if (curve && bind && !curve.secretKeyFile)
+      issues.push({ path: `${section}/curve/secretKeyFile`, message: "is required to bind with CURVE (the server's secret key)" });
+    if (curve && !bind && !curve.serverKeyFile)
+      issues.push({ path: `${section}/curve/serverKeyFile`, message: "is required to connect with CURVE (the server's public key)" });
   }
   return issues;
 }
-
-const security = (section: { readonly curve: CurveConfig | null; readonly insecure: boolean }) => ({
-  curve: section.curve != null,
-  insecure: section.insecure,
-});
 
 /** Checks the schema cannot express. Returns the problems found (empty when the config is sound). */
 function checkSemantics(config: PerceptConfig): ConfigIssue[] {

@@ -149,9 +149,15 @@ describe('loadConfig', () => {
       ],
     ],
     [
-      'a CURVE client without the server key',
-      { source: { kind: 'zmq', endpoint: 'tcp://127.0.0.1:6000', curve: { secretKeyFile: 'client.key' } } },
-      ["/source/curve/serverKeyFile: is required to connect with CURVE (the server's public key)"],
+      'CURVE without the key the side needs',
+      {
+        source: { kind: 'zmq', endpoint: 'tcp://127.0.0.1:6000', curve: { secretKeyFile: 'client.key' } },
+        publisher: { endpoint: 'tcp://*:1', curve: { serverKeyFile: 'x.pub' } },
+      },
+      [
+        "/publisher/curve/secretKeyFile: is required to bind with CURVE (the server's secret key)",
+        "/source/curve/serverKeyFile: is required to connect with CURVE (the server's public key)",
+      ],
     ],
   ];
   for (const [what, input, expected] of rejected) {

@@ -312,6 +312,7 @@ export class StageRunner {
         sourceId: env.sourceId,
         captureNs: env.captureNs,
         captureWallMs: env.captureWallMs,
+        sourceStamp: env.sourceStamp,
         deadlineNs: env.deadlineNs,
         degradeLevel: env.degradeLevel,
         spans: [...env.spans, { stage: this.name, enterNs, exitNs }],
