@@ -240,6 +240,20 @@ calc
   });
 
 program
+  .command('echo')
+  .description('print what a running percept publishes: actions (validated, with age and staleness), events, telemetry; seq gaps on stderr')
+  .option('--connect <endpoint>', "the publisher's endpoint", 'tcp://127.0.0.1:5556')
+  .option('--topic <topic...>', 'topics: actions, events, telemetry', ['actions'])
+  .option('--json', 'one JSON line per message: {"header": …, "body": …}')
+  .option('--schema <file>', 'the action schema (default: configs/actions/robot-action.schema.json)')
+  .option('--server-key <file>', "the publisher's CURVE public key, when it encrypts")
+  .option('--count <n>', 'exit after this many messages', int('--count'))
+  .action(async (opts) => {
+    const { echo } = await import('./echo.ts');
+    process.exitCode = await echo(opts);
+  });
+
+program
   .command('doctor')
   .description('check the installation: Node, the native addon, onnxruntime, sharp, zeromq, configs')
   .option('--json', 'print JSON')

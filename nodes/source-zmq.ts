@@ -33,6 +33,7 @@ export interface ZmqSource extends FrameSource<CameraFrame> {
   /** The endpoint bound or connected (a bind's wildcard port resolved). */
   readonly endpoint: string;
   readonly counters: ZmqSourceCounters;
+  close(): Promise<void>;
 }
 
 interface FrameHeader {

@@ -21,7 +21,7 @@ const header = (h: Record<string, unknown>): string => JSON.stringify(h);
 async function take(source: ZmqSource, count: number, incidents: SourceIncident[] = []): Promise<SourceItem<CameraFrame>[]> {
   const abort = new AbortController();
   const items: SourceItem<CameraFrame>[] = [];
-  for await (const item of source.frames(new RealClock(), abort.signal, (i) => incidents.push(i))) {
+  for await (const item of source.frames(new RealClock(), abort.signal, (i) => void incidents.push(i))) {
     items.push(item);
     if (items.length === count) abort.abort();
   }
@@ -70,7 +70,7 @@ describe('zmq frame input', () => {
         ['cam_rear', null, 'jpeg', null],
       ],
     );
-    assert.ok(items[0]!.payload.data.equals(jpeg));
+    assert.ok(Buffer.from(items[0]!.payload.data).equals(jpeg));
     assert.deepEqual(source.counters, { received: 10, yielded: 3, malformed: 7 });
     assert.equal(incidents.length, 7);
     assert.ok(incidents.every((i) => i.kind === 'malformed'));

@@ -2,12 +2,13 @@
 // client/wire-types.ts from the wire's JSON Schemas (the schemas are the source of truth; the types
 // follow them). `node tools/gen-wire-types.mjs` writes the file; `--check` exits 1 when the file is
 // not what the schemas give (test/client.test.ts runs the check, so a schema edit without
-// regenerating fails the tests).
+// regenerating fails the tests). `--root DIR` works on another checkout (the test's drift case).
 import { readFileSync, writeFileSync } from 'node:fs';
 import { compile } from 'json-schema-to-typescript';
 import prettier from 'prettier';
 
-const root = new URL('..', import.meta.url).pathname;
+const rootArg = process.argv.indexOf('--root');
+const root = rootArg > 0 ? `${process.argv[rootArg + 1].replace(/\/$/, '')}/` : new URL('..', import.meta.url).pathname;
 const SCHEMAS = ['configs/wire/header.schema.json', 'configs/wire/messages.schema.json', 'configs/actions/robot-action.schema.json'];
 const OUT = 'client/wire-types.ts';
 
