@@ -139,7 +139,10 @@ export interface DegradeEvent {
   from: number;
   to: number;
   direction: 'down' | 'up';
-  reason: 'predicted_miss' | 'comfortable' | 'pinned' | 'released';
+  /**
+   * pinned: held at a level through the control socket.
+   */
+  reason: 'predicted_miss' | 'comfortable' | 'pinned';
   predictedMs: number;
   limitMs: number;
   knobs: Knobs;

@@ -67,6 +67,7 @@ import {
   type Stage,
 } from '../types.ts';
 import type { StageChain } from './chain.ts';
+import type { GraphBudgets, GraphControl, GraphStatus } from './control.ts';
 import { RealScheduler, VirtualScheduler, type Scheduler } from './scheduler.ts';
 import { StageRunner, type RunnerHost } from './stage-runner.ts';
 
@@ -78,6 +79,8 @@ export interface Graph<O = unknown> {
   run(): Promise<RunSummary>;
   /** Stops the run (idempotent; before run() it makes run() end at once). */
   stop(reason?: string): Promise<RunSummary>;
+  /** Budgets, ladder pin, pause/resume and status of the running graph. */
+  readonly control: GraphControl;
 }
 
 export interface GraphOptions<I, O> {
@@ -111,7 +114,7 @@ export function stopOnSignals(graph: Graph, signals: readonly NodeJS.Signals[] =
 
 const wallOriginOf = (clock: Clock): number => clock.wallMs() - Number(clock.nowNs() / 1_000_000n);
 
-class GraphRuntime implements Graph, RunnerHost {
+class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly events: Observable<TelemetryEvent>;
   readonly outputs: Observable<Envelope<unknown>>;
   readonly clock: Clock;
@@ -126,7 +129,9 @@ class GraphRuntime implements Graph, RunnerHost {
   readonly #stages: readonly Stage<unknown, unknown>[];
   readonly #runners: readonly StageRunner[];
   readonly #config: GraphConfig;
-  readonly #endToEndNs: bigint;
+  #endToEndNs: bigint;
+  #budgets: GraphBudgets;
+  #paused: { promise: Promise<void>; resume: () => void } | undefined;
   readonly #statsIntervalNs: bigint;
   readonly #events = new Subject<TelemetryEvent>();
   readonly #outputs = new Subject<Envelope<unknown>>();
@@ -177,6 +182,7 @@ class GraphRuntime implements Graph, RunnerHost {
     this.virtual = clock.virtual;
     this.wallOriginMs = wallOriginOf(clock);
     this.#endToEndNs = msToNs(endToEndMs);
+    this.#budgets = { endToEndMs, stages: { ...config.budgets.stages } };
     this.#statsIntervalNs = msToNs(config.telemetry.intervalMs);
     this.dropPredictedMiss = config.budgets.dropPredictedMiss;
     this.ladder = new DegradeLadder(config.ladder, endToEndMs);
@@ -192,6 +198,97 @@ class GraphRuntime implements Graph, RunnerHost {
     this.#aggregator.subscribeTo(this.#events);
     this.events = this.#events.asObservable();
     this.outputs = this.#outputs.asObservable();
+  }
+
+  get control(): GraphControl {
+    return this;
+  }
+
+  // --- control ---------------------------------------------------------------------------------
+
+  status(): GraphStatus {
+    const state =
+      this.#resolveRun === undefined
+        ? 'idle'
+        : this.#finalizing
+          ? 'ended'
+          : this.#stopReason !== undefined
+            ? 'stopping'
+            : this.#paused
+              ? 'paused'
+              : 'running';
+    return {
+      state,
+      level: this.ladder.level,
+      levels: this.ladder.levels,
+      pinnedLevel: this.ladder.pinned,
+      knobs: this.ladder.knobsAt(this.ladder.level),
+      budgets: { endToEndMs: this.#budgets.endToEndMs, stages: { ...this.#budgets.stages } },
+      summary: this.#aggregator.snapshot(),
+    };
+  }
+
+  setBudgets(budgets: { readonly endToEndMs?: number; readonly stages?: Readonly<Record<string, number | null>> }): void {
+    const endToEndMs = budgets.endToEndMs ?? this.#budgets.endToEndMs;
+    if (!(typeof endToEndMs === 'number' && Number.isFinite(endToEndMs) && endToEndMs > 0 && endToEndMs <= 3_600_000)) {
+      throw new RangeError(`setBudgets: endToEndMs must be a number in (0, 3600000] but is ${JSON.stringify(budgets.endToEndMs)}`);
+    }
+    const stages: Record<string, number> = { ...this.#budgets.stages };
+    for (const [name, ms] of Object.entries(budgets.stages ?? {})) {
+      if (!this.#runners.some((r) => r.name === name)) {
+        throw new RangeError(`setBudgets: no stage '${name}' in this graph (${this.#runners.map((r) => r.name).join(', ')})`);
+      }
+      if (ms === null) delete stages[name];
+      else if (typeof ms === 'number' && Number.isFinite(ms) && ms > 0) stages[name] = ms;
+      else throw new RangeError(`setBudgets: the budget of '${name}' must be a number > 0 or null but is ${JSON.stringify(ms)}`);
+    }
+    for (const [name, ms] of Object.entries(stages)) {
+      if (ms > endToEndMs) throw new RangeError(`setBudgets: the budget of '${name}' (${ms} ms) is above endToEndMs (${endToEndMs} ms)`);
+    }
+    this.ladder.setEndToEnd(endToEndMs);
+    this.#endToEndNs = msToNs(endToEndMs);
+    this.#budgets = { endToEndMs, stages };
+    for (const runner of this.#runners) runner.setBudget(stages[runner.name]);
+    this.#control('set_budgets', JSON.stringify(this.#budgets));
+  }
+
+  pinLevel(level: number): void {
+    this.ladder.pin(level);
+    this.#control('pin_level', `level ${level}`);
+  }
+
+  releaseLevel(): void {
+    this.ladder.pin(null);
+    this.#control('release_level', `at level ${this.ladder.level}`);
+  }
+
+  pause(): void {
+    if (this.#paused) return;
+    let resume!: () => void;
+    const promise = new Promise<void>((resolve) => (resume = resolve));
+    this.#paused = { promise, resume };
+    this.#control('pause', '');
+  }
+
+  resume(): void {
+    const paused = this.#paused;
+    if (!paused) return;
+    this.#paused = undefined;
+    paused.resume();
+    this.#control('resume', '');
+  }
+
+  #control(command: 'set_budgets' | 'pin_level' | 'release_level' | 'pause' | 'resume', detail: string): void {
+    this.emit({ type: 'control', atNs: this.clock.nowNs(), command, detail });
+  }
+
+  /** While paused: resolves on resume or shutdown (true if the graph should go on). */
+  async #whilePaused(): Promise<boolean> {
+    while (this.#paused && !this.#shutdown.signal.aborted) {
+      const shutdown = new Promise<void>((resolve) => this.#shutdown.signal.addEventListener('abort', () => resolve(), { once: true }));
+      await Promise.race([this.#paused.promise, shutdown]);
+    }
+    return !this.#shutdown.signal.aborted;
   }
 
   get shutdown(): AbortSignal {
@@ -263,6 +360,7 @@ class GraphRuntime implements Graph, RunnerHost {
       for await (const item of this.#source.frames(this.clock, this.#shutdown.signal, this.#reportSource)) {
         if (this.#shutdown.signal.aborted) break; // yielded after stop: never entered the graph
         this.#admit(item, subscriber);
+        if (this.#paused && !(await this.#whilePaused())) break;
       }
     } catch (error) {
       this.#sourceError(error);
@@ -286,6 +384,8 @@ class GraphRuntime implements Graph, RunnerHost {
     }
     const item = result.value;
     this.scheduler.at(item.captureNs, async () => {
+      // Paused: virtual time stands still until resume (the frame pulled ahead waits here).
+      if (this.#paused) await this.#whilePaused();
       if (this.#shutdown.signal.aborted) {
         await iterator.return?.();
         subscriber.complete();
