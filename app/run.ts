@@ -241,6 +241,19 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
     throw err;
   }
   const graph = createGraph({ source, stages: stages.chain, clock, config });
+  const { publisher } = stages;
+  let control: Awaited<ReturnType<(typeof import('./control.ts'))['startControlServer']>> | undefined;
+  if (config.control.enabled) {
+    const { startControlServer } = await import('./control.ts');
+    try {
+      control = await startControlServer(config.control, graph.control);
+    } catch (err) {
+      await publisher?.close();
+      await source.close?.();
+      throw err;
+    }
+    log(`control socket on ${control.endpoint}`);
+  }
 
   let recorder: Awaited<ReturnType<(typeof import('../nodes/recorder.ts'))['createRecorder']>> | undefined;
   if (config.recorder.enabled) {
@@ -260,7 +273,6 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
   // Drops, cancels, degrade steps, errors, source incidents and the periodic stats go to the
   // publisher's topics, so a robot stack sees every decision the graph makes. The publisher outlives
   // the graph: it closes after the run's last stats, with the final summary as the last event.
-  const { publisher } = stages;
   if (publisher) graph.events.subscribe(publisher.sink.accept);
 
   const table = new LiveTable({ mode: config.telemetry.liveTable, intervalMs: config.telemetry.intervalMs });
@@ -269,6 +281,7 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
   const timer = opts.duration ? setTimeout(() => void graph.stop('duration'), opts.duration * 1000) : undefined;
   try {
     const summary = await graph.run();
+    await control?.close();
     table.detach();
     if (recorder) await recorder.close();
     const published = await publisher?.close(summary);
@@ -281,5 +294,8 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
   } finally {
     if (timer) clearTimeout(timer);
     removeSignals();
+    // Both are idempotent: after a failure they still release their endpoints.
+    await control?.close();
+    await publisher?.close();
   }
 }

@@ -358,9 +358,10 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   async #pumpReal(subscriber: Subscriber<Envelope<unknown>>): Promise<void> {
     try {
       for await (const item of this.#source.frames(this.clock, this.#shutdown.signal, this.#reportSource)) {
+        // Paused: the frame that arrived waits with the source until resume (its deadline runs on).
+        if (this.#paused && !(await this.#whilePaused())) break;
         if (this.#shutdown.signal.aborted) break; // yielded after stop: never entered the graph
         this.#admit(item, subscriber);
-        if (this.#paused && !(await this.#whilePaused())) break;
       }
     } catch (error) {
       this.#sourceError(error);
