@@ -1,7 +1,9 @@
 // percept bench publish: the publisher stage → a ZeroMQ SUB on loopback tcp, in a worker thread (so
 // sender and receiver do not share an event loop, as with a real subscriber process).
-//   throughput: `messages` actions sent back to back (each send awaited, as the stage does); rate =
-//               received / (last receive − first send).
+//   throughput: `messages` actions given to the stage back to back (each process() awaited, as the
+//               graph does); msgs_per_s = received / (last receive − first send), which a JS
+//               subscriber bounds; send_msgs_per_s = the same messages handed to ZeroMQ / the time
+//               that took (the publisher's own rate).
 //   latency:    `latencySamples` actions sent one at a time, each after the previous one arrived;
 //               latency = receive time in the worker − time before process() in the sender (both
 //               process.hrtime, one monotonic clock), so it covers header building, JSON, the send,
@@ -28,7 +30,10 @@ export interface BenchPublishOptions {
 
 // A type alias (not an interface) so it is assignable to Record<string, unknown> (CLI printing).
 export type BenchPublishResult = {
+  /** Delivered: received by the subscriber / (its last receive − the first send). */
   readonly msgs_per_s: number;
+  /** The publisher's own rate: accepted by the stage → handed to ZeroMQ, over the same run. */
+  readonly send_msgs_per_s: number;
   /** One-at-a-time publish → receive latency. */
   readonly p50_us: number;
   readonly p99_us: number;
@@ -50,10 +55,12 @@ interface SubscriberCommand {
   readonly topic: string;
   /** Shared Int32Array: [0] = messages received (for ping-pong). */
   readonly counter: SharedArrayBuffer;
+  /** Most messages the subscriber records. */
+  readonly capacity: number;
 }
 interface SubscriberReport {
-  readonly seqs: number[];
-  readonly receivedNs: string[];
+  readonly seqs: Int32Array;
+  readonly receivedNs: BigInt64Array;
 }
 
 export async function benchPublish(options: BenchPublishOptions = {}): Promise<BenchPublishResult> {
@@ -82,6 +89,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     endpoint: pub.endpoint,
     topic,
     counter,
+    capacity: messages + latencySamples + 4000,
   };
   const worker = new Worker(SUBSCRIBER_SOURCE, { eval: true, workerData });
   const report = new Promise<SubscriberReport>((resolve, reject) => {
@@ -132,12 +140,14 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
       await publisher.process(message(i), ctx);
     }
     const throughputEnd = accepted();
+    await waitFor(() => pub.stats()[topic]!.sent >= throughputEnd, 60_000);
+    const sentAllNs = process.hrtime.bigint();
     // Telemetry goes out after the queued actions: the subscriber's cue that the bench is over.
     sink.accept({ type: 'stats', atNs: process.hrtime.bigint(), summary: new TelemetryAggregator('real').snapshot() });
     const { seqs, receivedNs } = await report;
 
     const at = new Map<number, bigint>();
-    seqs.forEach((s, k) => at.set(s, BigInt(receivedNs[k])));
+    seqs.forEach((s, k) => at.set(s, receivedNs[k]!));
     const latencies = (from: number, to: number): number[] => {
       const out: number[] = [];
       for (let s = from; s < to; s++) {
@@ -155,6 +165,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     }
     return {
       msgs_per_s: Math.round(loaded.length / (Number(lastNs - t0) / 1e9)),
+      send_msgs_per_s: Math.round(messages / (Number(sentAllNs - t0) / 1e9)),
       p50_us: round(quantile(idle, 0.5)),
       p99_us: round(quantile(idle, 0.99)),
       max_us: round(idle.at(-1) ?? NaN),
@@ -200,22 +211,33 @@ const round = (v: number): number => Math.round(v * 10) / 10;
 const SUBSCRIBER_SOURCE = `
 const { parentPort, workerData } = require('node:worker_threads');
 const { Subscriber } = require(workerData.zeromq);
+const SEQ = Buffer.from('"seq":');
+const TELEMETRY = 't'.charCodeAt(0);
 (async () => {
   const received = new Int32Array(workerData.counter);
   const sub = new Subscriber({ linger: 0, receiveHighWaterMark: 100000 });
   sub.connect(workerData.endpoint);
   sub.subscribe(workerData.topic);
   sub.subscribe('telemetry');
-  const seqs = [];
-  const receivedNs = [];
+  // Preallocated and parsed by hand: this measures the publisher, not the subscriber's JSON.parse
+  // or BigInt formatting.
+  const seqs = new Int32Array(workerData.capacity);
+  const receivedNs = new BigInt64Array(workerData.capacity);
+  let n = 0;
   for await (const frames of sub) {
     const now = process.hrtime.bigint();
-    if (frames[0].toString() === 'telemetry') break;
-    seqs.push(JSON.parse(frames[1].toString()).seq);
-    receivedNs.push(now.toString());
+    if (frames[0][0] === TELEMETRY) break;
+    const h = frames[1];
+    let at = h.indexOf(SEQ) + SEQ.length;
+    let seq = 0;
+    for (let c = h[at]; c >= 48 && c <= 57; c = h[++at]) seq = seq * 10 + (c - 48);
+    if (n < seqs.length) {
+      seqs[n] = seq;
+      receivedNs[n++] = now;
+    }
     Atomics.add(received, 0, 1);
   }
   sub.close();
-  parentPort.postMessage({ seqs, receivedNs });
+  parentPort.postMessage({ seqs: seqs.subarray(0, n), receivedNs: receivedNs.subarray(0, n) });
 })();
 `;

@@ -178,6 +178,19 @@ bench
     printResult(await benchPublish(opts), opts.json);
   });
 
+bench
+  .command('frame-input')
+  .description('a pusher → the ZeroMQ frame input on loopback: JPEG frames at a fixed rate; drops and the added latency p50/p99')
+  .option('--fps <n>', 'frames per second', positiveNumber('--fps'), 30)
+  .option('--seconds <n>', 'how long to push', positiveNumber('--seconds'), 10)
+  .option('--width <n>', 'frame width', int('--width'), 1280)
+  .option('--height <n>', 'frame height', int('--height'), 720)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchFrameInput } = await import('./bench-frame-input.ts');
+    printResult(await benchFrameInput(opts), opts.json);
+  });
+
 const models = program.command('models').description('synthetic checkpoints (random weights, real shapes, real Gemma 4 tokenizer)');
 models
   .command('synth')
