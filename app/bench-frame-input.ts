@@ -9,6 +9,7 @@ import { Worker } from 'node:worker_threads';
 import sharp from 'sharp';
 import { createZmqSource } from '../nodes/source-zmq.ts';
 import { RealClock } from '../pipeline/clock.ts';
+import { exitOf } from './bench-worker.ts';
 import { quantile } from './stats.ts';
 
 export interface BenchFrameInputOptions {
@@ -101,7 +102,7 @@ export async function benchFrameInput(options: BenchFrameInputOptions = {}): Pro
   } finally {
     abort.abort();
     await source.close();
-    await worker.terminate();
+    await exitOf(worker);
   }
 }
 

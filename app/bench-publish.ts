@@ -16,6 +16,7 @@ import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
 import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { exitOf } from './bench-worker.ts';
 import { quantile } from './stats.ts';
 
 export interface BenchPublishOptions {
@@ -179,7 +180,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     };
   } finally {
     await pub.close();
-    await worker.terminate();
+    await exitOf(worker);
   }
 }
 

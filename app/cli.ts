@@ -267,6 +267,17 @@ program
   });
 
 program
+  .command('keys')
+  .description('write a CURVE key pair: NAME.key (secret, for the config) and NAME.pub (public, for subscribers)')
+  .requiredOption('-o, --out <dir>', 'folder for the two files')
+  .option('--name <name>', 'file name stem', 'server')
+  .option('--force', 'replace existing files')
+  .action(async (opts) => {
+    const { writeKeyPair } = await import('./keys.ts');
+    printResult(writeKeyPair(opts), false);
+  });
+
+program
   .command('doctor')
   .description('check the installation: Node, the native addon, onnxruntime, sharp, zeromq, configs')
   .option('--json', 'print JSON')

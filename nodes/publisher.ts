@@ -76,7 +76,8 @@ interface Pending {
   readonly seq: number;
   /** The header's JSON without its closing brace and without seq/publish_wall_ms. */
   readonly head: string;
-  readonly body: string;
+  /** The body, or (the end event) a function that makes it when it is sent. */
+  readonly body: string | (() => string);
 }
 
 /** One topic: its frame, its seq counter and its bounded queue (oldest dropped when full). */
@@ -228,10 +229,11 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
       const queue = order.find((q) => q.length > 0);
       if (!queue) return;
       const item = queue.shift()!;
+      const body = typeof item.body === 'string' ? item.body : item.body();
       for (;;) {
         const header = `${item.head},"seq":${item.seq},"publish_wall_ms":${Date.now()}}`;
         try {
-          await socket.send([queue.frame, header, item.body]);
+          await socket.send([queue.frame, header, body]);
           queue.sent += 1;
           waitMs = 0;
           break;
@@ -253,7 +255,7 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
     });
   };
 
-  function enqueueEvent(queue: TopicQueue, head: string, body: string): void {
+  function enqueueEvent(queue: TopicQueue, head: string, body: Pending['body']): void {
     queue.push((seq) => ({ seq, head, body }));
     kick();
   }
@@ -312,9 +314,10 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
   async function close(summary?: RunSummary): Promise<PublisherStats> {
     closing = true;
     if (summary) {
-      // The end summary supersedes stats still waiting (counted as dropped), and goes out last.
+      // The end summary supersedes stats still waiting (counted as dropped), and goes out last,
+      // with the counters as they are when it is sent (everything else has gone by then).
       while (topics.telemetry.shift()) topics.telemetry.dropped += 1;
-      enqueueEvent(topics.events, eventHead, JSON.stringify({ type: 'end', summary, publisher: stats() }));
+      enqueueEvent(topics.events, eventHead, () => JSON.stringify({ type: 'end', summary, publisher: stats() }));
     }
     const deadline = Date.now() + lingerMs;
     if (pumping) {

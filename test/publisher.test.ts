@@ -7,6 +7,7 @@ import { Subscriber, curveKeyPair } from 'zeromq';
 import { createPublisher, type Publisher, type PublisherOptions } from '../nodes/publisher.ts';
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { benchPublish } from '../app/bench-publish.ts';
+import { writeKeyPair } from '../app/keys.ts';
 import { VirtualClock, type Clock } from '../pipeline/clock.ts';
 import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
@@ -292,9 +293,9 @@ describe('publisher', () => {
   test('CURVE: a subscriber with the server key receives, one with a wrong key gets nothing', async () => {
     const dir = join(root, '.cache', 'publisher-test');
     mkdirSync(dir, { recursive: true });
-    const server = curveKeyPair();
-    writeFileSync(join(dir, 'server.key'), `${server.secretKey}\n`);
-    const pub = await open({ curve: { secretKeyFile: join(dir, 'server.key') } });
+    const { secretKeyFile, publicKeyFile } = writeKeyPair({ out: dir, force: true });
+    const server = { publicKey: readFileSync(publicKeyFile, 'utf8').trim() };
+    const pub = await open({ curve: { secretKeyFile } });
     const client = curveKeyPair();
     const good = connect(pub, ['events'], {
       curveServerKey: server.publicKey,

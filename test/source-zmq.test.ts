@@ -11,6 +11,7 @@ import { RealClock } from '../pipeline/clock.ts';
 import type { SourceIncident, SourceItem } from '../pipeline/types.ts';
 import type { CameraFrame } from '../nodes/payloads.ts';
 import { fakeStage, runGraph, testConfig } from './pipeline-fakes.ts';
+import { benchFrameInput } from '../app/bench-frame-input.ts';
 
 const jpeg = await sharp(Buffer.alloc(16 * 8 * 3, 120), { raw: { width: 16, height: 8, channels: 3 } })
   .jpeg()
@@ -149,6 +150,15 @@ describe('zmq frame input', () => {
     );
     const incident = result.events.find((e) => e.type === 'source');
     assert.ok(incident && incident.type === 'source' && incident.sourceId === source.id && /header is not JSON/.test(incident.detail));
+  });
+
+  test('bench frame-input accounts for every pushed frame (numbers are not asserted)', async () => {
+    const r = await benchFrameInput({ fps: 20, seconds: 0.5, width: 320, height: 240 });
+    assert.equal(r.frames_pushed, 10);
+    assert.equal(r.frames_received + r.dropped, r.frames_pushed);
+    assert.equal(r.malformed, 0);
+    assert.ok(r.jpeg_bytes > 1000);
+    assert.ok(r.frames_received === 0 || (r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.max_us));
   });
 
   test('refuses an endpoint other hosts can reach without CURVE, and a connect to any port', async () => {
