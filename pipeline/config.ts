@@ -173,6 +173,7 @@ const DEFAULTS_BASE = fileURLToPath(new URL('..', import.meta.url));
 /** The config fields that name files (their keys from the root). */
 const PATH_FIELDS: readonly (readonly string[])[] = [
   ['source', 'path'],
+  ['source', 'url'],
   ['source', 'curve', 'secretKeyFile'],
   ['source', 'curve', 'serverKeyFile'],
   ['publisher', 'curve', 'secretKeyFile'],
@@ -226,10 +227,11 @@ export function loadConfig(input: string | object): PerceptConfig {
   return config;
 }
 
-/** The file path at data[keys[0]][keys[1]]…, if there is one (a non-empty string that is no synth: spec). */
+/** The file path at data[keys[0]][keys[1]]…, if there is one: a non-empty string that is no
+ * `scheme:` (a synth: spec, an rtsp:// or http:// URL). */
 function pathAt(data: unknown, keys: readonly string[]): string | undefined {
   const value = keys.reduce<unknown>((node, key) => (isRecord(node) ? node[key] : undefined), data);
-  return typeof value === 'string' && value !== '' && !value.startsWith('synth:') ? value : undefined;
+  return typeof value === 'string' && value !== '' && !/^[a-z][a-z0-9+.-]*:/i.test(value) ? value : undefined;
 }
 
 function resolvePaths(data: unknown, fields: readonly (readonly string[])[], base: string): void {
@@ -318,6 +320,9 @@ function checkEndpoints(config: PerceptConfig): ConfigIssue[] {
 /** Checks the schema cannot express. Returns the problems found (empty when the config is sound). */
 function checkSemantics(config: PerceptConfig): ConfigIssue[] {
   const issues: ConfigIssue[] = [...checkEndpoints(config)];
+  if ((config.source.kind === 'ffmpeg' || config.source.kind === 'zmq') && config.clock === 'virtual') {
+    issues.push({ path: '/clock', message: `must be "real" for a live source (${config.source.kind}): its frames come in real time` });
+  }
   const { budgets, ladder } = config;
   for (const [stage, ms] of Object.entries(budgets.stages)) {
     if (ms > budgets.endToEndMs) {

@@ -137,6 +137,11 @@ describe('loadConfig', () => {
       ],
     ],
     [
+      'a live source on a virtual clock',
+      { source: { kind: 'ffmpeg', url: 'a.mp4' }, clock: 'virtual' },
+      ['/clock: must be "real" for a live source (ffmpeg): its frames come in real time'],
+    ],
+    [
       'a connect to any port',
       { source: { kind: 'zmq', endpoint: 'tcp://127.0.0.1:*' } },
       ['/source/endpoint: tcp://127.0.0.1:*: a connect needs a port number, not *'],
@@ -217,6 +222,15 @@ describe('loadConfig', () => {
         recorder: { enabled: true, path: 'out/run.mcap' },
         publisher: { curve: { secretKeyFile: 'keys/server.key' } },
       }),
+    );
+    const ffmpeg = join(dir, 'ffmpeg.json');
+    writeFileSync(ffmpeg, JSON.stringify({ source: { kind: 'ffmpeg', url: 'clips/a.mp4' } }));
+    const stream = join(dir, 'stream.json');
+    writeFileSync(stream, JSON.stringify({ source: { kind: 'ffmpeg', url: 'rtsp://127.0.0.1:8554/cam' } }));
+    assert.deepEqual(
+      [loadConfig(ffmpeg).source, loadConfig(stream).source].map((s) => s.kind === 'ffmpeg' && s.url),
+      [join(dir, 'clips/a.mp4'), 'rtsp://127.0.0.1:8554/cam'],
+      'a file is relative to the config, a URL stays',
     );
     const config = loadConfig(file);
     assert.equal(config.source.kind === 'bag' && config.source.path, join(dir, '../bags/front.mcap'));
