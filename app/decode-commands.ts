@@ -149,10 +149,14 @@ function randomTokens(n: number, nVocab: number, seed: number): number[] {
   });
 }
 
+/** A llama.cpp program built from the addon's tree (tools/build-native.mjs, PERCEPT_PEERS), or undefined. */
+export function findPeerProgram(name: string): string | undefined {
+  return [join(ROOT, 'build', 'native', 'bin', name), join(ROOT, 'build', 'native', 'bin', 'Release', name)].find((p) => existsSync(p));
+}
+
 function findLlamaBench(): string {
-  for (const p of [join(ROOT, 'build', 'native', 'bin', 'llama-bench'), join(ROOT, 'build', 'native', 'bin', 'Release', 'llama-bench')]) {
-    if (existsSync(p)) return p;
-  }
+  const path = findPeerProgram('llama-bench');
+  if (path) return path;
   throw new Error(
     'llama-bench is not built: cmake --build build/native --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)',
   );

@@ -3,6 +3,7 @@
 import { mkdirSync } from 'node:fs';
 import { basename, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { DegradeLadder } from '../pipeline/budget.ts';
 import { RealClock, VirtualClock, type Clock } from '../pipeline/clock.ts';
 import { loadConfig, type PerceptConfig, type SourceConfig } from '../pipeline/config.ts';
 import { append, chain, type StageChain } from '../pipeline/graph/chain.ts';
@@ -16,7 +17,7 @@ import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, Pixel
 import { resolveModel } from '../models/resolve.ts';
 
 /** The config `percept run` and `npm start` use when none is given. */
-const DEFAULT_CONFIG = fileURLToPath(new URL('../configs/default.json', import.meta.url));
+export const DEFAULT_CONFIG = fileURLToPath(new URL('../configs/default.json', import.meta.url));
 
 export interface RunOptions {
   readonly config?: string;
@@ -109,6 +110,25 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
   }
 }
 
+/** Refuses a vision encoder made for another decoder architecture (a Gemma 3 SigLIP encoder in front
+ * of a Gemma 4 decoder would feed it embeddings of the wrong model, even when the widths agree). */
+export function checkEncoderFitsDecoder(
+  encoder: { readonly contract: EncoderContract; readonly source: string },
+  decoder: { readonly contract: EncoderContract; readonly source: string; readonly arch: string },
+): void {
+  if (encoder.contract === decoder.contract) return;
+  throw new Error(
+    `encoder ${encoder.source} has the ${encoder.contract} vision contract, but decoder ${decoder.source} is a ${decoder.arch} model that needs a ${decoder.contract} vision encoder`,
+  );
+}
+
+/** The frame the warm-up pushes through the stages: the pattern source's own size, else 720p. */
+async function warmupFrame(source: SourceConfig): Promise<CameraFrame> {
+  const { encodePatternFrame } = await import('../nodes/source-pattern.ts');
+  const [width, height] = source.kind === 'pattern' ? [source.width, source.height] : [1280, 720];
+  return { encoding: 'jpeg', data: await encodePatternFrame(0, width, height), width, height };
+}
+
 export interface PipelineStages {
   /** camera frame → published (or, without the publisher, validated) action. */
   readonly chain: StageChain<CameraFrame, ActionMessage>;
@@ -129,9 +149,14 @@ export function modelIds(config: PerceptConfig): Record<string, string> {
 }
 
 /** Builds the stages in dependency order: the decoder first (its n_embd fixes the encoder's output
- * width), then the encoder (its contract fixes preprocessing). `publish: false` leaves the
- * publisher out (benchmarks that end at the validated action). */
-export async function createStages(config: PerceptConfig, actionSchema: ActionSchema, { publish = true } = {}): Promise<PipelineStages> {
+ * width), then the encoder (its contract fixes preprocessing), then warms them up (see app/warmup.ts;
+ * `warmup: false` skips it). `publish: false` leaves the publisher out (benchmarks that end at the
+ * validated action). A stage made before a step that fails is closed. */
+export async function createStages(
+  config: PerceptConfig,
+  actionSchema: ActionSchema,
+  { publish = true, warmup = true } = {},
+): Promise<PipelineStages> {
   const built: Stage<never, unknown>[] = [];
   const track = <S extends Stage<never, unknown>>(stage: S): S => {
     built.push(stage);
@@ -150,12 +175,30 @@ export async function createStages(config: PerceptConfig, actionSchema: ActionSc
         actionSchema,
       }),
     );
-    const { contract, stage: encoder } = await createEncoder(config, decoder.nEmbd, decoder.contract);
+    const { contract, stage: encoder, source: encoderSource } = await createEncoder(config, decoder.nEmbd, decoder.contract);
     track(encoder);
+    checkEncoderFitsDecoder(
+      { contract, source: encoderSource },
+      { contract: decoder.contract, source: config.decoder.model, arch: decoder.modelInfo.arch },
+    );
     const { createPreprocessStage } = await import('../nodes/preprocess.ts');
     const { createActionsStage } = await import('../nodes/actions.ts');
-    const preprocess = track(createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels }));
+    const preprocess = track(
+      createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels, threads: config.preprocess.threads }),
+    );
     const actions = track(createActionsStage({ schema: actionSchema }));
+    if (warmup) {
+      const { warmUpStages } = await import('./warmup.ts');
+      const ladder = new DegradeLadder(config.ladder, config.budgets.endToEndMs);
+      const levels = config.ladder.enabled ? Array.from({ length: ladder.levels }, (_, i) => ladder.knobsAt(i)) : [ladder.knobsAt(0)];
+      const steps = await warmUpStages({ preprocess, encode: encoder, decode: decoder }, await warmupFrame(config.source), levels);
+      for (const step of steps) {
+        const times = Object.entries(step.ms)
+          .map(([name, ms]) => `${name} ${ms.toFixed(0)} ms`)
+          .join(', ');
+        log(`warm-up (${contract === 'gemma4' ? step.imageTokens : 256} image tokens): ${times}`);
+      }
+    }
     const validated = chain(preprocess, encoder, decoder, actions);
     if (!publish) return { chain: validated };
     const { createPublisher } = await import('../nodes/publisher.ts');
@@ -172,7 +215,7 @@ async function createEncoder(
   config: PerceptConfig,
   nEmbd: number,
   decoderContract: EncoderContract,
-): Promise<{ contract: EncoderContract; stage: Stage<PixelTensor, ImageEmbedding> }> {
+): Promise<{ contract: EncoderContract; stage: Stage<PixelTensor, ImageEmbedding>; source: string }> {
   switch (config.encoder.kind) {
     case 'onnx': {
       const { createOnnxEncoderStage } = await import('../nodes/encoder-onnx.ts');
@@ -183,13 +226,14 @@ async function createEncoder(
         threads: config.encoder.threads,
         expectedHidden: nEmbd,
       });
-      return { contract: stage.contract.kind, stage };
+      return { contract: stage.contract.kind, stage, source: config.encoder.model };
     }
     case 'projection': {
       const { createProjectionEncoderStage } = await import('../nodes/encoder-projection.ts');
       return {
         contract: decoderContract,
         stage: createProjectionEncoderStage({ nEmbd, seed: config.encoder.seed, tokens: config.encoder.tokens }),
+        source: 'projection',
       };
     }
     case 'mtmd': {
@@ -200,7 +244,7 @@ async function createEncoder(
         gpuLayers: config.encoder.gpuLayers,
         expectedHidden: nEmbd,
       });
-      return { contract: stage.contract.kind, stage };
+      return { contract: stage.contract.kind, stage, source: config.encoder.mmproj };
     }
   }
 }

@@ -461,7 +461,15 @@ function fit(type: RandomType, ne0: number): RandomType {
   return fit(next, ne0);
 }
 
-function chooseTypes(defs: readonly TensorDef[], wtype: WeightType, layers: number): RandomType[] {
+/**
+ * Storage type of each tensor for `wtype`, as llama-quantize picks them for Gemma 3/4 (q4_k: its Q4_K_M mix).
+ * Works on any tensor table with Gemma's tensor names, a synthetic plan or a real checkpoint's header.
+ */
+export function chooseTypes(
+  defs: readonly { readonly name: string; readonly shape: readonly number[] }[],
+  wtype: WeightType,
+  layers: number,
+): RandomType[] {
   const nAttnV = defs.filter((d) => d.name.endsWith('.attn_v.weight')).length;
   let iAttnV = 0;
   let iFfnDown = 0;

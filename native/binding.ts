@@ -172,6 +172,8 @@ export interface NativeAddon {
   setLogger(callback: ((level: number, text: string) => void) | null): void;
   systemInfo(): string;
   monotonicNs(): bigint;
+  /** Preprocessing's layout pass (native/src/pixels.cc). */
+  layoutPixels(src: Uint8Array, out: Float32Array, options: NativeLayoutOptions): Promise<number>;
   /** mtmd_decode_use_non_causal() for a text model of this architecture and input width. */
   imageAttentionRule(arch: string, nEmbd: number): ImageAttention;
   readonly llamaVersion: string;
@@ -194,6 +196,26 @@ export function loadAddon(): NativeAddon {
   return addon;
 }
 
+export interface NativeLayoutOptions {
+  readonly width: number;
+  readonly height: number;
+  readonly channels: 1 | 2 | 3 | 4;
+  /** Bytes per row (default width × channels). */
+  readonly stride?: number;
+  /** Rows after enlarging on PIL's grid (default height: none), with this filter (default 'linear'). */
+  readonly rows?: number;
+  readonly kernel?: 'linear' | 'cubic';
+  /** EXIF orientation 1…8 (default 1). */
+  readonly orientation?: number;
+  readonly bgr?: boolean;
+  readonly layout: 'chw' | 'patches';
+  /** Patch side for 'patches' (default 16). */
+  readonly patch?: number;
+  /** value = (v/255 − offset) / scale (defaults 1 and 0). */
+  readonly scale?: number;
+  readonly offset?: number;
+}
+
 export interface NativeVisionLoadOptions {
   useGpu: boolean;
   /** CPU threads for encode (0: all cores). */
@@ -201,6 +223,8 @@ export interface NativeVisionLoadOptions {
   flashAttention: 'auto' | 'on' | 'off';
   /** Allocate the compute buffers at load with a full-size dummy image (first encode is not slower). */
   warmup: boolean;
+  /** Install clip's graph-evaluation callback so encodes can report where their time goes. */
+  profile: boolean;
 }
 
 export interface NativeVisionInfo {
@@ -224,6 +248,28 @@ export interface NativeVisionInfo {
   readonly useGpu: boolean;
   /** Weights + compute buffers per backend device. */
   readonly devices: readonly { name: string; bytes: number }[];
+  /** What clip reported when it reserved its graph at load: flash attention as resolved (null when it
+   * did not say), graph splits across backends (1: all on one), compute buffers, and the ops the GPU
+   * backend cannot run (they run on the CPU, with copies both ways). */
+  readonly flashAttention: boolean | null;
+  readonly graphSplits: number;
+  readonly graphNodes: number;
+  readonly computeBuffers: readonly { name: string; bytes: number }[];
+  readonly unsupportedOps: readonly string[];
+  /** Several same-size images go through one graph (gemma4v); otherwise encodeBatch loops. */
+  readonly batchable: boolean;
+  /** Loaded with profile: encodes can report where their time goes. */
+  readonly profile: boolean;
+}
+
+/** Where one encode's time went (clip's graph-evaluation callback). */
+export interface NativeVisionProfile {
+  /** Before the first graph node finished: graph build, allocation, input upload. */
+  readonly setupMs: number;
+  /** The rest: graph compute and the output read-back. */
+  readonly computeMs: number;
+  /** 'ops' only: per op type, synchronized after every node (totals exceed an unprofiled run). */
+  readonly ops?: readonly { op: string; ms: number; count: number; onHost: number }[];
 }
 
 export interface NativeVisionEncodeOptions {
@@ -231,6 +277,8 @@ export interface NativeVisionEncodeOptions {
   layout: 'chw' | 'patches';
   width: number;
   height: number;
+  /** 'phases' or 'ops' need a context loaded with profile (default 'off'). */
+  profile?: 'off' | 'phases' | 'ops';
 }
 
 export interface NativeVisionEncodeResult {
@@ -238,9 +286,17 @@ export interface NativeVisionEncodeResult {
   readonly data: Float32Array;
   readonly nTokens: number;
   readonly nEmbd: number;
-  /** Layout conversion into clip's image buffer, and clip_image_encode itself. */
+  /** Layout conversion into clip's image buffer, and clip's encode itself. */
   readonly prepareMs: number;
   readonly encodeMs: number;
+  readonly profile?: NativeVisionProfile;
+}
+
+export interface NativeVisionBatchResult extends Omit<NativeVisionEncodeResult, 'data'> {
+  /** One nTokens × nEmbd array per image (views of one buffer). */
+  readonly data: Float32Array[];
+  /** The images went through one graph (else one after the other). */
+  readonly batched: boolean;
 }
 
 export declare class NativeVision {
@@ -249,5 +305,7 @@ export declare class NativeVision {
   info(): NativeVisionInfo;
   /** Reads `pixels` on a worker thread until the promise settles: do not modify or transfer it before. */
   encode(pixels: Float32Array, options: NativeVisionEncodeOptions): Promise<NativeVisionEncodeResult>;
+  /** Same-size images in one call; each array is read until the promise settles. */
+  encodeBatch(images: Float32Array[], options: NativeVisionEncodeOptions): Promise<NativeVisionBatchResult>;
   dispose(): void;
 }

@@ -2,10 +2,20 @@
 // mmproj GGUF and turns preprocessed pixels into image embeddings in the decoder's width. Loading and
 // encoding run off the JS thread; one encode at a time per instance.
 import { stat } from 'node:fs/promises';
-import { loadAddon, type NativeVision, type NativeVisionEncodeResult, type NativeVisionInfo } from './binding.ts';
+import {
+  loadAddon,
+  type NativeVision,
+  type NativeVisionBatchResult,
+  type NativeVisionEncodeResult,
+  type NativeVisionInfo,
+  type NativeVisionProfile,
+} from './binding.ts';
 
 export type VisionInfo = NativeVisionInfo;
 export type VisionEncodeResult = NativeVisionEncodeResult;
+export type VisionBatchResult = NativeVisionBatchResult;
+export type VisionProfile = NativeVisionProfile;
+export type VisionProfileMode = 'off' | 'phases' | 'ops';
 
 export interface LoadVisionOptions {
   /** Run on the first GPU/iGPU backend when the addon was built with one (default false: CPU). */
@@ -16,6 +26,9 @@ export interface LoadVisionOptions {
   readonly flashAttention?: 'auto' | 'on' | 'off';
   /** Allocate compute buffers at load so the first encode is not slower (default true). */
   readonly warmup?: boolean;
+  /** Let encodes report where their time goes ({ profile } in encode options; default false: no
+   * callback in clip's graph evaluation). */
+  readonly profile?: boolean;
 }
 
 export interface VisionImage {
@@ -25,7 +38,8 @@ export interface VisionImage {
   readonly height: number;
 }
 
-const LOAD_KEYS = ['useGpu', 'threads', 'flashAttention', 'warmup'] as const;
+const LOAD_KEYS = ['useGpu', 'threads', 'flashAttention', 'warmup', 'profile'] as const;
+const PROFILE_MODES: readonly VisionProfileMode[] = ['off', 'phases', 'ops'];
 
 function invalid(name: string, expected: string, actual: unknown): TypeError {
   const what = actual === null ? 'null' : Array.isArray(actual) ? 'array' : `${String(actual)} of type ${typeof actual}`;
@@ -70,11 +84,13 @@ export class LlamaVision {
       throw invalid('options.flashAttention', "'auto', 'on' or 'off'", flashAttention);
     const warmup = options.warmup ?? true;
     if (typeof warmup !== 'boolean') throw invalid('options.warmup', 'a boolean', warmup);
+    const profile = options.profile ?? false;
+    if (typeof profile !== 'boolean') throw invalid('options.profile', 'a boolean', profile);
     const st = await stat(path).catch(() => undefined);
     if (!st?.isFile()) throw Object.assign(new Error(`mmproj file not found: ${path}`), { code: 'ENOENT' });
     const stack = new Error();
     try {
-      const native = await loadAddon().Vision.load(path, { useGpu, threads, flashAttention, warmup });
+      const native = await loadAddon().Vision.load(path, { useGpu, threads, flashAttention, warmup, profile });
       return new LlamaVision(native, path);
     } catch (err) {
       throw graft(err, stack);
@@ -92,24 +108,54 @@ export class LlamaVision {
 
   /**
    * Encodes one image. `pixels` is read on a worker thread until the promise settles: do not modify or
-   * transfer its buffer before. Rejects with `code` EBUSY (another encode running), EDISPOSED or EENCODE.
+   * transfer its buffer before. `profile` ('phases' or 'ops') needs a context loaded with profile.
+   * Rejects with `code` EBUSY (another encode running), EDISPOSED or EENCODE.
    */
-  async encode(pixels: Float32Array, image: VisionImage): Promise<VisionEncodeResult> {
+  async encode(pixels: Float32Array, image: VisionImage, profile: VisionProfileMode = 'off'): Promise<VisionEncodeResult> {
     if (!(pixels instanceof Float32Array)) throw invalid('pixels', 'a Float32Array', pixels);
     if (pixels.buffer.byteLength === 0) throw new TypeError('pixels is detached (its buffer was transferred)');
+    const options = this.#encodeOptions(image, profile);
+    const stack = new Error();
+    try {
+      return await this.#native.encode(pixels, options);
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  /**
+   * Encodes several images of one size and layout in one call (cameras of one rig): one graph for a
+   * projector that batches (info.batchable: gemma4v), else one after the other on the same worker
+   * thread. Returns one embedding array per image, in order. Same rules as encode() for the arrays.
+   */
+  async encodeBatch(images: readonly Float32Array[], image: VisionImage, profile: VisionProfileMode = 'off'): Promise<VisionBatchResult> {
+    if (!Array.isArray(images) || images.length === 0) throw invalid('images', 'a non-empty array of Float32Array', images);
+    images.forEach((px, i) => {
+      if (!(px instanceof Float32Array)) throw invalid(`images[${i}]`, 'a Float32Array', px);
+      if (px.buffer.byteLength === 0) throw new TypeError(`images[${i}] is detached (its buffer was transferred)`);
+    });
+    const options = this.#encodeOptions(image, profile);
+    const stack = new Error();
+    try {
+      return await this.#native.encodeBatch([...images], options);
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  #encodeOptions(
+    image: VisionImage,
+    profile: VisionProfileMode,
+  ): { layout: 'chw' | 'patches'; width: number; height: number; profile: VisionProfileMode } {
     if (typeof image !== 'object' || image === null) throw invalid('image', 'an object', image);
     if (image.layout !== 'chw' && image.layout !== 'patches') throw invalid('image.layout', "'chw' or 'patches'", image.layout);
     for (const k of ['width', 'height'] as const) {
       const v = image[k];
       if (!Number.isInteger(v) || v < 1 || v > 46000) throw invalid(`image.${k}`, 'an integer between 1 and 46000', v);
     }
+    if (!PROFILE_MODES.includes(profile)) throw invalid('profile', "'off', 'phases' or 'ops'", profile);
     if (this.#disposed) throw Object.assign(new Error('LlamaVision is disposed'), { code: 'EDISPOSED' });
-    const stack = new Error();
-    try {
-      return await this.#native.encode(pixels, { layout: image.layout, width: image.width, height: image.height });
-    } catch (err) {
-      throw graft(err, stack);
-    }
+    return { layout: image.layout, width: image.width, height: image.height, profile };
   }
 
   /** Frees the clip context (idempotent). Throws EBUSY while an encode runs: await it first. */

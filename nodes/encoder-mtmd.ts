@@ -13,7 +13,15 @@
 import { existsSync } from 'node:fs';
 import type { ImageEmbedding, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
-import { LlamaVision, type VisionEncodeResult, type VisionImage, type VisionInfo } from '../native/vision.ts';
+import {
+  LlamaVision,
+  type VisionBatchResult,
+  type VisionEncodeResult,
+  type VisionImage,
+  type VisionInfo,
+  type VisionProfile,
+  type VisionProfileMode,
+} from '../native/vision.ts';
 import { AbandonableSlot } from '../pipeline/abort.ts';
 
 export interface MtmdEncoderConfig {
@@ -28,6 +36,9 @@ export interface MtmdEncoderConfig {
   /** CPU threads for clip (default: all cores). */
   readonly threads?: number;
   readonly flashAttention?: 'auto' | 'on' | 'off';
+  /** Report where each encode's time goes in stats().lastProfile (default 'off'; 'ops' synchronizes
+   * after every graph node, so it slows the encode it measures). */
+  readonly profile?: VisionProfileMode;
 }
 
 export interface MtmdContractInfo {
@@ -48,14 +59,19 @@ export interface MtmdEncoderStats {
   readonly runs: number;
   /** Runs whose result arrived after the frame was abandoned (signal fired). */
   readonly discarded: number;
-  /** clip_image_encode time of the last run. */
+  /** clip's encode time of the last run. */
   readonly lastRunMs: number;
+  /** Where the last run's time went, when profiling. */
+  readonly lastProfile?: VisionProfile;
 }
 
 export interface MtmdEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
   readonly contract: MtmdContractInfo;
   readonly info: VisionInfo;
   stats(): MtmdEncoderStats;
+  /** Several frames of one size in one clip call (cameras of a rig), embeddings in order. Not
+   * abortable: for benchmarks and callers outside the graph. */
+  encodeBatch(inputs: readonly PixelTensor[]): Promise<ImageEmbedding[]>;
   close(): Promise<void>;
 }
 
@@ -160,12 +176,14 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
   if (cfg.useGpu !== undefined && typeof cfg.useGpu !== 'boolean')
     throw new TypeError(`encoder-mtmd: useGpu must be a boolean, got ${String(cfg.useGpu)}`);
   const useGpu = cfg.useGpu ?? (cfg.gpuLayers !== undefined && cfg.gpuLayers !== 0);
+  const profile = cfg.profile ?? 'off';
   let vision: LlamaVision;
   try {
     vision = await LlamaVision.load(cfg.mmproj, {
       useGpu,
       ...(cfg.threads !== undefined ? { threads: cfg.threads } : {}),
       ...(cfg.flashAttention !== undefined ? { flashAttention: cfg.flashAttention } : {}),
+      profile: profile !== 'off',
     });
   } catch (err) {
     throw Object.assign(new Error(`encoder-mtmd: cannot load ${cfg.mmproj}: ${(err as Error).message}`), {
@@ -179,7 +197,7 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
     vision.dispose();
     throw err;
   }
-  return new MtmdEncoder(vision, contract);
+  return new MtmdEncoder(vision, contract, profile);
 }
 
 class MtmdEncoder implements MtmdEncoderStage {
@@ -188,12 +206,15 @@ class MtmdEncoder implements MtmdEncoderStage {
   readonly #vision: LlamaVision;
   readonly #slot = new AbandonableSlot();
   #closing: Promise<void> | undefined;
+  readonly #profile: VisionProfileMode;
   #runs = 0;
   #lastRunMs = 0;
+  #lastProfile: VisionProfile | undefined;
 
-  constructor(vision: LlamaVision, contract: MtmdContractInfo) {
+  constructor(vision: LlamaVision, contract: MtmdContractInfo, profile: VisionProfileMode) {
     this.#vision = vision;
     this.contract = contract;
+    this.#profile = profile;
   }
 
   get info(): VisionInfo {
@@ -201,7 +222,12 @@ class MtmdEncoder implements MtmdEncoderStage {
   }
 
   stats(): MtmdEncoderStats {
-    return { runs: this.#runs, discarded: this.#slot.abandoned, lastRunMs: this.#lastRunMs };
+    return {
+      runs: this.#runs,
+      discarded: this.#slot.abandoned,
+      lastRunMs: this.#lastRunMs,
+      ...(this.#lastProfile ? { lastProfile: this.#lastProfile } : {}),
+    };
   }
 
   async process(input: PixelTensor, ctx: StageContext): Promise<ImageEmbedding> {
@@ -218,16 +244,64 @@ class MtmdEncoder implements MtmdEncoderStage {
     return { data: result.data, nTokens: result.nTokens, nEmbd: result.nEmbd };
   }
 
+  async encodeBatch(inputs: readonly PixelTensor[]): Promise<ImageEmbedding[]> {
+    if (this.#closing) throw new Error('encoder-mtmd: stage is closed');
+    if (!Array.isArray(inputs) || inputs.length === 0)
+      throw new TypeError('encoder-mtmd: encodeBatch needs a non-empty array of PixelTensors');
+    const images = inputs.map((t) => clipImageOf(t, this.contract));
+    const first = images[0]!;
+    const odd = images.findIndex((im) => im.width !== first.width || im.height !== first.height);
+    if (odd >= 0) {
+      throw new RangeError(
+        `encoder-mtmd: a batch is one image size: input ${odd} is ${images[odd]!.width}×${images[odd]!.height}, input 0 is ${first.width}×${first.height}`,
+      );
+    }
+    // Nothing gives up on a batch: it takes the slot (after any run in progress) and ends with clip.
+    const r = await this.#slot.run(() => this.#encodeBatch(inputs, first), new AbortController().signal);
+    const announced = inputs.find((t) => t.imageTokens !== r.nTokens);
+    if (announced) {
+      throw new Error(
+        `encoder-mtmd: the encoder produced ${r.nTokens} tokens per image but the preprocessor announced ${announced.imageTokens}`,
+      );
+    }
+    return r.data.map((data) => ({ data, nTokens: r.nTokens, nEmbd: r.nEmbd }));
+  }
+
   async #encode(input: PixelTensor, image: VisionImage): Promise<VisionEncodeResult> {
     let result: VisionEncodeResult;
     try {
-      result = await this.#vision.encode(input.pixelValues, image);
+      result = await this.#vision.encode(input.pixelValues, image, this.#profile);
     } catch (err) {
       throw new Error(`encoder-mtmd: encode failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    } finally {
+      // clip is done reading the pixels (even for a frame whose caller gave up): they can be reused.
+      input.recycle?.(input.pixelValues);
     }
+    this.#recordRun(result);
+    return result;
+  }
+
+  async #encodeBatch(inputs: readonly PixelTensor[], image: VisionImage): Promise<VisionBatchResult> {
+    let result: VisionBatchResult;
+    try {
+      result = await this.#vision.encodeBatch(
+        inputs.map((t) => t.pixelValues),
+        image,
+        this.#profile,
+      );
+    } catch (err) {
+      throw new Error(`encoder-mtmd: batch encode failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    } finally {
+      for (const t of inputs) t.recycle?.(t.pixelValues);
+    }
+    this.#recordRun(result);
+    return result;
+  }
+
+  #recordRun(result: { readonly encodeMs: number; readonly profile?: VisionProfile }): void {
     this.#runs++;
     this.#lastRunMs = result.encodeMs;
-    return result;
+    this.#lastProfile = result.profile;
   }
 
   /** Waits for a running clip encode (it cannot be interrupted), then frees the context. */

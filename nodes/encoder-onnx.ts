@@ -6,9 +6,10 @@
 //   gemma4: pixel_values f32 [N,P,768] + pixel_position_ids i64 [N,P,2] → image_features f32 [N,T,hidden]
 //           (rank 2 [T,hidden] is accepted too: HF's tower returns the valid tokens flattened)
 // Buffers: the PixelTensor's arrays are transferred to the worker (no copy); the caller must not use them
-// after process() (set copyInputs to keep them). One run is in flight at a time (an AbandonableSlot):
-// when ctx.signal fires the stage rethrows its reason at once; the worker finishes that run, its result
-// is discarded (counted) and the next frame waits for it.
+// after process() (set copyInputs to keep them). The worker sends pixel_values back after the run, and
+// it goes to the tensor's recycle() for the next frame. One run is in flight at a time (an
+// AbandonableSlot): when ctx.signal fires the stage rethrows its reason at once; the worker finishes
+// that run, its result is discarded (counted) and the next frame waits for it.
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
@@ -204,6 +205,8 @@ interface RunReply {
 interface PendingRun {
   readonly resolve: (reply: RunReply) => void;
   readonly reject: (e: Error) => void;
+  /** Hands the input's pixel_values back to the preprocessor once the worker returns it. */
+  readonly recycle: ((pixelValues: Float32Array) => void) | undefined;
 }
 
 function transferable(a: Float32Array | BigInt64Array, copy: boolean): { data: Float32Array | BigInt64Array; transfer?: ArrayBuffer } {
@@ -315,6 +318,7 @@ class OnnxEncoder implements OnnxEncoderStage {
     const run = this.#pending.get(msg.id);
     if (!run) return;
     this.#pending.delete(msg.id);
+    if (msg.pixelValues) run.recycle?.(msg.pixelValues);
     if (msg.type === 'result') {
       this.#runs++;
       this.#lastRunMs = msg.runMs;
@@ -397,7 +401,7 @@ class OnnxEncoder implements OnnxEncoderStage {
       if (pos.transfer) transfer.push(pos.transfer);
     }
     const id = this.#nextId++;
-    const reply = new Promise<RunReply>((resolve, reject) => this.#pending.set(id, { resolve, reject }));
+    const reply = new Promise<RunReply>((resolve, reject) => this.#pending.set(id, { resolve, reject, recycle: input.recycle }));
     const request: WorkerRequest = { type: 'run', id, feeds };
     this.#worker.postMessage(request, transfer);
     return reply;

@@ -128,7 +128,7 @@ export interface TelemetryConfig {
 
 export interface PerceptConfig {
   readonly source: SourceConfig;
-  readonly preprocess: { readonly maxPixels: number };
+  readonly preprocess: { readonly maxPixels: number; readonly threads: number };
   readonly encoder: EncoderConfig;
   readonly decoder: DecoderConfig;
   readonly actions: { readonly schema: string };

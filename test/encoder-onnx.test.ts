@@ -13,6 +13,7 @@ import { StageAbort, type StageContext, type StageEvent } from '../pipeline/type
 import { OnnxGraphBuilder } from '../models/onnx-writer.ts';
 import { synthesizeVision } from '../models/vision-synth.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { PREPROCESS_DEFAULTS } from './fixtures.ts';
 
 const dir = join(import.meta.dirname, '..', '.cache', 'test-encoder-onnx');
 rmSync(dir, { recursive: true, force: true });
@@ -157,7 +158,7 @@ describe('encoding in the worker', () => {
       [e3, gemma3Path],
       [e4, gemma4Path],
     ] as const) {
-      const pre = createPreprocessStage({ contract: stage.contract.kind });
+      const pre = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: stage.contract.kind });
       const tensor = await pre.process({ encoding: 'jpeg', data: jpeg }, ctx({ imageTokens: 140 }));
       const feeds: Record<string, ort.Tensor> = {
         pixel_values: new ort.Tensor('float32', tensor.pixelValues.slice(), [...tensor.pixelDims]),
@@ -174,8 +175,8 @@ describe('encoding in the worker', () => {
     }
   });
 
-  test('inputs are transferred (detached afterwards) unless copyInputs is set', async () => {
-    const pre = createPreprocessStage({ contract: 'gemma4' });
+  test('inputs are transferred (detached afterwards, pixel_values recycled) unless copyInputs is set', async () => {
+    const pre = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' });
     const jpeg = await cameraJpeg(320, 240);
     const t1 = await pre.process({ encoding: 'jpeg', data: jpeg }, ctx({ imageTokens: 70 }));
     await e4.process(t1, ctx());
@@ -185,6 +186,7 @@ describe('encoding in the worker', () => {
     const copying = await createOnnxEncoderStage({ ep: 'cpu', model: gemma4Path, threads: 1, copyInputs: true });
     try {
       const t2 = await pre.process({ encoding: 'jpeg', data: jpeg }, ctx({ imageTokens: 70 }));
+      assert.equal(pre.allocatedArrays(), 1, "the worker handed t1's pixel_values back and t2 reuses them");
       const a = await copying.process(t2, ctx());
       const b = await copying.process(t2, ctx());
       assert.equal(t2.pixelValues.length, 70 * 9 * 768);
@@ -195,7 +197,7 @@ describe('encoding in the worker', () => {
   });
 
   test('mismatched tensors are rejected before the run', async () => {
-    const pre = createPreprocessStage({ contract: 'gemma4' });
+    const pre = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' });
     const t = await pre.process({ encoding: 'mono8', data: new Uint8Array(96 * 96), width: 96, height: 96 }, ctx({ imageTokens: 70 }));
     await assert.rejects(e3.process(t, ctx()), /got a gemma4 tensor, the model is gemma3/);
     await assert.rejects(e4.process({ ...t, imageTokens: 3 }, ctx()), /the encoder produced \d+ tokens but the preprocessor announced 3/);
@@ -204,7 +206,7 @@ describe('encoding in the worker', () => {
   });
 
   test('the event loop stays idle during an encode (the run is on the worker thread)', async () => {
-    const pre = createPreprocessStage({ contract: 'gemma3' });
+    const pre = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3' });
     const tensor = await pre.process({ encoding: 'jpeg', data: await cameraJpeg() }, ctx());
     const h = monitorEventLoopDelay({ resolution: 5 });
     h.enable();
@@ -229,7 +231,7 @@ describe('abort and close', () => {
   test('ctx.signal aborts the wait; the late result is discarded and counted; the next frame works', async () => {
     const stage = await createOnnxEncoderStage({ ep: 'cpu', model: gemma3Path, threads: 1 });
     try {
-      const pre = createPreprocessStage({ contract: 'gemma3' });
+      const pre = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3' });
       const jpeg = await cameraJpeg();
       const events: StageEvent[] = [];
       // already aborted: no run at all; the stage gives up with the signal's reason
@@ -262,7 +264,7 @@ describe('abort and close', () => {
   test("whatever the abort's reason, the stage rethrows it unchanged", async () => {
     const stage = await createOnnxEncoderStage({ ep: 'cpu', model: gemma4Path, threads: 1 });
     try {
-      const pre = createPreprocessStage({ contract: 'gemma4' });
+      const pre = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' });
       const t = await pre.process({ encoding: 'mono8', data: new Uint8Array(96 * 96), width: 96, height: 96 }, ctx({ imageTokens: 70 }));
       for (const reason of [new StageAbort('deadline', 'encode'), new StageAbort('shutdown', 'graph'), 'a plain string']) {
         await assert.rejects(stage.process(t, ctx({ signal: AbortSignal.abort(reason) })), (e: unknown) => e === reason);
@@ -297,8 +299,8 @@ describe('projection stand-in encoder', () => {
     const stage = createProjectionEncoderStage({ nEmbd: 48, seed: 5, tokens: 256 });
     const again = createProjectionEncoderStage({ nEmbd: 48, seed: 5, tokens: 256 });
     const other = createProjectionEncoderStage({ nEmbd: 48, seed: 6, tokens: 256 });
-    const pre3 = createPreprocessStage({ contract: 'gemma3' });
-    const pre4 = createPreprocessStage({ contract: 'gemma4' });
+    const pre3 = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3' });
+    const pre4 = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' });
     const a = await cameraJpeg(320, 240);
     const b = await sharp({ create: { width: 320, height: 240, channels: 3, background: '#204080' } })
       .jpeg()

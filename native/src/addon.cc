@@ -7,6 +7,7 @@
 #include "json-schema-to-grammar.h"
 #include "llama.h"
 #include "model.h"
+#include "pixels.h"
 #include "speculator.h"
 #include "util.h"
 #include "vision.h"
@@ -68,6 +69,7 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
     exports.Set("systemInfo", Napi::Function::New<SystemInfo>(env, "systemInfo"));
     exports.Set("imageAttentionRule", Napi::Function::New<ImageAttentionRule>(env, "imageAttentionRule"));
     exports.Set("monotonicNs", Napi::Function::New<MonotonicNs>(env, "monotonicNs"));
+    exports.Set("layoutPixels", Napi::Function::New<LayoutPixels>(env, "layoutPixels"));  // preprocessing, native/src/pixels.cc
     exports.Set("llamaVersion", Napi::String::New(env, "0.5.0"));
     return exports;
 }

@@ -9,6 +9,8 @@
 #include "util.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <sys/stat.h>
@@ -108,6 +110,92 @@ VisionMeta readVisionMeta(const std::string & path) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// clip's load log: clip says only in its log whether flash attention ended up on, how the graph split
+// across backends and which ops the GPU cannot run. Its lines go to the addon's logger as before;
+// a load also keeps the lines of its own thread and parses them.
+
+ggml_log_callback gForwardLog = nullptr;
+void * gForwardLogData = nullptr;
+thread_local std::string * tlsClipLog = nullptr;
+
+void clipLog(ggml_log_level level, const char * text, void * /*user*/) {
+    if (tlsClipLog != nullptr) tlsClipLog->append(text);
+    if (gForwardLog != nullptr) gForwardLog(level, text, gForwardLogData);
+}
+
+void installClipLog() {
+    llama_log_get(&gForwardLog, &gForwardLogData);
+    mtmd_log_set(clipLog, nullptr);
+}
+
+struct ClipLogRecorder {
+    std::string text;
+    ClipLogRecorder() { tlsClipLog = &text; }
+    ~ClipLogRecorder() { tlsClipLog = nullptr; }
+};
+
+VisionLoadReport parseLoadReport(const std::string & log) {
+    VisionLoadReport r;
+    size_t start = 0;
+    bool inUnsupported = false;
+    std::vector<std::string> unsupported;
+    while (start < log.size()) {
+        size_t end = log.find('\n', start);
+        if (end == std::string::npos) end = log.size();
+        const std::string line = log.substr(start, end - start);
+        start = end + 1;
+        int a = 0, b = 0;
+        char name[64] = {0};
+        double mib = 0;
+        if (const char * p = std::strstr(line.c_str(), "flash attention is ")) {
+            r.flashAttention = std::strncmp(p + 19, "enabled", 7) == 0 ? 1 : 0;
+            inUnsupported = false;
+        } else if (const char * g = std::strstr(line.c_str(), "graph splits = "); g && std::sscanf(g, "graph splits = %d, nodes = %d", &a, &b) == 2) {
+            r.graphSplits = a;
+            r.graphNodes = b;
+        } else if (const char * c = std::strstr(line.c_str(), ": "); c && std::strstr(line.c_str(), "compute buffer size") && std::sscanf(c + 2, "%63s compute buffer size = %lf MiB", name, &mib) == 2) {
+            // A retried reservation (flash attention unsupported) reports its buffers again.
+            auto it = std::find_if(r.computeBuffersMiB.begin(), r.computeBuffersMiB.end(), [&](const auto & e) { return e.first == name; });
+            if (it != r.computeBuffersMiB.end()) it->second = mib;
+            else r.computeBuffersMiB.emplace_back(name, mib);
+        } else if (std::strstr(line.c_str(), "list of unsupported ops")) {
+            inUnsupported = true;
+            unsupported.clear();
+        } else if (inUnsupported && std::strstr(line.c_str(), ": type = ")) {
+            const char * colon = std::strstr(line.c_str(), ": ");
+            if (colon != nullptr && std::sscanf(colon + 2, "%63[^:]", name) == 1) {
+                std::string op(name);
+                op.erase(0, op.find_first_not_of(' '));
+                if (std::find(unsupported.begin(), unsupported.end(), op) == unsupported.end()) unsupported.push_back(op);
+            }
+        }
+    }
+    r.unsupportedOps = unsupported;
+    return r;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Profiling through clip's graph-evaluation callback (ggml_backend_sched asks per node whether to
+// observe it; an observed node ends a compute chunk and the backend is synchronized after it).
+
+bool profileCallback(ggml_tensor * t, bool ask, void * user) {
+    auto * p = static_cast<VisionProfile *>(user);
+    if (p->mode == VisionProfile::Mode::Off) return !ask;
+    if (ask) return p->mode == VisionProfile::Mode::Ops || ++p->asked == 1;
+    const int64_t now = monotonicNs();
+    if (p->firstNodeNs == 0) {
+        p->firstNodeNs = now;
+    } else {
+        auto & op = p->ops[ggml_op_desc(t)];
+        op.ms += double(now - p->lastNs) / 1e6;
+        op.count++;
+        if (t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer)) op.onHost++;
+    }
+    p->lastNs = now;
+    return true;
+}
+
+// ------------------------------------------------------------------------------------------------
 // Load
 
 struct LoadOptions {
@@ -116,6 +204,7 @@ struct LoadOptions {
     int32_t threads = 0;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     bool warmup = true;
+    bool profile = false;
 };
 
 class LoadWorker : public PromiseWorker {
@@ -138,6 +227,8 @@ protected:
             meta_.useGpu = opts_.useGpu;
             meta_.threads = opts_.threads > 0 ? opts_.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
             LogCapture capture;
+            ClipLogRecorder clipLog;
+            if (opts_.profile) profile_ = std::make_unique<VisionProfile>();
             clip_context_params cp{};
             cp.use_gpu = opts_.useGpu;
             cp.device = nullptr;
@@ -145,8 +236,8 @@ protected:
             cp.image_min_tokens = -1;
             cp.image_max_tokens = -1;
             cp.warmup = opts_.warmup;
-            cp.cb_eval = nullptr;
-            cp.cb_eval_user_data = nullptr;
+            cp.cb_eval = profile_ ? profileCallback : nullptr;
+            cp.cb_eval_user_data = profile_.get();
             cp.no_alloc = false;
             cp.progress_callback = nullptr;
             cp.progress_callback_user_data = nullptr;
@@ -154,6 +245,7 @@ protected:
             if (r.ctx_a != nullptr) clip_free(r.ctx_a);
             if (r.ctx_gen_a != nullptr) clip_free(r.ctx_gen_a);
             ctx_ = r.ctx_v;
+            report_ = parseLoadReport(clipLog.text);
             if (ctx_ == nullptr) {
                 std::string why = capture.text();
                 SetError("failed to load mmproj " + opts_.path + (why.empty() ? std::string() : ": " + why));
@@ -166,7 +258,8 @@ protected:
         Napi::Env env = Env();
         clip_ctx * c = ctx_;
         ctx_ = nullptr;  // ownership moves to the JS object
-        Napi::Object obj = ctor_.New({Napi::External<clip_ctx>::New(env, c), Napi::External<VisionMeta>::New(env, &meta_)});
+        Napi::Object obj = ctor_.New({Napi::External<clip_ctx>::New(env, c), Napi::External<VisionMeta>::New(env, &meta_),
+                                      Napi::External<VisionLoadReport>::New(env, &report_), Napi::External<VisionProfile>::New(env, profile_.release())});
         deferred_.Resolve(obj);
     }
 
@@ -174,6 +267,8 @@ private:
     Napi::FunctionReference ctor_;
     LoadOptions opts_;
     VisionMeta meta_;
+    VisionLoadReport report_;
+    std::unique_ptr<VisionProfile> profile_;
     clip_ctx * ctx_ = nullptr;
 };
 
@@ -182,51 +277,96 @@ private:
 
 enum class Layout { Chw, Patches };
 
+// clip_image_f32 holds interleaved RGB rows (clip_encode makes them planar again for the conv).
+void toInterleaved(const float * src, Layout layout, size_t w, size_t h, size_t patch, float * hwc) {
+    const size_t n = w * h;
+    if (layout == Layout::Chw) {
+        for (size_t i = 0; i < n; i++) {
+            hwc[3 * i] = src[i];
+            hwc[3 * i + 1] = src[n + i];
+            hwc[3 * i + 2] = src[2 * n + i];
+        }
+        return;
+    }
+    const size_t cols = w / patch;
+    const size_t patchValues = patch * patch * 3;
+    for (size_t y = 0; y < h; y++) {
+        const float * patchRow = src + (y / patch) * cols * patchValues + (y % patch) * patch * 3;
+        float * out = hwc + y * w * 3;
+        for (size_t px = 0; px < cols; px++) std::copy(patchRow + px * patchValues, patchRow + px * patchValues + patch * 3, out + px * patch * 3);
+    }
+}
+
+// Encodes N images of one size. gemma4v's graph takes them as one batch (one graph, one upload);
+// gemma3's encodes them one after the other. The embeddings come back in one buffer that becomes the
+// JS ArrayBuffer without a copy.
 class EncodeWorker : public PromiseWorker {
 public:
-    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, Napi::Float32Array pixels, Layout layout, int32_t width, int32_t height)
-        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), pixelsRef_(Napi::Persistent(pixels.As<Napi::Object>())),
-          vision_(vision), src_(pixels.Data()), layout_(layout), width_(width), height_(height) {}
+    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, const std::vector<Napi::Float32Array> & images, Layout layout, int32_t width, int32_t height,
+                 VisionProfile::Mode profile, bool single)
+        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision), layout_(layout), width_(width), height_(height),
+          profileMode_(profile), single_(single) {
+        for (const auto & px : images) {
+            refs_.push_back(Napi::Persistent(px.As<Napi::Object>()));
+            src_.push_back(px.Data());
+        }
+    }
 
 protected:
     void Execute() override {
         try {
             const int64_t t0 = monotonicNs();
-            const size_t w = size_t(width_), h = size_t(height_), n = w * h;
-            // clip_image_f32 holds interleaved RGB rows; clip_encode makes them planar again for the conv.
-            std::vector<float> hwc(n * 3);
-            if (layout_ == Layout::Chw) {
-                for (size_t i = 0; i < n; i++) {
-                    hwc[3 * i] = src_[i];
-                    hwc[3 * i + 1] = src_[n + i];
-                    hwc[3 * i + 2] = src_[2 * n + i];
-                }
-            } else {
-                const size_t p = size_t(vision_->meta().patchSize);
-                const size_t cols = w / p;
-                const size_t patchValues = p * p * 3;
-                for (size_t y = 0; y < h; y++) {
-                    const float * patchRow = src_ + (y / p) * cols * patchValues + (y % p) * p * 3;
-                    float * out = hwc.data() + y * w * 3;
-                    for (size_t px = 0; px < cols; px++) std::copy(patchRow + px * patchValues, patchRow + px * patchValues + p * 3, out + px * p * 3);
-                }
+            clip_ctx * ctx = vision_->raw();
+            VisionScratch & scratch = vision_->scratch();
+            const size_t n = src_.size();
+            const size_t values = size_t(width_) * size_t(height_) * 3;
+            auto & entries = scratch.batch->entries;
+            entries.resize(n);
+            scratch.hwc.resize(values);
+            for (size_t i = 0; i < n; i++) {
+                toInterleaved(src_[i], layout_, size_t(width_), size_t(height_), size_t(vision_->meta().patchSize), scratch.hwc.data());
+                entries[i].set_size({width_, height_}, /*is_placeholder=*/true, /*is_audio=*/false);
+                entries[i].cpy_buf(scratch.hwc);  // reuses the entry's capacity from the last call
             }
-            clip_image_f32 img;
-            img.set_size({width_, height_}, /*is_placeholder=*/true, /*is_audio=*/false);
-            img.cpy_buf(hwc);
-            hwc.clear();
-            hwc.shrink_to_fit();
-            nTokens_ = clip_n_output_tokens(vision_->raw(), &img);
-            nEmbd_ = clip_n_mmproj_embd(vision_->raw());
-            out_.assign(size_t(nTokens_) * size_t(nEmbd_), 0.0f);
+            nTokens_ = clip_n_output_tokens(ctx, &entries[0]);
+            nEmbd_ = clip_n_mmproj_embd(ctx);
+            const size_t perImage = size_t(nTokens_) * size_t(nEmbd_);
+            out_ = std::make_unique<std::vector<float>>(perImage * n);
             const int64_t t1 = monotonicNs();
+            VisionProfile * profile = vision_->profile();
+            if (profile != nullptr) profile->begin(profileMode_);
             LogCapture capture;
-            if (!clip_image_encode(vision_->raw(), vision_->meta().threads, &img, out_)) {
-                std::string why = capture.text();
-                SetError("clip_image_encode failed" + (why.empty() ? std::string() : ": " + why));
-                return;
+            const int32_t threads = vision_->meta().threads;
+            batched_ = n > 1 && clip_support_batch(ctx);
+            bool ok = true;
+            if (n == 1 || batched_) {
+                ok = clip_image_batch_encode(ctx, threads, scratch.batch.get(), *out_);
+            } else {
+                // One graph per image: a one-entry batch at a time (entries are moved, not copied).
+                clip_image_f32_batch one;
+                one.entries.resize(1);
+                std::vector<float> part(perImage);
+                for (size_t i = 0; i < n && ok; i++) {
+                    std::swap(one.entries[0], entries[i]);
+                    ok = clip_image_batch_encode(ctx, threads, &one, part);
+                    std::swap(one.entries[0], entries[i]);
+                    std::copy(part.begin(), part.end(), out_->begin() + ptrdiff_t(i * perImage));
+                }
             }
             const int64_t t2 = monotonicNs();
+            if (profile != nullptr) {
+                profile->mode = VisionProfile::Mode::Off;
+                if (profileMode_ != VisionProfile::Mode::Off && profile->firstNodeNs != 0) {
+                    setupMs_ = double(profile->firstNodeNs - t1) / 1e6;
+                    computeMs_ = double(t2 - profile->firstNodeNs) / 1e6;
+                    ops_ = profile->ops;
+                }
+            }
+            if (!ok) {
+                std::string why = capture.text();
+                SetError("clip_image_batch_encode failed" + (why.empty() ? std::string() : ": " + why));
+                return;
+            }
             prepareMs_ = double(t1 - t0) / 1e6;
             encodeMs_ = double(t2 - t1) / 1e6;
         } catch (const std::exception & e) {
@@ -236,14 +376,42 @@ protected:
     void OnOK() override {
         Napi::Env env = Env();
         vision_->releaseBusy();
-        Napi::Float32Array data = Napi::Float32Array::New(env, out_.size());
-        std::copy(out_.begin(), out_.end(), data.Data());
+        const size_t n = src_.size();
+        const size_t perImage = size_t(nTokens_) * size_t(nEmbd_);
+        std::vector<float> * out = out_.release();
+        Napi::ArrayBuffer buffer = Napi::ArrayBuffer::New(env, out->data(), out->size() * sizeof(float), [](Napi::Env, void *, std::vector<float> * v) { delete v; }, out);
         Napi::Object o = Napi::Object::New(env);
-        o.Set("data", data);
+        if (single_) {
+            o.Set("data", Napi::Float32Array::New(env, perImage, buffer, 0));
+        } else {
+            Napi::Array list = Napi::Array::New(env, n);
+            for (size_t i = 0; i < n; i++) list.Set(uint32_t(i), Napi::Float32Array::New(env, perImage, buffer, i * perImage * sizeof(float)));
+            o.Set("data", list);
+            o.Set("batched", batched_);
+        }
         o.Set("nTokens", nTokens_);
         o.Set("nEmbd", nEmbd_);
         o.Set("prepareMs", prepareMs_);
         o.Set("encodeMs", encodeMs_);
+        if (profileMode_ != VisionProfile::Mode::Off) {
+            Napi::Object prof = Napi::Object::New(env);
+            prof.Set("setupMs", setupMs_);
+            prof.Set("computeMs", computeMs_);
+            if (profileMode_ == VisionProfile::Mode::Ops) {
+                Napi::Array ops = Napi::Array::New(env, ops_.size());
+                uint32_t i = 0;
+                for (const auto & [name, stat] : ops_) {
+                    Napi::Object op = Napi::Object::New(env);
+                    op.Set("op", name);
+                    op.Set("ms", stat.ms);
+                    op.Set("count", stat.count);
+                    op.Set("onHost", stat.onHost);
+                    ops.Set(i++, op);
+                }
+                prof.Set("ops", ops);
+            }
+            o.Set("profile", prof);
+        }
         deferred_.Resolve(o);
     }
     void OnError(const Napi::Error & e) override {
@@ -252,15 +420,19 @@ protected:
     }
 
 private:
-    Napi::ObjectReference self_;       // keeps the Vision alive (no GC) during the run
-    Napi::ObjectReference pixelsRef_;  // keeps the input array alive; read off-thread
+    Napi::ObjectReference self_;               // keeps the Vision alive (no GC) during the run
+    std::vector<Napi::ObjectReference> refs_;  // keep the input arrays alive; read off-thread
+    std::vector<const float *> src_;
     Vision * vision_;
-    const float * src_;
     Layout layout_;
     int32_t width_, height_;
-    std::vector<float> out_;
+    VisionProfile::Mode profileMode_;
+    bool single_;
+    bool batched_ = false;
+    std::unique_ptr<std::vector<float>> out_;
     int32_t nTokens_ = 0, nEmbd_ = 0;
-    double prepareMs_ = 0, encodeMs_ = 0;
+    double prepareMs_ = 0, encodeMs_ = 0, setupMs_ = 0, computeMs_ = 0;
+    std::map<std::string, VisionProfile::OpStat> ops_;
 };
 
 }  // namespace
@@ -270,15 +442,13 @@ private:
 Napi::Function Vision::Init(Napi::Env env) {
     // clip logs through its own sink (stderr by default): route it to the addon's logger, so it is quiet
     // unless forwarded and LogCapture sees clip's error lines too.
-    ggml_log_callback cb = nullptr;
-    void * ud = nullptr;
-    llama_log_get(&cb, &ud);
-    if (cb != nullptr) mtmd_log_set(cb, ud);
+    installClipLog();
     return DefineClass(env, "Vision",
                        {
                            StaticMethod<&Vision::Load>("load"),
                            InstanceMethod<&Vision::Info>("info"),
                            InstanceMethod<&Vision::Encode>("encode"),
+                           InstanceMethod<&Vision::EncodeBatch>("encodeBatch"),
                            InstanceMethod<&Vision::Dispose>("dispose"),
                        });
 }
@@ -290,8 +460,23 @@ Vision::Vision(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Vision>(info)
     }
     ctx_ = info[0].As<Napi::External<clip_ctx>>().Data();
     meta_ = *info[1].As<Napi::External<VisionMeta>>().Data();
+    if (info.Length() > 3 && info[2].IsExternal() && info[3].IsExternal()) {
+        report_ = *info[2].As<Napi::External<VisionLoadReport>>().Data();
+        profile_.reset(info[3].As<Napi::External<VisionProfile>>().Data());  // ownership moves here (may be null)
+    }
     nEmbd_ = clip_n_mmproj_embd(ctx_);
 }
+
+void VisionProfile::begin(Mode m) {
+    mode = m;
+    firstNodeNs = 0;
+    lastNs = 0;
+    asked = 0;
+    ops.clear();
+}
+
+VisionScratch::VisionScratch() : batch(std::make_unique<clip_image_f32_batch>()) {}
+VisionScratch::~VisionScratch() = default;
 
 Vision::~Vision() {
     // GC without dispose(): a running encode holds a reference to this object, so none is running here.
@@ -308,6 +493,7 @@ Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
     opts.useGpu = optBool(o, "useGpu", false, "Vision.load options");
     opts.threads = int32_t(optInt(o, "threads", 0, 0, 1024, "Vision.load options"));
     opts.warmup = optBool(o, "warmup", true, "Vision.load options");
+    opts.profile = optBool(o, "profile", false, "Vision.load options");
     std::string fa = optString(o, "flashAttention", "auto", "Vision.load options");
     if (fa == "auto") opts.flashAttention = -1;
     else if (fa == "on") opts.flashAttention = 1;
@@ -345,6 +531,22 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
         devices.Set(i++, d);
     }
     o.Set("devices", devices);
+    o.Set("flashAttention", report_.flashAttention < 0 ? env.Null() : Napi::Boolean::New(env, report_.flashAttention == 1));
+    o.Set("graphSplits", report_.graphSplits);
+    o.Set("graphNodes", report_.graphNodes);
+    Napi::Array buffers = Napi::Array::New(env, report_.computeBuffersMiB.size());
+    for (size_t b = 0; b < report_.computeBuffersMiB.size(); b++) {
+        Napi::Object d = Napi::Object::New(env);
+        d.Set("name", report_.computeBuffersMiB[b].first);
+        d.Set("bytes", report_.computeBuffersMiB[b].second * 1024.0 * 1024.0);
+        buffers.Set(uint32_t(b), d);
+    }
+    o.Set("computeBuffers", buffers);
+    Napi::Array unsupported = Napi::Array::New(env, report_.unsupportedOps.size());
+    for (size_t u = 0; u < report_.unsupportedOps.size(); u++) unsupported.Set(uint32_t(u), report_.unsupportedOps[u]);
+    o.Set("unsupportedOps", unsupported);
+    o.Set("batchable", clip_support_batch(ctx_));
+    o.Set("profile", profile_ != nullptr);
     return o;
 }
 
@@ -354,20 +556,49 @@ Napi::Value Vision::Encode(const Napi::CallbackInfo & info) {
     if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
         throw Napi::TypeError::New(env, "Vision.encode: pixels must be a Float32Array");
     }
-    Napi::Float32Array pixels = info[0].As<Napi::Float32Array>();
-    Napi::Object o = requireObject(info[1], "Vision.encode options");
-    std::string layoutName = optString(o, "layout", "", "Vision.encode options");
-    int64_t width = optInt(o, "width", 0, 1, 46000, "Vision.encode options");
-    int64_t height = optInt(o, "height", 0, 1, 46000, "Vision.encode options");
-    if (width == 0 || height == 0) throw Napi::TypeError::New(env, "Vision.encode: options.width and options.height are required");
+    return Queue(info, {info[0].As<Napi::Float32Array>()}, requireObject(info[1], "Vision.encode options"), true);
+}
+
+Napi::Value Vision::EncodeBatch(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Vision is disposed");
+    if (!info[0].IsArray()) throw Napi::TypeError::New(env, "Vision.encodeBatch: images must be an array of Float32Array");
+    Napi::Array list = info[0].As<Napi::Array>();
+    if (list.Length() == 0 || list.Length() > 64) throw Napi::RangeError::New(env, "Vision.encodeBatch: 1 to 64 images, got " + std::to_string(list.Length()));
+    std::vector<Napi::Float32Array> images;
+    for (uint32_t i = 0; i < list.Length(); i++) {
+        Napi::Value v = list.Get(i);
+        if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
+            throw Napi::TypeError::New(env, "Vision.encodeBatch: images[" + std::to_string(i) + "] must be a Float32Array");
+        }
+        images.push_back(v.As<Napi::Float32Array>());
+    }
+    return Queue(info, std::move(images), requireObject(info[1], "Vision.encodeBatch options"), false);
+}
+
+Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Float32Array> images, const Napi::Object & o, bool single) {
+    Napi::Env env = info.Env();
+    const char * fn = single ? "Vision.encode" : "Vision.encodeBatch";
+    const std::string opts = std::string(fn) + " options";
+    std::string layoutName = optString(o, "layout", "", opts.c_str());
+    int64_t width = optInt(o, "width", 0, 1, 46000, opts.c_str());
+    int64_t height = optInt(o, "height", 0, 1, 46000, opts.c_str());
+    if (width == 0 || height == 0) throw Napi::TypeError::New(env, std::string(fn) + ": options.width and options.height are required");
     Layout layout;
     if (layoutName == "chw") layout = Layout::Chw;
     else if (layoutName == "patches") layout = Layout::Patches;
-    else throw Napi::RangeError::New(env, "Vision.encode: options.layout must be 'chw' or 'patches', got '" + layoutName + "'");
+    else throw Napi::RangeError::New(env, std::string(fn) + ": options.layout must be 'chw' or 'patches', got '" + layoutName + "'");
+    std::string profileName = optString(o, "profile", "off", opts.c_str());
+    VisionProfile::Mode profile;
+    if (profileName == "off") profile = VisionProfile::Mode::Off;
+    else if (profileName == "phases") profile = VisionProfile::Mode::Phases;
+    else if (profileName == "ops") profile = VisionProfile::Mode::Ops;
+    else throw Napi::RangeError::New(env, std::string(fn) + ": options.profile must be 'off', 'phases' or 'ops', got '" + profileName + "'");
+    if (profile != VisionProfile::Mode::Off && profile_ == nullptr) throw Napi::Error::New(env, std::string(fn) + ": profiling needs Vision.load(path, { profile: true })");
 
     // Every condition clip would otherwise GGML_ASSERT/ABORT on is refused here with a message.
     const int64_t p = meta_.patchSize;
-    const std::string where = "Vision.encode (" + meta_.projector + "): ";
+    const std::string where = std::string(fn) + " (" + meta_.projector + "): ";
     if (width % p != 0 || height % p != 0) {
         throw Napi::RangeError::New(env, where + std::to_string(width) + "x" + std::to_string(height) + " is not a multiple of the patch size " + std::to_string(p));
     }
@@ -387,15 +618,19 @@ Napi::Value Vision::Encode(const Napi::CallbackInfo & info) {
         }
     }
     const size_t need = size_t(width) * size_t(height) * 3;
-    if (layout == Layout::Chw ? pixels.ElementLength() != need : pixels.ElementLength() < need) {
-        throw Napi::RangeError::New(env, where + "pixels has " + std::to_string(pixels.ElementLength()) + " values, " + (layout == Layout::Chw ? "expected " : "need at least ") +
-                                             std::to_string(need) + " for " + layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
+    for (size_t i = 0; i < images.size(); i++) {
+        const size_t got = images[i].ElementLength();
+        if (layout == Layout::Chw ? got != need : got < need) {
+            const std::string which = single ? std::string("pixels") : "images[" + std::to_string(i) + "]";
+            throw Napi::RangeError::New(env, where + which + " has " + std::to_string(got) + " values, " + (layout == Layout::Chw ? "expected " : "need at least ") +
+                                                 std::to_string(need) + " for " + layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
+        }
     }
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true)) {
         throw codedError(env, "EBUSY", "Vision is busy: one encode at a time per context; await the running one");
     }
-    auto * worker = new EncodeWorker(env, info.This().As<Napi::Object>(), this, pixels, layout, int32_t(width), int32_t(height));
+    auto * worker = new EncodeWorker(env, info.This().As<Napi::Object>(), this, images, layout, int32_t(width), int32_t(height), profile, single);
     Napi::Promise promise = worker->promise();
     worker->Queue();
     return promise;
@@ -407,6 +642,8 @@ Napi::Value Vision::Dispose(const Napi::CallbackInfo & info) {
     if (busy_.load()) throw codedError(env, "EBUSY", "Vision is busy; await the running encode before dispose()");
     clip_free(ctx_);
     ctx_ = nullptr;
+    scratch_.hwc = {};
+    scratch_.batch->entries.clear();
     return env.Undefined();
 }
 
