@@ -24,9 +24,9 @@ import type { CurveConfig, PublisherConfig } from '../pipeline/config.ts';
 import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../pipeline/endpoint.ts';
 import type { Stage, StageContext, Stamp, TelemetrySink } from '../pipeline/types.ts';
 
-export const HEADER_VERSION = 1;
-export const EVENT_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Event';
-export const TELEMETRY_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Telemetry';
+const HEADER_VERSION = 1;
+const EVENT_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Event';
+const TELEMETRY_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Telemetry';
 
 export interface PublisherOptions extends Pick<PublisherConfig, 'endpoint' | 'topic' | 'sendHighWaterMark'> {
   /** CURVE server key (required for an endpoint other hosts can reach, unless `insecure`). */
@@ -46,9 +46,8 @@ export interface PublisherOptions extends Pick<PublisherConfig, 'endpoint' | 'to
   readonly telemetryTopic?: string;
 }
 
-export interface PublisherStage extends Stage<ActionMessage, ActionMessage> {
-  readonly topic: string;
-}
+/** The publish stage: enqueues the action (never waits for the socket) and passes it on. */
+export type PublisherStage = Stage<ActionMessage, ActionMessage>;
 
 export interface PublisherSink extends TelemetrySink {
   /** Queues one event: decisions, source and control events on the events topic, stats on the
@@ -208,7 +207,8 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
     [telemetryTopic]: topics.telemetry.stats(),
   });
 
-  // The parts of every header that do not change within a run, in the schema's key order.
+  // The parts of every header that do not change within a run; seq and publish_wall_ms are added
+  // when a message is sent.
   const common = `"run_id":${JSON.stringify(runId)},"clock":"${clock}"`;
   const eventHead = `{"header_version":${HEADER_VERSION},"schema_id":"${EVENT_SCHEMA_ID}",${common}`;
   const telemetryHead = `{"header_version":${HEADER_VERSION},"schema_id":"${TELEMETRY_SCHEMA_ID}",${common}`;
@@ -262,7 +262,6 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
 
   const stage: PublisherStage = {
     name: 'publish',
-    topic,
     process(msg: ActionMessage, ctx: StageContext): Promise<ActionMessage> {
       if (closing) return Promise.reject(new Error(`publisher ${bound}: publish after close`));
       const frame = ctx.frame;

@@ -56,7 +56,7 @@ import { CostModel, DegradeLadder } from '../budget.ts';
 import { VirtualClock, msToNs, type Clock } from '../clock.ts';
 import type { GraphConfig } from '../config.ts';
 import { TelemetryAggregator } from '../telemetry/aggregator.ts';
-import type { RunSummary, TelemetryEvent } from '../telemetry/events.ts';
+import type { ControlEvent, RunSummary, TelemetryEvent } from '../telemetry/events.ts';
 import {
   StageAbort,
   type DropReason,
@@ -278,7 +278,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     this.#control('resume', '');
   }
 
-  #control(command: 'set_budgets' | 'pin_level' | 'release_level' | 'pause' | 'resume', detail: string): void {
+  #control(command: ControlEvent['command'], detail: string): void {
     this.emit({ type: 'control', atNs: this.clock.nowNs(), command, detail });
   }
 
