@@ -1,15 +1,15 @@
 // percept bench frame-input: a robot stack's pusher → percept's ZeroMQ frame input (the zmq source),
-// on loopback tcp. The pusher runs in a worker thread (its own event loop, as a separate process
-// would) and sends one JPEG every 1/fps s on a drift-free schedule, with a PUSH socket that never
-// waits (sendTimeout 0): a frame the input cannot take at once counts as dropped. The added latency
-// of a frame is the time from just before the pusher's send to the source yielding the parsed,
-// checked frame (both process.hrtime: one monotonic clock for the two threads).
+// on loopback tcp. The pusher is a separate process (as a robot stack is) that sends one JPEG every
+// 1/fps s on a drift-free schedule, with a PUSH socket that never waits (sendTimeout 0): a frame the
+// input cannot take at once counts as dropped. It stamps each frame with the monotonic clock just
+// before sending it (CLOCK_MONOTONIC, which process.hrtime reads in every process of this machine);
+// the added latency of a frame is from that stamp to the source yielding the parsed, checked frame,
+// whose source stamp is that stamp, unconverted.
+import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
-import { Worker } from 'node:worker_threads';
 import sharp from 'sharp';
 import { createZmqSource } from '../nodes/source-zmq.ts';
 import { RealClock } from '../pipeline/clock.ts';
-import { exitOf } from './bench-worker.ts';
 import { quantile } from './stats.ts';
 
 export interface BenchFrameInputOptions {
@@ -35,16 +35,6 @@ export type BenchFrameInputResult = {
   readonly transport: string;
 };
 
-interface PusherData {
-  readonly zeromq: string;
-  readonly endpoint: string;
-  readonly jpeg: Uint8Array;
-  readonly frames: number;
-  readonly fps: number;
-  /** BigInt64Array: [i] = hrtime ns just before frame i was sent. */
-  readonly sent: SharedArrayBuffer;
-}
-
 export async function benchFrameInput(options: BenchFrameInputOptions = {}): Promise<BenchFrameInputResult> {
   const { fps = 30, seconds = 10, width = 1280, height = 720 } = options;
   if (!(fps > 0 && fps <= 1000)) throw new RangeError(`benchFrameInput: expected 0 < fps <= 1000 but received ${fps}`);
@@ -52,21 +42,14 @@ export async function benchFrameInput(options: BenchFrameInputOptions = {}): Pro
   const frames = Math.max(1, Math.round(fps * seconds));
   const jpeg = await testImage(width, height);
   const source = await createZmqSource({ endpoint: 'tcp://127.0.0.1:*', bind: true, socket: 'pull', topic: '', receiveHighWaterMark: 10 });
-  const sent = new SharedArrayBuffer(8 * frames);
-  const sentNs = new BigInt64Array(sent);
-  const workerData: PusherData = {
-    zeromq: createRequire(import.meta.url).resolve('zeromq'),
-    endpoint: source.endpoint,
-    jpeg,
-    frames,
-    fps,
-    sent,
-  };
-  const worker = new Worker(PUSHER_SOURCE, { eval: true, workerData });
+  const settings = JSON.stringify({ zeromq: createRequire(import.meta.url).resolve('zeromq'), endpoint: source.endpoint, frames, fps });
+  const pusher = spawn(process.execPath, ['-e', PUSHER_SOURCE, settings], { stdio: ['pipe', 'pipe', 'inherit'] });
+  pusher.stdin.end(jpeg);
+  let output = '';
+  pusher.stdout.on('data', (d) => (output += d));
   const pushed = new Promise<{ pushed: number; refused: number }>((resolve, reject) => {
-    worker.once('message', resolve);
-    worker.once('error', reject);
-    worker.once('exit', (code) => reject(new Error(`bench pusher exited with code ${code} before reporting`)));
+    pusher.once('error', reject);
+    pusher.once('exit', (code) => (code === 0 ? resolve(JSON.parse(output)) : reject(new Error(`bench pusher exited with code ${code}`))));
   });
   const abort = new AbortController();
   const latencies: number[] = [];
@@ -75,8 +58,8 @@ export async function benchFrameInput(options: BenchFrameInputOptions = {}): Pro
     const consuming = (async () => {
       for await (const item of source.frames(new RealClock(), abort.signal)) {
         const now = process.hrtime.bigint();
-        const i = Number(item.sourceId);
-        latencies.push(Number(now - Atomics.load(sentNs, i)) / 1000);
+        const { sec, nanosec } = item.sourceStamp!;
+        latencies.push(Number(now - (BigInt(sec) * 1_000_000_000n + BigInt(nanosec))) / 1000);
         received += 1;
       }
     })();
@@ -102,7 +85,7 @@ export async function benchFrameInput(options: BenchFrameInputOptions = {}): Pro
   } finally {
     abort.abort();
     await source.close();
-    await exitOf(worker);
+    pusher.kill();
   }
 }
 
@@ -127,13 +110,14 @@ async function testImage(width: number, height: number): Promise<Buffer> {
 
 const round = (v: number): number => Math.round(v * 10) / 10;
 
-// Plain JavaScript (eval): under Node 20 a worker's entry point is loaded before tsx's hooks.
+// The pusher: plain JavaScript run by `node -e`; the JPEG comes on stdin, the settings as argv.
 const PUSHER_SOURCE = `
-const { parentPort, workerData } = require('node:worker_threads');
-const { Push } = require(workerData.zeromq);
-(async () => {
-  const { endpoint, jpeg, frames, fps } = workerData;
-  const sent = new BigInt64Array(workerData.sent);
+const { zeromq, endpoint, frames, fps } = JSON.parse(process.argv[1]);
+const { Push } = require(zeromq);
+const chunks = [];
+process.stdin.on('data', (c) => chunks.push(c));
+process.stdin.on('end', async () => {
+  const jpeg = Buffer.concat(chunks);
   const push = new Push({ sendHighWaterMark: 10, sendTimeout: 0, linger: 2000 });
   push.connect(endpoint);
   await new Promise((r) => setTimeout(r, 200)); // the connection is up before the clock starts
@@ -146,16 +130,16 @@ const { Push } = require(workerData.zeromq);
     for (let left = due - process.hrtime.bigint(); left > 0n; left = due - process.hrtime.bigint()) {
       await new Promise((r) => setTimeout(r, Math.ceil(Number(left) / 1e6)));
     }
-    const header = JSON.stringify({ stamp: { sec: Math.floor(Date.now() / 1000), nanosec: 0 }, frame_id: String(i), encoding: 'jpeg' });
-    Atomics.store(sent, i, process.hrtime.bigint());
+    const now = process.hrtime.bigint();
+    const stamp = { sec: Number(now / 1000000000n), nanosec: Number(now % 1000000000n) };
     try {
-      await push.send([header, jpeg]);
+      await push.send([JSON.stringify({ stamp, frame_id: 'bench', encoding: 'jpeg' }), jpeg]);
       pushed += 1;
     } catch {
       refused += 1;
     }
   }
-  parentPort.postMessage({ pushed, refused });
   push.close();
-})();
+  process.stdout.write(JSON.stringify({ pushed, refused }));
+});
 `;
