@@ -11,7 +11,9 @@ import { subscribe, type Message, type RobotAction, type Subscription } from 'pe
 import { createPublisher, type Publisher } from '../nodes/publisher.ts';
 import { VirtualClock, type Clock } from '../pipeline/clock.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
-import type { StageContext } from '../pipeline/types.ts';
+import type { DropReason, StageContext } from '../pipeline/types.ts';
+import type { CancelEvent, ControlEvent, DegradeEvent, RunSummary, SourceEvent } from '../pipeline/telemetry/events.ts';
+import type * as Wire from '../client/wire-types.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 
@@ -20,6 +22,20 @@ const typed: RobotAction = { action: 'move', confidence: 0.9, target: { label: '
 // @ts-expect-error 'fly' is not an action of configs/actions/robot-action.schema.json
 const wrong: RobotAction = { action: 'fly', confidence: 1 };
 void wrong;
+
+// Compile-time: the runtime's event vocabularies are the wire schema's (a drop reason, cancel
+// reason, source incident or control command added on one side only fails the type check here:
+// add it to configs/wire/messages.schema.json and run `npm run gen:types`).
+type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
+const vocabularies: [
+  Same<DropReason, Wire.DropReason>,
+  Same<CancelEvent['reason'], Wire.CancelEvent['reason']>,
+  Same<SourceEvent['kind'], Wire.SourceEvent['kind']>,
+  Same<ControlEvent['command'], Wire.ControlEvent['command']>,
+  Same<DegradeEvent['reason'], Wire.DegradeEvent['reason']>,
+  Same<keyof RunSummary, keyof Wire.RunSummary>,
+] = [true, true, true, true, true, true];
+void vocabularies;
 
 function context(frameId: number, clock: Clock, budgetMs = 250): StageContext {
   const captureNs = clock.nowNs();
