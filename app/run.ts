@@ -148,10 +148,13 @@ export function modelIds(config: PerceptConfig): Record<string, string> {
   return ids;
 }
 
-/** Builds the stages in dependency order: the decoder first (its n_embd fixes the encoder's output
- * width), then the encoder (its contract fixes preprocessing), then warms them up (see app/warmup.ts;
- * `warmup: false` skips it). `publish: false` leaves the publisher out (benchmarks that end at the
- * validated action). A stage made before a step that fails is closed. */
+/** Builds the stages: the publisher first (it binds before the models load, so a busy endpoint fails
+ * at once and subscribers have the load time to connect: a ZeroMQ PUB drops what it sends before a
+ * subscription arrives, and the first action comes soon after the run starts), then in dependency
+ * order the decoder (its n_embd fixes the encoder's output width) and the encoder (its contract fixes
+ * preprocessing), then warms them up (see app/warmup.ts; `warmup: false` skips it). `publish: false`
+ * leaves the publisher out (benchmarks that end at the validated action). A stage made before a step
+ * that fails is closed, and so is the publisher. */
 export async function createStages(
   config: PerceptConfig,
   actionSchema: ActionSchema,
@@ -162,7 +165,13 @@ export async function createStages(
     built.push(stage);
     return stage;
   };
+  let publisher: Publisher | undefined;
   try {
+    if (publish) {
+      const { createPublisher } = await import('../nodes/publisher.ts');
+      publisher = await createPublisher({ ...config.publisher, clock: config.clock, models: modelIds(config) });
+      log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
+    }
     const { createDecoderStage } = await import('../nodes/decoder.ts');
     const resolveDraft = async (spec: string | null) => (spec ? resolveModel(spec, 'decoder') : null);
     log(`decoder: ${config.decoder.model}`);
@@ -200,13 +209,11 @@ export async function createStages(
       }
     }
     const validated = chain(preprocess, encoder, decoder, actions);
-    if (!publish) return { chain: validated };
-    const { createPublisher } = await import('../nodes/publisher.ts');
-    const publisher = await createPublisher({ ...config.publisher, clock: config.clock, models: modelIds(config) });
-    log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
+    if (!publisher) return { chain: validated };
     return { chain: append(validated, publisher.stage), publisher };
   } catch (err) {
     for (const stage of built) await stage.close?.().catch(() => undefined);
+    await publisher?.close();
     throw err;
   }
 }
