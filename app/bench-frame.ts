@@ -18,7 +18,8 @@ export interface BenchFrameOptions {
   readonly frames: number;
   readonly fps: number;
   readonly gpuLayers: number;
-  readonly maxNewTokens: number;
+  /** Absent: the action schema's worst case (the decoder's config default). */
+  readonly maxNewTokens?: number;
   readonly draftMtp?: string;
   readonly draft?: string;
   readonly ngram?: boolean;
@@ -53,14 +54,16 @@ export function encoderSection(spec: string, gpuLayers: number): object {
 }
 
 export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameResult> {
-  const { imageTokens, maxNewTokens, gpuLayers } = opts;
+  const { imageTokens, gpuLayers } = opts;
+  // Absent, the config's defaults apply: the decoder's budget follows the action grammar's worst case.
+  const maxNewTokens = opts.maxNewTokens !== undefined ? { maxNewTokens: opts.maxNewTokens } : {};
   const config = loadConfig({
     source: { kind: 'pattern', fps: opts.fps, frames: opts.frames, width: 1280, height: 720 },
     encoder: encoderSection(opts.encoder, gpuLayers),
     decoder: {
       model: opts.model,
       gpuLayers,
-      maxNewTokens,
+      ...maxNewTokens,
       draft: opts.draft ?? null,
       draftMtp: opts.draftMtp ?? null,
       ngram: opts.ngram ?? false,
@@ -71,7 +74,7 @@ export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameRes
       dropPredictedMiss: false,
     },
     edges: { default: { policy: 'queue', capacity: 64 } },
-    ladder: { enabled: false, initial: { imageTokens, maxNewTokens, draft: true, frameSkip: 0 }, rungs: [] },
+    ladder: { enabled: false, initial: { imageTokens, draft: true, frameSkip: 0, ...maxNewTokens }, rungs: [] },
     telemetry: { liveTable: 'off' },
   });
   const source = await createSource(config.source);

@@ -88,7 +88,7 @@ speculationOptions(
     .option('--schema <file>', 'action schema (JSON Schema with an $id): the output is constrained to it'),
   SPECULATION,
 )
-  .option('-n, --max-tokens <n>', 'maximum new tokens', int('--max-tokens'), 128)
+  .option('-n, --max-tokens <n>', "maximum new tokens (default 128; with --schema the schema's worst case)", int('--max-tokens'))
   .option('--seed <n>', 'sampling seed', int('--seed'), 1)
   .option('--temperature <t>', 'sampling temperature (0 = greedy)', Number, 0)
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
@@ -114,6 +114,7 @@ speculationOptions(
   .option('--gen-tokens <n>', 'tokens to generate', int('--gen-tokens'), 128)
   .option('--reps <n>', 'repetitions', int('--reps'), 3)
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
+  .option('--threads <n>', 'CPU threads (default: every core), for both sides with --peer', int('--threads'))
   .option('--peer', 'also run llama-bench from the same llama.cpp build and report the ratio')
   .option('--energy <source>', 'board power sampled during decode: auto, tegrastats, nvidia-smi, off', 'auto')
   .option('--json', 'print JSON')
@@ -156,7 +157,7 @@ speculationOptions(
   .option('--image-tokens <n>', 'image tokens per frame (Gemma 4 budget)', int('--image-tokens'), 280)
   .option('--frames <n>', 'frames', int('--frames'), 20)
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
-  .option('--max-new-tokens <n>', 'max new tokens per action', int('--max-new-tokens'), 48)
+  .option('--max-new-tokens <n>', "max new tokens per action (default: the action schema's worst case)", int('--max-new-tokens'))
   .option('--gpu-layers <n>', 'decoder layers on the GPU', int('--gpu-layers'), 0)
   .option('--no-warmup', 'skip the warm-up at load (to see what the first frame pays without it)')
   .option('--json', 'print JSON')

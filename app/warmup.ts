@@ -2,10 +2,11 @@
 // distinct image-token count of the degradation ladder, the largest image first, so the first-call
 // work of each stage is done before the first real frame: onnxruntime's arena and per-shape plans,
 // clip's graph and compute buffers, llama.cpp's graph reservations for the prefill and decode batches,
-// the grammar's first use. Decoding is kept short (a few tokens; llama.cpp reserves its compute buffers
-// for the largest batch when the context is made, so other batch sizes, drafted or not, need no
-// warm-up of their own). It stops before the actions stage: a warm-up output is never validated or
-// published.
+// the grammar's first use. Decoding is asked to stay short (a few tokens; llama.cpp reserves its compute
+// buffers for the largest batch when the context is made, so other batch sizes, drafted or not, need
+// no warm-up of their own), but the decoder never stops short of a complete action when its grammar
+// has a worst case, so there a warm-up decode runs to the action's end. It stops before the actions
+// stage: a warm-up output is never validated or published.
 import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import type { Knobs, Stage } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
@@ -18,7 +19,8 @@ export interface WarmupStages {
   readonly decode?: Stage<ImageEmbedding, unknown>;
 }
 
-/** New tokens per warm-up generation: enough for the decode batch and a speculative draft round. */
+/** New tokens asked of a warm-up generation: enough for the decode batch and a speculative draft round
+ * (the decoder raises it to a complete action under a bounded action grammar). */
 const WARMUP_NEW_TOKENS = 8;
 
 export interface WarmupStep {

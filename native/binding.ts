@@ -74,22 +74,24 @@ export interface NativeMemoryBreakdown {
 }
 
 export type NativeSegment =
-  | { readonly text: string; readonly addSpecial?: boolean }
+  | { readonly text: string; readonly addSpecial: boolean }
   | { readonly tokens: Int32Array | readonly number[] }
-  | { readonly image: Float32Array; readonly nTokens: number; readonly causal?: boolean };
+  | { readonly image: Float32Array; readonly nTokens: number; readonly causal: boolean };
 
+/** Every field but nDraft (absent: the speculator's nMax), deadlineNs and grammar is required. */
 export interface NativeGenerateOptions {
   maxTokens: number;
-  temperature?: number;
-  topK?: number;
-  topP?: number;
-  minP?: number;
-  seed?: number;
-  stopStrings?: readonly string[];
-  stopTokens?: readonly number[];
-  ignoreEos?: boolean;
-  jumpForward?: boolean;
-  speculative?: boolean;
+  temperature: number;
+  topK: number;
+  topP: number;
+  minP: number;
+  seed: number;
+  stopStrings: readonly string[];
+  stopTokens: readonly number[];
+  ignoreEos: boolean;
+  jumpForward: boolean;
+  recordSampleTimes: boolean;
+  speculative: boolean;
   nDraft?: number;
   /** Absolute, on the process.hrtime.bigint() clock. */
   deadlineNs?: bigint;
@@ -120,7 +122,10 @@ export interface NativeGenerateResult {
   readonly drafted: number;
   readonly accepted: number;
   readonly forced: number;
+  readonly draftsCut: number;
   readonly timings: NativeTimings;
+  /** Microseconds of each sampling step (with recordSampleTimes). */
+  readonly sampleUs?: Float32Array;
 }
 
 export declare class NativeContext {
@@ -136,42 +141,62 @@ export declare class NativeContext {
   cancel(): void;
   clearCache(): void;
   cachedPositions(): number;
+  /** Creates the speculator's state off the JS thread (the KV cache starts empty afterwards). */
+  attachSpeculator(draftModel: NativeModel | null, options: NativeSpeculatorOptions): Promise<{ type: SpeculatorType; nMax: number }>;
+  detachSpeculator(): void;
   dispose(): void;
 }
+
+export interface NativeGrammarIndexInfo {
+  /** Byte-automaton states, and those met at token boundaries. */
+  readonly states: number;
+  readonly tokenStates: number;
+  /** (token, next state) pairs over all states. */
+  readonly entries: number;
+  /** Most tokens one state admits. */
+  readonly maxAllowed: number;
+  /** Token-boundary states with a forced run (jump-forward). */
+  readonly forcedStates: number;
+  /** Admissible tokens dropped because no completion follows them. */
+  readonly prunedEntries: number;
+  /** Worst-case tokens of a complete output; null when a cycle makes it unbounded. */
+  readonly maxTokens: number | null;
+  readonly buildMs: number;
+  /** Time spent building the model's vocabulary trie in this call (0 when it existed). */
+  readonly trieMs: number;
+}
+
+export type NativeGrammarIndexResult =
+  { readonly index: NativeGrammarIndexInfo; readonly fallback: null } | { readonly index: null; readonly fallback: string };
 
 export declare class NativeGrammar {
   constructor(model: NativeModel, gbnf: string, root?: string);
   source(): string;
+  buildIndex(limits: { maxStates: number; maxEntries: number }): Promise<NativeGrammarIndexResult>;
+  indexInfo(): NativeGrammarIndexResult | undefined;
+  allowedTokens(prefix: Int32Array | readonly number[], via: 'index' | 'llama'): Promise<Int32Array>;
+  forcedTokens(prefix: Int32Array | readonly number[]): Int32Array;
+  admits(text: string): boolean;
 }
 
 export type SpeculatorType = 'draft-simple' | 'draft-mtp' | 'ngram-simple' | 'ngram-map-k' | 'ngram-map-k4v' | 'ngram-mod';
 
 export interface NativeSpeculatorOptions {
   type: SpeculatorType;
-  draftModel?: NativeModel;
   nMax: number;
-  nMin?: number;
-  pMin?: number;
-  ngramN?: number;
-}
-
-export declare class NativeSpeculator {
-  private constructor();
-  static create(context: NativeContext, options: NativeSpeculatorOptions): Promise<NativeSpeculator>;
-  info(): { type: SpeculatorType; nMax: number; disposed: boolean };
-  dispose(): void;
+  nMin: number;
+  pMin: number;
+  ngramN: number;
 }
 
 export interface NativeAddon {
   readonly Model: typeof NativeModel;
   readonly Context: typeof NativeContext;
   readonly Grammar: typeof NativeGrammar;
-  readonly Speculator: typeof NativeSpeculator;
   readonly Vision: typeof NativeVision;
   jsonSchemaToGrammar(schemaJson: string): string;
   setLogger(callback: ((level: number, text: string) => void) | null): void;
   systemInfo(): string;
-  monotonicNs(): bigint;
   /** Preprocessing's layout pass (native/src/pixels.cc). */
   layoutPixels(src: Uint8Array, out: Float32Array, options: NativeLayoutOptions): Promise<number>;
   /** mtmd_decode_use_non_causal() for a text model of this architecture and input width. */
@@ -196,29 +221,25 @@ export function loadAddon(): NativeAddon {
   return addon;
 }
 
+/** layoutPixels' options, every field given (native/pixels.ts documents them and owns the defaults). */
 export interface NativeLayoutOptions {
   readonly width: number;
   readonly height: number;
-  readonly channels: 1 | 2 | 3 | 4;
-  /** Bytes per row (default width × channels). */
-  readonly stride?: number;
-  /** Rows after enlarging on PIL's grid (default height: none), with this filter (default 'linear'). */
-  readonly rows?: number;
-  readonly kernel?: 'linear' | 'cubic';
-  /** EXIF orientation 1…8 (default 1). */
-  readonly orientation?: number;
-  readonly bgr?: boolean;
+  readonly channels: number;
+  readonly stride: number;
+  readonly rows: number;
+  readonly kernel: 'linear' | 'cubic';
+  readonly orientation: number;
+  readonly bgr: boolean;
   readonly layout: 'chw' | 'patches';
-  /** Patch side for 'patches' (default 16). */
-  readonly patch?: number;
-  /** value = (v/255 − offset) / scale (defaults 1 and 0). */
-  readonly scale?: number;
-  readonly offset?: number;
+  readonly patch: number;
+  readonly scale: number;
+  readonly offset: number;
 }
 
 export interface NativeVisionLoadOptions {
   useGpu: boolean;
-  /** CPU threads for encode (0: all cores). */
+  /** CPU threads for encode. */
   threads: number;
   flashAttention: 'auto' | 'on' | 'off';
   /** Allocate the compute buffers at load with a full-size dummy image (first encode is not slower). */
@@ -277,8 +298,8 @@ export interface NativeVisionEncodeOptions {
   layout: 'chw' | 'patches';
   width: number;
   height: number;
-  /** 'phases' or 'ops' need a context loaded with profile (default 'off'). */
-  profile?: 'off' | 'phases' | 'ops';
+  /** 'phases' or 'ops' need a context loaded with profile. */
+  profile: 'off' | 'phases' | 'ops';
 }
 
 export interface NativeVisionEncodeResult {

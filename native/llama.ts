@@ -2,6 +2,9 @@
 // LlamaGrammar, LlamaSpeculator. Arguments are checked here (errors name the argument), then
 // cross into C++ once per call; every slow call runs off the JS thread and returns a promise.
 import { stat } from 'node:fs/promises';
+import { availableParallelism } from 'node:os';
+import { bool, coded, graft, intIn, invalid, knownKeys, nonEmptyString, numIn, oneOf, plainObject } from './args.ts';
+import { jsonSchemaToGbnf, type GbnfOptions } from './schema-grammar.ts';
 import {
   loadAddon,
   type ImageAttention,
@@ -9,63 +12,52 @@ import {
   type NativeContextInfo,
   type NativeGenerateResult,
   type NativeGrammar,
+  type NativeGrammarIndexInfo,
   type NativeMemoryBreakdown,
   type NativeModel,
   type NativeModelInfo,
   type NativeSegment,
-  type NativeSpeculator,
   type NativeStopReason,
   type NativeTimings,
   type SpeculatorType,
 } from './binding.ts';
 
-export type { ImageAttention, NativeModelInfo as ModelInfo, NativeContextInfo as ContextInfo, NativeMemoryBreakdown as MemoryBreakdown };
+export type {
+  ImageAttention,
+  NativeModelInfo as ModelInfo,
+  NativeContextInfo as ContextInfo,
+  NativeMemoryBreakdown as MemoryBreakdown,
+  NativeGrammarIndexInfo as GrammarIndexInfo,
+};
 export type StopReason = NativeStopReason;
 export type Timings = NativeTimings;
 
 // ---------------------------------------------------------------------------------------------
-// Small validators (sharp's is.* style): each throws an error that names the argument.
+// Binding defaults. This file owns them: C++ requires every field and checks only shape and range.
 
-const describe = (v: unknown): string =>
-  v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v === 'bigint' ? `${v}n` : `${String(v)} of type ${typeof v}`;
-const invalid = (name: string, expected: string, actual: unknown): TypeError =>
-  new TypeError(`Expected ${expected} for ${name} but received ${describe(actual)}`);
+/** KV cache positions of a context. */
+export const DEFAULT_N_CTX = 4096;
+/** Logical and physical batch (tokens per llama_decode call). */
+export const DEFAULT_N_BATCH = 512;
+/** Longest draft per speculative step. */
+export const DRAFT_MAX = 4;
+/**
+ * Logits rows of one decode. A verify batch reads the row of the last certain token (the one sampled,
+ * or the end of a jump-forward run: the run's earlier tokens ride in the batch without rows) and one
+ * row per draft; forced tokens inside a draft are drafts and count toward DRAFT_MAX. The generate loop
+ * caps a draft at maxOutputs − 1, so a larger nDraft needs a context with more outputs.
+ */
+export const MAX_OUTPUTS = 1 + DRAFT_MAX;
+/** Automaton states before a grammar is declared too big for a token index. */
+export const GRAMMAR_MAX_STATES = 20000;
+/** (token, state) entries before a grammar is declared too big for a token index (64 MiB). */
+export const GRAMMAR_MAX_ENTRIES = 8 << 20;
+/** n-gram length that n-gram speculators match. */
+export const DEFAULT_NGRAM_N = 3;
+/** CPU threads of a context: every core. */
+export const defaultThreads = (): number => availableParallelism();
 
-function intIn(name: string, v: unknown, min: number, max: number): number {
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) throw invalid(name, `an integer between ${min} and ${max}`, v);
-  return v;
-}
-function numIn(name: string, v: unknown, min: number, max: number): number {
-  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) throw invalid(name, `a number between ${min} and ${max}`, v);
-  return v;
-}
-function bool(name: string, v: unknown): boolean {
-  if (typeof v !== 'boolean') throw invalid(name, 'a boolean', v);
-  return v;
-}
-function plainObject(name: string, v: unknown): Record<string, unknown> {
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) throw invalid(name, 'an object', v);
-  return v as Record<string, unknown>;
-}
-function knownKeys(name: string, o: Record<string, unknown>, keys: readonly string[]): void {
-  for (const k of Object.keys(o))
-    if (!keys.includes(k)) throw new TypeError(`Unknown option ${name}.${k} (expected one of ${keys.join(', ')})`);
-}
-
-/** An Error with a `code` (EBUSY, EDISPOSED, ...), native errors keep theirs. */
-function coded(code: string, message: string): Error {
-  return Object.assign(new Error(message), { code });
-}
-
-/** Re-throws a native error with a stack that points at the caller (sharp's nativeError). */
-function graft(err: unknown, stack: Error): Error {
-  if (err instanceof Error) {
-    const out = Object.assign(new Error(err.message), err as Error & { code?: string });
-    out.stack = `${err.constructor.name}: ${err.message}\n${stack.stack?.split('\n').slice(1).join('\n') ?? ''}`;
-    return out;
-  }
-  return new Error(String(err));
-}
+// ---------------------------------------------------------------------------------------------
 
 /** The image attention rule of a model (mirrors mtmd_decode_use_non_causal()). */
 export function imageAttentionRule(arch: string, nEmbd: number): ImageAttention {
@@ -78,59 +70,6 @@ export function imageAttentionRule(arch: string, nEmbd: number): ImageAttention 
 export function setLlamaLogger(callback: ((level: number, text: string) => void) | null): void {
   if (callback !== null && typeof callback !== 'function') throw invalid('callback', 'a function or null', callback);
   loadAddon().setLogger(callback);
-}
-
-export interface GbnfOptions {
-  /** Whitespace between JSON tokens: at most one space (default true; llama.cpp allows ~20). */
-  readonly compact?: boolean;
-  /** Decimal digits allowed in bounded numbers (default 4). */
-  readonly decimals?: number;
-}
-
-/**
- * A GBNF rule for a number in [0, max] with an integer max ≤ 9, or undefined when the bounds are
- * not of that shape. llama.cpp's converter bounds integers but not numbers, so without this a
- * grammar-valid output like {"confidence": 8} would fail the schema's maximum.
- */
-function boundedNumberRule(schema: Record<string, unknown>, decimals: number): string | undefined {
-  const min = schema.minimum;
-  const max = schema.maximum;
-  if (schema.type !== 'number' || min !== 0 || typeof max !== 'number' || !Number.isInteger(max) || max < 1 || max > 9) return undefined;
-  if (schema.exclusiveMinimum !== undefined || schema.exclusiveMaximum !== undefined || schema.multipleOf !== undefined) return undefined;
-  return `[0-${max - 1}] ("." [0-9]{1,${decimals}})? | "${max}" ("." "0"{1,${decimals}})?`;
-}
-
-/**
- * Turns a JSON Schema (object or JSON text) into llama.cpp GBNF (common/json-schema-to-grammar),
- * with bounded numbers enforced (see boundedNumberRule) and optionally compact whitespace.
- */
-export function jsonSchemaToGbnf(schema: object | string, options: GbnfOptions = {}): string {
-  if (typeof schema !== 'string' && (typeof schema !== 'object' || schema === null))
-    throw invalid('schema', 'an object or JSON text', schema);
-  const decimals = options.decimals === undefined ? 4 : intIn('options.decimals', options.decimals, 1, 12);
-  let parsed: unknown;
-  try {
-    parsed = typeof schema === 'string' ? JSON.parse(schema) : structuredClone(schema);
-  } catch (err) {
-    throw new TypeError(`jsonSchemaToGrammar: schema is not valid JSON: ${(err as Error).message}`, { cause: err });
-  }
-  const rules: string[] = [];
-  const walk = (node: unknown): unknown => {
-    if (Array.isArray(node)) return node.map(walk);
-    if (typeof node !== 'object' || node === null) return node;
-    const rule = boundedNumberRule(node as Record<string, unknown>, decimals);
-    if (rule !== undefined) {
-      rules.push(rule);
-      return { const: `@@percept-num-${rules.length - 1}@@` };
-    }
-    return Object.fromEntries(Object.entries(node).map(([k, v]) => [k, walk(v)]));
-  };
-  let gbnf = loadAddon().jsonSchemaToGrammar(JSON.stringify(walk(parsed)));
-  rules.forEach((rule, i) => {
-    gbnf = gbnf.split(`"\\"@@percept-num-${i}@@\\""`).join(`percept-num-${i}`) + `percept-num-${i} ::= ${rule}\n`;
-  });
-  if (options.compact ?? true) gbnf = gbnf.replace(/^space ::= .*$/m, 'space ::= | " "');
-  return gbnf;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -153,11 +92,11 @@ export interface ContextOptions {
   readonly nBatch?: number;
   /** Physical batch; an image with bidirectional attention must fit in one ubatch. */
   readonly nUbatch?: number;
-  /** Most outputs in one batch: 1 + the longest draft. Sizes the compute buffer. Default 16. */
+  /** Most outputs in one batch (sizes the compute buffer). Default MAX_OUTPUTS (at most nBatch). */
   readonly maxOutputs?: number;
   readonly flashAttention?: boolean | 'auto';
   readonly kvType?: 'f16' | 'q8_0';
-  /** CPU threads (0: all cores). */
+  /** CPU threads (default: every core). */
   readonly threads?: number;
 }
 
@@ -176,7 +115,7 @@ export class LlamaModel {
 
   /** Loads a GGUF (gemma3, gemma4 or gemma4-assistant) off the JS thread. */
   static async load(path: string, options: LoadModelOptions = {}): Promise<LlamaModel> {
-    if (typeof path !== 'string' || path.length === 0) throw invalid('path', 'a non-empty string', path);
+    nonEmptyString('path', path);
     const o = plainObject('options', options);
     knownKeys('options', o, ['gpuLayers', 'mmap', 'vocabOnly']);
     const gpuLayers = options.gpuLayers === undefined ? 0 : intIn('options.gpuLayers', options.gpuLayers, -1, 100000);
@@ -198,7 +137,7 @@ export class LlamaModel {
     }
   }
 
-  /** @internal the raw handle, for LlamaContext/LlamaGrammar/LlamaSpeculator. */
+  /** @internal the raw handle, for LlamaContext and LlamaGrammar. */
   get native(): NativeModel {
     if (this.#disposed) throw coded('EDISPOSED', 'LlamaModel is disposed');
     return this.#native;
@@ -226,8 +165,7 @@ export class LlamaModel {
     if (!Array.isArray(messages) || messages.length === 0) throw invalid('messages', 'a non-empty array of {role, content}', messages);
     messages.forEach((m, i) => {
       plainObject(`messages[${i}]`, m);
-      if (!['system', 'user', 'assistant'].includes(m.role))
-        throw invalid(`messages[${i}].role`, "'system', 'user' or 'assistant'", m.role);
+      oneOf(`messages[${i}].role`, m.role, ['system', 'user', 'assistant']);
       if (typeof m.content !== 'string') throw invalid(`messages[${i}].content`, 'a string', m.content);
     });
     return this.native.applyChatTemplate(messages, options.addGenerationPrompt ?? true);
@@ -262,16 +200,16 @@ export class LlamaModel {
   async createContext(options: ContextOptions = {}): Promise<LlamaContext> {
     const o = plainObject('options', options);
     knownKeys('options', o, ['nCtx', 'nBatch', 'nUbatch', 'maxOutputs', 'flashAttention', 'kvType', 'threads']);
-    const nCtx = options.nCtx === undefined ? 4096 : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
-    const nBatch = options.nBatch === undefined ? 512 : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
-    const nUbatch = options.nUbatch === undefined ? Math.min(nBatch, 512) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
-    const maxOutputs = options.maxOutputs === undefined ? Math.min(16, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
-    const fa = options.flashAttention ?? 'auto';
-    if (fa !== 'auto' && typeof fa !== 'boolean') throw invalid('options.flashAttention', "true, false or 'auto'", fa);
-    const kvType = options.kvType ?? 'f16';
-    if (kvType !== 'f16' && kvType !== 'q8_0') throw invalid('options.kvType', "'f16' or 'q8_0'", kvType);
+    const nCtx = options.nCtx === undefined ? DEFAULT_N_CTX : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
+    const nBatch = options.nBatch === undefined ? DEFAULT_N_BATCH : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
+    const nUbatch =
+      options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
+    const maxOutputs =
+      options.maxOutputs === undefined ? Math.min(MAX_OUTPUTS, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
+    const fa = oneOf('options.flashAttention', options.flashAttention ?? 'auto', [true, false, 'auto']);
+    const kvType = oneOf('options.kvType', options.kvType ?? 'f16', ['f16', 'q8_0']);
     if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
-    const threads = options.threads === undefined ? 0 : intIn('options.threads', options.threads, 0, 1024);
+    const threads = options.threads === undefined ? defaultThreads() : intIn('options.threads', options.threads, 1, 1024);
     const stack = new Error();
     try {
       const native = await loadAddon().Context.create(this.native, {
@@ -292,14 +230,32 @@ export class LlamaModel {
     }
   }
 
-  /** A grammar from GBNF text, parsed now (throws on a syntax error). */
-  grammar(gbnf: string, root = 'root'): LlamaGrammar {
-    if (typeof gbnf !== 'string' || gbnf.length === 0) throw invalid('gbnf', 'a non-empty string', gbnf);
-    return new LlamaGrammar(this, new (loadAddon().Grammar)(this.native, gbnf, root), gbnf);
+  /**
+   * A grammar from GBNF text: parsed at once (a syntax error rejects), then its token index is
+   * built off the JS thread (or taken from this model's cache). A grammar without a finite
+   * automaton (recursion) or beyond `limits` has no index: `fallback` says why, and decoding with
+   * it checks llama.cpp's grammar over the vocabulary instead.
+   */
+  async grammar(gbnf: string, root = 'root', limits: GrammarIndexLimits = {}): Promise<LlamaGrammar> {
+    nonEmptyString('gbnf', gbnf);
+    nonEmptyString('root', root);
+    knownKeys('limits', plainObject('limits', limits), ['maxStates', 'maxEntries']);
+    const checked = {
+      maxStates: limits.maxStates === undefined ? GRAMMAR_MAX_STATES : intIn('limits.maxStates', limits.maxStates, 1, 1 << 24),
+      maxEntries: limits.maxEntries === undefined ? GRAMMAR_MAX_ENTRIES : intIn('limits.maxEntries', limits.maxEntries, 1, 2 ** 32),
+    };
+    const stack = new Error();
+    try {
+      const native = new (loadAddon().Grammar)(this.native, gbnf, root);
+      const built = await native.buildIndex(checked);
+      return new LlamaGrammar(this, native, gbnf, built.index, built.fallback);
+    } catch (err) {
+      throw graft(err, stack);
+    }
   }
 
-  /** A grammar that admits exactly the JSON documents `schema` describes. */
-  grammarFromJsonSchema(schema: object | string, options: GbnfOptions = {}): LlamaGrammar {
+  /** A grammar that admits only JSON documents `schema` accepts (see native/schema-grammar.ts). */
+  async grammarFromJsonSchema(schema: object | string, options: GbnfOptions = {}): Promise<LlamaGrammar> {
     return this.grammar(jsonSchemaToGbnf(schema, options));
   }
 
@@ -312,16 +268,55 @@ export class LlamaModel {
   }
 }
 
+export interface GrammarIndexLimits {
+  /** Automaton states before giving up on an index (default GRAMMAR_MAX_STATES). */
+  readonly maxStates?: number;
+  /** (token, state) entries before giving up (default GRAMMAR_MAX_ENTRIES). */
+  readonly maxEntries?: number;
+}
+
 export class LlamaGrammar {
   readonly model: LlamaModel;
   readonly gbnf: string;
+  /** The token index, or null (see `fallback`). */
+  readonly index: NativeGrammarIndexInfo | null;
+  /** Why the grammar has no index, or null. */
+  readonly fallback: string | null;
   /** @internal */
   readonly native: NativeGrammar;
-  /** @internal */
-  constructor(model: LlamaModel, native: NativeGrammar, gbnf: string) {
+  /** @internal use LlamaModel.grammar */
+  constructor(model: LlamaModel, native: NativeGrammar, gbnf: string, index: NativeGrammarIndexInfo | null, fallback: string | null) {
     this.model = model;
     this.native = native;
     this.gbnf = gbnf;
+    this.index = index;
+    this.fallback = fallback;
+  }
+
+  /**
+   * Worst-case number of tokens of a complete output (forced runs as the decoder takes them); a
+   * generation with at least this many max tokens always ends with the grammar complete. Null
+   * when the grammar has no index or admits unbounded outputs.
+   */
+  get maxTokens(): number | null {
+    return this.index?.maxTokens ?? null;
+  }
+
+  /** Tokens admitted after `prefix`, sorted: by the index, or by llama.cpp's own check over the whole vocabulary. */
+  async allowedTokens(prefix: Int32Array | readonly number[], via: 'index' | 'llama' = 'index'): Promise<Int32Array> {
+    if (via !== 'index' && via !== 'llama') throw invalid('via', "'index' or 'llama'", via);
+    return this.native.allowedTokens(checkTokens('prefix', prefix, this.model.info.nVocab), via);
+  }
+
+  /** Whether the grammar admits exactly `text` (llama.cpp's grammar, character by character). */
+  admits(text: string): boolean {
+    if (typeof text !== 'string') throw invalid('text', 'a string', text);
+    return this.native.admits(text);
+  }
+
+  /** The tokens the grammar alone decides after `prefix` (what jump-forward appends); empty when the model chooses. */
+  forcedTokens(prefix: Int32Array | readonly number[]): Int32Array {
+    return this.native.forcedTokens(checkTokens('prefix', prefix, this.model.info.nVocab));
   }
 }
 
@@ -351,8 +346,13 @@ export interface GenerateOptions {
   /** Keep going past end-of-generation tokens (benchmarks, parity tests). */
   readonly ignoreEos?: boolean;
   readonly grammar?: LlamaGrammar;
-  /** Append tokens the grammar alone determines without a sampling step. */
+  /**
+   * Decode the tokens the grammar alone decides (its forced runs) in one batch with the last
+   * sampled token, instead of one decode each. The tokens are the same either way.
+   */
   readonly jumpForward?: boolean;
+  /** Return the duration of every sampling step (`sampleUs`; benchmarks). */
+  readonly recordSampleTimes?: boolean;
   /** Use the context's speculator (default true when one is attached). */
   readonly speculative?: boolean;
   /** Longest draft per step (default: the speculator's nMax). */
@@ -373,8 +373,13 @@ export interface GenerateResult {
   readonly reusedTokens: number;
   readonly drafted: number;
   readonly accepted: number;
+  /** Tokens appended by jump-forward (decode steps saved). */
   readonly forced: number;
+  /** Draft tokens the grammar refused, cut before verification. */
+  readonly draftsCut: number;
   readonly timings: Timings;
+  /** Microseconds of each sampling step, with `recordSampleTimes`. */
+  readonly sampleUs?: Float32Array;
 }
 
 export type SpeculatorOptions =
@@ -394,6 +399,7 @@ const GENERATE_KEYS = [
   'ignoreEos',
   'grammar',
   'jumpForward',
+  'recordSampleTimes',
   'speculative',
   'nDraft',
   'signal',
@@ -406,7 +412,7 @@ function checkTokens(name: string, tokens: unknown, nVocab: number): Int32Array 
   for (let i = 0; i < tokens.length; i++) {
     const t = tokens[i] as unknown;
     if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t >= nVocab) {
-      throw new RangeError(`${name}[${i}] = ${String(t)} is not a token id of this model (0 ≤ id < ${nVocab})`);
+      throw invalid(`${name}[${i}]`, `a token id of this model (an integer between 0 and ${nVocab - 1})`, t);
     }
   }
   return tokens as Int32Array | readonly number[];
@@ -455,8 +461,7 @@ export class LlamaContext {
       const s = plainObject(`prompt[${i}]`, seg);
       if ('text' in s) {
         if (typeof s.text !== 'string') throw invalid(`prompt[${i}].text`, 'a string', s.text);
-        if (s.addSpecial !== undefined) bool(`prompt[${i}].addSpecial`, s.addSpecial);
-        return seg as NativeSegment;
+        return { text: s.text, addSpecial: s.addSpecial === undefined ? false : bool(`prompt[${i}].addSpecial`, s.addSpecial) };
       }
       if ('tokens' in s) return { tokens: checkTokens(`prompt[${i}].tokens`, s.tokens, nVocab) };
       if ('image' in s) {
@@ -470,10 +475,9 @@ export class LlamaContext {
         }
         if (this.model.info.imageStartToken === null)
           throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
-        if (s.causal !== undefined) bool(`prompt[${i}].causal`, s.causal);
-        return { image: s.image, nTokens, ...(s.causal ? { causal: true } : {}) };
+        return { image: s.image, nTokens, causal: s.causal === undefined ? false : bool(`prompt[${i}].causal`, s.causal) };
       }
-      throw new TypeError(`prompt[${i}] must have one of text, tokens or image`);
+      throw invalid(`prompt[${i}]`, 'a segment with text, tokens or image', seg);
     });
   }
 
@@ -527,6 +531,7 @@ export class LlamaContext {
           stopTokens,
           ignoreEos: options.ignoreEos ?? false,
           jumpForward: options.jumpForward ?? false,
+          recordSampleTimes: options.recordSampleTimes ?? false,
           speculative: options.speculative ?? true,
           ...(nDraft !== undefined ? { nDraft } : {}),
           ...(options.deadlineNs !== undefined ? { deadlineNs: options.deadlineNs } : {}),
@@ -568,35 +573,40 @@ export class LlamaContext {
   async attachSpeculator(options: SpeculatorOptions): Promise<LlamaSpeculator> {
     const native = this.#live();
     const o = plainObject('options', options);
-    const types: readonly SpeculatorType[] = ['draft-simple', 'draft-mtp', 'ngram-simple', 'ngram-map-k', 'ngram-map-k4v', 'ngram-mod'];
-    if (!types.includes(o.type as SpeculatorType)) throw invalid('options.type', types.join(' | '), o.type);
-    const nMax = o.nMax === undefined ? 4 : intIn('options.nMax', o.nMax, 1, Math.min(64, this.info.maxOutputs - 1));
-    let draftModel: NativeModel | undefined;
+    oneOf<SpeculatorType>('options.type', o.type, [
+      'draft-simple',
+      'draft-mtp',
+      'ngram-simple',
+      'ngram-map-k',
+      'ngram-map-k4v',
+      'ngram-mod',
+    ]);
+    const nMax = o.nMax === undefined ? DRAFT_MAX : intIn('options.nMax', o.nMax, 1, Math.min(64, this.info.maxOutputs - 1));
+    let draftModel: NativeModel | null = null;
+    let pMin = 0;
+    let ngramN = DEFAULT_NGRAM_N;
     if (options.type === 'draft-simple' || options.type === 'draft-mtp') {
       knownKeys('options', o, ['type', 'draftModel', 'nMax', 'pMin']);
       if (!(options.draftModel instanceof LlamaModel)) throw invalid('options.draftModel', 'a LlamaModel', options.draftModel);
       draftModel = options.draftModel.native;
-      if (options.pMin !== undefined) numIn('options.pMin', options.pMin, 0, 1);
+      if (options.pMin !== undefined) pMin = numIn('options.pMin', options.pMin, 0, 1);
     } else {
       knownKeys('options', o, ['type', 'nMax', 'ngramN']);
-      if (options.ngramN !== undefined) intIn('options.ngramN', options.ngramN, 1, 64);
+      if (options.ngramN !== undefined) ngramN = intIn('options.ngramN', options.ngramN, 1, 64);
     }
     if (this.#speculator) throw coded('EBUSY', 'this context already has a speculator; dispose it first');
     if (this.#running) throw coded('EBUSY', 'LlamaContext is busy');
     const stack = new Error();
     try {
-      const spec = await loadAddon().Speculator.create(native, {
-        type: options.type,
-        nMax,
-        ...(draftModel ? { draftModel } : {}),
-        ...('pMin' in options && options.pMin !== undefined ? { pMin: options.pMin } : {}),
-        ...('ngramN' in options && options.ngramN !== undefined ? { ngramN: options.ngramN } : {}),
+      const info = await native.attachSpeculator(draftModel, { type: options.type, nMax, nMin: 0, pMin, ngramN });
+      const spec = new LlamaSpeculator(info.type, info.nMax, () => {
+        if (this.#running) throw coded('EBUSY', 'LlamaContext is busy: await the running generation before detaching its speculator');
+        if (this.#speculator !== spec) return;
+        native.detachSpeculator();
+        this.#speculator = undefined;
       });
-      const wrapped = new LlamaSpeculator(spec, () => {
-        if (this.#speculator === wrapped) this.#speculator = undefined;
-      });
-      this.#speculator = wrapped;
-      return wrapped;
+      this.#speculator = spec;
+      return spec;
     } catch (err) {
       throw graft(err, stack);
     }
@@ -609,30 +619,28 @@ export class LlamaContext {
       this.#native.cancel();
       await this.#running.catch(() => undefined);
     }
-    this.#speculator?.dispose();
+    this.#speculator = undefined;
     this.#native.dispose();
     this.#disposed = true;
     this.#onDispose();
   }
 }
 
+/** The speculator attached to a context: a handle that says what drafts and detaches it. */
 export class LlamaSpeculator {
   readonly type: SpeculatorType;
+  /** Longest draft per step. */
   readonly nMax: number;
-  readonly #native: NativeSpeculator;
-  readonly #onDispose: () => void;
-  /** @internal */
-  constructor(native: NativeSpeculator, onDispose: () => void) {
-    this.#native = native;
-    this.#onDispose = onDispose;
-    const i = native.info();
-    this.type = i.type;
-    this.nMax = i.nMax;
+  readonly #detach: () => void;
+  /** @internal use LlamaContext.attachSpeculator */
+  constructor(type: SpeculatorType, nMax: number, detach: () => void) {
+    this.type = type;
+    this.nMax = nMax;
+    this.#detach = detach;
   }
-  /** Detaches from the context (EBUSY while it generates). Idempotent. */
+  /** Detaches from the context (EBUSY while it generates); the next prompt is evaluated from scratch. Idempotent. */
   dispose(): void {
-    this.#native.dispose();
-    this.#onDispose();
+    this.#detach();
   }
 }
 
@@ -646,6 +654,8 @@ function toResult(r: NativeGenerateResult): GenerateResult {
     drafted: r.drafted,
     accepted: r.accepted,
     forced: r.forced,
+    draftsCut: r.draftsCut,
     timings: r.timings,
+    ...(r.sampleUs ? { sampleUs: r.sampleUs } : {}),
   };
 }

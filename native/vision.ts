@@ -2,6 +2,8 @@
 // mmproj GGUF and turns preprocessed pixels into image embeddings in the decoder's width. Loading and
 // encoding run off the JS thread; one encode at a time per instance.
 import { stat } from 'node:fs/promises';
+import { availableParallelism } from 'node:os';
+import { bool, coded, graft, intIn, invalid, knownKeys, nonEmptyString, oneOf, plainObject } from './args.ts';
 import {
   loadAddon,
   type NativeVision,
@@ -41,19 +43,6 @@ export interface VisionImage {
 const LOAD_KEYS = ['useGpu', 'threads', 'flashAttention', 'warmup', 'profile'] as const;
 const PROFILE_MODES: readonly VisionProfileMode[] = ['off', 'phases', 'ops'];
 
-function invalid(name: string, expected: string, actual: unknown): TypeError {
-  const what = actual === null ? 'null' : Array.isArray(actual) ? 'array' : `${String(actual)} of type ${typeof actual}`;
-  return new TypeError(`Expected ${expected} for ${name} but received ${what}`);
-}
-
-/** Re-throws a native error with a stack that points at the caller, keeping its `code`. */
-function graft(err: unknown, stack: Error): Error {
-  if (!(err instanceof Error)) return new Error(String(err));
-  const out = Object.assign(new Error(err.message), err as Error & { code?: string });
-  out.stack = `Error: ${err.message}\n${stack.stack?.split('\n').slice(1).join('\n') ?? ''}`;
-  return out;
-}
-
 /** One clip vision context (llama.cpp tools/mtmd) loaded from an mmproj GGUF. */
 export class LlamaVision {
   readonly #native: NativeVision;
@@ -69,25 +58,15 @@ export class LlamaVision {
 
   /** Loads an mmproj GGUF (gemma3 or gemma4v projector). Rejects with `code` ENOENT or EMODEL. */
   static async load(path: string, options: LoadVisionOptions = {}): Promise<LlamaVision> {
-    if (typeof path !== 'string' || path.length === 0) throw invalid('path', 'a non-empty string', path);
-    if (typeof options !== 'object' || options === null) throw invalid('options', 'an object', options);
-    for (const k of Object.keys(options))
-      if (!(LOAD_KEYS as readonly string[]).includes(k))
-        throw new TypeError(`Unknown option options.${k} (expected one of ${LOAD_KEYS.join(', ')})`);
-    const useGpu = options.useGpu ?? false;
-    if (typeof useGpu !== 'boolean') throw invalid('options.useGpu', 'a boolean', useGpu);
-    const threads = options.threads ?? 0;
-    if (!Number.isInteger(threads) || threads < 0 || threads > 1024)
-      throw invalid('options.threads', 'an integer between 0 and 1024', threads);
-    const flashAttention = options.flashAttention ?? 'auto';
-    if (flashAttention !== 'auto' && flashAttention !== 'on' && flashAttention !== 'off')
-      throw invalid('options.flashAttention', "'auto', 'on' or 'off'", flashAttention);
-    const warmup = options.warmup ?? true;
-    if (typeof warmup !== 'boolean') throw invalid('options.warmup', 'a boolean', warmup);
-    const profile = options.profile ?? false;
-    if (typeof profile !== 'boolean') throw invalid('options.profile', 'a boolean', profile);
+    nonEmptyString('path', path);
+    knownKeys('options', plainObject('options', options), LOAD_KEYS);
+    const useGpu = bool('options.useGpu', options.useGpu ?? false);
+    const threads = intIn('options.threads', options.threads ?? availableParallelism(), 1, 1024);
+    const flashAttention = oneOf('options.flashAttention', options.flashAttention ?? 'auto', ['auto', 'on', 'off']);
+    const warmup = bool('options.warmup', options.warmup ?? true);
+    const profile = bool('options.profile', options.profile ?? false);
     const st = await stat(path).catch(() => undefined);
-    if (!st?.isFile()) throw Object.assign(new Error(`mmproj file not found: ${path}`), { code: 'ENOENT' });
+    if (!st?.isFile()) throw coded('ENOENT', `mmproj file not found: ${path}`);
     const stack = new Error();
     try {
       const native = await loadAddon().Vision.load(path, { useGpu, threads, flashAttention, warmup, profile });
@@ -147,15 +126,13 @@ export class LlamaVision {
     image: VisionImage,
     profile: VisionProfileMode,
   ): { layout: 'chw' | 'patches'; width: number; height: number; profile: VisionProfileMode } {
-    if (typeof image !== 'object' || image === null) throw invalid('image', 'an object', image);
-    if (image.layout !== 'chw' && image.layout !== 'patches') throw invalid('image.layout', "'chw' or 'patches'", image.layout);
-    for (const k of ['width', 'height'] as const) {
-      const v = image[k];
-      if (!Number.isInteger(v) || v < 1 || v > 46000) throw invalid(`image.${k}`, 'an integer between 1 and 46000', v);
-    }
-    if (!PROFILE_MODES.includes(profile)) throw invalid('profile', "'off', 'phases' or 'ops'", profile);
-    if (this.#disposed) throw Object.assign(new Error('LlamaVision is disposed'), { code: 'EDISPOSED' });
-    return { layout: image.layout, width: image.width, height: image.height, profile };
+    plainObject('image', image);
+    const layout = oneOf('image.layout', image.layout, ['chw', 'patches']);
+    const width = intIn('image.width', image.width, 1, 46000);
+    const height = intIn('image.height', image.height, 1, 46000);
+    oneOf('profile', profile, PROFILE_MODES);
+    if (this.#disposed) throw coded('EDISPOSED', 'LlamaVision is disposed');
+    return { layout, width, height, profile };
   }
 
   /** Frees the clip context (idempotent). Throws EBUSY while an encode runs: await it first. */

@@ -6,7 +6,9 @@ import type { EncoderContract, Generation, ImageEmbedding } from './payloads.ts'
 import type { DecoderConfig } from '../pipeline/config.ts';
 import { StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
 import {
+  DRAFT_MAX,
   LlamaModel,
+  MAX_OUTPUTS,
   type LlamaContext,
   type LlamaGrammar,
   type ModelInfo,
@@ -14,10 +16,6 @@ import {
   type SpeculatorOptions,
 } from '../native/llama.ts';
 
-/** Longest draft the decode stage asks for. */
-const DRAFT_MAX = 4;
-/** Logits rows per decode: a verify batch is the last accepted token plus up to DRAFT_MAX drafted ones. */
-const MAX_OUTPUTS = DRAFT_MAX + 1;
 /** Physical batch: an image attended bidirectionally must fit one ubatch (Gemma 4's largest is 1120 tokens). */
 const IMAGE_UBATCH = 1152;
 /** n-gram length the ngram-simple drafter matches on. */
@@ -69,6 +67,8 @@ export interface DecoderStageConfig extends DecoderConfig {
 }
 
 export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
+  /** New tokens per frame at most: the configured value, or the action grammar's worst case. */
+  readonly maxNewTokens: number;
   /** Width of the image rows this decoder takes (the encoder must produce it). */
   readonly nEmbd: number;
   /** The vision-encoder contract that matches this decoder's architecture. */
@@ -78,13 +78,33 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
 
 const IMAGE_MARKER = '<__percept_image__>';
 
+/** The per-frame token budget: the configured one if a complete action always fits in it, else the grammar's worst case. */
+export function actionTokenBudget(
+  configured: number | null,
+  worstCase: number | null,
+  schemaPath: string,
+  fallback: string | null,
+): number {
+  if (worstCase === null) {
+    if (configured !== null) return configured;
+    const why = fallback ?? 'it admits outputs of unbounded length';
+    throw new RangeError(`decoder.maxNewTokens must be set: the action schema ${schemaPath} has no worst-case length (${why})`);
+  }
+  if (configured !== null && configured < worstCase) {
+    throw new RangeError(
+      `decoder.maxNewTokens ${configured} is below the ${worstCase} tokens a complete action under ${schemaPath} can take; raise it to at least ${worstCase} or leave it unset`,
+    );
+  }
+  return configured ?? worstCase;
+}
+
 export async function createDecoderStage(config: DecoderStageConfig): Promise<DecoderStage> {
   if (typeof config !== 'object' || config === null) throw new TypeError('createDecoderStage: config must be an object');
   if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
   if (typeof config.systemPrompt !== 'string') throw new TypeError('decoder.systemPrompt must be a string');
   if (typeof config.instruction !== 'string') throw new TypeError('decoder.instruction must be a string');
-  if (!Number.isInteger(config.maxNewTokens) || config.maxNewTokens < 1)
-    throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1, got ${config.maxNewTokens}`);
+  if (config.maxNewTokens !== null && (!Number.isInteger(config.maxNewTokens) || config.maxNewTokens < 1))
+    throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1 or null, got ${config.maxNewTokens}`);
   if (!(config.temperature >= 0)) throw new RangeError(`decoder.temperature must be ≥ 0, got ${config.temperature}`);
   if (typeof config.actionSchema?.schema !== 'object')
     throw new TypeError('createDecoderStage: actionSchema must be the result of loadActionSchema()');
@@ -94,6 +114,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
   let draft: LlamaModel | undefined;
   let ctx: LlamaContext;
   let grammar: LlamaGrammar;
+  let maxNewTokens: number;
   try {
     ctx = await model.createContext({
       nCtx: config.nCtx,
@@ -107,7 +128,13 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
       { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: DRAFT_MAX },
       gpuLayers,
     );
-    grammar = model.grammarFromJsonSchema(config.actionSchema.schema);
+    const schemaPath = config.actionSchema.path;
+    try {
+      grammar = await model.grammarFromJsonSchema(config.actionSchema.schema);
+    } catch (err) {
+      throw new Error(`decoder: action schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
+    }
+    maxNewTokens = actionTokenBudget(config.maxNewTokens, grammar.maxTokens, schemaPath, grammar.fallback);
   } catch (err) {
     await model.dispose();
     await draft?.dispose();
@@ -135,7 +162,8 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
     const prompt: PromptSegment[] = model.chatPrompt(messages, [{ data: input.data, nTokens: input.nTokens }], {
       imageMarker: IMAGE_MARKER,
     });
-    const maxTokens = Math.max(1, Math.min(config.maxNewTokens, sc.knobs.maxNewTokens));
+    // The ladder's knob may lower the budget, never below a complete action.
+    const maxTokens = Math.max(grammar.maxTokens ?? 1, Math.min(maxNewTokens, sc.knobs.maxNewTokens));
     const r = await ctx.generate(prompt, {
       maxTokens,
       grammar,
@@ -149,6 +177,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
       // native code reads. On a virtual clock the AbortSignal still cancels.
       ...(sc.clock.virtual ? {} : { deadlineNs: sc.stageDeadlineNs }),
     });
+    if (grammar.fallback !== null) sc.report({ kind: 'note', message: 'grammar-fallback', data: { reason: grammar.fallback } });
     sc.report({
       kind: 'note',
       message: 'decode',
@@ -174,6 +203,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
 
   return {
     name: 'decode',
+    maxNewTokens,
     nEmbd: info.nEmbd,
     contract,
     modelInfo: info,

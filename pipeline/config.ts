@@ -74,7 +74,8 @@ export interface DecoderConfig {
   readonly nCtx: number;
   readonly systemPrompt: string;
   readonly instruction: string;
-  readonly maxNewTokens: number;
+  /** null: the action grammar's worst case (the decoder resolves it at load). */
+  readonly maxNewTokens: number | null;
   readonly temperature: number;
   readonly seed: number;
   readonly jumpForward: boolean;

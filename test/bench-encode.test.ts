@@ -47,7 +47,6 @@ test('bench frame reports the first frame apart from the rest, with and without 
       frames: 3,
       fps: 4,
       gpuLayers: 0,
-      maxNewTokens: 4,
       warmup,
     });
     assert.equal(r.warmup, warmup);

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { loadActionSchema } from '../nodes/action-schema.ts';
-import { createDecoderStage, type DecoderStage } from '../nodes/decoder.ts';
+import { actionTokenBudget, createDecoderStage, type DecoderStage } from '../nodes/decoder.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import type { ImageEmbedding } from '../nodes/payloads.ts';
@@ -43,9 +43,10 @@ function stageContext(
 describe('decode stage on gemma4-tiny', () => {
   let stage: DecoderStage;
   before(async () => {
-    // The decoder section as the schema defaults it; the stage has no defaults of its own.
+    // The decoder section as the schema defaults it (maxNewTokens: the grammar's worst case); the
+    // stage has no defaults of its own.
     const { decoder } = loadConfig({
-      decoder: { nCtx: 2048, instruction: 'Choose the next action.', maxNewTokens: 96, temperature: 0, seed: 1, jumpForward: true },
+      decoder: { nCtx: 2048, instruction: 'Choose the next action.', temperature: 0, seed: 1, jumpForward: true },
     });
     stage = await createDecoderStage({
       ...decoder,
@@ -76,11 +77,23 @@ describe('decode stage on gemma4-tiny', () => {
     assert.ok(gens[1]!.drafted > 0, 'the draft model drafts');
   });
 
-  test('knobs: maxNewTokens caps the output, draft=false turns drafting off', async () => {
+  test("knobs: maxNewTokens never cuts an action (the grammar's worst case is the floor), draft=false turns drafting off", async () => {
     const g = await stage.process(image(16, stage.nEmbd, 9), stageContext(10, { knobs: { maxNewTokens: 3, draft: false } }));
-    assert.equal(g.tokens.length, 3);
-    assert.equal(g.stopReason, 'max_tokens');
+    assert.equal(g.stopReason, 'eos', g.text);
+    assert.ok(g.tokens.length > 3);
     assert.equal(g.drafted, 0);
+  });
+
+  test("the token budget follows the schema's worst case; a configured one below it is refused", () => {
+    assert.ok(stage.maxNewTokens > 30 && stage.maxNewTokens < 400, `${stage.maxNewTokens}`);
+    assert.equal(actionTokenBudget(null, 113, 's.json', null), 113);
+    assert.equal(actionTokenBudget(200, 113, 's.json', null), 200);
+    assert.throws(
+      () => actionTokenBudget(64, 113, 's.json', null),
+      /maxNewTokens 64 is below the 113 tokens a complete action under s\.json can take/,
+    );
+    assert.equal(actionTokenBudget(64, null, 's.json', 'a recursive grammar'), 64);
+    assert.throws(() => actionTokenBudget(null, null, 's.json', 'a recursive grammar'), /must be set: .* \(a recursive grammar\)/);
   });
 
   test('an aborted signal or a passed deadline gives the frame up with the abort reason, after noting the partial decode', async () => {

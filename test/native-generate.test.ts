@@ -171,7 +171,10 @@ describe('native generate on gemma4-tiny', () => {
   });
 
   test('bad inputs throw clear errors and the context keeps working', async () => {
-    await assert.rejects(ctx.generate([{ tokens: [2, 262144] }], { maxTokens: 1 }), /not a token id/);
+    await assert.rejects(
+      ctx.generate([{ tokens: [2, 262144] }], { maxTokens: 1 }),
+      /Expected a token id of this model \(an integer between 0 and 262143\) for prompt\[0\].tokens\[1\] but received 262144/,
+    );
     await assert.rejects(ctx.generate([{ text: 'x' }], { maxTokens: 5000 }), /maxTokens/);
     await assert.rejects(ctx.generate([{ text: 'x'.repeat(10) }], { maxTokens: 1024 }), (e: Error & { code?: string }) => {
       assert.equal(e.code, 'ERANGE');

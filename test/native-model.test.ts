@@ -4,7 +4,8 @@ import assert from 'node:assert/strict';
 import { mkdir, open, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { imageAttentionRule, jsonSchemaToGbnf, LlamaModel, setLlamaLogger } from '../native/llama.ts';
+import { imageAttentionRule, LlamaModel, setLlamaLogger } from '../native/llama.ts';
+import { jsonSchemaToGbnf } from '../native/schema-grammar.ts';
 import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
 
 const SCRATCH = join(REPO_ROOT, '.cache', 'native-test');
@@ -110,7 +111,7 @@ describe('native model', () => {
   test('JSON Schema becomes GBNF', () => {
     const gbnf = jsonSchemaToGbnf({ type: 'object', properties: { a: { enum: ['x', 'y'] } }, required: ['a'] });
     assert.match(gbnf, /root ::=/);
-    assert.throws(() => jsonSchemaToGbnf('{not json'), /jsonSchemaToGrammar/);
+    assert.throws(() => jsonSchemaToGbnf('{not json'), /not valid JSON/);
   });
 
   test('llama.cpp logs are quiet by default and can be forwarded', async () => {
@@ -195,8 +196,11 @@ describe('native model', () => {
     test('bad arguments are TypeErrors before crossing into C++', async () => {
       await assert.rejects(LlamaModel.load(''), TypeError);
       await assert.rejects(LlamaModel.load(gemma4, { gpuLayers: 1.5 }), /gpuLayers/);
-      await assert.rejects(LlamaModel.load(gemma4, { bogus: 1 } as never), /Unknown option options.bogus/);
-      assert.throws(() => model.detokenize([1, 999_999_999]), /not a token id/);
+      await assert.rejects(
+        LlamaModel.load(gemma4, { bogus: 1 } as never),
+        /Expected undefined \(options takes only gpuLayers, mmap and vocabOnly\) for options.bogus/,
+      );
+      assert.throws(() => model.detokenize([1, 999_999_999]), /a token id of this model/);
       assert.throws(() => model.tokenText(-1), /token/);
       await assert.rejects(model.createContext({ nCtx: 8 }), /nCtx/);
       await stillWorks();

@@ -87,7 +87,7 @@ describe('speculative decoding parity on gemma4-tiny', () => {
 
   test('speculation with the action grammar keeps greedy output', async () => {
     const schema = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
-    const grammar = target.grammarFromJsonSchema(schema);
+    const grammar = await target.grammarFromJsonSchema(schema);
     const plainCtx = await target.createContext({ nCtx: 512 });
     const plain = await plainCtx.generate([...PROMPT], { maxTokens: 60, grammar });
     await plainCtx.dispose();

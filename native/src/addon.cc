@@ -1,5 +1,5 @@
-// percept native addon: entry point. Registers Model, Context, Grammar, Speculator and a few
-// free functions (JSON Schema → GBNF, logging, system info).
+// percept native addon: entry point. Registers Model, Context, Grammar, Vision and a few
+// free functions (JSON Schema → GBNF, logging, system info, preprocessing's pixel layout).
 #include <napi.h>
 
 #include "context.h"
@@ -8,7 +8,6 @@
 #include "llama.h"
 #include "model.h"
 #include "pixels.h"
-#include "speculator.h"
 #include "util.h"
 #include "vision.h"
 
@@ -38,7 +37,6 @@ Napi::Value ImageAttentionRule(const Napi::CallbackInfo & info) {
     return Napi::String::New(info.Env(), imageAttentionRule(arch, info[1].As<Napi::Number>().Int32Value()));
 }
 
-Napi::Value MonotonicNs(const Napi::CallbackInfo & info) { return Napi::BigInt::New(info.Env(), monotonicNs()); }
 }  // namespace
 }  // namespace percept
 
@@ -53,22 +51,18 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
     Napi::Function model = Model::Init(env);
     Napi::Function context = Context::Init(env);
     Napi::Function grammar = Grammar::Init(env);
-    Napi::Function speculator = Speculator::Init(env);
     data->modelCtor = Napi::Persistent(model);
     data->contextCtor = Napi::Persistent(context);
     data->grammarCtor = Napi::Persistent(grammar);
-    data->speculatorCtor = Napi::Persistent(speculator);
 
     exports.Set("Model", model);
     exports.Set("Context", context);
     exports.Set("Grammar", grammar);
-    exports.Set("Speculator", speculator);
     exports.Set("Vision", Vision::Init(env));  // clip (tools/mtmd) vision encoder, native/src/vision.cc
     exports.Set("jsonSchemaToGrammar", Napi::Function::New<JsonSchemaToGrammar>(env, "jsonSchemaToGrammar"));
     exports.Set("setLogger", Napi::Function::New<SetLogger>(env, "setLogger"));
     exports.Set("systemInfo", Napi::Function::New<SystemInfo>(env, "systemInfo"));
     exports.Set("imageAttentionRule", Napi::Function::New<ImageAttentionRule>(env, "imageAttentionRule"));
-    exports.Set("monotonicNs", Napi::Function::New<MonotonicNs>(env, "monotonicNs"));
     exports.Set("layoutPixels", Napi::Function::New<LayoutPixels>(env, "layoutPixels"));  // preprocessing, native/src/pixels.cc
     exports.Set("llamaVersion", Napi::String::New(env, "0.5.0"));
     return exports;

@@ -1,45 +1,36 @@
-// Context: one llama_context (KV cache of one sequence), the prompt cache that makes prefix
-// reuse possible, and the generation loop (sampling, grammar, jump-forward, speculation,
-// cancel and deadline). Every slow call runs in an AsyncWorker; one operation at a time (EBUSY).
+// Context: one llama_context (KV cache of one sequence), the prompt cache that makes prefix reuse
+// possible, and the speculator state it owns. Generation itself lives in generate.h. Every slow
+// call runs off the JS thread; one operation at a time (EBUSY).
 #pragma once
 
 #include <napi.h>
 
 #include "llama.h"
+#include "prompt.h"
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+struct ggml_threadpool;
 
 namespace percept {
 
 class Model;
-class Speculator;
+class SpecState;
 
-// What sits in the KV cache, position by position: a text token or a whole image.
-struct CacheItem {
-    int32_t token = -1;         // >= 0 for a token
-    uint64_t imageHash = 0;     // for an image
-    int32_t imageTokens = 0;    // > 0 for an image (its number of positions)
-    int32_t positions() const { return imageTokens > 0 ? imageTokens : 1; }
-    bool sameAs(const CacheItem & o) const {
-        return imageTokens > 0 ? (o.imageTokens == imageTokens && o.imageHash == imageHash) : o.imageTokens == 0 && o.token == token;
-    }
-};
-
+// Every field is required from JS (native/llama.ts owns the defaults).
 struct ContextOptions {
-    uint32_t nCtx = 4096;
-    uint32_t nBatch = 512;
-    uint32_t nUbatch = 512;
-    uint32_t nSeq = 1;
-    uint32_t maxOutputs = 16;  // outputs per batch: 1 + the longest draft (sizes the compute buffer)
+    uint32_t nCtx = 0;
+    uint32_t nBatch = 0;
+    uint32_t nUbatch = 0;
+    uint32_t nSeq = 0;
+    uint32_t maxOutputs = 0;      // outputs per batch: 1 + the longest draft (sizes the compute buffer)
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
-    std::string kvType = "f16";
-    int32_t threads = 0;  // 0: all cores
-    // Filled at creation: the persistent CPU threadpool (as llama-bench attaches one); without it
-    // ggml spawns and joins its worker threads on every graph.
-    struct ggml_threadpool * threadpool = nullptr;
+    std::string kvType;           // "f16" | "q8_0"
+    int32_t threads = 0;
 };
 
 class Context : public Napi::ObjectWrap<Context> {
@@ -51,18 +42,13 @@ public:
     llama_context * raw() const { return ctx_; }
     Model * model() const { return model_; }
     const ContextOptions & options() const { return opts_; }
+    // The KV cache content; only touched by the single running operation.
+    std::vector<CacheItem> & cache() { return cache_; }
+    SpecState * speculator() const { return spec_.get(); }
 
     // One operation at a time: throws EBUSY when another is running, EDISPOSED after dispose.
     void acquire(Napi::Env env);
     void releaseBusy() { busy_.store(false); }
-
-    // Speculator bookkeeping (the speculator holds a reference to this context).
-    void attach(Speculator * s);
-    void detach(Speculator * s);
-    Speculator * speculator() const { return spec_; }
-
-    // The KV cache content; only touched by the single running operation.
-    std::vector<CacheItem> & cache() { return cache_; }
 
     // Cancel and deadline, read by the generation loop and by llama.cpp's abort callback.
     void resetStop(int64_t deadlineNs) {
@@ -73,23 +59,29 @@ public:
     int stopRequested() const;
 
 private:
+    friend class AttachWorker;
+
     Napi::Value Info(const Napi::CallbackInfo & info);
     Napi::Value MemoryBreakdown(const Napi::CallbackInfo & info);
     Napi::Value Generate(const Napi::CallbackInfo & info);
     Napi::Value Cancel(const Napi::CallbackInfo & info);
     Napi::Value ClearCache(const Napi::CallbackInfo & info);
     Napi::Value CachedPositions(const Napi::CallbackInfo & info);
+    Napi::Value AttachSpeculator(const Napi::CallbackInfo & info);
+    Napi::Value DetachSpeculator(const Napi::CallbackInfo & info);
     Napi::Value Dispose(const Napi::CallbackInfo & info);
     static Napi::Value Create(const Napi::CallbackInfo & info);
     static bool abortCallback(void * data);
     void freeNative();
 
     llama_context * ctx_ = nullptr;
+    ggml_threadpool * threadpool_ = nullptr;  // persistent CPU threads, as llama-bench attaches
     Model * model_ = nullptr;
     Napi::ObjectReference modelRef_;
     ContextOptions opts_;
     std::vector<CacheItem> cache_;
-    Speculator * spec_ = nullptr;
+    std::unique_ptr<SpecState> spec_;
+    Napi::ObjectReference draftModelRef_;
     std::atomic<bool> busy_{false};
     std::atomic<bool> cancel_{false};
     std::atomic<int64_t> deadlineNs_{0};

@@ -3,7 +3,6 @@
 #include "chat.h"
 #include "util.h"
 #include "gguf.h"
-#include "llama-vocab.h"
 
 #include <cstdio>
 #include <cstring>
@@ -17,7 +16,8 @@ namespace {
 const char * const kAcceptedArchs[] = {"gemma3", "gemma4", "gemma4-assistant"};
 
 bool acceptedArch(const std::string & arch) {
-    for (const char * a : kAcceptedArchs) if (arch == a) return true;
+    for (const char * a : kAcceptedArchs)
+        if (arch == a) return true;
     return false;
 }
 
@@ -59,8 +59,7 @@ std::string readArchitecture(const std::string & path) {
 
 class LoadWorker : public PromiseWorker {
 public:
-    LoadWorker(Napi::Env env, LoadOptions opts)
-        : PromiseWorker(env, "percept:Model.load", "EMODEL"), opts_(std::move(opts)) {}
+    LoadWorker(Napi::Env env, LoadOptions opts) : PromiseWorker(env, "percept:Model.load", "EMODEL"), opts_(std::move(opts)) {}
     ~LoadWorker() override {
         if (model_ != nullptr) llama_model_free(model_);
     }
@@ -68,7 +67,7 @@ public:
 protected:
     void Execute() override {
         try {
-            struct stat st{};
+            struct stat st {};
             if (stat(opts_.path.c_str(), &st) != 0) {
                 SetCodedError("ENOENT", "ENOENT: model file not found: " + opts_.path);
                 return;
@@ -97,8 +96,8 @@ protected:
         Napi::Env env = Env();
         llama_model * m = model_;
         model_ = nullptr;  // ownership moves to the JS object
-        Napi::Object obj = addonData(env).modelCtor.New(
-            {Napi::External<llama_model>::New(env, m), Napi::Boolean::New(env, opts_.vocabOnly)});
+        Napi::Object obj =
+            addonData(env).modelCtor.New({Napi::External<llama_model>::New(env, m), Napi::Boolean::New(env, opts_.vocabOnly)});
         deferred_.Resolve(obj);
     }
 
@@ -174,13 +173,19 @@ const std::vector<std::vector<llama_token>> & Model::tokensByFirstByte() {
     std::call_once(byFirstByteOnce_, [this]() {
         byFirstByte_.assign(257, {});
         const llama_vocab * v = vocab();
+        std::string piece(64, '\0');
         for (llama_token id = 0; id < info_.nVocab; id++) {
-            if (v->is_eog(id)) {
+            if (llama_vocab_is_eog(v, id)) {
                 byFirstByte_[256].push_back(id);
                 continue;
             }
-            const std::string & piece = v->token_to_piece(id);
-            if (piece.empty() || piece[0] == 0) continue;
+            // The piece with special tokens rendered: what the grammar matches a token against.
+            int32_t n = llama_token_to_piece(v, id, piece.data(), int32_t(piece.size()), 0, true);
+            if (n < 0) {
+                piece.resize(size_t(-n));
+                n = llama_token_to_piece(v, id, piece.data(), int32_t(piece.size()), 0, true);
+            }
+            if (n <= 0 || piece[0] == 0) continue;
             byFirstByte_[uint8_t(piece[0])].push_back(id);
         }
     });
@@ -192,11 +197,11 @@ Napi::Value Model::Load(const Napi::CallbackInfo & info) {
     LoadOptions opts;
     opts.path = requireString(info[0], "Model.load path");
     if (opts.path.empty()) throw Napi::TypeError::New(env, "Model.load: path is empty");
-    Napi::Object o = info.Length() > 1 && !info[1].IsUndefined() ? requireObject(info[1], "Model.load options")
-                                                                  : Napi::Object::New(env);
-    opts.gpuLayers = int32_t(optInt(o, "gpuLayers", 0, -1, 100000, "Model.load options"));
-    opts.mmap = optBool(o, "mmap", true, "Model.load options");
-    opts.vocabOnly = optBool(o, "vocabOnly", false, "Model.load options");
+    const char * w = "Model.load options";
+    Napi::Object o = requireObject(info[1], w);
+    opts.gpuLayers = int32_t(requireInt(o, "gpuLayers", -1, 100000, w));
+    opts.mmap = requireBool(o, "mmap", w);
+    opts.vocabOnly = requireBool(o, "vocabOnly", w);
     auto * worker = new LoadWorker(env, std::move(opts));
     Napi::Promise p = worker->promise();
     worker->Queue();
@@ -303,8 +308,9 @@ Napi::Value Model::Dispose(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     if (model_ == nullptr) return env.Undefined();
     if (users_.load() > 0) {
-        throw codedError(env, "EBUSY", "Model is used by " + std::to_string(users_.load()) +
-                                           " open context(s) or speculator(s); dispose them first");
+        throw codedError(env, "EBUSY",
+                         "Model is used by " + std::to_string(users_.load()) +
+                             " open context(s) (as their model or draft model); dispose them first");
     }
     llama_model_free(model_);
     model_ = nullptr;

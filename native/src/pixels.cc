@@ -8,6 +8,7 @@
 #include "util.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -18,7 +19,7 @@ namespace {
 
 struct LayoutSpec {
     int64_t width = 0, height = 0, channels = 0, stride = 0;  // the stored image
-    int64_t rows = 0;                                           // rows after enlargement (= height: none)
+    int64_t rows = 0;                                         // rows after enlargement (= height: none)
     bool cubic = false;
     int32_t orientation = 1;
     bool bgr = false;
@@ -75,14 +76,22 @@ struct View {
 View orient(int64_t w, int64_t h, int64_t channels, int64_t stride, int32_t orientation) {
     const int64_t right = (w - 1) * channels, bottom = (h - 1) * stride;
     switch (orientation) {
-        case 2: return {right, -channels, stride, w, h};            // mirrored left↔right
-        case 3: return {bottom + right, -channels, -stride, w, h};  // rotated 180°
-        case 4: return {bottom, channels, -stride, w, h};           // mirrored top↔bottom
-        case 5: return {0, stride, channels, h, w};                 // transposed
-        case 6: return {bottom, -stride, channels, h, w};           // rotated 90° clockwise
-        case 7: return {bottom + right, -stride, -channels, h, w};  // transversed
-        case 8: return {right, stride, -channels, h, w};            // rotated 90° counter-clockwise
-        default: return {0, channels, stride, w, h};                // as stored
+    case 2:
+        return {right, -channels, stride, w, h};  // mirrored left↔right
+    case 3:
+        return {bottom + right, -channels, -stride, w, h};  // rotated 180°
+    case 4:
+        return {bottom, channels, -stride, w, h};  // mirrored top↔bottom
+    case 5:
+        return {0, stride, channels, h, w};  // transposed
+    case 6:
+        return {bottom, -stride, channels, h, w};  // rotated 90° clockwise
+    case 7:
+        return {bottom + right, -stride, -channels, h, w};  // transversed
+    case 8:
+        return {right, stride, -channels, h, w};  // rotated 90° counter-clockwise
+    default:
+        return {0, channels, stride, w, h};  // as stored
     }
 }
 
@@ -141,8 +150,9 @@ int64_t layout(const uint8_t * src, const LayoutSpec & s, float * out, size_t ou
 class LayoutWorker : public PromiseWorker {
 public:
     LayoutWorker(Napi::Env env, Napi::Uint8Array src, Napi::Float32Array out, LayoutSpec spec)
-        : PromiseWorker(env, "percept:layoutPixels", "ELAYOUT"), srcRef_(Napi::Persistent(src.As<Napi::Object>())), outRef_(Napi::Persistent(out.As<Napi::Object>())),
-          src_(src.Data()), out_(out.Data()), outLength_(out.ElementLength()), spec_(spec) {}
+        : PromiseWorker(env, "percept:layoutPixels", "ELAYOUT"), srcRef_(Napi::Persistent(src.As<Napi::Object>())),
+          outRef_(Napi::Persistent(out.As<Napi::Object>())), src_(src.Data()), out_(out.Data()), outLength_(out.ElementLength()),
+          spec_(spec) {}
 
 protected:
     void Execute() override { written_ = layout(src_, spec_, out_, outLength_); }
@@ -162,41 +172,47 @@ private:
 Napi::Value LayoutPixels(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     const char * where = "layoutPixels options";
-    if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) throw Napi::TypeError::New(env, "layoutPixels: src must be a Uint8Array");
-    if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) throw Napi::TypeError::New(env, "layoutPixels: out must be a Float32Array");
+    if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+        throw Napi::TypeError::New(env, "layoutPixels: src must be a Uint8Array");
+    if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
+        throw Napi::TypeError::New(env, "layoutPixels: out must be a Float32Array");
     Napi::Uint8Array src = info[0].As<Napi::Uint8Array>();
     Napi::Float32Array out = info[1].As<Napi::Float32Array>();
     Napi::Object o = requireObject(info[2], where);
+    // Every field is required (native/pixels.ts owns the defaults); checked again because a wrong
+    // value here would be out-of-bounds access, not a friendly error.
     LayoutSpec s;
-    s.width = optInt(o, "width", 0, 1, 1 << 16, where);
-    s.height = optInt(o, "height", 0, 1, 1 << 16, where);
-    s.channels = optInt(o, "channels", 0, 1, 4, where);
-    if (s.width == 0 || s.height == 0 || s.channels == 0) throw Napi::TypeError::New(env, "layoutPixels: width, height and channels are required");
-    s.stride = optInt(o, "stride", s.width * s.channels, s.width * s.channels, int64_t(1) << 40, where);
-    s.rows = optInt(o, "rows", s.height, s.height, 1 << 16, where);
-    const std::string kernel = optString(o, "kernel", "linear", where);
-    if (kernel != "linear" && kernel != "cubic") throw Napi::RangeError::New(env, "layoutPixels: kernel must be 'linear' or 'cubic', got '" + kernel + "'");
-    s.cubic = kernel == "cubic";
-    s.orientation = int32_t(optInt(o, "orientation", 1, 1, 8, where));
-    s.bgr = optBool(o, "bgr", false, where);
-    const std::string layoutName = optString(o, "layout", "", where);
-    if (layoutName != "chw" && layoutName != "patches") throw Napi::RangeError::New(env, "layoutPixels: layout must be 'chw' or 'patches', got '" + layoutName + "'");
-    s.patches = layoutName == "patches";
-    s.patch = optInt(o, "patch", 16, 1, 1024, where);
-    s.scale = float(optNumber(o, "scale", 1, where));
-    s.offset = float(optNumber(o, "offset", 0, where));
-    if (!(s.scale != 0 && std::isfinite(s.scale) && std::isfinite(s.offset))) throw Napi::RangeError::New(env, "layoutPixels: scale must be finite and non-zero, offset finite");
+    s.width = requireInt(o, "width", 1, 1 << 16, where);
+    s.height = requireInt(o, "height", 1, 1 << 16, where);
+    s.channels = requireInt(o, "channels", 1, 4, where);
+    s.stride = requireInt(o, "stride", s.width * s.channels, int64_t(1) << 40, where);
+    s.rows = requireInt(o, "rows", s.height, 1 << 16, where);
+    s.cubic = requireChoice(o, "kernel", {"linear", "cubic"}, where) == 1;
+    s.orientation = int32_t(requireInt(o, "orientation", 1, 8, where));
+    s.bgr = requireBool(o, "bgr", where);
+    s.patches = requireChoice(o, "layout", {"chw", "patches"}, where) == 1;
+    s.patch = requireInt(o, "patch", 1, 1024, where);
+    s.scale = float(requireNumber(o, "scale", -FLT_MAX, FLT_MAX, where));
+    s.offset = float(requireNumber(o, "offset", -FLT_MAX, FLT_MAX, where));
+    if (s.scale == 0)
+        throw Napi::RangeError::New(env, "Expected a non-zero number for layoutPixels options.scale but received 0 of type number");
 
     const size_t need = size_t(s.stride * (s.height - 1) + s.width * s.channels);
-    if (src.ElementLength() < need) throw Napi::RangeError::New(env, "layoutPixels: src has " + std::to_string(src.ElementLength()) + " bytes, need " + std::to_string(need));
+    if (src.ElementLength() < need)
+        throw Napi::RangeError::New(
+            env, "layoutPixels: src has " + std::to_string(src.ElementLength()) + " bytes, need " + std::to_string(need));
     const bool transposed = s.orientation >= 5;
     const int64_t dw = transposed ? s.rows : s.width, dh = transposed ? s.width : s.rows;
     if (s.patches && (dw % s.patch != 0 || dh % s.patch != 0)) {
-        throw Napi::RangeError::New(env, "layoutPixels: " + std::to_string(dw) + "x" + std::to_string(dh) + " is not a multiple of the patch size " + std::to_string(s.patch));
+        throw Napi::RangeError::New(env,
+                                    "layoutPixels: " + std::to_string(dw) + "x" + std::to_string(dh) +
+                                        " is not a multiple of the patch size " + std::to_string(s.patch));
     }
     const size_t values = size_t(dw * dh * 3);
     if (s.patches ? out.ElementLength() < values : out.ElementLength() != values) {
-        throw Napi::RangeError::New(env, "layoutPixels: out has " + std::to_string(out.ElementLength()) + " values, " + (s.patches ? "need at least " : "need ") + std::to_string(values));
+        throw Napi::RangeError::New(env,
+                                    "layoutPixels: out has " + std::to_string(out.ElementLength()) + " values, " +
+                                        (s.patches ? "need at least " : "need ") + std::to_string(values));
     }
     auto * worker = new LayoutWorker(env, src, out, s);
     Napi::Promise p = worker->promise();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <ctime>
 #include <mutex>
+#include <sstream>
 
 namespace percept {
 
@@ -21,48 +22,93 @@ int64_t monotonicNs() {
     return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
+namespace {
+
+// A value as the messages show it, as native/args.ts describe() does: `5 of type number`, `null`, `array`.
+std::string describe(const Napi::Value & v) {
+    switch (v.Type()) {
+    case napi_undefined:
+        return "undefined of type undefined";
+    case napi_null:
+        return "null";
+    case napi_boolean:
+        return std::string(v.As<Napi::Boolean>().Value() ? "true" : "false") + " of type boolean";
+    case napi_number:
+        return v.ToString().Utf8Value() + " of type number";
+    case napi_string:
+        return v.As<Napi::String>().Utf8Value() + " of type string";
+    case napi_bigint:
+        return v.ToString().Utf8Value() + "n";
+    case napi_symbol:
+        return "a symbol";
+    case napi_function:
+        return "a function";
+    default:
+        return v.IsArray() ? "array" : "[object Object] of type object";
+    }
+}
+
+[[noreturn]] void invalid(const Napi::Object & o, const char * key, const std::string & expected, const char * where, bool range) {
+    const std::string msg = "Expected " + expected + " for " + where + "." + key + " but received " + describe(o.Get(key));
+    if (range) throw Napi::RangeError::New(o.Env(), msg);
+    throw Napi::TypeError::New(o.Env(), msg);
+}
+
+}  // namespace
+
 Napi::Object requireObject(const Napi::Value & v, const char * what) {
-    if (!v.IsObject()) throw Napi::TypeError::New(v.Env(), std::string("Expected an object for ") + what);
+    if (!v.IsObject()) throw Napi::TypeError::New(v.Env(), std::string("Expected an object for ") + what + " but received " + describe(v));
     return v.As<Napi::Object>();
 }
 
 std::string requireString(const Napi::Value & v, const char * what) {
-    if (!v.IsString()) throw Napi::TypeError::New(v.Env(), std::string("Expected a string for ") + what);
+    if (!v.IsString()) throw Napi::TypeError::New(v.Env(), std::string("Expected a string for ") + what + " but received " + describe(v));
     return v.As<Napi::String>().Utf8Value();
 }
 
-double optNumber(const Napi::Object & o, const char * key, double def, const char * where) {
+int64_t requireInt(const Napi::Object & o, const char * key, int64_t min, int64_t max, const char * where) {
     Napi::Value v = o.Get(key);
-    if (v.IsUndefined()) return def;
-    if (!v.IsNumber() || !std::isfinite(v.As<Napi::Number>().DoubleValue())) {
-        throw Napi::TypeError::New(o.Env(), std::string("Expected a finite number for ") + where + "." + key);
-    }
-    return v.As<Napi::Number>().DoubleValue();
-}
-
-int64_t optInt(const Napi::Object & o, const char * key, int64_t def, int64_t min, int64_t max, const char * where) {
-    Napi::Value v = o.Get(key);
-    if (v.IsUndefined()) return def;
-    double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : NAN;
+    const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : NAN;
     if (!std::isfinite(d) || std::floor(d) != d || d < double(min) || d > double(max)) {
-        throw Napi::RangeError::New(o.Env(), std::string("Expected an integer between ") + std::to_string(min) + " and " +
-                                                 std::to_string(max) + " for " + where + "." + key);
+        invalid(o, key, "an integer between " + std::to_string(min) + " and " + std::to_string(max), where, v.IsNumber());
     }
     return int64_t(d);
 }
 
-bool optBool(const Napi::Object & o, const char * key, bool def, const char * where) {
+double requireNumber(const Napi::Object & o, const char * key, double min, double max, const char * where) {
     Napi::Value v = o.Get(key);
-    if (v.IsUndefined()) return def;
-    if (!v.IsBoolean()) throw Napi::TypeError::New(o.Env(), std::string("Expected a boolean for ") + where + "." + key);
+    const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : NAN;
+    if (!std::isfinite(d) || d < min || d > max) {
+        std::ostringstream range;
+        range << "a number between " << min << " and " << max;
+        invalid(o, key, range.str(), where, v.IsNumber());
+    }
+    return d;
+}
+
+bool requireBool(const Napi::Object & o, const char * key, const char * where) {
+    Napi::Value v = o.Get(key);
+    if (!v.IsBoolean()) invalid(o, key, "a boolean", where, false);
     return v.As<Napi::Boolean>().Value();
 }
 
-std::string optString(const Napi::Object & o, const char * key, const std::string & def, const char * where) {
+std::string requireString(const Napi::Object & o, const char * key, const char * where) {
     Napi::Value v = o.Get(key);
-    if (v.IsUndefined()) return def;
-    if (!v.IsString()) throw Napi::TypeError::New(o.Env(), std::string("Expected a string for ") + where + "." + key);
+    if (!v.IsString()) invalid(o, key, "a string", where, false);
     return v.As<Napi::String>().Utf8Value();
+}
+
+size_t requireChoice(const Napi::Object & o, const char * key, const std::vector<std::string> & choices, const char * where) {
+    Napi::Value v = o.Get(key);
+    if (v.IsString()) {
+        const std::string s = v.As<Napi::String>().Utf8Value();
+        for (size_t i = 0; i < choices.size(); i++)
+            if (choices[i] == s) return i;
+    }
+    std::string expected;
+    for (size_t i = 0; i < choices.size(); i++)
+        expected += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + ("'" + choices[i] + "'");
+    invalid(o, key, expected, where, false);
 }
 
 std::vector<int32_t> requireTokens(const Napi::Value & v, int32_t limit, const std::string & what) {
@@ -87,8 +133,9 @@ std::vector<int32_t> requireTokens(const Napi::Value & v, int32_t limit, const s
     }
     for (size_t i = 0; i < out.size(); i++) {
         if (out[i] < 0 || out[i] >= limit) {
-            throw Napi::RangeError::New(env, what + "[" + std::to_string(i) + "] = " + std::to_string(out[i]) +
-                                                 " is out of range (vocabulary has " + std::to_string(limit) + " tokens)");
+            throw Napi::RangeError::New(env,
+                                        what + "[" + std::to_string(i) + "] = " + std::to_string(out[i]) +
+                                            " is out of range (vocabulary has " + std::to_string(limit) + " tokens)");
         }
     }
     return out;
@@ -157,7 +204,8 @@ std::string LogCapture::text() const {
     size_t pos = s.size();
     for (int lines = 0; lines < 3 && pos != std::string::npos && pos > 0; lines++) pos = s.rfind('\n', pos - 1);
     if (pos != std::string::npos && pos > 0) s = s.substr(pos + 1);
-    for (char & c : s) if (c == '\n') c = ';';
+    for (char & c : s)
+        if (c == '\n') c = ';';
     return s;
 }
 

@@ -19,7 +19,6 @@ struct AddonData {
     Napi::FunctionReference modelCtor;
     Napi::FunctionReference contextCtor;
     Napi::FunctionReference grammarCtor;
-    Napi::FunctionReference speculatorCtor;
 };
 
 inline AddonData & addonData(Napi::Env env) { return *env.GetInstanceData<AddonData>(); }
@@ -58,13 +57,18 @@ private:
 // Monotonic nanoseconds on the clock process.hrtime.bigint() reads (CLOCK_MONOTONIC on Linux).
 int64_t monotonicNs();
 
-// Argument readers: each names the argument in its message and throws a JS exception.
+// Argument readers. JS (native/llama.ts, native/vision.ts) validates first and owns every default,
+// so each option field is required here; C++ checks shape and range again because a wrong value
+// would be undefined behaviour, not a friendly error. Messages take the shape of native/args.ts:
+// "Expected <what> for <where>.<key> but received <value>".
 Napi::Object requireObject(const Napi::Value & v, const char * what);
 std::string requireString(const Napi::Value & v, const char * what);
-double optNumber(const Napi::Object & o, const char * key, double def, const char * where);
-int64_t optInt(const Napi::Object & o, const char * key, int64_t def, int64_t min, int64_t max, const char * where);
-bool optBool(const Napi::Object & o, const char * key, bool def, const char * where);
-std::string optString(const Napi::Object & o, const char * key, const std::string & def, const char * where);
+int64_t requireInt(const Napi::Object & o, const char * key, int64_t min, int64_t max, const char * where);
+double requireNumber(const Napi::Object & o, const char * key, double min, double max, const char * where);
+bool requireBool(const Napi::Object & o, const char * key, const char * where);
+std::string requireString(const Napi::Object & o, const char * key, const char * where);
+// One of `choices`; returns its index.
+size_t requireChoice(const Napi::Object & o, const char * key, const std::vector<std::string> & choices, const char * where);
 // Reads an Int32Array or an array of integers in [0, limit).
 std::vector<int32_t> requireTokens(const Napi::Value & v, int32_t limit, const std::string & what);
 

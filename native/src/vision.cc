@@ -1,9 +1,8 @@
 #include "vision.h"
 
-#include "clip.h"
-#include "clip-impl.h"  // clip_image_f32 (its buffer is interleaved RGB, row-major)
 #include "ggml-backend.h"
 #include "gguf.h"
+#include "llama-internal.h"
 #include "llama.h"
 #include "mtmd.h"
 #include "util.h"
@@ -14,7 +13,6 @@
 #include <memory>
 #include <stdexcept>
 #include <sys/stat.h>
-#include <thread>
 #include <vector>
 
 namespace percept {
@@ -69,10 +67,12 @@ VisionMeta readVisionMeta(const std::string & path) {
     int64_t arch = gguf_find_key(g.get(), "general.architecture");
     if (arch >= 0 && gguf_get_kv_type(g.get(), arch) == GGUF_TYPE_STRING) {
         std::string a = gguf_get_val_str(g.get(), arch);
-        if (a != "clip") throw std::runtime_error("general.architecture is '" + a + "', not 'clip': this is not an mmproj file (a decoder GGUF?)");
+        if (a != "clip")
+            throw std::runtime_error("general.architecture is '" + a + "', not 'clip': this is not an mmproj file (a decoder GGUF?)");
     }
     int64_t hv = findKey(g.get(), "clip.has_vision_encoder", GGUF_TYPE_BOOL, false);
-    if (hv < 0 || !gguf_get_val_bool(g.get(), hv)) throw std::runtime_error("the file has no vision encoder (clip.has_vision_encoder is not true)");
+    if (hv < 0 || !gguf_get_val_bool(g.get(), hv))
+        throw std::runtime_error("the file has no vision encoder (clip.has_vision_encoder is not true)");
 
     VisionMeta m;
     m.path = path;
@@ -98,7 +98,8 @@ VisionMeta readVisionMeta(const std::string & path) {
     checkF32Array(g.get(), "clip.vision.image_mean");
     checkF32Array(g.get(), "clip.vision.image_std");
     m.merge = readU32(g.get(), "clip.vision.projector.scale_factor", false, m.projector == "gemma3" ? 4 : 3);
-    if (m.patchSize <= 0 || m.hidden <= 0 || m.heads <= 0 || m.merge <= 0) throw std::runtime_error("patch size, width, heads and pooling must be positive");
+    if (m.patchSize <= 0 || m.hidden <= 0 || m.heads <= 0 || m.merge <= 0)
+        throw std::runtime_error("patch size, width, heads and pooling must be positive");
     if (m.projector == "gemma4v") {
         ggml_tensor * pos = meta ? ggml_get_tensor(meta.get(), "v.position_embd.weight") : nullptr;
         if (pos == nullptr || pos->ne[0] != m.hidden || pos->ne[2] != 2) {
@@ -150,10 +151,12 @@ VisionLoadReport parseLoadReport(const std::string & log) {
         if (const char * p = std::strstr(line.c_str(), "flash attention is ")) {
             r.flashAttention = std::strncmp(p + 19, "enabled", 7) == 0 ? 1 : 0;
             inUnsupported = false;
-        } else if (const char * g = std::strstr(line.c_str(), "graph splits = "); g && std::sscanf(g, "graph splits = %d, nodes = %d", &a, &b) == 2) {
+        } else if (const char * g = std::strstr(line.c_str(), "graph splits = ");
+                   g && std::sscanf(g, "graph splits = %d, nodes = %d", &a, &b) == 2) {
             r.graphSplits = a;
             r.graphNodes = b;
-        } else if (const char * c = std::strstr(line.c_str(), ": "); c && std::strstr(line.c_str(), "compute buffer size") && std::sscanf(c + 2, "%63s compute buffer size = %lf MiB", name, &mib) == 2) {
+        } else if (const char * c = std::strstr(line.c_str(), ": "); c && std::strstr(line.c_str(), "compute buffer size") &&
+                   std::sscanf(c + 2, "%63s compute buffer size = %lf MiB", name, &mib) == 2) {
             // A retried reservation (flash attention unsupported) reports its buffers again.
             auto it = std::find_if(r.computeBuffersMiB.begin(), r.computeBuffersMiB.end(), [&](const auto & e) { return e.first == name; });
             if (it != r.computeBuffersMiB.end()) it->second = mib;
@@ -198,12 +201,13 @@ bool profileCallback(ggml_tensor * t, bool ask, void * user) {
 // ------------------------------------------------------------------------------------------------
 // Load
 
+// Every field is required from JS (native/vision.ts owns the defaults).
 struct LoadOptions {
     std::string path;
     bool useGpu = false;
     int32_t threads = 0;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
-    bool warmup = true;
+    bool warmup = false;
     bool profile = false;
 };
 
@@ -212,39 +216,30 @@ public:
     LoadWorker(Napi::Env env, Napi::Function ctor, LoadOptions opts)
         : PromiseWorker(env, "percept:Vision.load", "EMODEL"), ctor_(Napi::Persistent(ctor)), opts_(std::move(opts)) {}
     ~LoadWorker() override {
-        if (ctx_ != nullptr) clip_free(ctx_);
+        if (ctx_ != nullptr) clipFree(ctx_);
     }
 
 protected:
     void Execute() override {
         try {
-            struct stat st{};
+            struct stat st {};
             if (stat(opts_.path.c_str(), &st) != 0) {
                 SetCodedError("ENOENT", "ENOENT: mmproj file not found: " + opts_.path);
                 return;
             }
             meta_ = readVisionMeta(opts_.path);
             meta_.useGpu = opts_.useGpu;
-            meta_.threads = opts_.threads > 0 ? opts_.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+            meta_.threads = opts_.threads;
             LogCapture capture;
             ClipLogRecorder clipLog;
             if (opts_.profile) profile_ = std::make_unique<VisionProfile>();
-            clip_context_params cp{};
-            cp.use_gpu = opts_.useGpu;
-            cp.device = nullptr;
-            cp.flash_attn_type = clip_flash_attn_type(opts_.flashAttention);
-            cp.image_min_tokens = -1;
-            cp.image_max_tokens = -1;
-            cp.warmup = opts_.warmup;
-            cp.cb_eval = profile_ ? profileCallback : nullptr;
-            cp.cb_eval_user_data = profile_.get();
-            cp.no_alloc = false;
-            cp.progress_callback = nullptr;
-            cp.progress_callback_user_data = nullptr;
-            clip_init_result r = clip_init(opts_.path.c_str(), cp);
-            if (r.ctx_a != nullptr) clip_free(r.ctx_a);
-            if (r.ctx_gen_a != nullptr) clip_free(r.ctx_gen_a);
-            ctx_ = r.ctx_v;
+            ClipOptions co;
+            co.useGpu = opts_.useGpu;
+            co.flashAttention = opts_.flashAttention;
+            co.warmup = opts_.warmup;
+            co.evalCallback = profile_ ? profileCallback : nullptr;
+            co.evalCallbackData = profile_.get();
+            ctx_ = clipLoad(opts_.path, co);
             report_ = parseLoadReport(clipLog.text);
             if (ctx_ == nullptr) {
                 std::string why = capture.text();
@@ -258,8 +253,9 @@ protected:
         Napi::Env env = Env();
         clip_ctx * c = ctx_;
         ctx_ = nullptr;  // ownership moves to the JS object
-        Napi::Object obj = ctor_.New({Napi::External<clip_ctx>::New(env, c), Napi::External<VisionMeta>::New(env, &meta_),
-                                      Napi::External<VisionLoadReport>::New(env, &report_), Napi::External<VisionProfile>::New(env, profile_.release())});
+        Napi::Object obj =
+            ctor_.New({Napi::External<clip_ctx>::New(env, c), Napi::External<VisionMeta>::New(env, &meta_),
+                       Napi::External<VisionLoadReport>::New(env, &report_), Napi::External<VisionProfile>::New(env, profile_.release())});
         deferred_.Resolve(obj);
     }
 
@@ -277,7 +273,7 @@ private:
 
 enum class Layout { Chw, Patches };
 
-// clip_image_f32 holds interleaved RGB rows (clip_encode makes them planar again for the conv).
+// clip takes interleaved RGB rows (HWC); it makes them planar again for the conv.
 void toInterleaved(const float * src, Layout layout, size_t w, size_t h, size_t patch, float * hwc) {
     const size_t n = w * h;
     if (layout == Layout::Chw) {
@@ -293,7 +289,8 @@ void toInterleaved(const float * src, Layout layout, size_t w, size_t h, size_t 
     for (size_t y = 0; y < h; y++) {
         const float * patchRow = src + (y / patch) * cols * patchValues + (y % patch) * patch * 3;
         float * out = hwc + y * w * 3;
-        for (size_t px = 0; px < cols; px++) std::copy(patchRow + px * patchValues, patchRow + px * patchValues + patch * 3, out + px * patch * 3);
+        for (size_t px = 0; px < cols; px++)
+            std::copy(patchRow + px * patchValues, patchRow + px * patchValues + patch * 3, out + px * patch * 3);
     }
 }
 
@@ -302,10 +299,10 @@ void toInterleaved(const float * src, Layout layout, size_t w, size_t h, size_t 
 // JS ArrayBuffer without a copy.
 class EncodeWorker : public PromiseWorker {
 public:
-    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, const std::vector<Napi::Float32Array> & images, Layout layout, int32_t width, int32_t height,
-                 VisionProfile::Mode profile, bool single)
-        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision), layout_(layout), width_(width), height_(height),
-          profileMode_(profile), single_(single) {
+    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, const std::vector<Napi::Float32Array> & images, Layout layout,
+                 int32_t width, int32_t height, VisionProfile::Mode profile, bool single)
+        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision), layout_(layout),
+          width_(width), height_(height), profileMode_(profile), single_(single) {
         for (const auto & px : images) {
             refs_.push_back(Napi::Persistent(px.As<Napi::Object>()));
             src_.push_back(px.Data());
@@ -320,16 +317,15 @@ protected:
             VisionScratch & scratch = vision_->scratch();
             const size_t n = src_.size();
             const size_t values = size_t(width_) * size_t(height_) * 3;
-            auto & entries = scratch.batch->entries;
-            entries.resize(n);
+            ClipImages & images = scratch.images;
+            images.resize(n);
             scratch.hwc.resize(values);
             for (size_t i = 0; i < n; i++) {
                 toInterleaved(src_[i], layout_, size_t(width_), size_t(height_), size_t(vision_->meta().patchSize), scratch.hwc.data());
-                entries[i].set_size({width_, height_}, /*is_placeholder=*/true, /*is_audio=*/false);
-                entries[i].cpy_buf(scratch.hwc);  // reuses the entry's capacity from the last call
+                images.set(i, width_, height_, scratch.hwc);
             }
-            nTokens_ = clip_n_output_tokens(ctx, &entries[0]);
-            nEmbd_ = clip_n_mmproj_embd(ctx);
+            nTokens_ = clipOutputTokens(ctx, images);
+            nEmbd_ = clipEmbdWidth(ctx);
             const size_t perImage = size_t(nTokens_) * size_t(nEmbd_);
             out_ = std::make_unique<std::vector<float>>(perImage * n);
             const int64_t t1 = monotonicNs();
@@ -337,19 +333,15 @@ protected:
             if (profile != nullptr) profile->begin(profileMode_);
             LogCapture capture;
             const int32_t threads = vision_->meta().threads;
-            batched_ = n > 1 && clip_support_batch(ctx);
+            batched_ = n > 1 && clipSupportsBatch(ctx);
             bool ok = true;
             if (n == 1 || batched_) {
-                ok = clip_image_batch_encode(ctx, threads, scratch.batch.get(), *out_);
+                ok = clipEncode(ctx, threads, images, 0, n, *out_);
             } else {
-                // One graph per image: a one-entry batch at a time (entries are moved, not copied).
-                clip_image_f32_batch one;
-                one.entries.resize(1);
+                // One graph per image.
                 std::vector<float> part(perImage);
                 for (size_t i = 0; i < n && ok; i++) {
-                    std::swap(one.entries[0], entries[i]);
-                    ok = clip_image_batch_encode(ctx, threads, &one, part);
-                    std::swap(one.entries[0], entries[i]);
+                    ok = clipEncode(ctx, threads, images, i, 1, part);
                     std::copy(part.begin(), part.end(), out_->begin() + ptrdiff_t(i * perImage));
                 }
             }
@@ -379,13 +371,15 @@ protected:
         const size_t n = src_.size();
         const size_t perImage = size_t(nTokens_) * size_t(nEmbd_);
         std::vector<float> * out = out_.release();
-        Napi::ArrayBuffer buffer = Napi::ArrayBuffer::New(env, out->data(), out->size() * sizeof(float), [](Napi::Env, void *, std::vector<float> * v) { delete v; }, out);
+        Napi::ArrayBuffer buffer = Napi::ArrayBuffer::New(
+            env, out->data(), out->size() * sizeof(float), [](Napi::Env, void *, std::vector<float> * v) { delete v; }, out);
         Napi::Object o = Napi::Object::New(env);
         if (single_) {
             o.Set("data", Napi::Float32Array::New(env, perImage, buffer, 0));
         } else {
             Napi::Array list = Napi::Array::New(env, n);
-            for (size_t i = 0; i < n; i++) list.Set(uint32_t(i), Napi::Float32Array::New(env, perImage, buffer, i * perImage * sizeof(float)));
+            for (size_t i = 0; i < n; i++)
+                list.Set(uint32_t(i), Napi::Float32Array::New(env, perImage, buffer, i * perImage * sizeof(float)));
             o.Set("data", list);
             o.Set("batched", batched_);
         }
@@ -464,7 +458,7 @@ Vision::Vision(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Vision>(info)
         report_ = *info[2].As<Napi::External<VisionLoadReport>>().Data();
         profile_.reset(info[3].As<Napi::External<VisionProfile>>().Data());  // ownership moves here (may be null)
     }
-    nEmbd_ = clip_n_mmproj_embd(ctx_);
+    nEmbd_ = clipEmbdWidth(ctx_);
 }
 
 void VisionProfile::begin(Mode m) {
@@ -475,12 +469,9 @@ void VisionProfile::begin(Mode m) {
     ops.clear();
 }
 
-VisionScratch::VisionScratch() : batch(std::make_unique<clip_image_f32_batch>()) {}
-VisionScratch::~VisionScratch() = default;
-
 Vision::~Vision() {
     // GC without dispose(): a running encode holds a reference to this object, so none is running here.
-    if (ctx_ != nullptr) clip_free(ctx_);
+    if (ctx_ != nullptr) clipFree(ctx_);
 }
 
 Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
@@ -489,16 +480,14 @@ Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
     LoadOptions opts;
     opts.path = requireString(info[0], "Vision.load path");
     if (opts.path.empty()) throw Napi::TypeError::New(env, "Vision.load: path is empty");
-    Napi::Object o = info.Length() > 1 && !info[1].IsUndefined() ? requireObject(info[1], "Vision.load options") : Napi::Object::New(env);
-    opts.useGpu = optBool(o, "useGpu", false, "Vision.load options");
-    opts.threads = int32_t(optInt(o, "threads", 0, 0, 1024, "Vision.load options"));
-    opts.warmup = optBool(o, "warmup", true, "Vision.load options");
-    opts.profile = optBool(o, "profile", false, "Vision.load options");
-    std::string fa = optString(o, "flashAttention", "auto", "Vision.load options");
-    if (fa == "auto") opts.flashAttention = -1;
-    else if (fa == "on") opts.flashAttention = 1;
-    else if (fa == "off") opts.flashAttention = 0;
-    else throw Napi::RangeError::New(env, "Vision.load options.flashAttention must be 'auto', 'on' or 'off', got '" + fa + "'");
+    const char * w = "Vision.load options";
+    Napi::Object o = requireObject(info[1], w);
+    opts.useGpu = requireBool(o, "useGpu", w);
+    opts.threads = int32_t(requireInt(o, "threads", 1, 1024, w));
+    opts.warmup = requireBool(o, "warmup", w);
+    opts.profile = requireBool(o, "profile", w);
+    const int32_t faModes[] = {-1, 1, 0};
+    opts.flashAttention = faModes[requireChoice(o, "flashAttention", {"auto", "on", "off"}, w)];
     auto * worker = new LoadWorker(env, info.This().As<Napi::Function>(), std::move(opts));
     Napi::Promise p = worker->promise();
     worker->Queue();
@@ -524,10 +513,10 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
     o.Set("useGpu", meta_.useGpu);
     Napi::Array devices = Napi::Array::New(env);
     uint32_t i = 0;
-    for (const auto & [dev, bytes] : clip_get_mem_usage(ctx_)) {
+    for (const DeviceBytes & db : clipMemoryUsage(ctx_)) {
         Napi::Object d = Napi::Object::New(env);
-        d.Set("name", dev != nullptr ? ggml_backend_dev_name(dev) : "unknown");
-        d.Set("bytes", double(bytes));
+        d.Set("name", db.device);
+        d.Set("bytes", double(db.bytes));
         devices.Set(i++, d);
     }
     o.Set("devices", devices);
@@ -545,7 +534,7 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
     Napi::Array unsupported = Napi::Array::New(env, report_.unsupportedOps.size());
     for (size_t u = 0; u < report_.unsupportedOps.size(); u++) unsupported.Set(uint32_t(u), report_.unsupportedOps[u]);
     o.Set("unsupportedOps", unsupported);
-    o.Set("batchable", clip_support_batch(ctx_));
+    o.Set("batchable", clipSupportsBatch(ctx_));
     o.Set("profile", profile_ != nullptr);
     return o;
 }
@@ -564,7 +553,8 @@ Napi::Value Vision::EncodeBatch(const Napi::CallbackInfo & info) {
     if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Vision is disposed");
     if (!info[0].IsArray()) throw Napi::TypeError::New(env, "Vision.encodeBatch: images must be an array of Float32Array");
     Napi::Array list = info[0].As<Napi::Array>();
-    if (list.Length() == 0 || list.Length() > 64) throw Napi::RangeError::New(env, "Vision.encodeBatch: 1 to 64 images, got " + std::to_string(list.Length()));
+    if (list.Length() == 0 || list.Length() > 64)
+        throw Napi::RangeError::New(env, "Vision.encodeBatch: 1 to 64 images, got " + std::to_string(list.Length()));
     std::vector<Napi::Float32Array> images;
     for (uint32_t i = 0; i < list.Length(); i++) {
         Napi::Value v = list.Get(i);
@@ -580,41 +570,45 @@ Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Flo
     Napi::Env env = info.Env();
     const char * fn = single ? "Vision.encode" : "Vision.encodeBatch";
     const std::string opts = std::string(fn) + " options";
-    std::string layoutName = optString(o, "layout", "", opts.c_str());
-    int64_t width = optInt(o, "width", 0, 1, 46000, opts.c_str());
-    int64_t height = optInt(o, "height", 0, 1, 46000, opts.c_str());
-    if (width == 0 || height == 0) throw Napi::TypeError::New(env, std::string(fn) + ": options.width and options.height are required");
-    Layout layout;
-    if (layoutName == "chw") layout = Layout::Chw;
-    else if (layoutName == "patches") layout = Layout::Patches;
-    else throw Napi::RangeError::New(env, std::string(fn) + ": options.layout must be 'chw' or 'patches', got '" + layoutName + "'");
-    std::string profileName = optString(o, "profile", "off", opts.c_str());
-    VisionProfile::Mode profile;
-    if (profileName == "off") profile = VisionProfile::Mode::Off;
-    else if (profileName == "phases") profile = VisionProfile::Mode::Phases;
-    else if (profileName == "ops") profile = VisionProfile::Mode::Ops;
-    else throw Napi::RangeError::New(env, std::string(fn) + ": options.profile must be 'off', 'phases' or 'ops', got '" + profileName + "'");
-    if (profile != VisionProfile::Mode::Off && profile_ == nullptr) throw Napi::Error::New(env, std::string(fn) + ": profiling needs Vision.load(path, { profile: true })");
+    const char * w = opts.c_str();
+    const Layout layout = requireChoice(o, "layout", {"chw", "patches"}, w) == 0 ? Layout::Chw : Layout::Patches;
+    const char * layoutName = layout == Layout::Chw ? "chw" : "patches";
+    const int64_t width = requireInt(o, "width", 1, 46000, w);
+    const int64_t height = requireInt(o, "height", 1, 46000, w);
+    const VisionProfile::Mode profileModes[] = {VisionProfile::Mode::Off, VisionProfile::Mode::Phases, VisionProfile::Mode::Ops};
+    const VisionProfile::Mode profile = profileModes[requireChoice(o, "profile", {"off", "phases", "ops"}, w)];
+    if (profile != VisionProfile::Mode::Off && profile_ == nullptr)
+        throw Napi::Error::New(env, std::string(fn) + ": profiling needs Vision.load(path, { profile: true })");
 
     // Every condition clip would otherwise GGML_ASSERT/ABORT on is refused here with a message.
     const int64_t p = meta_.patchSize;
     const std::string where = std::string(fn) + " (" + meta_.projector + "): ";
     if (width % p != 0 || height % p != 0) {
-        throw Napi::RangeError::New(env, where + std::to_string(width) + "x" + std::to_string(height) + " is not a multiple of the patch size " + std::to_string(p));
+        throw Napi::RangeError::New(env,
+                                    where + std::to_string(width) + "x" + std::to_string(height) + " is not a multiple of the patch size " +
+                                        std::to_string(p));
     }
     const int64_t cols = width / p, rows = height / p;
     if (meta_.projector == "gemma3") {
         if (width != meta_.imageSize || height != meta_.imageSize) {
-            throw Napi::RangeError::New(env, where + "the image must be " + std::to_string(meta_.imageSize) + "x" + std::to_string(meta_.imageSize) +
-                                                 " (its position table is fixed), got " + std::to_string(width) + "x" + std::to_string(height));
+            throw Napi::RangeError::New(env,
+                                        where + "the image must be " + std::to_string(meta_.imageSize) + "x" +
+                                            std::to_string(meta_.imageSize) + " (its position table is fixed), got " +
+                                            std::to_string(width) + "x" + std::to_string(height));
         }
-        if (cols % meta_.merge != 0) throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + " is not divisible by the pooling " + std::to_string(meta_.merge));
+        if (cols % meta_.merge != 0)
+            throw Napi::RangeError::New(
+                env, where + "patch grid " + std::to_string(cols) + " is not divisible by the pooling " + std::to_string(meta_.merge));
     } else {
         if (cols % meta_.merge != 0 || rows % meta_.merge != 0) {
-            throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) + " is not divisible by the pooling " + std::to_string(meta_.merge));
+            throw Napi::RangeError::New(env,
+                                        where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) +
+                                            " is not divisible by the pooling " + std::to_string(meta_.merge));
         }
         if (cols > meta_.positionTable || rows > meta_.positionTable) {
-            throw Napi::RangeError::New(env, where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) + " exceeds the position table (" + std::to_string(meta_.positionTable) + ")");
+            throw Napi::RangeError::New(env,
+                                        where + "patch grid " + std::to_string(cols) + "x" + std::to_string(rows) +
+                                            " exceeds the position table (" + std::to_string(meta_.positionTable) + ")");
         }
     }
     const size_t need = size_t(width) * size_t(height) * 3;
@@ -622,15 +616,18 @@ Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Flo
         const size_t got = images[i].ElementLength();
         if (layout == Layout::Chw ? got != need : got < need) {
             const std::string which = single ? std::string("pixels") : "images[" + std::to_string(i) + "]";
-            throw Napi::RangeError::New(env, where + which + " has " + std::to_string(got) + " values, " + (layout == Layout::Chw ? "expected " : "need at least ") +
-                                                 std::to_string(need) + " for " + layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
+            throw Napi::RangeError::New(env,
+                                        where + which + " has " + std::to_string(got) + " values, " +
+                                            (layout == Layout::Chw ? "expected " : "need at least ") + std::to_string(need) + " for " +
+                                            layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
         }
     }
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true)) {
         throw codedError(env, "EBUSY", "Vision is busy: one encode at a time per context; await the running one");
     }
-    auto * worker = new EncodeWorker(env, info.This().As<Napi::Object>(), this, images, layout, int32_t(width), int32_t(height), profile, single);
+    auto * worker =
+        new EncodeWorker(env, info.This().As<Napi::Object>(), this, images, layout, int32_t(width), int32_t(height), profile, single);
     Napi::Promise promise = worker->promise();
     worker->Queue();
     return promise;
@@ -640,10 +637,10 @@ Napi::Value Vision::Dispose(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     if (ctx_ == nullptr) return env.Undefined();
     if (busy_.load()) throw codedError(env, "EBUSY", "Vision is busy; await the running encode before dispose()");
-    clip_free(ctx_);
+    clipFree(ctx_);
     ctx_ = nullptr;
     scratch_.hwc = {};
-    scratch_.batch->entries.clear();
+    scratch_.images.clear();
     return env.Undefined();
 }
 

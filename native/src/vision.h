@@ -3,6 +3,8 @@
 // in AsyncWorkers; one encode at a time per context (EBUSY); dispose() is explicit and idempotent.
 #pragma once
 
+#include "llama-internal.h"
+
 #include <napi.h>
 
 #include <atomic>
@@ -13,7 +15,6 @@
 #include <vector>
 
 struct clip_ctx;
-struct clip_image_f32_batch;
 
 namespace percept {
 
@@ -27,8 +28,8 @@ struct VisionMeta {
     int32_t heads = 0;
     int32_t ffn = 0;
     int32_t patchSize = 0;
-    int32_t imageSize = 0;  // gemma3: the one accepted input side
-    int32_t merge = 0;      // pooling kernel over the patch grid
+    int32_t imageSize = 0;      // gemma3: the one accepted input side
+    int32_t merge = 0;          // pooling kernel over the patch grid
     int32_t positionTable = 0;  // gemma4v: entries per position table
     int32_t projectionDim = 0;
     bool useGpu = false;
@@ -68,9 +69,7 @@ struct VisionProfile {
 // Buffers reused from one encode to the next (one encode at a time per context).
 struct VisionScratch {
     std::vector<float> hwc;
-    std::unique_ptr<clip_image_f32_batch> batch;
-    VisionScratch();
-    ~VisionScratch();
+    ClipImages images;
 };
 
 class Vision : public Napi::ObjectWrap<Vision> {

@@ -1,0 +1,100 @@
+// One generation on a Context, as small steps in the shape of mtmd-helper's eval_chunks →
+// eval_chunk_single → decode_image_chunk: plan the prompt (prompt.h), prefill what the KV cache
+// lacks, sample the first token, then per step jump forward over tokens the grammar alone decides,
+// draft, decode, and verify. Runs off the JS thread and knows nothing of JS.
+#pragma once
+
+#include "grammar.h"
+#include "llama.h"
+#include "prompt.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace percept {
+
+class Context;
+struct TokenBatch;
+
+struct GenerateOptions {
+    int32_t maxTokens = 0;
+    SamplingOptions sampling;
+    std::vector<std::string> stopStrings;
+    std::vector<int32_t> stopTokens;
+    bool ignoreEos = false;
+    bool jumpForward = false;
+    bool recordSampleTimes = false;
+    bool speculative = false;
+    int32_t nDraft = -1;  // -1: the speculator's nMax
+    int64_t deadlineNs = 0;
+};
+
+struct GenerateResult {
+    std::vector<llama_token> tokens;
+    std::string text;
+    std::string stopReason = "max_tokens";
+    int32_t promptTokens = 0;
+    int32_t reusedTokens = 0;
+    int32_t prefillTokens = 0;
+    int32_t drafted = 0;
+    int32_t accepted = 0;
+    int32_t forced = 0;
+    int32_t draftsCut = 0;  // draft tokens the grammar refused, cut before verification
+    int32_t decodeCalls = 0;
+    std::vector<float> sampleUs;  // per sampling step, with recordSampleTimes
+    double prefillMs = 0, ttftMs = 0, decodeMs = 0, sampleMs = 0, draftMs = 0, llamaDecodeMs = 0;
+};
+
+// Receives accepted tokens as they come (streaming); called on the generating thread.
+using TokenSink = std::function<void(const std::vector<llama_token> & tokens)>;
+
+class Generation {
+public:
+    Generation(Context & ctx, std::vector<Segment> segments, GenerateOptions options, GrammarInstance grammar, TokenSink sink);
+    // Runs to a stop reason; throws std::runtime_error (CodedFailure for ERANGE) on failure.
+    GenerateResult run();
+
+private:
+    // Steps, in order.
+    PromptPlan plan();
+    void reuseCache(const PromptPlan & plan);
+    bool prefill(const PromptPlan & plan);
+    void generate(int64_t tStart);
+    bool sampleFirst(int64_t tStart);
+    bool jumpForward(TokenBatch & batch);
+    std::vector<llama_token> draft(const TokenBatch & batch);
+    std::vector<llama_token> draftUnderGrammar(const TokenBatch & batch, int32_t nMax);
+    void cutInvalidDrafts(std::vector<llama_token> & drafted);
+    bool acceptSampled();
+    bool verify(const std::vector<llama_token> & draft, int32_t firstRow);
+
+    // Helpers.
+    bool grammarEnded();
+    bool stopped();
+    int aborted();
+    int decodeTokens(TokenBatch & batch);
+    int decodeImage(const PromptItem & p, llama_pos pos0);
+    void truncateKv(llama_pos from);
+    llama_token sampleAt(int32_t idx);
+    bool pushOutput(llama_token t);
+    void flush();
+    bool isEog(llama_token t) const;
+
+    Context & ctx_;
+    std::vector<Segment> segments_;
+    GenerateOptions opts_;
+    Sampler sampler_;
+    TokenSink sink_;
+    bool speculate_ = false;
+    bool commonDraft_ = false;          // the last drafts came from common_speculative_draft
+    std::vector<llama_token> history_;  // every token in the KV cache (images as placeholders), for the speculator
+    std::vector<llama_token> emitted_;  // accepted since the last flush
+    llama_pos nPast_ = 0;
+    llama_token idLast_ = -1;
+    int64_t tFirst_ = 0;
+    GenerateResult res_;
+};
+
+}  // namespace percept

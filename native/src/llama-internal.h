@@ -1,0 +1,152 @@
+// The one place that reaches into llama.cpp's internal headers (src/llama-*.h, tools/mtmd/clip*.h).
+// Those change between llama.cpp versions without notice; with every use behind this file, an
+// upgrade touches one translation unit. Every other file includes public headers only (llama.h,
+// ggml*.h, gguf.h, mtmd.h, common/*.h); CMake gives llama.cpp's src/ include path to
+// llama-internal.cc alone, and test/native-headers.test.ts checks the rule for tools/mtmd.
+#pragma once
+
+#include "ggml-backend.h"
+#include "llama.h"
+
+#include <bitset>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+struct llama_grammar;         // src/llama-grammar.h
+struct clip_ctx;              // tools/mtmd/clip.h
+struct clip_image_f32_batch;  // tools/mtmd/clip-impl.h
+
+namespace percept {
+
+// ---------------------------------------------------------------------------------------------
+// Memory per buffer type (src/llama-ext.h, a staging C++ API: there is no C function for KV bytes).
+
+struct BufferBytes {
+    std::string bufferType;
+    size_t model = 0;
+    size_t context = 0;  // KV (or recurrent) cache
+    size_t compute = 0;
+};
+std::vector<BufferBytes> memoryBreakdown(const llama_context * ctx);
+
+// ---------------------------------------------------------------------------------------------
+// Grammar (src/llama-grammar.h). llama.h only offers the grammar as a sampler, which tests the
+// whole vocabulary each time; percept needs the state itself: clone it per generation, test a
+// few candidate tokens, and look at what the grammar's stacks expect next.
+
+struct GrammarDeleter {
+    void operator()(llama_grammar * g) const;
+};
+using GrammarPtr = std::unique_ptr<llama_grammar, GrammarDeleter>;
+
+// Parses GBNF; null on a syntax error (llama.cpp logs the reason: use LogCapture).
+GrammarPtr grammarParse(const llama_vocab * vocab, const std::string & gbnf, const std::string & root);
+GrammarPtr grammarClone(const llama_grammar & grammar);
+// Sets the logit of every candidate the grammar rejects to -inf.
+void grammarApply(const llama_grammar & grammar, llama_token_data_array * candidates);
+// Advances the grammar past `token` (not an end-of-generation token).
+void grammarAccept(llama_grammar & grammar, llama_token token);
+// Every stack is complete: only end-of-generation can follow.
+bool grammarComplete(const llama_grammar & grammar);
+// The one literal code point every stack demands next, or -1 (alternatives, classes, the end of
+// the grammar, a partial UTF-8 sequence).
+int64_t grammarSingleChar(const llama_grammar & grammar);
+// First bytes the grammar can accept next (bit 256: end of generation). Character classes on the
+// stack tops become byte ranges; anything else (negated classes, tokens, a partial UTF-8
+// sequence) admits every byte.
+std::bitset<257> grammarLeadBytes(const llama_grammar & grammar);
+
+// ---------------------------------------------------------------------------------------------
+// Grammar automaton (src/llama-grammar.h), for the token index (grammar-index.cc): the grammar
+// explored byte by byte. A state is llama.cpp's stack set plus the pending partial UTF-8 sequence;
+// a byte is decoded the way llama.cpp decodes a token's piece, so a token's piece walked byte by
+// byte is admitted exactly when llama.cpp's grammar admits the token.
+
+// The grammar has no small finite automaton: recursion, token references, or more states than allowed.
+struct GrammarNotFinite : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+class GrammarAutomaton {
+public:
+    // State 0 is the grammar's own state. Throws GrammarNotFinite when a state beyond `maxStates`
+    // would be needed.
+    GrammarAutomaton(const llama_grammar & grammar, int32_t maxStates);
+    ~GrammarAutomaton();
+    GrammarAutomaton(const GrammarAutomaton &) = delete;
+    GrammarAutomaton & operator=(const GrammarAutomaton &) = delete;
+
+    // States found so far (they are numbered in the order step() finds them).
+    int32_t states() const;
+    // End-of-generation is admissible (some stack is complete).
+    bool accepting(int32_t state) const;
+    // The state after `byte`, or -1 when no stack takes it.
+    int32_t step(int32_t state, uint8_t byte);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+// Whether the grammar takes exactly `text`, character by character (no tokens involved).
+bool grammarAdmitsText(const llama_grammar & grammar, const std::string & text);
+
+// ---------------------------------------------------------------------------------------------
+// clip vision encoder (tools/mtmd/clip.h, clip-impl.h). mtmd.h encodes only images it
+// preprocesses itself; percept preprocesses in JS (sharp) and hands clip the pixels.
+
+struct ClipOptions {
+    bool useGpu = false;
+    int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
+    bool warmup = true;           // allocate compute buffers at load with a full-size dummy image
+    // Asked by ggml's scheduler about every graph node of an encode (profiling), or null.
+    ggml_backend_sched_eval_callback evalCallback = nullptr;
+    void * evalCallbackData = nullptr;
+};
+// Loads the vision tower of an mmproj GGUF; null on failure (llama.cpp logs the reason).
+clip_ctx * clipLoad(const std::string & path, const ClipOptions & options);
+void clipFree(clip_ctx * ctx);
+// Output width (the decoder's n_embd).
+int32_t clipEmbdWidth(const clip_ctx * ctx);
+// Whether one graph encodes several images (gemma4v); otherwise each image takes its own graph.
+bool clipSupportsBatch(const clip_ctx * ctx);
+
+class ClipImages;
+// Output tokens of each image (they all have one size).
+int32_t clipOutputTokens(const clip_ctx * ctx, const ClipImages & images);
+// Encodes images [first, first + count) in one graph: `out` receives count × tokens × width floats.
+// False on failure (llama.cpp logs why).
+bool clipEncode(clip_ctx * ctx, int32_t threads, ClipImages & images, size_t first, size_t count, std::vector<float> & out);
+
+// Images of one size as clip takes them: interleaved RGB rows (HWC, row-major). Kept from one encode
+// to the next, so each image's buffer keeps its capacity.
+class ClipImages {
+public:
+    ClipImages();
+    ~ClipImages();
+    ClipImages(const ClipImages &) = delete;
+    ClipImages & operator=(const ClipImages &) = delete;
+
+    void resize(size_t n);
+    // Image i becomes width × height with these pixels (width × height × 3 floats, copied).
+    void set(size_t i, int32_t width, int32_t height, const std::vector<float> & hwc);
+    // Frees every image's buffer.
+    void clear();
+
+private:
+    friend int32_t clipOutputTokens(const clip_ctx * ctx, const ClipImages & images);
+    friend bool clipEncode(clip_ctx * ctx, int32_t threads, ClipImages & images, size_t first, size_t count, std::vector<float> & out);
+    std::unique_ptr<clip_image_f32_batch> batch_;
+};
+
+struct DeviceBytes {
+    std::string device;
+    size_t bytes = 0;
+};
+std::vector<DeviceBytes> clipMemoryUsage(const clip_ctx * ctx);
+
+}  // namespace percept
