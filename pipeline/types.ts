@@ -3,6 +3,12 @@
 import type { Clock } from './clock.ts';
 import type { TelemetryEvent } from './telemetry/events.ts';
 
+/** A capture time as a source stated it (ROS builtin_interfaces/Time: no float rounding). */
+export interface Stamp {
+  readonly sec: number;
+  readonly nanosec: number;
+}
+
 /** What the runtime knows about a frame, independent of its payload. */
 export interface FrameMeta {
   readonly frameId: number;
@@ -15,6 +21,8 @@ export interface FrameMeta {
   readonly deadlineNs: bigint;
   /** Degrade level of the ladder when the frame entered the graph (0 = full quality). */
   readonly degradeLevel: number;
+  /** The capture time in the source's own time base (bag stamp, stream pts, pusher stamp), if it has one. */
+  readonly sourceStamp?: Stamp | null;
 }
 
 export interface Span {
@@ -102,14 +110,24 @@ export interface SourceItem<T> {
   /** Capture time on the pipeline clock. Replay sources advance a VirtualClock to it first. */
   readonly captureNs: bigint;
   readonly captureWallMs: number;
+  /** The capture time in the source's own time base, unconverted (see FrameMeta.sourceStamp). */
+  readonly sourceStamp?: Stamp | null;
   readonly payload: T;
 }
 
+/** What a source reports besides frames: an input process restarted or ended, an input message it
+ * could not use (counted, never a frame). */
+export interface SourceIncident {
+  readonly kind: 'restart' | 'malformed' | 'exit';
+  readonly detail: string;
+}
+
 /** A frame source (pattern, bag, folder, camera). Sources pace themselves (fps or recorded
- * timing) and stop when `signal` fires or their input ends. */
+ * timing) and stop when `signal` fires or their input ends. `report` (from the graph) puts an
+ * incident on the telemetry stream. */
 export interface FrameSource<T> {
   readonly id: string;
-  frames(clock: Clock, signal: AbortSignal): AsyncIterable<SourceItem<T>>;
+  frames(clock: Clock, signal: AbortSignal, report?: (incident: SourceIncident) => void): AsyncIterable<SourceItem<T>>;
   close?(): Promise<void>;
 }
 

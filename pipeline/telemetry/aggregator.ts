@@ -1,6 +1,6 @@
 // TelemetryAggregator: folds telemetry events into counters and histograms; snapshot() → RunSummary.
 import type { Observable, Subscription } from 'rxjs';
-import type { DropReason } from '../types.ts';
+import type { DropReason, SourceIncident } from '../types.ts';
 import type { CancelReason, Counts, LatencyStats, RunSummary, TelemetryEvent } from './events.ts';
 import { LatencyHistogram } from './histogram.ts';
 
@@ -13,6 +13,7 @@ export class TelemetryAggregator {
   readonly #dropsByReason = new Map<DropReason, number>();
   readonly #cancels = new Map<string, Map<CancelReason, number>>();
   readonly #errors = new Map<string, number>();
+  readonly #source = new Map<SourceIncident['kind'], number>();
   #framesIn = 0;
   #framesOut = 0;
   #dropped = 0;
@@ -80,7 +81,11 @@ export class TelemetryAggregator {
         this.#endToEnd.record(event.latencyNs);
         if (event.late) this.#late += 1;
         break;
+      case 'source':
+        increment(this.#source, event.kind);
+        break;
       case 'note':
+      case 'control':
       case 'stats':
         break;
     }
@@ -110,6 +115,7 @@ export class TelemetryAggregator {
       drops: { byReason: Object.fromEntries(this.#dropsByReason), byStage },
       cancels,
       errors: Object.fromEntries(this.#errors),
+      source: Object.fromEntries(this.#source),
       degrade: { down: this.#down, up: this.#up, level: this.#level, maxLevel: this.#maxLevel },
       stages,
       endToEnd: latencyStats(this.#endToEnd),

@@ -8,7 +8,7 @@
 //
 // The summary is a pure fold over the events, so a recorded event stream rebuilds it exactly.
 import type { LadderDecision } from '../budget.ts';
-import type { DropReason, StageEvent } from '../types.ts';
+import type { DropReason, SourceIncident, StageEvent } from '../types.ts';
 
 export type CancelReason = Extract<StageEvent, { kind: 'cancel' }>['reason'];
 
@@ -82,6 +82,19 @@ export interface OutputEvent {
   /** Finished after its deadline (a deadline miss that still came out). */
   readonly late: boolean;
 }
+/** A source incident (restart, malformed input, exit): not a frame, so not in frames.in. */
+export interface SourceEvent extends SourceIncident {
+  readonly type: 'source';
+  readonly atNs: bigint;
+  readonly sourceId: string;
+}
+/** A control request that changed the running graph (GraphControl). */
+export interface ControlEvent {
+  readonly type: 'control';
+  readonly atNs: bigint;
+  readonly command: 'set_budgets' | 'pin_level' | 'release_level' | 'pause' | 'resume';
+  readonly detail: string;
+}
 /** Periodic snapshot (every telemetry.intervalMs of clock time). */
 export interface StatsEvent {
   readonly type: 'stats';
@@ -89,7 +102,17 @@ export interface StatsEvent {
   readonly summary: RunSummary;
 }
 export type TelemetryEvent =
-  FrameEvent | SpanEvent | DropEvent | CancelEvent | DegradeEvent | ErrorEvent | NoteEvent | OutputEvent | StatsEvent;
+  | FrameEvent
+  | SpanEvent
+  | DropEvent
+  | CancelEvent
+  | DegradeEvent
+  | ErrorEvent
+  | NoteEvent
+  | OutputEvent
+  | SourceEvent
+  | ControlEvent
+  | StatsEvent;
 
 /** One event as one line of JSON; bigints become decimal strings so nothing is rounded. */
 export function eventToJson(event: TelemetryEvent): string {
@@ -130,6 +153,8 @@ export interface RunSummary {
   readonly drops: { readonly byReason: Counts<DropReason>; readonly byStage: Readonly<Record<string, Counts<DropReason>>> };
   readonly cancels: Readonly<Record<string, Counts<CancelReason>>>;
   readonly errors: Readonly<Record<string, number>>;
+  /** Source incidents by kind (restarts, malformed input messages). */
+  readonly source: Counts<SourceIncident['kind']>;
   readonly degrade: { readonly down: number; readonly up: number; readonly level: number; readonly maxLevel: number };
   /** Per stage: durations of its process() calls (span enter → exit), in stage order. */
   readonly stages: Readonly<Record<string, LatencyStats>>;

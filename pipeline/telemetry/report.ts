@@ -58,6 +58,7 @@ export function formatSummary(summary: RunSummary): string {
     `percept run ${summary.endReason === 'stopped' ? `stopped (${summary.stopReason ?? 'stop'})` : (summary.endReason ?? 'running')}`,
     formatHeadline(summary),
     `deadline misses ${summary.deadlineMisses}  degrade steps down ${summary.degrade.down} up ${summary.degrade.up} (max level ${summary.degrade.maxLevel})`,
+    ...(Object.keys(summary.source).length ? [`source incidents: ${fmtCounts(summary.source)}`] : []),
     ...formatStageTable(summary),
   ];
   return lines.join('\n') + '\n';
