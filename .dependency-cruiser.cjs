@@ -1,10 +1,11 @@
 // The import rule of the layout, checked by dependency-cruiser (test/import-rules.test.ts runs it in
 // `npm test`; `npx depcruise app pipeline nodes native models tools` runs it by hand):
 //
-//   app → nodes → {pipeline, native, models}, nothing back.
+//   app → nodes → {pipeline, native, models}, nothing back; client/ (the subscriber library users
+//   import as percept/client) stands alone, and the rest may use its wire types.
 //
 // Paths are relative to the repository root. test/ is not checked: tests may import anything.
-const TS_FOLDERS = '^(app|pipeline|nodes|native|models|tools)/';
+const TS_FOLDERS = '^(app|pipeline|nodes|native|models|client|tools)/';
 
 /** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
@@ -52,6 +53,20 @@ module.exports = {
       severity: 'error',
       from: { path: TS_FOLDERS, pathNot: '^(app|models)/' },
       to: { path: '^models/resolve\\.ts$' },
+    },
+    {
+      name: 'client-stands-alone',
+      comment: 'client/ is what robot stacks import (percept/client): it needs nothing of the pipeline, only the wire schemas in configs/.',
+      severity: 'error',
+      from: { path: '^client/' },
+      to: { path: TS_FOLDERS, pathNot: '^client/' },
+    },
+    {
+      name: 'only-wire-types-from-client',
+      comment: 'The pipeline shares the wire types with the client (client/wire-types.ts), not its subscriber code.',
+      severity: 'error',
+      from: { path: '^(pipeline|nodes|native|models)/' },
+      to: { path: '^client/', pathNot: '^client/wire-types\\.ts$' },
     },
     {
       name: 'tools-are-scripts',

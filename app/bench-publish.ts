@@ -1,7 +1,9 @@
 // percept bench publish: the publisher stage → a ZeroMQ SUB on loopback tcp, in a worker thread (so
 // sender and receiver do not share an event loop, as with a real subscriber process).
-//   throughput: `messages` actions sent back to back (each send awaited, as the stage does); rate =
-//               received / (last receive − first send).
+//   throughput: `messages` actions given to the stage back to back (each process() awaited, as the
+//               graph does); msgs_per_s = received / (last receive − first send), which a JS
+//               subscriber bounds; send_msgs_per_s = the same messages handed to ZeroMQ / the time
+//               that took (the publisher's own rate).
 //   latency:    `latencySamples` actions sent one at a time, each after the previous one arrived;
 //               latency = receive time in the worker − time before process() in the sender (both
 //               process.hrtime, one monotonic clock), so it covers header building, JSON, the send,
@@ -14,6 +16,7 @@ import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
 import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { exitOf } from './bench-worker.ts';
 import { quantile } from './stats.ts';
 
 export interface BenchPublishOptions {
@@ -28,7 +31,10 @@ export interface BenchPublishOptions {
 
 // A type alias (not an interface) so it is assignable to Record<string, unknown> (CLI printing).
 export type BenchPublishResult = {
+  /** Delivered: received by the subscriber / (its last receive − the first send). */
   readonly msgs_per_s: number;
+  /** The publisher's own rate: accepted by the stage → handed to ZeroMQ, over the same run. */
+  readonly send_msgs_per_s: number;
   /** One-at-a-time publish → receive latency. */
   readonly p50_us: number;
   readonly p99_us: number;
@@ -50,10 +56,12 @@ interface SubscriberCommand {
   readonly topic: string;
   /** Shared Int32Array: [0] = messages received (for ping-pong). */
   readonly counter: SharedArrayBuffer;
+  /** Most messages the subscriber records. */
+  readonly capacity: number;
 }
 interface SubscriberReport {
-  readonly seqs: number[];
-  readonly receivedNs: string[];
+  readonly seqs: Int32Array;
+  readonly receivedNs: BigInt64Array;
 }
 
 export async function benchPublish(options: BenchPublishOptions = {}): Promise<BenchPublishResult> {
@@ -66,14 +74,23 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     if (!Number.isInteger(v) || v < 1) throw new RangeError(`benchPublish: expected integer >= 1 for ${name} but received ${v}`);
   }
   const topic = 'actions';
-  const { stage: publisher, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic, sendHighWaterMark });
+  const pub = await createPublisher({
+    endpoint: 'tcp://127.0.0.1:*',
+    topic,
+    sendHighWaterMark,
+    highWaterMarks: { actions: messages + latencySamples + 2000 },
+  });
+  const { stage: publisher, sink } = pub;
+  /** Actions accepted so far: the seq the next one gets. */
+  const accepted = (): number => pub.stats()[topic]!.accepted;
   const counter = new SharedArrayBuffer(4);
   const received = new Int32Array(counter);
   const workerData: SubscriberCommand = {
     zeromq: createRequire(import.meta.url).resolve('zeromq'),
-    endpoint: publisher.endpoint,
+    endpoint: pub.endpoint,
     topic,
     counter,
+    capacity: messages + latencySamples + 4000,
   };
   const worker = new Worker(SUBSCRIBER_SOURCE, { eval: true, workerData });
   const report = new Promise<SubscriberReport>((resolve, reject) => {
@@ -81,8 +98,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     worker.once('error', reject);
     worker.once('exit', (code) => reject(new Error(`bench subscriber exited with code ${code} before reporting`)));
   });
-  const clock = new RealClock();
-  const ctx = benchContext(clock);
+  const ctx = benchContext(new RealClock());
   const action = { action: 'move', confidence: 0.5, speed: 1, pad: '' };
   action.pad = 'x'.repeat(Math.max(0, size - JSON.stringify(action).length));
   const bodyBytes = JSON.stringify(action).length;
@@ -98,39 +114,41 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
   try {
     // Slow joiner: probe until the subscription has reached the publisher.
     for (let i = 0; Atomics.load(received, 0) === 0; i++) {
-      if (i > 2000) throw new Error(`bench: subscriber on ${publisher.endpoint} never received a probe`);
-      sentNs[publisher.sent] = process.hrtime.bigint();
+      if (i > 2000) throw new Error(`bench: subscriber on ${pub.endpoint} never received a probe`);
+      sentNs[accepted()] = process.hrtime.bigint();
       await publisher.process(message(-1), ctx);
       await new Promise((r) => setTimeout(r, 5));
     }
     // Let the probes still in flight arrive before timing anything.
-    const probes = publisher.sent;
+    const probes = accepted();
     await waitFor(() => Atomics.load(received, 0) >= probes, 2000).catch(() => undefined);
 
     // Latency, one message in flight at a time.
-    const latencyStart = publisher.sent;
+    const latencyStart = accepted();
     for (let i = 0; i < latencySamples; i++) {
       const before = Atomics.load(received, 0);
-      sentNs[publisher.sent] = process.hrtime.bigint();
+      sentNs[accepted()] = process.hrtime.bigint();
       await publisher.process(message(i), ctx);
       await waitFor(() => Atomics.load(received, 0) > before, 2000);
     }
-    const latencyEnd = publisher.sent;
+    const latencyEnd = accepted();
 
     // Throughput, back to back.
-    const throughputStart = publisher.sent;
+    const throughputStart = accepted();
     const t0 = process.hrtime.bigint();
     for (let i = 0; i < messages; i++) {
-      sentNs[publisher.sent] = process.hrtime.bigint();
+      sentNs[throughputStart + i] = process.hrtime.bigint();
       await publisher.process(message(i), ctx);
     }
-    const throughputEnd = publisher.sent;
-    // A run ends with a stats message on the telemetry topic; so does the bench (the subscriber's cue).
-    await sink.publish({ type: 'stats', atNs: process.hrtime.bigint(), summary: new TelemetryAggregator('real').snapshot() });
+    const throughputEnd = accepted();
+    await waitFor(() => pub.stats()[topic]!.sent >= throughputEnd, 60_000);
+    const sentAllNs = process.hrtime.bigint();
+    // Telemetry goes out after the queued actions: the subscriber's cue that the bench is over.
+    sink.accept({ type: 'stats', atNs: process.hrtime.bigint(), summary: new TelemetryAggregator('real').snapshot() });
     const { seqs, receivedNs } = await report;
 
     const at = new Map<number, bigint>();
-    seqs.forEach((s, k) => at.set(s, BigInt(receivedNs[k])));
+    seqs.forEach((s, k) => at.set(s, receivedNs[k]!));
     const latencies = (from: number, to: number): number[] => {
       const out: number[] = [];
       for (let s = from; s < to; s++) {
@@ -148,6 +166,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     }
     return {
       msgs_per_s: Math.round(loaded.length / (Number(lastNs - t0) / 1e9)),
+      send_msgs_per_s: Math.round(messages / (Number(sentAllNs - t0) / 1e9)),
       p50_us: round(quantile(idle, 0.5)),
       p99_us: round(quantile(idle, 0.99)),
       max_us: round(idle.at(-1) ?? NaN),
@@ -157,11 +176,11 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
       received: loaded.length,
       dropped: messages - loaded.length,
       body_bytes: bodyBytes,
-      transport: publisher.endpoint,
+      transport: pub.endpoint,
     };
   } finally {
-    await publisher.close();
-    await worker.terminate();
+    await pub.close();
+    await exitOf(worker);
   }
 }
 
@@ -193,22 +212,33 @@ const round = (v: number): number => Math.round(v * 10) / 10;
 const SUBSCRIBER_SOURCE = `
 const { parentPort, workerData } = require('node:worker_threads');
 const { Subscriber } = require(workerData.zeromq);
+const SEQ = Buffer.from('"seq":');
+const TELEMETRY = 't'.charCodeAt(0);
 (async () => {
   const received = new Int32Array(workerData.counter);
   const sub = new Subscriber({ linger: 0, receiveHighWaterMark: 100000 });
   sub.connect(workerData.endpoint);
   sub.subscribe(workerData.topic);
   sub.subscribe('telemetry');
-  const seqs = [];
-  const receivedNs = [];
+  // Preallocated and parsed by hand: this measures the publisher, not the subscriber's JSON.parse
+  // or BigInt formatting.
+  const seqs = new Int32Array(workerData.capacity);
+  const receivedNs = new BigInt64Array(workerData.capacity);
+  let n = 0;
   for await (const frames of sub) {
     const now = process.hrtime.bigint();
-    if (frames[0].toString() === 'telemetry') break;
-    seqs.push(JSON.parse(frames[1].toString()).seq);
-    receivedNs.push(now.toString());
+    if (frames[0][0] === TELEMETRY) break;
+    const h = frames[1];
+    let at = h.indexOf(SEQ) + SEQ.length;
+    let seq = 0;
+    for (let c = h[at]; c >= 48 && c <= 57; c = h[++at]) seq = seq * 10 + (c - 48);
+    if (n < seqs.length) {
+      seqs[n] = seq;
+      receivedNs[n++] = now;
+    }
     Atomics.add(received, 0, 1);
   }
   sub.close();
-  parentPort.postMessage({ seqs, receivedNs });
+  parentPort.postMessage({ seqs: seqs.subarray(0, n), receivedNs: receivedNs.subarray(0, n) });
 })();
 `;

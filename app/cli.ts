@@ -69,7 +69,7 @@ program
     '-c, --config <file>',
     'pipeline config (JSON, validated against configs/percept.schema.json; default: the embedded configs/default.json)',
   )
-  .option('-s, --source <spec>', 'override the source: pattern[:FPS[:FRAMES]], bag:PATH, folder:PATH')
+  .option('-s, --source <spec>', 'override the source: pattern[:FPS[:FRAMES]], bag:PATH, folder:PATH, ffmpeg:URL, zmq:ENDPOINT')
   .option('-d, --duration <seconds>', 'stop after this many seconds', positiveNumber('--duration'))
   .option('--json-summary <file>', 'also write the end-of-run summary as JSON to this file')
   .addOption(new Option('--clock <kind>', 'override the clock (virtual: deterministic replay)').choices(['real', 'virtual']))
@@ -262,6 +262,19 @@ bench
     printResult(await benchBag(opts), opts.json);
   });
 
+bench
+  .command('frame-input')
+  .description('a pusher → the ZeroMQ frame input on loopback: JPEG frames at a fixed rate; drops and the added latency p50/p99')
+  .option('--fps <n>', 'frames per second', positiveNumber('--fps'), 30)
+  .option('--seconds <n>', 'how long to push', positiveNumber('--seconds'), 10)
+  .option('--width <n>', 'frame width', int('--width'), 1280)
+  .option('--height <n>', 'frame height', int('--height'), 720)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchFrameInput } = await import('./bench-frame-input.ts');
+    printResult(await benchFrameInput(opts), opts.json);
+  });
+
 const models = program.command('models').description('synthetic checkpoints (random weights, real shapes, real Gemma 4 tokenizer)');
 models
   .command('synth')
@@ -394,6 +407,31 @@ program
     process.stderr.write('\n');
     if (opts.json) process.stdout.write(`${JSON.stringify(file, null, 2)}\n`);
     else printResult({ out: opts.out, frames: file.frames, levels: file.levels.length, ...file.virtualServiceMs }, false);
+  });
+
+program
+  .command('echo')
+  .description('print what a running percept publishes: actions (validated, with age and staleness), events, telemetry; seq gaps on stderr')
+  .option('--connect <endpoint>', "the publisher's endpoint", 'tcp://127.0.0.1:5556')
+  .option('--topic <topic...>', 'topics: actions, events, telemetry', ['actions'])
+  .option('--json', 'one JSON line per message: {"header": …, "body": …}')
+  .option('--schema <file>', 'the action schema (default: configs/actions/robot-action.schema.json)')
+  .option('--server-key <file>', "the publisher's CURVE public key, when it encrypts")
+  .option('--count <n>', 'exit after this many messages', int('--count'))
+  .action(async (opts) => {
+    const { echo } = await import('./echo.ts');
+    process.exitCode = await echo(opts);
+  });
+
+program
+  .command('keys')
+  .description('write a CURVE key pair: NAME.key (secret, for the config) and NAME.pub (public, for subscribers)')
+  .requiredOption('-o, --out <dir>', 'folder for the two files')
+  .option('--name <name>', 'file name stem', 'server')
+  .option('--force', 'replace existing files')
+  .action(async (opts) => {
+    const { writeKeyPair } = await import('./keys.ts');
+    printResult(writeKeyPair(opts), false);
   });
 
 program

@@ -1,5 +1,6 @@
 // `percept doctor`: what a robotics engineer checks first on a new box: can every native piece
 // load, and which execution providers and devices are there.
+import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -40,7 +41,18 @@ export async function doctor(): Promise<Record<string, string>> {
     },
     zeromq: async () => {
       const zmq = await import('zeromq');
-      return ok(`libzmq ${zmq.version}`);
+      return ok(`libzmq ${zmq.version}, CURVE ${zmq.capability.curve ? 'yes' : 'NO: encrypted endpoints will not work'}`);
+    },
+    // Optional pieces: missing is not a failure, only the features that need them are unavailable.
+    ffmpeg: async () => {
+      const run = spawnSync('ffmpeg', ['-hide_banner', '-version'], { encoding: 'utf8' });
+      if (run.error) return 'missing (only the ffmpeg source needs it: apt-get install ffmpeg)';
+      return ok(run.stdout.split('\n')[0]!.replace(/ Copyright.*/, ''));
+    },
+    python_client: async () => {
+      const run = spawnSync('/usr/bin/python3', ['-c', 'import zmq; print(zmq.zmq_version())'], { encoding: 'utf8' });
+      if (run.status !== 0) return 'missing pyzmq (only client/python needs it: apt-get install python3-zmq python3-jsonschema)';
+      return ok(`pyzmq on libzmq ${run.stdout.trim()}`);
     },
     configs: async () => {
       const { loadConfig } = await import('../pipeline/config.ts');

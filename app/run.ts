@@ -2,7 +2,7 @@
 // stage; the stages themselves only know their input and output types.
 import { createHash } from 'node:crypto';
 import { createReadStream, mkdirSync, readFileSync, statSync } from 'node:fs';
-import { dirname, resolve } from 'node:path';
+import { basename, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DegradeLadder } from '../pipeline/budget.ts';
 import { RealClock, VirtualClock, type Clock } from '../pipeline/clock.ts';
@@ -11,10 +11,10 @@ import { append, chain, type StageChain } from '../pipeline/graph/chain.ts';
 import { createGraph, stopOnSignals, type Graph } from '../pipeline/graph/graph.ts';
 import type { RunSummary } from '../pipeline/telemetry/events.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
-import type { FrameSource, Stage, TelemetrySink } from '../pipeline/types.ts';
+import type { FrameSource, Stage } from '../pipeline/types.ts';
+import type { Publisher } from '../nodes/publisher.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
-import type { Publisher } from '../nodes/publisher.ts';
 import type { Recorder } from '../nodes/recorder.ts';
 import { resolveModel, type ModelKind } from '../models/resolve.ts';
 
@@ -35,7 +35,7 @@ export interface RunOptions {
 
 const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
 
-/** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]` → the source section of a config, for
+/** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]`, `ffmpeg:URL`, `zmq:ENDPOINT` → the source section of a config, for
  * loadConfig to validate: what the spec leaves out comes from `current` when it is the same kind,
  * else from the schema's defaults. PATH is relative to the current directory. */
 export function parseSourceSpec(spec: string, current: SourceConfig): Record<string, unknown> {
@@ -59,8 +59,20 @@ export function parseSourceSpec(spec: string, current: SourceConfig): Record<str
       if (!rest[0]) throw new Error(`--source ${spec}: expected folder:PATH[:FPS]`);
       return { kind, path: resolve(rest[0]), ...num(rest[1], 'fps') };
     }
+    case 'ffmpeg': {
+      const url = rest.join(':');
+      if (!url) throw new Error(`--source ${spec}: expected ffmpeg:URL (a device, stream URL or video file)`);
+      // A file path is relative to the current directory; a URL or device stays as written.
+      const path = /^[a-z][a-z0-9+.-]*:/i.test(url) || url.startsWith('/') ? url : resolve(url);
+      return { ...same, url: path };
+    }
+    case 'zmq': {
+      const endpoint = rest.join(':');
+      if (!endpoint) throw new Error(`--source ${spec}: expected zmq:ENDPOINT (e.g. zmq:tcp://127.0.0.1:5560)`);
+      return { ...same, endpoint };
+    }
     default:
-      throw new Error(`--source '${spec}': unknown kind '${kind}' (expected pattern, bag or folder)`);
+      throw new Error(`--source '${spec}': unknown kind '${kind}' (expected pattern, bag, folder, ffmpeg or zmq)`);
   }
 }
 
@@ -91,6 +103,18 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
       const { createFolderSource } = await import('../nodes/source-folder.ts');
       return createFolderSource({ path: config.path, fps: config.fps, onIssue: (issue) => log(`folder: ${issue.file}: ${issue.reason}`) });
     }
+    case 'ffmpeg': {
+      const { createFfmpegSource } = await import('../nodes/source-ffmpeg.ts');
+      const { kind: _kind, ...options } = config;
+      return createFfmpegSource(options);
+    }
+    case 'zmq': {
+      const { createZmqSource } = await import('../nodes/source-zmq.ts');
+      const { kind: _kind, ...options } = config;
+      const source = await createZmqSource(options);
+      log(`frames from ${source.endpoint} (${config.socket}${config.bind ? ', bound' : ''})`);
+      return source;
+    }
   }
 }
 
@@ -116,8 +140,20 @@ async function warmupFrame(source: SourceConfig): Promise<CameraFrame> {
 export interface PipelineStages {
   /** camera frame → published (or, without the publisher, validated) action. */
   readonly chain: StageChain<CameraFrame, ActionMessage>;
-  /** The publisher's telemetry face, when the publisher is part of the chain. */
-  readonly telemetry?: TelemetrySink;
+  /** The publisher, when it is part of the chain: its stage is the chain's last, its sink takes the
+   * graph's events, and the run closes it after the graph, with the final summary. */
+  readonly publisher?: Publisher;
+}
+
+/** Role → model id for the action headers: the config's spec (synth:…) or the file's name. */
+export function modelIds(config: PerceptConfig): Record<string, string> {
+  const id = (spec: string): string => (spec.startsWith('synth:') ? spec : basename(spec));
+  const ids: Record<string, string> = { decoder: id(config.decoder.model) };
+  const { encoder } = config;
+  ids.encoder = encoder.kind === 'onnx' ? id(encoder.model) : encoder.kind === 'mtmd' ? id(encoder.mmproj) : `projection@${encoder.seed}`;
+  if (config.decoder.draft) ids.draft = id(config.decoder.draft);
+  if (config.decoder.draftMtp) ids.draft = id(config.decoder.draftMtp);
+  return ids;
 }
 
 /** Builds the stages: the publisher first (it binds before the models load, so a busy endpoint fails
@@ -126,7 +162,7 @@ export interface PipelineStages {
  * order the decoder (its n_embd fixes the encoder's output width) and the encoder (its contract fixes
  * preprocessing), then warms them up (see app/warmup.ts; `warmup: false` skips it). `publish: false`
  * leaves the publisher out (benchmarks that end at the validated action). A stage made before a step
- * that fails is closed. */
+ * that fails is closed, and so is the publisher. */
 export async function createStages(
   config: PerceptConfig,
   actionSchema: ActionSchema,
@@ -137,13 +173,12 @@ export async function createStages(
     built.push(stage);
     return stage;
   };
+  let publisher: Publisher | undefined;
   try {
-    let publisher: Publisher | undefined;
     if (publish) {
       const { createPublisher } = await import('../nodes/publisher.ts');
-      publisher = await createPublisher(config.publisher);
-      track(publisher.stage);
-      log(`publishing actions on ${publisher.stage.endpoint} (topic '${publisher.stage.topic}')`);
+      publisher = await createPublisher({ ...config.publisher, clock: config.clock, models: modelIds(config) });
+      log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
     }
     const { createDecoderStage } = await import('../nodes/decoder.ts');
     const resolveDraft = async (spec: string | null) => (spec ? resolveModel(spec, 'decoder') : null);
@@ -183,9 +218,10 @@ export async function createStages(
     }
     const validated = chain(preprocess, encoder, decoder, actions);
     if (!publisher) return { chain: validated };
-    return { chain: append(validated, publisher.stage), telemetry: publisher.sink };
+    return { chain: append(validated, publisher.stage), publisher };
   } catch (err) {
     for (const stage of built) await stage.close?.().catch(() => undefined);
+    await publisher?.close();
     throw err;
   }
 }
@@ -226,6 +262,13 @@ async function createEncoder(
       return { contract: stage.contract.kind, stage, source: config.encoder.mmproj };
     }
   }
+}
+
+/** `actions 12 (dropped 0), events 3 (dropped 0), …`: what each topic sent and what its queue dropped. */
+function describePublished(stats: ReturnType<Publisher['stats']>): string {
+  return Object.entries(stats)
+    .map(([topic, s]) => `${topic} ${s.sent}${s.dropped ? ` (dropped ${s.dropped}: a subscriber read too slowly)` : ''}`)
+    .join(', ');
 }
 
 /** Why a run that published nothing failed, or undefined when it published. */
@@ -284,11 +327,13 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
   // A virtual replay of a bag runs on the bag's own time line, so its recording's times are the bag's.
   const clock: Clock = config.clock === 'virtual' ? new VirtualClock(source.startNs ?? 0n) : new RealClock();
   const graph = createGraph({ source, stages: stages.chain, clock, config });
+  const { publisher } = stages;
   const recorderErrors: string[] = [];
   const table = new LiveTable({
     mode: opts.liveTable === false ? 'off' : config.telemetry.liveTable,
     intervalMs: config.telemetry.intervalMs,
   });
+  let control: Awaited<ReturnType<(typeof import('./control.ts'))['startControlServer']>> | undefined;
   let removeSignals: (() => void) | undefined;
   let timer: NodeJS.Timeout | undefined;
   let running = false;
@@ -300,20 +345,26 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
         recorderErrors.push(err.message);
       });
     }
-    // Drops, cancels, degrade steps, errors and the periodic stats go to the publisher's topics, so a
-    // robot stack sees every decision the graph makes. Those after the publisher has closed (the last
-    // ones of a run) are counted and reported; they are in the summary and the recording all the same.
-    if (stages.telemetry) graph.events.subscribe(stages.telemetry.accept);
+    if (config.control.enabled) {
+      const { startControlServer } = await import('./control.ts');
+      control = await startControlServer(config.control, graph.control);
+      log(`control socket on ${control.endpoint}`);
+    }
+    // Drops, cancels, degrade steps, errors, source incidents and the periodic stats go to the
+    // publisher's topics, so a robot stack sees every decision the graph makes. The publisher outlives
+    // the graph: it closes after the run's last stats, with the final summary as the last event.
+    if (publisher) graph.events.subscribe(publisher.sink.accept);
     opts.onStart?.(graph, source.expectedItems);
     table.attach(graph.events);
     removeSignals = stopOnSignals(graph);
     timer = opts.duration ? setTimeout(() => void graph.stop('duration'), opts.duration * 1000) : undefined;
     running = true;
     const summary = await graph.run();
+    await control?.close();
     table.detach();
     if (recorder) await recorder.close().catch((err: Error) => recorderErrors.push(err.message));
-    const undelivered = stages.telemetry?.undelivered ?? 0;
-    if (undelivered > 0) log(`${undelivered} telemetry/event message(s) came after the publisher closed and were not published`);
+    const published = await publisher?.close(summary);
+    if (published) log(`published ${describePublished(published)}`);
     const notRecorded = recorder?.counts.framesNotRecorded ?? 0;
     if (notRecorded > 0) log(`recorder: ${notRecorded} frames were not recorded (the disk did not keep up)`);
     const failure = runFailure(summary) ?? (recorderErrors.length > 0 ? `the recording failed: ${recorderErrors[0]}` : undefined);
@@ -324,6 +375,9 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
     table.detach();
     // The graph closes the source and the stages when it runs; before that, they are closed here.
     if (!running) for (const closable of [source, ...stages.chain.stages]) await closable.close?.().catch(() => undefined);
+    // All three are idempotent: after a failure they still release their files and endpoints.
+    await control?.close();
+    await publisher?.close();
     await recorder?.close().catch(() => undefined);
   }
 }

@@ -1,91 +1,191 @@
-// publisher: validated actions → ZeroMQ PUB. Each message is three frames:
-//   [topic, header JSON, body JSON]
-//   header = { schema_id, seq, frame_id, source_id, capture_wall_ms, publish_wall_ms }
-//   body   = the action, exactly as it passed the schema
-// Subscribers filter on the topic frame (ZeroMQ filters are byte prefixes: 'actions' also matches
-// 'actions/rear'). createPublisher() returns two faces over one socket: the `stage` that publishes
-// actions, and a telemetry `sink` that publishes the graph's decisions (drop, cancel, degrade,
-// error) on the events topic and its periodic stats on the telemetry topic, as [topic, JSON].
-// Concurrency: zeromq allows one pending send per socket, so sends are serialised by a lock: a
-// caller's await returns when its own message is handed to ZeroMQ (no queue grows behind it beyond
-// the callers that are awaiting). Use it behind concatMap.
+// publisher: validated actions, the graph's decisions and its stats → one ZeroMQ PUB socket, three
+// topics. Every message is three frames, [topic, header JSON, body JSON] (configs/wire/: the header
+// schema, the action schema for action bodies, messages.schema.json for the others; README "Wire
+// format"):
+//   actions    ActionHeader + the action exactly as it passed its schema
+//   events     MessageHeader + one decision (drop, cancel, degrade, error), source incident, control
+//              change, and last of all the run's `end` summary
+//   telemetry  MessageHeader + the periodic stats, with this publisher's own counters
+// `seq` counts up by one per topic within a run (`run_id`): a subscriber sees a loss as a gap.
+//
+// Why queues of our own: a PUB socket drops silently for a subscriber whose queue is full, and all
+// topics share that queue, so high-rate telemetry crowded out every action of a slow subscriber.
+// Here the socket never drops (XPUB no-drop: a send to a full subscriber fails with EAGAIN and is
+// retried), and each topic waits in its own bounded queue in front of it, actions first, then
+// events, then telemetry. A full topic queue drops its oldest message, counted per topic (stats(),
+// the telemetry topic, the `end` event). So a slow subscriber holds the socket back for everyone
+// (as a reliable ROS 2 QoS does) but never the graph: the stage only enqueues.
+// Concurrency: zeromq allows one pending send per socket; the pump below is the only sender.
 import { Publisher as PubSocket } from 'zeromq';
 import type { ActionMessage } from './payloads.ts';
-import { eventToJson, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
-import type { PublisherConfig } from '../pipeline/config.ts';
-import type { Stage, StageContext, TelemetrySink } from '../pipeline/types.ts';
+import type { ClockKind, PublisherStats, TopicStats } from '../client/wire-types.ts';
+import { eventToJson, type RunSummary, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
+import type { CurveConfig, PublisherConfig } from '../pipeline/config.ts';
+import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../pipeline/endpoint.ts';
+import type { Stage, StageContext, Stamp, TelemetrySink } from '../pipeline/types.ts';
 
-/** The publisher section of a defaulted config: `endpoint` (e.g. 'tcp://127.0.0.1:5556', 'tcp://*:5556',
- * 'tcp://127.0.0.1:*' for any free port, 'ipc:///tmp/percept.sock'), the actions `topic`, and
- * `sendHighWaterMark` (ZeroMQ SNDHWM: messages queued per subscriber before PUB drops for it); and
- * the publisher's own settings. */
-export interface PublisherOptions extends PublisherConfig {
-  /** Topics of the sink's stats and of its decision events (defaults 'telemetry', 'events'). */
-  readonly telemetryTopic?: string;
-  readonly eventsTopic?: string;
-  /** How long close() keeps sending already-queued messages (ms, default 1000). */
+const HEADER_VERSION = 1;
+const EVENT_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Event';
+const TELEMETRY_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Telemetry';
+
+export interface PublisherOptions extends Pick<PublisherConfig, 'endpoint' | 'topic' | 'sendHighWaterMark'> {
+  /** CURVE server key (required for an endpoint other hosts can reach, unless `insecure`). */
+  readonly curve?: CurveConfig | null;
+  readonly insecure?: boolean;
+  readonly highWaterMarks?: Partial<PublisherConfig['highWaterMarks']>;
+  /** How long close() lets queued messages reach connected subscribers (ms, default 2000). */
   readonly lingerMs?: number;
+  /** Unique per run (default: a random UUID). */
+  readonly runId?: string;
+  /** The run's clock: on 'virtual', frame times go out as virtual_* and never as wall times. */
+  readonly clock?: ClockKind;
+  /** Role → model id, copied into every action header. */
+  readonly models?: Readonly<Record<string, string>>;
+  /** Topics of the events and the stats (defaults 'events', 'telemetry'). */
+  readonly eventsTopic?: string;
+  readonly telemetryTopic?: string;
 }
 
-export interface WireHeader {
-  readonly schema_id: string;
-  readonly seq: number;
-  readonly frame_id: number;
-  readonly source_id: string;
-  readonly capture_wall_ms: number;
-  readonly publish_wall_ms: number;
-}
-
-export interface PublisherStage extends Stage<ActionMessage, ActionMessage> {
-  /** The endpoint actually bound (a wildcard port resolved), usable by connect(). */
-  readonly endpoint: string;
-  readonly topic: string;
-  /** Action messages handed to ZeroMQ so far (= the next seq). */
-  readonly sent: number;
-  close(): Promise<void>;
-}
+/** The publish stage: enqueues the action (never waits for the socket) and passes it on. */
+export type PublisherStage = Stage<ActionMessage, ActionMessage>;
 
 export interface PublisherSink extends TelemetrySink {
-  /** Sends one event as `[topic, JSON]` (bigints as decimal strings) and resolves when ZeroMQ has it;
-   * resolves without sending for the event types that are not published (frame, span, note, output). */
-  publish(event: TelemetryEvent): Promise<void>;
+  /** Queues one event: decisions, source and control events on the events topic, stats on the
+   * telemetry topic; other event types are not published. */
+  readonly accept: (event: TelemetryEvent) => void;
 }
 
 export interface Publisher {
+  /** The endpoint actually bound (a wildcard port resolved), usable by connect(). */
+  readonly endpoint: string;
+  readonly runId: string;
   readonly stage: PublisherStage;
   readonly sink: PublisherSink;
+  /** Per topic: accepted (= the next seq), sent, dropped, queued. */
+  stats(): PublisherStats;
+  /** Sends what is queued, then the `end` event with `summary` and the final counters, waits up to
+   * lingerMs for it all to go out, and closes the socket. Resolves with the final counters; what
+   * could not be sent by then is counted as dropped. Idempotent. */
+  close(summary?: RunSummary): Promise<PublisherStats>;
 }
 
-/** The events that go out on the events topic: every decision the graph makes about a frame. */
-const DECISIONS: ReadonlySet<TelemetryEvent['type']> = new Set(['drop', 'cancel', 'degrade', 'error']);
+type TopicName = 'actions' | 'events' | 'telemetry';
+/** A message waiting in a topic queue; its header is finished when it is sent. */
+interface Pending {
+  readonly seq: number;
+  /** The header's JSON without its closing brace and without seq/publish_wall_ms. */
+  readonly head: string;
+  /** The body, or (the end event) a function that makes it when it is sent. */
+  readonly body: string | (() => string);
+}
 
-const ENDPOINT = /^(tcp|ipc|inproc):\/\/.+/;
+/** One topic: its frame, its seq counter and its bounded queue (oldest dropped when full). */
+class TopicQueue {
+  readonly frame: Buffer;
+  readonly highWaterMark: number;
+  readonly #items: (Pending | undefined)[] = [];
+  #first = 0;
+  accepted = 0;
+  sent = 0;
+  dropped = 0;
+
+  constructor(name: string, highWaterMark: number) {
+    this.frame = Buffer.from(name);
+    this.highWaterMark = highWaterMark;
+  }
+  get length(): number {
+    return this.#items.length - this.#first;
+  }
+  push(make: (seq: number) => Pending): void {
+    if (this.length >= this.highWaterMark) {
+      this.shift();
+      this.dropped += 1;
+    }
+    this.#items.push(make(this.accepted++));
+  }
+  shift(): Pending | undefined {
+    if (this.length === 0) return undefined;
+    const item = this.#items[this.#first];
+    this.#items[this.#first++] = undefined;
+    // Compact now and then instead of Array.shift() per message.
+    if (this.#first > 1024 && this.#first * 2 > this.#items.length) {
+      this.#items.splice(0, this.#first);
+      this.#first = 0;
+    }
+    return item;
+  }
+  stats(): TopicStats {
+    return { accepted: this.accepted, sent: this.sent, dropped: this.dropped, queued: this.length, highWaterMark: this.highWaterMark };
+  }
+}
+
+/** The events published on the events topic; stats go to telemetry; the rest stays inside. */
+const EVENT_TYPES: ReadonlySet<TelemetryEvent['type']> = new Set(['drop', 'cancel', 'degrade', 'error', 'source', 'control']);
+
+const num = (value: number): string => (Number.isFinite(value) ? String(value) : 'null');
+const stampJson = (stamp: Stamp | null | undefined): string => (stamp ? `{"sec":${stamp.sec},"nanosec":${stamp.nanosec}}` : 'null');
+const requireSecretKey = (curve: CurveConfig): string => {
+  if (!curve.secretKeyFile) throw new TypeError('createPublisher: curve.secretKeyFile (the server secret key) is required');
+  return curve.secretKeyFile;
+};
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
 export async function createPublisher(options: PublisherOptions): Promise<Publisher> {
   if (options === null || typeof options !== 'object')
-    throw new TypeError('createPublisher: expected an options object { endpoint, topic }');
-  const { endpoint, topic, sendHighWaterMark, telemetryTopic = 'telemetry', eventsTopic = 'events', lingerMs = 1000 } = options;
-  if (typeof endpoint !== 'string' || !ENDPOINT.test(endpoint)) {
-    throw new TypeError(
-      `createPublisher: expected endpoint like tcp://host:port, ipc://path or inproc://name but received ${JSON.stringify(endpoint)}`,
-    );
+    throw new TypeError('createPublisher: expected an options object { endpoint, topic, sendHighWaterMark }');
+  const {
+    endpoint,
+    topic,
+    sendHighWaterMark,
+    curve = null,
+    insecure = false,
+    lingerMs = 2000,
+    runId = crypto.randomUUID(),
+    clock = 'real',
+    models = {},
+    eventsTopic = 'events',
+    telemetryTopic = 'telemetry',
+  } = options;
+  let parsed;
+  try {
+    parsed = parseEndpoint(endpoint);
+  } catch (err) {
+    throw new TypeError(`createPublisher: ${(err as Error).message}`, { cause: err });
   }
+  const refused = insecureEndpointProblem(parsed, endpoint, { bind: true, curve: curve !== null, insecure });
+  if (refused) throw new Error(`publisher: ${refused}`);
   for (const [name, value] of [
     ['topic', topic],
-    ['telemetryTopic', telemetryTopic],
     ['eventsTopic', eventsTopic],
+    ['telemetryTopic', telemetryTopic],
+    ['runId', runId],
   ] as const) {
     if (typeof value !== 'string' || value.length === 0) {
       throw new TypeError(`createPublisher: expected a non-empty string for ${name} but received ${JSON.stringify(value)}`);
     }
   }
+  const hwm = { actions: 1000, events: 1000, telemetry: 16, ...options.highWaterMarks };
+  for (const [name, value] of [
+    ['sendHighWaterMark', sendHighWaterMark],
+    ['highWaterMarks.actions', hwm.actions],
+    ['highWaterMarks.events', hwm.events],
+    ['highWaterMarks.telemetry', hwm.telemetry],
+  ] as const) {
+    if (!Number.isInteger(value) || value < 1)
+      throw new RangeError(`createPublisher: expected integer >= 1 for ${name} but received ${value}`);
+  }
   if (!Number.isInteger(lingerMs) || lingerMs < 0)
     throw new RangeError(`createPublisher: expected integer >= 0 for lingerMs but received ${lingerMs}`);
-  if (!Number.isInteger(sendHighWaterMark) || sendHighWaterMark < 0) {
-    throw new RangeError(`createPublisher: expected integer >= 0 for sendHighWaterMark but received ${sendHighWaterMark}`);
-  }
+  if (clock !== 'real' && clock !== 'virtual')
+    throw new TypeError(`createPublisher: expected clock 'real' or 'virtual' but received ${clock}`);
 
-  const socket = new PubSocket({ sendHighWaterMark, linger: 0 });
+  const socket = new PubSocket({
+    sendHighWaterMark,
+    noDrop: true,
+    sendTimeout: 0,
+    linger: 0,
+    ...(curve ? { curveServer: true, curveSecretKey: readCurveKey(requireSecretKey(curve), 'publisher secret key') } : {}),
+  });
   try {
     await socket.bind(endpoint);
   } catch (err) {
@@ -94,68 +194,159 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
     throw new Error(`publisher: cannot bind ${endpoint}${code ? ` (${code})` : ''}: ${(err as Error).message}`, { cause: err });
   }
   const bound = socket.lastEndpoint ?? endpoint;
-  const topicFrame = Buffer.from(topic);
-  const telemetryFrame = Buffer.from(telemetryTopic);
-  const eventsFrame = Buffer.from(eventsTopic);
 
-  let seq = 0;
-  let closed = false;
-  let lock: Promise<unknown> = Promise.resolve();
-  // Runs `send` after every earlier send has settled; a failed send does not block later ones.
-  const serialised = (send: () => Promise<void>): Promise<void> => {
-    if (closed) return Promise.reject(new Error(`publisher ${bound}: send after close`));
-    const next = lock.then(send);
-    lock = next.catch(() => undefined);
-    return next;
+  const topics: Record<TopicName, TopicQueue> = {
+    actions: new TopicQueue(topic, hwm.actions),
+    events: new TopicQueue(eventsTopic, hwm.events),
+    telemetry: new TopicQueue(telemetryTopic, hwm.telemetry),
   };
+  const order = [topics.actions, topics.events, topics.telemetry];
+  const stats = (): PublisherStats => ({
+    [topic]: topics.actions.stats(),
+    [eventsTopic]: topics.events.stats(),
+    [telemetryTopic]: topics.telemetry.stats(),
+  });
+
+  // The parts of every header that do not change within a run; seq and publish_wall_ms are added
+  // when a message is sent.
+  const common = `"run_id":${JSON.stringify(runId)},"clock":"${clock}"`;
+  const eventHead = `{"header_version":${HEADER_VERSION},"schema_id":"${EVENT_SCHEMA_ID}",${common}`;
+  const telemetryHead = `{"header_version":${HEADER_VERSION},"schema_id":"${TELEMETRY_SCHEMA_ID}",${common}`;
+  const modelsJson = JSON.stringify(models);
+  const actionHeads = new Map<string, string>(); // schema id → its head
+  const sourceIds = new Map<string, string>(); // source id → its JSON
+
+  let closing = false;
+  let closed: Promise<PublisherStats> | undefined;
+  let pumping: Promise<void> | undefined;
+  let undelivered = 0;
+
+  /** Sends while anything is queued, highest priority first. A full subscriber makes send() fail
+   * with EAGAIN (no-drop): the message is retried after a short wait, growing to 16 ms. */
+  async function pump(): Promise<void> {
+    let waitMs = 0;
+    for (;;) {
+      const queue = order.find((q) => q.length > 0);
+      if (!queue) return;
+      const item = queue.shift()!;
+      const body = typeof item.body === 'string' ? item.body : item.body();
+      for (;;) {
+        const header = `${item.head},"seq":${item.seq},"publish_wall_ms":${Date.now()}}`;
+        try {
+          await socket.send([queue.frame, header, body]);
+          queue.sent += 1;
+          waitMs = 0;
+          break;
+        } catch (err) {
+          if ((err as { code?: string }).code !== 'EAGAIN' || socket.closed) {
+            queue.dropped += 1;
+            break;
+          }
+          waitMs = Math.min(16, Math.max(1, waitMs * 2));
+          await sleep(waitMs);
+        }
+      }
+    }
+  }
+  const kick = (): void => {
+    pumping ??= pump().finally(() => {
+      pumping = undefined;
+      if (order.some((q) => q.length > 0) && !socket.closed) kick();
+    });
+  };
+
+  function enqueueEvent(queue: TopicQueue, head: string, body: Pending['body']): void {
+    queue.push((seq) => ({ seq, head, body }));
+    kick();
+  }
 
   const stage: PublisherStage = {
     name: 'publish',
-    endpoint: bound,
-    topic,
-    get sent() {
-      return seq;
-    },
     process(msg: ActionMessage, ctx: StageContext): Promise<ActionMessage> {
-      return serialised(async () => {
-        const header: WireHeader = {
-          schema_id: msg.schemaId,
-          seq,
-          frame_id: msg.frameId,
-          source_id: msg.sourceId,
-          capture_wall_ms: msg.captureWallMs,
-          publish_wall_ms: ctx.clock.wallMs(),
-        };
-        await socket.send([topicFrame, JSON.stringify(header), JSON.stringify(msg.action)]);
-        seq += 1;
-      }).then(() => msg);
-    },
-    async close(): Promise<void> {
-      if (closed) return;
-      closed = true;
-      await lock;
-      // Queued actions still go out to connected subscribers for up to lingerMs (with linger 0
-      // the last actions of a run would vanish silently at shutdown); then they are dropped.
-      socket.linger = lingerMs;
-      // close() releases the endpoint later, on ZeroMQ's reaper thread; unbind first so the
-      // address is free when close() resolves (a restart can bind it again at once).
-      await socket.unbind(bound).catch(() => undefined);
-      socket.close();
+      if (closing) return Promise.reject(new Error(`publisher ${bound}: publish after close`));
+      const frame = ctx.frame;
+      let head = actionHeads.get(msg.schemaId);
+      if (head === undefined) {
+        head = `{"header_version":${HEADER_VERSION},"schema_id":${JSON.stringify(msg.schemaId)},${common}`;
+        actionHeads.set(msg.schemaId, head);
+      }
+      let sourceId = sourceIds.get(msg.sourceId);
+      if (sourceId === undefined) {
+        sourceId = JSON.stringify(msg.sourceId);
+        if (sourceIds.size < 1024) sourceIds.set(msg.sourceId, sourceId);
+      }
+      const budgetMs = Number(frame.deadlineNs - frame.captureNs) / 1e6;
+      const untilMs = msg.captureWallMs + budgetMs;
+      const real = clock === 'real';
+      const frameFields =
+        `,"frame_id":${msg.frameId},"source_id":${sourceId},"source_stamp":${stampJson(frame.sourceStamp)}` +
+        `,"capture_wall_ms":${real ? num(msg.captureWallMs) : 'null'},"valid_until_wall_ms":${real ? num(untilMs) : 'null'}` +
+        `,"virtual_capture_ms":${real ? 'null' : num(msg.captureWallMs)},"virtual_valid_until_ms":${real ? 'null' : num(untilMs)}` +
+        `,"degrade_level":${frame.degradeLevel},"models":${modelsJson}`;
+      const body = JSON.stringify(msg.action);
+      topics.actions.push((seq) => ({ seq, head: head + frameFields, body }));
+      kick();
+      return Promise.resolve(msg);
     },
   };
 
-  let undelivered = 0;
-  const publish = (event: TelemetryEvent): Promise<void> => {
-    const frame = event.type === 'stats' ? telemetryFrame : DECISIONS.has(event.type) ? eventsFrame : undefined;
-    if (!frame) return Promise.resolve();
-    return serialised(() => socket.send([frame, eventToJson(event)]));
-  };
   const sink: PublisherSink = {
-    publish,
-    accept: (event) => void publish(event).catch(() => void (undelivered += 1)),
+    accept(event: TelemetryEvent): void {
+      const isStats = event.type === 'stats';
+      if (!isStats && !EVENT_TYPES.has(event.type)) return;
+      if (closing) {
+        undelivered += 1;
+        return;
+      }
+      if (event.type === 'stats') {
+        const body = JSON.stringify({ type: 'stats', atNs: String(event.atNs), summary: event.summary, publisher: stats() });
+        enqueueEvent(topics.telemetry, telemetryHead, body);
+      } else {
+        enqueueEvent(topics.events, eventHead, eventToJson(event));
+      }
+    },
     get undelivered() {
       return undelivered;
     },
   };
-  return { stage, sink };
+
+  async function close(summary?: RunSummary): Promise<PublisherStats> {
+    closing = true;
+    if (summary) {
+      // The end summary supersedes stats still waiting (counted as dropped), and goes out last,
+      // with the counters as they are when it is sent (everything else has gone by then).
+      while (topics.telemetry.shift()) topics.telemetry.dropped += 1;
+      enqueueEvent(topics.events, eventHead, () => JSON.stringify({ type: 'end', summary, publisher: stats() }));
+    }
+    const deadline = Date.now() + lingerMs;
+    if (pumping) {
+      let timer: NodeJS.Timeout | undefined;
+      const timeout = new Promise<void>((resolve) => (timer = setTimeout(resolve, lingerMs)));
+      // pump() re-kicks itself while anything is queued, so wait for the chain, not one round.
+      const drained = (async () => {
+        while (pumping) await pumping;
+      })();
+      await Promise.race([drained, timeout]);
+      clearTimeout(timer);
+    }
+    // What is still queued will not go out: it counts as dropped.
+    for (const queue of order) while (queue.shift()) queue.dropped += 1;
+    // Handed to ZeroMQ is not yet on the wire: let it flush for what is left of lingerMs.
+    socket.linger = Math.max(0, deadline - Date.now());
+    // close() releases the endpoint later, on ZeroMQ's reaper thread; unbind first so the address
+    // is free when close() resolves (a restart can bind it again at once).
+    await socket.unbind(bound).catch(() => undefined);
+    socket.close();
+    await pumping;
+    return stats();
+  }
+
+  return {
+    endpoint: bound,
+    runId,
+    stage,
+    sink,
+    stats,
+    close: (summary) => (closed ??= close(summary)),
+  };
 }

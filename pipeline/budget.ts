@@ -142,7 +142,8 @@ export interface LadderDecision {
   readonly from: number;
   readonly to: number;
   readonly direction: 'down' | 'up';
-  readonly reason: 'predicted_miss' | 'comfortable';
+  /** 'pinned': held at a level by GraphControl.pinLevel. */
+  readonly reason: 'predicted_miss' | 'comfortable' | 'pinned';
   readonly predictedMs: number;
   readonly limitMs: number;
   readonly knobs: Knobs;
@@ -151,7 +152,8 @@ export interface LadderDecision {
 export class DegradeLadder {
   readonly #config: LadderConfig;
   readonly #levels: readonly Knobs[];
-  readonly #limitMs: number;
+  #limitMs: number;
+  #pinned: number | null = null;
   #level = 0;
   #comfortable = 0;
 
@@ -174,6 +176,25 @@ export class DegradeLadder {
     return this.#level;
   }
 
+  get pinned(): number | null {
+    return this.#pinned;
+  }
+
+  /** Holds the ladder at `level` from the next decision on (null: the cost model decides again). */
+  pin(level: number | null): void {
+    if (level !== null && !(Number.isInteger(level) && level >= 0 && level < this.#levels.length)) {
+      throw new RangeError(`DegradeLadder: level ${level} is outside 0..${this.#levels.length - 1}`);
+    }
+    this.#pinned = level;
+  }
+
+  /** The end-to-end budget the ladder keeps under (GraphControl.setBudgets). */
+  setEndToEnd(endToEndMs: number): void {
+    if (!(Number.isFinite(endToEndMs) && endToEndMs > 0))
+      throw new RangeError(`DegradeLadder: expected endToEndMs > 0 but received ${endToEndMs}`);
+    this.#limitMs = endToEndMs * this.#config.headroom;
+  }
+
   knobsAt(level: number): Knobs {
     const knobs = this.#levels[level];
     if (!knobs) throw new RangeError(`DegradeLadder: level ${level} is outside 0..${this.#levels.length - 1}`);
@@ -183,6 +204,10 @@ export class DegradeLadder {
   /** One decision, taken when a frame is admitted. Returns the step taken, if any; the model
    * forgets the level entered. */
   decide(model: CostModel): LadderDecision | undefined {
+    if (this.#pinned !== null) {
+      if (this.#pinned === this.#level) return undefined;
+      return this.#step(model, this.#pinned, 'pinned', model.predict(this.#level, 'quantile').ms, this.#limitMs);
+    }
     if (!this.#config.enabled) return undefined;
     // A miss is certain enough when even the stages measured so far exceed the limit; comfort
     // needs every stage measured.

@@ -16,6 +16,7 @@ import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Ajv, type ErrorObject } from 'ajv';
+import { insecureEndpointProblem, parseEndpoint } from './endpoint.ts';
 import type { Knobs } from './types.ts';
 
 export type SourceConfig =
@@ -29,7 +30,43 @@ export type SourceConfig =
       readonly rate: number;
       readonly loop: boolean;
     }
-  | { readonly kind: 'folder'; readonly path: string; readonly fps: number };
+  | { readonly kind: 'folder'; readonly path: string; readonly fps: number }
+  | FfmpegSourceConfig
+  | ZmqSourceConfig;
+
+export interface FfmpegSourceConfig {
+  readonly kind: 'ffmpeg';
+  readonly url: string;
+  readonly inputFormat: string | null;
+  readonly inputOptions: readonly string[];
+  readonly fps: number;
+  readonly width: number;
+  readonly height: number;
+  readonly realtime: boolean;
+  readonly restart: 'on-failure' | 'always' | 'never';
+  readonly maxRestarts: number;
+  readonly backoffMs: number;
+  readonly maxBackoffMs: number;
+  readonly ffmpegPath: string;
+}
+
+export interface ZmqSourceConfig {
+  readonly kind: 'zmq';
+  readonly endpoint: string;
+  readonly socket: 'pull' | 'sub';
+  readonly bind: boolean;
+  readonly topic: string;
+  readonly receiveHighWaterMark: number;
+  readonly curve: CurveConfig | null;
+  readonly insecure: boolean;
+}
+
+/** CURVE keys, as paths of files holding Z85 text: a bound socket's secret key, or the public key
+ * of the server a connecting socket talks to. */
+export interface CurveConfig {
+  readonly secretKeyFile?: string;
+  readonly serverKeyFile?: string;
+}
 
 export type EncoderConfig =
   | { readonly kind: 'onnx'; readonly model: string; readonly executionProvider: 'cpu' | 'cuda' | 'tensorrt'; readonly threads: number }
@@ -56,6 +93,18 @@ export interface PublisherConfig {
   readonly endpoint: string;
   readonly topic: string;
   readonly sendHighWaterMark: number;
+  /** Per topic: the capacity of percept's own queue in front of the socket. */
+  readonly highWaterMarks: { readonly actions: number; readonly events: number; readonly telemetry: number };
+  readonly lingerMs: number;
+  readonly curve: CurveConfig | null;
+  readonly insecure: boolean;
+}
+
+export interface ControlConfig {
+  readonly enabled: boolean;
+  readonly endpoint: string;
+  readonly curve: CurveConfig | null;
+  readonly insecure: boolean;
 }
 
 export type EdgePolicy = { readonly policy: 'latest' } | { readonly policy: 'queue'; readonly capacity: number };
@@ -93,6 +142,7 @@ export interface PerceptConfig {
   readonly decoder: DecoderConfig;
   readonly actions: { readonly schema: string };
   readonly publisher: PublisherConfig;
+  readonly control: ControlConfig;
   readonly recorder: { readonly enabled: boolean; readonly path: string; readonly frames: boolean; readonly chunkMs: number };
   readonly budgets: BudgetsConfig;
   /** `default` plus optional per-stage entries. */
@@ -132,9 +182,14 @@ const CONFIG_SCHEMA_PATH = new URL('../configs/percept.schema.json', import.meta
 /** What the schema's default paths are relative to: the folder that holds configs/. */
 const DEFAULTS_BASE = fileURLToPath(new URL('..', import.meta.url));
 
-/** The config fields that name files (section, key). */
-const PATH_FIELDS: readonly (readonly [string, string])[] = [
+/** The config fields that name files (their keys from the root). */
+const PATH_FIELDS: readonly (readonly string[])[] = [
   ['source', 'path'],
+  ['source', 'url'],
+  ['source', 'curve', 'secretKeyFile'],
+  ['source', 'curve', 'serverKeyFile'],
+  ['publisher', 'curve', 'secretKeyFile'],
+  ['control', 'curve', 'secretKeyFile'],
   ['encoder', 'model'],
   ['encoder', 'mmproj'],
   ['decoder', 'model'],
@@ -169,7 +224,7 @@ export function loadConfig(input: string | object): PerceptConfig {
     );
   }
 
-  const given = new Set(PATH_FIELDS.filter(([section, key]) => pathAt(data, section, key) !== undefined));
+  const given = new Set(PATH_FIELDS.filter((keys) => pathAt(data, keys) !== undefined));
   if (typeof input === 'string') resolvePaths(data, PATH_FIELDS, dirname(resolve(input)));
   const calibrationIssue = inlineCalibration(data, typeof input === 'string' ? dirname(resolve(input)) : process.cwd());
   if (calibrationIssue) throw new ConfigError(origin, [calibrationIssue]);
@@ -204,16 +259,19 @@ function inlineCalibration(data: unknown, base: string): ConfigIssue | undefined
   return undefined;
 }
 
-/** The file path at data[section][key], if there is one (a non-empty string that is no synth: spec). */
-function pathAt(data: unknown, section: string, key: string): string | undefined {
-  const value = isRecord(data) && isRecord(data[section]) ? data[section][key] : undefined;
-  return typeof value === 'string' && value !== '' && !value.startsWith('synth:') ? value : undefined;
+/** The file path at data[keys[0]][keys[1]]…, if there is one: a non-empty string that is no
+ * `scheme:` (a synth: spec, an rtsp:// or http:// URL). */
+function pathAt(data: unknown, keys: readonly string[]): string | undefined {
+  const value = keys.reduce<unknown>((node, key) => (isRecord(node) ? node[key] : undefined), data);
+  return typeof value === 'string' && value !== '' && !/^[a-z][a-z0-9+.-]*:/i.test(value) ? value : undefined;
 }
 
-function resolvePaths(data: unknown, fields: readonly (readonly [string, string])[], base: string): void {
-  for (const [section, key] of fields) {
-    const path = pathAt(data, section, key);
-    if (path !== undefined && !isAbsolute(path)) (data as Record<string, Record<string, unknown>>)[section]![key] = resolve(base, path);
+function resolvePaths(data: unknown, fields: readonly (readonly string[])[], base: string): void {
+  for (const keys of fields) {
+    const path = pathAt(data, keys);
+    if (path === undefined || isAbsolute(path)) continue;
+    const parent = keys.slice(0, -1).reduce<unknown>((node, key) => (node as Record<string, unknown>)[key], data);
+    (parent as Record<string, unknown>)[keys.at(-1)!] = resolve(base, path);
   }
 }
 
@@ -266,9 +324,37 @@ function describeAjvError(error: ErrorObject): ConfigIssue {
   }
 }
 
+/** Every endpoint: a real port (1–65535, or * where a bind may pick one), and nothing other hosts
+ * can reach without CURVE unless the section says insecure: true. */
+function checkEndpoints(config: PerceptConfig): ConfigIssue[] {
+  const sockets: { section: string; endpoint: string; bind: boolean; curve: CurveConfig | null; insecure: boolean }[] = [
+    { section: '/publisher', bind: true, ...config.publisher },
+  ];
+  if (config.control.enabled) sockets.push({ section: '/control', bind: true, ...config.control });
+  if (config.source.kind === 'zmq') sockets.push({ section: '/source', ...config.source });
+  const issues: ConfigIssue[] = [];
+  for (const { section, endpoint, bind, curve, insecure } of sockets) {
+    try {
+      const parsed = parseEndpoint(endpoint, { bind });
+      const problem = insecureEndpointProblem(parsed, endpoint, { bind, curve: curve != null, insecure });
+      if (problem) issues.push({ path: `${section}/endpoint`, message: problem });
+    } catch (err) {
+      issues.push({ path: `${section}/endpoint`, message: (err as Error).message });
+    }
+    if (curve && bind && !curve.secretKeyFile)
+      issues.push({ path: `${section}/curve/secretKeyFile`, message: "is required to bind with CURVE (the server's secret key)" });
+    if (curve && !bind && !curve.serverKeyFile)
+      issues.push({ path: `${section}/curve/serverKeyFile`, message: "is required to connect with CURVE (the server's public key)" });
+  }
+  return issues;
+}
+
 /** Checks the schema cannot express. Returns the problems found (empty when the config is sound). */
 function checkSemantics(config: PerceptConfig): ConfigIssue[] {
-  const issues: ConfigIssue[] = [];
+  const issues: ConfigIssue[] = [...checkEndpoints(config)];
+  if ((config.source.kind === 'ffmpeg' || config.source.kind === 'zmq') && config.clock === 'virtual') {
+    issues.push({ path: '/clock', message: `must be "real" for a live source (${config.source.kind}): its frames come in real time` });
+  }
   const { budgets, ladder } = config;
   for (const [stage, ms] of Object.entries(budgets.stages)) {
     if (ms > budgets.endToEndMs) {

@@ -27,9 +27,27 @@ describe('parseSourceSpec', () => {
     assert.deepEqual(parseSourceSpec('folder:imgs:3', pattern), { kind: 'folder', path: resolve('imgs'), fps: 3 });
   });
 
+  test('ffmpeg:URL and zmq:ENDPOINT keep everything after the kind; a relative file is relative to here', () => {
+    assert.deepEqual(parseSourceSpec('ffmpeg:rtsp://127.0.0.1:8554/cam', pattern), { kind: 'ffmpeg', url: 'rtsp://127.0.0.1:8554/cam' });
+    assert.deepEqual(parseSourceSpec('ffmpeg:/dev/video0', pattern), { kind: 'ffmpeg', url: '/dev/video0' });
+    assert.deepEqual(parseSourceSpec('ffmpeg:clips/a.mp4', pattern), { kind: 'ffmpeg', url: resolve('clips/a.mp4') });
+    assert.deepEqual(parseSourceSpec('zmq:tcp://127.0.0.1:5560', pattern), { kind: 'zmq', endpoint: 'tcp://127.0.0.1:5560' });
+    assert.deepEqual(loadConfig({ source: parseSourceSpec('zmq:ipc:///tmp/frames', pattern) }).source, {
+      kind: 'zmq',
+      endpoint: 'ipc:///tmp/frames',
+      socket: 'pull',
+      bind: false,
+      topic: '',
+      receiveHighWaterMark: 10,
+      curve: null,
+      insecure: false,
+    });
+  });
+
   test('bad specs name what is wrong', () => {
-    assert.throws(() => parseSourceSpec('camera:0', pattern), /unknown kind 'camera' \(expected pattern, bag or folder\)/);
+    assert.throws(() => parseSourceSpec('camera:0', pattern), /unknown kind 'camera' \(expected pattern, bag, folder, ffmpeg or zmq\)/);
     assert.throws(() => parseSourceSpec('bag:', pattern), /expected bag:PATH/);
+    assert.throws(() => parseSourceSpec('zmq:', pattern), /expected zmq:ENDPOINT/);
     assert.throws(() => parseSourceSpec('pattern:fast', pattern), /FPS must be a number >= 0, got 'fast'/);
   });
 });

@@ -1,6 +1,8 @@
 // End to end: `percept run` as a user runs it (the `percept` bin in a child process, started from
 // another directory than the repository, the real stages on the tiny synthetic models) publishes
 // schema-valid actions that a ZeroMQ subscriber receives, and its JSON summary accounts for every frame.
+// The Python subscriber (client/python) is a second, non-JS peer: it validates every action with the
+// same schemas and gets the run's final summary as the last event.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -9,6 +11,7 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Subscriber } from 'zeromq';
 import { loadActionSchema } from '../nodes/action-schema.ts';
+import { startPythonSubscriber } from './python-peer.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 const dir = join(root, '.cache', 'e2e');
@@ -52,6 +55,7 @@ test('percept run on the tiny models publishes schema-valid actions and accounts
   sub.connect(endpoint);
   sub.subscribe('actions');
   const received: Array<{ header: { schema_id: string; frame_id: number; seq: number }; body: unknown }> = [];
+  const python = await startPythonSubscriber(['--connect', endpoint, '--topic', 'actions', '--topic', 'events', '--until-end']);
 
   const child = spawn(
     process.execPath,
@@ -98,4 +102,27 @@ test('percept run on the tiny models publishes schema-valid actions and accounts
     received.map((_, i) => i),
     'sequence numbers have no gaps',
   );
+
+  // The Python peer: every action, valid, no gap; the events end with the summary of this run.
+  const fromPython: Record<string, unknown>[] = [];
+  for (let m = await python.next(); !('counts' in m); m = await python.next()) fromPython.push(m);
+  for (const m of fromPython) assert.equal(m.valid, true, `python: ${m.topic} #${m.seq}: ${m.error}`);
+  const pyActions = fromPython.filter((m) => m.topic === 'actions');
+  assert.deepEqual(
+    pyActions.map((m) => [m.seq, m.lost]),
+    received.map((_, i) => [i, 0]),
+    'python received every action',
+  );
+  assert.deepEqual(
+    pyActions.map((m) => m.body),
+    received.map((m) => m.body),
+  );
+  const end = fromPython.at(-1)!.body as {
+    type: string;
+    summary: { frames: unknown };
+    publisher: Record<string, { sent: number; dropped: number }>;
+  };
+  assert.equal(end.type, 'end');
+  assert.deepEqual(end.summary.frames, summary.frames);
+  assert.deepEqual([end.publisher.actions!.sent, end.publisher.actions!.dropped], [summary.frames.out, 0]);
 });

@@ -10,7 +10,7 @@ import { cruise, type ICruiseResult } from 'dependency-cruiser';
 import extractDepcruiseOptions from 'dependency-cruiser/config-utl/extract-depcruise-options';
 
 const ROOT = join(import.meta.dirname, '..');
-const FOLDERS = ['app', 'pipeline', 'nodes', 'native', 'models', 'tools'];
+const FOLDERS = ['app', 'pipeline', 'nodes', 'native', 'models', 'client', 'tools'];
 
 /** "rule: from → to" for every violation of the repo's rules in `baseDir`'s source folders. */
 async function violations(baseDir: string): Promise<string[]> {
@@ -46,17 +46,22 @@ describe('import rules', () => {
       'tools/make-bag.ts': "import '../app/run.ts';\n",
       'tools/helpers.ts': 'export {};\n',
       'app/cli.ts': "import '../tools/helpers.ts';\n", // source importing a script
+      'client/index.ts': "import './wire-types.ts';\nimport '../pipeline/types.ts';\n", // the client needing the pipeline
+      'client/wire-types.ts': 'export {};\n',
+      'nodes/publisher.ts': "import '../client/wire-types.ts';\nimport '../client/index.ts';\n", // a stage using the subscriber code
     };
     for (const [path, text] of Object.entries(files)) {
       mkdirSync(dirname(join(dir, path)), { recursive: true });
       writeFileSync(join(dir, path), text);
     }
     assert.deepEqual(await violations(dir), [
+      'client-stands-alone: client/index.ts → pipeline/types.ts',
       'models-import-no-stage-or-app: models/resolve.ts → nodes/payloads.ts',
       'models-resolved-by-app-only: nodes/decoder.ts → models/resolve.ts',
       'native-is-the-binding: native/llama.ts → pipeline/types.ts',
       'no-unresolvable-import: models/synth.ts → ./missing.ts',
       'only-app-imports-app: nodes/recorder.ts → app/run.ts',
+      'only-wire-types-from-client: nodes/publisher.ts → client/index.ts',
       'pipeline-is-the-runtime: pipeline/graph.ts → nodes/payloads.ts',
       'stages-never-import-stages: nodes/decoder.ts → nodes/encoder.ts',
       'tools-are-scripts: app/cli.ts → tools/helpers.ts',

@@ -110,12 +110,88 @@ describe('loadConfig', () => {
       { ladder: { window: 4, minSamples: 5 } },
       ['/ladder/minSamples: must be at most /ladder/window (4) but is 5'],
     ],
+    // endpoints: libzmq would bind 99999 modulo 65536, and * on every interface, without a word
+    [
+      'a port out of range',
+      { publisher: { endpoint: 'tcp://127.0.0.1:99999' } },
+      ['/publisher/endpoint: tcp://127.0.0.1:99999: port 99999 is out of range (1–65535, or * for any free port)'],
+    ],
+    [
+      'a bind on every interface without CURVE',
+      { publisher: { endpoint: 'tcp://*:5556' } },
+      [
+        '/publisher/endpoint: tcp://*:5556 binds every network interface without encryption: set curve (key files) to encrypt it, or insecure: true to allow it in the clear',
+      ],
+    ],
+    [
+      'a control socket on another interface without CURVE',
+      { control: { enabled: true, endpoint: 'tcp://192.168.1.20:5557' } },
+      [
+        '/control/endpoint: tcp://192.168.1.20:5557 binds 192.168.1.20, which other hosts can reach, without encryption: set curve (key files) to encrypt it, or insecure: true to allow it in the clear',
+      ],
+    ],
+    [
+      'a frame input from another host without CURVE',
+      { source: { kind: 'zmq', endpoint: 'tcp://10.1.2.3:6000' } },
+      [
+        '/source/endpoint: tcp://10.1.2.3:6000 connects to another host without encryption: set curve (key files) to encrypt it, or insecure: true to allow it in the clear',
+      ],
+    ],
+    [
+      'a live source on a virtual clock',
+      { source: { kind: 'ffmpeg', url: 'a.mp4' }, clock: 'virtual' },
+      ['/clock: must be "real" for a live source (ffmpeg): its frames come in real time'],
+    ],
+    [
+      'a connect to any port',
+      { source: { kind: 'zmq', endpoint: 'tcp://127.0.0.1:*' } },
+      ['/source/endpoint: tcp://127.0.0.1:*: a connect needs a port number, not *'],
+    ],
+    [
+      'a transport percept does not speak',
+      { publisher: { endpoint: 'udp://127.0.0.1:5556' } },
+      [
+        '/publisher/endpoint: "udp://127.0.0.1:5556" is not an endpoint percept accepts: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME',
+      ],
+    ],
+    [
+      'CURVE without the key the side needs',
+      {
+        source: { kind: 'zmq', endpoint: 'tcp://127.0.0.1:6000', curve: { secretKeyFile: 'client.key' } },
+        publisher: { endpoint: 'tcp://*:1', curve: { serverKeyFile: 'x.pub' } },
+      },
+      [
+        "/publisher/curve/secretKeyFile: is required to bind with CURVE (the server's secret key)",
+        "/source/curve/serverKeyFile: is required to connect with CURVE (the server's public key)",
+      ],
+    ],
   ];
   for (const [what, input, expected] of rejected) {
     test(`rejects ${what}, naming the path`, () => {
       assert.deepEqual(issuesOf(input), expected);
     });
   }
+
+  test('endpoints other hosts can reach are allowed with CURVE or insecure: true; loopback, ipc and wildcard ports as they are', () => {
+    assert.equal(
+      loadConfig({ publisher: { endpoint: 'tcp://*:5556', curve: { secretKeyFile: '/keys/server.key' } } }).publisher.endpoint,
+      'tcp://*:5556',
+    );
+    assert.equal(loadConfig({ publisher: { endpoint: 'tcp://0.0.0.0:5556', insecure: true } }).publisher.insecure, true);
+    for (const endpoint of [
+      'tcp://127.0.0.1:*',
+      'tcp://localhost:5556',
+      'tcp://[::1]:5556',
+      'ipc:///tmp/percept.sock',
+      'inproc://percept',
+    ]) {
+      assert.equal(loadConfig({ publisher: { endpoint } }).publisher.endpoint, endpoint);
+    }
+    const config = loadConfig({});
+    assert.deepEqual(config.publisher.highWaterMarks, { actions: 1000, events: 1000, telemetry: 16 });
+    assert.equal(config.publisher.curve, null);
+    assert.deepEqual(config.control, { enabled: false, endpoint: 'tcp://127.0.0.1:5557', curve: null, insecure: false });
+  });
 
   test('the error message names the file and every issue', () => {
     mkdirSync(cache, { recursive: true });
@@ -145,7 +221,17 @@ describe('loadConfig', () => {
         encoder: { kind: 'onnx', model: 'synth:gemma4-vision-tiny' },
         decoder: { model: 'models/decoder.gguf', draft: '/abs/draft.gguf' },
         recorder: { enabled: true, path: 'out/run.mcap' },
+        publisher: { curve: { secretKeyFile: 'keys/server.key' } },
       }),
+    );
+    const ffmpeg = join(dir, 'ffmpeg.json');
+    writeFileSync(ffmpeg, JSON.stringify({ source: { kind: 'ffmpeg', url: 'clips/a.mp4' } }));
+    const stream = join(dir, 'stream.json');
+    writeFileSync(stream, JSON.stringify({ source: { kind: 'ffmpeg', url: 'rtsp://127.0.0.1:8554/cam' } }));
+    assert.deepEqual(
+      [loadConfig(ffmpeg).source, loadConfig(stream).source].map((s) => s.kind === 'ffmpeg' && s.url),
+      [join(dir, 'clips/a.mp4'), 'rtsp://127.0.0.1:8554/cam'],
+      'a file is relative to the config, a URL stays',
     );
     const config = loadConfig(file);
     assert.equal(config.source.kind === 'bag' && config.source.path, join(dir, '../bags/front.mcap'));
@@ -154,6 +240,7 @@ describe('loadConfig', () => {
     assert.equal(config.decoder.draft, '/abs/draft.gguf');
     assert.equal(config.decoder.draftMtp, null);
     assert.equal(config.recorder.path, join(dir, 'out/run.mcap'));
+    assert.equal(config.publisher.curve?.secretKeyFile, join(dir, 'keys/server.key'));
     assert.equal(config.actions.schema, join(root, 'configs/actions/robot-action.schema.json'), 'a default names the installed file');
     // The shipped config works from any directory: its paths are relative to configs/.
     const shipped = loadConfig(join(root, 'configs/default.json'));

@@ -1,61 +1,93 @@
 import { after, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { Subscriber } from 'zeromq';
-import { createPublisher } from '../nodes/publisher.ts';
-import type { PublisherStage, WireHeader } from '../nodes/publisher.ts';
+import { Ajv } from 'ajv';
+import { Subscriber, curveKeyPair } from 'zeromq';
+import { createPublisher, type Publisher, type PublisherOptions } from '../nodes/publisher.ts';
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { benchPublish } from '../app/bench-publish.ts';
-import { VirtualClock } from '../pipeline/clock.ts';
+import { writeKeyPair } from '../app/keys.ts';
+import { VirtualClock, type Clock } from '../pipeline/clock.ts';
 import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
-import { eventToJson, type StatsEvent, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
-
-const stats = (atNs: bigint): StatsEvent => ({ type: 'stats', atNs, summary: new TelemetryAggregator('virtual').snapshot() });
+import type { StatsEvent, TelemetryEvent } from '../pipeline/telemetry/events.ts';
+import type { ActionHeader, MessageHeader } from '../client/wire-types.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 const schema = loadActionSchema(join(root, 'configs/actions/robot-action.schema.json'));
+const wire = new Ajv({ strict: true, allErrors: true });
+for (const file of ['header', 'messages']) wire.addSchema(JSON.parse(readFileSync(join(root, `configs/wire/${file}.schema.json`), 'utf8')));
+const validateActionHeader = wire.getSchema('percept/wire/header/v1#/definitions/ActionHeader')!;
+const validateMessageHeader = wire.getSchema('percept/wire/header/v1#/definitions/MessageHeader')!;
+const validateEvent = wire.getSchema('percept/wire/messages/v1#/definitions/Event')!;
+const validateTelemetry = wire.getSchema('percept/wire/messages/v1#/definitions/Telemetry')!;
 
-function context(clock = new VirtualClock(5_000_000n, 1_700_000_000_000)): StageContext {
+const stats = (atNs: bigint): StatsEvent => ({ type: 'stats', atNs, summary: new TelemetryAggregator('virtual').snapshot() });
+
+const BUDGET_NS = 250_000_000n;
+function context(frameId: number, clock: Clock = new VirtualClock(5_000_000n, 1_700_000_000_000)): StageContext {
+  const captureNs = clock.nowNs();
   return standaloneContext({
     clock,
-    frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'cam' },
-    deadlineNs: 0n,
-    knobs: { maxNewTokens: 64 },
+    frame: {
+      frameId,
+      sourceId: 'cam/front',
+      captureNs,
+      captureWallMs: clock.wallMs(),
+      degradeLevel: frameId % 3,
+      sourceStamp: { sec: 1_700_000_000 + frameId, nanosec: 5 },
+    },
+    deadlineNs: captureNs + BUDGET_NS,
   });
 }
 
-function message(frameId: number, action: unknown = { action: 'move', confidence: 0.5, speed: frameId % 2 }): ActionMessage {
-  return { schemaId: schema.wireSchemaId, frameId, sourceId: 'cam/front', captureWallMs: 1_700_000_000_000 + frameId, action };
+function message(
+  frameId: number,
+  ctx: StageContext,
+  action: unknown = { action: 'move', confidence: 0.5, speed: frameId % 2 },
+): ActionMessage {
+  return { schemaId: schema.wireSchemaId, frameId, sourceId: 'cam/front', captureWallMs: ctx.frame.captureWallMs, action };
 }
+
+const base = { endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: 1000 } as const;
+const parse = (frames: Buffer[]) => ({
+  topic: frames[0]!.toString(),
+  header: JSON.parse(frames[1]!.toString()),
+  body: JSON.parse(frames[2]!.toString()),
+});
 
 /** Subscribers time out (receiveTimeout) so a broken publisher fails the test instead of hanging it. */
-function subscriber(): Subscriber {
-  return new Subscriber({ linger: 0, receiveTimeout: 5000 });
+function subscriber(options: ConstructorParameters<typeof Subscriber>[0] = {}): Subscriber {
+  return new Subscriber({ linger: 0, receiveTimeout: 10_000, ...options });
 }
 
-async function receive(sub: Subscriber, what: string): Promise<Buffer[]> {
-  try {
-    return await sub.receive();
-  } catch (err) {
-    throw new Error(`no message while waiting for ${what}: ${(err as Error).message}`, { cause: err });
-  }
-}
-
-/** Slow joiner: a SUB misses what PUB sends before its subscription has propagated. Sends probe
- * actions until one arrives, then drains the probes sent after it. */
-async function probe(pub: PublisherStage, sub: Subscriber, ctx: StageContext): Promise<void> {
+/** Slow joiner: a SUB misses what PUB sends before its subscription has propagated. Sends events
+ * (drops of frame -1) until one arrives, then receives the probes sent after it. Returns how many
+ * events were sent. */
+async function probe(pub: Publisher, sub: Subscriber): Promise<number> {
   let first: Buffer[] | undefined;
-  const pending = sub.receive().then((m) => (first = m));
-  for (let i = 0; i < 500 && !first; i++) {
-    await pub.process(message(-1, { action: 'wait', confidence: 0 }), ctx);
+  const arrival = sub.receive().then((m) => (first = m));
+  let sent = 0;
+  for (; sent < 500 && !first; sent++) {
+    pub.sink.accept({ type: 'drop', atNs: 0n, frameId: -1, stage: 'probe', reason: 'stale', detail: 'probe' });
     await new Promise((r) => setTimeout(r, 10));
   }
-  await pending;
-  let seq = (JSON.parse(first![1].toString()) as WireHeader).seq;
-  while (seq < pub.sent - 1) seq = (JSON.parse((await receive(sub, 'remaining probes'))[1].toString()) as WireHeader).seq;
+  await arrival;
+  for (let seq = parse(first!).header.seq; seq < sent - 1;) seq = parse(await sub.receive()).header.seq;
+  return sent;
+}
+
+/** Receives until `count` messages of topic `topic` (others are skipped). */
+async function receiveTopic(sub: Subscriber, topic: string, count: number) {
+  const got = [];
+  while (got.length < count) {
+    const m = parse(await sub.receive());
+    if (m.topic === topic) got.push(m);
+  }
+  return got;
 }
 
 describe('publisher', () => {
@@ -63,158 +95,82 @@ describe('publisher', () => {
   after(async () => {
     for (const c of closers) await c();
   });
-
-  test('multipart [topic, header, body] in seq order, topic filter respected, bodies valid', async () => {
-    const { stage: pub, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions/front', sendHighWaterMark: 1000 });
+  const open = async (options: Partial<PublisherOptions> = {}) => {
+    const pub = await createPublisher({ ...base, ...options });
     closers.push(() => pub.close());
-    assert.match(pub.endpoint, /^tcp:\/\/127\.0\.0\.1:\d+$/);
-    const actionsSub = subscriber();
-    const telemetrySub = subscriber();
-    closers.push(
-      () => actionsSub.close(),
-      () => telemetrySub.close(),
-    );
-    actionsSub.connect(pub.endpoint);
-    telemetrySub.connect(pub.endpoint);
-    actionsSub.subscribe('actions/front');
-    telemetrySub.subscribe('telemetry');
+    return pub;
+  };
+  const connect = (pub: Publisher, topics: string[] = [''], options: ConstructorParameters<typeof Subscriber>[0] = {}) => {
+    const sub = subscriber(options);
+    closers.push(() => sub.close());
+    sub.connect(pub.endpoint);
+    for (const t of topics) sub.subscribe(t);
+    return sub;
+  };
 
+  test('actions go out as [topic, ActionHeader, body]: header v1 fields, gap-free seq, bodies as validated', async () => {
+    const pub = await open({ runId: 'run-1', models: { decoder: 'synth:gemma4-tiny', encoder: 'vision.onnx' } });
+    const sub = connect(pub);
+    await probe(pub, sub);
     const clock = new VirtualClock(5_000_000n, 1_700_000_000_000);
-    const ctx = context(clock);
-    await probe(pub, actionsSub, ctx);
-    // Telemetry subscription may still be propagating: probe it too with telemetry messages.
-    let telemetryArrived = false;
-    const firstTelemetry = telemetrySub.receive().then((m) => ((telemetryArrived = true), m));
-    for (let i = 0; i < 500 && !telemetryArrived; i++) {
-      await sink.publish(stats(BigInt(i)));
-      await new Promise((r) => setTimeout(r, 10));
-    }
-    await firstTelemetry;
-    const probeEnd = 1_000_000n;
-    await sink.publish(stats(probeEnd));
-    for (;;) {
-      const m = await receive(telemetrySub, 'probe-end');
-      if (JSON.parse(m[1].toString()).atNs === String(probeEnd)) break;
-    }
-
-    const startSeq = pub.sent;
-    const n = 200;
-    for (let i = 0; i < n; i++) {
-      clock.advance(1_000_000n);
-      const sent = message(i);
-      const returned = await pub.process(sent, ctx);
-      assert.equal(returned, sent, 'the stage passes its input through');
-    }
-    await sink.publish(stats(123n));
-    assert.equal(pub.sent, startSeq + n);
-
-    for (let i = 0; i < n; i++) {
-      const frames = await receive(actionsSub, `action ${i}`);
-      assert.equal(frames.length, 3);
-      assert.equal(frames[0].toString(), 'actions/front');
-      const header = JSON.parse(frames[1].toString()) as WireHeader;
-      assert.deepEqual(header, {
-        schema_id: 'percept/robot-action/v1',
-        seq: startSeq + i,
-        frame_id: i,
-        source_id: 'cam/front',
-        capture_wall_ms: 1_700_000_000_000 + i,
-        publish_wall_ms: clock.wallMs() - (n - 1 - i),
-      });
-      const body = JSON.parse(frames[2].toString());
-      assert.ok(schema.validate(body), `body ${i} fails the schema`);
-      assert.deepEqual(body, message(i).action);
-    }
-    // The telemetry subscriber is connected to the same PUB, and PUB keeps per-peer order: the
-    // stats message arrives after the 200 actions were sent, so if the filter let actions through
-    // they would show up here first.
-    const last = await receive(telemetrySub, 'stats');
-    assert.equal(last.length, 2);
-    assert.equal(last[0].toString(), 'telemetry');
-    assert.deepEqual(JSON.parse(last[1].toString()), JSON.parse(eventToJson(stats(123n))));
-  });
-
-  test('concurrent process calls are serialised, never EBUSY', async () => {
-    const { stage: pub, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: 1000 });
-    closers.push(() => pub.close());
-    const sub = subscriber();
-    closers.push(() => sub.close());
-    sub.connect(pub.endpoint);
-    sub.subscribe('actions');
-    const ctx = context();
-    await probe(pub, sub, ctx);
-    const startSeq = pub.sent;
-    const sends = Array.from({ length: 50 }, (_, i) => pub.process(message(i), ctx));
-    sends.push(
-      sink.publish({ type: 'drop', atNs: 0n, frameId: 7, stage: 'decode', reason: 'stale', detail: 'between' }).then(() => message(-2)),
-    );
-    await Promise.all(sends);
-    assert.equal(pub.sent, startSeq + 50);
+    const before = Date.now();
     for (let i = 0; i < 50; i++) {
-      const header = JSON.parse((await receive(sub, `action ${i}`))[1].toString()) as WireHeader;
-      assert.equal(header.seq, startSeq + i);
-      assert.equal(header.frame_id, i);
+      clock.advance(1_000_000n);
+      const ctx = context(i, clock);
+      const sent = message(i, ctx);
+      assert.equal(await pub.stage.process(sent, ctx), sent, 'the stage passes its input through');
     }
-  });
-
-  test('bind failure names the endpoint', async () => {
-    const { stage: first } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: 1000 });
-    closers.push(() => first.close());
-    await assert.rejects(
-      createPublisher({ endpoint: first.endpoint, topic: 'actions', sendHighWaterMark: 1000 }),
-      (err: Error) => err.message.startsWith(`publisher: cannot bind ${first.endpoint}`) && /in use/i.test(err.message),
-    );
-  });
-
-  test('validates its options', async () => {
-    await assert.rejects(
-      createPublisher({ endpoint: 'localhost:5555', topic: 'actions', sendHighWaterMark: 1000 }),
-      /expected endpoint like tcp:\/\/host:port/,
-    );
-    await assert.rejects(
-      createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: '', sendHighWaterMark: 1000 }),
-      /non-empty string for topic/,
-    );
-    await assert.rejects(
-      createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: -1 }),
-      /integer >= 0 for sendHighWaterMark/,
-    );
-  });
-
-  test('send after close rejects; close is idempotent; the sink counts what it could not deliver', async () => {
-    const { stage: pub, sink } = await createPublisher({
-      endpoint: 'inproc://percept-test-close',
-      topic: 'actions',
-      sendHighWaterMark: 1000,
+    const got = await receiveTopic(sub, 'actions', 50);
+    got.forEach(({ header, body }, i) => {
+      assert.ok(validateActionHeader(header), JSON.stringify(validateActionHeader.errors));
+      const h = header as ActionHeader;
+      const captureWallMs = 1_700_000_000_000 + 5 + (i + 1);
+      assert.deepEqual(
+        { ...h, publish_wall_ms: 0 },
+        {
+          header_version: 1,
+          schema_id: 'percept/robot-action/v1',
+          run_id: 'run-1',
+          seq: i,
+          clock: 'real',
+          publish_wall_ms: 0,
+          frame_id: i,
+          source_id: 'cam/front',
+          source_stamp: { sec: 1_700_000_000 + i, nanosec: 5 },
+          capture_wall_ms: captureWallMs,
+          valid_until_wall_ms: captureWallMs + 250,
+          virtual_capture_ms: null,
+          virtual_valid_until_ms: null,
+          degrade_level: i % 3,
+          models: { decoder: 'synth:gemma4-tiny', encoder: 'vision.onnx' },
+        },
+      );
+      assert.ok(h.publish_wall_ms >= before && h.publish_wall_ms <= Date.now(), 'publish time is the wall clock');
+      assert.ok(schema.validate(body));
+      assert.deepEqual(body, { action: 'move', confidence: 0.5, speed: i % 2 });
     });
-    await pub.close();
-    await pub.close();
-    await assert.rejects(pub.process(message(0), context()), /send after close/);
-    await assert.rejects(sink.publish(stats(1n)), /send after close/);
-    sink.accept(stats(2n));
-    sink.accept({ type: 'drop', atNs: 3n, frameId: 1, stage: 'decode', reason: 'stale', detail: '' });
-    sink.accept({ type: 'span', atNs: 4n, frameId: 1, stage: 'decode', enterNs: 0n, exitNs: 4n, degradeLevel: 0 }); // not published
-    await new Promise((r) => setImmediate(r));
-    assert.equal(sink.undelivered, 2);
-    // The endpoint is free again.
-    const again = await createPublisher({ endpoint: 'inproc://percept-test-close', topic: 'actions', sendHighWaterMark: 1000 });
-    await again.stage.close();
   });
 
-  test('the sink publishes decisions on the events topic and stats on the telemetry topic, nothing else', async () => {
-    const { stage: pub, sink } = await createPublisher({
-      endpoint: 'tcp://127.0.0.1:*',
-      topic: 'actions',
-      sendHighWaterMark: 1000,
-      eventsTopic: 'ev',
-      telemetryTopic: 'tm',
-    });
-    closers.push(() => pub.close());
-    const sub = subscriber();
-    closers.push(() => sub.close());
-    sub.connect(pub.endpoint);
-    sub.subscribe('');
-    await probe(pub, sub, context());
+  test('on a virtual clock the frame times are virtual_*, never wall times', async () => {
+    const pub = await open({ clock: 'virtual' });
+    const sub = connect(pub, ['actions', 'events']);
+    await probe(pub, sub);
+    const ctx = context(0, new VirtualClock(500_000_000n, 0)); // 500 ms after the epoch: replay time
+    await pub.stage.process(message(0, ctx), ctx);
+    const [{ header }] = await receiveTopic(sub, 'actions', 1);
+    assert.ok(validateActionHeader(header));
+    assert.equal(header.clock, 'virtual');
+    assert.equal(header.capture_wall_ms, null);
+    assert.equal(header.valid_until_wall_ms, null);
+    assert.equal(header.virtual_capture_ms, 500);
+    assert.equal(header.virtual_valid_until_ms, 750);
+    assert.ok(header.publish_wall_ms > 1_600_000_000_000, 'the publish time is always the wall clock');
+  });
+
+  test('events and telemetry carry MessageHeaders and schema-valid bodies; only decisions, incidents and stats go out', async () => {
+    const pub = await open({ eventsTopic: 'ev', telemetryTopic: 'tm' });
+    const sub = connect(pub, ['ev', 'tm']);
+    const probes = await probe(pub, sub);
     const events: TelemetryEvent[] = [
       { type: 'frame', atNs: 1n, frameId: 1, sourceId: 'cam', captureNs: 0n, degradeLevel: 0 },
       { type: 'span', atNs: 2n, frameId: 1, stage: 'decode', enterNs: 1n, exitNs: 2n, degradeLevel: 0 },
@@ -235,16 +191,169 @@ describe('publisher', () => {
         knobs: { imageTokens: 140, maxNewTokens: 48, draft: true, frameSkip: 0 },
       },
       { type: 'error', atNs: 8n, frameId: 5, stage: 'decode', message: 'boom' },
-      stats(9n),
+      { type: 'source', atNs: 9n, sourceId: 'zmq:x', kind: 'malformed', detail: 'header is not JSON' },
+      { type: 'control', atNs: 10n, command: 'pause', detail: '' },
+      stats(11n),
     ];
-    for (const event of events) sink.accept(event);
-    const got: string[] = [];
-    while (got.length < 5) {
-      const [topic, body] = await receive(sub, `event ${got.length}`);
-      got.push(`${topic!.toString()} ${JSON.parse(body!.toString()).type}`);
+    for (const event of events) pub.sink.accept(event);
+    const got = [];
+    while (got.length < 7) got.push(parse(await sub.receive()));
+    assert.deepEqual(
+      got.map((m) => `${m.topic} ${m.body.type}`),
+      ['ev drop', 'ev cancel', 'ev degrade', 'ev error', 'ev source', 'ev control', 'tm stats'],
+    );
+    for (const { topic, header, body } of got) {
+      assert.ok(validateMessageHeader(header), JSON.stringify(validateMessageHeader.errors));
+      const validate = topic === 'tm' ? validateTelemetry : validateEvent;
+      assert.ok(validate(body), `${body.type}: ${JSON.stringify(validate.errors)}`);
+      assert.equal((header as MessageHeader).schema_id, `percept/wire/messages/v1#/definitions/${topic === 'tm' ? 'Telemetry' : 'Event'}`);
     }
-    assert.deepEqual(got, ['ev drop', 'ev cancel', 'ev degrade', 'ev error', 'tm stats']);
-    assert.equal(sink.undelivered, 0);
+    // The counters as they were when the stats were taken.
+    assert.deepEqual(got.at(-1)!.body.publisher.tm, { accepted: 0, sent: 0, dropped: 0, queued: 0, highWaterMark: 16 });
+    assert.deepEqual(
+      got.filter((m) => m.topic === 'ev').map((m) => m.header.seq),
+      [0, 1, 2, 3, 4, 5].map((i) => probes + i),
+      'seq counts per topic',
+    );
+    assert.equal(got.at(-1)!.header.seq, 0);
+  });
+
+  test('a subscriber that stalls gets every action and sees telemetry losses as seq gaps, counted by the publisher; the graph never waits', async () => {
+    // Small ZeroMQ queues so the stalled subscriber backs up quickly; 16 telemetry messages may wait.
+    const pub = await open({ sendHighWaterMark: 4, highWaterMarks: { actions: 1000, events: 1000, telemetry: 16 } });
+    const sub = connect(pub, [''], { receiveHighWaterMark: 4, receiveBufferSize: 4096 });
+    await probe(pub, sub);
+    // The stall: the subscriber reads nothing while the run produces 26 actions among 6,000 stats
+    // (one action every ~230 stats, the mix of the run that lost all of its actions before).
+    const clock = new VirtualClock(0n, 1_700_000_000_000);
+    const actions = 26;
+    const statsMessages = 6000;
+    let processed = 0;
+    for (let i = 0; i < statsMessages; i++) {
+      pub.sink.accept(stats(BigInt(i)));
+      if (i % Math.floor(statsMessages / actions) === 0 && processed < actions) {
+        const ctx = context(processed, clock);
+        await pub.stage.process(message(processed, ctx), ctx);
+        processed += 1;
+      }
+      if (i % 50 === 0) await new Promise((r) => setImmediate(r)); // time passes; the socket sends what it can
+    }
+    assert.equal(processed, actions, 'every process() call returned while the subscriber read nothing');
+    const during = pub.stats();
+    assert.ok(during.telemetry!.dropped > 0, `the stalled subscriber should have forced telemetry drops: ${JSON.stringify(during)}`);
+    assert.equal(during.actions!.dropped, 0);
+
+    // The subscriber reads again; the run ends with its summary.
+    const final = pub.close(new TelemetryAggregator('real').snapshot());
+    const seen: Record<string, number[]> = { actions: [], telemetry: [], events: [] };
+    let end;
+    while (!end) {
+      const m = parse(await sub.receive());
+      seen[m.topic]!.push(m.header.seq);
+      if (m.body.type === 'end') end = m;
+    }
+    const published = await final;
+    assert.deepEqual(seen.actions, [...Array(actions).keys()], 'every action, in order, no gap');
+    const telemetry = seen.telemetry!;
+    let gaps = 0;
+    telemetry.forEach((seq, i) => {
+      const expected = i === 0 ? 0 : telemetry[i - 1]! + 1;
+      assert.ok(seq >= expected, 'seq never goes back');
+      gaps += seq - expected;
+    });
+    gaps += statsMessages - 1 - telemetry.at(-1)!; // lost at the end
+    assert.equal(gaps, published.telemetry!.dropped, 'the gaps the subscriber sees are what the publisher counted');
+    assert.equal(telemetry.length + published.telemetry!.dropped, statsMessages);
+    assert.deepEqual(end.body.publisher.actions, { accepted: actions, sent: actions, dropped: 0, queued: 0, highWaterMark: 1000 });
+    assert.ok(validateEvent(end.body), JSON.stringify(validateEvent.errors));
+  });
+
+  test('the end event is the last message; events after close are counted, not sent; close is idempotent', async () => {
+    const pub = await open();
+    const sub = connect(pub, ['events']);
+    const probes = await probe(pub, sub);
+    const summary = new TelemetryAggregator('real').snapshot();
+    pub.sink.accept({ type: 'error', atNs: 1n, frameId: -1, stage: 'source', message: 'last words' });
+    const closing = pub.close(summary);
+    assert.equal(pub.close(), closing, 'one close');
+    pub.sink.accept({ type: 'error', atNs: 2n, frameId: -1, stage: 'graph', message: 'too late' });
+    pub.sink.accept(stats(3n));
+    await assert.rejects(pub.stage.process(message(0, context(0)), context(0)), /publish after close/);
+    const got = await receiveTopic(sub, 'events', 2);
+    assert.deepEqual(
+      got.slice(-2).map((m) => m.body.type),
+      ['error', 'end'],
+    );
+    assert.deepEqual(got.at(-1)!.body.summary, summary);
+    assert.equal(pub.sink.undelivered, 2);
+    const stats1 = await closing;
+    assert.equal(stats1.events!.sent, probes + 2);
+  });
+
+  test('CURVE: a subscriber with the server key receives, one with a wrong key gets nothing', async () => {
+    const dir = join(root, '.cache', 'publisher-test');
+    mkdirSync(dir, { recursive: true });
+    const { secretKeyFile, publicKeyFile } = writeKeyPair({ out: dir, force: true });
+    const server = { publicKey: readFileSync(publicKeyFile, 'utf8').trim() };
+    const pub = await open({ curve: { secretKeyFile } });
+    const client = curveKeyPair();
+    const good = connect(pub, ['events'], {
+      curveServerKey: server.publicKey,
+      curvePublicKey: client.publicKey,
+      curveSecretKey: client.secretKey,
+    });
+    const wrong = curveKeyPair();
+    const bad = connect(pub, ['events'], {
+      curveServerKey: wrong.publicKey,
+      curvePublicKey: client.publicKey,
+      curveSecretKey: client.secretKey,
+      receiveTimeout: 500,
+    });
+    const plain = connect(pub, ['events'], { receiveTimeout: 500 });
+    await probe(pub, good);
+    await assert.rejects(bad.receive(), (err: Error & { code?: string }) => err.code === 'EAGAIN');
+    await assert.rejects(plain.receive(), (err: Error & { code?: string }) => err.code === 'EAGAIN');
+  });
+
+  test('refuses a bind other hosts can reach without CURVE, a bad port, a key file that holds no key', async () => {
+    await assert.rejects(createPublisher({ ...base, endpoint: 'tcp://*:5556' }), /binds every network interface without encryption/);
+    await assert.rejects(createPublisher({ ...base, endpoint: 'tcp://127.0.0.1:99999' }), /port 99999 is out of range/);
+    const dir = join(root, '.cache', 'publisher-test');
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, 'not-a.key'), 'hello');
+    await assert.rejects(createPublisher({ ...base, curve: { secretKeyFile: join(dir, 'not-a.key') } }), /not-a\.key is not a CURVE key/);
+  });
+
+  test('bind failure names the endpoint; options are validated', async () => {
+    const first = await open();
+    await assert.rejects(
+      createPublisher({ ...base, endpoint: first.endpoint }),
+      (err: Error) => err.message.startsWith(`publisher: cannot bind ${first.endpoint}`) && /in use/i.test(err.message),
+    );
+    await assert.rejects(createPublisher({ ...base, endpoint: 'localhost:5555' }), /is not an endpoint percept accepts/);
+    await assert.rejects(createPublisher({ ...base, topic: '' }), /non-empty string for topic/);
+    await assert.rejects(createPublisher({ ...base, sendHighWaterMark: 0 }), /integer >= 1 for sendHighWaterMark/);
+    await assert.rejects(createPublisher({ ...base, highWaterMarks: { telemetry: 0 } }), /integer >= 1 for highWaterMarks.telemetry/);
+  });
+
+  test('10,000 random schema-valid actions round-trip byte-exact', async () => {
+    const pub = await open({ highWaterMarks: { actions: 10_000 } });
+    const sub = connect(pub, ['actions', 'events'], { receiveHighWaterMark: 0 });
+    await probe(pub, sub);
+    const random = seeded(7);
+    const sent = Array.from({ length: 10_000 }, () => randomAction(random));
+    const ctx = context(0);
+    for (const [i, action] of sent.entries()) {
+      assert.ok(schema.validate(action), JSON.stringify(schema.validate.errors));
+      await pub.stage.process(message(i, ctx, action), ctx);
+    }
+    for (let i = 0; i < sent.length; i++) {
+      const frames = await sub.receive();
+      assert.equal(frames[0]!.toString(), 'actions');
+      assert.equal(JSON.parse(frames[1]!.toString()).seq, i);
+      assert.equal(frames[2]!.toString(), JSON.stringify(sent[i]), `action ${i}`);
+      assert.deepEqual(JSON.parse(frames[2]!.toString()), sent[i]);
+    }
   });
 
   test('benchPublish runs end to end and accounts for every message (numbers are not asserted)', async () => {
@@ -258,3 +367,30 @@ describe('publisher', () => {
     assert.match(r.transport, /^tcp:\/\/127\.0\.0\.1:\d+$/);
   });
 });
+
+/** mulberry32: a small seeded generator, so a failure can be reproduced. */
+function seeded(seed: number): () => number {
+  let a = seed;
+  return () => {
+    a = (a + 0x6d2b79f5) | 0;
+    let t = Math.imul(a ^ (a >>> 15), 1 | a);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** A random action within configs/actions/robot-action.schema.json: every optional field sometimes. */
+function randomAction(random: () => number): Record<string, unknown> {
+  const pick = <T>(values: readonly T[]): T => values[Math.floor(random() * values.length)]!;
+  const action: Record<string, unknown> = { action: pick(['stop', 'move', 'turn', 'grasp', 'release', 'wait']), confidence: random() };
+  if (random() < 0.5) action.speed = random() * 2;
+  if (random() < 0.5) action.heading_deg = Math.floor(random() * 361) - 180;
+  if (random() < 0.5) {
+    const target: Record<string, unknown> = { label: pick(['person', 'cup', 'box', 'door', 'obstacle', 'none']) };
+    if (random() < 0.5) target.bbox = [random(), random(), random(), random()];
+    action.target = target;
+  }
+  if (random() < 0.5)
+    action.hazards = Array.from({ length: Math.floor(random() * 4) }, () => pick(['person_close', 'edge', 'wet_floor', 'low_light']));
+  return action;
+}

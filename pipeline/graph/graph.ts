@@ -2,7 +2,7 @@
 // per-frame deadlines, bounded edges, a degradation ladder and one telemetry stream.
 //
 //   const graph = createGraph({ source, stages: chain(preprocess, encode, decode, actions, publish), clock, config });
-//   graph.events.subscribe(...);          // TelemetryEvent: frame/span/drop/cancel/degrade/error/note/output/source/stats
+//   graph.events.subscribe(...);          // TelemetryEvent: frame/span/drop/cancel/degrade/error/note/output/source/control/stats
 //   graph.outputs.subscribe(...);         // Envelope<O>: what the last stage returned, per frame
 //   graph.inputs.subscribe(...);          // Envelope<I>: each frame as it entered (a recorder's frames)
 //   const summary = await graph.run();    // resolves when the source ended and everything drained, or after stop()
@@ -31,8 +31,9 @@
 // - The ladder (pipeline/budget.ts) decides at each admission; frameSkip drops at the source edge
 //   ('skipped'). An input the source rejected (SourceRejection) enters as a frame and is dropped
 //   'rejected' at once. Every frame that enters ends as exactly one output or one drop:
-//   frames.in = frames.out + frames.dropped once a run has ended. When the source has ended, its
-//   report (what it read and skipped) goes out as a 'source' event and into the summary.
+//   frames.in = frames.out + frames.dropped once a run has ended. What else the source reports
+//   (SourceIncident: skipped or damaged input, restarts) goes out as a 'source' event when it
+//   happens, and the summary counts it.
 //
 // Clocks. RealClock: stages run when they can, durations are measured. VirtualClock (replay,
 // deterministic): the graph is a discrete-event simulation. Tasks (frame arrivals, stage starts,
@@ -63,18 +64,20 @@ import { CostModel, DegradeLadder } from '../budget.ts';
 import { VirtualClock, msToNs, type Clock } from '../clock.ts';
 import type { GraphConfig } from '../config.ts';
 import { TelemetryAggregator } from '../telemetry/aggregator.ts';
-import type { RunSummary, TelemetryEvent } from '../telemetry/events.ts';
+import type { ControlEvent, RunSummary, TelemetryEvent } from '../telemetry/events.ts';
 import {
   StageAbort,
   isRejection,
   type DropReason,
   type Envelope,
   type FrameSource,
+  type SourceIncident,
   type SourceItem,
   type SourceRejection,
   type Stage,
 } from '../types.ts';
 import type { StageChain } from './chain.ts';
+import type { GraphBudgets, GraphControl, GraphStatus } from './control.ts';
 import { RealScheduler, VirtualScheduler, type Scheduler } from './scheduler.ts';
 import { StageRunner, type RunnerHost } from './stage-runner.ts';
 
@@ -88,6 +91,8 @@ export interface Graph<O = unknown, I = unknown> {
   run(): Promise<RunSummary>;
   /** Stops the run (idempotent; before run() it makes run() end at once). */
   stop(reason?: string): Promise<RunSummary>;
+  /** Budgets, ladder pin, pause/resume and status of the running graph. */
+  readonly control: GraphControl;
 }
 
 export interface GraphOptions<I, O> {
@@ -121,7 +126,7 @@ export function stopOnSignals(graph: Graph, signals: readonly NodeJS.Signals[] =
 
 const wallOriginOf = (clock: Clock): number => clock.wallMs() - Number(clock.nowNs() / 1_000_000n);
 
-class GraphRuntime implements Graph, RunnerHost {
+class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly events: Observable<TelemetryEvent>;
   readonly outputs: Observable<Envelope<unknown>>;
   readonly inputs: Observable<Envelope<unknown>>;
@@ -137,7 +142,9 @@ class GraphRuntime implements Graph, RunnerHost {
   readonly #stages: readonly Stage<unknown, unknown>[];
   readonly #runners: readonly StageRunner[];
   readonly #config: GraphConfig;
-  readonly #endToEndNs: bigint;
+  #endToEndNs: bigint;
+  #budgets: GraphBudgets;
+  #paused: { promise: Promise<void>; resume: () => void } | undefined;
   readonly #statsIntervalNs: bigint;
   readonly #events = new Subject<TelemetryEvent>();
   readonly #outputs = new Subject<Envelope<unknown>>();
@@ -196,6 +203,7 @@ class GraphRuntime implements Graph, RunnerHost {
     if (config.lockstep && !clock.virtual) throw new TypeError('createGraph: lockstep needs a virtual clock (config.clock "virtual")');
     this.#lockstep = config.lockstep === true;
     this.#endToEndNs = msToNs(endToEndMs);
+    this.#budgets = { endToEndMs, stages: { ...config.budgets.stages } };
     this.#statsIntervalNs = msToNs(config.telemetry.intervalMs);
     this.dropPredictedMiss = config.budgets.dropPredictedMiss;
     this.ladder = new DegradeLadder(config.ladder, endToEndMs);
@@ -212,6 +220,97 @@ class GraphRuntime implements Graph, RunnerHost {
     this.events = this.#events.asObservable();
     this.outputs = this.#outputs.asObservable();
     this.inputs = this.#inputs.asObservable();
+  }
+
+  get control(): GraphControl {
+    return this;
+  }
+
+  // --- control ---------------------------------------------------------------------------------
+
+  status(): GraphStatus {
+    const state =
+      this.#resolveRun === undefined
+        ? 'idle'
+        : this.#finalizing
+          ? 'ended'
+          : this.#stopReason !== undefined
+            ? 'stopping'
+            : this.#paused
+              ? 'paused'
+              : 'running';
+    return {
+      state,
+      level: this.ladder.level,
+      levels: this.ladder.levels,
+      pinnedLevel: this.ladder.pinned,
+      knobs: this.ladder.knobsAt(this.ladder.level),
+      budgets: { endToEndMs: this.#budgets.endToEndMs, stages: { ...this.#budgets.stages } },
+      summary: this.#aggregator.snapshot(),
+    };
+  }
+
+  setBudgets(budgets: { readonly endToEndMs?: number; readonly stages?: Readonly<Record<string, number | null>> }): void {
+    const endToEndMs = budgets.endToEndMs ?? this.#budgets.endToEndMs;
+    if (!(typeof endToEndMs === 'number' && Number.isFinite(endToEndMs) && endToEndMs > 0 && endToEndMs <= 3_600_000)) {
+      throw new RangeError(`setBudgets: endToEndMs must be a number in (0, 3600000] but is ${JSON.stringify(budgets.endToEndMs)}`);
+    }
+    const stages: Record<string, number> = { ...this.#budgets.stages };
+    for (const [name, ms] of Object.entries(budgets.stages ?? {})) {
+      if (!this.#runners.some((r) => r.name === name)) {
+        throw new RangeError(`setBudgets: no stage '${name}' in this graph (${this.#runners.map((r) => r.name).join(', ')})`);
+      }
+      if (ms === null) delete stages[name];
+      else if (typeof ms === 'number' && Number.isFinite(ms) && ms > 0) stages[name] = ms;
+      else throw new RangeError(`setBudgets: the budget of '${name}' must be a number > 0 or null but is ${JSON.stringify(ms)}`);
+    }
+    for (const [name, ms] of Object.entries(stages)) {
+      if (ms > endToEndMs) throw new RangeError(`setBudgets: the budget of '${name}' (${ms} ms) is above endToEndMs (${endToEndMs} ms)`);
+    }
+    this.ladder.setEndToEnd(endToEndMs);
+    this.#endToEndNs = msToNs(endToEndMs);
+    this.#budgets = { endToEndMs, stages };
+    for (const runner of this.#runners) runner.setBudget(stages[runner.name]);
+    this.#control('set_budgets', JSON.stringify(this.#budgets));
+  }
+
+  pinLevel(level: number): void {
+    this.ladder.pin(level);
+    this.#control('pin_level', `level ${level}`);
+  }
+
+  releaseLevel(): void {
+    this.ladder.pin(null);
+    this.#control('release_level', `at level ${this.ladder.level}`);
+  }
+
+  pause(): void {
+    if (this.#paused) return;
+    let resume!: () => void;
+    const promise = new Promise<void>((resolve) => (resume = resolve));
+    this.#paused = { promise, resume };
+    this.#control('pause', '');
+  }
+
+  resume(): void {
+    const paused = this.#paused;
+    if (!paused) return;
+    this.#paused = undefined;
+    paused.resume();
+    this.#control('resume', '');
+  }
+
+  #control(command: ControlEvent['command'], detail: string): void {
+    this.emit({ type: 'control', atNs: this.clock.nowNs(), command, detail });
+  }
+
+  /** While paused: resolves on resume or shutdown (true if the graph should go on). */
+  async #whilePaused(): Promise<boolean> {
+    while (this.#paused && !this.#shutdown.signal.aborted) {
+      const shutdown = new Promise<void>((resolve) => this.#shutdown.signal.addEventListener('abort', () => resolve(), { once: true }));
+      await Promise.race([this.#paused.promise, shutdown]);
+    }
+    return !this.#shutdown.signal.aborted;
   }
 
   get shutdown(): AbortSignal {
@@ -275,7 +374,7 @@ class GraphRuntime implements Graph, RunnerHost {
       } else if (this.clock instanceof VirtualClock && this.virtual) {
         // One frame of lookahead on the source's own clock, so the graph clock moves only in task order.
         const sourceClock = new VirtualClock(this.clock.nowNs(), this.wallOriginMs);
-        const iterator = this.#source.frames(sourceClock, this.#shutdown.signal)[Symbol.asyncIterator]();
+        const iterator = this.#source.frames(sourceClock, this.#shutdown.signal, this.#reportSource)[Symbol.asyncIterator]();
         this.scheduler.at(this.clock.nowNs(), () => this.#pullVirtual(iterator, subscriber));
       } else {
         void this.#pumpReal(subscriber);
@@ -285,7 +384,9 @@ class GraphRuntime implements Graph, RunnerHost {
 
   async #pumpReal(subscriber: Subscriber<Envelope<unknown>>): Promise<void> {
     try {
-      for await (const item of this.#source.frames(this.clock, this.#shutdown.signal)) {
+      for await (const item of this.#source.frames(this.clock, this.#shutdown.signal, this.#reportSource)) {
+        // Paused: the frame that arrived waits with the source until resume (its deadline runs on).
+        if (this.#paused && !(await this.#whilePaused())) break;
         if (this.#shutdown.signal.aborted) break; // yielded after stop: never entered the graph
         this.#admit(item, subscriber);
       }
@@ -323,6 +424,8 @@ class GraphRuntime implements Graph, RunnerHost {
     }
     const entering = item;
     this.scheduler.at(entering.captureNs, async () => {
+      // Paused: virtual time stands still until resume (the frame pulled ahead waits here).
+      if (this.#paused) await this.#whilePaused();
       if (this.#shutdown.signal.aborted) {
         await iterator.return?.();
         subscriber.complete();
@@ -335,6 +438,10 @@ class GraphRuntime implements Graph, RunnerHost {
       if (!this.#lockstep) await pull();
     });
   }
+
+  readonly #reportSource = (incident: SourceIncident): void => {
+    this.emit({ type: 'source', atNs: this.clock.nowNs(), sourceId: this.#source.id, kind: incident.kind, detail: incident.detail });
+  };
 
   #sourceError(error: unknown): void {
     if (this.#shutdown.signal.aborted) return; // a source that throws on its abort signal
@@ -371,6 +478,7 @@ class GraphRuntime implements Graph, RunnerHost {
       captureNs,
       captureWallMs: item.captureWallMs,
       stampNs,
+      sourceStamp: item.sourceStamp ?? null,
       deadlineNs: captureNs + this.#endToEndNs,
       degradeLevel: level,
       spans: [],
@@ -442,8 +550,6 @@ class GraphRuntime implements Graph, RunnerHost {
     }
     const endReason = this.#stopReason !== undefined ? 'stopped' : this.#sourceFailed ? 'source_error' : 'source_end';
     const endNs = this.clock.nowNs();
-    const report = this.#source.report?.();
-    if (report) this.emit({ type: 'source', atNs: endNs, report });
     this.#aggregator.end(endNs, endReason, this.#stopReason ?? null);
     const summary = this.#aggregator.snapshot();
     this.#emitStats(endNs);

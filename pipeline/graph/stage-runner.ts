@@ -149,7 +149,7 @@ export class StageRunner {
   readonly #isLast: boolean;
   readonly #host: RunnerHost;
   readonly #edge: Edge;
-  readonly #budgetNs: bigint | undefined;
+  #budgetNs: bigint | undefined;
   readonly #serviceMs: readonly number[];
   #subscriber: Subscriber<Envelope<unknown>> | undefined;
   #busy = false;
@@ -190,6 +190,11 @@ export class StageRunner {
           this.#host.shutdown.removeEventListener('abort', onShutdown);
         };
       });
+  }
+
+  /** The stage budget for calls started from now on (undefined: the frame deadline only). */
+  setBudget(ms: number | undefined): void {
+    this.#budgetNs = ms === undefined ? undefined : msToNs(ms);
   }
 
   /** Gives up on the call in flight (it ignored the shutdown signal past the grace period). */
@@ -313,6 +318,7 @@ export class StageRunner {
         captureNs: env.captureNs,
         captureWallMs: env.captureWallMs,
         stampNs: env.stampNs,
+        sourceStamp: env.sourceStamp,
         deadlineNs: env.deadlineNs,
         degradeLevel: env.degradeLevel,
         spans: [...env.spans, { stage: this.name, enterNs, exitNs }],

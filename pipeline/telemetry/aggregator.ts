@@ -1,6 +1,6 @@
 // TelemetryAggregator: folds telemetry events into counters and histograms; snapshot() → RunSummary.
 import type { Observable, Subscription } from 'rxjs';
-import type { DropReason, SourceReport } from '../types.ts';
+import type { DropReason, SourceIncident } from '../types.ts';
 import type { CancelReason, Counts, DropEvent, LatencyStats, RunSummary, TelemetryEvent } from './events.ts';
 import { LatencyHistogram } from './histogram.ts';
 
@@ -14,7 +14,8 @@ export class TelemetryAggregator {
   readonly #cancels = new Map<string, Map<CancelReason, number>>();
   readonly #errors = new Map<string, number>();
   readonly #causes = new Map<string, number>();
-  #source: SourceReport | null = null;
+  readonly #sourceCounts = new Map<SourceIncident['kind'], number>();
+  readonly #sourceDetails: string[] = [];
   #framesIn = 0;
   #framesOut = 0;
   #dropped = 0;
@@ -84,9 +85,11 @@ export class TelemetryAggregator {
         if (event.late) this.#late += 1;
         break;
       case 'source':
-        this.#source = event.report;
+        increment(this.#sourceCounts, event.kind);
+        if (this.#sourceDetails.length < MAX_SOURCE_DETAILS) this.#sourceDetails.push(`${event.kind}: ${event.detail}`);
         break;
       case 'note':
+      case 'control':
       case 'stats':
         break;
     }
@@ -120,10 +123,10 @@ export class TelemetryAggregator {
       },
       cancels,
       errors: Object.fromEntries(this.#errors),
+      source: { counts: Object.fromEntries(this.#sourceCounts), details: [...this.#sourceDetails] },
       degrade: { down: this.#down, up: this.#up, level: this.#level, maxLevel: this.#maxLevel },
       stages,
       endToEnd: latencyStats(this.#endToEnd),
-      source: this.#source,
     };
   }
 
@@ -147,6 +150,8 @@ export class TelemetryAggregator {
 
 /** Distinct drop causes the summary keeps; more are counted as OTHER_CAUSES. */
 export const MAX_DROP_CAUSES = 50;
+/** Source incident details the summary keeps (its counts have them all). */
+export const MAX_SOURCE_DETAILS = 50;
 const OTHER_CAUSES = '(other causes)';
 
 /** `stage: cause` of a drop: its own cause, or its detail with numbers, hex and quoted text blanked

@@ -1,5 +1,5 @@
 // Telemetry events: the one stream the graph emits (frame | span | drop | cancel | degrade | error |
-// note | output | source | stats), the RunSummary a stats event carries, and eventToJson() for JSON lines.
+// note | output | source | control | stats), the RunSummary a stats event carries, and eventToJson() for JSON lines.
 //
 // The other telemetry files are consumers of this stream:
 //   histogram.ts   LatencyHistogram: log-linear (HDR-style) histogram of ns durations
@@ -8,7 +8,7 @@
 //
 // The summary is a pure fold over the events, so a recorded event stream rebuilds it exactly.
 import type { LadderDecision } from '../budget.ts';
-import type { DropReason, SourceReport, StageEvent } from '../types.ts';
+import type { DropReason, SourceIncident, StageEvent } from '../types.ts';
 
 export type CancelReason = Extract<StageEvent, { kind: 'cancel' }>['reason'];
 
@@ -87,11 +87,19 @@ export interface OutputEvent {
   /** Finished after its deadline (a deadline miss that still came out). */
   readonly late: boolean;
 }
-/** The source's account of its input (what it read, skipped and why), once, when it has ended. */
-export interface SourceReportEvent {
+/** Something the source reported that is not a frame (SourceIncident: skipped or damaged input,
+ * a restart or exit of its input process); counted by kind in the summary's `source`. */
+export interface SourceEvent extends SourceIncident {
   readonly type: 'source';
   readonly atNs: bigint;
-  readonly report: SourceReport;
+  readonly sourceId: string;
+}
+/** A control request that changed the running graph (GraphControl). */
+export interface ControlEvent {
+  readonly type: 'control';
+  readonly atNs: bigint;
+  readonly command: 'set_budgets' | 'pin_level' | 'release_level' | 'pause' | 'resume';
+  readonly detail: string;
 }
 /** Periodic snapshot (every telemetry.intervalMs of clock time). */
 export interface StatsEvent {
@@ -100,7 +108,17 @@ export interface StatsEvent {
   readonly summary: RunSummary;
 }
 export type TelemetryEvent =
-  FrameEvent | SpanEvent | DropEvent | CancelEvent | DegradeEvent | ErrorEvent | NoteEvent | OutputEvent | SourceReportEvent | StatsEvent;
+  | FrameEvent
+  | SpanEvent
+  | DropEvent
+  | CancelEvent
+  | DegradeEvent
+  | ErrorEvent
+  | NoteEvent
+  | OutputEvent
+  | SourceEvent
+  | ControlEvent
+  | StatsEvent;
 
 /** One event as one line of JSON; bigints become decimal strings so nothing is rounded. */
 export function eventToJson(event: TelemetryEvent): string {
@@ -146,11 +164,12 @@ export interface RunSummary {
   };
   readonly cancels: Readonly<Record<string, Counts<CancelReason>>>;
   readonly errors: Readonly<Record<string, number>>;
+  /** What the source reported besides frames: incidents by kind, and their details in order (the
+   * first MAX_SOURCE_DETAILS; the events stream has them all). */
+  readonly source: { readonly counts: Counts<SourceIncident['kind']>; readonly details: readonly string[] };
   readonly degrade: { readonly down: number; readonly up: number; readonly level: number; readonly maxLevel: number };
   /** Per stage: durations of its process() calls (span enter → exit), in stage order. */
   readonly stages: Readonly<Record<string, LatencyStats>>;
   /** Capture → last stage exit, over frames that came out. */
   readonly endToEnd: LatencyStats;
-  /** The source's account of its input, once it has ended (null before, or for a source that gives none). */
-  readonly source: SourceReport | null;
 }

@@ -55,13 +55,16 @@ function formatHeadline(summary: RunSummary): string {
 /** Drop causes shown in the text summary (the JSON summary has them all). */
 const SHOWN_CAUSES = 10;
 
-/** The source's account (what it read and skipped) and the drops by cause, most frequent first. */
+/** The source's incidents (what it skipped, damage it read around, restarts) with their details,
+ * and the drops by cause, most frequent first. */
 function formatAccounts(summary: RunSummary): string[] {
   const lines: string[] = [];
-  const { source } = summary;
-  if (source) {
-    lines.push(`source: ${source.description}  (${fmtCounts(source.counts)})`);
-    for (const warning of source.warnings) lines.push(`  warning: ${warning}`);
+  const { counts, details } = summary.source;
+  const incidents = Object.values(counts).reduce((sum, n) => sum + (n ?? 0), 0);
+  if (incidents > 0) {
+    lines.push(`source incidents: ${fmtCounts(counts)}`);
+    for (const detail of details) lines.push(`  ${detail}`);
+    if (incidents > details.length) lines.push(`  … ${incidents - details.length} more in the events stream`);
   }
   const causes = Object.entries(summary.drops.causes);
   if (causes.length > 0) {

@@ -1,0 +1,68 @@
+// `percept echo`: what arrives on a running percept's topics, one line per message, with seq gaps,
+// age and staleness, through the same client robot stacks use (percept/client).
+//   text:   actions #12 run 3f2a… frame 34 cam_front level 0 age 45.2 ms STALE {"action":"move",…}
+//   --json: {"header": …, "body": …} per line (gaps and invalid messages go to stderr as text)
+import { readCurveKey } from '../pipeline/endpoint.ts';
+import { subscribe, type Message } from '../client/index.ts';
+
+export interface EchoOptions {
+  readonly connect?: string;
+  readonly topic?: readonly string[];
+  readonly json?: boolean;
+  readonly schema?: string;
+  readonly serverKey?: string;
+  /** Stop after this many messages (default: until interrupted). */
+  readonly count?: number;
+}
+
+export async function echo(
+  options: EchoOptions,
+  out: NodeJS.WritableStream = process.stdout,
+  err: NodeJS.WritableStream = process.stderr,
+): Promise<number> {
+  const topics = options.topic?.length ? options.topic : ['actions'];
+  const sub = subscribe({
+    connect: options.connect,
+    topics,
+    actionSchema: options.schema,
+    serverKey: options.serverKey ? readCurveKey(options.serverKey, 'server public key') : undefined,
+  });
+  const stop = (): void => sub.close();
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
+  let seen = 0;
+  try {
+    for await (const m of sub) {
+      if (m.type !== 'invalid' && m.lost > 0) err.write(`percept echo: ${m.lost} ${m.topic} message(s) lost before seq ${m.header.seq}\n`);
+      if (m.type === 'invalid') err.write(`percept echo: invalid ${m.topic} message: ${m.reason}\n`);
+      else out.write(`${options.json ? JSON.stringify({ header: m.header, body: bodyOf(m) }) : describe(m)}\n`);
+      if (options.count !== undefined && ++seen >= options.count) break;
+    }
+  } finally {
+    process.off('SIGINT', stop);
+    process.off('SIGTERM', stop);
+    sub.close();
+  }
+  const counts = Object.entries(sub.counts).map(([t, c]) => `${t} ${c.received} (lost ${c.lost}, invalid ${c.invalid}, stale ${c.stale})`);
+  if (counts.length) err.write(`percept echo: ${counts.join('; ')}\n`);
+  return 0;
+}
+
+function bodyOf(m: Exclude<Message, { type: 'invalid' }>): unknown {
+  return m.type === 'action' ? m.action : m.type === 'event' ? m.event : m.telemetry;
+}
+
+function describe(m: Exclude<Message, { type: 'invalid' }>): string {
+  const run = m.header.run_id.slice(0, 8);
+  if (m.type === 'action') {
+    const h = m.header;
+    const age = m.ageMs === null ? `virtual ${h.virtual_capture_ms} ms` : `age ${m.ageMs.toFixed(1)} ms${m.stale ? ' STALE' : ''}`;
+    return `${m.topic} #${h.seq} run ${run} frame ${h.frame_id} ${h.source_id} level ${h.degrade_level} ${age} ${JSON.stringify(m.action)}`;
+  }
+  if (m.type === 'telemetry') {
+    const s = m.telemetry.summary;
+    return `${m.topic} #${m.header.seq} run ${run} stats: frames in ${s.frames.in} out ${s.frames.out} dropped ${s.frames.dropped}`;
+  }
+  const { type, ...rest } = m.event;
+  return `${m.topic} #${m.header.seq} run ${run} ${type} ${JSON.stringify(rest)}`;
+}

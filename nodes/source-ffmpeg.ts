@@ -1,0 +1,321 @@
+// source-ffmpeg: live cameras (V4L2), network streams (RTSP, HTTP) and video files, decoded by an
+// ffmpeg child process (arguments as an array, never a shell) that writes JPEG frames to its stdout:
+//
+//   ffmpeg [-re] [inputOptions…] [-f inputFormat] -i URL -an -copyts
+//          -vf [fps=F,][scale=W:H,]showinfo -fps_mode passthrough -c:v mjpeg -q:v 3 -f image2pipe pipe:1
+//
+// Frames are cut at the JPEG end marker (entropy-coded data escapes 0xFF, so FFD9 only ends an
+// image). Timestamps: showinfo logs each frame's presentation time (with -copyts, the stream's own
+// time) on stderr, in the same order as the frames on stdout; the two are paired by order and the
+// pts becomes the frame's source stamp. The capture time is when the frame arrived.
+// Supervision: when ffmpeg ends, `restart` decides (on-failure: after a crash or an error exit;
+// always: also after a clean end; never). Each restart is counted, reported as a `restart` incident
+// with ffmpeg's last error line, and delayed by a backoff that doubles (backoffMs … maxBackoffMs) and
+// resets when a frame arrives; more than maxRestarts in a row without a frame fail the source.
+import { spawn, spawnSync, type ChildProcessByStdio } from 'node:child_process';
+import type { Readable } from 'node:stream';
+import type { Clock } from '../pipeline/clock.ts';
+import type { FfmpegSourceConfig } from '../pipeline/config.ts';
+import type { FrameSource, SourceIncident, SourceItem, Stamp } from '../pipeline/types.ts';
+import type { CameraFrame } from './payloads.ts';
+
+export type FfmpegSourceOptions = Pick<FfmpegSourceConfig, 'url'> &
+  Partial<Omit<FfmpegSourceConfig, 'kind' | 'url'>> & {
+    /** FrameSource id (default 'ffmpeg:<url>'). */
+    readonly id?: string;
+  };
+
+export interface FfmpegSourceCounters {
+  readonly frames: number;
+  readonly restarts: number;
+  /** Frames that came without a timestamp line (yielded with a null source stamp). */
+  readonly unstamped: number;
+}
+
+export interface FfmpegSource extends FrameSource<CameraFrame> {
+  readonly counters: FfmpegSourceCounters;
+  /** The process id of the running ffmpeg, if one runs (tests kill it to check supervision). */
+  readonly pid: number | undefined;
+  /** ffmpeg's arguments. */
+  readonly args: readonly string[];
+}
+
+/** Largest JPEG accepted before the stream is considered broken (a missing end marker). */
+const MAX_FRAME_BYTES = 64 << 20;
+const SHOWINFO = /\] n:\s*(\d+)\s+pts:\s*(-?\d+)\s+pts_time:\s*(-?\d+(?:\.\d+)?)/;
+
+export function createFfmpegSource(options: FfmpegSourceOptions): FfmpegSource {
+  if (options === null || typeof options !== 'object') throw new TypeError('createFfmpegSource: expected an options object { url }');
+  const {
+    url,
+    inputFormat = null,
+    inputOptions = [],
+    fps = 0,
+    width = 0,
+    height = 0,
+    realtime = false,
+    restart = 'on-failure',
+    maxRestarts = 10,
+    backoffMs = 250,
+    maxBackoffMs = 5000,
+    ffmpegPath = 'ffmpeg',
+  } = options;
+  if (typeof url !== 'string' || url.length === 0)
+    throw new TypeError(`createFfmpegSource: expected a non-empty url but received ${JSON.stringify(url)}`);
+  if (!Array.isArray(inputOptions) || !inputOptions.every((o) => typeof o === 'string'))
+    throw new TypeError('createFfmpegSource: expected inputOptions to be an array of strings');
+  for (const [name, value] of [
+    ['fps', fps],
+    ['width', width],
+    ['height', height],
+    ['maxRestarts', maxRestarts],
+    ['backoffMs', backoffMs],
+    ['maxBackoffMs', maxBackoffMs],
+  ] as const) {
+    if (typeof value !== 'number' || !Number.isFinite(value) || value < 0)
+      throw new RangeError(`createFfmpegSource: expected a number >= 0 for ${name} but received ${value}`);
+  }
+  if (!['on-failure', 'always', 'never'].includes(restart))
+    throw new TypeError(`createFfmpegSource: unknown restart policy ${JSON.stringify(restart)}`);
+  const probe = spawnSync(ffmpegPath, ['-hide_banner', '-version'], { stdio: 'ignore' });
+  if (probe.error)
+    throw new Error(`ffmpeg source: cannot run ${ffmpegPath} (${probe.error.message}); install ffmpeg (Debian: apt-get install ffmpeg)`);
+
+  const filters = [
+    ...(fps > 0 ? [`fps=${fps}`] : []),
+    ...(width > 0 || height > 0 ? [`scale=${width || -2}:${height || -2}`] : []),
+    'showinfo',
+  ];
+  const args = Object.freeze([
+    '-hide_banner',
+    '-nostdin',
+    '-nostats',
+    '-loglevel',
+    'info',
+    ...(realtime ? ['-re'] : []),
+    ...inputOptions,
+    ...(inputFormat ? ['-f', inputFormat] : []),
+    '-i',
+    url,
+    '-an',
+    '-copyts',
+    '-vf',
+    filters.join(','),
+    '-fps_mode',
+    'passthrough',
+    '-c:v',
+    'mjpeg',
+    '-q:v',
+    '3',
+    '-f',
+    'image2pipe',
+    'pipe:1',
+  ]);
+  const id = options.id ?? `ffmpeg:${url}`;
+  const counters = { frames: 0, restarts: 0, unstamped: 0 };
+  let running: FfmpegRun | undefined;
+
+  async function* generate(
+    clock: Clock,
+    signal: AbortSignal,
+    report?: (incident: SourceIncident) => void,
+  ): AsyncGenerator<SourceItem<CameraFrame>> {
+    let inARow = 0;
+    let delayMs = backoffMs;
+    while (!signal.aborted) {
+      const run = (running = new FfmpegRun(ffmpegPath, args, signal));
+      try {
+        for (;;) {
+          const next = await run.next();
+          if (next.kind === 'exit' || signal.aborted) break;
+          inARow = 0;
+          delayMs = backoffMs;
+          counters.frames += 1;
+          if (next.stamp === null) counters.unstamped += 1;
+          const captureNs = clock.nowNs();
+          yield {
+            sourceId: id,
+            captureNs,
+            captureWallMs: clock.wallMs(),
+            sourceStamp: next.stamp,
+            payload: { encoding: 'jpeg', data: next.data },
+          };
+        }
+      } finally {
+        // Also when the consumer stops early (return()): never leave an ffmpeg behind.
+        await run.stop();
+        running = undefined;
+      }
+      if (signal.aborted) return;
+      const { code, signalName, lastError } = run.exitStatus!;
+      const how = signalName ? `was killed (${signalName})` : `exited with code ${code}`;
+      const failed = signalName !== null || code !== 0;
+      if (restart === 'never' || (!failed && restart === 'on-failure')) {
+        report?.({ kind: 'exit', detail: `ffmpeg ${how}${lastError ? `: ${lastError}` : ''}` });
+        if (failed) throw new Error(`ffmpeg source ${url}: ffmpeg ${how}${lastError ? `: ${lastError}` : ''}`);
+        return;
+      }
+      inARow += 1;
+      if (inARow > maxRestarts) {
+        throw new Error(
+          `ffmpeg source ${url}: ffmpeg ${how} ${inARow} times in a row without a frame${lastError ? `; last error: ${lastError}` : ''}`,
+        );
+      }
+      counters.restarts += 1;
+      report?.({
+        kind: 'restart',
+        detail: `ffmpeg ${how}${lastError ? ` (${lastError})` : ''}; restart ${counters.restarts} in ${delayMs} ms`,
+      });
+      if (!(await sleep(delayMs, signal))) return;
+      delayMs = Math.min(maxBackoffMs, Math.max(delayMs * 2, 1));
+    }
+  }
+
+  return {
+    id,
+    args,
+    get counters(): FfmpegSourceCounters {
+      return { ...counters };
+    },
+    get pid() {
+      return running?.pid;
+    },
+    frames: generate,
+    async close(): Promise<void> {
+      await running?.stop();
+    },
+  };
+}
+
+type RunEvent = { readonly kind: 'frame'; readonly data: Buffer; readonly stamp: Stamp | null } | { readonly kind: 'exit' };
+
+/** One ffmpeg process: its JPEGs paired with its showinfo timestamps, then its exit. */
+class FfmpegRun {
+  readonly #proc: ChildProcessByStdio<null, Readable, Readable>;
+  readonly #jpegs: Buffer[] = [];
+  readonly #stamps: (Stamp | null)[] = [];
+  #pending: Buffer = Buffer.alloc(0);
+  #stderr = '';
+  #wake: (() => void) | undefined;
+  #exited: Promise<void>;
+  exitStatus: { code: number | null; signalName: NodeJS.Signals | null; lastError: string } | undefined;
+  #lastError = '';
+
+  constructor(ffmpegPath: string, args: readonly string[], signal: AbortSignal) {
+    this.#proc = spawn(ffmpegPath, args, { stdio: ['ignore', 'pipe', 'pipe'], signal });
+    this.#proc.stdout.on('data', (chunk: Buffer) => this.#onStdout(chunk));
+    this.#proc.stderr.setEncoding('utf8').on('data', (text: string) => this.#onStderr(text));
+    this.#proc.on('error', (err) => {
+      // An abort kills the process through `signal`; anything else is ffmpeg failing to start.
+      if (err.name !== 'AbortError') this.#lastError = err.message;
+    });
+    this.#exited = new Promise((resolve) =>
+      this.#proc.on('close', (code, signalName) => {
+        this.#flushStderr();
+        this.exitStatus = { code, signalName, lastError: this.#lastError };
+        resolve();
+        this.#notify();
+      }),
+    );
+  }
+
+  get pid(): number | undefined {
+    return this.#proc.exitCode === null ? this.#proc.pid : undefined;
+  }
+
+  async next(): Promise<RunEvent> {
+    for (;;) {
+      if (this.#jpegs.length > 0 && (this.#stamps.length > 0 || this.exitStatus)) {
+        return { kind: 'frame', data: this.#jpegs.shift()!, stamp: this.#stamps.length > 0 ? this.#stamps.shift()! : null };
+      }
+      if (this.exitStatus) return { kind: 'exit' };
+      await new Promise<void>((resolve) => (this.#wake = resolve));
+    }
+  }
+
+  async stop(): Promise<void> {
+    if (!this.exitStatus) this.#proc.kill('SIGTERM');
+    await this.#exited;
+  }
+
+  #notify(): void {
+    const wake = this.#wake;
+    this.#wake = undefined;
+    wake?.();
+  }
+
+  #onStdout(chunk: Buffer): void {
+    let data: Buffer = this.#pending.length ? Buffer.concat([this.#pending, chunk]) : chunk;
+    let found = false;
+    for (;;) {
+      const end = data.indexOf(EOI, 2);
+      if (end < 0) break;
+      const start = data.indexOf(SOI);
+      if (start >= 0 && start < end) this.#jpegs.push(Buffer.from(data.subarray(start, end + 2)));
+      data = data.subarray(end + 2);
+      found = true;
+    }
+    if (data.length > MAX_FRAME_BYTES) {
+      this.#lastError = `a frame of more than ${MAX_FRAME_BYTES} bytes without a JPEG end marker`;
+      this.#proc.kill('SIGKILL');
+      data = Buffer.alloc(0);
+    }
+    this.#pending = data;
+    if (found) this.#notify();
+  }
+
+  #onStderr(text: string): void {
+    this.#stderr += text;
+    const lines = this.#stderr.split('\n');
+    this.#stderr = lines.pop() ?? '';
+    let found = false;
+    for (const line of lines) found = this.#onLine(line) || found;
+    if (found) this.#notify();
+  }
+
+  #flushStderr(): void {
+    if (this.#stderr) this.#onLine(this.#stderr);
+    this.#stderr = '';
+  }
+
+  /** A showinfo line becomes the next stamp; other non-empty lines are kept as the last error. */
+  #onLine(line: string): boolean {
+    const m = SHOWINFO.exec(line);
+    if (m) {
+      this.#stamps.push(secondsToStamp(m[3]!));
+      return true;
+    }
+    const text = line.trim();
+    if (text && /error|invalid|failed|refused|not found|no such|unable|could not/i.test(text)) this.#lastError = text.slice(0, 300);
+    return false;
+  }
+}
+
+const SOI = Buffer.from([0xff, 0xd8]);
+const EOI = Buffer.from([0xff, 0xd9]);
+
+/** '12.345678' → { sec: 12, nanosec: 345678000 }, exactly (no float). */
+function secondsToStamp(text: string): Stamp {
+  const negative = text.startsWith('-');
+  const [whole = '0', fraction = ''] = (negative ? text.slice(1) : text).split('.');
+  const nanos = BigInt(whole) * 1_000_000_000n + BigInt((fraction + '000000000').slice(0, 9));
+  const total = negative ? -nanos : nanos;
+  const sec = total >= 0n ? total / 1_000_000_000n : -((-total + 999_999_999n) / 1_000_000_000n);
+  return { sec: Number(sec), nanosec: Number(total - sec * 1_000_000_000n) };
+}
+
+/** Resolves true after `ms`, or false as soon as `signal` fires. */
+function sleep(ms: number, signal: AbortSignal): Promise<boolean> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve(false);
+    const onAbort = (): void => {
+      clearTimeout(timer);
+      resolve(false);
+    };
+    const timer = setTimeout(() => {
+      signal.removeEventListener('abort', onAbort);
+      resolve(true);
+    }, ms);
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
+}
