@@ -313,7 +313,7 @@ export function measure(
     endToEnd: quantiles(latencies),
     accuracy: labels ? scoreLabels(recording, labels) : null,
     tokens: reference ? tokenAgreement(recording, reference.recording, reference.name) : null,
-    warnings: [...recording.warnings, ...(summary?.source?.warnings ?? [])],
+    warnings: [...recording.warnings, ...(summary?.source?.details ?? [])],
   };
   const series: EvalSeries = {
     timeline: frames.map((f) => ({

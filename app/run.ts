@@ -89,15 +89,16 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
     }
     case 'bag': {
       const { createBagSource } = await import('../nodes/source-bag.ts');
-      return createBagSource({
+      const source = await createBagSource({
         path: config.path,
         ...(config.topic !== undefined ? { topic: config.topic } : {}),
         ...(config.type !== undefined ? { type: config.type } : {}),
         pace: config.pace,
         rate: config.rate,
         loop: config.loop,
-        onWarning: (message) => log(`bag: ${message}`),
       });
+      log(`replaying ${source.description}`);
+      return source;
     }
     case 'folder': {
       const { createFolderSource } = await import('../nodes/source-folder.ts');
@@ -354,6 +355,10 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
     // publisher's topics, so a robot stack sees every decision the graph makes. The publisher outlives
     // the graph: it closes after the run's last stats, with the final summary as the last event.
     if (publisher) graph.events.subscribe(publisher.sink.accept);
+    // What the source reports besides frames (skipped or damaged input, restarts), as it happens.
+    graph.events.subscribe((event) => {
+      if (event.type === 'source') log(`source ${event.kind}: ${event.detail}`);
+    });
     opts.onStart?.(graph, source.expectedItems);
     table.attach(graph.events);
     removeSignals = stopOnSignals(graph);
@@ -447,7 +452,8 @@ async function runMetadata(config: PerceptConfig, actionSchema: ActionSchema, cl
     files.push({ role, spec, path, bytes: statSync(path).size, sha256: await sha256File(path) });
   }
   const seeds = { decoder: config.decoder.seed, ...(config.encoder.kind === 'projection' ? { encoder: config.encoder.seed } : {}) };
-  const source = config.source.kind === 'pattern' ? config.source : { ...config.source, bytes: statSync(config.source.path).size };
+  // A file source is named with its size; a pattern or a live source by its config alone.
+  const source = 'path' in config.source ? { ...config.source, bytes: statSync(config.source.path).size } : config.source;
   return {
     percept_version: PERCEPT_VERSION,
     node_version: process.version,

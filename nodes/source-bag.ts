@@ -11,19 +11,20 @@
 // one top-level record at a time), which is log-time order for files written by rosbag2, Foxglove
 // and percept. The summary, when the file has a readable one, gives the channels, the counts and
 // which chunks hold the topic (the others are passed over unread). Damage is survived, counted and
-// reported, never silent:
+// reported as source incidents (FrameSource.frames' `report`), never silent:
 //   - no readable summary (a truncated file, a crashed recording): the file is scanned first and
-//     replayed up to where it is valid; the report says where it ends and how many messages it read;
-//   - a chunk that fails its CRC or does not decompress is skipped; each message of the topic it
-//     held (known from the message index after it) becomes a rejected frame, so frames in counts it;
-//   - a channel of the topic whose schema or encoding percept cannot decode is skipped, with its
-//     message count;
+//     replayed up to where it is valid; 'damaged' incidents say so and where it ends;
+//   - a chunk that fails its CRC or does not decompress is skipped ('damaged'); each message of the
+//     topic it held (known from the message index after it) becomes a rejected frame, so frames in
+//     counts it;
+//   - a channel of the topic whose schema or encoding percept cannot decode is skipped ('skipped'),
+//     with its message count;
 //   - a message that does not decode (corrupt payload, unsupported pixel encoding, data size ≠
 //     step × height) is a rejected frame with the reason.
 // An empty bag, a bag without an image topic, or a file that is not MCAP is an error at open.
 // Timing (pace 'recorded'): message k is due at start + (logTime_k − logTime_0 + loopOffset) / rate;
 // a VirtualClock is advanced to it, a RealClock slept until it. Pace 'fast': each message is due
-// when it has been read. Every frame's stampNs is its message's log time.
+// when it has been read. Every frame's stampNs and sourceStamp are its message's log time.
 import { open } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import { McapIndexedReader, McapRecordBuilder, McapStreamReader, Opcode } from '@mcap/core';
@@ -34,7 +35,7 @@ import { parse as parseRosMsg } from '@foxglove/rosmsg';
 import { MessageReader } from '@foxglove/rosmsg2-serialization';
 import type { Clock } from '../pipeline/clock.ts';
 import type { CameraFrame, FrameEncoding } from './payloads.ts';
-import type { FrameSource, SourceItem, SourceRejection, SourceReport } from '../pipeline/types.ts';
+import type { FrameSource, SourceIncident, SourceItem, SourceRejection, Stamp } from '../pipeline/types.ts';
 import { waitUntilDue, wallMsAt } from '../pipeline/pacing.ts';
 
 export interface BagSourceOptions {
@@ -51,8 +52,6 @@ export interface BagSourceOptions {
   readonly loop?: boolean;
   /** FrameSource id (default: the topic). */
   readonly id?: string;
-  /** Called once for each warning of the report, as it happens (skipped channel, bad chunk, early end). */
-  readonly onWarning?: (message: string) => void;
 }
 
 export interface BagSourceCounters {
@@ -66,6 +65,8 @@ export interface BagSourceCounters {
 export interface BagSource extends FrameSource<CameraFrame> {
   readonly path: string;
   readonly topic: string;
+  /** What is replayed, e.g. `bag /data/run.mcap, topic /cam (sensor_msgs/msg/Image, cdr), indexed`. */
+  readonly description: string;
   /** Messages on the replayed (decodable) channels, from the summary or the scan. */
   readonly messageCount: number;
   /** 'indexed': the file has a readable summary; 'streamed': it has not (damaged or unfinished). */
@@ -74,15 +75,18 @@ export interface BagSource extends FrameSource<CameraFrame> {
   readonly startNs: bigint;
   readonly expectedItems: number;
   readonly counters: BagSourceCounters;
-  frames(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection>;
-  report(): SourceReport;
+  frames(
+    clock: Clock,
+    signal: AbortSignal,
+    report?: (incident: SourceIncident) => void,
+  ): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection>;
   close(): Promise<void>;
 }
 
 /** Opens the bag and picks the topic; fatal problems throw here, naming the path. */
 export async function createBagSource(options: BagSourceOptions): Promise<BagSource> {
   if (options === null || typeof options !== 'object') throw new TypeError('createBagSource: expected an options object { path }');
-  const { path, rate = 1, loop = false, pace = 'recorded', onWarning } = options;
+  const { path, rate = 1, loop = false, pace = 'recorded' } = options;
   if (typeof path !== 'string' || path.length === 0)
     throw new TypeError(`createBagSource: expected a non-empty path but received ${JSON.stringify(path)}`);
   if (typeof rate !== 'number' || !Number.isFinite(rate) || rate <= 0)
@@ -92,34 +96,41 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
     throw new TypeError(`createBagSource: expected pace 'recorded' or 'fast' but received ${JSON.stringify(pace)}`);
 
   const file = await McapFile.open(path);
-  const warnings: string[] = [];
-  const warn = (message: string): void => {
-    if (warnings.length < MAX_WARNINGS) warnings.push(message);
-    else if (warnings.length === MAX_WARNINGS) warnings.push('… more warnings were left out');
-    onWarning?.(message);
-  };
   let selection: Selection;
   try {
-    if (file.summaryError) warn(`${path}: ${file.summaryError}; read by streaming up to where the file is valid`);
     selection = selectChannels(file, options, path);
   } catch (err) {
     await file.close();
     throw err;
   }
-  for (const skipped of selection.skipped) {
-    warn(
-      `${path}: channel ${skipped.channel.id} of ${skipped.channel.topic} skipped (${file.countOf(skipped.channel.id)} messages): ${skipped.reason}`,
-    );
+  // What opening found, reported at the start of each replay.
+  const found: SourceIncident[] = [];
+  if (file.summaryError) {
+    found.push({ kind: 'damaged', detail: `${path}: ${file.summaryError}; read by streaming up to where the file is valid` });
   }
-  if (file.end && file.mode === 'streamed') warn(`${path}: ${describeEnd(file.end)}`);
+  for (const skipped of selection.skipped) {
+    const { channel, reason } = skipped;
+    found.push({
+      kind: 'skipped',
+      detail: `${path}: channel ${channel.id} of ${channel.topic} skipped (${file.countOf(channel.id)} messages): ${reason}`,
+    });
+  }
+  if (file.end && file.mode === 'streamed') found.push({ kind: 'damaged', detail: `${path}: ${describeEnd(file.end)}` });
 
   const { topic, decoders } = selection;
   const id = options.id ?? topic;
   const messageCount = [...decoders.keys()].reduce((n, channelId) => n + file.countOf(channelId), 0);
-  const counters = { read: 0, yielded: 0, rejected: 0, badChunks: 0 };
+  const counters = { read: 0, yielded: 0, rejected: 0 };
+  const schemas = [...new Set([...decoders.keys()].map((c) => file.describeChannel(c)))].join(', ');
+  const description = `bag ${path}, topic ${topic} (${schemas}), ${file.mode === 'indexed' ? 'indexed' : 'streamed (no summary)'}`;
   let closed = false;
 
-  async function* generate(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection> {
+  async function* generate(
+    clock: Clock,
+    signal: AbortSignal,
+    report?: (incident: SourceIncident) => void,
+  ): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection> {
+    for (const incident of found) report?.(incident);
     const startNs = clock.nowNs();
     let firstLogNs: bigint | undefined;
     let loopOffsetNs = 0n;
@@ -143,12 +154,13 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
         if (signal.aborted || closed) return;
         if (event.kind === 'badChunk') {
           if (pass === 0) {
-            counters.badChunks += 1;
             const lost = event.lost ? [...decoders.keys()].reduce((n, c) => n + (event.lost!.get(c)?.length ?? 0), 0) : undefined;
-            warn(
-              `${path}: the chunk at byte ${event.offset} (${event.length} bytes) was skipped: ${event.reason}; ` +
-                (lost === undefined ? 'its messages are unknown (no message index follows it)' : `${lost} messages of ${topic} lost`),
-            );
+            report?.({
+              kind: 'damaged',
+              detail:
+                `${path}: the chunk at byte ${event.offset} (${event.length} bytes) was skipped: ${event.reason}; ` +
+                (lost === undefined ? 'its messages are unknown (no message index follows it)' : `${lost} messages of ${topic} rejected`),
+            });
           }
           const lostTimes = [...decoders.keys()].flatMap((c) => event.lost?.get(c) ?? []).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
           const cause = /crc/i.test(event.reason) ? 'chunk failed its CRC check' : 'chunk unreadable';
@@ -188,7 +200,8 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
           continue;
         }
         counters.yielded += 1;
-        yield { sourceId: id, captureNs, captureWallMs: wallMsAt(clock, captureNs), stampNs: message.logTime, payload };
+        const captureWallMs = wallMsAt(clock, captureNs);
+        yield { sourceId: id, captureNs, captureWallMs, stampNs: message.logTime, sourceStamp: toStamp(message.logTime), payload };
       }
       pass += 1;
       // A pass that yielded nothing would loop forever without producing a frame.
@@ -204,6 +217,7 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
     id,
     path,
     topic,
+    description,
     messageCount,
     mode: file.mode,
     startNs: file.startNs,
@@ -212,21 +226,6 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
       return { read: counters.read, yielded: counters.yielded, rejected: counters.rejected };
     },
     frames: generate,
-    report(): SourceReport {
-      const schemas = [...new Set([...decoders.keys()].map((c) => file.describeChannel(c)))].join(', ');
-      const skippedMessages = selection.skipped.reduce((n, s) => n + file.countOf(s.channel.id), 0);
-      return {
-        description: `bag ${path}, topic ${topic} (${schemas}), ${file.mode === 'indexed' ? 'indexed' : 'streamed (no summary)'}`,
-        counts: {
-          messages: counters.read,
-          frames: counters.yielded,
-          rejected: counters.rejected,
-          ...(skippedMessages > 0 ? { skippedMessages } : {}),
-          ...(counters.badChunks > 0 ? { badChunks: counters.badChunks } : {}),
-        },
-        warnings: [...warnings],
-      };
-    },
     async close(): Promise<void> {
       if (closed) return;
       closed = true;
@@ -235,10 +234,13 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
   };
 }
 
-const MAX_WARNINGS = 50;
-
 function scale(ns: bigint, rate: number): bigint {
   return rate === 1 ? ns : BigInt(Math.round(Number(ns) / rate));
+}
+
+/** A log time (ns) as the ROS time the wire's source_stamp is. */
+function toStamp(ns: bigint): Stamp {
+  return { sec: Number(ns / 1_000_000_000n), nanosec: Number(ns % 1_000_000_000n) };
 }
 
 // ---- choosing the channels ---------------------------------------------------------------------

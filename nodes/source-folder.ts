@@ -7,7 +7,7 @@ import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Clock } from '../pipeline/clock.ts';
 import type { CameraFrame } from './payloads.ts';
-import type { FrameSource, SourceItem, SourceRejection, SourceReport } from '../pipeline/types.ts';
+import type { FrameSource, SourceItem, SourceRejection } from '../pipeline/types.ts';
 import { waitUntilDue, wallMsAt } from '../pipeline/pacing.ts';
 
 export interface FolderSourceOptions {
@@ -37,7 +37,6 @@ export interface FolderSource extends FrameSource<CameraFrame> {
   readonly counters: FolderSourceCounters;
   readonly issues: readonly FolderIssue[];
   frames(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection>;
-  report(): SourceReport;
 }
 
 const IMAGE_NAME = /\.(jpe?g|png)$/i;
@@ -115,11 +114,6 @@ export async function createFolderSource(options: FolderSourceOptions): Promise<
     },
     issues,
     frames: generate,
-    report: () => ({
-      description: `folder ${path} (${files.length} image files)`,
-      counts: { read: counters.read, frames: counters.yielded, rejected: counters.bad },
-      warnings: [],
-    }),
   };
 }
 

@@ -164,11 +164,7 @@ export interface FrameSource<T> {
   readonly startNs?: bigint;
   /** Replay sources: how many inputs they hold (a progress bar's total), when known. */
   readonly expectedItems?: number;
-  frames(
-    clock: Clock,
-    signal: AbortSignal,
-    report?: (incident: SourceIncident) => void,
-  ): AsyncIterable<SourceItem<T> | SourceRejection>;
+  frames(clock: Clock, signal: AbortSignal, report?: (incident: SourceIncident) => void): AsyncIterable<SourceItem<T> | SourceRejection>;
   close?(): Promise<void>;
 }
 
