@@ -3,7 +3,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { Subject } from 'rxjs';
-import { MAX_DROP_CAUSES, TelemetryAggregator, dropCause } from '../pipeline/telemetry/aggregator.ts';
+import { MAX_DROP_CAUSES, MAX_SOURCE_DETAILS, TelemetryAggregator, dropCause } from '../pipeline/telemetry/aggregator.ts';
 import { eventToJson, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
 import { LatencyHistogram } from '../pipeline/telemetry/histogram.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
@@ -126,7 +126,7 @@ describe('TelemetryAggregator', () => {
     assert.match(text, /\ndecode +2 .* stale 1 +deadline 1 +0\n/);
   });
 
-  test("drops are counted by cause (numbers blanked out, the source's own cause when it gives one), most frequent first; the source report is folded in", () => {
+  test("drops are counted by cause (numbers blanked out, the source's own cause when it gives one), most frequent first; source events are counted by kind with their details", () => {
     const aggregator = new TelemetryAggregator('virtual');
     const drop = (
       frameId: number,
@@ -148,12 +148,9 @@ describe('TelemetryAggregator', () => {
       aggregator.add(drop(id++, 'source', 'rejected', `chunk at byte ${k}: Incorrect chunk CRC ${k}`, 'chunk failed its CRC check'));
     for (const ms of ['1.5', '22.125']) aggregator.add(drop(id++, 'decode', 'stale', `deadline passed ${ms} ms before entry`));
     aggregator.add(drop(id, 'preprocess', 'error', 'preprocess: cannot decode "frame 7.jpg" (corrupt JPEG at 0x1f3)'));
-    const report = {
-      description: 'bag /b.mcap, topic /cam',
-      counts: { messages: 6, frames: 3, rejected: 3 },
-      warnings: ['the chunk at byte 9 was skipped'],
-    };
-    aggregator.add({ type: 'source', atNs: 10n, report });
+    const damaged = 'b.mcap: the chunk at byte 9 (40 bytes) was skipped: CRC mismatch; 3 messages of /cam rejected';
+    aggregator.add({ type: 'source', atNs: 9n, sourceId: '/cam', kind: 'damaged', detail: damaged });
+    aggregator.add({ type: 'source', atNs: 9n, sourceId: '/cam', kind: 'skipped', detail: 'b.mcap: channel 2 of /cam skipped' });
     aggregator.end(10n, 'source_end', null);
     const summary = aggregator.snapshot();
     assert.deepEqual(summary.drops.causes, {
@@ -166,11 +163,14 @@ describe('TelemetryAggregator', () => {
       'decode: deadline passed # ms before entry',
       'preprocess: preprocess: cannot decode "…" (corrupt JPEG at #)',
     ]);
-    assert.deepEqual(summary.source, report);
+    assert.deepEqual(summary.source, {
+      counts: { damaged: 1, skipped: 1 },
+      details: [`damaged: ${damaged}`, 'skipped: b.mcap: channel 2 of /cam skipped'],
+    });
     const text = formatSummary(summary);
     assert.match(
       text,
-      /\nsource: bag \/b\.mcap, topic \/cam {2}\(messages 6, frames 3, rejected 3\)\n {2}warning: the chunk at byte 9 was skipped\n/,
+      /\nsource incidents: damaged 1, skipped 1\n {2}damaged: b\.mcap: the chunk at byte 9 .*; 3 messages of \/cam rejected\n {2}skipped: b\.mcap: channel 2 of \/cam skipped\n/,
     );
     assert.match(
       text,
@@ -185,6 +185,17 @@ describe('TelemetryAggregator', () => {
     const causes = many.snapshot().drops.causes;
     assert.equal(Object.keys(causes).length, MAX_DROP_CAUSES + 1);
     assert.equal(causes['(other causes)'], 5);
+
+    // Source details are kept up to MAX_SOURCE_DETAILS; the counts go on, and the text says how many more.
+    const restarts = new TelemetryAggregator('real');
+    for (let k = 0; k < MAX_SOURCE_DETAILS + 3; k++) {
+      restarts.add({ type: 'source', atNs: BigInt(k), sourceId: 'ffmpeg:x', kind: 'restart', detail: `restart ${k + 1}` });
+    }
+    const { source } = restarts.snapshot();
+    assert.equal(source.counts.restart, MAX_SOURCE_DETAILS + 3);
+    assert.equal(source.details.length, MAX_SOURCE_DETAILS);
+    assert.equal(source.details.at(-1), `restart: restart ${MAX_SOURCE_DETAILS}`);
+    assert.match(formatSummary(restarts.snapshot()), /\n {2}… 3 more in the events stream\n/);
   });
 
   test('the JSON summary round-trips through a file', () => {

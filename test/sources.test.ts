@@ -14,7 +14,7 @@ import { createPatternSource, encodePatternFrame, readPatternCounter } from '../
 import { RealClock, VirtualClock } from '../pipeline/clock.ts';
 import type { Clock } from '../pipeline/clock.ts';
 import type { CameraFrame } from '../nodes/payloads.ts';
-import { isRejection, type FrameSource, type SourceItem, type SourceRejection } from '../pipeline/types.ts';
+import { isRejection, type FrameSource, type SourceIncident, type SourceItem, type SourceRejection } from '../pipeline/types.ts';
 import { SAMPLE_START_NS, SAMPLE_TOPIC, makeSampleBag } from '../tools/make-sample-bag.ts';
 import {
   ROS_COMPRESSED_IMAGE,
@@ -38,9 +38,10 @@ async function takeAll<T>(
   clock: Clock,
   max: number,
   controller = new AbortController(),
+  incidents: SourceIncident[] = [],
 ): Promise<(SourceItem<T> | SourceRejection)[]> {
   const out: (SourceItem<T> | SourceRejection)[] = [];
-  for await (const item of source.frames(clock, controller.signal)) {
+  for await (const item of source.frames(clock, controller.signal, (i) => incidents.push(i))) {
     out.push(item);
     if (out.length >= max) break;
   }
@@ -48,8 +49,14 @@ async function takeAll<T>(
 }
 
 /** Up to `max` frames of a source; a rejection fails the test. */
-async function take<T>(source: FrameSource<T>, clock: Clock, max: number, controller = new AbortController()): Promise<SourceItem<T>[]> {
-  const items = await takeAll(source, clock, max, controller);
+async function take<T>(
+  source: FrameSource<T>,
+  clock: Clock,
+  max: number,
+  controller = new AbortController(),
+  incidents: SourceIncident[] = [],
+): Promise<SourceItem<T>[]> {
+  const items = await takeAll(source, clock, max, controller, incidents);
   const rejected = items.filter(isRejection);
   assert.deepEqual(rejected, [], 'no rejections expected');
   return items.filter(isItem);
@@ -250,10 +257,8 @@ describe('bag source', () => {
     const first = await decodeRgb(items[0].payload);
     assert.deepEqual([first.width, first.height], [640, 360]);
     assert.deepEqual(source.counters, { read: items.length, yielded: items.length, rejected: 0 });
-    const report = source.report();
-    assert.match(report.description, /bag .*sample\.mcap, topic \/camera\/front\/compressed \(foxglove\.CompressedImage, json\), indexed/);
-    assert.deepEqual(report.counts, { messages: items.length, frames: items.length, rejected: 0 });
-    assert.deepEqual(report.warnings, []);
+    assert.match(source.description, /bag .*sample\.mcap, topic \/camera\/front\/compressed \(foxglove\.CompressedImage, json\), indexed/);
+    assert.deepEqual(items[1]!.sourceStamp, { sec: Number(SAMPLE_START_NS / 1_000_000_000n), nanosec: 100_000_000 }, 'the log time');
   });
 
   test('rate scales the timing and loop continues it past the end', async () => {
@@ -436,9 +441,9 @@ describe('bag source', () => {
       await add(c, 7, json({ timestamp: { sec: 5, nsec: 0 }, frame_id: 'f', data: jpeg.toString('base64'), format: 'png' }));
       await add(c, 8, good(6));
     });
-    const warnings: string[] = [];
-    const source = await createBagSource({ path, topic: '/cam', onWarning: (w) => warnings.push(w) });
-    const items = await takeAll(source, new VirtualClock(), 100);
+    const incidents: SourceIncident[] = [];
+    const source = await createBagSource({ path, topic: '/cam' });
+    const items = await takeAll(source, new VirtualClock(), 100, new AbortController(), incidents);
     await source.close();
     assert.deepEqual(
       items.map((it) => (isRejection(it) ? it.rejected : 'frame')),
@@ -451,14 +456,15 @@ describe('bag source', () => {
     );
     assert.match((items[3] as SourceRejection).detail!, /starts 47494638/);
     assert.deepEqual(source.counters, { read: 6, yielded: 2, rejected: 4 });
-    assert.equal(warnings.length, 2);
-    assert.match(warnings[0]!, /channel 1 of \/cam skipped \(1 messages\): acme\.Thermal is not an image type percept reads/);
+    assert.deepEqual(
+      incidents.map((i) => i.kind),
+      ['skipped', 'skipped'],
+    );
+    assert.match(incidents[0]!.detail, /channel 1 of \/cam skipped \(1 messages\): acme\.Thermal is not an image type percept reads/);
     assert.match(
-      warnings[1]!,
+      incidents[1]!.detail,
       /channel 2 of \/cam skipped \(2 messages\): foxglove\.CompressedImage in message encoding protobuf is not supported \(json is\)/,
     );
-    assert.deepEqual(source.report().counts, { messages: 6, frames: 2, rejected: 4, skippedMessages: 3 });
-    assert.deepEqual(source.report().warnings, warnings);
   });
 
   /** 60 frames of 64×64 JPEG on /cam at 10 Hz, about 20 to a zstd chunk. */
@@ -487,9 +493,9 @@ describe('bag source', () => {
     const corrupt = join(cache, 'sixty-corrupt.mcap');
     const damaged = await corruptChunk(await sixtyFrameBag(), corrupt, 1);
     assert.ok(damaged.logTimes.length > 0);
-    const warnings: string[] = [];
-    const source = await createBagSource({ path: corrupt, onWarning: (w) => warnings.push(w) });
-    const items = await takeAll(source, new VirtualClock(), 1000);
+    const incidents: SourceIncident[] = [];
+    const source = await createBagSource({ path: corrupt });
+    const items = await takeAll(source, new VirtualClock(), 1000, new AbortController(), incidents);
     await source.close();
     assert.equal(items.length, 60, 'every message of the bag is accounted for');
     const rejected = items.filter(isRejection);
@@ -507,17 +513,17 @@ describe('bag source', () => {
       Array.from({ length: 60 }, (_, i) => BigInt(i) * 100n * MS),
       'in order, at their recorded times',
     );
-    assert.equal(warnings.length, 1);
-    assert.match(
-      warnings[0]!,
-      new RegExp(`the chunk at byte ${damaged.offset} \\(\\d+ bytes\\) was skipped: .*; ${damaged.logTimes.length} messages of /cam lost`),
+    assert.deepEqual(
+      incidents.map((i) => i.kind),
+      ['damaged'],
     );
-    assert.deepEqual(source.report().counts, {
-      messages: 60,
-      frames: 60 - damaged.logTimes.length,
-      rejected: damaged.logTimes.length,
-      badChunks: 1,
-    });
+    assert.match(
+      incidents[0]!.detail,
+      new RegExp(
+        `the chunk at byte ${damaged.offset} \\(\\d+ bytes\\) was skipped: .*; ${damaged.logTimes.length} messages of /cam rejected`,
+      ),
+    );
+    assert.deepEqual(source.counters, { read: 60, yielded: 60 - damaged.logTimes.length, rejected: damaged.logTimes.length });
   });
 
   test('a truncated bag is replayed by streaming up to where it is valid, saying where it ends', async () => {
@@ -529,23 +535,27 @@ describe('bag source', () => {
     const last = summary.chunkIndexes.at(-1)!;
     const cut = Number(last.chunkStartOffset + last.chunkLength / 2n);
     writeFileSync(truncated, readFileSync(path).subarray(0, cut));
-    const warnings: string[] = [];
-    const source = await createBagSource({ path: truncated, onWarning: (w) => warnings.push(w) });
+    const incidents: SourceIncident[] = [];
+    const source = await createBagSource({ path: truncated });
     assert.equal(source.mode, 'streamed');
-    const items = await take(source, new VirtualClock(), 1000);
+    const items = await take(source, new VirtualClock(), 1000, new AbortController(), incidents);
     await source.close();
     const before = summary.chunkIndexes.slice(0, -1);
     const expected = before.reduce((n, c) => n + Number(c.messageEndTime - c.messageStartTime) / 1e8 + 1, 0);
     assert.equal(items.length, expected, 'every message before the cut chunk');
     assert.ok(expected >= 40);
     assert.equal(source.messageCount, items.length, 'the scan counted what the replay then read');
-    assert.match(warnings[0]!, /truncated\.mcap: no readable summary \(.*\); read by streaming up to where the file is valid/);
+    assert.deepEqual(
+      incidents.map((i) => i.kind),
+      ['damaged', 'damaged'],
+    );
+    assert.match(incidents[0]!.detail, /truncated\.mcap: no readable summary \(.*\); read by streaming up to where the file is valid/);
     assert.match(
-      warnings[1]!,
+      incidents[1]!.detail,
       new RegExp(`valid up to byte ${Number(last.chunkStartOffset)} of ${cut}: the file ends inside a record \\(opcode 6, `),
     );
-    assert.deepEqual(source.report().counts, { messages: items.length, frames: items.length, rejected: 0 });
-    assert.match(source.report().description, /streamed \(no summary\)/);
+    assert.deepEqual(source.counters, { read: items.length, yielded: items.length, rejected: 0 });
+    assert.match(source.description, /streamed \(no summary\)/);
   });
 
   test('a file cut between records (a recorder that never closed) replays every whole chunk', async () => {
@@ -557,12 +567,12 @@ describe('bag source', () => {
       unfinished,
       readFileSync(sampleBag).subarray(0, Number(lastChunk.chunkStartOffset + lastChunk.chunkLength + lastChunk.messageIndexLength)),
     );
-    const warnings: string[] = [];
-    const source = await createBagSource({ path: unfinished, onWarning: (w) => warnings.push(w) });
-    const items = await take(source, new VirtualClock(), 1000);
+    const incidents: SourceIncident[] = [];
+    const source = await createBagSource({ path: unfinished });
+    const items = await take(source, new VirtualClock(), 1000, new AbortController(), incidents);
     await source.close();
     assert.equal(items.length, Number(summary.statistics!.messageCount));
-    assert.match(warnings[1]!, /the file ends without a footer \(not closed: a crashed recording\?\)/);
+    assert.match(incidents[1]!.detail, /the file ends without a footer \(not closed: a crashed recording\?\)/);
   });
 
   test('fatal file errors name the path', async () => {
@@ -645,7 +655,6 @@ describe('folder source', () => {
     assert.deepEqual(Buffer.from((items[1] as SourceItem<CameraFrame>).payload.data), png);
     assert.deepEqual(issues, ['frame3.jpg']);
     assert.deepEqual(source.counters, { read: 4, yielded: 3, bad: 1 });
-    assert.deepEqual(source.report().counts, { read: 4, frames: 3, rejected: 1 });
     assert.equal(items[0].sourceId, `folder:${dir}`);
   });
 
