@@ -91,6 +91,8 @@ export interface NativeGenerateOptions {
   ignoreEos: boolean;
   jumpForward: boolean;
   speculative: boolean;
+  /** A cancel() may come while llama.cpp computes: install its abort callback (else checked between tokens). */
+  cancellable: boolean;
   nDraft?: number;
   /** Absolute, on the process.hrtime.bigint() clock. */
   deadlineNs?: bigint;

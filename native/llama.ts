@@ -462,6 +462,7 @@ export class LlamaContext {
           ignoreEos: options.ignoreEos ?? false,
           jumpForward: options.jumpForward ?? false,
           speculative: options.speculative ?? true,
+          cancellable: signal !== undefined,
           ...(nDraft !== undefined ? { nDraft } : {}),
           ...(options.deadlineNs !== undefined ? { deadlineNs: options.deadlineNs } : {}),
           ...(options.grammar ? { grammar: options.grammar.native } : {}),
