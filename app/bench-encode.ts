@@ -1,29 +1,65 @@
 // `percept bench encode`: preprocessing and vision-encoder latency, each timed on its own, per frame.
 import { readFileSync } from 'node:fs';
+import { loadavg } from 'node:os';
 import sharp from 'sharp';
 import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder-onnx.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
-import { isMmprojSpec, resolveMmprojSpec } from '../models/mmproj-synth.ts';
-import { resolveVisionSpec } from '../models/vision-synth.ts';
+import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
 import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
+import type { MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
+import type { VisionProfile } from '../native/vision.ts';
+import { loadConfig } from '../pipeline/config.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { quantile } from './stats.ts';
 
 export interface BenchEncodeOptions {
   /** .onnx path or synth:<preset> (onnxruntime); .gguf mmproj or synth:<preset>-mmproj[@seed][?dtype=f16]
    * (llama.cpp clip through the native addon). */
   readonly encoder: string;
   /** ORT execution provider; for an mmproj, 'cuda' runs clip on the GPU backend. */
-  readonly ep?: ExecutionProvider | string;
+  readonly ep: ExecutionProvider | string;
   /** JPEG or PNG file; default a generated 1280×720 JPEG (q85). */
   readonly image?: string;
-  /** Gemma 4 image-token budget (default 280). */
-  readonly imageTokens?: number;
-  readonly iterations?: number;
+  /** Gemma 4 image-token budget. */
+  readonly imageTokens: number;
+  readonly iterations: number;
   readonly warmup?: number;
-  /** ORT intra-op threads, or clip's CPU threads. */
+  /** CPU threads for preprocessing (libvips) and for the encoder (ORT intra-op or clip threads). */
   readonly threads?: number;
   readonly allowSpinning?: boolean;
+  /** mmproj only: report where each encode's time goes ('phases': setup vs compute; 'ops': per op
+   * type, synchronized after every node, so it slows what it measures). */
+  readonly profile?: 'phases' | 'ops';
+  /** mmproj only: clip's flash attention (default 'auto': on where the backend supports it). */
+  readonly flashAttention?: 'auto' | 'on' | 'off';
+  /** mmproj only: also time N frames of one size in one encode call (encodeBatch). */
+  readonly batch?: number;
+}
+
+/** What clip reported at load, and where the time of the timed encodes went. */
+export interface BenchClipReport {
+  readonly flash_attention: boolean | null;
+  readonly graph_splits: number;
+  readonly graph_nodes: number;
+  readonly compute_buffers_mib: Readonly<Record<string, number>>;
+  readonly unsupported_ops: readonly string[];
+  readonly batchable: boolean;
+  readonly profile?: {
+    readonly mode: 'phases' | 'ops';
+    /** Graph build, allocation and input upload, before the first node finished. */
+    readonly setup_ms_p50: number;
+    /** Graph compute and output read-back. */
+    readonly compute_ms_p50: number;
+    /** 'ops': the last encode's time per op type, largest first. */
+    readonly ops?: readonly { op: string; ms: number; count: number; on_host: number }[];
+  };
+  readonly batch?: {
+    readonly images: number;
+    readonly batched: boolean;
+    readonly encode_ms_p50: number;
+    readonly per_image_ms_p50: number;
+  };
 }
 
 export type BenchEncodeResult = {
@@ -41,25 +77,27 @@ export type BenchEncodeResult = {
   readonly hidden: number;
   readonly load_ms: number;
   readonly first_encode_ms: number;
+  /** libvips threads the preprocessing ran with. */
+  readonly preprocess_threads: number;
   readonly preprocess_ms_p50: number;
   readonly preprocess_ms_p99: number;
+  /** CPU time of the process during preprocessing (all threads): what one core spends per frame,
+   * unlike wall time, not stretched by other processes on a shared machine. */
+  readonly preprocess_cpu_ms_p50: number;
   readonly encode_ms_p50: number;
   readonly encode_ms_p99: number;
   /** Time inside session.run() in the ORT worker, or inside clip_image_encode (encode_ms minus layout
    * conversion, transfer and messaging). */
   readonly run_ms_p50: number;
   readonly total_ms_p50: number;
+  /** 1-minute load average at the end: how busy the machine was. */
+  readonly load_average: number;
+  /** mmproj only. */
+  readonly clip?: BenchClipReport;
 };
 
-/** Nearest-rank quantile of a sample. */
-export function quantile(values: readonly number[], q: number): number {
-  if (values.length === 0) return Number.NaN;
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
-}
-
 /** A deterministic 1280×720 test scene (gradients, edges, noise) as JPEG q85. */
-export async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<Buffer> {
+async function syntheticJpeg(width = 1280, height = 720, quality = 85): Promise<Buffer> {
   const raw = Buffer.alloc(width * height * 3);
   let s = 12345;
   for (let y = 0; y < height; y++) {
@@ -72,28 +110,45 @@ export async function syntheticJpeg(width = 1280, height = 720, quality = 85): P
       raw[i + 2] = (((x >> 5) ^ (y >> 5)) & 1) * 180 + noise;
     }
   }
-  return sharp(raw, { raw: { width, height, channels: 3 } }).jpeg({ quality }).toBuffer();
+  return sharp(raw, { raw: { width, height, channels: 3 } })
+    .jpeg({ quality })
+    .toBuffer();
 }
 
-const benchContext = (imageTokens: number): StageContext => standaloneContext({ frame: { sourceId: 'bench' }, knobs: { imageTokens, maxNewTokens: 0 } });
+/** The most frames --batch takes in one encode call. */
+const MAX_BATCH = 64;
+
+/** Milliseconds as reported: three decimals. */
+const round = (x: number): number => Math.round(x * 1000) / 1000;
+
+const benchContext = (imageTokens: number): StageContext =>
+  standaloneContext({ frame: { sourceId: 'bench' }, knobs: { imageTokens, maxNewTokens: 0 } });
 
 /** What the bench needs of either encoder stage. */
 interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
   readonly contract: { readonly kind: 'gemma3' | 'gemma4' };
-  stats(): { readonly lastRunMs: number };
+  stats(): { readonly lastRunMs: number; readonly lastProfile?: VisionProfile };
   close(): Promise<void>;
 }
 
 export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncodeResult> {
   if (typeof opts.encoder !== 'string' || !opts.encoder) throw new TypeError('bench encode: --encoder is required');
   const runtime = isMmprojSpec(opts.encoder) ? 'mtmd' : 'onnx';
-  const iterations = opts.iterations ?? 20;
-  if (!Number.isInteger(iterations) || iterations < 1) throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
+  const { iterations, imageTokens } = opts;
+  if (!Number.isInteger(iterations) || iterations < 1)
+    throw new RangeError(`bench encode: iterations must be a positive integer, got ${iterations}`);
   const warmup = opts.warmup ?? 1;
-  const imageTokens = opts.imageTokens ?? 280;
-  const ep = (opts.ep ?? 'cpu') as ExecutionProvider;
-  if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda') throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
-  const modelPath = runtime === 'mtmd' ? await resolveMmprojSpec(opts.encoder) : resolveVisionSpec(opts.encoder);
+  const ep = opts.ep as ExecutionProvider; // checked by the encoder stage
+  if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda')
+    throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
+  if (runtime === 'onnx' && (opts.profile !== undefined || opts.flashAttention !== undefined || opts.batch !== undefined)) {
+    throw new RangeError('bench encode: --profile, --flash-attention and --batch are for the llama.cpp clip encoder (an mmproj)');
+  }
+  if (opts.profile !== undefined && opts.profile !== 'phases' && opts.profile !== 'ops')
+    throw new RangeError(`bench encode: --profile must be 'phases' or 'ops', got '${String(opts.profile)}'`);
+  if (opts.batch !== undefined && !(Number.isInteger(opts.batch) && opts.batch >= 1 && opts.batch <= MAX_BATCH))
+    throw new RangeError(`bench encode: --batch must be an integer in 1..${MAX_BATCH}, got ${opts.batch}`);
+  const modelPath = await resolveModel(opts.encoder, runtime === 'mtmd' ? 'mmproj' : 'vision');
 
   let frame: CameraFrame;
   let imageName: string;
@@ -111,9 +166,16 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
 
   const t0 = performance.now();
   let encoder: BenchedEncoder;
+  let mtmd: MtmdEncoderStage | undefined;
   if (runtime === 'mtmd') {
     const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
-    encoder = await createMtmdEncoderStage({ mmproj: modelPath, useGpu: ep === 'cuda', ...(opts.threads !== undefined ? { threads: opts.threads } : {}) });
+    encoder = mtmd = await createMtmdEncoderStage({
+      mmproj: modelPath,
+      useGpu: ep === 'cuda',
+      ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
+      ...(opts.flashAttention !== undefined ? { flashAttention: opts.flashAttention } : {}),
+      ...(opts.profile !== undefined ? { profile: opts.profile } : {}),
+    });
   } else {
     encoder = await createOnnxEncoderStage({
       model: modelPath,
@@ -124,18 +186,24 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   }
   const loadMs = performance.now() - t0;
   try {
-    const preprocess = createPreprocessStage({ contract: encoder.contract.kind });
+    // The config's preprocess section (its defaults from the schema), with --threads for libvips.
+    const { preprocess: preprocessConfig } = loadConfig({ preprocess: opts.threads !== undefined ? { threads: opts.threads } : {} });
+    const preprocess = createPreprocessStage({ contract: encoder.contract.kind, ...preprocessConfig });
     const ctx = benchContext(imageTokens);
     const pre: number[] = [];
+    const preCpu: number[] = [];
     const enc: number[] = [];
     const run: number[] = [];
+    const profiles: VisionProfile[] = [];
     let firstEncodeMs = Number.NaN;
     let tokens = 0;
     let hidden = 0;
     for (let i = 0; i < warmup + iterations; i++) {
+      const cpu0 = process.cpuUsage();
       const a = performance.now();
       const tensor = await preprocess.process(frame, ctx);
       const b = performance.now();
+      const cpu = process.cpuUsage(cpu0);
       const emb = await encoder.process(tensor, ctx);
       const c = performance.now();
       tokens = emb.nTokens;
@@ -143,11 +211,14 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
       if (i === 0) firstEncodeMs = c - b;
       if (i >= warmup) {
         pre.push(b - a);
+        preCpu.push((cpu.user + cpu.system) / 1000);
         enc.push(c - b);
         run.push(encoder.stats().lastRunMs);
+        const profile = encoder.stats().lastProfile;
+        if (profile) profiles.push(profile);
       }
     }
-    const round = (x: number): number => Math.round(x * 1000) / 1000;
+    const clip = mtmd ? await clipReport(mtmd, profiles, opts, warmup, () => preprocess.process(frame, ctx)) : undefined;
     return {
       encoder: modelPath,
       runtime,
@@ -162,51 +233,86 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
       hidden,
       load_ms: round(loadMs),
       first_encode_ms: round(firstEncodeMs),
+      preprocess_threads: preprocess.threads,
       preprocess_ms_p50: round(quantile(pre, 0.5)),
       preprocess_ms_p99: round(quantile(pre, 0.99)),
+      preprocess_cpu_ms_p50: round(quantile(preCpu, 0.5)),
       encode_ms_p50: round(quantile(enc, 0.5)),
       encode_ms_p99: round(quantile(enc, 0.99)),
       run_ms_p50: round(quantile(run, 0.5)),
-      total_ms_p50: round(quantile(pre.map((p, i) => p + enc[i]!), 0.5)),
+      total_ms_p50: round(
+        quantile(
+          pre.map((p, i) => p + enc[i]!),
+          0.5,
+        ),
+      ),
+      load_average: round(loadavg()[0]!),
+      ...(clip ? { clip } : {}),
     };
   } finally {
     await encoder.close();
   }
 }
 
-export interface BenchPreprocessOptions {
-  readonly contract: 'gemma3' | 'gemma4';
-  readonly image?: string;
-  readonly imageTokens?: number;
-  readonly iterations?: number;
-  readonly kernel?: 'nearest' | 'linear' | 'cubic';
-}
-
-/** Preprocessing alone (no encoder): p50/p99 over `iterations` frames after 3 warm-ups. */
-export async function benchPreprocess(opts: BenchPreprocessOptions): Promise<{ contract: string; kernel: string; image: string; tokens: number; ms_p50: number; ms_p99: number; ms_min: number; iterations: number }> {
-  const iterations = opts.iterations ?? 50;
-  const data = opts.image ? readFileSync(opts.image) : await syntheticJpeg();
-  const format = (await sharp(data).metadata()).format;
-  if (format !== 'jpeg' && format !== 'png') throw new Error(`bench preprocess: image is ${format ?? 'unknown'}; use a JPEG or PNG`);
-  const stage = createPreprocessStage({ contract: opts.contract, ...(opts.kernel ? { kernel: opts.kernel } : {}) });
-  const ctx = benchContext(opts.imageTokens ?? 280);
-  const times: number[] = [];
-  let tokens = 0;
-  for (let i = 0; i < iterations + 3; i++) {
-    const t0 = performance.now();
-    const t = await stage.process({ encoding: format, data }, ctx);
-    if (i >= 3) times.push(performance.now() - t0);
-    tokens = t.imageTokens;
+async function clipReport(
+  stage: MtmdEncoderStage,
+  profiles: readonly VisionProfile[],
+  opts: BenchEncodeOptions,
+  warmup: number,
+  nextTensor: () => Promise<PixelTensor>,
+): Promise<BenchClipReport> {
+  const info = stage.info;
+  const last = profiles.at(-1);
+  let batch: BenchClipReport['batch'];
+  if (opts.batch !== undefined) {
+    const times: number[] = [];
+    for (let i = 0; i < warmup + opts.iterations; i++) {
+      const inputs = await Promise.all(Array.from({ length: opts.batch }, nextTensor));
+      const t0 = performance.now();
+      await stage.encodeBatch(inputs);
+      if (i >= warmup) times.push(performance.now() - t0);
+    }
+    const p50 = quantile(times, 0.5);
+    batch = {
+      images: opts.batch,
+      batched: info.batchable && opts.batch > 1,
+      encode_ms_p50: round(p50),
+      per_image_ms_p50: round(p50 / opts.batch),
+    };
   }
-  const round = (x: number): number => Math.round(x * 1000) / 1000;
   return {
-    contract: opts.contract,
-    kernel: opts.kernel ?? (opts.contract === 'gemma3' ? 'linear' : 'cubic'),
-    image: opts.image ?? 'synthetic 1280x720 jpeg q85',
-    tokens,
-    ms_p50: round(quantile(times, 0.5)),
-    ms_p99: round(quantile(times, 0.99)),
-    ms_min: round(Math.min(...times)),
-    iterations,
+    flash_attention: info.flashAttention,
+    graph_splits: info.graphSplits,
+    graph_nodes: info.graphNodes,
+    compute_buffers_mib: Object.fromEntries(info.computeBuffers.map((b) => [b.name, round(b.bytes / 2 ** 20)])),
+    unsupported_ops: info.unsupportedOps,
+    batchable: info.batchable,
+    ...(opts.profile && profiles.length
+      ? {
+          profile: {
+            mode: opts.profile,
+            setup_ms_p50: round(
+              quantile(
+                profiles.map(({ setupMs }) => setupMs),
+                0.5,
+              ),
+            ),
+            compute_ms_p50: round(
+              quantile(
+                profiles.map(({ computeMs }) => computeMs),
+                0.5,
+              ),
+            ),
+            ...(last?.ops
+              ? {
+                  ops: [...last.ops]
+                    .sort((a, b) => b.ms - a.ms)
+                    .map((o) => ({ op: o.op, ms: round(o.ms), count: o.count, on_host: o.onHost })),
+                }
+              : {}),
+          },
+        }
+      : {}),
+    ...(batch ? { batch } : {}),
   };
 }

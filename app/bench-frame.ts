@@ -3,22 +3,28 @@
 // the test pattern at a rate the pipeline can follow, so latencies are service times, not queueing.
 import { RealClock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
-import { createGraph } from '../pipeline/graph.ts';
+import { createGraph } from '../pipeline/graph/graph.ts';
+import { isMmprojSpec } from '../models/resolve.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
 import { createSource, createStages } from './run.ts';
+import { median } from './stats.ts';
 
 export interface BenchFrameOptions {
   /** Decoder GGUF or synth: preset. */
   readonly model: string;
   /** Vision encoder: an .onnx, an mmproj .gguf, or 'projection' (a stand-in with no model). */
   readonly encoder: string;
-  readonly imageTokens?: number;
-  readonly frames?: number;
-  readonly fps?: number;
-  readonly gpuLayers?: number;
+  readonly imageTokens: number;
+  readonly frames: number;
+  readonly fps: number;
+  readonly gpuLayers: number;
+  /** Absent: the action schema's worst case (the decoder's config default). */
   readonly maxNewTokens?: number;
   readonly draftMtp?: string;
   readonly draft?: string;
   readonly ngram?: boolean;
+  /** Warm the stages up at load (false shows what the first frame pays without it). */
+  readonly warmup: boolean;
 }
 
 export interface BenchFrameResult {
@@ -29,30 +35,73 @@ export interface BenchFrameResult {
   readonly frame_to_action_ms_p99: number | null;
   readonly stages_ms_p50: Readonly<Record<string, number | null>>;
   readonly stages_ms_p99: Readonly<Record<string, number | null>>;
+  /** The first frame apart from the rest: its time through the stages and per stage, and each ÷ the
+   * median of the frames after it (a warm-up that works keeps these near 1). */
+  readonly first_frame_ms: number | null;
+  readonly first_over_median: number | null;
+  readonly stages_first_ms: Readonly<Record<string, number>>;
+  readonly stages_first_over_median: Readonly<Record<string, number | null>>;
+  readonly warmup: boolean;
   readonly image_tokens: number;
 }
 
+/** A config's encoder section for an encoder named on the command line: 'projection' (no model), an
+ * mmproj (.gguf, synth:…-mmproj), else an ONNX model. */
+export function encoderSection(spec: string, gpuLayers: number): object {
+  if (spec === 'projection') return { kind: 'projection' };
+  if (isMmprojSpec(spec)) return { kind: 'mtmd', mmproj: spec, gpuLayers };
+  return { kind: 'onnx', model: spec };
+}
+
 export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameResult> {
-  const imageTokens = opts.imageTokens ?? 280;
-  const encoder = opts.encoder === 'projection'
-    ? { kind: 'projection' }
-    : opts.encoder.endsWith('.gguf') || opts.encoder.startsWith('synth:') && opts.encoder.includes('mmproj')
-      ? { kind: 'mtmd', mmproj: opts.encoder, gpuLayers: opts.gpuLayers ?? 0 }
-      : { kind: 'onnx', model: opts.encoder };
-  const maxNewTokens = opts.maxNewTokens ?? 48;
+  const { imageTokens, gpuLayers } = opts;
+  // Absent, the config's defaults apply: the decoder's budget follows the action grammar's worst case.
+  const maxNewTokens = opts.maxNewTokens !== undefined ? { maxNewTokens: opts.maxNewTokens } : {};
   const config = loadConfig({
-    source: { kind: 'pattern', fps: opts.fps ?? 2, frames: opts.frames ?? 20, width: 1280, height: 720 },
-    encoder,
-    decoder: { model: opts.model, gpuLayers: opts.gpuLayers ?? 0, maxNewTokens, draft: opts.draft ?? null, draftMtp: opts.draftMtp ?? null, ngram: opts.ngram ?? false },
-    budgets: { endToEndMs: 60_000, stages: { preprocess: 10_000, encode: 30_000, decode: 30_000, actions: 1_000 }, dropPredictedMiss: false },
+    source: { kind: 'pattern', fps: opts.fps, frames: opts.frames, width: 1280, height: 720 },
+    encoder: encoderSection(opts.encoder, gpuLayers),
+    decoder: {
+      model: opts.model,
+      gpuLayers,
+      ...maxNewTokens,
+      draft: opts.draft ?? null,
+      draftMtp: opts.draftMtp ?? null,
+      ngram: opts.ngram ?? false,
+    },
+    budgets: {
+      endToEndMs: 60_000,
+      stages: { preprocess: 10_000, encode: 30_000, decode: 30_000, actions: 1_000 },
+      dropPredictedMiss: false,
+    },
     edges: { default: { policy: 'queue', capacity: 64 } },
-    ladder: { enabled: false, initial: { imageTokens, maxNewTokens, draft: true, frameSkip: 0 }, rungs: [] },
+    ladder: { enabled: false, initial: { imageTokens, draft: true, frameSkip: 0, ...maxNewTokens }, rungs: [] },
     telemetry: { liveTable: 'off' },
   });
   const source = await createSource(config.source);
-  const stages = await createStages(config, { publish: false });
-  const summary = await createGraph({ source, stages, clock: new RealClock(), config }).run();
+  const stages = await createStages(config, loadActionSchema(config.actions.schema), { publish: false, warmup: opts.warmup });
+  const graph = createGraph({ source, stages: stages.chain, clock: new RealClock(), config });
+  // Per frame (dropped ones too: random weights often give an invalid action): each stage's time, and
+  // the time from entering the first stage to leaving the last one it reached.
+  const spans = new Map<number, { enter: bigint; exit: bigint; stages: Record<string, number> }>();
+  graph.events.subscribe((event) => {
+    if (event.type !== 'span') return;
+    const f = spans.get(event.frameId) ?? { enter: event.enterNs, exit: event.exitNs, stages: {} };
+    if (event.enterNs < f.enter) f.enter = event.enterNs;
+    if (event.exitNs > f.exit) f.exit = event.exitNs;
+    f.stages[event.stage] = Number(event.exitNs - event.enterNs) / 1e6;
+    spans.set(event.frameId, f);
+  });
+  const summary = await graph.run();
+  const frames = [...spans.entries()]
+    .sort(([a], [b]) => a - b)
+    .map(([, f]) => ({ total: Number(f.exit - f.enter) / 1e6, stages: f.stages }));
   const pick = (q: 'p50Ms' | 'p99Ms') => Object.fromEntries(Object.entries(summary.stages).map(([name, s]) => [name, s[q]]));
+  const round = (x: number): number => Math.round(x * 1000) / 1000;
+  const ratio = (first: number | undefined, rest: (number | undefined)[]): number | null => {
+    const m = median(rest.filter((x): x is number => x !== undefined));
+    return first === undefined || !(m > 0) ? null : round(first / m);
+  };
+  const [first, ...rest] = frames;
   return {
     frames_in: summary.frames.in,
     frames_out: summary.frames.out,
@@ -61,6 +110,24 @@ export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameRes
     frame_to_action_ms_p99: summary.endToEnd.p99Ms,
     stages_ms_p50: pick('p50Ms'),
     stages_ms_p99: pick('p99Ms'),
+    first_frame_ms: first ? round(first.total) : null,
+    first_over_median: ratio(
+      first?.total,
+      rest.map((f) => f.total),
+    ),
+    stages_first_ms: first ? Object.fromEntries(Object.entries(first.stages).map(([name, v]) => [name, round(v)])) : {},
+    stages_first_over_median: first
+      ? Object.fromEntries(
+          Object.keys(first.stages).map((name) => [
+            name,
+            ratio(
+              first.stages[name],
+              rest.map((f) => f.stages[name]),
+            ),
+          ]),
+        )
+      : {},
+    warmup: opts.warmup,
     image_tokens: imageTokens,
   };
 }

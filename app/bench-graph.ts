@@ -5,15 +5,19 @@
 //   stage wrapper    = a no-op stage's span (ctx, AbortController, deadline timer, one await)
 //   hop total        = stage k's exit − stage k−1's exit (both together)
 // The first `warmupFrames` frames are left out (JIT warm-up). Goal: hop overhead p99 ≤ 50 µs.
-//
-//   node --import tsx app/bench-graph.ts [--hz 1000] [--frames 5000] [--stages 5] [--json]
-import { pathToFileURL } from 'node:url';
 import { RealClock, type Clock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
-import { createGraph } from '../pipeline/graph.ts';
+import { chainOf } from '../pipeline/graph/chain.ts';
+import { createGraph } from '../pipeline/graph/graph.ts';
 import type { Envelope, FrameSource, SourceItem, Stage } from '../pipeline/types.ts';
+import { quantile } from './stats.ts';
 
-export type BenchGraphOptions = { readonly hz?: number; readonly frames?: number; readonly stages?: number; readonly warmupFrames?: number };
+export type BenchGraphOptions = {
+  readonly hz?: number;
+  readonly frames?: number;
+  readonly stages?: number;
+  readonly warmupFrames?: number;
+};
 
 export type BenchGraphResult = {
   hz: number;
@@ -38,10 +42,16 @@ export type BenchGraphResult = {
 
 const GOAL_US = 50;
 
-export async function benchGraph({ hz = 1000, frames = 5000, stages = 5, warmupFrames }: BenchGraphOptions = {}): Promise<BenchGraphResult> {
+export async function benchGraph({
+  hz = 1000,
+  frames = 5000,
+  stages = 5,
+  warmupFrames,
+}: BenchGraphOptions = {}): Promise<BenchGraphResult> {
   if (!(Number.isFinite(hz) && hz > 0 && hz <= 100_000)) throw new RangeError(`benchGraph: expected 0 < hz ≤ 100000 but received ${hz}`);
   if (!(Number.isInteger(frames) && frames >= 1)) throw new RangeError(`benchGraph: expected frames ≥ 1 but received ${frames}`);
-  if (!(Number.isInteger(stages) && stages >= 2 && stages <= 64)) throw new RangeError(`benchGraph: expected 2 ≤ stages ≤ 64 but received ${stages}`);
+  if (!(Number.isInteger(stages) && stages >= 2 && stages <= 64))
+    throw new RangeError(`benchGraph: expected 2 ≤ stages ≤ 64 but received ${stages}`);
   const warmup = warmupFrames ?? Math.min(200, Math.floor(frames / 10));
 
   const config = loadConfig({
@@ -49,9 +59,12 @@ export async function benchGraph({ hz = 1000, frames = 5000, stages = 5, warmupF
     ladder: { enabled: true },
     telemetry: { liveTable: 'off' },
   });
-  const noop: Stage<unknown, unknown>[] = Array.from({ length: stages }, (_, i) => ({ name: `noop${i}`, process: async (input: unknown) => input }));
+  const noop: Stage<unknown, unknown>[] = Array.from({ length: stages }, (_, i) => ({
+    name: `noop${i}`,
+    process: async (input: unknown) => input,
+  }));
   const clock = new RealClock();
-  const graph = createGraph({ source: pacedSource(hz, frames), stages: noop, clock, config });
+  const graph = createGraph({ source: pacedSource(hz, frames), stages: chainOf(noop), clock, config });
   const outputs: Envelope<unknown>[] = [];
   graph.outputs.subscribe((env) => outputs.push(env));
   const startNs = clock.nowNs();
@@ -99,10 +112,9 @@ export async function benchGraph({ hz = 1000, frames = 5000, stages = 5, warmupF
 
 const round = (x: number): number => Math.round(x * 100) / 100;
 
-/** Nearest-rank quantiles of `values` (sorted once). */
-function quantiles(values: number[]): (q: number) => number {
-  const sorted = Float64Array.from(values).sort();
-  return (q) => (sorted.length === 0 ? NaN : round(sorted[Math.max(1, Math.ceil(q * sorted.length)) - 1]!));
+/** Nearest-rank quantiles of `values`, rounded to 0.01. */
+function quantiles(values: readonly number[]): (q: number) => number {
+  return (q) => round(quantile(values, q));
 }
 
 /** `frames` empty frames at `hz`, each due at start + i/hz: timers for the coarse wait, then
@@ -123,14 +135,4 @@ function pacedSource(hz: number, frames: number): FrameSource<number> {
       }
     },
   };
-}
-
-if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const arg = (name: string, fallback: number): number => {
-    const at = process.argv.indexOf(`--${name}`);
-    return at > 0 ? Number(process.argv[at + 1]) : fallback;
-  };
-  const result = await benchGraph({ hz: arg('hz', 1000), frames: arg('frames', 5000), stages: arg('stages', 5) });
-  if (process.argv.includes('--json')) process.stdout.write(JSON.stringify(result) + '\n');
-  else for (const [key, value] of Object.entries(result)) process.stdout.write(`${key.padEnd(28)} ${value}\n`);
 }

@@ -6,16 +6,15 @@
 //               latency = receive time in the worker − time before process() in the sender (both
 //               process.hrtime, one monotonic clock), so it covers header building, JSON, the send,
 //               loopback tcp and the receive.
-//   node --import tsx app/bench-publish.ts [--messages N] [--size BYTES] [--json]
 import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
-import { pathToFileURL } from 'node:url';
-import { Command } from 'commander';
-import { createPublisherStage } from '../nodes/publisher.ts';
+import { createPublisher } from '../nodes/publisher.ts';
 import { RealClock } from '../pipeline/clock.ts';
+import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
 import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { quantile } from './stats.ts';
 
 export interface BenchPublishOptions {
   /** Messages in the throughput run (default 20000). */
@@ -59,14 +58,23 @@ interface SubscriberReport {
 
 export async function benchPublish(options: BenchPublishOptions = {}): Promise<BenchPublishResult> {
   const { messages = 20_000, size = 128, latencySamples = 2000, sendHighWaterMark = 100_000 } = options;
-  for (const [name, v] of [['messages', messages], ['size', size], ['latencySamples', latencySamples]] as const) {
+  for (const [name, v] of [
+    ['messages', messages],
+    ['size', size],
+    ['latencySamples', latencySamples],
+  ] as const) {
     if (!Number.isInteger(v) || v < 1) throw new RangeError(`benchPublish: expected integer >= 1 for ${name} but received ${v}`);
   }
   const topic = 'actions';
-  const publisher = await createPublisherStage({ endpoint: 'tcp://127.0.0.1:*', topic, sendHighWaterMark });
+  const { stage: publisher, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic, sendHighWaterMark });
   const counter = new SharedArrayBuffer(4);
   const received = new Int32Array(counter);
-  const workerData: SubscriberCommand = { zeromq: createRequire(import.meta.url).resolve('zeromq'), endpoint: publisher.endpoint, topic, counter };
+  const workerData: SubscriberCommand = {
+    zeromq: createRequire(import.meta.url).resolve('zeromq'),
+    endpoint: publisher.endpoint,
+    topic,
+    counter,
+  };
   const worker = new Worker(SUBSCRIBER_SOURCE, { eval: true, workerData });
   const report = new Promise<SubscriberReport>((resolve, reject) => {
     worker.once('message', resolve);
@@ -78,7 +86,13 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
   const action = { action: 'move', confidence: 0.5, speed: 1, pad: '' };
   action.pad = 'x'.repeat(Math.max(0, size - JSON.stringify(action).length));
   const bodyBytes = JSON.stringify(action).length;
-  const message = (frameId: number): ActionMessage => ({ schemaId: 'percept/robot-action/v1', frameId, sourceId: 'bench', captureWallMs: 0, action });
+  const message = (frameId: number): ActionMessage => ({
+    schemaId: 'percept/robot-action/v1',
+    frameId,
+    sourceId: 'bench',
+    captureWallMs: 0,
+    action,
+  });
   const sentNs: bigint[] = [];
 
   try {
@@ -111,7 +125,8 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
       await publisher.process(message(i), ctx);
     }
     const throughputEnd = publisher.sent;
-    await publisher.publishEvent({ kind: 'bench-end' });
+    // A run ends with a stats message on the telemetry topic; so does the bench (the subscriber's cue).
+    await sink.publish({ type: 'stats', atNs: process.hrtime.bigint(), summary: new TelemetryAggregator('real').snapshot() });
     const { seqs, receivedNs } = await report;
 
     const at = new Map<number, bigint>();
@@ -150,7 +165,13 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
   }
 }
 
-const benchContext = (clock: RealClock): StageContext => standaloneContext({ clock, frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'bench' }, deadlineNs: 0n, knobs: { imageTokens: 0, maxNewTokens: 0 } });
+const benchContext = (clock: RealClock): StageContext =>
+  standaloneContext({
+    clock,
+    frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'bench' },
+    deadlineNs: 0n,
+    knobs: { imageTokens: 0, maxNewTokens: 0 },
+  });
 
 /** Polls `done` on every event-loop turn (setImmediate: no timer granularity in the measurement). */
 function waitFor(done: () => boolean, timeoutMs = 10_000): Promise<void> {
@@ -165,11 +186,6 @@ function waitFor(done: () => boolean, timeoutMs = 10_000): Promise<void> {
   });
 }
 
-function quantile(sorted: readonly number[], q: number): number {
-  if (sorted.length === 0) return NaN;
-  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))];
-}
-
 const round = (v: number): number => Math.round(v * 10) / 10;
 
 // The subscriber runs as plain JavaScript (eval): under Node 20 a worker's entry point is loaded
@@ -182,12 +198,12 @@ const { Subscriber } = require(workerData.zeromq);
   const sub = new Subscriber({ linger: 0, receiveHighWaterMark: 100000 });
   sub.connect(workerData.endpoint);
   sub.subscribe(workerData.topic);
-  sub.subscribe('events');
+  sub.subscribe('telemetry');
   const seqs = [];
   const receivedNs = [];
   for await (const frames of sub) {
     const now = process.hrtime.bigint();
-    if (frames[0].toString() === 'events') break;
+    if (frames[0].toString() === 'telemetry') break;
     seqs.push(JSON.parse(frames[1].toString()).seq);
     receivedNs.push(now.toString());
     Atomics.add(received, 0, 1);
@@ -196,26 +212,3 @@ const { Subscriber } = require(workerData.zeromq);
   parentPort.postMessage({ seqs, receivedNs });
 })();
 `;
-
-if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const program = new Command('bench-publish')
-    .description('publisher stage → ZeroMQ SUB on loopback tcp: throughput and latency')
-    .option('--messages <n>', 'messages in the throughput run', (v) => Number.parseInt(v, 10), 20_000)
-    .option('--size <bytes>', 'approximate JSON body size', (v) => Number.parseInt(v, 10), 128)
-    .option('--latency-samples <n>', 'one-at-a-time messages for latency', (v) => Number.parseInt(v, 10), 2000)
-    .option('--json', 'print the result as JSON')
-    .parse();
-  const o = program.opts<{ messages: number; size: number; latencySamples: number; json?: boolean }>();
-  benchPublish({ messages: o.messages, size: o.size, latencySamples: o.latencySamples })
-    .then((r) => {
-      if (o.json) console.log(JSON.stringify(r));
-      else {
-        console.log(`publish ${r.transport}: ${r.msgs_per_s} msg/s (${r.received}/${r.messages} received, ${r.body_bytes} B bodies)`);
-        console.log(`latency one at a time: p50 ${r.p50_us} µs, p99 ${r.p99_us} µs, max ${r.max_us} µs; under load: p50 ${r.loaded_p50_us} µs, p99 ${r.loaded_p99_us} µs`);
-      }
-    })
-    .catch((err: unknown) => {
-      console.error(err);
-      process.exitCode = 1;
-    });
-}

@@ -1,19 +1,25 @@
 #!/usr/bin/env node
 // percept's command line. Each command imports its implementation lazily, so `percept --help`
 // stays fast and a command only loads what it uses (the native addon, onnxruntime, zeromq...).
+import { readFileSync } from 'node:fs';
 import { Command, InvalidArgumentError, Option } from 'commander';
 
+const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
 
-const int = (name: string) => (value: string): number => {
-  const n = Number(value);
-  if (!Number.isInteger(n)) throw new InvalidArgumentError(`${name} must be an integer, got '${value}'`);
-  return n;
-};
-const positiveNumber = (name: string) => (value: string): number => {
-  const n = Number(value);
-  if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`${name} must be a number > 0, got '${value}'`);
-  return n;
-};
+const int =
+  (name: string) =>
+  (value: string): number => {
+    const n = Number(value);
+    if (!Number.isInteger(n)) throw new InvalidArgumentError(`${name} must be an integer, got '${value}'`);
+    return n;
+  };
+const positiveNumber =
+  (name: string) =>
+  (value: string): number => {
+    const n = Number(value);
+    if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`${name} must be a number > 0, got '${value}'`);
+    return n;
+  };
 
 /** Prints a result as JSON (--json) or as aligned `key  value` lines. */
 function printResult(result: object, json: boolean | undefined): void {
@@ -23,40 +29,66 @@ function printResult(result: object, json: boolean | undefined): void {
   }
   const width = Math.max(...Object.keys(result).map((k) => k.length));
   for (const [key, value] of Object.entries(result)) {
-    const text = typeof value === 'number' ? (Number.isInteger(value) ? String(value) : value.toFixed(3)) : typeof value === 'string' ? value : JSON.stringify(value);
+    const text =
+      typeof value === 'number'
+        ? Number.isInteger(value)
+          ? String(value)
+          : value.toFixed(3)
+        : typeof value === 'string'
+          ? value
+          : JSON.stringify(value);
     process.stdout.write(`${key.padEnd(width)}  ${text}\n`);
   }
 }
 
+/** The three ways to speculate, of which a command takes at most one. */
+function speculationOptions(command: Command, what: { draft: string; draftMtp: string; ngram: string }): Command {
+  return command
+    .addOption(new Option('--draft <file>', what.draft).conflicts(['draftMtp', 'ngram']))
+    .addOption(new Option('--draft-mtp <file>', what.draftMtp).conflicts(['ngram']))
+    .option('--ngram', what.ngram);
+}
+const SPECULATION = {
+  draft: 'draft model (same vocabulary), or synth:PRESET',
+  draftMtp: 'Gemma 4 MTP assistant GGUF, or synth:PRESET',
+  ngram: 'n-gram drafting',
+};
+
 const program = new Command()
   .name('percept')
-  .description('Perception pipeline for robots: camera frames → vision encoder → Gemma decoder → validated actions over ZeroMQ, with per-frame deadlines.')
+  .description(
+    'Perception pipeline for robots: camera frames → vision encoder → Gemma decoder → validated actions over ZeroMQ, with per-frame deadlines.',
+  )
+  .version(version)
   .showHelpAfterError();
 
 program
   .command('run')
   .description('run the pipeline from a config until the source ends, --duration passes, or SIGINT/SIGTERM')
-  .option('-c, --config <file>', 'pipeline config (JSON, validated against configs/percept.schema.json)', 'configs/default.json')
+  .option(
+    '-c, --config <file>',
+    'pipeline config (JSON, validated against configs/percept.schema.json; default: the embedded configs/default.json)',
+  )
   .option('-s, --source <spec>', 'override the source: pattern[:FPS[:FRAMES]], bag:PATH, folder:PATH')
   .option('-d, --duration <seconds>', 'stop after this many seconds', positiveNumber('--duration'))
   .option('--json-summary <file>', 'also write the end-of-run summary as JSON to this file')
-  .option('--clock <kind>', 'override the clock: real or virtual (deterministic replay)')
+  .addOption(new Option('--clock <kind>', 'override the clock (virtual: deterministic replay)').choices(['real', 'virtual']))
   .action(async (opts) => {
     const { runPipeline } = await import('./run.ts');
     const code = await runPipeline(opts);
     process.exitCode = code;
   });
 
-program
-  .command('generate')
-  .description('generate text (or a schema-constrained JSON action) with the native llama.cpp binding')
-  .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET')
-  .requiredOption('-p, --prompt <text>', 'prompt text (special tokens are parsed)')
-  .option('--schema <file>', 'JSON Schema: the output is constrained to it (llama.cpp json-schema-to-grammar)')
-  .addOption(new Option('--draft <file>', 'speculative decoding with a draft model (same vocabulary)').conflicts(['draftMtp', 'ngram']))
-  .addOption(new Option('--draft-mtp <file>', 'speculative decoding with a Gemma 4 MTP assistant GGUF').conflicts(['ngram']))
-  .option('--ngram', 'speculative decoding with n-gram drafting')
-  .option('-n, --max-tokens <n>', 'maximum new tokens', int('--max-tokens'), 128)
+speculationOptions(
+  program
+    .command('generate')
+    .description('generate text (or a schema-constrained JSON action) with the native llama.cpp binding')
+    .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET')
+    .requiredOption('-p, --prompt <text>', 'prompt text (special tokens are parsed)')
+    .option('--schema <file>', 'action schema (JSON Schema with an $id): the output is constrained to it'),
+  SPECULATION,
+)
+  .option('-n, --max-tokens <n>', "maximum new tokens (default 128; with --schema the schema's worst case)", int('--max-tokens'))
   .option('--seed <n>', 'sampling seed', int('--seed'), 1)
   .option('--temperature <t>', 'sampling temperature (0 = greedy)', Number, 0)
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
@@ -70,20 +102,21 @@ program
 
 const bench = program.command('bench').description('benchmarks; every one prints JSON with --json');
 
-bench
-  .command('decode')
-  .description('decode speed of the native binding (optionally next to llama-bench built from the same source)')
-  .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET')
-  .addOption(new Option('--draft <file>', 'draft model').conflicts(['draftMtp', 'ngram']))
-  .addOption(new Option('--draft-mtp <file>', 'Gemma 4 MTP assistant').conflicts(['ngram']))
-  .option('--ngram', 'n-gram drafting')
-  .option('--schema <file>', 'constrain generation to this JSON Schema (structured-action benchmark)')
+speculationOptions(
+  bench
+    .command('decode')
+    .description('decode speed of the native binding (optionally next to llama-bench built from the same source)')
+    .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET'),
+  SPECULATION,
+)
+  .option('--schema <file>', 'constrain generation to this action schema (structured-action benchmark)')
   .option('--prompt-tokens <n>', 'prompt length', int('--prompt-tokens'), 64)
   .option('--gen-tokens <n>', 'tokens to generate', int('--gen-tokens'), 128)
   .option('--reps <n>', 'repetitions', int('--reps'), 3)
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
   .option('--threads <n>', 'CPU threads (default: every core), for both sides with --peer', int('--threads'))
   .option('--peer', 'also run llama-bench from the same llama.cpp build and report the ratio')
+  .option('--energy <source>', 'board power sampled during decode: auto, tegrastats, nvidia-smi, off', 'auto')
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchDecode } = await import('./decode-commands.ts');
@@ -98,29 +131,90 @@ bench
   .option('--image <file>', 'input image (default: a generated 1280×720 JPEG)')
   .option('--image-tokens <n>', 'Gemma 4 image-token budget', int('--image-tokens'), 280)
   .option('--iterations <n>', 'timed iterations', int('--iterations'), 20)
+  .option('--threads <n>', 'CPU threads for preprocessing (libvips) and the CPU encoder; 1 measures one core', int('--threads'))
+  .addOption(
+    new Option(
+      '--profile <mode>',
+      "mmproj: where each encode's time goes (phases: setup vs compute; ops: per op type, slows the run)",
+    ).choices(['phases', 'ops']),
+  )
+  .addOption(new Option('--flash-attention <mode>', 'mmproj: clip flash attention').choices(['auto', 'on', 'off']))
+  .option('--batch <n>', 'mmproj: also time N same-size frames in one encode call', int('--batch'))
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchEncode } = await import('./bench-encode.ts');
     printResult(await benchEncode(opts), opts.json);
   });
 
-bench
-  .command('frame')
-  .description('camera frame → validated action through the real stages (no publisher): latency p50/p99')
-  .requiredOption('-m, --model <file>', 'decoder GGUF, or synth:PRESET')
+speculationOptions(
+  bench
+    .command('frame')
+    .description('camera frame → validated action through the real stages (no publisher): latency p50/p99')
+    .requiredOption('-m, --model <file>', 'decoder GGUF, or synth:PRESET'),
+  SPECULATION,
+)
   .option('-e, --encoder <file>', 'vision encoder: .onnx, mmproj .gguf, or "projection"', 'projection')
   .option('--image-tokens <n>', 'image tokens per frame (Gemma 4 budget)', int('--image-tokens'), 280)
   .option('--frames <n>', 'frames', int('--frames'), 20)
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
-  .option('--max-new-tokens <n>', 'max new tokens per action', int('--max-new-tokens'), 48)
+  .option('--max-new-tokens <n>', "max new tokens per action (default: the action schema's worst case)", int('--max-new-tokens'))
   .option('--gpu-layers <n>', 'decoder layers on the GPU', int('--gpu-layers'), 0)
-  .addOption(new Option('--draft <file>', 'draft model').conflicts(['draftMtp', 'ngram']))
-  .addOption(new Option('--draft-mtp <file>', 'Gemma 4 MTP assistant').conflicts(['ngram']))
-  .option('--ngram', 'n-gram drafting')
+  .option('--no-warmup', 'skip the warm-up at load (to see what the first frame pays without it)')
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchFrame } = await import('./bench-frame.ts');
     printResult(await benchFrame(opts), opts.json);
+  });
+
+bench
+  .command('ladder')
+  .description(
+    'the deployment table, rung by rung (F16 → Q8_0 → Q4_K_M → + speculative): size, speed, TTFT, KV, agreement with F16, roofline, bag p99, energy',
+  )
+  .requiredOption('-m, --model <file>', 'reference: an unquantized GGUF (F32/F16/BF16), or synth:PRESET (made in F16)')
+  .option(
+    '--quants <list>',
+    'rungs below the reference, comma-separated: q8_0, q4_0, q4_k_m, or GGUF files quantized elsewhere',
+    'q8_0,q4_k_m',
+  )
+  .option(
+    '--draft <file>',
+    'draft of the speculative rung on the last one: a same-vocabulary GGUF or a Gemma 4 MTP assistant (synth:PRESET too)',
+  )
+  .option('--bag <file>', 'replay this bag through the real stages: end-to-end p99 and joules per frame per rung')
+  .option(
+    '-c, --config <file>',
+    'config whose stages the bag runs through, each rung as its decoder (default: the embedded configs/default.json)',
+  )
+  .option('-e, --encoder <spec>', "vision encoder of the bag run instead of the config's: .onnx, mmproj .gguf, synth:PRESET or projection")
+  .option('--quantizer <kind>', 'auto (llama-quantize when built, else percept), percept, llama-quantize', 'auto')
+  .option('--out-dir <dir>', 'where rung files are made (reused by later runs)')
+  .option('--prompt-tokens <n>', 'prefill length of the decode benchmark', int('--prompt-tokens'), 64)
+  .option('--gen-tokens <n>', 'tokens generated by the decode benchmark', int('--gen-tokens'), 128)
+  .option('--reps <n>', 'decode benchmark repetitions', int('--reps'), 3)
+  .option('--agreement-tokens <n>', 'greedy tokens per agreement prompt', int('--agreement-tokens'), 32)
+  .option('--kv-ctx <list>', 'contexts of the KV columns, comma-separated (default 4096,32768,131072 up to the trained context)')
+  .addOption(
+    new Option('--bandwidth-gbs <x>', 'memory bandwidth for the roofline, GB/s')
+      .argParser(positiveNumber('--bandwidth-gbs'))
+      .conflicts('device'),
+  )
+  .option('--device <name>', 'bandwidth preset: jetson-orin-nano-8gb, jetson-agx-orin, jetson-thor, h100, h200')
+  .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
+  .option('--energy <source>', 'board power: auto, tegrastats, nvidia-smi, off', 'auto')
+  .option('--no-progress', 'no progress bars on stderr')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchLadder, formatLadderTable } = await import('./bench-ladder.ts');
+    const list = (text: string | undefined) =>
+      text
+        ?.split(',')
+        .map((x) => x.trim())
+        .filter(Boolean);
+    const kvCtx = list(opts.kvCtx)?.map((x) => int('--kv-ctx')(x));
+    const result = await benchLadder({ ...opts, quants: list(opts.quants), kvCtx });
+    process.stdout.write(opts.json ? `${JSON.stringify(result, null, 2)}\n` : formatLadderTable(result));
+    if (result.failed > 0) process.exitCode = 1;
   });
 
 bench
@@ -152,7 +246,7 @@ models
   .description('write a synthetic checkpoint: a decoder GGUF or a vision encoder ONNX (idempotent, seeded)')
   .requiredOption('--preset <name>', 'preset (see `percept models list`)')
   .requiredOption('-o, --out <file>', 'output file')
-  .option('--wtype <type>', 'GGUF weight type: f16, q8_0, q4_0, q4_k', 'q8_0')
+  .option('--wtype <type>', 'weight type: f32, f16, q8_0, q4_0, q4_k for a decoder (default q8_0); f32 or f16 for an mmproj (default f32)')
   .option('--seed <n>', 'random seed', int('--seed'), 1)
   .action(async (opts) => {
     const { synthesizeAny } = await import('./model-commands.ts');
@@ -167,6 +261,44 @@ models
     const presets = await listAllPresets();
     if (opts.json) process.stdout.write(`${JSON.stringify(presets, null, 2)}\n`);
     else for (const p of presets) process.stdout.write(`${p.name.padEnd(24)} ${p.description}\n`);
+  });
+
+const calc = program
+  .command('calc')
+  .description("calculators over a GGUF's metadata (no weights loaded; synth:PRESET is described in memory)");
+calc
+  .command('kv')
+  .description('KV-cache bytes at a context, sized as llama.cpp sizes it (sliding-window, full and KV-shared layers)')
+  .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET[?wtype=…]')
+  .requiredOption('--ctx <n>', 'context per sequence, tokens', int('--ctx'))
+  .option('--batch <n>', 'sequences in parallel (llama.cpp -np)', int('--batch'), 1)
+  .option('--kv-type <type>', 'cache type: f16, bf16, f32, q8_0, q4_0', 'f16')
+  .option('--ubatch <n>', 'physical batch (the sliding cache keeps window + ubatch cells)', int('--ubatch'), 512)
+  .option('--swa-full', "sliding layers keep the whole context (llama.cpp --swa-full; percept's decoder runs this way)")
+  .option('--no-flash-attn', 'flash attention off (V stored transposed, widened to the largest head)')
+  .option('--unified', 'one cache shared by all sequences (llama.cpp --kv-unified)')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { calcKv } = await import('./calc-commands.ts');
+    printResult(await calcKv(opts), opts.json);
+  });
+calc
+  .command('roofline')
+  .description('decode bandwidth ceiling: bytes read per token (weights touched + KV attended) → the most tok/s')
+  .requiredOption('-m, --model <file>', 'GGUF model, or synth:PRESET[?wtype=…]')
+  .addOption(new Option('--bandwidth-gbs <x>', 'memory bandwidth, GB/s').argParser(positiveNumber('--bandwidth-gbs')).conflicts('device'))
+  .option(
+    '--device <name>',
+    'bandwidth preset: jetson-orin-nano-8gb (68 GB/s), jetson-agx-orin (204.8), jetson-thor (273), h100 (3350), h200 (4800)',
+  )
+  .option('--measured-tok-s <y>', 'a measured decode rate to place against the ceiling', positiveNumber('--measured-tok-s'))
+  .option('--ctx <n>', 'context the decoded tokens attend (adds KV reads; 0 = weights only)', int('--ctx'), 0)
+  .option('--batch <n>', 'sequences decoded together (weights read once per step)', int('--batch'), 1)
+  .option('--kv-type <type>', 'cache type: f16, bf16, f32, q8_0, q4_0', 'f16')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { calcRoofline } = await import('./calc-commands.ts');
+    printResult(await calcRoofline(opts), opts.json);
   });
 
 program
@@ -186,4 +318,3 @@ program.parseAsync(process.argv).catch((err: unknown) => {
   if (process.env.PERCEPT_DEBUG && err instanceof Error) process.stderr.write(`${err.stack}\n`);
   process.exitCode = 1;
 });
-

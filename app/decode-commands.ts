@@ -2,13 +2,25 @@
 // `percept bench decode` (wired into commander in app/cli.ts).
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { ADDON_PATH } from '../native/binding.ts';
-import { defaultThreads, LlamaModel, type GenerateResult, type LlamaGrammar, type StopReason, type Timings } from '../native/llama.ts';
-import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
-import { resolveModelSpec } from '../models/synth.ts';
+import {
+  defaultThreads,
+  LlamaModel,
+  type GenerateResult,
+  type GrammarIndexInfo,
+  type LlamaContext,
+  type StopReason,
+  type Timings,
+} from '../native/llama.ts';
+import { jsonSchemaToGbnf } from '../native/schema-grammar.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
+import { SAMPLING, attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
+import { resolveModel } from '../models/resolve.ts';
+import { EnergyMeter, checkEnergySource, energyJson, type EnergyJson, type EnergySource } from './energy.ts';
+import { median, quantile } from './stats.ts';
 
 const execFileAsync = promisify(execFile);
 
@@ -16,22 +28,17 @@ const execFileAsync = promisify(execFile);
 async function resolveSpeculation(flags: SpeculationFlags): Promise<SpeculationFlags> {
   return {
     ...flags,
-    draft: flags.draft ? await resolveModelSpec(flags.draft) : null,
-    draftMtp: flags.draftMtp ? await resolveModelSpec(flags.draftMtp) : null,
+    draft: flags.draft ? await resolveModel(flags.draft, 'decoder') : null,
+    draftMtp: flags.draftMtp ? await resolveModel(flags.draftMtp, 'decoder') : null,
   };
 }
 
-async function loadSchemaGrammar(model: LlamaModel, schemaPath: string): Promise<LlamaGrammar> {
-  let text: string;
+/** The decoding grammar (GBNF) of an action schema file (--schema), through the same loader the pipeline uses. */
+function schemaGbnf(schemaPath: string): string {
   try {
-    text = await readFile(schemaPath, 'utf8');
+    return jsonSchemaToGbnf(loadActionSchema(schemaPath).schema);
   } catch (err) {
-    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
-  }
-  try {
-    return model.grammarFromJsonSchema(JSON.parse(text) as object);
-  } catch (err) {
-    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`);
+    throw new Error(`--schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
   }
 }
 
@@ -41,11 +48,11 @@ export interface GenerateCommandOptions extends SpeculationFlags {
   readonly model: string;
   readonly prompt: string;
   readonly schema?: string;
+  /** Absent: the schema's worst case with --schema, else DEFAULT_MAX_TOKENS. */
   readonly maxTokens?: number;
-  readonly seed?: number;
-  readonly temperature?: number;
-  readonly gpuLayers?: number;
-  readonly jumpForward?: boolean;
+  readonly seed: number;
+  readonly temperature: number;
+  readonly gpuLayers: number;
   /** Streams decoded text pieces (CLI prints them). */
   readonly onToken?: ((piece: string) => void) | undefined;
 }
@@ -61,25 +68,29 @@ export interface GenerateCommandResult {
   readonly timings: Timings;
 }
 
+/** New tokens of a generation without a schema when --max-tokens is absent. */
+const DEFAULT_MAX_TOKENS = 128;
+
 /** `percept generate`: one prompt through the model (optionally schema-constrained and speculative). */
 export async function generate(opts: GenerateCommandOptions): Promise<GenerateCommandResult> {
   if (typeof opts.prompt !== 'string') throw new TypeError('--prompt is required');
-  const maxTokens = opts.maxTokens ?? 128;
-  const gpuLayers = opts.gpuLayers ?? 0;
-  const model = await LlamaModel.load(await resolveModelSpec(opts.model), { gpuLayers });
+  const { gpuLayers } = opts;
+  const model = await LlamaModel.load(await resolveModel(opts.model, 'decoder'), { gpuLayers });
   let draft: LlamaModel | undefined;
   try {
+    const grammar = opts.schema ? await model.grammar(schemaGbnf(opts.schema)) : undefined;
+    // A schema's worst case is the default budget, so no output is cut.
+    const maxTokens = opts.maxTokens ?? grammar?.maxTokens ?? DEFAULT_MAX_TOKENS;
     const promptTokens = model.tokenize(opts.prompt, { addSpecial: true }).length;
     const ctx = await model.createContext({ nCtx: Math.max(256, promptTokens + maxTokens + 16), nBatch: Math.max(512, promptTokens) });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
-    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
     const onToken = opts.onToken;
     const r: GenerateResult = await ctx.generate([{ text: opts.prompt, addSpecial: true }], {
       maxTokens,
-      seed: opts.seed ?? 1,
-      temperature: opts.temperature ?? 0,
-      ...(opts.temperature ? { topK: 40, topP: 0.95 } : {}),
-      ...(grammar ? { grammar, jumpForward: opts.jumpForward ?? true } : {}),
+      seed: opts.seed,
+      temperature: opts.temperature,
+      ...(opts.temperature > 0 ? SAMPLING : {}),
+      ...(grammar ? { grammar, jumpForward: true } : {}),
       ...(onToken ? { onTokens: (t: Int32Array) => onToken(model.detokenize(t)) } : {}),
     });
     return {
@@ -103,13 +114,16 @@ export async function generate(opts: GenerateCommandOptions): Promise<GenerateCo
 export interface BenchDecodeOptions extends SpeculationFlags {
   readonly model: string;
   readonly schema?: string;
-  readonly promptTokens?: number;
-  readonly genTokens?: number;
-  readonly reps?: number;
-  readonly gpuLayers?: number;
+  readonly promptTokens: number;
+  readonly genTokens: number;
+  readonly reps: number;
+  readonly gpuLayers: number;
+  /** CPU threads (absent: one per core, as llama-bench's default). */
   readonly threads?: number;
   /** Also run llama-bench (built from the same llama.cpp tree) and report the ratio. */
   readonly peer?: boolean;
+  /** Board-power source sampled during the decode runs (default auto). */
+  readonly energy?: EnergySource;
 }
 
 export interface BenchDecodeResult {
@@ -129,6 +143,8 @@ export interface BenchDecodeResult {
   readonly acceptance: number | null;
   readonly forced: number;
   readonly speculation: string | null;
+  /** Board energy over the decode (tg) runs; tok_per_watt = generated tokens per joule. */
+  readonly energy: EnergyJson;
   readonly llama_bench_tg_tok_per_s?: number;
   readonly llama_bench_pp_tok_per_s?: number;
   /** ours / llama-bench, decode (tg) and prefill (pp). */
@@ -137,12 +153,153 @@ export interface BenchDecodeResult {
   /** Same ratios from the best rep of each side (less sensitive to a shared, noisy machine). */
   readonly ratio_tg_best?: number;
   readonly ratio_pp_best?: number;
+  /** With --schema: structured-action decoding against unconstrained decoding in the same run. */
+  readonly structured?: StructuredDecodeResult;
 }
 
-const median = (xs: readonly number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
+/** Percentiles of a sample (µs). */
+export interface Spread {
+  readonly p50: number;
+  readonly p99: number;
+}
+
+export interface StructuredDecodeResult {
+  readonly schema: string;
+  /** Actions per rep (one seeded random prompt each); every arm decodes the same prompts. */
+  readonly actions_per_rep: number;
+  /** The grammar's token index, or null with the reason in `fallback` (decoding then checks the whole vocabulary). */
+  readonly index: GrammarIndexInfo | null;
+  readonly fallback: string | null;
+  /** Worst-case tokens of a complete action (the decoder's default token budget). */
+  readonly max_tokens: number | null;
+  readonly tokens_per_action: number;
+  /** Actions decoded through the index that did not end complete (stop reason other than eos): must be 0. */
+  readonly incomplete: number;
+  /** Decode tokens/s, median over reps: constrained with and without jump-forward, unconstrained
+   * (same lengths, EOS ignored), and constrained through llama.cpp's whole-vocabulary check (the old path). */
+  readonly tok_per_s: {
+    readonly jump_forward: number;
+    readonly constrained: number;
+    readonly unconstrained: number;
+    readonly full_vocab_check: number;
+  };
+  /** constrained ÷ unconstrained tok/s (the grammar's cost), and with jump-forward: the median of
+   * per-prompt ratios (arms of one prompt run back to back, so load drift cancels out). */
+  readonly ratio: number;
+  readonly ratio_jump_forward: number;
+  /** Sampling step cost per token, µs: under the grammar (index), unconstrained, and the old path. */
+  readonly sample_us: { readonly grammar: Spread; readonly unconstrained: Spread; readonly full_vocab_check: Spread };
+  /** Tokens jump-forward appended without their own decode, per action, and as a share of all tokens. */
+  readonly forced_per_action: number;
+  readonly decode_steps_saved: number;
+  /** With a speculator, over the constrained arms: drafts verified, accepted, and cut by the grammar before verification. */
+  readonly drafts: { readonly drafted: number; readonly accepted: number; readonly cut: number };
+  /** 1/5/15-minute load averages at start and end (a shared machine). */
+  readonly loadavg: { readonly start: readonly number[]; readonly end: readonly number[] };
+}
+
+const spread = (xs: readonly number[]): Spread => ({ p50: quantile(xs, 0.5), p99: quantile(xs, 0.99) });
+
+type Arm = 'jump_forward' | 'constrained' | 'unconstrained' | 'full_vocab_check';
+const ARMS: readonly Arm[] = ['jump_forward', 'constrained', 'unconstrained', 'full_vocab_check'];
+
+/**
+ * Structured actions against free decoding, interleaved on the same prompts: per prompt the four
+ * arms run in a rotating order, so drifting load on a shared machine hits all of them alike.
+ * Unconstrained decodes as many tokens as the constrained run of the same prompt produced.
+ */
+async function benchStructured(
+  ctx: LlamaContext,
+  model: LlamaModel,
+  schemaPath: string,
+  promptTokens: number,
+  reps: number,
+): Promise<StructuredDecodeResult> {
+  const start = loadavg();
+  const gbnf = schemaGbnf(schemaPath);
+  const grammar = await model.grammar(gbnf);
+  // The same grammar without an index: what decoding cost before the index (llama.cpp's check).
+  const fullVocab = await model.grammar(gbnf, 'root', { maxStates: 1 });
+  const actions = 8;
+  const sums = new Map<Arm, { tokens: number; ms: number }[]>(ARMS.map((a) => [a, []]));
+  const sampleUs = new Map<Arm, number[]>(ARMS.map((a) => [a, []]));
+  let tokens = 0;
+  let forced = 0;
+  let incomplete = 0;
+  const drafts = { drafted: 0, accepted: 0, cut: 0 };
+  const ratios: number[] = [];
+  const ratiosJumpForward: number[] = [];
+  for (let rep = 0; rep < reps; rep++) {
+    const acc = new Map<Arm, { tokens: number; ms: number }>(ARMS.map((a) => [a, { tokens: 0, ms: 0 }]));
+    for (let i = 0; i < actions; i++) {
+      const prompt = [{ tokens: [model.info.bos, ...randomTokens(promptTokens - 1, model.info.nVocab, 100 + i)] }];
+      let length = 0;
+      const promptTps = new Map<Arm, number>();
+      const order = ARMS.map((_, k) => ARMS[(k + i + rep) % ARMS.length]!);
+      // unconstrained decodes as many tokens as the constrained arm: it runs after it
+      order.sort((a, b) => Number(a === 'unconstrained') - Number(b === 'unconstrained'));
+      for (const arm of order) {
+        ctx.clearCache();
+        const r = await ctx.generate(prompt, {
+          recordSampleTimes: true,
+          ...(arm === 'unconstrained'
+            ? { maxTokens: length, ignoreEos: true }
+            : arm === 'full_vocab_check'
+              ? // llama.cpp's check lets the model spell forced text its own way: the index's bound does not hold there
+                { maxTokens: 512, grammar: fullVocab, jumpForward: true }
+              : { maxTokens: grammar.maxTokens ?? 512, grammar, jumpForward: arm === 'jump_forward' }),
+        });
+        const a = acc.get(arm)!;
+        a.tokens += r.timings.decodeTokens;
+        a.ms += r.timings.decodeMs;
+        promptTps.set(arm, r.timings.decodeTokens / r.timings.decodeMs);
+        sampleUs.get(arm)!.push(...(r.sampleUs ?? []));
+        if (arm === 'constrained') length = r.tokens.length;
+        if (arm === 'constrained' || arm === 'jump_forward') {
+          if (r.stopReason !== 'eos') incomplete++;
+          drafts.drafted += r.drafted;
+          drafts.accepted += r.accepted;
+          drafts.cut += r.draftsCut;
+        }
+        if (arm === 'jump_forward') {
+          tokens += r.tokens.length;
+          forced += r.forced;
+        }
+      }
+      ratios.push(promptTps.get('constrained')! / promptTps.get('unconstrained')!);
+      ratiosJumpForward.push(promptTps.get('jump_forward')! / promptTps.get('unconstrained')!);
+    }
+    for (const arm of ARMS) sums.get(arm)!.push(acc.get(arm)!);
+  }
+  const tps = (arm: Arm): number => median(sums.get(arm)!.map((x) => x.tokens / (x.ms / 1000)));
+  const n = reps * actions;
+  return {
+    schema: schemaPath,
+    actions_per_rep: actions,
+    index: grammar.index,
+    fallback: grammar.fallback,
+    max_tokens: grammar.maxTokens,
+    tokens_per_action: tokens / n,
+    incomplete,
+    tok_per_s: {
+      jump_forward: tps('jump_forward'),
+      constrained: tps('constrained'),
+      unconstrained: tps('unconstrained'),
+      full_vocab_check: tps('full_vocab_check'),
+    },
+    ratio: median(ratios),
+    ratio_jump_forward: median(ratiosJumpForward),
+    sample_us: {
+      grammar: spread([...sampleUs.get('constrained')!, ...sampleUs.get('jump_forward')!]),
+      unconstrained: spread(sampleUs.get('unconstrained')!),
+      full_vocab_check: spread(sampleUs.get('full_vocab_check')!),
+    },
+    forced_per_action: forced / n,
+    decode_steps_saved: tokens > 0 ? forced / tokens : 0,
+    drafts,
+    loadavg: { start, end: loadavg() },
+  };
+}
 
 /** Seeded pseudo-random token ids (like llama-bench's random prompt), away from special tokens. */
 function randomTokens(n: number, nVocab: number, seed: number): number[] {
@@ -153,13 +310,20 @@ function randomTokens(n: number, nVocab: number, seed: number): number[] {
   });
 }
 
-/** llama-bench from the addon's own build (PERCEPT_NATIVE may point at another build than build/native). */
-function findLlamaBench(): string {
+/** A llama.cpp program built next to the addon (tools/build-native.mjs, PERCEPT_PEERS), or undefined.
+ * PERCEPT_NATIVE may point at another build than build/native: its own programs are the peers. */
+export function findPeerProgram(name: string): string | undefined {
   const buildDir = dirname(dirname(ADDON_PATH));
-  for (const p of [join(buildDir, 'bin', 'llama-bench'), join(buildDir, 'bin', 'Release', 'llama-bench')]) {
-    if (existsSync(p)) return p;
-  }
-  throw new Error(`llama-bench is not built in ${buildDir}: cmake --build ${buildDir} --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)`);
+  return [join(buildDir, 'bin', name), join(buildDir, 'bin', 'Release', name)].find((p) => existsSync(p));
+}
+
+function findLlamaBench(): string {
+  const path = findPeerProgram('llama-bench');
+  if (path) return path;
+  const buildDir = dirname(dirname(ADDON_PATH));
+  throw new Error(
+    `llama-bench is not built in ${buildDir}: cmake --build ${buildDir} --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)`,
+  );
 }
 
 interface LlamaBenchRow {
@@ -173,36 +337,63 @@ interface LlamaBenchRow {
  * prefill (pp) = promptTokens random tokens decoded from an empty cache; decode (tg) = genTokens
  * tokens one at a time from an empty cache, EOS ignored. Ours also samples (greedy argmax) each
  * token, which llama-bench does not: that cost is part of our loop and stays in the number.
+ * Board power is sampled during the decode (tg) runs only (app/energy.ts).
  */
 export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecodeResult> {
-  const promptTokens = opts.promptTokens ?? 64;
-  const genTokens = opts.genTokens ?? 128;
-  const reps = opts.reps ?? 3;
-  const gpuLayers = opts.gpuLayers ?? 0;
+  const { promptTokens, genTokens, reps, gpuLayers } = opts;
   const threads = opts.threads ?? defaultThreads();
-  for (const [k, v, min] of [['promptTokens', promptTokens, 1], ['genTokens', genTokens, 2], ['reps', reps, 1]] as const) {
+  for (const [k, v, min] of [
+    ['promptTokens', promptTokens, 1],
+    ['genTokens', genTokens, 2],
+    ['reps', reps, 1],
+  ] as const) {
     if (!Number.isInteger(v) || v < min) throw new RangeError(`bench decode: ${k} must be an integer ≥ ${min}, got ${v}`);
   }
-  const path = await resolveModelSpec(opts.model);
+  const energySource = checkEnergySource(opts.energy ?? 'auto');
+  const path = await resolveModel(opts.model, 'decoder');
   const model = await LlamaModel.load(path, { gpuLayers });
   let draft: LlamaModel | undefined;
+  let meter: EnergyMeter | undefined;
   try {
-    const ctx = await model.createContext({ nCtx: promptTokens + genTokens + 64, nBatch: Math.max(512, promptTokens), threads, flashAttention: 'auto' });
+    // With --schema an action may take up to the grammar's worst case (a few hundred tokens at most for bounded schemas).
+    const ctx = await model.createContext({
+      nCtx: promptTokens + Math.max(genTokens, opts.schema ? 1024 : 0) + 64,
+      nBatch: Math.max(512, promptTokens),
+      threads,
+      flashAttention: 'auto',
+    });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);
-    const grammar = opts.schema ? await loadSchemaGrammar(model, opts.schema) : undefined;
     const { bos, nVocab } = model.info;
     const pp = [bos, ...randomTokens(promptTokens - 1, nVocab, 7)];
     const tgPrompt = [bos];
-    const genOpts = { maxTokens: genTokens, ignoreEos: grammar === undefined, ...(grammar ? { grammar, jumpForward: true } : {}) };
+    const genOpts = { maxTokens: genTokens, ignoreEos: true };
 
     // Warm-up (llama-bench does one too): first-touch of weights, graph allocation.
     ctx.clearCache();
     await ctx.generate([{ tokens: pp }], { maxTokens: 2, ignoreEos: true });
+    meter = await EnergyMeter.start({ source: energySource, device: gpuLayers !== 0 ? 'gpu' : 'cpu' });
 
     // With --peer, llama-bench (one rep each) runs between our reps, so drifting load on a shared
     // machine hits both sides alike; the ratios use medians and best reps.
     const bench = opts.peer ? findLlamaBench() : undefined;
-    const peerArgs = ['-m', path, '-p', String(promptTokens), '-n', String(genTokens), '-r', '1', '-o', 'json', '-t', String(threads), '-ngl', String(gpuLayers), '-fa', 'auto'];
+    const peerArgs = [
+      '-m',
+      path,
+      '-p',
+      String(promptTokens),
+      '-n',
+      String(genTokens),
+      '-r',
+      '1',
+      '-o',
+      'json',
+      '-t',
+      String(threads),
+      '-ngl',
+      String(gpuLayers),
+      '-fa',
+      'auto',
+    ];
     const peerTg: number[] = [];
     const peerPp: number[] = [];
     const ppRuns: number[] = [];
@@ -212,6 +403,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     let drafted = 0;
     let accepted = 0;
     let forced = 0;
+    let generated = 0;
     for (let r = 0; r < reps; r++) {
       if (bench) {
         // The peer process just ran: warm caches again, as llama-bench warms up before measuring.
@@ -223,7 +415,10 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       ppRuns.push(p.timings.prefillTokens / (p.timings.prefillMs / 1000));
       ttft.push(p.timings.ttftMs);
       ctx.clearCache();
+      meter.begin();
       const g = await ctx.generate([{ tokens: tgPrompt }], genOpts);
+      meter.end();
+      generated += g.tokens.length;
       tgRuns.push(g.timings.decodeTokens / (g.timings.decodeMs / 1000));
       sampleMs.push(g.timings.sampleMs / Math.max(1, g.tokens.length));
       drafted += g.drafted;
@@ -240,6 +435,8 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       }
     }
     const speculation = ctx.speculator?.type ?? null;
+    const energy = energyJson(await meter.stop(), { tokens: generated });
+    const structured = opts.schema ? await benchStructured(ctx, model, opts.schema, promptTokens, reps) : undefined;
     await ctx.dispose();
     const result: BenchDecodeResult = {
       model: path,
@@ -257,6 +454,8 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       acceptance: drafted > 0 ? accepted / drafted : null,
       forced,
       speculation,
+      ...(structured ? { structured } : {}),
+      energy,
     };
     if (!bench) return result;
     return {
@@ -269,6 +468,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       ratio_pp_best: Math.max(...ppRuns) / Math.max(...peerPp),
     };
   } finally {
+    await meter?.stop();
     await model.dispose();
     await draft?.dispose();
   }

@@ -1,8 +1,8 @@
 // `percept models …`: one front for the two kinds of synthetic checkpoints: decoder GGUFs
 // (models/synth.ts) and vision encoders in ONNX (models/vision-synth.ts).
-import { listPresets, synthesize } from '../models/synth.ts';
+import { listPresets, parseWeightType, synthesize } from '../models/synth.ts';
 import { listVisionPresets, synthesizeVision } from '../models/vision-synth.ts';
-import { listMmprojPresets, synthesizeMmproj } from '../models/mmproj-synth.ts';
+import { listMmprojPresets, synthesizeMmproj, type MmprojDtype } from '../models/mmproj-synth.ts';
 
 export interface PresetListing {
   readonly name: string;
@@ -27,7 +27,10 @@ export interface SynthOptions {
 
 export async function synthesizeAny(opts: SynthOptions): Promise<Record<string, unknown>> {
   const { SingleBar, Presets } = (await import('cli-progress')).default;
-  const bar = new SingleBar({ format: `${opts.preset} [{bar}] {percentage}% {value}/{total} MiB`, noTTYOutput: true, notTTYSchedule: 5000 }, Presets.shades_classic);
+  const bar = new SingleBar(
+    { format: `${opts.preset} [{bar}] {percentage}% {value}/{total} MiB`, noTTYOutput: true, notTTYSchedule: 5000 },
+    Presets.shades_classic,
+  );
   let started = false;
   const onProgress = (done: number, total: number) => {
     const mib = (n: number) => Math.round(n / 2 ** 20);
@@ -43,16 +46,29 @@ export async function synthesizeAny(opts: SynthOptions): Promise<Record<string, 
       return { ...r };
     }
     if (listMmprojPresets().some((p) => p.name === opts.preset)) {
-      const r = await synthesizeMmproj({ preset: opts.preset, out: opts.out, seed: opts.seed, dtype: opts.wtype === 'f16' ? 'f16' : 'f32', onProgress });
+      const r = await synthesizeMmproj({
+        preset: opts.preset,
+        out: opts.out,
+        seed: opts.seed,
+        ...(opts.wtype !== undefined ? { dtype: mmprojDtype(opts.wtype) } : {}),
+        onProgress,
+      });
       return { ...r };
     }
     if (!listPresets().some((p) => p.name === opts.preset)) {
       const names = (await listAllPresets()).map((p) => p.name).join(', ');
       throw new Error(`unknown preset '${opts.preset}'; presets: ${names}`);
     }
-    const r = await synthesize({ preset: opts.preset, out: opts.out, wtype: opts.wtype as never, seed: opts.seed, onProgress });
+    const wtype = opts.wtype !== undefined ? { wtype: parseWeightType(opts.wtype) } : {};
+    const r = await synthesize({ preset: opts.preset, out: opts.out, ...wtype, seed: opts.seed, onProgress });
     return { ...r };
   } finally {
     if (started) bar.stop();
   }
+}
+
+/** An mmproj stores its matrices in f32 or f16; the other weight types are for decoder GGUFs. */
+function mmprojDtype(wtype: string): MmprojDtype {
+  if (wtype !== 'f32' && wtype !== 'f16') throw new RangeError(`--wtype ${wtype}: an mmproj is written in f32 or f16`);
+  return wtype;
 }

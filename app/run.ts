@@ -1,48 +1,57 @@
 // `percept run`: config → stages → graph → summary. This file is the only place that knows every
 // stage; the stages themselves only know their input and output types.
 import { mkdirSync } from 'node:fs';
-import { dirname } from 'node:path';
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { DegradeLadder } from '../pipeline/budget.ts';
 import { RealClock, VirtualClock, type Clock } from '../pipeline/clock.ts';
 import { loadConfig, type PerceptConfig, type SourceConfig } from '../pipeline/config.ts';
-import { createGraph, stopOnSignals } from '../pipeline/graph.ts';
-import { LiveTable, formatSummary, writeJsonSummary, type TelemetryEvent } from '../pipeline/telemetry.ts';
-import type { ActionMessage, CameraFrame, EncoderContract } from '../nodes/payloads.ts';
-import type { FrameSource, Stage } from '../pipeline/types.ts';
-import type { PublisherStage } from '../nodes/publisher.ts';
+import { append, chain, type StageChain } from '../pipeline/graph/chain.ts';
+import { createGraph, stopOnSignals } from '../pipeline/graph/graph.ts';
+import type { RunSummary } from '../pipeline/telemetry/events.ts';
+import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
+import type { FrameSource, Stage, TelemetrySink } from '../pipeline/types.ts';
+import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
+import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
+import type { Publisher } from '../nodes/publisher.ts';
+import { resolveModel } from '../models/resolve.ts';
+
+/** The config `percept run` and `npm start` use when none is given. */
+export const DEFAULT_CONFIG = fileURLToPath(new URL('../configs/default.json', import.meta.url));
 
 export interface RunOptions {
-  readonly config: string;
+  readonly config?: string;
   readonly source?: string;
   readonly duration?: number;
   readonly jsonSummary?: string;
-  readonly clock?: string;
+  readonly clock?: 'real' | 'virtual';
 }
 
 const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
 
-/** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]` → a source config. */
-export function parseSourceSpec(spec: string, current: SourceConfig): SourceConfig {
+/** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]` → the source section of a config, for
+ * loadConfig to validate: what the spec leaves out comes from `current` when it is the same kind,
+ * else from the schema's defaults. PATH is relative to the current directory. */
+export function parseSourceSpec(spec: string, current: SourceConfig): Record<string, unknown> {
   const [kind, ...rest] = spec.split(':');
-  const num = (text: string | undefined, name: string, fallback: number): number => {
-    if (text === undefined || text === '') return fallback;
+  const num = (text: string | undefined, key: string): Record<string, number> => {
+    if (text === undefined || text === '') return {};
     const n = Number(text);
-    if (!Number.isFinite(n) || n < 0) throw new Error(`--source ${spec}: ${name} must be a number >= 0, got '${text}'`);
-    return n;
+    if (!Number.isFinite(n) || n < 0) throw new Error(`--source ${spec}: ${key.toUpperCase()} must be a number >= 0, got '${text}'`);
+    return { [key]: n };
   };
+  const same = current.kind === kind ? current : { kind };
   switch (kind) {
-    case 'pattern': {
-      const base = current.kind === 'pattern' ? current : { kind: 'pattern' as const, fps: 10, frames: 20, width: 1280, height: 720 };
-      return { ...base, fps: num(rest[0], 'FPS', base.fps), frames: num(rest[1], 'FRAMES', base.frames) };
-    }
+    case 'pattern':
+      return { ...same, ...num(rest[0], 'fps'), ...num(rest[1], 'frames') };
     case 'bag': {
       const path = rest.join(':');
       if (!path) throw new Error(`--source ${spec}: expected bag:PATH`);
-      const base = current.kind === 'bag' ? current : { kind: 'bag' as const, topic: '/camera/front/compressed', rate: 1, loop: false, path };
-      return { ...base, path };
+      return { ...same, path: resolve(path) };
     }
     case 'folder': {
       if (!rest[0]) throw new Error(`--source ${spec}: expected folder:PATH[:FPS]`);
-      return { kind: 'folder', path: rest[0], fps: num(rest[1], 'FPS', 5) };
+      return { kind, path: resolve(rest[0]), ...num(rest[1], 'fps') };
     }
     default:
       throw new Error(`--source '${spec}': unknown kind '${kind}' (expected pattern, bag or folder)`);
@@ -53,11 +62,22 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
   switch (config.kind) {
     case 'pattern': {
       const { createPatternSource } = await import('../nodes/source-pattern.ts');
-      return createPatternSource({ fps: config.fps, frames: config.frames === 0 ? Infinity : config.frames, width: config.width, height: config.height });
+      return createPatternSource({
+        fps: config.fps,
+        frames: config.frames === 0 ? Infinity : config.frames,
+        width: config.width,
+        height: config.height,
+      });
     }
     case 'bag': {
       const { createBagSource } = await import('../nodes/source-bag.ts');
-      return createBagSource({ path: config.path, topic: config.topic, rate: config.rate, loop: config.loop, onIssue: (issue) => log(`bag: ${issue.reason} (topic ${issue.topic}, sequence ${issue.sequence})`) });
+      return createBagSource({
+        path: config.path,
+        topic: config.topic,
+        rate: config.rate,
+        loop: config.loop,
+        onIssue: (issue) => log(`bag: ${issue.reason} (topic ${issue.topic}, sequence ${issue.sequence})`),
+      });
     }
     case 'folder': {
       const { createFolderSource } = await import('../nodes/source-folder.ts');
@@ -66,124 +86,189 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
   }
 }
 
-/** Builds the stages in dependency order: the decoder first (its n_embd fixes the encoder's
- * output width), then the encoder (its contract fixes preprocessing). `publish: false` leaves
- * the publisher out (benchmarks that end at the validated action). */
-export async function createStages(config: PerceptConfig, { publish = true } = {}): Promise<Stage<never, unknown>[]> {
-  const stages: Stage<never, unknown>[] = [];
-  const closeAll = async () => {
-    for (const s of stages) await s.close?.().catch(() => undefined);
+/** Refuses a vision encoder made for another decoder architecture (a Gemma 3 SigLIP encoder in front
+ * of a Gemma 4 decoder would feed it embeddings of the wrong model, even when the widths agree). */
+export function checkEncoderFitsDecoder(
+  encoder: { readonly contract: EncoderContract; readonly source: string },
+  decoder: { readonly contract: EncoderContract; readonly source: string; readonly arch: string },
+): void {
+  if (encoder.contract === decoder.contract) return;
+  throw new Error(
+    `encoder ${encoder.source} has the ${encoder.contract} vision contract, but decoder ${decoder.source} is a ${decoder.arch} model that needs a ${decoder.contract} vision encoder`,
+  );
+}
+
+/** The frame the warm-up pushes through the stages: the pattern source's own size, else 720p. */
+async function warmupFrame(source: SourceConfig): Promise<CameraFrame> {
+  const { encodePatternFrame } = await import('../nodes/source-pattern.ts');
+  const [width, height] = source.kind === 'pattern' ? [source.width, source.height] : [1280, 720];
+  return { encoding: 'jpeg', data: await encodePatternFrame(0, width, height), width, height };
+}
+
+export interface PipelineStages {
+  /** camera frame → published (or, without the publisher, validated) action. */
+  readonly chain: StageChain<CameraFrame, ActionMessage>;
+  /** The publisher's telemetry face, when the publisher is part of the chain. */
+  readonly telemetry?: TelemetrySink;
+}
+
+/** Builds the stages: the publisher first (it binds before the models load, so a busy endpoint fails
+ * at once and subscribers have the load time to connect: a ZeroMQ PUB drops what it sends before a
+ * subscription arrives, and the first action comes soon after the run starts), then in dependency
+ * order the decoder (its n_embd fixes the encoder's output width) and the encoder (its contract fixes
+ * preprocessing), then warms them up (see app/warmup.ts; `warmup: false` skips it). `publish: false`
+ * leaves the publisher out (benchmarks that end at the validated action). A stage made before a step
+ * that fails is closed. */
+export async function createStages(
+  config: PerceptConfig,
+  actionSchema: ActionSchema,
+  { publish = true, warmup = true } = {},
+): Promise<PipelineStages> {
+  const built: Stage<never, unknown>[] = [];
+  const track = <S extends Stage<never, unknown>>(stage: S): S => {
+    built.push(stage);
+    return stage;
   };
   try {
-    const { resolveModelSpec } = await import('../models/synth.ts');
-    const { createDecoderStage } = await import('../nodes/decoder.ts');
-    const resolveDraft = async (spec: string | null) => (spec ? resolveModelSpec(spec) : null);
-    log(`decoder: ${config.decoder.model}`);
-    const decoder = await createDecoderStage({
-      ...config.decoder,
-      model: await resolveModelSpec(config.decoder.model),
-      draft: await resolveDraft(config.decoder.draft),
-      draftMtp: await resolveDraft(config.decoder.draftMtp),
-      schemaPath: config.actions.schema,
-    });
-    const nEmbd = decoder.nEmbd;
-
-    let contract: EncoderContract;
-    let encoder: Stage<never, unknown>;
-    switch (config.encoder.kind) {
-      case 'onnx': {
-        const { resolveVisionSpec } = await import('../models/vision-synth.ts');
-        const { createOnnxEncoderStage } = await import('../nodes/encoder-onnx.ts');
-        log(`encoder: ${config.encoder.model}`);
-        const onnx = await createOnnxEncoderStage({ model: resolveVisionSpec(config.encoder.model), ep: config.encoder.executionProvider, threads: config.encoder.threads, expectedHidden: nEmbd });
-        contract = onnx.contract.kind;
-        encoder = onnx as Stage<never, unknown>;
-        break;
-      }
-      case 'projection': {
-        const { createProjectionEncoderStage } = await import('../nodes/encoder-projection.ts');
-        contract = decoder.contract;
-        encoder = createProjectionEncoderStage({ nEmbd, seed: config.encoder.seed, tokens: config.encoder.tokens }) as Stage<never, unknown>;
-        break;
-      }
-      case 'mtmd': {
-        const { resolveMmprojSpec } = await import('../models/mmproj-synth.ts');
-        const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
-        log(`encoder (llama.cpp clip): ${config.encoder.mmproj}`);
-        const mtmd = await createMtmdEncoderStage({ mmproj: await resolveMmprojSpec(config.encoder.mmproj), gpuLayers: config.encoder.gpuLayers, expectedHidden: nEmbd });
-        contract = mtmd.contract.kind;
-        encoder = mtmd as Stage<never, unknown>;
-        break;
-      }
+    let publisher: Publisher | undefined;
+    if (publish) {
+      const { createPublisher } = await import('../nodes/publisher.ts');
+      publisher = await createPublisher(config.publisher);
+      track(publisher.stage);
+      log(`publishing actions on ${publisher.stage.endpoint} (topic '${publisher.stage.topic}')`);
     }
+    const { createDecoderStage } = await import('../nodes/decoder.ts');
+    const resolveDraft = async (spec: string | null) => (spec ? resolveModel(spec, 'decoder') : null);
+    log(`decoder: ${config.decoder.model}`);
+    const decoder = track(
+      await createDecoderStage({
+        ...config.decoder,
+        model: await resolveModel(config.decoder.model, 'decoder'),
+        draft: await resolveDraft(config.decoder.draft),
+        draftMtp: await resolveDraft(config.decoder.draftMtp),
+        actionSchema,
+      }),
+    );
+    const { contract, stage: encoder, source: encoderSource } = await createEncoder(config, decoder.nEmbd, decoder.contract);
+    track(encoder);
+    checkEncoderFitsDecoder(
+      { contract, source: encoderSource },
+      { contract: decoder.contract, source: config.decoder.model, arch: decoder.modelInfo.arch },
+    );
     const { createPreprocessStage } = await import('../nodes/preprocess.ts');
     const { createActionsStage } = await import('../nodes/actions.ts');
-    stages.push(createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels }) as Stage<never, unknown>);
-    stages.push(encoder);
-    stages.push(decoder as Stage<never, unknown>);
-    stages.push(createActionsStage({ schema: config.actions.schema }) as Stage<never, unknown>);
-    if (!publish) return stages;
-    const { createPublisherStage } = await import('../nodes/publisher.ts');
-    const publisher = await createPublisherStage({ endpoint: config.publisher.endpoint, topic: config.publisher.topic, sendHighWaterMark: config.publisher.sendHighWaterMark });
-    log(`publishing actions on ${publisher.endpoint} (topic '${publisher.topic}')`);
-    stages.push(publisher as Stage<never, unknown>);
-    return stages;
+    const preprocess = track(
+      createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels, threads: config.preprocess.threads }),
+    );
+    const actions = track(createActionsStage({ schema: actionSchema }));
+    if (warmup) {
+      const { warmUpStages } = await import('./warmup.ts');
+      const ladder = new DegradeLadder(config.ladder, config.budgets.endToEndMs);
+      const levels = config.ladder.enabled ? Array.from({ length: ladder.levels }, (_, i) => ladder.knobsAt(i)) : [ladder.knobsAt(0)];
+      const steps = await warmUpStages({ preprocess, encode: encoder, decode: decoder }, await warmupFrame(config.source), levels);
+      for (const step of steps) {
+        const times = Object.entries(step.ms)
+          .map(([name, ms]) => `${name} ${ms.toFixed(0)} ms`)
+          .join(', ');
+        log(`warm-up (${contract === 'gemma4' ? step.imageTokens : 256} image tokens): ${times}`);
+      }
+    }
+    const validated = chain(preprocess, encoder, decoder, actions);
+    if (!publisher) return { chain: validated };
+    return { chain: append(validated, publisher.stage), telemetry: publisher.sink };
   } catch (err) {
-    await closeAll();
+    for (const stage of built) await stage.close?.().catch(() => undefined);
     throw err;
   }
 }
 
+async function createEncoder(
+  config: PerceptConfig,
+  nEmbd: number,
+  decoderContract: EncoderContract,
+): Promise<{ contract: EncoderContract; stage: Stage<PixelTensor, ImageEmbedding>; source: string }> {
+  switch (config.encoder.kind) {
+    case 'onnx': {
+      const { createOnnxEncoderStage } = await import('../nodes/encoder-onnx.ts');
+      log(`encoder: ${config.encoder.model}`);
+      const stage = await createOnnxEncoderStage({
+        model: await resolveModel(config.encoder.model, 'vision'),
+        ep: config.encoder.executionProvider,
+        threads: config.encoder.threads,
+        expectedHidden: nEmbd,
+      });
+      return { contract: stage.contract.kind, stage, source: config.encoder.model };
+    }
+    case 'projection': {
+      const { createProjectionEncoderStage } = await import('../nodes/encoder-projection.ts');
+      return {
+        contract: decoderContract,
+        stage: createProjectionEncoderStage({ nEmbd, seed: config.encoder.seed, tokens: config.encoder.tokens }),
+        source: 'projection',
+      };
+    }
+    case 'mtmd': {
+      const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
+      log(`encoder (llama.cpp clip): ${config.encoder.mmproj}`);
+      const stage = await createMtmdEncoderStage({
+        mmproj: await resolveModel(config.encoder.mmproj, 'mmproj'),
+        gpuLayers: config.encoder.gpuLayers,
+        expectedHidden: nEmbd,
+      });
+      return { contract: stage.contract.kind, stage, source: config.encoder.mmproj };
+    }
+  }
+}
+
+/** Why a run that published nothing failed, or undefined when it published. */
+export function runFailure(summary: RunSummary): string | undefined {
+  if (summary.endReason === 'source_error') return 'the source failed (see the error above)';
+  if (summary.frames.out > 0) return undefined;
+  if (summary.frames.in === 0) return 'the source produced no frames';
+  const reasons = Object.entries(summary.drops.byReason).map(([reason, n]) => `${reason} ${n}`);
+  return `nothing was published: all ${summary.frames.in} frames were dropped (${reasons.join(', ')})`;
+}
+
+/** Runs the pipeline; resolves with the process exit code (1 when the run published nothing). */
 export async function runPipeline(opts: RunOptions): Promise<number> {
-  const base = loadConfig(opts.config);
+  const base = loadConfig(opts.config ?? DEFAULT_CONFIG);
   const overrides: Record<string, unknown> = {};
   if (opts.source) overrides.source = parseSourceSpec(opts.source, base.source);
-  if (opts.clock) {
-    if (opts.clock !== 'real' && opts.clock !== 'virtual') throw new Error(`--clock must be 'real' or 'virtual', got '${opts.clock}'`);
-    overrides.clock = opts.clock;
-  }
+  if (opts.clock) overrides.clock = opts.clock;
   // Re-validate with the overrides applied, so they obey the same schema as the file.
   const config = Object.keys(overrides).length ? loadConfig({ ...base, ...overrides }) : base;
   const clock: Clock = config.clock === 'virtual' ? new VirtualClock() : new RealClock();
+  const actionSchema = loadActionSchema(config.actions.schema);
 
   const source = await createSource(config.source);
-  let stages: Stage<never, unknown>[];
+  let stages: PipelineStages;
   try {
-    stages = await createStages(config);
+    stages = await createStages(config, actionSchema);
   } catch (err) {
     await source.close?.();
     throw err;
   }
-  const graph = createGraph({ source, stages, clock, config });
+  const graph = createGraph({ source, stages: stages.chain, clock, config });
 
-  let recorder: Awaited<ReturnType<typeof import('../nodes/recorder.ts')['createRecorder']>> | undefined;
+  let recorder: Awaited<ReturnType<(typeof import('../nodes/recorder.ts'))['createRecorder']>> | undefined;
   if (config.recorder.enabled) {
     const { createRecorder } = await import('../nodes/recorder.ts');
     mkdirSync(dirname(config.recorder.path), { recursive: true });
-    recorder = await createRecorder({ path: config.recorder.path, actionSchema: config.actions.schema });
+    recorder = await createRecorder({ path: config.recorder.path, actionSchema });
     const rec = recorder;
-    graph.events.subscribe((event: TelemetryEvent) => {
+    graph.events.subscribe((event) => {
       if (event.type !== 'stats') void rec.recordEvent(event, event.atNs).catch((err: Error) => log(`recorder: ${err.message}`));
     });
     graph.outputs.subscribe((env) => {
       const exit = env.spans.at(-1)?.exitNs ?? clock.nowNs();
-      void rec.recordAction(env.payload as ActionMessage, exit).catch((err: Error) => log(`recorder: ${err.message}`));
+      void rec.recordAction(env.payload, exit).catch((err: Error) => log(`recorder: ${err.message}`));
     });
   }
 
-  // Drops, cancels, degrade steps and errors go out on the publisher's 'events' topic and the
-  // periodic stats on 'telemetry', so a robot stack sees every decision the graph makes.
-  // Those that come after the publisher has closed (the last ones of a run) are counted and
-  // reported; they are in the summary and the recording all the same.
-  const publisher = stages.find((s) => s.name === 'publish') as Partial<PublisherStage> | undefined;
-  let eventsNotPublished = 0;
-  if (publisher?.publishEvent && publisher.publishTelemetry) {
-    const { publishEvent, publishTelemetry } = publisher as PublisherStage;
-    graph.events.subscribe((event: TelemetryEvent) => {
-      const send = event.type === 'stats' ? publishTelemetry : ['drop', 'cancel', 'degrade', 'error'].includes(event.type) ? publishEvent : undefined;
-      send?.(event).catch(() => void eventsNotPublished++);
-    });
-  }
+  // Drops, cancels, degrade steps, errors and the periodic stats go to the publisher's topics, so a
+  // robot stack sees every decision the graph makes. Those after the publisher has closed (the last
+  // ones of a run) are counted and reported; they are in the summary and the recording all the same.
+  if (stages.telemetry) graph.events.subscribe(stages.telemetry.accept);
 
   const table = new LiveTable({ mode: config.telemetry.liveTable, intervalMs: config.telemetry.intervalMs });
   table.attach(graph.events);
@@ -194,12 +279,12 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
     table.detach();
     if (recorder) await recorder.close();
     process.stdout.write(`${formatSummary(summary)}\n`);
-    if (eventsNotPublished > 0) log(`${eventsNotPublished} telemetry/event message(s) came after the publisher closed and were not published`);
-    if (opts.jsonSummary) {
-      mkdirSync(dirname(opts.jsonSummary), { recursive: true });
-      writeJsonSummary(opts.jsonSummary, summary);
-    }
-    return 0;
+    const undelivered = stages.telemetry?.undelivered ?? 0;
+    if (undelivered > 0) log(`${undelivered} telemetry/event message(s) came after the publisher closed and were not published`);
+    if (opts.jsonSummary) writeJsonSummary(opts.jsonSummary, summary);
+    const failure = runFailure(summary);
+    if (failure) log(failure);
+    return failure ? 1 : 0;
   } finally {
     if (timer) clearTimeout(timer);
     removeSignals();

@@ -7,7 +7,7 @@
 // offsets follow gguf.cpp's rule (each offset = sum of the previous sizes padded to the alignment), and tensor
 // data streamed to disk chunk by chunk from a caller-supplied source, written to a temp name and renamed.
 import { open, rename, unlink, type FileHandle } from 'node:fs/promises';
-import { blockSize, ggmlTypeName, isKnownGgmlType, tensorBytes, typeSize } from './quant.ts';
+import { blockSize, ggmlTypeName, isKnownGgmlType, tensorBytes } from './quant.ts';
 
 export const GGUF_MAGIC = 'GGUF';
 export const GGUF_VERSION = 3;
@@ -19,12 +19,36 @@ export const GGML_MAX_DIMS = 4;
 
 /** Wire ids of GGUF value types (gguf.h `enum gguf_type`). */
 export const GGUFValueType = {
-  u8: 0, i8: 1, u16: 2, i16: 3, u32: 4, i32: 5, f32: 6, bool: 7, string: 8, array: 9, u64: 10, i64: 11, f64: 12,
+  u8: 0,
+  i8: 1,
+  u16: 2,
+  i16: 3,
+  u32: 4,
+  i32: 5,
+  f32: 6,
+  bool: 7,
+  string: 8,
+  array: 9,
+  u64: 10,
+  i64: 11,
+  f64: 12,
 } as const;
 export type GGUFTypeName = keyof typeof GGUFValueType;
 export type GGUFScalarTypeName = Exclude<GGUFTypeName, 'array'>;
 const TYPE_BY_ID: readonly GGUFTypeName[] = ['u8', 'i8', 'u16', 'i16', 'u32', 'i32', 'f32', 'bool', 'string', 'array', 'u64', 'i64', 'f64'];
-const FIXED_SIZE: Readonly<Partial<Record<GGUFTypeName, number>>> = { u8: 1, i8: 1, u16: 2, i16: 2, u32: 4, i32: 4, f32: 4, bool: 1, u64: 8, i64: 8, f64: 8 };
+const FIXED_SIZE: Readonly<Partial<Record<GGUFTypeName, number>>> = {
+  u8: 1,
+  i8: 1,
+  u16: 2,
+  i16: 2,
+  u32: 4,
+  i32: 4,
+  f32: 4,
+  bool: 1,
+  u64: 8,
+  i64: 8,
+  f64: 8,
+};
 
 export type GGUFScalar = number | bigint | boolean | string;
 /** A decoded KV value. Arrays of arrays decode to nested arrays. */
@@ -117,6 +141,24 @@ export class BufferReadable implements IReadable {
   }
   async read(offset: number, length: number): Promise<Uint8Array> {
     return this.#bytes.subarray(offset, Math.min(this.#bytes.length, offset + length));
+  }
+}
+
+/** A header followed by `size - header.length` zero bytes (see GGUFWriter.skeleton). */
+class ZeroDataReadable implements IReadable {
+  readonly #header: Uint8Array;
+  readonly #size: number;
+  constructor(header: Uint8Array, size: number) {
+    this.#header = header;
+    this.#size = size;
+  }
+  async size(): Promise<number> {
+    return this.#size;
+  }
+  async read(offset: number, length: number): Promise<Uint8Array> {
+    const out = new Uint8Array(Math.max(0, Math.min(this.#size, offset + length) - offset));
+    if (offset < this.#header.length) out.set(this.#header.subarray(offset, Math.min(this.#header.length, offset + out.length)));
+    return out;
   }
 }
 
@@ -243,22 +285,41 @@ class HeaderCursor {
 }
 
 /** Decodes an encoded value (u32 type id followed by the value) as produced by the GGUF KV section. */
-export function decodeValue(rawBytes: Uint8Array): GGUFDecoded {
+function decodeValue(rawBytes: Uint8Array): GGUFDecoded {
   const view = new DataView(rawBytes.buffer, rawBytes.byteOffset, rawBytes.byteLength);
   let pos = 0;
   const read = (type: number): GGUFDecoded => {
     switch (TYPE_BY_ID[type]) {
-      case 'u8': return view.getUint8(pos++);
-      case 'i8': return view.getInt8(pos++);
-      case 'u16': pos += 2; return view.getUint16(pos - 2, true);
-      case 'i16': pos += 2; return view.getInt16(pos - 2, true);
-      case 'u32': pos += 4; return view.getUint32(pos - 4, true);
-      case 'i32': pos += 4; return view.getInt32(pos - 4, true);
-      case 'f32': pos += 4; return view.getFloat32(pos - 4, true);
-      case 'f64': pos += 8; return view.getFloat64(pos - 8, true);
-      case 'u64': pos += 8; return view.getBigUint64(pos - 8, true);
-      case 'i64': pos += 8; return view.getBigInt64(pos - 8, true);
-      case 'bool': return view.getUint8(pos++) !== 0;
+      case 'u8':
+        return view.getUint8(pos++);
+      case 'i8':
+        return view.getInt8(pos++);
+      case 'u16':
+        pos += 2;
+        return view.getUint16(pos - 2, true);
+      case 'i16':
+        pos += 2;
+        return view.getInt16(pos - 2, true);
+      case 'u32':
+        pos += 4;
+        return view.getUint32(pos - 4, true);
+      case 'i32':
+        pos += 4;
+        return view.getInt32(pos - 4, true);
+      case 'f32':
+        pos += 4;
+        return view.getFloat32(pos - 4, true);
+      case 'f64':
+        pos += 8;
+        return view.getFloat64(pos - 8, true);
+      case 'u64':
+        pos += 8;
+        return view.getBigUint64(pos - 8, true);
+      case 'i64':
+        pos += 8;
+        return view.getBigInt64(pos - 8, true);
+      case 'bool':
+        return view.getUint8(pos++) !== 0;
       case 'string': {
         const len = Number(view.getBigUint64(pos, true));
         pos += 8;
@@ -400,7 +461,8 @@ async function parseGGUF(src: IReadable, label?: string): Promise<GGUFFile> {
   if (alignKv) {
     if (alignKv.type !== 'u32') c.fail(`general.alignment must be u32, found ${alignKv.type}`, alignKv.offset);
     alignment = alignKv.value as number;
-    if (alignment === 0 || (alignment & (alignment - 1)) !== 0) c.fail(`general.alignment ${alignment} is not a power of 2`, alignKv.offset);
+    if (alignment === 0 || (alignment & (alignment - 1)) !== 0)
+      c.fail(`general.alignment ${alignment} is not a power of 2`, alignKv.offset);
   }
 
   const tensors: GGUFTensorInfo[] = [];
@@ -409,7 +471,8 @@ async function parseGGUF(src: IReadable, label?: string): Promise<GGUFFile> {
   for (let i = 0; i < nTensors; i++) {
     const at = c.pos;
     const name = await c.string(`name of tensor #${i}`);
-    if (Buffer.byteLength(name) >= GGML_MAX_NAME) c.fail(`tensor name '${name}' is ${Buffer.byteLength(name)} bytes, must be < ${GGML_MAX_NAME}`, at);
+    if (Buffer.byteLength(name) >= GGML_MAX_NAME)
+      c.fail(`tensor name '${name}' is ${Buffer.byteLength(name)} bytes, must be < ${GGML_MAX_NAME}`, at);
     if (byName.has(name)) c.fail(`duplicate tensor name '${name}'`, at);
     await c.need(4, `dimension count of tensor '${name}'`);
     const nDims = c.u32();
@@ -428,7 +491,10 @@ async function parseGGUF(src: IReadable, label?: string): Promise<GGUFFile> {
     }
     const offset = c.u64(`offset of tensor '${name}'`);
     if (offset !== expectedOffset) {
-      c.fail(`tensor '${name}' has data offset ${offset}, expected ${expectedOffset} (offsets must be consecutive, each padded to ${alignment})`, c.pos - 8);
+      c.fail(
+        `tensor '${name}' has data offset ${offset}, expected ${expectedOffset} (offsets must be consecutive, each padded to ${alignment})`,
+        c.pos - 8,
+      );
     }
     const byteLength = Number(tensorBytes(type, shape));
     expectedOffset = padTo(offset + byteLength, alignment);
@@ -463,16 +529,23 @@ async function parseGGUF(src: IReadable, label?: string): Promise<GGUFFile> {
 }
 
 /** Reads one tensor's data (for tests and small tensors; large ones should be read in ranges). */
-export async function readTensorData(source: string | IReadable, file: GGUFFile, name: string, range?: { start: number; length: number }): Promise<Uint8Array> {
+export async function readTensorData(
+  source: string | IReadable,
+  file: GGUFFile,
+  name: string,
+  range?: { start: number; length: number },
+): Promise<Uint8Array> {
   const t = file.tensor(name);
   if (!t) throw new RangeError(`no tensor named '${name}'`);
   const start = range?.start ?? 0;
   const length = range?.length ?? t.byteLength - start;
-  if (start < 0 || length < 0 || start + length > t.byteLength) throw new RangeError(`range ${start}+${length} is outside tensor '${name}' (${t.byteLength} bytes)`);
+  if (start < 0 || length < 0 || start + length > t.byteLength)
+    throw new RangeError(`range ${start}+${length} is outside tensor '${name}' (${t.byteLength} bytes)`);
   const src = typeof source === 'string' ? await FileReadable.open(source) : source;
   try {
     const bytes = await src.read(file.dataOffset + t.offset + start, length);
-    if (bytes.length !== length) throw new GGUFFormatError(`truncated file: tensor '${name}' data is short`, file.dataOffset + t.offset + start + bytes.length);
+    if (bytes.length !== length)
+      throw new GGUFFormatError(`truncated file: tensor '${name}' data is short`, file.dataOffset + t.offset + start + bytes.length);
     return bytes;
   } finally {
     if (typeof source === 'string') await (src as FileReadable).close();
@@ -506,26 +579,39 @@ export interface GGUFWriteOptions {
 }
 
 const INT_RANGES: Record<'u8' | 'i8' | 'u16' | 'i16' | 'u32' | 'i32', [number, number]> = {
-  u8: [0, 0xff], i8: [-0x80, 0x7f], u16: [0, 0xffff], i16: [-0x8000, 0x7fff], u32: [0, 0xffffffff], i32: [-0x80000000, 0x7fffffff],
+  u8: [0, 0xff],
+  i8: [-0x80, 0x7f],
+  u16: [0, 0xffff],
+  i16: [-0x8000, 0x7fff],
+  u32: [0, 0xffffffff],
+  i32: [-0x80000000, 0x7fffffff],
 };
 
 function checkScalar(type: GGUFScalarTypeName, v: unknown, where: string): void {
   switch (type) {
-    case 'u8': case 'i8': case 'u16': case 'i16': case 'u32': case 'i32': {
+    case 'u8':
+    case 'i8':
+    case 'u16':
+    case 'i16':
+    case 'u32':
+    case 'i32': {
       const [lo, hi] = INT_RANGES[type];
       if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) {
         throw new TypeError(`${where}: expected an integer in [${lo}, ${hi}] for ${type}, got ${String(v)}`);
       }
       return;
     }
-    case 'f32': case 'f64':
+    case 'f32':
+    case 'f64':
       if (typeof v !== 'number') throw new TypeError(`${where}: expected a number for ${type}, got ${typeof v}`);
       return;
     case 'u64':
-      if (typeof v !== 'bigint' || v < 0n || v >= 1n << 64n) throw new TypeError(`${where}: expected a bigint in [0, 2^64) for u64, got ${String(v)}`);
+      if (typeof v !== 'bigint' || v < 0n || v >= 1n << 64n)
+        throw new TypeError(`${where}: expected a bigint in [0, 2^64) for u64, got ${String(v)}`);
       return;
     case 'i64':
-      if (typeof v !== 'bigint' || v < -(1n << 63n) || v >= 1n << 63n) throw new TypeError(`${where}: expected a bigint in [-2^63, 2^63) for i64, got ${String(v)}`);
+      if (typeof v !== 'bigint' || v < -(1n << 63n) || v >= 1n << 63n)
+        throw new TypeError(`${where}: expected a bigint in [-2^63, 2^63) for i64, got ${String(v)}`);
       return;
     case 'bool':
       if (typeof v !== 'boolean') throw new TypeError(`${where}: expected a boolean, got ${typeof v}`);
@@ -552,9 +638,15 @@ class ByteBuilder {
     write(this.#scratch);
     this.push(Buffer.from(this.#scratch.subarray(0, n)));
   }
-  u32(v: number): void { this.#num((b) => b.writeUInt32LE(v), 4); }
-  u64(v: number | bigint): void { this.#num((b) => b.writeBigUInt64LE(BigInt(v)), 8); }
-  i64(v: number | bigint): void { this.#num((b) => b.writeBigInt64LE(BigInt(v)), 8); }
+  u32(v: number): void {
+    this.#num((b) => b.writeUInt32LE(v), 4);
+  }
+  u64(v: number | bigint): void {
+    this.#num((b) => b.writeBigUInt64LE(BigInt(v)), 8);
+  }
+  i64(v: number | bigint): void {
+    this.#num((b) => b.writeBigInt64LE(BigInt(v)), 8);
+  }
   string(s: string): void {
     const b = Buffer.from(s, 'utf8');
     this.u64(b.length);
@@ -562,18 +654,42 @@ class ByteBuilder {
   }
   scalar(type: GGUFScalarTypeName, v: GGUFScalar): void {
     switch (type) {
-      case 'u8': this.#num((b) => b.writeUInt8(v as number), 1); break;
-      case 'i8': this.#num((b) => b.writeInt8(v as number), 1); break;
-      case 'u16': this.#num((b) => b.writeUInt16LE(v as number), 2); break;
-      case 'i16': this.#num((b) => b.writeInt16LE(v as number), 2); break;
-      case 'u32': this.#num((b) => b.writeUInt32LE(v as number), 4); break;
-      case 'i32': this.#num((b) => b.writeInt32LE(v as number), 4); break;
-      case 'f32': this.#num((b) => b.writeFloatLE(v as number), 4); break;
-      case 'f64': this.#num((b) => b.writeDoubleLE(v as number), 8); break;
-      case 'u64': this.#num((b) => b.writeBigUInt64LE(v as bigint), 8); break;
-      case 'i64': this.#num((b) => b.writeBigInt64LE(v as bigint), 8); break;
-      case 'bool': this.#num((b) => b.writeUInt8(v ? 1 : 0), 1); break;
-      case 'string': this.string(v as string); break;
+      case 'u8':
+        this.#num((b) => b.writeUInt8(v as number), 1);
+        break;
+      case 'i8':
+        this.#num((b) => b.writeInt8(v as number), 1);
+        break;
+      case 'u16':
+        this.#num((b) => b.writeUInt16LE(v as number), 2);
+        break;
+      case 'i16':
+        this.#num((b) => b.writeInt16LE(v as number), 2);
+        break;
+      case 'u32':
+        this.#num((b) => b.writeUInt32LE(v as number), 4);
+        break;
+      case 'i32':
+        this.#num((b) => b.writeInt32LE(v as number), 4);
+        break;
+      case 'f32':
+        this.#num((b) => b.writeFloatLE(v as number), 4);
+        break;
+      case 'f64':
+        this.#num((b) => b.writeDoubleLE(v as number), 8);
+        break;
+      case 'u64':
+        this.#num((b) => b.writeBigUInt64LE(v as bigint), 8);
+        break;
+      case 'i64':
+        this.#num((b) => b.writeBigInt64LE(v as bigint), 8);
+        break;
+      case 'bool':
+        this.#num((b) => b.writeUInt8(v ? 1 : 0), 1);
+        break;
+      case 'string':
+        this.string(v as string);
+        break;
     }
   }
   zeros(n: number): void {
@@ -610,7 +726,8 @@ export class GGUFWriter {
     if (this.#kvs.has(key)) throw new Error(`GGUF key '${key}' is already set`);
     if (key === 'general.alignment') throw new Error(`set general.alignment through the GGUFWriter constructor's alignment option`);
     if (value.type === 'raw') {
-      if (!(value.raw instanceof Uint8Array) || value.raw.length < 5) throw new TypeError(`raw value of '${key}' must hold a type id and a value`);
+      if (!(value.raw instanceof Uint8Array) || value.raw.length < 5)
+        throw new TypeError(`raw value of '${key}' must hold a type id and a value`);
       const t = new DataView(value.raw.buffer, value.raw.byteOffset, value.raw.byteLength).getUint32(0, true);
       if (TYPE_BY_ID[t] === undefined) throw new TypeError(`raw value of '${key}' has unknown type id ${t}`);
     } else if (value.type === 'array') {
@@ -629,17 +746,21 @@ export class GGUFWriter {
   addTensor(spec: TensorSpec): this {
     const { name, type, shape } = spec;
     if (typeof name !== 'string' || name.length === 0) throw new TypeError(`tensor name must be a non-empty string`);
-    if (Buffer.byteLength(name) >= GGML_MAX_NAME) throw new RangeError(`tensor name '${name}' is ${Buffer.byteLength(name)} bytes, must be < ${GGML_MAX_NAME}`);
+    if (Buffer.byteLength(name) >= GGML_MAX_NAME)
+      throw new RangeError(`tensor name '${name}' is ${Buffer.byteLength(name)} bytes, must be < ${GGML_MAX_NAME}`);
     if (this.#tensorNames.has(name)) throw new Error(`tensor '${name}' is already added`);
     if (!isKnownGgmlType(type)) throw new RangeError(`tensor '${name}': unknown ggml type ${type}`);
     if (!Array.isArray(shape) || shape.length < 1 || shape.length > GGML_MAX_DIMS) {
       throw new RangeError(`tensor '${name}': shape must have 1..${GGML_MAX_DIMS} dimensions, got ${JSON.stringify(shape)}`);
     }
     shape.forEach((ne, d) => {
-      if (!Number.isSafeInteger(ne) || ne < 1) throw new RangeError(`tensor '${name}': dimension ${d} must be a positive integer, got ${ne}`);
+      if (!Number.isSafeInteger(ne) || ne < 1)
+        throw new RangeError(`tensor '${name}': dimension ${d} must be a positive integer, got ${ne}`);
     });
     if (shape[0]! % blockSize(type) !== 0) {
-      throw new RangeError(`tensor '${name}': row length ${shape[0]} is not a multiple of the ${ggmlTypeName(type)} block size ${blockSize(type)}`);
+      throw new RangeError(
+        `tensor '${name}': row length ${shape[0]} is not a multiple of the ${ggmlTypeName(type)} block size ${blockSize(type)}`,
+      );
     }
     this.#tensors.push({ name, type, shape: [...shape] });
     this.#tensorNames.add(name);
@@ -649,7 +770,22 @@ export class GGUFWriter {
   /** Offsets and sizes exactly as they will be written. */
   plan(): { headerBytes: number; dataOffset: number; tensors: PlannedTensor[]; totalBytes: number } {
     const header = this.#encodeHeader();
-    return { headerBytes: header.unpadded, dataOffset: header.bytes.length, tensors: header.tensors, totalBytes: header.bytes.length + header.dataBytes };
+    return {
+      headerBytes: header.unpadded,
+      dataOffset: header.bytes.length,
+      tensors: header.tensors,
+      totalBytes: header.bytes.length + header.dataBytes,
+    };
+  }
+
+  /**
+   * The file `write()` would produce, as an IReadable whose header is the real one and whose tensor data
+   * reads as zeros: metadata consumers (readGGUF, the calculators) get a multi-GB checkpoint's exact
+   * header and tensor table without a byte being generated or written.
+   */
+  skeleton(): IReadable {
+    const header = this.#encodeHeader();
+    return new ZeroDataReadable(header.bytes, header.bytes.length + header.dataBytes);
   }
 
   #encodeHeader(): { bytes: Buffer; unpadded: number; tensors: PlannedTensor[]; dataBytes: number } {
@@ -723,7 +859,8 @@ export class GGUFWriter {
           }
           await put(chunk);
         }
-        if (pos - start !== t.byteLength) throw new Error(`tensor '${t.name}': source produced ${pos - start} bytes, expected ${t.byteLength}`);
+        if (pos - start !== t.byteLength)
+          throw new Error(`tensor '${t.name}': source produced ${pos - start} bytes, expected ${t.byteLength}`);
         const pad = padTo(pos - header.bytes.length, this.alignment) + header.bytes.length - pos;
         if (pad > 0) await put(Buffer.alloc(pad));
       }
@@ -747,9 +884,4 @@ async function writeAll(fh: FileHandle, chunk: Uint8Array, position: number): Pr
     const { bytesWritten } = await fh.write(chunk, done, chunk.length - done, position + done);
     done += bytesWritten;
   }
-}
-
-/** Bytes per element of a ggml type (for size estimates). */
-export function bytesPerElement(type: number): number {
-  return typeSize(type) / blockSize(type);
 }

@@ -18,9 +18,8 @@
 // One deliberate difference from real converted Gemma 4 mmproj files: those do not set clip.use_gelu, and
 // llama.cpp then runs GELU-quick in the vision FFN (clip.cpp load_hparams) while HF runs GELU-tanh. These
 // synthetic files set clip.use_gelu = true so clip computes the HF/ONNX math.
-import { existsSync, mkdirSync, statSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { mkdirSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
 import { GGUFWriter, arr, bool, f32, str, u32, type PlannedTensor } from './gguf.ts';
 import { GGMLType, quantize } from './quant.ts';
 import {
@@ -35,7 +34,7 @@ import {
 } from './vision-synth.ts';
 
 /** Suffix that names the mmproj flavour of a vision preset (`siglip-tiny-mmproj`). */
-export const MMPROJ_SUFFIX = '-mmproj';
+const MMPROJ_SUFFIX = '-mmproj';
 
 export type MmprojDtype = 'f32' | 'f16';
 
@@ -68,7 +67,11 @@ export function mmprojVisionPreset(name: string): string {
   if (typeof name !== 'string' || name.length === 0) throw new TypeError(`mmproj preset must be a non-empty string, got ${String(name)}`);
   const base = name.endsWith(MMPROJ_SUFFIX) ? name.slice(0, -MMPROJ_SUFFIX.length) : name;
   if (!listVisionPresets().some((p) => p.name === base)) {
-    throw new Error(`unknown mmproj preset '${name}' (known: ${listMmprojPresets().map((p) => p.name).join(', ')})`);
+    throw new Error(
+      `unknown mmproj preset '${name}' (known: ${listMmprojPresets()
+        .map((p) => p.name)
+        .join(', ')})`,
+    );
   }
   return base;
 }
@@ -135,7 +138,12 @@ function siglipPlan(spec: SiglipSpec): MmprojTensorPlan[] {
       { name: `${b}.ln1.weight`, ne: [h], halfOk: false, values: same(`${l}.ln1.weight`) },
       { name: `${b}.ln1.bias`, ne: [h], halfOk: false, values: same(`${l}.ln1.bias`) },
     );
-    for (const [m, tn] of [['q', 'attn_q'], ['k', 'attn_k'], ['v', 'attn_v'], ['o', 'attn_out']] as const) {
+    for (const [m, tn] of [
+      ['q', 'attn_q'],
+      ['k', 'attn_k'],
+      ['v', 'attn_v'],
+      ['o', 'attn_out'],
+    ] as const) {
       plan.push(
         { name: `${b}.${tn}.weight`, ne: [h, h], halfOk: true, values: transposed(`${l}.attn.${m}.weight`, h, h) },
         { name: `${b}.${tn}.bias`, ne: [h], halfOk: false, values: same(`${l}.attn.${m}.bias`) },
@@ -166,7 +174,12 @@ function gemma4Plan(spec: Gemma4VisionSpec): MmprojTensorPlan[] {
   const hd = h / spec.heads;
   const n = spec.positionTableSize;
   const plan: MmprojTensorPlan[] = [
-    { name: 'v.patch_embd.weight', ne: [p, p, 3, h], halfOk: true, values: (get) => patchLinearToConv(get('patch_embed.input_proj.weight'), p, h) },
+    {
+      name: 'v.patch_embd.weight',
+      ne: [p, p, 3, h],
+      halfOk: true,
+      values: (get) => patchLinearToConv(get('patch_embed.input_proj.weight'), p, h),
+    },
     {
       name: 'v.position_embd.weight',
       ne: [h, n, 2],
@@ -183,7 +196,11 @@ function gemma4Plan(spec: Gemma4VisionSpec): MmprojTensorPlan[] {
     const l = `layers.${i}`;
     const b = `v.blk.${i}`;
     plan.push({ name: `${b}.ln1.weight`, ne: [h], halfOk: false, values: same(`${l}.input_norm.weight`) });
-    for (const [m, tn] of [['q', 'attn_q'], ['k', 'attn_k'], ['v', 'attn_v']] as const) {
+    for (const [m, tn] of [
+      ['q', 'attn_q'],
+      ['k', 'attn_k'],
+      ['v', 'attn_v'],
+    ] as const) {
       plan.push({ name: `${b}.${tn}.weight`, ne: [h, h], halfOk: true, values: transposed(`${l}.attn.${m}.weight`, h, h) });
     }
     plan.push(
@@ -199,7 +216,12 @@ function gemma4Plan(spec: Gemma4VisionSpec): MmprojTensorPlan[] {
     );
   }
   // gemma4v.cpp: ggml_mul_mat(mm_input_proj_w, x): a plain linear, ne [h, out].
-  plan.push({ name: 'mm.input_projection.weight', ne: [h, spec.outHidden], halfOk: true, values: transposed('mm.input_projection.weight', h, spec.outHidden) });
+  plan.push({
+    name: 'mm.input_projection.weight',
+    ne: [h, spec.outHidden],
+    halfOk: true,
+    values: transposed('mm.input_projection.weight', h, spec.outHidden),
+  });
   return plan;
 }
 
@@ -309,35 +331,4 @@ export async function synthesizeMmproj(opts: SynthesizeMmprojOptions): Promise<S
     outHidden: spec.outHidden,
     ms: performance.now() - t0,
   };
-}
-
-const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
-
-export interface ResolveMmprojOptions {
-  /** Where synthetic files are cached (default `<repo>/.cache/models`). */
-  readonly cacheDir?: string;
-}
-
-/** True for specifiers that name an mmproj: a `.gguf` path or `synth:<preset>-mmproj[@seed][?dtype=f16]`. */
-export function isMmprojSpec(specifier: string): boolean {
-  return typeof specifier === 'string' && (specifier.endsWith('.gguf') || /^synth:[a-z0-9-]+-mmproj(?:@\d+)?(?:\?dtype=f(?:16|32))?$/.test(specifier));
-}
-
-/** `synth:<preset>-mmproj[@seed][?dtype=f16]` → path of the cached GGUF (written on first use); any other
- * string is a path that must exist. */
-export async function resolveMmprojSpec(specifier: string, opts: ResolveMmprojOptions = {}): Promise<string> {
-  if (typeof specifier !== 'string' || specifier.length === 0) throw new TypeError('mmproj specifier must be a non-empty string');
-  if (!specifier.startsWith('synth:')) {
-    if (!existsSync(specifier)) throw new Error(`mmproj '${specifier}' does not exist`);
-    return specifier;
-  }
-  const m = /^synth:([a-z0-9-]+?)(?:@(\d+))?(?:\?dtype=(f16|f32))?$/.exec(specifier);
-  if (!m) throw new Error(`bad synthetic mmproj specifier '${specifier}' (expected synth:<preset>-mmproj[@seed][?dtype=f16])`);
-  const base = mmprojVisionPreset(m[1]!);
-  const seed = m[2] === undefined ? 0 : Number(m[2]);
-  const dtype = (m[3] ?? 'f32') as MmprojDtype;
-  const dir = opts.cacheDir ?? join(repoRoot, '.cache', 'models');
-  const path = join(dir, `${base}-s${seed}-${dtype}.mmproj.gguf`);
-  if (!existsSync(path) || statSync(path).size === 0) await synthesizeMmproj({ preset: base, out: path, seed, dtype });
-  return path;
 }

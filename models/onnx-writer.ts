@@ -143,13 +143,26 @@ export class OnnxGraphBuilder {
     return this.#addInitializer(name, elemType, dims, data, false);
   }
 
-  #addInitializer(name: string, elemType: OnnxElemType, dims: readonly number[], data: TensorData | (() => TensorData), isWeight: boolean): string {
+  #addInitializer(
+    name: string,
+    elemType: OnnxElemType,
+    dims: readonly number[],
+    data: TensorData | (() => TensorData),
+    isWeight: boolean,
+  ): string {
     const count = dims.reduce((a, b) => a * b, 1);
     const produce = typeof data === 'function' ? data : () => data;
     if (typeof data !== 'function' && data.length !== count) {
       throw new RangeError(`initializer ${name}: ${data.length} elements for dims [${dims.join(',')}] (${count})`);
     }
-    this.#initializers.push({ name: this.#claim(name), elemType, dims: [...dims], byteLength: count * elemBytes[elemType], produce, isWeight });
+    this.#initializers.push({
+      name: this.#claim(name),
+      elemType,
+      dims: [...dims],
+      byteLength: count * elemBytes[elemType],
+      produce,
+      isWeight,
+    });
     return name;
   }
 
@@ -168,7 +181,13 @@ export class OnnxGraphBuilder {
     return this.nodeN(opType, inputs, 1, attrs, output === undefined ? undefined : [output])[0]!;
   }
 
-  nodeN(opType: string, inputs: readonly string[], count: number, attrs: Readonly<Record<string, AttrValue>> = {}, outputs?: readonly string[]): string[] {
+  nodeN(
+    opType: string,
+    inputs: readonly string[],
+    count: number,
+    attrs: Readonly<Record<string, AttrValue>> = {},
+    outputs?: readonly string[],
+  ): string[] {
     const outs = (outputs ?? Array.from({ length: count }, () => this.#fresh(opType.toLowerCase()))).map((o) => this.#claim(o));
     this.#nodes.push(
       onnx.NodeProto.create({

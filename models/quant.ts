@@ -8,22 +8,81 @@ import { createCipheriv, createHash } from 'node:crypto';
 
 /** ggml_type ids as stored in GGUF tensor infos (ggml.h `enum ggml_type`). */
 export const GGMLType = {
-  F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q5_0: 6, Q5_1: 7, Q8_0: 8, Q8_1: 9,
-  Q2_K: 10, Q3_K: 11, Q4_K: 12, Q5_K: 13, Q6_K: 14, Q8_K: 15,
-  IQ2_XXS: 16, IQ2_XS: 17, IQ3_XXS: 18, IQ1_S: 19, IQ4_NL: 20, IQ3_S: 21, IQ2_S: 22, IQ4_XS: 23,
-  I8: 24, I16: 25, I32: 26, I64: 27, F64: 28, IQ1_M: 29, BF16: 30, TQ1_0: 34, TQ2_0: 35,
-  MXFP4: 39, NVFP4: 40, Q1_0: 41, Q2_0: 42,
+  F32: 0,
+  F16: 1,
+  Q4_0: 2,
+  Q4_1: 3,
+  Q5_0: 6,
+  Q5_1: 7,
+  Q8_0: 8,
+  Q8_1: 9,
+  Q2_K: 10,
+  Q3_K: 11,
+  Q4_K: 12,
+  Q5_K: 13,
+  Q6_K: 14,
+  Q8_K: 15,
+  IQ2_XXS: 16,
+  IQ2_XS: 17,
+  IQ3_XXS: 18,
+  IQ1_S: 19,
+  IQ4_NL: 20,
+  IQ3_S: 21,
+  IQ2_S: 22,
+  IQ4_XS: 23,
+  I8: 24,
+  I16: 25,
+  I32: 26,
+  I64: 27,
+  F64: 28,
+  IQ1_M: 29,
+  BF16: 30,
+  TQ1_0: 34,
+  TQ2_0: 35,
+  MXFP4: 39,
+  NVFP4: 40,
+  Q1_0: 41,
+  Q2_0: 42,
 } as const;
 export type GGMLType = (typeof GGMLType)[keyof typeof GGMLType];
 
 /** [elements per block, bytes per block] for every type a GGUF file may contain (ggml.c type_traits). */
 const TYPE_TRAITS: ReadonlyMap<number, readonly [blockSize: number, typeSize: number]> = new Map([
-  [0, [1, 4]], [1, [1, 2]], [2, [32, 18]], [3, [32, 20]], [6, [32, 22]], [7, [32, 24]], [8, [32, 34]], [9, [32, 36]],
-  [10, [256, 84]], [11, [256, 110]], [12, [256, 144]], [13, [256, 176]], [14, [256, 210]], [15, [256, 292]],
-  [16, [256, 66]], [17, [256, 74]], [18, [256, 98]], [19, [256, 50]], [20, [32, 18]], [21, [256, 110]],
-  [22, [256, 82]], [23, [256, 136]], [24, [1, 1]], [25, [1, 2]], [26, [1, 4]], [27, [1, 8]], [28, [1, 8]],
-  [29, [256, 56]], [30, [1, 2]], [34, [256, 54]], [35, [256, 66]], [39, [32, 17]], [40, [64, 36]],
-  [41, [128, 18]], [42, [64, 18]],
+  [0, [1, 4]],
+  [1, [1, 2]],
+  [2, [32, 18]],
+  [3, [32, 20]],
+  [6, [32, 22]],
+  [7, [32, 24]],
+  [8, [32, 34]],
+  [9, [32, 36]],
+  [10, [256, 84]],
+  [11, [256, 110]],
+  [12, [256, 144]],
+  [13, [256, 176]],
+  [14, [256, 210]],
+  [15, [256, 292]],
+  [16, [256, 66]],
+  [17, [256, 74]],
+  [18, [256, 98]],
+  [19, [256, 50]],
+  [20, [32, 18]],
+  [21, [256, 110]],
+  [22, [256, 82]],
+  [23, [256, 136]],
+  [24, [1, 1]],
+  [25, [1, 2]],
+  [26, [1, 4]],
+  [27, [1, 8]],
+  [28, [1, 8]],
+  [29, [256, 56]],
+  [30, [1, 2]],
+  [34, [256, 54]],
+  [35, [256, 66]],
+  [39, [32, 17]],
+  [40, [64, 36]],
+  [41, [128, 18]],
+  [42, [64, 18]],
 ]);
 
 const TYPE_NAMES: ReadonlyMap<number, string> = new Map(Object.entries(GGMLType).map(([name, id]) => [id, name]));
@@ -74,10 +133,14 @@ export function f32ToF16Bits(value: number): number {
   if (a === 0) return sign;
   if (a < 2 ** -14) return sign | roundHalfEven(a * 2 ** 24); // subnormal (rounds up into the normals at 1024)
   let e = Math.floor(Math.log2(a));
-  if (2 ** e > a) e -= 1; // log2 may be off by one ulp near powers of two
+  if (2 ** e > a)
+    e -= 1; // log2 may be off by one ulp near powers of two
   else if (2 ** (e + 1) <= a) e += 1;
   let m = roundHalfEven((a / 2 ** e - 1) * 1024);
-  if (m === 1024) { m = 0; e += 1; }
+  if (m === 1024) {
+    m = 0;
+    e += 1;
+  }
   if (e > 15) return sign | 0x7c00;
   return sign | ((e + 15) << 10) | m;
 }
@@ -142,7 +205,10 @@ export function quantize(type: CodecType, x: Float32Array): Uint8Array {
         const o = b * 18;
         // ggml: the signed value of largest magnitude maps to -8, so the grid spans [-8, 7]·d exactly.
         let max = 0;
-        for (let j = 0; j < 32; j++) { const v = x[b * 32 + j]!; if (Math.abs(v) > Math.abs(max)) max = v; }
+        for (let j = 0; j < 32; j++) {
+          const v = x[b * 32 + j]!;
+          if (Math.abs(v) > Math.abs(max)) max = v;
+        }
         const dBits = f32ToF16Bits(max / -8);
         const d = f16BitsToF32(dBits);
         view.setUint16(o, dBits, true);
@@ -154,7 +220,10 @@ export function quantize(type: CodecType, x: Float32Array): Uint8Array {
       for (let b = 0; b < nb; b++) {
         const o = b * 22;
         let max = 0;
-        for (let j = 0; j < 32; j++) { const v = x[b * 32 + j]!; if (Math.abs(v) > Math.abs(max)) max = v; }
+        for (let j = 0; j < 32; j++) {
+          const v = x[b * 32 + j]!;
+          if (Math.abs(v) > Math.abs(max)) max = v;
+        }
         const dBits = f32ToF16Bits(max / -16);
         const d = f16BitsToF32(dBits);
         view.setUint16(o, dBits, true);
@@ -182,7 +251,7 @@ export function quantize(type: CodecType, x: Float32Array): Uint8Array {
 }
 
 /** Packs 8 (scale, min) 6-bit pairs the way get_scale_min_k4() unpacks them. */
-export function packQ4KScales(sc: ArrayLike<number>, m: ArrayLike<number>, out: Uint8Array, offset: number): void {
+function packQ4KScales(sc: ArrayLike<number>, m: ArrayLike<number>, out: Uint8Array, offset: number): void {
   for (let j = 0; j < 4; j++) {
     out[offset + j] = (sc[j]! & 63) | ((sc[j + 4]! >> 4) << 6);
     out[offset + j + 4] = (m[j]! & 63) | ((m[j + 4]! >> 4) << 6);
@@ -197,7 +266,11 @@ function quantizeQ4KBlock(x: Float32Array, out: Uint8Array, o: number): void {
   for (let j = 0; j < 8; j++) {
     let lo = 0; // ggml clamps the minimum to ≤ 0 so m stays non-negative
     let hi = -Infinity;
-    for (let l = 0; l < 32; l++) { const v = x[j * 32 + l]!; lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    for (let l = 0; l < 32; l++) {
+      const v = x[j * 32 + l]!;
+      lo = Math.min(lo, v);
+      hi = Math.max(hi, v);
+    }
     scales[j] = (hi - lo) / 15;
     mins[j] = -lo;
   }
@@ -246,11 +319,14 @@ function quantizeQ6KBlock(x: Float32Array, out: Uint8Array, o: number): void {
 }
 
 /** Packs 256 6-bit quants (0..63), 16 scales and d into one block_q6_K (ql[128], qh[64], scales[16], d). */
-export function packQ6K(q: Uint8Array, sc: Int8Array, dBits: number, out: Uint8Array, o: number): void {
+function packQ6K(q: Uint8Array, sc: Int8Array, dBits: number, out: Uint8Array, o: number): void {
   for (let n = 0; n < 2; n++) {
     const qo = n * 128;
     for (let l = 0; l < 32; l++) {
-      const q1 = q[qo + l]!, q2 = q[qo + l + 32]!, q3 = q[qo + l + 64]!, q4 = q[qo + l + 96]!;
+      const q1 = q[qo + l]!,
+        q2 = q[qo + l + 32]!,
+        q3 = q[qo + l + 64]!,
+        q4 = q[qo + l + 96]!;
       out[o + n * 64 + l] = (q1 & 0xf) | ((q3 & 0xf) << 4);
       out[o + n * 64 + l + 32] = (q2 & 0xf) | ((q4 & 0xf) << 4);
       out[o + 128 + n * 32 + l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
@@ -328,7 +404,10 @@ export function dequantize(type: CodecType, data: Uint8Array, n: number): Float3
         const o = b * 210;
         const d = half(o + 208);
         for (let n2 = 0; n2 < 2; n2++) {
-          const ql = o + n2 * 64, qh = o + 128 + n2 * 32, sc = o + 192 + n2 * 8, yo = b * 256 + n2 * 128;
+          const ql = o + n2 * 64,
+            qh = o + 128 + n2 * 32,
+            sc = o + 192 + n2 * 8,
+            yo = b * 256 + n2 * 128;
           for (let l = 0; l < 32; l++) {
             const is = l >> 4;
             const h = data[qh + l]!;
@@ -442,7 +521,15 @@ const Q4K_PATTERNS: { bytes: Uint8Array; rms: number } = (() => {
 const Q6K_SCALE_RMS = Math.sqrt(Array.from({ length: 64 }, (_, i) => (64 + i) ** 2).reduce((a, b) => a + b) / 64);
 
 /** Types the random generator can fill. */
-export const RANDOM_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K] as const;
+export const RANDOM_TYPES = [
+  GGMLType.F32,
+  GGMLType.F16,
+  GGMLType.Q8_0,
+  GGMLType.Q4_0,
+  GGMLType.Q5_0,
+  GGMLType.Q4_K,
+  GGMLType.Q6_K,
+] as const;
 export type RandomType = (typeof RANDOM_TYPES)[number];
 
 /**

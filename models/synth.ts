@@ -1,7 +1,7 @@
 // Synthetic Gemma checkpoints: real architecture, real shapes, real Gemma 4 tokenizer, random weights.
 //
 // No weights can be downloaded, so speed and memory are measured on these. Shapes and GGUF keys follow
-// /work/shared/reference/models.md §1–2b (HF converter variants, llama.cpp's loaders); weights are random
+// the HF converter (convert_hf_to_gguf.py) and llama.cpp's loaders for each architecture; weights are random
 // blocks of std ≈ 0.02 (see quant.ts), norms are 1, so generated text is gibberish but every code path
 // (PLE, KV sharing, per-layer head dims and FFN widths, proportional RoPE, tied embeddings) is exercised.
 //
@@ -9,25 +9,33 @@
 // runs, and a file already stamped with the same percept.synth.* KVs is not rewritten.
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdir, rename, rm, stat } from 'node:fs/promises';
+import { mkdir, rename, rm } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import {
-  GGUFWriter, arr, f32, readGGUF, str, u32, type GGUFValue, type GGUFWriteOptions, type PlannedTensor,
+  GGUFWriter,
+  arr,
+  f32,
+  readGGUF,
+  str,
+  u32,
+  type GGUFFile,
+  type GGUFValue,
+  type GGUFWriteOptions,
+  type PlannedTensor,
 } from './gguf.ts';
 import { GGMLType, KeystreamRng, blockSize, ggmlTypeName, randomBlocks, tensorBytes, typeSize, type RandomType } from './quant.ts';
 
 /** Bump when the bytes a preset produces change, so stale cached files are regenerated. */
-export const GENERATOR_VERSION = 1;
+const GENERATOR_VERSION = 1;
 export const VOCAB_SIZE = 262144;
 
 const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
-export const DEFAULT_MODEL_CACHE = join(REPO_ROOT, '.cache', 'models');
 
 export const WEIGHT_TYPES = ['f32', 'f16', 'q8_0', 'q4_0', 'q4_k'] as const;
-/** q4_k mimics llama-quantize's Q4_K_M mix (models.md §6b); the others are uniform for 2-D weights. */
+/** q4_k mimics llama-quantize's Q4_K_M tensor mix; the others are uniform for 2-D weights. */
 export type WeightType = (typeof WEIGHT_TYPES)[number];
 
 /** general.file_type (llama_ftype) per wtype. */
@@ -119,78 +127,198 @@ const PRESETS: Readonly<Record<string, Preset>> = {
   'gemma4-tiny': {
     description: 'unit-test Gemma 4: 4 layers [S,F,S,F], hidden 64, PLE 8, 2 KV-shared layers (double-wide MLP)',
     config: {
-      arch: 'gemma4', layers: 4, hidden: 64, heads: 2, kvHeads: { sliding: 1, full: 1 }, headDim: { sliding: 64, full: 128 },
-      ffn: 256, doubleWideMlp: true, sliding: [true, false, true, false], window: 128, sharedKvLayers: 2, perLayerInput: 8,
-      context: 8192, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, softcap: 30, eps: 1e-6,
+      arch: 'gemma4',
+      layers: 4,
+      hidden: 64,
+      heads: 2,
+      kvHeads: { sliding: 1, full: 1 },
+      headDim: { sliding: 64, full: 128 },
+      ffn: 256,
+      doubleWideMlp: true,
+      sliding: [true, false, true, false],
+      window: 128,
+      sharedKvLayers: 2,
+      perLayerInput: 8,
+      context: 8192,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      softcap: 30,
+      eps: 1e-6,
     },
   },
   'gemma4-tiny-draft': {
     description: 'smaller Gemma 4 with the same vocab, for draft-model speculation against gemma4-tiny: 2 layers [S,F], hidden 32, no PLE',
     config: {
-      arch: 'gemma4', layers: 2, hidden: 32, heads: 2, kvHeads: { sliding: 1, full: 1 }, headDim: { sliding: 64, full: 128 },
-      ffn: 128, doubleWideMlp: false, sliding: [true, false], window: 128, sharedKvLayers: 0, perLayerInput: 0,
-      context: 8192, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, softcap: 30, eps: 1e-6,
+      arch: 'gemma4',
+      layers: 2,
+      hidden: 32,
+      heads: 2,
+      kvHeads: { sliding: 1, full: 1 },
+      headDim: { sliding: 64, full: 128 },
+      ffn: 128,
+      doubleWideMlp: false,
+      sliding: [true, false],
+      window: 128,
+      sharedKvLayers: 0,
+      perLayerInput: 0,
+      context: 8192,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      softcap: 30,
+      eps: 1e-6,
     },
   },
   'gemma4-tiny-assistant': {
     description: 'gemma4-assistant (MTP drafter) for gemma4-tiny: 4 Q-only layers [S,S,S,F], hidden 32, backbone 64',
     config: {
-      arch: 'gemma4-assistant', target: 'gemma4-tiny', layers: 4, hidden: 32, backboneHidden: 64, heads: 2,
-      kvHeads: { sliding: 1, full: 1 }, headDim: { sliding: 64, full: 128 }, ffn: 128, sliding: [true, true, true, false],
-      window: 128, context: 8192, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, eps: 1e-6,
+      arch: 'gemma4-assistant',
+      target: 'gemma4-tiny',
+      layers: 4,
+      hidden: 32,
+      backboneHidden: 64,
+      heads: 2,
+      kvHeads: { sliding: 1, full: 1 },
+      headDim: { sliding: 64, full: 128 },
+      ffn: 128,
+      sliding: [true, true, true, false],
+      window: 128,
+      context: 8192,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      eps: 1e-6,
     },
   },
   'gemma3-tiny': {
     description: 'unit-test Gemma 3: 6 layers (5 local : 1 global), hidden 64',
     config: {
-      arch: 'gemma3', layers: 6, hidden: 64, heads: 2, kvHeads: 1, headDim: 64, ffn: 256, window: 128, context: 8192,
-      rope: GEMMA4_ROPE, eps: 1e-6,
+      arch: 'gemma3',
+      layers: 6,
+      hidden: 64,
+      heads: 2,
+      kvHeads: 1,
+      headDim: 64,
+      ffn: 256,
+      window: 128,
+      context: 8192,
+      rope: GEMMA4_ROPE,
+      eps: 1e-6,
     },
   },
   'gemma4-e2b': {
     description: 'Gemma 4 E2B shapes: 35 layers [S,S,S,S,F]x7, hidden 1536, PLE 256, 20 KV-shared layers',
     config: {
-      arch: 'gemma4', layers: 35, hidden: 1536, heads: 8, kvHeads: { sliding: 1, full: 1 }, headDim: { sliding: 256, full: 512 },
-      ffn: 6144, doubleWideMlp: true, sliding: pattern(5, 7), window: 512, sharedKvLayers: 20, perLayerInput: 256,
-      context: 131072, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, softcap: 30, eps: 1e-6,
+      arch: 'gemma4',
+      layers: 35,
+      hidden: 1536,
+      heads: 8,
+      kvHeads: { sliding: 1, full: 1 },
+      headDim: { sliding: 256, full: 512 },
+      ffn: 6144,
+      doubleWideMlp: true,
+      sliding: pattern(5, 7),
+      window: 512,
+      sharedKvLayers: 20,
+      perLayerInput: 256,
+      context: 131072,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      softcap: 30,
+      eps: 1e-6,
     },
   },
   'gemma4-e4b': {
     description: 'Gemma 4 E4B shapes: 42 layers [Sx5,F]x7, hidden 2560, PLE 256, 18 KV-shared layers',
     config: {
-      arch: 'gemma4', layers: 42, hidden: 2560, heads: 8, kvHeads: { sliding: 2, full: 2 }, headDim: { sliding: 256, full: 512 },
-      ffn: 10240, doubleWideMlp: false, sliding: pattern(6, 7), window: 512, sharedKvLayers: 18, perLayerInput: 256,
-      context: 131072, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, softcap: 30, eps: 1e-6,
+      arch: 'gemma4',
+      layers: 42,
+      hidden: 2560,
+      heads: 8,
+      kvHeads: { sliding: 2, full: 2 },
+      headDim: { sliding: 256, full: 512 },
+      ffn: 10240,
+      doubleWideMlp: false,
+      sliding: pattern(6, 7),
+      window: 512,
+      sharedKvLayers: 18,
+      perLayerInput: 256,
+      context: 131072,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      softcap: 30,
+      eps: 1e-6,
     },
   },
   'gemma4-e2b-assistant': {
     description: 'Gemma 4 E2B assistant (MTP drafter) shapes: 4 layers [S,S,S,F], hidden 256, backbone 1536',
     config: {
-      arch: 'gemma4-assistant', target: 'gemma4-e2b', layers: 4, hidden: 256, backboneHidden: 1536, heads: 4,
-      kvHeads: { sliding: 1, full: 1 }, headDim: { sliding: 256, full: 512 }, ffn: 2048, sliding: [true, true, true, false],
-      window: 512, context: 131072, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, eps: 1e-6,
+      arch: 'gemma4-assistant',
+      target: 'gemma4-e2b',
+      layers: 4,
+      hidden: 256,
+      backboneHidden: 1536,
+      heads: 4,
+      kvHeads: { sliding: 1, full: 1 },
+      headDim: { sliding: 256, full: 512 },
+      ffn: 2048,
+      sliding: [true, true, true, false],
+      window: 512,
+      context: 131072,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      eps: 1e-6,
     },
   },
   'gemma4-e4b-assistant': {
     description: 'Gemma 4 E4B assistant (MTP drafter) shapes: 4 layers [S,S,S,F], hidden 256, backbone 2560',
     config: {
-      arch: 'gemma4-assistant', target: 'gemma4-e4b', layers: 4, hidden: 256, backboneHidden: 2560, heads: 4,
-      kvHeads: { sliding: 2, full: 2 }, headDim: { sliding: 256, full: 512 }, ffn: 2048, sliding: [true, true, true, false],
-      window: 512, context: 131072, rope: GEMMA4_ROPE, partialRotaryFull: 0.25, eps: 1e-6,
+      arch: 'gemma4-assistant',
+      target: 'gemma4-e4b',
+      layers: 4,
+      hidden: 256,
+      backboneHidden: 2560,
+      heads: 4,
+      kvHeads: { sliding: 2, full: 2 },
+      headDim: { sliding: 256, full: 512 },
+      ffn: 2048,
+      sliding: [true, true, true, false],
+      window: 512,
+      context: 131072,
+      rope: GEMMA4_ROPE,
+      partialRotaryFull: 0.25,
+      eps: 1e-6,
     },
   },
   'gemma3-1b': {
     description: 'Gemma 3 1B shapes: 26 layers, hidden 1152, 4 heads / 1 KV head, window 512',
     config: {
-      arch: 'gemma3', layers: 26, hidden: 1152, heads: 4, kvHeads: 1, headDim: 256, ffn: 6912, window: 512, context: 32768,
-      rope: GEMMA4_ROPE, eps: 1e-6,
+      arch: 'gemma3',
+      layers: 26,
+      hidden: 1152,
+      heads: 4,
+      kvHeads: 1,
+      headDim: 256,
+      ffn: 6912,
+      window: 512,
+      context: 32768,
+      rope: GEMMA4_ROPE,
+      eps: 1e-6,
     },
   },
   'gemma3-4b': {
     description: 'Gemma 3 4B text shapes: 34 layers, hidden 2560, 8 heads / 4 KV heads, window 1024, linear RoPE x8',
     config: {
-      arch: 'gemma3', layers: 34, hidden: 2560, heads: 8, kvHeads: 4, headDim: 256, ffn: 10240, window: 1024, context: 131072,
-      rope: GEMMA4_ROPE, ropeScaling: { type: 'linear', factor: 8 }, eps: 1e-6,
+      arch: 'gemma3',
+      layers: 34,
+      hidden: 2560,
+      heads: 8,
+      kvHeads: 4,
+      headDim: 256,
+      ffn: 10240,
+      window: 1024,
+      context: 131072,
+      rope: GEMMA4_ROPE,
+      ropeScaling: { type: 'linear', factor: 8 },
+      eps: 1e-6,
     },
   },
 };
@@ -309,9 +437,12 @@ function ropeFreqs(headDimFull: number, partial: number): TensorDef {
 
 function tensorDefs(c: ModelConfig): TensorDef[] {
   switch (c.arch) {
-    case 'gemma4': return gemma4Tensors(c);
-    case 'gemma4-assistant': return gemma4AssistantTensors(c);
-    case 'gemma3': return gemma3Tensors(c);
+    case 'gemma4':
+      return gemma4Tensors(c);
+    case 'gemma4-assistant':
+      return gemma4AssistantTensors(c);
+    case 'gemma3':
+      return gemma3Tensors(c);
   }
 }
 
@@ -330,7 +461,15 @@ function fit(type: RandomType, ne0: number): RandomType {
   return fit(next, ne0);
 }
 
-function chooseTypes(defs: readonly TensorDef[], wtype: WeightType, layers: number): RandomType[] {
+/**
+ * Storage type of each tensor for `wtype`, as llama-quantize picks them for Gemma 3/4 (q4_k: its Q4_K_M mix).
+ * Works on any tensor table with Gemma's tensor names, a synthetic plan or a real checkpoint's header.
+ */
+export function chooseTypes(
+  defs: readonly { readonly name: string; readonly shape: readonly number[] }[],
+  wtype: WeightType,
+  layers: number,
+): RandomType[] {
   const nAttnV = defs.filter((d) => d.name.endsWith('.attn_v.weight')).length;
   let iAttnV = 0;
   let iFfnDown = 0;
@@ -359,11 +498,18 @@ function archKVs(c: ModelConfig): [string, GGUFValue][] {
       const p = 'gemma4.';
       const firstShared = c.layers - c.sharedKvLayers;
       const ffn: GGUFValue = c.doubleWideMlp
-        ? arr('i32', Array.from({ length: c.layers }, (_, i) => (i < firstShared ? c.ffn : 2 * c.ffn)))
+        ? arr(
+            'i32',
+            Array.from({ length: c.layers }, (_, i) => (i < firstShared ? c.ffn : 2 * c.ffn)),
+          )
         : u32(c.ffn);
-      const kvHeads: GGUFValue = c.kvHeads.sliding === c.kvHeads.full
-        ? u32(c.kvHeads.full)
-        : arr('i32', c.sliding.map((s) => (s ? c.kvHeads.sliding : c.kvHeads.full)));
+      const kvHeads: GGUFValue =
+        c.kvHeads.sliding === c.kvHeads.full
+          ? u32(c.kvHeads.full)
+          : arr(
+              'i32',
+              c.sliding.map((s) => (s ? c.kvHeads.sliding : c.kvHeads.full)),
+            );
       return [
         [`${p}block_count`, u32(c.layers)],
         [`${p}context_length`, u32(c.context)],
@@ -389,9 +535,13 @@ function archKVs(c: ModelConfig): [string, GGUFValue][] {
     }
     case 'gemma4-assistant': {
       const p = 'gemma4-assistant.';
-      const kvHeads: GGUFValue = c.kvHeads.sliding === c.kvHeads.full
-        ? u32(c.kvHeads.full)
-        : arr('i32', c.sliding.map((s) => (s ? c.kvHeads.sliding : c.kvHeads.full)));
+      const kvHeads: GGUFValue =
+        c.kvHeads.sliding === c.kvHeads.full
+          ? u32(c.kvHeads.full)
+          : arr(
+              'i32',
+              c.sliding.map((s) => (s ? c.kvHeads.sliding : c.kvHeads.full)),
+            );
       return [
         [`${p}block_count`, u32(c.layers)],
         [`${p}context_length`, u32(c.context)],
@@ -469,7 +619,9 @@ async function extractVocabFromBundle(dest: string): Promise<string> {
     .find((d) => existsSync(join(d, 'package.json')));
   const bundle = pkgDir && join(pkgDir, 'llama', 'gitRelease.bundle');
   if (!bundle || !existsSync(bundle)) {
-    throw new Error(`cannot find ${VOCAB_FILE}: not in build/llama.cpp/models and node-llama-cpp's gitRelease.bundle is missing (set PERCEPT_GEMMA_VOCAB)`);
+    throw new Error(
+      `cannot find ${VOCAB_FILE}: not in build/llama.cpp/models and node-llama-cpp's gitRelease.bundle is missing (set PERCEPT_GEMMA_VOCAB)`,
+    );
   }
   const run = promisify(execFile);
   const gitDir = `${dest}.git-${process.pid}`;
@@ -519,14 +671,26 @@ export interface PlannedCheckpoint {
 
 /** What synthesize() would write, without writing (or reading the vocab): shapes, types, sizes. */
 export function planCheckpoint(options: { preset: string; wtype?: WeightType }): PlannedCheckpoint {
-  const preset = presetOf(options.preset);
-  const wtype = checkWtype(options.wtype ?? 'q8_0');
-  validateConfig(options.preset, preset.config);
-  const defs = tensorDefs(preset.config);
-  const types = chooseTypes(defs, wtype, preset.config.layers);
+  const wtype = parseWeightType(options.wtype ?? 'q8_0');
+  const { config, defs, types } = tensorPlan(options.preset, wtype);
   const tensors = defs.map((d, i) => ({ name: d.name, shape: d.shape, type: types[i]! }));
   const dataBytes = tensors.reduce((sum, t) => sum + Math.ceil(Number(tensorBytes(t.type, t.shape)) / 32) * 32, 0);
-  return { preset: options.preset, wtype, config: preset.config, tensors, params: countParams(defs), dataBytes };
+  return { preset: options.preset, wtype, config, tensors, params: countParams(defs), dataBytes };
+}
+
+interface TensorPlan {
+  readonly config: ModelConfig;
+  readonly defs: TensorDef[];
+  /** Storage type of each of `defs` for the wtype. */
+  readonly types: RandomType[];
+}
+
+/** A preset's validated config, its tensors and their storage types. */
+function tensorPlan(presetName: string, wtype: WeightType): TensorPlan {
+  const { config } = presetOf(presetName);
+  validateConfig(presetName, config);
+  const defs = tensorDefs(config);
+  return { config, defs, types: chooseTypes(defs, wtype, config.layers) };
 }
 
 export interface SynthesizeOptions {
@@ -548,7 +712,12 @@ export interface SynthesizeResult {
   readonly skipped: boolean;
 }
 
-const STAMP = { preset: 'percept.synth.preset', wtype: 'percept.synth.wtype', seed: 'percept.synth.seed', version: 'percept.synth.version' } as const;
+const STAMP = {
+  preset: 'percept.synth.preset',
+  wtype: 'percept.synth.wtype',
+  seed: 'percept.synth.seed',
+  version: 'percept.synth.version',
+} as const;
 
 function presetOf(name: unknown): Preset {
   if (typeof name !== 'string' || !Object.hasOwn(PRESETS, name)) {
@@ -557,7 +726,8 @@ function presetOf(name: unknown): Preset {
   return PRESETS[name]!;
 }
 
-function checkWtype(wtype: unknown): WeightType {
+/** `wtype` as a WeightType, or a RangeError naming the allowed ones. */
+export function parseWeightType(wtype: unknown): WeightType {
   if (typeof wtype !== 'string' || !(WEIGHT_TYPES as readonly string[]).includes(wtype)) {
     throw new RangeError(`invalid wtype ${JSON.stringify(wtype)}; expected one of: ${WEIGHT_TYPES.join(', ')}`);
   }
@@ -578,31 +748,42 @@ function checkSeed(seed: unknown): number {
  */
 export async function synthesize(options: SynthesizeOptions): Promise<SynthesizeResult> {
   if (typeof options !== 'object' || options === null) throw new TypeError('synthesize: options object required');
-  const preset = presetOf(options.preset);
-  const wtype = checkWtype(options.wtype ?? 'q8_0');
+  presetOf(options.preset);
+  const wtype = parseWeightType(options.wtype ?? 'q8_0');
   const seed = checkSeed(options.seed ?? 1);
   if (typeof options.out !== 'string' || options.out.length === 0) throw new TypeError('synthesize: `out` must be a file path');
   const out = resolve(options.out);
 
-  const c = preset.config;
-  validateConfig(options.preset, c);
-  const defs = tensorDefs(c);
-  const types = chooseTypes(defs, wtype, c.layers);
+  const plan = tensorPlan(options.preset, wtype);
+  const { defs } = plan;
   const params = countParams(defs);
-
   if (!options.force) {
     const existing = await stampedSize(out, options.preset, wtype, seed);
     if (existing !== undefined) return { path: out, bytes: existing, params, tensors: defs.length, skipped: true };
   }
 
+  const writer = await checkpointWriter(options.preset, plan, wtype, seed);
+  await mkdir(dirname(out), { recursive: true });
+  const progress: GGUFWriteOptions = options.onProgress ? { onProgress: options.onProgress } : {};
+  const { bytes } = await writer.write(
+    out,
+    (t, i) => tensorChunks(t, defs[i]!, `${GENERATOR_VERSION}/${options.preset}/${seed}`),
+    progress,
+  );
+  return { path: out, bytes, params, tensors: defs.length, skipped: false };
+}
+
+/** The writer of a synthetic checkpoint, KVs and tensor infos set (the vocab file is read for the tokenizer). */
+async function checkpointWriter(presetName: string, plan: TensorPlan, wtype: WeightType, seed: number): Promise<GGUFWriter> {
+  const { config: c, defs, types } = plan;
   const vocab = await readGGUF(await findGemmaVocab());
   const w = new GGUFWriter();
   w.set('general.architecture', str(c.arch));
   w.set('general.type', str('model'));
-  w.set('general.name', str(`percept synthetic ${options.preset}`));
+  w.set('general.name', str(`percept synthetic ${presetName}`));
   w.set('general.file_type', u32(FILE_TYPE[wtype]));
   w.set('general.quantization_version', u32(2));
-  w.set(STAMP.preset, str(options.preset));
+  w.set(STAMP.preset, str(presetName));
   w.set(STAMP.wtype, str(wtype));
   w.set(STAMP.seed, u32(seed));
   w.set(STAMP.version, u32(GENERATOR_VERSION));
@@ -611,12 +792,18 @@ export async function synthesize(options: SynthesizeOptions): Promise<Synthesize
   if (tokenizerKvs.length === 0) throw new Error(`vocab file has no tokenizer.* keys`);
   for (const kv of tokenizerKvs) w.set(kv.key, kv.asValue());
   defs.forEach((d, i) => w.addTensor({ name: d.name, type: types[i]!, shape: d.shape }));
-  const plan = w.plan();
+  return w;
+}
 
-  await mkdir(dirname(out), { recursive: true });
-  const progress: GGUFWriteOptions = options.onProgress ? { onProgress: options.onProgress } : {};
-  const { bytes } = await w.write(out, (t, i) => tensorChunks(t, defs[i]!, `${GENERATOR_VERSION}/${options.preset}/${seed}`), progress);
-  return { path: out, bytes, params, tensors: defs.length, skipped: false };
+/**
+ * The parsed header of the checkpoint synthesize() would write for these options, built in memory
+ * (GGUFWriter.skeleton): metadata and the tensor table of a multi-GB preset without generating or writing it.
+ */
+export async function describeSynthetic(options: { preset: string; wtype?: WeightType; seed?: number }): Promise<GGUFFile> {
+  const wtype = parseWeightType(options.wtype ?? 'q8_0');
+  const seed = checkSeed(options.seed ?? 1);
+  const writer = await checkpointWriter(options.preset, tensorPlan(options.preset, wtype), wtype, seed);
+  return readGGUF(writer.skeleton());
 }
 
 /**
@@ -627,7 +814,11 @@ export async function synthesize(options: SynthesizeOptions): Promise<Synthesize
 async function stampedSize(path: string, preset: string, wtype: WeightType, seed: number): Promise<number | undefined> {
   try {
     const f = await readGGUF(path);
-    const same = f.get(STAMP.preset) === preset && f.get(STAMP.wtype) === wtype && f.get(STAMP.seed) === seed && f.get(STAMP.version) === GENERATOR_VERSION;
+    const same =
+      f.get(STAMP.preset) === preset &&
+      f.get(STAMP.wtype) === wtype &&
+      f.get(STAMP.seed) === seed &&
+      f.get(STAMP.version) === GENERATOR_VERSION;
     return same ? f.fileSize : undefined;
   } catch {
     return undefined; // missing or unreadable: regenerate
@@ -658,7 +849,9 @@ function countParams(defs: readonly TensorDef[]): number {
 
 /** Checks the invariants llama.cpp's loaders assert, so a bad preset fails here with a sentence. */
 function validateConfig(name: string, c: ModelConfig): void {
-  const fail = (msg: string): never => { throw new Error(`preset ${name}: ${msg}`); };
+  const fail = (msg: string): never => {
+    throw new Error(`preset ${name}: ${msg}`);
+  };
   if (c.arch === 'gemma3') return;
   if (c.sliding.length !== c.layers) fail(`sliding pattern has ${c.sliding.length} entries for ${c.layers} layers`);
   if (c.sliding[c.layers - 1]) fail('the last layer must be full attention');
@@ -668,36 +861,4 @@ function validateConfig(name: string, c: ModelConfig): void {
     if (c.sliding[kvFrom - 1] || !c.sliding[kvFrom - 2]) fail(`layer ${kvFrom - 1} must be full and ${kvFrom - 2} sliding for KV reuse`);
   }
   if (c.arch === 'gemma4-assistant' && c.hidden === c.backboneHidden) fail('embedding_length_out must differ from embedding_length');
-}
-
-/**
- * Resolves a model spec to a file path. `synth:PRESET[?wtype=W&seed=N]` → a cached synthetic checkpoint
- * under `cacheDir` (generated on first use); anything else is a path that must exist.
- */
-export async function resolveModelSpec(spec: string, options: { cacheDir?: string; onProgress?: SynthesizeOptions['onProgress'] } = {}): Promise<string> {
-  if (typeof spec !== 'string' || spec.length === 0) throw new TypeError(`model spec must be a non-empty string, got ${JSON.stringify(spec)}`);
-  if (!spec.startsWith('synth:')) {
-    const path = resolve(spec);
-    try {
-      const s = await stat(path);
-      if (!s.isFile()) throw new Error(`model path ${path} is not a file`);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw new Error(`model file not found: ${path} (from spec ${JSON.stringify(spec)})`);
-      throw err;
-    }
-    return path;
-  }
-  const [name = '', query = ''] = spec.slice('synth:'.length).split('?', 2);
-  const params = new URLSearchParams(query);
-  for (const key of params.keys()) {
-    if (key !== 'wtype' && key !== 'seed') throw new RangeError(`model spec ${JSON.stringify(spec)}: unknown parameter '${key}' (expected wtype, seed)`);
-  }
-  presetOf(name);
-  const wtype = checkWtype(params.get('wtype') ?? 'q8_0');
-  const seedText = params.get('seed') ?? '1';
-  if (!/^\d+$/.test(seedText)) throw new RangeError(`model spec ${JSON.stringify(spec)}: seed must be a non-negative integer, got '${seedText}'`);
-  const seed = checkSeed(Number(seedText));
-  const out = join(options.cacheDir ?? DEFAULT_MODEL_CACHE, `${name}.${wtype}.s${seed}.gguf`);
-  const result = await synthesize({ preset: name, wtype, seed, out, ...(options.onProgress ? { onProgress: options.onProgress } : {}) });
-  return result.path;
 }

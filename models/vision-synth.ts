@@ -3,11 +3,11 @@
 // checkpoints, which cannot be downloaded here: shapes, contracts and compute are faithful, outputs are
 // meaningless.
 //
-// Gemma 3 (SigLIP so400m/14 @ 896 + projector), models.md §5:
+// Gemma 3 (SigLIP so400m/14 @ 896 + projector, as in HF's Gemma3 vision tower):
 //   pixel_values f32 [batch,3,896,896] (in [-1,1]) → Conv14/s14 (+bias) → +pos[4096,h] → L × (LayerNorm,
 //   q/k/v/o with bias, softmax(QKᵀ/√hd), LayerNorm, fc1, GELU-tanh, fc2) → post-LayerNorm → AvgPool 4×4 over
 //   the 64×64 grid → RMSNorm·(1+w) → MatMul [h, text_hidden] → image_features f32 [batch,256,text_hidden].
-// Gemma 4 (gemma4v.cpp + HF Gemma4VisionModel), models.md §3, §5, §7.5:
+// Gemma 4 (llama.cpp's gemma4v.cpp + HF Gemma4VisionModel):
 //   pixel_values f32 [batch,P,768] (16×16×3 HWC patches in [0,1], zero padding), pixel_position_ids i64
 //   [batch,P,2] ((col,row), −1 padding) → Linear(768→h, no bias) on 2x−1 → + x/y position tables
 //   [10240,h] gathered by col/row → L × sandwich-norm ViT layers (RMSNorm; q/k per-head RMSNorm with
@@ -22,8 +22,8 @@
 //     cols = max(col)+1, rows = valid/cols.
 //   - Gemma 4 E2B/E4B "clippable" linears are plain linears (the clamp ranges come from training).
 //   - No 26B/31B `standardize` step. fp32 only (no fp16 variant yet).
-import { existsSync, mkdirSync, renameSync, statSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
+import { mkdirSync, renameSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
 import { OnnxGraphBuilder, SeededRandom, tensorSeed, type OnnxModelInfo } from './onnx-writer.ts';
 
 export type VisionContract = 'gemma3' | 'gemma4';
@@ -315,8 +315,14 @@ function buildGemma4(g: OnnxGraphBuilder, spec: Gemma4VisionSpec, seed: number):
   const angX = angles(col);
   const angY = angles(row);
   const headAxis = g.constI64([1]);
-  const cos = g.node('Unsqueeze', [g.node('Concat', [g.node('Cos', [angX]), g.node('Cos', [angX]), g.node('Cos', [angY]), g.node('Cos', [angY])], { axis: -1 }), headAxis]);
-  const sin = g.node('Unsqueeze', [g.node('Concat', [g.node('Sin', [angX]), g.node('Sin', [angX]), g.node('Sin', [angY]), g.node('Sin', [angY])], { axis: -1 }), headAxis]);
+  const cos = g.node('Unsqueeze', [
+    g.node('Concat', [g.node('Cos', [angX]), g.node('Cos', [angX]), g.node('Cos', [angY]), g.node('Cos', [angY])], { axis: -1 }),
+    headAxis,
+  ]);
+  const sin = g.node('Unsqueeze', [
+    g.node('Concat', [g.node('Sin', [angX]), g.node('Sin', [angX]), g.node('Sin', [angY]), g.node('Sin', [angY])], { axis: -1 }),
+    headAxis,
+  ]);
   const quarters = g.constI64([quarter, quarter, quarter, quarter]);
   const rope = (t: string): string => {
     const [a1, b1, a2, b2] = g.nodeN('Split', [t, quarters], 4, { axis: -1 }) as [string, string, string, string];
@@ -348,7 +354,11 @@ function buildGemma4(g: OnnxGraphBuilder, spec: Gemma4VisionSpec, seed: number):
   }
 
   // Pool k×k over the (rows × cols) grid: [1,n,h] → [1,rows,cols,h] → [1,h,rows,cols] → avg → [1,T,h].
-  const gridShape = g.node('Concat', [g.constI64([1]), g.node('Reshape', [rows, g.constI64([1])]), g.node('Reshape', [cols, g.constI64([1])]), g.constI64([h])], { axis: 0 });
+  const gridShape = g.node(
+    'Concat',
+    [g.constI64([1]), g.node('Reshape', [rows, g.constI64([1])]), g.node('Reshape', [cols, g.constI64([1])]), g.constI64([h])],
+    { axis: 0 },
+  );
   x = g.node('Transpose', [g.node('Reshape', [x, gridShape])], { perm: [0, 3, 1, 2] });
   x = g.node('AveragePool', [x], { kernel_shape: [spec.poolKernel, spec.poolKernel], strides: [spec.poolKernel, spec.poolKernel] });
   x = g.node('Transpose', [g.node('Reshape', [x, g.constI64([1, h, -1])])], { perm: [0, 2, 1] });
@@ -382,7 +392,8 @@ export function synthesizeVision(opts: SynthesizeVisionOptions): SynthesizeVisio
   const preset = visionPreset(opts.preset);
   const seed = opts.seed ?? 0;
   if (!Number.isInteger(seed) || seed < 0) throw new RangeError(`synthesizeVision: seed must be a non-negative integer, got ${seed}`);
-  if (opts.dtype !== undefined && opts.dtype !== 'fp32') throw new RangeError(`synthesizeVision: dtype '${String(opts.dtype)}' is not supported (fp32 only)`);
+  if (opts.dtype !== undefined && opts.dtype !== 'fp32')
+    throw new RangeError(`synthesizeVision: dtype '${String(opts.dtype)}' is not supported (fp32 only)`);
   const t0 = performance.now();
   const g = new OnnxGraphBuilder({
     name: `percept-synth-${preset.name}`,
@@ -410,28 +421,4 @@ export function synthesizeVision(opts: SynthesizeVisionOptions): SynthesizeVisio
     outHidden: preset.spec.outHidden,
     ms: performance.now() - t0,
   };
-}
-
-export interface ResolveVisionOptions {
-  /** Where synthetic models are cached (default `<repo>/.cache/models`). */
-  readonly cacheDir?: string;
-}
-
-const repoRoot = resolve(dirname(new URL(import.meta.url).pathname), '..');
-
-/** `synth:<preset>[@seed]` → path of the cached model (made on first use); any other string is a path
- * that must exist. */
-export function resolveVisionSpec(specifier: string, opts: ResolveVisionOptions = {}): string {
-  if (!specifier.startsWith('synth:')) {
-    if (!existsSync(specifier)) throw new Error(`vision encoder '${specifier}' does not exist`);
-    return specifier;
-  }
-  const m = /^synth:([a-z0-9-]+)(?:@(\d+))?$/.exec(specifier);
-  if (!m) throw new Error(`bad synthetic vision specifier '${specifier}' (expected synth:<preset>[@seed])`);
-  const preset = visionPreset(m[1]!);
-  const seed = m[2] === undefined ? 0 : Number(m[2]);
-  const dir = opts.cacheDir ?? join(repoRoot, '.cache', 'models');
-  const path = join(dir, `${preset.name}-s${seed}.onnx`);
-  if (!existsSync(path) || statSync(path).size === 0) synthesizeVision({ preset: preset.name, out: path, seed });
-  return path;
 }

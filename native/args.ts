@@ -40,7 +40,15 @@ export function nonEmptyString(name: string, v: unknown): string {
 
 /** One of `choices` (strings or booleans), named in the message as `'a', 'b' or true`. */
 export function oneOf<const T extends string | boolean>(name: string, v: unknown, choices: readonly T[]): T {
-  if (!choices.includes(v as T)) throw invalid(name, listOf(choices.map((c) => (typeof c === 'string' ? `'${c}'` : String(c))), 'or'), v);
+  if (!choices.includes(v as T))
+    throw invalid(
+      name,
+      listOf(
+        choices.map((c) => (typeof c === 'string' ? `'${c}'` : String(c))),
+        'or',
+      ),
+      v,
+    );
   return v as T;
 }
 
@@ -51,7 +59,8 @@ export function plainObject(name: string, v: unknown): Record<string, unknown> {
 
 /** Refuses keys of `o` outside `keys` (a misspelt option would otherwise be ignored silently). */
 export function knownKeys(name: string, o: Record<string, unknown>, keys: readonly string[]): void {
-  for (const k of Object.keys(o)) if (!keys.includes(k)) throw invalid(`${name}.${k}`, `undefined (${name} takes only ${listOf(keys, 'and')})`, o[k]);
+  for (const k of Object.keys(o))
+    if (!keys.includes(k)) throw invalid(`${name}.${k}`, `undefined (${name} takes only ${listOf(keys, 'and')})`, o[k]);
 }
 
 /** An Error with a `code` (EBUSY, EDISPOSED, ENOENT…), like Node's system errors. */

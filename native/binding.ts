@@ -90,6 +90,7 @@ export interface NativeGenerateOptions {
   stopTokens: readonly number[];
   ignoreEos: boolean;
   jumpForward: boolean;
+  recordSampleTimes: boolean;
   speculative: boolean;
   /** A cancel() may come while llama.cpp computes: install its abort callback (else checked between tokens). */
   cancellable: boolean;
@@ -123,7 +124,10 @@ export interface NativeGenerateResult {
   readonly drafted: number;
   readonly accepted: number;
   readonly forced: number;
+  readonly draftsCut: number;
   readonly timings: NativeTimings;
+  /** Microseconds of each sampling step (with recordSampleTimes). */
+  readonly sampleUs?: Float32Array;
 }
 
 export declare class NativeContext {
@@ -131,7 +135,11 @@ export declare class NativeContext {
   static create(model: NativeModel, options: NativeContextOptions): Promise<NativeContext>;
   info(): NativeContextInfo;
   memoryBreakdown(): NativeMemoryBreakdown;
-  generate(prompt: readonly NativeSegment[], options: NativeGenerateOptions, onTokens?: (tokens: Int32Array) => void): Promise<NativeGenerateResult>;
+  generate(
+    prompt: readonly NativeSegment[],
+    options: NativeGenerateOptions,
+    onTokens?: (tokens: Int32Array) => void,
+  ): Promise<NativeGenerateResult>;
   cancel(): void;
   clearCache(): void;
   cachedPositions(): number;
@@ -141,9 +149,36 @@ export declare class NativeContext {
   dispose(): void;
 }
 
+export interface NativeGrammarIndexInfo {
+  /** Byte-automaton states, and those met at token boundaries. */
+  readonly states: number;
+  readonly tokenStates: number;
+  /** (token, next state) pairs over all states. */
+  readonly entries: number;
+  /** Most tokens one state admits. */
+  readonly maxAllowed: number;
+  /** Token-boundary states with a forced run (jump-forward). */
+  readonly forcedStates: number;
+  /** Admissible tokens dropped because no completion follows them. */
+  readonly prunedEntries: number;
+  /** Worst-case tokens of a complete output; null when a cycle makes it unbounded. */
+  readonly maxTokens: number | null;
+  readonly buildMs: number;
+  /** Time spent building the model's vocabulary trie in this call (0 when it existed). */
+  readonly trieMs: number;
+}
+
+export type NativeGrammarIndexResult =
+  { readonly index: NativeGrammarIndexInfo; readonly fallback: null } | { readonly index: null; readonly fallback: string };
+
 export declare class NativeGrammar {
   constructor(model: NativeModel, gbnf: string, root?: string);
   source(): string;
+  buildIndex(limits: { maxStates: number; maxEntries: number }): Promise<NativeGrammarIndexResult>;
+  indexInfo(): NativeGrammarIndexResult | undefined;
+  allowedTokens(prefix: Int32Array | readonly number[], via: 'index' | 'llama'): Promise<Int32Array>;
+  forcedTokens(prefix: Int32Array | readonly number[]): Int32Array;
+  admits(text: string): boolean;
 }
 
 export type SpeculatorType = 'draft-simple' | 'draft-mtp' | 'ngram-simple' | 'ngram-map-k' | 'ngram-map-k4v' | 'ngram-mod';
@@ -164,6 +199,8 @@ export interface NativeAddon {
   jsonSchemaToGrammar(schemaJson: string): string;
   setLogger(callback: ((level: number, text: string) => void) | null): void;
   systemInfo(): string;
+  /** Preprocessing's layout pass (native/src/pixels.cc). */
+  layoutPixels(src: Uint8Array, out: Float32Array, options: NativeLayoutOptions): Promise<number>;
   /** mtmd_decode_use_non_causal() for a text model of this architecture and input width. */
   imageAttentionRule(arch: string, nEmbd: number): ImageAttention;
   readonly llamaVersion: string;
@@ -198,6 +235,22 @@ export function loadAddon(): NativeAddon {
   return addon;
 }
 
+/** layoutPixels' options, every field given (native/pixels.ts documents them and owns the defaults). */
+export interface NativeLayoutOptions {
+  readonly width: number;
+  readonly height: number;
+  readonly channels: number;
+  readonly stride: number;
+  readonly rows: number;
+  readonly kernel: 'linear' | 'cubic';
+  readonly orientation: number;
+  readonly bgr: boolean;
+  readonly layout: 'chw' | 'patches';
+  readonly patch: number;
+  readonly scale: number;
+  readonly offset: number;
+}
+
 export interface NativeVisionLoadOptions {
   useGpu: boolean;
   /** CPU threads for encode. */
@@ -205,6 +258,8 @@ export interface NativeVisionLoadOptions {
   flashAttention: 'auto' | 'on' | 'off';
   /** Allocate the compute buffers at load with a full-size dummy image (first encode is not slower). */
   warmup: boolean;
+  /** Install clip's graph-evaluation callback so encodes can report where their time goes. */
+  profile: boolean;
 }
 
 export interface NativeVisionInfo {
@@ -228,6 +283,28 @@ export interface NativeVisionInfo {
   readonly useGpu: boolean;
   /** Weights + compute buffers per backend device. */
   readonly devices: readonly { name: string; bytes: number }[];
+  /** What clip reported when it reserved its graph at load: flash attention as resolved (null when it
+   * did not say), graph splits across backends (1: all on one), compute buffers, and the ops the GPU
+   * backend cannot run (they run on the CPU, with copies both ways). */
+  readonly flashAttention: boolean | null;
+  readonly graphSplits: number;
+  readonly graphNodes: number;
+  readonly computeBuffers: readonly { name: string; bytes: number }[];
+  readonly unsupportedOps: readonly string[];
+  /** Several same-size images go through one graph (gemma4v); otherwise encodeBatch loops. */
+  readonly batchable: boolean;
+  /** Loaded with profile: encodes can report where their time goes. */
+  readonly profile: boolean;
+}
+
+/** Where one encode's time went (clip's graph-evaluation callback). */
+export interface NativeVisionProfile {
+  /** Before the first graph node finished: graph build, allocation, input upload. */
+  readonly setupMs: number;
+  /** The rest: graph compute and the output read-back. */
+  readonly computeMs: number;
+  /** 'ops' only: per op type, synchronized after every node (totals exceed an unprofiled run). */
+  readonly ops?: readonly { op: string; ms: number; count: number; onHost: number }[];
 }
 
 export interface NativeVisionEncodeOptions {
@@ -235,6 +312,8 @@ export interface NativeVisionEncodeOptions {
   layout: 'chw' | 'patches';
   width: number;
   height: number;
+  /** 'phases' or 'ops' need a context loaded with profile. */
+  profile: 'off' | 'phases' | 'ops';
 }
 
 export interface NativeVisionEncodeResult {
@@ -242,9 +321,17 @@ export interface NativeVisionEncodeResult {
   readonly data: Float32Array;
   readonly nTokens: number;
   readonly nEmbd: number;
-  /** Layout conversion into clip's image buffer, and clip_image_encode itself. */
+  /** Layout conversion into clip's image buffer, and clip's encode itself. */
   readonly prepareMs: number;
   readonly encodeMs: number;
+  readonly profile?: NativeVisionProfile;
+}
+
+export interface NativeVisionBatchResult extends Omit<NativeVisionEncodeResult, 'data'> {
+  /** One nTokens × nEmbd array per image (views of one buffer). */
+  readonly data: Float32Array[];
+  /** The images went through one graph (else one after the other). */
+  readonly batched: boolean;
 }
 
 export declare class NativeVision {
@@ -253,5 +340,7 @@ export declare class NativeVision {
   info(): NativeVisionInfo;
   /** Reads `pixels` on a worker thread until the promise settles: do not modify or transfer it before. */
   encode(pixels: Float32Array, options: NativeVisionEncodeOptions): Promise<NativeVisionEncodeResult>;
+  /** Same-size images in one call; each array is read until the promise settles. */
+  encodeBatch(images: Float32Array[], options: NativeVisionEncodeOptions): Promise<NativeVisionBatchResult>;
   dispose(): void;
 }

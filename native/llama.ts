@@ -4,6 +4,7 @@
 import { stat } from 'node:fs/promises';
 import { availableParallelism } from 'node:os';
 import { bool, coded, graft, intIn, invalid, knownKeys, nonEmptyString, numIn, oneOf, plainObject } from './args.ts';
+import { jsonSchemaToGbnf, type GbnfOptions } from './schema-grammar.ts';
 import {
   loadAddon,
   type ImageAttention,
@@ -11,6 +12,7 @@ import {
   type NativeContextInfo,
   type NativeGenerateResult,
   type NativeGrammar,
+  type NativeGrammarIndexInfo,
   type NativeMemoryBreakdown,
   type NativeModel,
   type NativeModelInfo,
@@ -20,7 +22,13 @@ import {
   type SpeculatorType,
 } from './binding.ts';
 
-export type { ImageAttention, NativeModelInfo as ModelInfo, NativeContextInfo as ContextInfo, NativeMemoryBreakdown as MemoryBreakdown };
+export type {
+  ImageAttention,
+  NativeModelInfo as ModelInfo,
+  NativeContextInfo as ContextInfo,
+  NativeMemoryBreakdown as MemoryBreakdown,
+  NativeGrammarIndexInfo as GrammarIndexInfo,
+};
 export type StopReason = NativeStopReason;
 export type Timings = NativeTimings;
 
@@ -33,8 +41,17 @@ export const DEFAULT_N_CTX = 4096;
 export const DEFAULT_N_BATCH = 512;
 /** Longest draft per speculative step. */
 export const DRAFT_MAX = 4;
-/** Outputs of one decode: the last token, up to DRAFT_MAX tokens the grammar forces, and DRAFT_MAX drafts. */
-export const MAX_OUTPUTS = 1 + 2 * DRAFT_MAX;
+/**
+ * Logits rows of one decode. A verify batch reads the row of the last certain token (the one sampled,
+ * or the end of a jump-forward run: the run's earlier tokens ride in the batch without rows) and one
+ * row per draft; forced tokens inside a draft are drafts and count toward DRAFT_MAX. The generate loop
+ * caps a draft at maxOutputs − 1, so a larger nDraft needs a context with more outputs.
+ */
+export const MAX_OUTPUTS = 1 + DRAFT_MAX;
+/** Automaton states before a grammar is declared too big for a token index. */
+export const GRAMMAR_MAX_STATES = 20000;
+/** (token, state) entries before a grammar is declared too big for a token index (64 MiB). */
+export const GRAMMAR_MAX_ENTRIES = 8 << 20;
 /** n-gram length that n-gram speculators match. */
 export const DEFAULT_NGRAM_N = 3;
 /** CPU threads of a context: every core. */
@@ -53,58 +70,6 @@ export function imageAttentionRule(arch: string, nEmbd: number): ImageAttention 
 export function setLlamaLogger(callback: ((level: number, text: string) => void) | null): void {
   if (callback !== null && typeof callback !== 'function') throw invalid('callback', 'a function or null', callback);
   loadAddon().setLogger(callback);
-}
-
-export interface GbnfOptions {
-  /** Whitespace between JSON tokens: at most one space (default true; llama.cpp allows ~20). */
-  readonly compact?: boolean;
-  /** Decimal digits allowed in bounded numbers (default 4). */
-  readonly decimals?: number;
-}
-
-/**
- * A GBNF rule for a number in [0, max] with an integer max ≤ 9, or undefined when the bounds are
- * not of that shape. llama.cpp's converter bounds integers but not numbers, so without this a
- * grammar-valid output like {"confidence": 8} would fail the schema's maximum.
- */
-function boundedNumberRule(schema: Record<string, unknown>, decimals: number): string | undefined {
-  const min = schema.minimum;
-  const max = schema.maximum;
-  if (schema.type !== 'number' || min !== 0 || typeof max !== 'number' || !Number.isInteger(max) || max < 1 || max > 9) return undefined;
-  if (schema.exclusiveMinimum !== undefined || schema.exclusiveMaximum !== undefined || schema.multipleOf !== undefined) return undefined;
-  return `[0-${max - 1}] ("." [0-9]{1,${decimals}})? | "${max}" ("." "0"{1,${decimals}})?`;
-}
-
-/**
- * Turns a JSON Schema (object or JSON text) into llama.cpp GBNF (common/json-schema-to-grammar),
- * with bounded numbers enforced (see boundedNumberRule) and optionally compact whitespace.
- */
-export function jsonSchemaToGbnf(schema: object | string, options: GbnfOptions = {}): string {
-  if (typeof schema !== 'string' && (typeof schema !== 'object' || schema === null)) throw invalid('schema', 'an object or JSON text', schema);
-  const decimals = options.decimals === undefined ? 4 : intIn('options.decimals', options.decimals, 1, 12);
-  let parsed: unknown;
-  try {
-    parsed = typeof schema === 'string' ? JSON.parse(schema) : structuredClone(schema);
-  } catch (err) {
-    throw new TypeError(`jsonSchemaToGrammar: schema is not valid JSON: ${(err as Error).message}`);
-  }
-  const rules: string[] = [];
-  const walk = (node: unknown): unknown => {
-    if (Array.isArray(node)) return node.map(walk);
-    if (typeof node !== 'object' || node === null) return node;
-    const rule = boundedNumberRule(node as Record<string, unknown>, decimals);
-    if (rule !== undefined) {
-      rules.push(rule);
-      return { const: `@@percept-num-${rules.length - 1}@@` };
-    }
-    return Object.fromEntries(Object.entries(node).map(([k, v]) => [k, walk(v)]));
-  };
-  let gbnf = loadAddon().jsonSchemaToGrammar(JSON.stringify(walk(parsed)));
-  rules.forEach((rule, i) => {
-    gbnf = gbnf.split(`"\\"@@percept-num-${i}@@\\""`).join(`percept-num-${i}`) + `percept-num-${i} ::= ${rule}\n`;
-  });
-  if (options.compact ?? true) gbnf = gbnf.replace(/^space ::= .*$/m, 'space ::= | " "');
-  return gbnf;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -210,7 +175,11 @@ export class LlamaModel {
    * A chat prompt with images: renders `messages` where each `imageMarker` in a content string
    * stands for the next entry of `images`, and splits at the markers into prompt segments.
    */
-  chatPrompt(messages: readonly ChatMessage[], images: readonly ImageInput[] = [], options: { imageMarker?: string; addGenerationPrompt?: boolean } = {}): PromptSegment[] {
+  chatPrompt(
+    messages: readonly ChatMessage[],
+    images: readonly ImageInput[] = [],
+    options: { imageMarker?: string; addGenerationPrompt?: boolean } = {},
+  ): PromptSegment[] {
     const marker = options.imageMarker ?? '<__percept_image__>';
     const rendered = this.renderChat(messages, { addGenerationPrompt: options.addGenerationPrompt ?? true });
     const parts = rendered.split(marker);
@@ -233,15 +202,26 @@ export class LlamaModel {
     knownKeys('options', o, ['nCtx', 'nBatch', 'nUbatch', 'maxOutputs', 'flashAttention', 'kvType', 'threads']);
     const nCtx = options.nCtx === undefined ? DEFAULT_N_CTX : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
     const nBatch = options.nBatch === undefined ? DEFAULT_N_BATCH : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
-    const nUbatch = options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
-    const maxOutputs = options.maxOutputs === undefined ? Math.min(MAX_OUTPUTS, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
+    const nUbatch =
+      options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
+    const maxOutputs =
+      options.maxOutputs === undefined ? Math.min(MAX_OUTPUTS, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
     const fa = oneOf('options.flashAttention', options.flashAttention ?? 'auto', [true, false, 'auto']);
     const kvType = oneOf('options.kvType', options.kvType ?? 'f16', ['f16', 'q8_0']);
     if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
     const threads = options.threads === undefined ? defaultThreads() : intIn('options.threads', options.threads, 1, 1024);
     const stack = new Error();
     try {
-      const native = await loadAddon().Context.create(this.native, { nCtx, nBatch, nUbatch, nSeq: 1, maxOutputs, flashAttention: fa, kvType, threads });
+      const native = await loadAddon().Context.create(this.native, {
+        nCtx,
+        nBatch,
+        nUbatch,
+        nSeq: 1,
+        maxOutputs,
+        flashAttention: fa,
+        kvType,
+        threads,
+      });
       const ctx = new LlamaContext(this, native, () => this.#contexts.delete(ctx));
       this.#contexts.add(ctx);
       return ctx;
@@ -250,14 +230,32 @@ export class LlamaModel {
     }
   }
 
-  /** A grammar from GBNF text, parsed now (throws on a syntax error). */
-  grammar(gbnf: string, root = 'root'): LlamaGrammar {
+  /**
+   * A grammar from GBNF text: parsed at once (a syntax error rejects), then its token index is
+   * built off the JS thread (or taken from this model's cache). A grammar without a finite
+   * automaton (recursion) or beyond `limits` has no index: `fallback` says why, and decoding with
+   * it checks llama.cpp's grammar over the vocabulary instead.
+   */
+  async grammar(gbnf: string, root = 'root', limits: GrammarIndexLimits = {}): Promise<LlamaGrammar> {
     nonEmptyString('gbnf', gbnf);
-    return new LlamaGrammar(this, new (loadAddon().Grammar)(this.native, gbnf, root), gbnf);
+    nonEmptyString('root', root);
+    knownKeys('limits', plainObject('limits', limits), ['maxStates', 'maxEntries']);
+    const checked = {
+      maxStates: limits.maxStates === undefined ? GRAMMAR_MAX_STATES : intIn('limits.maxStates', limits.maxStates, 1, 1 << 24),
+      maxEntries: limits.maxEntries === undefined ? GRAMMAR_MAX_ENTRIES : intIn('limits.maxEntries', limits.maxEntries, 1, 2 ** 32),
+    };
+    const stack = new Error();
+    try {
+      const native = new (loadAddon().Grammar)(this.native, gbnf, root);
+      const built = await native.buildIndex(checked);
+      return new LlamaGrammar(this, native, gbnf, built.index, built.fallback);
+    } catch (err) {
+      throw graft(err, stack);
+    }
   }
 
-  /** A grammar that admits exactly the JSON documents `schema` describes. */
-  grammarFromJsonSchema(schema: object | string, options: GbnfOptions = {}): LlamaGrammar {
+  /** A grammar that admits only JSON documents `schema` accepts (see native/schema-grammar.ts). */
+  async grammarFromJsonSchema(schema: object | string, options: GbnfOptions = {}): Promise<LlamaGrammar> {
     return this.grammar(jsonSchemaToGbnf(schema, options));
   }
 
@@ -270,16 +268,55 @@ export class LlamaModel {
   }
 }
 
+export interface GrammarIndexLimits {
+  /** Automaton states before giving up on an index (default GRAMMAR_MAX_STATES). */
+  readonly maxStates?: number;
+  /** (token, state) entries before giving up (default GRAMMAR_MAX_ENTRIES). */
+  readonly maxEntries?: number;
+}
+
 export class LlamaGrammar {
   readonly model: LlamaModel;
   readonly gbnf: string;
+  /** The token index, or null (see `fallback`). */
+  readonly index: NativeGrammarIndexInfo | null;
+  /** Why the grammar has no index, or null. */
+  readonly fallback: string | null;
   /** @internal */
   readonly native: NativeGrammar;
-  /** @internal */
-  constructor(model: LlamaModel, native: NativeGrammar, gbnf: string) {
+  /** @internal use LlamaModel.grammar */
+  constructor(model: LlamaModel, native: NativeGrammar, gbnf: string, index: NativeGrammarIndexInfo | null, fallback: string | null) {
     this.model = model;
     this.native = native;
     this.gbnf = gbnf;
+    this.index = index;
+    this.fallback = fallback;
+  }
+
+  /**
+   * Worst-case number of tokens of a complete output (forced runs as the decoder takes them); a
+   * generation with at least this many max tokens always ends with the grammar complete. Null
+   * when the grammar has no index or admits unbounded outputs.
+   */
+  get maxTokens(): number | null {
+    return this.index?.maxTokens ?? null;
+  }
+
+  /** Tokens admitted after `prefix`, sorted: by the index, or by llama.cpp's own check over the whole vocabulary. */
+  async allowedTokens(prefix: Int32Array | readonly number[], via: 'index' | 'llama' = 'index'): Promise<Int32Array> {
+    if (via !== 'index' && via !== 'llama') throw invalid('via', "'index' or 'llama'", via);
+    return this.native.allowedTokens(checkTokens('prefix', prefix, this.model.info.nVocab), via);
+  }
+
+  /** Whether the grammar admits exactly `text` (llama.cpp's grammar, character by character). */
+  admits(text: string): boolean {
+    if (typeof text !== 'string') throw invalid('text', 'a string', text);
+    return this.native.admits(text);
+  }
+
+  /** The tokens the grammar alone decides after `prefix` (what jump-forward appends); empty when the model chooses. */
+  forcedTokens(prefix: Int32Array | readonly number[]): Int32Array {
+    return this.native.forcedTokens(checkTokens('prefix', prefix, this.model.info.nVocab));
   }
 }
 
@@ -309,8 +346,13 @@ export interface GenerateOptions {
   /** Keep going past end-of-generation tokens (benchmarks, parity tests). */
   readonly ignoreEos?: boolean;
   readonly grammar?: LlamaGrammar;
-  /** Append tokens the grammar alone determines without a sampling step. */
+  /**
+   * Decode the tokens the grammar alone decides (its forced runs) in one batch with the last
+   * sampled token, instead of one decode each. The tokens are the same either way.
+   */
   readonly jumpForward?: boolean;
+  /** Return the duration of every sampling step (`sampleUs`; benchmarks). */
+  readonly recordSampleTimes?: boolean;
   /** Use the context's speculator (default true when one is attached). */
   readonly speculative?: boolean;
   /** Longest draft per step (default: the speculator's nMax). */
@@ -331,8 +373,13 @@ export interface GenerateResult {
   readonly reusedTokens: number;
   readonly drafted: number;
   readonly accepted: number;
+  /** Tokens appended by jump-forward (decode steps saved). */
   readonly forced: number;
+  /** Draft tokens the grammar refused, cut before verification. */
+  readonly draftsCut: number;
   readonly timings: Timings;
+  /** Microseconds of each sampling step, with `recordSampleTimes`. */
+  readonly sampleUs?: Float32Array;
 }
 
 export type SpeculatorOptions =
@@ -340,7 +387,25 @@ export type SpeculatorOptions =
   | { readonly type: 'draft-mtp'; readonly draftModel: LlamaModel; readonly nMax?: number; readonly pMin?: number }
   | { readonly type: 'ngram-simple' | 'ngram-map-k' | 'ngram-map-k4v' | 'ngram-mod'; readonly nMax?: number; readonly ngramN?: number };
 
-const GENERATE_KEYS = ['maxTokens', 'temperature', 'topK', 'topP', 'minP', 'seed', 'stop', 'stopTokens', 'ignoreEos', 'grammar', 'jumpForward', 'speculative', 'nDraft', 'signal', 'deadlineNs', 'onTokens'];
+const GENERATE_KEYS = [
+  'maxTokens',
+  'temperature',
+  'topK',
+  'topP',
+  'minP',
+  'seed',
+  'stop',
+  'stopTokens',
+  'ignoreEos',
+  'grammar',
+  'jumpForward',
+  'recordSampleTimes',
+  'speculative',
+  'nDraft',
+  'signal',
+  'deadlineNs',
+  'onTokens',
+];
 
 function checkTokens(name: string, tokens: unknown, nVocab: number): Int32Array | readonly number[] {
   if (!(tokens instanceof Int32Array) && !Array.isArray(tokens)) throw invalid(name, 'an Int32Array or an array of token ids', tokens);
@@ -408,7 +473,8 @@ export class LlamaContext {
               (s.image.length % nTokens === 0 ? ` (rows are ${s.image.length / nTokens} wide: wrong embedding width)` : ''),
           );
         }
-        if (this.model.info.imageStartToken === null) throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
+        if (this.model.info.imageStartToken === null)
+          throw new TypeError(`prompt[${i}]: this model's vocabulary has no image start/end tokens`);
         return { image: s.image, nTokens, causal: s.causal === undefined ? false : bool(`prompt[${i}].causal`, s.causal) };
       }
       throw invalid(`prompt[${i}]`, 'a segment with text, tokens or image', seg);
@@ -436,11 +502,15 @@ export class LlamaContext {
       throw invalid('options.stop', 'an array of non-empty strings', options.stop);
     }
     const stopTokens = options.stopTokens === undefined ? [] : [...checkTokens('options.stopTokens', options.stopTokens, nVocab)];
-    if (options.grammar !== undefined && !(options.grammar instanceof LlamaGrammar)) throw invalid('options.grammar', 'a LlamaGrammar', options.grammar);
+    if (options.grammar !== undefined && !(options.grammar instanceof LlamaGrammar))
+      throw invalid('options.grammar', 'a LlamaGrammar', options.grammar);
     if (options.grammar && options.grammar.model !== this.model) throw new TypeError('options.grammar was built for another model');
-    if (options.signal !== undefined && !(options.signal instanceof AbortSignal)) throw invalid('options.signal', 'an AbortSignal', options.signal);
-    if (options.deadlineNs !== undefined && typeof options.deadlineNs !== 'bigint') throw invalid('options.deadlineNs', 'a bigint (monotonic ns)', options.deadlineNs);
-    if (options.onTokens !== undefined && typeof options.onTokens !== 'function') throw invalid('options.onTokens', 'a function', options.onTokens);
+    if (options.signal !== undefined && !(options.signal instanceof AbortSignal))
+      throw invalid('options.signal', 'an AbortSignal', options.signal);
+    if (options.deadlineNs !== undefined && typeof options.deadlineNs !== 'bigint')
+      throw invalid('options.deadlineNs', 'a bigint (monotonic ns)', options.deadlineNs);
+    if (options.onTokens !== undefined && typeof options.onTokens !== 'function')
+      throw invalid('options.onTokens', 'a function', options.onTokens);
     const nDraft = options.nDraft === undefined ? undefined : intIn('options.nDraft', options.nDraft, 0, 256);
     if (this.#running) throw coded('EBUSY', 'LlamaContext is busy: only one operation may run at a time on a context');
 
@@ -461,6 +531,7 @@ export class LlamaContext {
           stopTokens,
           ignoreEos: options.ignoreEos ?? false,
           jumpForward: options.jumpForward ?? false,
+          recordSampleTimes: options.recordSampleTimes ?? false,
           speculative: options.speculative ?? true,
           cancellable: signal !== undefined,
           ...(nDraft !== undefined ? { nDraft } : {}),
@@ -503,7 +574,14 @@ export class LlamaContext {
   async attachSpeculator(options: SpeculatorOptions): Promise<LlamaSpeculator> {
     const native = this.#live();
     const o = plainObject('options', options);
-    oneOf<SpeculatorType>('options.type', o.type, ['draft-simple', 'draft-mtp', 'ngram-simple', 'ngram-map-k', 'ngram-map-k4v', 'ngram-mod']);
+    oneOf<SpeculatorType>('options.type', o.type, [
+      'draft-simple',
+      'draft-mtp',
+      'ngram-simple',
+      'ngram-map-k',
+      'ngram-map-k4v',
+      'ngram-mod',
+    ]);
     const nMax = o.nMax === undefined ? DRAFT_MAX : intIn('options.nMax', o.nMax, 1, Math.min(64, this.info.maxOutputs - 1));
     let draftModel: NativeModel | null = null;
     let pMin = 0;
@@ -577,6 +655,8 @@ function toResult(r: NativeGenerateResult): GenerateResult {
     drafted: r.drafted,
     accepted: r.accepted,
     forced: r.forced,
+    draftsCut: r.draftsCut,
     timings: r.timings,
+    ...(r.sampleUs ? { sampleUs: r.sampleUs } : {}),
   };
 }

@@ -4,10 +4,20 @@
 import { stat } from 'node:fs/promises';
 import { availableParallelism } from 'node:os';
 import { bool, coded, graft, intIn, invalid, knownKeys, nonEmptyString, oneOf, plainObject } from './args.ts';
-import { loadAddon, type NativeVision, type NativeVisionEncodeResult, type NativeVisionInfo } from './binding.ts';
+import {
+  loadAddon,
+  type NativeVision,
+  type NativeVisionBatchResult,
+  type NativeVisionEncodeResult,
+  type NativeVisionInfo,
+  type NativeVisionProfile,
+} from './binding.ts';
 
 export type VisionInfo = NativeVisionInfo;
 export type VisionEncodeResult = NativeVisionEncodeResult;
+export type VisionBatchResult = NativeVisionBatchResult;
+export type VisionProfile = NativeVisionProfile;
+export type VisionProfileMode = 'off' | 'phases' | 'ops';
 
 export interface LoadVisionOptions {
   /** Run on the first GPU/iGPU backend when the addon was built with one (default false: CPU). */
@@ -18,6 +28,9 @@ export interface LoadVisionOptions {
   readonly flashAttention?: 'auto' | 'on' | 'off';
   /** Allocate compute buffers at load so the first encode is not slower (default true). */
   readonly warmup?: boolean;
+  /** Let encodes report where their time goes ({ profile } in encode options; default false: no
+   * callback in clip's graph evaluation). */
+  readonly profile?: boolean;
 }
 
 export interface VisionImage {
@@ -27,7 +40,8 @@ export interface VisionImage {
   readonly height: number;
 }
 
-const LOAD_KEYS = ['useGpu', 'threads', 'flashAttention', 'warmup'] as const;
+const LOAD_KEYS = ['useGpu', 'threads', 'flashAttention', 'warmup', 'profile'] as const;
+const PROFILE_MODES: readonly VisionProfileMode[] = ['off', 'phases', 'ops'];
 
 /** One clip vision context (llama.cpp tools/mtmd) loaded from an mmproj GGUF. */
 export class LlamaVision {
@@ -50,11 +64,12 @@ export class LlamaVision {
     const threads = intIn('options.threads', options.threads ?? availableParallelism(), 1, 1024);
     const flashAttention = oneOf('options.flashAttention', options.flashAttention ?? 'auto', ['auto', 'on', 'off']);
     const warmup = bool('options.warmup', options.warmup ?? true);
+    const profile = bool('options.profile', options.profile ?? false);
     const st = await stat(path).catch(() => undefined);
     if (!st?.isFile()) throw coded('ENOENT', `mmproj file not found: ${path}`);
     const stack = new Error();
     try {
-      const native = await loadAddon().Vision.load(path, { useGpu, threads, flashAttention, warmup });
+      const native = await loadAddon().Vision.load(path, { useGpu, threads, flashAttention, warmup, profile });
       return new LlamaVision(native, path);
     } catch (err) {
       throw graft(err, stack);
@@ -72,22 +87,52 @@ export class LlamaVision {
 
   /**
    * Encodes one image. `pixels` is read on a worker thread until the promise settles: do not modify or
-   * transfer its buffer before. Rejects with `code` EBUSY (another encode running), EDISPOSED or EENCODE.
+   * transfer its buffer before. `profile` ('phases' or 'ops') needs a context loaded with profile.
+   * Rejects with `code` EBUSY (another encode running), EDISPOSED or EENCODE.
    */
-  async encode(pixels: Float32Array, image: VisionImage): Promise<VisionEncodeResult> {
+  async encode(pixels: Float32Array, image: VisionImage, profile: VisionProfileMode = 'off'): Promise<VisionEncodeResult> {
     if (!(pixels instanceof Float32Array)) throw invalid('pixels', 'a Float32Array', pixels);
     if (pixels.buffer.byteLength === 0) throw new TypeError('pixels is detached (its buffer was transferred)');
+    const options = this.#encodeOptions(image, profile);
+    const stack = new Error();
+    try {
+      return await this.#native.encode(pixels, options);
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  /**
+   * Encodes several images of one size and layout in one call (cameras of one rig): one graph for a
+   * projector that batches (info.batchable: gemma4v), else one after the other on the same worker
+   * thread. Returns one embedding array per image, in order. Same rules as encode() for the arrays.
+   */
+  async encodeBatch(images: readonly Float32Array[], image: VisionImage, profile: VisionProfileMode = 'off'): Promise<VisionBatchResult> {
+    if (!Array.isArray(images) || images.length === 0) throw invalid('images', 'a non-empty array of Float32Array', images);
+    images.forEach((px, i) => {
+      if (!(px instanceof Float32Array)) throw invalid(`images[${i}]`, 'a Float32Array', px);
+      if (px.buffer.byteLength === 0) throw new TypeError(`images[${i}] is detached (its buffer was transferred)`);
+    });
+    const options = this.#encodeOptions(image, profile);
+    const stack = new Error();
+    try {
+      return await this.#native.encodeBatch([...images], options);
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  #encodeOptions(
+    image: VisionImage,
+    profile: VisionProfileMode,
+  ): { layout: 'chw' | 'patches'; width: number; height: number; profile: VisionProfileMode } {
     plainObject('image', image);
     const layout = oneOf('image.layout', image.layout, ['chw', 'patches']);
     const width = intIn('image.width', image.width, 1, 46000);
     const height = intIn('image.height', image.height, 1, 46000);
+    oneOf('profile', profile, PROFILE_MODES);
     if (this.#disposed) throw coded('EDISPOSED', 'LlamaVision is disposed');
-    const stack = new Error();
-    try {
-      return await this.#native.encode(pixels, { layout, width, height });
-    } catch (err) {
-      throw graft(err, stack);
-    }
+    return { layout, width, height, profile };
   }
 
   /** Frees the clip context (idempotent). Throws EBUSY while an encode runs: await it first. */

@@ -2,16 +2,18 @@
 // the action schema (configs/actions/*.schema.json through nodes/action-schema.ts). Anything that
 // does not pass is dropped with DropFrame and a message that says why and shows the text.
 // Concurrency: pure and synchronous per frame; safe under any edge policy.
-import { formatAjvErrors, loadActionSchema } from './action-schema.ts';
-import type { ActionSchema } from './action-schema.ts';
+import { formatAjvErrors, type ActionSchema } from './action-schema.ts';
 import type { ActionMessage, Generation, StopReason } from './payloads.ts';
 import { DropFrame } from '../pipeline/types.ts';
 import type { DropReason, Stage, StageContext } from '../pipeline/types.ts';
 
+/** Characters of the decoder's text a drop message quotes: enough to see what went wrong. */
+const SNIPPET_CHARS = 160;
+
 export interface ActionsStageOptions {
-  /** Path of the action schema file, or one already loaded with loadActionSchema. */
-  readonly schema: string | ActionSchema;
-  /** Characters of the decoder text quoted in drop messages (default 160). */
+  /** The action schema, loaded once with loadActionSchema (the decoder's grammar comes from the same one). */
+  readonly schema: ActionSchema;
+  /** Characters of the decoder text quoted in drop messages (default SNIPPET_CHARS). */
   readonly snippetChars?: number;
 }
 
@@ -27,11 +29,11 @@ export function createActionsStage(options: ActionsStageOptions): ActionsStage {
   if (options === null || typeof options !== 'object') {
     throw new TypeError('createActionsStage: expected an options object { schema }');
   }
-  const schema = typeof options.schema === 'string' ? loadActionSchema(options.schema) : options.schema;
+  const { schema } = options;
   if (!schema || typeof schema.validate !== 'function' || typeof schema.wireSchemaId !== 'string') {
-    throw new TypeError('createActionsStage: options.schema must be a schema path or the result of loadActionSchema()');
+    throw new TypeError('createActionsStage: options.schema must be the result of loadActionSchema()');
   }
-  const snippetChars = options.snippetChars ?? 160;
+  const snippetChars = options.snippetChars ?? SNIPPET_CHARS;
   if (!Number.isInteger(snippetChars) || snippetChars < 8) {
     throw new RangeError(`createActionsStage: expected integer >= 8 for snippetChars but received ${snippetChars}`);
   }
@@ -54,7 +56,7 @@ export function createActionsStage(options: ActionsStageOptions): ActionsStage {
 
 /** Parses and validates one generation's text; throws DropFrame when it is not a valid action.
  * Exported for tools (eval) that check texts outside a running graph. */
-export function parseAction(generation: Generation, schema: ActionSchema, snippetChars = 160): unknown {
+export function parseAction(generation: Generation, schema: ActionSchema, snippetChars = SNIPPET_CHARS): unknown {
   if (generation === null || typeof generation !== 'object' || typeof generation.text !== 'string') {
     throw new TypeError('actions: expected a Generation with a string `text`');
   }

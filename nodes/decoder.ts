@@ -1,10 +1,27 @@
 // The decode stage: image embeddings → a schema-constrained generation, through the native
 // llama.cpp binding. The prompt is [chat-templated system + user text, image, instruction], so the
 // system prefix stays in the KV cache and is not prefilled again for each frame.
-import { readFile } from 'node:fs/promises';
+import type { ActionSchema } from './action-schema.ts';
 import type { EncoderContract, Generation, ImageEmbedding } from './payloads.ts';
-import type { Stage, StageContext } from '../pipeline/types.ts';
-import { LlamaModel, type LlamaContext, type LlamaGrammar, type ModelInfo, type PromptSegment, type SpeculatorOptions } from '../native/llama.ts';
+import type { DecoderConfig } from '../pipeline/config.ts';
+import { StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
+import {
+  DRAFT_MAX,
+  LlamaModel,
+  MAX_OUTPUTS,
+  type LlamaContext,
+  type LlamaGrammar,
+  type ModelInfo,
+  type PromptSegment,
+  type SpeculatorOptions,
+} from '../native/llama.ts';
+
+/** Physical batch: an image attended bidirectionally must fit one ubatch (Gemma 4's largest is 1120 tokens). */
+const IMAGE_UBATCH = 1152;
+/** n-gram length the ngram-simple drafter matches on. */
+const NGRAM_N = 3;
+/** Top-k / top-p applied when sampling with a temperature > 0. */
+export const SAMPLING = { topK: 40, topP: 0.95 } as const;
 
 export interface SpeculationFlags {
   /** Draft model GGUF path (same vocabulary) → draft-simple. */
@@ -13,24 +30,26 @@ export interface SpeculationFlags {
   readonly draftMtp?: string | null;
   /** n-gram drafting (ngram-simple). */
   readonly ngram?: boolean;
-  /** Longest draft (default 4). */
+  /** Longest draft (when absent, the binding's default). */
   readonly nDraft?: number;
 }
 
 /** Loads the draft (if any) and attaches the speculator the flags ask for; returns the draft model to dispose. */
-export async function attachSpeculation(ctx: LlamaContext, flags: SpeculationFlags, gpuLayers = 0): Promise<LlamaModel | undefined> {
+export async function attachSpeculation(ctx: LlamaContext, flags: SpeculationFlags, gpuLayers: number): Promise<LlamaModel | undefined> {
   const chosen = [flags.draft ? 'draft' : '', flags.draftMtp ? 'draftMtp' : '', flags.ngram ? 'ngram' : ''].filter(Boolean);
   if (chosen.length > 1) throw new TypeError(`choose one of --draft, --draft-mtp, --ngram (got ${chosen.join(', ')})`);
-  const nMax = flags.nDraft ?? 4;
+  const nMax = flags.nDraft !== undefined ? { nMax: flags.nDraft } : {};
   if (flags.ngram) {
-    await ctx.attachSpeculator({ type: 'ngram-simple', nMax, ngramN: 3 });
+    await ctx.attachSpeculator({ type: 'ngram-simple', ngramN: NGRAM_N, ...nMax });
     return undefined;
   }
   const spec = flags.draft ?? flags.draftMtp;
   if (!spec) return undefined;
   const draftModel = await LlamaModel.load(spec, { gpuLayers });
   try {
-    const options: SpeculatorOptions = flags.draft ? { type: 'draft-simple', draftModel, nMax } : { type: 'draft-mtp', draftModel, nMax };
+    const options: SpeculatorOptions = flags.draft
+      ? { type: 'draft-simple', draftModel, ...nMax }
+      : { type: 'draft-mtp', draftModel, ...nMax };
     await ctx.attachSpeculator(options);
     return draftModel;
   } catch (err) {
@@ -39,31 +58,17 @@ export async function attachSpeculation(ctx: LlamaContext, flags: SpeculationFla
   }
 }
 
-export interface DecoderStageConfig {
-  /** Decoder GGUF path (gemma3 / gemma4). */
-  readonly model: string;
-  /** Draft GGUF with the same vocabulary (draft-simple), or null. */
-  readonly draft?: string | null;
-  /** Gemma 4 MTP assistant GGUF (draft-mtp), or null. */
-  readonly draftMtp?: string | null;
-  /** n-gram drafting. */
-  readonly ngram?: boolean;
-  readonly gpuLayers?: number;
-  readonly nCtx?: number;
-  readonly systemPrompt: string;
-  readonly instruction: string;
-  /** JSON Schema of the action (default configs/actions/robot-action.schema.json). */
-  readonly schemaPath?: string;
-  readonly maxNewTokens: number;
-  readonly temperature?: number;
-  readonly seed?: number;
-  readonly jumpForward?: boolean;
-  /** Physical batch: a bidirectional image must fit one ubatch (default 1152: Gemma 4's 1120 max). */
-  readonly nUbatch?: number;
+/** The decoder section of a defaulted config (model, draft and draftMtp resolved to files), and the
+ * action schema whose JSON Schema becomes the decoding grammar. */
+export interface DecoderStageConfig extends DecoderConfig {
+  readonly actionSchema: ActionSchema;
+  /** CPU threads for llama.cpp (absent: the binding's default). */
   readonly threads?: number;
 }
 
 export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
+  /** New tokens per frame at most: the configured value, or the action grammar's worst case. */
+  readonly maxNewTokens: number;
   /** Width of the image rows this decoder takes (the encoder must produce it). */
   readonly nEmbd: number;
   /** The vision-encoder contract that matches this decoder's architecture. */
@@ -71,42 +76,65 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
   readonly modelInfo: ModelInfo;
 }
 
-const DEFAULT_SCHEMA = 'configs/actions/robot-action.schema.json';
 const IMAGE_MARKER = '<__percept_image__>';
+
+/** The per-frame token budget: the configured one if a complete action always fits in it, else the grammar's worst case. */
+export function actionTokenBudget(
+  configured: number | null,
+  worstCase: number | null,
+  schemaPath: string,
+  fallback: string | null,
+): number {
+  if (worstCase === null) {
+    if (configured !== null) return configured;
+    const why = fallback ?? 'it admits outputs of unbounded length';
+    throw new RangeError(`decoder.maxNewTokens must be set: the action schema ${schemaPath} has no worst-case length (${why})`);
+  }
+  if (configured !== null && configured < worstCase) {
+    throw new RangeError(
+      `decoder.maxNewTokens ${configured} is below the ${worstCase} tokens a complete action under ${schemaPath} can take; raise it to at least ${worstCase} or leave it unset`,
+    );
+  }
+  return configured ?? worstCase;
+}
 
 export async function createDecoderStage(config: DecoderStageConfig): Promise<DecoderStage> {
   if (typeof config !== 'object' || config === null) throw new TypeError('createDecoderStage: config must be an object');
   if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
   if (typeof config.systemPrompt !== 'string') throw new TypeError('decoder.systemPrompt must be a string');
   if (typeof config.instruction !== 'string') throw new TypeError('decoder.instruction must be a string');
-  if (!Number.isInteger(config.maxNewTokens) || config.maxNewTokens < 1) throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1, got ${config.maxNewTokens}`);
-  const temperature = config.temperature ?? 0;
-  if (!(temperature >= 0)) throw new RangeError(`decoder.temperature must be ≥ 0, got ${temperature}`);
+  if (config.maxNewTokens !== null && (!Number.isInteger(config.maxNewTokens) || config.maxNewTokens < 1))
+    throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1 or null, got ${config.maxNewTokens}`);
+  if (!(config.temperature >= 0)) throw new RangeError(`decoder.temperature must be ≥ 0, got ${config.temperature}`);
+  if (typeof config.actionSchema?.schema !== 'object')
+    throw new TypeError('createDecoderStage: actionSchema must be the result of loadActionSchema()');
+  const { temperature, seed, jumpForward, gpuLayers } = config;
 
-  const schemaPath = config.schemaPath ?? DEFAULT_SCHEMA;
-  let schema: object;
-  try {
-    schema = JSON.parse(await readFile(schemaPath, 'utf8')) as object;
-  } catch (err) {
-    throw new Error(`decoder: cannot read the action schema ${schemaPath}: ${(err as Error).message}`);
-  }
-
-  const gpuLayers = config.gpuLayers ?? 0;
   const model = await LlamaModel.load(config.model, { gpuLayers });
   let draft: LlamaModel | undefined;
   let ctx: LlamaContext;
   let grammar: LlamaGrammar;
+  let maxNewTokens: number;
   try {
-    const nUbatch = config.nUbatch ?? 1152;
     ctx = await model.createContext({
-      nCtx: config.nCtx ?? 4096,
-      nBatch: nUbatch,
-      nUbatch,
-      maxOutputs: 9,
+      nCtx: config.nCtx,
+      nBatch: IMAGE_UBATCH,
+      nUbatch: IMAGE_UBATCH,
+      maxOutputs: MAX_OUTPUTS,
       ...(config.threads !== undefined ? { threads: config.threads } : {}),
     });
-    draft = await attachSpeculation(ctx, { draft: config.draft ?? null, draftMtp: config.draftMtp ?? null, ngram: config.ngram ?? false, nDraft: 4 }, gpuLayers);
-    grammar = model.grammarFromJsonSchema(schema);
+    draft = await attachSpeculation(
+      ctx,
+      { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: DRAFT_MAX },
+      gpuLayers,
+    );
+    const schemaPath = config.actionSchema.path;
+    try {
+      grammar = await model.grammarFromJsonSchema(config.actionSchema.schema);
+    } catch (err) {
+      throw new Error(`decoder: action schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
+    }
+    maxNewTokens = actionTokenBudget(config.maxNewTokens, grammar.maxTokens, schemaPath, grammar.fallback);
   } catch (err) {
     await model.dispose();
     await draft?.dispose();
@@ -119,24 +147,29 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
     { role: 'user' as const, content: `${IMAGE_MARKER}\n${config.instruction}` },
   ];
   const contract: EncoderContract = info.arch === 'gemma3' ? 'gemma3' : 'gemma4';
-  const seed = config.seed ?? 0;
-  const jumpForward = config.jumpForward ?? true;
 
   const process = async (input: ImageEmbedding, sc: StageContext): Promise<Generation> => {
     if (input.nEmbd !== info.nEmbd) {
-      throw new RangeError(`decoder: image embedding is ${input.nEmbd} wide but ${config.model} takes ${info.nEmbd} (encoder/decoder mismatch)`);
+      throw new RangeError(
+        `decoder: image embedding is ${input.nEmbd} wide but ${config.model} takes ${info.nEmbd} (encoder/decoder mismatch)`,
+      );
     }
     if (input.data.length !== input.nTokens * input.nEmbd) {
-      throw new RangeError(`decoder: image embedding has ${input.data.length} floats, expected nTokens × nEmbd = ${input.nTokens} × ${input.nEmbd}`);
+      throw new RangeError(
+        `decoder: image embedding has ${input.data.length} floats, expected nTokens × nEmbd = ${input.nTokens} × ${input.nEmbd}`,
+      );
     }
-    const prompt: PromptSegment[] = model.chatPrompt(messages, [{ data: input.data, nTokens: input.nTokens }], { imageMarker: IMAGE_MARKER });
-    const maxTokens = Math.max(1, Math.min(config.maxNewTokens, sc.knobs.maxNewTokens));
+    const prompt: PromptSegment[] = model.chatPrompt(messages, [{ data: input.data, nTokens: input.nTokens }], {
+      imageMarker: IMAGE_MARKER,
+    });
+    // The ladder's knob may lower the budget, never below a complete action.
+    const maxTokens = Math.max(grammar.maxTokens ?? 1, Math.min(maxNewTokens, sc.knobs.maxNewTokens));
     const r = await ctx.generate(prompt, {
       maxTokens,
       grammar,
       jumpForward,
       temperature,
-      ...(temperature > 0 ? { topK: 40, topP: 0.95 } : {}),
+      ...(temperature > 0 ? SAMPLING : {}),
       seed: (seed + sc.frame.frameId) >>> 0,
       speculative: sc.knobs.draft,
       signal: sc.signal,
@@ -144,10 +177,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
       // native code reads. On a virtual clock the AbortSignal still cancels.
       ...(sc.clock.virtual ? {} : { deadlineNs: sc.stageDeadlineNs }),
     });
-    if (r.stopReason === 'cancelled' || r.stopReason === 'deadline') {
-      const late = r.stopReason === 'deadline' || sc.clock.nowNs() >= sc.stageDeadlineNs;
-      sc.report({ kind: 'cancel', reason: late ? 'deadline' : 'aborted', detail: `decode stopped after ${r.tokens.length} tokens` });
-    }
+    if (grammar.fallback !== null) sc.report({ kind: 'note', message: 'grammar-fallback', data: { reason: grammar.fallback } });
     sc.report({
       kind: 'note',
       message: 'decode',
@@ -161,13 +191,19 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
         prefillMs: r.timings.prefillMs,
         decodeMs: r.timings.decodeMs,
         sampleMs: r.timings.sampleMs,
+        stopReason: r.stopReason,
       },
     });
+    // Cut short: give the frame up as the runtime asked, or as native code saw the same deadline
+    // first (its check runs between tokens; the runtime's timer may not have fired yet).
+    if (r.stopReason === 'cancelled') throw sc.signal.reason;
+    if (r.stopReason === 'deadline') throw sc.signal.aborted ? sc.signal.reason : new StageAbort('deadline', 'decode');
     return r; // a GenerateResult is a Generation (payloads.ts) with more timings
   };
 
   return {
     name: 'decode',
+    maxNewTokens,
     nEmbd: info.nEmbd,
     contract,
     modelInfo: info,

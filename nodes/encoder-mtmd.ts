@@ -7,13 +7,22 @@
 // [-1,1] values as they are, gemma4v's graph applies ×2−1 to the [0,1] patches. clip derives the
 // patch positions from the image grid, so the gemma4 position ids must be the processor's row-major
 // layout (valid patches first); anything else is refused rather than encoded wrongly.
-// One run at a time. When ctx.signal fires the stage stops waiting at once; clip finishes that run
-// (it cannot be interrupted) and its result is discarded (counted); the next frame waits for it.
+// One run at a time (an AbandonableSlot). When ctx.signal fires the stage rethrows its reason at once;
+// clip finishes that run (it cannot be interrupted), its result is discarded (counted) and the next
+// frame waits for it.
 import { existsSync } from 'node:fs';
 import type { ImageEmbedding, PixelTensor } from './payloads.ts';
-import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
-import { LlamaVision, type VisionEncodeResult, type VisionImage, type VisionInfo } from '../native/vision.ts';
-import { abortable } from '../pipeline/abort.ts';
+import type { Stage, StageContext } from '../pipeline/types.ts';
+import {
+  LlamaVision,
+  type VisionBatchResult,
+  type VisionEncodeResult,
+  type VisionImage,
+  type VisionInfo,
+  type VisionProfile,
+  type VisionProfileMode,
+} from '../native/vision.ts';
+import { AbandonableSlot } from '../pipeline/abort.ts';
 
 export interface MtmdEncoderConfig {
   /** Path of the mmproj GGUF (resolve `synth:<preset>-mmproj` specifiers before, with models/mmproj-synth.ts). */
@@ -27,6 +36,9 @@ export interface MtmdEncoderConfig {
   /** CPU threads for clip (default: all cores). */
   readonly threads?: number;
   readonly flashAttention?: 'auto' | 'on' | 'off';
+  /** Report where each encode's time goes in stats().lastProfile (default 'off'; 'ops' synchronizes
+   * after every graph node, so it slows the encode it measures). */
+  readonly profile?: VisionProfileMode;
 }
 
 export interface MtmdContractInfo {
@@ -47,39 +59,58 @@ export interface MtmdEncoderStats {
   readonly runs: number;
   /** Runs whose result arrived after the frame was abandoned (signal fired). */
   readonly discarded: number;
-  /** clip_image_encode time of the last run. */
+  /** clip's encode time of the last run. */
   readonly lastRunMs: number;
+  /** Where the last run's time went, when profiling. */
+  readonly lastProfile?: VisionProfile;
 }
 
 export interface MtmdEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
   readonly contract: MtmdContractInfo;
   readonly info: VisionInfo;
   stats(): MtmdEncoderStats;
+  /** Several frames of one size in one clip call (cameras of a rig), embeddings in order. Not
+   * abortable: for benchmarks and callers outside the graph. */
+  encodeBatch(inputs: readonly PixelTensor[]): Promise<ImageEmbedding[]>;
   close(): Promise<void>;
 }
 
 /** Checks what clip reports about an mmproj against the pipeline's contract. Pure. */
-export function checkMtmdContract(info: VisionInfo, expectedHidden: number | undefined, source: string): MtmdContractInfo {
+function checkMtmdContract(info: VisionInfo, expectedHidden: number | undefined, source: string): MtmdContractInfo {
   const problems: string[] = [];
-  if (info.projector !== 'gemma3' && info.projector !== 'gemma4v') problems.push(`projector '${String(info.projector)}' is neither gemma3 nor gemma4v`);
-  if (expectedHidden !== undefined && info.nEmbd !== expectedHidden) problems.push(`its output width is ${info.nEmbd}, but the decoder's n_embd is ${expectedHidden}`);
-  if (info.projector === 'gemma4v' && info.patchSize * info.patchSize * 3 !== 768) problems.push(`gemma4v patch size ${info.patchSize} does not give 768 values per patch`);
+  if (info.projector !== 'gemma3' && info.projector !== 'gemma4v')
+    problems.push(`projector '${String(info.projector)}' is neither gemma3 nor gemma4v`);
+  if (expectedHidden !== undefined && info.nEmbd !== expectedHidden)
+    problems.push(`its output width is ${info.nEmbd}, but the decoder's n_embd is ${expectedHidden}`);
+  if (info.projector === 'gemma4v' && info.patchSize * info.patchSize * 3 !== 768)
+    problems.push(`gemma4v patch size ${info.patchSize} does not give 768 values per patch`);
   if (problems.length) throw new Error(`encoder-mtmd: ${source}: ${problems.join('; ')}`);
   return info.projector === 'gemma3'
     ? { kind: 'gemma3', projector: 'gemma3', hidden: info.nEmbd, imageSize: info.imageSize, patchSize: info.patchSize, merge: info.merge }
-    : { kind: 'gemma4', projector: 'gemma4v', hidden: info.nEmbd, patchDim: info.patchSize * info.patchSize * 3, patchSize: info.patchSize, merge: info.merge };
+    : {
+        kind: 'gemma4',
+        projector: 'gemma4v',
+        hidden: info.nEmbd,
+        patchDim: info.patchSize * info.patchSize * 3,
+        patchSize: info.patchSize,
+        merge: info.merge,
+      };
 }
 
 /** The image clip should see for a PixelTensor, or an error naming what does not fit. Pure. */
 export function clipImageOf(input: PixelTensor, contract: MtmdContractInfo): VisionImage {
   if (input === null || typeof input !== 'object') throw new TypeError('encoder-mtmd: input must be a PixelTensor');
-  if (input.contract !== contract.kind) throw new Error(`encoder-mtmd: got a ${String(input.contract)} tensor, the mmproj is ${contract.kind} (${contract.projector})`);
+  if (input.contract !== contract.kind)
+    throw new Error(`encoder-mtmd: got a ${String(input.contract)} tensor, the mmproj is ${contract.kind} (${contract.projector})`);
   if (!(input.pixelValues instanceof Float32Array)) throw new TypeError('encoder-mtmd: pixelValues must be a Float32Array');
-  if (input.pixelValues.buffer.byteLength === 0) throw new Error('encoder-mtmd: pixelValues is detached (its buffer was handed to another stage)');
+  if (input.pixelValues.buffer.byteLength === 0)
+    throw new Error('encoder-mtmd: pixelValues is detached (its buffer was handed to another stage)');
   const dims = input.pixelDims;
   const count = (d: readonly number[]): number => d.reduce((a, b) => a * b, 1);
   if (!Array.isArray(dims) || count(dims) !== input.pixelValues.length) {
-    throw new RangeError(`encoder-mtmd: pixelDims [${String(dims)}] need ${Array.isArray(dims) ? count(dims) : '?'} values, got ${input.pixelValues.length}`);
+    throw new RangeError(
+      `encoder-mtmd: pixelDims [${String(dims)}] need ${Array.isArray(dims) ? count(dims) : '?'} values, got ${input.pixelValues.length}`,
+    );
   }
   if (dims[0] !== 1) throw new RangeError(`encoder-mtmd: batch ${dims[0]} is not supported (one image per frame)`);
   if (contract.kind === 'gemma3') {
@@ -90,10 +121,12 @@ export function clipImageOf(input: PixelTensor, contract: MtmdContractInfo): Vis
     return { layout: 'chw', width: s, height: s };
   }
   const patchDim = contract.patchDim!;
-  if (dims.length !== 3 || dims[2] !== patchDim) throw new RangeError(`encoder-mtmd: gemma4 pixelDims must be [1,P,${patchDim}], got [${dims.join(',')}]`);
+  if (dims.length !== 3 || dims[2] !== patchDim)
+    throw new RangeError(`encoder-mtmd: gemma4 pixelDims must be [1,P,${patchDim}], got [${dims.join(',')}]`);
   const ids = input.positionIds;
   const pd = input.positionDims;
-  if (!(ids instanceof BigInt64Array) || !pd) throw new TypeError('encoder-mtmd: gemma4 tensors need positionIds (BigInt64Array) and positionDims');
+  if (!(ids instanceof BigInt64Array) || !pd)
+    throw new TypeError('encoder-mtmd: gemma4 tensors need positionIds (BigInt64Array) and positionDims');
   const capacity = dims[1]!;
   if (pd.length !== 3 || pd[0] !== 1 || pd[1] !== capacity || pd[2] !== 2 || ids.length !== capacity * 2) {
     throw new RangeError(`encoder-mtmd: positionDims [${pd.join(',')}] do not match pixelDims [${dims.join(',')}] / ${ids.length} ids`);
@@ -107,25 +140,31 @@ export function clipImageOf(input: PixelTensor, contract: MtmdContractInfo): Vis
   if (valid === 0) throw new RangeError('encoder-mtmd: gemma4 tensor has no valid patch (all position ids are -1)');
   const rows = valid / cols;
   const layoutError = (p: number, why: string): RangeError =>
-    new RangeError(`encoder-mtmd: gemma4 position ids are not the processor's row-major grid (clip derives positions from the grid): patch ${p} ${why}`);
+    new RangeError(
+      `encoder-mtmd: gemma4 position ids are not the processor's row-major grid (clip derives positions from the grid): patch ${p} ${why}`,
+    );
   if (!Number.isInteger(rows)) throw layoutError(valid - 1, `ends a ${valid}-patch run that is not a whole number of ${cols}-patch rows`);
   for (let p = 0; p < valid; p++) {
     const col = Number(ids[2 * p]!);
     const row = Number(ids[2 * p + 1]!);
-    if (col !== p % cols || row !== Math.floor(p / cols)) throw layoutError(p, `is at (col ${col}, row ${row}), expected (${p % cols}, ${Math.floor(p / cols)})`);
+    if (col !== p % cols || row !== Math.floor(p / cols))
+      throw layoutError(p, `is at (col ${col}, row ${row}), expected (${p % cols}, ${Math.floor(p / cols)})`);
   }
   for (let p = valid; p < capacity; p++) {
     if (ids[2 * p] !== -1n || ids[2 * p + 1] !== -1n) throw layoutError(p, 'is a valid position after the first padding patch');
   }
   if (cols % contract.merge !== 0 || rows % contract.merge !== 0) {
-    throw new RangeError(`encoder-mtmd: gemma4 patch grid ${cols}×${rows} is not divisible by the ${contract.merge}×${contract.merge} pooling`);
+    throw new RangeError(
+      `encoder-mtmd: gemma4 patch grid ${cols}×${rows} is not divisible by the ${contract.merge}×${contract.merge} pooling`,
+    );
   }
   return { layout: 'patches', width: cols * contract.patchSize, height: rows * contract.patchSize };
 }
 
 /** Loads the mmproj, checks its contract, and returns the stage. */
 export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<MtmdEncoderStage> {
-  if (typeof cfg?.mmproj !== 'string' || cfg.mmproj.length === 0) throw new TypeError('encoder-mtmd: cfg.mmproj must be the path of an mmproj .gguf');
+  if (typeof cfg?.mmproj !== 'string' || cfg.mmproj.length === 0)
+    throw new TypeError('encoder-mtmd: cfg.mmproj must be the path of an mmproj .gguf');
   if (cfg.mmproj.endsWith('.onnx')) throw new Error(`encoder-mtmd: ${cfg.mmproj} is an ONNX model: that needs encoder kind 'onnx'`);
   if (!existsSync(cfg.mmproj)) throw new Error(`encoder-mtmd: mmproj ${cfg.mmproj} does not exist`);
   if (cfg.expectedHidden !== undefined && !(Number.isInteger(cfg.expectedHidden) && cfg.expectedHidden > 0)) {
@@ -134,17 +173,22 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
   if (cfg.gpuLayers !== undefined && !(Number.isInteger(cfg.gpuLayers) && cfg.gpuLayers >= -1)) {
     throw new RangeError(`encoder-mtmd: gpuLayers must be an integer ≥ -1, got ${cfg.gpuLayers}`);
   }
-  if (cfg.useGpu !== undefined && typeof cfg.useGpu !== 'boolean') throw new TypeError(`encoder-mtmd: useGpu must be a boolean, got ${String(cfg.useGpu)}`);
+  if (cfg.useGpu !== undefined && typeof cfg.useGpu !== 'boolean')
+    throw new TypeError(`encoder-mtmd: useGpu must be a boolean, got ${String(cfg.useGpu)}`);
   const useGpu = cfg.useGpu ?? (cfg.gpuLayers !== undefined && cfg.gpuLayers !== 0);
+  const profile = cfg.profile ?? 'off';
   let vision: LlamaVision;
   try {
     vision = await LlamaVision.load(cfg.mmproj, {
       useGpu,
       ...(cfg.threads !== undefined ? { threads: cfg.threads } : {}),
       ...(cfg.flashAttention !== undefined ? { flashAttention: cfg.flashAttention } : {}),
+      profile: profile !== 'off',
     });
   } catch (err) {
-    throw Object.assign(new Error(`encoder-mtmd: cannot load ${cfg.mmproj}: ${(err as Error).message}`), { code: (err as { code?: string }).code });
+    throw Object.assign(new Error(`encoder-mtmd: cannot load ${cfg.mmproj}: ${(err as Error).message}`), {
+      code: (err as { code?: string }).code,
+    });
   }
   let contract: MtmdContractInfo;
   try {
@@ -153,24 +197,24 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
     vision.dispose();
     throw err;
   }
-  return new MtmdEncoder(vision, contract);
+  return new MtmdEncoder(vision, contract, profile);
 }
 
 class MtmdEncoder implements MtmdEncoderStage {
   readonly name = 'encode';
   readonly contract: MtmdContractInfo;
   readonly #vision: LlamaVision;
-  /** The native run in progress (possibly abandoned by its caller); settles when clip is done. */
-  #inFlight: Promise<unknown> | undefined;
-  #callerActive = false;
+  readonly #slot = new AbandonableSlot();
   #closing: Promise<void> | undefined;
+  readonly #profile: VisionProfileMode;
   #runs = 0;
-  #discarded = 0;
   #lastRunMs = 0;
+  #lastProfile: VisionProfile | undefined;
 
-  constructor(vision: LlamaVision, contract: MtmdContractInfo) {
+  constructor(vision: LlamaVision, contract: MtmdContractInfo, profile: VisionProfileMode) {
     this.#vision = vision;
     this.contract = contract;
+    this.#profile = profile;
   }
 
   get info(): VisionInfo {
@@ -178,77 +222,94 @@ class MtmdEncoder implements MtmdEncoderStage {
   }
 
   stats(): MtmdEncoderStats {
-    return { runs: this.#runs, discarded: this.#discarded, lastRunMs: this.#lastRunMs };
+    return {
+      runs: this.#runs,
+      discarded: this.#slot.abandoned,
+      lastRunMs: this.#lastRunMs,
+      ...(this.#lastProfile ? { lastProfile: this.#lastProfile } : {}),
+    };
   }
 
   async process(input: PixelTensor, ctx: StageContext): Promise<ImageEmbedding> {
     if (this.#closing) throw new Error('encoder-mtmd: stage is closed');
-    if (this.#callerActive) throw new Error('encoder-mtmd: process() called while another frame is being encoded (one run in flight; the runtime serializes stage calls)');
     const image = clipImageOf(input, this.contract);
-    this.#callerActive = true;
-    try {
-      if (ctx.signal.aborted) throw this.#cancel(ctx, 'before the run');
-      try {
-        // An abandoned run of an earlier frame may still occupy clip.
-        while (this.#inFlight) await abortable(this.#inFlight, ctx.signal);
-      } catch {
-        throw this.#cancel(ctx, 'while waiting for an abandoned run');
-      }
-      const state = { abandoned: false };
-      const run = this.#vision.encode(input.pixelValues, image).then(
-        (r) => {
-          this.#runs++;
-          this.#lastRunMs = r.encodeMs;
-          if (state.abandoned) this.#discarded++;
-          return r;
-        },
-        (err: unknown) => {
-          throw new Error(`encoder-mtmd: encode failed: ${err instanceof Error ? err.message : String(err)}`);
-        },
+    const result = await this.#slot.run(() => this.#encode(input, image), ctx.signal);
+    if (result.nEmbd !== this.contract.hidden)
+      throw new Error(`encoder-mtmd: clip returned width ${result.nEmbd}, expected ${this.contract.hidden}`);
+    if (result.nTokens !== input.imageTokens) {
+      throw new Error(
+        `encoder-mtmd: the encoder produced ${result.nTokens} tokens but the preprocessor announced ${input.imageTokens} (image ${image.width}×${image.height})`,
       );
-      const settled = run.then(
-        () => undefined,
-        () => undefined,
-      );
-      this.#inFlight = settled;
-      void settled.then(() => {
-        if (this.#inFlight === settled) this.#inFlight = undefined;
-      });
-      let result: VisionEncodeResult;
-      try {
-        result = await abortable(run, ctx.signal);
-      } catch (err) {
-        if (ctx.signal.aborted) {
-          state.abandoned = true;
-          run.catch(() => undefined);
-          throw this.#cancel(ctx, 'during the run');
-        }
-        throw err;
-      }
-      if (result.nEmbd !== this.contract.hidden) throw new Error(`encoder-mtmd: clip returned width ${result.nEmbd}, expected ${this.contract.hidden}`);
-      if (result.nTokens !== input.imageTokens) {
-        throw new Error(`encoder-mtmd: the encoder produced ${result.nTokens} tokens but the preprocessor announced ${input.imageTokens} (image ${image.width}×${image.height})`);
-      }
-      return { data: result.data, nTokens: result.nTokens, nEmbd: result.nEmbd };
-    } finally {
-      this.#callerActive = false;
     }
+    return { data: result.data, nTokens: result.nTokens, nEmbd: result.nEmbd };
   }
 
-  #cancel(ctx: StageContext, when: string): DropFrame {
-    // The runtime aborts with a StageAbort naming why; any other abort is judged by the clock.
-    const why = ctx.signal.reason instanceof StageAbort ? ctx.signal.reason.reason : ctx.clock.nowNs() >= ctx.stageDeadlineNs ? 'deadline' : 'aborted';
-    ctx.report({ kind: 'cancel', reason: why, detail: `encoder ${when}` });
-    return new DropFrame(why === 'deadline' ? 'stale' : 'shutdown', `encoder-mtmd: aborted (${why}) ${when}`);
+  async encodeBatch(inputs: readonly PixelTensor[]): Promise<ImageEmbedding[]> {
+    if (this.#closing) throw new Error('encoder-mtmd: stage is closed');
+    if (!Array.isArray(inputs) || inputs.length === 0)
+      throw new TypeError('encoder-mtmd: encodeBatch needs a non-empty array of PixelTensors');
+    const images = inputs.map((t) => clipImageOf(t, this.contract));
+    const first = images[0]!;
+    const odd = images.findIndex((im) => im.width !== first.width || im.height !== first.height);
+    if (odd >= 0) {
+      throw new RangeError(
+        `encoder-mtmd: a batch is one image size: input ${odd} is ${images[odd]!.width}×${images[odd]!.height}, input 0 is ${first.width}×${first.height}`,
+      );
+    }
+    // Nothing gives up on a batch: it takes the slot (after any run in progress) and ends with clip.
+    const r = await this.#slot.run(() => this.#encodeBatch(inputs, first), new AbortController().signal);
+    const announced = inputs.find((t) => t.imageTokens !== r.nTokens);
+    if (announced) {
+      throw new Error(
+        `encoder-mtmd: the encoder produced ${r.nTokens} tokens per image but the preprocessor announced ${announced.imageTokens}`,
+      );
+    }
+    return r.data.map((data) => ({ data, nTokens: r.nTokens, nEmbd: r.nEmbd }));
+  }
+
+  async #encode(input: PixelTensor, image: VisionImage): Promise<VisionEncodeResult> {
+    let result: VisionEncodeResult;
+    try {
+      result = await this.#vision.encode(input.pixelValues, image, this.#profile);
+    } catch (err) {
+      throw new Error(`encoder-mtmd: encode failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    } finally {
+      // clip is done reading the pixels (even for a frame whose caller gave up): they can be reused.
+      input.recycle?.(input.pixelValues);
+    }
+    this.#recordRun(result);
+    return result;
+  }
+
+  async #encodeBatch(inputs: readonly PixelTensor[], image: VisionImage): Promise<VisionBatchResult> {
+    let result: VisionBatchResult;
+    try {
+      result = await this.#vision.encodeBatch(
+        inputs.map((t) => t.pixelValues),
+        image,
+        this.#profile,
+      );
+    } catch (err) {
+      throw new Error(`encoder-mtmd: batch encode failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    } finally {
+      for (const t of inputs) t.recycle?.(t.pixelValues);
+    }
+    this.#recordRun(result);
+    return result;
+  }
+
+  #recordRun(result: { readonly encodeMs: number; readonly profile?: VisionProfile }): void {
+    this.#runs++;
+    this.#lastRunMs = result.encodeMs;
+    this.#lastProfile = result.profile;
   }
 
   /** Waits for a running clip encode (it cannot be interrupted), then frees the context. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      while (this.#inFlight) await this.#inFlight;
+      await this.#slot.idle();
       this.#vision.dispose();
     })();
     return this.#closing;
   }
 }
-

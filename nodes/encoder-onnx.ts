@@ -6,23 +6,31 @@
 //   gemma4: pixel_values f32 [N,P,768] + pixel_position_ids i64 [N,P,2] → image_features f32 [N,T,hidden]
 //           (rank 2 [T,hidden] is accepted too: HF's tower returns the valid tokens flattened)
 // Buffers: the PixelTensor's arrays are transferred to the worker (no copy); the caller must not use them
-// after process() (set copyInputs to keep them). One run is in flight at a time. When ctx.signal fires
-// the stage stops waiting at once; the worker finishes that run and its result is discarded (counted).
+// after process() (set copyInputs to keep them). The worker sends pixel_values back after the run, and
+// it goes to the tensor's recycle() for the next frame. One run is in flight at a time (an
+// AbandonableSlot): when ctx.signal fires the stage rethrows its reason at once; the worker finishes
+// that run, its result is discarded (counted) and the next frame waits for it.
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import type { ImageEmbedding, PixelTensor } from './payloads.ts';
-import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
+import type { Stage, StageContext } from '../pipeline/types.ts';
 import type { WireTensor, WireValueInfo, WorkerInit, WorkerReply, WorkerRequest } from './encoder-onnx.worker.ts';
-import { abortable } from '../pipeline/abort.ts';
+import { AbandonableSlot } from '../pipeline/abort.ts';
 
 export type ExecutionProvider = 'cpu' | 'cuda' | 'tensorrt';
+
+/** close(): how long the worker may take to release its session before it is terminated. */
+const CLOSE_GRACE_MS = 2000;
+/** close(): how long to wait for the worker's exit after it said it closed. */
+const EXIT_WAIT_MS = 500;
 
 export interface OnnxEncoderConfig {
   /** Path of vision_encoder.onnx (resolve `synth:<preset>` specifiers before, with models/vision-synth.ts). */
   readonly model: string;
-  readonly ep?: ExecutionProvider;
+  /** The config's encoder.executionProvider. */
+  readonly ep: ExecutionProvider;
   /** The decoder's n_embd: the encoder's output width must equal it. */
   readonly expectedHidden?: number;
   /** ORT intra-op threads (default: ORT's choice, one per core). */
@@ -67,22 +75,33 @@ const dimsText = (shape: readonly (number | string)[] | undefined): string => `[
 
 function fixedDimMismatch(info: WireValueInfo, index: number, expected: number): string | undefined {
   const d = info.shape?.[index];
-  return typeof d === 'number' && d !== expected ? `${info.name} dim ${index} is ${d}, expected ${expected} (shape ${dimsText(info.shape)})` : undefined;
+  return typeof d === 'number' && d !== expected
+    ? `${info.name} dim ${index} is ${d}, expected ${expected} (shape ${dimsText(info.shape)})`
+    : undefined;
 }
 
 /** Checks a model's inputs/outputs against the gemma3/gemma4 contracts. Throws an Error that lists every
  * mismatch. Pure: the tests call it on hand-made metadata too. */
-export function checkEncoderContract(inputs: readonly WireValueInfo[], outputs: readonly WireValueInfo[], expectedHidden?: number, source = 'vision encoder'): EncoderContractInfo {
+export function checkEncoderContract(
+  inputs: readonly WireValueInfo[],
+  outputs: readonly WireValueInfo[],
+  expectedHidden?: number,
+  source = 'vision encoder',
+): EncoderContractInfo {
   const problems: string[] = [];
   const byName = (list: readonly WireValueInfo[], name: string): WireValueInfo | undefined => list.find((v) => v.name === name);
   const pixels = byName(inputs, 'pixel_values');
   const positions = byName(inputs, 'pixel_position_ids');
   const features = byName(outputs, 'image_features');
-  const names = (l: readonly WireValueInfo[]): string => l.map((v) => `${v.name}:${v.type ?? '?'}${dimsText(v.shape)}`).join(', ') || 'none';
+  const names = (l: readonly WireValueInfo[]): string =>
+    l.map((v) => `${v.name}:${v.type ?? '?'}${dimsText(v.shape)}`).join(', ') || 'none';
   if (!pixels) problems.push(`missing input 'pixel_values' (inputs: ${names(inputs)})`);
   if (!features) problems.push(`missing output 'image_features' (outputs: ${names(outputs)})`);
   const extra = inputs.filter((v) => v.name !== 'pixel_values' && v.name !== 'pixel_position_ids');
-  if (extra.length) problems.push(`unexpected input(s) ${extra.map((v) => `'${v.name}'`).join(', ')} (the contract has pixel_values and, for gemma4, pixel_position_ids)`);
+  if (extra.length)
+    problems.push(
+      `unexpected input(s) ${extra.map((v) => `'${v.name}'`).join(', ')} (the contract has pixel_values and, for gemma4, pixel_position_ids)`,
+    );
   const kind: 'gemma3' | 'gemma4' = positions ? 'gemma4' : 'gemma3';
   const check = (v: WireValueInfo | undefined, type: string, ranks: readonly number[]): boolean => {
     if (!v) return false;
@@ -133,7 +152,8 @@ export function checkEncoderContract(inputs: readonly WireValueInfo[], outputs: 
   const outShape = features?.shape ?? [];
   const last = outShape[outShape.length - 1];
   const hidden = typeof last === 'number' ? last : undefined;
-  if (features && outShape.length && hidden === undefined) problems.push(`image_features width is symbolic (${dimsText(outShape)}); the contract needs a fixed hidden size`);
+  if (features && outShape.length && hidden === undefined)
+    problems.push(`image_features width is symbolic (${dimsText(outShape)}); the contract needs a fixed hidden size`);
   if (hidden !== undefined && expectedHidden !== undefined && hidden !== expectedHidden) {
     problems.push(`image_features width is ${hidden}, but the decoder's n_embd is ${expectedHidden}`);
   }
@@ -177,13 +197,16 @@ export function checkExecutionProvider(ep: ExecutionProvider): void {
   }
 }
 
+interface RunReply {
+  readonly outputs: Record<string, WireTensor>;
+  readonly runMs: number;
+}
+
 interface PendingRun {
-  readonly resolve: (r: { outputs: Record<string, WireTensor>; runMs: number }) => void;
+  readonly resolve: (reply: RunReply) => void;
   readonly reject: (e: Error) => void;
-  abandoned: boolean;
-  /** Resolves when the worker is done with this run, whether or not anyone waits for its result. */
-  readonly done: Promise<void>;
-  readonly markDone: () => void;
+  /** Hands the input's pixel_values back to the preprocessor once the worker returns it. */
+  readonly recycle: ((pixelValues: Float32Array) => void) | undefined;
 }
 
 function transferable(a: Float32Array | BigInt64Array, copy: boolean): { data: Float32Array | BigInt64Array; transfer?: ArrayBuffer } {
@@ -198,12 +221,15 @@ function transferable(a: Float32Array | BigInt64Array, copy: boolean): { data: F
 
 /** Loads the model in a worker, checks its contract, and returns the stage. */
 export async function createOnnxEncoderStage(cfg: OnnxEncoderConfig): Promise<OnnxEncoderStage> {
-  if (typeof cfg?.model !== 'string' || cfg.model.length === 0) throw new TypeError('encoder-onnx: cfg.model must be the path of an .onnx file');
-  if (cfg.model.endsWith('.gguf')) throw new Error(`encoder-onnx: ${cfg.model} is a GGUF (mmproj): that needs the llama.cpp mtmd encoder, not onnxruntime`);
+  if (typeof cfg?.model !== 'string' || cfg.model.length === 0)
+    throw new TypeError('encoder-onnx: cfg.model must be the path of an .onnx file');
+  if (cfg.model.endsWith('.gguf'))
+    throw new Error(`encoder-onnx: ${cfg.model} is a GGUF (mmproj): that needs the llama.cpp mtmd encoder, not onnxruntime`);
   if (!existsSync(cfg.model)) throw new Error(`encoder-onnx: model ${cfg.model} does not exist`);
-  const ep = cfg.ep ?? 'cpu';
+  const { ep } = cfg;
   checkExecutionProvider(ep);
-  if (cfg.threads !== undefined && !(Number.isInteger(cfg.threads) && cfg.threads >= 1)) throw new RangeError(`encoder-onnx: threads must be a positive integer, got ${cfg.threads}`);
+  if (cfg.threads !== undefined && !(Number.isInteger(cfg.threads) && cfg.threads >= 1))
+    throw new RangeError(`encoder-onnx: threads must be a positive integer, got ${cfg.threads}`);
   if (cfg.expectedHidden !== undefined && !(Number.isInteger(cfg.expectedHidden) && cfg.expectedHidden > 0)) {
     throw new RangeError(`encoder-onnx: expectedHidden must be a positive integer, got ${cfg.expectedHidden}`);
   }
@@ -264,15 +290,11 @@ class OnnxEncoder implements OnnxEncoderStage {
   readonly #worker: Worker;
   readonly #copyInputs: boolean;
   readonly #pending = new Map<number, PendingRun>();
+  readonly #slot = new AbandonableSlot();
   #nextId = 1;
-  /** The run the worker is executing (possibly abandoned by its caller). */
-  #inFlight: PendingRun | undefined;
-  /** A process() call is between entry and return. */
-  #callerActive = false;
   #failure: Error | undefined;
   #closing: Promise<void> | undefined;
   #runs = 0;
-  #discarded = 0;
   #lastRunMs = 0;
 
   constructor(worker: Worker, contract: EncoderContractInfo, ep: ExecutionProvider, copyInputs: boolean) {
@@ -288,7 +310,7 @@ class OnnxEncoder implements OnnxEncoderStage {
   }
 
   stats(): OnnxEncoderStats {
-    return { runs: this.#runs, discarded: this.#discarded, lastRunMs: this.#lastRunMs };
+    return { runs: this.#runs, discarded: this.#slot.abandoned, lastRunMs: this.#lastRunMs };
   }
 
   #onMessage(msg: WorkerReply): void {
@@ -296,28 +318,24 @@ class OnnxEncoder implements OnnxEncoderStage {
     const run = this.#pending.get(msg.id);
     if (!run) return;
     this.#pending.delete(msg.id);
-    if (this.#inFlight === run) this.#inFlight = undefined;
-    run.markDone();
+    if (msg.pixelValues) run.recycle?.(msg.pixelValues);
     if (msg.type === 'result') {
       this.#runs++;
       this.#lastRunMs = msg.runMs;
+      run.resolve({ outputs: msg.outputs, runMs: msg.runMs });
+    } else {
+      run.reject(new Error(`encoder-onnx: run failed: ${msg.message}`));
     }
-    if (run.abandoned) {
-      this.#discarded++;
-      return;
-    }
-    if (msg.type === 'result') run.resolve({ outputs: msg.outputs, runMs: msg.runMs });
-    else run.reject(new Error(`encoder-onnx: run failed: ${msg.message}`));
   }
 
   #fail(err: Error): void {
     this.#failure ??= err;
-    for (const run of this.#pending.values()) {
-      run.markDone();
-      if (!run.abandoned) run.reject(err);
-    }
+    this.#rejectPending(err);
+  }
+
+  #rejectPending(err: Error): void {
+    for (const run of this.#pending.values()) run.reject(err);
     this.#pending.clear();
-    this.#inFlight = undefined;
   }
 
   #validate(input: PixelTensor): void {
@@ -325,87 +343,68 @@ class OnnxEncoder implements OnnxEncoderStage {
     if (input?.contract !== c.kind) throw new Error(`encoder-onnx: got a ${String(input?.contract)} tensor, the model is ${c.kind}`);
     const count = (dims: readonly number[]): number => dims.reduce((a, b) => a * b, 1);
     if (!(input.pixelValues instanceof Float32Array)) throw new TypeError('encoder-onnx: pixelValues must be a Float32Array');
-    if (input.pixelValues.buffer.byteLength === 0) throw new Error('encoder-onnx: pixelValues is detached (its buffer was already handed to the encoder)');
+    if (input.pixelValues.buffer.byteLength === 0)
+      throw new Error('encoder-onnx: pixelValues is detached (its buffer was already handed to the encoder)');
     if (count(input.pixelDims) !== input.pixelValues.length) {
-      throw new RangeError(`encoder-onnx: pixelDims [${input.pixelDims.join(',')}] need ${count(input.pixelDims)} values, got ${input.pixelValues.length}`);
+      throw new RangeError(
+        `encoder-onnx: pixelDims [${input.pixelDims.join(',')}] need ${count(input.pixelDims)} values, got ${input.pixelValues.length}`,
+      );
     }
     if (c.kind === 'gemma3') {
       const s = c.imageSize;
-      if (input.pixelDims.length !== 4 || input.pixelDims[1] !== 3 || (s !== undefined && (input.pixelDims[2] !== s || input.pixelDims[3] !== s))) {
+      if (
+        input.pixelDims.length !== 4 ||
+        input.pixelDims[1] !== 3 ||
+        (s !== undefined && (input.pixelDims[2] !== s || input.pixelDims[3] !== s))
+      ) {
         throw new RangeError(`encoder-onnx: gemma3 pixelDims must be [N,3,${s ?? 'S'},${s ?? 'S'}], got [${input.pixelDims.join(',')}]`);
       }
     } else {
-      if (input.pixelDims.length !== 3 || input.pixelDims[2] !== 768) throw new RangeError(`encoder-onnx: gemma4 pixelDims must be [N,P,768], got [${input.pixelDims.join(',')}]`);
+      if (input.pixelDims.length !== 3 || input.pixelDims[2] !== 768)
+        throw new RangeError(`encoder-onnx: gemma4 pixelDims must be [N,P,768], got [${input.pixelDims.join(',')}]`);
       const pd = input.positionDims;
-      if (!(input.positionIds instanceof BigInt64Array) || !pd) throw new TypeError('encoder-onnx: gemma4 tensors need positionIds (BigInt64Array) and positionDims');
-      if (pd.length !== 3 || pd[0] !== input.pixelDims[0] || pd[1] !== input.pixelDims[1] || pd[2] !== 2 || count(pd) !== input.positionIds.length) {
-        throw new RangeError(`encoder-onnx: positionDims [${pd.join(',')}] do not match pixelDims [${input.pixelDims.join(',')}] / ${input.positionIds.length} ids`);
+      if (!(input.positionIds instanceof BigInt64Array) || !pd)
+        throw new TypeError('encoder-onnx: gemma4 tensors need positionIds (BigInt64Array) and positionDims');
+      if (
+        pd.length !== 3 ||
+        pd[0] !== input.pixelDims[0] ||
+        pd[1] !== input.pixelDims[1] ||
+        pd[2] !== 2 ||
+        count(pd) !== input.positionIds.length
+      ) {
+        throw new RangeError(
+          `encoder-onnx: positionDims [${pd.join(',')}] do not match pixelDims [${input.pixelDims.join(',')}] / ${input.positionIds.length} ids`,
+        );
       }
-    }
-  }
-
-  /** Waits until the worker has finished any abandoned run; abortable. */
-  async #waitIdle(signal: AbortSignal): Promise<void> {
-    while (this.#inFlight) {
-      const run = this.#inFlight;
-      await abortable(run.done, signal);
     }
   }
 
   async process(input: PixelTensor, ctx: StageContext): Promise<ImageEmbedding> {
     if (this.#closing) throw new Error('encoder-onnx: stage is closed');
     if (this.#failure) throw this.#failure;
-    if (this.#callerActive) throw new Error('encoder-onnx: process() called while another frame is being encoded (one run in flight; the runtime serializes stage calls)');
     this.#validate(input);
-    this.#callerActive = true;
-    try {
-      if (ctx.signal.aborted) throw this.#cancel(ctx, 'before the run');
-      try {
-        await this.#waitIdle(ctx.signal);
-      } catch {
-        throw this.#cancel(ctx, 'waiting for the worker to finish an abandoned run');
-      }
-      if (this.#failure) throw this.#failure;
-      const feeds: Record<string, WireTensor> = {};
-      const transfer: ArrayBuffer[] = [];
-      const pv = transferable(input.pixelValues, this.#copyInputs);
-      feeds.pixel_values = { type: 'float32', data: pv.data, dims: input.pixelDims };
-      if (pv.transfer) transfer.push(pv.transfer);
-      if (this.contract.kind === 'gemma4') {
-        const pos = transferable(input.positionIds!, this.#copyInputs);
-        feeds.pixel_position_ids = { type: 'int64', data: pos.data, dims: input.positionDims! };
-        if (pos.transfer) transfer.push(pos.transfer);
-      }
-      const id = this.#nextId++;
-      let markDone!: () => void;
-      const done = new Promise<void>((r) => (markDone = r));
-      const result = new Promise<{ outputs: Record<string, WireTensor>; runMs: number }>((resolve, reject) => {
-        const run: PendingRun = { resolve, reject, abandoned: false, done, markDone };
-        this.#pending.set(id, run);
-        this.#inFlight = run;
-      });
-      const request: WorkerRequest = { type: 'run', id, feeds };
-      this.#worker.postMessage(request, transfer);
-      let reply: { outputs: Record<string, WireTensor>; runMs: number };
-      try {
-        reply = await abortable(result, ctx.signal);
-      } catch (err) {
-        if (!ctx.signal.aborted) throw err;
-        const run = this.#pending.get(id);
-        if (run) run.abandoned = true;
-        throw this.#cancel(ctx, 'during the run (the worker finishes it; the result is discarded)');
-      }
-      return this.#toEmbedding(reply.outputs, input);
-    } finally {
-      this.#callerActive = false;
-    }
+    const reply = await this.#slot.run(() => this.#post(input), ctx.signal);
+    return this.#toEmbedding(reply.outputs, input);
   }
 
-  #cancel(ctx: StageContext, when: string): DropFrame {
-    // The runtime aborts with a StageAbort naming why; any other abort is judged by the clock.
-    const why = ctx.signal.reason instanceof StageAbort ? ctx.signal.reason.reason : ctx.clock.nowNs() >= ctx.stageDeadlineNs ? 'deadline' : 'aborted';
-    ctx.report({ kind: 'cancel', reason: why, detail: `encoder ${when}` });
-    return new DropFrame(why === 'deadline' ? 'stale' : 'shutdown', `encoder-onnx: aborted (${why}) ${when}`);
+  /** Hands one run to the worker (the input arrays are transferred unless copyInputs). */
+  #post(input: PixelTensor): Promise<RunReply> {
+    if (this.#failure) return Promise.reject(this.#failure);
+    const feeds: Record<string, WireTensor> = {};
+    const transfer: ArrayBuffer[] = [];
+    const pv = transferable(input.pixelValues, this.#copyInputs);
+    feeds.pixel_values = { type: 'float32', data: pv.data, dims: input.pixelDims };
+    if (pv.transfer) transfer.push(pv.transfer);
+    if (this.contract.kind === 'gemma4') {
+      const pos = transferable(input.positionIds!, this.#copyInputs);
+      feeds.pixel_position_ids = { type: 'int64', data: pos.data, dims: input.positionDims! };
+      if (pos.transfer) transfer.push(pos.transfer);
+    }
+    const id = this.#nextId++;
+    const reply = new Promise<RunReply>((resolve, reject) => this.#pending.set(id, { resolve, reject, recycle: input.recycle }));
+    const request: WorkerRequest = { type: 'run', id, feeds };
+    this.#worker.postMessage(request, transfer);
+    return reply;
   }
 
   #toEmbedding(outputs: Record<string, WireTensor>, input: PixelTensor): ImageEmbedding {
@@ -416,21 +415,19 @@ class OnnxEncoder implements OnnxEncoderStage {
     const batch = dims.length === 3 ? dims[0]! : 1;
     if (batch !== 1) throw new Error(`encoder-onnx: image_features has batch ${batch}; one image per frame is supported`);
     const nTokens = dims.length === 3 ? dims[1]! : dims[0]!;
-    if (nEmbd !== this.contract.hidden && this.contract.hidden !== 0) throw new Error(`encoder-onnx: image_features width ${nEmbd} != ${this.contract.hidden}`);
+    if (nEmbd !== this.contract.hidden && this.contract.hidden !== 0)
+      throw new Error(`encoder-onnx: image_features width ${nEmbd} != ${this.contract.hidden}`);
     if (nTokens !== input.imageTokens) {
-      throw new Error(`encoder-onnx: the encoder produced ${nTokens} tokens but the preprocessor announced ${input.imageTokens} (image_features [${dims.join(',')}])`);
+      throw new Error(
+        `encoder-onnx: the encoder produced ${nTokens} tokens but the preprocessor announced ${input.imageTokens} (image_features [${dims.join(',')}])`,
+      );
     }
     return { data: f.data, nTokens, nEmbd };
   }
 
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      for (const run of this.#pending.values()) {
-        run.markDone();
-        if (!run.abandoned) run.reject(new Error('encoder-onnx: stage closed during the run'));
-      }
-      this.#pending.clear();
-      this.#inFlight = undefined;
+      this.#rejectPending(new Error('encoder-onnx: stage closed during the run'));
       const exited = new Promise<void>((resolve) => this.#worker.once('exit', () => resolve()));
       const closed = new Promise<void>((resolve) => {
         const onMsg = (m: WorkerReply): void => {
@@ -447,14 +444,16 @@ class OnnxEncoder implements OnnxEncoderStage {
         // already gone
       }
       // Give the session a moment to release cleanly; a stuck native run is terminated.
-      const timer = new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 2000).unref());
+      const timer = new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), CLOSE_GRACE_MS).unref());
       const outcome = await Promise.race([closed.then(() => 'closed' as const), exited.then(() => 'exited' as const), timer]);
       if (outcome !== 'exited') {
-        const done = await Promise.race([exited.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 500).unref())]);
+        const done = await Promise.race([
+          exited.then(() => true),
+          new Promise<boolean>((r) => setTimeout(() => r(false), EXIT_WAIT_MS).unref()),
+        ]);
         if (!done) await this.#worker.terminate();
       }
     })();
     return this.#closing;
   }
 }
-

@@ -1,9 +1,11 @@
-// Worker thread that owns one onnxruntime-node InferenceSession. session.run() is synchronous native
-// work behind a setImmediate (deps.md §1), so it must not run on the main thread: the pipeline's event
+// Worker thread that owns one onnxruntime-node InferenceSession. onnxruntime-node's session.run() does
+// its native work synchronously (it only defers the call with a setImmediate), so it must not run on
+// the main thread: the pipeline's event
 // loop would stall for the whole encode. Protocol (all messages are plain objects):
 //   in : workerData = WorkerInit; { type: 'run', id, feeds } (buffers transferred); { type: 'close' }
 //   out: { type: 'ready', inputs, outputs } | { type: 'load-error', message }
-//        { type: 'result', id, outputs, runMs } (buffers transferred) | { type: 'run-error', id, message }
+//        { type: 'result', id, outputs, runMs, pixelValues } (buffers transferred; pixelValues is the
+//          input array handed back for reuse) | { type: 'run-error', id, message, pixelValues }
 //        { type: 'closed' }
 import { parentPort, workerData } from 'node:worker_threads';
 import ort from 'onnxruntime-node';
@@ -32,13 +34,20 @@ export interface WireValueInfo {
   readonly shape?: readonly (number | string)[];
 }
 
-export type WorkerRequest = { readonly type: 'run'; readonly id: number; readonly feeds: Readonly<Record<string, WireTensor>> } | { readonly type: 'close' };
+export type WorkerRequest =
+  { readonly type: 'run'; readonly id: number; readonly feeds: Readonly<Record<string, WireTensor>> } | { readonly type: 'close' };
 
 export type WorkerReply =
   | { readonly type: 'ready'; readonly inputs: WireValueInfo[]; readonly outputs: WireValueInfo[] }
   | { readonly type: 'load-error'; readonly message: string }
-  | { readonly type: 'result'; readonly id: number; readonly outputs: Record<string, WireTensor>; readonly runMs: number }
-  | { readonly type: 'run-error'; readonly id: number; readonly message: string }
+  | {
+      readonly type: 'result';
+      readonly id: number;
+      readonly outputs: Record<string, WireTensor>;
+      readonly runMs: number;
+      readonly pixelValues?: Float32Array;
+    }
+  | { readonly type: 'run-error'; readonly id: number; readonly message: string; readonly pixelValues?: Float32Array }
   | { readonly type: 'closed' };
 
 const port = parentPort;
@@ -77,6 +86,13 @@ async function main(): Promise<void> {
   });
 }
 
+/** The transferred pixel_values input, to send back once the session no longer reads it. */
+function inputToReturn(feeds: Readonly<Record<string, WireTensor>>): { pixelValues?: Float32Array; transfer: ArrayBuffer[] } {
+  const data = feeds.pixel_values?.data;
+  if (!(data instanceof Float32Array) || !(data.buffer instanceof ArrayBuffer)) return { transfer: [] };
+  return { pixelValues: data, transfer: [data.buffer] };
+}
+
 async function run(session: ort.InferenceSession, id: number, feeds: Readonly<Record<string, WireTensor>>): Promise<void> {
   try {
     const ortFeeds: Record<string, ort.Tensor> = {};
@@ -94,15 +110,17 @@ async function run(session: ort.InferenceSession, id: number, feeds: Readonly<Re
       outputs[name] = { type: value.type, data, dims: [...value.dims] };
       transfer.push(data.buffer as ArrayBuffer);
     }
+    const back = inputToReturn(feeds);
     try {
-      post({ type: 'result', id, outputs, runMs }, transfer);
+      post({ type: 'result', id, outputs, runMs, ...back }, [...transfer, ...back.transfer]);
     } catch {
       // A buffer owned by native code cannot be detached: send copies.
       for (const o of Object.values(outputs)) (o as { data: Float32Array | BigInt64Array }).data = o.data.slice();
-      post({ type: 'result', id, outputs, runMs });
+      post({ type: 'result', id, outputs, runMs, ...back }, back.transfer);
     }
   } catch (err) {
-    post({ type: 'run-error', id, message: err instanceof Error ? err.message : String(err) });
+    const back = inputToReturn(feeds);
+    post({ type: 'run-error', id, message: err instanceof Error ? err.message : String(err), ...back }, back.transfer);
   }
 }
 

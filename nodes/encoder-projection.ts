@@ -3,14 +3,13 @@
 // fixed random matrix [48, nEmbd]. Different images give different embeddings and the cost is tiny
 // (~tokens·48·nEmbd multiply-adds), so the decoder's image path can be exercised end to end.
 import type { ImageEmbedding, PixelTensor } from './payloads.ts';
+import type { EncoderConfig } from '../pipeline/config.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 
-export interface ProjectionEncoderConfig {
+/** The projection section of a defaulted config (seed, tokens) and the decoder's width. */
+export interface ProjectionEncoderConfig extends Omit<Extract<EncoderConfig, { kind: 'projection' }>, 'kind'> {
   /** Output width: the decoder's n_embd. */
   readonly nEmbd: number;
-  /** Tokens per Gemma 3 image (a square number, default 256). Gemma 4 tensors carry their own count. */
-  readonly tokens?: number;
-  readonly seed?: number;
 }
 
 const SUB = 4; // sub-cells per token side
@@ -97,11 +96,10 @@ function gemma4Descriptors(t: PixelTensor): { desc: Float32Array; tokens: number
 export function createProjectionEncoderStage(cfg: ProjectionEncoderConfig): Stage<PixelTensor, ImageEmbedding> {
   const { nEmbd } = cfg;
   if (!Number.isInteger(nEmbd) || nEmbd <= 0) throw new RangeError(`encoder-projection: nEmbd must be a positive integer, got ${nEmbd}`);
-  const tokens = cfg.tokens ?? 256;
+  const { tokens, seed } = cfg;
   if (!Number.isInteger(tokens) || tokens <= 0 || !Number.isInteger(Math.sqrt(tokens))) {
     throw new RangeError(`encoder-projection: tokens must be a positive square number, got ${tokens}`);
   }
-  const seed = cfg.seed ?? 0;
   if (!Number.isInteger(seed)) throw new RangeError(`encoder-projection: seed must be an integer, got ${seed}`);
   const matrix = projectionMatrix(nEmbd, seed);
 
@@ -111,15 +109,19 @@ export function createProjectionEncoderStage(cfg: ProjectionEncoderConfig): Stag
       let desc: Float32Array;
       let nTokens: number;
       if (input?.contract === 'gemma3') {
-        if (input.pixelDims.length !== 4 || input.pixelDims[1] !== 3) throw new RangeError(`encoder-projection: gemma3 pixelDims must be [1,3,H,W], got [${input.pixelDims.join(',')}]`);
+        if (input.pixelDims.length !== 4 || input.pixelDims[1] !== 3)
+          throw new RangeError(`encoder-projection: gemma3 pixelDims must be [1,3,H,W], got [${input.pixelDims.join(',')}]`);
         nTokens = tokens;
         desc = gemma3Descriptors(input, tokens);
       } else if (input?.contract === 'gemma4') {
         if (input.pixelDims.length !== 3 || input.pixelDims[2] !== 768 || !input.positionIds) {
-          throw new RangeError(`encoder-projection: gemma4 input needs pixelDims [1,P,768] and positionIds, got [${input.pixelDims.join(',')}]`);
+          throw new RangeError(
+            `encoder-projection: gemma4 input needs pixelDims [1,P,768] and positionIds, got [${input.pixelDims.join(',')}]`,
+          );
         }
         ({ desc, tokens: nTokens } = gemma4Descriptors(input));
-        if (nTokens !== input.imageTokens) throw new Error(`encoder-projection: patch grid gives ${nTokens} tokens, the tensor announces ${input.imageTokens}`);
+        if (nTokens !== input.imageTokens)
+          throw new Error(`encoder-projection: patch grid gives ${nTokens} tokens, the tensor announces ${input.imageTokens}`);
       } else {
         throw new TypeError(`encoder-projection: unknown tensor contract ${String(input?.contract)}`);
       }

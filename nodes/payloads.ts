@@ -24,6 +24,10 @@ export interface PixelTensor {
   readonly positionDims?: readonly number[];
   /** The number of image tokens the decoder will receive for this image. */
   readonly imageTokens: number;
+  /** Gives pixelValues back to its producer for reuse. The consumer (the encoder) owns the tensor and
+   * calls this at most once, when nothing reads the array any more; after a transfer to a worker and
+   * back, it passes the array it got back. Optional: without a call the array is garbage collected. */
+  readonly recycle?: (pixelValues: Float32Array) => void;
 }
 
 /** Image embeddings in the decoder's width, ready for the prompt's image segment. */

@@ -1,17 +1,31 @@
-// Camera frame → encoder input tensor, with sharp (libvips) doing decode + resize in one native call
-// and one tight loop doing normalization and layout (CHW for Gemma 3, 16×16 HWC patches for Gemma 4).
+// Camera frame → encoder input tensor: sharp (libvips) decodes and resizes in one native call, one
+// native layout pass (native/pixels.ts) normalizes, orients and lays out the pixels (CHW for Gemma 3,
+// 16×16 HWC patches for Gemma 4).
 //
-// Contracts (transformers.js vision_encoder inputs; models.md §5):
+// Contracts (the inputs of transformers.js's vision_encoder sessions, as HF's Gemma3ImageProcessor and
+// Gemma4ImageProcessor make them; Gemma 3's pan-and-scan is off, its default):
 //   gemma3: resize to 896×896 (bilinear), ×1/255, (x−0.5)/0.5 → pixel_values f32 [1,3,896,896].
 //   gemma4: aspect-preserving resize to multiples of 48 px within an image-token budget
 //           (70/140/280/560/1120; tokens = (W/48)·(H/48)), bicubic, ×1/255, patchify 16×16 (HWC inside a
 //           patch, patches row-major) → pixel_values f32 [1, budget·9, 768] zero-padded, and
 //           pixel_position_ids i64 [1, budget·9, 2] = (col,row), −1 for padding.
-// Each output tensor is freshly allocated: the encoder stage takes ownership (it transfers the buffers
-// to its worker thread), so a pool here would be emptied by every frame anyway.
+// Speed (one libvips thread):
+//   - sharp gets the target size, so a JPEG much larger than the target is decoded at 1/2, 1/4 or 1/8
+//     scale by libjpeg's DCT scaling (shrink-on-load; libvips uses it from a 3× shrink on).
+//   - EXIF orientation is applied by the layout pass (an index mapping), not by libvips: libvips would
+//     rotate the full-size image before resizing and give up shrink-on-load.
+//   - Rows that grow (720 → 896 for Gemma 3) are enlarged by the layout pass on PIL's sample grid (HF's
+//     processors resize with PIL); libvips's enlarging (affine) path cost 10+ ms and samples half an
+//     output pixel off that grid.
+//   - A raw frame that already has the target size skips sharp entirely.
+//   - pixel_values comes from a small pool: the encoder hands the array back through
+//     PixelTensor.recycle when it is done, so steady state allocates nothing (and a 7.7 MB array per
+//     frame no longer feeds the GC). Values stay f32 here rather than going to the encoder as uint8:
+//     both encoders' contracts take f32, and normalizing elsewhere would move, not remove, the pass.
 import sharp, { type Metadata } from 'sharp';
 import type { CameraFrame, EncoderContract, FrameEncoding, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
+import { layoutPixels } from '../native/pixels.ts';
 
 /** Gemma 4 image-token budgets (HF `max_soft_tokens`, llama.cpp --image-{min,max}-tokens range). */
 export const GEMMA4_TOKEN_BUDGETS = [70, 140, 280, 560, 1120] as const;
@@ -28,19 +42,21 @@ export type Gemma4Sizing = 'hf' | 'llama.cpp';
 
 export interface PreprocessConfig {
   readonly contract: EncoderContract;
-  /** Frames with more pixels are refused before decoding (default 4096×4096). */
-  readonly maxPixels?: number;
+  /** Frames with more pixels are refused before decoding (the config's preprocess.maxPixels). */
+  readonly maxPixels: number;
   /** Resize kernel (default: 'linear' for gemma3 as HF's bilinear, 'cubic' for gemma4 as HF's bicubic). */
   readonly kernel?: ResizeKernel;
-  /** gemma3 square input size (default 896). */
+  /** gemma3 square input size (default 896, the processor's). */
   readonly imageSize?: number;
   /** gemma4 sizing rule (default 'hf', the processor the ONNX encoders were exported with). */
   readonly gemma4Sizing?: Gemma4Sizing;
   /** gemma4: a fixed token budget; when absent the budget is ctx.knobs.imageTokens (the ladder's knob). */
   readonly imageTokens?: number;
+  /** libvips threads per image, process-wide (the config's preprocess.threads). */
+  readonly threads: number;
 }
 
-const DEFAULT_MAX_PIXELS = 4096 * 4096;
+const GEMMA3_IMAGE_SIZE = 896;
 const KERNELS: readonly ResizeKernel[] = ['nearest', 'linear', 'cubic', 'mitchell', 'lanczos2', 'lanczos3'];
 const ENCODINGS: readonly FrameEncoding[] = ['jpeg', 'png', 'rgb8', 'bgr8', 'rgba8', 'bgra8', 'mono8', 'mono16'];
 
@@ -106,18 +122,23 @@ export function gemma4TargetSize(width: number, height: number, budget: number, 
   return { width: tw, height: th, cols, rows, tokens: (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL) };
 }
 
-/** A decodable input for sharp plus how to read its channels afterwards. */
+/** A frame as sharp can read it, with its stored size and EXIF orientation. */
 interface SourceImage {
-  readonly input: Buffer | Uint16Array;
+  readonly input: Uint8Array | Uint16Array;
   readonly raw?: { width: number; height: number; channels: 1 | 3 };
+  /** Stored size (before orientation). */
   readonly width: number;
   readonly height: number;
-  /** Channels are B,G,R in memory (swapped while normalizing: resizing does not care). */
+  /** EXIF orientation 1…8 (1: as stored). */
+  readonly orientation: number;
+  /** Channels are B,G,R in memory (swapped by the layout pass: resizing does not care). */
   readonly bgr: boolean;
   readonly hasAlpha: boolean;
+  /** A raw frame of the target size: the pixels the layout pass reads as they are (sharp is skipped). */
+  readonly direct?: StoredPixels;
 }
 
-const bytesPerPixel: Record<Exclude<FrameEncoding, 'jpeg' | 'png'>, number> = {
+const bytesPerPixel: Record<Exclude<FrameEncoding, 'jpeg' | 'png'>, 1 | 2 | 3 | 4> = {
   rgb8: 3,
   bgr8: 3,
   rgba8: 4,
@@ -129,6 +150,9 @@ const bytesPerPixel: Record<Exclude<FrameEncoding, 'jpeg' | 'png'>, number> = {
 function frameError(encoding: string, problem: string): Error {
   return new Error(`preprocess: ${encoding} frame: ${problem}`);
 }
+
+/** Orientations 5–8 swap width and height. */
+const transposes = (orientation: number): boolean => orientation >= 5;
 
 async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<SourceImage> {
   const data = frame.data;
@@ -144,27 +168,35 @@ async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<S
   const width = meta.width ?? 0;
   const height = meta.height ?? 0;
   if (width <= 0 || height <= 0) throw frameError(frame.encoding, `zero size ${width}×${height}`);
-  if (width * height > maxPixels) throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
-  return { input: buffer, width, height, bgr: false, hasAlpha: meta.hasAlpha === true };
+  if (width * height > maxPixels)
+    throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
+  const o = meta.orientation ?? 1;
+  const orientation = Number.isInteger(o) && o >= 1 && o <= 8 ? o : 1;
+  return { input: buffer, width, height, orientation, bgr: false, hasAlpha: meta.hasAlpha === true };
 }
 
-/** Validates a raw frame and returns tightly packed pixels (rows copied only when stride has padding
- * or alpha has to go: sharp wants packed rows, and HF's convert('RGB') drops alpha). */
-function describeRaw(frame: CameraFrame, maxPixels: number): SourceImage {
+/** Validates a raw frame. Rows are repacked only where sharp has to read them (it wants packed rows,
+ * and HF's convert('RGB') drops alpha); a frame read directly keeps its stride. */
+function describeRaw(frame: CameraFrame, maxPixels: number, canReadDirect: (width: number, height: number) => boolean): SourceImage {
   const enc = frame.encoding as keyof typeof bytesPerPixel;
   const { width, height } = frame;
   if (width === undefined || height === undefined) throw frameError(enc, 'width and height are required for raw frames');
-  if (!Number.isInteger(width) || !Number.isInteger(height) || width <= 0 || height <= 0) throw frameError(enc, `bad size ${width}×${height}`);
+  if (!Number.isInteger(width) || !Number.isInteger(height) || width <= 0 || height <= 0)
+    throw frameError(enc, `bad size ${width}×${height}`);
   if (width * height > maxPixels) throw frameError(enc, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
   const bpp = bytesPerPixel[enc];
   const rowBytes = width * bpp;
   const stride = frame.stride ?? rowBytes;
-  if (!Number.isInteger(stride) || stride < rowBytes) throw frameError(enc, `stride ${stride} is smaller than width × ${bpp} = ${rowBytes}`);
+  if (!Number.isInteger(stride) || stride < rowBytes)
+    throw frameError(enc, `stride ${stride} is smaller than width × ${bpp} = ${rowBytes}`);
   const need = stride * (height - 1) + rowBytes;
   const data = frame.data;
   if (!(data instanceof Uint8Array)) throw frameError(enc, 'data must be a Uint8Array');
   if (data.byteLength < need) throw frameError(enc, `${data.byteLength} bytes, need ${need} for ${width}×${height} stride ${stride}`);
   const bgr = enc === 'bgr8' || enc === 'bgra8';
+  const common = { width, height, orientation: 1, bgr, hasAlpha: false };
+  if (enc !== 'mono16' && canReadDirect(width, height))
+    return { ...common, input: data, direct: { data, width, height, channels: bpp, stride, rows: height } };
   if (enc === 'rgba8' || enc === 'bgra8') {
     const packed = Buffer.allocUnsafe(width * height * 3);
     for (let y = 0, o = 0; y < height; y++) {
@@ -175,7 +207,7 @@ function describeRaw(frame: CameraFrame, maxPixels: number): SourceImage {
         packed[o + 2] = data[s + 2]!;
       }
     }
-    return { input: packed, raw: { width, height, channels: 3 }, width, height, bgr, hasAlpha: false };
+    return { ...common, input: packed, raw: { width, height, channels: 3 } };
   }
   const channels = enc === 'mono8' || enc === 'mono16' ? 1 : 3;
   let packed: Uint8Array = data;
@@ -188,150 +220,214 @@ function describeRaw(frame: CameraFrame, maxPixels: number): SourceImage {
   if (enc === 'mono16') {
     // Host (little-endian) byte order; sharp reads a Uint16Array as 16-bit samples.
     const aligned = packed.byteOffset % 2 === 0 ? packed : packed.slice();
-    return { input: new Uint16Array(aligned.buffer, aligned.byteOffset, width * height), raw: { width, height, channels: 1 }, width, height, bgr: false, hasAlpha: false };
+    return {
+      ...common,
+      input: new Uint16Array(aligned.buffer, aligned.byteOffset, width * height),
+      raw: { width, height, channels: 1 },
+    };
   }
-  return { input: Buffer.from(packed.buffer, packed.byteOffset, packed.byteLength), raw: { width, height, channels }, width, height, bgr, hasAlpha: false };
+  return { ...common, input: packed, raw: { width, height, channels } };
 }
 
 function firstLine(err: unknown): string {
   return (err instanceof Error ? err.message : String(err)).split('\n')[0]!.trim();
 }
 
-interface ResizedPixels {
-  readonly data: Buffer;
+/** 8-bit interleaved pixels in their stored orientation, for the layout pass. */
+interface StoredPixels {
+  readonly data: Uint8Array;
   readonly width: number;
   readonly height: number;
-  readonly channels: number;
+  readonly channels: 1 | 2 | 3 | 4;
+  readonly stride: number;
+  /** Rows after enlargement (libvips enlarges through its slow affine path; the layout pass does it). */
+  readonly rows: number;
 }
 
-async function decodeResized(src: SourceImage, encoding: string, width: number, height: number, kernel: ResizeKernel, maxPixels: number): Promise<ResizedPixels> {
-  let pipeline = sharp(src.input, {
-    ...(src.raw ? { raw: src.raw } : {}),
-    limitInputPixels: maxPixels,
-    sequentialRead: true,
-  });
-  if (width !== src.width || height !== src.height) pipeline = pipeline.resize(width, height, { fit: 'fill', kernel });
-  if (src.hasAlpha) pipeline = pipeline.removeAlpha();
-  try {
-    const { data, info } = await pipeline.raw().toBuffer({ resolveWithObject: true });
-    if (info.width !== width || info.height !== height) throw new Error(`sharp returned ${info.width}×${info.height}, wanted ${width}×${height}`);
-    if (data.length !== width * height * info.channels) throw new Error(`sharp returned ${data.length} bytes for ${width}×${height}×${info.channels}`);
-    return { data, width, height, channels: info.channels };
-  } catch (err) {
-    throw frameError(encoding, `decode/resize failed (${firstLine(err)})`);
-  }
-}
-
-/** Byte → value tables: the normalization of every pixel is one table read. */
-function lut(scale: number, offset: number): Float32Array {
-  const t = new Float32Array(256);
-  for (let v = 0; v < 256; v++) t[v] = (v / 255 - offset) / scale;
-  return t;
-}
-
-/** Source channel offsets of R, G, B in an interleaved pixel. */
-function channelOffsets(channels: number, bgr: boolean): [number, number, number] {
-  if (channels < 3) return [0, 0, 0];
-  return bgr ? [2, 1, 0] : [0, 1, 2];
-}
-
-/** Interleaved 8-bit pixels → planar CHW floats through `table`. */
-export function toChw(pixels: ResizedPixels, bgr: boolean, table: Float32Array, out = new Float32Array(3 * pixels.width * pixels.height)): Float32Array {
-  const n = pixels.width * pixels.height;
-  const ch = pixels.channels;
-  const [oR, oG, oB] = channelOffsets(ch, bgr);
-  const src = pixels.data;
-  for (let i = 0, j = 0; i < n; i++, j += ch) {
-    out[i] = table[src[j + oR]!]!;
-    out[n + i] = table[src[j + oG]!]!;
-    out[2 * n + i] = table[src[j + oB]!]!;
-  }
-  return out;
-}
-
-/** Interleaved 8-bit pixels → 16×16 HWC patches, row-major patch order, padded to `patchCapacity`. */
-export function toGemma4Patches(pixels: ResizedPixels, bgr: boolean, table: Float32Array, patchCapacity: number): { values: Float32Array; positions: BigInt64Array } {
-  const { width, height, channels: ch, data: src } = pixels;
-  const cols = width / GEMMA4_PATCH;
-  const rows = height / GEMMA4_PATCH;
-  if (!Number.isInteger(cols) || !Number.isInteger(rows)) throw new RangeError(`toGemma4Patches: ${width}×${height} is not a multiple of ${GEMMA4_PATCH}`);
-  const nPatches = cols * rows;
-  if (nPatches > patchCapacity) throw new RangeError(`toGemma4Patches: ${nPatches} patches exceed capacity ${patchCapacity}`);
-  const values = new Float32Array(patchCapacity * GEMMA4_PATCH_DIM);
-  const [oR, oG, oB] = channelOffsets(ch, bgr);
-  for (let y = 0; y < height; y++) {
-    const rowBase = (y >> 4) * cols;
-    const inPatchRow = (y & 15) * GEMMA4_PATCH;
-    let j = y * width * ch;
-    for (let x = 0; x < width; x++, j += ch) {
-      const d = ((rowBase + (x >> 4)) * 256 + inPatchRow + (x & 15)) * 3;
-      values[d] = table[src[j + oR]!]!;
-      values[d + 1] = table[src[j + oG]!]!;
-      values[d + 2] = table[src[j + oB]!]!;
-    }
-  }
-  // (col,row) as int64 written through an int32 view: low word = value, high word = sign.
-  const positions = new BigInt64Array(patchCapacity * 2);
+/** (col,row) per patch as int64, −1 for padding. */
+function gemma4Positions(cols: number, nPatches: number, capacity: number): BigInt64Array {
+  const positions = new BigInt64Array(capacity * 2);
+  // Written through an int32 view: low word = value, high word = sign.
   const words = new Int32Array(positions.buffer);
   for (let p = 0; p < nPatches; p++) {
     words[4 * p] = p % cols;
     words[4 * p + 2] = Math.floor(p / cols);
   }
   words.fill(-1, 4 * nPatches);
-  return { values, positions };
+  return positions;
+}
+
+/** pixel_values arrays for reuse: the arrays of the size in use now, at most `keep` of them. A size
+ * change (the ladder's image-token knob) lets go of the old ones. */
+class PixelPool {
+  readonly #keep: number;
+  #length = 0;
+  #free: Float32Array[] = [];
+  #allocated = 0;
+
+  constructor(keep = 2) {
+    this.#keep = keep;
+  }
+
+  /** An array of `length` values with arbitrary contents. */
+  take(length: number): Float32Array {
+    if (length !== this.#length) {
+      this.#length = length;
+      this.#free = [];
+    }
+    const reused = this.#free.pop();
+    if (reused) return reused;
+    this.#allocated++;
+    return new Float32Array(length);
+  }
+
+  /** Takes an array back (ignored when detached, of another size, already here, or the pool is full). */
+  give(array: Float32Array): void {
+    if (!(array instanceof Float32Array) || array.length !== this.#length || array.buffer.byteLength === 0) return;
+    if (this.#free.length >= this.#keep || this.#free.some((a) => a.buffer === array.buffer)) return;
+    this.#free.push(array);
+  }
+
+  /** Arrays allocated so far (the rest of the takes were reuses). */
+  get allocated(): number {
+    return this.#allocated;
+  }
+}
+
+/** libvips threads for every sharp call in this process (sharp.concurrency is process-wide). The
+ * operation cache is turned off: frames never repeat, and cached decodes would only hold memory. */
+function configureLibvips(threads: number): void {
+  if (!Number.isInteger(threads) || threads < 1 || threads > 1024)
+    throw new RangeError(`preprocess: threads must be an integer in 1..1024, got ${threads}`);
+  sharp.concurrency(threads);
+  sharp.cache(false);
 }
 
 export interface PreprocessStage extends Stage<CameraFrame, PixelTensor> {
   readonly contract: EncoderContract;
+  /** The libvips threads this stage set. */
+  readonly threads: number;
+  /** pixel_values arrays allocated so far (steady state: 2, when the encoder recycles them). */
+  allocatedArrays(): number;
 }
 
 export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
-  if (cfg.contract !== 'gemma3' && cfg.contract !== 'gemma4') throw new TypeError(`preprocess: contract must be 'gemma3' or 'gemma4', got ${String(cfg.contract)}`);
-  const maxPixels = cfg.maxPixels ?? DEFAULT_MAX_PIXELS;
-  if (!Number.isInteger(maxPixels) || maxPixels <= 0) throw new RangeError(`preprocess: maxPixels must be a positive integer, got ${maxPixels}`);
+  if (cfg.contract !== 'gemma3' && cfg.contract !== 'gemma4')
+    throw new TypeError(`preprocess: contract must be 'gemma3' or 'gemma4', got ${String(cfg.contract)}`);
+  const { maxPixels, threads } = cfg;
+  if (!Number.isInteger(maxPixels) || maxPixels <= 0)
+    throw new RangeError(`preprocess: maxPixels must be a positive integer, got ${maxPixels}`);
   const kernel = cfg.kernel ?? (cfg.contract === 'gemma3' ? 'linear' : 'cubic');
   if (!KERNELS.includes(kernel)) throw new RangeError(`preprocess: kernel must be one of ${KERNELS.join(', ')}, got ${kernel}`);
-  const imageSize = cfg.imageSize ?? 896;
-  if (!Number.isInteger(imageSize) || imageSize <= 0 || imageSize > 8192) throw new RangeError(`preprocess: imageSize must be an integer in 1..8192, got ${imageSize}`);
+  const imageSize = cfg.imageSize ?? GEMMA3_IMAGE_SIZE;
+  if (!Number.isInteger(imageSize) || imageSize <= 0 || imageSize > 8192)
+    throw new RangeError(`preprocess: imageSize must be an integer in 1..8192, got ${imageSize}`);
   const sizing = cfg.gemma4Sizing ?? 'hf';
-  if (sizing !== 'hf' && sizing !== 'llama.cpp') throw new RangeError(`preprocess: gemma4Sizing must be 'hf' or 'llama.cpp', got ${String(sizing)}`);
+  if (sizing !== 'hf' && sizing !== 'llama.cpp')
+    throw new RangeError(`preprocess: gemma4Sizing must be 'hf' or 'llama.cpp', got ${String(sizing)}`);
   if (cfg.imageTokens !== undefined) clampImageTokens(cfg.imageTokens);
-  const gemma3Table = lut(0.5, 0.5);
-  const unitTable = lut(1, 0);
+  configureLibvips(threads);
+  const pool = new PixelPool();
+  const recycle = (values: Float32Array): void => pool.give(values);
 
-  const describe = (frame: CameraFrame): Promise<SourceImage> | SourceImage => {
-    if (frame === null || typeof frame !== 'object') throw new TypeError('preprocess: frame must be a CameraFrame object');
-    if (!ENCODINGS.includes(frame.encoding)) throw frameError(String(frame.encoding), `unsupported encoding (supported: ${ENCODINGS.join(', ')})`);
-    return frame.encoding === 'jpeg' || frame.encoding === 'png' ? describeEncoded(frame, maxPixels) : describeRaw(frame, maxPixels);
+  /** Display-oriented target size for a stored width×height. */
+  const targetOf = (
+    width: number,
+    height: number,
+    orientation: number,
+    ctx: StageContext,
+  ): { width: number; height: number; budget: number } => {
+    if (cfg.contract === 'gemma3') return { width: imageSize, height: imageSize, budget: 0 };
+    const [w, h] = transposes(orientation) ? [height, width] : [width, height];
+    const budget = clampImageTokens(cfg.imageTokens ?? ctx.knobs.imageTokens);
+    const size = gemma4TargetSize(w, h, budget, sizing);
+    return { width: size.width, height: size.height, budget };
   };
+
+  const describe = (frame: CameraFrame, ctx: StageContext): Promise<SourceImage> | SourceImage => {
+    if (frame === null || typeof frame !== 'object') throw new TypeError('preprocess: frame must be a CameraFrame object');
+    if (!ENCODINGS.includes(frame.encoding))
+      throw frameError(String(frame.encoding), `unsupported encoding (supported: ${ENCODINGS.join(', ')})`);
+    if (frame.encoding === 'jpeg' || frame.encoding === 'png') return describeEncoded(frame, maxPixels);
+    return describeRaw(frame, maxPixels, (w, h) => {
+      const t = targetOf(w, h, 1, ctx);
+      return t.width === w && t.height === h;
+    });
+  };
+
+  /** Decodes and resizes in the stored orientation (target sides swapped for orientations 5–8). */
+  const pixelsOf = async (src: SourceImage, encoding: string, target: { width: number; height: number }): Promise<StoredPixels> => {
+    if (src.direct) return src.direct;
+    const [width, height] = transposes(src.orientation) ? [target.height, target.width] : [target.width, target.height];
+    const rowsHere = height > src.height && (kernel === 'linear' || kernel === 'cubic');
+    const vipsHeight = rowsHere ? src.height : height;
+    let pipeline = sharp(src.input, { ...(src.raw ? { raw: src.raw } : {}), limitInputPixels: maxPixels, sequentialRead: true });
+    if (width !== src.width || vipsHeight !== src.height)
+      pipeline = pipeline.resize(width, vipsHeight, { fit: 'fill', kernel, fastShrinkOnLoad: true });
+    if (src.hasAlpha) pipeline = pipeline.removeAlpha();
+    try {
+      const { data, info } = await pipeline.raw().toBuffer({ resolveWithObject: true });
+      if (info.width !== width || info.height !== vipsHeight)
+        throw new Error(`sharp returned ${info.width}×${info.height}, wanted ${width}×${vipsHeight}`);
+      if (data.length !== width * vipsHeight * info.channels)
+        throw new Error(`sharp returned ${data.length} bytes for ${width}×${vipsHeight}×${info.channels}`);
+      return { data, width, height: vipsHeight, channels: info.channels, stride: width * info.channels, rows: height };
+    } catch (err) {
+      throw frameError(encoding, `decode/resize failed (${firstLine(err)})`);
+    }
+  };
+
+  /** The layout pass into `out`: resolves to the patches (or pixels) written. */
+  const lay = (px: StoredPixels, src: SourceImage, out: Float32Array, layout: 'chw' | 'patches'): Promise<number> =>
+    layoutPixels(px.data, out, {
+      width: px.width,
+      height: px.height,
+      channels: px.channels,
+      stride: px.stride,
+      rows: px.rows,
+      kernel: kernel === 'cubic' ? 'cubic' : 'linear',
+      orientation: src.orientation,
+      bgr: src.bgr,
+      layout,
+      // gemma3: (v/255 − 0.5)/0.5 → [−1, 1]; gemma4: v/255 (its graph applies ×2 − 1).
+      ...(layout === 'chw' ? { scale: 0.5, offset: 0.5 } : {}),
+    });
 
   return {
     name: 'preprocess',
     contract: cfg.contract,
+    threads,
+    allocatedArrays: () => pool.allocated,
     async process(frame: CameraFrame, ctx: StageContext): Promise<PixelTensor> {
-      const src = await describe(frame);
+      const src = await describe(frame, ctx);
+      const target = targetOf(src.width, src.height, src.orientation, ctx);
+      const px = await pixelsOf(src, frame.encoding, target);
       if (cfg.contract === 'gemma3') {
-        const pixels = await decodeResized(src, frame.encoding, imageSize, imageSize, kernel, maxPixels);
+        const values = pool.take(3 * imageSize * imageSize);
+        await lay(px, src, values, 'chw');
         return {
           contract: 'gemma3',
-          pixelValues: toChw(pixels, src.bgr, gemma3Table),
+          pixelValues: values,
           pixelDims: [1, 3, imageSize, imageSize],
           imageTokens: Math.floor(imageSize / 56) ** 2,
+          recycle,
         };
       }
-      const budget = clampImageTokens(cfg.imageTokens ?? ctx.knobs.imageTokens);
-      const size = gemma4TargetSize(src.width, src.height, budget, sizing);
-      const pixels = await decodeResized(src, frame.encoding, size.width, size.height, kernel, maxPixels);
+      const cols = target.width / GEMMA4_PATCH;
+      const rows = target.height / GEMMA4_PATCH;
+      const tokens = (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL);
       // llama.cpp sizing can exceed the budget's patch capacity only through its 70-token floor.
-      const capacity = Math.max(budget, size.tokens) * GEMMA4_POOL * GEMMA4_POOL;
-      const { values, positions } = toGemma4Patches(pixels, src.bgr, unitTable, capacity);
+      const capacity = Math.max(target.budget, tokens) * GEMMA4_POOL * GEMMA4_POOL;
+      const values = pool.take(capacity * GEMMA4_PATCH_DIM);
+      const nPatches = await lay(px, src, values, 'patches');
       return {
         contract: 'gemma4',
         pixelValues: values,
         pixelDims: [1, capacity, GEMMA4_PATCH_DIM],
-        positionIds: positions,
+        positionIds: gemma4Positions(cols, nPatches, capacity),
         positionDims: [1, capacity, 2],
-        imageTokens: size.tokens,
+        imageTokens: tokens,
+        recycle,
       };
     },
   };

@@ -3,22 +3,24 @@
 //   header = { schema_id, seq, frame_id, source_id, capture_wall_ms, publish_wall_ms }
 //   body   = the action, exactly as it passed the schema
 // Subscribers filter on the topic frame (ZeroMQ filters are byte prefixes: 'actions' also matches
-// 'actions/rear'). Telemetry/events go out on their own topics through the same socket.
+// 'actions/rear'). createPublisher() returns two faces over one socket: the `stage` that publishes
+// actions, and a telemetry `sink` that publishes the graph's decisions (drop, cancel, degrade,
+// error) on the events topic and its periodic stats on the telemetry topic, as [topic, JSON].
 // Concurrency: zeromq allows one pending send per socket, so sends are serialised by a lock: a
 // caller's await returns when its own message is handed to ZeroMQ (no queue grows behind it beyond
 // the callers that are awaiting). Use it behind concatMap.
-import { Publisher } from 'zeromq';
+import { Publisher as PubSocket } from 'zeromq';
 import type { ActionMessage } from './payloads.ts';
-import type { Stage, StageContext } from '../pipeline/types.ts';
+import { eventToJson, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
+import type { PublisherConfig } from '../pipeline/config.ts';
+import type { Stage, StageContext, TelemetrySink } from '../pipeline/types.ts';
 
-export interface PublisherOptions {
-  /** e.g. 'tcp://127.0.0.1:5556', 'tcp://*:5556', 'tcp://127.0.0.1:*' (any free port), 'ipc:///tmp/percept.sock'. */
-  readonly endpoint: string;
-  /** Topic frame for actions (default 'actions'). */
-  readonly topic?: string;
-  /** ZeroMQ SNDHWM: messages queued per subscriber before PUB drops for that subscriber (default 1000). */
-  readonly sendHighWaterMark?: number;
-  /** Topics for publishTelemetry / publishEvent (defaults 'telemetry', 'events'). */
+/** The publisher section of a defaulted config: `endpoint` (e.g. 'tcp://127.0.0.1:5556', 'tcp://*:5556',
+ * 'tcp://127.0.0.1:*' for any free port, 'ipc:///tmp/percept.sock'), the actions `topic`, and
+ * `sendHighWaterMark` (ZeroMQ SNDHWM: messages queued per subscriber before PUB drops for it); and
+ * the publisher's own settings. */
+export interface PublisherOptions extends PublisherConfig {
+  /** Topics of the sink's stats and of its decision events (defaults 'telemetry', 'events'). */
   readonly telemetryTopic?: string;
   readonly eventsTopic?: string;
   /** How long close() keeps sending already-queued messages (ms, default 1000). */
@@ -40,32 +42,50 @@ export interface PublisherStage extends Stage<ActionMessage, ActionMessage> {
   readonly topic: string;
   /** Action messages handed to ZeroMQ so far (= the next seq). */
   readonly sent: number;
-  /** Sends `[telemetryTopic, JSON]`; bigint fields become decimal strings. */
-  publishTelemetry(event: object): Promise<void>;
-  /** Sends `[eventsTopic, JSON]`; bigint fields become decimal strings. */
-  publishEvent(event: object): Promise<void>;
   close(): Promise<void>;
 }
 
+export interface PublisherSink extends TelemetrySink {
+  /** Sends one event as `[topic, JSON]` (bigints as decimal strings) and resolves when ZeroMQ has it;
+   * resolves without sending for the event types that are not published (frame, span, note, output). */
+  publish(event: TelemetryEvent): Promise<void>;
+}
+
+export interface Publisher {
+  readonly stage: PublisherStage;
+  readonly sink: PublisherSink;
+}
+
+/** The events that go out on the events topic: every decision the graph makes about a frame. */
+const DECISIONS: ReadonlySet<TelemetryEvent['type']> = new Set(['drop', 'cancel', 'degrade', 'error']);
+
 const ENDPOINT = /^(tcp|ipc|inproc):\/\/.+/;
 
-export async function createPublisherStage(options: PublisherOptions): Promise<PublisherStage> {
-  if (options === null || typeof options !== 'object') throw new TypeError('createPublisherStage: expected an options object { endpoint, topic }');
-  const { endpoint, topic = 'actions', sendHighWaterMark = 1000, telemetryTopic = 'telemetry', eventsTopic = 'events', lingerMs = 1000 } = options;
+export async function createPublisher(options: PublisherOptions): Promise<Publisher> {
+  if (options === null || typeof options !== 'object')
+    throw new TypeError('createPublisher: expected an options object { endpoint, topic }');
+  const { endpoint, topic, sendHighWaterMark, telemetryTopic = 'telemetry', eventsTopic = 'events', lingerMs = 1000 } = options;
   if (typeof endpoint !== 'string' || !ENDPOINT.test(endpoint)) {
-    throw new TypeError(`createPublisherStage: expected endpoint like tcp://host:port, ipc://path or inproc://name but received ${JSON.stringify(endpoint)}`);
+    throw new TypeError(
+      `createPublisher: expected endpoint like tcp://host:port, ipc://path or inproc://name but received ${JSON.stringify(endpoint)}`,
+    );
   }
-  for (const [name, value] of [['topic', topic], ['telemetryTopic', telemetryTopic], ['eventsTopic', eventsTopic]] as const) {
+  for (const [name, value] of [
+    ['topic', topic],
+    ['telemetryTopic', telemetryTopic],
+    ['eventsTopic', eventsTopic],
+  ] as const) {
     if (typeof value !== 'string' || value.length === 0) {
-      throw new TypeError(`createPublisherStage: expected a non-empty string for ${name} but received ${JSON.stringify(value)}`);
+      throw new TypeError(`createPublisher: expected a non-empty string for ${name} but received ${JSON.stringify(value)}`);
     }
   }
-  if (!Number.isInteger(lingerMs) || lingerMs < 0) throw new RangeError(`createPublisherStage: expected integer >= 0 for lingerMs but received ${lingerMs}`);
+  if (!Number.isInteger(lingerMs) || lingerMs < 0)
+    throw new RangeError(`createPublisher: expected integer >= 0 for lingerMs but received ${lingerMs}`);
   if (!Number.isInteger(sendHighWaterMark) || sendHighWaterMark < 0) {
-    throw new RangeError(`createPublisherStage: expected integer >= 0 for sendHighWaterMark but received ${sendHighWaterMark}`);
+    throw new RangeError(`createPublisher: expected integer >= 0 for sendHighWaterMark but received ${sendHighWaterMark}`);
   }
 
-  const socket = new Publisher({ sendHighWaterMark, linger: 0 });
+  const socket = new PubSocket({ sendHighWaterMark, linger: 0 });
   try {
     await socket.bind(endpoint);
   } catch (err) {
@@ -89,7 +109,7 @@ export async function createPublisherStage(options: PublisherOptions): Promise<P
     return next;
   };
 
-  return {
+  const stage: PublisherStage = {
     name: 'publish',
     endpoint: bound,
     topic,
@@ -110,12 +130,6 @@ export async function createPublisherStage(options: PublisherOptions): Promise<P
         seq += 1;
       }).then(() => msg);
     },
-    publishTelemetry(event: object): Promise<void> {
-      return serialised(() => socket.send([telemetryFrame, toJson(event)]));
-    },
-    publishEvent(event: object): Promise<void> {
-      return serialised(() => socket.send([eventsFrame, toJson(event)]));
-    },
     async close(): Promise<void> {
       if (closed) return;
       closed = true;
@@ -129,9 +143,19 @@ export async function createPublisherStage(options: PublisherOptions): Promise<P
       socket.close();
     },
   };
-}
 
-function toJson(event: object): string {
-  if (event === null || typeof event !== 'object') throw new TypeError(`publisher: expected an event object but received ${String(event)}`);
-  return JSON.stringify(event, (_key, value: unknown) => (typeof value === 'bigint' ? value.toString() : value));
+  let undelivered = 0;
+  const publish = (event: TelemetryEvent): Promise<void> => {
+    const frame = event.type === 'stats' ? telemetryFrame : DECISIONS.has(event.type) ? eventsFrame : undefined;
+    if (!frame) return Promise.resolve();
+    return serialised(() => socket.send([frame, eventToJson(event)]));
+  };
+  const sink: PublisherSink = {
+    publish,
+    accept: (event) => void publish(event).catch(() => void (undelivered += 1)),
+    get undelivered() {
+      return undelivered;
+    },
+  };
+  return { stage, sink };
 }

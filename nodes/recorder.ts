@@ -12,7 +12,6 @@ import type { FileHandle } from 'node:fs/promises';
 import { McapWriter } from '@mcap/core';
 import { FileHandleWritable } from '@mcap/nodejs';
 import * as zstd from '@foxglove/wasm-zstd';
-import { loadActionSchema } from './action-schema.ts';
 import type { ActionSchema } from './action-schema.ts';
 import type { ActionMessage } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
@@ -23,8 +22,8 @@ export const EVENTS_TOPIC = '/events';
 export interface RecorderOptions {
   /** Output .mcap file (created or truncated). */
   readonly path: string;
-  /** The action schema (path or loaded); defaults to configs/actions/robot-action.schema.json. */
-  readonly actionSchema?: string | ActionSchema;
+  /** The action schema, loaded once with loadActionSchema: its file becomes the /actions channel schema. */
+  readonly actionSchema: ActionSchema;
   /** 'zstd' (default) or 'none'. */
   readonly compression?: 'zstd' | 'none';
   /** Uncompressed bytes per chunk before it is flushed (default 256 KiB). */
@@ -47,17 +46,19 @@ export interface Recorder {
   close(): Promise<void>;
 }
 
-const DEFAULT_SCHEMA = new URL('../configs/actions/robot-action.schema.json', import.meta.url).pathname;
-
 export async function createRecorder(options: RecorderOptions): Promise<Recorder> {
   if (options === null || typeof options !== 'object') throw new TypeError('createRecorder: expected an options object { path }');
   const { path, compression = 'zstd', chunkSize = 256 * 1024, library = 'percept recorder' } = options;
-  if (typeof path !== 'string' || path.length === 0) throw new TypeError(`createRecorder: expected a non-empty path but received ${JSON.stringify(path)}`);
+  if (typeof path !== 'string' || path.length === 0)
+    throw new TypeError(`createRecorder: expected a non-empty path but received ${JSON.stringify(path)}`);
   if (compression !== 'zstd' && compression !== 'none') {
     throw new TypeError(`createRecorder: expected compression 'zstd' or 'none' but received ${JSON.stringify(compression)}`);
   }
-  if (!Number.isInteger(chunkSize) || chunkSize < 1024) throw new RangeError(`createRecorder: expected integer >= 1024 for chunkSize but received ${chunkSize}`);
-  const schema = typeof options.actionSchema === 'object' ? options.actionSchema : loadActionSchema(options.actionSchema ?? DEFAULT_SCHEMA);
+  if (!Number.isInteger(chunkSize) || chunkSize < 1024)
+    throw new RangeError(`createRecorder: expected integer >= 1024 for chunkSize but received ${chunkSize}`);
+  const schema = options.actionSchema;
+  if (typeof schema?.mcapSchema !== 'object')
+    throw new TypeError('createRecorder: expected actionSchema to be the result of loadActionSchema()');
 
   if (compression === 'zstd') await zstd.isLoaded;
   let handle: FileHandle;
@@ -159,7 +160,8 @@ export async function createRecorder(options: RecorderOptions): Promise<Recorder
     },
     async recordEvent(event: object, logTimeNs: bigint): Promise<void> {
       checkTime('recordEvent', logTimeNs);
-      if (event === null || typeof event !== 'object') throw new TypeError(`recorder.recordEvent: expected an event object but received ${String(event)}`);
+      if (event === null || typeof event !== 'object')
+        throw new TypeError(`recorder.recordEvent: expected an event object but received ${String(event)}`);
       if (closing) throw new Error(`recorder ${path}: recordEvent after close`);
       const data = new TextEncoder().encode(JSON.stringify(event, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v)));
       await enqueue('recordEvent', async () => {

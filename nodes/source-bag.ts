@@ -71,8 +71,10 @@ const MAX_KEPT_ISSUES = 100;
 export async function createBagSource(options: BagSourceOptions): Promise<BagSource> {
   if (options === null || typeof options !== 'object') throw new TypeError('createBagSource: expected an options object { path }');
   const { path, rate = 1, loop = false, onIssue } = options;
-  if (typeof path !== 'string' || path.length === 0) throw new TypeError(`createBagSource: expected a non-empty path but received ${JSON.stringify(path)}`);
-  if (typeof rate !== 'number' || !Number.isFinite(rate) || rate <= 0) throw new RangeError(`createBagSource: expected finite number > 0 for rate but received ${rate}`);
+  if (typeof path !== 'string' || path.length === 0)
+    throw new TypeError(`createBagSource: expected a non-empty path but received ${JSON.stringify(path)}`);
+  if (typeof rate !== 'number' || !Number.isFinite(rate) || rate <= 0)
+    throw new RangeError(`createBagSource: expected finite number > 0 for rate but received ${rate}`);
   if (typeof loop !== 'boolean') throw new TypeError(`createBagSource: expected boolean for loop but received ${JSON.stringify(loop)}`);
 
   let handle: FileHandle;
@@ -83,7 +85,10 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
   }
   let reader: McapIndexedReader;
   try {
-    reader = await McapIndexedReader.Initialize({ readable: new FileHandleReadable(handle), decompressHandlers: await loadDecompressHandlers() });
+    reader = await McapIndexedReader.Initialize({
+      readable: new FileHandleReadable(handle),
+      decompressHandlers: await loadDecompressHandlers(),
+    });
   } catch (err) {
     await handle.close();
     throw new Error(`bag source: ${path} is not a readable indexed MCAP file: ${(err as Error).message}`, { cause: err });
@@ -114,7 +119,9 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
     } else {
       const onTopic = channels.filter((c) => c.topic === topic);
       if (onTopic.length === 0) {
-        throw new Error(`bag source: ${path} has no topic ${topic} (topics: ${[...new Set(channels.map((c) => c.topic))].join(', ') || 'none'})`);
+        throw new Error(
+          `bag source: ${path} has no topic ${topic} (topics: ${[...new Set(channels.map((c) => c.topic))].join(', ') || 'none'})`,
+        );
       }
       if (!onTopic.some((c) => decoders.get(c.id))) {
         throw new Error(`bag source: ${path} topic ${topic} has no supported image schema: ${onTopic.map(schemaOf).join(', ')}`);
@@ -164,7 +171,14 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
             if (!decode) throw new Error(`unsupported schema ${schemaOf(channel)}`);
             payload = decode(message.data);
           } catch (err) {
-            report({ topic: replayTopic, sequence: message.sequence, index: k, logTimeNs: message.logTime, schema: schemaOf(channel), reason: (err as Error).message });
+            report({
+              topic: replayTopic,
+              sequence: message.sequence,
+              index: k,
+              logTimeNs: message.logTime,
+              schema: schemaOf(channel),
+              reason: (err as Error).message,
+            });
             continue;
           }
           const dueNs = startNs + scale(message.logTime - firstLogNs + loopOffsetNs, rate);
@@ -230,7 +244,14 @@ export function decoderFor(schemaName: string, messageEncoding: string): Decoder
     case 'foxglove.RawImage|json':
       return (data) => {
         const msg = parseJsonObject(data);
-        return rawFrame(expectUint(msg, 'width'), expectUint(msg, 'height'), expectString(msg, 'encoding'), expectUint(msg, 'step'), base64Field(msg, 'data'), false);
+        return rawFrame(
+          expectUint(msg, 'width'),
+          expectUint(msg, 'height'),
+          expectString(msg, 'encoding'),
+          expectUint(msg, 'step'),
+          base64Field(msg, 'data'),
+          false,
+        );
       };
     case 'sensor_msgs/msg/CompressedImage|cdr':
       return (data) => {
@@ -257,7 +278,10 @@ export function decoderFor(schemaName: string, messageEncoding: string): Decoder
 
 function compressedFrame(format: string, data: Uint8Array): CameraFrame {
   const sniffed = sniffImage(data);
-  if (!sniffed) throw new Error(`payload is not a JPEG or PNG image (format ${JSON.stringify(format)}, ${data.length} bytes, starts ${hexStart(data)})`);
+  if (!sniffed)
+    throw new Error(
+      `payload is not a JPEG or PNG image (format ${JSON.stringify(format)}, ${data.length} bytes, starts ${hexStart(data)})`,
+    );
   // The format string is free text ("jpeg", "png", "rgb8; jpeg compressed bgr8"); when it names a
   // codec it must agree with the bytes.
   const named = /jpe?g/i.test(format) ? 'jpeg' : /png/i.test(format) ? 'png' : undefined;
@@ -268,17 +292,30 @@ function compressedFrame(format: string, data: Uint8Array): CameraFrame {
 
 function rawFrame(width: number, height: number, encodingName: string, step: number, data: Uint8Array, bigEndian: boolean): CameraFrame {
   const known = RAW_ENCODINGS[encodingName];
-  if (!known) throw new Error(`unsupported raw encoding ${JSON.stringify(encodingName)} (supported: ${Object.keys(RAW_ENCODINGS).join(', ')})`);
+  if (!known)
+    throw new Error(`unsupported raw encoding ${JSON.stringify(encodingName)} (supported: ${Object.keys(RAW_ENCODINGS).join(', ')})`);
   if (width === 0 || height === 0) throw new Error(`empty image ${width}x${height}`);
   if (step < width * known.bytesPerPixel) throw new Error(`step ${step} is less than width ${width} × ${known.bytesPerPixel} bytes`);
-  if (data.length < step * height) throw new Error(`data has ${data.length} bytes, expected step ${step} × height ${height} = ${step * height}`);
+  if (data.length < step * height)
+    throw new Error(`data has ${data.length} bytes, expected step ${step} × height ${height} = ${step * height}`);
   if (bigEndian && known.bytesPerPixel === 2) throw new Error('big-endian mono16 is not supported');
   return { encoding: known.encoding, data, width, height, stride: step };
 }
 
 function sniffImage(data: Uint8Array): 'jpeg' | 'png' | undefined {
   if (data.length >= 3 && data[0] === 0xff && data[1] === 0xd8 && data[2] === 0xff) return 'jpeg';
-  if (data.length >= 8 && data[0] === 0x89 && data[1] === 0x50 && data[2] === 0x4e && data[3] === 0x47 && data[4] === 0x0d && data[5] === 0x0a && data[6] === 0x1a && data[7] === 0x0a) return 'png';
+  if (
+    data.length >= 8 &&
+    data[0] === 0x89 &&
+    data[1] === 0x50 &&
+    data[2] === 0x4e &&
+    data[3] === 0x47 &&
+    data[4] === 0x0d &&
+    data[5] === 0x0a &&
+    data[6] === 0x1a &&
+    data[7] === 0x0a
+  )
+    return 'png';
   return undefined;
 }
 
@@ -291,7 +328,7 @@ function parseJsonObject(data: Uint8Array): Record<string, unknown> {
   try {
     value = JSON.parse(Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString('utf8'));
   } catch (err) {
-    throw new Error(`payload is not JSON: ${(err as Error).message}`);
+    throw new Error(`payload is not JSON: ${(err as Error).message}`, { cause: err });
   }
   if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new Error('payload is not a JSON object');
   return value as Record<string, unknown>;
@@ -389,4 +426,3 @@ function skipRosHeader(cdr: CdrReader): void {
 }
 
 // ---- pacing (kept in step with the other sources) ------------------------------------------------
-

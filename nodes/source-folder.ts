@@ -46,8 +46,10 @@ const MAX_KEPT_ISSUES = 100;
 export async function createFolderSource(options: FolderSourceOptions): Promise<FolderSource> {
   if (options === null || typeof options !== 'object') throw new TypeError('createFolderSource: expected an options object { path, fps }');
   const { path, fps, loop = false, onIssue } = options;
-  if (typeof path !== 'string' || path.length === 0) throw new TypeError(`createFolderSource: expected a non-empty path but received ${JSON.stringify(path)}`);
-  if (typeof fps !== 'number' || !Number.isFinite(fps) || fps <= 0) throw new RangeError(`createFolderSource: expected finite number > 0 for fps but received ${fps}`);
+  if (typeof path !== 'string' || path.length === 0)
+    throw new TypeError(`createFolderSource: expected a non-empty path but received ${JSON.stringify(path)}`);
+  if (typeof fps !== 'number' || !Number.isFinite(fps) || fps <= 0)
+    throw new RangeError(`createFolderSource: expected finite number > 0 for fps but received ${fps}`);
   if (typeof loop !== 'boolean') throw new TypeError(`createFolderSource: expected boolean for loop but received ${JSON.stringify(loop)}`);
   let names: string[];
   try {
@@ -114,4 +116,3 @@ function toFrame(data: Buffer): CameraFrame {
 }
 
 // ---- pacing (kept in step with the other sources) ------------------------------------------------
-

@@ -32,23 +32,38 @@ export interface PatternSource extends FrameSource<CameraFrame> {
 }
 
 /** Bits of the frame counter drawn along the bottom edge. */
-export const PATTERN_COUNTER_BITS = 16;
+const PATTERN_COUNTER_BITS = 16;
 const BARS: ReadonlyArray<readonly [number, number, number]> = [
-  [235, 235, 235], [235, 235, 16], [16, 235, 235], [16, 235, 16], [235, 16, 235], [235, 16, 16], [16, 16, 235], [16, 16, 16],
+  [235, 235, 235],
+  [235, 235, 16],
+  [16, 235, 235],
+  [16, 235, 16],
+  [235, 16, 235],
+  [235, 16, 16],
+  [16, 16, 235],
+  [16, 16, 16],
 ];
 
 export function createPatternSource(options: PatternSourceOptions): PatternSource {
-  if (options === null || typeof options !== 'object') throw new TypeError('createPatternSource: expected an options object { fps, frames, width, height }');
+  if (options === null || typeof options !== 'object')
+    throw new TypeError('createPatternSource: expected an options object { fps, frames, width, height }');
   const { fps, frames, width, height, id = 'pattern', quality = 80 } = options;
-  if (typeof fps !== 'number' || !Number.isFinite(fps) || fps <= 0) throw new RangeError(`createPatternSource: expected finite number > 0 for fps but received ${fps}`);
+  if (typeof fps !== 'number' || !Number.isFinite(fps) || fps <= 0)
+    throw new RangeError(`createPatternSource: expected finite number > 0 for fps but received ${fps}`);
   if (!(frames === Infinity || (Number.isInteger(frames) && frames > 0))) {
     throw new RangeError(`createPatternSource: expected positive integer or Infinity for frames but received ${frames}`);
   }
-  for (const [name, v] of [['width', width], ['height', height]] as const) {
-    if (!Number.isInteger(v) || v < 64 || v > 8192) throw new RangeError(`createPatternSource: expected integer between 64 and 8192 for ${name} but received ${v}`);
+  for (const [name, v] of [
+    ['width', width],
+    ['height', height],
+  ] as const) {
+    if (!Number.isInteger(v) || v < 64 || v > 8192)
+      throw new RangeError(`createPatternSource: expected integer between 64 and 8192 for ${name} but received ${v}`);
   }
-  if (!Number.isInteger(quality) || quality < 1 || quality > 100) throw new RangeError(`createPatternSource: expected integer between 1 and 100 for quality but received ${quality}`);
-  if (typeof id !== 'string' || id.length === 0) throw new TypeError(`createPatternSource: expected a non-empty string for id but received ${JSON.stringify(id)}`);
+  if (!Number.isInteger(quality) || quality < 1 || quality > 100)
+    throw new RangeError(`createPatternSource: expected integer between 1 and 100 for quality but received ${quality}`);
+  if (typeof id !== 'string' || id.length === 0)
+    throw new TypeError(`createPatternSource: expected a non-empty string for id but received ${JSON.stringify(id)}`);
 
   const periodNs = BigInt(Math.round(1e9 / fps));
   const counters = { yielded: 0, late: 0 };
@@ -78,7 +93,7 @@ export function createPatternSource(options: PatternSourceOptions): PatternSourc
 }
 
 /** The raw RGB pixels of frame `index` (pure, deterministic). */
-export function renderPattern(index: number, width: number, height: number): Buffer {
+function renderPattern(index: number, width: number, height: number): Buffer {
   const px = Buffer.alloc(width * height * 3);
   const fill = (x0: number, y0: number, x1: number, y1: number, [r, g, b]: readonly [number, number, number]): void => {
     for (let y = Math.max(0, y0); y < Math.min(height, y1); y++) {
@@ -126,6 +141,7 @@ export function readPatternCounter(rgb: Uint8Array, width: number, height: numbe
 }
 
 export async function encodePatternFrame(index: number, width: number, height: number, quality = 80): Promise<Buffer> {
-  return sharp(renderPattern(index, width, height), { raw: { width, height, channels: 3 } }).jpeg({ quality }).toBuffer();
+  return sharp(renderPattern(index, width, height), { raw: { width, height, channels: 3 } })
+    .jpeg({ quality })
+    .toBuffer();
 }
-

@@ -1,11 +1,13 @@
-// Waiting that a stage's AbortSignal can cut short: the work itself (a worker's run, a native
-// encode) goes on, and its result is dropped by the caller.
+// Giving up on work that cannot be interrupted (a worker's ORT run, a native clip encode) when a
+// stage's AbortSignal fires: the caller stops waiting at once and rethrows `signal.reason`, which
+// the runtime classifies (deadline → drop 'stale', shutdown → drop 'shutdown'); the work itself
+// goes on and its result is dropped.
 
-/** Resolves/rejects with `p`, or rejects as soon as `signal` fires. */
+/** Resolves/rejects with `p`, or rejects with `signal.reason` as soon as `signal` fires. */
 export function abortable<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
+  if (signal.aborted) return Promise.reject(signal.reason);
   return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
+    const onAbort = (): void => reject(signal.reason);
     signal.addEventListener('abort', onAbort, { once: true });
     p.then(
       (v) => {
@@ -14,8 +16,53 @@ export function abortable<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
       },
       (e: unknown) => {
         signal.removeEventListener('abort', onAbort);
-        reject(e instanceof Error ? e : new Error(String(e)));
+        reject(e);
       },
     );
   });
+}
+
+/** One uninterruptible run at a time. `run(start, signal)` waits (abortably) for the run before it
+ * to end, then calls `start()`; when `signal` fires it rejects at once with `signal.reason` while
+ * the run goes on in the background, its result discarded and counted in `abandoned`. The next
+ * call waits for that run to end, so the resource never has two runs. */
+export class AbandonableSlot {
+  #running: Promise<void> | undefined;
+  #abandoned = 0;
+
+  /** Runs whose caller gave up before they ended. */
+  get abandoned(): number {
+    return this.#abandoned;
+  }
+
+  /** True while a run (possibly abandoned) is in progress. */
+  get busy(): boolean {
+    return this.#running !== undefined;
+  }
+
+  async run<T>(start: () => Promise<T>, signal: AbortSignal): Promise<T> {
+    signal.throwIfAborted();
+    while (this.#running) await abortable(this.#running, signal);
+    const work = start();
+    const settled = work.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.#running = settled;
+    void settled.then(() => {
+      if (this.#running === settled) this.#running = undefined;
+    });
+    try {
+      return await abortable(work, signal);
+    } catch (err) {
+      if (!signal.aborted || err !== signal.reason) throw err;
+      this.#abandoned += 1;
+      throw err;
+    }
+  }
+
+  /** Resolves once no run is in progress (close() waits here before freeing the resource). */
+  async idle(): Promise<void> {
+    while (this.#running) await this.#running;
+  }
 }

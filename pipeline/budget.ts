@@ -156,7 +156,8 @@ export class DegradeLadder {
   #comfortable = 0;
 
   constructor(config: LadderConfig, endToEndMs: number) {
-    if (!(Number.isFinite(endToEndMs) && endToEndMs > 0)) throw new RangeError(`DegradeLadder: expected endToEndMs > 0 but received ${endToEndMs}`);
+    if (!(Number.isFinite(endToEndMs) && endToEndMs > 0))
+      throw new RangeError(`DegradeLadder: expected endToEndMs > 0 but received ${endToEndMs}`);
     this.#config = config;
     const levels: Knobs[] = [config.initial];
     for (const rung of config.rungs) levels.push({ ...levels[levels.length - 1]!, ...rung });

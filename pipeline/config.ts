@@ -7,11 +7,16 @@
 // problem as `<JSON path>: <what was expected>` (e.g. `/budgets/endToEndMs: must be number`), and
 // whose `issues` hold the same as data. The TS types below mirror the schema; the schema is the
 // source of truth for defaults and limits (test/pipeline-config.test.ts checks that they agree).
+//
+// Paths: a relative path in a config file is relative to that file's folder, so a run works from
+// any directory; one in a config object stays as given (relative to the current directory). A path
+// the schema fills in by default is relative to the folder above configs/ (the installation).
+// `synth:` model specs are not paths and stay as they are.
 import { readFileSync } from 'node:fs';
+import { dirname, isAbsolute, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Ajv, type ErrorObject } from 'ajv';
 import type { Knobs } from './types.ts';
-
-export type StageName = 'preprocess' | 'encode' | 'decode' | 'actions' | 'publish' | 'record';
 
 export type SourceConfig =
   | { readonly kind: 'pattern'; readonly fps: number; readonly frames: number; readonly width: number; readonly height: number }
@@ -32,10 +37,17 @@ export interface DecoderConfig {
   readonly nCtx: number;
   readonly systemPrompt: string;
   readonly instruction: string;
-  readonly maxNewTokens: number;
+  /** null: the action grammar's worst case (the decoder resolves it at load). */
+  readonly maxNewTokens: number | null;
   readonly temperature: number;
   readonly seed: number;
   readonly jumpForward: boolean;
+}
+
+export interface PublisherConfig {
+  readonly endpoint: string;
+  readonly topic: string;
+  readonly sendHighWaterMark: number;
 }
 
 export type EdgePolicy = { readonly policy: 'latest' } | { readonly policy: 'queue'; readonly capacity: number };
@@ -68,11 +80,11 @@ export interface TelemetryConfig {
 
 export interface PerceptConfig {
   readonly source: SourceConfig;
-  readonly preprocess: { readonly maxPixels: number };
+  readonly preprocess: { readonly maxPixels: number; readonly threads: number };
   readonly encoder: EncoderConfig;
   readonly decoder: DecoderConfig;
   readonly actions: { readonly schema: string };
-  readonly publisher: { readonly endpoint: string; readonly topic: string; readonly sendHighWaterMark: number };
+  readonly publisher: PublisherConfig;
   readonly recorder: { readonly enabled: boolean; readonly path: string };
   readonly budgets: BudgetsConfig;
   /** `default` plus optional per-stage entries. */
@@ -105,7 +117,21 @@ export class ConfigError extends Error {
   }
 }
 
-export const CONFIG_SCHEMA_PATH = new URL('../configs/percept.schema.json', import.meta.url);
+const CONFIG_SCHEMA_PATH = new URL('../configs/percept.schema.json', import.meta.url);
+/** What the schema's default paths are relative to: the folder that holds configs/. */
+const DEFAULTS_BASE = fileURLToPath(new URL('..', import.meta.url));
+
+/** The config fields that name files (section, key). */
+const PATH_FIELDS: readonly (readonly [string, string])[] = [
+  ['source', 'path'],
+  ['encoder', 'model'],
+  ['encoder', 'mmproj'],
+  ['decoder', 'model'],
+  ['decoder', 'draft'],
+  ['decoder', 'draftMtp'],
+  ['actions', 'schema'],
+  ['recorder', 'path'],
+];
 
 /** Reads, validates and defaults a config. `input` is a file path or an already-parsed object
  * (which is not modified). Throws ConfigError naming every problem; nothing is half-applied. */
@@ -127,16 +153,40 @@ export function loadConfig(input: string | object): PerceptConfig {
   } else if (input !== null && typeof input === 'object' && !Array.isArray(input)) {
     data = structuredClone(input);
   } else {
-    throw new TypeError(`loadConfig: expected a file path or a config object but received ${input === null ? 'null' : Array.isArray(input) ? 'an array' : typeof input}`);
+    throw new TypeError(
+      `loadConfig: expected a file path or a config object but received ${input === null ? 'null' : Array.isArray(input) ? 'an array' : typeof input}`,
+    );
   }
 
+  const given = new Set(PATH_FIELDS.filter(([section, key]) => pathAt(data, section, key) !== undefined));
+  if (typeof input === 'string') resolvePaths(data, PATH_FIELDS, dirname(resolve(input)));
   const validate = compileSchema();
   if (!validate(data)) throw new ConfigError(origin, describeAjvErrors(validate.errors ?? []));
+  resolvePaths(
+    data,
+    PATH_FIELDS.filter((field) => !given.has(field)),
+    DEFAULTS_BASE,
+  );
   const config = data as PerceptConfig;
   const issues = checkSemantics(config);
   if (issues.length > 0) throw new ConfigError(origin, issues);
   return config;
 }
+
+/** The file path at data[section][key], if there is one (a non-empty string that is no synth: spec). */
+function pathAt(data: unknown, section: string, key: string): string | undefined {
+  const value = isRecord(data) && isRecord(data[section]) ? data[section][key] : undefined;
+  return typeof value === 'string' && value !== '' && !value.startsWith('synth:') ? value : undefined;
+}
+
+function resolvePaths(data: unknown, fields: readonly (readonly [string, string])[], base: string): void {
+  for (const [section, key] of fields) {
+    const path = pathAt(data, section, key);
+    if (path !== undefined && !isAbsolute(path)) (data as Record<string, Record<string, unknown>>)[section]![key] = resolve(base, path);
+  }
+}
+
+const isRecord = (value: unknown): value is Record<string, unknown> => value !== null && typeof value === 'object' && !Array.isArray(value);
 
 function compileSchema() {
   const schema = JSON.parse(readFileSync(CONFIG_SCHEMA_PATH, 'utf8')) as object;
@@ -149,9 +199,13 @@ function describeAjvErrors(errors: readonly ErrorObject[]): ConfigIssue[] {
   for (const error of errors) {
     if (error.keyword === 'propertyNames') continue; // its inner errors name the key
     // A bad key yields several errors (the inner enum/anyOf and propertyNames itself); report the key once.
-    const issue: ConfigIssue = error.propertyName !== undefined
-      ? { path: `${error.instancePath}/${error.propertyName}`, message: `is not a known name here (expected ${error.instancePath === '/edges' ? '"default" or ' : ''}a stage name: preprocess, encode, decode, actions, publish, record)` }
-      : describeAjvError(error);
+    const issue: ConfigIssue =
+      error.propertyName !== undefined
+        ? {
+            path: `${error.instancePath}/${error.propertyName}`,
+            message: `is not a known name here (expected ${error.instancePath === '/edges' ? '"default" or ' : ''}a stage name: preprocess, encode, decode, actions, publish, record)`,
+          }
+        : describeAjvError(error);
     issues.set(`${issue.path}\0${issue.message}`, issue);
   }
   return [...issues.values()];
@@ -163,12 +217,18 @@ function describeAjvError(error: ErrorObject): ConfigIssue {
     case 'additionalProperties':
       return { path: `${error.instancePath}/${String(params.additionalProperty)}`, message: 'is not a known property' };
     case 'enum':
-      return { path: error.instancePath, message: `must be one of ${(params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', ')}` };
+      return {
+        path: error.instancePath,
+        message: `must be one of ${(params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', ')}`,
+      };
     case 'const':
       return { path: error.instancePath, message: `must be ${JSON.stringify(params.allowedValue)}` };
     case 'discriminator':
       return params.error === 'mapping'
-        ? { path: `${error.instancePath}/${String(params.tag)}`, message: `${JSON.stringify(params.tagValue)} is not one of the known kinds` }
+        ? {
+            path: `${error.instancePath}/${String(params.tag)}`,
+            message: `${JSON.stringify(params.tagValue)} is not one of the known kinds`,
+          }
         : { path: `${error.instancePath}/${String(params.tag)}`, message: 'must be a string naming the kind' };
     default:
       return { path: error.instancePath, message: error.message ?? `fails ${error.keyword}` };
@@ -176,12 +236,15 @@ function describeAjvError(error: ErrorObject): ConfigIssue {
 }
 
 /** Checks the schema cannot express. Returns the problems found (empty when the config is sound). */
-export function checkSemantics(config: PerceptConfig): ConfigIssue[] {
+function checkSemantics(config: PerceptConfig): ConfigIssue[] {
   const issues: ConfigIssue[] = [];
   const { budgets, ladder } = config;
   for (const [stage, ms] of Object.entries(budgets.stages)) {
     if (ms > budgets.endToEndMs) {
-      issues.push({ path: `/budgets/stages/${stage}`, message: `must be at most /budgets/endToEndMs (${budgets.endToEndMs}) but is ${ms}` });
+      issues.push({
+        path: `/budgets/stages/${stage}`,
+        message: `must be at most /budgets/endToEndMs (${budgets.endToEndMs}) but is ${ms}`,
+      });
     }
   }
   // Each rung must make the frame cheaper in the knob it names, or the ladder would not be a ladder.
@@ -189,13 +252,22 @@ export function checkSemantics(config: PerceptConfig): ConfigIssue[] {
   ladder.rungs.forEach((rung, index) => {
     const at = `/ladder/rungs/${index}`;
     if (rung.imageTokens !== undefined && rung.imageTokens >= knobs.imageTokens) {
-      issues.push({ path: `${at}/imageTokens`, message: `must be below the level above (${knobs.imageTokens}) but is ${rung.imageTokens}` });
+      issues.push({
+        path: `${at}/imageTokens`,
+        message: `must be below the level above (${knobs.imageTokens}) but is ${rung.imageTokens}`,
+      });
     }
     if (rung.maxNewTokens !== undefined && rung.maxNewTokens >= knobs.maxNewTokens) {
-      issues.push({ path: `${at}/maxNewTokens`, message: `must be below the level above (${knobs.maxNewTokens}) but is ${rung.maxNewTokens}` });
+      issues.push({
+        path: `${at}/maxNewTokens`,
+        message: `must be below the level above (${knobs.maxNewTokens}) but is ${rung.maxNewTokens}`,
+      });
     }
     if (rung.draft !== undefined && (rung.draft || !knobs.draft)) {
-      issues.push({ path: `${at}/draft`, message: knobs.draft ? 'can only turn drafting off (false)' : 'drafting is already off at the level above' });
+      issues.push({
+        path: `${at}/draft`,
+        message: knobs.draft ? 'can only turn drafting off (false)' : 'drafting is already off at the level above',
+      });
     }
     if (rung.frameSkip !== undefined && rung.frameSkip <= knobs.frameSkip) {
       issues.push({ path: `${at}/frameSkip`, message: `must be above the level above (${knobs.frameSkip}) but is ${rung.frameSkip}` });
@@ -207,7 +279,10 @@ export function checkSemantics(config: PerceptConfig): ConfigIssue[] {
   }
   for (const [stage, value] of Object.entries(config.virtualServiceMs)) {
     if (Array.isArray(value) && value.length > ladder.rungs.length + 1) {
-      issues.push({ path: `/virtualServiceMs/${stage}`, message: `has ${value.length} levels but the ladder has ${ladder.rungs.length + 1}` });
+      issues.push({
+        path: `/virtualServiceMs/${stage}`,
+        message: `has ${value.length} levels but the ladder has ${ladder.rungs.length + 1}`,
+      });
     }
   }
   return issues;

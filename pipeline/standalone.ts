@@ -20,7 +20,15 @@ export function standaloneContext(options: StandaloneContextOptions = {}): Stage
   const clock = options.clock ?? new RealClock();
   const deadlineNs = options.deadlineNs ?? options.frame?.deadlineNs ?? NEVER;
   return {
-    frame: { frameId: 0, sourceId: 'standalone', captureNs: clock.nowNs(), captureWallMs: clock.wallMs(), degradeLevel: 0, ...options.frame, deadlineNs },
+    frame: {
+      frameId: 0,
+      sourceId: 'standalone',
+      captureNs: clock.nowNs(),
+      captureWallMs: clock.wallMs(),
+      degradeLevel: 0,
+      ...options.frame,
+      deadlineNs,
+    },
     clock,
     signal: options.signal ?? new AbortController().signal,
     stageDeadlineNs: deadlineNs,

@@ -1,6 +1,7 @@
 // The types every stage and the runtime share. A stage sees only its payload types and a
 // StageContext; the Envelope around the payload belongs to the runtime.
 import type { Clock } from './clock.ts';
+import type { TelemetryEvent } from './telemetry/events.ts';
 
 /** What the runtime knows about a frame, independent of its payload. */
 export interface FrameMeta {
@@ -68,7 +69,9 @@ export interface StageContext {
  * and a dropped frame (reason 'error'); the graph keeps running. */
 export interface Stage<I, O> {
   readonly name: string;
-  process(input: I, ctx: StageContext): Promise<O>;
+  // A property, not a method: function-typed properties are checked contravariantly in their
+  // input, so a stage that takes another type cannot stand in for this one (chain() relies on it).
+  readonly process: (input: I, ctx: StageContext) => Promise<O>;
   /** Frees resources (models, sockets, workers); called once at shutdown. */
   close?(): Promise<void>;
 }
@@ -82,6 +85,15 @@ export class DropFrame extends Error {
     this.name = 'DropFrame';
     this.reason = reason;
   }
+}
+
+/** A consumer of the graph's telemetry besides the summary (a publisher's event topics, a log):
+ * `graph.events.subscribe(sink.accept)`. */
+export interface TelemetrySink {
+  /** Takes one event of the run, in order; never throws (delivery failures are counted). */
+  readonly accept: (event: TelemetryEvent) => void;
+  /** Events it took but could not deliver (e.g. those after it closed). */
+  readonly undelivered: number;
 }
 
 /** One item a source yields: the payload and when it was captured. */

@@ -1,19 +1,21 @@
 import assert from 'node:assert/strict';
 import { mkdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { after, before, describe, test } from 'node:test';
 import sharp from 'sharp';
 import { GGUFWriter, bool, readGGUF, readTensorData, str, u32, i32, f32, arr } from '../models/gguf.ts';
-import { LlamaVision } from '../native/vision.ts';
+import { LlamaVision, type VisionEncodeResult } from '../native/vision.ts';
 import { createOnnxEncoderStage, type OnnxEncoderStage } from '../nodes/encoder-onnx.ts';
 import { clipImageOf, createMtmdEncoderStage, type MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
 import type { ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
-import { DropFrame, type StageContext, type StageEvent } from '../pipeline/types.ts';
-import { isMmprojSpec, listMmprojPresets, mmprojTensorPlan, patchLinearToConv, resolveMmprojSpec, synthesizeMmproj, transpose2d } from '../models/mmproj-synth.ts';
+import type { StageContext, StageEvent } from '../pipeline/types.ts';
+import { listMmprojPresets, mmprojTensorPlan, patchLinearToConv, synthesizeMmproj, transpose2d } from '../models/mmproj-synth.ts';
+import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
 import { synthesizeVision, visionPreset, visionWeights } from '../models/vision-synth.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { PREPROCESS_DEFAULTS } from './fixtures.ts';
 
 const dir = join(import.meta.dirname, '..', '.cache', 'test-encoder-mtmd');
 rmSync(dir, { recursive: true, force: true });
@@ -26,17 +28,27 @@ const SIGLIP_SEED = 1;
 const GEMMA4_SEED = 2;
 
 function ctx(opts: { imageTokens?: number; signal?: AbortSignal; events?: StageEvent[] } = {}): StageContext {
-  return standaloneContext({ frame: { frameId: 1, sourceId: 'test' }, knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8 }, signal: opts.signal, report: (e) => opts.events?.push(e) });
+  return standaloneContext({
+    frame: { frameId: 1, sourceId: 'test' },
+    knobs: { imageTokens: opts.imageTokens ?? 280, maxNewTokens: 8 },
+    signal: opts.signal,
+    report: (e) => opts.events?.push(e),
+  });
 }
 
 async function cameraJpeg(w = 640, h = 360): Promise<Buffer> {
   const raw = Buffer.alloc(w * h * 3);
   for (let i = 0; i < raw.length; i++) raw[i] = (i * 7 + (i >> 9) + ((i / (w * 3)) | 0)) & 255;
-  return sharp(raw, { raw: { width: w, height: h, channels: 3 } }).jpeg().toBuffer();
+  return sharp(raw, { raw: { width: w, height: h, channels: 3 } })
+    .jpeg()
+    .toBuffer();
 }
 
 async function preprocessed(contract: 'gemma3' | 'gemma4', imageTokens = 280, w = 640, h = 360): Promise<PixelTensor> {
-  return createPreprocessStage({ contract }).process({ encoding: 'jpeg', data: await cameraJpeg(w, h) }, ctx({ imageTokens }));
+  return createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract }).process(
+    { encoding: 'jpeg', data: await cameraJpeg(w, h) },
+    ctx({ imageTokens }),
+  );
 }
 
 /** A deep copy, so the same pixels can go to two encoders that each take ownership. */
@@ -108,7 +120,10 @@ describe('mmproj synthesis', () => {
     const w4 = visionWeights(visionPreset('gemma4-vision-tiny').spec, GEMMA4_SEED);
     const g4 = await readGGUF(gemma4Gguf);
     const b = await readTensorData(gemma4Gguf, g4, 'v.patch_embd.weight');
-    assert.deepEqual(new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)), patchLinearToConv(w4.get('patch_embed.input_proj.weight')!, 16, 32));
+    assert.deepEqual(
+      new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)),
+      patchLinearToConv(w4.get('patch_embed.input_proj.weight')!, 16, 32),
+    );
   });
 
   test('layout helpers: transpose and patch-linear → conv kernel', () => {
@@ -127,9 +142,13 @@ describe('mmproj synthesis', () => {
     assert.equal(isMmprojSpec('synth:siglip-tiny-mmproj@3'), true);
     assert.equal(isMmprojSpec('synth:siglip-tiny'), false);
     assert.equal(isMmprojSpec('x.mmproj.gguf'), true);
-    const cached = await resolveMmprojSpec('synth:siglip-tiny-mmproj@1', { cacheDir: dir });
+    const cached = await resolveModel('synth:siglip-tiny-mmproj@1', 'mmproj', { cacheDir: dir });
     assert.equal(statSync(cached).size, statSync(siglipGguf).size);
     await assert.rejects(synthesizeMmproj({ preset: 'nope', out: join(dir, 'x.gguf') }), /unknown mmproj preset 'nope'/);
+    await assert.rejects(
+      resolveModel('synth:siglip-tiny-mmproj?dtype=q4', 'mmproj', { cacheDir: dir }),
+      /dtype must be one of f32, f16, got 'q4'/,
+    );
   });
 });
 
@@ -145,7 +164,10 @@ describe('LlamaVision (native clip)', () => {
       v.dispose();
     }
     v.dispose(); // idempotent
-    await assert.rejects(v.encode(new Float32Array(3 * 896 * 896), { layout: 'chw', width: 896, height: 896 }), (e: Error & { code?: string }) => e.code === 'EDISPOSED');
+    await assert.rejects(
+      v.encode(new Float32Array(3 * 896 * 896), { layout: 'chw', width: 896, height: 896 }),
+      (e: Error & { code?: string }) => e.code === 'EDISPOSED',
+    );
   });
 
   test('refuses files that are not a gemma mmproj with a reason, instead of aborting in clip', async () => {
@@ -183,7 +205,10 @@ describe('LlamaVision (native clip)', () => {
     const v = await LlamaVision.load(siglipGguf, { threads: 1 });
     try {
       await assert.rejects(v.encode(new Float32Array(3 * 448 * 448), { layout: 'chw', width: 448, height: 448 }), /must be 896x896/);
-      await assert.rejects(v.encode(new Float32Array(10), { layout: 'chw', width: 896, height: 896 }), /pixels has 10 values, expected 2408448/);
+      await assert.rejects(
+        v.encode(new Float32Array(10), { layout: 'chw', width: 896, height: 896 }),
+        /pixels has 10 values, expected 2408448/,
+      );
       await assert.rejects(v.encode(new Float32Array(10), { layout: 'rgb' as never, width: 896, height: 896 }), /image\.layout/);
     } finally {
       v.dispose();
@@ -195,10 +220,127 @@ describe('LlamaVision (native clip)', () => {
     const px = new Float32Array(3 * 896 * 896).fill(0.25);
     const first = v.encode(px, { layout: 'chw', width: 896, height: 896 });
     await assert.rejects(v.encode(px, { layout: 'chw', width: 896, height: 896 }), (e: Error & { code?: string }) => e.code === 'EBUSY');
-    assert.throws(() => v.dispose(), (e: Error & { code?: string }) => e.code === 'EBUSY');
+    assert.throws(
+      () => v.dispose(),
+      (e: Error & { code?: string }) => e.code === 'EBUSY',
+    );
     const r = await first;
     assert.deepEqual([r.nTokens, r.nEmbd, r.data.length], [256, 64, 256 * 64]);
     v.dispose();
+  });
+});
+
+describe('LlamaVision: batches, reused buffers, what clip reports, profiling', () => {
+  /** A patch-layout image for the gemma4 tiny mmproj: w×h pixels as 16×16 patches (seeded values). */
+  function patches(w: number, h: number, seed: number): Float32Array {
+    const a = new Float32Array(w * h * 3);
+    for (let i = 0; i < a.length; i++) a[i] = (Math.sin(seed * 12.9898 + i * 0.731) + 1) / 2;
+    return a;
+  }
+  const grid = { layout: 'patches', width: 96, height: 144 } as const;
+
+  test('encodeBatch equals one encode per image (gemma4v: one graph; gemma3: one after the other)', async () => {
+    const v4 = await LlamaVision.load(gemma4Gguf, { threads: 1 });
+    const v3 = await LlamaVision.load(siglipGguf, { threads: 1 });
+    try {
+      assert.equal(v4.info.batchable, true);
+      assert.equal(v3.info.batchable, false);
+      const images = [patches(96, 144, 1), patches(96, 144, 2), patches(96, 144, 3)];
+      const singles: VisionEncodeResult[] = [];
+      for (const px of images) singles.push(await v4.encode(px, grid));
+      const batch = await v4.encodeBatch(images, grid);
+      assert.equal(batch.batched, true);
+      assert.equal(batch.data.length, 3);
+      batch.data.forEach((data, i) => {
+        const worst = Math.min(
+          ...cosinePerToken(
+            { data, nTokens: batch.nTokens, nEmbd: batch.nEmbd },
+            { data: singles[i]!.data, nTokens: singles[i]!.nTokens, nEmbd: singles[i]!.nEmbd },
+          ),
+        );
+        assert.ok(worst >= 0.99999, `image ${i}: worst per-token cosine ${worst} between batch and single`);
+      });
+      // distinct images give distinct embeddings: the batch is not one image repeated
+      assert.notDeepEqual(batch.data[0], batch.data[1]);
+      const chw = [new Float32Array(3 * 896 * 896).fill(0.1), new Float32Array(3 * 896 * 896).fill(-0.3)];
+      const loop = await v3.encodeBatch(chw, { layout: 'chw', width: 896, height: 896 });
+      assert.equal(loop.batched, false);
+      for (let i = 0; i < 2; i++)
+        assert.deepEqual(loop.data[i], (await v3.encode(chw[i]!, { layout: 'chw', width: 896, height: 896 })).data);
+      await assert.rejects(
+        v4.encodeBatch([patches(96, 144, 1), new Float32Array(10)], grid),
+        /images\[1\] has 10 values, need at least 41472/,
+      );
+      await assert.rejects(v4.encodeBatch([], grid), /non-empty array/);
+    } finally {
+      v4.dispose();
+      v3.dispose();
+    }
+  });
+
+  test('buffers reused from call to call carry nothing over: A, B, A again gives A', async () => {
+    const v = await LlamaVision.load(gemma4Gguf, { threads: 1 });
+    try {
+      const a = await v.encode(patches(96, 144, 7), grid);
+      const b = await v.encode(patches(144, 96, 8), { ...grid, width: 144, height: 96 });
+      const again = await v.encode(patches(96, 144, 7), grid);
+      assert.notDeepEqual(a.data, b.data);
+      assert.deepEqual(again.data, a.data);
+      assert.equal(a.data.byteLength, a.nTokens * a.nEmbd * 4);
+    } finally {
+      v.dispose();
+    }
+  });
+
+  test('info says what clip resolved at load: flash attention, one graph split on the CPU, its compute buffer', async () => {
+    const on = await LlamaVision.load(gemma4Gguf, { threads: 1 });
+    const off = await LlamaVision.load(gemma4Gguf, { threads: 1, flashAttention: 'off' });
+    try {
+      assert.equal(on.info.flashAttention, true);
+      assert.equal(off.info.flashAttention, false);
+      assert.equal(on.info.graphSplits, 1);
+      assert.ok(on.info.graphNodes > 50, `graph nodes ${on.info.graphNodes}`);
+      assert.deepEqual(on.info.unsupportedOps, []);
+      assert.equal(on.info.computeBuffers[0]?.name, 'CPU');
+      // without flash attention the attention matrix is materialized: a larger compute buffer
+      assert.ok(off.info.computeBuffers[0]!.bytes > on.info.computeBuffers[0]!.bytes);
+      assert.equal(on.info.profile, false);
+      await assert.rejects(on.encode(patches(96, 144, 1), grid, 'phases'), /profiling needs Vision\.load\(path, \{ profile: true \}\)/);
+    } finally {
+      on.dispose();
+      off.dispose();
+    }
+  });
+
+  test("profile: 'phases' splits the encode into setup and compute, 'ops' counts every node; results unchanged", async () => {
+    const plain = await LlamaVision.load(gemma4Gguf, { threads: 1 });
+    const v = await LlamaVision.load(gemma4Gguf, { threads: 1, profile: true });
+    try {
+      const px = patches(96, 144, 5);
+      const reference = await plain.encode(px, grid);
+      const phases = await v.encode(px, grid, 'phases');
+      assert.ok(phases.profile, 'no profile in the result');
+      assert.ok(phases.profile.setupMs > 0 && phases.profile.computeMs > 0);
+      assert.ok(phases.profile.setupMs + phases.profile.computeMs <= phases.encodeMs + 0.5, 'phases exceed the encode');
+      assert.equal(phases.profile.ops, undefined);
+      const ops = await v.encode(px, grid, 'ops');
+      const list = ops.profile!.ops!;
+      const names = list.map((o) => o.op);
+      for (const op of ['MUL_MAT', 'FLASH_ATTN_EXT', 'RMS_NORM', 'POOL_2D'])
+        assert.ok(names.includes(op), `no ${op} in ${names.join(', ')}`);
+      // every node but the first (it ends the setup phase) is counted once, all on the CPU here
+      assert.equal(
+        list.reduce((n, o) => n + o.count, 0),
+        v.info.graphNodes - 1,
+      );
+      assert.ok(list.every((o) => o.onHost === o.count));
+      const off = await v.encode(px, grid);
+      assert.equal(off.profile, undefined);
+      for (const r of [phases, ops, off]) assert.deepEqual(r.data, reference.data);
+    } finally {
+      plain.dispose();
+      v.dispose();
+    }
   });
 });
 
@@ -208,8 +350,8 @@ describe('encoder-mtmd stage', () => {
   let mtmd3: MtmdEncoderStage;
   let mtmd4: MtmdEncoderStage;
   before(async () => {
-    onnx3 = await createOnnxEncoderStage({ model: siglipOnnx, threads: 1 });
-    onnx4 = await createOnnxEncoderStage({ model: gemma4Onnx, threads: 1 });
+    onnx3 = await createOnnxEncoderStage({ ep: 'cpu', model: siglipOnnx, threads: 1 });
+    onnx4 = await createOnnxEncoderStage({ ep: 'cpu', model: gemma4Onnx, threads: 1 });
     mtmd3 = await createMtmdEncoderStage({ mmproj: siglipGguf, threads: 1, expectedHidden: 64 });
     mtmd4 = await createMtmdEncoderStage({ mmproj: gemma4Gguf, threads: 1, expectedHidden: 64 });
   });
@@ -222,7 +364,17 @@ describe('encoder-mtmd stage', () => {
     assert.deepEqual([mtmd4.contract.kind, mtmd4.contract.hidden, mtmd4.contract.patchDim, mtmd4.contract.merge], ['gemma4', 64, 768, 3]);
   });
 
-  test('gemma3: same weights, two runtimes: per-token cosine ≥ 0.999 against ONNX', async () => {
+  test('pixel_values go back to the preprocessor once clip has read them', async () => {
+    const pre = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma3' });
+    const frame = { encoding: 'jpeg' as const, data: await cameraJpeg() };
+    const first = await pre.process(frame, ctx());
+    await mtmd3.process(first, ctx());
+    const second = await pre.process(frame, ctx());
+    assert.equal(second.pixelValues, first.pixelValues, 'the array clip read is reused for the next frame');
+    assert.equal(pre.allocatedArrays(), 1);
+  });
+
+  test('gemma3: same weights, two runtimes: per-token cosine ≥ 0.9999 against ONNX', async () => {
     const px = await preprocessed('gemma3');
     const ref = await onnx3.process(clonePixels(px), ctx());
     const got = await mtmd3.process(px, ctx());
@@ -230,26 +382,44 @@ describe('encoder-mtmd stage', () => {
     const cos = cosinePerToken(got, ref);
     const worst = Math.min(...cos);
     console.log(`gemma3 worst per-token cosine ${worst.toFixed(7)}`);
-    assert.ok(worst >= 0.999, `worst per-token cosine ${worst}`);
+    assert.ok(worst >= 0.9999, `worst per-token cosine ${worst}`);
   });
 
   for (const [budget, w, h] of [
     [280, 640, 360],
     [70, 300, 500],
   ] as const) {
-    test(`gemma4: per-token cosine ≥ 0.999 against ONNX (budget ${budget}, ${w}×${h})`, async () => {
+    test(`gemma4: per-token cosine ≥ 0.9999 against ONNX (budget ${budget}, ${w}×${h})`, async () => {
       const px = await preprocessed('gemma4', budget, w, h);
       const ref = await onnx4.process(clonePixels(px), ctx({ imageTokens: budget }));
       const got = await mtmd4.process(px, ctx({ imageTokens: budget }));
       assert.equal(got.nTokens, px.imageTokens);
       const worst = Math.min(...cosinePerToken(got, ref));
       console.log(`gemma4 ${w}×${h} budget ${budget}: ${got.nTokens} tokens, worst per-token cosine ${worst.toFixed(7)}`);
-      assert.ok(worst >= 0.999, `worst per-token cosine ${worst}`);
+      assert.ok(worst >= 0.9999, `worst per-token cosine ${worst}`);
     });
   }
 
+  test('encodeBatch: frames of one size in one call give what process() gives for each; other sizes are refused', async () => {
+    const a = await preprocessed('gemma4', 280, 640, 360);
+    const b = await preprocessed('gemma4', 280, 640, 360);
+    b.pixelValues.reverse(); // another picture, same grid
+    const singles = [await mtmd4.process(clonePixels(a), ctx()), await mtmd4.process(clonePixels(b), ctx())];
+    const batch = await mtmd4.encodeBatch([a, b]);
+    assert.equal(batch.length, 2);
+    batch.forEach((emb, i) => assert.ok(Math.min(...cosinePerToken(emb, singles[i]!)) >= 0.99999, `frame ${i}`));
+    const other = await preprocessed('gemma4', 70, 300, 500);
+    await assert.rejects(
+      mtmd4.encodeBatch([await preprocessed('gemma4', 280, 640, 360), other]),
+      /a batch is one image size: input 1 is \d+×\d+, input 0 is 1056×576/,
+    );
+  });
+
   test("the decoder's n_embd must match the projector's output width", async () => {
-    await assert.rejects(createMtmdEncoderStage({ mmproj: gemma4Gguf, threads: 1, expectedHidden: 1536 }), /output width is 64, but the decoder's n_embd is 1536/);
+    await assert.rejects(
+      createMtmdEncoderStage({ mmproj: gemma4Gguf, threads: 1, expectedHidden: 1536 }),
+      /output width is 64, but the decoder's n_embd is 1536/,
+    );
     await assert.rejects(createMtmdEncoderStage({ mmproj: siglipOnnx }), /is an ONNX model/);
     await assert.rejects(createMtmdEncoderStage({ mmproj: join(dir, 'nope.gguf') }), /does not exist/);
   });
@@ -267,30 +437,41 @@ describe('encoder-mtmd stage', () => {
     assert.equal((image.width / 48) * (image.height / 48), g4.imageTokens);
   });
 
-  test('the event loop stays responsive during an encode', async () => {
+  test('the event loop stays idle during an encode (clip runs on a worker thread)', async () => {
     const px = await preprocessed('gemma3');
     const h = monitorEventLoopDelay({ resolution: 5 });
     h.enable();
-    const t0 = performance.now();
+    const elu0 = performance.eventLoopUtilization();
     await mtmd3.process(px, ctx());
-    const encodeMs = performance.now() - t0;
+    const elu = performance.eventLoopUtilization(elu0);
     h.disable();
-    const maxDelayMs = h.max / 1e6;
-    console.log(`mtmd encode ${encodeMs.toFixed(0)} ms; event loop delay max ${maxDelayMs.toFixed(1)} ms`);
-    assert.ok(encodeMs > 100, `encode took only ${encodeMs} ms: too short to tell`);
-    assert.ok(maxDelayMs < encodeMs / 4, `event loop blocked for ${maxDelayMs} ms of a ${encodeMs} ms encode`);
+    console.log(
+      `mtmd encode ${(elu.idle + elu.active).toFixed(0)} ms; event loop busy ${(100 * elu.utilization).toFixed(1)} %, delay max ${(h.max / 1e6).toFixed(1)} ms`,
+    );
+    // The share of the encode's time the loop spent running: about 1 if clip ran on this thread,
+    // however fast or loaded the machine; near 0 when it runs on an AsyncWorker.
+    assert.ok(
+      elu.utilization < 0.5,
+      `the event loop was busy ${(100 * elu.utilization).toFixed(1)} % of the encode (${elu.active.toFixed(1)} of ${(elu.active + elu.idle).toFixed(1)} ms)`,
+    );
   });
 
   test('ctx.signal aborts the wait; the late result is discarded and counted; the next frame works', async () => {
     const events: StageEvent[] = [];
     const before0 = mtmd3.stats();
-    await assert.rejects(mtmd3.process(await preprocessed('gemma3'), ctx({ signal: AbortSignal.abort(), events })), (e: unknown) => e instanceof DropFrame && /before the run/.test(e.message));
+    const aborted = AbortSignal.abort();
+    await assert.rejects(
+      mtmd3.process(await preprocessed('gemma3'), ctx({ signal: aborted, events })),
+      (e: unknown) => e === aborted.reason,
+    );
     assert.equal(mtmd3.stats().runs, before0.runs);
+    // process() starts the native encode before it returns its promise; the abort comes after.
     const controller = new AbortController();
     const pending = mtmd3.process(await preprocessed('gemma3'), ctx({ signal: controller.signal, events }));
     controller.abort();
-    await assert.rejects(pending, (e: unknown) => e instanceof DropFrame && /during the run/.test(e.message));
-    assert.ok(events.some((e) => e.kind === 'cancel'));
+    await assert.rejects(pending, (e: unknown) => e === controller.signal.reason);
+    assert.equal(mtmd3.stats().runs, before0.runs, 'gave up without waiting for the run');
+    assert.deepEqual(events, [], 'the stage reports nothing itself: the runtime classifies the abort');
     const next = await mtmd3.process(await preprocessed('gemma3'), ctx());
     assert.equal(next.nTokens, 256);
     const s = mtmd3.stats();

@@ -4,14 +4,19 @@
 import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { resolveModelSpec, type WeightType } from '../models/synth.ts';
+import { resolveModel } from '../models/resolve.ts';
+import type { WeightType } from '../models/synth.ts';
+import { loadConfig } from '../pipeline/config.ts';
 
 export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 export const MODEL_CACHE = join(REPO_ROOT, '.cache', 'models');
 
+/** The config's preprocess section as the schema defaults it, for preprocess stages made outside a run. */
+export const PREPROCESS_DEFAULTS = loadConfig({}).preprocess;
+
 /** Path of the synthetic checkpoint `preset` in `wtype` (default seed), generating it once if missing. */
 export async function ensureSynthModel(preset: string, wtype: WeightType = 'q8_0'): Promise<string> {
-  return resolveModelSpec(`synth:${preset}?wtype=${wtype}`, { cacheDir: MODEL_CACHE });
+  return resolveModel(`synth:${preset}?wtype=${wtype}`, 'decoder', { cacheDir: MODEL_CACHE });
 }
 
 /**

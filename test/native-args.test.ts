@@ -2,9 +2,22 @@
 // and from C++'s second line of checks: tables of bad values, each asserting the exact message.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { bool, coded, describe as describeValue, graft, intIn, invalid, knownKeys, nonEmptyString, numIn, oneOf, plainObject } from '../native/args.ts';
+import {
+  bool,
+  coded,
+  describe as describeValue,
+  graft,
+  intIn,
+  invalid,
+  knownKeys,
+  nonEmptyString,
+  numIn,
+  oneOf,
+  plainObject,
+} from '../native/args.ts';
 import { loadAddon } from '../native/binding.ts';
 import { LlamaModel } from '../native/llama.ts';
+import { layoutPixels } from '../native/pixels.ts';
 import { LlamaVision } from '../native/vision.ts';
 
 /** Runs `fn` and returns the message of what it throws (or rejects with). */
@@ -49,7 +62,10 @@ test('validators: bad values give "Expected X for Y but received Z"', () => {
     [() => oneOf('fa', 'yes', [true, false, 'auto']), "Expected true, false or 'auto' for fa but received yes of type string"],
     [() => plainObject('options', [1]), 'Expected an object for options but received array'],
     [() => plainObject('options', null), 'Expected an object for options but received null'],
-    [() => knownKeys('options', { nCtx: 1, bogus: 2 }, ['nCtx', 'nBatch']), 'Expected undefined (options takes only nCtx and nBatch) for options.bogus but received 2 of type number'],
+    [
+      () => knownKeys('options', { nCtx: 1, bogus: 2 }, ['nCtx', 'nBatch']),
+      'Expected undefined (options takes only nCtx and nBatch) for options.bogus but received 2 of type number',
+    ],
   ];
   for (const [fn, want] of table) {
     assert.throws(fn, (e: unknown) => e instanceof TypeError && e.message === want, want);
@@ -79,13 +95,48 @@ test('graft keeps the native message and code, with the caller stack', () => {
 test('the typed API refuses bad options with the same shape (no model needed)', async () => {
   const table: [() => unknown, string][] = [
     [() => LlamaModel.load(''), 'Expected a non-empty string for path but received  of type string'],
-    [() => LlamaModel.load('m.gguf', { gpuLayers: 1.5 }), 'Expected an integer between -1 and 100000 for options.gpuLayers but received 1.5 of type number'],
+    [
+      () => LlamaModel.load('m.gguf', { gpuLayers: 1.5 }),
+      'Expected an integer between -1 and 100000 for options.gpuLayers but received 1.5 of type number',
+    ],
     [() => LlamaModel.load('m.gguf', { mmap: 'yes' as never }), 'Expected a boolean for options.mmap but received yes of type string'],
-    [() => LlamaModel.load('m.gguf', { bogus: 1 } as never), 'Expected undefined (options takes only gpuLayers, mmap and vocabOnly) for options.bogus but received 1 of type number'],
-    [() => LlamaVision.load('v.gguf', { threads: 0 }), 'Expected an integer between 1 and 1024 for options.threads but received 0 of type number'],
-    [() => LlamaVision.load('v.gguf', { flashAttention: 'yes' as never }), "Expected 'auto', 'on' or 'off' for options.flashAttention but received yes of type string"],
+    [
+      () => LlamaModel.load('m.gguf', { bogus: 1 } as never),
+      'Expected undefined (options takes only gpuLayers, mmap and vocabOnly) for options.bogus but received 1 of type number',
+    ],
+    [
+      () => LlamaVision.load('v.gguf', { threads: 0 }),
+      'Expected an integer between 1 and 1024 for options.threads but received 0 of type number',
+    ],
+    [
+      () => LlamaVision.load('v.gguf', { flashAttention: 'yes' as never }),
+      "Expected 'auto', 'on' or 'off' for options.flashAttention but received yes of type string",
+    ],
     [() => LlamaVision.load('v.gguf', { warmup: 1 as never }), 'Expected a boolean for options.warmup but received 1 of type number'],
-    [() => LlamaVision.load('v.gguf', { gpu: true } as never), 'Expected undefined (options takes only useGpu, threads, flashAttention and warmup) for options.gpu but received true of type boolean'],
+    [
+      () => LlamaVision.load('v.gguf', { gpu: true } as never),
+      'Expected undefined (options takes only useGpu, threads, flashAttention, warmup and profile) for options.gpu but received true of type boolean',
+    ],
+    [
+      () => LlamaVision.load('v.gguf', { profile: 'ops' as never }),
+      'Expected a boolean for options.profile but received ops of type string',
+    ],
+    [
+      () => layoutPixels(new Uint8Array(12), new Float32Array(12), { width: 2, height: 2, channels: 5 as never, layout: 'chw' }),
+      'Expected an integer between 1 and 4 for options.channels but received 5 of type number',
+    ],
+    [
+      () => layoutPixels(new Uint8Array(12), new Float32Array(12), { width: 2, height: 2, channels: 3, rows: 1, layout: 'chw' }),
+      'Expected an integer between 2 and 65536 for options.rows but received 1 of type number',
+    ],
+    [
+      () => layoutPixels(new Uint8Array(12), new Float32Array(12), { width: 2, height: 2, channels: 3, layout: 'hwc' as never }),
+      "Expected 'chw' or 'patches' for options.layout but received hwc of type string",
+    ],
+    [
+      () => layoutPixels(new Uint8Array(12), new Float32Array(12), { width: 2, height: 2, channels: 3, layout: 'chw', scale: 0 }),
+      'Expected a finite non-zero number for options.scale but received 0 of type number',
+    ],
   ];
   for (const [fn, want] of table) assert.equal(await messageOf(fn), want);
 });
@@ -93,14 +144,53 @@ test('the typed API refuses bad options with the same shape (no model needed)', 
 test('C++ checks every field again, required, with the same message shape', async () => {
   const addon = loadAddon();
   const load = { gpuLayers: 0, mmap: true, vocabOnly: false };
-  const vision = { useGpu: false, threads: 1, flashAttention: 'auto' as const, warmup: false };
+  const vision = { useGpu: false, threads: 1, flashAttention: 'auto' as const, warmup: false, profile: false };
+  const layout = {
+    width: 2,
+    height: 2,
+    channels: 3,
+    stride: 6,
+    rows: 2,
+    kernel: 'linear' as const,
+    orientation: 1,
+    bgr: false,
+    layout: 'chw' as const,
+    patch: 16,
+    scale: 1,
+    offset: 0,
+  };
+  const px = (options: object) => addon.layoutPixels(new Uint8Array(12), new Float32Array(12), options as typeof layout);
   const table: [() => unknown, string][] = [
-    [() => addon.Model.load('m.gguf', { ...load, gpuLayers: 1.5 }), 'Expected an integer between -1 and 100000 for Model.load options.gpuLayers but received 1.5 of type number'],
-    [() => addon.Model.load('m.gguf', { gpuLayers: 0, mmap: true } as never), 'Expected a boolean for Model.load options.vocabOnly but received undefined of type undefined'],
+    [
+      () => addon.Model.load('m.gguf', { ...load, gpuLayers: 1.5 }),
+      'Expected an integer between -1 and 100000 for Model.load options.gpuLayers but received 1.5 of type number',
+    ],
+    [
+      () => addon.Model.load('m.gguf', { gpuLayers: 0, mmap: true } as never),
+      'Expected a boolean for Model.load options.vocabOnly but received undefined of type undefined',
+    ],
     [() => addon.Model.load('m.gguf', null as never), 'Expected an object for Model.load options but received null'],
-    [() => addon.Vision.load('v.gguf', { ...vision, threads: 0 }), 'Expected an integer between 1 and 1024 for Vision.load options.threads but received 0 of type number'],
-    [() => addon.Vision.load('v.gguf', { ...vision, flashAttention: 'yes' as never }), "Expected 'auto', 'on' or 'off' for Vision.load options.flashAttention but received yes of type string"],
-    [() => addon.Vision.load('v.gguf', { useGpu: false, threads: 1, flashAttention: 'auto' } as never), 'Expected a boolean for Vision.load options.warmup but received undefined of type undefined'],
+    [
+      () => addon.Vision.load('v.gguf', { ...vision, threads: 0 }),
+      'Expected an integer between 1 and 1024 for Vision.load options.threads but received 0 of type number',
+    ],
+    [
+      () => addon.Vision.load('v.gguf', { ...vision, flashAttention: 'yes' as never }),
+      "Expected 'auto', 'on' or 'off' for Vision.load options.flashAttention but received yes of type string",
+    ],
+    [
+      () => addon.Vision.load('v.gguf', { useGpu: false, threads: 1, flashAttention: 'auto', warmup: false } as never),
+      'Expected a boolean for Vision.load options.profile but received undefined of type undefined',
+    ],
+    [
+      () => px({ ...layout, stride: 5 }),
+      'Expected an integer between 6 and 1099511627776 for layoutPixels options.stride but received 5 of type number',
+    ],
+    [
+      () => px({ ...layout, kernel: undefined }),
+      "Expected 'linear' or 'cubic' for layoutPixels options.kernel but received undefined of type undefined",
+    ],
+    [() => px({ ...layout, scale: 0 }), 'Expected a non-zero number for layoutPixels options.scale but received 0 of type number'],
   ];
   for (const [fn, want] of table) assert.equal(await messageOf(fn), want);
 });

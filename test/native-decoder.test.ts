@@ -1,18 +1,18 @@
 // The decode stage over the native binding: schema-valid actions from image embeddings, system
 // prefix reuse across frames, the knobs, cancel/deadline reporting, and the width check.
 import assert from 'node:assert/strict';
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { Ajv } from 'ajv';
-import { createDecoderStage, type DecoderStage } from '../nodes/decoder.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
+import { actionTokenBudget, createDecoderStage, type DecoderStage } from '../nodes/decoder.ts';
 import { RealClock } from '../pipeline/clock.ts';
+import { loadConfig } from '../pipeline/config.ts';
 import type { ImageEmbedding } from '../nodes/payloads.ts';
-import type { Knobs, StageContext, StageEvent } from '../pipeline/types.ts';
+import { StageAbort, type Knobs, type StageContext, type StageEvent } from '../pipeline/types.ts';
 import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 
-const SCHEMA = join(REPO_ROOT, 'configs/actions/robot-action.schema.json');
+const schema = loadActionSchema(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'));
 
 function image(nTokens: number, nEmbd: number, seed: number): ImageEmbedding {
   const data = new Float32Array(nTokens * nEmbd);
@@ -20,28 +20,39 @@ function image(nTokens: number, nEmbd: number, seed: number): ImageEmbedding {
   return { data, nTokens, nEmbd };
 }
 
-function stageContext(frameId: number, opts: { budgetMs?: number; knobs?: Partial<Knobs>; signal?: AbortSignal } = {}): StageContext & { events: StageEvent[] } {
+/** A stage context with no deadline unless `budgetMs` is given: how long a decode takes depends on
+ * the machine (and its load), so only the test about deadlines sets one, already in the past. */
+function stageContext(
+  frameId: number,
+  opts: { budgetMs?: number; knobs?: Partial<Knobs>; signal?: AbortSignal } = {},
+): StageContext & { events: StageEvent[] } {
   const clock = new RealClock();
-  const deadlineNs = clock.nowNs() + BigInt(Math.round((opts.budgetMs ?? 60_000) * 1e6));
+  const deadlineNs = opts.budgetMs === undefined ? undefined : clock.nowNs() + BigInt(Math.round(opts.budgetMs * 1e6));
   const events: StageEvent[] = [];
-  const ctx = standaloneContext({ clock, frame: { frameId, sourceId: 'test' }, deadlineNs, knobs: { maxNewTokens: 96, draft: true, ...opts.knobs }, signal: opts.signal, report: (e) => events.push(e) });
+  const ctx = standaloneContext({
+    clock,
+    frame: { frameId, sourceId: 'test' },
+    ...(deadlineNs !== undefined ? { deadlineNs } : {}),
+    knobs: { maxNewTokens: 96, draft: true, ...opts.knobs },
+    signal: opts.signal,
+    report: (e) => events.push(e),
+  });
   return { ...ctx, events };
 }
 
 describe('decode stage on gemma4-tiny', () => {
   let stage: DecoderStage;
   before(async () => {
+    // The decoder section as the schema defaults it (maxNewTokens: the grammar's worst case); the
+    // stage has no defaults of its own.
+    const { decoder } = loadConfig({
+      decoder: { nCtx: 2048, instruction: 'Choose the next action.', temperature: 0, seed: 1, jumpForward: true },
+    });
     stage = await createDecoderStage({
+      ...decoder,
       model: await ensureSynthModel('gemma4-tiny'),
       draft: await ensureSynthModel('gemma4-tiny'),
-      nCtx: 2048,
-      systemPrompt: 'You are the perception module of a mobile robot. Reply with exactly one JSON action.',
-      instruction: 'Choose the next action.',
-      schemaPath: SCHEMA,
-      maxNewTokens: 96,
-      temperature: 0,
-      seed: 1,
-      jumpForward: true,
+      actionSchema: schema,
     });
   });
   after(async () => {
@@ -51,13 +62,12 @@ describe('decode stage on gemma4-tiny', () => {
   test('frames become schema-valid actions; the system prefix is reused', async () => {
     assert.equal(stage.nEmbd, 64);
     assert.equal(stage.contract, 'gemma4');
-    const validate = new Ajv({ strict: false }).compile(JSON.parse(await readFile(SCHEMA, 'utf8')) as object);
     const gens = [];
     for (let f = 0; f < 3; f++) {
       const sc = stageContext(f);
       const g = await stage.process(image(16, stage.nEmbd, f), sc);
       assert.equal(g.stopReason, 'eos', g.text);
-      assert.ok(validate(JSON.parse(g.text)), `${g.text}: ${JSON.stringify(validate.errors)}`);
+      assert.ok(schema.validate(JSON.parse(g.text)), `${g.text}: ${JSON.stringify(schema.validate.errors)}`);
       assert.ok(sc.events.some((e) => e.kind === 'note' && e.message === 'decode'));
       gens.push(g);
     }
@@ -67,22 +77,37 @@ describe('decode stage on gemma4-tiny', () => {
     assert.ok(gens[1]!.drafted > 0, 'the draft model drafts');
   });
 
-  test('knobs: maxNewTokens caps the output, draft=false turns drafting off', async () => {
+  test("knobs: maxNewTokens never cuts an action (the grammar's worst case is the floor), draft=false turns drafting off", async () => {
     const g = await stage.process(image(16, stage.nEmbd, 9), stageContext(10, { knobs: { maxNewTokens: 3, draft: false } }));
-    assert.equal(g.tokens.length, 3);
-    assert.equal(g.stopReason, 'max_tokens');
+    assert.equal(g.stopReason, 'eos', g.text);
+    assert.ok(g.tokens.length > 3);
     assert.equal(g.drafted, 0);
   });
 
-  test('an aborted signal returns the partial generation and reports a cancel', async () => {
-    const sc = stageContext(11, { signal: AbortSignal.abort() });
-    const g = await stage.process(image(16, stage.nEmbd, 3), sc);
-    assert.equal(g.stopReason, 'cancelled');
-    assert.ok(sc.events.some((e) => e.kind === 'cancel' && e.reason === 'aborted'));
+  test("the token budget follows the schema's worst case; a configured one below it is refused", () => {
+    assert.ok(stage.maxNewTokens > 30 && stage.maxNewTokens < 400, `${stage.maxNewTokens}`);
+    assert.equal(actionTokenBudget(null, 113, 's.json', null), 113);
+    assert.equal(actionTokenBudget(200, 113, 's.json', null), 200);
+    assert.throws(
+      () => actionTokenBudget(64, 113, 's.json', null),
+      /maxNewTokens 64 is below the 113 tokens a complete action under s\.json can take/,
+    );
+    assert.equal(actionTokenBudget(64, null, 's.json', 'a recursive grammar'), 64);
+    assert.throws(() => actionTokenBudget(null, null, 's.json', 'a recursive grammar'), /must be set: .* \(a recursive grammar\)/);
+  });
+
+  test('an aborted signal or a passed deadline gives the frame up with the abort reason, after noting the partial decode', async () => {
+    const signal = AbortSignal.abort(new StageAbort('shutdown', 'graph'));
+    const sc = stageContext(11, { signal });
+    await assert.rejects(stage.process(image(16, stage.nEmbd, 3), sc), (e: unknown) => e === signal.reason);
+    assert.ok(sc.events.some((e) => e.kind === 'note' && e.data?.stopReason === 'cancelled'));
+    // Native code sees the deadline before any JS timer could fire: the stage gives up with a StageAbort of its own.
     const late = stageContext(12, { budgetMs: -1 });
-    const g2 = await stage.process(image(16, stage.nEmbd, 4), late);
-    assert.equal(g2.stopReason, 'deadline');
-    assert.ok(late.events.some((e) => e.kind === 'cancel' && e.reason === 'deadline'));
+    await assert.rejects(
+      stage.process(image(16, stage.nEmbd, 4), late),
+      (e: unknown) => e instanceof StageAbort && e.reason === 'deadline' && e.stage === 'decode',
+    );
+    assert.ok(late.events.some((e) => e.kind === 'note' && e.data?.stopReason === 'deadline'));
   });
 
   test('an embedding of the wrong width is a clear error, and the stage keeps working', async () => {

@@ -2,7 +2,7 @@
 // prefix reuse, cancel/deadline, EBUSY, bad inputs, and event-loop responsiveness.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 import { LlamaModel, type LlamaContext, type PromptSegment } from '../native/llama.ts';
@@ -63,7 +63,10 @@ describe('native generate on gemma4-tiny', () => {
   });
 
   test('the system prefix is reused across calls and gives the output of a fresh context', async () => {
-    const system: PromptSegment = { text: model.renderChat([{ role: 'system', content: 'You are a careful robot. Answer in JSON.' }], { addGenerationPrompt: false }), addSpecial: false };
+    const system: PromptSegment = {
+      text: model.renderChat([{ role: 'system', content: 'You are a careful robot. Answer in JSON.' }], { addGenerationPrompt: false }),
+      addSpecial: false,
+    };
     const sysTokens = model.tokenize((system as { text: string }).text).length;
     const first = await ctx.generate([system, { text: 'frame one' }], { maxTokens: 8, ignoreEos: true });
     assert.equal(first.reusedTokens, 0);
@@ -137,11 +140,21 @@ describe('native generate on gemma4-tiny', () => {
     const probe = await ctx.generate([{ text: 'probe' }], { maxTokens: 16, ignoreEos: true });
     const perTokenMs = probe.timings.decodeMs / probe.timings.decodeTokens;
     const deadlineNs = process.hrtime.bigint() + BigInt(Math.round((probe.timings.ttftMs + 8 * perTokenMs) * 1e6));
+    // How late the result reaches JS depends on this machine now: the token in progress at the
+    // deadline, and how long the event loop takes to run the completion. Both are measured.
+    const loopDelay = monitorEventLoopDelay({ resolution: 1 });
+    loopDelay.enable();
     const r = await ctx.generate([{ text: 'deadline run' }], { maxTokens: 900, ignoreEos: true, deadlineNs });
     const lateMs = Number(process.hrtime.bigint() - deadlineNs) / 1e6;
+    loopDelay.disable();
     assert.equal(r.stopReason, 'deadline');
     assert.ok(r.tokens.length < 900);
-    assert.ok(lateMs < 3 * perTokenMs + 25, `stopped ${lateMs.toFixed(1)} ms after the deadline (token ≈ ${perTokenMs.toFixed(1)} ms)`);
+    const tokenMs = Math.max(perTokenMs, r.timings.decodeMs / Math.max(1, r.timings.decodeTokens));
+    const wakeMs = loopDelay.max / 1e6;
+    assert.ok(
+      lateMs < 3 * tokenMs + 2 * wakeMs + 1,
+      `stopped ${lateMs.toFixed(1)} ms after the deadline (token ≈ ${tokenMs.toFixed(1)} ms, event-loop delay ≤ ${wakeMs.toFixed(1)} ms)`,
+    );
     const past = await ctx.generate([{ text: 'late' }], { maxTokens: 5, deadlineNs: process.hrtime.bigint() - 1n });
     assert.equal(past.stopReason, 'deadline');
     assert.equal(past.tokens.length, 0);
@@ -150,12 +163,18 @@ describe('native generate on gemma4-tiny', () => {
   test('a second concurrent operation is refused with EBUSY', async () => {
     const first = ctx.generate([{ text: 'busy' }], { maxTokens: 20, ignoreEos: true });
     await assert.rejects(ctx.generate([{ text: 'other' }], { maxTokens: 1 }), (e: Error & { code?: string }) => e.code === 'EBUSY');
-    assert.throws(() => ctx.clearCache(), (e: Error & { code?: string }) => e.code === 'EBUSY');
+    assert.throws(
+      () => ctx.clearCache(),
+      (e: Error & { code?: string }) => e.code === 'EBUSY',
+    );
     assert.equal((await first).tokens.length, 20);
   });
 
   test('bad inputs throw clear errors and the context keeps working', async () => {
-    await assert.rejects(ctx.generate([{ tokens: [2, 262144] }], { maxTokens: 1 }), /Expected a token id of this model \(an integer between 0 and 262143\) for prompt\[0\].tokens\[1\] but received 262144/);
+    await assert.rejects(
+      ctx.generate([{ tokens: [2, 262144] }], { maxTokens: 1 }),
+      /Expected a token id of this model \(an integer between 0 and 262143\) for prompt\[0\].tokens\[1\] but received 262144/,
+    );
     await assert.rejects(ctx.generate([{ text: 'x' }], { maxTokens: 5000 }), /maxTokens/);
     await assert.rejects(ctx.generate([{ text: 'x'.repeat(10) }], { maxTokens: 1024 }), (e: Error & { code?: string }) => {
       assert.equal(e.code, 'ERANGE');
@@ -196,17 +215,22 @@ describe('native generate on gemma4-tiny', () => {
   });
 });
 
-test('the event loop stays responsive while a model loads and generates', async () => {
+test('the event loop stays idle while a model loads and generates (the work is on worker threads)', async () => {
   const path = await ensureSynthModel('gemma4-tiny');
   const h = monitorEventLoopDelay({ resolution: 5 });
   h.enable();
+  const elu0 = performance.eventLoopUtilization();
   const model = await LlamaModel.load(path);
   const ctx = await model.createContext({ nCtx: 1024 });
   const r = await ctx.generate([{ text: PROMPT, addSpecial: true }], { maxTokens: 200, ignoreEos: true });
+  const elu = performance.eventLoopUtilization(elu0);
   h.disable();
   await model.dispose();
   assert.equal(r.tokens.length, 200);
-  const p99 = h.percentile(99) / 1e6;
-  const max = h.max / 1e6;
-  assert.ok(p99 < 50 && max < 100, `event loop delay p99 ${p99.toFixed(1)} ms, max ${max.toFixed(1)} ms`);
+  console.log(
+    `event loop busy ${(100 * elu.utilization).toFixed(1)} % of ${(elu.active + elu.idle).toFixed(0)} ms; delay p99 ${(h.percentile(99) / 1e6).toFixed(1)} ms, max ${(h.max / 1e6).toFixed(1)} ms`,
+  );
+  // The share of the time the loop spent running rather than waiting for events: about 1 if the
+  // load or the token loop ran on this thread, however fast or loaded the machine is.
+  assert.ok(elu.utilization < 0.5, `the event loop was busy ${(100 * elu.utilization).toFixed(1)} % of the load and generation`);
 });

@@ -35,6 +35,9 @@ test('the check sees internal headers: llama-internal.cc itself includes some', 
   const incs = includesOf(readFileSync(join(SRC, 'llama-internal.cc'), 'utf8'));
   for (const internal of ['llama-grammar.h', 'clip.h']) {
     assert.ok(incs.includes(internal), `llama-internal.cc should include ${internal}`);
-    assert.ok(existsSync(join(LLAMA, 'src', internal)) || existsSync(join(LLAMA, 'tools', 'mtmd', internal)), `${internal} not found in llama.cpp`);
+    assert.ok(
+      existsSync(join(LLAMA, 'src', internal)) || existsSync(join(LLAMA, 'tools', 'mtmd', internal)),
+      `${internal} not found in llama.cpp`,
+    );
   }
 });

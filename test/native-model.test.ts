@@ -4,7 +4,8 @@ import assert from 'node:assert/strict';
 import { mkdir, open, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { imageAttentionRule, jsonSchemaToGbnf, LlamaModel, setLlamaLogger } from '../native/llama.ts';
+import { imageAttentionRule, LlamaModel, setLlamaLogger } from '../native/llama.ts';
+import { jsonSchemaToGbnf } from '../native/schema-grammar.ts';
 import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
 
 const SCRATCH = join(REPO_ROOT, '.cache', 'native-test');
@@ -95,16 +96,22 @@ describe('native model', () => {
     assert.match(text, /SYS/);
     assert.match(text, /hi/);
     assert.ok(text.indexOf('SYS') < text.indexOf('hi'));
-    const segs = model.chatPrompt([{ role: 'user', content: 'look <__percept_image__> now' }], [{ data: new Float32Array(3 * 64), nTokens: 3 }]);
+    const segs = model.chatPrompt(
+      [{ role: 'user', content: 'look <__percept_image__> now' }],
+      [{ data: new Float32Array(3 * 64), nTokens: 3 }],
+    );
     assert.equal(segs.length, 3);
     assert.ok('image' in segs[1]!);
-    assert.throws(() => model.chatPrompt([{ role: 'user', content: 'no marker' }], [{ data: new Float32Array(64), nTokens: 1 }]), /1 image/);
+    assert.throws(
+      () => model.chatPrompt([{ role: 'user', content: 'no marker' }], [{ data: new Float32Array(64), nTokens: 1 }]),
+      /1 image/,
+    );
   });
 
   test('JSON Schema becomes GBNF', () => {
     const gbnf = jsonSchemaToGbnf({ type: 'object', properties: { a: { enum: ['x', 'y'] } }, required: ['a'] });
     assert.match(gbnf, /root ::=/);
-    assert.throws(() => jsonSchemaToGbnf('{not json'), /jsonSchemaToGrammar/);
+    assert.throws(() => jsonSchemaToGbnf('{not json'), /not valid JSON/);
   });
 
   test('llama.cpp logs are quiet by default and can be forwarded', async () => {
@@ -189,7 +196,10 @@ describe('native model', () => {
     test('bad arguments are TypeErrors before crossing into C++', async () => {
       await assert.rejects(LlamaModel.load(''), TypeError);
       await assert.rejects(LlamaModel.load(gemma4, { gpuLayers: 1.5 }), /gpuLayers/);
-      await assert.rejects(LlamaModel.load(gemma4, { bogus: 1 } as never), /Expected undefined \(options takes only gpuLayers, mmap and vocabOnly\) for options.bogus/);
+      await assert.rejects(
+        LlamaModel.load(gemma4, { bogus: 1 } as never),
+        /Expected undefined \(options takes only gpuLayers, mmap and vocabOnly\) for options.bogus/,
+      );
       assert.throws(() => model.detokenize([1, 999_999_999]), /a token id of this model/);
       assert.throws(() => model.tokenText(-1), /token/);
       await assert.rejects(model.createContext({ nCtx: 8 }), /nCtx/);
@@ -200,7 +210,10 @@ describe('native model', () => {
       const m = await LlamaModel.load(gemma4, { vocabOnly: true });
       await m.dispose();
       await m.dispose(); // idempotent
-      assert.throws(() => m.tokenize('x'), (e: Error & { code?: string }) => e.code === 'EDISPOSED');
+      assert.throws(
+        () => m.tokenize('x'),
+        (e: Error & { code?: string }) => e.code === 'EDISPOSED',
+      );
       const ctx = await model.createContext({ nCtx: 64 });
       await ctx.dispose();
       await assert.rejects(ctx.generate([{ text: 'x' }], { maxTokens: 1 }), (e: Error & { code?: string }) => e.code === 'EDISPOSED');

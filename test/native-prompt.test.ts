@@ -45,13 +45,55 @@ test('reuse: the longest cached prefix, never the last item, positions counted p
   const cases: { name: string; segments: Seg[]; cache: Seg[]; reuse: number; reusePositions: number }[] = [
     { name: 'empty cache', segments: [SYSTEM, { text: 'ab' }], cache: [], reuse: 0, reusePositions: 0 },
     { name: 'same system, new question', segments: [SYSTEM, { text: 'ab' }], cache: [SYSTEM, { text: 'xy' }], reuse: 4, reusePositions: 4 },
-    { name: 'diverges inside the text', segments: [SYSTEM, { text: 'abc' }], cache: [SYSTEM, { text: 'abd' }], reuse: 6, reusePositions: 6 },
-    { name: 'whole prompt cached: last item decoded again', segments: [SYSTEM, { text: 'ab' }], cache: [SYSTEM, { text: 'ab' }], reuse: 5, reusePositions: 5 },
-    { name: 'cache longer than the prompt (generated tokens)', segments: [SYSTEM], cache: [SYSTEM, { tokens: [9, 9, 9] }], reuse: 3, reusePositions: 3 },
-    { name: 'same image is reused whole', segments: [SYSTEM, IMG_A, { text: 'a' }], cache: [SYSTEM, IMG_A, { text: 'b' }], reuse: 7, reusePositions: 9 },
-    { name: 'another image: reuse stops at its start marker', segments: [SYSTEM, IMG_B, { text: 'a' }], cache: [SYSTEM, IMG_A, { text: 'a' }], reuse: 5, reusePositions: 5 },
-    { name: 'same rows decoded causally are another KV content', segments: [SYSTEM, { ...IMG_A, causal: true }], cache: [SYSTEM, IMG_A], reuse: 5, reusePositions: 5 },
-    { name: 'an image where the cache has a token', segments: [{ tokens: [7] }, IMG_A], cache: [{ tokens: [7, START, 3] }], reuse: 2, reusePositions: 2 },
+    {
+      name: 'diverges inside the text',
+      segments: [SYSTEM, { text: 'abc' }],
+      cache: [SYSTEM, { text: 'abd' }],
+      reuse: 6,
+      reusePositions: 6,
+    },
+    {
+      name: 'whole prompt cached: last item decoded again',
+      segments: [SYSTEM, { text: 'ab' }],
+      cache: [SYSTEM, { text: 'ab' }],
+      reuse: 5,
+      reusePositions: 5,
+    },
+    {
+      name: 'cache longer than the prompt (generated tokens)',
+      segments: [SYSTEM],
+      cache: [SYSTEM, { tokens: [9, 9, 9] }],
+      reuse: 3,
+      reusePositions: 3,
+    },
+    {
+      name: 'same image is reused whole',
+      segments: [SYSTEM, IMG_A, { text: 'a' }],
+      cache: [SYSTEM, IMG_A, { text: 'b' }],
+      reuse: 7,
+      reusePositions: 9,
+    },
+    {
+      name: 'another image: reuse stops at its start marker',
+      segments: [SYSTEM, IMG_B, { text: 'a' }],
+      cache: [SYSTEM, IMG_A, { text: 'a' }],
+      reuse: 5,
+      reusePositions: 5,
+    },
+    {
+      name: 'same rows decoded causally are another KV content',
+      segments: [SYSTEM, { ...IMG_A, causal: true }],
+      cache: [SYSTEM, IMG_A],
+      reuse: 5,
+      reusePositions: 5,
+    },
+    {
+      name: 'an image where the cache has a token',
+      segments: [{ tokens: [7] }, IMG_A],
+      cache: [{ tokens: [7, START, 3] }],
+      reuse: 2,
+      reusePositions: 2,
+    },
     { name: 'BOS differs', segments: [{ text: 'sys' }], cache: [SYSTEM], reuse: 0, reusePositions: 0 },
   ];
   const plans = await plan(cases);
@@ -63,7 +105,12 @@ test('reuse: the longest cached prefix, never the last item, positions counted p
 });
 
 test('image identity: equal rows hash equal, one changed float or the causal flag changes it', async () => {
-  const [a, a2, b, causal] = await plan([{ segments: [IMG_A] }, { segments: [{ ...IMG_A }] }, { segments: [IMG_B] }, { segments: [{ ...IMG_A, causal: true }] }]);
+  const [a, a2, b, causal] = await plan([
+    { segments: [IMG_A] },
+    { segments: [{ ...IMG_A }] },
+    { segments: [IMG_B] },
+    { segments: [{ ...IMG_A, causal: true }] },
+  ]);
   const hashOf = (p: Plan): string => (p.items[1] as { hash: string }).hash;
   assert.equal(hashOf(a!), hashOf(a2!));
   assert.notEqual(hashOf(a!), hashOf(b!));

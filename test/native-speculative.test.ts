@@ -26,7 +26,12 @@ describe('speculative decoding parity on gemma4-tiny', () => {
     await target.dispose();
   });
 
-  const cases: { name: string; draft?: string; options: (d?: LlamaModel) => SpeculatorOptions; check: (drafted: number, accepted: number) => void }[] = [
+  const cases: {
+    name: string;
+    draft?: string;
+    options: (d?: LlamaModel) => SpeculatorOptions;
+    check: (drafted: number, accepted: number) => void;
+  }[] = [
     {
       name: 'draft model (a different, smaller gemma4)',
       draft: 'gemma4-tiny-draft',
@@ -82,7 +87,7 @@ describe('speculative decoding parity on gemma4-tiny', () => {
 
   test('speculation with the action grammar keeps greedy output', async () => {
     const schema = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
-    const grammar = target.grammarFromJsonSchema(schema);
+    const grammar = await target.grammarFromJsonSchema(schema);
     const plainCtx = await target.createContext({ nCtx: 512 });
     const plain = await plainCtx.generate([...PROMPT], { maxTokens: 60, grammar });
     await plainCtx.dispose();

@@ -5,7 +5,8 @@ import { CostModel, DegradeLadder } from '../pipeline/budget.ts';
 import { loadConfig } from '../pipeline/config.ts';
 
 const ladderConfig = (overrides: object = {}) => loadConfig({ ladder: { minSamples: 2, window: 4, upAfter: 2, ...overrides } }).ladder;
-const model = (stages = ['encode', 'decode'], levels = 5) => new CostModel({ stages, levels, window: 4, quantile: 0.9, ewmaAlpha: 0.5, minSamples: 2 });
+const model = (stages = ['encode', 'decode'], levels = 5) =>
+  new CostModel({ stages, levels, window: 4, quantile: 0.9, ewmaAlpha: 0.5, minSamples: 2 });
 
 describe('CostModel', () => {
   test('keeps a window per stage and level: quantile, minimum and EWMA', () => {
@@ -43,8 +44,14 @@ describe('CostModel', () => {
     const costs = model();
     assert.throws(() => costs.record('publish', 0, 1), /unknown stage 'publish' \(known: encode, decode\)/);
     assert.throws(() => costs.record('decode', 5, 1), /level 5 is outside 0..4/);
-    assert.throws(() => new CostModel({ stages: ['a'], levels: 1, window: 4, quantile: 1, ewmaAlpha: 0.5, minSamples: 1 }), /0 < quantile < 1/);
-    assert.throws(() => new CostModel({ stages: ['a'], levels: 1, window: 4, quantile: 0.5, ewmaAlpha: 0.5, minSamples: 5 }), /minSamples ≤ window \(4\)/);
+    assert.throws(
+      () => new CostModel({ stages: ['a'], levels: 1, window: 4, quantile: 1, ewmaAlpha: 0.5, minSamples: 1 }),
+      /0 < quantile < 1/,
+    );
+    assert.throws(
+      () => new CostModel({ stages: ['a'], levels: 1, window: 4, quantile: 0.5, ewmaAlpha: 0.5, minSamples: 5 }),
+      /minSamples ≤ window \(4\)/,
+    );
   });
 });
 
@@ -68,7 +75,12 @@ describe('DegradeLadder', () => {
     assert.equal(ladder.decide(costs), undefined, 'one sample < minSamples');
     feed(0, 940);
     assert.deepEqual(ladder.decide(costs), {
-      from: 0, to: 1, direction: 'down', reason: 'predicted_miss', predictedMs: 950, limitMs: 900,
+      from: 0,
+      to: 1,
+      direction: 'down',
+      reason: 'predicted_miss',
+      predictedMs: 950,
+      limitMs: 900,
       knobs: { imageTokens: 140, maxNewTokens: 48, draft: true, frameSkip: 0 },
     });
     assert.equal(ladder.level, 1);
@@ -118,7 +130,10 @@ describe('DegradeLadder', () => {
   test('stays put when disabled or at the bottom', () => {
     const disabled = new DegradeLadder(ladderConfig({ enabled: false }), 1000);
     const costs = model(['decode']);
-    for (let level = 0; level < 5; level++) costs.record('decode', level, 5000), costs.record('decode', level, 5000);
+    for (let level = 0; level < 5; level++) {
+      costs.record('decode', level, 5000);
+      costs.record('decode', level, 5000);
+    }
     assert.equal(disabled.decide(costs), undefined);
     const ladder = new DegradeLadder(ladderConfig(), 1000);
     const steps = [];

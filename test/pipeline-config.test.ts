@@ -2,6 +2,8 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { ConfigError, loadConfig } from '../pipeline/config.ts';
 
 const cache = new URL('../.cache/pipeline-config/', import.meta.url);
@@ -21,8 +23,9 @@ describe('loadConfig', () => {
   test('{} gets every default from the schema', () => {
     const config = loadConfig({});
     assert.deepEqual(config.source, { kind: 'pattern', fps: 10, frames: 20, width: 1280, height: 720 });
+    assert.deepEqual(config.preprocess, { maxPixels: 33177600, threads: 1 });
     assert.deepEqual(config.encoder, { kind: 'onnx', model: 'synth:gemma4-vision-tiny', executionProvider: 'cpu', threads: 1 });
-    assert.equal(config.decoder.maxNewTokens, 48);
+    assert.equal(config.decoder.maxNewTokens, null);
     assert.equal(config.decoder.draft, null);
     assert.deepEqual(config.budgets, {
       endToEndMs: 2000,
@@ -56,15 +59,37 @@ describe('loadConfig', () => {
     ['an unknown source kind', { source: { kind: 'webcam' } }, ['/source/kind: "webcam" is not one of the known kinds']],
     ['a missing required field', { source: { kind: 'bag' } }, ["/source: must have required property 'path'"]],
     ['a queue without capacity', { edges: { publish: { policy: 'queue' } } }, ["/edges/publish: must have required property 'capacity'"]],
-    ['an edge for an unknown stage', { edges: { decoder: { policy: 'latest' } } }, ['/edges/decoder: is not a known name here (expected "default" or a stage name: preprocess, encode, decode, actions, publish, record)']],
-    ['a budget for an unknown stage', { budgets: { stages: { decod: 5 } } }, ['/budgets/stages/decod: is not a known name here (expected a stage name: preprocess, encode, decode, actions, publish, record)']],
+    [
+      'an edge for an unknown stage',
+      { edges: { decoder: { policy: 'latest' } } },
+      [
+        '/edges/decoder: is not a known name here (expected "default" or a stage name: preprocess, encode, decode, actions, publish, record)',
+      ],
+    ],
+    [
+      'a budget for an unknown stage',
+      { budgets: { stages: { decod: 5 } } },
+      ['/budgets/stages/decod: is not a known name here (expected a stage name: preprocess, encode, decode, actions, publish, record)'],
+    ],
     ['a non-positive budget', { budgets: { endToEndMs: 0 } }, ['/budgets/endToEndMs: must be > 0']],
-    ['an image-token budget Gemma does not have', { ladder: { initial: { imageTokens: 300 } } }, ['/ladder/initial/imageTokens: must be one of 70, 140, 256, 280, 560, 1120']],
+    [
+      'an image-token budget Gemma does not have',
+      { ladder: { initial: { imageTokens: 300 } } },
+      ['/ladder/initial/imageTokens: must be one of 70, 140, 256, 280, 560, 1120'],
+    ],
     ['an empty rung', { ladder: { rungs: [{}] } }, ['/ladder/rungs/0: must NOT have fewer than 1 properties']],
     ['a bad clock', { clock: 'wall' }, ['/clock: must be one of "real", "virtual"']],
-    ['several problems at once', { clock: 1, telemetry: { intervalMs: 5 } }, ['/clock: must be one of "real", "virtual"', '/telemetry/intervalMs: must be >= 50']],
+    [
+      'several problems at once',
+      { clock: 1, telemetry: { intervalMs: 5 } },
+      ['/clock: must be one of "real", "virtual"', '/telemetry/intervalMs: must be >= 50'],
+    ],
     // semantic checks, after the schema
-    ['a stage budget above the end-to-end budget', { budgets: { endToEndMs: 1000 } }, ['/budgets/stages/decode: must be at most /budgets/endToEndMs (1000) but is 1500']],
+    [
+      'a stage budget above the end-to-end budget',
+      { budgets: { endToEndMs: 1000 } },
+      ['/budgets/stages/decode: must be at most /budgets/endToEndMs (1000) but is 1500'],
+    ],
     [
       'rungs that do not degrade',
       { ladder: { rungs: [{ imageTokens: 560 }, { draft: false }, { draft: false }, { maxNewTokens: 48 }, { frameSkip: 0 }] } },
@@ -75,8 +100,16 @@ describe('loadConfig', () => {
         '/ladder/rungs/4/frameSkip: must be above the level above (0) but is 0',
       ],
     ],
-    ['more service levels than ladder levels', { ladder: { rungs: [{ draft: false }] }, virtualServiceMs: { decode: [3, 2, 1] } }, ['/virtualServiceMs/decode: has 3 levels but the ladder has 2']],
-    ['minSamples above the window', { ladder: { window: 4, minSamples: 5 } }, ['/ladder/minSamples: must be at most /ladder/window (4) but is 5']],
+    [
+      'more service levels than ladder levels',
+      { ladder: { rungs: [{ draft: false }] }, virtualServiceMs: { decode: [3, 2, 1] } },
+      ['/virtualServiceMs/decode: has 3 levels but the ladder has 2'],
+    ],
+    [
+      'minSamples above the window',
+      { ladder: { window: 4, minSamples: 5 } },
+      ['/ladder/minSamples: must be at most /ladder/window (4) but is 5'],
+    ],
   ];
   for (const [what, input, expected] of rejected) {
     test(`rejects ${what}, naming the path`, () => {
@@ -88,10 +121,44 @@ describe('loadConfig', () => {
     mkdirSync(cache, { recursive: true });
     const file = new URL('bad.json', cache).pathname;
     writeFileSync(file, JSON.stringify({ budgets: { endToEndMs: 'soon' }, clock: 'wall' }));
-    assert.throws(() => loadConfig(file), (error: Error) => {
-      assert.equal(error.message, `invalid config ${file}:\n  /budgets/endToEndMs: must be number\n  /clock: must be one of "real", "virtual"`);
-      return true;
-    });
+    assert.throws(
+      () => loadConfig(file),
+      (error: Error) => {
+        assert.equal(
+          error.message,
+          `invalid config ${file}:\n  /budgets/endToEndMs: must be number\n  /clock: must be one of "real", "virtual"`,
+        );
+        return true;
+      },
+    );
+  });
+
+  test('relative paths in a config file are relative to the file; defaults to the installation; synth: specs stay', () => {
+    const root = fileURLToPath(new URL('..', import.meta.url));
+    const dir = fileURLToPath(new URL('relative/configs/', cache));
+    mkdirSync(dir, { recursive: true });
+    const file = join(dir, 'run.json');
+    writeFileSync(
+      file,
+      JSON.stringify({
+        source: { kind: 'bag', path: '../bags/front.mcap' },
+        encoder: { kind: 'onnx', model: 'synth:gemma4-vision-tiny' },
+        decoder: { model: 'models/decoder.gguf', draft: '/abs/draft.gguf' },
+        recorder: { enabled: true, path: 'out/run.mcap' },
+      }),
+    );
+    const config = loadConfig(file);
+    assert.equal(config.source.kind === 'bag' && config.source.path, join(dir, '../bags/front.mcap'));
+    assert.equal(config.encoder.kind === 'onnx' && config.encoder.model, 'synth:gemma4-vision-tiny');
+    assert.equal(config.decoder.model, join(dir, 'models/decoder.gguf'));
+    assert.equal(config.decoder.draft, '/abs/draft.gguf');
+    assert.equal(config.decoder.draftMtp, null);
+    assert.equal(config.recorder.path, join(dir, 'out/run.mcap'));
+    assert.equal(config.actions.schema, join(root, 'configs/actions/robot-action.schema.json'), 'a default names the installed file');
+    // The shipped config works from any directory: its paths are relative to configs/.
+    const shipped = loadConfig(join(root, 'configs/default.json'));
+    assert.equal(shipped.source.kind === 'bag' && shipped.source.path, join(root, 'bags/sample.mcap'));
+    assert.equal(shipped.actions.schema, join(root, 'configs/actions/robot-action.schema.json'));
   });
 
   test('a file that is not JSON, or missing, is a ConfigError too', () => {

@@ -3,8 +3,9 @@
 import assert from 'node:assert/strict';
 import { VirtualClock, msToNs, type Clock } from '../pipeline/clock.ts';
 import { loadConfig, type PerceptConfig } from '../pipeline/config.ts';
-import { createGraph, type Graph } from '../pipeline/graph.ts';
-import { eventToJson, type RunSummary, type TelemetryEvent } from '../pipeline/telemetry.ts';
+import type { StageChain } from '../pipeline/graph/chain.ts';
+import { createGraph, type Graph } from '../pipeline/graph/graph.ts';
+import { eventToJson, type RunSummary, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
 import type { Envelope, FrameSource, SourceItem, Stage, StageContext } from '../pipeline/types.ts';
 
 export interface FakeSourceOptions {
@@ -42,10 +43,13 @@ function sleepUntil(clock: Clock, dueNs: bigint, signal: AbortSignal): Promise<b
       clearTimeout(timer);
       resolve(false);
     };
-    const timer = setTimeout(() => {
-      signal.removeEventListener('abort', onAbort);
-      resolve(true);
-    }, Math.max(0, Number(dueNs - clock.nowNs()) / 1e6));
+    const timer = setTimeout(
+      () => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(true);
+      },
+      Math.max(0, Number(dueNs - clock.nowNs()) / 1e6),
+    );
     signal.addEventListener('abort', onAbort, { once: true });
   });
 }
@@ -86,7 +90,10 @@ export function fakeStage<I, O = I>(name: string, { costMs, work }: FakeStageOpt
 
 /** A decoder-like stage: `tokens` steps of `msPerToken` virtual ms (bounded by knobs.maxNewTokens),
  * checking ctx.signal between steps; on abort it reports the cancel and returns what it has. */
-export function fakeDecoder(name: string, { tokens, msPerToken }: { tokens: number; msPerToken: number }): FakeStage<number, { frame: number; tokens: number; stop: string }> {
+export function fakeDecoder(
+  name: string,
+  { tokens, msPerToken }: { tokens: number; msPerToken: number },
+): FakeStage<number, { frame: number; tokens: number; stop: string }> {
   return fakeStage(name, {
     work: (frame, ctx) => {
       const limit = Math.min(tokens, ctx.knobs.maxNewTokens);
@@ -122,9 +129,9 @@ export interface RunResult {
 }
 
 /** Runs a graph to the end, collecting every event and output. */
-export async function runGraph(options: {
-  source: FrameSource<unknown>;
-  stages: readonly Stage<never, unknown>[];
+export async function runGraph<I>(options: {
+  source: FrameSource<I>;
+  stages: StageChain<I, unknown>;
   config: PerceptConfig;
   clock?: Clock;
   onOutput?: (env: Envelope<unknown>, graph: Graph) => void;
@@ -151,7 +158,11 @@ export async function runGraph(options: {
 export function assertConservation({ summary, events }: Pick<RunResult, 'summary' | 'events'>): void {
   const entered = events.filter((e) => e.type === 'frame').map((e) => e.frameId);
   const ended = events.flatMap((e) => (e.type === 'output' || e.type === 'drop' ? [e.frameId] : []));
-  assert.deepEqual([...ended].sort((a, b) => a - b), [...entered].sort((a, b) => a - b), 'each frame ends exactly once');
+  assert.deepEqual(
+    [...ended].sort((a, b) => a - b),
+    [...entered].sort((a, b) => a - b),
+    'each frame ends exactly once',
+  );
   assert.equal(summary.frames.in, summary.frames.out + summary.frames.dropped, 'frames in = out + dropped');
   assert.equal(summary.frames.inFlight, 0);
   const dropSum = Object.values(summary.drops.byReason).reduce((a, b) => a + (b ?? 0), 0);
@@ -160,11 +171,12 @@ export function assertConservation({ summary, events }: Pick<RunResult, 'summary
 
 export const framesOf = (outputs: readonly Envelope<unknown>[]): number[] => outputs.map((o) => o.frameId);
 export const dropsOf = (events: readonly TelemetryEvent[], reason?: string): { frameId: number; stage: string; reason: string }[] =>
-  events.flatMap((e) => (e.type === 'drop' && (reason === undefined || e.reason === reason) ? [{ frameId: e.frameId, stage: e.stage, reason: e.reason }] : []));
+  events.flatMap((e) =>
+    e.type === 'drop' && (reason === undefined || e.reason === reason) ? [{ frameId: e.frameId, stage: e.stage, reason: e.reason }] : [],
+  );
 
 /** Events and outputs as text, for byte-for-byte comparison of two runs. */
 export function transcript({ events, outputs }: Pick<RunResult, 'events' | 'outputs'>): string {
   const bigints = (_k: string, v: unknown): unknown => (typeof v === 'bigint' ? v.toString() : v);
   return [...events.map(eventToJson), ...outputs.map((o) => JSON.stringify(o, bigints))].join('\n');
 }
-

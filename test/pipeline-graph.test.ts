@@ -4,10 +4,22 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as delay } from 'node:timers/promises';
 import { RealClock, VirtualClock, msToNs } from '../pipeline/clock.ts';
-import { createGraph } from '../pipeline/graph.ts';
-import { DropFrame } from '../pipeline/types.ts';
+import { append, chain, chainOf, type StageChain } from '../pipeline/graph/chain.ts';
+import { createGraph } from '../pipeline/graph/graph.ts';
+import { DropFrame, StageAbort } from '../pipeline/types.ts';
 import type { Knobs, StageContext } from '../pipeline/types.ts';
-import { assertConservation, dropsOf, fakeDecoder, fakeSource, fakeStage, framesOf, runGraph, testConfig, transcript } from './pipeline-fakes.ts';
+import type { ActionMessage, CameraFrame, Generation, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
+import {
+  assertConservation,
+  dropsOf,
+  fakeDecoder,
+  fakeSource,
+  fakeStage,
+  framesOf,
+  runGraph,
+  testConfig,
+  transcript,
+} from './pipeline-fakes.ts';
 
 const ms = (n: number): bigint => msToNs(n);
 
@@ -20,14 +32,24 @@ describe('deadlines', () => {
     const decode = fakeStage<number>('decode');
     const result = await runGraph({
       source: fakeSource({ frames: 10, periodMs: 100 }),
-      stages: [decode],
-      config: testConfig({ budgets: { endToEndMs: 400, stages: {}, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 10 } }, virtualServiceMs: { decode: 260 } }),
+      stages: chain(decode),
+      config: testConfig({
+        budgets: { endToEndMs: 400, stages: {}, dropPredictedMiss: false },
+        edges: { default: { policy: 'queue', capacity: 10 } },
+        virtualServiceMs: { decode: 260 },
+      }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 4, 7]);
-    assert.deepEqual(dropsOf(result.events).map((d) => [d.frameId, d.stage, d.reason]), [3, 5, 6, 8, 9].map((f) => [f, 'decode', 'stale']));
+    assert.deepEqual(
+      dropsOf(result.events).map((d) => [d.frameId, d.stage, d.reason]),
+      [3, 5, 6, 8, 9].map((f) => [f, 'decode', 'stale']),
+    );
     assert.equal(result.summary.frames.late, 4);
     assert.equal(result.summary.deadlineMisses, 4 + 5);
-    assert.deepEqual(result.outputs.map((o) => o.spans[0]!.exitNs - o.captureNs), [260, 420, 580, 640, 600].map(ms));
+    assert.deepEqual(
+      result.outputs.map((o) => o.spans[0]!.exitNs - o.captureNs),
+      [260, 420, 580, 640, 600].map(ms),
+    );
     assert.equal(decode.calls, 5);
     assertConservation(result);
   });
@@ -39,7 +61,7 @@ describe('deadlines', () => {
     const run = (dropPredictedMiss: boolean) =>
       runGraph({
         source: fakeSource({ frames: 10, periodMs: 100 }),
-        stages: [fakeStage<number>('decode')],
+        stages: chain(fakeStage<number>('decode')),
         config: testConfig({
           budgets: { endToEndMs: 500, stages: {}, dropPredictedMiss },
           edges: { default: { policy: 'queue', capacity: 10 } },
@@ -50,8 +72,14 @@ describe('deadlines', () => {
     const predicted = await run(true);
     assert.deepEqual(framesOf(predicted.outputs), [0, 1, 4, 7]);
     const drops = predicted.events.flatMap((e) => (e.type === 'drop' ? [e] : []));
-    assert.deepEqual(drops.map((d) => d.frameId), [2, 3, 5, 6, 8, 9]);
-    assert.ok(drops.every((d) => d.reason === 'stale' && d.detail.startsWith('predicted miss')), drops[0]?.detail);
+    assert.deepEqual(
+      drops.map((d) => d.frameId),
+      [2, 3, 5, 6, 8, 9],
+    );
+    assert.ok(
+      drops.every((d) => d.reason === 'stale' && d.detail.startsWith('predicted miss')),
+      drops[0]?.detail,
+    );
     assert.equal(predicted.summary.frames.late, 0);
     assertConservation(predicted);
 
@@ -67,14 +95,23 @@ describe('deadlines', () => {
     const decode = fakeDecoder('decode', { tokens: 48, msPerToken: 10 });
     const result = await runGraph({
       source: fakeSource({ frames: 3, periodMs: 1000 }),
-      stages: [decode],
+      stages: chain(decode),
       config: testConfig({ budgets: { endToEndMs: 2000, stages: { decode: 100 }, dropPredictedMiss: false } }),
     });
-    assert.deepEqual(result.outputs.map((o) => o.payload), [0, 1, 2].map((frame) => ({ frame, tokens: 10, stop: 'deadline' })));
+    assert.deepEqual(
+      result.outputs.map((o) => o.payload),
+      [0, 1, 2].map((frame) => ({ frame, tokens: 10, stop: 'deadline' })),
+    );
     const cancels = result.events.flatMap((e) => (e.type === 'cancel' ? [[e.frameId, e.stage, e.reason, e.detail]] : []));
-    assert.deepEqual(cancels, [0, 1, 2].map((f) => [f, 'decode', 'deadline', 'after 10 tokens']));
+    assert.deepEqual(
+      cancels,
+      [0, 1, 2].map((f) => [f, 'decode', 'deadline', 'after 10 tokens']),
+    );
     assert.deepEqual(result.summary.cancels, { decode: { deadline: 3 } });
-    assert.deepEqual(result.outputs.map((o) => o.spans[0]!.exitNs - o.spans[0]!.enterNs), [ms(100), ms(100), ms(100)]);
+    assert.deepEqual(
+      result.outputs.map((o) => o.spans[0]!.exitNs - o.spans[0]!.enterNs),
+      [ms(100), ms(100), ms(100)],
+    );
     assertConservation(result);
   });
 
@@ -82,10 +119,13 @@ describe('deadlines', () => {
     // Frame deadline capture + 50 ms, decode budget 1000 ms: cancelled at 50 ms (5 tokens).
     const result = await runGraph({
       source: fakeSource({ frames: 1, periodMs: 1 }),
-      stages: [fakeDecoder('decode', { tokens: 48, msPerToken: 10 })],
+      stages: chain(fakeDecoder('decode', { tokens: 48, msPerToken: 10 })),
       config: testConfig({ budgets: { endToEndMs: 50, stages: {}, dropPredictedMiss: false } }),
     });
-    assert.deepEqual(result.outputs.map((o) => o.payload), [{ frame: 0, tokens: 5, stop: 'deadline' }]);
+    assert.deepEqual(
+      result.outputs.map((o) => o.payload),
+      [{ frame: 0, tokens: 5, stop: 'deadline' }],
+    );
   });
 
   test('a modelled service time past the deadline fires the signal before the call; a throw then counts as a cancel', async () => {
@@ -99,14 +139,36 @@ describe('deadlines', () => {
     });
     const result = await runGraph({
       source: fakeSource({ frames: 2, periodMs: 1000 }),
-      stages: [encode],
-      config: testConfig({ budgets: { endToEndMs: 2000, stages: { encode: 300 }, dropPredictedMiss: false }, virtualServiceMs: { encode: 500 } }),
+      stages: chain(encode),
+      config: testConfig({
+        budgets: { endToEndMs: 2000, stages: { encode: 300 }, dropPredictedMiss: false },
+        virtualServiceMs: { encode: 500 },
+      }),
     });
     assert.deepEqual(seen, ['0:true', '1:true']);
-    assert.deepEqual(dropsOf(result.events), [0, 1].map((frameId) => ({ frameId, stage: 'encode', reason: 'stale' })));
+    assert.deepEqual(
+      dropsOf(result.events),
+      [0, 1].map((frameId) => ({ frameId, stage: 'encode', reason: 'stale' })),
+    );
     assert.deepEqual(result.summary.cancels, { encode: { deadline: 2 } });
     const spans = result.events.flatMap((e) => (e.type === 'span' ? [e.exitNs - e.enterNs] : []));
     assert.deepEqual(spans, [ms(300), ms(300)], 'charged up to the deadline');
+    assertConservation(result);
+  });
+
+  test('a StageAbort the stage throws itself (native code saw the deadline first) is a cancel, not an error', async () => {
+    const decode = fakeStage<number>('decode', {
+      work: () => {
+        throw new StageAbort('deadline', 'decode');
+      },
+    });
+    const result = await runGraph({ source: fakeSource({ frames: 2, periodMs: 1000 }), stages: chain(decode), config: testConfig() });
+    assert.deepEqual(
+      dropsOf(result.events),
+      [0, 1].map((frameId) => ({ frameId, stage: 'decode', reason: 'stale' })),
+    );
+    assert.deepEqual(result.summary.cancels, { decode: { deadline: 2 } });
+    assert.deepEqual(result.summary.errors, {});
     assertConservation(result);
   });
 
@@ -124,8 +186,12 @@ describe('deadlines', () => {
     const result = await runGraph({
       clock,
       source: fakeSource({ frames: 2, periodMs: 1 }),
-      stages: [decode],
-      config: testConfig({ clock: 'real', budgets: { endToEndMs: 5000, stages: { decode: 20 }, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 2 } } }),
+      stages: chain(decode),
+      config: testConfig({
+        clock: 'real',
+        budgets: { endToEndMs: 3_600_000, stages: { decode: 20 }, dropPredictedMiss: false },
+        edges: { default: { policy: 'queue', capacity: 2 } },
+      }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1]);
     assert.deepEqual(result.summary.cancels, { decode: { deadline: 2 } });
@@ -140,14 +206,20 @@ describe('edges and pipelining', () => {
     // (460-690); f5 by f6 (690-920); f7 by f8 and f8 by f9 (920-1150).
     const result = await runGraph({
       source: fakeSource({ frames: 10, periodMs: 100 }),
-      stages: [fakeStage<number>('decode')],
+      stages: chain(fakeStage<number>('decode')),
       config: testConfig({ virtualServiceMs: { decode: 230 } }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 2, 4, 6, 9]);
     const conflated = result.events.flatMap((e) => (e.type === 'drop' ? [[e.frameId, e.reason, e.detail]] : []));
-    assert.deepEqual(conflated, [1, 3, 5, 7, 8].map((f) => [f, 'conflated', `replaced by frame ${f + 1}`]));
+    assert.deepEqual(
+      conflated,
+      [1, 3, 5, 7, 8].map((f) => [f, 'conflated', `replaced by frame ${f + 1}`]),
+    );
     assert.deepEqual(result.summary.drops.byStage, { decode: { conflated: 5 } });
-    assert.deepEqual(result.outputs.map((o) => o.spans[0]!.enterNs), [0, 230, 460, 690, 920].map(ms));
+    assert.deepEqual(
+      result.outputs.map((o) => o.spans[0]!.enterNs),
+      [0, 230, 460, 690, 920].map(ms),
+    );
     assertConservation(result);
   });
 
@@ -157,12 +229,21 @@ describe('edges and pipelining', () => {
     // (f8 rejected), still [5,7] at 900 (f9 rejected); then 5 and 7 run in order.
     const result = await runGraph({
       source: fakeSource({ frames: 10, periodMs: 100 }),
-      stages: [fakeStage<number>('decode')],
-      config: testConfig({ edges: { default: { policy: 'latest' }, decode: { policy: 'queue', capacity: 2 } }, virtualServiceMs: { decode: 230 } }),
+      stages: chain(fakeStage<number>('decode')),
+      config: testConfig({
+        edges: { default: { policy: 'latest' }, decode: { policy: 'queue', capacity: 2 } },
+        virtualServiceMs: { decode: 230 },
+      }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 3, 5, 7]);
-    assert.deepEqual(dropsOf(result.events), [4, 6, 8, 9].map((frameId) => ({ frameId, stage: 'decode', reason: 'queue_full' })));
-    assert.deepEqual(result.outputs.map((o) => o.spans[0]!.enterNs), [0, 230, 460, 690, 920, 1150].map(ms));
+    assert.deepEqual(
+      dropsOf(result.events),
+      [4, 6, 8, 9].map((frameId) => ({ frameId, stage: 'decode', reason: 'queue_full' })),
+    );
+    assert.deepEqual(
+      result.outputs.map((o) => o.spans[0]!.enterNs),
+      [0, 230, 460, 690, 920, 1150].map(ms),
+    );
     assertConservation(result);
   });
 
@@ -171,13 +252,16 @@ describe('edges and pipelining', () => {
     const stages = ['preprocess', 'encode', 'decode'].map((name) => fakeStage<number>(name));
     const result = await runGraph({
       source: fakeSource({ frames: 4, periodMs: 110 }),
-      stages,
+      stages: chainOf(stages),
       config: testConfig({ virtualServiceMs: { preprocess: 100, encode: 100, decode: 100 } }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 3]);
     for (const out of result.outputs) {
       const t0 = 110 * out.frameId;
-      assert.deepEqual(out.spans, stages.map((s, i) => ({ stage: s.name, enterNs: ms(t0 + 100 * i), exitNs: ms(t0 + 100 * i + 100) })));
+      assert.deepEqual(
+        out.spans,
+        stages.map((s, i) => ({ stage: s.name, enterNs: ms(t0 + 100 * i), exitNs: ms(t0 + 100 * i + 100) })),
+      );
     }
     // Frame 1 is in preprocess (110-210) while frame 0 is in encode (100-200).
     assert.ok(result.outputs[1]!.spans[0]!.enterNs < result.outputs[0]!.spans[1]!.exitNs);
@@ -202,14 +286,24 @@ describe('edges and pipelining', () => {
         return input;
       },
     });
-    const guard = AbortSignal.timeout(10_000);
+    // A hang detector, not a timing assertion: without pipelining the graph deadlocks for good.
+    const guard = AbortSignal.timeout(120_000);
     const run = runGraph({
       clock: new RealClock(),
       source: fakeSource({ frames: 3, periodMs: 5 }),
-      stages: [preprocess, decode],
-      config: testConfig({ clock: 'real', budgets: { endToEndMs: 60_000, stages: {}, dropPredictedMiss: false }, edges: { default: { policy: 'queue', capacity: 4 } } }),
+      stages: chain(preprocess, decode),
+      config: testConfig({
+        clock: 'real',
+        budgets: { endToEndMs: 3_600_000, stages: {}, dropPredictedMiss: false },
+        edges: { default: { policy: 'queue', capacity: 4 } },
+      }),
     });
-    const result = await Promise.race([run, new Promise<never>((_, reject) => guard.addEventListener('abort', () => reject(new Error('no pipelining: decode never saw frame 1 enter preprocess'))))]);
+    const result = await Promise.race([
+      run,
+      new Promise<never>((_, reject) =>
+        guard.addEventListener('abort', () => reject(new Error('no pipelining: decode never saw frame 1 enter preprocess'))),
+      ),
+    ]);
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2]);
     assert.equal(preprocess.maxConcurrent, 1);
     assert.equal(decode.maxConcurrent, 1);
@@ -229,14 +323,17 @@ describe('errors', () => {
     const publish = fakeStage<number>('publish');
     const result = await runGraph({
       source: fakeSource({ frames: 8, periodMs: 100 }),
-      stages: [actions, publish],
+      stages: chain(actions, publish),
       config: testConfig({ virtualServiceMs: { actions: 10, publish: 1 } }),
     });
     assert.deepEqual(framesOf(result.outputs), [0, 3, 4, 7]);
     assert.deepEqual(result.summary.drops.byStage, { actions: { error: 2, invalid: 2 } });
     assert.deepEqual(
       result.events.flatMap((e) => (e.type === 'error' ? [[e.frameId, e.stage, e.message]] : [])),
-      [[1, 'actions', 'bad frame 1'], [5, 'actions', 'bad frame 5']],
+      [
+        [1, 'actions', 'bad frame 1'],
+        [5, 'actions', 'bad frame 5'],
+      ],
     );
     assert.deepEqual(result.summary.errors, { actions: 2 });
     assert.equal(result.summary.endReason, 'source_end');
@@ -252,10 +349,13 @@ describe('errors', () => {
         throw new Error('disk unplugged');
       },
     };
-    const result = await runGraph({ source, stages: [fakeStage<number>('decode')], config: testConfig() });
+    const result = await runGraph({ source, stages: chain(fakeStage<number>('decode')), config: testConfig() });
     assert.equal(result.summary.endReason, 'source_error');
     assert.deepEqual(framesOf(result.outputs), [0]);
-    assert.deepEqual(result.events.flatMap((e) => (e.type === 'error' ? [[e.stage, e.message]] : [])), [['source', 'disk unplugged']]);
+    assert.deepEqual(
+      result.events.flatMap((e) => (e.type === 'error' ? [[e.stage, e.message]] : [])),
+      [['source', 'disk unplugged']],
+    );
   });
 });
 
@@ -269,7 +369,9 @@ describe('the degradation ladder', () => {
   const ladderRun = () =>
     runGraph({
       source: fakeSource({ frames: 30, periodMs: 2500 }),
-      stages: [fakeStage<number>('decode', { costMs: (frame: number, ctx: StageContext) => cost(ctx.knobs) * (frame < 12 ? 1.5 : 0.5) })],
+      stages: chain(
+        fakeStage<number>('decode', { costMs: (frame: number, ctx: StageContext) => cost(ctx.knobs) * (frame < 12 ? 1.5 : 0.5) }),
+      ),
       config: testConfig({
         budgets: { endToEndMs: 1500, stages: {}, dropPredictedMiss: false },
         ladder: { enabled: true, minSamples: 2, window: 4, upAfter: 3, quantile: 0.9, headroom: 0.9, upBelow: 0.75 },
@@ -300,7 +402,7 @@ describe('the degradation ladder', () => {
   test('the frameSkip rung drops frames at the source edge as skipped', async () => {
     const result = await runGraph({
       source: fakeSource({ frames: 12, periodMs: 1000 }),
-      stages: [fakeStage<number>('decode')],
+      stages: chain(fakeStage<number>('decode')),
       config: testConfig({
         budgets: { endToEndMs: 500, stages: {}, dropPredictedMiss: false },
         ladder: { enabled: true, minSamples: 2, rungs: [{ frameSkip: 2 }] },
@@ -309,7 +411,10 @@ describe('the degradation ladder', () => {
     });
     // Level 1 from frame 2 on: admit one frame, skip two.
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 5, 8, 11]);
-    assert.deepEqual(dropsOf(result.events), [3, 4, 6, 7, 9, 10].map((frameId) => ({ frameId, stage: 'source', reason: 'skipped' })));
+    assert.deepEqual(
+      dropsOf(result.events),
+      [3, 4, 6, 7, 9, 10].map((frameId) => ({ frameId, stage: 'source', reason: 'skipped' })),
+    );
     assertConservation(result);
   });
 });
@@ -321,7 +426,7 @@ describe('determinism', () => {
     const scenario = () =>
       runGraph({
         source: fakeSource({ frames: 60, periodMs: 70 }),
-        stages: [
+        stages: chain(
           fakeStage<number>('preprocess', { work: async (x) => (await delay(Math.random() * 2), x) }),
           fakeStage<number>('encode', { costMs: (_x, ctx) => ctx.knobs.imageTokens }),
           fakeDecoder('decode', { tokens: 40, msPerToken: 4 }),
@@ -333,7 +438,7 @@ describe('determinism', () => {
             },
           }),
           fakeStage('publish'),
-        ],
+        ),
         config: testConfig({
           budgets: { endToEndMs: 400, stages: { decode: 120 }, dropPredictedMiss: true },
           edges: { default: { policy: 'latest' }, publish: { policy: 'queue', capacity: 4 } },
@@ -347,7 +452,8 @@ describe('determinism', () => {
     const a = transcript(first);
     assert.equal(a, transcript(second));
     const kinds = new Set(first.events.map((e) => e.type));
-    for (const kind of ['frame', 'span', 'drop', 'cancel', 'degrade', 'error', 'output', 'stats']) assert.ok(kinds.has(kind as never), `scenario covers ${kind}`);
+    for (const kind of ['frame', 'span', 'drop', 'cancel', 'degrade', 'error', 'output', 'stats'])
+      assert.ok(kinds.has(kind as never), `scenario covers ${kind}`);
     assertConservation(first);
   });
 });
@@ -359,7 +465,7 @@ describe('stop()', () => {
     let stopped: Promise<unknown> | undefined;
     const result = await runGraph({
       source,
-      stages,
+      stages: chainOf(stages),
       config: testConfig({ edges: { default: { policy: 'queue', capacity: 3 } }, virtualServiceMs: { preprocess: 5, decode: 25 } }),
       onOutput: (env, graph) => {
         if (env.frameId === 4) stopped = graph.stop('test');
@@ -373,8 +479,14 @@ describe('stop()', () => {
     // f3 80-105, f4 105-130; its queue (3) is full from 65 ms, so f6, f7, f9, f11, f12 are rejected.
     // Stopping when f4 comes out (130 ms) drops the queued f5, f8, f10; f13 (due at 130) never enters.
     assert.deepEqual(framesOf(result.outputs), [0, 1, 2, 3, 4]);
-    assert.deepEqual(dropsOf(result.events, 'queue_full').map((d) => d.frameId), [6, 7, 9, 11, 12]);
-    assert.deepEqual(dropsOf(result.events, 'shutdown'), [5, 8, 10].map((frameId) => ({ frameId, stage: 'decode', reason: 'shutdown' })));
+    assert.deepEqual(
+      dropsOf(result.events, 'queue_full').map((d) => d.frameId),
+      [6, 7, 9, 11, 12],
+    );
+    assert.deepEqual(
+      dropsOf(result.events, 'shutdown'),
+      [5, 8, 10].map((frameId) => ({ frameId, stage: 'decode', reason: 'shutdown' })),
+    );
     assert.equal(result.summary.frames.in, 13);
     assert.ok(source.closed && stages.every((s) => s.closed));
     assertConservation(result);
@@ -399,7 +511,7 @@ describe('stop()', () => {
     const result = await runGraph({
       clock: new RealClock(),
       source,
-      stages: [preprocess, decode],
+      stages: chain(preprocess, decode),
       config: testConfig({
         clock: 'real',
         budgets: { endToEndMs: 600_000, stages: {}, dropPredictedMiss: false },
@@ -429,7 +541,7 @@ describe('stop()', () => {
     });
     const graph = createGraph({
       source: fakeSource({ frames: Infinity, periodMs: 5 }),
-      stages: [decode],
+      stages: chain(decode),
       clock: new RealClock(),
       config: testConfig({ clock: 'real', budgets: { endToEndMs: 600_000, stages: {}, dropPredictedMiss: false, shutdownGraceMs: 50 } }),
     });
@@ -445,7 +557,12 @@ describe('stop()', () => {
   });
 
   test('stop() before run() ends the run at once; stop() twice is harmless', async () => {
-    const graph = createGraph({ source: fakeSource({ frames: 5, periodMs: 10 }), stages: [fakeStage('decode')], clock: new VirtualClock(), config: testConfig() });
+    const graph = createGraph({
+      source: fakeSource({ frames: 5, periodMs: 10 }),
+      stages: chain(fakeStage('decode')),
+      clock: new VirtualClock(),
+      config: testConfig(),
+    });
     const [a, b] = await Promise.all([graph.stop('early'), graph.stop('again')]);
     assert.equal(a, b);
     assert.equal(a.endReason, 'stopped');
@@ -460,9 +577,49 @@ describe('createGraph validation', () => {
   test('rejects bad stage lists and clock mismatches, naming the problem', () => {
     const config = testConfig();
     const clock = new VirtualClock();
-    assert.throws(() => createGraph({ source, stages: [], clock, config }), /stages to be a non-empty array/);
-    assert.throws(() => createGraph({ source, stages: [fakeStage('a'), fakeStage('a')], clock, config }), /stage name 'a' is used twice/);
-    assert.throws(() => createGraph({ source, stages: [fakeStage('source')], clock, config }), /other than 'source'/);
-    assert.throws(() => createGraph({ source, stages: [fakeStage('a')], clock: new RealClock(), config }), /config.clock is 'virtual' but the clock given is real/);
+    assert.throws(() => createGraph({ source, stages: chainOf([]), clock, config }), /stages to be a non-empty chain of stages/);
+    assert.throws(
+      () => createGraph({ source, stages: chain(fakeStage('a'), fakeStage('a')), clock, config }),
+      /stage name 'a' is used twice/,
+    );
+    assert.throws(() => createGraph({ source, stages: chain(fakeStage('source')), clock, config }), /other than 'source'/);
+    assert.throws(
+      () => createGraph({ source, stages: chain(fakeStage('a')), clock: new RealClock(), config }),
+      /config.clock is 'virtual' but the clock given is real/,
+    );
+  });
+});
+
+describe('chain()', () => {
+  // The @ts-expect-error lines are the test: `npm run typecheck` (tsc) fails if any of them compiles.
+  test('keeps the stages in order, and a chain in the wrong order does not compile', () => {
+    const pre = fakeStage<CameraFrame, PixelTensor>('preprocess');
+    const enc = fakeStage<PixelTensor, ImageEmbedding>('encode');
+    const dec = fakeStage<ImageEmbedding, Generation>('decode');
+    const act = fakeStage<Generation, ActionMessage>('actions');
+    const pub = fakeStage<ActionMessage, ActionMessage>('publish');
+    const full: StageChain<CameraFrame, ActionMessage> = chain(pre, enc, dec, act, pub);
+    assert.deepEqual(
+      full.stages.map((s) => s.name),
+      ['preprocess', 'encode', 'decode', 'actions', 'publish'],
+    );
+    const extended: StageChain<CameraFrame, ActionMessage> = append(chain(pre, enc, dec, act), pub);
+    assert.deepEqual(extended.stages, full.stages);
+
+    // Never called: these only have to fail to compile.
+    const wrong = (): unknown[] => [
+      // @ts-expect-error the decoder placed before the encoder
+      chain(pre, dec, enc, act, pub),
+      // @ts-expect-error a stage left out (preprocess output straight into the decoder)
+      chain(pre, dec, act),
+      // @ts-expect-error appending a stage that does not take the chain's output
+      append(chain(pre, enc), act),
+      // @ts-expect-error a source whose frames (numbers) the first stage does not take
+      createGraph({ source: fakeSource({ frames: 1, periodMs: 1 }), stages: full, clock: new VirtualClock(), config: testConfig() }),
+    ];
+    // @ts-expect-error a chain that ends before the action
+    const short: StageChain<CameraFrame, ActionMessage> = chain(pre, enc, dec);
+    assert.equal(typeof wrong, 'function');
+    assert.equal(short.stages.length, 3);
   });
 });

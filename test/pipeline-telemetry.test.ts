@@ -3,7 +3,10 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { Subject } from 'rxjs';
-import { LatencyHistogram, LiveTable, TelemetryAggregator, eventToJson, formatSummary, writeJsonSummary, type TelemetryEvent } from '../pipeline/telemetry.ts';
+import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
+import { eventToJson, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
+import { LatencyHistogram } from '../pipeline/telemetry/histogram.ts';
+import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
 
 /** mulberry32: a small seeded PRNG so the data sets are the same on every run. */
 function prng(seed: number): () => number {
@@ -25,7 +28,10 @@ describe('LatencyHistogram', () => {
   const datasets: [string, number[]][] = [
     ['uniform 0-10 ms', Array.from({ length: 10_000 }, () => Math.floor(random() * 10e6))],
     ['log-uniform 1 ns - 100 s', Array.from({ length: 10_000 }, () => Math.floor(Math.exp(random() * Math.log(1e11))))],
-    ['bimodal with a tail', Array.from({ length: 5_000 }, (_, i) => (i % 50 === 0 ? 900e6 + Math.floor(random() * 100e6) : 20e6 + Math.floor(random() * 2e6)))],
+    [
+      'bimodal with a tail',
+      Array.from({ length: 5_000 }, (_, i) => (i % 50 === 0 ? 900e6 + Math.floor(random() * 100e6) : 20e6 + Math.floor(random() * 2e6))),
+    ],
     ['small integers (exact range)', Array.from({ length: 1_000 }, () => Math.floor(random() * 256))],
     ['a handful', [7, 3_000_000, 12, 999_999_999, 450]],
   ];
@@ -65,7 +71,18 @@ function events(): TelemetryEvent[] {
     { type: 'span', atNs: 10_000_000n, frameId: 0, stage: 'encode', enterNs: 0n, exitNs: 10_000_000n, degradeLevel: 0 },
     { type: 'span', atNs: 30_000_000n, frameId: 0, stage: 'decode', enterNs: 10_000_000n, exitNs: 30_000_000n, degradeLevel: 0 },
     { type: 'output', atNs: 30_000_000n, frameId: 0, latencyNs: 30_000_000n, late: false },
-    { type: 'degrade', atNs: 40_000_000n, frameId: 1, from: 0, to: 1, direction: 'down', reason: 'predicted_miss', predictedMs: 30, limitMs: 27, knobs },
+    {
+      type: 'degrade',
+      atNs: 40_000_000n,
+      frameId: 1,
+      from: 0,
+      to: 1,
+      direction: 'down',
+      reason: 'predicted_miss',
+      predictedMs: 30,
+      limitMs: 27,
+      knobs,
+    },
     { type: 'frame', atNs: 40_000_000n, frameId: 1, sourceId: 's', captureNs: 40_000_000n, degradeLevel: 1 },
     { type: 'span', atNs: 50_000_000n, frameId: 1, stage: 'encode', enterNs: 40_000_000n, exitNs: 50_000_000n, degradeLevel: 1 },
     { type: 'cancel', atNs: 70_000_000n, frameId: 1, stage: 'decode', reason: 'deadline', detail: '' },
@@ -137,7 +154,8 @@ function fakeStream(isTTY: boolean) {
 describe('LiveTable', () => {
   const stats = (framesIn: number): TelemetryEvent => {
     const aggregator = new TelemetryAggregator('real', ['decode']);
-    for (let i = 0; i < framesIn; i++) aggregator.add({ type: 'frame', atNs: BigInt(i), frameId: i, sourceId: 's', captureNs: 0n, degradeLevel: 0 });
+    for (let i = 0; i < framesIn; i++)
+      aggregator.add({ type: 'frame', atNs: BigInt(i), frameId: i, sourceId: 's', captureNs: 0n, degradeLevel: 0 });
     return { type: 'stats', atNs: 0n, summary: aggregator.snapshot() };
   };
 
@@ -152,6 +170,7 @@ describe('LiveTable', () => {
     let written = nextWrite();
     events.next(stats(3));
     await written;
+    // eslint-disable-next-line no-control-regex -- the table is drawn with ANSI escape sequences
     assert.match(writes[0]!, /^\x1b\[2Kframes in 3 /);
     const lines = writes[0]!.split('\n').length - 1;
     written = nextWrite();
@@ -165,7 +184,10 @@ describe('LiveTable', () => {
   });
 
   test('draws nothing when stdout is not a TTY (auto) or when off', () => {
-    for (const [isTTY, mode] of [[false, 'auto'], [true, 'off']] as const) {
+    for (const [isTTY, mode] of [
+      [false, 'auto'],
+      [true, 'off'],
+    ] as const) {
       const { stream, writes } = fakeStream(isTTY);
       const events = new Subject<TelemetryEvent>();
       const table = new LiveTable({ stream, mode, intervalMs: 1 }).attach(events);

@@ -2,7 +2,7 @@ import { after, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { Subscriber } from 'zeromq';
-import { createPublisherStage } from '../nodes/publisher.ts';
+import { createPublisher } from '../nodes/publisher.ts';
 import type { PublisherStage, WireHeader } from '../nodes/publisher.ts';
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { benchPublish } from '../app/bench-publish.ts';
@@ -10,12 +10,21 @@ import { VirtualClock } from '../pipeline/clock.ts';
 import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
+import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
+import { eventToJson, type StatsEvent, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
+
+const stats = (atNs: bigint): StatsEvent => ({ type: 'stats', atNs, summary: new TelemetryAggregator('virtual').snapshot() });
 
 const root = new URL('..', import.meta.url).pathname;
 const schema = loadActionSchema(join(root, 'configs/actions/robot-action.schema.json'));
 
 function context(clock = new VirtualClock(5_000_000n, 1_700_000_000_000)): StageContext {
-  return standaloneContext({ clock, frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'cam' }, deadlineNs: 0n, knobs: { maxNewTokens: 64 } });
+  return standaloneContext({
+    clock,
+    frame: { captureNs: 0n, captureWallMs: 0, sourceId: 'cam' },
+    deadlineNs: 0n,
+    knobs: { maxNewTokens: 64 },
+  });
 }
 
 function message(frameId: number, action: unknown = { action: 'move', confidence: 0.5, speed: frameId % 2 }): ActionMessage {
@@ -56,12 +65,15 @@ describe('publisher', () => {
   });
 
   test('multipart [topic, header, body] in seq order, topic filter respected, bodies valid', async () => {
-    const pub = await createPublisherStage({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions/front', sendHighWaterMark: 1000 });
+    const { stage: pub, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions/front', sendHighWaterMark: 1000 });
     closers.push(() => pub.close());
     assert.match(pub.endpoint, /^tcp:\/\/127\.0\.0\.1:\d+$/);
     const actionsSub = subscriber();
     const telemetrySub = subscriber();
-    closers.push(() => actionsSub.close(), () => telemetrySub.close());
+    closers.push(
+      () => actionsSub.close(),
+      () => telemetrySub.close(),
+    );
     actionsSub.connect(pub.endpoint);
     telemetrySub.connect(pub.endpoint);
     actionsSub.subscribe('actions/front');
@@ -74,14 +86,15 @@ describe('publisher', () => {
     let telemetryArrived = false;
     const firstTelemetry = telemetrySub.receive().then((m) => ((telemetryArrived = true), m));
     for (let i = 0; i < 500 && !telemetryArrived; i++) {
-      await pub.publishTelemetry({ kind: 'probe', i });
+      await sink.publish(stats(BigInt(i)));
       await new Promise((r) => setTimeout(r, 10));
     }
     await firstTelemetry;
-    await pub.publishTelemetry({ kind: 'probe-end' });
+    const probeEnd = 1_000_000n;
+    await sink.publish(stats(probeEnd));
     for (;;) {
       const m = await receive(telemetrySub, 'probe-end');
-      if (JSON.parse(m[1].toString()).kind === 'probe-end') break;
+      if (JSON.parse(m[1].toString()).atNs === String(probeEnd)) break;
     }
 
     const startSeq = pub.sent;
@@ -92,7 +105,7 @@ describe('publisher', () => {
       const returned = await pub.process(sent, ctx);
       assert.equal(returned, sent, 'the stage passes its input through');
     }
-    await pub.publishTelemetry({ kind: 'stats', frames: n, total_ns: 123n });
+    await sink.publish(stats(123n));
     assert.equal(pub.sent, startSeq + n);
 
     for (let i = 0; i < n; i++) {
@@ -115,14 +128,14 @@ describe('publisher', () => {
     // The telemetry subscriber is connected to the same PUB, and PUB keeps per-peer order: the
     // stats message arrives after the 200 actions were sent, so if the filter let actions through
     // they would show up here first.
-    const stats = await receive(telemetrySub, 'stats');
-    assert.equal(stats.length, 2);
-    assert.equal(stats[0].toString(), 'telemetry');
-    assert.deepEqual(JSON.parse(stats[1].toString()), { kind: 'stats', frames: n, total_ns: '123' });
+    const last = await receive(telemetrySub, 'stats');
+    assert.equal(last.length, 2);
+    assert.equal(last[0].toString(), 'telemetry');
+    assert.deepEqual(JSON.parse(last[1].toString()), JSON.parse(eventToJson(stats(123n))));
   });
 
   test('concurrent process calls are serialised, never EBUSY', async () => {
-    const pub = await createPublisherStage({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions' });
+    const { stage: pub, sink } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: 1000 });
     closers.push(() => pub.close());
     const sub = subscriber();
     closers.push(() => sub.close());
@@ -132,7 +145,9 @@ describe('publisher', () => {
     await probe(pub, sub, ctx);
     const startSeq = pub.sent;
     const sends = Array.from({ length: 50 }, (_, i) => pub.process(message(i), ctx));
-    sends.push(pub.publishEvent({ kind: 'between' }).then(() => message(-2)));
+    sends.push(
+      sink.publish({ type: 'drop', atNs: 0n, frameId: 7, stage: 'decode', reason: 'stale', detail: 'between' }).then(() => message(-2)),
+    );
     await Promise.all(sends);
     assert.equal(pub.sent, startSeq + 50);
     for (let i = 0; i < 50; i++) {
@@ -143,28 +158,93 @@ describe('publisher', () => {
   });
 
   test('bind failure names the endpoint', async () => {
-    const first = await createPublisherStage({ endpoint: 'tcp://127.0.0.1:*' });
+    const { stage: first } = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: 1000 });
     closers.push(() => first.close());
     await assert.rejects(
-      createPublisherStage({ endpoint: first.endpoint }),
+      createPublisher({ endpoint: first.endpoint, topic: 'actions', sendHighWaterMark: 1000 }),
       (err: Error) => err.message.startsWith(`publisher: cannot bind ${first.endpoint}`) && /in use/i.test(err.message),
     );
   });
 
   test('validates its options', async () => {
-    await assert.rejects(createPublisherStage({ endpoint: 'localhost:5555' }), /expected endpoint like tcp:\/\/host:port/);
-    await assert.rejects(createPublisherStage({ endpoint: 'tcp://127.0.0.1:*', topic: '' }), /non-empty string for topic/);
-    await assert.rejects(createPublisherStage({ endpoint: 'tcp://127.0.0.1:*', sendHighWaterMark: -1 }), /integer >= 0 for sendHighWaterMark/);
+    await assert.rejects(
+      createPublisher({ endpoint: 'localhost:5555', topic: 'actions', sendHighWaterMark: 1000 }),
+      /expected endpoint like tcp:\/\/host:port/,
+    );
+    await assert.rejects(
+      createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: '', sendHighWaterMark: 1000 }),
+      /non-empty string for topic/,
+    );
+    await assert.rejects(
+      createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: -1 }),
+      /integer >= 0 for sendHighWaterMark/,
+    );
   });
 
-  test('send after close rejects; close is idempotent', async () => {
-    const pub = await createPublisherStage({ endpoint: 'inproc://percept-test-close' });
+  test('send after close rejects; close is idempotent; the sink counts what it could not deliver', async () => {
+    const { stage: pub, sink } = await createPublisher({
+      endpoint: 'inproc://percept-test-close',
+      topic: 'actions',
+      sendHighWaterMark: 1000,
+    });
     await pub.close();
     await pub.close();
     await assert.rejects(pub.process(message(0), context()), /send after close/);
+    await assert.rejects(sink.publish(stats(1n)), /send after close/);
+    sink.accept(stats(2n));
+    sink.accept({ type: 'drop', atNs: 3n, frameId: 1, stage: 'decode', reason: 'stale', detail: '' });
+    sink.accept({ type: 'span', atNs: 4n, frameId: 1, stage: 'decode', enterNs: 0n, exitNs: 4n, degradeLevel: 0 }); // not published
+    await new Promise((r) => setImmediate(r));
+    assert.equal(sink.undelivered, 2);
     // The endpoint is free again.
-    const again = await createPublisherStage({ endpoint: 'inproc://percept-test-close' });
-    await again.close();
+    const again = await createPublisher({ endpoint: 'inproc://percept-test-close', topic: 'actions', sendHighWaterMark: 1000 });
+    await again.stage.close();
+  });
+
+  test('the sink publishes decisions on the events topic and stats on the telemetry topic, nothing else', async () => {
+    const { stage: pub, sink } = await createPublisher({
+      endpoint: 'tcp://127.0.0.1:*',
+      topic: 'actions',
+      sendHighWaterMark: 1000,
+      eventsTopic: 'ev',
+      telemetryTopic: 'tm',
+    });
+    closers.push(() => pub.close());
+    const sub = subscriber();
+    closers.push(() => sub.close());
+    sub.connect(pub.endpoint);
+    sub.subscribe('');
+    await probe(pub, sub, context());
+    const events: TelemetryEvent[] = [
+      { type: 'frame', atNs: 1n, frameId: 1, sourceId: 'cam', captureNs: 0n, degradeLevel: 0 },
+      { type: 'span', atNs: 2n, frameId: 1, stage: 'decode', enterNs: 1n, exitNs: 2n, degradeLevel: 0 },
+      { type: 'note', atNs: 3n, frameId: 1, stage: 'decode', message: 'decode' },
+      { type: 'output', atNs: 4n, frameId: 1, latencyNs: 4n, late: false },
+      { type: 'drop', atNs: 5n, frameId: 2, stage: 'encode', reason: 'conflated', detail: 'replaced by frame 3' },
+      { type: 'cancel', atNs: 6n, frameId: 3, stage: 'decode', reason: 'deadline', detail: '' },
+      {
+        type: 'degrade',
+        atNs: 7n,
+        frameId: 4,
+        direction: 'down',
+        from: 0,
+        to: 1,
+        reason: 'predicted_miss',
+        predictedMs: 9,
+        limitMs: 8,
+        knobs: { imageTokens: 140, maxNewTokens: 48, draft: true, frameSkip: 0 },
+      },
+      { type: 'error', atNs: 8n, frameId: 5, stage: 'decode', message: 'boom' },
+      stats(9n),
+    ];
+    for (const event of events) sink.accept(event);
+    const got: string[] = [];
+    while (got.length < 5) {
+      const [topic, body] = await receive(sub, `event ${got.length}`);
+      got.push(`${topic!.toString()} ${JSON.parse(body!.toString()).type}`);
+    }
+    assert.deepEqual(got, ['ev drop', 'ev cancel', 'ev degrade', 'ev error', 'tm stats']);
+    assert.equal(sink.undelivered, 0);
   });
 
   test('benchPublish runs end to end and accounts for every message (numbers are not asserted)', async () => {

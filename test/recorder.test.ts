@@ -33,7 +33,10 @@ function action(i: number, sourceId = 'cam/front'): ActionMessage {
 async function readIndexed(path: string) {
   const handle = await open(path, 'r');
   try {
-    const reader = await McapIndexedReader.Initialize({ readable: new FileHandleReadable(handle), decompressHandlers: await loadDecompressHandlers() });
+    const reader = await McapIndexedReader.Initialize({
+      readable: new FileHandleReadable(handle),
+      decompressHandlers: await loadDecompressHandlers(),
+    });
     const messages = [];
     for await (const m of reader.readMessages({ validateCrcs: true })) messages.push(m);
     return { reader, messages };
@@ -47,7 +50,7 @@ async function readStreaming(path: string): Promise<{ records: TypedMcapRecord[]
   const records: TypedMcapRecord[] = [];
   for await (const chunk of createReadStream(path, { highWaterMark: 4096 })) {
     reader.append(chunk as Buffer);
-    for (let r; (r = reader.nextRecord()); ) records.push(r);
+    for (let r; (r = reader.nextRecord());) records.push(r);
   }
   return { records, done: reader.done() };
 }
@@ -56,11 +59,15 @@ describe('recorder', () => {
   test('writes actions and events; both @mcap/core readers read back exact counts and contents', async () => {
     const path = join(cache, 'roundtrip.mcap');
     // A small chunk size forces several zstd chunks.
-    const rec = await createRecorder({ path, actionSchema: schemaPath, chunkSize: 4096 });
+    const rec = await createRecorder({ path, actionSchema: schema, chunkSize: 4096 });
     const n = 300;
     for (let i = 0; i < n; i++) {
       await rec.recordAction(action(i, i % 5 === 0 ? 'cam/rear' : 'cam/front'), 1_000_000n * BigInt(i));
-      if (i % 10 === 0) await rec.recordEvent({ kind: 'span', stage: 'decode', frame: i, enterNs: 123456789012345678n + BigInt(i) }, 1_000_000n * BigInt(i) + 1n);
+      if (i % 10 === 0)
+        await rec.recordEvent(
+          { kind: 'span', stage: 'decode', frame: i, enterNs: 123456789012345678n + BigInt(i) },
+          1_000_000n * BigInt(i) + 1n,
+        );
     }
     assert.deepEqual(rec.counts, { actions: n, events: n / 10 });
     await rec.close();
@@ -108,7 +115,12 @@ describe('recorder', () => {
     });
     gotEvents.forEach((m, k) => {
       const i = k * 10;
-      assert.deepEqual(JSON.parse(decoder.decode(m.data)), { kind: 'span', stage: 'decode', frame: i, enterNs: String(123456789012345678n + BigInt(i)) });
+      assert.deepEqual(JSON.parse(decoder.decode(m.data)), {
+        kind: 'span',
+        stage: 'decode',
+        frame: i,
+        enterNs: String(123456789012345678n + BigInt(i)),
+      });
       assert.equal(m.logTime, 1_000_000n * BigInt(i) + 1n);
     });
 
@@ -126,7 +138,7 @@ describe('recorder', () => {
 
   test('concurrent calls without await are serialised into a valid file', async () => {
     const path = join(cache, 'concurrent.mcap');
-    const rec = await createRecorder({ path, compression: 'none' });
+    const rec = await createRecorder({ path, actionSchema: schema, compression: 'none' });
     const pending: Promise<void>[] = [];
     for (let i = 0; i < 100; i++) {
       pending.push(rec.recordAction(action(i), BigInt(i) * 10n));
@@ -145,7 +157,7 @@ describe('recorder', () => {
 
   test('an empty recording is a valid MCAP that declares the action schema', async () => {
     const path = join(cache, 'empty.mcap');
-    const rec = await createRecorder({ path });
+    const rec = await createRecorder({ path, actionSchema: schema });
     await rec.close();
     const { reader, messages } = await readIndexed(path);
     assert.equal(messages.length, 0);
@@ -156,7 +168,7 @@ describe('recorder', () => {
 
   test('the tap stage records with the pipeline clock and passes the message through', async () => {
     const path = join(cache, 'tap.mcap');
-    const rec = await createRecorder({ path });
+    const rec = await createRecorder({ path, actionSchema: schema });
     const tap = createRecorderTap(rec);
     const clock = new VirtualClock(777n);
     const ctx = { clock } as unknown as StageContext;
@@ -169,11 +181,17 @@ describe('recorder', () => {
   });
 
   test('validates arguments and rejects calls after close', async () => {
-    await assert.rejects(createRecorder({ path: '' }), /non-empty path/);
+    await assert.rejects(createRecorder({ path: '', actionSchema: schema }), /non-empty path/);
+    const path = join(cache, 'x.mcap');
     // @ts-expect-error: wrong value on purpose
-    await assert.rejects(createRecorder({ path: join(cache, 'x.mcap'), compression: 'lz4' }), /compression 'zstd' or 'none'/);
-    await assert.rejects(createRecorder({ path: join(cache, 'no-such-dir/x.mcap') }), /cannot create .*no-such-dir\/x\.mcap/);
-    const rec = await createRecorder({ path: join(cache, 'closed.mcap') });
+    await assert.rejects(createRecorder({ path, actionSchema: schema, compression: 'lz4' }), /compression 'zstd' or 'none'/);
+    await assert.rejects(
+      createRecorder({ path: join(cache, 'no-such-dir/x.mcap'), actionSchema: schema }),
+      /cannot create .*no-such-dir\/x\.mcap/,
+    );
+    // @ts-expect-error: missing on purpose (there is no default schema: the run loads one and shares it)
+    await assert.rejects(createRecorder({ path: join(cache, 'x.mcap') }), /actionSchema to be the result of loadActionSchema/);
+    const rec = await createRecorder({ path: join(cache, 'closed.mcap'), actionSchema: schema });
     // @ts-expect-error: number instead of bigint on purpose
     await assert.rejects(rec.recordAction(action(0), 5), /bigint logTimeNs/);
     await assert.rejects(rec.recordEvent({}, -1n), /bigint logTimeNs >= 0/);

@@ -110,9 +110,19 @@ describe('pattern source', () => {
       items.push(item);
     }
     assert.equal(items.length, 5, 'stops at `frames`');
-    assert.deepEqual(items.map((it) => it.captureNs), [0n, 100n, 200n, 300n, 400n].map((ms) => 1_000n + ms * MS));
-    assert.deepEqual(seen, items.map((it) => it.captureNs), 'the clock is at the capture time when the item is yielded');
-    assert.deepEqual(items.map((it) => it.captureWallMs), [0, 100, 200, 300, 400].map((ms) => 1_700_000_000_000 + ms));
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [0n, 100n, 200n, 300n, 400n].map((ms) => 1_000n + ms * MS),
+    );
+    assert.deepEqual(
+      seen,
+      items.map((it) => it.captureNs),
+      'the clock is at the capture time when the item is yielded',
+    );
+    assert.deepEqual(
+      items.map((it) => it.captureWallMs),
+      [0, 100, 200, 300, 400].map((ms) => 1_700_000_000_000 + ms),
+    );
     for (const [i, item] of items.entries()) {
       assert.equal(item.sourceId, 'pat');
       assert.equal(item.payload.encoding, 'jpeg');
@@ -126,12 +136,21 @@ describe('pattern source', () => {
   test('on a VirtualClock that a slow consumer moved past the due time, capture stamps stay at the due time', async () => {
     const clock = new VirtualClock(0n, 1_000);
     const items: SourceItem<CameraFrame>[] = [];
-    for await (const item of createPatternSource({ fps: 10, frames: 3, width: 64, height: 64 }).frames(clock, new AbortController().signal)) {
+    for await (const item of createPatternSource({ fps: 10, frames: 3, width: 64, height: 64 }).frames(
+      clock,
+      new AbortController().signal,
+    )) {
       items.push(item);
       clock.advance(250n * MS); // the consumer spends 250 ms of virtual time per frame
     }
-    assert.deepEqual(items.map((it) => it.captureNs), [0n, 100n * MS, 200n * MS]);
-    assert.deepEqual(items.map((it) => it.captureWallMs), [1_000, 1_100, 1_200]);
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [0n, 100n * MS, 200n * MS],
+    );
+    assert.deepEqual(
+      items.map((it) => it.captureWallMs),
+      [1_000, 1_100, 1_200],
+    );
   });
 
   test('frame i is deterministic, and consecutive frames differ (the box moves)', async () => {
@@ -153,7 +172,10 @@ describe('pattern source', () => {
     assert.equal(items.length, 8);
     items.forEach((it, i) => {
       // The schedule starts at the first pull (>= startNs), so each frame is due no earlier than this.
-      assert.ok(it.captureNs >= startNs + BigInt(i) * period, `frame ${i} captured ${it.captureNs - startNs - BigInt(i) * period} ns early`);
+      assert.ok(
+        it.captureNs >= startNs + BigInt(i) * period,
+        `frame ${i} captured ${it.captureNs - startNs - BigInt(i) * period} ns early`,
+      );
     });
   });
 
@@ -191,7 +213,10 @@ describe('sample bag', () => {
     assert.deepEqual(bytesA, readFileSync(b), 'two runs give the same bytes');
     const committed = readFileSync(sampleBag);
     assert.ok(committed.length < 3 * 1024 * 1024, `bags/sample.mcap is ${committed.length} bytes`);
-    assert.ok(bytesA.equals(committed), 'bags/sample.mcap is stale or was made by another encoder: run node --import tsx tools/make-sample-bag.ts');
+    assert.ok(
+      bytesA.equals(committed),
+      'bags/sample.mcap is stale or was made by another encoder: run node --import tsx tools/make-sample-bag.ts',
+    );
   });
 
   test('@mcap/core indexed and streaming readers agree on the committed bag', async () => {
@@ -228,10 +253,13 @@ describe('sample bag', () => {
     const streamed: Uint8Array[] = [];
     for await (const chunk of createReadStream(sampleBag, { highWaterMark: 8192 })) {
       stream.append(chunk as Buffer);
-      for (let r; (r = stream.nextRecord()); ) if (r.type === 'Message') streamed.push(r.data);
+      for (let r; (r = stream.nextRecord());) if (r.type === 'Message') streamed.push(r.data);
     }
     assert.equal(stream.done(), true);
-    assert.deepEqual(streamed.map((d) => Buffer.from(d).toString()), indexed.map((m) => Buffer.from(m.data).toString()));
+    assert.deepEqual(
+      streamed.map((d) => Buffer.from(d).toString()),
+      indexed.map((m) => Buffer.from(m.data).toString()),
+    );
   });
 });
 
@@ -274,31 +302,80 @@ describe('bag source', () => {
   test('decodes foxglove RawImage json, sensor_msgs CompressedImage and Image cdr', async () => {
     const path = join(cache, 'kinds.mcap');
     const jpeg = await encodePatternFrame(3, 64, 64);
-    const png = await sharp(Buffer.alloc(8 * 4 * 3, 200), { raw: { width: 8, height: 4, channels: 3 } }).png().toBuffer();
+    const png = await sharp(Buffer.alloc(8 * 4 * 3, 200), { raw: { width: 8, height: 4, channels: 3 } })
+      .png()
+      .toBuffer();
     const raw = Buffer.from(Array.from({ length: 4 * 2 * 3 + 2 * 4 }, (_, k) => k)); // 4×2 rgb8 with step 16
     await writeBag(path, async (w) => {
       const rawSchema = await w.registerSchema({ name: 'foxglove.RawImage', encoding: 'jsonschema', data: json(RawImage) });
-      const rosCompressed = await w.registerSchema({ name: 'sensor_msgs/msg/CompressedImage', encoding: 'ros2msg', data: new Uint8Array() });
+      const rosCompressed = await w.registerSchema({
+        name: 'sensor_msgs/msg/CompressedImage',
+        encoding: 'ros2msg',
+        data: new Uint8Array(),
+      });
       const rosImage = await w.registerSchema({ name: 'sensor_msgs/msg/Image', encoding: 'ros2msg', data: new Uint8Array() });
       const c1 = await w.registerChannel({ topic: '/raw', schemaId: rawSchema, messageEncoding: 'json', metadata: new Map() });
-      const c2 = await w.registerChannel({ topic: '/ros/compressed', schemaId: rosCompressed, messageEncoding: 'cdr', metadata: new Map() });
+      const c2 = await w.registerChannel({
+        topic: '/ros/compressed',
+        schemaId: rosCompressed,
+        messageEncoding: 'cdr',
+        metadata: new Map(),
+      });
       const c3 = await w.registerChannel({ topic: '/ros/image', schemaId: rosImage, messageEncoding: 'cdr', metadata: new Map() });
-      await w.addMessage({ channelId: c1, sequence: 0, logTime: 10n, publishTime: 10n, data: json({ timestamp: { sec: 0, nsec: 10 }, frame_id: 'f', width: 4, height: 2, encoding: 'rgb8', step: 16, data: raw.toString('base64') }) });
-      await w.addMessage({ channelId: c2, sequence: 0, logTime: 10n, publishTime: 10n, data: new CdrWriter().header(0, 10, 'cam').string('jpeg').bytes(jpeg).done() });
-      await w.addMessage({ channelId: c2, sequence: 1, logTime: 20n, publishTime: 20n, data: new CdrWriter().header(0, 20, 'cam').string('png').bytes(png).done() });
-      await w.addMessage({ channelId: c3, sequence: 0, logTime: 10n, publishTime: 10n, data: new CdrWriter().header(0, 10, 'cam').uint32(2).uint32(4).string('rgb8').uint8(0).uint32(16).bytes(raw).done() });
+      await w.addMessage({
+        channelId: c1,
+        sequence: 0,
+        logTime: 10n,
+        publishTime: 10n,
+        data: json({
+          timestamp: { sec: 0, nsec: 10 },
+          frame_id: 'f',
+          width: 4,
+          height: 2,
+          encoding: 'rgb8',
+          step: 16,
+          data: raw.toString('base64'),
+        }),
+      });
+      await w.addMessage({
+        channelId: c2,
+        sequence: 0,
+        logTime: 10n,
+        publishTime: 10n,
+        data: new CdrWriter().header(0, 10, 'cam').string('jpeg').bytes(jpeg).done(),
+      });
+      await w.addMessage({
+        channelId: c2,
+        sequence: 1,
+        logTime: 20n,
+        publishTime: 20n,
+        data: new CdrWriter().header(0, 20, 'cam').string('png').bytes(png).done(),
+      });
+      await w.addMessage({
+        channelId: c3,
+        sequence: 0,
+        logTime: 10n,
+        publishTime: 10n,
+        data: new CdrWriter().header(0, 10, 'cam').uint32(2).uint32(4).string('rgb8').uint8(0).uint32(16).bytes(raw).done(),
+      });
     });
     await assert.rejects(createBagSource({ path }), /several image topics \(\/raw, \/ros\/compressed, \/ros\/image\): pass topic/);
 
     const rawSource = await createBagSource({ path, topic: '/raw' });
     const [rawItem] = await take(rawSource, new VirtualClock(), 10);
     await rawSource.close();
-    assert.deepEqual({ ...rawItem.payload, data: Buffer.from(rawItem.payload.data) }, { encoding: 'rgb8', width: 4, height: 2, stride: 16, data: raw });
+    assert.deepEqual(
+      { ...rawItem.payload, data: Buffer.from(rawItem.payload.data) },
+      { encoding: 'rgb8', width: 4, height: 2, stride: 16, data: raw },
+    );
 
     const rosSource = await createBagSource({ path, topic: '/ros/compressed' });
     const rosItems = await take(rosSource, new VirtualClock(), 10);
     await rosSource.close();
-    assert.deepEqual(rosItems.map((it) => it.payload.encoding), ['jpeg', 'png']);
+    assert.deepEqual(
+      rosItems.map((it) => it.payload.encoding),
+      ['jpeg', 'png'],
+    );
     assert.deepEqual(Buffer.from(rosItems[0].payload.data), jpeg);
     assert.deepEqual(Buffer.from(rosItems[1].payload.data), png);
     assert.equal(rosItems[1].captureNs - rosItems[0].captureNs, 10n);
@@ -306,7 +383,10 @@ describe('bag source', () => {
     const imageSource = await createBagSource({ path, topic: '/ros/image' });
     const [imageItem] = await take(imageSource, new VirtualClock(), 10);
     await imageSource.close();
-    assert.deepEqual({ ...imageItem.payload, data: Buffer.from(imageItem.payload.data) }, { encoding: 'rgb8', width: 4, height: 2, stride: 16, data: raw });
+    assert.deepEqual(
+      { ...imageItem.payload, data: Buffer.from(imageItem.payload.data) },
+      { encoding: 'rgb8', width: 4, height: 2, stride: 16, data: raw },
+    );
   });
 
   test('CdrReader reads bytes laid out by hand from the CDR spec', () => {
@@ -315,9 +395,16 @@ describe('bag source', () => {
     const hex =
       '00010000' + '01000000' + '02000000' + '04000000' + '63616d00' + '05000000' + '6a70656700' + '000000' + '04000000' + 'ffd8ffd9';
     const bytes = Buffer.from(hex, 'hex');
-    assert.deepEqual(Buffer.from(new CdrWriter().header(1, 2, 'cam').string('jpeg').bytes(Buffer.from('ffd8ffd9', 'hex')).done()), bytes, 'the test writer matches the spec');
+    assert.deepEqual(
+      Buffer.from(new CdrWriter().header(1, 2, 'cam').string('jpeg').bytes(Buffer.from('ffd8ffd9', 'hex')).done()),
+      bytes,
+      'the test writer matches the spec',
+    );
     const cdr = new CdrReader(bytes);
-    assert.deepEqual([cdr.int32(), cdr.uint32(), cdr.string(), cdr.string(), Buffer.from(cdr.uint8Sequence()).toString('hex')], [1, 2, 'cam', 'jpeg', 'ffd8ffd9']);
+    assert.deepEqual(
+      [cdr.int32(), cdr.uint32(), cdr.string(), cdr.string(), Buffer.from(cdr.uint8Sequence()).toString('hex')],
+      [1, 2, 'cam', 'jpeg', 'ffd8ffd9'],
+    );
     // Big endian encapsulation.
     const be = new CdrReader(Buffer.from('00000000' + '00000007' + '00000002' + '6100', 'hex'));
     assert.deepEqual([be.uint32(), be.string()], [7, 'a']);
@@ -344,7 +431,11 @@ describe('bag source', () => {
       await add(c, 0, good(0));
       await add(c, 1, new TextEncoder().encode('{"timestamp":')); // truncated JSON
       await add(c, 2, json({ timestamp: { sec: 2, nsec: 0 }, frame_id: 'f', data: 'not base64!', format: 'jpeg' }));
-      await add(c, 3, json({ timestamp: { sec: 3, nsec: 0 }, frame_id: 'f', data: Buffer.from('GIF89a....').toString('base64'), format: 'jpeg' }));
+      await add(
+        c,
+        3,
+        json({ timestamp: { sec: 3, nsec: 0 }, frame_id: 'f', data: Buffer.from('GIF89a....').toString('base64'), format: 'jpeg' }),
+      );
       await add(odd, 4, json({ pixels: [] }));
       await add(c, 5, json({ timestamp: { sec: 5, nsec: 0 }, frame_id: 'f', data: jpeg.toString('base64'), format: 'png' }));
       await add(c, 6, good(6));
@@ -354,7 +445,11 @@ describe('bag source', () => {
     const items = await take(source, new VirtualClock(), 100);
     await source.close();
     assert.equal(items.length, 2);
-    assert.deepEqual(items.map((it) => it.captureNs), [0n, 600n * MS], 'good messages keep their recorded timing');
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [0n, 600n * MS],
+      'good messages keep their recorded timing',
+    );
     assert.deepEqual(source.counters, { read: 7, yielded: 2, bad: 5 });
     assert.deepEqual(reported, ['/cam#1', '/cam#2', '/cam#3', '/cam#4', '/cam#5']);
     const reasons = source.issues.map((i) => i.reason);
@@ -363,7 +458,10 @@ describe('bag source', () => {
     assert.match(reasons[2], /not a JPEG or PNG image .*starts 47494638/);
     assert.match(reasons[3], /unsupported schema acme\.Thermal \(jsonschema\/json\)/);
     assert.match(reasons[4], /format "png" but the data is jpeg/);
-    assert.deepEqual(source.issues.map((i) => i.index), [1, 2, 3, 4, 5]);
+    assert.deepEqual(
+      source.issues.map((i) => i.index),
+      [1, 2, 3, 4, 5],
+    );
   });
 
   test('fatal file errors name the path', async () => {
@@ -371,12 +469,18 @@ describe('bag source', () => {
     const notMcap = join(cache, 'not.mcap');
     writeFileSync(notMcap, 'hello, not an mcap file at all');
     await assert.rejects(createBagSource({ path: notMcap }), /not\.mcap is not a readable indexed MCAP file/);
-    await assert.rejects(createBagSource({ path: sampleBag, topic: '/nope' }), /sample\.mcap has no topic \/nope \(topics: \/camera\/front\/compressed\)/);
+    await assert.rejects(
+      createBagSource({ path: sampleBag, topic: '/nope' }),
+      /sample\.mcap has no topic \/nope \(topics: \/camera\/front\/compressed\)/,
+    );
     const noImages = join(cache, 'no-images.mcap');
     await writeBag(noImages, async (w) => {
       await w.registerChannel({ topic: '/actions', schemaId: 0, messageEncoding: 'json', metadata: new Map() });
     });
-    await assert.rejects(createBagSource({ path: noImages }), /no-images\.mcap has no topic with a supported image schema \(channels: \/actions: \(no schema\) \(json\)\)/);
+    await assert.rejects(
+      createBagSource({ path: noImages }),
+      /no-images\.mcap has no topic with a supported image schema \(channels: \/actions: \(no schema\) \(json\)\)/,
+    );
     await assert.rejects(createBagSource({ path: noImages, topic: '/actions' }), /topic \/actions has no supported image schema/);
     // A bag whose chunk is corrupted after the index was read: reading fails naming the path.
     const corrupt = join(cache, 'corrupt.mcap');
@@ -384,7 +488,10 @@ describe('bag source', () => {
     const reader = await (async () => {
       const h = await open(sampleBag, 'r');
       try {
-        return await McapIndexedReader.Initialize({ readable: new FileHandleReadable(h), decompressHandlers: await loadDecompressHandlers() });
+        return await McapIndexedReader.Initialize({
+          readable: new FileHandleReadable(h),
+          decompressHandlers: await loadDecompressHandlers(),
+        });
       } finally {
         await h.close();
       }
@@ -413,7 +520,9 @@ describe('folder source', () => {
     const dir = join(cache, 'frames');
     mkdirSync(dir, { recursive: true });
     const jpeg = await encodePatternFrame(2, 64, 64);
-    const png = await sharp(Buffer.alloc(64 * 64 * 3, 90), { raw: { width: 64, height: 64, channels: 3 } }).png().toBuffer();
+    const png = await sharp(Buffer.alloc(64 * 64 * 3, 90), { raw: { width: 64, height: 64, channels: 3 } })
+      .png()
+      .toBuffer();
     writeFileSync(join(dir, 'frame10.jpg'), jpeg);
     writeFileSync(join(dir, 'frame2.png'), png);
     writeFileSync(join(dir, 'frame1.JPEG'), jpeg);
@@ -424,8 +533,14 @@ describe('folder source', () => {
     assert.deepEqual(source.files, ['frame1.JPEG', 'frame2.png', 'frame3.jpg', 'frame10.jpg']);
     const clock = new VirtualClock();
     const items = await take(source, clock, 100);
-    assert.deepEqual(items.map((it) => it.payload.encoding), ['jpeg', 'png', 'jpeg']);
-    assert.deepEqual(items.map((it) => it.captureNs), [0n, 200n * MS, 400n * MS]);
+    assert.deepEqual(
+      items.map((it) => it.payload.encoding),
+      ['jpeg', 'png', 'jpeg'],
+    );
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [0n, 200n * MS, 400n * MS],
+    );
     assert.deepEqual(Buffer.from(items[1].payload.data), png);
     assert.deepEqual(issues, ['frame3.jpg']);
     assert.match(source.issues[0].reason, /not a JPEG or PNG file/);
@@ -446,7 +561,10 @@ describe('folder source', () => {
       if (items.length === 5) controller.abort();
     }
     assert.equal(items.length, 5);
-    assert.deepEqual(items.map((it) => it.captureNs), [0n, 100n, 200n, 300n, 400n].map((ms) => ms * MS));
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [0n, 100n, 200n, 300n, 400n].map((ms) => ms * MS),
+    );
     assert.deepEqual(items[2].payload.data, items[0].payload.data);
   });
 

@@ -10,7 +10,8 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { BufferReadable, readGGUF, readTensorData, type GGUFFile } from '../models/gguf.ts';
 import { GGMLType, dequantize } from '../models/quant.ts';
-import { findGemmaVocab, listPresets, planCheckpoint, resolveModelSpec, synthesize, VOCAB_SIZE } from '../models/synth.ts';
+import { describeModel, resolveModel } from '../models/resolve.ts';
+import { findGemmaVocab, listPresets, planCheckpoint, synthesize, VOCAB_SIZE } from '../models/synth.ts';
 import { REPO_ROOT, ensureSynthModel, findPeer } from './fixtures.ts';
 
 const DIR = join(REPO_ROOT, '.cache', 'test-synth');
@@ -19,7 +20,10 @@ const run = promisify(execFile);
 const sha256 = (path: string) =>
   new Promise<string>((resolve, reject) => {
     const h = createHash('sha256');
-    createReadStream(path).on('data', (d) => h.update(d)).on('end', () => resolve(h.digest('hex'))).on('error', reject);
+    createReadStream(path)
+      .on('data', (d) => h.update(d))
+      .on('end', () => resolve(h.digest('hex')))
+      .on('error', reject);
   });
 
 before(async () => mkdir(DIR, { recursive: true }));
@@ -29,14 +33,21 @@ describe('presets', () => {
   test('every required preset is listed with its architecture', () => {
     const byName = new Map(listPresets().map((p) => [p.name, p.arch]));
     const expected: [string, string][] = [
-      ['gemma4-tiny', 'gemma4'], ['gemma4-tiny-draft', 'gemma4'], ['gemma4-tiny-assistant', 'gemma4-assistant'], ['gemma3-tiny', 'gemma3'],
-      ['gemma4-e2b', 'gemma4'], ['gemma4-e4b', 'gemma4'], ['gemma4-e2b-assistant', 'gemma4-assistant'], ['gemma4-e4b-assistant', 'gemma4-assistant'],
-      ['gemma3-1b', 'gemma3'], ['gemma3-4b', 'gemma3'],
+      ['gemma4-tiny', 'gemma4'],
+      ['gemma4-tiny-draft', 'gemma4'],
+      ['gemma4-tiny-assistant', 'gemma4-assistant'],
+      ['gemma3-tiny', 'gemma3'],
+      ['gemma4-e2b', 'gemma4'],
+      ['gemma4-e4b', 'gemma4'],
+      ['gemma4-e2b-assistant', 'gemma4-assistant'],
+      ['gemma4-e4b-assistant', 'gemma4-assistant'],
+      ['gemma3-1b', 'gemma3'],
+      ['gemma3-4b', 'gemma3'],
     ];
     for (const [name, arch] of expected) assert.equal(byName.get(name), arch, name);
   });
 
-  test('parameter counts match the released models (models.md §1: names, model cards, llama.cpp\'s own count)', () => {
+  test("parameter counts match the released models (model cards, llama.cpp's own count)", () => {
     const params = new Map(listPresets().map((p) => [p.name, p.params]));
     const near = (name: string, expected: number, tolerance: number) =>
       assert.ok(Math.abs(params.get(name)! - expected) <= tolerance, `${name}: ${params.get(name)} vs ${expected}`);
@@ -48,7 +59,7 @@ describe('presets', () => {
     near('gemma3-4b', 3.88e9, 0.005e9);
   });
 
-  test('E2B in q4_k reproduces llama-quantize Q4_K_M: per-tensor types and 3242.8 MiB (models.md §6b)', () => {
+  test('E2B in q4_k reproduces llama-quantize Q4_K_M: per-tensor types and 3242.8 MiB', () => {
     const plan = planCheckpoint({ preset: 'gemma4-e2b', wtype: 'q4_k' });
     const typeOf = (name: string) => plan.tensors.find((t) => t.name === name)!.type;
     assert.equal(typeOf('token_embd.weight'), GGMLType.Q6_K);
@@ -70,12 +81,21 @@ describe('presets', () => {
   test('E2B structure: K/V only in the 15 non-shared layers, double-wide FFN in the 20 shared ones', () => {
     const plan = planCheckpoint({ preset: 'gemma4-e2b' });
     const layerHas = (suffix: string) => plan.tensors.filter((t) => t.name.endsWith(suffix)).map((t) => Number(t.name.split('.')[1]));
-    assert.deepEqual(layerHas('.attn_k.weight'), Array.from({ length: 15 }, (_, i) => i));
-    assert.deepEqual(layerHas('.attn_k_norm.weight'), Array.from({ length: 15 }, (_, i) => i));
+    assert.deepEqual(
+      layerHas('.attn_k.weight'),
+      Array.from({ length: 15 }, (_, i) => i),
+    );
+    assert.deepEqual(
+      layerHas('.attn_k_norm.weight'),
+      Array.from({ length: 15 }, (_, i) => i),
+    );
     const gate = plan.tensors.filter((t) => t.name.endsWith('.ffn_gate.weight')).map((t) => t.shape[1]);
     assert.deepEqual(gate, [...Array(15).fill(6144), ...Array(20).fill(12288)]);
     const q = plan.tensors.filter((t) => t.name.endsWith('.attn_q.weight')).map((t) => t.shape[1]);
-    assert.deepEqual(q, Array.from({ length: 35 }, (_, i) => (i % 5 === 4 ? 8 * 512 : 8 * 256)));
+    assert.deepEqual(
+      q,
+      Array.from({ length: 35 }, (_, i) => (i % 5 === 4 ? 8 * 512 : 8 * 256)),
+    );
   });
 });
 
@@ -145,7 +165,10 @@ describe('synthesize gemma4-tiny', () => {
     const src = vocab.kvs.filter((kv) => kv.key.startsWith('tokenizer.'));
     const dst = file.kvs.filter((kv) => kv.key.startsWith('tokenizer.'));
     assert.equal(src.length, 13);
-    assert.deepEqual(dst.map((kv) => kv.key), src.map((kv) => kv.key));
+    assert.deepEqual(
+      dst.map((kv) => kv.key),
+      src.map((kv) => kv.key),
+    );
     for (let i = 0; i < src.length; i++) assert.ok(Buffer.from(dst[i]!.raw).equals(Buffer.from(src[i]!.raw)), src[i]!.key);
     assert.equal(file.kv('tokenizer.ggml.tokens')!.count, VOCAB_SIZE);
   });
@@ -184,18 +207,30 @@ describe('synthesize gemma4-tiny', () => {
     const bytes = await readFile(path);
     const tokens = file.kv('tokenizer.ggml.tokens')!;
     const cut = tokens.offset + 1000;
-    await assert.rejects(readGGUF(new BufferReadable(bytes.subarray(0, cut))), /truncated file: .*KV 'tokenizer\.ggml\.tokens'\[\d+\].* \(at byte offset \d+\)/);
-    await assert.rejects(readGGUF(new BufferReadable(bytes.subarray(0, bytes.length - 100))), /data of tensor 'blk\.3\.post_norm\.weight' spans .* but the file ends at byte/);
+    await assert.rejects(
+      readGGUF(new BufferReadable(bytes.subarray(0, cut))),
+      /truncated file: .*KV 'tokenizer\.ggml\.tokens'\[\d+\].* \(at byte offset \d+\)/,
+    );
+    await assert.rejects(
+      readGGUF(new BufferReadable(bytes.subarray(0, bytes.length - 100))),
+      /data of tensor 'blk\.3\.post_norm\.weight' spans .* but the file ends at byte/,
+    );
   });
 });
 
 describe('input errors', () => {
   const out = join(DIR, 'never.gguf');
   test('unknown preset names the valid ones', async () => {
-    await assert.rejects(synthesize({ preset: 'gemma9', out }), /unknown synthetic preset "gemma9"; expected one of: gemma4-tiny, .*gemma3-4b/);
+    await assert.rejects(
+      synthesize({ preset: 'gemma9', out }),
+      /unknown synthetic preset "gemma9"; expected one of: gemma4-tiny, .*gemma3-4b/,
+    );
   });
   test('bad wtype names the valid ones', async () => {
-    await assert.rejects(synthesize({ preset: 'gemma4-tiny', wtype: 'q5_k' as never, out }), /invalid wtype "q5_k"; expected one of: f32, f16, q8_0, q4_0, q4_k/);
+    await assert.rejects(
+      synthesize({ preset: 'gemma4-tiny', wtype: 'q5_k' as never, out }),
+      /invalid wtype "q5_k"; expected one of: f32, f16, q8_0, q4_0, q4_k/,
+    );
   });
   for (const seed of [-1, 1.5, 2 ** 32]) {
     test(`seed ${seed} is rejected`, async () => {
@@ -206,26 +241,42 @@ describe('input errors', () => {
     await assert.rejects(synthesize({ preset: 'gemma4-tiny', out: '' }), /`out` must be a file path/);
   });
   test('model specs: missing file, unknown parameter, bad seed, unknown preset', async () => {
-    await assert.rejects(resolveModelSpec(join(DIR, 'missing.gguf')), /model file not found: .*missing\.gguf/);
-    await assert.rejects(resolveModelSpec('synth:gemma4-tiny?wtype=q8_0&layers=2'), /unknown parameter 'layers'/);
-    await assert.rejects(resolveModelSpec('synth:gemma4-tiny?seed=x'), /seed must be a non-negative integer, got 'x'/);
-    await assert.rejects(resolveModelSpec('synth:nope'), /unknown synthetic preset "nope"/);
-    await assert.rejects(resolveModelSpec('synth:gemma4-tiny?wtype=int3'), /invalid wtype "int3"/);
+    await assert.rejects(resolveModel(join(DIR, 'missing.gguf'), 'decoder'), /decoder model file not found: .*missing\.gguf/);
+    await assert.rejects(resolveModel('synth:gemma4-tiny?wtype=q8_0&layers=2', 'decoder'), /unknown parameter 'layers'/);
+    await assert.rejects(resolveModel('synth:gemma4-tiny?seed=x', 'decoder'), /seed must be a non-negative integer, got 'x'/);
+    await assert.rejects(resolveModel('synth:nope', 'decoder'), /unknown synthetic preset "nope"/);
+    await assert.rejects(resolveModel('synth:gemma4-tiny?wtype=int3', 'decoder'), /invalid wtype "int3"/);
   });
 });
 
 describe('model specs and fixtures', () => {
   test('synth: specs resolve to a cached checkpoint generated once; plain paths pass through', async () => {
-    const a = await resolveModelSpec('synth:gemma4-tiny-assistant?seed=3', { cacheDir: DIR });
+    const a = await resolveModel('synth:gemma4-tiny-assistant?seed=3', 'decoder', { cacheDir: DIR });
     assert.equal(a, join(DIR, 'gemma4-tiny-assistant.q8_0.s3.gguf'));
     const mtime = (await stat(a)).mtimeMs;
-    assert.equal(await resolveModelSpec('synth:gemma4-tiny-assistant?seed=3', { cacheDir: DIR }), a);
+    assert.equal(await resolveModel('synth:gemma4-tiny-assistant?seed=3', 'decoder', { cacheDir: DIR }), a);
     assert.equal((await stat(a)).mtimeMs, mtime);
-    assert.equal(await resolveModelSpec(a), a);
+    assert.equal(await resolveModel(a, 'decoder'), a);
     const f = await readGGUF(a);
     assert.equal(f.get('gemma4-assistant.embedding_length_out'), 64);
     assert.equal(f.get('gemma4-assistant.nextn_predict_layers'), 4);
     assert.deepEqual(f.tensor('nextn.pre_projection.weight')!.shape, [128, 32]);
+  });
+
+  test('describeModel: the header of the checkpoint a synth: spec resolves to, built in memory', async () => {
+    const spec = 'synth:gemma4-tiny-assistant?seed=3';
+    const described = await describeModel(spec);
+    const path = await resolveModel(spec, 'decoder', { cacheDir: DIR });
+    const written = await readGGUF(path);
+    assert.deepEqual(
+      described.kvs.map((kv) => [kv.key, kv.raw]),
+      written.kvs.map((kv) => [kv.key, kv.raw]),
+    );
+    assert.deepEqual(described.tensors, written.tensors);
+    assert.equal(described.fileSize, written.fileSize);
+    await assert.rejects(describeModel('synth:gemma4-huge'), /unknown synthetic preset "gemma4-huge"/);
+    await assert.rejects(describeModel('synth:gemma4-tiny?wtype=q2_k'), /invalid wtype "q2_k"/);
+    assert.deepEqual((await describeModel(path)).tensors, written.tensors, 'a file spec is read, not described');
   });
 
   test('ensureSynthModel called concurrently yields one complete file', async () => {
@@ -241,7 +292,12 @@ describe('llama.cpp loads and runs the tiny presets', () => {
   const greedy = findPeer('percept-peer-greedy');
   const skip = greedy ? false : 'build/native/percept-peer-greedy not built (node tools/build-native.mjs)';
   const cases: [string, 'q8_0' | 'q4_k' | 'f16'][] = [
-    ['gemma4-tiny', 'q8_0'], ['gemma4-tiny', 'q4_k'], ['gemma4-tiny', 'f16'], ['gemma4-tiny-draft', 'q8_0'], ['gemma3-tiny', 'q8_0'], ['gemma3-tiny', 'q4_k'],
+    ['gemma4-tiny', 'q8_0'],
+    ['gemma4-tiny', 'q4_k'],
+    ['gemma4-tiny', 'f16'],
+    ['gemma4-tiny-draft', 'q8_0'],
+    ['gemma3-tiny', 'q8_0'],
+    ['gemma3-tiny', 'q4_k'],
   ];
   for (const [preset, wtype] of cases) {
     test(`${preset} (${wtype}) loads in percept-peer-greedy and decodes 8 tokens`, { skip, timeout: 120_000 }, async () => {
@@ -253,27 +309,39 @@ describe('llama.cpp loads and runs the tiny presets', () => {
     });
   }
 
-  test('gemma4-tiny-assistant passes llama.cpp\'s model loader (a context then needs the target: refused)', { skip, timeout: 60_000 }, async () => {
-    const drafter = await ensureSynthModel('gemma4-tiny-assistant');
-    // greedy.cc prints "failed to load" if llama_model_load_from_file rejects the file (hparams, tensor
-    // shapes, tensor count), and "failed to create context" only after the model loaded.
-    await assert.rejects(run(greedy!, [drafter, '1', 'Hi'], { timeout: 50_000 }), (err: { stderr?: string }) => {
-      assert.match(err.stderr ?? '', /failed to create context/);
-      assert.doesNotMatch(err.stderr ?? '', /failed to load/);
-      return true;
-    });
-  });
+  test(
+    "gemma4-tiny-assistant passes llama.cpp's model loader (a context then needs the target: refused)",
+    { skip, timeout: 60_000 },
+    async () => {
+      const drafter = await ensureSynthModel('gemma4-tiny-assistant');
+      // greedy.cc prints "failed to load" if llama_model_load_from_file rejects the file (hparams, tensor
+      // shapes, tensor count), and "failed to create context" only after the model loaded.
+      await assert.rejects(run(greedy!, [drafter, '1', 'Hi'], { timeout: 50_000 }), (err: { stderr?: string }) => {
+        assert.match(err.stderr ?? '', /failed to create context/);
+        assert.doesNotMatch(err.stderr ?? '', /failed to load/);
+        return true;
+      });
+    },
+  );
 
   const spec = findPeer('llama-speculative-simple');
-  test('gemma4-tiny-assistant drafts for gemma4-tiny (llama-speculative-simple --spec-type draft-mtp)', {
-    skip: spec ? false : 'llama-speculative-simple not built (PERCEPT_PEERS="llama-speculative-simple" node tools/build-native.mjs)',
-    timeout: 120_000,
-  }, async () => {
-    const target = await ensureSynthModel('gemma4-tiny');
-    const drafter = await ensureSynthModel('gemma4-tiny-assistant');
-    const { stdout, stderr } = await run(spec!, ['-m', target, '-md', drafter, '--spec-type', 'draft-mtp', '-n', '16', '-p', 'The robot sees', '-c', '256', '--temp', '0'], { timeout: 110_000 });
-    const log = stdout + stderr;
-    assert.match(log, /n_drafted\s*=\s*\d+/);
-    assert.match(log, /n_predict\s*=\s*\d+/);
-  });
+  test(
+    'gemma4-tiny-assistant drafts for gemma4-tiny (llama-speculative-simple --spec-type draft-mtp)',
+    {
+      skip: spec ? false : 'llama-speculative-simple not built (PERCEPT_PEERS="llama-speculative-simple" node tools/build-native.mjs)',
+      timeout: 120_000,
+    },
+    async () => {
+      const target = await ensureSynthModel('gemma4-tiny');
+      const drafter = await ensureSynthModel('gemma4-tiny-assistant');
+      const { stdout, stderr } = await run(
+        spec!,
+        ['-m', target, '-md', drafter, '--spec-type', 'draft-mtp', '-n', '16', '-p', 'The robot sees', '-c', '256', '--temp', '0'],
+        { timeout: 110_000 },
+      );
+      const log = stdout + stderr;
+      assert.match(log, /n_drafted\s*=\s*\d+/);
+      assert.match(log, /n_predict\s*=\s*\d+/);
+    },
+  );
 });

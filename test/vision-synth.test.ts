@@ -5,13 +5,13 @@ import { describe, test } from 'node:test';
 import ort from 'onnxruntime-node';
 import {
   listVisionPresets,
-  resolveVisionSpec,
   synthesizeVision,
   visionPreset,
   visionWeights,
   type Gemma4VisionSpec,
   type SiglipSpec,
 } from '../models/vision-synth.ts';
+import { resolveModel } from '../models/resolve.ts';
 
 const dir = join(import.meta.dirname, '..', '.cache', 'test-vision-synth');
 rmSync(dir, { recursive: true, force: true });
@@ -115,9 +115,18 @@ function siglipReference(spec: SiglipSpec, W: Map<string, Float32Array>, pixels:
   const hd = h / spec.heads;
   for (let i = 0; i < spec.layers; i++) {
     const l = `layers.${i}`;
-    const lin = (inp: Mat, name: string, fi: number, fo: number) => addBias(matmul(inp, n, fi, W.get(`${name}.weight`)!, fo), W.get(`${name}.bias`)!);
+    const lin = (inp: Mat, name: string, fi: number, fo: number) =>
+      addBias(matmul(inp, n, fi, W.get(`${name}.weight`)!, fo), W.get(`${name}.bias`)!);
     const n1 = layerNorm(x, h, W.get(`${l}.ln1.weight`)!, W.get(`${l}.ln1.bias`)!, spec.eps);
-    const a = attention(lin(n1, `${l}.attn.q`, h, h), lin(n1, `${l}.attn.k`, h, h), lin(n1, `${l}.attn.v`, h, h), n, spec.heads, hd, 1 / Math.sqrt(hd));
+    const a = attention(
+      lin(n1, `${l}.attn.q`, h, h),
+      lin(n1, `${l}.attn.k`, h, h),
+      lin(n1, `${l}.attn.v`, h, h),
+      n,
+      spec.heads,
+      hd,
+      1 / Math.sqrt(hd),
+    );
     const o = lin(a, `${l}.attn.o`, h, h);
     x = x.map((v, j) => v + o[j]!);
     const n2 = layerNorm(x, h, W.get(`${l}.ln2.weight`)!, W.get(`${l}.ln2.bias`)!, spec.eps);
@@ -128,11 +137,25 @@ function siglipReference(spec: SiglipSpec, W: Map<string, Float32Array>, pixels:
   const k = spec.poolKernel;
   const go = g / k;
   const pooled = new Float64Array(go * go * h);
-  for (let gy = 0; gy < g; gy++) for (let gx = 0; gx < g; gx++) for (let c = 0; c < h; c++) pooled[(Math.floor(gy / k) * go + Math.floor(gx / k)) * h + c]! += x[(gy * g + gx) * h + c]! / (k * k);
-  return matmul(rms(pooled, h, W.get('mm.soft_emb_norm.weight')!, spec.eps), go * go, h, W.get('mm.input_projection.weight')!, spec.outHidden);
+  for (let gy = 0; gy < g; gy++)
+    for (let gx = 0; gx < g; gx++)
+      for (let c = 0; c < h; c++) pooled[(Math.floor(gy / k) * go + Math.floor(gx / k)) * h + c]! += x[(gy * g + gx) * h + c]! / (k * k);
+  return matmul(
+    rms(pooled, h, W.get('mm.soft_emb_norm.weight')!, spec.eps),
+    go * go,
+    h,
+    W.get('mm.input_projection.weight')!,
+    spec.outHidden,
+  );
 }
 
-function gemma4Reference(spec: Gemma4VisionSpec, W: Map<string, Float32Array>, patches: Float32Array, cols: number, rows: number): Float64Array {
+function gemma4Reference(
+  spec: Gemma4VisionSpec,
+  W: Map<string, Float32Array>,
+  patches: Float32Array,
+  cols: number,
+  rows: number,
+): Float64Array {
   const h = spec.hidden;
   const n = cols * rows;
   const hd = h / spec.heads;
@@ -169,12 +192,28 @@ function gemma4Reference(spec: Gemma4VisionSpec, W: Map<string, Float32Array>, p
     const q = rope(rms(proj('q'), hd, W.get(`${l}.attn.q_norm.weight`)!, spec.eps));
     const k = rope(rms(proj('k'), hd, W.get(`${l}.attn.k_norm.weight`)!, spec.eps));
     const v = rms(proj('v'), hd, undefined, spec.eps);
-    const a = rms(matmul(attention(q, k, v, n, spec.heads, hd, 1), n, h, W.get(`${l}.attn.o.weight`)!, h), h, W.get(`${l}.post_attention_norm.weight`)!, spec.eps);
+    const a = rms(
+      matmul(attention(q, k, v, n, spec.heads, hd, 1), n, h, W.get(`${l}.attn.o.weight`)!, h),
+      h,
+      W.get(`${l}.post_attention_norm.weight`)!,
+      spec.eps,
+    );
     x = x.map((val, j) => val + a[j]!);
     const n2 = rms(x, h, W.get(`${l}.pre_ffw_norm.weight`)!, spec.eps);
     const gate = matmul(n2, n, h, W.get(`${l}.mlp.gate.weight`)!, spec.ffn).map(gelu);
     const up = matmul(n2, n, h, W.get(`${l}.mlp.up.weight`)!, spec.ffn);
-    const f = rms(matmul(gate.map((gv, j) => gv * up[j]!), n, spec.ffn, W.get(`${l}.mlp.down.weight`)!, h), h, W.get(`${l}.post_ffw_norm.weight`)!, spec.eps);
+    const f = rms(
+      matmul(
+        gate.map((gv, j) => gv * up[j]!),
+        n,
+        spec.ffn,
+        W.get(`${l}.mlp.down.weight`)!,
+        h,
+      ),
+      h,
+      W.get(`${l}.post_ffw_norm.weight`)!,
+      spec.eps,
+    );
     x = x.map((val, j) => val + f[j]!);
   }
   const k = spec.poolKernel;
@@ -253,7 +292,7 @@ describe('vision presets', () => {
         ['gemma4-vision-e4b', 'gemma4', 2560],
       ],
     );
-    // models.md §5: the gemma3-4b-shaped SigLIP + projector is 419.8 M parameters.
+    // The gemma3-4b-shaped SigLIP + projector is 419.8 M parameters (HF's count for the released vision tower).
     const so400m = presets.find((p) => p.name === 'siglip-so400m-896')!;
     assert.ok(Math.abs(so400m.params / 1e6 - 419.8) < 0.5, `${so400m.params}`);
     assert.throws(() => visionPreset('siglip-huge'), /unknown vision preset 'siglip-huge' \(known: siglip-tiny, /);
@@ -309,7 +348,10 @@ describe('files', () => {
     assert.ok(readFileSync(a.path).equals(readFileSync(b.path)));
     assert.ok(!readFileSync(a.path).equals(readFileSync(c.path)));
     assert.equal(a.params, listVisionPresets().find((p) => p.name === 'gemma4-vision-tiny')!.params);
-    assert.throws(() => synthesizeVision({ preset: 'gemma4-vision-tiny', out: join(dir, 'd.onnx'), seed: -1 }), /seed must be a non-negative integer/);
+    assert.throws(
+      () => synthesizeVision({ preset: 'gemma4-vision-tiny', out: join(dir, 'd.onnx'), seed: -1 }),
+      /seed must be a non-negative integer/,
+    );
   });
 
   test('external weights (.onnx.data) load and compute the same as inline weights', async () => {
@@ -323,16 +365,21 @@ describe('files', () => {
     assert.deepEqual(r2.data, r1.data);
   });
 
-  test('resolveVisionSpec makes a synth: model once and reuses it', () => {
+  test("resolveModel(spec, 'vision') makes a synth: model once and reuses it", async () => {
     const cacheDir = join(dir, 'cache');
-    const p1 = resolveVisionSpec('synth:gemma4-vision-tiny', { cacheDir });
+    const p1 = await resolveModel('synth:gemma4-vision-tiny', 'vision', { cacheDir });
     const m1 = statSync(p1).mtimeMs;
-    const p2 = resolveVisionSpec('synth:gemma4-vision-tiny', { cacheDir });
+    const p2 = await resolveModel('synth:gemma4-vision-tiny', 'vision', { cacheDir });
     assert.equal(p2, p1);
     assert.equal(statSync(p2).mtimeMs, m1);
-    assert.notEqual(resolveVisionSpec('synth:gemma4-vision-tiny@7', { cacheDir }), p1);
-    assert.throws(() => resolveVisionSpec('synth:nope', { cacheDir }), /unknown vision preset 'nope'/);
-    assert.throws(() => resolveVisionSpec('synth:Bad Name', { cacheDir }), /bad synthetic vision specifier/);
-    assert.throws(() => resolveVisionSpec(join(dir, 'missing.onnx')), /does not exist/);
+    assert.notEqual(await resolveModel('synth:gemma4-vision-tiny@7', 'vision', { cacheDir }), p1);
+    await assert.rejects(resolveModel('synth:nope', 'vision', { cacheDir }), /unknown vision preset 'nope'/);
+    await assert.rejects(resolveModel('synth:Bad Name', 'vision', { cacheDir }), /bad synthetic model spec/);
+    await assert.rejects(
+      resolveModel('synth:gemma4-vision-tiny?wtype=f16', 'vision', { cacheDir }),
+      /unknown parameter 'wtype' for a vision \(expected seed\)/,
+    );
+    await assert.rejects(resolveModel('synth:gemma4-vision-tiny@1?seed=2', 'vision', { cacheDir }), /the seed is given twice/);
+    await assert.rejects(resolveModel(join(dir, 'missing.onnx'), 'vision'), /vision model file not found: .*missing\.onnx/);
   });
 });

@@ -8,8 +8,9 @@
 //   PERCEPT_CUDA=1                CUDA build; PERCEPT_CUDA_ARCHS (default "90"; Orin "87", Thor "110")
 //   PERCEPT_CMAKE_ARGS="-DX=Y …"  extra CMake definitions (e.g. -DGGML_NATIVE=ON on a Jetson)
 //   PERCEPT_BUILD_JOBS=N          parallel jobs (default: number of CPUs)
-//   PERCEPT_PEERS="…"           llama.cpp programs built from the same tree, for comparisons (default:
-//                                llama-bench llama-speculative-simple; PERCEPT_PEERS= to skip)
+//   PERCEPT_PEERS="…"           llama.cpp programs built from the same tree, for comparisons and the ladder's
+//                                rungs (default: llama-bench llama-speculative-simple llama-quantize;
+//                                PERCEPT_PEERS= to skip)
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync, mkdirSync, rmSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -38,7 +39,11 @@ const patchDir = join(nlcDir, 'llama', 'patches');
 if (!existsSync(bundle)) throw new Error(`llama.cpp bundle not found at ${bundle} (is node-llama-cpp@3.22.1 installed?)`);
 
 const llamaDir = join(root, 'build', 'llama.cpp');
-const patches = existsSync(patchDir) ? readdirSync(patchDir).filter((f) => f.endsWith('.diff')).sort() : [];
+const patches = existsSync(patchDir)
+  ? readdirSync(patchDir)
+      .filter((f) => f.endsWith('.diff'))
+      .sort()
+  : [];
 const stamp = JSON.stringify({ bundle: readFileSync(join(nlcDir, 'package.json'), 'utf8').match(/"version":\s*"([^"]+)"/)?.[1], patches });
 const stampFile = join(llamaDir, '.percept-extracted');
 
@@ -67,10 +72,13 @@ const cmakeJs = join(findPackage('cmake-js'), 'bin', 'cmake-js');
 const outDir = join(root, 'build', 'native');
 log(`building native addon (jobs=${jobs}) into ${outDir}`);
 const t0 = Date.now();
-run(process.execPath, [cmakeJs, 'compile', '--directory', join(root, 'native'), '--out', outDir,
-  '--config', 'Release', '--parallel', jobs, ...defs], { cwd: root });
+run(
+  process.execPath,
+  [cmakeJs, 'compile', '--directory', join(root, 'native'), '--out', outDir, '--config', 'Release', '--parallel', jobs, ...defs],
+  { cwd: root },
+);
 
-const peers = (process.env.PERCEPT_PEERS ?? 'llama-bench llama-speculative-simple').split(/\s+/).filter(Boolean);
+const peers = (process.env.PERCEPT_PEERS ?? 'llama-bench llama-speculative-simple llama-quantize').split(/\s+/).filter(Boolean);
 if (peers.length) {
   log(`building peers: ${peers.join(' ')}`);
   run('cmake', ['--build', outDir, '--config', 'Release', '--parallel', jobs, '--target', ...peers]);

@@ -33,8 +33,10 @@ export interface SampleBagSummary {
 
 export async function makeSampleBag(path: string, options: SampleBagOptions = {}): Promise<SampleBagSummary> {
   const { frames = 40, width = 640, height = 360, quality = 70, hz = 10 } = options;
-  if (!Number.isInteger(frames) || frames < 1) throw new RangeError(`makeSampleBag: expected integer >= 1 for frames but received ${frames}`);
-  if (!Number.isInteger(width) || !Number.isInteger(height) || width < 64 || height < 64) throw new RangeError(`makeSampleBag: bad size ${width}x${height}`);
+  if (!Number.isInteger(frames) || frames < 1)
+    throw new RangeError(`makeSampleBag: expected integer >= 1 for frames but received ${frames}`);
+  if (!Number.isInteger(width) || !Number.isInteger(height) || width < 64 || height < 64)
+    throw new RangeError(`makeSampleBag: bad size ${width}x${height}`);
   const periodNs = BigInt(Math.round(1e9 / hz));
   await zstd.isLoaded;
 
@@ -64,7 +66,9 @@ export async function makeSampleBag(path: string, options: SampleBagOptions = {}
       ]),
     });
     for (let i = 0; i < frames; i++) {
-      const jpeg = await sharp(renderScene(i, frames, width, height), { raw: { width, height, channels: 3 } }).jpeg({ quality }).toBuffer();
+      const jpeg = await sharp(renderScene(i, frames, width, height), { raw: { width, height, channels: 3 } })
+        .jpeg({ quality })
+        .toBuffer();
       const stampNs = SAMPLE_START_NS + BigInt(i) * periodNs;
       const message = {
         timestamp: { sec: Number(stampNs / 1_000_000_000n), nsec: Number(stampNs % 1_000_000_000n) },
@@ -72,7 +76,13 @@ export async function makeSampleBag(path: string, options: SampleBagOptions = {}
         data: jpeg.toString('base64'),
         format: 'jpeg',
       };
-      await writer.addMessage({ channelId, sequence: i, logTime: stampNs, publishTime: stampNs, data: new TextEncoder().encode(JSON.stringify(message)) });
+      await writer.addMessage({
+        channelId,
+        sequence: i,
+        logTime: stampNs,
+        publishTime: stampNs,
+        data: new TextEncoder().encode(JSON.stringify(message)),
+      });
     }
     await writer.end();
   } finally {

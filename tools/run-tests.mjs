@@ -6,11 +6,17 @@ import { readdirSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
 
 const root = new URL('..', import.meta.url).pathname;
-const walk = (dir) => readdirSync(dir).flatMap((name) => {
-  const p = join(dir, name);
-  return statSync(p).isDirectory() ? walk(p) : p.endsWith('.test.ts') ? [p] : [];
-});
-const files = process.argv.length > 2 ? process.argv.slice(2) : walk(join(root, 'test')).sort().map((p) => relative(root, p));
+const walk = (dir) =>
+  readdirSync(dir).flatMap((name) => {
+    const p = join(dir, name);
+    return statSync(p).isDirectory() ? walk(p) : p.endsWith('.test.ts') ? [p] : [];
+  });
+const files =
+  process.argv.length > 2
+    ? process.argv.slice(2)
+    : walk(join(root, 'test'))
+        .sort()
+        .map((p) => relative(root, p));
 if (files.length === 0) {
   console.error('no test files found');
   process.exit(1);

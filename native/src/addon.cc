@@ -1,5 +1,5 @@
 // percept native addon: entry point. Registers Model, Context, Grammar, Vision and a few
-// free functions (JSON Schema → GBNF, logging, system info).
+// free functions (JSON Schema → GBNF, logging, system info, preprocessing's pixel layout).
 #include <napi.h>
 
 #include "context.h"
@@ -7,6 +7,7 @@
 #include "json-schema-to-grammar.h"
 #include "llama.h"
 #include "model.h"
+#include "pixels.h"
 #include "util.h"
 #include "vision.h"
 
@@ -62,6 +63,7 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
     exports.Set("setLogger", Napi::Function::New<SetLogger>(env, "setLogger"));
     exports.Set("systemInfo", Napi::Function::New<SystemInfo>(env, "systemInfo"));
     exports.Set("imageAttentionRule", Napi::Function::New<ImageAttentionRule>(env, "imageAttentionRule"));
+    exports.Set("layoutPixels", Napi::Function::New<LayoutPixels>(env, "layoutPixels"));  // preprocessing, native/src/pixels.cc
     exports.Set("llamaVersion", Napi::String::New(env, "0.5.0"));
     return exports;
 }

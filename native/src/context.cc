@@ -116,7 +116,7 @@ void onTokensJs(Napi::Env env, Napi::Function fn, std::nullptr_t *, std::vector<
 }
 using TokenTsfn = Napi::TypedThreadSafeFunction<std::nullptr_t, std::vector<llama_token>, onTokensJs>;
 
-Napi::Object resultToJs(Napi::Env env, const GenerateResult & r) {
+Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSampleTimes) {
     Napi::Object o = Napi::Object::New(env);
     Napi::Int32Array toks = Napi::Int32Array::New(env, r.tokens.size());
     std::copy(r.tokens.begin(), r.tokens.end(), toks.Data());
@@ -128,6 +128,7 @@ Napi::Object resultToJs(Napi::Env env, const GenerateResult & r) {
     o.Set("drafted", r.drafted);
     o.Set("accepted", r.accepted);
     o.Set("forced", r.forced);
+    o.Set("draftsCut", r.draftsCut);
     Napi::Object t = Napi::Object::New(env);
     t.Set("prefillMs", r.prefillMs);
     t.Set("prefillTokens", r.prefillTokens);
@@ -139,6 +140,11 @@ Napi::Object resultToJs(Napi::Env env, const GenerateResult & r) {
     t.Set("draftMs", r.draftMs);
     t.Set("llamaDecodeMs", r.llamaDecodeMs);
     o.Set("timings", t);
+    if (recordSampleTimes) {
+        Napi::Float32Array us = Napi::Float32Array::New(env, r.sampleUs.size());
+        std::copy(r.sampleUs.begin(), r.sampleUs.end(), us.Data());
+        o.Set("sampleUs", us);
+    }
     return o;
 }
 
@@ -168,9 +174,10 @@ namespace {
 
 class GenerateWorker : public PromiseWorker {
 public:
-    GenerateWorker(Napi::Env env, Napi::Object self, Context * ctx, std::vector<Segment> segments, GenerateOptions opts, GrammarPtr grammar,
-                   Napi::Object grammarObj, Napi::Value onTokens)
+    GenerateWorker(Napi::Env env, Napi::Object self, Context * ctx, std::vector<Segment> segments, GenerateOptions opts,
+                   GrammarInstance grammar, Napi::Object grammarObj, Napi::Value onTokens)
         : PromiseWorker(env, "percept:Context.generate", "EGENERATE"), self_(Napi::Persistent(self)), ctx_(ctx),
+          recordSampleTimes_(opts.recordSampleTimes),
           generation_(*ctx, std::move(segments), std::move(opts), std::move(grammar), sinkFor(env, onTokens)) {
         if (!grammarObj.IsEmpty()) grammarRef_ = Napi::Persistent(grammarObj);
     }
@@ -193,7 +200,7 @@ protected:
     }
     void OnOK() override {
         ctx_->releaseBusy();
-        deferred_.Resolve(resultToJs(Env(), res_));
+        deferred_.Resolve(resultToJs(Env(), res_, recordSampleTimes_));
     }
     void OnError(const Napi::Error & e) override {
         ctx_->releaseBusy();
@@ -213,6 +220,7 @@ private:
     Context * ctx_;
     TokenTsfn tsfn_;
     bool hasTsfn_ = false;
+    bool recordSampleTimes_;
     Generation generation_;
     GenerateResult res_;
 };
@@ -353,6 +361,7 @@ GenerateOptions parseGenerateOptions(const Napi::Object & o, const ModelInfo & m
     g.sampling.seed = uint32_t(requireInt(o, "seed", 0, 0xFFFFFFFFLL, w));
     g.ignoreEos = requireBool(o, "ignoreEos", w);
     g.jumpForward = requireBool(o, "jumpForward", w);
+    g.recordSampleTimes = requireBool(o, "recordSampleTimes", w);
     g.speculative = requireBool(o, "speculative", w);
     g.cancellable = requireBool(o, "cancellable", w);
     if (!o.Get("nDraft").IsUndefined()) g.nDraft = int32_t(requireInt(o, "nDraft", 0, 256, w));
@@ -559,7 +568,7 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     std::vector<Segment> segments = parseSegments(env, info[0], mi);
     Napi::Object o = requireObject(info[1], "generate options");
     GenerateOptions g = parseGenerateOptions(o, mi);
-    GrammarPtr grammar;
+    GrammarInstance grammar;
     Napi::Object grammarObj;
     Napi::Value gv = o.Get("grammar");
     if (!gv.IsUndefined()) {

@@ -8,6 +8,7 @@
 #include "speculative.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace percept {
 
@@ -37,7 +38,7 @@ struct TokenBatch {
     }
 };
 
-Generation::Generation(Context & ctx, std::vector<Segment> segments, GenerateOptions options, GrammarPtr grammar, TokenSink sink)
+Generation::Generation(Context & ctx, std::vector<Segment> segments, GenerateOptions options, GrammarInstance grammar, TokenSink sink)
     : ctx_(ctx), segments_(std::move(segments)), opts_(std::move(options)), sampler_(ctx.model(), opts_.sampling, std::move(grammar)),
       sink_(std::move(sink)), speculate_(ctx.speculator() != nullptr && opts_.speculative) {}
 
@@ -137,16 +138,19 @@ void Generation::generate(int64_t tStart) {
     bool done = sampleFirst(tStart);
     if (speculate_ && !done) common_speculative_begin(ctx_.speculator()->spec(), 0, history_);
     TokenBatch batch(std::max<int32_t>(int32_t(ctx_.options().nBatch), int32_t(ctx_.options().maxOutputs) + 1));
-    while (!done && !stopped()) {
+    while (!done && !stopped() && !grammarEnded()) {
         batch.clear();
         batch.add(idLast_, nPast_, true);
-        if (opts_.jumpForward && sampler_.hasGrammar() && !speculate_ && jumpForward(batch)) break;
-        const std::vector<llama_token> drafted = draft();
-        for (size_t i = 0; i < drafted.size(); i++) batch.add(drafted[i], nPast_ + 1 + llama_pos(i), true);
+        if (opts_.jumpForward && sampler_.hasGrammar() && jumpForward(batch)) break;
+        // Drafts follow the last certain token (idLast, or the end of a forced run), whose logits
+        // verify the first draft.
+        const int32_t firstRow = batch.b.n_tokens - 1;
+        const std::vector<llama_token> drafted = draft(batch);
+        for (llama_token d : drafted) batch.add(d, nPast_ + batch.b.n_tokens, true);
         const int32_t nInBatch = batch.b.n_tokens;
         if (decodeTokens(batch) != 0) break;
         nPast_ += nInBatch;
-        done = drafted.empty() ? acceptSampled() : verify(drafted, nInBatch);
+        done = drafted.empty() ? acceptSampled() : verify(drafted, firstRow);
         flush();
     }
     flush();
@@ -169,16 +173,14 @@ bool Generation::sampleFirst(int64_t tStart) {
     return done;
 }
 
-// Tokens the grammar alone decides ride along in this decode. True when generation is over.
+// Tokens the grammar alone decides ride along in this decode (leaving room for drafts), each one a
+// decode saved (counted in forced). True when generation is over.
 bool Generation::jumpForward(TokenBatch & batch) {
+    const int32_t room = int32_t(ctx_.options().nBatch) - int32_t(ctx_.options().maxOutputs);
     bool stop = false;
-    while (!stop) {
-        if (sampler_.grammarComplete() && !opts_.ignoreEos) {
-            // Only end-of-generation is admissible: any sampler would pick an EOG token next, so
-            // end here and save that decode (counted as forced).
-            res_.forced++;
-            res_.stopReason = "eos";
-            stop = true;
+    while (!stop && batch.b.n_tokens < room) {
+        if (grammarEnded()) {
+            stop = true;  // the forced run completed the grammar: nothing left to decode
             break;
         }
         const int64_t ts = monotonicNs();
@@ -195,24 +197,95 @@ bool Generation::jumpForward(TokenBatch & batch) {
     return stop;
 }
 
-// Speculation: draft tokens after idLast, verified in the same target decode.
-std::vector<llama_token> Generation::draft() {
+// Speculation: draft tokens after the batch's last token, verified in the same target decode. Under
+// a grammar with an index a draft model drafts among the admitted tokens (draftUnderGrammar); other
+// drafts are cut at the first token the grammar refuses, so no verify row is spent on them.
+std::vector<llama_token> Generation::draft(const TokenBatch & batch) {
     std::vector<llama_token> out;
     if (!speculate_) return out;
     SpecState * spec = ctx_.speculator();
+    const int32_t last = batch.b.n_tokens - 1;
+    const llama_pos pos0 = batch.b.pos[last];
     const int32_t nCtx = int32_t(llama_n_ctx(ctx_.raw()));
     int32_t nMax = opts_.nDraft >= 0 ? opts_.nDraft : spec->nMax();
-    nMax = std::min<int32_t>(nMax, nCtx - nPast_ - 2);
+    nMax = std::min<int32_t>(nMax, nCtx - pos0 - 2);
     nMax = std::min<int32_t>(nMax, opts_.maxTokens - int32_t(res_.tokens.size()) - 1);
     nMax = std::min<int32_t>(nMax, int32_t(ctx_.options().maxOutputs) - 1);
+    nMax = std::min<int32_t>(nMax, int32_t(ctx_.options().nBatch) - batch.b.n_tokens);
     if (nMax <= 0) return out;
     const int64_t td = monotonicNs();
-    common_speculative_get_draft_params(spec->spec(), 0) = {true, nMax, nPast_, idLast_, &history_, &out};
-    common_speculative_draft(spec->spec());
+    commonDraft_ = !(sampler_.cursor() && spec->ownsMemory());
+    if (!commonDraft_) {
+        out = draftUnderGrammar(batch, nMax);
+    } else if (last == 0 || spec->draftContext() == nullptr) {
+        // A model drafter reads the target's state at its last decoded token, so it cannot draft
+        // past a forced run the target has not decoded yet; n-gram lookup can (the run joins the history).
+        const size_t known = history_.size();
+        history_.insert(history_.end(), batch.b.token, batch.b.token + last);
+        common_speculative_get_draft_params(spec->spec(), 0) = {true, nMax, pos0, batch.b.token[last], &history_, &out};
+        common_speculative_draft(spec->spec());
+        history_.resize(known);
+        if (int32_t(out.size()) > nMax) out.resize(size_t(nMax));
+        cutInvalidDrafts(out);
+    }
     res_.draftMs += msSince(td);
-    if (int32_t(out.size()) > nMax) out.resize(size_t(nMax));
     spec->truncate(nPast_);
     return out;
+}
+
+// The draft model under the grammar: it decodes what the target is about to decode (idLast and any
+// forced run), then drafts greedily among the admitted tokens; forced runs become drafts as they
+// are (certain: the target takes them without a choice). Stops below the speculator's pMin,
+// measured among the admitted tokens.
+std::vector<llama_token> Generation::draftUnderGrammar(const TokenBatch & batch, int32_t nMax) {
+    SpecState * spec = ctx_.speculator();
+    llama_context * dft = spec->draftContext();
+    const llama_vocab * vocab = ctx_.model()->vocab();
+    IndexCursor cursor = sampler_.cursor();
+    std::vector<llama_token> out;
+    std::vector<llama_token_data> cand;
+    TokenBatch pending(batch.b.n_tokens + nMax + 1);  // tokens the draft model has not seen yet
+    for (int32_t i = 0; i < batch.b.n_tokens; i++) pending.add(batch.b.token[i], batch.b.pos[i], false);
+    llama_pos pos = batch.b.pos[batch.b.n_tokens - 1] + 1;
+    while (int32_t(out.size()) < nMax) {
+        for (llama_token f = cursor.forced(); f >= 0 && int32_t(out.size()) < nMax; f = cursor.forced()) {
+            cursor.advance(f);
+            out.push_back(f);
+            pending.add(f, pos++, false);
+        }
+        if (int32_t(out.size()) >= nMax || cursor.complete()) break;
+        pending.b.logits[pending.b.n_tokens - 1] = 1;
+        if (llama_decode(dft, pending.b) != 0) break;
+        pending.clear();
+        const float * logits = llama_get_logits_ith(dft, -1);
+        const llama_token t = cursor.best(logits);
+        if (t < 0 || llama_vocab_is_eog(vocab, t)) break;
+        if (spec->pMin() > 0.0f) {
+            cand.clear();
+            cursor.candidates(logits, cand);
+            double sum = 0;
+            for (const auto & c : cand) sum += std::exp(double(c.logit) - double(logits[t]));
+            if (1.0 / sum < double(spec->pMin())) break;
+        }
+        cursor.advance(t);
+        out.push_back(t);
+        pending.add(t, pos++, false);
+    }
+    return out;
+}
+
+// Drops drafts from the first one the grammar refuses (a forced run admits only its own tokens).
+void Generation::cutInvalidDrafts(std::vector<llama_token> & drafted) {
+    IndexCursor cursor = sampler_.cursor();
+    if (!cursor) return;
+    size_t ok = 0;
+    for (; ok < drafted.size(); ok++) {
+        const llama_token f = cursor.forced();
+        const llama_token d = drafted[ok];
+        if ((f >= 0 && d != f) || llama_vocab_is_eog(ctx_.model()->vocab(), d) || !cursor.advance(d)) break;
+    }
+    res_.draftsCut += int32_t(drafted.size() - ok);
+    drafted.resize(ok);
 }
 
 // No draft: sample the one new position. True when generation is over.
@@ -227,14 +300,15 @@ bool Generation::acceptSampled() {
     return pushOutput(t);
 }
 
-// Samples at each drafted position until the target disagrees; keeps idLast and the accepted
-// drafts in the KV cache. True when generation is over.
-bool Generation::verify(const std::vector<llama_token> & drafted, int32_t nInBatch) {
+// Samples at each drafted position (rows from firstRow, the last certain token) until the target
+// disagrees; keeps the certain tokens and the accepted drafts in the KV cache. True when
+// generation is over.
+bool Generation::verify(const std::vector<llama_token> & drafted, int32_t firstRow) {
     res_.drafted += int32_t(drafted.size());
     std::vector<llama_token> ids;
     bool eos = false;
     for (size_t i = 0; i <= drafted.size(); i++) {
-        const llama_token t = sampleAt(int32_t(i));
+        const llama_token t = sampleAt(firstRow + int32_t(i));
         if (isEog(t) && !opts_.ignoreEos) {
             eos = true;
             break;
@@ -246,10 +320,11 @@ bool Generation::verify(const std::vector<llama_token> & drafted, int32_t nInBat
     size_t nAcc = ids.empty() ? 0 : std::min(ids.size() - 1, drafted.size());
     if (eos) nAcc = std::min(ids.size(), drafted.size());  // drafts matched up to the EOS
     res_.accepted += int32_t(nAcc);
-    common_speculative_accept(ctx_.speculator()->spec(), 0, uint16_t(nAcc));
-    const llama_pos keep = nPast_ - nInBatch + 1 + llama_pos(nAcc);
-    truncateKv(keep);
+    // (draftUnderGrammar drafts without common_speculative, which then has nothing to account)
+    if (commonDraft_) common_speculative_accept(ctx_.speculator()->spec(), 0, uint16_t(nAcc));
     const size_t rejected = drafted.size() - nAcc;
+    const llama_pos keep = nPast_ - llama_pos(rejected);
+    truncateKv(keep);
     ctx_.cache().resize(ctx_.cache().size() - rejected);
     history_.resize(history_.size() - rejected);
     nPast_ = keep;
@@ -262,6 +337,14 @@ bool Generation::verify(const std::vector<llama_token> & drafted, int32_t nInBat
 
 // ------------------------------------------------------------------------------------------------
 // Helpers
+
+// Only end-of-generation is admissible: any sampler would pick an EOG token, so generation ends
+// without the decode that would give its logits. Sets the stop reason.
+bool Generation::grammarEnded() {
+    if (opts_.ignoreEos || !sampler_.grammarComplete()) return false;
+    res_.stopReason = "eos";
+    return true;
+}
 
 // Sets the stop reason and returns true when cancelled or past the deadline.
 bool Generation::stopped() {
@@ -361,6 +444,7 @@ llama_token Generation::sampleAt(int32_t idx) {
     const int64_t ts = monotonicNs();
     const llama_token t = sampler_.sample(ctx_.raw(), idx);
     res_.sampleMs += msSince(ts);
+    if (opts_.recordSampleTimes) res_.sampleUs.push_back(float(monotonicNs() - ts) / 1e3f);
     return t;
 }
 

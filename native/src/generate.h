@@ -25,6 +25,7 @@ struct GenerateOptions {
     std::vector<int32_t> stopTokens;
     bool ignoreEos = false;
     bool jumpForward = false;
+    bool recordSampleTimes = false;
     bool speculative = false;
     int32_t nDraft = -1;  // -1: the speculator's nMax
     int64_t deadlineNs = 0;
@@ -41,7 +42,9 @@ struct GenerateResult {
     int32_t drafted = 0;
     int32_t accepted = 0;
     int32_t forced = 0;
+    int32_t draftsCut = 0;  // draft tokens the grammar refused, cut before verification
     int32_t decodeCalls = 0;
+    std::vector<float> sampleUs;  // per sampling step, with recordSampleTimes
     double prefillMs = 0, ttftMs = 0, decodeMs = 0, sampleMs = 0, draftMs = 0, llamaDecodeMs = 0;
 };
 
@@ -50,7 +53,7 @@ using TokenSink = std::function<void(const std::vector<llama_token> & tokens)>;
 
 class Generation {
 public:
-    Generation(Context & ctx, std::vector<Segment> segments, GenerateOptions options, GrammarPtr grammar, TokenSink sink);
+    Generation(Context & ctx, std::vector<Segment> segments, GenerateOptions options, GrammarInstance grammar, TokenSink sink);
     // Runs to a stop reason; throws std::runtime_error (CodedFailure for ERANGE) on failure.
     GenerateResult run();
 
@@ -62,11 +65,14 @@ private:
     void generate(int64_t tStart);
     bool sampleFirst(int64_t tStart);
     bool jumpForward(TokenBatch & batch);
-    std::vector<llama_token> draft();
+    std::vector<llama_token> draft(const TokenBatch & batch);
+    std::vector<llama_token> draftUnderGrammar(const TokenBatch & batch, int32_t nMax);
+    void cutInvalidDrafts(std::vector<llama_token> & drafted);
     bool acceptSampled();
-    bool verify(const std::vector<llama_token> & draft, int32_t nInBatch);
+    bool verify(const std::vector<llama_token> & draft, int32_t firstRow);
 
     // Helpers.
+    bool grammarEnded();
     bool stopped();
     int aborted();
     int decodeTokens(TokenBatch & batch);
@@ -83,6 +89,7 @@ private:
     Sampler sampler_;
     TokenSink sink_;
     bool speculate_ = false;
+    bool commonDraft_ = false;          // the last drafts came from common_speculative_draft
     std::vector<llama_token> history_;  // every token in the KV cache (images as placeholders), for the speculator
     std::vector<llama_token> emitted_;  // accepted since the last flush
     llama_pos nPast_ = 0;

@@ -5,17 +5,20 @@
 // llama-internal.cc alone, and test/native-headers.test.ts checks the rule for tools/mtmd.
 #pragma once
 
+#include "ggml-backend.h"
 #include "llama.h"
 
 #include <bitset>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-struct llama_grammar;  // src/llama-grammar.h
-struct clip_ctx;       // tools/mtmd/clip.h
+struct llama_grammar;         // src/llama-grammar.h
+struct clip_ctx;              // tools/mtmd/clip.h
+struct clip_image_f32_batch;  // tools/mtmd/clip-impl.h
 
 namespace percept {
 
@@ -58,6 +61,41 @@ int64_t grammarSingleChar(const llama_grammar & grammar);
 std::bitset<257> grammarLeadBytes(const llama_grammar & grammar);
 
 // ---------------------------------------------------------------------------------------------
+// Grammar automaton (src/llama-grammar.h), for the token index (grammar-index.cc): the grammar
+// explored byte by byte. A state is llama.cpp's stack set plus the pending partial UTF-8 sequence;
+// a byte is decoded the way llama.cpp decodes a token's piece, so a token's piece walked byte by
+// byte is admitted exactly when llama.cpp's grammar admits the token.
+
+// The grammar has no small finite automaton: recursion, token references, or more states than allowed.
+struct GrammarNotFinite : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+class GrammarAutomaton {
+public:
+    // State 0 is the grammar's own state. Throws GrammarNotFinite when a state beyond `maxStates`
+    // would be needed.
+    GrammarAutomaton(const llama_grammar & grammar, int32_t maxStates);
+    ~GrammarAutomaton();
+    GrammarAutomaton(const GrammarAutomaton &) = delete;
+    GrammarAutomaton & operator=(const GrammarAutomaton &) = delete;
+
+    // States found so far (they are numbered in the order step() finds them).
+    int32_t states() const;
+    // End-of-generation is admissible (some stack is complete).
+    bool accepting(int32_t state) const;
+    // The state after `byte`, or -1 when no stack takes it.
+    int32_t step(int32_t state, uint8_t byte);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+// Whether the grammar takes exactly `text`, character by character (no tokens involved).
+bool grammarAdmitsText(const llama_grammar & grammar, const std::string & text);
+
+// ---------------------------------------------------------------------------------------------
 // clip vision encoder (tools/mtmd/clip.h, clip-impl.h). mtmd.h encodes only images it
 // preprocesses itself; percept preprocesses in JS (sharp) and hands clip the pixels.
 
@@ -65,15 +103,45 @@ struct ClipOptions {
     bool useGpu = false;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     bool warmup = true;           // allocate compute buffers at load with a full-size dummy image
+    // Asked by ggml's scheduler about every graph node of an encode (profiling), or null.
+    ggml_backend_sched_eval_callback evalCallback = nullptr;
+    void * evalCallbackData = nullptr;
 };
 // Loads the vision tower of an mmproj GGUF; null on failure (llama.cpp logs the reason).
 clip_ctx * clipLoad(const std::string & path, const ClipOptions & options);
 void clipFree(clip_ctx * ctx);
 // Output width (the decoder's n_embd).
 int32_t clipEmbdWidth(const clip_ctx * ctx);
-// Encodes one image given as interleaved RGB rows (HWC, row-major; consumed): fills `out` with
-// nTokens × clipEmbdWidth floats and returns nTokens, or -1 on failure (llama.cpp logs why).
-int32_t clipEncode(clip_ctx * ctx, int32_t threads, int32_t width, int32_t height, std::vector<float> && hwc, std::vector<float> & out);
+// Whether one graph encodes several images (gemma4v); otherwise each image takes its own graph.
+bool clipSupportsBatch(const clip_ctx * ctx);
+
+class ClipImages;
+// Output tokens of each image (they all have one size).
+int32_t clipOutputTokens(const clip_ctx * ctx, const ClipImages & images);
+// Encodes images [first, first + count) in one graph: `out` receives count × tokens × width floats.
+// False on failure (llama.cpp logs why).
+bool clipEncode(clip_ctx * ctx, int32_t threads, ClipImages & images, size_t first, size_t count, std::vector<float> & out);
+
+// Images of one size as clip takes them: interleaved RGB rows (HWC, row-major). Kept from one encode
+// to the next, so each image's buffer keeps its capacity.
+class ClipImages {
+public:
+    ClipImages();
+    ~ClipImages();
+    ClipImages(const ClipImages &) = delete;
+    ClipImages & operator=(const ClipImages &) = delete;
+
+    void resize(size_t n);
+    // Image i becomes width × height with these pixels (width × height × 3 floats, copied).
+    void set(size_t i, int32_t width, int32_t height, const std::vector<float> & hwc);
+    // Frees every image's buffer.
+    void clear();
+
+private:
+    friend int32_t clipOutputTokens(const clip_ctx * ctx, const ClipImages & images);
+    friend bool clipEncode(clip_ctx * ctx, int32_t threads, ClipImages & images, size_t first, size_t count, std::vector<float> & out);
+    std::unique_ptr<clip_image_f32_batch> batch_;
+};
 
 struct DeviceBytes {
     std::string device;

@@ -3,6 +3,7 @@
 
 #include <napi.h>
 
+#include "grammar-index.h"
 #include "llama.h"
 
 #include <atomic>
@@ -52,6 +53,9 @@ public:
     // entry 256 lists the end-of-generation tokens.
     const std::vector<std::vector<llama_token>> & tokensByFirstByte();
 
+    // The vocabulary trie and the grammar indexes built on it (thread-safe; built off the JS thread).
+    GrammarIndexCache & grammarIndexCache() { return grammarIndexCache_; }
+
     void retain() { users_++; }
     void release() { users_--; }
 
@@ -69,6 +73,7 @@ private:
     std::atomic<int> users_{0};  // contexts and speculators using this model
     std::once_flag byFirstByteOnce_;
     std::vector<std::vector<llama_token>> byFirstByte_;
+    GrammarIndexCache grammarIndexCache_;
 };
 
 }  // namespace percept

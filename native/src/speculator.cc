@@ -56,6 +56,7 @@ SpecState::SpecState(llama_context * target, Model * draft, llama_context_params
         spec_ = common_speculative_init(params, 1);
         if (spec_ == nullptr) throw std::runtime_error("common_speculative_init returned no implementation for '" + options.type + "'");
         type_ = options.type;
+        pMin_ = options.pMin;
         const int32_t nMax = common_speculative_n_max(spec_);
         nMax_ = nMax > 0 ? std::min(nMax, options.nMax) : options.nMax;
         llama_memory_seq_rm(llama_get_memory(target), 0, -1, -1);

@@ -38,6 +38,8 @@ public:
     llama_context * draftContext() const { return ctxDft_; }
     const std::string & type() const { return type_; }
     int32_t nMax() const { return nMax_; }
+    // Drafts stop below this probability (draft models).
+    float pMin() const { return pMin_; }
     // draft-simple keeps its own KV, which must mirror the target's positions.
     bool ownsMemory() const { return type_ == "draft-simple"; }
     // Removes KV positions [from, end) of the draft context, if it has its own memory.
@@ -51,6 +53,7 @@ private:
     common_speculative * spec_ = nullptr;
     std::string type_;
     int32_t nMax_ = 0;
+    float pMin_ = 0.0f;
 };
 
 }  // namespace percept

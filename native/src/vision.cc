@@ -8,6 +8,8 @@
 #include "util.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <sys/stat.h>
@@ -109,6 +111,94 @@ VisionMeta readVisionMeta(const std::string & path) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// clip's load log: clip says only in its log whether flash attention ended up on, how the graph split
+// across backends and which ops the GPU cannot run. Its lines go to the addon's logger as before;
+// a load also keeps the lines of its own thread and parses them.
+
+ggml_log_callback gForwardLog = nullptr;
+void * gForwardLogData = nullptr;
+thread_local std::string * tlsClipLog = nullptr;
+
+void clipLog(ggml_log_level level, const char * text, void * /*user*/) {
+    if (tlsClipLog != nullptr) tlsClipLog->append(text);
+    if (gForwardLog != nullptr) gForwardLog(level, text, gForwardLogData);
+}
+
+void installClipLog() {
+    llama_log_get(&gForwardLog, &gForwardLogData);
+    mtmd_log_set(clipLog, nullptr);
+}
+
+struct ClipLogRecorder {
+    std::string text;
+    ClipLogRecorder() { tlsClipLog = &text; }
+    ~ClipLogRecorder() { tlsClipLog = nullptr; }
+};
+
+VisionLoadReport parseLoadReport(const std::string & log) {
+    VisionLoadReport r;
+    size_t start = 0;
+    bool inUnsupported = false;
+    std::vector<std::string> unsupported;
+    while (start < log.size()) {
+        size_t end = log.find('\n', start);
+        if (end == std::string::npos) end = log.size();
+        const std::string line = log.substr(start, end - start);
+        start = end + 1;
+        int a = 0, b = 0;
+        char name[64] = {0};
+        double mib = 0;
+        if (const char * p = std::strstr(line.c_str(), "flash attention is ")) {
+            r.flashAttention = std::strncmp(p + 19, "enabled", 7) == 0 ? 1 : 0;
+            inUnsupported = false;
+        } else if (const char * g = std::strstr(line.c_str(), "graph splits = ");
+                   g && std::sscanf(g, "graph splits = %d, nodes = %d", &a, &b) == 2) {
+            r.graphSplits = a;
+            r.graphNodes = b;
+        } else if (const char * c = std::strstr(line.c_str(), ": "); c && std::strstr(line.c_str(), "compute buffer size") &&
+                   std::sscanf(c + 2, "%63s compute buffer size = %lf MiB", name, &mib) == 2) {
+            // A retried reservation (flash attention unsupported) reports its buffers again.
+            auto it = std::find_if(r.computeBuffersMiB.begin(), r.computeBuffersMiB.end(), [&](const auto & e) { return e.first == name; });
+            if (it != r.computeBuffersMiB.end()) it->second = mib;
+            else r.computeBuffersMiB.emplace_back(name, mib);
+        } else if (std::strstr(line.c_str(), "list of unsupported ops")) {
+            inUnsupported = true;
+            unsupported.clear();
+        } else if (inUnsupported && std::strstr(line.c_str(), ": type = ")) {
+            const char * colon = std::strstr(line.c_str(), ": ");
+            if (colon != nullptr && std::sscanf(colon + 2, "%63[^:]", name) == 1) {
+                std::string op(name);
+                op.erase(0, op.find_first_not_of(' '));
+                if (std::find(unsupported.begin(), unsupported.end(), op) == unsupported.end()) unsupported.push_back(op);
+            }
+        }
+    }
+    r.unsupportedOps = unsupported;
+    return r;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Profiling through clip's graph-evaluation callback (ggml_backend_sched asks per node whether to
+// observe it; an observed node ends a compute chunk and the backend is synchronized after it).
+
+bool profileCallback(ggml_tensor * t, bool ask, void * user) {
+    auto * p = static_cast<VisionProfile *>(user);
+    if (p->mode == VisionProfile::Mode::Off) return !ask;
+    if (ask) return p->mode == VisionProfile::Mode::Ops || ++p->asked == 1;
+    const int64_t now = monotonicNs();
+    if (p->firstNodeNs == 0) {
+        p->firstNodeNs = now;
+    } else {
+        auto & op = p->ops[ggml_op_desc(t)];
+        op.ms += double(now - p->lastNs) / 1e6;
+        op.count++;
+        if (t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer)) op.onHost++;
+    }
+    p->lastNs = now;
+    return true;
+}
+
+// ------------------------------------------------------------------------------------------------
 // Load
 
 // Every field is required from JS (native/vision.ts owns the defaults).
@@ -118,6 +208,7 @@ struct LoadOptions {
     int32_t threads = 0;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     bool warmup = false;
+    bool profile = false;
 };
 
 class LoadWorker : public PromiseWorker {
@@ -140,7 +231,16 @@ protected:
             meta_.useGpu = opts_.useGpu;
             meta_.threads = opts_.threads;
             LogCapture capture;
-            ctx_ = clipLoad(opts_.path, ClipOptions{opts_.useGpu, opts_.flashAttention, opts_.warmup});
+            ClipLogRecorder clipLog;
+            if (opts_.profile) profile_ = std::make_unique<VisionProfile>();
+            ClipOptions co;
+            co.useGpu = opts_.useGpu;
+            co.flashAttention = opts_.flashAttention;
+            co.warmup = opts_.warmup;
+            co.evalCallback = profile_ ? profileCallback : nullptr;
+            co.evalCallbackData = profile_.get();
+            ctx_ = clipLoad(opts_.path, co);
+            report_ = parseLoadReport(clipLog.text);
             if (ctx_ == nullptr) {
                 std::string why = capture.text();
                 SetError("failed to load mmproj " + opts_.path + (why.empty() ? std::string() : ": " + why));
@@ -153,7 +253,9 @@ protected:
         Napi::Env env = Env();
         clip_ctx * c = ctx_;
         ctx_ = nullptr;  // ownership moves to the JS object
-        Napi::Object obj = ctor_.New({Napi::External<clip_ctx>::New(env, c), Napi::External<VisionMeta>::New(env, &meta_)});
+        Napi::Object obj =
+            ctor_.New({Napi::External<clip_ctx>::New(env, c), Napi::External<VisionMeta>::New(env, &meta_),
+                       Napi::External<VisionLoadReport>::New(env, &report_), Napi::External<VisionProfile>::New(env, profile_.release())});
         deferred_.Resolve(obj);
     }
 
@@ -161,6 +263,8 @@ private:
     Napi::FunctionReference ctor_;
     LoadOptions opts_;
     VisionMeta meta_;
+    VisionLoadReport report_;
+    std::unique_ptr<VisionProfile> profile_;
     clip_ctx * ctx_ = nullptr;
 };
 
@@ -169,47 +273,92 @@ private:
 
 enum class Layout { Chw, Patches };
 
+// clip takes interleaved RGB rows (HWC); it makes them planar again for the conv.
+void toInterleaved(const float * src, Layout layout, size_t w, size_t h, size_t patch, float * hwc) {
+    const size_t n = w * h;
+    if (layout == Layout::Chw) {
+        for (size_t i = 0; i < n; i++) {
+            hwc[3 * i] = src[i];
+            hwc[3 * i + 1] = src[n + i];
+            hwc[3 * i + 2] = src[2 * n + i];
+        }
+        return;
+    }
+    const size_t cols = w / patch;
+    const size_t patchValues = patch * patch * 3;
+    for (size_t y = 0; y < h; y++) {
+        const float * patchRow = src + (y / patch) * cols * patchValues + (y % patch) * patch * 3;
+        float * out = hwc + y * w * 3;
+        for (size_t px = 0; px < cols; px++)
+            std::copy(patchRow + px * patchValues, patchRow + px * patchValues + patch * 3, out + px * patch * 3);
+    }
+}
+
+// Encodes N images of one size. gemma4v's graph takes them as one batch (one graph, one upload);
+// gemma3's encodes them one after the other. The embeddings come back in one buffer that becomes the
+// JS ArrayBuffer without a copy.
 class EncodeWorker : public PromiseWorker {
 public:
-    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, Napi::Float32Array pixels, Layout layout, int32_t width, int32_t height)
-        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)),
-          pixelsRef_(Napi::Persistent(pixels.As<Napi::Object>())), vision_(vision), src_(pixels.Data()), layout_(layout), width_(width),
-          height_(height) {}
+    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, const std::vector<Napi::Float32Array> & images, Layout layout,
+                 int32_t width, int32_t height, VisionProfile::Mode profile, bool single)
+        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision), layout_(layout),
+          width_(width), height_(height), profileMode_(profile), single_(single) {
+        for (const auto & px : images) {
+            refs_.push_back(Napi::Persistent(px.As<Napi::Object>()));
+            src_.push_back(px.Data());
+        }
+    }
 
 protected:
     void Execute() override {
         try {
             const int64_t t0 = monotonicNs();
-            const size_t w = size_t(width_), h = size_t(height_), n = w * h;
-            // clip takes interleaved RGB rows (HWC); it makes them planar again for the conv.
-            std::vector<float> hwc(n * 3);
-            if (layout_ == Layout::Chw) {
-                for (size_t i = 0; i < n; i++) {
-                    hwc[3 * i] = src_[i];
-                    hwc[3 * i + 1] = src_[n + i];
-                    hwc[3 * i + 2] = src_[2 * n + i];
-                }
-            } else {
-                const size_t p = size_t(vision_->meta().patchSize);
-                const size_t cols = w / p;
-                const size_t patchValues = p * p * 3;
-                for (size_t y = 0; y < h; y++) {
-                    const float * patchRow = src_ + (y / p) * cols * patchValues + (y % p) * p * 3;
-                    float * out = hwc.data() + y * w * 3;
-                    for (size_t px = 0; px < cols; px++)
-                        std::copy(patchRow + px * patchValues, patchRow + px * patchValues + p * 3, out + px * p * 3);
-                }
+            clip_ctx * ctx = vision_->raw();
+            VisionScratch & scratch = vision_->scratch();
+            const size_t n = src_.size();
+            const size_t values = size_t(width_) * size_t(height_) * 3;
+            ClipImages & images = scratch.images;
+            images.resize(n);
+            scratch.hwc.resize(values);
+            for (size_t i = 0; i < n; i++) {
+                toInterleaved(src_[i], layout_, size_t(width_), size_t(height_), size_t(vision_->meta().patchSize), scratch.hwc.data());
+                images.set(i, width_, height_, scratch.hwc);
             }
+            nTokens_ = clipOutputTokens(ctx, images);
+            nEmbd_ = clipEmbdWidth(ctx);
+            const size_t perImage = size_t(nTokens_) * size_t(nEmbd_);
+            out_ = std::make_unique<std::vector<float>>(perImage * n);
             const int64_t t1 = monotonicNs();
+            VisionProfile * profile = vision_->profile();
+            if (profile != nullptr) profile->begin(profileMode_);
             LogCapture capture;
-            nEmbd_ = clipEmbdWidth(vision_->raw());
-            nTokens_ = clipEncode(vision_->raw(), vision_->meta().threads, width_, height_, std::move(hwc), out_);
-            if (nTokens_ < 0) {
-                std::string why = capture.text();
-                SetError("clip_image_encode failed" + (why.empty() ? std::string() : ": " + why));
-                return;
+            const int32_t threads = vision_->meta().threads;
+            batched_ = n > 1 && clipSupportsBatch(ctx);
+            bool ok = true;
+            if (n == 1 || batched_) {
+                ok = clipEncode(ctx, threads, images, 0, n, *out_);
+            } else {
+                // One graph per image.
+                std::vector<float> part(perImage);
+                for (size_t i = 0; i < n && ok; i++) {
+                    ok = clipEncode(ctx, threads, images, i, 1, part);
+                    std::copy(part.begin(), part.end(), out_->begin() + ptrdiff_t(i * perImage));
+                }
             }
             const int64_t t2 = monotonicNs();
+            if (profile != nullptr) {
+                profile->mode = VisionProfile::Mode::Off;
+                if (profileMode_ != VisionProfile::Mode::Off && profile->firstNodeNs != 0) {
+                    setupMs_ = double(profile->firstNodeNs - t1) / 1e6;
+                    computeMs_ = double(t2 - profile->firstNodeNs) / 1e6;
+                    ops_ = profile->ops;
+                }
+            }
+            if (!ok) {
+                std::string why = capture.text();
+                SetError("clip_image_batch_encode failed" + (why.empty() ? std::string() : ": " + why));
+                return;
+            }
             prepareMs_ = double(t1 - t0) / 1e6;
             encodeMs_ = double(t2 - t1) / 1e6;
         } catch (const std::exception & e) {
@@ -219,14 +368,44 @@ protected:
     void OnOK() override {
         Napi::Env env = Env();
         vision_->releaseBusy();
-        Napi::Float32Array data = Napi::Float32Array::New(env, out_.size());
-        std::copy(out_.begin(), out_.end(), data.Data());
+        const size_t n = src_.size();
+        const size_t perImage = size_t(nTokens_) * size_t(nEmbd_);
+        std::vector<float> * out = out_.release();
+        Napi::ArrayBuffer buffer = Napi::ArrayBuffer::New(
+            env, out->data(), out->size() * sizeof(float), [](Napi::Env, void *, std::vector<float> * v) { delete v; }, out);
         Napi::Object o = Napi::Object::New(env);
-        o.Set("data", data);
+        if (single_) {
+            o.Set("data", Napi::Float32Array::New(env, perImage, buffer, 0));
+        } else {
+            Napi::Array list = Napi::Array::New(env, n);
+            for (size_t i = 0; i < n; i++)
+                list.Set(uint32_t(i), Napi::Float32Array::New(env, perImage, buffer, i * perImage * sizeof(float)));
+            o.Set("data", list);
+            o.Set("batched", batched_);
+        }
         o.Set("nTokens", nTokens_);
         o.Set("nEmbd", nEmbd_);
         o.Set("prepareMs", prepareMs_);
         o.Set("encodeMs", encodeMs_);
+        if (profileMode_ != VisionProfile::Mode::Off) {
+            Napi::Object prof = Napi::Object::New(env);
+            prof.Set("setupMs", setupMs_);
+            prof.Set("computeMs", computeMs_);
+            if (profileMode_ == VisionProfile::Mode::Ops) {
+                Napi::Array ops = Napi::Array::New(env, ops_.size());
+                uint32_t i = 0;
+                for (const auto & [name, stat] : ops_) {
+                    Napi::Object op = Napi::Object::New(env);
+                    op.Set("op", name);
+                    op.Set("ms", stat.ms);
+                    op.Set("count", stat.count);
+                    op.Set("onHost", stat.onHost);
+                    ops.Set(i++, op);
+                }
+                prof.Set("ops", ops);
+            }
+            o.Set("profile", prof);
+        }
         deferred_.Resolve(o);
     }
     void OnError(const Napi::Error & e) override {
@@ -235,15 +414,19 @@ protected:
     }
 
 private:
-    Napi::ObjectReference self_;       // keeps the Vision alive (no GC) during the run
-    Napi::ObjectReference pixelsRef_;  // keeps the input array alive; read off-thread
+    Napi::ObjectReference self_;               // keeps the Vision alive (no GC) during the run
+    std::vector<Napi::ObjectReference> refs_;  // keep the input arrays alive; read off-thread
+    std::vector<const float *> src_;
     Vision * vision_;
-    const float * src_;
     Layout layout_;
     int32_t width_, height_;
-    std::vector<float> out_;
+    VisionProfile::Mode profileMode_;
+    bool single_;
+    bool batched_ = false;
+    std::unique_ptr<std::vector<float>> out_;
     int32_t nTokens_ = 0, nEmbd_ = 0;
-    double prepareMs_ = 0, encodeMs_ = 0;
+    double prepareMs_ = 0, encodeMs_ = 0, setupMs_ = 0, computeMs_ = 0;
+    std::map<std::string, VisionProfile::OpStat> ops_;
 };
 
 }  // namespace
@@ -253,15 +436,13 @@ private:
 Napi::Function Vision::Init(Napi::Env env) {
     // clip logs through its own sink (stderr by default): route it to the addon's logger, so it is quiet
     // unless forwarded and LogCapture sees clip's error lines too.
-    ggml_log_callback cb = nullptr;
-    void * ud = nullptr;
-    llama_log_get(&cb, &ud);
-    if (cb != nullptr) mtmd_log_set(cb, ud);
+    installClipLog();
     return DefineClass(env, "Vision",
                        {
                            StaticMethod<&Vision::Load>("load"),
                            InstanceMethod<&Vision::Info>("info"),
                            InstanceMethod<&Vision::Encode>("encode"),
+                           InstanceMethod<&Vision::EncodeBatch>("encodeBatch"),
                            InstanceMethod<&Vision::Dispose>("dispose"),
                        });
 }
@@ -273,7 +454,19 @@ Vision::Vision(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Vision>(info)
     }
     ctx_ = info[0].As<Napi::External<clip_ctx>>().Data();
     meta_ = *info[1].As<Napi::External<VisionMeta>>().Data();
+    if (info.Length() > 3 && info[2].IsExternal() && info[3].IsExternal()) {
+        report_ = *info[2].As<Napi::External<VisionLoadReport>>().Data();
+        profile_.reset(info[3].As<Napi::External<VisionProfile>>().Data());  // ownership moves here (may be null)
+    }
     nEmbd_ = clipEmbdWidth(ctx_);
+}
+
+void VisionProfile::begin(Mode m) {
+    mode = m;
+    firstNodeNs = 0;
+    lastNs = 0;
+    asked = 0;
+    ops.clear();
 }
 
 Vision::~Vision() {
@@ -292,6 +485,7 @@ Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
     opts.useGpu = requireBool(o, "useGpu", w);
     opts.threads = int32_t(requireInt(o, "threads", 1, 1024, w));
     opts.warmup = requireBool(o, "warmup", w);
+    opts.profile = requireBool(o, "profile", w);
     const int32_t faModes[] = {-1, 1, 0};
     opts.flashAttention = faModes[requireChoice(o, "flashAttention", {"auto", "on", "off"}, w)];
     auto * worker = new LoadWorker(env, info.This().As<Napi::Function>(), std::move(opts));
@@ -326,6 +520,22 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
         devices.Set(i++, d);
     }
     o.Set("devices", devices);
+    o.Set("flashAttention", report_.flashAttention < 0 ? env.Null() : Napi::Boolean::New(env, report_.flashAttention == 1));
+    o.Set("graphSplits", report_.graphSplits);
+    o.Set("graphNodes", report_.graphNodes);
+    Napi::Array buffers = Napi::Array::New(env, report_.computeBuffersMiB.size());
+    for (size_t b = 0; b < report_.computeBuffersMiB.size(); b++) {
+        Napi::Object d = Napi::Object::New(env);
+        d.Set("name", report_.computeBuffersMiB[b].first);
+        d.Set("bytes", report_.computeBuffersMiB[b].second * 1024.0 * 1024.0);
+        buffers.Set(uint32_t(b), d);
+    }
+    o.Set("computeBuffers", buffers);
+    Napi::Array unsupported = Napi::Array::New(env, report_.unsupportedOps.size());
+    for (size_t u = 0; u < report_.unsupportedOps.size(); u++) unsupported.Set(uint32_t(u), report_.unsupportedOps[u]);
+    o.Set("unsupportedOps", unsupported);
+    o.Set("batchable", clipSupportsBatch(ctx_));
+    o.Set("profile", profile_ != nullptr);
     return o;
 }
 
@@ -335,16 +545,44 @@ Napi::Value Vision::Encode(const Napi::CallbackInfo & info) {
     if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
         throw Napi::TypeError::New(env, "Vision.encode: pixels must be a Float32Array");
     }
-    Napi::Float32Array pixels = info[0].As<Napi::Float32Array>();
-    Napi::Object o = requireObject(info[1], "Vision.encode options");
-    const char * w = "Vision.encode options";
+    return Queue(info, {info[0].As<Napi::Float32Array>()}, requireObject(info[1], "Vision.encode options"), true);
+}
+
+Napi::Value Vision::EncodeBatch(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Vision is disposed");
+    if (!info[0].IsArray()) throw Napi::TypeError::New(env, "Vision.encodeBatch: images must be an array of Float32Array");
+    Napi::Array list = info[0].As<Napi::Array>();
+    if (list.Length() == 0 || list.Length() > 64)
+        throw Napi::RangeError::New(env, "Vision.encodeBatch: 1 to 64 images, got " + std::to_string(list.Length()));
+    std::vector<Napi::Float32Array> images;
+    for (uint32_t i = 0; i < list.Length(); i++) {
+        Napi::Value v = list.Get(i);
+        if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
+            throw Napi::TypeError::New(env, "Vision.encodeBatch: images[" + std::to_string(i) + "] must be a Float32Array");
+        }
+        images.push_back(v.As<Napi::Float32Array>());
+    }
+    return Queue(info, std::move(images), requireObject(info[1], "Vision.encodeBatch options"), false);
+}
+
+Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Float32Array> images, const Napi::Object & o, bool single) {
+    Napi::Env env = info.Env();
+    const char * fn = single ? "Vision.encode" : "Vision.encodeBatch";
+    const std::string opts = std::string(fn) + " options";
+    const char * w = opts.c_str();
     const Layout layout = requireChoice(o, "layout", {"chw", "patches"}, w) == 0 ? Layout::Chw : Layout::Patches;
+    const char * layoutName = layout == Layout::Chw ? "chw" : "patches";
     const int64_t width = requireInt(o, "width", 1, 46000, w);
     const int64_t height = requireInt(o, "height", 1, 46000, w);
+    const VisionProfile::Mode profileModes[] = {VisionProfile::Mode::Off, VisionProfile::Mode::Phases, VisionProfile::Mode::Ops};
+    const VisionProfile::Mode profile = profileModes[requireChoice(o, "profile", {"off", "phases", "ops"}, w)];
+    if (profile != VisionProfile::Mode::Off && profile_ == nullptr)
+        throw Napi::Error::New(env, std::string(fn) + ": profiling needs Vision.load(path, { profile: true })");
 
     // Every condition clip would otherwise GGML_ASSERT/ABORT on is refused here with a message.
     const int64_t p = meta_.patchSize;
-    const std::string where = "Vision.encode (" + meta_.projector + "): ";
+    const std::string where = std::string(fn) + " (" + meta_.projector + "): ";
     if (width % p != 0 || height % p != 0) {
         throw Napi::RangeError::New(env,
                                     where + std::to_string(width) + "x" + std::to_string(height) + " is not a multiple of the patch size " +
@@ -374,18 +612,22 @@ Napi::Value Vision::Encode(const Napi::CallbackInfo & info) {
         }
     }
     const size_t need = size_t(width) * size_t(height) * 3;
-    if (layout == Layout::Chw ? pixels.ElementLength() != need : pixels.ElementLength() < need) {
-        throw Napi::RangeError::New(env,
-                                    where + "pixels has " + std::to_string(pixels.ElementLength()) + " values, " +
-                                        (layout == Layout::Chw ? "expected " : "need at least ") + std::to_string(need) + " for " +
-                                        (layout == Layout::Chw ? "chw " : "patches ") + std::to_string(width) + "x" +
-                                        std::to_string(height));
+    for (size_t i = 0; i < images.size(); i++) {
+        const size_t got = images[i].ElementLength();
+        if (layout == Layout::Chw ? got != need : got < need) {
+            const std::string which = single ? std::string("pixels") : "images[" + std::to_string(i) + "]";
+            throw Napi::RangeError::New(env,
+                                        where + which + " has " + std::to_string(got) + " values, " +
+                                            (layout == Layout::Chw ? "expected " : "need at least ") + std::to_string(need) + " for " +
+                                            layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
+        }
     }
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true)) {
         throw codedError(env, "EBUSY", "Vision is busy: one encode at a time per context; await the running one");
     }
-    auto * worker = new EncodeWorker(env, info.This().As<Napi::Object>(), this, pixels, layout, int32_t(width), int32_t(height));
+    auto * worker =
+        new EncodeWorker(env, info.This().As<Napi::Object>(), this, images, layout, int32_t(width), int32_t(height), profile, single);
     Napi::Promise promise = worker->promise();
     worker->Queue();
     return promise;
@@ -397,6 +639,8 @@ Napi::Value Vision::Dispose(const Napi::CallbackInfo & info) {
     if (busy_.load()) throw codedError(env, "EBUSY", "Vision is busy; await the running encode before dispose()");
     clipFree(ctx_);
     ctx_ = nullptr;
+    scratch_.hwc = {};
+    scratch_.images.clear();
     return env.Undefined();
 }
 

@@ -3,11 +3,16 @@
 // in AsyncWorkers; one encode at a time per context (EBUSY); dispose() is explicit and idempotent.
 #pragma once
 
+#include "llama-internal.h"
+
 #include <napi.h>
 
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 struct clip_ctx;
 
@@ -31,6 +36,42 @@ struct VisionMeta {
     int32_t threads = 1;
 };
 
+// What clip reported while it loaded and reserved its compute graph (parsed from its log, the only
+// place it says): whether flash attention ended up on, how the graph split across backends, the
+// compute buffers, and the ops the GPU backend cannot run (they fall back to the CPU).
+struct VisionLoadReport {
+    int32_t flashAttention = -1;  // -1 unknown, 0 off, 1 on
+    int32_t graphSplits = 0;
+    int32_t graphNodes = 0;
+    std::vector<std::pair<std::string, double>> computeBuffersMiB;
+    std::vector<std::string> unsupportedOps;
+};
+
+// Per-call timing through clip's graph-evaluation callback (installed only when loaded with profile):
+// 'phases' observes the first node (setup = graph build, allocation, input upload before it;
+// compute = the rest, output read-back included); 'ops' observes every node, synchronizing after
+// each, so per-op times add up to more than an unprofiled run.
+struct VisionProfile {
+    enum class Mode { Off, Phases, Ops };
+    struct OpStat {
+        double ms = 0;
+        int32_t count = 0;
+        int32_t onHost = 0;  // nodes whose output lives in host memory (computed on the CPU)
+    };
+    Mode mode = Mode::Off;
+    int64_t firstNodeNs = 0;
+    int64_t lastNs = 0;
+    int32_t asked = 0;
+    std::map<std::string, OpStat> ops;
+    void begin(Mode m);
+};
+
+// Buffers reused from one encode to the next (one encode at a time per context).
+struct VisionScratch {
+    std::vector<float> hwc;
+    ClipImages images;
+};
+
 class Vision : public Napi::ObjectWrap<Vision> {
 public:
     static Napi::Function Init(Napi::Env env);
@@ -41,15 +82,23 @@ public:
     const VisionMeta & meta() const { return meta_; }
     int32_t nEmbd() const { return nEmbd_; }
     void releaseBusy() { busy_.store(false); }
+    VisionScratch & scratch() { return scratch_; }
+    // Null unless loaded with profile.
+    VisionProfile * profile() const { return profile_.get(); }
 
 private:
     static Napi::Value Load(const Napi::CallbackInfo & info);
     Napi::Value Info(const Napi::CallbackInfo & info);
     Napi::Value Encode(const Napi::CallbackInfo & info);
+    Napi::Value EncodeBatch(const Napi::CallbackInfo & info);
     Napi::Value Dispose(const Napi::CallbackInfo & info);
+    Napi::Value Queue(const Napi::CallbackInfo & info, std::vector<Napi::Float32Array> images, const Napi::Object & options, bool single);
 
     clip_ctx * ctx_ = nullptr;
     VisionMeta meta_;
+    VisionLoadReport report_;
+    std::unique_ptr<VisionProfile> profile_;
+    VisionScratch scratch_;
     int32_t nEmbd_ = 0;
     std::atomic<bool> busy_{false};
 };

@@ -1,0 +1,79 @@
+// The import rule of the layout, checked by dependency-cruiser (test/import-rules.test.ts runs it in
+// `npm test`; `npx depcruise app pipeline nodes native models tools` runs it by hand):
+//
+//   app → nodes → {pipeline, native, models}, nothing back.
+//
+// Paths are relative to the repository root. test/ is not checked: tests may import anything.
+const TS_FOLDERS = '^(app|pipeline|nodes|native|models|tools)/';
+
+/** @type {import('dependency-cruiser').IConfiguration} */
+module.exports = {
+  forbidden: [
+    {
+      name: 'pipeline-is-the-runtime',
+      comment: 'pipeline/ is the runtime only: it knows no stage, no binding, no checkpoint code and no app.',
+      severity: 'error',
+      from: { path: '^pipeline/' },
+      to: { path: '^(app|nodes|native|models|tools)/' },
+    },
+    {
+      name: 'native-is-the-binding',
+      comment: 'native/ is the binding only: it imports none of the TypeScript folders.',
+      severity: 'error',
+      from: { path: '^native/' },
+      to: { path: TS_FOLDERS, pathNot: '^native/' },
+    },
+    {
+      name: 'models-import-no-stage-or-app',
+      comment: 'models/ makes and resolves checkpoints; stages and the app use it, not the other way round.',
+      severity: 'error',
+      from: { path: '^models/' },
+      to: { path: '^(app|nodes|tools)/' },
+    },
+    {
+      name: 'only-app-imports-app',
+      comment: 'app/ is the face (CLI, run wiring, benches): nothing below it imports it (the bin script in tools/ runs it).',
+      severity: 'error',
+      from: { path: '^(pipeline|nodes|native|models)/' },
+      to: { path: '^app/' },
+    },
+    {
+      name: 'stages-never-import-stages',
+      comment:
+        'A stage sees only its input and output types: nodes/X.ts imports no other stage. The shared payload types, ' +
+        "the action schema and the stage's own worker file are not stages.",
+      severity: 'error',
+      from: { path: '^nodes/([^/]+?)(\\.worker)?\\.ts$' },
+      to: { path: '^nodes/', pathNot: ['^nodes/(payloads|action-schema)\\.ts$', '^nodes/$1(\\.worker)?\\.(ts|mjs)$'] },
+    },
+    {
+      name: 'models-resolved-by-app-only',
+      comment: 'Model specs (synth:…) are resolved once, in app/; stages receive file paths.',
+      severity: 'error',
+      from: { path: TS_FOLDERS, pathNot: '^(app|models)/' },
+      to: { path: '^models/resolve\\.ts$' },
+    },
+    {
+      name: 'tools-are-scripts',
+      comment: 'tools/ holds build and test scripts; no source folder imports them.',
+      severity: 'error',
+      from: { path: TS_FOLDERS, pathNot: '^tools/' },
+      to: { path: '^tools/' },
+    },
+    {
+      name: 'no-unresolvable-import',
+      comment: 'An import that resolves to nothing is a typo or a missing dependency.',
+      severity: 'error',
+      from: {},
+      to: { couldNotResolve: true },
+    },
+  ],
+  options: {
+    // Type-only imports are arrows too.
+    tsPreCompilationDeps: true,
+    doNotFollow: { path: 'node_modules' },
+    exclude: { path: '^(node_modules|build|test)/' },
+    // Resolve packages through their "exports" maps, as Node does.
+    enhancedResolveOptions: { exportsFields: ['exports'], conditionNames: ['import', 'require', 'node', 'default'] },
+  },
+};

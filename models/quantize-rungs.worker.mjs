@@ -1,0 +1,6 @@
+// Worker entry point: registers tsx in this thread (Node 20 does not carry the parent's `--import tsx`
+// loader into a worker's entry module), then loads the TypeScript worker.
+import { register } from 'tsx/esm/api';
+
+register();
+await import('./quantize-rungs.worker.ts');

@@ -1,0 +1,392 @@
+// The graph runtime: a source and a typed chain of stages become one RxJS pipeline with
+// per-frame deadlines, bounded edges, a degradation ladder and one telemetry stream.
+//
+//   const graph = createGraph({ source, stages: chain(preprocess, encode, decode, actions, publish), clock, config });
+//   graph.events.subscribe(...);          // TelemetryEvent: frame/span/drop/cancel/degrade/error/note/output/stats
+//   graph.outputs.subscribe(...);         // Envelope<O>: what the last stage returned, per frame
+//   const summary = await graph.run();    // resolves when the source ended and everything drained, or after stop()
+//   await graph.stop('SIGINT');           // idempotent; resolves with the same summary as run()
+//
+// Subscribe to `events`/`outputs` before run(): they are hot and complete when the run ends.
+//
+// What the runtime adds around every Stage (each becomes an OperatorFunction<Envelope, Envelope>):
+// - The envelope: frame id (0, 1, … in source order), source id, capture ns + wall ms, deadline =
+//   capture + budgets.endToEndMs, the ladder level at admission, and one span per stage.
+// - The edge in front of the stage (edges[stage] ?? edges.default): 'latest' keeps one waiting frame
+//   (a newer one replaces it: drop 'conflated'); 'queue' keeps up to `capacity` in order (an arriving
+//   frame that finds it full: drop 'queue_full'). One frame is in flight per stage; stages run
+//   concurrently, so stage k works on frame n+1 while stage k+1 works on frame n.
+// - At entry: drop 'stale' if the frame's deadline has passed, or (budgets.dropPredictedMiss) if
+//   the fastest recent runs of the remaining stages (those measured at the frame's level), summed,
+//   would still miss it.
+// - ctx.signal: aborts with a StageAbort at the stage deadline = min(frame deadline, entry + stage
+//   budget), reason 'deadline', or at stop(), reason 'shutdown'. A stage gives up by throwing
+//   ctx.signal.reason (pipeline/abort.ts helps with uninterruptible work), or a StageAbort of its
+//   own when native code saw the same deadline first; the runtime records the cancel for it (a
+//   stage that reported one with ctx.report({ kind: 'cancel', reason }) is not counted twice).
+// - Error isolation: DropFrame → drop with its reason; a throw after an abort, or a StageAbort →
+//   drop 'stale' (deadline) or 'shutdown'; any other throw → an 'error' event and drop 'error'.
+//   The graph runs on.
+// - The ladder (pipeline/budget.ts) decides at each admission; frameSkip drops at the source edge
+//   ('skipped'). Every frame that enters ends as exactly one output or one drop:
+//   frames.in = frames.out + frames.dropped once a run has ended.
+//
+// Clocks. RealClock: stages run when they can, durations are measured. VirtualClock (replay,
+// deterministic): the graph is a discrete-event simulation. Tasks (frame arrivals, stage starts,
+// stage exits) run one at a time in (time, insertion) order and the graph clock is advanced to each
+// task's time, so stages never run concurrently and the same input + config give the same events
+// and outputs byte for byte. The source runs one frame ahead on its own VirtualClock (a copy of the
+// graph clock at start: it may advance it to each capture time); a frame arrives at its captureNs.
+// A stage call's virtual service time is (a) how far the stage advanced ctx.clock, a per-call
+// VirtualClock starting at the entry time, plus (b) config.virtualServiceMs[stage] (one value, or
+// one per ladder level). The stage exits at entry + service. The deadline signal fires when the
+// call's virtual time (a + b) reaches its stage deadline: during a ctx.clock advance, or before the
+// call when (b) alone reaches it. A stage that then gives up (reports a cancel or throws) is
+// charged only up to the deadline; one that ignores the signal is charged its whole service time.
+// So on a virtual clock the signal fires only through virtual time: a stage must not wait for it
+// to make progress. Stats events come every telemetry.intervalMs of clock time on either clock.
+//
+// stop(reason): the source's signal fires, waiting frames are dropped 'shutdown', in-flight calls
+// are aborted ('shutdown'); a frame a stage finishes after stop goes no further (drop 'shutdown')
+// unless it was the last stage's. On a real clock, calls that have not returned within
+// budgets.shutdownGraceMs are abandoned (their frames dropped 'shutdown'). Then source.close() and
+// every stage's close() run in order, and run()/stop() resolve with the summary.
+import { Observable, Subject, type Subscriber } from 'rxjs';
+import { CostModel, DegradeLadder } from '../budget.ts';
+import { VirtualClock, msToNs, type Clock } from '../clock.ts';
+import type { GraphConfig } from '../config.ts';
+import { TelemetryAggregator } from '../telemetry/aggregator.ts';
+import type { RunSummary, TelemetryEvent } from '../telemetry/events.ts';
+import { StageAbort, type DropReason, type Envelope, type FrameSource, type SourceItem, type Stage } from '../types.ts';
+import type { StageChain } from './chain.ts';
+import { RealScheduler, VirtualScheduler, type Scheduler } from './scheduler.ts';
+import { StageRunner, type RunnerHost } from './stage-runner.ts';
+
+export interface Graph<O = unknown> {
+  readonly events: Observable<TelemetryEvent>;
+  readonly outputs: Observable<Envelope<O>>;
+  /** Runs the graph once; resolves with the summary when the source has ended and every frame
+   * has come out or been dropped, or after stop(). */
+  run(): Promise<RunSummary>;
+  /** Stops the run (idempotent; before run() it makes run() end at once). */
+  stop(reason?: string): Promise<RunSummary>;
+}
+
+export interface GraphOptions<I, O> {
+  readonly source: FrameSource<I>;
+  /** In pipeline order (see chain()); names unique. */
+  readonly stages: StageChain<I, O>;
+  readonly clock: Clock;
+  readonly config: GraphConfig;
+}
+
+export function createGraph<I, O>({ source, stages, clock, config }: GraphOptions<I, O>): Graph<O> {
+  // The chain's types end here: the runtime moves envelopes of unknown payloads between stages.
+  return new GraphRuntime({ source, stages: stages?.stages, clock, config }) as Graph<unknown> as Graph<O>;
+}
+
+interface RuntimeOptions {
+  readonly source: FrameSource<unknown>;
+  readonly stages: readonly Stage<never, unknown>[];
+  readonly clock: Clock;
+  readonly config: GraphConfig;
+}
+
+/** Calls graph.stop(signal) on the first of `signals`; returns a function that removes the handlers. */
+export function stopOnSignals(graph: Graph, signals: readonly NodeJS.Signals[] = ['SIGINT', 'SIGTERM']): () => void {
+  const handler = (signal: NodeJS.Signals): void => void graph.stop(signal);
+  for (const signal of signals) process.on(signal, handler);
+  return () => {
+    for (const signal of signals) process.off(signal, handler);
+  };
+}
+
+const wallOriginOf = (clock: Clock): number => clock.wallMs() - Number(clock.nowNs() / 1_000_000n);
+
+class GraphRuntime implements Graph, RunnerHost {
+  readonly events: Observable<TelemetryEvent>;
+  readonly outputs: Observable<Envelope<unknown>>;
+  readonly clock: Clock;
+  readonly virtual: boolean;
+  readonly wallOriginMs: number;
+  readonly scheduler: Scheduler;
+  readonly costModel: CostModel;
+  readonly ladder: DegradeLadder;
+  readonly dropPredictedMiss: boolean;
+
+  readonly #source: FrameSource<unknown>;
+  readonly #stages: readonly Stage<unknown, unknown>[];
+  readonly #runners: readonly StageRunner[];
+  readonly #config: GraphConfig;
+  readonly #endToEndNs: bigint;
+  readonly #statsIntervalNs: bigint;
+  readonly #events = new Subject<TelemetryEvent>();
+  readonly #outputs = new Subject<Envelope<unknown>>();
+  readonly #aggregator: TelemetryAggregator;
+  readonly #shutdown = new AbortController();
+  #nextFrameId = 0;
+  #toSkip = 0;
+  #nextStatsNs = 0n;
+  #statsTimer: NodeJS.Timeout | undefined;
+  #graceTimer: NodeJS.Timeout | undefined;
+  #sourceSubscriber: Subscriber<Envelope<unknown>> | undefined;
+  #sourceFailed = false;
+  #stopReason: string | undefined;
+  #run: Promise<RunSummary> | undefined;
+  #resolveRun: ((summary: RunSummary) => void) | undefined;
+  #finalizing = false;
+
+  constructor({ source, stages, clock, config }: RuntimeOptions) {
+    if (!source || typeof source.frames !== 'function')
+      throw new TypeError('createGraph: expected source to be a FrameSource with a frames() method');
+    if (!Array.isArray(stages) || stages.length === 0)
+      throw new TypeError('createGraph: expected stages to be a non-empty chain of stages (chain(...))');
+    const names = new Set<string>();
+    stages.forEach((stage: Stage<never, unknown>, i) => {
+      if (!stage || typeof stage.name !== 'string' || stage.name === '' || stage.name === 'source') {
+        throw new TypeError(
+          `createGraph: stages[${i}]: expected a non-empty name other than 'source' but received ${JSON.stringify(stage?.name)}`,
+        );
+      }
+      if (typeof stage.process !== 'function') throw new TypeError(`createGraph: stage '${stage.name}': expected a process() method`);
+      if (names.has(stage.name)) throw new TypeError(`createGraph: stage name '${stage.name}' is used twice`);
+      names.add(stage.name);
+    });
+    if (!clock || typeof clock.nowNs !== 'function') throw new TypeError('createGraph: expected clock to be a Clock');
+    if ((config.clock === 'virtual') !== clock.virtual) {
+      throw new TypeError(`createGraph: config.clock is '${config.clock}' but the clock given is ${clock.virtual ? 'virtual' : 'real'}`);
+    }
+    if (clock.virtual && !(clock instanceof VirtualClock))
+      throw new TypeError('createGraph: a virtual clock must be a VirtualClock (the graph advances it)');
+    const { endToEndMs } = config.budgets;
+    if (!(Number.isFinite(endToEndMs) && endToEndMs > 0))
+      throw new RangeError(`createGraph: expected config.budgets.endToEndMs > 0 but received ${endToEndMs}`);
+
+    this.#source = source;
+    this.#stages = stages as readonly Stage<unknown, unknown>[];
+    this.#config = config;
+    this.clock = clock;
+    this.virtual = clock.virtual;
+    this.wallOriginMs = wallOriginOf(clock);
+    this.#endToEndNs = msToNs(endToEndMs);
+    this.#statsIntervalNs = msToNs(config.telemetry.intervalMs);
+    this.dropPredictedMiss = config.budgets.dropPredictedMiss;
+    this.ladder = new DegradeLadder(config.ladder, endToEndMs);
+    const { window, quantile, ewmaAlpha, minSamples } = config.ladder;
+    this.costModel = new CostModel({ stages: [...names], levels: this.ladder.levels, window, quantile, ewmaAlpha, minSamples });
+    const onError = (error: unknown): void => this.#internalError(error);
+    this.scheduler =
+      clock instanceof VirtualClock && clock.virtual
+        ? new VirtualScheduler(clock, (atNs) => this.#statsUpTo(atNs), onError)
+        : new RealScheduler(onError);
+    this.#runners = this.#stages.map((stage, i) => new StageRunner(stage, i, i === stages.length - 1, this, config));
+    this.#aggregator = new TelemetryAggregator(clock.virtual ? 'virtual' : 'real', [...names]);
+    this.#aggregator.subscribeTo(this.#events);
+    this.events = this.#events.asObservable();
+    this.outputs = this.#outputs.asObservable();
+  }
+
+  get shutdown(): AbortSignal {
+    return this.#shutdown.signal;
+  }
+
+  emit(event: TelemetryEvent): void {
+    this.#events.next(event);
+  }
+
+  drop(frameId: number, stage: string, reason: DropReason, detail: string): void {
+    this.emit({ type: 'drop', atNs: this.clock.nowNs(), frameId, stage, reason, detail });
+  }
+
+  run(): Promise<RunSummary> {
+    if (this.#run) return Promise.reject(new Error('Graph.run: this graph has already run (a graph runs once)'));
+    this.#run = new Promise((resolve) => (this.#resolveRun = resolve));
+    const startNs = this.clock.nowNs();
+    this.#aggregator.start(startNs);
+    this.#nextStatsNs = startNs + this.#statsIntervalNs;
+    if (!this.virtual) {
+      this.#statsTimer = setInterval(() => this.#emitStats(this.clock.nowNs()), this.#config.telemetry.intervalMs);
+      this.#statsTimer.unref();
+    }
+    let stream = this.#sourceFrames();
+    for (const runner of this.#runners) stream = stream.pipe(runner.operator());
+    stream.subscribe({
+      next: (env) => this.#output(env),
+      complete: () => void this.#finalize(),
+      error: (error: unknown) => {
+        this.#internalError(error);
+        void this.#finalize();
+      },
+    });
+    return this.#run;
+  }
+
+  stop(reason = 'stop'): Promise<RunSummary> {
+    if (this.#stopReason === undefined) {
+      this.#stopReason = reason;
+      if (!this.virtual && this.#run) {
+        this.#graceTimer = setTimeout(() => this.#abandonAll(), this.#config.budgets.shutdownGraceMs);
+      }
+      this.#shutdown.abort(new StageAbort('shutdown', 'graph'));
+    }
+    return this.#run ?? this.run();
+  }
+
+  // --- source ----------------------------------------------------------------------------------
+
+  #sourceFrames(): Observable<Envelope<unknown>> {
+    return new Observable<Envelope<unknown>>((subscriber) => {
+      this.#sourceSubscriber = subscriber;
+      if (this.#shutdown.signal.aborted) {
+        subscriber.complete();
+      } else if (this.clock instanceof VirtualClock && this.virtual) {
+        // One frame of lookahead on the source's own clock, so the graph clock moves only in task order.
+        const sourceClock = new VirtualClock(this.clock.nowNs(), this.wallOriginMs);
+        const iterator = this.#source.frames(sourceClock, this.#shutdown.signal)[Symbol.asyncIterator]();
+        this.scheduler.at(this.clock.nowNs(), () => this.#pullVirtual(iterator, subscriber));
+      } else {
+        void this.#pumpReal(subscriber);
+      }
+    });
+  }
+
+  async #pumpReal(subscriber: Subscriber<Envelope<unknown>>): Promise<void> {
+    try {
+      for await (const item of this.#source.frames(this.clock, this.#shutdown.signal)) {
+        if (this.#shutdown.signal.aborted) break; // yielded after stop: never entered the graph
+        this.#admit(item, subscriber);
+      }
+    } catch (error) {
+      this.#sourceError(error);
+    } finally {
+      subscriber.complete();
+    }
+  }
+
+  async #pullVirtual(iterator: AsyncIterator<SourceItem<unknown>>, subscriber: Subscriber<Envelope<unknown>>): Promise<void> {
+    let result: IteratorResult<SourceItem<unknown>>;
+    try {
+      result = await iterator.next();
+    } catch (error) {
+      this.#sourceError(error);
+      subscriber.complete();
+      return;
+    }
+    if (result.done) {
+      subscriber.complete();
+      return;
+    }
+    const item = result.value;
+    this.scheduler.at(item.captureNs, async () => {
+      if (this.#shutdown.signal.aborted) {
+        await iterator.return?.();
+        subscriber.complete();
+        return;
+      }
+      this.#admit(item, subscriber);
+      await this.#pullVirtual(iterator, subscriber);
+    });
+  }
+
+  #sourceError(error: unknown): void {
+    if (this.#shutdown.signal.aborted) return; // a source that throws on its abort signal
+    this.#sourceFailed = true;
+    this.emit({
+      type: 'error',
+      atNs: this.clock.nowNs(),
+      frameId: -1,
+      stage: 'source',
+      message: error instanceof Error ? error.message : String(error),
+    });
+  }
+
+  /** A source item enters the graph: ladder decision, frame id, deadline, frame skip. */
+  #admit(item: SourceItem<unknown>, subscriber: Subscriber<Envelope<unknown>>): void {
+    const frameId = this.#nextFrameId++;
+    const atNs = this.clock.nowNs();
+    const decision = this.ladder.decide(this.costModel);
+    if (decision) this.emit({ type: 'degrade', atNs, frameId, ...decision });
+    const level = this.ladder.level;
+    this.emit({ type: 'frame', atNs, frameId, sourceId: item.sourceId, captureNs: item.captureNs, degradeLevel: level });
+    const { frameSkip } = this.ladder.knobsAt(level);
+    if (this.#toSkip > frameSkip) this.#toSkip = frameSkip;
+    if (this.#toSkip > 0) {
+      this.#toSkip -= 1;
+      this.drop(frameId, 'source', 'skipped', `frameSkip ${frameSkip} at level ${level}`);
+      return;
+    }
+    this.#toSkip = frameSkip;
+    subscriber.next({
+      frameId,
+      sourceId: item.sourceId,
+      captureNs: item.captureNs,
+      captureWallMs: item.captureWallMs,
+      deadlineNs: item.captureNs + this.#endToEndNs,
+      degradeLevel: level,
+      spans: [],
+      payload: item.payload,
+    });
+  }
+
+  // --- the end ---------------------------------------------------------------------------------
+
+  #output(env: Envelope<unknown>): void {
+    const exitNs = env.spans[env.spans.length - 1]?.exitNs ?? this.clock.nowNs();
+    this.emit({ type: 'output', atNs: exitNs, frameId: env.frameId, latencyNs: exitNs - env.captureNs, late: exitNs > env.deadlineNs });
+    this.#outputs.next(env);
+  }
+
+  #emitStats(atNs: bigint): void {
+    this.emit({ type: 'stats', atNs, summary: this.#aggregator.snapshot() });
+  }
+
+  /** Virtual clock: a stats event at every interval boundary the next task moves past. */
+  #statsUpTo(atNs: bigint): void {
+    while (this.#nextStatsNs <= atNs && !this.#finalizing) {
+      this.#emitStats(this.#nextStatsNs);
+      this.#nextStatsNs += this.#statsIntervalNs;
+    }
+  }
+
+  #abandonAll(): void {
+    for (const runner of this.#runners) runner.abandon();
+    this.#sourceSubscriber?.complete();
+  }
+
+  #internalError(error: unknown): void {
+    const message = error instanceof Error ? (error.stack ?? error.message) : String(error);
+    this.emit({ type: 'error', atNs: this.clock.nowNs(), frameId: -1, stage: 'graph', message });
+  }
+
+  async #finalize(): Promise<void> {
+    if (this.#finalizing) return;
+    this.#finalizing = true;
+    if (this.#statsTimer) clearInterval(this.#statsTimer);
+    if (this.#graceTimer) clearTimeout(this.#graceTimer);
+    const closers: [string, (() => Promise<void>) | undefined][] = [
+      ['source', this.#source.close?.bind(this.#source)],
+      ...this.#stages.map((stage): [string, (() => Promise<void>) | undefined] => [stage.name, stage.close?.bind(stage)]),
+    ];
+    for (const [name, close] of closers) {
+      try {
+        await close?.();
+      } catch (error) {
+        this.emit({
+          type: 'error',
+          atNs: this.clock.nowNs(),
+          frameId: -1,
+          stage: name,
+          message: `close() failed: ${error instanceof Error ? error.message : String(error)}`,
+        });
+      }
+    }
+    const endReason = this.#stopReason !== undefined ? 'stopped' : this.#sourceFailed ? 'source_error' : 'source_end';
+    const endNs = this.clock.nowNs();
+    this.#aggregator.end(endNs, endReason, this.#stopReason ?? null);
+    const summary = this.#aggregator.snapshot();
+    this.#emitStats(endNs);
+    this.#events.complete();
+    this.#outputs.complete();
+    this.#resolveRun?.(summary);
+  }
+}

@@ -1,0 +1,357 @@
+// One stage as an RxJS operator: its edge, the entry checks (shutdown, stale, predicted miss), the
+// StageContext of each call (deadline signal, per-call clock on a virtual graph), the span, and the
+// classification of what the call returned or threw. The graph (graph.ts) is its RunnerHost.
+import { Observable, type OperatorFunction, type Subscriber } from 'rxjs';
+import type { CostModel, DegradeLadder } from '../budget.ts';
+import { VirtualClock, msToNs, nsToMs, type Clock } from '../clock.ts';
+import type { GraphConfig } from '../config.ts';
+import type { TelemetryEvent } from '../telemetry/events.ts';
+import {
+  DropFrame,
+  StageAbort,
+  type DropReason,
+  type Envelope,
+  type FrameMeta,
+  type Knobs,
+  type Stage,
+  type StageContext,
+  type StageEvent,
+} from '../types.ts';
+import { createEdge, type Edge } from './edges.ts';
+import type { Scheduler } from './scheduler.ts';
+
+/** A stage call's own clock on a virtual graph: starts at the entry time; advancing it is the
+ * stage spending virtual time, and crossing the stage deadline fires the call's signal. */
+class CallClock extends VirtualClock {
+  readonly #onAdvance: () => void;
+  constructor(startNs: bigint, wallOriginMs: number, onAdvance: () => void) {
+    super(startNs, wallOriginMs);
+    this.#onAdvance = onAdvance;
+  }
+  override advance(deltaNs: bigint): void {
+    super.advance(deltaNs);
+    this.#onAdvance();
+  }
+  override advanceTo(ns: bigint): void {
+    super.advanceTo(ns);
+    this.#onAdvance();
+  }
+}
+
+const min = (a: bigint, b: bigint): bigint => (a < b ? a : b);
+const max = (a: bigint, b: bigint): bigint => (a > b ? a : b);
+const fmtMs = (ns: bigint): string => nsToMs(ns).toFixed(3);
+
+/** What a StageRunner needs from the graph. */
+export interface RunnerHost {
+  readonly clock: Clock;
+  readonly virtual: boolean;
+  readonly wallOriginMs: number;
+  readonly scheduler: Scheduler;
+  readonly shutdown: AbortSignal;
+  readonly costModel: CostModel;
+  readonly ladder: DegradeLadder;
+  readonly dropPredictedMiss: boolean;
+  emit(event: TelemetryEvent): void;
+  drop(frameId: number, stage: string, reason: DropReason, detail: string): void;
+}
+
+type Outcome = { readonly ok: true; readonly value: unknown } | { readonly ok: false; readonly error: unknown };
+
+interface InFlight {
+  readonly env: Envelope<unknown>;
+  readonly call: CallContext;
+  abandoned: boolean;
+}
+
+/** The StageContext of one call. Its AbortController (and on a real clock the deadline timer) is
+ * made when the stage first reads `signal`, so a stage that never looks pays for neither; an abort
+ * that came earlier is already set on the signal it gets. */
+class CallContext implements StageContext {
+  readonly frame: FrameMeta;
+  readonly clock: Clock;
+  readonly stageDeadlineNs: bigint;
+  readonly knobs: Knobs;
+  cancelReported = false;
+  readonly #stage: string;
+  readonly #armTimer: boolean;
+  readonly #onReport: (event: StageEvent, atNs: bigint) => void;
+  #abortedBy: StageAbort | undefined;
+  #controller: AbortController | undefined;
+  #timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    stage: string,
+    frame: FrameMeta,
+    clock: Clock,
+    stageDeadlineNs: bigint,
+    knobs: Knobs,
+    armTimer: boolean,
+    onReport: (event: StageEvent, atNs: bigint) => void,
+  ) {
+    this.#stage = stage;
+    this.frame = frame;
+    this.clock = clock;
+    this.stageDeadlineNs = stageDeadlineNs;
+    this.knobs = knobs;
+    this.#armTimer = armTimer;
+    this.#onReport = onReport;
+  }
+
+  get signal(): AbortSignal {
+    if (!this.#controller) {
+      this.#controller = new AbortController();
+      if (this.#abortedBy) {
+        this.#controller.abort(this.#abortedBy);
+      } else if (this.#armTimer) {
+        this.#armDeadline();
+      }
+    }
+    return this.#controller.signal;
+  }
+
+  /** Node's timers count from the event loop's cached time, which can lag the clock, so a timer
+   * may fire early: check, and wait again for what is left. */
+  #armDeadline(): void {
+    const leftMs = nsToMs(this.stageDeadlineNs - this.clock.nowNs());
+    if (leftMs <= 0) this.abort('deadline');
+    else this.#timer = setTimeout(() => this.#armDeadline(), Math.ceil(leftMs));
+  }
+
+  /** The abort that happened, if any. On a real clock the deadline counts only for a stage that
+   * read the signal (nothing else arms the timer); on a virtual clock it always counts. */
+  get abortedBy(): StageAbort | undefined {
+    return this.#abortedBy;
+  }
+
+  readonly report = (event: StageEvent): void => {
+    if (event.kind === 'cancel') this.cancelReported = true;
+    this.#onReport(event, this.clock.nowNs());
+  };
+
+  abort(reason: 'deadline' | 'shutdown'): void {
+    if (this.#abortedBy) return;
+    this.#abortedBy = new StageAbort(reason, this.#stage);
+    this.dispose();
+    this.#controller?.abort(this.#abortedBy);
+  }
+
+  dispose(): void {
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#timer = undefined;
+  }
+}
+
+export class StageRunner {
+  readonly name: string;
+  readonly #stage: Stage<unknown, unknown>;
+  readonly #index: number;
+  readonly #isLast: boolean;
+  readonly #host: RunnerHost;
+  readonly #edge: Edge;
+  readonly #budgetNs: bigint | undefined;
+  readonly #serviceMs: readonly number[];
+  #subscriber: Subscriber<Envelope<unknown>> | undefined;
+  #busy = false;
+  #upstreamDone = false;
+  #completed = false;
+  #inFlight: InFlight | undefined;
+
+  constructor(stage: Stage<unknown, unknown>, index: number, isLast: boolean, host: RunnerHost, config: GraphConfig) {
+    this.name = stage.name;
+    this.#stage = stage;
+    this.#index = index;
+    this.#isLast = isLast;
+    this.#host = host;
+    this.#edge = createEdge(config.edges[stage.name] ?? config.edges.default, `edges.${config.edges[stage.name] ? stage.name : 'default'}`);
+    const budgetMs = config.budgets.stages[stage.name];
+    this.#budgetNs = budgetMs === undefined ? undefined : msToNs(budgetMs);
+    const service = config.virtualServiceMs[stage.name] ?? 0;
+    this.#serviceMs = typeof service === 'number' ? [service] : service;
+  }
+
+  operator(): OperatorFunction<Envelope<unknown>, Envelope<unknown>> {
+    return (upstream) =>
+      new Observable<Envelope<unknown>>((subscriber) => {
+        if (this.#subscriber) throw new Error(`stage '${this.name}': its operator can be subscribed once`);
+        this.#subscriber = subscriber;
+        const onShutdown = (): void => this.#onShutdown();
+        this.#host.shutdown.addEventListener('abort', onShutdown);
+        const subscription = upstream.subscribe({
+          next: (env) => this.#offer(env),
+          complete: () => {
+            this.#upstreamDone = true;
+            this.#maybeComplete();
+          },
+          error: (error: unknown) => subscriber.error(error),
+        });
+        return () => {
+          subscription.unsubscribe();
+          this.#host.shutdown.removeEventListener('abort', onShutdown);
+        };
+      });
+  }
+
+  /** Gives up on the call in flight (it ignored the shutdown signal past the grace period). */
+  abandon(): void {
+    const inFlight = this.#inFlight;
+    if (!inFlight) return;
+    inFlight.abandoned = true;
+    this.#inFlight = undefined;
+    this.#host.drop(inFlight.env.frameId, this.name, 'shutdown', 'abandoned: the stage did not return within budgets.shutdownGraceMs');
+    this.#busy = false;
+    this.#startNext();
+  }
+
+  #offer(env: Envelope<unknown>): void {
+    if (this.#host.shutdown.aborted) {
+      this.#host.drop(env.frameId, this.name, 'shutdown', 'arrived after stop');
+      return;
+    }
+    const dropped = this.#edge.offer(env);
+    if (dropped) {
+      const detail = this.#edge.dropReason === 'conflated' ? `replaced by frame ${env.frameId}` : `queue full (${this.#edge.size})`;
+      this.#host.drop(dropped.frameId, this.name, this.#edge.dropReason, detail);
+    }
+    this.#startNext();
+  }
+
+  #onShutdown(): void {
+    for (const env of this.#edge.drain()) this.#host.drop(env.frameId, this.name, 'shutdown', 'waiting at stop');
+    this.#inFlight?.call.abort('shutdown');
+    this.#maybeComplete();
+  }
+
+  #startNext(): void {
+    if (this.#busy) return;
+    const env = this.#edge.take();
+    if (!env) {
+      this.#maybeComplete();
+      return;
+    }
+    this.#busy = true;
+    this.#host.scheduler.at(this.#host.clock.nowNs(), () => this.#run(env));
+  }
+
+  #maybeComplete(): void {
+    if (this.#completed || !this.#upstreamDone || this.#busy || this.#edge.size > 0) return;
+    this.#completed = true;
+    this.#subscriber?.complete();
+  }
+
+  #skip(env: Envelope<unknown>, reason: DropReason, detail: string): void {
+    this.#host.drop(env.frameId, this.name, reason, detail);
+    this.#busy = false;
+    this.#startNext();
+  }
+
+  async #run(env: Envelope<unknown>): Promise<void> {
+    const host = this.#host;
+    const enterNs = host.clock.nowNs();
+    if (host.shutdown.aborted) return this.#skip(env, 'shutdown', 'graph stopping');
+    if (enterNs >= env.deadlineNs) return this.#skip(env, 'stale', `deadline passed ${fmtMs(enterNs - env.deadlineNs)} ms before entry`);
+    if (host.dropPredictedMiss) {
+      const fastestMs = host.costModel.predict(env.degradeLevel, 'min', this.#index).ms;
+      if (fastestMs > 0 && enterNs + msToNs(fastestMs) > env.deadlineNs) {
+        return this.#skip(
+          env,
+          'stale',
+          `predicted miss: the remaining stages take at least ${fastestMs.toFixed(3)} ms, ${fmtMs(env.deadlineNs - enterNs)} ms left`,
+        );
+      }
+    }
+
+    const stageDeadlineNs = this.#budgetNs === undefined ? env.deadlineNs : min(env.deadlineNs, enterNs + this.#budgetNs);
+    const knobs = host.ladder.knobsAt(env.degradeLevel);
+    const onReport = (event: StageEvent, atNs: bigint): void => this.#report(env.frameId, atNs, event);
+    let call: CallContext;
+    let modelledNs = 0n;
+    if (host.virtual) {
+      modelledNs = msToNs(this.#serviceMs[Math.min(env.degradeLevel, this.#serviceMs.length - 1)]!);
+      const clock: CallClock = new CallClock(enterNs, host.wallOriginMs, () => {
+        if (clock.nowNs() + modelledNs >= stageDeadlineNs) call.abort('deadline');
+      });
+      call = new CallContext(this.name, env, clock, stageDeadlineNs, knobs, false, onReport);
+      if (enterNs + modelledNs >= stageDeadlineNs) call.abort('deadline');
+    } else {
+      call = new CallContext(this.name, env, host.clock, stageDeadlineNs, knobs, true, onReport);
+    }
+    const inFlight: InFlight = { env, call, abandoned: false };
+    this.#inFlight = inFlight;
+
+    let outcome: Outcome;
+    try {
+      outcome = { ok: true, value: await this.#stage.process(env.payload, call) };
+    } catch (error) {
+      outcome = { ok: false, error };
+    }
+    call.dispose();
+    if (inFlight.abandoned) return; // already counted as dropped 'shutdown'
+    if (host.virtual) {
+      // A stage that gave up at the deadline (reported a cancel, or threw) is charged its modelled
+      // time only up to the deadline; one that ignored the signal is charged all of it.
+      const spentNs = call.clock.nowNs();
+      const gaveUp = call.abortedBy?.reason === 'deadline' && (call.cancelReported || !outcome.ok);
+      const exitNs = gaveUp ? max(spentNs, min(spentNs + modelledNs, stageDeadlineNs)) : spentNs + modelledNs;
+      host.scheduler.at(exitNs, () => this.#finish(inFlight, enterNs, exitNs, outcome));
+    } else {
+      this.#finish(inFlight, enterNs, host.clock.nowNs(), outcome);
+    }
+  }
+
+  #finish(inFlight: InFlight, enterNs: bigint, exitNs: bigint, outcome: Outcome): void {
+    const host = this.#host;
+    const { env, call } = inFlight;
+    this.#inFlight = undefined;
+    host.emit({ type: 'span', atNs: exitNs, frameId: env.frameId, stage: this.name, enterNs, exitNs, degradeLevel: env.degradeLevel });
+    host.costModel.record(this.name, env.degradeLevel, nsToMs(exitNs - enterNs));
+
+    if (outcome.ok) {
+      const out: Envelope<unknown> = {
+        frameId: env.frameId,
+        sourceId: env.sourceId,
+        captureNs: env.captureNs,
+        captureWallMs: env.captureWallMs,
+        deadlineNs: env.deadlineNs,
+        degradeLevel: env.degradeLevel,
+        spans: [...env.spans, { stage: this.name, enterNs, exitNs }],
+        payload: outcome.value,
+      };
+      if (host.shutdown.aborted && !this.#isLast)
+        host.drop(env.frameId, this.name, 'shutdown', 'finished after stop; downstream is closed');
+      else this.#subscriber?.next(out);
+    } else {
+      const { error } = outcome;
+      const message = error instanceof Error ? error.message : String(error);
+      if (error instanceof DropFrame) {
+        host.drop(env.frameId, this.name, error.reason, message);
+      } else if (call.abortedBy || error instanceof StageAbort) {
+        // Aborted by the runtime, or by the stage itself at the same deadline (native code checks it too).
+        const { reason } = call.abortedBy ?? (error as StageAbort);
+        if (!call.cancelReported)
+          host.emit({ type: 'cancel', atNs: exitNs, frameId: env.frameId, stage: this.name, reason, detail: `gave up: ${message}` });
+        host.drop(env.frameId, this.name, reason === 'shutdown' ? 'shutdown' : 'stale', `cancelled (${reason}): ${message}`);
+      } else {
+        host.emit({ type: 'error', atNs: exitNs, frameId: env.frameId, stage: this.name, message });
+        host.drop(env.frameId, this.name, 'error', message);
+      }
+    }
+    this.#busy = false;
+    this.#startNext();
+  }
+
+  #report(frameId: number, atNs: bigint, event: StageEvent): void {
+    if (event.kind === 'cancel') {
+      this.#host.emit({ type: 'cancel', atNs, frameId, stage: this.name, reason: event.reason, detail: event.detail ?? '' });
+    } else if (event.kind === 'note') {
+      this.#host.emit({
+        type: 'note',
+        atNs,
+        frameId,
+        stage: this.name,
+        message: event.message,
+        ...(event.data ? { data: event.data } : {}),
+      });
+    }
+  }
+}

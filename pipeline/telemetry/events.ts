@@ -1,0 +1,138 @@
+// Telemetry events: the one stream the graph emits (frame | span | drop | cancel | degrade | error |
+// note | output | stats), the RunSummary a stats event carries, and eventToJson() for JSON lines.
+//
+// The other telemetry files are consumers of this stream:
+//   histogram.ts   LatencyHistogram: log-linear (HDR-style) histogram of ns durations
+//   aggregator.ts  TelemetryAggregator: folds events into counters + histograms; snapshot() → RunSummary
+//   report.ts      formatSummary(), writeJsonSummary() (--json-summary) and the LiveTable
+//
+// The summary is a pure fold over the events, so a recorded event stream rebuilds it exactly.
+import type { LadderDecision } from '../budget.ts';
+import type { DropReason, StageEvent } from '../types.ts';
+
+export type CancelReason = Extract<StageEvent, { kind: 'cancel' }>['reason'];
+
+/** A frame entered the graph (counted in `frames.in`; it ends as exactly one output or drop). */
+export interface FrameEvent {
+  readonly type: 'frame';
+  readonly atNs: bigint;
+  readonly frameId: number;
+  readonly sourceId: string;
+  readonly captureNs: bigint;
+  readonly degradeLevel: number;
+}
+/** A stage ran for a frame (whatever the outcome). */
+export interface SpanEvent {
+  readonly type: 'span';
+  readonly atNs: bigint;
+  readonly frameId: number;
+  readonly stage: string;
+  readonly enterNs: bigint;
+  readonly exitNs: bigint;
+  readonly degradeLevel: number;
+}
+/** A frame was dropped. `stage` is the stage at whose entry/edge (or inside which) it was dropped,
+ * or 'source' for the source edge (frame skip, shutdown before admission). */
+export interface DropEvent {
+  readonly type: 'drop';
+  readonly atNs: bigint;
+  readonly frameId: number;
+  readonly stage: string;
+  readonly reason: DropReason;
+  readonly detail: string;
+}
+export interface CancelEvent {
+  readonly type: 'cancel';
+  readonly atNs: bigint;
+  readonly frameId: number;
+  readonly stage: string;
+  readonly reason: CancelReason;
+  readonly detail: string;
+}
+/** A ladder step (pipeline/budget.ts decides it), stamped with when and for which frame. */
+export interface DegradeEvent extends LadderDecision {
+  readonly type: 'degrade';
+  readonly atNs: bigint;
+  /** The frame whose admission triggered the decision (it runs at the new level). */
+  readonly frameId: number;
+}
+export interface ErrorEvent {
+  readonly type: 'error';
+  readonly atNs: bigint;
+  /** -1 when no frame is involved (source failure, close()). */
+  readonly frameId: number;
+  readonly stage: string;
+  readonly message: string;
+}
+export interface NoteEvent {
+  readonly type: 'note';
+  readonly atNs: bigint;
+  readonly frameId: number;
+  readonly stage: string;
+  readonly message: string;
+  readonly data?: Readonly<Record<string, number | string | boolean>>;
+}
+/** The last stage finished a frame. */
+export interface OutputEvent {
+  readonly type: 'output';
+  readonly atNs: bigint;
+  readonly frameId: number;
+  /** Last stage exit − capture. */
+  readonly latencyNs: bigint;
+  /** Finished after its deadline (a deadline miss that still came out). */
+  readonly late: boolean;
+}
+/** Periodic snapshot (every telemetry.intervalMs of clock time). */
+export interface StatsEvent {
+  readonly type: 'stats';
+  readonly atNs: bigint;
+  readonly summary: RunSummary;
+}
+export type TelemetryEvent =
+  FrameEvent | SpanEvent | DropEvent | CancelEvent | DegradeEvent | ErrorEvent | NoteEvent | OutputEvent | StatsEvent;
+
+/** One event as one line of JSON; bigints become decimal strings so nothing is rounded. */
+export function eventToJson(event: TelemetryEvent): string {
+  return JSON.stringify(event, (_key, value: unknown) => (typeof value === 'bigint' ? value.toString() : value));
+}
+
+export interface LatencyStats {
+  readonly count: number;
+  readonly minMs: number | null;
+  readonly meanMs: number | null;
+  readonly p50Ms: number | null;
+  readonly p95Ms: number | null;
+  readonly p99Ms: number | null;
+  readonly maxMs: number | null;
+}
+
+export type Counts<K extends string> = Partial<Record<K, number>>;
+
+/** Everything a run produced, in plain JSON-safe numbers (ms). */
+export interface RunSummary {
+  readonly clock: 'real' | 'virtual';
+  /** Clock time from the start of run() to the last event folded in. */
+  readonly durationMs: number;
+  /** How the run ended; null while it is still running (stats snapshots). */
+  readonly endReason: 'source_end' | 'stopped' | 'source_error' | null;
+  readonly stopReason: string | null;
+  readonly frames: {
+    readonly in: number;
+    readonly out: number;
+    readonly dropped: number;
+    /** in − out − dropped: frames still inside the graph (0 once a run has ended). */
+    readonly inFlight: number;
+    /** Outputs that came out after their deadline. */
+    readonly late: number;
+  };
+  /** Late outputs plus frames dropped as 'stale'. */
+  readonly deadlineMisses: number;
+  readonly drops: { readonly byReason: Counts<DropReason>; readonly byStage: Readonly<Record<string, Counts<DropReason>>> };
+  readonly cancels: Readonly<Record<string, Counts<CancelReason>>>;
+  readonly errors: Readonly<Record<string, number>>;
+  readonly degrade: { readonly down: number; readonly up: number; readonly level: number; readonly maxLevel: number };
+  /** Per stage: durations of its process() calls (span enter → exit), in stage order. */
+  readonly stages: Readonly<Record<string, LatencyStats>>;
+  /** Capture → last stage exit, over frames that came out. */
+  readonly endToEnd: LatencyStats;
+}

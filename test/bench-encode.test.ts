@@ -1,0 +1,60 @@
+// bench encode / bench frame: their JSON is well-formed and counts what they ran (their speed belongs
+// to the benchmarks).
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { benchEncode } from '../app/bench-encode.ts';
+import { benchFrame } from '../app/bench-frame.ts';
+
+test(
+  'bench encode on an mmproj: preprocessing on one libvips thread, clip load report, profile phases, a batch',
+  { timeout: 300_000 },
+  async () => {
+    const r = await benchEncode({
+      encoder: 'synth:gemma4-vision-tiny-mmproj',
+      ep: 'cpu',
+      imageTokens: 280,
+      iterations: 3,
+      threads: 1,
+      profile: 'phases',
+      batch: 2,
+    });
+    assert.equal(r.runtime, 'mtmd');
+    assert.equal(r.preprocess_threads, 1);
+    assert.ok(r.preprocess_cpu_ms_p50 > 0 && Number.isFinite(r.load_average));
+    assert.equal(r.tokens, 264);
+    const clip = r.clip!;
+    assert.deepEqual([clip.flash_attention, clip.graph_splits, clip.batchable], [true, 1, true]);
+    assert.ok(clip.compute_buffers_mib.CPU! > 0);
+    const p = clip.profile!;
+    assert.equal(p.mode, 'phases');
+    assert.ok(p.setup_ms_p50 > 0 && p.compute_ms_p50 > 0);
+    assert.ok(p.setup_ms_p50 + p.compute_ms_p50 <= r.encode_ms_p99 + 1, 'the phases of an encode exceed the encode');
+    assert.deepEqual([clip.batch!.images, clip.batch!.batched], [2, true]);
+    assert.ok(Math.abs(clip.batch!.per_image_ms_p50 * 2 - clip.batch!.encode_ms_p50) < 0.01);
+    await assert.rejects(
+      benchEncode({ encoder: 'synth:gemma4-vision-tiny', ep: 'cpu', imageTokens: 280, iterations: 1, profile: 'ops' }),
+      /--profile, --flash-attention and --batch are for the llama\.cpp clip encoder/,
+    );
+  },
+);
+
+test('bench frame reports the first frame apart from the rest, with and without the warm-up', { timeout: 600_000 }, async () => {
+  for (const warmup of [true, false]) {
+    const r = await benchFrame({
+      model: 'synth:gemma4-tiny',
+      encoder: 'projection',
+      imageTokens: 280,
+      frames: 3,
+      fps: 4,
+      gpuLayers: 0,
+      warmup,
+    });
+    assert.equal(r.warmup, warmup);
+    assert.ok(r.first_frame_ms !== null && r.first_frame_ms > 0);
+    assert.ok(r.first_over_median !== null && r.first_over_median > 0);
+    for (const stage of ['preprocess', 'encode', 'decode']) {
+      assert.ok(r.stages_first_ms[stage]! > 0, `${stage} first frame time`);
+      assert.ok(r.stages_first_over_median[stage]! > 0, `${stage} ratio`);
+    }
+  }
+});
