@@ -70,7 +70,10 @@ describe('context thread on gemma4-tiny', { skip: !existsSync(TASKS) && 'needs /
     await a.dispose();
     await b.dispose();
     const left = ctxThreads();
-    assert.deepEqual(started.filter((tid) => left.has(tid)), []);
+    assert.deepEqual(
+      started.filter((tid) => left.has(tid)),
+      [],
+    );
   });
 
   test('a deadline stops a long prefill inside llama_decode (deadline timer + abort callback)', async () => {
