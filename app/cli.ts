@@ -167,6 +167,29 @@ speculationOptions(
   });
 
 bench
+  .command('cameras')
+  .description(
+    'N cameras at F fps each through the real stages on one shared encoder and batched decoder: per-camera p50/p99, drops, actions/s, tok/s',
+  )
+  .option('--cameras <n>', 'cameras (test-pattern sources started together)', int('--cameras'), 4)
+  .option('--fps <n>', 'frames per second of each camera', positiveNumber('--fps'), 10)
+  .option('-m, --model <file>', 'decoder GGUF, or synth:PRESET', 'synth:gemma4-tiny')
+  .option('-e, --encoder <file>', 'vision encoder: .onnx, mmproj .gguf, or "projection"', 'projection')
+  .option('--gpu-layers <n>', 'decoder layers on the GPU (and clip on the GPU when not 0)', int('--gpu-layers'), 0)
+  .option('--seconds <s>', 'how long each camera sends frames', positiveNumber('--seconds'), 10)
+  .option('--image-tokens <n>', 'image tokens per frame (Gemma 4 budget)', int('--image-tokens'), 280)
+  .option('--budget-ms <ms>', "each frame's deadline after capture", positiveNumber('--budget-ms'), 1000)
+  .option('--kv-unified', 'one KV buffer for every camera (default: one stream per camera)')
+  .option('--prefill-chunk <n>', 'prompt positions read per decode step (default: the config default)', int('--prefill-chunk'))
+  .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
+  .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchCameras } = await import('./bench-cameras.ts');
+    printResult(await benchCameras(opts), opts.json);
+  });
+
+bench
   .command('ladder')
   .description(
     'the deployment table, rung by rung (F16 → Q8_0 → Q4_K_M → + speculative): size, speed, TTFT, KV, agreement with F16, roofline, bag p99, energy',
