@@ -5,10 +5,11 @@
 // The rule (a bounded wait):
 // - While the encoder runs, arriving frames wait; when it is free, the oldest waiting frame and
 //   every waiting frame of the same image size go in the next call (other sizes wait their turn).
-// - An idle encoder starts at once when every camera has a frame of that size waiting, or when the
-//   encoder cannot batch. Otherwise it holds the oldest frame for other cameras' frames at most
-//   `waitMs`, and never past the earliest moment at which a held frame's stage deadline, less the
-//   time the last call of that size took, would be missed.
+// - An idle encoder starts at once when every camera has a frame of that size waiting, when the
+//   encoder cannot batch, or when no call of that size has been timed yet. Otherwise it holds the
+//   oldest frame for other cameras' frames at most `waitMs`, and no held frame longer than half of
+//   the time its stage deadline leaves after two calls of that size (the last one's duration): the
+//   other half is margin for the timer and a slower call.
 // - A frame whose signal fires (deadline, shutdown) leaves at once: a waiting one is taken out; one
 //   inside a running batch call gets its reason at once and its result is discarded (a batch call
 //   cannot be interrupted). A call of one frame is the encoder's own process(), which honours it.
@@ -149,9 +150,15 @@ class BatchingEncoder {
     const group = this.#sameSize();
     const everyCamera = new Set(group.map((w) => w.camera)).size >= this.#cameras;
     if (everyCamera || this.#waitNs === 0n) return this.#run(group);
-    const callNs = this.#lastCallNs.get(first.key) ?? 0n;
+    // Nothing is held before a call of this size has been timed (the warm-up times one).
+    const callNs = this.#lastCallNs.get(first.key);
+    if (callNs === undefined) return this.#run(group);
     let untilNs = first.arrivedNs + this.#waitNs;
-    for (const w of group) if (w.ctx.stageDeadlineNs - callNs < untilNs) untilNs = w.ctx.stageDeadlineNs - callNs;
+    for (const w of group) {
+      const slackNs = w.ctx.stageDeadlineNs - 2n * callNs - w.arrivedNs;
+      const latestNs = w.arrivedNs + slackNs / 2n;
+      if (latestNs < untilNs) untilNs = latestNs;
+    }
     const nowNs = first.ctx.clock.nowNs();
     if (untilNs <= nowNs) return this.#run(group);
     this.#timer = setTimeout(
