@@ -410,9 +410,10 @@ const CAMERA_PATH_FIELDS: readonly (readonly string[])[] = [
   ['source', 'curve', 'serverKeyFile'],
 ];
 
-/** Objects merge key by key; anything else (arrays included) is replaced. */
+/** Objects merge key by key; anything else (arrays included) is replaced, and so is a tagged
+ * object (an edge policy: its kind decides which fields it may have). */
 function mergeSection(base: unknown, over: unknown): unknown {
-  if (!isRecord(base) || !isRecord(over)) return over === undefined ? structuredClone(base) : over;
+  if (!isRecord(base) || !isRecord(over) || 'policy' in over) return over === undefined ? structuredClone(base) : over;
   const out: Record<string, unknown> = structuredClone(base);
   for (const [key, value] of Object.entries(over)) out[key] = mergeSection(base[key], value);
   return out;

@@ -30,7 +30,7 @@ test('a camera takes the top-level budgets, edges and ladder with its own fields
         id: 'rear',
         source: { kind: 'pattern', fps: 2 },
         budgets: { endToEndMs: 1600 },
-        edges: { decode: { policy: 'latest' } },
+        edges: { default: { policy: 'latest' }, decode: { policy: 'queue', capacity: 3 } },
         ladder: { enabled: false, rungs: [] },
       },
     ],
@@ -42,7 +42,12 @@ test('a camera takes the top-level budgets, edges and ladder with its own fields
   assert.deepEqual(front!.ladder.rungs, [{ imageTokens: 140 }]);
   assert.equal(rear!.budgets.endToEndMs, 1600);
   assert.deepEqual(rear!.budgets.stages, { decode: 1500 }, 'the stage budgets come from the top level');
-  assert.deepEqual(rear!.edges, { default: { policy: 'queue', capacity: 2 }, decode: { policy: 'latest' } });
+  assert.deepEqual(
+    rear!.edges,
+    { default: { policy: 'latest' }, decode: { policy: 'queue', capacity: 3 } },
+    'a policy replaces the one above whole',
+  );
+  assert.deepEqual(front!.edges, { default: { policy: 'queue', capacity: 2 } });
   assert.equal(rear!.ladder.enabled, false);
   assert.deepEqual(rear!.ladder.rungs, [], 'an array replaces the top-level one');
   assert.equal(rear!.ladder.initial.imageTokens, 280);
