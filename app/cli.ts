@@ -190,6 +190,28 @@ bench
   });
 
 bench
+  .command('batch')
+  .description(
+    'the batched decoder alone: B sequences of P prompt and T new tokens at once (as llama-batched-bench), aggregate tok/s per B',
+  )
+  .option('-m, --model <file>', 'decoder GGUF, or synth:PRESET', 'synth:gemma4-tiny')
+  .option('--sequences <list>', 'sequence counts, comma-separated', '1,2,4')
+  .option('--prompt-tokens <n>', 'prompt tokens per sequence', int('--prompt-tokens'), 256)
+  .option('--gen-tokens <n>', 'new tokens per sequence', int('--gen-tokens'), 128)
+  .option('--gpu-layers <n>', 'layers on the GPU', int('--gpu-layers'), 0)
+  .option('--kv-unified', 'one KV buffer for every sequence (default: one stream per sequence)')
+  .option('--threads <n>', 'CPU threads', int('--threads'))
+  .option('--peer', 'also run llama-batched-bench from the same llama.cpp build and report the ratio')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchBatch } = await import('./bench-batch.ts');
+    const sequences = String(opts.sequences)
+      .split(',')
+      .map((x) => Number(x.trim()));
+    printResult(await benchBatch({ ...opts, sequences }), opts.json);
+  });
+
+bench
   .command('ladder')
   .description(
     'the deployment table, rung by rung (F16 → Q8_0 → Q4_K_M → + speculative): size, speed, TTFT, KV, agreement with F16, roofline, bag p99, energy',
