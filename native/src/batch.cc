@@ -198,8 +198,8 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
 void BatchScheduler::step() {
     dropStopped();
     removeFinished();
-    for (auto & j : waiting_) j->counts.waitSteps++;
     if (active_.empty()) return;
+    for (auto & j : waiting_) j->counts.waitSteps++;
     steps_.fetch_add(1, std::memory_order_relaxed);
     rotation_++;
     const size_t n = active_.size();

@@ -250,9 +250,6 @@ private:
 // ------------------------------------------------------------------------------------------------
 // Speculator
 
-// Sequences of one context at most (one per camera).
-constexpr int64_t kMaxSequences = 256;
-
 // Speculator types that common/speculative can run for one sequence here.
 const std::vector<std::string> kSpecTypes = {"draft-simple", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod"};
 
@@ -307,6 +304,9 @@ namespace {
 
 // ------------------------------------------------------------------------------------------------
 // Argument parsing (on the JS thread: cheap shape and range checks; TS validated already)
+
+// Sequences of one context at most (one per camera).
+constexpr int64_t kMaxSequences = 256;
 
 ContextOptions parseContextOptions(const Napi::Object & o) {
     const char * w = "Context.create options";
