@@ -123,7 +123,7 @@ export function checkEncoderFitsDecoder(
 }
 
 /** The frame the warm-up pushes through the stages: the pattern source's own size, else 720p. */
-async function warmupFrame(source: SourceConfig): Promise<CameraFrame> {
+export async function warmupFrame(source: SourceConfig): Promise<CameraFrame> {
   const { encodePatternFrame } = await import('../nodes/source-pattern.ts');
   const [width, height] = source.kind === 'pattern' ? [source.width, source.height] : [1280, 720];
   return { encoding: 'jpeg', data: await encodePatternFrame(0, width, height), width, height };
@@ -218,7 +218,7 @@ export async function createStages(
   }
 }
 
-async function createEncoder(
+export async function createEncoder(
   config: PerceptConfig,
   nEmbd: number,
   decoderContract: EncoderContract,
@@ -257,7 +257,7 @@ async function createEncoder(
 }
 
 /** `actions 12 (dropped 0), events 3 (dropped 0), …`: what each topic sent and what its queue dropped. */
-function describePublished(stats: ReturnType<Publisher['stats']>): string {
+export function describePublished(stats: ReturnType<Publisher['stats']>): string {
   return Object.entries(stats)
     .map(([topic, s]) => `${topic} ${s.sent}${s.dropped ? ` (dropped ${s.dropped}: a subscriber read too slowly)` : ''}`)
     .join(', ');
@@ -280,6 +280,7 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
   if (opts.clock) overrides.clock = opts.clock;
   // Re-validate with the overrides applied, so they obey the same schema as the file.
   const config = Object.keys(overrides).length ? loadConfig({ ...base, ...overrides }) : base;
+  if (config.cameras) return (await import('./cameras.ts')).runCameras(config, opts);
   const clock: Clock = config.clock === 'virtual' ? new VirtualClock() : new RealClock();
   const actionSchema = loadActionSchema(config.actions.schema);
 
