@@ -132,7 +132,7 @@ export function checkEncoderFitsDecoder(
 }
 
 /** The frame the warm-up pushes through the stages: the pattern source's own size, else 720p. */
-async function warmupFrame(source: SourceConfig): Promise<CameraFrame> {
+export async function warmupFrame(source: SourceConfig): Promise<CameraFrame> {
   const { encodePatternFrame } = await import('../nodes/source-pattern.ts');
   const [width, height] = source.kind === 'pattern' ? [source.width, source.height] : [1280, 720];
   return { encoding: 'jpeg', data: await encodePatternFrame(0, width, height), width, height };
@@ -227,7 +227,7 @@ export async function createStages(
   }
 }
 
-async function createEncoder(
+export async function createEncoder(
   config: PerceptConfig,
   nEmbd: number,
   decoderContract: EncoderContract,
@@ -266,7 +266,7 @@ async function createEncoder(
 }
 
 /** `actions 12 (dropped 0), events 3 (dropped 0), …`: what each topic sent and what its queue dropped. */
-function describePublished(stats: ReturnType<Publisher['stats']>): string {
+export function describePublished(stats: ReturnType<Publisher['stats']>): string {
   return Object.entries(stats)
     .map(([topic, s]) => `${topic} ${s.sent}${s.dropped ? ` (dropped ${s.dropped}: a subscriber read too slowly)` : ''}`)
     .join(', ');
@@ -390,6 +390,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
 /** Runs the pipeline; resolves with the process exit code (1 when the run failed, saying why). */
 export async function runPipeline(opts: RunOptions): Promise<number> {
   const config = runConfig(opts);
+  if (config.cameras) return (await import('./cameras.ts')).runCameras(config, opts);
   const { summary, failure } = await executeRun(config, { duration: opts.duration });
   process.stdout.write(`${formatSummary(summary)}\n`);
   if (opts.jsonSummary) writeJsonSummary(opts.jsonSummary, summary);
