@@ -64,14 +64,14 @@ function percept(args: string[], configObject: Record<string, unknown>, name: st
   return { child, exited, output: () => output };
 }
 
-/** Everything a subscriber receives on every topic, as hex lines. */
-function subscribeAll(endpoint: string): { messages: string[]; close: () => Promise<void> } {
+/** Everything a subscriber receives on every topic, as [topic, header, body] byte strings. */
+function subscribeAll(endpoint: string): { messages: Buffer[][]; close: () => Promise<void> } {
   const sub = new Subscriber({ linger: 0 });
   sub.connect(endpoint);
   sub.subscribe();
-  const messages: string[] = [];
+  const messages: Buffer[][] = [];
   const loop = (async () => {
-    for await (const frames of sub) messages.push(frames.map((f) => f.toString('hex')).join(' '));
+    for await (const frames of sub) messages.push(frames);
   })().catch(() => undefined);
   return {
     messages,
@@ -90,6 +90,19 @@ after(() => rmSync(join(dir, 'big'), { recursive: true, force: true }));
 
 describe('percept run: replay and record', { timeout: 600_000 }, () => {
   test('two lockstep replays of a bag publish the same stream and write the same MCAP, byte for byte', async () => {
+    // The stream, byte for byte but for the two header fields that are per run by design: run_id
+    // (each run is a new one, with one id) and publish_wall_ms (the host's wall clock at the send).
+    const perRun = (messages: Buffer[][]): { runIds: Set<string>; stream: string } => {
+      const runIds = new Set<string>();
+      const lines = messages.map(([topic, header, body]) => {
+        const text = header!.toString();
+        runIds.add((JSON.parse(text) as { run_id: string }).run_id);
+        const rest = text.replace(/"run_id":"[^"]*",/, '').replace(/,"publish_wall_ms":\d+/, '');
+        assert.doesNotMatch(rest, /run_id|publish_wall_ms/);
+        return [topic!.toString('hex'), Buffer.from(rest).toString('hex'), body!.toString('hex')].join(' ');
+      });
+      return { runIds, stream: lines.join('\n') };
+    };
     const bag = join(dir, 'six.mcap');
     await makeSampleBag(bag, { frames: 6 });
     // The same config for both (the endpoint is part of the config the recording holds).
@@ -115,7 +128,11 @@ describe('percept run: replay and record', { timeout: 600_000 }, () => {
     const b = await runOnce('lockstep-b');
     const hash = (data: string | Buffer) => createHash('sha256').update(data).digest('hex');
     assert.ok(a.published.length >= 6, `published ${a.published.length} messages:\n${a.output}`);
-    assert.equal(hash(a.published.join('\n')), hash(b.published.join('\n')), 'the published stream');
+    const [streamA, streamB] = [perRun(a.published), perRun(b.published)];
+    assert.equal(streamA.runIds.size, 1);
+    assert.equal(streamB.runIds.size, 1);
+    assert.notDeepEqual(streamA.runIds, streamB.runIds, 'two runs, two run ids');
+    assert.equal(hash(streamA.stream), hash(streamB.stream), 'the published stream');
     assert.equal(hash(a.mcap), hash(b.mcap), 'the recorded MCAP');
     // The recording holds the frames, the actions and the run's metadata, on the bag's time line.
     const summary = await readSummary(join(dir, 'lockstep-a.mcap'));
@@ -135,7 +152,7 @@ describe('percept run: replay and record', { timeout: 600_000 }, () => {
     const endpoint = `tcp://127.0.0.1:${await freePort()}`;
     const out = join(dir, 'killed.mcap');
     const fps = 10;
-    // Stats come on the telemetry topic every 200 ms: they say how many frames the run has taken in.
+    // Stats come on the telemetry topic ([topic, header, body]) every 200 ms: they say how many frames the run has taken in.
     const sub = new Subscriber({ linger: 0 });
     sub.connect(endpoint);
     sub.subscribe('telemetry');
@@ -149,7 +166,7 @@ describe('percept run: replay and record', { timeout: 600_000 }, () => {
     // A run that ends by itself (it should not) ends the wait too.
     void run.exited.then(() => killed || sub.close());
     try {
-      for await (const [, body] of sub) {
+      for await (const [, , body] of sub) {
         framesIn = (JSON.parse(body!.toString()) as { summary: { frames: { in: number } } }).summary.frames.in;
         if (framesIn >= 25) break;
       }
