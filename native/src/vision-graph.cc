@@ -390,10 +390,17 @@ VisionGraph::Graph & VisionGraph::laidOut(const Shape & s, VisionGraphTimes & ti
     Graph & g = *it->second;
     if (laidOut_ != &g) {
         // One compute buffer serves every shape (one encode at a time): a shape lays it out again
-        // when another one used it last; the buffer grows only for a larger shape.
+        // when another one used it last; the buffer grows only for a larger shape. gallocr places
+        // only tensors without data, and would reuse the last graph's placement for any graph
+        // with as many nodes: forget this graph's old places and plan it anew.
         t0 = monotonicNs();
         laidOut_ = nullptr;
-        if (!ggml_gallocr_alloc_graph(galloc_.get(), g.gf)) throw std::runtime_error("cannot allocate the compute buffer");
+        for (ggml_tensor * x = ggml_get_first_tensor(g.ctx.get()); x != nullptr; x = ggml_get_next_tensor(g.ctx.get(), x)) {
+            x->data = nullptr;
+            x->buffer = nullptr;
+        }
+        if (!ggml_gallocr_reserve(galloc_.get(), g.gf) || !ggml_gallocr_alloc_graph(galloc_.get(), g.gf))
+            throw std::runtime_error("cannot allocate the compute buffer");
         laidOut_ = &g;
         times.alloc = msSince(t0);
     }
