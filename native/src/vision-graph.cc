@@ -212,22 +212,23 @@ VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : 
 
     // Whether the backend runs every op, checked on the smallest image of each layout: flash
     // attention where it can (or as asked), anything else missing means clip keeps the tower.
+    const bool gemma3 = tower_.projector == ClipProjector::Gemma3;
     const int32_t p = tower_.patchSize;
-    const int32_t side =
-        tower_.projector == ClipProjector::Gemma3 ? int32_t(std::lround(std::sqrt(double(tower_.posEmbd->ne[1])))) * p : tower_.merge * p;
-    const Shape probes[] = {{PixelLayout::Chw, side, side, 1}, {PixelLayout::Patches, side, side, 1}};
+    const int32_t side = gemma3 ? int32_t(std::lround(std::sqrt(double(tower_.posEmbd->ne[1])))) * p : tower_.merge * p;
+    const Shape preprocessed{gemma3 ? PixelLayout::Chw : PixelLayout::Patches, side, side, 1};
+    const Shape other{gemma3 ? PixelLayout::Patches : PixelLayout::Chw, side, side, 1};
     flashAttention_ = options.flashAttention != 0;
+    std::unique_ptr<Graph> probe = build(preprocessed, flashAttention_);
     if (options.flashAttention < 0) {
-        for (const Shape & s : probes) {
-            std::unique_ptr<Graph> g = build(s, true);
-            for (int i = 0; i < ggml_graph_n_nodes(g->gf) && flashAttention_; i++) {
-                ggml_tensor * node = ggml_graph_node(g->gf, i);
-                if (node->op == GGML_OP_FLASH_ATTN_EXT && !ggml_backend_supports_op(backend_.get(), node)) flashAttention_ = false;
-            }
+        for (int i = 0; i < ggml_graph_n_nodes(probe->gf) && flashAttention_; i++) {
+            ggml_tensor * node = ggml_graph_node(probe->gf, i);
+            if (node->op == GGML_OP_FLASH_ATTN_EXT && !ggml_backend_supports_op(backend_.get(), node)) flashAttention_ = false;
         }
+        if (!flashAttention_) probe = build(preprocessed, false);
     }
-    for (const Shape & s : probes) checkSupported(*build(s, flashAttention_));
-    graphNodes_ = ggml_graph_n_nodes(build(probes[tower_.projector == ClipProjector::Gemma3 ? 0 : 1], flashAttention_)->gf);
+    checkSupported(*probe);
+    checkSupported(*build(other, flashAttention_));
+    graphNodes_ = ggml_graph_n_nodes(probe->gf);
     galloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
 }
 

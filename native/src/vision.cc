@@ -270,8 +270,17 @@ protected:
                     }
                 }
             }
-            report_ = parseLoadReport(clipLog.text);
-            report_.graphFallback = fallback;
+            if (graph_) {
+                // What percept's graph resolved: one backend runs it all (one split).
+                report_.flashAttention = graph_->flashAttention() ? 1 : 0;
+                report_.graphSplits = 1;
+                report_.graphNodes = graph_->graphNodes();
+                if (graph_->computeBytes() > 0)
+                    report_.computeBuffersMiB.emplace_back(graph_->bufferName(), double(graph_->computeBytes()) / (1024.0 * 1024.0));
+            } else {
+                report_ = parseLoadReport(clipLog.text);
+                report_.graphFallback = fallback;
+            }
             if (ctx_ == nullptr) {
                 std::string why = capture.text();
                 SetError("failed to load mmproj " + opts_.path + (why.empty() ? std::string() : ": " + why));
@@ -595,22 +604,14 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
     o.Set("devices", devices);
     o.Set("graph", graph_ ? "percept" : "clip");
     o.Set("graphFallback", report_.graphFallback.empty() ? env.Null() : Napi::String::New(env, report_.graphFallback));
-    // percept's graph: one backend runs it all (one split); its compute buffer as laid out now.
-    std::vector<std::pair<std::string, double>> computeBytes;
-    if (graph_) {
-        if (graph_->computeBytes() > 0) computeBytes.emplace_back(graph_->bufferName(), double(graph_->computeBytes()));
-    } else {
-        for (const auto & [name, mib] : report_.computeBuffersMiB) computeBytes.emplace_back(name, mib * 1024.0 * 1024.0);
-    }
-    const int32_t flash = graph_ ? int32_t(graph_->flashAttention()) : report_.flashAttention;
-    o.Set("flashAttention", flash < 0 ? env.Null() : Napi::Boolean::New(env, flash == 1));
-    o.Set("graphSplits", graph_ ? 1 : report_.graphSplits);
-    o.Set("graphNodes", graph_ ? graph_->graphNodes() : report_.graphNodes);
-    Napi::Array buffers = Napi::Array::New(env, computeBytes.size());
-    for (size_t b = 0; b < computeBytes.size(); b++) {
+    o.Set("flashAttention", report_.flashAttention < 0 ? env.Null() : Napi::Boolean::New(env, report_.flashAttention == 1));
+    o.Set("graphSplits", report_.graphSplits);
+    o.Set("graphNodes", report_.graphNodes);
+    Napi::Array buffers = Napi::Array::New(env, report_.computeBuffersMiB.size());
+    for (size_t b = 0; b < report_.computeBuffersMiB.size(); b++) {
         Napi::Object d = Napi::Object::New(env);
-        d.Set("name", computeBytes[b].first);
-        d.Set("bytes", computeBytes[b].second);
+        d.Set("name", report_.computeBuffersMiB[b].first);
+        d.Set("bytes", report_.computeBuffersMiB[b].second * 1024.0 * 1024.0);
         buffers.Set(uint32_t(b), d);
     }
     o.Set("computeBuffers", buffers);

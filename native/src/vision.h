@@ -39,9 +39,11 @@ struct VisionMeta {
     int32_t threads = 1;
 };
 
-// What clip reported while it loaded and reserved its compute graph (parsed from its log, the only
-// place it says): whether flash attention ended up on, how the graph split across backends, the
-// compute buffers, and the ops the GPU backend cannot run (they fall back to the CPU).
+// What the load resolved. percept's graph: flash attention, one split, its nodes for one image, the
+// compute buffer laid out at load. clip: what it reported while it loaded and reserved its compute
+// graph (parsed from its log, the only place it says): whether flash attention ended up on, how the
+// graph split across backends, the compute buffers, and the ops the GPU backend cannot run (they
+// fall back to the CPU).
 struct VisionLoadReport {
     // Why clip's encode runs although percept's graph was asked for (empty: it was not, or it runs).
     std::string graphFallback;
