@@ -371,7 +371,7 @@ describe("percept's persistent graph over clip's weights", () => {
   }
 
   for (const flashAttention of ['on', 'off'] as const) {
-    test(`the same embeddings as clip's own graph on the same weights (per-token cosine ≥ 0.9999), flash attention ${flashAttention}`, async () => {
+    test(`the same embeddings as clip's own graph on the same weights, bit for bit, flash attention ${flashAttention}`, async () => {
       const cases = [
         {
           file: gemma4Gguf,
@@ -402,6 +402,10 @@ describe("percept's persistent graph over clip's weights", () => {
               assert.deepEqual([got.path, want.path, got.nTokens, got.nEmbd], ['percept', 'clip', want.nTokens, want.nEmbd]);
               const worst = Math.min(...cosinePerToken(got, want));
               assert.ok(worst >= 0.9999, `${ours.info.projector} ${width}×${height} ${layout}: worst per-token cosine ${worst}`);
+              // The same ops with the same roundings in the same order: the same bits. A random tower
+              // amplifies the smallest difference (an input moved by f16 rounding moves the E4B-shaped
+              // tower's output to a cosine of 0.988), so only this makes the check hold at real shapes.
+              assert.deepEqual(got.data, want.data, `${ours.info.projector} ${width}×${height} ${layout}: not bit for bit clip's`);
             }
           }
         } finally {

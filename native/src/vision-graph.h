@@ -29,8 +29,9 @@ struct VisionGraphOptions {
     int32_t flashAttention = -1;  // -1 where the backend runs it, 0 off, 1 on (refused if it cannot)
 };
 
-// Where one encode's time went (ms). `prime`: the extra runs of a shape's first encode on a GPU
-// (ggml-cuda captures a CUDA graph on the second identical run and replays it from the third).
+// Where one encode's time went (ms). `prime`: the two extra runs of a shape's first encode on a GPU
+// (and of its first after the compute buffer grew): ggml-cuda runs a new graph directly, captures it
+// as a CUDA graph on the second identical run and replays it from the third.
 struct VisionGraphTimes {
     double build = 0, alloc = 0, upload = 0, prime = 0, compute = 0, read = 0;
 };
@@ -86,11 +87,9 @@ private:
     bool flashAttention_ = false;
     int32_t graphNodes_ = 0;
     ggml_gallocr_ptr galloc_;
-    // Weights in the layout percept's graph wants, made once from clip's: the patch kernel as a
-    // [3·p², n_embd] matrix over HWC patches, and gemma3's input projection transposed.
+    // gemma3's input projection transposed, made once from clip's.
     ggml_context_ptr derivedCtx_;
     ggml_backend_buffer_ptr derivedBuf_;
-    ggml_tensor * patchHwc_ = nullptr;
     ggml_tensor * projT_ = nullptr;
     std::map<Shape, std::unique_ptr<Graph>> graphs_;
     Graph * laidOut_ = nullptr;  // the graph the compute buffer holds now
