@@ -23,7 +23,6 @@ size_t graphSize(size_t layers) { return 256 + 96 * layers; }
 struct Builder {
     const ClipVisionTower & t;
     ggml_context * ctx;
-    ggml_cgraph * gf;
     bool flashAttention;
     bool rms;  // gemma4v normalizes with RMSNorm, SigLIP with LayerNorm
 
@@ -208,7 +207,10 @@ VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : 
     if (!backend_) throw std::runtime_error(std::string("cannot start a ") + ggml_backend_dev_name(device) + " backend");
     gpu_ = ggml_backend_dev_type(device) != GGML_BACKEND_DEVICE_TYPE_CPU;
     if (ggml_backend_is_cpu(backend_.get())) ggml_backend_cpu_set_n_threads(backend_.get(), options.threads);
-    deriveWeights();
+    ggml_tensor * k = tower_.patchW;  // [p, p, 3, n_embd]: kx, ky, channel, out
+    if (k->ne[0] != tower_.patchSize || k->ne[1] != tower_.patchSize || k->ne[2] != 3 || k->ne[3] != tower_.nEmbd || !ggml_is_contiguous(k))
+        throw std::runtime_error("the patch kernel is not [patch, patch, 3, n_embd]");
+    if (tower_.projector == ClipProjector::Gemma3) transposeProjection();
 
     // Whether the backend runs every op, checked on the smallest image of each layout: flash
     // attention where it can (or as asked), anything else missing means clip keeps the tower.
@@ -234,14 +236,8 @@ VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : 
 
 VisionGraph::~VisionGraph() = default;
 
-void VisionGraph::deriveWeights() {
-    ggml_tensor * k = tower_.patchW;  // [p, p, 3, n_embd]: kx, ky, channel, out
-    const int64_t p = tower_.patchSize;
-    if (k->ne[0] != p || k->ne[1] != p || k->ne[2] != 3 || k->ne[3] != tower_.nEmbd || !ggml_is_contiguous(k))
-        throw std::runtime_error("the patch kernel is not [patch, patch, 3, n_embd]");
-    if (tower_.projector != ClipProjector::Gemma3) return;
-
-    // siglip.cpp multiplies by ggml_cont(ggml_transpose(mm_input_proj_w)) on every call: once here.
+// siglip.cpp multiplies by ggml_cont(ggml_transpose(mm_input_proj_w)) on every call: once here.
+void VisionGraph::transposeProjection() {
     ggml_tensor * proj = tower_.projW;
     const ggml_type type = proj->type;
     if ((type != GGML_TYPE_F32 && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16) || !ggml_is_contiguous(proj) ||
@@ -296,7 +292,7 @@ std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, bool fla
     g->ctx.reset(ggml_init(params));
     ggml_context * ctx = g->ctx.get();
     g->gf = ggml_new_graph_custom(ctx, size, false);
-    Builder b{t, ctx, g->gf, flashAttention, gemma4v};
+    Builder b{t, ctx, flashAttention, gemma4v};
 
     // Patch embedding, as ggml_conv_2d computes clip's: im2col rows (kx fastest, then ky, then the
     // channel) in f16, times the kernel. Planar pixels go through im2col; HWC patches are the same

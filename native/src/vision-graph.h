@@ -79,7 +79,7 @@ private:
     std::unique_ptr<Graph> build(const Shape & shape, bool flashAttention) const;
     Graph & laidOut(const Shape & shape, VisionGraphTimes & times);
     void checkSupported(const Graph & g) const;
-    void deriveWeights();
+    void transposeProjection();
 
     ClipVisionTower tower_;
     ggml_backend_ptr backend_;
