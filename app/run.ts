@@ -139,6 +139,8 @@ export interface PipelineStages {
 
 /** Role → model id for the action headers: the config's spec (synth:…) or the file's name. */
 export function modelIds(config: PerceptConfig): Record<string, string> {
+  // A remote server's model (vision tower included) is named by its id there.
+  if (config.decoder.kind === 'openai') return { decoder: `${config.decoder.model}@${config.decoder.endpoint}` };
   const id = (spec: string): string => (spec.startsWith('synth:') ? spec : basename(spec));
   const ids: Record<string, string> = { decoder: id(config.decoder.model) };
   const { encoder } = config;
@@ -171,6 +173,10 @@ export async function createStages(
       const { createPublisher } = await import('../nodes/publisher.ts');
       publisher = await createPublisher({ ...config.publisher, clock: config.clock, models: modelIds(config) });
       log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
+    }
+    if (config.decoder.kind === 'openai') {
+      const validated = await createRemoteStages(config, actionSchema, warmup, track);
+      return publisher ? { chain: append(validated, publisher.stage), publisher } : { chain: validated };
     }
     const { createDecoderStage } = await import('../nodes/decoder.ts');
     const resolveDraft = async (spec: string | null) => (spec ? resolveModel(spec, 'decoder') : null);
@@ -216,6 +222,37 @@ export async function createStages(
     await publisher?.close();
     throw err;
   }
+}
+
+/** decoder.kind "openai": the server takes the camera frame, so the chain is [decode, actions]. The
+ * load-time probe has run the server's vision and decoder once; the warm-up sends one frame of the
+ * source's size, so the server's first image graph of that size is not paid by a real frame. */
+async function createRemoteStages(
+  config: PerceptConfig,
+  actionSchema: ActionSchema,
+  warmup: boolean,
+  track: <S extends Stage<never, unknown>>(stage: S) => S,
+): Promise<StageChain<CameraFrame, ActionMessage>> {
+  const { apiKeyFromEnv, createOpenAIDecoderStage } = await import('../nodes/decoder-openai.ts');
+  const { createActionsStage } = await import('../nodes/actions.ts');
+  const { endpoint, apiKey, ...decoderConfig } = config.decoder;
+  const key = apiKeyFromEnv(apiKey);
+  const decoder = track(
+    await createOpenAIDecoderStage({ ...decoderConfig, endpoint: endpoint!, ...(key ? { apiKey: key } : {}), actionSchema }),
+  );
+  const { server } = decoder;
+  log(
+    `decoder: ${server.name} at ${server.baseUrl}, model ${server.model}, ${config.decoder.concurrency} in flight (probe ${server.probeMs.toFixed(0)} ms)`,
+  );
+  const actions = track(createActionsStage({ schema: actionSchema }));
+  if (warmup) {
+    const { standaloneContext } = await import('../pipeline/standalone.ts');
+    const ladder = new DegradeLadder(config.ladder, config.budgets.endToEndMs);
+    const t0 = performance.now();
+    await decoder.process(await warmupFrame(config.source), standaloneContext({ frame: { sourceId: 'warmup' }, knobs: ladder.knobsAt(0) }));
+    log(`warm-up (remote): decode ${(performance.now() - t0).toFixed(0)} ms`);
+  }
+  return chain(decoder, actions);
 }
 
 async function createEncoder(
