@@ -92,6 +92,8 @@ export interface NativeGenerateOptions {
   jumpForward: boolean;
   recordSampleTimes: boolean;
   speculative: boolean;
+  /** A cancel() may come while llama.cpp computes: install its abort callback (else checked between tokens). */
+  cancellable: boolean;
   nDraft?: number;
   /** Absolute, on the process.hrtime.bigint() clock. */
   deadlineNs?: bigint;
@@ -208,10 +210,22 @@ const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 /** Where tools/build-native.mjs puts the addon; PERCEPT_NATIVE overrides (a prebuilt elsewhere). */
 export const ADDON_PATH = process.env.PERCEPT_NATIVE ?? join(ROOT, 'build', 'native', 'Release', 'percept.node');
 
+/**
+ * Spins at each OpenMP barrier before a thread sleeps (llama.cpp's CPU backend ends every graph node
+ * in one). libgomp's default, 300,000, collapses 2-thread decoding as soon as another process shares
+ * the cores (gemma4-tiny on 2 shared cores, median tok/s: 42 with the default, 164 with 100, 96 with
+ * 1,000): a spinning thread holds the core its partner needs. Set before the addon loads libgomp;
+ * GOMP_SPINCOUNT or OMP_WAIT_POLICY in the environment win. Children (llama-bench) inherit it.
+ */
+export const OPENMP_SPIN_COUNT = 100;
+
 /** Loads the addon (Node's module cache makes repeated calls free) with a clear error when missing. */
 export function loadAddon(): NativeAddon {
   if (!existsSync(ADDON_PATH)) {
     throw new Error(`percept native addon not found at ${ADDON_PATH}: run \`node tools/build-native.mjs\``);
+  }
+  if (process.env.GOMP_SPINCOUNT === undefined && process.env.OMP_WAIT_POLICY === undefined) {
+    process.env.GOMP_SPINCOUNT = String(OPENMP_SPIN_COUNT);
   }
   const require = createRequire(import.meta.url);
   const addon = require(ADDON_PATH) as NativeAddon;

@@ -533,6 +533,7 @@ export class LlamaContext {
           jumpForward: options.jumpForward ?? false,
           recordSampleTimes: options.recordSampleTimes ?? false,
           speculative: options.speculative ?? true,
+          cancellable: signal !== undefined,
           ...(nDraft !== undefined ? { nDraft } : {}),
           ...(options.deadlineNs !== undefined ? { deadlineNs: options.deadlineNs } : {}),
           ...(options.grammar ? { grammar: options.grammar.native } : {}),

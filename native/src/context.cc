@@ -38,56 +38,67 @@ llama_context_params contextParams(const ContextOptions & o) {
 // ------------------------------------------------------------------------------------------------
 // Context creation
 
+// What Context.create makes off the JS thread: the context's own thread, and the llama_context and
+// CPU threadpool created on it. The Context takes the parts over; what is left is freed.
 struct CreatedContext {
+    std::unique_ptr<SerialThread> thread;
     llama_context * ctx = nullptr;
     ggml_threadpool * threadpool = nullptr;
     ContextOptions options;
+    ~CreatedContext() {
+        if (ctx != nullptr) llama_free(ctx);
+        if (threadpool != nullptr) ggml_threadpool_free(threadpool);
+    }
 };
 
 class CreateWorker : public PromiseWorker {
 public:
     CreateWorker(Napi::Env env, Napi::Object modelObj, Model * model, ContextOptions opts)
-        : PromiseWorker(env, "percept:Context.create", "ECONTEXT"), modelRef_(Napi::Persistent(modelObj)), model_(model) {
-        made_.options = std::move(opts);
+        : PromiseWorker(env, "percept:Context.create", "ECONTEXT"), modelRef_(Napi::Persistent(modelObj)), model_(model),
+          made_(std::make_unique<CreatedContext>()) {
+        made_->options = std::move(opts);
         model_->retain();  // the model cannot be disposed while we create on it
     }
     ~CreateWorker() override {
-        if (made_.ctx != nullptr) llama_free(made_.ctx);
-        if (made_.threadpool != nullptr) ggml_threadpool_free(made_.threadpool);
+        made_.reset();
         model_->release();
     }
 
 protected:
     void Execute() override {
         try {
-            LogCapture capture;
-            made_.ctx = llama_init_from_model(model_->raw(), contextParams(made_.options));
-            if (made_.ctx == nullptr) {
-                std::string why = capture.text();
-                SetError("failed to create context" + (why.empty() ? std::string() : ": " + why));
-                return;
-            }
-            // Without a persistent threadpool ggml spawns and joins its workers on every graph.
-            ggml_threadpool_params tpp = ggml_threadpool_params_default(made_.options.threads);
-            made_.threadpool = ggml_threadpool_new(&tpp);
-            if (made_.threadpool != nullptr) llama_attach_threadpool(made_.ctx, made_.threadpool, nullptr);
+            made_->thread = std::make_unique<SerialThread>();
+            made_->thread->run([this]() { create(*made_); });
         } catch (const std::exception & e) {
             SetError(std::string("failed to create context: ") + e.what());
         }
     }
     void OnOK() override {
         Napi::Env env = Env();
-        auto * made = new CreatedContext(made_);
-        made_ = CreatedContext{};  // owned by the Context now
         Napi::Object obj = addonData(env).contextCtor.New(
-            {modelRef_.Value(), Napi::External<CreatedContext>::New(env, made, [](Napi::Env, CreatedContext * p) { delete p; })});
+            {modelRef_.Value(),
+             Napi::External<CreatedContext>::New(env, made_.release(), [](Napi::Env, CreatedContext * p) { delete p; })});
         deferred_.Resolve(obj);
     }
 
 private:
+    // On the context's thread, so the CPU threadpool's workers are its children.
+    void create(CreatedContext & made) {
+        LogCapture capture;
+        made.ctx = llama_init_from_model(model_->raw(), contextParams(made.options));
+        if (made.ctx == nullptr) {
+            std::string why = capture.text();
+            throw std::runtime_error(why.empty() ? "llama_init_from_model failed" : why);
+        }
+        // Without a persistent threadpool ggml spawns and joins its workers on every graph.
+        ggml_threadpool_params tpp = ggml_threadpool_params_default(made.options.threads);
+        made.threadpool = ggml_threadpool_new(&tpp);
+        if (made.threadpool != nullptr) llama_attach_threadpool(made.ctx, made.threadpool, nullptr);
+    }
+
     Napi::ObjectReference modelRef_;
     Model * model_;
-    CreatedContext made_;
+    std::unique_ptr<CreatedContext> made_;
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -137,6 +148,30 @@ Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSamp
     return o;
 }
 
+}  // namespace
+
+// For the duration of one operation on the context's thread: arms the deadline timer, and installs
+// llama.cpp's abort callback only when a deadline or a cancel can come (without one, graph nodes
+// run with no callback at all).
+class StopScope {
+public:
+    explicit StopScope(Context & c) : c_(c) {
+        if (c_.deadlineNs_ > 0) c_.deadlineTimer_->arm(c_.deadlineNs_);
+        if (c_.deadlineNs_ > 0 || c_.cancellable_) llama_set_abort_callback(c_.ctx_, &Context::abortCallback, &c_);
+    }
+    ~StopScope() {
+        llama_set_abort_callback(c_.ctx_, nullptr, nullptr);
+        c_.deadlineTimer_->disarm();
+    }
+    StopScope(const StopScope &) = delete;
+    StopScope & operator=(const StopScope &) = delete;
+
+private:
+    Context & c_;
+};
+
+namespace {
+
 class GenerateWorker : public PromiseWorker {
 public:
     GenerateWorker(Napi::Env env, Napi::Object self, Context * ctx, std::vector<Segment> segments, GenerateOptions opts,
@@ -153,7 +188,10 @@ public:
 protected:
     void Execute() override {
         try {
-            res_ = generation_.run();
+            ctx_->runOnThread([this]() {
+                StopScope armed(*ctx_);
+                res_ = generation_.run();
+            });
         } catch (const CodedFailure & e) {
             SetCodedError(e.code, e.what());
         } catch (const std::exception & e) {
@@ -210,7 +248,7 @@ protected:
             dp.n_ctx = llama_n_ctx(ctx_->raw());
             dp.type_k = GGML_TYPE_F16;  // the draft's own KV (draft-simple) stays f16
             dp.type_v = GGML_TYPE_F16;
-            state_ = std::make_unique<SpecState>(ctx_->raw(), draft_, dp, ctx_->threadpool_, opts_);
+            ctx_->runOnThread([&]() { state_ = std::make_unique<SpecState>(ctx_->raw(), draft_, dp, ctx_->threadpool_, opts_); });
         } catch (const std::exception & e) {
             SetError(std::string("failed to create speculator: ") + e.what());
         }
@@ -325,6 +363,7 @@ GenerateOptions parseGenerateOptions(const Napi::Object & o, const ModelInfo & m
     g.jumpForward = requireBool(o, "jumpForward", w);
     g.recordSampleTimes = requireBool(o, "recordSampleTimes", w);
     g.speculative = requireBool(o, "speculative", w);
+    g.cancellable = requireBool(o, "cancellable", w);
     if (!o.Get("nDraft").IsUndefined()) g.nDraft = int32_t(requireInt(o, "nDraft", 0, 256, w));
     Napi::Value stops = o.Get("stopStrings");
     if (!stops.IsArray()) throw Napi::TypeError::New(env, "generate options.stopStrings must be an array of strings");
@@ -415,11 +454,13 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
     model_ = Model::Unwrap(info[0].As<Napi::Object>());
     model_->retain();
     CreatedContext * made = info[1].As<Napi::External<CreatedContext>>().Data();
+    thread_ = std::move(made->thread);
     ctx_ = made->ctx;
+    made->ctx = nullptr;
     threadpool_ = made->threadpool;
+    made->threadpool = nullptr;
     opts_ = made->options;
-    *made = CreatedContext{};
-    llama_set_abort_callback(ctx_, &Context::abortCallback, this);
+    deadlineTimer_ = std::make_unique<DeadlineTimer>(stop_, 2);
 }
 
 Context::~Context() { freeNative(); }
@@ -432,16 +473,24 @@ void Context::freeNative() {
     ctx_ = nullptr;
     if (threadpool_ != nullptr) ggml_threadpool_free(threadpool_);
     threadpool_ = nullptr;
+    deadlineTimer_.reset();
+    thread_.reset();  // idle: no operation runs (busy) when the context is freed
     model_->release();
     modelRef_.Reset();
 }
 
-bool Context::abortCallback(void * data) { return static_cast<Context *>(data)->stopRequested() != 0; }
+bool Context::abortCallback(void * data) { return static_cast<Context *>(data)->stop_.load(std::memory_order_relaxed) != 0; }
 
-int Context::stopRequested() const {
-    int64_t d = deadlineNs_.load();
-    if (d > 0 && monotonicNs() >= d) return 2;
-    return cancel_.load() ? 1 : 0;
+void Context::resetStop(int64_t deadlineNs, bool cancellable) {
+    stop_.store(0);
+    deadlineNs_ = deadlineNs;
+    cancellable_ = cancellable;
+}
+
+int Context::stopRequested() {
+    int expected = stop_.load(std::memory_order_relaxed);
+    if (expected == 0 && deadlineNs_ > 0 && monotonicNs() >= deadlineNs_) stop_.compare_exchange_strong(expected, 2);
+    return stop_.load(std::memory_order_relaxed);
 }
 
 void Context::acquire(Napi::Env env) {
@@ -535,7 +584,7 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     if (!onTokens.IsUndefined() && !onTokens.IsFunction()) throw Napi::TypeError::New(env, "generate: onTokens must be a function");
 
     acquire(env);
-    resetStop(g.deadlineNs);
+    resetStop(g.deadlineNs, g.cancellable);
     auto * worker = new GenerateWorker(env, Value(), this, std::move(segments), std::move(g), std::move(grammar), grammarObj, onTokens);
     Napi::Promise p = worker->promise();
     worker->Queue();
@@ -543,7 +592,8 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
 }
 
 Napi::Value Context::Cancel(const Napi::CallbackInfo & info) {
-    cancel_.store(true);
+    int expected = 0;
+    stop_.compare_exchange_strong(expected, 1);
     return info.Env().Undefined();
 }
 

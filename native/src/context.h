@@ -1,15 +1,18 @@
 // Context: one llama_context (KV cache of one sequence), the prompt cache that makes prefix reuse
-// possible, and the speculator state it owns. Generation itself lives in generate.h. Every slow
-// call runs off the JS thread; one operation at a time (EBUSY).
+// possible, the speculator state it owns, and the thread that runs its llama.cpp calls
+// (context-thread.h). Generation itself lives in generate.h. Every slow call runs off the JS
+// thread; one operation at a time (EBUSY).
 #pragma once
 
 #include <napi.h>
 
+#include "context-thread.h"
 #include "llama.h"
 #include "prompt.h"
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,16 +53,18 @@ public:
     void acquire(Napi::Env env);
     void releaseBusy() { busy_.store(false); }
 
-    // Cancel and deadline, read by the generation loop and by llama.cpp's abort callback.
-    void resetStop(int64_t deadlineNs) {
-        cancel_.store(false);
-        deadlineNs_.store(deadlineNs);
-    }
-    // 0: keep going, 1: cancelled, 2: deadline passed.
-    int stopRequested() const;
+    // Runs `job` on the context's own thread and waits for it; from an AsyncWorker's Execute.
+    void runOnThread(const std::function<void()> & job) { thread_->run(job); }
+
+    // What may stop the next operation (JS thread, before queueing it): clears the stop flag.
+    // `cancellable`: a cancel() may come while llama.cpp computes (a signal is attached).
+    void resetStop(int64_t deadlineNs, bool cancellable);
+    // 0: keep going, 1: cancelled, 2: deadline passed. Between tokens: also checks the clock.
+    int stopRequested();
 
 private:
     friend class AttachWorker;
+    friend class StopScope;
 
     Napi::Value Info(const Napi::CallbackInfo & info);
     Napi::Value MemoryBreakdown(const Napi::CallbackInfo & info);
@@ -71,6 +76,7 @@ private:
     Napi::Value DetachSpeculator(const Napi::CallbackInfo & info);
     Napi::Value Dispose(const Napi::CallbackInfo & info);
     static Napi::Value Create(const Napi::CallbackInfo & info);
+    // llama.cpp calls it after every graph node (on one of its threads): one relaxed load.
     static bool abortCallback(void * data);
     void freeNative();
 
@@ -83,8 +89,11 @@ private:
     std::unique_ptr<SpecState> spec_;
     Napi::ObjectReference draftModelRef_;
     std::atomic<bool> busy_{false};
-    std::atomic<bool> cancel_{false};
-    std::atomic<int64_t> deadlineNs_{0};
+    std::atomic<int> stop_{0};  // 0, 1 cancelled, 2 deadline passed (set by the timer, or between tokens)
+    int64_t deadlineNs_ = 0;    // written on the JS thread before the operation is queued
+    bool cancellable_ = false;
+    std::unique_ptr<SerialThread> thread_;
+    std::unique_ptr<DeadlineTimer> deadlineTimer_;
 };
 
 }  // namespace percept

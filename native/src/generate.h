@@ -29,6 +29,7 @@ struct GenerateOptions {
     bool speculative = false;
     int32_t nDraft = -1;  // -1: the speculator's nMax
     int64_t deadlineNs = 0;
+    bool cancellable = false;  // a cancel may come while llama.cpp computes
 };
 
 struct GenerateResult {
