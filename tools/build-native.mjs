@@ -78,7 +78,9 @@ run(
   { cwd: root },
 );
 
-const peers = (process.env.PERCEPT_PEERS ?? 'llama-bench llama-speculative-simple llama-quantize llama-server').split(/\s+/).filter(Boolean);
+const peers = (process.env.PERCEPT_PEERS ?? 'llama-bench llama-speculative-simple llama-quantize llama-server')
+  .split(/\s+/)
+  .filter(Boolean);
 if (peers.length) {
   log(`building peers: ${peers.join(' ')}`);
   run('cmake', ['--build', outDir, '--config', 'Release', '--parallel', jobs, '--target', ...peers]);
