@@ -3,6 +3,7 @@
 // free port (--port 0) and is ready when it prints the address it listens on and /health answers.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { dirname } from 'node:path';
+import { OPENMP_SPIN_COUNT } from '../native/binding.ts';
 import { findPeerProgram } from './decode-commands.ts';
 
 export interface LlamaServerOptions {
@@ -48,14 +49,21 @@ export function llamaServerPath(): string {
 
 export async function startLlamaServer(opts: LlamaServerOptions): Promise<LlamaServer> {
   const args = ['-m', opts.model, '--host', '127.0.0.1', '--port', '0', '-t', String(opts.threads ?? 1)];
-  args.push('-np', String(opts.parallel ?? 1), '-c', String(opts.ctx ?? 4096), '--no-webui');
+  // No RAM prompt cache: it would hand a frame seen before (a bench's rounds replay the same pattern
+  // frames) its image encoding and prefill for free. A camera never repeats a frame, and the binding
+  // it is compared with keeps only the text prefix, as the server's slot does.
+  args.push('-np', String(opts.parallel ?? 1), '-c', String(opts.ctx ?? 4096), '--no-webui', '--cache-ram', '0');
   if (opts.mmproj) args.push('--mmproj', opts.mmproj);
   if (opts.alias) args.push('--alias', opts.alias);
   if (opts.gpuLayers !== undefined) args.push('-ngl', String(opts.gpuLayers));
   if (opts.imageTokens !== undefined)
     args.push('--image-min-tokens', String(opts.imageTokens), '--image-max-tokens', String(opts.imageTokens));
   const bin = llamaServerPath();
-  const child = spawn(bin, args, { cwd: dirname(bin), stdio: ['ignore', 'pipe', 'pipe'] });
+  // The binding's short OpenMP spin (see OPENMP_SPIN_COUNT), unless the environment chooses: the same
+  // threading as the in-process decoder it is compared with.
+  const env = { ...process.env };
+  if (env.GOMP_SPINCOUNT === undefined && env.OMP_WAIT_POLICY === undefined) env.GOMP_SPINCOUNT = String(OPENMP_SPIN_COUNT);
+  const child = spawn(bin, args, { cwd: dirname(bin), env, stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
   const close = async () => {
