@@ -55,6 +55,8 @@ export interface BenchFrameResult {
   readonly prompt_tokens_median: number | null;
   readonly reused_tokens_median: number | null;
   readonly new_tokens_median: number | null;
+  /** The decoder's prefill (a server's includes its image encoding, the binding's does not). */
+  readonly prefill_ms_median: number | null;
   readonly decode_ms_per_token_median: number | null;
   /** openai, where the server reports its timings (llama-server): the HTTP path's own cost per request
    * (round trip − the server's prefill and decode): transport, JSON, base64, image decoding, templating,
@@ -71,13 +73,20 @@ export interface FrameSample {
   readonly promptTokens: number | null;
   readonly reusedTokens: number | null;
   readonly newTokens: number | null;
+  readonly prefillMs: number | null;
   readonly decodeMs: number | null;
   readonly httpMs: number | null;
 }
 
 export type DecodeFigures = Pick<
   BenchFrameResult,
-  'prompt_tokens_median' | 'reused_tokens_median' | 'new_tokens_median' | 'decode_ms_per_token_median' | 'http_ms_p50' | 'http_ms_p99'
+  | 'prompt_tokens_median'
+  | 'reused_tokens_median'
+  | 'new_tokens_median'
+  | 'prefill_ms_median'
+  | 'decode_ms_per_token_median'
+  | 'http_ms_p50'
+  | 'http_ms_p99'
 >;
 
 const round = (x: number): number => Math.round(x * 1000) / 1000;
@@ -91,6 +100,7 @@ export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
     prompt_tokens_median: stat(values((s) => s.promptTokens)),
     reused_tokens_median: stat(values((s) => s.reusedTokens)),
     new_tokens_median: stat(values((s) => s.newTokens)),
+    prefill_ms_median: stat(values((s) => s.prefillMs)),
     decode_ms_per_token_median: stat(values((s) => (s.decodeMs !== null && s.newTokens ? s.decodeMs / s.newTokens : null))),
     http_ms_p50: stat(http, 0.5),
     http_ms_p99: stat(http, 0.99),
@@ -167,6 +177,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
       promptTokens: n('promptTokens'),
       reusedTokens: n('reusedTokens'),
       newTokens: n('tokens'),
+      prefillMs: n('prefillMs'),
       decodeMs: n('decodeMs'),
       httpMs: n('httpMs'),
     };
