@@ -194,6 +194,51 @@ bench
   });
 
 bench
+  .command('cameras')
+  .description(
+    'N cameras at F fps each through the real stages on one shared encoder and batched decoder: per-camera p50/p99, drops, actions/s, tok/s',
+  )
+  .option('--cameras <n>', 'cameras (test-pattern sources started together)', int('--cameras'), 4)
+  .option('--fps <n>', 'frames per second of each camera', positiveNumber('--fps'), 10)
+  .option('-m, --model <file>', 'decoder GGUF, or synth:PRESET', 'synth:gemma4-tiny')
+  .option('-e, --encoder <file>', 'vision encoder: .onnx, mmproj .gguf, or "projection"', 'projection')
+  .option('--gpu-layers <n>', 'decoder layers on the GPU (and clip on the GPU when not 0)', int('--gpu-layers'), 0)
+  .option('--seconds <s>', 'how long each camera sends frames', positiveNumber('--seconds'), 10)
+  .option('--image-tokens <n>', 'image tokens per frame (Gemma 4 budget)', int('--image-tokens'), 280)
+  .option('--budget-ms <ms>', "each frame's deadline after capture", positiveNumber('--budget-ms'), 1000)
+  .option('--kv-unified', 'one KV buffer for every camera (default: one stream per camera)')
+  .option('--prefill-chunk <n>', 'prompt positions read per decode step (default: the config default)', int('--prefill-chunk'))
+  .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
+  .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchCameras } = await import('./bench-cameras.ts');
+    printResult(await benchCameras(opts), opts.json);
+  });
+
+bench
+  .command('batch')
+  .description(
+    'the batched decoder alone: B sequences of P prompt and T new tokens at once (as llama-batched-bench), aggregate tok/s per B',
+  )
+  .option('-m, --model <file>', 'decoder GGUF, or synth:PRESET', 'synth:gemma4-tiny')
+  .option('--sequences <list>', 'sequence counts, comma-separated', '1,2,4')
+  .option('--prompt-tokens <n>', 'prompt tokens per sequence', int('--prompt-tokens'), 256)
+  .option('--gen-tokens <n>', 'new tokens per sequence', int('--gen-tokens'), 128)
+  .option('--gpu-layers <n>', 'layers on the GPU', int('--gpu-layers'), 0)
+  .option('--kv-unified', 'one KV buffer for every sequence (default: one stream per sequence)')
+  .option('--threads <n>', 'CPU threads', int('--threads'))
+  .option('--peer', 'also run llama-batched-bench from the same llama.cpp build and report the ratio')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchBatch } = await import('./bench-batch.ts');
+    const sequences = String(opts.sequences)
+      .split(',')
+      .map((x) => Number(x.trim()));
+    printResult(await benchBatch({ ...opts, sequences }), opts.json);
+  });
+
+bench
   .command('ladder')
   .description(
     'the deployment table, rung by rung (F16 → Q8_0 → Q4_K_M → + speculative): size, speed, TTFT, KV, agreement with F16, roofline, bag p99, energy',
