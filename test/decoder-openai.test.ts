@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import sharp from 'sharp';
 import { benchFrameSamples } from '../app/bench-frame.ts';
+import { asCamera, createCameraGroup, createCameraStages } from '../app/cameras.ts';
 import { createSource, createStages } from '../app/run.ts';
 import { startLlamaServer, type LlamaServer } from '../app/llama-server.ts';
 import { resolveModel } from '../models/resolve.ts';
@@ -23,6 +24,7 @@ import {
 import type { ActionMessage } from '../nodes/payloads.ts';
 import { RealClock, msToNs } from '../pipeline/clock.ts';
 import { ConfigError, loadConfig } from '../pipeline/config.ts';
+import { append } from '../pipeline/graph/chain.ts';
 import { createGraph } from '../pipeline/graph/graph.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 import type { TelemetryEvent } from '../pipeline/telemetry/events.ts';
@@ -213,6 +215,38 @@ describe('against llama-server (same llama.cpp tree, tiny Gemma 4 + gemma4v mmpr
     assert.ok(result.prompt_tokens_median! > 64 && result.new_tokens_median! > 0);
     assert.ok(result.http_ms_p50! > 0 && result.http_ms_p99! >= result.http_ms_p50!);
     assert.ok(frames.every((f) => f.httpMs! > 0 && f.totalMs > f.httpMs!));
+  });
+
+  test('several cameras share the remote decoder: each camera gets its actions, every frame accounted', async () => {
+    const config = loadConfig({
+      decoder: { kind: 'openai', endpoint: server.url, model: MODEL_ID, maxNewTokens: 200 },
+      actions: { schema: SCHEMA_PATH },
+      budgets: { endToEndMs: 600_000, stages: { decode: 600_000 }, dropPredictedMiss: false },
+      edges: { default: { policy: 'queue', capacity: 16 } },
+      ladder: { enabled: false, initial: { maxNewTokens: 200 } },
+      telemetry: { liveTable: 'off' },
+      cameras: ['front', 'rear'].map((id) => ({ id, source: { kind: 'pattern', fps: 1000, frames: 2, width: 320, height: 240 } })),
+    });
+    const stages = await createCameraStages(config, schema, { publish: false, warmup: false });
+    assert.ok(stages.chains.every((c) => c.stages.map((s) => s.name).join() === 'decode,actions'));
+    const sources = await Promise.all(config.cameras!.map(async (c) => asCamera(await createSource(c.source), c.id)));
+    const outputs: ActionMessage[] = [];
+    const tap = {
+      name: 'tap',
+      process: async (action: ActionMessage) => {
+        outputs.push(action);
+        return action;
+      },
+    };
+    const group = createCameraGroup(config, sources, { ...stages, chains: stages.chains.map((c) => append(c, tap)) }, new RealClock());
+    const summary = await group.run();
+    for (const id of ['front', 'rear']) {
+      const s = summary.cameras![id]!;
+      assert.equal(s.frames.in, 2);
+      assert.equal(s.frames.out, 2, `${id}: ${JSON.stringify(s.drops)}`);
+    }
+    assert.deepEqual(outputs.map((o) => o.sourceId).sort(), ['front', 'front', 'rear', 'rear']);
+    assert.ok(outputs.every((o) => schema.validate(o.action)));
   });
 
   // Last: it stops the server.
