@@ -60,7 +60,7 @@ export interface BenchFrameResult {
   readonly decode_ms_per_token_median: number | null;
   /** openai, where the server reports its timings (llama-server): the HTTP path's own cost per request
    * (round trip − the server's prefill and decode): transport, JSON, base64, image decoding, templating,
-   * grammar setup. */
+   * grammar setup, and any wait for a free slot (none at concurrency 1 against an idle server). */
   readonly http_ms_p50: number | null;
   readonly http_ms_p99: number | null;
 }

@@ -140,8 +140,8 @@ export interface PipelineStages {
 
 /** Role → model id for the action headers: the config's spec (synth:…) or the file's name. */
 export function modelIds(config: PerceptConfig): Record<string, string> {
-  // A remote server's model (vision tower included) is named by its id there.
-  if (config.decoder.kind === 'openai') return { decoder: `${config.decoder.model}@${config.decoder.endpoint}` };
+  // A remote server's model (vision tower included) is named by the id it serves.
+  if (config.decoder.kind === 'openai') return { decoder: config.decoder.model };
   const id = (spec: string): string => (spec.startsWith('synth:') ? spec : basename(spec));
   const ids: Record<string, string> = { decoder: id(config.decoder.model) };
   const { encoder } = config;

@@ -77,13 +77,19 @@ const SNIPPET_CHARS = 300;
 export class RequestError extends Error {
   readonly retryable: boolean;
   readonly retryAfterMs: number | undefined;
+  /** The HTTP status and the server's own error message, when it answered. */
   readonly status: number | undefined;
-  constructor(message: string, opts: { retryable: boolean; retryAfterMs?: number; status?: number; cause?: unknown }) {
+  readonly serverMessage: string | undefined;
+  constructor(
+    message: string,
+    opts: { retryable: boolean; retryAfterMs?: number; status?: number; serverMessage?: string; cause?: unknown },
+  ) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.name = 'RequestError';
     this.retryable = opts.retryable;
     this.retryAfterMs = opts.retryAfterMs;
     this.status = opts.status;
+    this.serverMessage = opts.serverMessage;
   }
 }
 
@@ -170,9 +176,11 @@ async function request(url: string, init: RequestInit & { signal: AbortSignal })
   }
   if (!res.ok) {
     const retryable = res.status === 429 || res.status === 503;
-    throw new RequestError(`${url} answered ${res.status} ${res.statusText}: ${errorMessage(text)}`, {
+    const serverMessage = errorMessage(text);
+    throw new RequestError(`${url} answered ${res.status} ${res.statusText}: ${serverMessage}`, {
       retryable,
       status: res.status,
+      serverMessage,
       ...(retryable ? { retryAfterMs: retryAfterMs(res.headers.get('retry-after')) } : {}),
     });
   }
@@ -390,7 +398,7 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
             stopReason: generation.stopReason,
             requestMs,
             // The HTTP path's own cost where the server reports its timings (llama-server): transport,
-            // JSON and base64, image decoding, templating and grammar setup.
+            // JSON and base64, image decoding, templating, grammar setup, and any wait for a free slot.
             ...(completion.timings ? { httpMs: requestMs - serverMs } : {}),
             attempts: attempt,
           },
@@ -483,9 +491,11 @@ async function probeServer(
   } catch (err) {
     if ((err as Error).name === 'TimeoutError') throw fail(`did not answer a probe request within ${PROBE_TIMEOUT_MS} ms`, err);
     if (!(err instanceof RequestError)) throw err;
-    if (err.status !== undefined && /image|vision|multimodal|mmproj|modalit/i.test(err.message))
+    // What the server said (not the URL, which may hold any word) tells which capability is missing.
+    const said = err.serverMessage ?? '';
+    if (/image|vision|multimodal|mmproj|modalit/i.test(said))
       throw lacks('vision (it refused an image part)', `${err.message} — serve a vision model (llama-server: --mmproj FILE)`, err);
-    if (err.status !== undefined && /response_format|json_schema|grammar|guided|structured/i.test(err.message))
+    if (/response_format|json_schema|grammar|guided|structured/i.test(said))
       throw lacks('structured output (it refused response_format json_schema)', err.message, err);
     throw fail(`failed a probe request with an image and the action schema: ${err.message}`, err);
   }
