@@ -157,10 +157,17 @@ speculationOptions(
   bench
     .command('frame')
     .description('camera frame → validated action through the real stages (no publisher): latency p50/p99')
-    .requiredOption('-m, --model <file>', 'decoder GGUF, or synth:PRESET'),
+    .requiredOption('-m, --model <file>', 'decoder GGUF, or synth:PRESET (with --decoder openai: the model id the server serves)'),
   SPECULATION,
 )
   .option('-e, --encoder <file>', 'vision encoder: .onnx, mmproj .gguf, or "projection"', 'projection')
+  .addOption(
+    new Option('--decoder <kind>', 'local: the in-process binding; openai: the server at --endpoint')
+      .choices(['local', 'openai'])
+      .default('local'),
+  )
+  .option('--endpoint <url>', 'with --decoder openai: the OpenAI-compatible server (http://host:port)')
+  .option('--concurrency <n>', 'with --decoder openai: requests in flight', int('--concurrency'), 1)
   .option('--image-tokens <n>', 'image tokens per frame (Gemma 4 budget)', int('--image-tokens'), 280)
   .option('--frames <n>', 'frames', int('--frames'), 20)
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
@@ -171,6 +178,71 @@ speculationOptions(
   .action(async (opts) => {
     const { benchFrame } = await import('./bench-frame.ts');
     printResult(await benchFrame(opts), opts.json);
+  });
+
+bench
+  .command('remote')
+  .description(
+    'the HTTP path against the in-process binding: llama-server (same build, model, mmproj, image tokens) on loopback, rounds of bench frame alternating the two',
+  )
+  .requiredOption('-m, --model <file>', 'decoder GGUF, or synth:PRESET')
+  .requiredOption('-e, --encoder <file>', 'the vision projector for both: mmproj .gguf or synth:PRESET-mmproj')
+  .option('--image-tokens <n>', 'image tokens per frame, both arms', int('--image-tokens'), 280)
+  .option('--frames <n>', 'frames per round and arm', int('--frames'), 10)
+  .option('--rounds <n>', 'rounds (each runs both arms, in alternating order)', int('--rounds'), 4)
+  .option('--fps <n>', 'frame rate (keep it below what both sustain)', positiveNumber('--fps'), 1)
+  .option('--max-new-tokens <n>', "max new tokens per action (default: each decoder's own)", int('--max-new-tokens'))
+  .option('--gpu-layers <n>', 'decoder layers on the GPU, both arms', int('--gpu-layers'), 0)
+  .option('--threads <n>', 'llama-server threads (default: all cores, as the binding)', int('--threads'))
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchRemote } = await import('./bench-remote.ts');
+    printResult(await benchRemote(opts), opts.json);
+  });
+
+bench
+  .command('cameras')
+  .description(
+    'N cameras at F fps each through the real stages on one shared encoder and batched decoder: per-camera p50/p99, drops, actions/s, tok/s',
+  )
+  .option('--cameras <n>', 'cameras (test-pattern sources started together)', int('--cameras'), 4)
+  .option('--fps <n>', 'frames per second of each camera', positiveNumber('--fps'), 10)
+  .option('-m, --model <file>', 'decoder GGUF, or synth:PRESET', 'synth:gemma4-tiny')
+  .option('-e, --encoder <file>', 'vision encoder: .onnx, mmproj .gguf, or "projection"', 'projection')
+  .option('--gpu-layers <n>', 'decoder layers on the GPU (and clip on the GPU when not 0)', int('--gpu-layers'), 0)
+  .option('--seconds <s>', 'how long each camera sends frames', positiveNumber('--seconds'), 10)
+  .option('--image-tokens <n>', 'image tokens per frame (Gemma 4 budget)', int('--image-tokens'), 280)
+  .option('--budget-ms <ms>', "each frame's deadline after capture", positiveNumber('--budget-ms'), 1000)
+  .option('--kv-unified', 'one KV buffer for every camera (default: one stream per camera)')
+  .option('--prefill-chunk <n>', 'prompt positions read per decode step (default: the config default)', int('--prefill-chunk'))
+  .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
+  .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchCameras } = await import('./bench-cameras.ts');
+    printResult(await benchCameras(opts), opts.json);
+  });
+
+bench
+  .command('batch')
+  .description(
+    'the batched decoder alone: B sequences of P prompt and T new tokens at once (as llama-batched-bench), aggregate tok/s per B',
+  )
+  .option('-m, --model <file>', 'decoder GGUF, or synth:PRESET', 'synth:gemma4-tiny')
+  .option('--sequences <list>', 'sequence counts, comma-separated', '1,2,4')
+  .option('--prompt-tokens <n>', 'prompt tokens per sequence', int('--prompt-tokens'), 256)
+  .option('--gen-tokens <n>', 'new tokens per sequence', int('--gen-tokens'), 128)
+  .option('--gpu-layers <n>', 'layers on the GPU', int('--gpu-layers'), 0)
+  .option('--kv-unified', 'one KV buffer for every sequence (default: one stream per sequence)')
+  .option('--threads <n>', 'CPU threads', int('--threads'))
+  .option('--peer', 'also run llama-batched-bench from the same llama.cpp build and report the ratio')
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchBatch } = await import('./bench-batch.ts');
+    const sequences = String(opts.sequences)
+      .split(',')
+      .map((x) => Number(x.trim()));
+    printResult(await benchBatch({ ...opts, sequences }), opts.json);
   });
 
 bench

@@ -302,7 +302,7 @@ async function benchStructured(
 }
 
 /** Seeded pseudo-random token ids (like llama-bench's random prompt), away from special tokens. */
-function randomTokens(n: number, nVocab: number, seed: number): number[] {
+export function randomTokens(n: number, nVocab: number, seed: number): number[] {
   let s = seed >>> 0 || 1;
   return Array.from({ length: n }, () => {
     s = (Math.imul(s, 1664525) + 1013904223) >>> 0;

@@ -227,6 +227,12 @@ export interface RunSummary {
     [k: string]: LatencyStats;
   };
   endToEnd: LatencyStats;
+  /**
+   * A run of several cameras: each camera's own summary by camera id (the other fields are over all cameras together).
+   */
+  cameras?: {
+    [k: string]: RunSummary;
+  };
 }
 export interface Counts {
   [k: string]: number;

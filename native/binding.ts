@@ -49,6 +49,11 @@ export interface NativeContextOptions {
   nBatch: number;
   nUbatch: number;
   nSeq: number;
+  /** One KV buffer for every sequence (else one stream per sequence). */
+  kvUnified: boolean;
+  /** nSeq > 1: sequences per batched step, and prompt positions per step. */
+  maxActive: number;
+  prefillChunk: number;
   maxOutputs: number;
   flashAttention: boolean | 'auto';
   kvType: 'f16' | 'q8_0';
@@ -60,6 +65,11 @@ export interface NativeContextInfo {
   readonly nBatch: number;
   readonly nUbatch: number;
   readonly nSeq: number;
+  /** KV positions one sequence can hold. */
+  readonly nCtxSeq: number;
+  readonly kvUnified: boolean;
+  readonly maxActive: number;
+  readonly prefillChunk: number;
   readonly maxOutputs: number;
   readonly threads: number;
   readonly flashAttention: boolean | 'auto';
@@ -98,6 +108,8 @@ export interface NativeGenerateOptions {
   /** Absolute, on the process.hrtime.bigint() clock. */
   deadlineNs?: bigint;
   grammar?: NativeGrammar;
+  /** The sequence, on a context of several (required there, refused elsewhere). */
+  seq?: number;
 }
 
 export type NativeStopReason = 'eos' | 'max_tokens' | 'stop' | 'cancelled' | 'deadline';
@@ -128,6 +140,20 @@ export interface NativeGenerateResult {
   readonly timings: NativeTimings;
   /** Microseconds of each sampling step (with recordSampleTimes). */
   readonly sampleUs?: Float32Array;
+  /** On a context of several sequences: where the request stood in the batch schedule. */
+  readonly batch?: NativeBatchCounts;
+}
+
+export interface NativeBatchCounts {
+  readonly seq: number;
+  /** Submit → admission into the batch. */
+  readonly queueMs: number;
+  /** Batched steps run while it waited for admission. */
+  readonly waitSteps: number;
+  /** Batched steps from its admission to its end (each one llama_decode over every active sequence). */
+  readonly steps: number;
+  /** Most sequences that shared one of its steps (itself included). */
+  readonly peakSeqs: number;
 }
 
 export declare class NativeContext {
@@ -140,9 +166,11 @@ export declare class NativeContext {
     options: NativeGenerateOptions,
     onTokens?: (tokens: Int32Array) => void,
   ): Promise<NativeGenerateResult>;
-  cancel(): void;
-  clearCache(): void;
-  cachedPositions(): number;
+  /** Several sequences: cancel(seq) cancels that sequence's generation, cancel() every one. */
+  cancel(seq?: number): void;
+  /** Several sequences: the sequence is required. */
+  clearCache(seq?: number): void;
+  cachedPositions(seq?: number): number;
   /** Creates the speculator's state off the JS thread (the KV cache starts empty afterwards). */
   attachSpeculator(draftModel: NativeModel | null, options: NativeSpeculatorOptions): Promise<{ type: SpeculatorType; nMax: number }>;
   detachSpeculator(): void;

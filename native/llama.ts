@@ -19,6 +19,7 @@ import {
   type NativeSegment,
   type NativeStopReason,
   type NativeTimings,
+  type NativeBatchCounts,
   type SpeculatorType,
 } from './binding.ts';
 
@@ -31,6 +32,7 @@ export type {
 };
 export type StopReason = NativeStopReason;
 export type Timings = NativeTimings;
+export type BatchCounts = NativeBatchCounts;
 
 // ---------------------------------------------------------------------------------------------
 // Binding defaults. This file owns them: C++ requires every field and checks only shape and range.
@@ -52,6 +54,8 @@ export const MAX_OUTPUTS = 1 + DRAFT_MAX;
 export const GRAMMAR_MAX_STATES = 20000;
 /** (token, state) entries before a grammar is declared too big for a token index (64 MiB). */
 export const GRAMMAR_MAX_ENTRIES = 8 << 20;
+/** Sequences of one context at most (one per camera). */
+export const MAX_SEQUENCES = 256;
 /** n-gram length that n-gram speculators match. */
 export const DEFAULT_NGRAM_N = 3;
 /** CPU threads of a context: every core. */
@@ -88,6 +92,7 @@ export interface ChatMessage {
 }
 
 export interface ContextOptions {
+  /** KV positions per sequence. */
   readonly nCtx?: number;
   readonly nBatch?: number;
   /** Physical batch; an image with bidirectional attention must fit in one ubatch. */
@@ -98,6 +103,18 @@ export interface ContextOptions {
   readonly kvType?: 'f16' | 'q8_0';
   /** CPU threads (default: every core). */
   readonly threads?: number;
+  /**
+   * Sequences (default 1). With more than one, generate() takes `seq` and the calls on different
+   * sequences run together, batched: one llama_decode per step over every running sequence (see
+   * native/src/batch.h for the admission and prefill policies). No speculator on such a context.
+   */
+  readonly nSeq?: number;
+  /** Several sequences: one KV buffer shared by all (true) or one stream per sequence (default false). */
+  readonly kvUnified?: boolean;
+  /** Several sequences: how many take part in one step at most (default nSeq); the rest wait in arrival order. */
+  readonly maxActive?: number;
+  /** Several sequences: prompt positions decoded per step at most, shared among joining prompts (default nUbatch). */
+  readonly prefillChunk?: number;
 }
 
 export class LlamaModel {
@@ -199,13 +216,36 @@ export class LlamaModel {
 
   async createContext(options: ContextOptions = {}): Promise<LlamaContext> {
     const o = plainObject('options', options);
-    knownKeys('options', o, ['nCtx', 'nBatch', 'nUbatch', 'maxOutputs', 'flashAttention', 'kvType', 'threads']);
+    knownKeys('options', o, [
+      'nCtx',
+      'nBatch',
+      'nUbatch',
+      'maxOutputs',
+      'flashAttention',
+      'kvType',
+      'threads',
+      'nSeq',
+      'kvUnified',
+      'maxActive',
+      'prefillChunk',
+    ]);
     const nCtx = options.nCtx === undefined ? DEFAULT_N_CTX : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
     const nBatch = options.nBatch === undefined ? DEFAULT_N_BATCH : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
     const nUbatch =
       options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
-    const maxOutputs =
-      options.maxOutputs === undefined ? Math.min(MAX_OUTPUTS, nBatch) : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
+    const nSeq = options.nSeq === undefined ? 1 : intIn('options.nSeq', options.nSeq, 1, Math.min(MAX_SEQUENCES, nBatch));
+    if (nSeq === 1) {
+      for (const key of ['kvUnified', 'maxActive', 'prefillChunk'] as const) {
+        if (options[key] !== undefined) throw new TypeError(`options.${key} is for a context of several sequences (nSeq > 1)`);
+      }
+    }
+    const kvUnified = options.kvUnified === undefined ? false : bool('options.kvUnified', options.kvUnified);
+    const maxActive = options.maxActive === undefined ? nSeq : intIn('options.maxActive', options.maxActive, 1, nSeq);
+    const prefillChunk = options.prefillChunk === undefined ? nUbatch : intIn('options.prefillChunk', options.prefillChunk, 1, nBatch);
+    // A batched step reads one logits row per sequence; a single sequence one per draft position.
+    const outputs = nSeq > 1 ? nSeq : Math.min(MAX_OUTPUTS, nBatch);
+    const maxOutputs = options.maxOutputs === undefined ? outputs : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
+    if (nSeq > 1 && maxOutputs < nSeq) throw new RangeError(`options.maxOutputs must be at least nSeq (${nSeq}): one row per sequence`);
     const fa = oneOf('options.flashAttention', options.flashAttention ?? 'auto', [true, false, 'auto']);
     const kvType = oneOf('options.kvType', options.kvType ?? 'f16', ['f16', 'q8_0']);
     if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
@@ -213,10 +253,14 @@ export class LlamaModel {
     const stack = new Error();
     try {
       const native = await loadAddon().Context.create(this.native, {
-        nCtx,
+        // nCtx positions for every sequence at once, whether they share one buffer or not.
+        nCtx: nCtx * nSeq,
         nBatch,
         nUbatch,
-        nSeq: 1,
+        nSeq,
+        kvUnified,
+        maxActive,
+        prefillChunk,
         maxOutputs,
         flashAttention: fa,
         kvType,
@@ -361,8 +405,10 @@ export interface GenerateOptions {
   readonly signal?: AbortSignal;
   /** Stop at this instant, process.hrtime.bigint() clock (monotonic ns). */
   readonly deadlineNs?: bigint;
-  /** Streams token ids as they are accepted (best effort; the result holds them all). */
+  /** Streams token ids as they are accepted (best effort; the result holds them all). Not on a context of several sequences. */
   readonly onTokens?: (tokens: Int32Array) => void;
+  /** The sequence, on a context of several (default 0): calls on different sequences run batched. */
+  readonly seq?: number;
 }
 
 export interface GenerateResult {
@@ -380,6 +426,8 @@ export interface GenerateResult {
   readonly timings: Timings;
   /** Microseconds of each sampling step, with `recordSampleTimes`. */
   readonly sampleUs?: Float32Array;
+  /** On a context of several sequences: where the request stood in the batch schedule. */
+  readonly batch?: BatchCounts;
 }
 
 export type SpeculatorOptions =
@@ -405,6 +453,7 @@ const GENERATE_KEYS = [
   'signal',
   'deadlineNs',
   'onTokens',
+  'seq',
 ];
 
 function checkTokens(name: string, tokens: unknown, nVocab: number): Int32Array | readonly number[] {
@@ -424,6 +473,8 @@ export class LlamaContext {
   readonly #native: NativeContext;
   readonly #onDispose: () => void;
   #running: Promise<unknown> | undefined;
+  /** Several sequences: the generation running on each. */
+  readonly #sequences = new Map<number, Promise<unknown>>();
   #speculator: LlamaSpeculator | undefined;
   #disposed = false;
 
@@ -444,9 +495,11 @@ export class LlamaContext {
     return this.#live().memoryBreakdown();
   }
 
-  /** Positions the KV cache currently holds (prompt prefix + generated tokens). */
-  cachedPositions(): number {
-    return this.#live().cachedPositions();
+  /** Positions the KV cache currently holds (prompt prefix + generated tokens); of sequence `seq` on a context of several. */
+  cachedPositions(seq = 0): number {
+    const native = this.#live();
+    if (this.info.nSeq === 1) return native.cachedPositions();
+    return native.cachedPositions(intIn('seq', seq, 0, this.info.nSeq - 1));
   }
 
   #live(): NativeContext {
@@ -512,10 +565,21 @@ export class LlamaContext {
     if (options.onTokens !== undefined && typeof options.onTokens !== 'function')
       throw invalid('options.onTokens', 'a function', options.onTokens);
     const nDraft = options.nDraft === undefined ? undefined : intIn('options.nDraft', options.nDraft, 0, 256);
-    if (this.#running) throw coded('EBUSY', 'LlamaContext is busy: only one operation may run at a time on a context');
+    const batched = this.info.nSeq > 1;
+    const seq = options.seq === undefined ? 0 : intIn('options.seq', options.seq, 0, this.info.nSeq - 1);
+    if (batched && options.onTokens !== undefined)
+      throw new TypeError('options.onTokens: a context of several sequences does not stream tokens');
+    if (batched ? this.#sequences.has(seq) : this.#running) {
+      throw coded(
+        'EBUSY',
+        batched
+          ? `sequence ${seq} is busy: one generation at a time per sequence`
+          : 'LlamaContext is busy: only one operation may run at a time on a context',
+      );
+    }
 
     const signal = options.signal;
-    const onAbort = () => native.cancel();
+    const onAbort = batched ? () => native.cancel(seq) : () => native.cancel();
     const stack = new Error();
     const run = (async () => {
       const pending = native.generate(
@@ -537,11 +601,12 @@ export class LlamaContext {
           ...(nDraft !== undefined ? { nDraft } : {}),
           ...(options.deadlineNs !== undefined ? { deadlineNs: options.deadlineNs } : {}),
           ...(options.grammar ? { grammar: options.grammar.native } : {}),
+          ...(batched ? { seq } : {}),
         },
         options.onTokens,
       );
       // After the native call reset the flags: an already-aborted signal cancels at once.
-      if (signal?.aborted) native.cancel();
+      if (signal?.aborted) onAbort();
       else signal?.addEventListener('abort', onAbort, { once: true });
       try {
         return toResult(await pending);
@@ -549,13 +614,15 @@ export class LlamaContext {
         signal?.removeEventListener('abort', onAbort);
       }
     })();
-    this.#running = run;
+    if (batched) this.#sequences.set(seq, run);
+    else this.#running = run;
     try {
       return await run;
     } catch (err) {
       throw graft(err, stack);
     } finally {
-      this.#running = undefined;
+      if (batched) this.#sequences.delete(seq);
+      else this.#running = undefined;
     }
   }
 
@@ -564,10 +631,17 @@ export class LlamaContext {
     return this.generate(prompt, { maxTokens: 0, ...options });
   }
 
-  /** Drops the KV cache (the next prompt is evaluated from scratch). */
-  clearCache(): void {
-    if (this.#running) throw coded('EBUSY', 'LlamaContext is busy');
-    this.#live().clearCache();
+  /** Drops the KV cache (the next prompt is evaluated from scratch); of sequence `seq` on a context of several. */
+  clearCache(seq = 0): void {
+    const native = this.#live();
+    if (this.info.nSeq === 1) {
+      if (this.#running) throw coded('EBUSY', 'LlamaContext is busy');
+      native.clearCache();
+      return;
+    }
+    intIn('seq', seq, 0, this.info.nSeq - 1);
+    if (this.#sequences.has(seq)) throw coded('EBUSY', `sequence ${seq} is busy`);
+    native.clearCache(seq);
   }
 
   /** Attaches speculative decoding (one speculator per context; it clears the KV cache). */
@@ -620,6 +694,10 @@ export class LlamaContext {
       this.#native.cancel();
       await this.#running.catch(() => undefined);
     }
+    if (this.#sequences.size > 0) {
+      this.#native.cancel();
+      await Promise.all([...this.#sequences.values()].map((p) => p.catch(() => undefined)));
+    }
     this.#speculator = undefined;
     this.#native.dispose();
     this.#disposed = true;
@@ -658,5 +736,6 @@ function toResult(r: NativeGenerateResult): GenerateResult {
     draftsCut: r.draftsCut,
     timings: r.timings,
     ...(r.sampleUs ? { sampleUs: r.sampleUs } : {}),
+    ...(r.batch ? { batch: r.batch } : {}),
   };
 }

@@ -98,7 +98,57 @@ export function actionTokenBudget(
   return configured ?? worstCase;
 }
 
+/** Several cameras on one decoder: a context with one sequence per camera, decoded together in one
+ * batch per step (native/src/batch.h). */
+export interface CameraBatching {
+  readonly cameras: number;
+  /** Cameras per step at most (null: all). */
+  readonly maxActive: number | null;
+  readonly prefillChunk: number;
+  readonly kvUnified: boolean;
+}
+
 export async function createDecoderStage(config: DecoderStageConfig): Promise<DecoderStage> {
+  const decoder = await openDecoder(config);
+  return { ...decoder.handle(undefined), close: () => decoder.close() };
+}
+
+/**
+ * One decoder for several cameras: one stage per camera, each a handle onto the same model and
+ * context (camera i decodes on sequence i, so its prompt prefix stays in its own KV cells). The
+ * handles' calls run together, batched; a camera's late or cancelled frame leaves the others'
+ * decoding as it was. The model is freed when the last handle is closed.
+ */
+export async function createCameraDecoderStages(config: DecoderStageConfig, batching: CameraBatching): Promise<DecoderStage[]> {
+  if (!(Number.isInteger(batching.cameras) && batching.cameras >= 1))
+    throw new RangeError(`createCameraDecoderStages: cameras must be an integer ≥ 1, got ${batching.cameras}`);
+  if (config.draft || config.draftMtp || config.ngram)
+    throw new TypeError('decoder: cameras are decoded together in one batch, without drafts (draft, draftMtp and ngram must be off)');
+  const decoder = await openDecoder(config, batching);
+  let open = batching.cameras;
+  const stages: DecoderStage[] = [];
+  for (let seq = 0; seq < batching.cameras; seq++) {
+    let closed = false;
+    stages.push({
+      ...decoder.handle(seq),
+      async close() {
+        if (closed) return;
+        closed = true;
+        open -= 1;
+        if (open === 0) await decoder.close();
+      },
+    });
+  }
+  return stages;
+}
+
+interface OpenDecoder {
+  /** The stage of one sequence (undefined: the context has one). */
+  handle(seq: number | undefined): Omit<DecoderStage, 'close'>;
+  close(): Promise<void>;
+}
+
+async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching): Promise<OpenDecoder> {
   if (typeof config !== 'object' || config === null) throw new TypeError('createDecoderStage: config must be an object');
   if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
   if (typeof config.systemPrompt !== 'string') throw new TypeError('decoder.systemPrompt must be a string');
@@ -116,18 +166,32 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
   let grammar: LlamaGrammar;
   let maxNewTokens: number;
   try {
-    ctx = await model.createContext({
-      nCtx: config.nCtx,
-      nBatch: IMAGE_UBATCH,
-      nUbatch: IMAGE_UBATCH,
-      maxOutputs: MAX_OUTPUTS,
-      ...(config.threads !== undefined ? { threads: config.threads } : {}),
-    });
-    draft = await attachSpeculation(
-      ctx,
-      { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: DRAFT_MAX },
-      gpuLayers,
-    );
+    const threads = config.threads !== undefined ? { threads: config.threads } : {};
+    if (batching && batching.cameras > 1) {
+      ctx = await model.createContext({
+        nCtx: config.nCtx,
+        nBatch: IMAGE_UBATCH,
+        nUbatch: IMAGE_UBATCH,
+        nSeq: batching.cameras,
+        maxActive: batching.maxActive ?? batching.cameras,
+        prefillChunk: batching.prefillChunk,
+        kvUnified: batching.kvUnified,
+        ...threads,
+      });
+    } else {
+      ctx = await model.createContext({
+        nCtx: config.nCtx,
+        nBatch: IMAGE_UBATCH,
+        nUbatch: IMAGE_UBATCH,
+        maxOutputs: MAX_OUTPUTS,
+        ...threads,
+      });
+      draft = await attachSpeculation(
+        ctx,
+        { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: DRAFT_MAX },
+        gpuLayers,
+      );
+    }
     const schemaPath = config.actionSchema.path;
     try {
       grammar = await model.grammarFromJsonSchema(config.actionSchema.schema);
@@ -148,7 +212,8 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
   ];
   const contract: EncoderContract = info.arch === 'gemma3' ? 'gemma3' : 'gemma4';
 
-  const process = async (input: ImageEmbedding, sc: StageContext): Promise<Generation> => {
+  const batched = ctx.info.nSeq > 1;
+  const process = async (seq: number | undefined, input: ImageEmbedding, sc: StageContext): Promise<Generation> => {
     if (input.nEmbd !== info.nEmbd) {
       throw new RangeError(
         `decoder: image embedding is ${input.nEmbd} wide but ${config.model} takes ${info.nEmbd} (encoder/decoder mismatch)`,
@@ -173,6 +238,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
       seed: (seed + sc.frame.frameId) >>> 0,
       speculative: sc.knobs.draft,
       signal: sc.signal,
+      ...(seq !== undefined ? { seq } : {}),
       // The stage deadline is on the pipeline clock; only a real clock is the monotonic clock
       // native code reads. On a virtual clock the AbortSignal still cancels.
       ...(sc.clock.virtual ? {} : { deadlineNs: sc.stageDeadlineNs }),
@@ -192,6 +258,7 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
         decodeMs: r.timings.decodeMs,
         sampleMs: r.timings.sampleMs,
         stopReason: r.stopReason,
+        ...(r.batch ? { queueMs: r.batch.queueMs, steps: r.batch.steps, waitSteps: r.batch.waitSteps, peakSeqs: r.batch.peakSeqs } : {}),
       },
     });
     // Cut short: give the frame up as the runtime asked, or as native code saw the same deadline
@@ -202,12 +269,14 @@ export async function createDecoderStage(config: DecoderStageConfig): Promise<De
   };
 
   return {
-    name: 'decode',
-    maxNewTokens,
-    nEmbd: info.nEmbd,
-    contract,
-    modelInfo: info,
-    process,
+    handle: (seq) => ({
+      name: 'decode',
+      maxNewTokens,
+      nEmbd: info.nEmbd,
+      contract,
+      modelInfo: info,
+      process: (input, sc) => process(batched ? seq : undefined, input, sc),
+    }),
     async close() {
       await model.dispose();
       await draft?.dispose();

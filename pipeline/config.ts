@@ -66,7 +66,20 @@ export type EncoderConfig =
   | { readonly kind: 'projection'; readonly seed: number; readonly tokens: number };
 
 export interface DecoderConfig {
+  /** local: the in-process binding after the vision encoder; openai: a remote /v1/chat/completions server. */
+  readonly kind: 'local' | 'openai';
+  /** local: a GGUF path or synth: preset; openai: the model id the server serves. */
   readonly model: string;
+  /** openai: the server's base URL. */
+  readonly endpoint: string | null;
+  /** openai: the environment variable that holds the bearer key. */
+  readonly apiKey: { readonly env: string } | null;
+  /** openai: requests in flight at most. */
+  readonly concurrency: number;
+  /** openai: one attempt's limit (ms); null: the stage deadline only. */
+  readonly timeoutMs: number | null;
+  /** openai: attempts after the first, for retryable failures while the deadline allows. */
+  readonly retries: number;
   readonly draft: string | null;
   readonly draftMtp: string | null;
   readonly ngram: boolean;
@@ -127,8 +140,30 @@ export interface TelemetryConfig {
   readonly intervalMs: number;
 }
 
+/** One camera of a multi-camera config: its source, and its own budgets, edges and ladder (the
+ * top-level sections with its fields on top). */
+export interface CameraConfig {
+  readonly id: string;
+  readonly source: SourceConfig;
+  readonly budgets: BudgetsConfig;
+  readonly edges: PerceptConfig['edges'];
+  readonly ladder: LadderConfig;
+}
+
+/** How the engines several cameras share batch their work. */
+export interface BatchingConfig {
+  readonly encodeWaitMs: number;
+  /** null: every camera. */
+  readonly decodeMaxActive: number | null;
+  readonly prefillChunk: number;
+  readonly kvUnified: boolean;
+}
+
 export interface PerceptConfig {
   readonly source: SourceConfig;
+  /** Several cameras on shared engines (then `source` is not used); absent: `source` is the one camera. */
+  readonly cameras?: readonly CameraConfig[];
+  readonly batching: BatchingConfig;
   readonly preprocess: { readonly maxPixels: number; readonly threads: number };
   readonly encoder: EncoderConfig;
   readonly decoder: DecoderConfig;
@@ -213,13 +248,20 @@ export function loadConfig(input: string | object): PerceptConfig {
     );
   }
 
-  const given = new Set(PATH_FIELDS.filter((keys) => pathAt(data, keys) !== undefined));
-  if (typeof input === 'string') resolvePaths(data, PATH_FIELDS, dirname(resolve(input)));
+  // A remote decoder's model is the id a server serves, not a file.
+  const remoteDecoder = isRecord(data) && isRecord(data.decoder) && data.decoder.kind === 'openai';
+  const pathFields = remoteDecoder ? PATH_FIELDS.filter((f) => f.join('.') !== 'decoder.model') : PATH_FIELDS;
+  const given = new Set(pathFields.filter((keys) => pathAt(data, keys) !== undefined));
+  if (typeof input === 'string') resolvePaths(data, pathFields, dirname(resolve(input)));
+  const cameraIssues = prepareCameras(data, typeof input === 'string' ? dirname(resolve(input)) : undefined);
+  if (cameraIssues.length > 0) throw new ConfigError(origin, cameraIssues);
   const validate = compileSchema();
   if (!validate(data)) throw new ConfigError(origin, describeAjvErrors(validate.errors ?? []));
+  const cameraSchemaIssues = validateCameras(data, validate);
+  if (cameraSchemaIssues.length > 0) throw new ConfigError(origin, cameraSchemaIssues);
   resolvePaths(
     data,
-    PATH_FIELDS.filter((field) => !given.has(field)),
+    pathFields.filter((field) => !given.has(field)),
     DEFAULTS_BASE,
   );
   const config = data as PerceptConfig;
@@ -318,9 +360,41 @@ function checkEndpoints(config: PerceptConfig): ConfigIssue[] {
   return issues;
 }
 
+/** The decoder's kind-specific fields: each kind gets only its own (a setting the other kind would
+ * silently ignore is refused). */
+function checkDecoder(decoder: DecoderConfig): ConfigIssue[] {
+  const issues: ConfigIssue[] = [];
+  const only = (key: string, kind: string) => issues.push({ path: `/decoder/${key}`, message: `applies to decoder.kind "${kind}" only` });
+  if (decoder.kind === 'openai') {
+    if (decoder.endpoint === null) {
+      issues.push({
+        path: '/decoder/endpoint',
+        message: 'is required with decoder.kind "openai" (the server\'s base URL, e.g. http://127.0.0.1:8080)',
+      });
+    } else if (!/^https?:\/\/[^/\s]+/i.test(decoder.endpoint)) {
+      issues.push({ path: '/decoder/endpoint', message: `must be an http:// or https:// URL, got ${JSON.stringify(decoder.endpoint)}` });
+    }
+    if (decoder.model.startsWith('synth:'))
+      issues.push({
+        path: '/decoder/model',
+        message: `with decoder.kind "openai" must be the model id the server serves (GET /v1/models lists it), not ${JSON.stringify(decoder.model)}`,
+      });
+    if (decoder.draft !== null) only('draft', 'local');
+    if (decoder.draftMtp !== null) only('draftMtp', 'local');
+    if (decoder.ngram) only('ngram', 'local');
+  } else {
+    if (decoder.endpoint !== null) only('endpoint', 'openai');
+    if (decoder.apiKey !== null) only('apiKey', 'openai');
+    if (decoder.timeoutMs !== null) only('timeoutMs', 'openai');
+    if (decoder.concurrency !== 1)
+      issues.push({ path: '/decoder/concurrency', message: 'must be 1 for decoder.kind "local" (it decodes one frame at a time)' });
+  }
+  return issues;
+}
+
 /** Checks the schema cannot express. Returns the problems found (empty when the config is sound). */
 function checkSemantics(config: PerceptConfig): ConfigIssue[] {
-  const issues: ConfigIssue[] = [...checkEndpoints(config)];
+  const issues: ConfigIssue[] = [...checkEndpoints(config), ...checkDecoder(config.decoder), ...checkCameras(config)];
   if ((config.source.kind === 'ffmpeg' || config.source.kind === 'zmq') && config.clock === 'virtual') {
     issues.push({ path: '/clock', message: `must be "real" for a live source (${config.source.kind}): its frames come in real time` });
   }
@@ -372,4 +446,90 @@ function checkSemantics(config: PerceptConfig): ConfigIssue[] {
     }
   }
   return issues;
+}
+
+// --- cameras ---------------------------------------------------------------------------------
+
+const CAMERA_SECTIONS = ['budgets', 'edges', 'ladder'] as const;
+const CAMERA_PATH_FIELDS: readonly (readonly string[])[] = [
+  ['source', 'path'],
+  ['source', 'url'],
+  ['source', 'curve', 'secretKeyFile'],
+  ['source', 'curve', 'serverKeyFile'],
+];
+
+/** Objects merge key by key; anything else (arrays included) is replaced, and so is a tagged
+ * object (an edge policy: its kind decides which fields it may have). */
+function mergeSection(base: unknown, over: unknown): unknown {
+  if (!isRecord(base) || !isRecord(over) || 'policy' in over) return over === undefined ? structuredClone(base) : over;
+  const out: Record<string, unknown> = structuredClone(base);
+  for (const [key, value] of Object.entries(over)) out[key] = mergeSection(base[key], value);
+  return out;
+}
+
+/** Before validation: a camera's budgets, edges and ladder become the top-level sections (as given)
+ * with the camera's fields on top, and its source's paths are resolved like the top-level ones. */
+function prepareCameras(data: unknown, base: string | undefined): ConfigIssue[] {
+  if (!isRecord(data) || data.cameras === undefined) return [];
+  if (data.source !== undefined) return [{ path: '/source', message: 'give either source (one camera) or cameras, not both' }];
+  if (!Array.isArray(data.cameras)) return []; // the schema says what is wrong
+  for (const camera of data.cameras) {
+    if (!isRecord(camera)) continue;
+    for (const section of CAMERA_SECTIONS) camera[section] = mergeSection(data[section] ?? {}, camera[section]);
+    if (base !== undefined) resolvePaths(camera, CAMERA_PATH_FIELDS, base);
+  }
+  return [];
+}
+
+/** Each camera's sections against the schema of the top-level ones (which fills in their defaults). */
+function validateCameras(data: unknown, validate: ReturnType<typeof compileSchema>): ConfigIssue[] {
+  if (!isRecord(data) || !Array.isArray(data.cameras)) return [];
+  const issues: ConfigIssue[] = [];
+  data.cameras.forEach((camera: Record<string, unknown>, i) => {
+    const sections = { source: camera.source, budgets: camera.budgets, edges: camera.edges, ladder: camera.ladder };
+    if (validate(sections)) return;
+    for (const issue of describeAjvErrors(validate.errors ?? [])) issues.push({ ...issue, path: `/cameras/${i}${issue.path}` });
+  });
+  return issues;
+}
+
+/** Each camera's sections pass the same checks as the top-level ones; and what one graph per camera
+ * cannot do yet is refused. */
+function checkCameras(config: PerceptConfig): ConfigIssue[] {
+  const cameras = config.cameras;
+  if (!cameras) return [];
+  const issues: ConfigIssue[] = [];
+  const seen = new Set<string>();
+  cameras.forEach((camera, i) => {
+    if (seen.has(camera.id)) issues.push({ path: `/cameras/${i}/id`, message: `"${camera.id}" names two cameras` });
+    seen.add(camera.id);
+    const own = checkSemantics({ ...config, cameras: undefined, source: camera.source, budgets: camera.budgets, ladder: camera.ladder });
+    for (const issue of own) {
+      if (/^\/(source|budgets|ladder)(\/|$)/.test(issue.path)) issues.push({ ...issue, path: `/cameras/${i}${issue.path}` });
+    }
+  });
+  if (config.clock !== 'real') {
+    issues.push({ path: '/clock', message: 'must be "real" with cameras: the shared engines batch frames as they arrive in real time' });
+  }
+  const unsupported: [string, boolean][] = [
+    ['/control/enabled', config.control.enabled],
+    ['/recorder/enabled', config.recorder.enabled],
+  ];
+  for (const [path, on] of unsupported) if (on) issues.push({ path, message: 'is not supported with cameras yet (it serves one graph)' });
+  const drafts: [string, boolean][] = [
+    ['/decoder/draft', config.decoder.draft !== null],
+    ['/decoder/draftMtp', config.decoder.draftMtp !== null],
+    ['/decoder/ngram', config.decoder.ngram],
+  ];
+  for (const [path, on] of drafts) if (on) issues.push({ path, message: 'cameras are decoded together in one batch, without drafts' });
+  const { decodeMaxActive } = config.batching;
+  if (decodeMaxActive !== null && decodeMaxActive > cameras.length) {
+    issues.push({ path: '/batching/decodeMaxActive', message: `must be at most the number of cameras (${cameras.length})` });
+  }
+  return issues;
+}
+
+/** The part of the config one camera's graph reads. */
+export function cameraGraphConfig(config: PerceptConfig, camera: CameraConfig): GraphConfig {
+  return { ...config, budgets: camera.budgets, edges: camera.edges, ladder: camera.ladder };
 }

@@ -30,6 +30,14 @@ void SerialThread::run(const std::function<void()> & job) {
     done.get();
 }
 
+void SerialThread::post(std::function<void()> job) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        jobs_.push_back(std::move(job));
+    }
+    wake_.notify_one();
+}
+
 void SerialThread::loop() {
     pthread_setname_np(pthread_self(), "percept-ctx");  // and the compute threads it starts inherit the name
     std::unique_lock<std::mutex> lock(mutex_);

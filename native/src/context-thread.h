@@ -30,6 +30,8 @@ public:
     // Runs `job` on this thread, waits for it and rethrows what it throws. Call it from a thread
     // that may block (an AsyncWorker's Execute), never from the JS thread.
     void run(const std::function<void()> & job);
+    // Queues `job` without waiting (any thread). It must not throw: nothing would see it.
+    void post(std::function<void()> job);
 
 private:
     void loop();

@@ -31,6 +31,7 @@ llama_context_params contextParams(const ContextOptions & o) {
     cp.type_k = kv;
     cp.type_v = kv;
     cp.swa_full = true;  // partial KV removal (prefix reuse, rejected drafts) needs the full SWA cache
+    cp.kv_unified = o.kvUnified;
     cp.no_perf = true;
     return cp;
 }
@@ -145,6 +146,27 @@ Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSamp
         std::copy(r.sampleUs.begin(), r.sampleUs.end(), us.Data());
         o.Set("sampleUs", us);
     }
+    return o;
+}
+
+// A generate call on one sequence of a batch context: the scheduler's job plus what settles it on
+// the JS thread (the promise, and references that keep the context and grammar alive meanwhile).
+struct JsSeqJob : SeqJob {
+    explicit JsSeqJob(Napi::Env env) : deferred(Napi::Promise::Deferred::New(env)) {}
+    Napi::Promise::Deferred deferred;
+    Napi::ObjectReference self;
+    Napi::ObjectReference grammarRef;
+};
+
+Napi::Object batchResultToJs(Napi::Env env, const SeqJob & j) {
+    Napi::Object o = resultToJs(env, j.result, j.opts.recordSampleTimes);
+    Napi::Object b = Napi::Object::New(env);
+    b.Set("seq", j.seq);
+    b.Set("queueMs", j.counts.queueMs);
+    b.Set("waitSteps", j.counts.waitSteps);
+    b.Set("steps", j.counts.steps);
+    b.Set("peakSeqs", j.counts.peakSeqs);
+    o.Set("batch", b);
     return o;
 }
 
@@ -283,13 +305,19 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // Argument parsing (on the JS thread: cheap shape and range checks; TS validated already)
 
+// Sequences of one context at most (one per camera).
+constexpr int64_t kMaxSequences = 256;
+
 ContextOptions parseContextOptions(const Napi::Object & o) {
     const char * w = "Context.create options";
     ContextOptions c;
     c.nCtx = uint32_t(requireInt(o, "nCtx", 16, 1 << 24, w));
     c.nBatch = uint32_t(requireInt(o, "nBatch", 1, 1 << 20, w));
     c.nUbatch = uint32_t(requireInt(o, "nUbatch", 1, c.nBatch, w));
-    c.nSeq = uint32_t(requireInt(o, "nSeq", 1, 1, w));
+    c.nSeq = uint32_t(requireInt(o, "nSeq", 1, kMaxSequences, w));
+    c.kvUnified = requireBool(o, "kvUnified", w);
+    c.maxActive = uint32_t(requireInt(o, "maxActive", 1, c.nSeq, w));
+    c.prefillChunk = uint32_t(requireInt(o, "prefillChunk", 1, c.nBatch, w));
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     Napi::Value fa = o.Get("flashAttention");
     if (fa.IsBoolean()) c.flashAttention = fa.As<Napi::Boolean>().Value() ? 1 : 0;
@@ -461,12 +489,33 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
     made->threadpool = nullptr;
     opts_ = made->options;
     deadlineTimer_ = std::make_unique<DeadlineTimer>(stop_, 2);
+    if (opts_.nSeq > 1) {
+        // Finished requests come back on the context's thread; this settles them on the JS thread.
+        // Referenced only while requests are in flight, so an idle context keeps no process alive.
+        batchDone_ = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo &) {}), "percept:batch", 0, 1);
+        batchDone_.Unref(env);
+        seqJobs_.assign(opts_.nSeq, nullptr);
+        BatchOptions bo;
+        bo.nSeq = int32_t(opts_.nSeq);
+        bo.maxActive = int32_t(opts_.maxActive);
+        bo.prefillChunk = int32_t(opts_.prefillChunk);
+        bo.nBatch = int32_t(opts_.nBatch);
+        bo.nUbatch = int32_t(opts_.nUbatch);
+        batch_ = std::make_unique<BatchScheduler>(ctx_, model_, *thread_, bo, [this](std::unique_ptr<SeqJob> job) {
+            SeqJob * raw = job.release();
+            batchDone_.NonBlockingCall([this, raw](Napi::Env env, Napi::Function) { settle(env, std::unique_ptr<SeqJob>(raw)); });
+        });
+    }
 }
 
 Context::~Context() { freeNative(); }
 
 void Context::freeNative() {
     if (ctx_ == nullptr) return;
+    if (batch_) {
+        batch_.reset();  // its loop has stopped: nothing uses the llama_context any more
+        batchDone_.Release();
+    }
     spec_.reset();  // the draft context refers to ours (ctx_other)
     draftModelRef_.Reset();
     llama_free(ctx_);
@@ -527,6 +576,10 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("nBatch", llama_n_batch(ctx_));
     o.Set("nUbatch", llama_n_ubatch(ctx_));
     o.Set("nSeq", llama_n_seq_max(ctx_));
+    o.Set("nCtxSeq", llama_n_ctx_seq(ctx_));
+    o.Set("kvUnified", opts_.kvUnified);
+    o.Set("maxActive", opts_.maxActive);
+    o.Set("prefillChunk", opts_.prefillChunk);
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("threads", opts_.threads);
     o.Set("flashAttention",
@@ -582,6 +635,12 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     }
     Napi::Value onTokens = info.Length() > 2 ? info[2] : env.Undefined();
     if (!onTokens.IsUndefined() && !onTokens.IsFunction()) throw Napi::TypeError::New(env, "generate: onTokens must be a function");
+    if (batch_) {
+        if (!onTokens.IsUndefined()) throw Napi::TypeError::New(env, "generate: a context of several sequences does not stream tokens");
+        return GenerateOnSequence(info, std::move(segments), std::move(g), std::move(grammar), grammarObj);
+    }
+    if (!o.Get("seq").IsUndefined())
+        throw Napi::TypeError::New(env, "generate options.seq needs a context of several sequences (nSeq > 1)");
 
     acquire(env);
     resetStop(g.deadlineNs, g.cancellable);
@@ -591,7 +650,63 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     return p;
 }
 
+// generate() on a context of several sequences: queued to the scheduler; one request per sequence.
+Napi::Value Context::GenerateOnSequence(const Napi::CallbackInfo & info, std::vector<Segment> segments, GenerateOptions g,
+                                        GrammarInstance grammar, Napi::Object grammarObj) {
+    Napi::Env env = info.Env();
+    const int32_t seq = requireSeq(info[1].As<Napi::Object>().Get("seq"), "generate options.seq");
+    if (seqJobs_[size_t(seq)] != nullptr) {
+        throw codedError(env, "EBUSY", "sequence " + std::to_string(seq) + " is busy: one generation at a time per sequence");
+    }
+    auto job = std::make_unique<JsSeqJob>(env);
+    job->seq = seq;
+    job->segments = std::move(segments);
+    job->opts = std::move(g);
+    job->grammar = std::move(grammar);
+    job->self = Napi::Persistent(Value());
+    if (!grammarObj.IsEmpty()) job->grammarRef = Napi::Persistent(grammarObj);
+    Napi::Promise p = job->deferred.Promise();
+    seqJobs_[size_t(seq)] = job.get();
+    if (inFlight_++ == 0) batchDone_.Ref(env);
+    batch_->submit(std::move(job));
+    return p;
+}
+
+// On the JS thread: a finished request's promise is settled and its sequence is free again.
+void Context::settle(Napi::Env env, std::unique_ptr<SeqJob> job) {
+    std::unique_ptr<JsSeqJob> j(static_cast<JsSeqJob *>(job.release()));
+    seqJobs_[size_t(j->seq)] = nullptr;
+    if (--inFlight_ == 0) batchDone_.Unref(env);
+    if (!j->error.empty()) {
+        j->deferred.Reject(codedError(env, j->errorCode != nullptr ? j->errorCode : "EGENERATE", j->error).Value());
+    } else {
+        j->deferred.Resolve(batchResultToJs(env, *j));
+    }
+}
+
+int32_t Context::requireSeq(const Napi::Value & v, const char * where) const {
+    Napi::Env env = v.Env();
+    if (!v.IsNumber()) throw Napi::TypeError::New(env, std::string(where) + " must be a sequence number");
+    const double d = v.As<Napi::Number>().DoubleValue();
+    if (!(d >= 0 && d < double(opts_.nSeq)) || d != double(int64_t(d))) {
+        throw Napi::RangeError::New(env, std::string(where) + " must be an integer between 0 and " + std::to_string(opts_.nSeq - 1));
+    }
+    return int32_t(d);
+}
+
+// cancel(): the running generation; on a context of several sequences, cancel(seq) that sequence's
+// and cancel() every one.
 Napi::Value Context::Cancel(const Napi::CallbackInfo & info) {
+    if (batch_) {
+        if (info.Length() > 0 && !info[0].IsUndefined()) {
+            SeqJob * j = seqJobs_[size_t(requireSeq(info[0], "cancel seq"))];
+            if (j != nullptr) j->cancelled.store(true);
+        } else {
+            for (SeqJob * j : seqJobs_)
+                if (j != nullptr) j->cancelled.store(true);
+        }
+        return info.Env().Undefined();
+    }
     int expected = 0;
     stop_.compare_exchange_strong(expected, 1);
     return info.Env().Undefined();
@@ -599,6 +714,13 @@ Napi::Value Context::Cancel(const Napi::CallbackInfo & info) {
 
 Napi::Value Context::ClearCache(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
+    if (batch_) {
+        if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Context is disposed");
+        const int32_t seq = requireSeq(info[0], "clearCache seq");
+        if (seqJobs_[size_t(seq)] != nullptr) throw codedError(env, "EBUSY", "sequence " + std::to_string(seq) + " is busy");
+        batch_->clear(seq);
+        return env.Undefined();
+    }
     acquire(env);
     llama_memory_seq_rm(llama_get_memory(ctx_), 0, -1, -1);
     if (spec_) spec_->truncate(0);
@@ -608,6 +730,7 @@ Napi::Value Context::ClearCache(const Napi::CallbackInfo & info) {
 }
 
 Napi::Value Context::CachedPositions(const Napi::CallbackInfo & info) {
+    if (batch_) return Napi::Number::New(info.Env(), batch_->cachedPositions(requireSeq(info[0], "cachedPositions seq")));
     int32_t n = 0;
     for (const auto & c : cache_) n += c.positions();
     return Napi::Number::New(info.Env(), n);
@@ -618,6 +741,7 @@ Napi::Value Context::CachedPositions(const Napi::CallbackInfo & info) {
 Napi::Value Context::AttachSpeculator(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Context is disposed");
+    if (batch_) throw Napi::Error::New(env, "attachSpeculator: a context of several sequences decodes them in one batch, without drafts");
     SpecOptions s = parseSpecOptions(requireObject(info[1], "attachSpeculator options"), opts_);
     Model * draft = checkDraftModel(env, info[0], s, *model_);
     if (spec_) throw codedError(env, "EBUSY", "the context already has a speculator; detach it first");
@@ -644,7 +768,9 @@ Napi::Value Context::DetachSpeculator(const Napi::CallbackInfo & info) {
 Napi::Value Context::Dispose(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     if (ctx_ == nullptr) return env.Undefined();
-    if (busy_.load()) throw codedError(env, "EBUSY", "Context is busy; cancel and await the running operation before dispose()");
+    if (busy_.load() || inFlight_ > 0) {
+        throw codedError(env, "EBUSY", "Context is busy; cancel and await the running operation before dispose()");
+    }
     freeNative();
     return env.Undefined();
 }

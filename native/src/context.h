@@ -1,11 +1,14 @@
 // Context: one llama_context (KV cache of one sequence), the prompt cache that makes prefix reuse
 // possible, the speculator state it owns, and the thread that runs its llama.cpp calls
 // (context-thread.h). Generation itself lives in generate.h. Every slow call runs off the JS
-// thread; one operation at a time (EBUSY).
+// thread; one operation at a time (EBUSY). A context of several sequences (nSeq > 1, one per
+// camera) runs its generations through a BatchScheduler (batch.h) instead: one at a time per
+// sequence, every sequence at once.
 #pragma once
 
 #include <napi.h>
 
+#include "batch.h"
 #include "context-thread.h"
 #include "llama.h"
 #include "prompt.h"
@@ -30,6 +33,9 @@ struct ContextOptions {
     uint32_t nBatch = 0;
     uint32_t nUbatch = 0;
     uint32_t nSeq = 0;
+    bool kvUnified = false;       // one KV buffer for every sequence (else a stream per sequence)
+    uint32_t maxActive = 0;       // sequences per batched step (nSeq > 1)
+    uint32_t prefillChunk = 0;    // prompt positions per batched step (nSeq > 1)
     uint32_t maxOutputs = 0;      // outputs per batch: 1 + the longest draft (sizes the compute buffer)
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     std::string kvType;           // "f16" | "q8_0"
@@ -94,6 +100,17 @@ private:
     bool cancellable_ = false;
     std::unique_ptr<SerialThread> thread_;
     std::unique_ptr<DeadlineTimer> deadlineTimer_;
+
+    // nSeq > 1: the scheduler, the function that settles its requests' promises on the JS thread,
+    // and per sequence the request running there (JS thread only).
+    Napi::Value GenerateOnSequence(const Napi::CallbackInfo & info, std::vector<Segment> segments, GenerateOptions g,
+                                   GrammarInstance grammar, Napi::Object grammarObj);
+    void settle(Napi::Env env, std::unique_ptr<SeqJob> job);
+    int32_t requireSeq(const Napi::Value & v, const char * where) const;
+    std::unique_ptr<BatchScheduler> batch_;
+    Napi::ThreadSafeFunction batchDone_;
+    std::vector<SeqJob *> seqJobs_;
+    int32_t inFlight_ = 0;
 };
 
 }  // namespace percept

@@ -20,23 +20,69 @@ const char * stopReasonOf(int code) { return code == 2 ? "deadline" : "cancelled
 
 }  // namespace
 
-// A batch of token ids owned by us (llama_batch_init/free RAII), one sequence.
-struct TokenBatch {
-    llama_batch b;
-    explicit TokenBatch(int32_t n) : b(llama_batch_init(n, 0, 1)) {}
-    ~TokenBatch() { llama_batch_free(b); }
-    TokenBatch(const TokenBatch &) = delete;
-    TokenBatch & operator=(const TokenBatch &) = delete;
-    void clear() { b.n_tokens = 0; }
-    void add(llama_token t, llama_pos pos, bool logits) {
-        int i = b.n_tokens++;
-        b.token[i] = t;
-        b.pos[i] = pos;
-        b.n_seq_id[i] = 1;
-        b.seq_id[i][0] = 0;
-        b.logits[i] = logits;
+// ------------------------------------------------------------------------------------------------
+// Shared steps
+
+Tokenizer vocabTokenizer(const llama_vocab * vocab) {
+    return [vocab](const std::string & text, bool addSpecial) {
+        std::vector<llama_token> toks(text.size() + 8);
+        int n = llama_tokenize(vocab, text.data(), int32_t(text.size()), toks.data(), int32_t(toks.size()), addSpecial, true);
+        if (n < 0) {
+            toks.resize(size_t(-n));
+            n = llama_tokenize(vocab, text.data(), int32_t(text.size()), toks.data(), -n, addSpecial, true);
+        }
+        toks.resize(size_t(std::max(n, 0)));
+        return toks;
+    };
+}
+
+PromptPlan planChecked(const Model & model, const std::vector<Segment> & segments, const std::vector<CacheItem> & cache, int32_t maxTokens,
+                       int32_t nCtxSeq) {
+    const ModelInfo & mi = model.info();
+    PromptPlan p = planPrompt(segments, cache, vocabTokenizer(model.vocab()), ImageMarkers{mi.imageStartToken, mi.imageEndToken});
+    if (p.positions == 0) throw std::runtime_error("empty prompt: give at least one token");
+    if (p.positions + maxTokens > nCtxSeq) {
+        throw CodedFailure("ERANGE",
+                           "context overflow: prompt (" + std::to_string(p.positions) + " positions) + maxTokens (" +
+                               std::to_string(maxTokens) + ") exceeds nCtx " + std::to_string(nCtxSeq));
     }
-};
+    return p;
+}
+
+bool imageNonCausal(const ModelInfo & mi, const PromptItem & p) { return mi.imageAttention != "causal" && !p.forceCausal; }
+
+bool appendOutput(const llama_vocab * vocab, const GenerateOptions & opts, GenerateResult & res, llama_token t) {
+    for (int32_t s : opts.stopTokens) {
+        if (s == t) {
+            res.stopReason = "stop";
+            return true;
+        }
+    }
+    res.tokens.push_back(t);
+    char buf[256];
+    const int n = llama_token_to_piece(vocab, t, buf, sizeof(buf), 0, false);
+    std::string piece = n >= 0 ? std::string(buf, size_t(n)) : std::string(size_t(-n), '\0');
+    if (n < 0) llama_token_to_piece(vocab, t, piece.data(), -n, 0, false);
+    const size_t before = res.text.size();
+    res.text += piece;
+    for (const std::string & stop : opts.stopStrings) {
+        const size_t from = before >= stop.size() ? before - stop.size() + 1 : 0;
+        const size_t at = res.text.find(stop, from);
+        if (at != std::string::npos) {
+            res.text.resize(at);
+            res.stopReason = "stop";
+            return true;
+        }
+    }
+    if (int32_t(res.tokens.size()) >= opts.maxTokens) {
+        res.stopReason = "max_tokens";
+        return true;
+    }
+    return false;
+}
+
+// ------------------------------------------------------------------------------------------------
+// One generation
 
 Generation::Generation(Context & ctx, std::vector<Segment> segments, GenerateOptions options, GrammarInstance grammar, TokenSink sink)
     : ctx_(ctx), segments_(std::move(segments)), opts_(std::move(options)), sampler_(ctx.model(), opts_.sampling, std::move(grammar)),
@@ -61,27 +107,8 @@ GenerateResult Generation::run() {
 // The prompt
 
 PromptPlan Generation::plan() {
-    const llama_vocab * vocab = ctx_.model()->vocab();
-    const ModelInfo & mi = ctx_.model()->info();
-    const Tokenizer tokenize = [vocab](const std::string & text, bool addSpecial) {
-        std::vector<llama_token> toks(text.size() + 8);
-        int n = llama_tokenize(vocab, text.data(), int32_t(text.size()), toks.data(), int32_t(toks.size()), addSpecial, true);
-        if (n < 0) {
-            toks.resize(size_t(-n));
-            n = llama_tokenize(vocab, text.data(), int32_t(text.size()), toks.data(), -n, addSpecial, true);
-        }
-        toks.resize(size_t(std::max(n, 0)));
-        return toks;
-    };
-    PromptPlan p = planPrompt(segments_, ctx_.cache(), tokenize, ImageMarkers{mi.imageStartToken, mi.imageEndToken});
+    const PromptPlan p = planChecked(*ctx_.model(), segments_, ctx_.cache(), opts_.maxTokens, int32_t(llama_n_ctx(ctx_.raw())));
     res_.promptTokens = p.positions;
-    const int32_t nCtx = int32_t(llama_n_ctx(ctx_.raw()));
-    if (p.positions == 0) throw std::runtime_error("empty prompt: give at least one token");
-    if (p.positions + opts_.maxTokens > nCtx) {
-        throw CodedFailure("ERANGE",
-                           "context overflow: prompt (" + std::to_string(p.positions) + " positions) + maxTokens (" +
-                               std::to_string(opts_.maxTokens) + ") exceeds nCtx " + std::to_string(nCtx));
-    }
     return p;
 }
 
@@ -393,7 +420,7 @@ int Generation::decodeImage(const PromptItem & p, llama_pos pos0) {
     const ModelInfo & mi = ctx_.model()->info();
     const ContextOptions & co = ctx_.options();
     const int32_t n = p.item.imageTokens;
-    const bool nonCausal = mi.imageAttention != "causal" && !p.forceCausal;
+    const bool nonCausal = imageNonCausal(mi, p);
     if (uint32_t(n) > co.nBatch) {
         throw std::runtime_error("image of " + std::to_string(n) + " tokens exceeds nBatch " + std::to_string(co.nBatch));
     }
@@ -448,38 +475,13 @@ llama_token Generation::sampleAt(int32_t idx) {
     return t;
 }
 
-// Appends a generated token to the output; true when generation must stop (stop token, stop
-// string, max tokens).
+// Appends a generated token to the output (and to what the sink gets next); true when generation
+// must stop.
 bool Generation::pushOutput(llama_token t) {
-    for (int32_t s : opts_.stopTokens) {
-        if (s == t) {
-            res_.stopReason = "stop";
-            return true;
-        }
-    }
-    res_.tokens.push_back(t);
-    emitted_.push_back(t);
-    const llama_vocab * vocab = ctx_.model()->vocab();
-    char buf[256];
-    const int n = llama_token_to_piece(vocab, t, buf, sizeof(buf), 0, false);
-    std::string piece = n >= 0 ? std::string(buf, size_t(n)) : std::string(size_t(-n), '\0');
-    if (n < 0) llama_token_to_piece(vocab, t, piece.data(), -n, 0, false);
-    const size_t before = res_.text.size();
-    res_.text += piece;
-    for (const std::string & stop : opts_.stopStrings) {
-        const size_t from = before >= stop.size() ? before - stop.size() + 1 : 0;
-        const size_t at = res_.text.find(stop, from);
-        if (at != std::string::npos) {
-            res_.text.resize(at);
-            res_.stopReason = "stop";
-            return true;
-        }
-    }
-    if (int32_t(res_.tokens.size()) >= opts_.maxTokens) {
-        res_.stopReason = "max_tokens";
-        return true;
-    }
-    return false;
+    const size_t before = res_.tokens.size();
+    const bool stop = appendOutput(ctx_.model()->vocab(), opts_, res_, t);
+    if (res_.tokens.size() > before) emitted_.push_back(t);
+    return stop;
 }
 
 void Generation::flush() {

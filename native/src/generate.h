@@ -16,7 +16,26 @@
 namespace percept {
 
 class Context;
-struct TokenBatch;
+class Model;
+struct ModelInfo;
+
+// A batch of token ids owned by us (llama_batch_init/free RAII); each token names its sequence.
+struct TokenBatch {
+    llama_batch b;
+    explicit TokenBatch(int32_t n) : b(llama_batch_init(n, 0, 1)) {}
+    ~TokenBatch() { llama_batch_free(b); }
+    TokenBatch(const TokenBatch &) = delete;
+    TokenBatch & operator=(const TokenBatch &) = delete;
+    void clear() { b.n_tokens = 0; }
+    void add(llama_token t, llama_pos pos, bool logits, llama_seq_id seq = 0) {
+        int i = b.n_tokens++;
+        b.token[i] = t;
+        b.pos[i] = pos;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = seq;
+        b.logits[i] = logits;
+    }
+};
 
 struct GenerateOptions {
     int32_t maxTokens = 0;
@@ -50,6 +69,20 @@ struct GenerateResult {
 
 // Receives accepted tokens as they come (streaming); called on the generating thread.
 using TokenSink = std::function<void(const std::vector<llama_token> & tokens)>;
+
+// Steps every generation shares (one sequence here, many in batch.h).
+
+// llama_tokenize with special tokens parsed, as planPrompt wants it.
+Tokenizer vocabTokenizer(const llama_vocab * vocab);
+// The prompt planned against what the sequence's cache holds, checked against the context size
+// (nCtxSeq positions per sequence). Throws on an empty prompt, CodedFailure ERANGE on overflow.
+PromptPlan planChecked(const Model & model, const std::vector<Segment> & segments, const std::vector<CacheItem> & cache, int32_t maxTokens,
+                       int32_t nCtxSeq);
+// Whether an image is decoded with bidirectional attention (the model's rule, unless forced causal).
+bool imageNonCausal(const ModelInfo & mi, const PromptItem & p);
+// Appends a generated token to the result: its id and text. True when generation must stop (stop
+// token: not appended; stop string: the text is cut before it; max tokens), with the stop reason set.
+bool appendOutput(const llama_vocab * vocab, const GenerateOptions & opts, GenerateResult & res, llama_token t);
 
 class Generation {
 public:

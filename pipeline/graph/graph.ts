@@ -10,7 +10,7 @@
 // Subscribe to `events`/`outputs` before run(): they are hot and complete when the run ends.
 //
 // What the runtime adds around every Stage (each becomes an OperatorFunction<Envelope, Envelope>):
-// - The envelope: frame id (0, 1, … in source order), source id, capture ns + wall ms, deadline =
+// - The envelope: frame id (0, 1, … in source order, or first + k × stride), source id, capture ns + wall ms, deadline =
 //   capture + budgets.endToEndMs, the ladder level at admission, and one span per stage.
 // - The edge in front of the stage (edges[stage] ?? edges.default): 'latest' keeps one waiting frame
 //   (a newer one replaces it: drop 'conflated'); 'queue' keeps up to `capacity` in order (an arriving
@@ -89,11 +89,13 @@ export interface GraphOptions<I, O> {
   readonly stages: StageChain<I, O>;
   readonly clock: Clock;
   readonly config: GraphConfig;
+  /** Frame ids first, first + stride, … (default 0, 1, …): graphs of one run (cameras) keep their ids apart. */
+  readonly frameIds?: { readonly first: number; readonly stride: number };
 }
 
-export function createGraph<I, O>({ source, stages, clock, config }: GraphOptions<I, O>): Graph<O> {
+export function createGraph<I, O>({ source, stages, clock, config, frameIds }: GraphOptions<I, O>): Graph<O> {
   // The chain's types end here: the runtime moves envelopes of unknown payloads between stages.
-  return new GraphRuntime({ source, stages: stages?.stages, clock, config }) as Graph<unknown> as Graph<O>;
+  return new GraphRuntime({ source, stages: stages?.stages, clock, config, frameIds }) as Graph<unknown> as Graph<O>;
 }
 
 interface RuntimeOptions {
@@ -101,6 +103,7 @@ interface RuntimeOptions {
   readonly stages: readonly Stage<never, unknown>[];
   readonly clock: Clock;
   readonly config: GraphConfig;
+  readonly frameIds?: { readonly first: number; readonly stride: number } | undefined;
 }
 
 /** Calls graph.stop(signal) on the first of `signals`; returns a function that removes the handlers. */
@@ -138,6 +141,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly #aggregator: TelemetryAggregator;
   readonly #shutdown = new AbortController();
   #nextFrameId = 0;
+  readonly #frameIdStride: number = 1;
   #toSkip = 0;
   #nextStatsNs = 0n;
   #statsTimer: NodeJS.Timeout | undefined;
@@ -149,7 +153,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   #resolveRun: ((summary: RunSummary) => void) | undefined;
   #finalizing = false;
 
-  constructor({ source, stages, clock, config }: RuntimeOptions) {
+  constructor({ source, stages, clock, config, frameIds }: RuntimeOptions) {
     if (!source || typeof source.frames !== 'function')
       throw new TypeError('createGraph: expected source to be a FrameSource with a frames() method');
     if (!Array.isArray(stages) || stages.length === 0)
@@ -175,6 +179,15 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     if (!(Number.isFinite(endToEndMs) && endToEndMs > 0))
       throw new RangeError(`createGraph: expected config.budgets.endToEndMs > 0 but received ${endToEndMs}`);
 
+    if (frameIds) {
+      const { first, stride } = frameIds;
+      if (!(Number.isSafeInteger(first) && first >= 0 && Number.isSafeInteger(stride) && stride >= 1))
+        throw new RangeError(
+          `createGraph: expected frameIds { first ≥ 0, stride ≥ 1 } (integers) but received ${JSON.stringify(frameIds)}`,
+        );
+      this.#nextFrameId = first;
+      this.#frameIdStride = stride;
+    }
     this.#source = source;
     this.#stages = stages as readonly Stage<unknown, unknown>[];
     this.#config = config;
@@ -415,7 +428,8 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
 
   /** A source item enters the graph: ladder decision, frame id, deadline, frame skip. */
   #admit(item: SourceItem<unknown>, subscriber: Subscriber<Envelope<unknown>>): void {
-    const frameId = this.#nextFrameId++;
+    const frameId = this.#nextFrameId;
+    this.#nextFrameId += this.#frameIdStride;
     const atNs = this.clock.nowNs();
     const decision = this.ladder.decide(this.costModel);
     if (decision) this.emit({ type: 'degrade', atNs, frameId, ...decision });

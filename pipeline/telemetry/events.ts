@@ -160,4 +160,7 @@ export interface RunSummary {
   readonly stages: Readonly<Record<string, LatencyStats>>;
   /** Capture → last stage exit, over frames that came out. */
   readonly endToEnd: LatencyStats;
+  /** A run of several cameras: each camera's own summary by camera id (the fields above are over
+   * all cameras together). */
+  readonly cameras?: Readonly<Record<string, RunSummary>>;
 }

@@ -43,6 +43,27 @@ function formatStageTable(summary: RunSummary): string[] {
   return table(rows);
 }
 
+/** Per camera, for a run of several: frames, drops, misses, level and latency. */
+function formatCameraTable(summary: RunSummary): string[] {
+  if (!summary.cameras) return [];
+  const rows: string[][] = [['camera', 'in', 'out', 'dropped', 'late', 'misses', 'level', 'p50 ms', 'p99 ms', 'max ms']];
+  for (const [id, s] of Object.entries(summary.cameras)) {
+    rows.push([
+      id,
+      String(s.frames.in),
+      String(s.frames.out),
+      s.frames.dropped === 0 ? '0' : `${s.frames.dropped} (${fmtCounts(s.drops.byReason)})`,
+      String(s.frames.late),
+      String(s.deadlineMisses),
+      String(s.degrade.level),
+      fmtMs(s.endToEnd.p50Ms),
+      fmtMs(s.endToEnd.p99Ms),
+      fmtMs(s.endToEnd.maxMs),
+    ]);
+  }
+  return table(rows);
+}
+
 function formatHeadline(summary: RunSummary): string {
   const f = summary.frames;
   return (
@@ -60,6 +81,7 @@ export function formatSummary(summary: RunSummary): string {
     `deadline misses ${summary.deadlineMisses}  degrade steps down ${summary.degrade.down} up ${summary.degrade.up} (max level ${summary.degrade.maxLevel})`,
     ...(Object.keys(summary.source).length ? [`source incidents: ${fmtCounts(summary.source)}`] : []),
     ...formatStageTable(summary),
+    ...formatCameraTable(summary),
   ];
   return lines.join('\n') + '\n';
 }
@@ -131,7 +153,7 @@ export class LiveTable {
   #draw(): void {
     if (!this.#dirty || !this.#latest) return;
     this.#dirty = false;
-    const lines = [formatHeadline(this.#latest), ...formatStageTable(this.#latest)];
+    const lines = [formatHeadline(this.#latest), ...formatStageTable(this.#latest), ...formatCameraTable(this.#latest)];
     const up = this.#linesDrawn > 0 ? `\x1b[${this.#linesDrawn}F` : '';
     this.#stream.write(up + lines.map((l) => `\x1b[2K${l}\n`).join('') + '\x1b[0J');
     this.#linesDrawn = lines.length;

@@ -1,0 +1,157 @@
+// `percept bench cameras`: N cameras at F frames per second each through the real stages (preprocess,
+// the shared batching encoder, the shared batched decoder with the action grammar, validation; no
+// publisher): per-camera latency p50/p99, drops and deadline misses, and the aggregate actions/s and
+// generated tokens/s. Every camera is a test-pattern source started at the same instant (a
+// synchronised rig: frames of all cameras arrive together, the encoder's best case for batching and
+// the decoder's worst case for bursts). Edges are 'latest' (a camera's newest frame replaces one that
+// waits: dropped 'conflated'), the ladder is off (fixed image tokens), and the frame deadline is the
+// budget: a frame that would come out later is cancelled and counted as a miss.
+import { RealClock } from '../pipeline/clock.ts';
+import { loadConfig } from '../pipeline/config.ts';
+import type { LatencyStats } from '../pipeline/telemetry/events.ts';
+import { loadActionSchema } from '../nodes/action-schema.ts';
+import type { CameraFrame } from '../nodes/payloads.ts';
+import type { FrameSource } from '../pipeline/types.ts';
+import { encoderSection } from './bench-frame.ts';
+import { asCamera, createCameraGroup, createCameraStages } from './cameras.ts';
+import { createSource } from './run.ts';
+
+export interface BenchCamerasOptions {
+  readonly cameras: number;
+  readonly fps: number;
+  /** Decoder GGUF or synth: preset. */
+  readonly model: string;
+  /** Vision encoder: an .onnx, an mmproj .gguf, or 'projection'. */
+  readonly encoder: string;
+  readonly gpuLayers: number;
+  readonly seconds: number;
+  readonly imageTokens: number;
+  /** Each frame's deadline after capture (ms). */
+  readonly budgetMs: number;
+  readonly kvUnified?: boolean;
+  readonly prefillChunk?: number;
+  readonly maxActive?: number;
+  readonly encodeWaitMs?: number;
+}
+
+export interface CameraBenchRow {
+  readonly frames_in: number;
+  readonly frames_out: number;
+  readonly dropped: Readonly<Record<string, number>>;
+  readonly deadline_misses: number;
+  readonly e2e_ms_p50: number | null;
+  readonly e2e_ms_p99: number | null;
+  readonly decode_ms_p50: number | null;
+  readonly decode_ms_p99: number | null;
+}
+
+export interface BenchCamerasResult {
+  readonly cameras: number;
+  readonly fps: number;
+  readonly seconds: number;
+  readonly image_tokens: number;
+  readonly budget_ms: number;
+  readonly per_camera: Readonly<Record<string, CameraBenchRow>>;
+  /** The worst camera's p99 (what the goal is stated on). */
+  readonly per_camera_p99_ms_max: number | null;
+  readonly e2e_ms_p50: number | null;
+  readonly e2e_ms_p99: number | null;
+  readonly frames_in: number;
+  readonly frames_out: number;
+  readonly actions_per_s: number;
+  /** Tokens generated per second over all cameras (cancelled frames' tokens included). */
+  readonly tokens_per_s: number;
+  readonly stages_ms_p50: Readonly<Record<string, number | null>>;
+  readonly stages_ms_p99: Readonly<Record<string, number | null>>;
+  /** Sequences that shared a decode step, per frame: mean and most. */
+  readonly decode_batch_mean: number | null;
+  readonly decode_batch_max: number;
+  /** Encoder calls and the frames they took (warm-up included). */
+  readonly encoder_calls: number;
+  readonly encoder_frames: number;
+  readonly encoder_batch_max: number;
+  readonly kv_unified: boolean;
+  readonly prefill_chunk: number;
+}
+
+const p = (s: LatencyStats | undefined, q: 'p50Ms' | 'p99Ms'): number | null => s?.[q] ?? null;
+
+export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCamerasResult> {
+  const { cameras: n, fps, seconds, imageTokens, budgetMs, gpuLayers } = opts;
+  if (!(Number.isInteger(n) && n >= 1 && n <= 256)) throw new RangeError(`--cameras must be an integer in [1, 256], got ${n}`);
+  const frames = Math.max(1, Math.round(fps * seconds));
+  const config = loadConfig({
+    cameras: Array.from({ length: n }, (_, i) => ({
+      id: `cam${i}`,
+      source: { kind: 'pattern', fps, frames, width: 1280, height: 720 },
+    })),
+    encoder: encoderSection(opts.encoder, gpuLayers),
+    decoder: { model: opts.model, gpuLayers },
+    budgets: { endToEndMs: budgetMs, stages: {}, dropPredictedMiss: false },
+    edges: { default: { policy: 'latest' } },
+    ladder: { enabled: false, initial: { imageTokens }, rungs: [] },
+    batching: {
+      ...(opts.kvUnified !== undefined ? { kvUnified: opts.kvUnified } : {}),
+      ...(opts.prefillChunk !== undefined ? { prefillChunk: opts.prefillChunk } : {}),
+      ...(opts.maxActive !== undefined ? { decodeMaxActive: opts.maxActive } : {}),
+      ...(opts.encodeWaitMs !== undefined ? { encodeWaitMs: opts.encodeWaitMs } : {}),
+    },
+    telemetry: { liveTable: 'off' },
+  });
+  const sources: FrameSource<CameraFrame>[] = [];
+  for (const camera of config.cameras!) sources.push(asCamera(await createSource(camera.source), camera.id));
+  const stages = await createCameraStages(config, loadActionSchema(config.actions.schema), { publish: false });
+  const group = createCameraGroup(config, sources, stages, new RealClock());
+  let tokens = 0;
+  const batchSizes: number[] = [];
+  group.events.subscribe((event) => {
+    if (event.type !== 'note' || event.message !== 'decode' || !event.data) return;
+    tokens += Number(event.data.tokens ?? 0);
+    if (typeof event.data.peakSeqs === 'number') batchSizes.push(event.data.peakSeqs);
+  });
+  const summary = await group.run();
+  const durationS = summary.durationMs / 1000;
+  const perCamera: Record<string, CameraBenchRow> = {};
+  for (const [id, s] of Object.entries(summary.cameras ?? {})) {
+    perCamera[id] = {
+      frames_in: s.frames.in,
+      frames_out: s.frames.out,
+      dropped: s.drops.byReason as Record<string, number>,
+      deadline_misses: s.deadlineMisses,
+      e2e_ms_p50: p(s.endToEnd, 'p50Ms'),
+      e2e_ms_p99: p(s.endToEnd, 'p99Ms'),
+      decode_ms_p50: p(s.stages.decode, 'p50Ms'),
+      decode_ms_p99: p(s.stages.decode, 'p99Ms'),
+    };
+  }
+  const p99s = Object.values(perCamera)
+    .map((r) => r.e2e_ms_p99)
+    .filter((x): x is number => x !== null);
+  const pick = (q: 'p50Ms' | 'p99Ms') => Object.fromEntries(Object.entries(summary.stages).map(([name, s]) => [name, s[q]]));
+  const enc = stages.encoderStats();
+  const round = (x: number): number => Math.round(x * 1000) / 1000;
+  return {
+    cameras: n,
+    fps,
+    seconds,
+    image_tokens: imageTokens,
+    budget_ms: budgetMs,
+    per_camera: perCamera,
+    per_camera_p99_ms_max: p99s.length === n ? Math.max(...p99s) : null,
+    e2e_ms_p50: p(summary.endToEnd, 'p50Ms'),
+    e2e_ms_p99: p(summary.endToEnd, 'p99Ms'),
+    frames_in: summary.frames.in,
+    frames_out: summary.frames.out,
+    actions_per_s: durationS > 0 ? round(summary.frames.out / durationS) : 0,
+    tokens_per_s: durationS > 0 ? round(tokens / durationS) : 0,
+    stages_ms_p50: pick('p50Ms'),
+    stages_ms_p99: pick('p99Ms'),
+    decode_batch_mean: batchSizes.length ? round(batchSizes.reduce((a, b) => a + b, 0) / batchSizes.length) : null,
+    decode_batch_max: batchSizes.length ? Math.max(...batchSizes) : 0,
+    encoder_calls: enc.calls,
+    encoder_frames: enc.frames,
+    encoder_batch_max: enc.maxBatch,
+    kv_unified: config.batching.kvUnified,
+    prefill_chunk: config.batching.prefillChunk,
+  };
+}

@@ -1,0 +1,213 @@
+// `percept run` with `cameras`: one graph per camera (its own source, edges, budgets, ladder, drops
+// and deadlines) whose encode and decode stages are handles onto one shared encoder and one shared
+// decoder, which batch across cameras (nodes/encoder-batch.ts, the decoder's batched context). The
+// graphs run as one GraphGroup: one event stream, one summary with every camera's own, one publisher
+// whose actions carry the camera id as source_id.
+import { DegradeLadder } from '../pipeline/budget.ts';
+import { RealClock, type Clock } from '../pipeline/clock.ts';
+import { cameraGraphConfig, type PerceptConfig } from '../pipeline/config.ts';
+import { append, chain, type StageChain } from '../pipeline/graph/chain.ts';
+import { createGraph } from '../pipeline/graph/graph.ts';
+import { GraphGroup } from '../pipeline/graph/group.ts';
+import type { RunSummary } from '../pipeline/telemetry/events.ts';
+import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
+import type { FrameSource, Stage } from '../pipeline/types.ts';
+import type { Publisher } from '../nodes/publisher.ts';
+import type { BatchingEncoderStats } from '../nodes/encoder-batch.ts';
+import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
+import type { ActionMessage, CameraFrame } from '../nodes/payloads.ts';
+import { resolveModel } from '../models/resolve.ts';
+import {
+  checkEncoderFitsDecoder,
+  createEncoder,
+  createRemoteDecoder,
+  createSource,
+  describePublished,
+  modelIds,
+  runFailure,
+  warmupFrame,
+  type RunOptions,
+} from './run.ts';
+
+const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
+/** A remote decoder's server encodes the images: percept's encoder makes no calls. */
+const NO_ENCODER: BatchingEncoderStats = { calls: 0, frames: 0, maxBatch: 0, discarded: 0 };
+
+export interface CameraStages {
+  /** Per camera, in config order: camera frame → published (or validated) action. */
+  readonly chains: readonly StageChain<CameraFrame, ActionMessage>[];
+  readonly publisher?: Publisher;
+  /** The shared encoder's batching so far. */
+  encoderStats(): BatchingEncoderStats;
+}
+
+/** A source whose frames carry the camera id as their source id (the actions' source_id). */
+export function asCamera<T>(source: FrameSource<T>, id: string): FrameSource<T> {
+  return {
+    id,
+    async *frames(clock, signal, report) {
+      for await (const item of source.frames(clock, signal, report)) yield { ...item, sourceId: id };
+    },
+    ...(source.close ? { close: () => source.close!() } : {}),
+  };
+}
+
+/** The stages of every camera: the publisher first (see createStages in run.ts), the shared decoder
+ * (one sequence per camera), the shared encoder, then each camera's preprocess and actions; warmed up
+ * through the first camera. `publish: false` leaves the publisher out. */
+export async function createCameraStages(
+  config: PerceptConfig,
+  actionSchema: ActionSchema,
+  { publish = true, warmup = true } = {},
+): Promise<CameraStages> {
+  const cameras = config.cameras;
+  if (!cameras) throw new TypeError('createCameraStages: the config has no cameras');
+  const n = cameras.length;
+  const built: Stage<never, unknown>[] = [];
+  let publisher: Publisher | undefined;
+  try {
+    if (publish) {
+      const { createPublisher } = await import('../nodes/publisher.ts');
+      publisher = await createPublisher({ ...config.publisher, clock: config.clock, models: modelIds(config) });
+      log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
+    }
+    if (config.decoder.kind === 'openai') {
+      // The server batches the cameras' requests; each camera's graph keeps its own edge, deadline and
+      // up to decoder.concurrency requests in flight on the one remote stage.
+      const { createActionsStage } = await import('../nodes/actions.ts');
+      const decoder = await createRemoteDecoder(config, actionSchema, warmup ? cameras[0]! : null);
+      const chains = cameras.map(() => {
+        const validated = chain(decoder, createActionsStage({ schema: actionSchema }));
+        return publisher ? append(validated, publisher.stage) : validated;
+      });
+      return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => NO_ENCODER };
+    }
+    const { createCameraDecoderStages } = await import('../nodes/decoder.ts');
+    log(`decoder: ${config.decoder.model} (${n} cameras, one sequence each, batched)`);
+    const decoders = await createCameraDecoderStages(
+      { ...config.decoder, model: await resolveModel(config.decoder.model, 'decoder'), actionSchema },
+      {
+        cameras: n,
+        maxActive: config.batching.decodeMaxActive,
+        prefillChunk: config.batching.prefillChunk,
+        kvUnified: config.batching.kvUnified,
+      },
+    );
+    built.push(...decoders);
+    const decoder = decoders[0]!;
+    const { contract, stage: encoder, source: encoderSource } = await createEncoder(config, decoder.nEmbd, decoder.contract);
+    checkEncoderFitsDecoder(
+      { contract, source: encoderSource },
+      { contract: decoder.contract, source: config.decoder.model, arch: decoder.modelInfo.arch },
+    );
+    const { createCameraEncoderStages } = await import('../nodes/encoder-batch.ts');
+    const encoders = createCameraEncoderStages(encoder, { cameras: n, waitMs: config.batching.encodeWaitMs });
+    built.push(...encoders);
+    const { createPreprocessStage } = await import('../nodes/preprocess.ts');
+    const { createActionsStage } = await import('../nodes/actions.ts');
+    const preprocess = cameras.map(() =>
+      createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels, threads: config.preprocess.threads }),
+    );
+    const actions = cameras.map(() => createActionsStage({ schema: actionSchema }));
+    if (warmup) {
+      const { warmUpStages } = await import('./warmup.ts');
+      const ladder = new DegradeLadder(cameras[0]!.ladder, cameras[0]!.budgets.endToEndMs);
+      const levels = cameras[0]!.ladder.enabled ? Array.from({ length: ladder.levels }, (_, i) => ladder.knobsAt(i)) : [ladder.knobsAt(0)];
+      const frame = await warmupFrame(cameras[0]!.source);
+      for (const step of await warmUpStages({ preprocess: preprocess[0]!, encode: encoders[0]!, decode: decoders[0]! }, frame, levels)) {
+        const times = Object.entries(step.ms)
+          .map(([name, ms]) => `${name} ${ms.toFixed(0)} ms`)
+          .join(', ');
+        log(`warm-up (${contract === 'gemma4' ? step.imageTokens : 256} image tokens): ${times}`);
+      }
+    }
+    const chains = cameras.map((_, i) => {
+      const validated = chain(preprocess[i]!, encoders[i]!, decoders[i]!, actions[i]!);
+      return publisher ? append(validated, publisher.stage) : validated;
+    });
+    return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => encoders[0]!.stats() };
+  } catch (err) {
+    for (const stage of built) await stage.close?.().catch(() => undefined);
+    await publisher?.close();
+    throw err;
+  }
+}
+
+/** One graph per camera (frame ids i, i + n, … for camera i of n, so they stay apart on the wire),
+ * run as one group. */
+export function createCameraGroup(
+  config: PerceptConfig,
+  sources: readonly FrameSource<CameraFrame>[],
+  stages: CameraStages,
+  clock: Clock,
+): GraphGroup {
+  const cameras = config.cameras!;
+  const members = cameras.map((camera, i) => ({
+    id: camera.id,
+    graph: createGraph({
+      source: sources[i]!,
+      stages: stages.chains[i]!,
+      clock,
+      config: cameraGraphConfig(config, camera),
+      frameIds: { first: i, stride: cameras.length },
+    }),
+  }));
+  return new GraphGroup(members, clock, config.telemetry.intervalMs);
+}
+
+/** Why a run of several cameras failed, or undefined: the run as a whole, then each camera. */
+export function camerasFailure(summary: RunSummary): string | undefined {
+  const whole = runFailure(summary);
+  if (whole) return whole;
+  const failed = Object.entries(summary.cameras ?? {}).flatMap(([id, s]) => {
+    const why = runFailure(s);
+    return why ? [`camera ${id}: ${why}`] : [];
+  });
+  return failed.length ? failed.join('; ') : undefined;
+}
+
+/** `percept run` on a config with cameras; resolves with the exit code. */
+export async function runCameras(config: PerceptConfig, opts: RunOptions): Promise<number> {
+  const cameras = config.cameras!;
+  const clock = new RealClock();
+  const actionSchema = loadActionSchema(config.actions.schema);
+  const sources: FrameSource<CameraFrame>[] = [];
+  const closeSources = async () => {
+    for (const s of sources) await s.close?.().catch(() => undefined);
+  };
+  let stages: CameraStages;
+  try {
+    for (const camera of cameras) sources.push(asCamera(await createSource(camera.source), camera.id));
+    stages = await createCameraStages(config, actionSchema);
+  } catch (err) {
+    await closeSources();
+    throw err;
+  }
+  const group = createCameraGroup(config, sources, stages, clock);
+  const { publisher } = stages;
+  if (publisher) group.events.subscribe(publisher.sink.accept);
+  const table = new LiveTable({ mode: config.telemetry.liveTable, intervalMs: config.telemetry.intervalMs });
+  table.attach(group.events);
+  const onSignal = (signal: NodeJS.Signals): void => void group.stop(signal);
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  const timer = opts.duration ? setTimeout(() => void group.stop('duration'), opts.duration * 1000) : undefined;
+  try {
+    const summary = await group.run();
+    table.detach();
+    const published = await publisher?.close(summary);
+    process.stdout.write(`${formatSummary(summary)}\n`);
+    const enc = stages.encoderStats();
+    if (config.decoder.kind === 'local') log(`encoder: ${enc.frames} frames in ${enc.calls} calls (at most ${enc.maxBatch} in one)`);
+    if (published) log(`published ${describePublished(published)}`);
+    if (opts.jsonSummary) writeJsonSummary(opts.jsonSummary, summary);
+    const failure = camerasFailure(summary);
+    if (failure) log(failure);
+    return failure ? 1 : 0;
+  } finally {
+    if (timer) clearTimeout(timer);
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    await publisher?.close();
+  }
+}

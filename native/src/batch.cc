@@ -1,0 +1,534 @@
+#include "batch.h"
+
+#include "model.h"
+#include "util.h"
+
+#include <algorithm>
+#include <exception>
+
+namespace percept {
+
+namespace {
+
+double msBetween(int64_t t0, int64_t t1) { return double(t1 - t0) / 1e6; }
+
+}  // namespace
+
+// One admitted request: its plan, where its prompt stands, its sampler and what it has in the
+// batch being built.
+struct BatchScheduler::Active {
+    Active(std::unique_ptr<SeqJob> j, Model * model)
+        : job(std::move(j)), seq(job->seq), sampler(model, job->opts.sampling, std::move(job->grammar)) {}
+
+    std::unique_ptr<SeqJob> job;
+    const llama_seq_id seq;
+    Sampler sampler;
+    PromptPlan plan;
+    size_t next = 0;          // the next plan item to decode
+    int32_t imageRows = 0;    // rows of plan.items[next] (an image chunked causally) in the KV already
+    llama_pos nPast = 0;      // positions in the KV cache (a partial image's rows included)
+    llama_token idLast = -1;  // generating: the last sampled token, decoded in the next step
+    bool generating = false;  // the prompt is decoded and the first token sampled
+    bool done = false;
+    int64_t tAdmit = 0;
+    int64_t tFirst = 0;
+    // In the token batch being built: its first token, how many, its logits row (-1: none).
+    int32_t tokStart = 0;
+    int32_t tokCount = 0;
+    int32_t row = -1;
+    // This step's prompt take: positions, and whether they are image rows.
+    int32_t take = 0;
+    bool takeImage = false;
+
+    const PromptItem & item() const { return plan.items[next]; }
+    bool promptDone() const { return next == plan.items.size(); }
+};
+
+BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread & thread, BatchOptions options, Done done)
+    : ctx_(ctx), model_(model), thread_(thread), opts_(options), done_(std::move(done)), nCtxSeq_(int32_t(llama_n_ctx_seq(ctx))),
+      caches_(size_t(options.nSeq)), positions_(new std::atomic<int32_t>[size_t(options.nSeq)]),
+      tokens_(std::make_unique<TokenBatch>(options.nBatch)) {
+    for (int32_t s = 0; s < opts_.nSeq; s++) positions_[size_t(s)].store(0);
+}
+
+BatchScheduler::~BatchScheduler() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    closing_ = true;
+    idle_.wait(lock, [this]() { return !running_; });
+}
+
+void BatchScheduler::submit(std::unique_ptr<SeqJob> job) {
+    job->submittedNs = monotonicNs();
+    bool start = false;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        inbox_.push_back(Inbox{std::move(job), -1});
+        start = !running_;
+        running_ = true;
+    }
+    if (start) thread_.post([this]() { loop(); });
+}
+
+void BatchScheduler::clear(int32_t seq) {
+    bool start = false;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        inbox_.push_back(Inbox{nullptr, seq});
+        start = !running_;
+        running_ = true;
+    }
+    if (start) thread_.post([this]() { loop(); });
+}
+
+// ------------------------------------------------------------------------------------------------
+// The loop: runs on the context's thread while there is work, then stops (a later submit posts it
+// again).
+
+void BatchScheduler::loop() {
+    for (;;) {
+        std::deque<Inbox> items;
+        bool closing = false;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            items.swap(inbox_);
+            closing = closing_;
+            if (items.empty() && waiting_.empty() && active_.empty()) {
+                running_ = false;
+                idle_.notify_all();
+                return;
+            }
+        }
+        try {
+            intake(items);
+            if (closing) {
+                for (auto & j : waiting_) j->cancelled.store(true);
+                for (auto & a : active_) a->job->cancelled.store(true);
+            }
+            admit();
+            step();
+        } catch (const std::exception & e) {
+            // Nothing a request did: the loop itself failed (allocation). Every request learns why.
+            for (auto & a : active_) fail(*a, std::string("batch scheduler: ") + e.what());
+            removeFinished();
+        }
+    }
+}
+
+void BatchScheduler::intake(std::deque<Inbox> & items) {
+    for (Inbox & it : items) {
+        if (it.job) {
+            waiting_.push_back(std::move(it.job));
+            continue;
+        }
+        llama_memory_seq_rm(llama_get_memory(ctx_), it.clearSeq, -1, -1);
+        caches_[size_t(it.clearSeq)].clear();
+        syncPositions(it.clearSeq);
+    }
+}
+
+void BatchScheduler::admit() {
+    while (!waiting_.empty()) {
+        SeqJob & front = *waiting_.front();
+        // A request cancelled or out of time while it waited ends without taking a slot.
+        const bool late = front.opts.deadlineNs > 0 && monotonicNs() >= front.opts.deadlineNs;
+        if (front.cancelled.load() || late) {
+            std::unique_ptr<SeqJob> j = std::move(waiting_.front());
+            waiting_.pop_front();
+            j->result.stopReason = j->cancelled.load() ? "cancelled" : "deadline";
+            j->counts.queueMs = msBetween(j->submittedNs, monotonicNs());
+            done_(std::move(j));
+            continue;
+        }
+        if (int32_t(active_.size()) >= opts_.maxActive) break;
+        std::unique_ptr<SeqJob> j = std::move(waiting_.front());
+        waiting_.pop_front();
+        start(std::move(j));
+    }
+}
+
+// Plans the prompt against the sequence's cache and drops the KV cells past the reused prefix.
+void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
+    const int64_t now = monotonicNs();
+    job->counts.queueMs = msBetween(job->submittedNs, now);
+    auto a = std::make_unique<Active>(std::move(job), model_);
+    a->tAdmit = now;
+    SeqJob & j = *a->job;
+    std::vector<CacheItem> & cache = caches_[size_t(a->seq)];
+    try {
+        a->plan = planChecked(*model_, j.segments, cache, j.opts.maxTokens, nCtxSeq_);
+        const ModelInfo & mi = model_->info();
+        for (size_t i = a->plan.reuse; i < a->plan.items.size(); i++) {
+            const PromptItem & p = a->plan.items[i];
+            if (p.item.imageTokens > 0 && imageNonCausal(mi, p) && p.item.imageTokens > opts_.nUbatch) {
+                throw std::runtime_error("image of " + std::to_string(p.item.imageTokens) + " tokens must fit one ubatch for " +
+                                         mi.imageAttention + " attention; raise nUbatch to at least " + std::to_string(p.item.imageTokens));
+            }
+        }
+    } catch (const CodedFailure & e) {
+        j.error = e.what();
+        j.errorCode = e.code;
+        done_(std::move(a->job));
+        return;
+    } catch (const std::exception & e) {
+        j.error = e.what();
+        done_(std::move(a->job));
+        return;
+    }
+    size_t reuse = a->plan.reuse;
+    llama_pos reusePos = a->plan.reusePositions;
+    llama_memory_t mem = llama_get_memory(ctx_);
+    if (!llama_memory_seq_rm(mem, a->seq, reusePos, -1)) {
+        llama_memory_seq_rm(mem, a->seq, -1, -1);
+        reuse = 0;
+        reusePos = 0;
+    }
+    cache.resize(reuse);
+    syncPositions(a->seq);
+    a->next = reuse;
+    a->nPast = reusePos;
+    j.result.promptTokens = a->plan.positions;
+    j.result.reusedTokens = reusePos;
+    j.result.prefillTokens = a->plan.positions - reusePos;
+    active_.push_back(std::move(a));
+}
+
+// ------------------------------------------------------------------------------------------------
+// One step
+
+void BatchScheduler::step() {
+    dropStopped();
+    removeFinished();
+    if (active_.empty()) return;
+    for (auto & j : waiting_) j->counts.waitSteps++;
+    steps_.fetch_add(1, std::memory_order_relaxed);
+    rotation_++;
+    const size_t n = active_.size();
+    for (auto & a : active_) {
+        a->tokCount = 0;
+        a->row = -1;
+        a->job->counts.steps++;
+        a->job->counts.peakSeqs = std::max(a->job->counts.peakSeqs, int32_t(n));
+    }
+    // In a rotating order, so the jump-forward room and the prefill shares go round.
+    std::vector<Active *> order;
+    for (size_t i = 0; i < n; i++) order.push_back(active_[(i + rotation_) % n].get());
+
+    TokenBatch & tokens = *tokens_;
+    tokens.clear();
+    int32_t generating = 0;
+    for (Active * a : order) generating += a->generating ? 1 : 0;
+    for (Active * a : order) {
+        if (!a->generating) continue;
+        generating--;
+        addGeneration(*a, tokens, generating);
+    }
+    planPrefill(order, opts_.nBatch - tokens.b.n_tokens);
+    decodeImages(order);
+    for (Active * a : order) {
+        if (a->done || a->take == 0 || a->takeImage) continue;
+        a->tokStart = tokens.b.n_tokens;
+        a->tokCount = a->take;
+        for (int32_t k = 0; k < a->take; k++) {
+            const size_t i = a->next + size_t(k);
+            const bool last = i + 1 == a->plan.items.size();
+            tokens.add(a->plan.items[i].item.token, a->nPast + k, last, a->seq);
+            if (last) a->row = tokens.b.n_tokens - 1;
+        }
+    }
+    if (tokens.b.n_tokens > 0) decodeTokens(order);
+    removeFinished();
+}
+
+// Cancelled or past the deadline: the sequence leaves before the next decode.
+void BatchScheduler::dropStopped() {
+    const int64_t now = monotonicNs();
+    for (auto & a : active_) {
+        if (a->done) continue;
+        const GenerateOptions & o = a->job->opts;
+        if (a->job->cancelled.load()) a->job->result.stopReason = "cancelled";
+        else if (o.deadlineNs > 0 && now >= o.deadlineNs) a->job->result.stopReason = "deadline";
+        else continue;
+        finish(*a);
+    }
+}
+
+// The sequence's next token, and the tokens the grammar alone decides after it (jump-forward),
+// leaving one slot for each of the `reserve` generating sequences still to add.
+void BatchScheduler::addGeneration(Active & a, TokenBatch & tokens, int32_t reserve) {
+    a.tokCount = 0;
+    a.row = -1;
+    if (a.done) return;
+    if (grammarEnded(a)) return finish(a);
+    GenerateResult & res = a.job->result;
+    const GenerateOptions & o = a.job->opts;
+    const int32_t start = tokens.b.n_tokens;
+    tokens.add(a.idLast, a.nPast, true, a.seq);
+    if (o.jumpForward && a.sampler.hasGrammar()) {
+        const int32_t room = opts_.nBatch - reserve;
+        bool stop = false;
+        while (!stop && tokens.b.n_tokens < room) {
+            if (grammarEnded(a)) {
+                stop = true;  // the forced run completed the grammar: nothing left to decode
+                break;
+            }
+            const int64_t ts = monotonicNs();
+            const llama_token f = a.sampler.forcedToken();
+            res.sampleMs += msBetween(ts, monotonicNs());
+            if (f < 0) break;
+            a.sampler.accept(f);
+            res.forced++;
+            tokens.b.logits[tokens.b.n_tokens - 1] = 0;
+            tokens.add(f, a.nPast + (tokens.b.n_tokens - start), true, a.seq);
+            stop = appendOutput(model_->vocab(), o, res, f);
+        }
+        if (stop) {
+            tokens.b.n_tokens = start;  // the output is complete: its tokens need no decode
+            return finish(a);
+        }
+    }
+    a.tokStart = start;
+    a.tokCount = tokens.b.n_tokens - start;
+    a.row = tokens.b.n_tokens - 1;
+}
+
+// How much of each joining prompt this step decodes: at most prefillChunk positions in all, each
+// sequence at most an equal share, one kind (text or image rows) per sequence. A bidirectional
+// image goes whole and alone; causal images are cut into chunks and share one decode.
+void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t tokenRoom) {
+    int32_t joining = 0;
+    for (Active * a : order) {
+        a->take = 0;
+        a->takeImage = false;
+        if (!a->done && !a->generating) joining++;
+    }
+    if (joining == 0) return;
+    const ModelInfo & mi = model_->info();
+    int32_t budget = opts_.prefillChunk;
+    const int32_t share = (budget + joining - 1) / joining;
+    bool bidirectional = false;  // a bidirectional image has the image decode to itself
+    bool anyImage = false;
+    bool first = true;
+    for (Active * a : order) {
+        if (a->done || a->generating || a->promptDone()) continue;
+        if (budget <= 0) break;
+        const PromptItem & p = a->item();
+        if (p.item.imageTokens > 0) {
+            const int32_t rest = p.item.imageTokens - a->imageRows;
+            if (imageNonCausal(mi, p)) {
+                if (anyImage || !first) continue;  // next step, when it comes first
+                a->take = rest;
+                bidirectional = true;
+            } else {
+                if (bidirectional) continue;
+                a->take = std::min({rest, share, budget});
+            }
+            a->takeImage = true;
+            anyImage = true;
+        } else {
+            int32_t text = 0;
+            for (size_t i = a->next; i < a->plan.items.size() && a->plan.items[i].item.imageTokens == 0; i++) text++;
+            a->take = std::min({text, share, budget, tokenRoom});
+            tokenRoom -= a->take;
+        }
+        budget -= a->take;
+        first = first && a->take == 0;
+    }
+}
+
+// The image rows this step takes, in one decode (bidirectionally when the one image there needs it).
+void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
+    const ModelInfo & mi = model_->info();
+    const int32_t nEmbd = mi.nEmbd;
+    int32_t rows = 0;
+    bool bidirectional = false;
+    for (Active * a : order) {
+        if (a->takeImage && a->take > 0) {
+            rows += a->take;
+            bidirectional = bidirectional || imageNonCausal(mi, a->item());
+        }
+    }
+    if (rows == 0) return;
+    embd_.resize(size_t(rows) * size_t(nEmbd));
+    pos_.resize(size_t(rows));
+    nSeqId_.assign(size_t(rows), 1);
+    seqIds_.resize(size_t(rows));
+    seqIdPtrs_.resize(size_t(rows));
+    logits_.assign(size_t(rows), 0);
+    std::vector<std::pair<Active *, int32_t>> rowsOf;  // each sequence's logits row, for a prompt that ends in this image
+    int32_t r = 0;
+    for (Active * a : order) {
+        if (!a->takeImage || a->take == 0) continue;
+        const PromptItem & p = a->item();
+        std::copy(p.embd + size_t(a->imageRows) * size_t(nEmbd), p.embd + size_t(a->imageRows + a->take) * size_t(nEmbd),
+                  embd_.begin() + std::ptrdiff_t(size_t(r) * size_t(nEmbd)));
+        for (int32_t k = 0; k < a->take; k++) {
+            pos_[size_t(r + k)] = a->nPast + k;
+            seqIds_[size_t(r + k)] = a->seq;
+        }
+        r += a->take;
+        const bool imageEnds = a->imageRows + a->take == p.item.imageTokens;
+        if (imageEnds && a->next + 1 == a->plan.items.size()) {
+            logits_[size_t(r - 1)] = 1;
+            rowsOf.emplace_back(a, r - 1);
+        }
+    }
+    for (int32_t i = 0; i < rows; i++) seqIdPtrs_[size_t(i)] = &seqIds_[size_t(i)];
+    llama_batch b{rows, nullptr, embd_.data(), pos_.data(), nSeqId_.data(), seqIdPtrs_.data(), logits_.data()};
+    if (bidirectional) llama_set_causal_attn(ctx_, false);
+    const int ret = llama_decode(ctx_, b);
+    if (bidirectional) llama_set_causal_attn(ctx_, true);
+    for (Active * a : order) {
+        if (!a->takeImage || a->take == 0) continue;
+        if (ret != 0) {
+            llama_memory_seq_rm(llama_get_memory(ctx_), a->seq, a->nPast, -1);
+            fail(*a,
+                 ret == 1 ? "llama_decode: no KV slot for the image (context full)"
+                          : "llama_decode (image) failed with code " + std::to_string(ret));
+            continue;
+        }
+        a->imageRows += a->take;
+        a->nPast += a->take;
+        if (a->imageRows == a->item().item.imageTokens) {
+            caches_[size_t(a->seq)].push_back(a->item().item);
+            a->next++;
+            a->imageRows = 0;
+            syncPositions(a->seq);
+        }
+        a->take = 0;
+    }
+    for (auto & [a, row] : rowsOf) {
+        if (!a->done) afterPromptDecoded(*a, row);
+    }
+}
+
+// The token decode: every generating sequence's next token(s) and the text chunks of joining prompts.
+void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
+    TokenBatch & tokens = *tokens_;
+    const int64_t t0 = monotonicNs();
+    const int ret = llama_decode(ctx_, tokens.b);
+    llama_synchronize(ctx_);
+    const double ms = msBetween(t0, monotonicNs());
+    for (Active * a : order) {
+        if (a->done || a->tokCount == 0) continue;
+        const int32_t count = a->tokCount;
+        a->tokCount = 0;
+        if (a->generating) {
+            a->job->result.llamaDecodeMs += ms;
+            a->job->result.decodeCalls++;
+        }
+        if (ret != 0) {
+            llama_memory_seq_rm(llama_get_memory(ctx_), a->seq, a->nPast, -1);
+            fail(*a,
+                 ret == 1 ? "llama_decode: no KV slot for the batch (context full)"
+                          : "llama_decode failed with code " + std::to_string(ret));
+            continue;
+        }
+        std::vector<CacheItem> & cache = caches_[size_t(a->seq)];
+        for (int32_t k = 0; k < count; k++) cache.push_back(CacheItem{tokens.b.token[a->tokStart + k], 0, 0});
+        a->nPast += count;
+        syncPositions(a->seq);
+        if (a->generating) {
+            sampleNext(*a);
+        } else {
+            a->next += size_t(count);
+            if (a->promptDone()) afterPromptDecoded(*a, a->row);
+        }
+        a->row = -1;
+    }
+}
+
+// The prompt is in the KV cache: sample the first token from its last row (or stop: maxTokens 0).
+void BatchScheduler::afterPromptDecoded(Active & a, int32_t row) {
+    GenerateResult & res = a.job->result;
+    const GenerateOptions & o = a.job->opts;
+    const int64_t now = monotonicNs();
+    res.prefillMs = msBetween(a.tAdmit, now);
+    a.generating = true;
+    if (o.maxTokens == 0) return finish(a);
+    a.idLast = sampleAt(a, row);
+    a.tFirst = monotonicNs();
+    res.ttftMs = msBetween(a.job->submittedNs, a.tFirst);
+    if (llama_vocab_is_eog(model_->vocab(), a.idLast) && !o.ignoreEos) {
+        res.stopReason = "eos";
+        return finish(a);
+    }
+    a.sampler.accept(a.idLast);
+    if (appendOutput(model_->vocab(), o, res, a.idLast)) finish(a);
+}
+
+// After a decode of the sequence's next token(s): sample the one after them.
+void BatchScheduler::sampleNext(Active & a) {
+    GenerateResult & res = a.job->result;
+    const GenerateOptions & o = a.job->opts;
+    const llama_token t = sampleAt(a, a.row);
+    if (llama_vocab_is_eog(model_->vocab(), t) && !o.ignoreEos) {
+        res.stopReason = "eos";
+        return finish(a);
+    }
+    a.sampler.accept(t);
+    a.idLast = t;
+    if (appendOutput(model_->vocab(), o, res, t)) finish(a);
+}
+
+llama_token BatchScheduler::sampleAt(Active & a, int32_t row) {
+    GenerateResult & res = a.job->result;
+    const int64_t ts = monotonicNs();
+    const llama_token t = a.sampler.sample(ctx_, row);
+    const int64_t te = monotonicNs();
+    res.sampleMs += msBetween(ts, te);
+    if (a.job->opts.recordSampleTimes) res.sampleUs.push_back(float(te - ts) / 1e3f);
+    return t;
+}
+
+// Only end-of-generation is admissible: the output is complete without another decode.
+bool BatchScheduler::grammarEnded(Active & a) {
+    if (a.job->opts.ignoreEos || !a.sampler.grammarComplete()) return false;
+    a.job->result.stopReason = "eos";
+    return true;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Leaving the batch
+
+void BatchScheduler::finish(Active & a) {
+    rollbackPartialImage(a);
+    GenerateResult & res = a.job->result;
+    if (a.tFirst > 0) res.decodeMs = msBetween(a.tFirst, monotonicNs());
+    a.done = true;
+}
+
+void BatchScheduler::fail(Active & a, const std::string & why, const char * code) {
+    rollbackPartialImage(a);
+    a.job->error = why;
+    a.job->errorCode = code;
+    a.done = true;
+}
+
+// A request that leaves in the middle of a chunked image: its rows go (the cache holds whole images).
+void BatchScheduler::rollbackPartialImage(Active & a) {
+    if (a.imageRows == 0) return;
+    a.nPast -= a.imageRows;
+    a.imageRows = 0;
+    llama_memory_seq_rm(llama_get_memory(ctx_), a.seq, a.nPast, -1);
+}
+
+void BatchScheduler::removeFinished() {
+    for (auto it = active_.begin(); it != active_.end();) {
+        if ((*it)->done) {
+            std::unique_ptr<SeqJob> j = std::move((*it)->job);
+            syncPositions(j->seq);
+            it = active_.erase(it);
+            done_(std::move(j));
+        } else {
+            ++it;
+        }
+    }
+}
+
+void BatchScheduler::syncPositions(int32_t seq) {
+    int32_t n = 0;
+    for (const CacheItem & c : caches_[size_t(seq)]) n += c.positions();
+    positions_[size_t(seq)].store(n, std::memory_order_relaxed);
+}
+
+}  // namespace percept

@@ -1,0 +1,150 @@
+// Continuous batching over the sequences of one context (one sequence per camera): each step is
+// one llama_decode over the next token of every sequence that is generating (with its jump-forward
+// run) and a bounded chunk of the prompts of sequences that joined, plus one decode of image rows
+// when a joining prompt is at an image. Every sequence keeps its own KV cells, prompt cache (prefix
+// reuse), grammar state, sampler, deadline and cancel flag; one that finishes, is cancelled or
+// passes its deadline leaves between two steps and changes only its own rows. Runs on the
+// context's thread (context-thread.h); knows nothing of JS.
+//
+// Policies:
+// - Admission: at most maxActive sequences take part in a step; requests past that wait in arrival
+//   order (FIFO). A sequence has at most one request at a time, so a camera that gets an action and
+//   asks again queues behind every camera already waiting: round-robin, no camera starves.
+// - Prefill: at most prefillChunk prompt positions per step, shared among the joining sequences
+//   (each takes at most an equal share, in an order that rotates every step), so a huge prompt
+//   delays the others by at most one chunk per step. An image that must be attended
+//   bidirectionally is taken whole, alone in its decode (it must sit in one ubatch).
+// - Deadlines and cancels are checked between steps: a decode in flight is never aborted, because
+//   it serves every other sequence too.
+#pragma once
+
+#include "context-thread.h"
+#include "generate.h"
+#include "grammar.h"
+#include "llama.h"
+#include "prompt.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace percept {
+
+class Model;
+
+struct BatchOptions {
+    int32_t nSeq = 1;          // sequences (cameras), seq ids 0 … nSeq-1
+    int32_t maxActive = 1;     // sequences per step at most
+    int32_t prefillChunk = 0;  // prompt positions per step at most
+    int32_t nBatch = 0;
+    int32_t nUbatch = 0;
+};
+
+// Where a request stood in the schedule.
+struct BatchCounts {
+    int32_t waitSteps = 0;  // steps run while it waited for admission
+    int32_t steps = 0;      // steps from its admission to its end (prefill and generation)
+    int32_t peakSeqs = 0;   // most sequences in one step it took part in (itself included)
+    double queueMs = 0;     // submit → admission
+};
+
+// One generate call on one sequence. The scheduler fills result/counts (or error) and hands the job
+// back through its done callback.
+struct SeqJob {
+    virtual ~SeqJob() = default;
+    int32_t seq = 0;
+    std::vector<Segment> segments;
+    GenerateOptions opts;
+    GrammarInstance grammar;
+    std::atomic<bool> cancelled{false};
+    int64_t submittedNs = 0;
+
+    GenerateResult result;
+    BatchCounts counts;
+    std::string error;                 // non-empty: the request failed
+    const char * errorCode = nullptr;  // e.g. ERANGE; null: the default
+};
+
+class BatchScheduler {
+public:
+    using Done = std::function<void(std::unique_ptr<SeqJob>)>;
+
+    // `done` is called on the context's thread for every finished job.
+    BatchScheduler(llama_context * ctx, Model * model, SerialThread & thread, BatchOptions options, Done done);
+    ~BatchScheduler();  // cancels what runs and waits until the loop has stopped
+    BatchScheduler(const BatchScheduler &) = delete;
+    BatchScheduler & operator=(const BatchScheduler &) = delete;
+
+    // Any thread. The caller guarantees one request per sequence at a time.
+    void submit(std::unique_ptr<SeqJob> job);
+    // Drops the sequence's KV cells and prompt cache (applied before any later request).
+    void clear(int32_t seq);
+    // KV positions the sequence holds (as of the last step).
+    int32_t cachedPositions(int32_t seq) const { return positions_[size_t(seq)].load(std::memory_order_relaxed); }
+    // Steps run so far (every llama_decode round over the active sequences).
+    int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
+
+private:
+    struct Active;
+    struct Inbox {
+        std::unique_ptr<SeqJob> job;  // null: a clear of clearSeq
+        int32_t clearSeq = -1;
+    };
+
+    void loop();
+    void intake(std::deque<Inbox> & items);
+    void admit();
+    void start(std::unique_ptr<SeqJob> job);
+    void step();
+    void dropStopped();
+    void addGeneration(Active & a, TokenBatch & tokens, int32_t reserve);
+    void planPrefill(const std::vector<Active *> & order, int32_t tokenRoom);
+    void decodeImages(const std::vector<Active *> & order);
+    void decodeTokens(const std::vector<Active *> & order);
+    void afterPromptDecoded(Active & a, int32_t row);
+    void sampleNext(Active & a);
+    llama_token sampleAt(Active & a, int32_t row);
+    bool grammarEnded(Active & a);
+    void finish(Active & a);
+    void fail(Active & a, const std::string & why, const char * code = nullptr);
+    void removeFinished();
+    void rollbackPartialImage(Active & a);
+    void syncPositions(int32_t seq);
+
+    llama_context * ctx_;
+    Model * model_;
+    SerialThread & thread_;
+    const BatchOptions opts_;
+    const Done done_;
+    const int32_t nCtxSeq_;
+
+    std::mutex mutex_;
+    std::condition_variable idle_;
+    std::deque<Inbox> inbox_;  // guarded by mutex_
+    bool running_ = false;     // guarded by mutex_: the loop is queued or running
+    bool closing_ = false;     // guarded by mutex_
+
+    // The loop's own state (context thread only).
+    std::deque<std::unique_ptr<SeqJob>> waiting_;
+    std::vector<std::unique_ptr<Active>> active_;
+    std::vector<std::vector<CacheItem>> caches_;  // per sequence
+    std::unique_ptr<std::atomic<int32_t>[]> positions_;
+    std::atomic<int64_t> steps_{0};
+    uint64_t rotation_ = 0;
+    // Batches reused from step to step.
+    std::unique_ptr<TokenBatch> tokens_;
+    std::vector<float> embd_;
+    std::vector<llama_pos> pos_;
+    std::vector<int32_t> nSeqId_;
+    std::vector<llama_seq_id> seqIds_;
+    std::vector<llama_seq_id *> seqIdPtrs_;
+    std::vector<int8_t> logits_;
+};
+
+}  // namespace percept

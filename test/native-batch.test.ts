@@ -1,0 +1,217 @@
+// Batched decoding on a context of several sequences (one per camera): outputs equal each sequence
+// decoded alone (greedy, token for token, under the action grammar, with images), a cancelled or
+// late sequence leaves the others' outputs unchanged, a huge prompt delays a short one by at most
+// one step (counted in steps, not ms), FIFO admission past maxActive starves no sequence, and the
+// API's refusals. Timing is never asserted: only outputs, stop reasons and step counts.
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import {
+  LlamaModel,
+  type GenerateOptions,
+  type GenerateResult,
+  type LlamaContext,
+  type LlamaGrammar,
+  type PromptSegment,
+} from '../native/llama.ts';
+import { REPO_ROOT, ensureSynthModel } from './fixtures.ts';
+
+/** Deterministic pseudo-random image rows (xorshift). */
+function fakeImage(nTokens: number, nEmbd: number, seed: number): Float32Array {
+  const out = new Float32Array(nTokens * nEmbd);
+  let s = seed >>> 0 || 1;
+  for (let i = 0; i < out.length; i++) {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    out[i] = (s / 0xffffffff - 0.5) * 2;
+  }
+  return out;
+}
+
+const CAMERAS = ['front', 'left', 'right', 'rear'];
+
+describe('batched decoding on gemma4-tiny', () => {
+  let model: LlamaModel;
+  let grammar: LlamaGrammar;
+  let single: LlamaContext;
+  before(async () => {
+    model = await LlamaModel.load(await ensureSynthModel('gemma4-tiny'));
+    const schema = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
+    grammar = await model.grammarFromJsonSchema(schema);
+    single = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512 });
+  });
+  after(async () => {
+    await model.dispose();
+  });
+
+  /** A camera's prompt: its own text, an image of 24 rows, and the instruction. */
+  const cameraPrompt = (i: number, causal: boolean): PromptSegment[] => [
+    { text: `<start_of_turn>user\nCamera ${CAMERAS[i]} of the robot.`, addSpecial: true },
+    { image: fakeImage(24, model.info.nEmbd, 100 + i), nTokens: 24, causal },
+    { text: `\nWhat should the robot do? Answer in JSON.<end_of_turn>\n<start_of_turn>model\n` },
+  ];
+  const actionOptions = (): GenerateOptions => ({ maxTokens: grammar.maxTokens ?? 256, grammar, jumpForward: true });
+
+  async function alone(prompt: readonly PromptSegment[], options: GenerateOptions): Promise<GenerateResult> {
+    single.clearCache();
+    return single.generate(prompt, options);
+  }
+
+  for (const [kvUnified, causal] of [
+    [false, false],
+    [true, true],
+  ] as const) {
+    test(`four cameras at once give each camera's output decoded alone (action grammar, jump-forward, ${causal ? 'causal chunked' : 'bidirectional'} images, kvUnified ${kvUnified})`, async () => {
+      // A small prefill chunk cuts causal images into several decodes.
+      const ctx = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512, nSeq: 4, kvUnified, prefillChunk: 16 });
+      try {
+        const expected: GenerateResult[] = [];
+        for (let i = 0; i < 4; i++) expected.push(await alone(cameraPrompt(i, causal), actionOptions()));
+        // Twice: the second round reuses each camera's prefix in its own sequence.
+        for (let round = 0; round < 2; round++) {
+          const got = await Promise.all(CAMERAS.map((_, i) => ctx.generate(cameraPrompt(i, causal), { ...actionOptions(), seq: i })));
+          got.forEach((r, i) => {
+            assert.deepEqual(r.tokens, expected[i]!.tokens, `camera ${i}, round ${round}`);
+            assert.equal(r.stopReason, expected[i]!.stopReason);
+            assert.equal(r.text, expected[i]!.text);
+            assert.ok(r.batch, 'a batched result says where it stood in the schedule');
+            assert.equal(r.batch.seq, i);
+          });
+          assert.ok(Math.max(...got.map((r) => r.batch!.peakSeqs)) >= 2, 'the cameras shared steps');
+          assert.ok(
+            got.every((r) => r.forced > 0),
+            'jump-forward ran in the batch',
+          );
+          if (round === 1) for (const r of got) assert.ok(r.reusedTokens > 0, 'the second frame reuses the camera prefix');
+        }
+        for (let i = 0; i < 4; i++) assert.ok(ctx.cachedPositions(i) > 0);
+      } finally {
+        await ctx.dispose();
+      }
+    });
+  }
+
+  test('a cancelled and a late sequence leave the others unchanged', async () => {
+    const ctx = await model.createContext({ nCtx: 1024, nSeq: 4 });
+    try {
+      const prompt = (i: number): PromptSegment[] => [{ text: `Camera ${CAMERAS[i]} reports that the`, addSpecial: true }];
+      const short = { maxTokens: 8, ignoreEos: true };
+      const long = { maxTokens: 600, ignoreEos: true };
+      const expected0 = await alone(prompt(0), short);
+      const expected3 = await alone(prompt(3), { maxTokens: 40, ignoreEos: true });
+      const expected1 = await alone(prompt(1), long);
+      // Solo time of the short generation sets the late camera's deadline: far less than its 600 tokens need.
+      const t0 = process.hrtime.bigint();
+      await alone(prompt(2), short);
+      const solo = process.hrtime.bigint() - t0;
+      const abort = new AbortController();
+      const cancelled = ctx.generate(prompt(1), { ...long, seq: 1, signal: abort.signal });
+      const late = ctx.generate(prompt(2), { ...long, seq: 2, deadlineNs: process.hrtime.bigint() + 3n * solo });
+      const first = ctx.generate(prompt(0), { ...short, seq: 0 });
+      const other = ctx.generate(prompt(3), { maxTokens: 40, ignoreEos: true, seq: 3 });
+      const r0 = await first;
+      abort.abort(); // cancelled as soon as camera 0 has its output
+      const [r1, r2, r3] = await Promise.all([cancelled, late, other]);
+      assert.deepEqual(r0.tokens, expected0.tokens);
+      assert.deepEqual(r3.tokens, expected3.tokens);
+      assert.equal(r1.stopReason, 'cancelled');
+      assert.ok(r1.tokens.length < 600);
+      assert.deepEqual(r1.tokens, expected1.tokens.slice(0, r1.tokens.length), 'what the cancelled camera got is its own output so far');
+      assert.equal(r2.stopReason, 'deadline');
+      assert.ok(r2.tokens.length < 600);
+      // The sequences are free again, and a later frame on the cancelled one is whole.
+      const again = await ctx.generate(prompt(1), { ...short, seq: 1 });
+      assert.deepEqual(again.tokens, expected1.tokens.slice(0, 8));
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('a camera with a huge prompt delays a short one by at most one step', async () => {
+    const ctx = await model.createContext({ nCtx: 1024, nSeq: 2, prefillChunk: 32 });
+    try {
+      const fastPrompt: PromptSegment[] = [{ text: 'Front camera: a cup.', addSpecial: true }];
+      const hugePrompt: PromptSegment[] = [{ text: 'Rear camera log: ' + 'the corridor is clear and '.repeat(100), addSpecial: true }];
+      const fast = { maxTokens: 10, ignoreEos: true };
+      // Alone on the same context (the same prefill chunks): llama.cpp's CPU kernels change with the
+      // ubatch size (above some tens of rows), and with them the last bits of the logits, so a
+      // 500-token prompt prefilled in one ubatch may pick other tokens than in chunks of 32 with
+      // random weights. That is true of one sequence alone (nBatch 512 against 32) as well.
+      const soloFast = await ctx.generate(fastPrompt, { ...fast, seq: 0 });
+      const expectedHuge = await ctx.generate(hugePrompt, { maxTokens: 4, ignoreEos: true, seq: 1 });
+      ctx.clearCache(0);
+      ctx.clearCache(1);
+      const huge = ctx.generate(hugePrompt, { maxTokens: 4, ignoreEos: true, seq: 1 });
+      const both = await ctx.generate(fastPrompt, { ...fast, seq: 0 });
+      const rHuge = await huge;
+      assert.deepEqual(both.tokens, soloFast.tokens);
+      assert.deepEqual(rHuge.tokens, expectedHuge.tokens);
+      const promptTokens = rHuge.promptTokens;
+      assert.ok(promptTokens > 400, `huge prompt ${promptTokens} tokens`);
+      assert.ok(rHuge.batch!.steps >= Math.ceil(promptTokens / 32), 'the huge prompt went in chunks');
+      assert.equal(both.batch!.peakSeqs, 2, 'the short camera ran while the huge prompt was prefilled');
+      assert.ok(
+        both.batch!.steps <= soloFast.batch!.steps + 1,
+        `short camera: ${both.batch!.steps} steps next to the huge prompt, ${soloFast.batch!.steps} alone`,
+      );
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('past maxActive, requests are admitted in arrival order: no camera starves', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nSeq: 4, maxActive: 2 });
+    try {
+      const rounds = 5;
+      const completed = [0, 0, 0, 0];
+      let spread = 0;
+      let waited = 0;
+      const camera = async (i: number): Promise<void> => {
+        for (let k = 0; k < rounds; k++) {
+          const r = await ctx.generate([{ text: `Camera ${CAMERAS[i]} frame ${k}:`, addSpecial: true }], {
+            maxTokens: 6,
+            ignoreEos: true,
+            seq: i,
+          });
+          waited += r.batch!.waitSteps;
+          assert.ok(r.batch!.peakSeqs <= 2, 'never more than maxActive sequences in a step');
+          completed[i]! += 1;
+          spread = Math.max(spread, Math.max(...completed) - Math.min(...completed));
+        }
+      };
+      await Promise.all(CAMERAS.map((_, i) => camera(i)));
+      assert.deepEqual(completed, [rounds, rounds, rounds, rounds]);
+      assert.ok(waited > 0, 'requests waited for admission (the batch was full)');
+      assert.ok(spread <= 2, `one camera got ${spread} frames ahead of another`);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('refusals: a busy sequence, a sequence out of range, a speculator, options for one sequence', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nSeq: 2 });
+    try {
+      const running = ctx.generate([{ text: 'a', addSpecial: true }], { maxTokens: 4, ignoreEos: true, seq: 1 });
+      await assert.rejects(ctx.generate([{ text: 'b' }], { maxTokens: 4, seq: 1 }), { code: 'EBUSY' });
+      assert.throws(() => ctx.clearCache(1), { code: 'EBUSY' });
+      await running;
+      await assert.rejects(ctx.generate([{ text: 'b' }], { maxTokens: 4, seq: 2 }), /options\.seq/);
+      await assert.rejects(ctx.generate([{ text: 'b' }], { maxTokens: 4, seq: 0, onTokens: () => undefined }), /does not stream/);
+      await assert.rejects(ctx.attachSpeculator({ type: 'ngram-simple' }), /several sequences/);
+      assert.ok(ctx.cachedPositions(1) > 0);
+      ctx.clearCache(1);
+      // The clear is applied before the next request on the sequence; the count follows once it ran.
+      const r = await ctx.generate([{ text: 'a', addSpecial: true }], { maxTokens: 1, seq: 1 });
+      assert.equal(r.reusedTokens, 0);
+      await assert.rejects(model.createContext({ nCtx: 256, maxActive: 1 }), /several sequences/);
+      await assert.rejects(model.createContext({ nCtx: 256, nSeq: 2, maxActive: 3 }), /maxActive/);
+      await assert.rejects(single.generate([{ text: 'a' }], { maxTokens: 1, seq: 1 }), /options\.seq/);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+});
