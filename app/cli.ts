@@ -140,6 +140,13 @@ bench
   )
   .addOption(new Option('--flash-attention <mode>', 'mmproj: clip flash attention').choices(['auto', 'on', 'off']))
   .option('--batch <n>', 'mmproj: also time N same-size frames in one encode call', int('--batch'))
+  .addOption(
+    new Option('--path <graph>', "mmproj: percept's persistent graph over clip's weights, or clip's own encode").choices([
+      'percept',
+      'clip',
+    ]),
+  )
+  .option('--check', 'mmproj: encode the last frame through the other path too and report the worst per-token cosine')
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchEncode } = await import('./bench-encode.ts');
