@@ -7,8 +7,8 @@ import { createPreprocessStage } from '../nodes/preprocess.ts';
 import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
 import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
-import type { MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
-import type { VisionProfile } from '../native/vision.ts';
+import type { MtmdEncoderConfig, MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
+import type { VisionPhases, VisionProfile } from '../native/vision.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 import { quantile } from './stats.ts';
@@ -35,10 +35,26 @@ export interface BenchEncodeOptions {
   readonly flashAttention?: 'auto' | 'on' | 'off';
   /** mmproj only: also time N frames of one size in one encode call (encodeBatch). */
   readonly batch?: number;
+  /** mmproj only: 'percept' (default), percept's persistent graph over clip's weights; 'clip', clip's
+   * own encode (it rebuilds its graph on every call). */
+  readonly path?: 'percept' | 'clip';
+  /** mmproj only: encode the last frame once more through the other path on the same weights and
+   * report the worst per-token cosine between the two. */
+  readonly check?: boolean;
 }
 
-/** What clip reported at load, and where the time of the timed encodes went. */
+/** p50/p99 of one phase of the timed encodes, ms. */
+export interface BenchPhase {
+  readonly p50: number;
+  readonly p99: number;
+}
+
+/** What clip (or percept's graph) reported at load, and where the time of the timed encodes went. */
 export interface BenchClipReport {
+  /** The graph that encoded: percept's persistent one, or clip's (asked for with --path clip, or the
+   * fallback, with the reason in graph_fallback). */
+  readonly path: 'percept' | 'clip';
+  readonly graph_fallback: string | null;
   readonly flash_attention: boolean | null;
   readonly graph_splits: number;
   readonly graph_nodes: number;
@@ -54,12 +70,27 @@ export interface BenchClipReport {
     /** 'ops': the last encode's time per op type, largest first. */
     readonly ops?: readonly { op: string; ms: number; count: number; on_host: number }[];
   };
+  /** percept's graph, every call: setup (build + layout + upload; the build and layout only when a
+   * shape is new or another shape used the buffer last) vs compute (compute + read-back), per phase,
+   * and the first encode's phases (the warm-up call: what a shape's first frame pays). */
+  readonly phases?: {
+    readonly setup_ms: BenchPhase;
+    readonly compute_ms: BenchPhase;
+    readonly build_ms: BenchPhase;
+    readonly alloc_ms: BenchPhase;
+    readonly upload_ms: BenchPhase;
+    readonly graph_compute_ms: BenchPhase;
+    readonly read_ms: BenchPhase;
+    readonly first: { build_ms: number; alloc_ms: number; upload_ms: number; prime_ms: number; compute_ms: number; read_ms: number };
+  };
   readonly batch?: {
     readonly images: number;
     readonly batched: boolean;
     readonly encode_ms_p50: number;
     readonly per_image_ms_p50: number;
   };
+  /** --check: the last frame through the other path on the same weights. */
+  readonly check?: { readonly against: 'percept' | 'clip'; readonly tokens: number; readonly worst_token_cosine: number };
 }
 
 export type BenchEncodeResult = {
@@ -127,7 +158,7 @@ const benchContext = (imageTokens: number): StageContext =>
 /** What the bench needs of either encoder stage. */
 interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
   readonly contract: { readonly kind: 'gemma3' | 'gemma4' };
-  stats(): { readonly lastRunMs: number; readonly lastProfile?: VisionProfile };
+  stats(): { readonly lastRunMs: number; readonly lastProfile?: VisionProfile; readonly lastPhases?: VisionPhases };
   close(): Promise<void>;
 }
 
@@ -141,9 +172,16 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   const ep = opts.ep as ExecutionProvider; // checked by the encoder stage
   if (runtime === 'mtmd' && ep !== 'cpu' && ep !== 'cuda')
     throw new RangeError(`bench encode: an mmproj runs on 'cpu' or 'cuda', got ep '${ep}'`);
-  if (runtime === 'onnx' && (opts.profile !== undefined || opts.flashAttention !== undefined || opts.batch !== undefined)) {
-    throw new RangeError('bench encode: --profile, --flash-attention and --batch are for the llama.cpp clip encoder (an mmproj)');
+  if (
+    runtime === 'onnx' &&
+    (opts.profile !== undefined || opts.flashAttention !== undefined || opts.batch !== undefined || opts.path !== undefined || opts.check)
+  ) {
+    throw new RangeError(
+      'bench encode: --profile, --flash-attention, --batch, --path and --check are for the llama.cpp clip encoder (an mmproj)',
+    );
   }
+  if (opts.path !== undefined && opts.path !== 'percept' && opts.path !== 'clip')
+    throw new RangeError(`bench encode: --path must be 'percept' or 'clip', got '${String(opts.path)}'`);
   if (opts.profile !== undefined && opts.profile !== 'phases' && opts.profile !== 'ops')
     throw new RangeError(`bench encode: --profile must be 'phases' or 'ops', got '${String(opts.profile)}'`);
   if (opts.batch !== undefined && !(Number.isInteger(opts.batch) && opts.batch >= 1 && opts.batch <= MAX_BATCH))
@@ -164,18 +202,20 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   }
   const meta = await sharp(frame.data).metadata();
 
+  const mtmdConfig = (graph: 'percept' | 'clip'): MtmdEncoderConfig => ({
+    mmproj: modelPath,
+    useGpu: ep === 'cuda',
+    graph,
+    ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
+    ...(opts.flashAttention !== undefined ? { flashAttention: opts.flashAttention } : {}),
+    ...(opts.profile !== undefined ? { profile: opts.profile } : {}),
+  });
   const t0 = performance.now();
   let encoder: BenchedEncoder;
   let mtmd: MtmdEncoderStage | undefined;
   if (runtime === 'mtmd') {
     const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
-    encoder = mtmd = await createMtmdEncoderStage({
-      mmproj: modelPath,
-      useGpu: ep === 'cuda',
-      ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
-      ...(opts.flashAttention !== undefined ? { flashAttention: opts.flashAttention } : {}),
-      ...(opts.profile !== undefined ? { profile: opts.profile } : {}),
-    });
+    encoder = mtmd = await createMtmdEncoderStage(mtmdConfig(opts.path ?? 'percept'));
   } else {
     encoder = await createOnnxEncoderStage({
       model: modelPath,
@@ -195,6 +235,9 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
     const enc: number[] = [];
     const run: number[] = [];
     const profiles: VisionProfile[] = [];
+    const phases: VisionPhases[] = [];
+    let firstPhases: VisionPhases | undefined;
+    let lastTensor: PixelTensor | undefined;
     let firstEncodeMs = Number.NaN;
     let tokens = 0;
     let hidden = 0;
@@ -204,12 +247,19 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
       const tensor = await preprocess.process(frame, ctx);
       const b = performance.now();
       const cpu = process.cpuUsage(cpu0);
+      // --check encodes the last frame again: a copy, as the stage hands its pixels back for reuse.
+      if (opts.check && i === warmup + iterations - 1) lastTensor = { ...tensor, pixelValues: tensor.pixelValues.slice() };
       const emb = await encoder.process(tensor, ctx);
       const c = performance.now();
       tokens = emb.nTokens;
       hidden = emb.nEmbd;
-      if (i === 0) firstEncodeMs = c - b;
+      if (i === 0) {
+        firstEncodeMs = c - b;
+        firstPhases = encoder.stats().lastPhases;
+      }
       if (i >= warmup) {
+        const ph = encoder.stats().lastPhases;
+        if (ph) phases.push(ph);
         pre.push(b - a);
         preCpu.push((cpu.user + cpu.system) / 1000);
         enc.push(c - b);
@@ -218,7 +268,16 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
         if (profile) profiles.push(profile);
       }
     }
-    const clip = mtmd ? await clipReport(mtmd, profiles, opts, warmup, () => preprocess.process(frame, ctx)) : undefined;
+    const clip = mtmd
+      ? await clipReport(mtmd, profiles, phases, firstPhases, opts, warmup, () => preprocess.process(frame, ctx))
+      : undefined;
+    const check =
+      mtmd && lastTensor
+        ? await checkAgainstOtherPath(mtmd, lastTensor, ctx, async (graph) => {
+            const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
+            return createMtmdEncoderStage(mtmdConfig(graph));
+          })
+        : undefined;
     return {
       encoder: modelPath,
       runtime,
@@ -247,16 +306,52 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
         ),
       ),
       load_average: round(loadavg()[0]!),
-      ...(clip ? { clip } : {}),
+      ...(clip ? { clip: { ...clip, ...(check ? { check } : {}) } } : {}),
     };
   } finally {
     await encoder.close();
   }
 }
 
+const phase = (xs: readonly number[]): BenchPhase => ({ p50: round(quantile(xs, 0.5)), p99: round(quantile(xs, 0.99)) });
+
+/** The embeddings of `tensor` through the other path on the same weights vs the stage's own: the
+ * worst per-token cosine. */
+async function checkAgainstOtherPath(
+  stage: MtmdEncoderStage,
+  tensor: PixelTensor,
+  ctx: StageContext,
+  createOther: (graph: 'percept' | 'clip') => Promise<MtmdEncoderStage>,
+): Promise<NonNullable<BenchClipReport['check']>> {
+  const against = stage.info.graph === 'percept' ? 'clip' : 'percept';
+  const other = await createOther(against);
+  try {
+    const copy = { ...tensor, pixelValues: tensor.pixelValues.slice() };
+    const a = await stage.process(tensor, ctx);
+    const b = await other.process(copy, ctx);
+    let worst = 1;
+    for (let t = 0; t < a.nTokens; t++) {
+      let dot = 0;
+      let na = 0;
+      let nb = 0;
+      for (let i = t * a.nEmbd; i < (t + 1) * a.nEmbd; i++) {
+        dot += a.data[i]! * b.data[i]!;
+        na += a.data[i]! ** 2;
+        nb += b.data[i]! ** 2;
+      }
+      worst = Math.min(worst, dot / Math.sqrt(na * nb));
+    }
+    return { against, tokens: a.nTokens, worst_token_cosine: worst };
+  } finally {
+    await other.close();
+  }
+}
+
 async function clipReport(
   stage: MtmdEncoderStage,
   profiles: readonly VisionProfile[],
+  phases: readonly VisionPhases[],
+  first: VisionPhases | undefined,
   opts: BenchEncodeOptions,
   warmup: number,
   nextTensor: () => Promise<PixelTensor>,
@@ -281,6 +376,8 @@ async function clipReport(
     };
   }
   return {
+    path: info.graph,
+    graph_fallback: info.graphFallback,
     flash_attention: info.flashAttention,
     graph_splits: info.graphSplits,
     graph_nodes: info.graphNodes,
@@ -310,6 +407,27 @@ async function clipReport(
                     .map((o) => ({ op: o.op, ms: round(o.ms), count: o.count, on_host: o.onHost })),
                 }
               : {}),
+          },
+        }
+      : {}),
+    ...(phases.length
+      ? {
+          phases: {
+            setup_ms: phase(phases.map((p) => p.buildMs + p.allocMs + p.uploadMs)),
+            compute_ms: phase(phases.map((p) => p.primeMs + p.computeMs + p.readMs)),
+            build_ms: phase(phases.map((p) => p.buildMs)),
+            alloc_ms: phase(phases.map((p) => p.allocMs)),
+            upload_ms: phase(phases.map((p) => p.uploadMs)),
+            graph_compute_ms: phase(phases.map((p) => p.computeMs)),
+            read_ms: phase(phases.map((p) => p.readMs)),
+            first: {
+              build_ms: round(first?.buildMs ?? 0),
+              alloc_ms: round(first?.allocMs ?? 0),
+              upload_ms: round(first?.uploadMs ?? 0),
+              prime_ms: round(first?.primeMs ?? 0),
+              compute_ms: round(first?.computeMs ?? 0),
+              read_ms: round(first?.readMs ?? 0),
+            },
           },
         }
       : {}),

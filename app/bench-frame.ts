@@ -1,17 +1,23 @@
 // `percept bench frame`: camera frame → validated action through the real stages (preprocess,
-// encoder, decoder with the action grammar, validation), the publisher left out. Frames come from
-// the test pattern at a rate the pipeline can follow, so latencies are service times, not queueing.
+// encoder, decoder with the action grammar, validation), the publisher left out; with --decoder openai
+// the frame goes to an OpenAI-compatible server instead ([decode, actions]). Frames come from the test
+// pattern at a rate the pipeline can follow, so latencies are service times, not queueing.
 import { RealClock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import { createGraph } from '../pipeline/graph/graph.ts';
 import { isMmprojSpec } from '../models/resolve.ts';
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { createSource, createStages } from './run.ts';
-import { median } from './stats.ts';
+import { median, quantile } from './stats.ts';
 
 export interface BenchFrameOptions {
-  /** Decoder GGUF or synth: preset. */
+  /** Decoder GGUF or synth: preset; with decoder 'openai', the model id the server serves. */
   readonly model: string;
+  /** 'local' (default): the in-process binding; 'openai': the server at `endpoint`. */
+  readonly decoder?: 'local' | 'openai';
+  readonly endpoint?: string;
+  /** openai: requests in flight at most (default 1). */
+  readonly concurrency?: number;
   /** Vision encoder: an .onnx, an mmproj .gguf, or 'projection' (a stand-in with no model). */
   readonly encoder: string;
   readonly imageTokens: number;
@@ -43,6 +49,62 @@ export interface BenchFrameResult {
   readonly stages_first_over_median: Readonly<Record<string, number | null>>;
   readonly warmup: boolean;
   readonly image_tokens: number;
+  readonly decoder: 'local' | 'openai';
+  /** Medians over the frames' decode notes: prompt tokens (image included), prompt tokens reused from
+   * the cache, new tokens, and the decoder's own decode time per new token. */
+  readonly prompt_tokens_median: number | null;
+  readonly reused_tokens_median: number | null;
+  readonly new_tokens_median: number | null;
+  /** The decoder's prefill (a server's includes its image encoding, the binding's does not). */
+  readonly prefill_ms_median: number | null;
+  readonly decode_ms_per_token_median: number | null;
+  /** openai, where the server reports its timings (llama-server): the HTTP path's own cost per request
+   * (round trip − the server's prefill and decode): transport, JSON, base64, image decoding, templating,
+   * grammar setup, and any wait for a free slot (none at concurrency 1 against an idle server). */
+  readonly http_ms_p50: number | null;
+  readonly http_ms_p99: number | null;
+}
+
+/** One frame's figures, for benches that pool frames over several runs: its time and what its decode
+ * note said (null where the decoder did not say it). */
+export interface FrameSample {
+  /** Entering the first stage → leaving the last one it reached. */
+  readonly totalMs: number;
+  readonly promptTokens: number | null;
+  readonly reusedTokens: number | null;
+  readonly newTokens: number | null;
+  readonly prefillMs: number | null;
+  readonly decodeMs: number | null;
+  readonly httpMs: number | null;
+}
+
+export type DecodeFigures = Pick<
+  BenchFrameResult,
+  | 'prompt_tokens_median'
+  | 'reused_tokens_median'
+  | 'new_tokens_median'
+  | 'prefill_ms_median'
+  | 'decode_ms_per_token_median'
+  | 'http_ms_p50'
+  | 'http_ms_p99'
+>;
+
+const round = (x: number): number => Math.round(x * 1000) / 1000;
+
+/** The decode figures of a set of frames (see BenchFrameResult). */
+export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
+  const values = (f: (s: FrameSample) => number | null): number[] => frames.flatMap((s) => (f(s) === null ? [] : [f(s)!]));
+  const stat = (v: number[], q?: number): number | null => (v.length ? round(q === undefined ? median(v) : quantile(v, q)) : null);
+  const http = values((s) => s.httpMs);
+  return {
+    prompt_tokens_median: stat(values((s) => s.promptTokens)),
+    reused_tokens_median: stat(values((s) => s.reusedTokens)),
+    new_tokens_median: stat(values((s) => s.newTokens)),
+    prefill_ms_median: stat(values((s) => s.prefillMs)),
+    decode_ms_per_token_median: stat(values((s) => (s.decodeMs !== null && s.newTokens ? s.decodeMs / s.newTokens : null))),
+    http_ms_p50: stat(http, 0.5),
+    http_ms_p99: stat(http, 0.99),
+  };
 }
 
 /** A config's encoder section for an encoder named on the command line: 'projection' (no model), an
@@ -54,20 +116,31 @@ export function encoderSection(spec: string, gpuLayers: number): object {
 }
 
 export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameResult> {
+  return (await benchFrameSamples(opts)).result;
+}
+
+/** benchFrame, and each frame's figures. */
+export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ result: BenchFrameResult; frames: FrameSample[] }> {
   const { imageTokens, gpuLayers } = opts;
+  const kind = opts.decoder ?? 'local';
   // Absent, the config's defaults apply: the decoder's budget follows the action grammar's worst case.
   const maxNewTokens = opts.maxNewTokens !== undefined ? { maxNewTokens: opts.maxNewTokens } : {};
+  if (kind === 'openai' && !opts.endpoint) throw new Error('bench frame: --decoder openai needs --endpoint URL');
+  const decoder =
+    kind === 'openai'
+      ? { kind, endpoint: opts.endpoint, model: opts.model, concurrency: opts.concurrency ?? 1, ...maxNewTokens }
+      : {
+          model: opts.model,
+          gpuLayers,
+          ...maxNewTokens,
+          draft: opts.draft ?? null,
+          draftMtp: opts.draftMtp ?? null,
+          ngram: opts.ngram ?? false,
+        };
   const config = loadConfig({
     source: { kind: 'pattern', fps: opts.fps, frames: opts.frames, width: 1280, height: 720 },
-    encoder: encoderSection(opts.encoder, gpuLayers),
-    decoder: {
-      model: opts.model,
-      gpuLayers,
-      ...maxNewTokens,
-      draft: opts.draft ?? null,
-      draftMtp: opts.draftMtp ?? null,
-      ngram: opts.ngram ?? false,
-    },
+    ...(kind === 'local' ? { encoder: encoderSection(opts.encoder, gpuLayers) } : {}),
+    decoder,
     budgets: {
       endToEndMs: 60_000,
       stages: { preprocess: 10_000, encode: 30_000, decode: 30_000, actions: 1_000 },
@@ -83,7 +156,9 @@ export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameRes
   // Per frame (dropped ones too: random weights often give an invalid action): each stage's time, and
   // the time from entering the first stage to leaving the last one it reached.
   const spans = new Map<number, { enter: bigint; exit: bigint; stages: Record<string, number> }>();
+  const notes = new Map<number, Readonly<Record<string, number | string | boolean>>>();
   graph.events.subscribe((event) => {
+    if (event.type === 'note' && event.message === 'decode' && event.data) notes.set(event.frameId, event.data);
     if (event.type !== 'span') return;
     const f = spans.get(event.frameId) ?? { enter: event.enterNs, exit: event.exitNs, stages: {} };
     if (event.enterNs < f.enter) f.enter = event.enterNs;
@@ -94,15 +169,26 @@ export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameRes
   const summary = await graph.run();
   const frames = [...spans.entries()]
     .sort(([a], [b]) => a - b)
-    .map(([, f]) => ({ total: Number(f.exit - f.enter) / 1e6, stages: f.stages }));
+    .map(([id, f]) => ({ total: Number(f.exit - f.enter) / 1e6, stages: f.stages, note: notes.get(id) }));
+  const samples: FrameSample[] = frames.map(({ total, note }) => {
+    const n = (key: string): number | null => (typeof note?.[key] === 'number' ? note[key] : null);
+    return {
+      totalMs: total,
+      promptTokens: n('promptTokens'),
+      reusedTokens: n('reusedTokens'),
+      newTokens: n('tokens'),
+      prefillMs: n('prefillMs'),
+      decodeMs: n('decodeMs'),
+      httpMs: n('httpMs'),
+    };
+  });
   const pick = (q: 'p50Ms' | 'p99Ms') => Object.fromEntries(Object.entries(summary.stages).map(([name, s]) => [name, s[q]]));
-  const round = (x: number): number => Math.round(x * 1000) / 1000;
   const ratio = (first: number | undefined, rest: (number | undefined)[]): number | null => {
     const m = median(rest.filter((x): x is number => x !== undefined));
     return first === undefined || !(m > 0) ? null : round(first / m);
   };
   const [first, ...rest] = frames;
-  return {
+  const result: BenchFrameResult = {
     frames_in: summary.frames.in,
     frames_out: summary.frames.out,
     dropped: summary.drops.byReason as Record<string, number>,
@@ -129,5 +215,8 @@ export async function benchFrame(opts: BenchFrameOptions): Promise<BenchFrameRes
       : {},
     warmup: opts.warmup,
     image_tokens: imageTokens,
+    decoder: kind,
+    ...decodeFigures(samples),
   };
+  return { result, frames: samples };
 }

@@ -20,6 +20,7 @@ import { resolveModel } from '../models/resolve.ts';
 import {
   checkEncoderFitsDecoder,
   createEncoder,
+  createRemoteDecoder,
   createSource,
   describePublished,
   modelIds,
@@ -29,6 +30,8 @@ import {
 } from './run.ts';
 
 const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
+/** A remote decoder's server encodes the images: percept's encoder makes no calls. */
+const NO_ENCODER: BatchingEncoderStats = { calls: 0, frames: 0, maxBatch: 0, discarded: 0 };
 
 export interface CameraStages {
   /** Per camera, in config order: camera frame → published (or validated) action. */
@@ -67,6 +70,17 @@ export async function createCameraStages(
       const { createPublisher } = await import('../nodes/publisher.ts');
       publisher = await createPublisher({ ...config.publisher, clock: config.clock, models: modelIds(config) });
       log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
+    }
+    if (config.decoder.kind === 'openai') {
+      // The server batches the cameras' requests; each camera's graph keeps its own edge, deadline and
+      // up to decoder.concurrency requests in flight on the one remote stage.
+      const { createActionsStage } = await import('../nodes/actions.ts');
+      const decoder = await createRemoteDecoder(config, actionSchema, warmup ? cameras[0]! : null);
+      const chains = cameras.map(() => {
+        const validated = chain(decoder, createActionsStage({ schema: actionSchema }));
+        return publisher ? append(validated, publisher.stage) : validated;
+      });
+      return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => NO_ENCODER };
     }
     const { createCameraDecoderStages } = await import('../nodes/decoder.ts');
     log(`decoder: ${config.decoder.model} (${n} cameras, one sequence each, batched)`);
@@ -184,7 +198,7 @@ export async function runCameras(config: PerceptConfig, opts: RunOptions): Promi
     const published = await publisher?.close(summary);
     process.stdout.write(`${formatSummary(summary)}\n`);
     const enc = stages.encoderStats();
-    log(`encoder: ${enc.frames} frames in ${enc.calls} calls (at most ${enc.maxBatch} in one)`);
+    if (config.decoder.kind === 'local') log(`encoder: ${enc.frames} frames in ${enc.calls} calls (at most ${enc.maxBatch} in one)`);
     if (published) log(`published ${describePublished(published)}`);
     if (opts.jsonSummary) writeJsonSummary(opts.jsonSummary, summary);
     const failure = camerasFailure(summary);

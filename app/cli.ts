@@ -145,6 +145,13 @@ bench
   )
   .addOption(new Option('--flash-attention <mode>', 'mmproj: clip flash attention').choices(['auto', 'on', 'off']))
   .option('--batch <n>', 'mmproj: also time N same-size frames in one encode call', int('--batch'))
+  .addOption(
+    new Option('--path <graph>', "mmproj: percept's persistent graph over clip's weights, or clip's own encode").choices([
+      'percept',
+      'clip',
+    ]),
+  )
+  .option('--check', 'mmproj: encode the last frame through the other path too and report the worst per-token cosine')
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchEncode } = await import('./bench-encode.ts');
@@ -155,10 +162,17 @@ speculationOptions(
   bench
     .command('frame')
     .description('camera frame → validated action through the real stages (no publisher): latency p50/p99')
-    .requiredOption('-m, --model <file>', 'decoder GGUF, or synth:PRESET'),
+    .requiredOption('-m, --model <file>', 'decoder GGUF, or synth:PRESET (with --decoder openai: the model id the server serves)'),
   SPECULATION,
 )
   .option('-e, --encoder <file>', 'vision encoder: .onnx, mmproj .gguf, or "projection"', 'projection')
+  .addOption(
+    new Option('--decoder <kind>', 'local: the in-process binding; openai: the server at --endpoint')
+      .choices(['local', 'openai'])
+      .default('local'),
+  )
+  .option('--endpoint <url>', 'with --decoder openai: the OpenAI-compatible server (http://host:port)')
+  .option('--concurrency <n>', 'with --decoder openai: requests in flight', int('--concurrency'), 1)
   .option('--image-tokens <n>', 'image tokens per frame (Gemma 4 budget)', int('--image-tokens'), 280)
   .option('--frames <n>', 'frames', int('--frames'), 20)
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
@@ -169,6 +183,26 @@ speculationOptions(
   .action(async (opts) => {
     const { benchFrame } = await import('./bench-frame.ts');
     printResult(await benchFrame(opts), opts.json);
+  });
+
+bench
+  .command('remote')
+  .description(
+    'the HTTP path against the in-process binding: llama-server (same build, model, mmproj, image tokens) on loopback, rounds of bench frame alternating the two',
+  )
+  .requiredOption('-m, --model <file>', 'decoder GGUF, or synth:PRESET')
+  .requiredOption('-e, --encoder <file>', 'the vision projector for both: mmproj .gguf or synth:PRESET-mmproj')
+  .option('--image-tokens <n>', 'image tokens per frame, both arms', int('--image-tokens'), 280)
+  .option('--frames <n>', 'frames per round and arm', int('--frames'), 10)
+  .option('--rounds <n>', 'rounds (each runs both arms, in alternating order)', int('--rounds'), 4)
+  .option('--fps <n>', 'frame rate (keep it below what both sustain)', positiveNumber('--fps'), 1)
+  .option('--max-new-tokens <n>', "max new tokens per action (default: each decoder's own)", int('--max-new-tokens'))
+  .option('--gpu-layers <n>', 'decoder layers on the GPU, both arms', int('--gpu-layers'), 0)
+  .option('--threads <n>', 'llama-server threads (default: all cores, as the binding)', int('--threads'))
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchRemote } = await import('./bench-remote.ts');
+    printResult(await benchRemote(opts), opts.json);
   });
 
 bench

@@ -12,6 +12,7 @@ import { createGraph, stopOnSignals, type Graph } from '../pipeline/graph/graph.
 import type { RunSummary } from '../pipeline/telemetry/events.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
 import type { FrameSource, Stage } from '../pipeline/types.ts';
+import type { OpenAIDecoderStage } from '../nodes/decoder-openai.ts';
 import type { Publisher } from '../nodes/publisher.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
@@ -148,6 +149,8 @@ export interface PipelineStages {
 
 /** Role → model id for the action headers: the config's spec (synth:…) or the file's name. */
 export function modelIds(config: PerceptConfig): Record<string, string> {
+  // A remote server's model (vision tower included) is named by the id it serves.
+  if (config.decoder.kind === 'openai') return { decoder: config.decoder.model };
   const id = (spec: string): string => (spec.startsWith('synth:') ? spec : basename(spec));
   const ids: Record<string, string> = { decoder: id(config.decoder.model) };
   const { encoder } = config;
@@ -180,6 +183,10 @@ export async function createStages(
       const { createPublisher } = await import('../nodes/publisher.ts');
       publisher = await createPublisher({ ...config.publisher, clock: config.clock, models: modelIds(config) });
       log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
+    }
+    if (config.decoder.kind === 'openai') {
+      const validated = await createRemoteStages(config, actionSchema, warmup, track);
+      return publisher ? { chain: append(validated, publisher.stage), publisher } : { chain: validated };
     }
     const { createDecoderStage } = await import('../nodes/decoder.ts');
     const resolveDraft = async (spec: string | null) => (spec ? resolveModel(spec, 'decoder') : null);
@@ -225,6 +232,44 @@ export async function createStages(
     await publisher?.close();
     throw err;
   }
+}
+
+/** decoder.kind "openai": the server takes the camera frame, so the chain is [decode, actions]. */
+async function createRemoteStages(
+  config: PerceptConfig,
+  actionSchema: ActionSchema,
+  warmup: boolean,
+  track: <S extends Stage<never, unknown>>(stage: S) => S,
+): Promise<StageChain<CameraFrame, ActionMessage>> {
+  const decoder = track(await createRemoteDecoder(config, actionSchema, warmup ? { source: config.source, ladder: config.ladder } : null));
+  const { createActionsStage } = await import('../nodes/actions.ts');
+  return chain(decoder, track(createActionsStage({ schema: actionSchema })));
+}
+
+/** The remote decode stage of decoder.kind "openai". Its load-time probe has run the server's vision
+ * and decoder once; `warmup` sends one frame of that source's size at the ladder's first level, so the
+ * server's first image graph of that size is not paid by a real frame. */
+export async function createRemoteDecoder(
+  config: PerceptConfig,
+  actionSchema: ActionSchema,
+  warmup: { readonly source: SourceConfig; readonly ladder: PerceptConfig['ladder'] } | null,
+): Promise<OpenAIDecoderStage> {
+  const { apiKeyFromEnv, createOpenAIDecoderStage } = await import('../nodes/decoder-openai.ts');
+  const { endpoint, apiKey, ...decoderConfig } = config.decoder;
+  const key = apiKeyFromEnv(apiKey);
+  const decoder = await createOpenAIDecoderStage({ ...decoderConfig, endpoint: endpoint!, ...(key ? { apiKey: key } : {}), actionSchema });
+  const { server } = decoder;
+  log(
+    `decoder: ${server.name} at ${server.baseUrl}, model ${server.model}, ${config.decoder.concurrency} in flight (probe ${server.probeMs.toFixed(0)} ms)`,
+  );
+  if (warmup) {
+    const { standaloneContext } = await import('../pipeline/standalone.ts');
+    const knobs = new DegradeLadder(warmup.ladder, config.budgets.endToEndMs).knobsAt(0);
+    const t0 = performance.now();
+    await decoder.process(await warmupFrame(warmup.source), standaloneContext({ frame: { sourceId: 'warmup' }, knobs }));
+    log(`warm-up (remote): decode ${(performance.now() - t0).toFixed(0)} ms`);
+  }
+  return decoder;
 }
 
 export async function createEncoder(

@@ -288,6 +288,9 @@ export interface NativeVisionLoadOptions {
   warmup: boolean;
   /** Install clip's graph-evaluation callback so encodes can report where their time goes. */
   profile: boolean;
+  /** 'percept': percept's persistent graph over clip's weights, where it mirrors the tower (else
+   * clip's encode, with the reason in info().graphFallback); 'clip': clip's own encode. */
+  graph: 'percept' | 'clip';
 }
 
 export interface NativeVisionInfo {
@@ -311,21 +314,44 @@ export interface NativeVisionInfo {
   readonly useGpu: boolean;
   /** Weights + compute buffers per backend device. */
   readonly devices: readonly { name: string; bytes: number }[];
-  /** What clip reported when it reserved its graph at load: flash attention as resolved (null when it
-   * did not say), graph splits across backends (1: all on one), compute buffers, and the ops the GPU
-   * backend cannot run (they run on the CPU, with copies both ways). */
+  /** Which graph encodes: percept's persistent one, or clip's (asked for, or the fallback). */
+  readonly graph: 'percept' | 'clip';
+  /** Why clip encodes although percept's graph was asked for (a part of the tower it does not
+   * mirror, or an op the backend cannot run); null otherwise. */
+  readonly graphFallback: string | null;
+  /** percept's graph: flash attention as resolved, one split, its nodes for one image, its compute
+   * buffer as laid out at load. clip: what it reported when it reserved its graph at load (flash
+   * attention null when it did not say), graph splits across backends (1: all on one), compute
+   * buffers, and the ops the GPU backend cannot run (they run on the CPU, with copies both ways). */
   readonly flashAttention: boolean | null;
   readonly graphSplits: number;
   readonly graphNodes: number;
   readonly computeBuffers: readonly { name: string; bytes: number }[];
   readonly unsupportedOps: readonly string[];
-  /** Several same-size images go through one graph (gemma4v); otherwise encodeBatch loops. */
+  /** Several same-size images go through one graph (percept's graph, clip's gemma4v); otherwise
+   * encodeBatch loops. */
   readonly batchable: boolean;
   /** Loaded with profile: encodes can report where their time goes. */
   readonly profile: boolean;
 }
 
-/** Where one encode's time went (clip's graph-evaluation callback). */
+/** Where one encode through percept's graph spent its time (ms), reported on every call. */
+export interface NativeVisionPhases {
+  /** Building this shape's graph (its first encode only). */
+  readonly buildMs: number;
+  /** Laying out the compute buffer for it (when another shape used the buffer last). */
+  readonly allocMs: number;
+  /** Pixels into the graph's input (host → device on a GPU). */
+  readonly uploadMs: number;
+  /** A shape's first encode on a GPU (and its first after the compute buffer grew) runs twice more
+   * first, so that ggml-cuda captures it as a CUDA graph before the timed run replays it. */
+  readonly primeMs: number;
+  readonly computeMs: number;
+  /** Embeddings back to the host. */
+  readonly readMs: number;
+}
+
+/** Where one encode's time went: clip's graph-evaluation callback, or percept's phases. */
 export interface NativeVisionProfile {
   /** Before the first graph node finished: graph build, allocation, input upload. */
   readonly setupMs: number;
@@ -349,9 +375,13 @@ export interface NativeVisionEncodeResult {
   readonly data: Float32Array;
   readonly nTokens: number;
   readonly nEmbd: number;
-  /** Layout conversion into clip's image buffer, and clip's encode itself. */
+  /** The graph that encoded. */
+  readonly path: 'percept' | 'clip';
+  /** Layout conversion into clip's image buffer (percept: the output allocation), and the encode itself. */
   readonly prepareMs: number;
   readonly encodeMs: number;
+  /** percept's graph only. */
+  readonly phases?: NativeVisionPhases;
   readonly profile?: NativeVisionProfile;
 }
 

@@ -10,6 +10,7 @@ import {
   type NativeVisionBatchResult,
   type NativeVisionEncodeResult,
   type NativeVisionInfo,
+  type NativeVisionPhases,
   type NativeVisionProfile,
 } from './binding.ts';
 
@@ -17,6 +18,7 @@ export type VisionInfo = NativeVisionInfo;
 export type VisionEncodeResult = NativeVisionEncodeResult;
 export type VisionBatchResult = NativeVisionBatchResult;
 export type VisionProfile = NativeVisionProfile;
+export type VisionPhases = NativeVisionPhases;
 export type VisionProfileMode = 'off' | 'phases' | 'ops';
 
 export interface LoadVisionOptions {
@@ -31,6 +33,10 @@ export interface LoadVisionOptions {
   /** Let encodes report where their time goes ({ profile } in encode options; default false: no
    * callback in clip's graph evaluation). */
   readonly profile?: boolean;
+  /** 'percept' (default): percept's persistent graph over clip's weights, built once per image shape
+   * and reused, where it mirrors the tower; otherwise clip encodes and info.graphFallback says why.
+   * 'clip': clip's own encode (it rebuilds and re-allocates its graph on every call). */
+  readonly graph?: 'percept' | 'clip';
 }
 
 export interface VisionImage {
@@ -40,7 +46,7 @@ export interface VisionImage {
   readonly height: number;
 }
 
-const LOAD_KEYS = ['useGpu', 'threads', 'flashAttention', 'warmup', 'profile'] as const;
+const LOAD_KEYS = ['useGpu', 'threads', 'flashAttention', 'warmup', 'profile', 'graph'] as const;
 const PROFILE_MODES: readonly VisionProfileMode[] = ['off', 'phases', 'ops'];
 
 /** One clip vision context (llama.cpp tools/mtmd) loaded from an mmproj GGUF. */
@@ -65,11 +71,12 @@ export class LlamaVision {
     const flashAttention = oneOf('options.flashAttention', options.flashAttention ?? 'auto', ['auto', 'on', 'off']);
     const warmup = bool('options.warmup', options.warmup ?? true);
     const profile = bool('options.profile', options.profile ?? false);
+    const graph = oneOf('options.graph', options.graph ?? 'percept', ['percept', 'clip']);
     const st = await stat(path).catch(() => undefined);
     if (!st?.isFile()) throw coded('ENOENT', `mmproj file not found: ${path}`);
     const stack = new Error();
     try {
-      const native = await loadAddon().Vision.load(path, { useGpu, threads, flashAttention, warmup, profile });
+      const native = await loadAddon().Vision.load(path, { useGpu, threads, flashAttention, warmup, profile, graph });
       return new LlamaVision(native, path);
     } catch (err) {
       throw graft(err, stack);

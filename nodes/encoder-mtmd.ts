@@ -1,6 +1,7 @@
 // Vision encoder stage on llama.cpp's clip (tools/mtmd) through the percept addon: an mmproj GGUF
 // encodes the preprocessor's PixelTensor into image embeddings, off the JS thread (an AsyncWorker),
-// on CPU or on the GPU backend the addon was built with. Same contract as the ONNX stage:
+// on CPU or on the GPU backend the addon was built with, by percept's persistent graph over clip's
+// weights (or clip's own encode: `graph`). Same contract as the ONNX stage:
 //   gemma3 (projector gemma3):  pixel values [1,3,S,S] CHW in [-1,1] → [256, n_embd]
 //   gemma4 (projector gemma4v): patches [1,P,768] HWC in [0,1] + position ids [1,P,2] → [(cols/3)(rows/3), n_embd]
 // clip normalizes nothing itself (mtmd's preprocessing does, and we bypass it): gemma3 gets the
@@ -19,6 +20,7 @@ import {
   type VisionEncodeResult,
   type VisionImage,
   type VisionInfo,
+  type VisionPhases,
   type VisionProfile,
   type VisionProfileMode,
 } from '../native/vision.ts';
@@ -39,6 +41,9 @@ export interface MtmdEncoderConfig {
   /** Report where each encode's time goes in stats().lastProfile (default 'off'; 'ops' synchronizes
    * after every graph node, so it slows the encode it measures). */
   readonly profile?: VisionProfileMode;
+  /** 'percept' (default): percept's persistent graph over clip's weights where it mirrors the tower
+   * (info.graphFallback says why not); 'clip': clip's own encode. */
+  readonly graph?: 'percept' | 'clip';
 }
 
 export interface MtmdContractInfo {
@@ -63,6 +68,8 @@ export interface MtmdEncoderStats {
   readonly lastRunMs: number;
   /** Where the last run's time went, when profiling. */
   readonly lastProfile?: VisionProfile;
+  /** percept's graph: the last run's phases (build, layout, upload, compute, read-back). */
+  readonly lastPhases?: VisionPhases;
 }
 
 export interface MtmdEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
@@ -184,6 +191,7 @@ export async function createMtmdEncoderStage(cfg: MtmdEncoderConfig): Promise<Mt
       ...(cfg.threads !== undefined ? { threads: cfg.threads } : {}),
       ...(cfg.flashAttention !== undefined ? { flashAttention: cfg.flashAttention } : {}),
       profile: profile !== 'off',
+      ...(cfg.graph !== undefined ? { graph: cfg.graph } : {}),
     });
   } catch (err) {
     throw Object.assign(new Error(`encoder-mtmd: cannot load ${cfg.mmproj}: ${(err as Error).message}`), {
@@ -210,6 +218,7 @@ class MtmdEncoder implements MtmdEncoderStage {
   #runs = 0;
   #lastRunMs = 0;
   #lastProfile: VisionProfile | undefined;
+  #lastPhases: VisionPhases | undefined;
 
   constructor(vision: LlamaVision, contract: MtmdContractInfo, profile: VisionProfileMode) {
     this.#vision = vision;
@@ -227,6 +236,7 @@ class MtmdEncoder implements MtmdEncoderStage {
       discarded: this.#slot.abandoned,
       lastRunMs: this.#lastRunMs,
       ...(this.#lastProfile ? { lastProfile: this.#lastProfile } : {}),
+      ...(this.#lastPhases ? { lastPhases: this.#lastPhases } : {}),
     };
   }
 
@@ -298,10 +308,11 @@ class MtmdEncoder implements MtmdEncoderStage {
     return result;
   }
 
-  #recordRun(result: { readonly encodeMs: number; readonly profile?: VisionProfile }): void {
+  #recordRun(result: { readonly encodeMs: number; readonly profile?: VisionProfile; readonly phases?: VisionPhases }): void {
     this.#runs++;
     this.#lastRunMs = result.encodeMs;
     this.#lastProfile = result.profile;
+    this.#lastPhases = result.phases;
   }
 
   /** Waits for a running clip encode (it cannot be interrupted), then frees the context. */

@@ -42,6 +42,8 @@ export type StopReason = 'eos' | 'max_tokens' | 'stop' | 'cancelled' | 'deadline
 /** What the decoder produced for one frame. */
 export interface Generation {
   readonly text: string;
+  /** The new tokens' ids, where the decoder has them: a remote server's API returns text only (empty
+   * here; timings.decodeTokens holds the count). */
   readonly tokens: readonly number[];
   readonly stopReason: StopReason;
   readonly promptTokens: number;

@@ -74,7 +74,20 @@ export type EncoderConfig =
   | { readonly kind: 'projection'; readonly seed: number; readonly tokens: number };
 
 export interface DecoderConfig {
+  /** local: the in-process binding after the vision encoder; openai: a remote /v1/chat/completions server. */
+  readonly kind: 'local' | 'openai';
+  /** local: a GGUF path or synth: preset; openai: the model id the server serves. */
   readonly model: string;
+  /** openai: the server's base URL. */
+  readonly endpoint: string | null;
+  /** openai: the environment variable that holds the bearer key. */
+  readonly apiKey: { readonly env: string } | null;
+  /** openai: requests in flight at most. */
+  readonly concurrency: number;
+  /** openai: one attempt's limit (ms); null: the stage deadline only. */
+  readonly timeoutMs: number | null;
+  /** openai: attempts after the first, for retryable failures while the deadline allows. */
+  readonly retries: number;
   readonly draft: string | null;
   readonly draftMtp: string | null;
   readonly ngram: boolean;
@@ -246,8 +259,11 @@ export function loadConfig(input: string | object): PerceptConfig {
     );
   }
 
-  const given = new Set(PATH_FIELDS.filter((keys) => pathAt(data, keys) !== undefined));
-  if (typeof input === 'string') resolvePaths(data, PATH_FIELDS, dirname(resolve(input)));
+  // A remote decoder's model is the id a server serves, not a file.
+  const remoteDecoder = isRecord(data) && isRecord(data.decoder) && data.decoder.kind === 'openai';
+  const pathFields = remoteDecoder ? PATH_FIELDS.filter((f) => f.join('.') !== 'decoder.model') : PATH_FIELDS;
+  const given = new Set(pathFields.filter((keys) => pathAt(data, keys) !== undefined));
+  if (typeof input === 'string') resolvePaths(data, pathFields, dirname(resolve(input)));
   const cameraIssues = prepareCameras(data, typeof input === 'string' ? dirname(resolve(input)) : undefined);
   if (cameraIssues.length > 0) throw new ConfigError(origin, cameraIssues);
   const calibrationIssue = inlineCalibration(data, typeof input === 'string' ? dirname(resolve(input)) : process.cwd());
@@ -258,7 +274,7 @@ export function loadConfig(input: string | object): PerceptConfig {
   if (cameraSchemaIssues.length > 0) throw new ConfigError(origin, cameraSchemaIssues);
   resolvePaths(
     data,
-    PATH_FIELDS.filter((field) => !given.has(field)),
+    pathFields.filter((field) => !given.has(field)),
     DEFAULTS_BASE,
   );
   const config = data as PerceptConfig;
@@ -375,9 +391,41 @@ function checkEndpoints(config: PerceptConfig): ConfigIssue[] {
   return issues;
 }
 
+/** The decoder's kind-specific fields: each kind gets only its own (a setting the other kind would
+ * silently ignore is refused). */
+function checkDecoder(decoder: DecoderConfig): ConfigIssue[] {
+  const issues: ConfigIssue[] = [];
+  const only = (key: string, kind: string) => issues.push({ path: `/decoder/${key}`, message: `applies to decoder.kind "${kind}" only` });
+  if (decoder.kind === 'openai') {
+    if (decoder.endpoint === null) {
+      issues.push({
+        path: '/decoder/endpoint',
+        message: 'is required with decoder.kind "openai" (the server\'s base URL, e.g. http://127.0.0.1:8080)',
+      });
+    } else if (!/^https?:\/\/[^/\s]+/i.test(decoder.endpoint)) {
+      issues.push({ path: '/decoder/endpoint', message: `must be an http:// or https:// URL, got ${JSON.stringify(decoder.endpoint)}` });
+    }
+    if (decoder.model.startsWith('synth:'))
+      issues.push({
+        path: '/decoder/model',
+        message: `with decoder.kind "openai" must be the model id the server serves (GET /v1/models lists it), not ${JSON.stringify(decoder.model)}`,
+      });
+    if (decoder.draft !== null) only('draft', 'local');
+    if (decoder.draftMtp !== null) only('draftMtp', 'local');
+    if (decoder.ngram) only('ngram', 'local');
+  } else {
+    if (decoder.endpoint !== null) only('endpoint', 'openai');
+    if (decoder.apiKey !== null) only('apiKey', 'openai');
+    if (decoder.timeoutMs !== null) only('timeoutMs', 'openai');
+    if (decoder.concurrency !== 1)
+      issues.push({ path: '/decoder/concurrency', message: 'must be 1 for decoder.kind "local" (it decodes one frame at a time)' });
+  }
+  return issues;
+}
+
 /** Checks the schema cannot express. Returns the problems found (empty when the config is sound). */
 function checkSemantics(config: PerceptConfig): ConfigIssue[] {
-  const issues: ConfigIssue[] = [...checkEndpoints(config), ...checkCameras(config)];
+  const issues: ConfigIssue[] = [...checkEndpoints(config), ...checkDecoder(config.decoder), ...checkCameras(config)];
   if ((config.source.kind === 'ffmpeg' || config.source.kind === 'zmq') && config.clock === 'virtual') {
     issues.push({ path: '/clock', message: `must be "real" for a live source (${config.source.kind}): its frames come in real time` });
   }

@@ -86,6 +86,9 @@ export interface Stage<I, O> {
   // A property, not a method: function-typed properties are checked contravariantly in their
   // input, so a stage that takes another type cannot stand in for this one (chain() relies on it).
   readonly process: (input: I, ctx: StageContext) => Promise<O>;
+  /** Calls the runtime lets run at once (default 1). Beyond it, frames wait on the stage's edge, under
+   * its policy: a stage never queues work of its own. Outputs leave in the order calls finish. */
+  readonly concurrency?: number;
   /** Frees resources (models, sockets, workers); called once at shutdown. */
   close?(): Promise<void>;
 }

@@ -6,7 +6,7 @@ import { benchEncode } from '../app/bench-encode.ts';
 import { benchFrame } from '../app/bench-frame.ts';
 
 test(
-  'bench encode on an mmproj: preprocessing on one libvips thread, clip load report, profile phases, a batch',
+  'bench encode on an mmproj: preprocessing on one libvips thread, load report, phases per call, a batch, the check against clip',
   { timeout: 300_000 },
   async () => {
     const r = await benchEncode({
@@ -17,6 +17,7 @@ test(
       threads: 1,
       profile: 'phases',
       batch: 2,
+      check: true,
     });
     assert.equal(r.runtime, 'mtmd');
     assert.equal(r.preprocess_threads, 1);
@@ -31,9 +32,26 @@ test(
     assert.ok(p.setup_ms_p50 + p.compute_ms_p50 <= r.encode_ms_p99 + 1, 'the phases of an encode exceed the encode');
     assert.deepEqual([clip.batch!.images, clip.batch!.batched], [2, true]);
     assert.ok(Math.abs(clip.batch!.per_image_ms_p50 * 2 - clip.batch!.encode_ms_p50) < 0.01);
+    // percept's graph by default: its phases on every call; the warm-up call built and laid it out
+    assert.deepEqual([clip.path, clip.graph_fallback], ['percept', null]);
+    const ph = clip.phases!;
+    assert.ok(ph.first.build_ms > 0 && ph.first.alloc_ms > 0);
+    assert.deepEqual([ph.build_ms.p99, ph.alloc_ms.p99], [0, 0], 'a timed encode rebuilt or laid out the graph again');
+    assert.ok(ph.upload_ms.p50 > 0 && ph.graph_compute_ms.p50 > 0);
+    assert.deepEqual([clip.check!.against, clip.check!.tokens], ['clip', 264]);
+    assert.ok(clip.check!.worst_token_cosine >= 0.9999, `worst per-token cosine against clip ${clip.check!.worst_token_cosine}`);
+    const viaClip = await benchEncode({
+      encoder: 'synth:gemma4-vision-tiny-mmproj',
+      ep: 'cpu',
+      imageTokens: 70,
+      iterations: 1,
+      path: 'clip',
+    });
+    assert.equal(viaClip.clip!.path, 'clip');
+    assert.equal(viaClip.clip!.phases, undefined, 'clip reports no phases without --profile');
     await assert.rejects(
       benchEncode({ encoder: 'synth:gemma4-vision-tiny', ep: 'cpu', imageTokens: 280, iterations: 1, profile: 'ops' }),
-      /--profile, --flash-attention and --batch are for the llama\.cpp clip encoder/,
+      /--profile, --flash-attention, --batch, --path and --check are for the llama\.cpp clip encoder/,
     );
   },
 );

@@ -115,7 +115,7 @@ test('the typed API refuses bad options with the same shape (no model needed)', 
     [() => LlamaVision.load('v.gguf', { warmup: 1 as never }), 'Expected a boolean for options.warmup but received 1 of type number'],
     [
       () => LlamaVision.load('v.gguf', { gpu: true } as never),
-      'Expected undefined (options takes only useGpu, threads, flashAttention, warmup and profile) for options.gpu but received true of type boolean',
+      'Expected undefined (options takes only useGpu, threads, flashAttention, warmup, profile and graph) for options.gpu but received true of type boolean',
     ],
     [
       () => LlamaVision.load('v.gguf', { profile: 'ops' as never }),
@@ -144,7 +144,7 @@ test('the typed API refuses bad options with the same shape (no model needed)', 
 test('C++ checks every field again, required, with the same message shape', async () => {
   const addon = loadAddon();
   const load = { gpuLayers: 0, mmap: true, vocabOnly: false };
-  const vision = { useGpu: false, threads: 1, flashAttention: 'auto' as const, warmup: false, profile: false };
+  const vision = { useGpu: false, threads: 1, flashAttention: 'auto' as const, warmup: false, profile: false, graph: 'percept' as const };
   const layout = {
     width: 2,
     height: 2,
@@ -181,6 +181,10 @@ test('C++ checks every field again, required, with the same message shape', asyn
     [
       () => addon.Vision.load('v.gguf', { useGpu: false, threads: 1, flashAttention: 'auto', warmup: false } as never),
       'Expected a boolean for Vision.load options.profile but received undefined of type undefined',
+    ],
+    [
+      () => addon.Vision.load('v.gguf', { ...vision, graph: 'ggml' as never }),
+      "Expected 'percept' or 'clip' for Vision.load options.graph but received ggml of type string",
     ],
     [
       () => px({ ...layout, stride: 5 }),

@@ -9,8 +9,8 @@
 //   PERCEPT_CMAKE_ARGS="-DX=Y …"  extra CMake definitions (e.g. -DGGML_NATIVE=ON on a Jetson)
 //   PERCEPT_BUILD_JOBS=N          parallel jobs (default: number of CPUs)
 //   PERCEPT_PEERS="…"           llama.cpp programs built from the same tree, for comparisons and the ladder's
-//                                rungs (default: llama-bench llama-batched-bench llama-speculative-simple llama-quantize;
-//                                PERCEPT_PEERS= to skip)
+//                                rungs, and the remote decoder's server (default: llama-bench llama-batched-bench
+//                                llama-speculative-simple llama-quantize llama-server; PERCEPT_PEERS= to skip)
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync, mkdirSync, rmSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -78,7 +78,7 @@ run(
   { cwd: root },
 );
 
-const peers = (process.env.PERCEPT_PEERS ?? 'llama-bench llama-batched-bench llama-speculative-simple llama-quantize')
+const peers = (process.env.PERCEPT_PEERS ?? 'llama-bench llama-batched-bench llama-speculative-simple llama-quantize llama-server')
   .split(/\s+/)
   .filter(Boolean);
 if (peers.length) {

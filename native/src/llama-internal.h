@@ -149,4 +149,49 @@ struct DeviceBytes {
 };
 std::vector<DeviceBytes> clipMemoryUsage(const clip_ctx * ctx);
 
+// ---------------------------------------------------------------------------------------------
+// clip's vision tower as data (tools/mtmd clip-model.h), for percept's own persistent graph
+// (vision-graph.cc). clip keeps ownership of the tensors (they live in its weight buffer, on its
+// backend); this is a view of them plus the hyperparameters clip's graph builders read, so that
+// both graphs compute the same ops on the same weights.
+
+enum class ClipFfnOp { Gelu, GeluErf, GeluQuick, Silu };
+enum class ClipProjector { Gemma3, Gemma4v };
+
+// Gemma 4's "clippable" linear: one matrix product with its input and output clamped.
+struct ClipClamp {
+    float inMin, inMax, outMin, outMax;
+};
+
+// One transformer block; absent tensors are null (clip builds only what exists).
+struct ClipVitLayer {
+    ggml_tensor *ln1W = nullptr, *ln1B = nullptr;
+    ggml_tensor *qW = nullptr, *qB = nullptr, *kW = nullptr, *kB = nullptr, *vW = nullptr, *vB = nullptr;
+    ggml_tensor *qNorm = nullptr, *kNorm = nullptr;
+    ggml_tensor *oW = nullptr, *oB = nullptr;
+    ggml_tensor * attnPostNorm = nullptr;
+    ggml_tensor *ls1 = nullptr, *ls2 = nullptr, *lsOut = nullptr;  // layer scales
+    ggml_tensor *ln2W = nullptr, *ln2B = nullptr;
+    ggml_tensor *upW = nullptr, *upB = nullptr, *gateW = nullptr, *gateB = nullptr, *downW = nullptr, *downB = nullptr;
+    ggml_tensor * ffnPostNorm = nullptr;
+};
+
+struct ClipVisionTower {
+    ClipProjector projector = ClipProjector::Gemma3;
+    int32_t nEmbd = 0, nHead = 0, nHeadKv = 0, dHead = 0, patchSize = 0, merge = 0, nOutEmbd = 0;
+    float eps = 0, ropeTheta = 0;
+    ClipFfnOp ffn = ClipFfnOp::Gelu;
+    ggml_tensor *patchW = nullptr, *patchB = nullptr, *posEmbd = nullptr;
+    ggml_tensor *preLnW = nullptr, *preLnB = nullptr, *postLnW = nullptr, *postLnB = nullptr;
+    ggml_tensor *projW = nullptr, *softEmbNormW = nullptr, *stdBias = nullptr, *stdScale = nullptr;
+    std::vector<ClipVitLayer> layers;
+    // gemma4v: the clamps of the products whose bounds are finite, by weight. clip clamps every
+    // gemma4v product; bounds of ±FLT_MAX (no clamp in the checkpoint) leave finite values as they are.
+    std::vector<std::pair<const ggml_tensor *, ClipClamp>> clamps;
+};
+
+// The tower of a loaded clip context. Throws std::runtime_error naming the first part that
+// percept's graph does not mirror (another projector, fused QKV, a class token, MoE...).
+ClipVisionTower clipVisionTower(clip_ctx * ctx);
+
 }  // namespace percept

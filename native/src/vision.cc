@@ -209,13 +209,25 @@ struct LoadOptions {
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     bool warmup = false;
     bool profile = false;
+    bool perceptGraph = true;  // percept's persistent graph where it mirrors the tower, else clip's encode
 };
+
+// clip's warm-up image for each projector (clip.cpp): gemma3's one size, gemma4v's 256 tokens.
+void reserveWarmupShape(VisionGraph & graph, const VisionMeta & m) {
+    if (m.projector == "gemma3") {
+        graph.reserve(PixelLayout::Chw, m.imageSize, m.imageSize, 1);
+    } else {
+        const int32_t side = 16 * m.merge * m.patchSize;
+        graph.reserve(PixelLayout::Patches, side, side, 1);
+    }
+}
 
 class LoadWorker : public PromiseWorker {
 public:
     LoadWorker(Napi::Env env, Napi::Function ctor, LoadOptions opts)
         : PromiseWorker(env, "percept:Vision.load", "EMODEL"), ctor_(Napi::Persistent(ctor)), opts_(std::move(opts)) {}
     ~LoadWorker() override {
+        graph_.reset();
         if (ctx_ != nullptr) clipFree(ctx_);
     }
 
@@ -232,15 +244,43 @@ protected:
             meta_.threads = opts_.threads;
             LogCapture capture;
             ClipLogRecorder clipLog;
+            std::string fallback;
             if (opts_.profile) profile_ = std::make_unique<VisionProfile>();
             ClipOptions co;
             co.useGpu = opts_.useGpu;
             co.flashAttention = opts_.flashAttention;
-            co.warmup = opts_.warmup;
+            // With percept's graph, clip only loads the weights: its compute buffers would go unused.
+            co.warmup = opts_.warmup && !opts_.perceptGraph;
             co.evalCallback = profile_ ? profileCallback : nullptr;
             co.evalCallbackData = profile_.get();
             ctx_ = clipLoad(opts_.path, co);
-            report_ = parseLoadReport(clipLog.text);
+            if (ctx_ != nullptr && opts_.perceptGraph) {
+                try {
+                    graph_ = std::make_unique<VisionGraph>(ctx_, VisionGraphOptions{opts_.threads, opts_.flashAttention});
+                    if (opts_.warmup) reserveWarmupShape(*graph_, meta_);
+                } catch (const std::exception & e) {
+                    // Visible in info().graphFallback; clip loads again, warmed up as if asked for.
+                    graph_.reset();
+                    fallback = e.what();
+                    if (opts_.warmup) {
+                        clipFree(ctx_);
+                        clipLog.text.clear();
+                        co.warmup = true;
+                        ctx_ = clipLoad(opts_.path, co);
+                    }
+                }
+            }
+            if (graph_) {
+                // What percept's graph resolved: one backend runs it all (one split).
+                report_.flashAttention = graph_->flashAttention() ? 1 : 0;
+                report_.graphSplits = 1;
+                report_.graphNodes = graph_->graphNodes();
+                if (graph_->computeBytes() > 0)
+                    report_.computeBuffersMiB.emplace_back(graph_->bufferName(), double(graph_->computeBytes()) / (1024.0 * 1024.0));
+            } else {
+                report_ = parseLoadReport(clipLog.text);
+                report_.graphFallback = fallback;
+            }
             if (ctx_ == nullptr) {
                 std::string why = capture.text();
                 SetError("failed to load mmproj " + opts_.path + (why.empty() ? std::string() : ": " + why));
@@ -255,7 +295,8 @@ protected:
         ctx_ = nullptr;  // ownership moves to the JS object
         Napi::Object obj =
             ctor_.New({Napi::External<clip_ctx>::New(env, c), Napi::External<VisionMeta>::New(env, &meta_),
-                       Napi::External<VisionLoadReport>::New(env, &report_), Napi::External<VisionProfile>::New(env, profile_.release())});
+                       Napi::External<VisionLoadReport>::New(env, &report_), Napi::External<VisionProfile>::New(env, profile_.release()),
+                       Napi::External<VisionGraph>::New(env, graph_.release())});
         deferred_.Resolve(obj);
     }
 
@@ -265,18 +306,17 @@ private:
     VisionMeta meta_;
     VisionLoadReport report_;
     std::unique_ptr<VisionProfile> profile_;
+    std::unique_ptr<VisionGraph> graph_;
     clip_ctx * ctx_ = nullptr;
 };
 
 // ------------------------------------------------------------------------------------------------
 // Encode
 
-enum class Layout { Chw, Patches };
-
 // clip takes interleaved RGB rows (HWC); it makes them planar again for the conv.
-void toInterleaved(const float * src, Layout layout, size_t w, size_t h, size_t patch, float * hwc) {
+void toInterleaved(const float * src, PixelLayout layout, size_t w, size_t h, size_t patch, float * hwc) {
     const size_t n = w * h;
-    if (layout == Layout::Chw) {
+    if (layout == PixelLayout::Chw) {
         for (size_t i = 0; i < n; i++) {
             hwc[3 * i] = src[i];
             hwc[3 * i + 1] = src[n + i];
@@ -294,12 +334,12 @@ void toInterleaved(const float * src, Layout layout, size_t w, size_t h, size_t 
     }
 }
 
-// Encodes N images of one size. gemma4v's graph takes them as one batch (one graph, one upload);
-// gemma3's encodes them one after the other. The embeddings come back in one buffer that becomes the
-// JS ArrayBuffer without a copy.
+// Encodes N images of one size. percept's graph takes them as one batch, and so does clip's gemma4v
+// graph; clip's gemma3 encodes them one after the other. The embeddings come back in one buffer
+// that becomes the JS ArrayBuffer without a copy.
 class EncodeWorker : public PromiseWorker {
 public:
-    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, const std::vector<Napi::Float32Array> & images, Layout layout,
+    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, const std::vector<Napi::Float32Array> & images, PixelLayout layout,
                  int32_t width, int32_t height, VisionProfile::Mode profile, bool single)
         : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision), layout_(layout),
           width_(width), height_(height), profileMode_(profile), single_(single) {
@@ -312,6 +352,10 @@ public:
 protected:
     void Execute() override {
         try {
+            if (VisionGraph * graph = vision_->graph()) {
+                encodeWithGraph(*graph);
+                return;
+            }
             const int64_t t0 = monotonicNs();
             clip_ctx * ctx = vision_->raw();
             VisionScratch & scratch = vision_->scratch();
@@ -365,6 +409,26 @@ protected:
             SetError(std::string("encode failed: ") + e.what());
         }
     }
+    // percept's graph reads the caller's arrays as they are (no interleaving) and reports its
+    // phases on every call; a profile asks only for the per-op times in addition.
+    void encodeWithGraph(VisionGraph & graph) {
+        const int64_t t0 = monotonicNs();
+        const size_t n = src_.size();
+        nTokens_ = graph.outputTokens(width_, height_);
+        nEmbd_ = graph.nOutEmbd();
+        out_ = std::make_unique<std::vector<float>>(size_t(nTokens_) * size_t(nEmbd_) * n);
+        const int64_t t1 = monotonicNs();
+        graph.encode(src_, layout_, width_, height_, out_->data(), times_, profileMode_ == VisionProfile::Mode::Ops ? &graphOps_ : nullptr);
+        const int64_t t2 = monotonicNs();
+        perceptGraph_ = true;
+        batched_ = n > 1;
+        prepareMs_ = double(t1 - t0) / 1e6;
+        encodeMs_ = double(t2 - t1) / 1e6;
+        setupMs_ = times_.build + times_.alloc + times_.upload;
+        computeMs_ = times_.prime + times_.compute + times_.read;
+        for (const auto & [name, op] : graphOps_) ops_[name] = {op.ms, op.count, op.onHost};
+    }
+
     void OnOK() override {
         Napi::Env env = Env();
         vision_->releaseBusy();
@@ -385,8 +449,19 @@ protected:
         }
         o.Set("nTokens", nTokens_);
         o.Set("nEmbd", nEmbd_);
+        o.Set("path", perceptGraph_ ? "percept" : "clip");
         o.Set("prepareMs", prepareMs_);
         o.Set("encodeMs", encodeMs_);
+        if (perceptGraph_) {
+            Napi::Object ph = Napi::Object::New(env);
+            ph.Set("buildMs", times_.build);
+            ph.Set("allocMs", times_.alloc);
+            ph.Set("uploadMs", times_.upload);
+            ph.Set("primeMs", times_.prime);
+            ph.Set("computeMs", times_.compute);
+            ph.Set("readMs", times_.read);
+            o.Set("phases", ph);
+        }
         if (profileMode_ != VisionProfile::Mode::Off) {
             Napi::Object prof = Napi::Object::New(env);
             prof.Set("setupMs", setupMs_);
@@ -418,11 +493,14 @@ private:
     std::vector<Napi::ObjectReference> refs_;  // keep the input arrays alive; read off-thread
     std::vector<const float *> src_;
     Vision * vision_;
-    Layout layout_;
+    PixelLayout layout_;
     int32_t width_, height_;
     VisionProfile::Mode profileMode_;
     bool single_;
     bool batched_ = false;
+    bool perceptGraph_ = false;
+    VisionGraphTimes times_;
+    std::map<std::string, VisionOpTime> graphOps_;
     std::unique_ptr<std::vector<float>> out_;
     int32_t nTokens_ = 0, nEmbd_ = 0;
     double prepareMs_ = 0, encodeMs_ = 0, setupMs_ = 0, computeMs_ = 0;
@@ -454,9 +532,11 @@ Vision::Vision(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Vision>(info)
     }
     ctx_ = info[0].As<Napi::External<clip_ctx>>().Data();
     meta_ = *info[1].As<Napi::External<VisionMeta>>().Data();
-    if (info.Length() > 3 && info[2].IsExternal() && info[3].IsExternal()) {
+    if (info.Length() > 4 && info[2].IsExternal() && info[3].IsExternal() && info[4].IsExternal()) {
         report_ = *info[2].As<Napi::External<VisionLoadReport>>().Data();
-        profile_.reset(info[3].As<Napi::External<VisionProfile>>().Data());  // ownership moves here (may be null)
+        // Ownership of both moves here (either may be null).
+        profile_.reset(info[3].As<Napi::External<VisionProfile>>().Data());
+        graph_.reset(info[4].As<Napi::External<VisionGraph>>().Data());
     }
     nEmbd_ = clipEmbdWidth(ctx_);
 }
@@ -471,6 +551,7 @@ void VisionProfile::begin(Mode m) {
 
 Vision::~Vision() {
     // GC without dispose(): a running encode holds a reference to this object, so none is running here.
+    graph_.reset();
     if (ctx_ != nullptr) clipFree(ctx_);
 }
 
@@ -486,6 +567,7 @@ Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
     opts.threads = int32_t(requireInt(o, "threads", 1, 1024, w));
     opts.warmup = requireBool(o, "warmup", w);
     opts.profile = requireBool(o, "profile", w);
+    opts.perceptGraph = requireChoice(o, "graph", {"percept", "clip"}, w) == 0;
     const int32_t faModes[] = {-1, 1, 0};
     opts.flashAttention = faModes[requireChoice(o, "flashAttention", {"auto", "on", "off"}, w)];
     auto * worker = new LoadWorker(env, info.This().As<Napi::Function>(), std::move(opts));
@@ -520,6 +602,8 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
         devices.Set(i++, d);
     }
     o.Set("devices", devices);
+    o.Set("graph", graph_ ? "percept" : "clip");
+    o.Set("graphFallback", report_.graphFallback.empty() ? env.Null() : Napi::String::New(env, report_.graphFallback));
     o.Set("flashAttention", report_.flashAttention < 0 ? env.Null() : Napi::Boolean::New(env, report_.flashAttention == 1));
     o.Set("graphSplits", report_.graphSplits);
     o.Set("graphNodes", report_.graphNodes);
@@ -534,7 +618,7 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
     Napi::Array unsupported = Napi::Array::New(env, report_.unsupportedOps.size());
     for (size_t u = 0; u < report_.unsupportedOps.size(); u++) unsupported.Set(uint32_t(u), report_.unsupportedOps[u]);
     o.Set("unsupportedOps", unsupported);
-    o.Set("batchable", clipSupportsBatch(ctx_));
+    o.Set("batchable", graph_ != nullptr || clipSupportsBatch(ctx_));
     o.Set("profile", profile_ != nullptr);
     return o;
 }
@@ -571,8 +655,8 @@ Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Flo
     const char * fn = single ? "Vision.encode" : "Vision.encodeBatch";
     const std::string opts = std::string(fn) + " options";
     const char * w = opts.c_str();
-    const Layout layout = requireChoice(o, "layout", {"chw", "patches"}, w) == 0 ? Layout::Chw : Layout::Patches;
-    const char * layoutName = layout == Layout::Chw ? "chw" : "patches";
+    const PixelLayout layout = requireChoice(o, "layout", {"chw", "patches"}, w) == 0 ? PixelLayout::Chw : PixelLayout::Patches;
+    const char * layoutName = layout == PixelLayout::Chw ? "chw" : "patches";
     const int64_t width = requireInt(o, "width", 1, 46000, w);
     const int64_t height = requireInt(o, "height", 1, 46000, w);
     const VisionProfile::Mode profileModes[] = {VisionProfile::Mode::Off, VisionProfile::Mode::Phases, VisionProfile::Mode::Ops};
@@ -614,11 +698,11 @@ Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Flo
     const size_t need = size_t(width) * size_t(height) * 3;
     for (size_t i = 0; i < images.size(); i++) {
         const size_t got = images[i].ElementLength();
-        if (layout == Layout::Chw ? got != need : got < need) {
+        if (layout == PixelLayout::Chw ? got != need : got < need) {
             const std::string which = single ? std::string("pixels") : "images[" + std::to_string(i) + "]";
             throw Napi::RangeError::New(env,
                                         where + which + " has " + std::to_string(got) + " values, " +
-                                            (layout == Layout::Chw ? "expected " : "need at least ") + std::to_string(need) + " for " +
+                                            (layout == PixelLayout::Chw ? "expected " : "need at least ") + std::to_string(need) + " for " +
                                             layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
         }
     }
@@ -637,6 +721,7 @@ Napi::Value Vision::Dispose(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     if (ctx_ == nullptr) return env.Undefined();
     if (busy_.load()) throw codedError(env, "EBUSY", "Vision is busy; await the running encode before dispose()");
+    graph_.reset();
     clipFree(ctx_);
     ctx_ = nullptr;
     scratch_.hwc = {};

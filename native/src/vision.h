@@ -1,9 +1,12 @@
 // Vision: one llama.cpp clip context (tools/mtmd clip.h) loaded from an mmproj GGUF, encoding
-// percept's preprocessed pixels into image embeddings in the decoder's width. Load and encode run
-// in AsyncWorkers; one encode at a time per context (EBUSY); dispose() is explicit and idempotent.
+// percept's preprocessed pixels into image embeddings in the decoder's width, through percept's
+// persistent graph over clip's weights (vision-graph.h) or through clip's own encode. Load and
+// encode run in AsyncWorkers; one encode at a time per context (EBUSY); dispose() is explicit and
+// idempotent.
 #pragma once
 
 #include "llama-internal.h"
+#include "vision-graph.h"
 
 #include <napi.h>
 
@@ -36,10 +39,14 @@ struct VisionMeta {
     int32_t threads = 1;
 };
 
-// What clip reported while it loaded and reserved its compute graph (parsed from its log, the only
-// place it says): whether flash attention ended up on, how the graph split across backends, the
-// compute buffers, and the ops the GPU backend cannot run (they fall back to the CPU).
+// What the load resolved. percept's graph: flash attention, one split, its nodes for one image, the
+// compute buffer laid out at load. clip: what it reported while it loaded and reserved its compute
+// graph (parsed from its log, the only place it says): whether flash attention ended up on, how the
+// graph split across backends, the compute buffers, and the ops the GPU backend cannot run (they
+// fall back to the CPU).
 struct VisionLoadReport {
+    // Why clip's encode runs although percept's graph was asked for (empty: it was not, or it runs).
+    std::string graphFallback;
     int32_t flashAttention = -1;  // -1 unknown, 0 off, 1 on
     int32_t graphSplits = 0;
     int32_t graphNodes = 0;
@@ -85,6 +92,8 @@ public:
     VisionScratch & scratch() { return scratch_; }
     // Null unless loaded with profile.
     VisionProfile * profile() const { return profile_.get(); }
+    // Null when clip's own encode runs.
+    VisionGraph * graph() const { return graph_.get(); }
 
 private:
     static Napi::Value Load(const Napi::CallbackInfo & info);
@@ -98,6 +107,7 @@ private:
     VisionMeta meta_;
     VisionLoadReport report_;
     std::unique_ptr<VisionProfile> profile_;
+    std::unique_ptr<VisionGraph> graph_;  // destroyed before the clip context whose weights it uses
     VisionScratch scratch_;
     int32_t nEmbd_ = 0;
     std::atomic<bool> busy_{false};

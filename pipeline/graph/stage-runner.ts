@@ -151,11 +151,13 @@ export class StageRunner {
   readonly #edge: Edge;
   #budgetNs: bigint | undefined;
   readonly #serviceMs: readonly number[];
+  readonly #concurrency: number;
   #subscriber: Subscriber<Envelope<unknown>> | undefined;
-  #busy = false;
+  /** Calls started and not yet finished (or skipped): at most #concurrency. */
+  #running = 0;
   #upstreamDone = false;
   #completed = false;
-  #inFlight: InFlight | undefined;
+  readonly #inFlight = new Set<InFlight>();
 
   constructor(stage: Stage<unknown, unknown>, index: number, isLast: boolean, host: RunnerHost, config: GraphConfig) {
     this.name = stage.name;
@@ -168,6 +170,10 @@ export class StageRunner {
     this.#budgetNs = budgetMs === undefined ? undefined : msToNs(budgetMs);
     const service = config.virtualServiceMs[stage.name] ?? 0;
     this.#serviceMs = typeof service === 'number' ? [service] : service;
+    const concurrency = stage.concurrency ?? 1;
+    if (!Number.isInteger(concurrency) || concurrency < 1)
+      throw new TypeError(`createGraph: stage '${stage.name}': concurrency must be an integer ≥ 1 but is ${concurrency}`);
+    this.#concurrency = concurrency;
   }
 
   operator(): OperatorFunction<Envelope<unknown>, Envelope<unknown>> {
@@ -197,14 +203,15 @@ export class StageRunner {
     this.#budgetNs = ms === undefined ? undefined : msToNs(ms);
   }
 
-  /** Gives up on the call in flight (it ignored the shutdown signal past the grace period). */
+  /** Gives up on the calls in flight (they ignored the shutdown signal past the grace period). */
   abandon(): void {
-    const inFlight = this.#inFlight;
-    if (!inFlight) return;
-    inFlight.abandoned = true;
-    this.#inFlight = undefined;
-    this.#host.drop(inFlight.env.frameId, this.name, 'shutdown', 'abandoned: the stage did not return within budgets.shutdownGraceMs');
-    this.#busy = false;
+    if (this.#inFlight.size === 0) return;
+    for (const inFlight of this.#inFlight) {
+      inFlight.abandoned = true;
+      this.#host.drop(inFlight.env.frameId, this.name, 'shutdown', 'abandoned: the stage did not return within budgets.shutdownGraceMs');
+      this.#running -= 1;
+    }
+    this.#inFlight.clear();
     this.#startNext();
   }
 
@@ -223,30 +230,29 @@ export class StageRunner {
 
   #onShutdown(): void {
     for (const env of this.#edge.drain()) this.#host.drop(env.frameId, this.name, 'shutdown', 'waiting at stop');
-    this.#inFlight?.call.abort('shutdown');
+    for (const inFlight of this.#inFlight) inFlight.call.abort('shutdown');
     this.#maybeComplete();
   }
 
   #startNext(): void {
-    if (this.#busy) return;
-    const env = this.#edge.take();
-    if (!env) {
-      this.#maybeComplete();
-      return;
+    while (this.#running < this.#concurrency) {
+      const env = this.#edge.take();
+      if (!env) break;
+      this.#running += 1;
+      this.#host.scheduler.at(this.#host.clock.nowNs(), () => this.#run(env));
     }
-    this.#busy = true;
-    this.#host.scheduler.at(this.#host.clock.nowNs(), () => this.#run(env));
+    this.#maybeComplete();
   }
 
   #maybeComplete(): void {
-    if (this.#completed || !this.#upstreamDone || this.#busy || this.#edge.size > 0) return;
+    if (this.#completed || !this.#upstreamDone || this.#running > 0 || this.#edge.size > 0) return;
     this.#completed = true;
     this.#subscriber?.complete();
   }
 
   #skip(env: Envelope<unknown>, reason: DropReason, detail: string): void {
     this.#host.drop(env.frameId, this.name, reason, detail);
-    this.#busy = false;
+    this.#running -= 1;
     this.#startNext();
   }
 
@@ -282,7 +288,7 @@ export class StageRunner {
       call = new CallContext(this.name, env, host.clock, stageDeadlineNs, knobs, true, onReport);
     }
     const inFlight: InFlight = { env, call, abandoned: false };
-    this.#inFlight = inFlight;
+    this.#inFlight.add(inFlight);
 
     let outcome: Outcome;
     try {
@@ -307,7 +313,7 @@ export class StageRunner {
   #finish(inFlight: InFlight, enterNs: bigint, exitNs: bigint, outcome: Outcome): void {
     const host = this.#host;
     const { env, call } = inFlight;
-    this.#inFlight = undefined;
+    this.#inFlight.delete(inFlight);
     host.emit({ type: 'span', atNs: exitNs, frameId: env.frameId, stage: this.name, enterNs, exitNs, degradeLevel: env.degradeLevel });
     host.costModel.record(this.name, env.degradeLevel, nsToMs(exitNs - enterNs));
 
@@ -343,7 +349,7 @@ export class StageRunner {
         host.drop(env.frameId, this.name, 'error', message);
       }
     }
-    this.#busy = false;
+    this.#running -= 1;
     this.#startNext();
   }
 

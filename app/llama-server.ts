@@ -1,0 +1,115 @@
+// llama-server, built from the same llama.cpp tree as the addon (a peer of tools/build-native.mjs), as a
+// child process on loopback: the remote decoder's reference server in tests and benchmarks. It binds a
+// free port (--port 0) and is ready when it prints the address it listens on and /health answers.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { dirname } from 'node:path';
+import { OPENMP_SPIN_COUNT } from '../native/binding.ts';
+import { findPeerProgram } from './decode-commands.ts';
+
+export interface LlamaServerOptions {
+  /** Decoder GGUF path. */
+  readonly model: string;
+  /** Vision projector GGUF path; absent: a text-only server. */
+  readonly mmproj?: string;
+  /** The id /v1/models lists (default: llama-server's own, the model path). */
+  readonly alias?: string;
+  /** CPU threads (default 1: the tests share the machine). */
+  readonly threads?: number;
+  /** Parallel slots, i.e. requests decoded at once (default 1). */
+  readonly parallel?: number;
+  /** Context size over all slots (default 4096). */
+  readonly ctx?: number;
+  readonly gpuLayers?: number;
+  /** Gemma 4 image tokens per image (--image-min-tokens and --image-max-tokens), to match a local run. */
+  readonly imageTokens?: number;
+  /** Readiness limit (ms, default 120 s: model load on a busy machine). */
+  readonly startTimeoutMs?: number;
+}
+
+export interface LlamaServer {
+  /** http://127.0.0.1:PORT */
+  readonly url: string;
+  readonly pid: number;
+  /** What it printed so far (stdout and stderr). */
+  log(): string;
+  /** Stops it (SIGTERM, then SIGKILL after 5 s) and waits for the exit. */
+  close(): Promise<void>;
+}
+
+const LISTENING = /listening on (http:\/\/[^\s]+)/;
+/** What log() keeps: the end of the server's output (it logs every request). */
+const LOG_CHARS = 1 << 16;
+
+/** The llama-server binary next to the addon; throws how to build it when it is missing. */
+export function llamaServerPath(): string {
+  const path = findPeerProgram('llama-server');
+  if (path) return path;
+  throw new Error('llama-server is not built: PERCEPT_PEERS="llama-server" node tools/build-native.mjs (a default peer)');
+}
+
+export async function startLlamaServer(opts: LlamaServerOptions): Promise<LlamaServer> {
+  const args = ['-m', opts.model, '--host', '127.0.0.1', '--port', '0', '-t', String(opts.threads ?? 1)];
+  // No RAM prompt cache: it would hand a frame seen before (a bench's rounds replay the same pattern
+  // frames) its image encoding and prefill for free. A camera never repeats a frame, and the binding
+  // it is compared with keeps only the text prefix, as the server's slot does.
+  args.push('-np', String(opts.parallel ?? 1), '-c', String(opts.ctx ?? 4096), '--no-webui', '--cache-ram', '0');
+  if (opts.mmproj) args.push('--mmproj', opts.mmproj);
+  if (opts.alias) args.push('--alias', opts.alias);
+  if (opts.gpuLayers !== undefined) args.push('-ngl', String(opts.gpuLayers));
+  if (opts.imageTokens !== undefined)
+    args.push('--image-min-tokens', String(opts.imageTokens), '--image-max-tokens', String(opts.imageTokens));
+  const bin = llamaServerPath();
+  // The binding's short OpenMP spin (see OPENMP_SPIN_COUNT), unless the environment chooses: the same
+  // threading as the in-process decoder it is compared with.
+  const env = { ...process.env };
+  if (env.GOMP_SPINCOUNT === undefined && env.OMP_WAIT_POLICY === undefined) env.GOMP_SPINCOUNT = String(OPENMP_SPIN_COUNT);
+  const child = spawn(bin, args, { cwd: dirname(bin), env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  const close = async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGTERM');
+      const timer = setTimeout(() => child.kill('SIGKILL'), 5000);
+      await exited;
+      clearTimeout(timer);
+    }
+  };
+  try {
+    const url = await new Promise<string>((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new Error(`llama-server did not start within ${opts.startTimeoutMs ?? 120_000} ms:\n${output.slice(-2000)}`)),
+        opts.startTimeoutMs ?? 120_000,
+      );
+      const onData = (chunk: Buffer) => {
+        output = (output + chunk.toString()).slice(-LOG_CHARS);
+        const m = LISTENING.exec(output);
+        if (m) {
+          clearTimeout(timer);
+          resolve(m[1]!);
+        }
+      };
+      child.stdout!.on('data', onData);
+      child.stderr!.on('data', onData);
+      child.once('error', (err) => reject(err));
+      void exited.then((code) => reject(new Error(`llama-server exited (${code}) before it listened:\n${output.slice(-2000)}`)));
+    });
+    await waitHealthy(url, child);
+    return { url, pid: child.pid!, log: () => output, close };
+  } catch (err) {
+    await close();
+    throw err;
+  }
+}
+
+/** /health answers 503 while the model loads, 200 when the server takes requests. */
+async function waitHealthy(url: string, child: ChildProcess): Promise<void> {
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`llama-server exited (${child.exitCode})`);
+    const ok = await fetch(`${url}/health`).then(
+      (r) => r.ok,
+      () => false,
+    );
+    if (ok) return;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}

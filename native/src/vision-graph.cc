@@ -1,0 +1,442 @@
+#include "vision-graph.h"
+
+#include "ggml-cpu.h"
+#include "ggml.h"
+#include "util.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <tuple>
+
+namespace percept {
+
+namespace {
+
+double msSince(int64_t t0) { return double(monotonicNs() - t0) / 1e6; }
+
+// Graph nodes and tensors of one shape: each transformer layer makes a few dozen of each.
+size_t graphSize(size_t layers) { return 256 + 96 * layers; }
+
+// The ops of clip's graph builders, one method per builder step, on percept's shapes: pixels come in
+// as the preprocessor lays them out and several images of one size form one batch.
+struct Builder {
+    const ClipVisionTower & t;
+    ggml_context * ctx;
+    bool flashAttention;
+    bool rms;  // gemma4v normalizes with RMSNorm, SigLIP with LayerNorm
+
+    // clip_graph::build_norm
+    ggml_tensor * norm(ggml_tensor * x, ggml_tensor * w, ggml_tensor * b) const {
+        x = rms ? ggml_rms_norm(ctx, x, t.eps) : ggml_norm(ctx, x, t.eps);
+        if (w != nullptr) x = ggml_mul(ctx, x, w);
+        if (b != nullptr) x = ggml_add(ctx, x, b);
+        return x;
+    }
+
+    // clip_graph::build_mm, and clip_graph_gemma4v::build_mm's clamps where they bound anything
+    ggml_tensor * mm(ggml_tensor * w, ggml_tensor * x) const {
+        for (const auto & [weight, c] : t.clamps) {
+            if (weight != w) continue;
+            x = ggml_clamp(ctx, x, c.inMin, c.inMax);
+            return ggml_clamp(ctx, ggml_mul_mat(ctx, w, x), c.outMin, c.outMax);
+        }
+        return ggml_mul_mat(ctx, w, x);
+    }
+
+    ggml_tensor * linear(ggml_tensor * w, ggml_tensor * b, ggml_tensor * x) const {
+        x = mm(w, x);
+        return b != nullptr ? ggml_add(ctx, x, b) : x;
+    }
+
+    // gemma4v.cpp add_pos: NeoX RoPE over the first half of each head by column, the second by row
+    ggml_tensor * rope2d(ggml_tensor * x, ggml_tensor * posX, ggml_tensor * posY) const {
+        const int nDims = int(x->ne[0]) / 2;
+        x = ggml_rope_ext(ctx, x, posX, nullptr, nDims, GGML_ROPE_TYPE_NEOX, 0, t.ropeTheta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        x = ggml_rope_ext(ctx, x, posY, nullptr, nDims, GGML_ROPE_TYPE_NEOX, 0, t.ropeTheta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        return ggml_rope_set_offset(x, nDims);
+    }
+
+    // clip_graph::build_attn without mask: q, k, v are [d_head, heads, positions, images]; returns
+    // [n_embd, positions · images]
+    ggml_tensor * attention(ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float scale) const {
+        q = ggml_permute(ctx, q, 0, 2, 1, 3);
+        k = ggml_permute(ctx, k, 0, 2, 1, 3);
+        ggml_tensor * cur;
+        if (flashAttention) {
+            v = ggml_permute(ctx, v, 0, 2, 1, 3);
+            k = ggml_cast(ctx, k, GGML_TYPE_F16);
+            v = ggml_cast(ctx, v, GGML_TYPE_F16);
+            cur = ggml_flash_attn_ext(ctx, q, k, v, nullptr, scale, 0.0f, 0.0f);
+            ggml_prec_set_acc(cur, GGML_PREC_F32);
+            cur = ggml_reshape_2d(ctx, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+        } else {
+            v = ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3));
+            ggml_tensor * kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, k, q), nullptr, scale, 0.0f);
+            cur = ggml_permute(ctx, ggml_mul_mat(ctx, v, kq), 0, 2, 1, 3);
+            cur = ggml_cont_2d(ctx, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+        }
+        return cur;
+    }
+
+    // clip_graph::build_ffn (no MoE)
+    ggml_tensor * ffn(ggml_tensor * x, const ClipVitLayer & l) const {
+        ggml_tensor * up = linear(l.upW, l.upB, x);
+        ggml_tensor * cur = up;
+        if (l.gateW != nullptr) {
+            ggml_tensor * gate = linear(l.gateW, l.gateB, x);
+            switch (t.ffn) {
+            case ClipFfnOp::Gelu:
+                cur = ggml_geglu_split(ctx, gate, up);
+                break;
+            case ClipFfnOp::GeluErf:
+                cur = ggml_geglu_erf_split(ctx, gate, up);
+                break;
+            case ClipFfnOp::GeluQuick:
+                cur = ggml_geglu_quick_split(ctx, gate, up);
+                break;
+            case ClipFfnOp::Silu:
+                cur = ggml_swiglu_split(ctx, gate, up);
+                break;
+            }
+        } else {
+            switch (t.ffn) {
+            case ClipFfnOp::Gelu:
+                cur = ggml_gelu(ctx, up);
+                break;
+            case ClipFfnOp::GeluErf:
+                cur = ggml_gelu_erf(ctx, up);
+                break;
+            case ClipFfnOp::GeluQuick:
+                cur = ggml_gelu_quick(ctx, up);
+                break;
+            case ClipFfnOp::Silu:
+                cur = ggml_silu(ctx, up);
+                break;
+            }
+        }
+        return linear(l.downW, l.downB, cur);
+    }
+
+    // clip_graph::build_vit: inp [n_embd, positions, images] → the same shape
+    ggml_tensor * vit(ggml_tensor * inp, ggml_tensor * posX, ggml_tensor * posY) const {
+        const int64_t nPos = inp->ne[1], images = inp->ne[2];
+        const bool gemma4v = t.projector == ClipProjector::Gemma4v;
+        const float scale = gemma4v ? 1.0f : 1.0f / std::sqrt(float(t.dHead));
+        ggml_tensor * inpL = ggml_reshape_2d(ctx, inp, t.nEmbd, nPos * images);
+        if (t.preLnW != nullptr) inpL = norm(inpL, t.preLnW, t.preLnB);
+        for (const ClipVitLayer & l : t.layers) {
+            ggml_tensor * cur = norm(inpL, l.ln1W, l.ln1B);
+            ggml_tensor * q = linear(l.qW, l.qB, cur);
+            ggml_tensor * k = linear(l.kW, l.kB, cur);
+            ggml_tensor * v = linear(l.vW, l.vB, cur);
+            // clip: a q norm of d_head values normalizes each head (after the reshape), else the row
+            const bool perHead = l.qNorm != nullptr && l.qNorm->ne[0] == t.dHead;
+            if (!perHead) {
+                if (l.qNorm != nullptr) q = norm(q, l.qNorm, nullptr);
+                if (l.kNorm != nullptr) k = norm(k, l.kNorm, nullptr);
+            }
+            q = ggml_reshape_4d(ctx, q, t.dHead, t.nHead, nPos, images);
+            k = ggml_reshape_4d(ctx, k, t.dHead, t.nHeadKv, nPos, images);
+            v = ggml_reshape_4d(ctx, v, t.dHead, t.nHeadKv, nPos, images);
+            if (perHead) {
+                q = norm(q, l.qNorm, nullptr);
+                if (l.kNorm != nullptr) k = norm(k, l.kNorm, nullptr);
+            }
+            if (gemma4v) {
+                q = rope2d(q, posX, posY);
+                k = rope2d(k, posX, posY);
+                v = ggml_rms_norm(ctx, v, t.eps);
+            }
+            cur = linear(l.oW, l.oB, attention(q, k, v, scale));
+            if (l.ls1 != nullptr) cur = ggml_mul(ctx, cur, l.ls1);
+            if (l.attnPostNorm != nullptr) cur = norm(cur, l.attnPostNorm, nullptr);
+            inpL = ggml_add(ctx, cur, inpL);
+
+            cur = ffn(norm(inpL, l.ln2W, l.ln2B), l);
+            if (l.ffnPostNorm != nullptr) cur = norm(cur, l.ffnPostNorm, nullptr);
+            if (l.ls2 != nullptr) cur = ggml_mul(ctx, cur, l.ls2);
+            cur = ggml_add(ctx, inpL, cur);
+            if (l.lsOut != nullptr) cur = ggml_mul(ctx, cur, l.lsOut);
+            inpL = cur;
+        }
+        if (t.postLnW != nullptr) inpL = norm(inpL, t.postLnW, t.postLnB);
+        return ggml_reshape_3d(ctx, inpL, t.nEmbd, nPos, images);
+    }
+
+    // Average pooling of the patch grid, merge × merge: [n_embd, cols·rows, images] → [n_embd, tokens, images]
+    ggml_tensor * pool(ggml_tensor * x, int64_t cols, int64_t rows) const {
+        const int64_t images = x->ne[2];
+        x = ggml_cont_4d(ctx, ggml_transpose(ctx, x), cols, rows, t.nEmbd, images);
+        x = ggml_pool_2d(ctx, x, GGML_OP_POOL_AVG, t.merge, t.merge, t.merge, t.merge, 0, 0);
+        x = ggml_reshape_3d(ctx, x, x->ne[0] * x->ne[1], t.nEmbd, images);
+        return ggml_cont(ctx, ggml_transpose(ctx, x));
+    }
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+
+struct VisionGraph::Graph {
+    ggml_context_ptr ctx;       // tensor and graph metadata (no data)
+    ggml_context_ptr constCtx;  // gemma4v: the patch positions, set once
+    ggml_backend_buffer_ptr constBuf;
+    ggml_cgraph * gf = nullptr;
+    ggml_tensor * pixels = nullptr;
+    ggml_tensor * out = nullptr;
+    // Where the output lived when this graph last ran twice in a row on a GPU (a grown compute buffer
+    // moves it, and ggml-cuda captures a moved graph anew).
+    const void * primedAt = nullptr;
+};
+
+bool VisionGraph::Shape::operator<(const Shape & o) const {
+    return std::tie(layout, width, height, images) < std::tie(o.layout, o.width, o.height, o.images);
+}
+
+VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : tower_(clipVisionTower(clip)) {
+    // The backend of clip's weight buffer: a backend of our own on that device, so the CUDA graphs
+    // ggml-cuda keeps per backend are ours alone.
+    ggml_backend_buffer_type_t weights = ggml_backend_buffer_get_type(tower_.patchW->buffer);
+    ggml_backend_dev_t device = ggml_backend_buft_get_device(weights);
+    // The CPU backend's plain buffer type names no device.
+    if (device == nullptr && ggml_backend_buft_is_host(weights)) device = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (device == nullptr)
+        throw std::runtime_error(std::string("clip's weight buffer (") + ggml_backend_buft_name(weights) + ") has no device");
+    backend_.reset(ggml_backend_dev_init(device, nullptr));
+    if (!backend_) throw std::runtime_error(std::string("cannot start a ") + ggml_backend_dev_name(device) + " backend");
+    gpu_ = ggml_backend_dev_type(device) != GGML_BACKEND_DEVICE_TYPE_CPU;
+    if (ggml_backend_is_cpu(backend_.get())) ggml_backend_cpu_set_n_threads(backend_.get(), options.threads);
+    ggml_tensor * k = tower_.patchW;  // [p, p, 3, n_embd]: kx, ky, channel, out
+    if (k->ne[0] != tower_.patchSize || k->ne[1] != tower_.patchSize || k->ne[2] != 3 || k->ne[3] != tower_.nEmbd || !ggml_is_contiguous(k))
+        throw std::runtime_error("the patch kernel is not [patch, patch, 3, n_embd]");
+    if (tower_.projector == ClipProjector::Gemma3) transposeProjection();
+
+    // Whether the backend runs every op, checked on the smallest image of each layout: flash
+    // attention where it can (or as asked), anything else missing means clip keeps the tower.
+    const bool gemma3 = tower_.projector == ClipProjector::Gemma3;
+    const int32_t p = tower_.patchSize;
+    const int32_t side = gemma3 ? int32_t(std::lround(std::sqrt(double(tower_.posEmbd->ne[1])))) * p : tower_.merge * p;
+    const Shape preprocessed{gemma3 ? PixelLayout::Chw : PixelLayout::Patches, side, side, 1};
+    const Shape other{gemma3 ? PixelLayout::Patches : PixelLayout::Chw, side, side, 1};
+    flashAttention_ = options.flashAttention != 0;
+    std::unique_ptr<Graph> probe = build(preprocessed, flashAttention_);
+    if (options.flashAttention < 0) {
+        for (int i = 0; i < ggml_graph_n_nodes(probe->gf) && flashAttention_; i++) {
+            ggml_tensor * node = ggml_graph_node(probe->gf, i);
+            if (node->op == GGML_OP_FLASH_ATTN_EXT && !ggml_backend_supports_op(backend_.get(), node)) flashAttention_ = false;
+        }
+        if (!flashAttention_) probe = build(preprocessed, false);
+    }
+    checkSupported(*probe);
+    checkSupported(*build(other, flashAttention_));
+    graphNodes_ = ggml_graph_n_nodes(probe->gf);
+    galloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
+}
+
+VisionGraph::~VisionGraph() = default;
+
+// siglip.cpp multiplies by ggml_cont(ggml_transpose(mm_input_proj_w)) on every call: once here.
+void VisionGraph::transposeProjection() {
+    ggml_tensor * proj = tower_.projW;
+    const ggml_type type = proj->type;
+    if ((type != GGML_TYPE_F32 && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16) || !ggml_is_contiguous(proj) ||
+        proj->ne[1] != tower_.nEmbd)
+        throw std::runtime_error("gemma3's input projection is not a plain f32/f16/bf16 [n_out, n_embd] matrix");
+    ggml_init_params params{ggml_tensor_overhead(), nullptr, true};
+    derivedCtx_.reset(ggml_init(params));
+    projT_ = ggml_new_tensor_2d(derivedCtx_.get(), type, proj->ne[1], proj->ne[0]);
+    derivedBuf_.reset(ggml_backend_alloc_ctx_tensors_from_buft(derivedCtx_.get(), ggml_backend_buffer_get_type(proj->buffer)));
+    if (!derivedBuf_) throw std::runtime_error("cannot allocate the transposed input projection");
+    ggml_backend_buffer_set_usage(derivedBuf_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    const int64_t rows = proj->ne[1], cols = proj->ne[0];
+    const size_t es = ggml_type_size(type);
+    std::vector<uint8_t> src(ggml_nbytes(proj)), dst(ggml_nbytes(proj));
+    ggml_backend_tensor_get(proj, src.data(), 0, src.size());
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) std::memcpy(&dst[size_t(c * rows + r) * es], &src[size_t(r * cols + c) * es], es);
+    ggml_backend_tensor_set(projT_, dst.data(), 0, dst.size());
+}
+
+void VisionGraph::checkSupported(const Graph & g) const {
+    for (int i = 0; i < ggml_graph_n_nodes(g.gf); i++) {
+        ggml_tensor * node = ggml_graph_node(g.gf, i);
+        if (!ggml_backend_supports_op(backend_.get(), node)) {
+            throw std::runtime_error(std::string(ggml_backend_name(backend_.get())) + " cannot run " + ggml_op_desc(node) + " (" +
+                                     ggml_type_name(node->type) + (node->op == GGML_OP_FLASH_ATTN_EXT ? ", flash attention" : "") + ")");
+        }
+    }
+}
+
+int32_t VisionGraph::outputTokens(int32_t width, int32_t height) const {
+    const int32_t p = tower_.patchSize, m = tower_.merge;
+    return (width / p / m) * (height / p / m);
+}
+
+std::string VisionGraph::bufferName() const { return ggml_backend_buft_name(ggml_backend_get_default_buffer_type(backend_.get())); }
+
+size_t VisionGraph::computeBytes() const { return ggml_gallocr_get_buffer_size(galloc_.get(), 0); }
+
+std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, bool flashAttention) const {
+    const ClipVisionTower & t = tower_;
+    const int64_t p = t.patchSize, cols = s.width / p, rows = s.height / p, nPos = cols * rows, images = s.images;
+    if (s.width % p != 0 || s.height % p != 0 || cols % t.merge != 0 || rows % t.merge != 0 || images < 1)
+        throw std::runtime_error("image size does not fit the patch grid and pooling");
+    const bool gemma4v = t.projector == ClipProjector::Gemma4v;
+    if (gemma4v ? (cols > t.posEmbd->ne[1] || rows > t.posEmbd->ne[1]) : nPos != t.posEmbd->ne[1])
+        throw std::runtime_error("image size does not fit the position table");
+
+    auto g = std::make_unique<Graph>();
+    const size_t size = graphSize(t.layers.size());
+    ggml_init_params params{size * ggml_tensor_overhead() + ggml_graph_overhead_custom(size, false), nullptr, true};
+    g->ctx.reset(ggml_init(params));
+    ggml_context * ctx = g->ctx.get();
+    g->gf = ggml_new_graph_custom(ctx, size, false);
+    Builder b{t, ctx, flashAttention, gemma4v};
+
+    // Patch embedding, as ggml_conv_2d computes clip's: im2col rows (kx fastest, then ky, then the
+    // channel) in f16, times the kernel. Planar pixels go through im2col; HWC patches are the same
+    // rows with the channel first, reordered by a permute. The same roundings in the same order as
+    // clip's: a randomly initialized tower amplifies any difference in its input.
+    const ggml_type rowType = t.patchW->type == GGML_TYPE_BF16 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+    ggml_tensor * x;
+    if (s.layout == PixelLayout::Patches) {
+        x = g->pixels = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 3 * p * p, nPos, images);
+    } else {
+        x = g->pixels = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, s.width, s.height, 3, images);
+    }
+    ggml_set_name(g->pixels, "pixels");
+    ggml_set_input(g->pixels);
+    if (gemma4v) x = ggml_scale_bias(ctx, x, 2.0f, -1.0f);  // [0,1] → [-1,1]
+    if (s.layout == PixelLayout::Patches) {
+        x = ggml_permute(ctx, ggml_reshape_4d(ctx, x, 3, p, p, nPos * images), 2, 0, 1, 3);  // → [p, p, 3, patches]
+        x = ggml_cast(ctx, x, rowType);
+    } else {
+        x = ggml_im2col(ctx, t.patchW, x, int(p), int(p), 0, 0, 1, 1, true, rowType);  // [3·p², cols, rows, images]
+    }
+    x = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, x, 3 * p * p, nPos * images), ggml_reshape_2d(ctx, t.patchW, 3 * p * p, t.nEmbd));
+    // [patches · images, n_embd] → [n_embd, patches, images]
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, x, nPos, images, t.nEmbd), 1, 2, 0, 3));
+    if (t.patchB != nullptr) x = ggml_add(ctx, x, t.patchB);
+
+    ggml_tensor *posX = nullptr, *posY = nullptr;
+    if (gemma4v) {
+        // gemma4v.cpp: learned x and y tables, looked up by each patch's column and row
+        ggml_init_params cp{2 * ggml_tensor_overhead(), nullptr, true};
+        g->constCtx.reset(ggml_init(cp));
+        posX = ggml_new_tensor_1d(g->constCtx.get(), GGML_TYPE_I32, nPos);
+        posY = ggml_new_tensor_1d(g->constCtx.get(), GGML_TYPE_I32, nPos);
+        g->constBuf.reset(ggml_backend_alloc_ctx_tensors(g->constCtx.get(), backend_.get()));
+        if (!g->constBuf) throw std::runtime_error("cannot allocate the patch positions");
+        std::vector<int32_t> xs(static_cast<size_t>(nPos)), ys(static_cast<size_t>(nPos));
+        for (int64_t i = 0; i < nPos; i++) {
+            xs[size_t(i)] = int32_t(i % cols);
+            ys[size_t(i)] = int32_t(i / cols);
+        }
+        ggml_backend_tensor_set(posX, xs.data(), 0, ggml_nbytes(posX));
+        ggml_backend_tensor_set(posY, ys.data(), 0, ggml_nbytes(posY));
+        const int64_t table = t.posEmbd->ne[1];
+        const size_t row = ggml_row_size(t.posEmbd->type, t.nEmbd);
+        ggml_tensor * tblX = ggml_view_2d(ctx, t.posEmbd, t.nEmbd, table, row, 0);
+        ggml_tensor * tblY = ggml_view_2d(ctx, t.posEmbd, t.nEmbd, table, row, table * row);
+        x = ggml_add(ctx, x, ggml_get_rows(ctx, tblX, posX));
+        x = ggml_add(ctx, x, ggml_get_rows(ctx, tblY, posY));
+    } else {
+        x = ggml_add(ctx, x, t.posEmbd);
+    }
+
+    x = b.pool(b.vit(x, posX, posY), cols, rows);
+
+    if (gemma4v) {
+        // Gemma4VisionPooler's ×√h, the optional standardization, Gemma4MultimodalEmbedder
+        x = ggml_scale(ctx, x, std::sqrt(float(t.nEmbd)));
+        if (t.stdBias != nullptr && t.stdScale != nullptr) x = ggml_mul(ctx, ggml_sub(ctx, x, t.stdBias), t.stdScale);
+        x = b.mm(t.projW, ggml_rms_norm(ctx, x, t.eps));
+    } else {
+        // siglip.cpp (gemma3): RMSNorm · soft_emb_norm, then the input projection
+        x = ggml_mul(ctx, ggml_rms_norm(ctx, x, t.eps), t.softEmbNormW);
+        x = ggml_mul_mat(ctx, projT_, x);
+    }
+    g->out = x;
+    ggml_set_name(g->out, "embeddings");
+    ggml_set_output(g->out);
+    ggml_build_forward_expand(g->gf, g->out);
+    return g;
+}
+
+VisionGraph::Graph & VisionGraph::laidOut(const Shape & s, VisionGraphTimes & times) {
+    int64_t t0 = monotonicNs();
+    auto it = graphs_.find(s);
+    if (it == graphs_.end()) {
+        it = graphs_.emplace(s, build(s, flashAttention_)).first;
+        times.build = msSince(t0);
+    }
+    Graph & g = *it->second;
+    if (laidOut_ != &g) {
+        // One compute buffer serves every shape (one encode at a time): a shape lays it out again
+        // when another one used it last; the buffer grows only for a larger shape. gallocr places
+        // only tensors without data, and would reuse the last graph's placement for any graph
+        // with as many nodes: forget this graph's old places and plan it anew.
+        t0 = monotonicNs();
+        laidOut_ = nullptr;
+        for (ggml_tensor * x = ggml_get_first_tensor(g.ctx.get()); x != nullptr; x = ggml_get_next_tensor(g.ctx.get(), x)) {
+            x->data = nullptr;
+            x->buffer = nullptr;
+        }
+        if (!ggml_gallocr_reserve(galloc_.get(), g.gf) || !ggml_gallocr_alloc_graph(galloc_.get(), g.gf))
+            throw std::runtime_error("cannot allocate the compute buffer");
+        laidOut_ = &g;
+        times.alloc = msSince(t0);
+    }
+    return g;
+}
+
+void VisionGraph::reserve(PixelLayout layout, int32_t width, int32_t height, int32_t images) {
+    VisionGraphTimes ignored;
+    laidOut({layout, width, height, images}, ignored);
+}
+
+void VisionGraph::encode(const std::vector<const float *> & pixels, PixelLayout layout, int32_t width, int32_t height, float * out,
+                         VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops) {
+    Graph & g = laidOut({layout, width, height, int32_t(pixels.size())}, times);
+    int64_t t0 = monotonicNs();
+    const size_t perImage = ggml_nbytes(g.pixels) / pixels.size();
+    for (size_t i = 0; i < pixels.size(); i++) ggml_backend_tensor_set(g.pixels, pixels[i], i * perImage, perImage);
+    times.upload = msSince(t0);
+
+    ggml_backend_t backend = backend_.get();
+    if (gpu_ && g.primedAt != g.out->data) {
+        t0 = monotonicNs();
+        for (int i = 0; i < 2; i++)
+            if (ggml_backend_graph_compute(backend, g.gf) != GGML_STATUS_SUCCESS) throw std::runtime_error("graph compute failed");
+        g.primedAt = g.out->data;
+        times.prime = msSince(t0);
+    }
+    t0 = monotonicNs();
+    if (ops == nullptr) {
+        if (ggml_backend_graph_compute(backend, g.gf) != GGML_STATUS_SUCCESS) throw std::runtime_error("graph compute failed");
+    } else {
+        // Node by node, each waited for: what each op type costs (without fusion across nodes).
+        ggml_init_params params{ggml_graph_overhead_custom(1, false), nullptr, true};
+        ggml_context_ptr one(ggml_init(params));
+        ggml_cgraph * single = ggml_new_graph_custom(one.get(), 1, false);
+        for (int i = 0; i < ggml_graph_n_nodes(g.gf); i++) {
+            ggml_tensor * node = ggml_graph_node(g.gf, i);
+            ggml_graph_clear(single);
+            ggml_graph_add_node(single, node);
+            const int64_t n0 = monotonicNs();
+            if (ggml_backend_graph_compute(backend, single) != GGML_STATUS_SUCCESS) throw std::runtime_error("graph compute failed");
+            VisionOpTime & op = (*ops)[ggml_op_desc(node)];
+            op.ms += msSince(n0);
+            op.count++;
+            if (node->buffer != nullptr && ggml_backend_buffer_is_host(node->buffer)) op.onHost++;
+        }
+    }
+    times.compute = msSince(t0);
+
+    t0 = monotonicNs();
+    ggml_backend_tensor_get(g.out, out, 0, ggml_nbytes(g.out));
+    times.read = msSince(t0);
+}
+
+}  // namespace percept

@@ -1,0 +1,98 @@
+// percept's own compute graph for a clip vision tower (Gemma 3 SigLIP, Gemma 4): the ops of clip's
+// graph builders (tools/mtmd clip.cpp build_vit, models/siglip.cpp, models/gemma4v.cpp) on the
+// weights clip loaded, but built once per image shape and laid out in one compute buffer, so an
+// encode only uploads pixels, computes and reads the embeddings back. clip instead rebuilds,
+// re-splits and re-allocates its graph and re-lays out the pixels on every call; keeping the same
+// graph object is also what lets ggml-cuda replay it as a CUDA graph.
+#pragma once
+
+#include "llama-internal.h"
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpp.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace percept {
+
+// How an image's floats are ordered: planar [3][H][W] ('chw'), or row-major patches of
+// patch × patch × 3 interleaved values ('patches', Gemma 4's processor layout).
+enum class PixelLayout { Chw, Patches };
+
+struct VisionGraphOptions {
+    int32_t threads = 1;          // CPU backend threads
+    int32_t flashAttention = -1;  // -1 where the backend runs it, 0 off, 1 on (refused if it cannot)
+};
+
+// Where one encode's time went (ms). `prime`: the two extra runs of a shape's first encode on a GPU
+// (and of its first after the compute buffer grew): ggml-cuda runs a new graph directly, captures it
+// as a CUDA graph on the second identical run and replays it from the third.
+struct VisionGraphTimes {
+    double build = 0, alloc = 0, upload = 0, prime = 0, compute = 0, read = 0;
+};
+
+// One op type's share of an encode computed node by node (synchronized after each node).
+struct VisionOpTime {
+    double ms = 0;
+    int32_t count = 0;
+    int32_t onHost = 0;  // nodes whose output lives in host memory
+};
+
+class VisionGraph {
+public:
+    // Throws std::runtime_error naming what percept's graph does not mirror, or the op the
+    // backend cannot run.
+    VisionGraph(clip_ctx * clip, const VisionGraphOptions & options);
+    ~VisionGraph();
+    VisionGraph(const VisionGraph &) = delete;
+    VisionGraph & operator=(const VisionGraph &) = delete;
+
+    bool flashAttention() const { return flashAttention_; }
+    int32_t nOutEmbd() const { return tower_.nOutEmbd; }
+    // Nodes of one image's graph (the same for every size of one layout).
+    int32_t graphNodes() const { return graphNodes_; }
+    std::string bufferName() const;
+    size_t computeBytes() const;
+    int32_t outputTokens(int32_t width, int32_t height) const;
+
+    // Builds and lays out the graph of this shape without computing (at load, so the compute
+    // buffer is sized for it before the first frame).
+    void reserve(PixelLayout layout, int32_t width, int32_t height, int32_t images);
+    // Encodes images of one size: pixels[i] holds width × height × 3 floats in `layout`; `out`
+    // receives images × outputTokens × nOutEmbd floats. `ops` (may be null) asks for per-op times.
+    void encode(const std::vector<const float *> & pixels, PixelLayout layout, int32_t width, int32_t height, float * out,
+                VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops);
+
+private:
+    struct Shape {
+        PixelLayout layout;
+        int32_t width, height, images;
+        bool operator<(const Shape & o) const;
+    };
+    struct Graph;
+
+    std::unique_ptr<Graph> build(const Shape & shape, bool flashAttention) const;
+    Graph & laidOut(const Shape & shape, VisionGraphTimes & times);
+    void checkSupported(const Graph & g) const;
+    void transposeProjection();
+
+    ClipVisionTower tower_;
+    ggml_backend_ptr backend_;
+    bool gpu_ = false;
+    bool flashAttention_ = false;
+    int32_t graphNodes_ = 0;
+    ggml_gallocr_ptr galloc_;
+    // gemma3's input projection transposed, made once from clip's.
+    ggml_context_ptr derivedCtx_;
+    ggml_backend_buffer_ptr derivedBuf_;
+    ggml_tensor * projT_ = nullptr;
+    std::map<Shape, std::unique_ptr<Graph>> graphs_;
+    Graph * laidOut_ = nullptr;  // the graph the compute buffer holds now
+};
+
+}  // namespace percept
