@@ -487,15 +487,20 @@ const { version: PERCEPT_VERSION } = JSON.parse(readFileSync(new URL('../package
 /** The recording's `percept.run` metadata: what it takes to know how the run was made. Nothing
  * measured or dated on a virtual clock (the file must be the same on every replay). */
 async function runMetadata(config: PerceptConfig, actionSchema: ActionSchema, clock: Clock): Promise<Record<string, string>> {
-  const models: { role: string; spec: string; kind: ModelKind }[] = [{ role: 'decoder', spec: config.decoder.model, kind: 'decoder' }];
-  if (config.decoder.draft) models.push({ role: 'draft', spec: config.decoder.draft, kind: 'decoder' });
-  if (config.decoder.draftMtp) models.push({ role: 'draftMtp', spec: config.decoder.draftMtp, kind: 'decoder' });
-  if (config.encoder.kind === 'onnx') models.push({ role: 'encoder', spec: config.encoder.model, kind: 'vision' });
-  if (config.encoder.kind === 'mtmd') models.push({ role: 'encoder', spec: config.encoder.mmproj, kind: 'mmproj' });
   const files = [];
-  for (const { role, spec, kind } of models) {
-    const path = await resolveModel(spec, kind);
-    files.push({ role, spec, path, bytes: statSync(path).size, sha256: await sha256File(path) });
+  if (config.decoder.kind === 'openai') {
+    // A remote server holds its model (vision tower included): its id and where it was served from.
+    files.push({ role: 'decoder', spec: config.decoder.model, endpoint: config.decoder.endpoint });
+  } else {
+    const models: { role: string; spec: string; kind: ModelKind }[] = [{ role: 'decoder', spec: config.decoder.model, kind: 'decoder' }];
+    if (config.decoder.draft) models.push({ role: 'draft', spec: config.decoder.draft, kind: 'decoder' });
+    if (config.decoder.draftMtp) models.push({ role: 'draftMtp', spec: config.decoder.draftMtp, kind: 'decoder' });
+    if (config.encoder.kind === 'onnx') models.push({ role: 'encoder', spec: config.encoder.model, kind: 'vision' });
+    if (config.encoder.kind === 'mtmd') models.push({ role: 'encoder', spec: config.encoder.mmproj, kind: 'mmproj' });
+    for (const { role, spec, kind } of models) {
+      const path = await resolveModel(spec, kind);
+      files.push({ role, spec, path, bytes: statSync(path).size, sha256: await sha256File(path) });
+    }
   }
   const seeds = { decoder: config.decoder.seed, ...(config.encoder.kind === 'projection' ? { encoder: config.encoder.seed } : {}) };
   // A file source is named with its size; a pattern or a live source by its config alone.
