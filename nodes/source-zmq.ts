@@ -114,14 +114,9 @@ export async function createZmqSource(options: ZmqSourceOptions): Promise<ZmqSou
           item = toItem(frames, validate, id, captureNs, clock.wallMs());
         } catch (err) {
           counters.rejected += 1;
-          const [rejected, ...detail] = (err as Error).message.split(': ');
-          yield {
-            sourceId: id,
-            captureNs,
-            captureWallMs: clock.wallMs(),
-            rejected: rejected!,
-            detail: `message ${counters.received}: ${detail.join(': ')}`,
-          };
+          const [rejected, ...particulars] = (err as Error).message.split(': ');
+          const detail = [`message ${counters.received}`, ...particulars].join(': ');
+          yield { sourceId: id, captureNs, captureWallMs: clock.wallMs(), rejected: rejected!, detail };
           continue;
         }
         counters.yielded += 1;
