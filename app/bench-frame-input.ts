@@ -10,6 +10,7 @@ import { createRequire } from 'node:module';
 import sharp from 'sharp';
 import { createZmqSource } from '../nodes/source-zmq.ts';
 import { RealClock } from '../pipeline/clock.ts';
+import { isRejection } from '../pipeline/types.ts';
 import { quantile } from './stats.ts';
 
 export interface BenchFrameInputOptions {
@@ -24,7 +25,8 @@ export type BenchFrameInputResult = {
   readonly frames_received: number;
   /** Sends that would have had to wait (the input did not keep up), plus frames lost after the send. */
   readonly dropped: number;
-  readonly malformed: number;
+  /** Messages the source rejected (they did not fit the frame header schema). */
+  readonly rejected: number;
   readonly fps: number;
   readonly jpeg_bytes: number;
   readonly resolution: string;
@@ -58,6 +60,7 @@ export async function benchFrameInput(options: BenchFrameInputOptions = {}): Pro
     const consuming = (async () => {
       for await (const item of source.frames(new RealClock(), abort.signal)) {
         const now = process.hrtime.bigint();
+        if (isRejection(item)) continue;
         const { sec, nanosec } = item.sourceStamp!;
         latencies.push(Number(now - (BigInt(sec) * 1_000_000_000n + BigInt(nanosec))) / 1000);
         received += 1;
@@ -73,7 +76,7 @@ export async function benchFrameInput(options: BenchFrameInputOptions = {}): Pro
       frames_pushed: frames,
       frames_received: received,
       dropped: frames - received,
-      malformed: source.counters.malformed,
+      rejected: source.counters.rejected,
       fps,
       jpeg_bytes: jpeg.length,
       resolution: `${width}x${height}`,

@@ -73,6 +73,11 @@ program
   .option('-d, --duration <seconds>', 'stop after this many seconds', positiveNumber('--duration'))
   .option('--json-summary <file>', 'also write the end-of-run summary as JSON to this file')
   .addOption(new Option('--clock <kind>', 'override the clock (virtual: deterministic replay)').choices(['real', 'virtual']))
+  .option('--record <file>', 'record the run to this MCAP file: frames, actions, events, stats and a metadata record')
+  .option(
+    '--lockstep',
+    'lockstep replay on the virtual clock: each frame enters when the previous one has ended (every frame processed, same outputs byte for byte)',
+  )
   .action(async (opts) => {
     const { runPipeline } = await import('./run.ts');
     const code = await runPipeline(opts);
@@ -320,6 +325,23 @@ bench
   });
 
 bench
+  .command('bag')
+  .description(
+    'bag replay read throughput (1080p JPEG, ROS 2 CompressedImage; @mcap/core as the peer) and recording throughput at 1080p 30 fps',
+  )
+  .option('--frames <n>', 'frames in the replay bag', int('--frames'), 300)
+  .option('--width <px>', 'frame width', int('--width'), 1920)
+  .option('--height <px>', 'frame height', int('--height'), 1080)
+  .option('--fps <n>', 'recording rate', positiveNumber('--fps'), 30)
+  .option('--seconds <s>', 'recording duration', positiveNumber('--seconds'), 5)
+  .option('--reps <n>', 'replay passes (median reported)', int('--reps'), 3)
+  .option('--json', 'print JSON')
+  .action(async (opts) => {
+    const { benchBag } = await import('./bench-bag.ts');
+    printResult(await benchBag(opts), opts.json);
+  });
+
+bench
   .command('frame-input')
   .description('a pusher → the ZeroMQ frame input on loopback: JPEG frames at a fixed rate; drops and the added latency p50/p99')
   .option('--fps <n>', 'frames per second', positiveNumber('--fps'), 30)
@@ -391,6 +413,79 @@ calc
   .action(async (opts) => {
     const { calcRoofline } = await import('./calc-commands.ts');
     printResult(await calcRoofline(opts), opts.json);
+  });
+
+program
+  .command('eval')
+  .description(
+    'replay a bag in lockstep, record it, and measure it: metrics.json and report.html (valid rate, accuracy vs labels, deadline misses, drops, latency)',
+  )
+  .requiredOption('-b, --bag <file>', 'the bag (MCAP) to replay')
+  .option('-c, --config <file>', 'pipeline config (default: the embedded configs/default.json)')
+  .option('-l, --labels <file>', 'expected actions, JSON lines (default: <bag>.labels.jsonl when it exists)')
+  .option(
+    '--reference <config>',
+    'a second config (e.g. the F16 decoder) replayed on the same bag: the report gives the token agreement of the two',
+  )
+  .requiredOption('-o, --out <dir>', 'output folder: metrics.json, report.html and the recordings')
+  .option(
+    '--fail-under <limits>',
+    'exit 2 when a metric is on the wrong side: valid=0.99,accuracy=0.8,iou=0.5,agreement=0.9 (minimums), miss=0.05 (maximum)',
+  )
+  .option('--no-progress', 'no progress bar')
+  .option('--json', 'print metrics.json')
+  .action(async (opts) => {
+    const { evaluate } = await import('./eval.ts');
+    const { code, metrics } = await evaluate(opts);
+    if (opts.json) process.stdout.write(`${JSON.stringify(metrics, null, 2)}\n`);
+    else {
+      const pct = (v: number | null | undefined) => (v === null || v === undefined ? '-' : `${(v * 100).toFixed(2)} %`);
+      printResult(
+        {
+          frames: `${metrics.frames.in} in, ${metrics.frames.out} out`,
+          valid: pct(metrics.validRate),
+          accuracy: pct(metrics.accuracy?.action),
+          miss: pct(metrics.deadlineMissRate),
+          ...(metrics.tokens ? { agreement: pct(metrics.tokens.tokenAgreement) } : {}),
+          report: `${opts.out}/report.html`,
+        },
+        false,
+      );
+    }
+    process.exitCode = code;
+  });
+
+program
+  .command('compare')
+  .description('two eval outputs side by side (folders or metrics.json files), with B − A')
+  .argument('<a>', 'the first eval output')
+  .argument('<b>', 'the second eval output')
+  .option('--json', 'print JSON')
+  .action(async (a: string, b: string, opts) => {
+    const { compare, formatComparison } = await import('./eval.ts');
+    const comparison = compare(a, b);
+    process.stdout.write(opts.json ? `${JSON.stringify(comparison, null, 2)}\n` : formatComparison(comparison));
+  });
+
+program
+  .command('calibrate')
+  .description(
+    "measure each stage's service time per ladder level on this machine; write a calibration file a config names in virtualServiceMs",
+  )
+  .option('-c, --config <file>', 'pipeline config (default: the embedded configs/default.json)')
+  .option('-s, --source <spec>', 'where the frames come from (default: the config source): pattern[:FPS[:FRAMES]], bag:PATH, folder:PATH')
+  .option('--frames <n>', 'frames timed per level', int('--frames'), 10)
+  .requiredOption('-o, --out <file>', 'the calibration file to write (JSON)')
+  .option('--json', 'print the calibration file')
+  .action(async (opts) => {
+    const { calibrate } = await import('./calibrate.ts');
+    const file = await calibrate({
+      ...opts,
+      onProgress: (done, total) => process.stderr.write(`\rpercept: calibrate ${done}/${total} frames`),
+    });
+    process.stderr.write('\n');
+    if (opts.json) process.stdout.write(`${JSON.stringify(file, null, 2)}\n`);
+    else printResult({ out: opts.out, frames: file.frames, levels: file.levels.length, ...file.virtualServiceMs }, false);
   });
 
 program

@@ -1,13 +1,14 @@
 // `percept run`: config → stages → graph → summary. This file is the only place that knows every
 // stage; the stages themselves only know their input and output types.
-import { mkdirSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { createReadStream, mkdirSync, readFileSync, statSync } from 'node:fs';
 import { basename, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DegradeLadder } from '../pipeline/budget.ts';
 import { RealClock, VirtualClock, type Clock } from '../pipeline/clock.ts';
 import { loadConfig, type PerceptConfig, type SourceConfig } from '../pipeline/config.ts';
 import { append, chain, type StageChain } from '../pipeline/graph/chain.ts';
-import { createGraph, stopOnSignals } from '../pipeline/graph/graph.ts';
+import { createGraph, stopOnSignals, type Graph } from '../pipeline/graph/graph.ts';
 import type { RunSummary } from '../pipeline/telemetry/events.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
 import type { FrameSource, Stage } from '../pipeline/types.ts';
@@ -15,7 +16,8 @@ import type { OpenAIDecoderStage } from '../nodes/decoder-openai.ts';
 import type { Publisher } from '../nodes/publisher.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
-import { resolveModel } from '../models/resolve.ts';
+import type { Recorder } from '../nodes/recorder.ts';
+import { resolveModel, type ModelKind } from '../models/resolve.ts';
 
 /** The config `percept run` and `npm start` use when none is given. */
 export const DEFAULT_CONFIG = fileURLToPath(new URL('../configs/default.json', import.meta.url));
@@ -26,6 +28,10 @@ export interface RunOptions {
   readonly duration?: number;
   readonly jsonSummary?: string;
   readonly clock?: 'real' | 'virtual';
+  /** Record the run to this MCAP file (relative to the current directory). */
+  readonly record?: string;
+  /** Lockstep replay on the virtual clock (every frame processed; byte-identical outputs). */
+  readonly lockstep?: boolean;
 }
 
 const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
@@ -84,13 +90,16 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
     }
     case 'bag': {
       const { createBagSource } = await import('../nodes/source-bag.ts');
-      return createBagSource({
+      const source = await createBagSource({
         path: config.path,
-        topic: config.topic,
+        ...(config.topic !== undefined ? { topic: config.topic } : {}),
+        ...(config.type !== undefined ? { type: config.type } : {}),
+        pace: config.pace,
         rate: config.rate,
         loop: config.loop,
-        onIssue: (issue) => log(`bag: ${issue.reason} (topic ${issue.topic}, sequence ${issue.sequence})`),
       });
+      log(`replaying ${source.description}`);
+      return source;
     }
     case 'folder': {
       const { createFolderSource } = await import('../nodes/source-folder.ts');
@@ -317,82 +326,202 @@ export function runFailure(summary: RunSummary): string | undefined {
   return `nothing was published: all ${summary.frames.in} frames were dropped (${reasons.join(', ')})`;
 }
 
-/** Runs the pipeline; resolves with the process exit code (1 when the run published nothing). */
-export async function runPipeline(opts: RunOptions): Promise<number> {
+/** The config a `percept run` uses: the file (or the embedded default) with the command line's
+ * overrides, validated again so they obey the same schema as the file. */
+export function runConfig(opts: RunOptions): PerceptConfig {
   const base = loadConfig(opts.config ?? DEFAULT_CONFIG);
   const overrides: Record<string, unknown> = {};
   if (opts.source) overrides.source = parseSourceSpec(opts.source, base.source);
   if (opts.clock) overrides.clock = opts.clock;
-  // Re-validate with the overrides applied, so they obey the same schema as the file.
-  const config = Object.keys(overrides).length ? loadConfig({ ...base, ...overrides }) : base;
-  if (config.cameras) return (await import('./cameras.ts')).runCameras(config, opts);
-  const clock: Clock = config.clock === 'virtual' ? new VirtualClock() : new RealClock();
-  const actionSchema = loadActionSchema(config.actions.schema);
+  if (opts.lockstep) Object.assign(overrides, { clock: 'virtual', lockstep: true });
+  if (opts.record) overrides.recorder = { ...base.recorder, enabled: true, path: resolve(opts.record) };
+  return Object.keys(overrides).length ? loadConfig({ ...base, ...overrides }) : base;
+}
 
-  const source = await createSource(config.source);
-  let stages: PipelineStages;
+export interface RunResult {
+  readonly summary: RunSummary;
+  /** Why the run failed (its exit code is then 1), or undefined. */
+  readonly failure: string | undefined;
+}
+
+export interface ExecuteOptions {
+  /** Publish actions over ZeroMQ (default true; eval runs without). */
+  readonly publish?: boolean;
+  /** Stop after this many seconds of real time. */
+  readonly duration?: number;
+  /** Draw the live table per config.telemetry (default true). */
+  readonly liveTable?: boolean;
+  /** Called with the graph before it runs (to follow its events), and the source's message count when known. */
+  readonly onStart?: (graph: Graph, expectedFrames: number | undefined) => void;
+}
+
+/** Runs the pipeline of `config` once: recorder (first, so a bad path fails before any model loads),
+ * source, stages, graph; everything is closed on the way out, whatever happens. */
+export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {}): Promise<RunResult> {
+  const actionSchema = loadActionSchema(config.actions.schema);
+  const recorder = config.recorder.enabled ? await openRecorder(config, actionSchema) : undefined;
+  let source: FrameSource<CameraFrame> | undefined;
+  let stages: PipelineStages | undefined;
   try {
-    stages = await createStages(config, actionSchema);
+    source = await createSource(config.source);
+    stages = await createStages(config, actionSchema, { publish: opts.publish ?? true });
   } catch (err) {
-    await source.close?.();
+    await source?.close?.();
+    await recorder?.close().catch(() => undefined);
     throw err;
   }
+  // A virtual replay of a bag runs on the bag's own time line, so its recording's times are the bag's.
+  const clock: Clock = config.clock === 'virtual' ? new VirtualClock(source.startNs ?? 0n) : new RealClock();
   const graph = createGraph({ source, stages: stages.chain, clock, config });
   const { publisher } = stages;
+  const recorderErrors: string[] = [];
+  const table = new LiveTable({
+    mode: opts.liveTable === false ? 'off' : config.telemetry.liveTable,
+    intervalMs: config.telemetry.intervalMs,
+  });
   let control: Awaited<ReturnType<(typeof import('./control.ts'))['startControlServer']>> | undefined;
-  if (config.control.enabled) {
-    const { startControlServer } = await import('./control.ts');
-    try {
-      control = await startControlServer(config.control, graph.control);
-    } catch (err) {
-      await publisher?.close();
-      await source.close?.();
-      throw err;
-    }
-    log(`control socket on ${control.endpoint}`);
-  }
-
-  let recorder: Awaited<ReturnType<(typeof import('../nodes/recorder.ts'))['createRecorder']>> | undefined;
-  if (config.recorder.enabled) {
-    const { createRecorder } = await import('../nodes/recorder.ts');
-    mkdirSync(dirname(config.recorder.path), { recursive: true });
-    recorder = await createRecorder({ path: config.recorder.path, actionSchema });
-    const rec = recorder;
-    graph.events.subscribe((event) => {
-      if (event.type !== 'stats') void rec.recordEvent(event, event.atNs).catch((err: Error) => log(`recorder: ${err.message}`));
-    });
-    graph.outputs.subscribe((env) => {
-      const exit = env.spans.at(-1)?.exitNs ?? clock.nowNs();
-      void rec.recordAction(env.payload, exit).catch((err: Error) => log(`recorder: ${err.message}`));
-    });
-  }
-
-  // Drops, cancels, degrade steps, errors, source incidents and the periodic stats go to the
-  // publisher's topics, so a robot stack sees every decision the graph makes. The publisher outlives
-  // the graph: it closes after the run's last stats, with the final summary as the last event.
-  if (publisher) graph.events.subscribe(publisher.sink.accept);
-
-  const table = new LiveTable({ mode: config.telemetry.liveTable, intervalMs: config.telemetry.intervalMs });
-  table.attach(graph.events);
-  const removeSignals = stopOnSignals(graph);
-  const timer = opts.duration ? setTimeout(() => void graph.stop('duration'), opts.duration * 1000) : undefined;
+  let removeSignals: (() => void) | undefined;
+  let timer: NodeJS.Timeout | undefined;
+  let running = false;
   try {
+    if (recorder) {
+      await recorder.writeMetadata('percept.run', await runMetadata(config, actionSchema, clock));
+      recordGraph(graph, recorder, clock, config.recorder.frames, (err) => {
+        if (recorderErrors.length === 0) log(`recorder: ${err.message}`);
+        recorderErrors.push(err.message);
+      });
+    }
+    if (config.control.enabled) {
+      const { startControlServer } = await import('./control.ts');
+      control = await startControlServer(config.control, graph.control);
+      log(`control socket on ${control.endpoint}`);
+    }
+    // Drops, cancels, degrade steps, errors, source incidents and the periodic stats go to the
+    // publisher's topics, so a robot stack sees every decision the graph makes. The publisher outlives
+    // the graph: it closes after the run's last stats, with the final summary as the last event.
+    if (publisher) graph.events.subscribe(publisher.sink.accept);
+    // What the source reports besides frames (skipped or damaged input, restarts), as it happens.
+    graph.events.subscribe((event) => {
+      if (event.type === 'source') log(`source ${event.kind}: ${event.detail}`);
+    });
+    opts.onStart?.(graph, source.expectedItems);
+    table.attach(graph.events);
+    removeSignals = stopOnSignals(graph);
+    timer = opts.duration ? setTimeout(() => void graph.stop('duration'), opts.duration * 1000) : undefined;
+    running = true;
     const summary = await graph.run();
     await control?.close();
     table.detach();
-    if (recorder) await recorder.close();
+    if (recorder) await recorder.close().catch((err: Error) => recorderErrors.push(err.message));
     const published = await publisher?.close(summary);
-    process.stdout.write(`${formatSummary(summary)}\n`);
     if (published) log(`published ${describePublished(published)}`);
-    if (opts.jsonSummary) writeJsonSummary(opts.jsonSummary, summary);
-    const failure = runFailure(summary);
-    if (failure) log(failure);
-    return failure ? 1 : 0;
+    const notRecorded = recorder?.counts.framesNotRecorded ?? 0;
+    if (notRecorded > 0) log(`recorder: ${notRecorded} frames were not recorded (the disk did not keep up)`);
+    const failure = runFailure(summary) ?? (recorderErrors.length > 0 ? `the recording failed: ${recorderErrors[0]}` : undefined);
+    return { summary, failure };
   } finally {
     if (timer) clearTimeout(timer);
-    removeSignals();
-    // Both are idempotent: after a failure they still release their endpoints.
+    removeSignals?.();
+    table.detach();
+    // The graph closes the source and the stages when it runs; before that, they are closed here.
+    if (!running) for (const closable of [source, ...stages.chain.stages]) await closable.close?.().catch(() => undefined);
+    // All three are idempotent: after a failure they still release their files and endpoints.
     await control?.close();
     await publisher?.close();
+    await recorder?.close().catch(() => undefined);
   }
+}
+
+/** Runs the pipeline; resolves with the process exit code (1 when the run failed, saying why). */
+export async function runPipeline(opts: RunOptions): Promise<number> {
+  const config = runConfig(opts);
+  if (config.cameras) return (await import('./cameras.ts')).runCameras(config, opts);
+  const { summary, failure } = await executeRun(config, { duration: opts.duration });
+  process.stdout.write(`${formatSummary(summary)}\n`);
+  if (opts.jsonSummary) writeJsonSummary(opts.jsonSummary, summary);
+  if (failure) log(failure);
+  return failure ? 1 : 0;
+}
+
+async function openRecorder(config: PerceptConfig, actionSchema: ActionSchema): Promise<Recorder> {
+  const { path, chunkMs } = config.recorder;
+  try {
+    mkdirSync(dirname(path), { recursive: true });
+  } catch (err) {
+    throw new Error(`recorder: cannot create the folder of ${path}: ${(err as Error).message}`, { cause: err });
+  }
+  const { createRecorder } = await import('../nodes/recorder.ts');
+  // On a virtual clock, chunks close on log time only: the file must not depend on how fast the run went.
+  return createRecorder({ path, actionSchema, chunkMs, flushAfterMs: config.clock === 'virtual' ? null : chunkMs });
+}
+
+/** Records the run: each input frame, each action (with its frame's stamp), every event and stats. */
+function recordGraph(graph: Graph, recorder: Recorder, clock: Clock, frames: boolean, onError: (err: Error) => void): void {
+  // Stamp of each frame in the graph, so the events about it carry it too.
+  const stamps = new Map<number, bigint>();
+  graph.inputs.subscribe((env) => {
+    if (!frames) return;
+    const meta = { frameId: env.frameId, sourceId: env.sourceId, stampNs: env.stampNs ?? clock.unixNs(env.captureNs) };
+    recorder.recordFrame(env.payload as CameraFrame, meta, clock.unixNs(env.captureNs)).catch(onError);
+  });
+  graph.events.subscribe((event) => {
+    const atNs = clock.unixNs(event.atNs);
+    if (event.type === 'stats') {
+      recorder.recordStats(event.summary, atNs).catch(onError);
+      return;
+    }
+    if (event.type === 'frame' && event.stampNs !== undefined) stamps.set(event.frameId, event.stampNs);
+    const stampNs = 'frameId' in event ? stamps.get(event.frameId) : undefined;
+    recorder.recordEvent(event, atNs, stampNs ?? atNs).catch(onError);
+    if (event.type === 'output' || event.type === 'drop') stamps.delete(event.frameId);
+  });
+  graph.outputs.subscribe((env) => {
+    const exitNs = env.spans.at(-1)?.exitNs ?? clock.nowNs();
+    const action = env.payload as ActionMessage;
+    recorder.recordAction(action, env.stampNs ?? clock.unixNs(env.captureNs), clock.unixNs(exitNs)).catch(onError);
+  });
+}
+
+const { version: PERCEPT_VERSION } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
+
+/** The recording's `percept.run` metadata: what it takes to know how the run was made. Nothing
+ * measured or dated on a virtual clock (the file must be the same on every replay). */
+async function runMetadata(config: PerceptConfig, actionSchema: ActionSchema, clock: Clock): Promise<Record<string, string>> {
+  const files = [];
+  if (config.decoder.kind === 'openai') {
+    // A remote server holds its model (vision tower included): its id and where it was served from.
+    files.push({ role: 'decoder', spec: config.decoder.model, endpoint: config.decoder.endpoint });
+  } else {
+    const models: { role: string; spec: string; kind: ModelKind }[] = [{ role: 'decoder', spec: config.decoder.model, kind: 'decoder' }];
+    if (config.decoder.draft) models.push({ role: 'draft', spec: config.decoder.draft, kind: 'decoder' });
+    if (config.decoder.draftMtp) models.push({ role: 'draftMtp', spec: config.decoder.draftMtp, kind: 'decoder' });
+    if (config.encoder.kind === 'onnx') models.push({ role: 'encoder', spec: config.encoder.model, kind: 'vision' });
+    if (config.encoder.kind === 'mtmd') models.push({ role: 'encoder', spec: config.encoder.mmproj, kind: 'mmproj' });
+    for (const { role, spec, kind } of models) {
+      const path = await resolveModel(spec, kind);
+      files.push({ role, spec, path, bytes: statSync(path).size, sha256: await sha256File(path) });
+    }
+  }
+  const seeds = { decoder: config.decoder.seed, ...(config.encoder.kind === 'projection' ? { encoder: config.encoder.seed } : {}) };
+  // A file source is named with its size; a pattern or a live source by its config alone.
+  const source = 'path' in config.source ? { ...config.source, bytes: statSync(config.source.path).size } : config.source;
+  return {
+    percept_version: PERCEPT_VERSION,
+    node_version: process.version,
+    // Without the recording's own path: two replays into two files record the same run.
+    config: JSON.stringify({ ...config, recorder: { ...config.recorder, path: undefined } }),
+    source: JSON.stringify(source),
+    models: JSON.stringify(files),
+    seeds: JSON.stringify(seeds),
+    action_schema: JSON.stringify({ id: actionSchema.id, sha256: actionSchema.sha256 }),
+    clock: config.clock,
+    lockstep: String(config.lockstep),
+    ...(clock.virtual ? {} : { started_unix_ns: String(clock.unixNs(clock.nowNs())) }),
+  };
+}
+
+async function sha256File(path: string): Promise<string> {
+  const hash = createHash('sha256');
+  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
+  return hash.digest('hex');
 }

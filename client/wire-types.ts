@@ -111,7 +111,10 @@ export type Ns = string;
  * The frame (as the action header's frame_id); -1 when no frame is involved.
  */
 export type FrameId = number;
-export type DropReason = 'stale' | 'conflated' | 'queue_full' | 'skipped' | 'error' | 'invalid' | 'shutdown';
+/**
+ * rejected: an input the source could not turn into a frame (a corrupt bag message, a file that is not an image, a frame message that does not fit its header schema).
+ */
+export type DropReason = 'stale' | 'conflated' | 'queue_full' | 'skipped' | 'error' | 'invalid' | 'rejected' | 'shutdown';
 
 export interface DropEvent {
   type: 'drop';
@@ -123,6 +126,10 @@ export interface DropEvent {
   stage: string;
   reason: DropReason;
   detail: string;
+  /**
+   * Short and stable, for counting (the summary's drops.causes), e.g. a rejected input's cause; when absent, the detail with its numbers blanked out stands for it.
+   */
+  cause?: string;
 }
 export interface CancelEvent {
   type: 'cancel';
@@ -161,16 +168,16 @@ export interface ErrorEvent {
   message: string;
 }
 /**
- * Something the source did that is not a frame: a restart of its ffmpeg, an input message it could not use.
+ * Something the source reports that is not a frame: input it skipped, damage it read around, a restart or the end of its ffmpeg. An input it could not turn into a frame is no source event: it is a frame dropped as `rejected`.
  */
 export interface SourceEvent {
   type: 'source';
   atNs: Ns;
   sourceId: string;
   /**
-   * restart: a dead input process was started again; malformed: an input message was dropped before it became a frame; exit: the input process ended.
+   * skipped: input passed over without becoming frames (a bag channel percept cannot decode); damaged: damage read around (a file without a readable summary or ending early, a chunk that failed its CRC); restart: a dead input process was started again; exit: the input process ended.
    */
-  kind: 'restart' | 'malformed' | 'exit';
+  kind: 'skipped' | 'damaged' | 'restart' | 'exit';
   detail: string;
 }
 /**
@@ -206,17 +213,27 @@ export interface RunSummary {
     late: number;
   };
   deadlineMisses: number;
+  /**
+   * Drops by reason, by stage and reason, and by cause (`stage: cause` → drops, most frequent first; at most 50 causes, the rest counted as '(other causes)').
+   */
   drops: {
     byReason: Counts;
     byStage: {
       [k: string]: Counts;
     };
+    causes: Counts;
   };
   cancels: {
     [k: string]: Counts;
   };
   errors: Counts;
-  source: Counts1;
+  /**
+   * What the source reported besides frames (its `source` events): counts by kind (skipped, damaged, restart, exit), and `kind: detail` of the first 50, in order.
+   */
+  source: {
+    counts: Counts;
+    details: string[];
+  };
   degrade: {
     down: number;
     up: number;
@@ -235,12 +252,6 @@ export interface RunSummary {
   };
 }
 export interface Counts {
-  [k: string]: number;
-}
-/**
- * Source incidents by kind (restart, malformed, exit).
- */
-export interface Counts1 {
   [k: string]: number;
 }
 export interface LatencyStats {

@@ -251,12 +251,13 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         promptTokens: r.promptTokens,
         reusedTokens: r.reusedTokens,
         tokens: r.tokens.length,
+        // The generated token ids, so two decoder configs can be compared token by token (eval).
+        tokenIds: r.tokens.join(' '),
         drafted: r.drafted,
         accepted: r.accepted,
         forced: r.forced,
-        prefillMs: r.timings.prefillMs,
-        decodeMs: r.timings.decodeMs,
-        sampleMs: r.timings.sampleMs,
+        // Measured times only on a real clock: a virtual run's outputs must not depend on this machine.
+        ...(sc.clock.virtual ? {} : { prefillMs: r.timings.prefillMs, decodeMs: r.timings.decodeMs, sampleMs: r.timings.sampleMs }),
         stopReason: r.stopReason,
         ...(r.batch ? { queueMs: r.batch.queueMs, steps: r.batch.steps, waitSteps: r.batch.waitSteps, peakSeqs: r.batch.peakSeqs } : {}),
       },

@@ -1,23 +1,37 @@
-// recorder: a tap that writes actions and events to an MCAP file.
-//   /actions  jsonschema = the action schema file; data = the action JSON exactly as validated, so any
-//             MCAP tool can check it against the schema. One channel per source id (same topic),
-//             with metadata {source_id, schema_id, schema_sha256}; message.sequence = frame id,
-//             publishTime = capture wall time (ns since epoch), logTime = the caller's pipeline time.
-//   /events   json without schema; bigint fields are written as decimal strings.
-// Chunks are zstd-compressed (@foxglove/wasm-zstd). McapWriter needs each call to finish before the
-// next one starts, so every call is appended to one internal promise chain; after a write fails the
-// file is unusable and every later call rejects with that first error.
+// recorder: a run's MCAP recording, readable by Foxglove and by `percept eval` (even after a crash).
+//   /frames   each input frame: foxglove.CompressedImage (jpeg, png) or foxglove.RawImage (raw),
+//             json with jsonschema from @foxglove/schemas; one channel per source id
+//   /actions  jsonschema = the action schema file; data = the action JSON exactly as validated, so
+//             any MCAP tool can check it against the schema; one channel per source id, with
+//             metadata {source_id, schema_id, schema_sha256}
+//   /events   every telemetry event but stats (json; bigints as decimal strings)
+//   /stats    the periodic and final run summaries (json)
+//   metadata  records the caller writes (the run's config, model hashes, seeds, version)
+// Times: every log_time is Unix ns (the caller converts its clock); publish_time is the stamp of
+// the input frame a message came from (a bag message's log time), and sequence its frame id, so
+// outputs line up with the source.
+// Chunks: zstd-compressed, each with its CRC, written when it spans `chunkMs` of log time or holds
+// `chunkBytes`, and on a real clock at the latest `flushAfterMs` after its first message: a process
+// killed with -9 loses about one chunk. (McapWriter writes a chunk only when it is full, so this
+// file lays out the records itself with @mcap/core's McapRecordBuilder and chunk builder.)
+// Backpressure: frames wait in memory only up to `maxPendingBytes`; a frame beyond that is not
+// recorded and is counted (framesNotRecorded); actions, events and stats are always recorded.
+// Calls are serialised on one promise chain; after a write fails the file is unusable and every
+// later call rejects with that first error (`failure`).
 import { open } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
-import { McapWriter } from '@mcap/core';
-import { FileHandleWritable } from '@mcap/nodejs';
+import { crc32 } from 'node:zlib';
+import { McapChunkBuilder, McapRecordBuilder, Opcode } from '@mcap/core';
+import type { McapTypes } from '@mcap/core';
 import * as zstd from '@foxglove/wasm-zstd';
+import { CompressedImage, RawImage } from '@foxglove/schemas/jsonschema.js';
 import type { ActionSchema } from './action-schema.ts';
-import type { ActionMessage } from './payloads.ts';
-import type { Stage, StageContext } from '../pipeline/types.ts';
+import type { ActionMessage, CameraFrame } from './payloads.ts';
 
+export const FRAMES_TOPIC = '/frames';
 export const ACTIONS_TOPIC = '/actions';
 export const EVENTS_TOPIC = '/events';
+export const STATS_TOPIC = '/stats';
 
 export interface RecorderOptions {
   /** Output .mcap file (created or truncated). */
@@ -26,36 +40,85 @@ export interface RecorderOptions {
   readonly actionSchema: ActionSchema;
   /** 'zstd' (default) or 'none'. */
   readonly compression?: 'zstd' | 'none';
-  /** Uncompressed bytes per chunk before it is flushed (default 256 KiB). */
-  readonly chunkSize?: number;
+  /** zstd level (default 1: frames are mostly JPEG, which does not compress). */
+  readonly zstdLevel?: number;
+  /** A chunk is written when it spans this much log time (default 1000 ms). */
+  readonly chunkMs?: number;
+  /** … or holds this many uncompressed bytes (default 32 MiB). */
+  readonly chunkBytes?: number;
+  /** Real clock: a chunk is written at the latest this long (wall time) after its first message
+   * (default: chunkMs). null: never by wall time (a virtual-clock run, whose file must not depend
+   * on how fast it ran). */
+  readonly flushAfterMs?: number | null;
+  /** Frame bytes waiting to be written beyond which a frame is not recorded (default 256 MiB). */
+  readonly maxPendingBytes?: number;
   /** MCAP header.library (default "percept recorder"). */
   readonly library?: string;
 }
 
 export interface RecorderCounts {
+  readonly frames: number;
   readonly actions: number;
   readonly events: number;
+  readonly stats: number;
+  /** Frames not recorded because `maxPendingBytes` of frames were waiting to be written. */
+  readonly framesNotRecorded: number;
+  readonly chunks: number;
+}
+
+/** Where a message came from: its frame, the frame's stamp and the source. */
+export interface RecordedFrameMeta {
+  readonly frameId: number;
+  readonly sourceId: string;
+  /** The input's stamp, Unix ns (publish_time). */
+  readonly stampNs: bigint;
 }
 
 export interface Recorder {
   readonly path: string;
   readonly counts: RecorderCounts;
-  recordAction(msg: ActionMessage, logTimeNs: bigint): Promise<void>;
-  recordEvent(event: object, logTimeNs: bigint): Promise<void>;
-  /** Waits for pending writes, writes the summary and closes the file. Idempotent. */
+  /** The first write error (the file is unusable after it), if any. */
+  readonly failure: Error | undefined;
+  writeMetadata(name: string, entries: Readonly<Record<string, string>>): Promise<void>;
+  /** Resolves false when the frame was not recorded (too many frame bytes waiting). */
+  recordFrame(frame: CameraFrame, meta: RecordedFrameMeta, logTimeNs: bigint): Promise<boolean>;
+  recordAction(msg: ActionMessage, stampNs: bigint, logTimeNs: bigint): Promise<void>;
+  /** `stampNs`: the stamp of the frame the event is about (publish_time; default logTimeNs). */
+  recordEvent(event: object, logTimeNs: bigint, stampNs?: bigint): Promise<void>;
+  recordStats(summary: object, logTimeNs: bigint): Promise<void>;
+  /** Waits for pending writes, writes the last chunk and the summary, closes the file. Idempotent. */
   close(): Promise<void>;
 }
 
+/** Creates (or truncates) the file and writes its header; throws naming the path when it cannot. */
 export async function createRecorder(options: RecorderOptions): Promise<Recorder> {
   if (options === null || typeof options !== 'object') throw new TypeError('createRecorder: expected an options object { path }');
-  const { path, compression = 'zstd', chunkSize = 256 * 1024, library = 'percept recorder' } = options;
+  const {
+    path,
+    compression = 'zstd',
+    zstdLevel = 1,
+    chunkMs = 1000,
+    chunkBytes = 32 * 1024 * 1024,
+    maxPendingBytes = 256 * 1024 * 1024,
+    library = 'percept recorder',
+  } = options;
+  const flushAfterMs = options.flushAfterMs === undefined ? chunkMs : options.flushAfterMs;
   if (typeof path !== 'string' || path.length === 0)
     throw new TypeError(`createRecorder: expected a non-empty path but received ${JSON.stringify(path)}`);
   if (compression !== 'zstd' && compression !== 'none') {
     throw new TypeError(`createRecorder: expected compression 'zstd' or 'none' but received ${JSON.stringify(compression)}`);
   }
-  if (!Number.isInteger(chunkSize) || chunkSize < 1024)
-    throw new RangeError(`createRecorder: expected integer >= 1024 for chunkSize but received ${chunkSize}`);
+  for (const [name, value, least] of [
+    ['chunkMs', chunkMs, 1],
+    ['chunkBytes', chunkBytes, 1024],
+    ['maxPendingBytes', maxPendingBytes, 0],
+    ['zstdLevel', zstdLevel, 1],
+  ] as const) {
+    if (!Number.isInteger(value) || value < least)
+      throw new RangeError(`createRecorder: expected integer >= ${least} for ${name} but received ${value}`);
+  }
+  if (flushAfterMs !== null && !(Number.isFinite(flushAfterMs) && flushAfterMs > 0))
+    throw new RangeError(`createRecorder: expected flushAfterMs > 0 or null but received ${flushAfterMs}`);
   const schema = options.actionSchema;
   if (typeof schema?.mcapSchema !== 'object')
     throw new TypeError('createRecorder: expected actionSchema to be the result of loadActionSchema()');
@@ -67,17 +130,33 @@ export async function createRecorder(options: RecorderOptions): Promise<Recorder
   } catch (err) {
     throw new Error(`recorder: cannot create ${path}: ${(err as Error).message}`, { cause: err });
   }
-  const writer = new McapWriter({
-    writable: new FileHandleWritable(handle),
-    chunkSize,
-    compressChunk: compression === 'zstd' ? (data) => ({ compression: 'zstd', compressedData: zstd.compress(data, 3) }) : undefined,
+  const file = new ChunkedMcapFile(handle, {
+    chunkMs: BigInt(chunkMs) * 1_000_000n,
+    chunkBytes,
+    compress: compression === 'zstd' ? (data) => zstd.compress(data, zstdLevel) : undefined,
   });
 
   let tail: Promise<unknown> = Promise.resolve();
   let failure: Error | undefined;
   let closing: Promise<void> | undefined;
-  // Appends `op` to the chain. The first failure poisons the recorder: McapWriter's state is
-  // undefined after a failed call, so carrying on would write a corrupt file.
+  // The wall-time flush: armed while a chunk is open, disarmed when that chunk is written.
+  let flushTimer: NodeJS.Timeout | undefined;
+  let chunksSeen = 0;
+  const rearm = (): void => {
+    if (file.chunksWritten !== chunksSeen) {
+      chunksSeen = file.chunksWritten;
+      clearTimeout(flushTimer);
+      flushTimer = undefined;
+    }
+    if (flushAfterMs === null || flushTimer || !file.chunkOpen || closing) return;
+    flushTimer = setTimeout(() => {
+      flushTimer = undefined;
+      void enqueue('flush', () => file.flushChunk()).catch(() => undefined);
+    }, flushAfterMs);
+    flushTimer.unref();
+  };
+  // Appends `op` to the chain. The first failure poisons the recorder: the layout is undefined
+  // after a failed write, so carrying on would write a corrupt file.
   const enqueue = <T>(what: string, op: () => Promise<T>): Promise<T> => {
     const run = tail.then(async () => {
       if (failure) throw failure;
@@ -86,93 +165,158 @@ export async function createRecorder(options: RecorderOptions): Promise<Recorder
       } catch (err) {
         failure ??= new Error(`recorder ${path}: ${what} failed: ${(err as Error).message}`, { cause: err });
         throw failure;
+      } finally {
+        rearm();
       }
     });
     tail = run.catch(() => undefined);
     return run;
   };
+  const add = (what: string, message: Omit<McapTypes.Message, 'channelId'>, channel: () => number): Promise<void> =>
+    enqueue(what, () => file.addMessage({ ...message, channelId: channel() }));
 
-  let eventsChannel = 0;
-  let actionSchemaId = 0;
-  const actionChannels = new Map<string, number>();
-  const counts = { actions: 0, events: 0 };
+  const jsonSchema = (name: string, body: object): Omit<McapTypes.Schema, 'id'> => ({
+    name,
+    encoding: 'jsonschema',
+    data: new TextEncoder().encode(JSON.stringify(body)),
+  });
+  const actionSchemaId = file.registerSchema(schema.mcapSchema);
+  const compressedSchemaId = file.registerSchema(jsonSchema(CompressedImage.title, CompressedImage));
+  const rawSchemaId = file.registerSchema(jsonSchema(RawImage.title, RawImage));
+  const eventsChannel = file.registerChannel({
+    topic: EVENTS_TOPIC,
+    schemaId: file.registerSchema(jsonSchema('percept.TelemetryEvent', { title: 'percept.TelemetryEvent', type: 'object' })),
+    messageEncoding: 'json',
+    metadata: new Map(),
+  });
+  const statsChannel = file.registerChannel({
+    topic: STATS_TOPIC,
+    schemaId: file.registerSchema(jsonSchema('percept.RunSummary', { title: 'percept.RunSummary', type: 'object' })),
+    messageEncoding: 'json',
+    metadata: new Map(),
+  });
+  const perSource = (topic: string, schemaId: number, metadata: (sourceId: string) => [string, string][]) => {
+    const ids = new Map<string, number>();
+    return (sourceId: string): number => {
+      let id = ids.get(sourceId);
+      if (id === undefined) {
+        id = file.registerChannel({ topic, schemaId, messageEncoding: 'json', metadata: new Map(metadata(sourceId)) });
+        ids.set(sourceId, id);
+      }
+      return id;
+    };
+  };
+  const actionChannel = perSource(ACTIONS_TOPIC, actionSchemaId, (sourceId) => [
+    ['source_id', sourceId],
+    ['schema_id', schema.wireSchemaId],
+    ['schema_sha256', schema.sha256],
+  ]);
+  const compressedChannel = perSource(FRAMES_TOPIC, compressedSchemaId, (sourceId) => [['source_id', sourceId]]);
+  const rawChannel = perSource(FRAMES_TOPIC, rawSchemaId, (sourceId) => [['source_id', sourceId]]);
 
   try {
-    await enqueue('start', async () => {
-      await writer.start({ profile: '', library });
-      // Registered up front so a recording without actions still declares the schema.
-      actionSchemaId = await writer.registerSchema(schema.mcapSchema);
-      eventsChannel = await writer.registerChannel({ topic: EVENTS_TOPIC, schemaId: 0, messageEncoding: 'json', metadata: new Map() });
-    });
+    await enqueue('start', () => file.start({ profile: '', library }));
   } catch (err) {
     await handle.close().catch(() => undefined);
     throw err;
   }
 
-  const channelFor = async (sourceId: string): Promise<number> => {
-    let id = actionChannels.get(sourceId);
-    if (id === undefined) {
-      id = await writer.registerChannel({
-        topic: ACTIONS_TOPIC,
-        schemaId: actionSchemaId,
-        messageEncoding: 'json',
-        metadata: new Map([
-          ['source_id', sourceId],
-          ['schema_id', schema.wireSchemaId],
-          ['schema_sha256', schema.sha256],
-        ]),
-      });
-      actionChannels.set(sourceId, id);
-    }
-    return id;
-  };
-
-  const checkTime = (fn: string, logTimeNs: bigint): void => {
-    if (typeof logTimeNs !== 'bigint' || logTimeNs < 0n) {
-      throw new TypeError(`recorder.${fn}: expected a bigint logTimeNs >= 0 but received ${String(logTimeNs)} of type ${typeof logTimeNs}`);
+  const counts = { frames: 0, actions: 0, events: 0, stats: 0, framesNotRecorded: 0 };
+  let pendingFrameBytes = 0;
+  const checkTime = (fn: string, ns: bigint, name = 'logTimeNs'): void => {
+    if (typeof ns !== 'bigint' || ns < 0n) {
+      throw new TypeError(`recorder.${fn}: expected a bigint ${name} >= 0 but received ${String(ns)} of type ${typeof ns}`);
     }
   };
+  const checkOpen = (fn: string): void => {
+    if (closing) throw new Error(`recorder ${path}: ${fn} after close`);
+  };
+  const encode = (value: unknown): Uint8Array =>
+    new TextEncoder().encode(JSON.stringify(value, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v)));
 
   return {
     path,
     get counts(): RecorderCounts {
-      return { ...counts };
+      return { ...counts, chunks: file.chunksWritten };
     },
-    async recordAction(msg: ActionMessage, logTimeNs: bigint): Promise<void> {
+    get failure(): Error | undefined {
+      return failure;
+    },
+    async writeMetadata(name: string, entries: Readonly<Record<string, string>>): Promise<void> {
+      checkOpen('writeMetadata');
+      await enqueue(`writeMetadata(${name})`, () => file.addMetadata({ name, metadata: new Map(Object.entries(entries)) }));
+    },
+    async recordFrame(frame: CameraFrame, meta: RecordedFrameMeta, logTimeNs: bigint): Promise<boolean> {
+      checkTime('recordFrame', logTimeNs);
+      checkTime('recordFrame', meta?.stampNs, 'meta.stampNs');
+      if (frame === null || typeof frame !== 'object' || !(frame.data instanceof Uint8Array))
+        throw new TypeError('recorder.recordFrame: expected a CameraFrame { encoding, data }');
+      checkOpen('recordFrame');
+      if (pendingFrameBytes + frame.data.length > maxPendingBytes && pendingFrameBytes > 0) {
+        counts.framesNotRecorded += 1;
+        return false;
+      }
+      pendingFrameBytes += frame.data.length;
+      const timestamp = { sec: Number(meta.stampNs / 1_000_000_000n), nsec: Number(meta.stampNs % 1_000_000_000n) };
+      const compressed = frame.encoding === 'jpeg' || frame.encoding === 'png';
+      try {
+        await add(
+          `recordFrame(frame ${meta.frameId})`,
+          {
+            sequence: meta.frameId >>> 0,
+            logTime: logTimeNs,
+            publishTime: meta.stampNs,
+            // Encoded when its turn comes, so a waiting frame holds its bytes once, not twice.
+            get data() {
+              return encode(compressed ? compressedImage(frame, timestamp, meta.sourceId) : rawImage(frame, timestamp, meta.sourceId));
+            },
+          },
+          () => (compressed ? compressedChannel : rawChannel)(meta.sourceId),
+        );
+        counts.frames += 1;
+        return true;
+      } finally {
+        pendingFrameBytes -= frame.data.length;
+      }
+    },
+    async recordAction(msg: ActionMessage, stampNs: bigint, logTimeNs: bigint): Promise<void> {
       checkTime('recordAction', logTimeNs);
+      checkTime('recordAction', stampNs, 'stampNs');
       if (msg === null || typeof msg !== 'object' || typeof msg.sourceId !== 'string' || !Number.isInteger(msg.frameId)) {
         throw new TypeError('recorder.recordAction: expected an ActionMessage { frameId, sourceId, captureWallMs, action }');
       }
-      if (closing) throw new Error(`recorder ${path}: recordAction after close`);
-      const data = new TextEncoder().encode(JSON.stringify(msg.action));
-      await enqueue(`recordAction(frame ${msg.frameId})`, async () => {
-        const channelId = await channelFor(msg.sourceId);
-        await writer.addMessage({
-          channelId,
-          // MCAP sequence is uint32; frame ids are non-negative and far below 2^32 in practice.
-          sequence: msg.frameId >>> 0,
-          logTime: logTimeNs,
-          publishTime: BigInt(Math.round(msg.captureWallMs)) * 1_000_000n,
-          data,
-        });
-        counts.actions += 1;
-      });
+      checkOpen('recordAction');
+      const data = encode(msg.action);
+      await add(
+        `recordAction(frame ${msg.frameId})`,
+        // MCAP sequence is uint32; frame ids are non-negative and far below 2^32 in practice.
+        { sequence: msg.frameId >>> 0, logTime: logTimeNs, publishTime: stampNs, data },
+        () => actionChannel(msg.sourceId),
+      );
+      counts.actions += 1;
     },
-    async recordEvent(event: object, logTimeNs: bigint): Promise<void> {
+    async recordEvent(event: object, logTimeNs: bigint, stampNs: bigint = logTimeNs): Promise<void> {
       checkTime('recordEvent', logTimeNs);
+      checkTime('recordEvent', stampNs, 'stampNs');
       if (event === null || typeof event !== 'object')
         throw new TypeError(`recorder.recordEvent: expected an event object but received ${String(event)}`);
-      if (closing) throw new Error(`recorder ${path}: recordEvent after close`);
-      const data = new TextEncoder().encode(JSON.stringify(event, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v)));
-      await enqueue('recordEvent', async () => {
-        await writer.addMessage({ channelId: eventsChannel, sequence: counts.events, logTime: logTimeNs, publishTime: logTimeNs, data });
-        counts.events += 1;
-      });
+      checkOpen('recordEvent');
+      const data = encode(event);
+      const sequence = counts.events++;
+      await add('recordEvent', { sequence, logTime: logTimeNs, publishTime: stampNs, data }, () => eventsChannel);
+    },
+    async recordStats(summary: object, logTimeNs: bigint): Promise<void> {
+      checkTime('recordStats', logTimeNs);
+      checkOpen('recordStats');
+      const data = encode(summary);
+      const sequence = counts.stats++;
+      await add('recordStats', { sequence, logTime: logTimeNs, publishTime: logTimeNs, data }, () => statsChannel);
     },
     close(): Promise<void> {
       closing ??= (async () => {
+        clearTimeout(flushTimer);
         try {
-          await enqueue('end', () => writer.end());
+          await enqueue('end', () => file.end());
         } finally {
           await handle.close();
         }
@@ -182,13 +326,237 @@ export async function createRecorder(options: RecorderOptions): Promise<Recorder
   };
 }
 
-/** A pass-through stage that records every action it sees, stamped with the pipeline clock. */
-export function createRecorderTap(recorder: Recorder): Stage<ActionMessage, ActionMessage> {
+type Stamp = { readonly sec: number; readonly nsec: number };
+
+function compressedImage(frame: CameraFrame, timestamp: Stamp, frameId: string): object {
   return {
-    name: 'record',
-    async process(msg: ActionMessage, ctx: StageContext): Promise<ActionMessage> {
-      await recorder.recordAction(msg, ctx.clock.nowNs());
-      return msg;
-    },
+    timestamp,
+    frame_id: frameId,
+    data: Buffer.from(frame.data.buffer, frame.data.byteOffset, frame.data.byteLength).toString('base64'),
+    format: frame.encoding,
   };
+}
+
+const BYTES_PER_PIXEL: Readonly<Record<string, number>> = { rgb8: 3, bgr8: 3, rgba8: 4, bgra8: 4, mono8: 1, mono16: 2 };
+
+function rawImage(frame: CameraFrame, timestamp: Stamp, frameId: string): object {
+  const width = frame.width ?? 0;
+  const bytesPerPixel = BYTES_PER_PIXEL[frame.encoding] ?? 1;
+  return {
+    timestamp,
+    frame_id: frameId,
+    width,
+    height: frame.height ?? 0,
+    encoding: frame.encoding,
+    step: frame.stride ?? width * bytesPerPixel,
+    data: Buffer.from(frame.data.buffer, frame.data.byteOffset, frame.data.byteLength).toString('base64'),
+  };
+}
+
+// ---- the file layout ----------------------------------------------------------------------------
+
+interface ChunkPolicy {
+  /** Log-time span (ns) at which a chunk is written. */
+  readonly chunkMs: bigint;
+  readonly chunkBytes: number;
+  readonly compress: ((data: Uint8Array) => Uint8Array) | undefined;
+}
+
+/**
+ * An MCAP file written in chunks that close on time as well as size, with the summary McapWriter
+ * writes (schemas, channels, statistics, metadata and chunk indexes, summary offsets) and both
+ * CRCs. Methods must be called one at a time (the recorder's chain does that).
+ */
+class ChunkedMcapFile {
+  readonly #handle: FileHandle;
+  readonly #policy: ChunkPolicy;
+  readonly #records = new McapRecordBuilder();
+  readonly #chunk = new McapChunkBuilder({ useMessageIndex: true });
+  readonly #schemas = new Map<number, McapTypes.Schema>();
+  readonly #channels = new Map<number, McapTypes.Channel>();
+  readonly #written = new Set<string>();
+  readonly #chunkIndexes: McapTypes.ChunkIndex[] = [];
+  readonly #metadataIndexes: McapTypes.MetadataIndex[] = [];
+  readonly #statistics: McapTypes.Statistics = {
+    messageCount: 0n,
+    schemaCount: 0,
+    channelCount: 0,
+    attachmentCount: 0,
+    metadataCount: 0,
+    chunkCount: 0,
+    messageStartTime: 0n,
+    messageEndTime: 0n,
+    channelMessageCounts: new Map(),
+  };
+  #position = 0n;
+  #dataCrc = 0;
+  #chunkFirstLogTime = 0n;
+
+  constructor(handle: FileHandle, policy: ChunkPolicy) {
+    this.#handle = handle;
+    this.#policy = policy;
+  }
+
+  get chunkOpen(): boolean {
+    return this.#chunk.numMessages > 0;
+  }
+
+  get chunksWritten(): number {
+    return this.#statistics.chunkCount;
+  }
+
+  registerSchema(schema: Omit<McapTypes.Schema, 'id'>): number {
+    const id = this.#schemas.size + 1;
+    this.#schemas.set(id, { ...schema, id });
+    this.#statistics.schemaCount += 1;
+    return id;
+  }
+
+  registerChannel(channel: Omit<McapTypes.Channel, 'id'>): number {
+    const id = this.#channels.size;
+    this.#channels.set(id, { ...channel, id });
+    this.#statistics.channelCount += 1;
+    return id;
+  }
+
+  async start(header: McapTypes.Header): Promise<void> {
+    this.#records.writeMagic();
+    this.#records.writeHeader(header);
+    await this.#writeData();
+  }
+
+  async addMessage(message: McapTypes.Message): Promise<void> {
+    const stats = this.#statistics;
+    if (stats.messageCount === 0n || message.logTime < stats.messageStartTime) stats.messageStartTime = message.logTime;
+    if (stats.messageCount === 0n || message.logTime > stats.messageEndTime) stats.messageEndTime = message.logTime;
+    stats.messageCount += 1n;
+    stats.channelMessageCounts.set(message.channelId, (stats.channelMessageCounts.get(message.channelId) ?? 0n) + 1n);
+    const channel = this.#channels.get(message.channelId);
+    if (!channel) throw new Error(`addMessage: no channel ${message.channelId}`);
+    // A schema and a channel go into the chunk of their first message, once (as McapWriter does).
+    if (channel.schemaId !== 0 && !this.#written.has(`s${channel.schemaId}`)) {
+      this.#chunk.addSchema(this.#schemas.get(channel.schemaId)!);
+      this.#written.add(`s${channel.schemaId}`);
+    }
+    if (!this.#written.has(`c${channel.id}`)) {
+      this.#chunk.addChannel(channel);
+      this.#written.add(`c${channel.id}`);
+    }
+    if (this.#chunk.numMessages === 0) this.#chunkFirstLogTime = message.logTime;
+    this.#chunk.addMessage(message);
+    const span = this.#chunk.messageEndTime - this.#chunkFirstLogTime;
+    if (this.#chunk.byteLength >= this.#policy.chunkBytes || span >= this.#policy.chunkMs) await this.flushChunk();
+  }
+
+  async addMetadata(metadata: McapTypes.Metadata): Promise<void> {
+    await this.flushChunk(); // keeps the records in the order they were given
+    const offset = this.#position;
+    const length = this.#records.writeMetadata(metadata);
+    this.#metadataIndexes.push({ name: metadata.name, offset, length });
+    this.#statistics.metadataCount += 1;
+    await this.#writeData();
+  }
+
+  /** Writes the open chunk (if any) and its message indexes. */
+  async flushChunk(): Promise<void> {
+    const chunk = this.#chunk;
+    if (chunk.numMessages === 0) return;
+    const data = chunk.buffer;
+    const records = this.#policy.compress ? this.#policy.compress(data) : data;
+    const chunkStartOffset = this.#position;
+    const chunkLength = this.#records.writeChunk({
+      messageStartTime: chunk.messageStartTime,
+      messageEndTime: chunk.messageEndTime,
+      uncompressedSize: BigInt(data.length),
+      uncompressedCrc: crc32(data),
+      compression: this.#policy.compress ? 'zstd' : '',
+      records,
+    });
+    const messageIndexOffsets = new Map<number, bigint>();
+    let messageIndexLength = 0n;
+    for (const index of chunk.indices) {
+      if (index.records.length === 0) continue;
+      messageIndexOffsets.set(index.channelId, chunkStartOffset + chunkLength + messageIndexLength);
+      messageIndexLength += this.#records.writeMessageIndex(index);
+    }
+    this.#chunkIndexes.push({
+      messageStartTime: chunk.messageStartTime,
+      messageEndTime: chunk.messageEndTime,
+      chunkStartOffset,
+      chunkLength,
+      messageIndexOffsets,
+      messageIndexLength,
+      compression: this.#policy.compress ? 'zstd' : '',
+      compressedSize: BigInt(records.byteLength),
+      uncompressedSize: BigInt(data.length),
+    });
+    this.#statistics.chunkCount += 1;
+    chunk.reset();
+    await this.#writeData();
+  }
+
+  async end(): Promise<void> {
+    await this.flushChunk();
+    this.#records.writeDataEnd({ dataSectionCrc: this.#dataCrc });
+    await this.#write();
+    // The summary, in McapWriter's order, each group noted for the summary offsets.
+    const summaryStart = this.#position;
+    const groups: McapTypes.SummaryOffset[] = [];
+    const group = (opcode: Opcode, write: () => bigint): void => {
+      const groupStart = this.#position + BigInt(this.#records.length);
+      const groupLength = write();
+      if (groupLength > 0n) groups.push({ groupOpcode: opcode, groupStart, groupLength });
+    };
+    const sum = (items: Iterable<unknown>, write: (item: never) => bigint) => () => {
+      let n = 0n;
+      for (const item of items) n += write(item as never);
+      return n;
+    };
+    group(
+      Opcode.SCHEMA,
+      sum(this.#schemas.values(), (s: McapTypes.Schema) => this.#records.writeSchema(s)),
+    );
+    group(
+      Opcode.CHANNEL,
+      sum(this.#channels.values(), (c: McapTypes.Channel) => this.#records.writeChannel(c)),
+    );
+    group(Opcode.STATISTICS, () => this.#records.writeStatistics(this.#statistics));
+    group(
+      Opcode.METADATA_INDEX,
+      sum(this.#metadataIndexes, (m: McapTypes.MetadataIndex) => this.#records.writeMetadataIndex(m)),
+    );
+    group(
+      Opcode.CHUNK_INDEX,
+      sum(this.#chunkIndexes, (c: McapTypes.ChunkIndex) => this.#records.writeChunkIndex(c)),
+    );
+    const summaryOffsetStart = this.#position + BigInt(this.#records.length);
+    for (const g of groups) this.#records.writeSummaryOffset(g);
+    // The footer's CRC covers the summary up to and including the footer's own first two fields.
+    const footerHead = Buffer.alloc(1 + 8 + 8 + 8);
+    footerHead.writeUInt8(Opcode.FOOTER, 0);
+    footerHead.writeBigUInt64LE(8n + 8n + 4n, 1);
+    footerHead.writeBigUInt64LE(summaryStart, 9);
+    footerHead.writeBigUInt64LE(summaryOffsetStart, 17);
+    const summaryCrc = crc32(footerHead, crc32(this.#records.buffer));
+    this.#records.writeFooter({ summaryStart, summaryOffsetStart, summaryCrc });
+    this.#records.writeMagic();
+    await this.#write();
+  }
+
+  /** Writes what the record builder holds as part of the data section (its CRC follows it). */
+  async #writeData(): Promise<void> {
+    this.#dataCrc = crc32(this.#records.buffer, this.#dataCrc);
+    await this.#write();
+  }
+
+  async #write(): Promise<void> {
+    const bytes = this.#records.buffer;
+    let done = 0;
+    while (done < bytes.length) {
+      const { bytesWritten } = await this.#handle.write(bytes, done, bytes.length - done);
+      done += bytesWritten;
+    }
+    this.#position += BigInt(bytes.length);
+    this.#records.reset();
+  }
 }

@@ -1,196 +1,209 @@
-// source-bag: replays image messages from an MCAP file (a percept recording, or a ROS 2 bag written
-// with the MCAP storage plugin) in log-time order.
+// source-bag: replays the image messages of one topic of an MCAP file (a ROS 2 bag written with
+// the MCAP storage plugin, a Foxglove recording, or percept's own recording).
 // Decoded schemas (schema name / message encoding):
 //   foxglove.CompressedImage        json   (jpeg, png)
 //   foxglove.RawImage               json   (rgb8, bgr8, rgba8, bgra8, mono8, mono16)
-//   sensor_msgs/msg/CompressedImage cdr    (jpeg, png)   } with the small CDR reader below:
-//   sensor_msgs/msg/Image           cdr    (as RawImage) } @foxglove/rosmsg2-serialization is not installed
-// Timing: message k is due at start + (logTime_k − logTime_0 + loopOffset) / rate. A VirtualClock is
-// advanced to that instant (no waiting); a RealClock is slept until it.
-// A message that cannot be decoded (unsupported schema or format, corrupt payload) is counted and
-// reported with its topic and sequence; replay continues. Errors in the file itself (cannot open,
-// not MCAP, bad chunk) are fatal and name the path.
+//   sensor_msgs/msg/CompressedImage cdr    (jpeg, png)   } with @foxglove/rosmsg2-serialization, from the
+//   sensor_msgs/msg/Image           cdr    (raw, above)  } bag's own ros2msg schema (@foxglove/rosmsg)
+// The topic is picked by name (`topic`), by message type (`type`), or as the only image topic.
+//
+// Reading. Messages are read in file order by a streaming reader (@mcap/core's McapStreamReader fed
+// one top-level record at a time), which is log-time order for files written by rosbag2, Foxglove
+// and percept. The summary, when the file has a readable one, gives the channels, the counts and
+// which chunks hold the topic (the others are passed over unread). Damage is survived, counted and
+// reported as source incidents (FrameSource.frames' `report`), never silent:
+//   - no readable summary (a truncated file, a crashed recording): the file is scanned first and
+//     replayed up to where it is valid; 'damaged' incidents say so and where it ends;
+//   - a chunk that fails its CRC or does not decompress is skipped ('damaged'); each message of the
+//     topic it held (known from the message index after it) becomes a rejected frame, so frames in
+//     counts it;
+//   - a channel of the topic whose schema or encoding percept cannot decode is skipped ('skipped'),
+//     with its message count;
+//   - a message that does not decode (corrupt payload, unsupported pixel encoding, data size ≠
+//     step × height) is a rejected frame with the reason.
+// An empty bag, a bag without an image topic, or a file that is not MCAP is an error at open.
+// Timing (pace 'recorded'): message k is due at start + (logTime_k − logTime_0 + loopOffset) / rate;
+// a VirtualClock is advanced to it, a RealClock slept until it. Pace 'fast': each message is due
+// when it has been read. Every frame's stampNs and sourceStamp are its message's log time.
 import { open } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
-import { McapIndexedReader } from '@mcap/core';
-import type { McapTypes } from '@mcap/core';
+import { McapIndexedReader, McapRecordBuilder, McapStreamReader, Opcode } from '@mcap/core';
+import type { McapTypes, TypedMcapRecord } from '@mcap/core';
 import { FileHandleReadable } from '@mcap/nodejs';
 import { loadDecompressHandlers } from '@mcap/support';
+import { parse as parseRosMsg } from '@foxglove/rosmsg';
+import { MessageReader } from '@foxglove/rosmsg2-serialization';
 import type { Clock } from '../pipeline/clock.ts';
 import type { CameraFrame, FrameEncoding } from './payloads.ts';
-import type { FrameSource, SourceItem } from '../pipeline/types.ts';
+import type { FrameSource, SourceIncident, SourceItem, SourceRejection, Stamp } from '../pipeline/types.ts';
 import { waitUntilDue, wallMsAt } from '../pipeline/pacing.ts';
 
 export interface BagSourceOptions {
   readonly path: string;
-  /** Image topic to replay; if left out, the bag must have exactly one topic with a supported image schema. */
+  /** Image topic to replay. */
   readonly topic?: string;
-  /** Replay speed (default 1 = recorded timing, 2 = twice as fast). */
+  /** Or: the message type (schema name) whose one topic to replay, e.g. 'sensor_msgs/msg/Image'. */
+  readonly type?: string;
+  /** 'recorded' (default): at the recorded timing / rate; 'fast': each message as soon as it is read. */
+  readonly pace?: 'recorded' | 'fast';
+  /** Replay speed for pace 'recorded' (default 1 = recorded timing, 2 = twice as fast). */
   readonly rate?: number;
   /** Start again from the first message after the last (default false). */
   readonly loop?: boolean;
   /** FrameSource id (default: the topic). */
   readonly id?: string;
-  /** Called for each message that could not be decoded. */
-  readonly onIssue?: (issue: BagIssue) => void;
-}
-
-export interface BagIssue {
-  readonly topic: string;
-  /** The MCAP message's own sequence field. */
-  readonly sequence: number;
-  /** Position of the message in this replay (0-based, counting every message on the topic, across loops). */
-  readonly index: number;
-  readonly logTimeNs: bigint;
-  readonly schema: string;
-  readonly reason: string;
 }
 
 export interface BagSourceCounters {
-  /** Messages read from the topic. */
+  /** Messages of the topic met (decoded, rejected, or lost in a bad chunk). */
   readonly read: number;
   readonly yielded: number;
-  /** Messages that could not be decoded (see `issues`). */
-  readonly bad: number;
+  /** Messages of the topic that became rejected frames. */
+  readonly rejected: number;
 }
 
 export interface BagSource extends FrameSource<CameraFrame> {
   readonly path: string;
   readonly topic: string;
+  /** What is replayed, e.g. `bag /data/run.mcap, topic /cam (sensor_msgs/msg/Image, cdr), indexed`. */
+  readonly description: string;
+  /** Messages on the replayed (decodable) channels, from the summary or the scan. */
   readonly messageCount: number;
+  /** 'indexed': the file has a readable summary; 'streamed': it has not (damaged or unfinished). */
+  readonly mode: 'indexed' | 'streamed';
+  /** Log time of the file's first message (Unix ns for ROS 2 and percept bags). */
+  readonly startNs: bigint;
+  readonly expectedItems: number;
   readonly counters: BagSourceCounters;
-  /** The first 100 issues (all of them go to onIssue). */
-  readonly issues: readonly BagIssue[];
+  frames(
+    clock: Clock,
+    signal: AbortSignal,
+    report?: (incident: SourceIncident) => void,
+  ): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection>;
   close(): Promise<void>;
 }
 
-type Decoder = (data: Uint8Array) => CameraFrame;
-const MAX_KEPT_ISSUES = 100;
-
-/** Opens the bag and checks the topic; fatal problems throw here, naming the path. */
+/** Opens the bag and picks the topic; fatal problems throw here, naming the path. */
 export async function createBagSource(options: BagSourceOptions): Promise<BagSource> {
   if (options === null || typeof options !== 'object') throw new TypeError('createBagSource: expected an options object { path }');
-  const { path, rate = 1, loop = false, onIssue } = options;
+  const { path, rate = 1, loop = false, pace = 'recorded' } = options;
   if (typeof path !== 'string' || path.length === 0)
     throw new TypeError(`createBagSource: expected a non-empty path but received ${JSON.stringify(path)}`);
   if (typeof rate !== 'number' || !Number.isFinite(rate) || rate <= 0)
     throw new RangeError(`createBagSource: expected finite number > 0 for rate but received ${rate}`);
   if (typeof loop !== 'boolean') throw new TypeError(`createBagSource: expected boolean for loop but received ${JSON.stringify(loop)}`);
+  if (pace !== 'recorded' && pace !== 'fast')
+    throw new TypeError(`createBagSource: expected pace 'recorded' or 'fast' but received ${JSON.stringify(pace)}`);
 
-  let handle: FileHandle;
+  const file = await McapFile.open(path);
+  let selection: Selection;
   try {
-    handle = await open(path, 'r');
+    selection = selectChannels(file, options, path);
   } catch (err) {
-    throw new Error(`bag source: cannot open ${path}: ${(err as Error).message}`, { cause: err });
-  }
-  let reader: McapIndexedReader;
-  try {
-    reader = await McapIndexedReader.Initialize({
-      readable: new FileHandleReadable(handle),
-      decompressHandlers: await loadDecompressHandlers(),
-    });
-  } catch (err) {
-    await handle.close();
-    throw new Error(`bag source: ${path} is not a readable indexed MCAP file: ${(err as Error).message}`, { cause: err });
-  }
-
-  const schemaOf = (channel: McapTypes.Channel): string => {
-    const schema = reader.schemasById.get(channel.schemaId);
-    return schema ? `${schema.name} (${schema.encoding}/${channel.messageEncoding})` : `(no schema) (${channel.messageEncoding})`;
-  };
-  const decoders = new Map<number, Decoder | undefined>();
-  for (const channel of reader.channelsById.values()) {
-    decoders.set(channel.id, decoderFor(reader.schemasById.get(channel.schemaId)?.name ?? '', channel.messageEncoding));
-  }
-  const channels = [...reader.channelsById.values()];
-  let topic = options.topic;
-  try {
-    if (topic === undefined) {
-      const imageTopics = [...new Set(channels.filter((c) => decoders.get(c.id)).map((c) => c.topic))];
-      if (imageTopics.length !== 1) {
-        const all = channels.map((c) => `${c.topic}: ${schemaOf(c)}`).join(', ') || 'none';
-        throw new Error(
-          imageTopics.length === 0
-            ? `bag source: ${path} has no topic with a supported image schema (channels: ${all})`
-            : `bag source: ${path} has several image topics (${imageTopics.join(', ')}): pass topic`,
-        );
-      }
-      topic = imageTopics[0];
-    } else {
-      const onTopic = channels.filter((c) => c.topic === topic);
-      if (onTopic.length === 0) {
-        throw new Error(
-          `bag source: ${path} has no topic ${topic} (topics: ${[...new Set(channels.map((c) => c.topic))].join(', ') || 'none'})`,
-        );
-      }
-      if (!onTopic.some((c) => decoders.get(c.id))) {
-        throw new Error(`bag source: ${path} topic ${topic} has no supported image schema: ${onTopic.map(schemaOf).join(', ')}`);
-      }
-    }
-  } catch (err) {
-    await handle.close();
+    await file.close();
     throw err;
   }
-  const replayTopic = topic;
-  const topicChannelIds = channels.filter((c) => c.topic === replayTopic).map((c) => c.id);
-  const messageCount = topicChannelIds.reduce((n, id) => n + Number(reader.statistics?.channelMessageCounts.get(id) ?? 0n), 0);
-  const id = options.id ?? replayTopic;
-  const counters = { read: 0, yielded: 0, bad: 0 };
-  const issues: BagIssue[] = [];
+  // What opening found, reported at the start of each replay.
+  const found: SourceIncident[] = [];
+  if (file.summaryError) {
+    found.push({ kind: 'damaged', detail: `${path}: ${file.summaryError}; read by streaming up to where the file is valid` });
+  }
+  for (const skipped of selection.skipped) {
+    const { channel, reason } = skipped;
+    found.push({
+      kind: 'skipped',
+      detail: `${path}: channel ${channel.id} of ${channel.topic} skipped (${file.countOf(channel.id)} messages): ${reason}`,
+    });
+  }
+  if (file.end && file.mode === 'streamed') found.push({ kind: 'damaged', detail: `${path}: ${describeEnd(file.end)}` });
+
+  const { topic, decoders } = selection;
+  const id = options.id ?? topic;
+  const messageCount = [...decoders.keys()].reduce((n, channelId) => n + file.countOf(channelId), 0);
+  const counters = { read: 0, yielded: 0, rejected: 0 };
+  const schemas = [...new Set([...decoders.keys()].map((c) => file.describeChannel(c)))].join(', ');
+  const description = `bag ${path}, topic ${topic} (${schemas}), ${file.mode === 'indexed' ? 'indexed' : 'streamed (no summary)'}`;
   let closed = false;
 
-  const report = (issue: BagIssue): void => {
-    counters.bad += 1;
-    if (issues.length < MAX_KEPT_ISSUES) issues.push(issue);
-    onIssue?.(issue);
-  };
-
-  async function* generate(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame>> {
+  async function* generate(
+    clock: Clock,
+    signal: AbortSignal,
+    report?: (incident: SourceIncident) => void,
+  ): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection> {
+    for (const incident of found) report?.(incident);
     const startNs = clock.nowNs();
     let firstLogNs: bigint | undefined;
     let loopOffsetNs = 0n;
-    let index = 0;
+    let pass = 0;
+    // The instant a message of the replay is due (waiting for it), or null when the replay must stop.
+    const due = async (logTime: bigint): Promise<bigint | null> => {
+      firstLogNs ??= logTime;
+      const dueNs = pace === 'fast' ? clock.nowNs() : startNs + scale(logTime - firstLogNs + loopOffsetNs, rate);
+      return waitUntilDue(clock, dueNs, signal);
+    };
+    const rejection = (captureNs: bigint, logTime: bigint, rejected: string, detail: string): SourceRejection => {
+      counters.rejected += 1;
+      return { sourceId: id, captureNs, captureWallMs: wallMsAt(clock, captureNs), stampNs: logTime, rejected, detail };
+    };
     do {
-      let lastLogNs: bigint | undefined;
       let firstThisPass: bigint | undefined;
+      let lastLogNs: bigint | undefined;
       let inPass = 0;
       const yieldedBefore = counters.yielded;
-      try {
-        for await (const message of reader.readMessages({ topics: [replayTopic], validateCrcs: true })) {
-          if (signal.aborted || closed) return;
-          firstLogNs ??= message.logTime;
-          firstThisPass ??= message.logTime;
-          lastLogNs = message.logTime;
-          inPass += 1;
-          counters.read += 1;
-          const k = index++;
-          const decode = decoders.get(message.channelId);
-          const channel = reader.channelsById.get(message.channelId)!;
-          let payload: CameraFrame;
-          try {
-            if (!decode) throw new Error(`unsupported schema ${schemaOf(channel)}`);
-            payload = decode(message.data);
-          } catch (err) {
-            report({
-              topic: replayTopic,
-              sequence: message.sequence,
-              index: k,
-              logTimeNs: message.logTime,
-              schema: schemaOf(channel),
-              reason: (err as Error).message,
+      for await (const event of file.read(new Set(decoders.keys()))) {
+        if (signal.aborted || closed) return;
+        if (event.kind === 'badChunk') {
+          if (pass === 0) {
+            const lost = event.lost ? [...decoders.keys()].reduce((n, c) => n + (event.lost!.get(c)?.length ?? 0), 0) : undefined;
+            report?.({
+              kind: 'damaged',
+              detail:
+                `${path}: the chunk at byte ${event.offset} (${event.length} bytes) was skipped: ${event.reason}; ` +
+                (lost === undefined ? 'its messages are unknown (no message index follows it)' : `${lost} messages of ${topic} rejected`),
             });
-            continue;
           }
-          const dueNs = startNs + scale(message.logTime - firstLogNs + loopOffsetNs, rate);
-          const captureNs = await waitUntilDue(clock, dueNs, signal);
-          if (captureNs === null) return;
-          counters.yielded += 1;
-          yield { sourceId: id, captureNs, captureWallMs: wallMsAt(clock, captureNs), payload };
+          const lostTimes = [...decoders.keys()].flatMap((c) => event.lost?.get(c) ?? []).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+          const cause = /crc/i.test(event.reason) ? 'chunk failed its CRC check' : 'chunk unreadable';
+          for (const logTime of lostTimes) {
+            counters.read += 1;
+            const captureNs = await due(logTime);
+            if (captureNs === null) return;
+            yield rejection(captureNs, logTime, cause, `${path}: chunk at byte ${event.offset}: ${event.reason}`);
+          }
+          continue;
         }
-      } catch (err) {
-        if (closed) return;
-        throw new Error(`bag source: reading ${path} failed: ${(err as Error).message}`, { cause: err });
+        if (event.kind !== 'message') continue;
+        const { message } = event;
+        const decode = decoders.get(message.channelId);
+        if (!decode) continue;
+        counters.read += 1;
+        inPass += 1;
+        firstThisPass ??= message.logTime;
+        lastLogNs = message.logTime;
+        let payload: CameraFrame | undefined;
+        let problem: string | undefined;
+        try {
+          payload = decode(message.data);
+        } catch (err) {
+          problem = (err as Error).message;
+        }
+        const captureNs = await due(message.logTime);
+        if (captureNs === null) return;
+        if (payload === undefined) {
+          const [cause] = (problem ?? 'undecodable').split(':', 1);
+          yield rejection(
+            captureNs,
+            message.logTime,
+            cause!,
+            `${topic} sequence ${message.sequence} (log time ${message.logTime}): ${problem}`,
+          );
+          continue;
+        }
+        counters.yielded += 1;
+        const captureWallMs = wallMsAt(clock, captureNs);
+        yield { sourceId: id, captureNs, captureWallMs, stampNs: message.logTime, sourceStamp: toStamp(message.logTime), payload };
       }
+      pass += 1;
       // A pass that yielded nothing would loop forever without producing a frame.
       if (counters.yielded === yieldedBefore || firstThisPass === undefined || lastLogNs === undefined) return;
       // The next pass starts one mean frame interval after this pass's last message.
@@ -203,17 +216,20 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
   return {
     id,
     path,
-    topic: replayTopic,
+    topic,
+    description,
     messageCount,
+    mode: file.mode,
+    startNs: file.startNs,
+    expectedItems: messageCount,
     get counters(): BagSourceCounters {
-      return { ...counters };
+      return { read: counters.read, yielded: counters.yielded, rejected: counters.rejected };
     },
-    issues,
     frames: generate,
     async close(): Promise<void> {
       if (closed) return;
       closed = true;
-      await handle.close();
+      await file.close();
     },
   };
 }
@@ -222,7 +238,74 @@ function scale(ns: bigint, rate: number): bigint {
   return rate === 1 ? ns : BigInt(Math.round(Number(ns) / rate));
 }
 
-// ---- decoders ---------------------------------------------------------------------------------
+/** A log time (ns) as the ROS time the wire's source_stamp is. */
+function toStamp(ns: bigint): Stamp {
+  return { sec: Number(ns / 1_000_000_000n), nanosec: Number(ns % 1_000_000_000n) };
+}
+
+// ---- choosing the channels ---------------------------------------------------------------------
+
+/** The message types percept reads images from. */
+const IMAGE_SCHEMAS: ReadonlySet<string> = new Set([
+  'foxglove.CompressedImage',
+  'foxglove.RawImage',
+  'sensor_msgs/msg/CompressedImage',
+  'sensor_msgs/msg/Image',
+]);
+
+interface Selection {
+  readonly topic: string;
+  readonly decoders: ReadonlyMap<number, Decoder>;
+  /** Channels of the topic that cannot be decoded, and why. */
+  readonly skipped: readonly { readonly channel: McapTypes.Channel; readonly reason: string }[];
+}
+
+function selectChannels(file: McapFile, options: BagSourceOptions, path: string): Selection {
+  const channels = [...file.channels.values()];
+  const resolved = new Map<number, Decoder | string>();
+  for (const channel of channels) resolved.set(channel.id, decoderFor(file.schemas.get(channel.schemaId), channel.messageEncoding));
+  const isImage = (c: McapTypes.Channel): boolean => IMAGE_SCHEMAS.has(file.schemas.get(c.schemaId)?.name ?? '');
+  const topicsOf = (list: readonly McapTypes.Channel[]): string[] => [...new Set(list.map((c) => c.topic))];
+  const listing = (): string => channels.map((c) => `${c.topic}: ${file.describeChannel(c.id)}`).join(', ') || 'none';
+
+  if (channels.length === 0 || file.totalMessages === 0) {
+    throw new Error(`bag source: ${path} holds no messages (an empty bag; channels: ${listing()})`);
+  }
+  let topic = options.topic;
+  if (topic === undefined) {
+    const candidates =
+      options.type !== undefined
+        ? channels.filter((c) => file.schemas.get(c.schemaId)?.name === options.type)
+        : channels.filter((c) => isImage(c) && typeof resolved.get(c.id) === 'function');
+    const topics = topicsOf(candidates);
+    const what = options.type !== undefined ? `topic of type ${options.type}` : 'image topic percept can decode';
+    if (topics.length === 0) {
+      const images = channels.filter(isImage);
+      const why = images.map((c) => `${c.topic}: ${resolved.get(c.id) as string}`).join('; ');
+      throw new Error(`bag source: ${path} has no ${what} (channels: ${listing()})${why ? `; ${why}` : ''}`);
+    }
+    if (topics.length > 1) throw new Error(`bag source: ${path} has several (${topics.join(', ')}): pass topic`);
+    topic = topics[0]!;
+  }
+  const onTopic = channels.filter((c) => c.topic === topic);
+  if (onTopic.length === 0) throw new Error(`bag source: ${path} has no topic ${topic} (topics: ${topicsOf(channels).join(', ')})`);
+  const decoders = new Map<number, Decoder>();
+  const skipped: { channel: McapTypes.Channel; reason: string }[] = [];
+  for (const channel of onTopic) {
+    const decoder = resolved.get(channel.id)!;
+    if (typeof decoder === 'function') decoders.set(channel.id, decoder);
+    else skipped.push({ channel, reason: decoder });
+  }
+  if (decoders.size === 0) {
+    throw new Error(`bag source: ${path} topic ${topic} has no channel percept can decode: ${skipped.map((s) => s.reason).join('; ')}`);
+  }
+  if ([...decoders.keys()].every((c) => file.countOf(c) === 0)) throw new Error(`bag source: ${path} topic ${topic} holds no messages`);
+  return { topic, decoders, skipped };
+}
+
+// ---- decoders ----------------------------------------------------------------------------------
+
+type Decoder = (data: Uint8Array) => CameraFrame;
 
 const RAW_ENCODINGS: Readonly<Record<string, { encoding: FrameEncoding; bytesPerPixel: number }>> = {
   rgb8: { encoding: 'rgb8', bytesPerPixel: 3 },
@@ -233,89 +316,90 @@ const RAW_ENCODINGS: Readonly<Record<string, { encoding: FrameEncoding; bytesPer
   mono16: { encoding: 'mono16', bytesPerPixel: 2 },
 };
 
-/** The decoder for a schema name + message encoding, or undefined when it is not an image we read. */
-export function decoderFor(schemaName: string, messageEncoding: string): Decoder | undefined {
-  switch (`${schemaName}|${messageEncoding}`) {
-    case 'foxglove.CompressedImage|json':
-      return (data) => {
-        const msg = parseJsonObject(data);
-        return compressedFrame(expectString(msg, 'format'), base64Field(msg, 'data'));
-      };
-    case 'foxglove.RawImage|json':
-      return (data) => {
-        const msg = parseJsonObject(data);
-        return rawFrame(
-          expectUint(msg, 'width'),
-          expectUint(msg, 'height'),
-          expectString(msg, 'encoding'),
-          expectUint(msg, 'step'),
-          base64Field(msg, 'data'),
-          false,
-        );
-      };
-    case 'sensor_msgs/msg/CompressedImage|cdr':
-      return (data) => {
-        const cdr = new CdrReader(data);
-        skipRosHeader(cdr);
-        const format = cdr.string();
-        return compressedFrame(format, cdr.uint8Sequence());
-      };
-    case 'sensor_msgs/msg/Image|cdr':
-      return (data) => {
-        const cdr = new CdrReader(data);
-        skipRosHeader(cdr);
-        const height = cdr.uint32();
-        const width = cdr.uint32();
-        const encoding = cdr.string();
-        const bigEndian = cdr.uint8() !== 0;
-        const step = cdr.uint32();
-        return rawFrame(width, height, encoding, step, cdr.uint8Sequence(), bigEndian);
-      };
-    default:
-      return undefined;
+type SchemaRecord = Pick<McapTypes.Schema, 'name' | 'encoding' | 'data'>;
+
+/** The decoder for a channel (its schema and message encoding), or why percept cannot decode it. */
+export function decoderFor(schema: SchemaRecord | undefined, messageEncoding: string): Decoder | string {
+  const name = schema?.name ?? '(no schema)';
+  if (!IMAGE_SCHEMAS.has(name)) return `${name} is not an image type percept reads (${[...IMAGE_SCHEMAS].join(', ')})`;
+  if (name.startsWith('foxglove.')) {
+    if (messageEncoding !== 'json') return `${name} in message encoding ${messageEncoding} is not supported (json is)`;
+    return name === 'foxglove.CompressedImage'
+      ? (data) => {
+          const msg = parseJsonObject(data);
+          return compressedFrame(expectString(msg, 'format'), base64Field(msg, 'data'));
+        }
+      : (data) => {
+          const msg = parseJsonObject(data);
+          const [width, height, step] = [expectUint(msg, 'width'), expectUint(msg, 'height'), expectUint(msg, 'step')];
+          return rawFrame(width, height, expectString(msg, 'encoding'), step, base64Field(msg, 'data'), false);
+        };
   }
+  if (messageEncoding !== 'cdr') return `${name} in message encoding ${messageEncoding} is not supported (cdr is)`;
+  if (schema!.encoding !== 'ros2msg') return `${name} with a ${schema!.encoding || 'missing'} schema is not supported (ros2msg is)`;
+  let reader: MessageReader;
+  try {
+    const text = new TextDecoder().decode(schema!.data);
+    if (text.trim() === '') return `${name}: the schema record holds no message definition`;
+    reader = new MessageReader(parseRosMsg(text, { ros2: true }));
+  } catch (err) {
+    return `${name}: its ros2msg schema does not parse (${(err as Error).message})`;
+  }
+  const read = <T>(data: Uint8Array): T => {
+    try {
+      return reader.readMessage<T>(data);
+    } catch (err) {
+      throw new Error(`corrupt CDR payload: ${data.length} bytes do not decode as ${name} (${(err as Error).message})`, { cause: err });
+    }
+  };
+  return name === 'sensor_msgs/msg/CompressedImage'
+    ? (data) => {
+        const msg = read<{ format: string; data: Uint8Array }>(data);
+        return compressedFrame(msg.format, msg.data);
+      }
+    : (data) => {
+        const msg = read<{ height: number; width: number; encoding: string; is_bigendian: number; step: number; data: Uint8Array }>(data);
+        return rawFrame(msg.width, msg.height, msg.encoding, msg.step, msg.data, msg.is_bigendian !== 0);
+      };
 }
+
+// Error messages start with a short cause before the first ':' (the summaries count rejections by it).
 
 function compressedFrame(format: string, data: Uint8Array): CameraFrame {
   const sniffed = sniffImage(data);
   if (!sniffed)
-    throw new Error(
-      `payload is not a JPEG or PNG image (format ${JSON.stringify(format)}, ${data.length} bytes, starts ${hexStart(data)})`,
-    );
+    throw new Error(`not a JPEG or PNG image: format ${JSON.stringify(format)}, ${data.length} bytes, starts ${hexStart(data)}`);
   // The format string is free text ("jpeg", "png", "rgb8; jpeg compressed bgr8"); when it names a
   // codec it must agree with the bytes.
   const named = /jpe?g/i.test(format) ? 'jpeg' : /png/i.test(format) ? 'png' : undefined;
-  if (named && named !== sniffed) throw new Error(`format ${JSON.stringify(format)} but the data is ${sniffed}`);
-  if (!named && format.trim() !== '') throw new Error(`unsupported format ${JSON.stringify(format)}`);
+  if (named && named !== sniffed)
+    throw new Error(`format does not match the data: format ${JSON.stringify(format)} but the data is ${sniffed}`);
+  if (!named && format.trim() !== '') throw new Error(`unsupported format: ${JSON.stringify(format)}`);
   return { encoding: sniffed, data };
 }
 
 function rawFrame(width: number, height: number, encodingName: string, step: number, data: Uint8Array, bigEndian: boolean): CameraFrame {
   const known = RAW_ENCODINGS[encodingName];
   if (!known)
-    throw new Error(`unsupported raw encoding ${JSON.stringify(encodingName)} (supported: ${Object.keys(RAW_ENCODINGS).join(', ')})`);
-  if (width === 0 || height === 0) throw new Error(`empty image ${width}x${height}`);
-  if (step < width * known.bytesPerPixel) throw new Error(`step ${step} is less than width ${width} × ${known.bytesPerPixel} bytes`);
-  if (data.length < step * height)
-    throw new Error(`data has ${data.length} bytes, expected step ${step} × height ${height} = ${step * height}`);
-  if (bigEndian && known.bytesPerPixel === 2) throw new Error('big-endian mono16 is not supported');
-  return { encoding: known.encoding, data, width, height, stride: step };
+    throw new Error(`unsupported pixel encoding: ${JSON.stringify(encodingName)} (supported: ${Object.keys(RAW_ENCODINGS).join(', ')})`);
+  if (width === 0 || height === 0) throw new Error(`empty image: ${width}x${height}`);
+  if (step < width * known.bytesPerPixel)
+    throw new Error(`step too small: step ${step} is less than width ${width} × ${known.bytesPerPixel} bytes`);
+  if (data.length !== step * height)
+    throw new Error(`data size is not step × height: ${data.length} bytes, expected ${step} × ${height} = ${step * height}`);
+  let pixels = data;
+  if (bigEndian && known.bytesPerPixel === 2) {
+    // percept's frames are little endian: swap each 16-bit sample.
+    pixels = Buffer.from(data);
+    (pixels as Buffer).swap16();
+  }
+  return { encoding: known.encoding, data: pixels, width, height, stride: step };
 }
 
 function sniffImage(data: Uint8Array): 'jpeg' | 'png' | undefined {
   if (data.length >= 3 && data[0] === 0xff && data[1] === 0xd8 && data[2] === 0xff) return 'jpeg';
-  if (
-    data.length >= 8 &&
-    data[0] === 0x89 &&
-    data[1] === 0x50 &&
-    data[2] === 0x4e &&
-    data[3] === 0x47 &&
-    data[4] === 0x0d &&
-    data[5] === 0x0a &&
-    data[6] === 0x1a &&
-    data[7] === 0x0a
-  )
-    return 'png';
+  const png = [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a];
+  if (data.length >= 8 && png.every((b, i) => data[i] === b)) return 'png';
   return undefined;
 }
 
@@ -336,13 +420,13 @@ function parseJsonObject(data: Uint8Array): Record<string, unknown> {
 
 function expectString(msg: Record<string, unknown>, field: string): string {
   const v = msg[field];
-  if (typeof v !== 'string') throw new Error(`field ${field} is not a string`);
+  if (typeof v !== 'string') throw new Error(`bad field: ${field} is not a string`);
   return v;
 }
 
 function expectUint(msg: Record<string, unknown>, field: string): number {
   const v = msg[field];
-  if (!Number.isInteger(v) || (v as number) < 0) throw new Error(`field ${field} is not a non-negative integer`);
+  if (!Number.isInteger(v) || (v as number) < 0) throw new Error(`bad field: ${field} is not a non-negative integer`);
   return v as number;
 }
 
@@ -350,79 +434,334 @@ const BASE64 = /^[A-Za-z0-9+/]*={0,2}$/;
 function base64Field(msg: Record<string, unknown>, field: string): Uint8Array {
   const v = expectString(msg, field);
   // Buffer.from(…, 'base64') silently skips bad characters; check first so corruption is reported.
-  if (v.length % 4 !== 0 || !BASE64.test(v)) throw new Error(`field ${field} is not valid base64`);
+  if (v.length % 4 !== 0 || !BASE64.test(v)) throw new Error(`bad field: ${field} is not valid base64`);
   return Buffer.from(v, 'base64');
 }
 
-/** Reads OMG CDR (XCDR1) as ROS 2 writes it: a 4-byte encapsulation header (0x00 0x01 little endian,
- * 0x00 0x00 big endian), then fields aligned to their size relative to the end of that header. */
-export class CdrReader {
-  readonly #view: DataView;
-  readonly #bytes: Uint8Array;
-  readonly #littleEndian: boolean;
-  #offset = 4;
+// ---- reading an MCAP file, damaged or not --------------------------------------------------------
 
-  constructor(data: Uint8Array) {
-    if (data.length < 4) throw new Error(`CDR payload of ${data.length} bytes has no encapsulation header`);
-    const kind = data[1];
-    if (data[0] !== 0 || (kind !== 0 && kind !== 1)) throw new Error(`unsupported CDR encapsulation ${hexStart(data)}`);
-    this.#bytes = data;
-    this.#view = new DataView(data.buffer, data.byteOffset, data.byteLength);
-    this.#littleEndian = kind === 1;
+/** What reading an MCAP file yields, in file order. */
+export type McapReadEvent =
+  | { readonly kind: 'message'; readonly message: McapTypes.Message }
+  | { readonly kind: 'metadata'; readonly metadata: McapTypes.Metadata }
+  /** A chunk that failed its CRC or did not decompress. `lost`: channel id → log times of the
+   * messages it held, from the message index after it (undefined when there is none). */
+  | {
+      readonly kind: 'badChunk';
+      readonly offset: number;
+      readonly length: number;
+      readonly reason: string;
+      readonly lost: ReadonlyMap<number, readonly bigint[]> | undefined;
+    };
+
+/** Where and how the readable part of a file ended. */
+export interface McapEnd {
+  /** Bytes from the start that parse as whole records. */
+  readonly validBytes: number;
+  readonly fileBytes: number;
+  /** The data section ended properly (a DataEnd or footer record was reached). */
+  readonly complete: boolean;
+  /** Why reading stopped early (null when complete). */
+  readonly reason: string | null;
+}
+
+const MAGIC = Buffer.from([0x89, 0x4d, 0x43, 0x41, 0x50, 0x30, 0x0d, 0x0a]);
+const RECORD_HEADER = 9; // opcode u8 + content length u64
+/** Bytes read from the file at a time (records larger than this are read whole). */
+const READ_WINDOW = 4 * 1024 * 1024;
+
+/**
+ * An MCAP file opened for reading whatever it holds. With a readable summary, the channels,
+ * schemas and counts come from it; without one, from a first streaming pass (which also finds where
+ * the valid part ends). `read()` streams the data section again, one top-level record at a time,
+ * surviving bad chunks.
+ */
+export class McapFile {
+  readonly path: string;
+  readonly mode: 'indexed' | 'streamed';
+  /** Why the summary could not be used (null when it could). */
+  readonly summaryError: string | null;
+  readonly channels: ReadonlyMap<number, McapTypes.Channel>;
+  readonly schemas: ReadonlyMap<number, McapTypes.Schema>;
+  /** How the streaming scan ended (streamed mode only). */
+  readonly end: McapEnd | null;
+  /** Log time of the first message (0 when there is none). */
+  readonly startNs: bigint;
+  readonly #handle: FileHandle;
+  readonly #size: number;
+  readonly #decompressHandlers: McapTypes.DecompressHandlers;
+  readonly #counts: ReadonlyMap<number, number>;
+  /** Chunk start offset → the channels it holds (indexed mode, when the file has message indexes). */
+  readonly #chunkChannels: ReadonlyMap<number, ReadonlySet<number>>;
+  // What read() met (the scan of a file without summary takes its channels and end from them).
+  readonly #seenChannels = new Map<number, McapTypes.Channel>();
+  readonly #seenSchemas = new Map<number, McapTypes.Schema>();
+  #lastEnd: McapEnd | null = null;
+
+  private constructor(init: {
+    path: string;
+    handle: FileHandle;
+    size: number;
+    decompressHandlers: McapTypes.DecompressHandlers;
+    summaryError: string | null;
+    channels: ReadonlyMap<number, McapTypes.Channel>;
+    schemas: ReadonlyMap<number, McapTypes.Schema>;
+    counts: ReadonlyMap<number, number>;
+    chunkChannels: ReadonlyMap<number, ReadonlySet<number>>;
+    end: McapEnd | null;
+    startNs: bigint;
+  }) {
+    this.path = init.path;
+    this.#handle = init.handle;
+    this.#size = init.size;
+    this.#decompressHandlers = init.decompressHandlers;
+    this.summaryError = init.summaryError;
+    this.mode = init.summaryError === null ? 'indexed' : 'streamed';
+    this.channels = init.channels;
+    this.schemas = init.schemas;
+    this.#counts = init.counts;
+    this.#chunkChannels = init.chunkChannels;
+    this.end = init.end;
+    this.startNs = init.startNs;
   }
 
-  uint8(): number {
-    this.#need(1, 'uint8');
-    return this.#view.getUint8(this.#offset++);
-  }
-  int32(): number {
-    this.#align(4);
-    this.#need(4, 'int32');
-    const v = this.#view.getInt32(this.#offset, this.#littleEndian);
-    this.#offset += 4;
-    return v;
-  }
-  uint32(): number {
-    this.#align(4);
-    this.#need(4, 'uint32');
-    const v = this.#view.getUint32(this.#offset, this.#littleEndian);
-    this.#offset += 4;
-    return v;
-  }
-  /** A CDR string: uint32 length including the terminating NUL, the bytes, the NUL. */
-  string(): string {
-    const length = this.uint32();
-    if (length === 0) return '';
-    this.#need(length, 'string');
-    const bytes = this.#bytes.subarray(this.#offset, this.#offset + length - 1);
-    this.#offset += length;
-    return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('utf8');
-  }
-  /** uint8[]: uint32 count, then the bytes (a view, not a copy). */
-  uint8Sequence(): Uint8Array {
-    const length = this.uint32();
-    this.#need(length, 'uint8[]');
-    const bytes = this.#bytes.subarray(this.#offset, this.#offset + length);
-    this.#offset += length;
-    return bytes;
-  }
-
-  #align(size: number): void {
-    const rel = this.#offset - 4;
-    this.#offset += (size - (rel % size)) % size;
-  }
-  #need(size: number, what: string): void {
-    if (this.#offset + size > this.#bytes.length) {
-      throw new Error(`CDR payload truncated: ${what} of ${size} bytes at offset ${this.#offset} runs past ${this.#bytes.length}`);
+  /** Opens `path`: throws (naming it) when it cannot be opened or does not start as MCAP. */
+  static async open(path: string): Promise<McapFile> {
+    let handle: FileHandle;
+    try {
+      handle = await open(path, 'r');
+    } catch (err) {
+      throw new Error(`bag source: cannot open ${path}: ${(err as Error).message}`, { cause: err });
+    }
+    try {
+      const size = (await handle.stat()).size;
+      const head = Buffer.alloc(MAGIC.length);
+      await handle.read(head, 0, head.length, 0);
+      if (size < MAGIC.length || !head.equals(MAGIC)) {
+        throw new Error(`bag source: ${path} is not an MCAP file (it does not start with the MCAP magic; ${size} bytes)`);
+      }
+      const decompressHandlers = await loadDecompressHandlers();
+      let reader: McapIndexedReader | undefined;
+      let summaryError: string | null = null;
+      try {
+        reader = await McapIndexedReader.Initialize({ readable: new FileHandleReadable(handle), decompressHandlers });
+        if (reader.chunkIndexes.length === 0 && reader.channelsById.size === 0) summaryError = 'its summary lists no channels';
+        else if (!reader.statistics) summaryError = 'its summary has no statistics';
+      } catch (err) {
+        summaryError = `no readable summary (${(err as Error).message})`;
+      }
+      if (reader && summaryError === null) {
+        const chunkChannels = new Map<number, ReadonlySet<number>>();
+        for (const chunk of reader.chunkIndexes) {
+          if (chunk.messageIndexOffsets.size > 0)
+            chunkChannels.set(Number(chunk.chunkStartOffset), new Set(chunk.messageIndexOffsets.keys()));
+        }
+        const counts = new Map([...reader.statistics!.channelMessageCounts].map(([id, n]) => [id, Number(n)]));
+        return new McapFile({
+          path,
+          handle,
+          size,
+          decompressHandlers,
+          summaryError,
+          channels: reader.channelsById,
+          schemas: reader.schemasById,
+          counts,
+          chunkChannels,
+          end: null,
+          startNs: reader.statistics!.messageStartTime,
+        });
+      }
+      // No usable summary: one streaming pass finds the channels, the counts and where it ends.
+      const scan = new McapFile({
+        path,
+        handle,
+        size,
+        decompressHandlers,
+        summaryError,
+        channels: new Map(),
+        schemas: new Map(),
+        counts: new Map(),
+        chunkChannels: new Map(),
+        end: null,
+        startNs: 0n,
+      });
+      const counts = new Map<number, number>();
+      let startNs: bigint | undefined;
+      for await (const event of scan.read()) {
+        if (event.kind !== 'message') continue;
+        counts.set(event.message.channelId, (counts.get(event.message.channelId) ?? 0) + 1);
+        if (startNs === undefined || event.message.logTime < startNs) startNs = event.message.logTime;
+      }
+      return new McapFile({
+        path,
+        handle,
+        size,
+        decompressHandlers,
+        summaryError,
+        channels: scan.#seenChannels,
+        schemas: scan.#seenSchemas,
+        counts,
+        chunkChannels: new Map(),
+        end: scan.#lastEnd,
+        startNs: startNs ?? 0n,
+      });
+    } catch (err) {
+      await handle.close();
+      throw err;
     }
   }
+
+  /** Messages on a channel (0 when unknown). */
+  countOf = (channelId: number): number => this.#counts.get(channelId) ?? 0;
+
+  get totalMessages(): number {
+    let n = 0;
+    for (const count of this.#counts.values()) n += count;
+    return n;
+  }
+
+  describeChannel(channelId: number): string {
+    const channel = this.channels.get(channelId);
+    const schema = channel ? this.schemas.get(channel.schemaId) : undefined;
+    return `${schema ? schema.name : '(no schema)'}, ${channel?.messageEncoding ?? '?'}`;
+  }
+
+  /**
+   * The data section in file order: messages (of `channels` only, when given), metadata, and the
+   * chunks that could not be read. Stops at the end of the data section, or where the file stops
+   * being valid (see `lastEnd`).
+   */
+  async *read(channels?: ReadonlySet<number>): AsyncGenerator<McapReadEvent> {
+    const window = new FileWindow(this.#handle, this.#size);
+    const newReader = (): McapStreamReader => {
+      // A fresh reader (after a bad record) learns the schemas and channels met so far first.
+      const reader = new McapStreamReader({ noMagicPrefix: true, decompressHandlers: this.#decompressHandlers, validateCrcs: true });
+      const builder = new McapRecordBuilder();
+      for (const schema of [...this.schemas.values(), ...this.#seenSchemas.values()]) builder.writeSchema(schema);
+      for (const channel of [...this.channels.values(), ...this.#seenChannels.values()]) builder.writeChannel(channel);
+      if (builder.length > 0) {
+        reader.append(builder.buffer);
+        while (reader.nextRecord());
+      }
+      return reader;
+    };
+    let reader = newReader();
+    let offset = MAGIC.length;
+    let end: McapEnd | undefined;
+    let bad: { offset: number; length: number; reason: string; lost: Map<number, bigint[]> | undefined } | undefined;
+    const flushBad = function* (): Generator<McapReadEvent> {
+      if (bad) yield { kind: 'badChunk', ...bad };
+      bad = undefined;
+    };
+    while (!end) {
+      if (offset + RECORD_HEADER > this.#size) {
+        end = this.#ended(
+          offset,
+          offset === this.#size
+            ? 'the file ends without a footer (not closed: a crashed recording?)'
+            : 'the file ends inside a record header',
+        );
+        break;
+      }
+      const header = await window.bytes(offset, RECORD_HEADER);
+      const opcode = header[0]!;
+      const length = Number(Buffer.from(header.buffer, header.byteOffset + 1, 8).readBigUInt64LE());
+      const recordEnd = offset + RECORD_HEADER + length;
+      if (recordEnd > this.#size) {
+        end = this.#ended(
+          offset,
+          `the file ends inside a record (opcode ${opcode}, ${length} bytes, ${recordEnd - this.#size} of them missing)`,
+        );
+        break;
+      }
+      if (opcode === Opcode.FOOTER || opcode === Opcode.DATA_END) {
+        end = { validBytes: offset, fileBytes: this.#size, complete: true, reason: null };
+        break;
+      }
+      if (opcode !== Opcode.MESSAGE_INDEX) yield* flushBad();
+      const wanted =
+        opcode === Opcode.CHUNK
+          ? !channels || !this.#chunkChannels.has(offset) || [...this.#chunkChannels.get(offset)!].some((c) => channels.has(c))
+          : opcode === Opcode.MESSAGE_INDEX
+            ? bad !== undefined
+            : FED_OPCODES.has(opcode);
+      if (wanted) {
+        const records: TypedMcapRecord[] = [];
+        try {
+          reader.append(await window.bytes(offset, RECORD_HEADER + length));
+          for (let record; (record = reader.nextRecord());) records.push(record);
+        } catch (err) {
+          const reason = (err as Error).message.replace(/ \[(library=.*|no header)\]$/, '');
+          if (opcode !== Opcode.CHUNK) {
+            end = this.#ended(offset, `the record at byte ${offset} (opcode ${opcode}) does not parse: ${reason}`);
+            break;
+          }
+          reader = newReader();
+          bad = { offset, length: RECORD_HEADER + length, reason, lost: undefined };
+          records.length = 0; // a chunk's records are all or nothing
+        }
+        for (const record of records) {
+          if (record.type === 'Schema') this.#seenSchemas.set(record.id, record);
+          else if (record.type === 'Channel') this.#seenChannels.set(record.id, record);
+          else if (record.type === 'Message') {
+            if (!channels || channels.has(record.channelId)) yield { kind: 'message', message: record };
+          } else if (record.type === 'Metadata') yield { kind: 'metadata', metadata: record };
+          else if (record.type === 'MessageIndex' && bad) {
+            bad.lost ??= new Map();
+            bad.lost.set(
+              record.channelId,
+              record.records.map(([logTime]) => logTime),
+            );
+          }
+        }
+      }
+      offset = recordEnd;
+    }
+    yield* flushBad();
+    this.#lastEnd = end;
+  }
+
+  #ended(offset: number, reason: string): McapEnd {
+    return { validBytes: offset, fileBytes: this.#size, complete: false, reason };
+  }
+
+  async close(): Promise<void> {
+    await this.#handle.close();
+  }
 }
 
-/** std_msgs/Header: builtin_interfaces/Time stamp (int32 sec, uint32 nanosec), string frame_id. */
-function skipRosHeader(cdr: CdrReader): void {
-  cdr.int32();
-  cdr.uint32();
-  cdr.string();
+/** The top-level records the stream reader is given (others are passed over unread). */
+const FED_OPCODES: ReadonlySet<number> = new Set([Opcode.HEADER, Opcode.SCHEMA, Opcode.CHANNEL, Opcode.MESSAGE, Opcode.METADATA]);
+
+function describeEnd(end: McapEnd): string {
+  return end.complete
+    ? `the data section is complete (${end.validBytes} bytes)`
+    : `valid up to byte ${end.validBytes} of ${end.fileBytes}: ${end.reason}`;
 }
 
-// ---- pacing (kept in step with the other sources) ------------------------------------------------
+/** Reads a file through one buffer of READ_WINDOW bytes, in order. */
+class FileWindow {
+  readonly #handle: FileHandle;
+  readonly #size: number;
+  #storage = Buffer.alloc(0);
+  #buffer = Buffer.alloc(0);
+  #start = 0;
+
+  constructor(handle: FileHandle, size: number) {
+    this.#handle = handle;
+    this.#size = size;
+  }
+
+  /** `length` bytes at `offset` (a view, valid until the next call). */
+  async bytes(offset: number, length: number): Promise<Uint8Array> {
+    if (offset < this.#start || offset + length > this.#start + this.#buffer.length) {
+      const size = Math.min(Math.max(length, READ_WINDOW), this.#size - offset);
+      if (this.#storage.length < size) this.#storage = Buffer.allocUnsafe(size);
+      const { bytesRead } = await this.#handle.read(this.#storage, 0, size, offset);
+      if (bytesRead < length) throw new Error(`read ${bytesRead} of ${length} bytes at ${offset}`);
+      this.#start = offset;
+      this.#buffer = this.#storage.subarray(0, bytesRead);
+    }
+    return this.#buffer.subarray(offset - this.#start, offset - this.#start + length);
+  }
+}

@@ -7,7 +7,9 @@
 // Frames are cut at the JPEG end marker (entropy-coded data escapes 0xFF, so FFD9 only ends an
 // image). Timestamps: showinfo logs each frame's presentation time (with -copyts, the stream's own
 // time) on stderr, in the same order as the frames on stdout; the two are paired by order and the
-// pts becomes the frame's source stamp. The capture time is when the frame arrived.
+// pts becomes the frame's source stamp. The capture time is when the frame arrived. A frame ffmpeg
+// did not finish (it ended mid-frame, or wrote more than MAX_FRAME_BYTES without an end marker) is
+// a rejected frame, so that the run counts it.
 // Supervision: when ffmpeg ends, `restart` decides (on-failure: after a crash or an error exit;
 // always: also after a clean end; never). Each restart is counted, reported as a `restart` incident
 // with ffmpeg's last error line, and delayed by a backoff that doubles (backoffMs … maxBackoffMs) and
@@ -16,7 +18,7 @@ import { spawn, spawnSync, type ChildProcessByStdio } from 'node:child_process';
 import type { Readable } from 'node:stream';
 import type { Clock } from '../pipeline/clock.ts';
 import type { FfmpegSourceConfig } from '../pipeline/config.ts';
-import type { FrameSource, SourceIncident, SourceItem, Stamp } from '../pipeline/types.ts';
+import type { FrameSource, SourceIncident, SourceItem, SourceRejection, Stamp } from '../pipeline/types.ts';
 import type { CameraFrame } from './payloads.ts';
 
 export type FfmpegSourceOptions = Pick<FfmpegSourceConfig, 'url'> &
@@ -30,6 +32,8 @@ export interface FfmpegSourceCounters {
   readonly restarts: number;
   /** Frames that came without a timestamp line (yielded with a null source stamp). */
   readonly unstamped: number;
+  /** Frames ffmpeg did not finish (yielded as rejected frames). */
+  readonly rejected: number;
 }
 
 export interface FfmpegSource extends FrameSource<CameraFrame> {
@@ -38,6 +42,11 @@ export interface FfmpegSource extends FrameSource<CameraFrame> {
   readonly pid: number | undefined;
   /** ffmpeg's arguments. */
   readonly args: readonly string[];
+  frames(
+    clock: Clock,
+    signal: AbortSignal,
+    report?: (incident: SourceIncident) => void,
+  ): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection>;
 }
 
 /** Largest JPEG accepted before the stream is considered broken (a missing end marker). */
@@ -112,14 +121,14 @@ export function createFfmpegSource(options: FfmpegSourceOptions): FfmpegSource {
     'pipe:1',
   ]);
   const id = options.id ?? `ffmpeg:${url}`;
-  const counters = { frames: 0, restarts: 0, unstamped: 0 };
+  const counters = { frames: 0, restarts: 0, unstamped: 0, rejected: 0 };
   let running: FfmpegRun | undefined;
 
   async function* generate(
     clock: Clock,
     signal: AbortSignal,
     report?: (incident: SourceIncident) => void,
-  ): AsyncGenerator<SourceItem<CameraFrame>> {
+  ): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection> {
     let inARow = 0;
     let delayMs = backoffMs;
     while (!signal.aborted) {
@@ -128,6 +137,17 @@ export function createFfmpegSource(options: FfmpegSourceOptions): FfmpegSource {
         for (;;) {
           const next = await run.next();
           if (next.kind === 'exit' || signal.aborted) break;
+          if (next.kind === 'rejected') {
+            counters.rejected += 1;
+            yield {
+              sourceId: id,
+              captureNs: clock.nowNs(),
+              captureWallMs: clock.wallMs(),
+              rejected: next.cause,
+              detail: `${url}: ${next.detail}`,
+            };
+            continue;
+          }
           inARow = 0;
           delayMs = backoffMs;
           counters.frames += 1;
@@ -187,12 +207,23 @@ export function createFfmpegSource(options: FfmpegSourceOptions): FfmpegSource {
   };
 }
 
-type RunEvent = { readonly kind: 'frame'; readonly data: Buffer; readonly stamp: Stamp | null } | { readonly kind: 'exit' };
+/** A frame ffmpeg began but did not finish. */
+interface Unfinished {
+  readonly cause: string;
+  readonly detail: string;
+}
 
-/** One ffmpeg process: its JPEGs paired with its showinfo timestamps, then its exit. */
+type RunEvent =
+  | { readonly kind: 'frame'; readonly data: Buffer; readonly stamp: Stamp | null }
+  | ({ readonly kind: 'rejected' } & Unfinished)
+  | { readonly kind: 'exit' };
+
+/** One ffmpeg process: its JPEGs (and unfinished frames) paired with its showinfo timestamps, then its exit. */
 class FfmpegRun {
   readonly #proc: ChildProcessByStdio<null, Readable, Readable>;
-  readonly #jpegs: Buffer[] = [];
+  readonly #signal: AbortSignal;
+  readonly #jpegs: (Buffer | Unfinished)[] = [];
+  #stopping = false;
   readonly #stamps: (Stamp | null)[] = [];
   #pending: Buffer = Buffer.alloc(0);
   #stderr = '';
@@ -202,6 +233,7 @@ class FfmpegRun {
   #lastError = '';
 
   constructor(ffmpegPath: string, args: readonly string[], signal: AbortSignal) {
+    this.#signal = signal;
     this.#proc = spawn(ffmpegPath, args, { stdio: ['ignore', 'pipe', 'pipe'], signal });
     this.#proc.stdout.on('data', (chunk: Buffer) => this.#onStdout(chunk));
     this.#proc.stderr.setEncoding('utf8').on('data', (text: string) => this.#onStderr(text));
@@ -212,6 +244,11 @@ class FfmpegRun {
     this.#exited = new Promise((resolve) =>
       this.#proc.on('close', (code, signalName) => {
         this.#flushStderr();
+        // Bytes of a frame left when ffmpeg ended by itself: a frame it did not finish.
+        if (this.#pending.length > 0 && !this.#stopping && !this.#signal.aborted) {
+          this.#jpegs.push({ cause: 'unfinished JPEG', detail: `ffmpeg ended ${this.#pending.length} bytes into a frame` });
+        }
+        this.#pending = Buffer.alloc(0);
         this.exitStatus = { code, signalName, lastError: this.#lastError };
         resolve();
         this.#notify();
@@ -226,7 +263,9 @@ class FfmpegRun {
   async next(): Promise<RunEvent> {
     for (;;) {
       if (this.#jpegs.length > 0 && (this.#stamps.length > 0 || this.exitStatus)) {
-        return { kind: 'frame', data: this.#jpegs.shift()!, stamp: this.#stamps.length > 0 ? this.#stamps.shift()! : null };
+        const jpeg = this.#jpegs.shift()!;
+        const stamp = this.#stamps.length > 0 ? this.#stamps.shift()! : null;
+        return Buffer.isBuffer(jpeg) ? { kind: 'frame', data: jpeg, stamp } : { kind: 'rejected', ...jpeg };
       }
       if (this.exitStatus) return { kind: 'exit' };
       await new Promise<void>((resolve) => (this.#wake = resolve));
@@ -234,6 +273,7 @@ class FfmpegRun {
   }
 
   async stop(): Promise<void> {
+    this.#stopping = true;
     if (!this.exitStatus) this.#proc.kill('SIGTERM');
     await this.#exited;
   }
@@ -257,6 +297,8 @@ class FfmpegRun {
     }
     if (data.length > MAX_FRAME_BYTES) {
       this.#lastError = `a frame of more than ${MAX_FRAME_BYTES} bytes without a JPEG end marker`;
+      this.#jpegs.push({ cause: 'unfinished JPEG', detail: this.#lastError });
+      found = true;
       this.#proc.kill('SIGKILL');
       data = Buffer.alloc(0);
     }

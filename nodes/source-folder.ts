@@ -1,13 +1,13 @@
 // source-folder: the JPEG and PNG files of one folder, in name order (numeric-aware: frame2 before
 // frame10), at a fixed fps; optionally looping. The type is read from the file's first bytes, not
-// its extension. A file that vanished or is not an image is counted and skipped, like a bad bag
-// message; a missing folder, or one without images, is fatal.
+// its extension. A file that vanished or is not an image is a rejected frame (counted in the run's
+// summary with the reason), like a bad bag message; a missing folder, or one without images, is fatal.
 // Pacing as source-pattern: frame i is due at start + i/fps (no drift); a VirtualClock is advanced.
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Clock } from '../pipeline/clock.ts';
 import type { CameraFrame } from './payloads.ts';
-import type { FrameSource, SourceItem } from '../pipeline/types.ts';
+import type { FrameSource, SourceItem, SourceRejection } from '../pipeline/types.ts';
 import { waitUntilDue, wallMsAt } from '../pipeline/pacing.ts';
 
 export interface FolderSourceOptions {
@@ -36,6 +36,7 @@ export interface FolderSource extends FrameSource<CameraFrame> {
   readonly files: readonly string[];
   readonly counters: FolderSourceCounters;
   readonly issues: readonly FolderIssue[];
+  frames(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection>;
 }
 
 const IMAGE_NAME = /\.(jpe?g|png)$/i;
@@ -71,7 +72,7 @@ export async function createFolderSource(options: FolderSourceOptions): Promise<
     onIssue?.(issue);
   };
 
-  async function* generate(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame>> {
+  async function* generate(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection> {
     const startNs = clock.nowNs();
     let slot = 0;
     do {
@@ -79,18 +80,25 @@ export async function createFolderSource(options: FolderSourceOptions): Promise<
       for (const name of files) {
         if (signal.aborted) return;
         counters.read += 1;
-        let payload: CameraFrame;
+        let payload: CameraFrame | undefined;
+        let problem: FolderIssue | undefined;
         try {
           payload = toFrame(await readFile(join(path, name)));
         } catch (err) {
-          report({ file: name, reason: (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'file vanished' : (err as Error).message });
-          continue;
+          problem = { file: name, reason: (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'file vanished' : (err as Error).message };
+          report(problem);
         }
         const dueNs = startNs + BigInt(slot++) * periodNs;
         const captureNs = await waitUntilDue(clock, dueNs, signal);
         if (captureNs === null) return;
+        const captureWallMs = wallMsAt(clock, captureNs);
+        if (problem) {
+          const [cause] = problem.reason.split(' (', 1);
+          yield { sourceId: id, captureNs, captureWallMs, rejected: cause!, detail: `${join(path, name)}: ${problem.reason}` };
+          continue;
+        }
         counters.yielded += 1;
-        yield { sourceId: id, captureNs, captureWallMs: wallMsAt(clock, captureNs), payload };
+        yield { sourceId: id, captureNs, captureWallMs, payload: payload! };
       }
       // A pass without one good image would loop forever without producing a frame.
       if (counters.yielded === yieldedBefore) return;
@@ -114,5 +122,3 @@ function toFrame(data: Buffer): CameraFrame {
   if (data.length >= 8 && data.readUInt32BE(0) === 0x89504e47 && data.readUInt32BE(4) === 0x0d0a1a0a) return { encoding: 'png', data };
   throw new Error(`not a JPEG or PNG file (${data.length} bytes, starts ${data.subarray(0, 4).toString('hex') || '(empty)'})`);
 }
-
-// ---- pacing (kept in step with the other sources) ------------------------------------------------

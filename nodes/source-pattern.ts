@@ -29,6 +29,8 @@ export interface PatternSourceCounters {
 
 export interface PatternSource extends FrameSource<CameraFrame> {
   readonly counters: PatternSourceCounters;
+  /** A generated pattern never rejects a frame. */
+  frames(clock: Clock, signal: AbortSignal): AsyncIterable<SourceItem<CameraFrame>>;
 }
 
 /** Bits of the frame counter drawn along the bottom edge. */

@@ -2,7 +2,8 @@
 // waits when percept is behind) or a SUB socket (the newest frames; a PUB drops for a slow
 // subscriber). A message is [header, image] or [topic, header, image]; the header is JSON
 // (configs/wire/frame-header.schema.json: stamp, frame_id, encoding, width, height, step). A message
-// that does not fit is counted and dropped with a `malformed` incident, and the source goes on.
+// that does not fit is a rejected frame (the graph counts it and drops it as 'rejected' with its
+// cause), and the source goes on.
 // The capture time is the arrival time on the pipeline clock (the pusher's clock may be a
 // simulation's); the pusher's stamp travels unconverted as the frame's source stamp.
 // The socket is made (and bound or connected) by createZmqSource, so a bad endpoint fails at start.
@@ -12,7 +13,7 @@ import { Pull, Subscriber, curveKeyPair } from 'zeromq';
 import type { Clock } from '../pipeline/clock.ts';
 import type { ZmqSourceConfig } from '../pipeline/config.ts';
 import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../pipeline/endpoint.ts';
-import type { FrameSource, SourceIncident, SourceItem, Stamp } from '../pipeline/types.ts';
+import type { FrameSource, SourceItem, SourceRejection, Stamp } from '../pipeline/types.ts';
 import { formatAjvErrors } from './action-schema.ts';
 import type { CameraFrame, FrameEncoding } from './payloads.ts';
 
@@ -26,13 +27,15 @@ export type ZmqSourceOptions = Omit<ZmqSourceConfig, 'kind' | 'curve' | 'insecur
 export interface ZmqSourceCounters {
   readonly received: number;
   readonly yielded: number;
-  readonly malformed: number;
+  /** Messages that did not fit (yielded as rejected frames). */
+  readonly rejected: number;
 }
 
 export interface ZmqSource extends FrameSource<CameraFrame> {
   /** The endpoint bound or connected (a bind's wildcard port resolved). */
   readonly endpoint: string;
   readonly counters: ZmqSourceCounters;
+  frames(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection>;
   close(): Promise<void>;
 }
 
@@ -89,13 +92,9 @@ export async function createZmqSource(options: ZmqSourceOptions): Promise<ZmqSou
   if (socket instanceof Subscriber) socket.subscribe(topic);
   const where = (bind && socket.lastEndpoint) || endpoint;
   const id = options.id ?? `zmq:${where}`;
-  const counters = { received: 0, yielded: 0, malformed: 0 };
+  const counters = { received: 0, yielded: 0, rejected: 0 };
 
-  async function* generate(
-    clock: Clock,
-    signal: AbortSignal,
-    report?: (incident: SourceIncident) => void,
-  ): AsyncGenerator<SourceItem<CameraFrame>> {
+  async function* generate(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection> {
     // Closing the socket ends a pending receive (EAGAIN): that is how an abort ends the loop.
     const onAbort = (): void => socket.close();
     signal.addEventListener('abort', onAbort, { once: true });
@@ -114,8 +113,10 @@ export async function createZmqSource(options: ZmqSourceOptions): Promise<ZmqSou
         try {
           item = toItem(frames, validate, id, captureNs, clock.wallMs());
         } catch (err) {
-          counters.malformed += 1;
-          report?.({ kind: 'malformed', detail: `message ${counters.received}: ${(err as Error).message}` });
+          counters.rejected += 1;
+          const [rejected, ...particulars] = (err as Error).message.split(': ');
+          const detail = [`message ${counters.received}`, ...particulars].join(': ');
+          yield { sourceId: id, captureNs, captureWallMs: clock.wallMs(), rejected: rejected!, detail };
           continue;
         }
         counters.yielded += 1;
@@ -157,7 +158,8 @@ function compileHeaderSchema(): ValidateFunction {
   return ajv.compile(JSON.parse(readFileSync(HEADER_SCHEMA, 'utf8')) as object);
 }
 
-/** One message → one source item, or an Error saying what is wrong with it. */
+/** One message → one source item, or an Error saying what is wrong with it: `cause: particulars`
+ * (the summaries count rejected frames by the cause). */
 function toItem(
   frames: Buffer[],
   validate: ValidateFunction,
@@ -166,31 +168,32 @@ function toItem(
   captureWallMs: number,
 ): SourceItem<CameraFrame> {
   if (frames.length !== 2 && frames.length !== 3)
-    throw new Error(`expected [header, image] or [topic, header, image] but got ${frames.length} frames`);
+    throw new Error(`wrong number of message frames: expected [header, image] or [topic, header, image] but got ${frames.length}`);
   const [headerBytes, data] = frames.slice(-2) as [Buffer, Buffer];
   let header: unknown;
   try {
     header = JSON.parse(headerBytes.toString('utf8'));
   } catch {
     throw new Error(
-      `the header is not JSON (${headerBytes.length} bytes, starts ${JSON.stringify(headerBytes.subarray(0, 16).toString('latin1'))})`,
+      `the header is not JSON: ${headerBytes.length} bytes, starts ${JSON.stringify(headerBytes.subarray(0, 16).toString('latin1'))}`,
     );
   }
   if (!validate(header)) throw new Error(`the header does not fit the frame header schema: ${formatAjvErrors(validate.errors)}`);
   const { stamp, frame_id, encoding, width, height, step } = header as FrameHeader;
-  if (data.length === 0) throw new Error('the image is empty');
+  if (data.length === 0) throw new Error('the image is empty: 0 bytes');
   const bpp = BYTES_PER_PIXEL[encoding];
   if (bpp === 0) {
     const jpeg = data[0] === 0xff && data[1] === 0xd8;
     const png = data.length >= 8 && data.readUInt32BE(0) === 0x89504e47;
     if ((encoding === 'jpeg' && !jpeg) || (encoding === 'png' && !png))
-      throw new Error(`the image is not ${encoding} (starts ${data.subarray(0, 4).toString('hex')})`);
+      throw new Error(`the image is not its encoding: not ${encoding} (starts ${data.subarray(0, 4).toString('hex')})`);
   } else {
     const rowBytes = width! * bpp;
     const stride = step ?? rowBytes;
-    if (stride < rowBytes) throw new Error(`step ${stride} is smaller than width × ${bpp} = ${rowBytes}`);
+    if (stride < rowBytes) throw new Error(`step too small: step ${stride} is smaller than width × ${bpp} = ${rowBytes}`);
     const need = stride * (height! - 1) + rowBytes;
-    if (data.length < need) throw new Error(`${data.length} bytes of ${encoding}, need ${need} for ${width}×${height} step ${stride}`);
+    if (data.length < need)
+      throw new Error(`the image is too short: ${data.length} bytes of ${encoding}, need ${need} for ${width}×${height} step ${stride}`);
   }
   return {
     sourceId: frame_id ?? sourceId,

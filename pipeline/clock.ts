@@ -6,17 +6,24 @@ export interface Clock {
   nowNs(): bigint;
   /** Wall-clock time in milliseconds since the Unix epoch (for stamps humans read). */
   wallMs(): number;
+  /** Unix time (ns since the epoch) of the instant `ns` on this clock: what recordings stamp. */
+  unixNs(ns: bigint): bigint;
   /** True when time only moves when someone advances it (replay). */
   readonly virtual: boolean;
 }
 
 export class RealClock implements Clock {
   readonly virtual = false;
+  // Fixed once, so that Unix stamps keep the monotonic clock's order and spacing.
+  readonly #unixOffsetNs = BigInt(Date.now()) * 1_000_000n - process.hrtime.bigint();
   nowNs(): bigint {
     return process.hrtime.bigint();
   }
   wallMs(): number {
     return Date.now();
+  }
+  unixNs(ns: bigint): bigint {
+    return ns + this.#unixOffsetNs;
   }
 }
 
@@ -36,6 +43,9 @@ export class VirtualClock implements Clock {
   }
   wallMs(): number {
     return this.#wallOriginMs + Number(this.#ns / 1_000_000n);
+  }
+  unixNs(ns: bigint): bigint {
+    return BigInt(Math.round(this.#wallOriginMs)) * 1_000_000n + ns;
   }
   /** Moves time forward by `deltaNs` (never backwards). */
   advance(deltaNs: bigint): void {

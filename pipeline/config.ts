@@ -21,7 +21,15 @@ import type { Knobs } from './types.ts';
 
 export type SourceConfig =
   | { readonly kind: 'pattern'; readonly fps: number; readonly frames: number; readonly width: number; readonly height: number }
-  | { readonly kind: 'bag'; readonly path: string; readonly topic: string; readonly rate: number; readonly loop: boolean }
+  | {
+      readonly kind: 'bag';
+      readonly path: string;
+      readonly topic?: string;
+      readonly type?: string;
+      readonly pace: 'recorded' | 'fast';
+      readonly rate: number;
+      readonly loop: boolean;
+    }
   | { readonly kind: 'folder'; readonly path: string; readonly fps: number }
   | FfmpegSourceConfig
   | ZmqSourceConfig;
@@ -170,19 +178,22 @@ export interface PerceptConfig {
   readonly actions: { readonly schema: string };
   readonly publisher: PublisherConfig;
   readonly control: ControlConfig;
-  readonly recorder: { readonly enabled: boolean; readonly path: string };
+  readonly recorder: { readonly enabled: boolean; readonly path: string; readonly frames: boolean; readonly chunkMs: number };
   readonly budgets: BudgetsConfig;
   /** `default` plus optional per-stage entries. */
   readonly edges: Readonly<Record<string, EdgePolicy>> & { readonly default: EdgePolicy };
   readonly ladder: LadderConfig;
   readonly clock: 'real' | 'virtual';
-  /** Stage name → service time (ms) charged on a virtual clock, one value or one per ladder level. */
+  /** Virtual clock only: the next frame enters when the previous one has ended (every frame is processed). */
+  readonly lockstep: boolean;
+  /** Stage name → service time (ms) charged on a virtual clock, one value or one per ladder level
+   * (a calibration file named in the config file is read into this). */
   readonly virtualServiceMs: Readonly<Record<string, number | readonly number[]>>;
   readonly telemetry: TelemetryConfig;
 }
 
 /** The part of the config the graph runtime reads. */
-export type GraphConfig = Pick<PerceptConfig, 'budgets' | 'edges' | 'ladder' | 'clock' | 'virtualServiceMs' | 'telemetry'>;
+export type GraphConfig = Pick<PerceptConfig, 'budgets' | 'edges' | 'ladder' | 'clock' | 'lockstep' | 'virtualServiceMs' | 'telemetry'>;
 
 export interface ConfigIssue {
   /** JSON pointer into the config ('' is the whole document). */
@@ -255,6 +266,8 @@ export function loadConfig(input: string | object): PerceptConfig {
   if (typeof input === 'string') resolvePaths(data, pathFields, dirname(resolve(input)));
   const cameraIssues = prepareCameras(data, typeof input === 'string' ? dirname(resolve(input)) : undefined);
   if (cameraIssues.length > 0) throw new ConfigError(origin, cameraIssues);
+  const calibrationIssue = inlineCalibration(data, typeof input === 'string' ? dirname(resolve(input)) : process.cwd());
+  if (calibrationIssue) throw new ConfigError(origin, [calibrationIssue]);
   const validate = compileSchema();
   if (!validate(data)) throw new ConfigError(origin, describeAjvErrors(validate.errors ?? []));
   const cameraSchemaIssues = validateCameras(data, validate);
@@ -268,6 +281,24 @@ export function loadConfig(input: string | object): PerceptConfig {
   const issues = checkSemantics(config);
   if (issues.length > 0) throw new ConfigError(origin, issues);
   return config;
+}
+
+/** A `virtualServiceMs` that names a calibration file (`percept calibrate`) is replaced by the
+ * file's measured service times; the schema then checks them like any others. */
+function inlineCalibration(data: unknown, base: string): ConfigIssue | undefined {
+  if (!isRecord(data) || typeof data.virtualServiceMs !== 'string' || data.virtualServiceMs === '') return undefined;
+  const path = resolve(base, data.virtualServiceMs);
+  let file: unknown;
+  try {
+    file = JSON.parse(readFileSync(path, 'utf8'));
+  } catch (err) {
+    return { path: '/virtualServiceMs', message: `cannot read the calibration file ${path} (${(err as Error).message})` };
+  }
+  if (!isRecord(file) || file.kind !== 'percept.calibration' || !isRecord(file.virtualServiceMs)) {
+    return { path: '/virtualServiceMs', message: `${path} is not a calibration file written by percept calibrate` };
+  }
+  data.virtualServiceMs = file.virtualServiceMs;
+  return undefined;
 }
 
 /** The file path at data[keys[0]][keys[1]]…, if there is one: a non-empty string that is no
@@ -434,6 +465,9 @@ function checkSemantics(config: PerceptConfig): ConfigIssue[] {
     }
     knobs = { ...knobs, ...rung };
   });
+  if (config.lockstep && config.clock !== 'virtual') {
+    issues.push({ path: '/lockstep', message: 'needs /clock "virtual" (lockstep replays on the virtual clock)' });
+  }
   if (ladder.minSamples > ladder.window) {
     issues.push({ path: '/ladder/minSamples', message: `must be at most /ladder/window (${ladder.window}) but is ${ladder.minSamples}` });
   }

@@ -17,11 +17,16 @@ export interface FrameMeta {
   readonly captureNs: bigint;
   /** Capture time as wall clock (ms since epoch), for humans and the wire. */
   readonly captureWallMs: number;
+  /** The input's time, Unix ns (a bag message's log time), carried to every output made from it so
+   * that recordings line up outputs with the input; the graph sets it (by default the capture time
+   * on the Unix time line). */
+  readonly stampNs?: bigint;
   /** captureNs + end-to-end budget: after this the frame is worthless to the robot. */
   readonly deadlineNs: bigint;
   /** Degrade level of the ladder when the frame entered the graph (0 = full quality). */
   readonly degradeLevel: number;
-  /** The capture time in the source's own time base (bag stamp, stream pts, pusher stamp), if it has one. */
+  /** The capture time as the source stated it, in its own time base and unconverted (a bag
+   * message's log time, a stream's pts, a pusher's stamp), if it has one: the wire's source_stamp. */
   readonly sourceStamp?: Stamp | null;
 }
 
@@ -55,6 +60,7 @@ export type DropReason =
   | 'skipped' // frame skip rung of the ladder
   | 'error' // the stage threw for this frame
   | 'invalid' // output failed validation (e.g. action schema)
+  | 'rejected' // the source could not turn the input into a frame (corrupt message, not an image)
   | 'shutdown'; // in flight when the pipeline stopped
 
 /** Stage-reported events (the runtime adds span/drop/degrade events itself). */
@@ -113,24 +119,55 @@ export interface SourceItem<T> {
   /** Capture time on the pipeline clock. Replay sources advance a VirtualClock to it first. */
   readonly captureNs: bigint;
   readonly captureWallMs: number;
+  /** The input's own stamp, Unix ns (a bag message's log time); default: the capture time. */
+  readonly stampNs?: bigint;
   /** The capture time in the source's own time base, unconverted (see FrameMeta.sourceStamp). */
   readonly sourceStamp?: Stamp | null;
   readonly payload: T;
 }
 
-/** What a source reports besides frames: an input process restarted or ended, an input message it
- * could not use (counted, never a frame). */
+/** An input the source read but could not turn into a payload (a corrupt bag message, a file that
+ * is not an image, a malformed frame message). It enters the graph as a frame and is dropped
+ * 'rejected', so that frames in = out + drops counts it and the summaries show why. */
+export interface SourceRejection {
+  readonly sourceId: string;
+  readonly captureNs: bigint;
+  readonly captureWallMs: number;
+  readonly stampNs?: bigint;
+  /** Short and stable (the summaries count drops by it), e.g. 'chunk failed its CRC check'. */
+  readonly rejected: string;
+  /** This input's particulars: where it was and what was wrong with it. */
+  readonly detail?: string;
+}
+
+export const isRejection = <T>(item: SourceItem<T> | SourceRejection): item is SourceRejection => 'rejected' in item;
+
+/** What a source reports besides its frames, when it happens (through the `report` callback of
+ * FrameSource.frames; the graph makes it a 'source' event, the summary counts it by kind and keeps
+ * its detail):
+ *   skipped  input passed over without becoming frames (a bag channel whose schema percept cannot decode)
+ *   damaged  damage read around (a file without a readable summary or ending early, a chunk that failed its CRC)
+ *   restart  the input process died and was started again
+ *   exit     the input process ended
+ * An input that was read but could not become a frame is no incident: the source yields a
+ * SourceRejection for it, so that it is counted as a frame. */
 export interface SourceIncident {
-  readonly kind: 'restart' | 'malformed' | 'exit';
+  readonly kind: 'skipped' | 'damaged' | 'restart' | 'exit';
+  /** What and where, e.g. `/data/run.mcap: the chunk at byte 9120 (5 MB) was skipped: CRC mismatch`. */
   readonly detail: string;
 }
 
-/** A frame source (pattern, bag, folder, camera). Sources pace themselves (fps or recorded
- * timing) and stop when `signal` fires or their input ends. `report` (from the graph) puts an
- * incident on the telemetry stream. */
+/** A frame source (pattern, bag, folder, ffmpeg, zmq). Sources pace themselves (fps or recorded
+ * timing) and stop when `signal` fires or their input ends. An input they cannot use is yielded as
+ * a SourceRejection; anything else they have to say goes to `report` (from the graph) as it happens. */
 export interface FrameSource<T> {
   readonly id: string;
-  frames(clock: Clock, signal: AbortSignal, report?: (incident: SourceIncident) => void): AsyncIterable<SourceItem<T>>;
+  /** Replay sources: the Unix time (ns) their input starts at, where a virtual clock replaying it
+   * starts (so a replay's times are the recording's). */
+  readonly startNs?: bigint;
+  /** Replay sources: how many inputs they hold (a progress bar's total), when known. */
+  readonly expectedItems?: number;
+  frames(clock: Clock, signal: AbortSignal, report?: (incident: SourceIncident) => void): AsyncIterable<SourceItem<T> | SourceRejection>;
   close?(): Promise<void>;
 }
 

@@ -13,7 +13,14 @@ describe('parseSourceSpec', () => {
   const pattern = loadConfig({}).source;
 
   test('keeps what the spec leaves out from the current source of the same kind, else the schema fills it', () => {
-    assert.deepEqual(parseSourceSpec('bag:b.mcap', bag), { kind: 'bag', path: resolve('b.mcap'), topic: '/cam', rate: 2, loop: false });
+    assert.deepEqual(parseSourceSpec('bag:b.mcap', bag), {
+      kind: 'bag',
+      path: resolve('b.mcap'),
+      topic: '/cam',
+      pace: 'recorded',
+      rate: 2,
+      loop: false,
+    });
     assert.deepEqual(parseSourceSpec('pattern:5', pattern), { ...pattern, fps: 5 });
     assert.deepEqual(parseSourceSpec('pattern::7', bag), { kind: 'pattern', frames: 7 });
     assert.deepEqual(loadConfig({ source: parseSourceSpec('pattern::7', bag) }).source, { ...pattern, frames: 7 });

@@ -83,14 +83,14 @@ describe('percept bench ladder on gemma4-tiny (F16 → Q8_0 → Q4_K_M → + dra
     const config = {
       source: { kind: 'pattern', fps: 2, frames: FRAMES, width: 320, height: 240 },
       encoder: { kind: 'projection' },
-      decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 96, nCtx: 1024 },
+      decoder: { model: 'synth:gemma4-tiny', nCtx: 1024 },
       budgets: {
         endToEndMs: 120_000,
         stages: { preprocess: 30_000, encode: 30_000, decode: 60_000, actions: 10_000 },
         dropPredictedMiss: false,
       },
       edges: { default: { policy: 'queue', capacity: FRAMES } },
-      ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 96, draft: true, frameSkip: 0 }, rungs: [] },
+      ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 128, draft: true, frameSkip: 0 }, rungs: [] },
       telemetry: { liveTable: 'off' },
     };
     await writeFile(join(DIR, 'config.json'), JSON.stringify(config));

@@ -80,7 +80,12 @@ async function firstOf(it: AsyncIterator<Message>, send: () => Promise<void>): P
 }
 
 /** Real-clock wall time that is `agoMs` in the past, as a clock for one frame. */
-const realClockAt = (agoMs: number): Clock => ({ virtual: false, nowNs: () => process.hrtime.bigint(), wallMs: () => Date.now() - agoMs });
+const realClockAt = (agoMs: number): Clock => ({
+  virtual: false,
+  nowNs: () => process.hrtime.bigint(),
+  wallMs: () => Date.now() - agoMs,
+  unixNs: (ns) => BigInt(Date.now() - agoMs) * 1_000_000n + ns - process.hrtime.bigint(),
+});
 
 describe('percept/client', () => {
   const closers: Array<() => unknown> = [];

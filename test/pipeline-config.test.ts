@@ -43,7 +43,7 @@ describe('loadConfig', () => {
   test('defaults fill the chosen kind of a source, and the object passed in is left alone', () => {
     const input = { source: { kind: 'bag', path: 'bags/sample.mcap' } };
     const config = loadConfig(input);
-    assert.deepEqual(config.source, { kind: 'bag', path: 'bags/sample.mcap', topic: '/camera/front/compressed', rate: 1, loop: false });
+    assert.deepEqual(config.source, { kind: 'bag', path: 'bags/sample.mcap', pace: 'recorded', rate: 1, loop: false });
     assert.deepEqual(input, { source: { kind: 'bag', path: 'bags/sample.mcap' } });
   });
 

@@ -136,6 +136,8 @@ export async function runGraph<I>(options: {
   clock?: Clock;
   onOutput?: (env: Envelope<unknown>, graph: Graph) => void;
   onEvent?: (event: TelemetryEvent, graph: Graph) => void;
+  /** Called with the graph before it runs (to subscribe to more of it). */
+  onStart?: (graph: Graph) => void;
 }): Promise<RunResult> {
   const clock = options.clock ?? (options.config.clock === 'virtual' ? new VirtualClock(0n, 1_700_000_000_000) : undefined);
   assert.ok(clock, 'runGraph: a real-clock config needs an explicit clock');
@@ -150,6 +152,7 @@ export async function runGraph<I>(options: {
     outputs.push(env);
     options.onOutput?.(env, graph);
   });
+  options.onStart?.(graph);
   const summary = await graph.run();
   return { summary, events, outputs, graph };
 }

@@ -3,7 +3,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { Subject } from 'rxjs';
-import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
+import { MAX_DROP_CAUSES, MAX_SOURCE_DETAILS, TelemetryAggregator, dropCause } from '../pipeline/telemetry/aggregator.ts';
 import { eventToJson, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
 import { LatencyHistogram } from '../pipeline/telemetry/histogram.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
@@ -104,7 +104,12 @@ describe('TelemetryAggregator', () => {
     const summary = aggregator.snapshot();
     assert.deepEqual(summary.frames, { in: 4, out: 2, dropped: 2, inFlight: 0, late: 1 });
     assert.equal(summary.deadlineMisses, 2);
-    assert.deepEqual(summary.drops, { byReason: { stale: 1, error: 1 }, byStage: { decode: { stale: 1 }, encode: { error: 1 } } });
+    assert.deepEqual(summary.drops.byReason, { stale: 1, error: 1 });
+    assert.deepEqual(summary.drops.byStage, { decode: { stale: 1 }, encode: { error: 1 } });
+    assert.equal(
+      Object.values(summary.drops.causes).reduce((a, b) => a + b, 0),
+      2,
+    );
     assert.deepEqual(summary.cancels, { decode: { deadline: 1 } });
     assert.deepEqual(summary.errors, { encode: 1 });
     assert.deepEqual(summary.degrade, { down: 1, up: 0, level: 1, maxLevel: 1 });
@@ -119,6 +124,78 @@ describe('TelemetryAggregator', () => {
     assert.match(text, /^percept run source_end\n/);
     assert.match(text, /frames in 4 {2}out 2 {2}dropped 2 \(stale 1, error 1\)/);
     assert.match(text, /\ndecode +2 .* stale 1 +deadline 1 +0\n/);
+  });
+
+  test("drops are counted by cause (numbers blanked out, the source's own cause when it gives one), most frequent first; source events are counted by kind with their details", () => {
+    const aggregator = new TelemetryAggregator('virtual');
+    const drop = (
+      frameId: number,
+      stage: string,
+      reason: 'stale' | 'rejected' | 'error',
+      detail: string,
+      cause?: string,
+    ): TelemetryEvent => ({
+      type: 'drop',
+      atNs: BigInt(frameId),
+      frameId,
+      stage,
+      reason,
+      detail,
+      ...(cause ? { cause } : {}),
+    });
+    let id = 0;
+    for (let k = 0; k < 3; k++)
+      aggregator.add(drop(id++, 'source', 'rejected', `chunk at byte ${k}: Incorrect chunk CRC ${k}`, 'chunk failed its CRC check'));
+    for (const ms of ['1.5', '22.125']) aggregator.add(drop(id++, 'decode', 'stale', `deadline passed ${ms} ms before entry`));
+    aggregator.add(drop(id, 'preprocess', 'error', 'preprocess: cannot decode "frame 7.jpg" (corrupt JPEG at 0x1f3)'));
+    const damaged = 'b.mcap: the chunk at byte 9 (40 bytes) was skipped: CRC mismatch; 3 messages of /cam rejected';
+    aggregator.add({ type: 'source', atNs: 9n, sourceId: '/cam', kind: 'damaged', detail: damaged });
+    aggregator.add({ type: 'source', atNs: 9n, sourceId: '/cam', kind: 'skipped', detail: 'b.mcap: channel 2 of /cam skipped' });
+    aggregator.end(10n, 'source_end', null);
+    const summary = aggregator.snapshot();
+    assert.deepEqual(summary.drops.causes, {
+      'source: chunk failed its CRC check': 3,
+      'decode: deadline passed # ms before entry': 2,
+      'preprocess: preprocess: cannot decode "…" (corrupt JPEG at #)': 1,
+    });
+    assert.deepEqual(Object.keys(summary.drops.causes), [
+      'source: chunk failed its CRC check',
+      'decode: deadline passed # ms before entry',
+      'preprocess: preprocess: cannot decode "…" (corrupt JPEG at #)',
+    ]);
+    assert.deepEqual(summary.source, {
+      counts: { damaged: 1, skipped: 1 },
+      details: [`damaged: ${damaged}`, 'skipped: b.mcap: channel 2 of /cam skipped'],
+    });
+    const text = formatSummary(summary);
+    assert.match(
+      text,
+      /\nsource incidents: damaged 1, skipped 1\n {2}damaged: b\.mcap: the chunk at byte 9 .*; 3 messages of \/cam rejected\n {2}skipped: b\.mcap: channel 2 of \/cam skipped\n/,
+    );
+    assert.match(
+      text,
+      /\ndrops by cause:\n {2}3 {2}source: chunk failed its CRC check\n {2}2 {2}decode: deadline passed # ms before entry\n/,
+    );
+    assert.equal(dropCause({ type: 'drop', atNs: 0n, frameId: 0, stage: 's', reason: 'error', detail: '' }), 's: error');
+
+    // A bounded table: causes past MAX_DROP_CAUSES are counted together.
+    const many = new TelemetryAggregator('virtual');
+    for (let k = 0; k < MAX_DROP_CAUSES + 5; k++)
+      many.add(drop(k, 'x', 'error', 'e', `cause ${String.fromCharCode(65 + (k % 26))}${Math.floor(k / 26)}`));
+    const causes = many.snapshot().drops.causes;
+    assert.equal(Object.keys(causes).length, MAX_DROP_CAUSES + 1);
+    assert.equal(causes['(other causes)'], 5);
+
+    // Source details are kept up to MAX_SOURCE_DETAILS; the counts go on, and the text says how many more.
+    const restarts = new TelemetryAggregator('real');
+    for (let k = 0; k < MAX_SOURCE_DETAILS + 3; k++) {
+      restarts.add({ type: 'source', atNs: BigInt(k), sourceId: 'ffmpeg:x', kind: 'restart', detail: `restart ${k + 1}` });
+    }
+    const { source } = restarts.snapshot();
+    assert.equal(source.counts.restart, MAX_SOURCE_DETAILS + 3);
+    assert.equal(source.details.length, MAX_SOURCE_DETAILS);
+    assert.equal(source.details.at(-1), `restart: restart ${MAX_SOURCE_DETAILS}`);
+    assert.match(formatSummary(restarts.snapshot()), /\n {2}… 3 more in the events stream\n/);
   });
 
   test('the JSON summary round-trips through a file', () => {

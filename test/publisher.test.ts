@@ -176,7 +176,15 @@ describe('publisher', () => {
       { type: 'span', atNs: 2n, frameId: 1, stage: 'decode', enterNs: 1n, exitNs: 2n, degradeLevel: 0 },
       { type: 'note', atNs: 3n, frameId: 1, stage: 'decode', message: 'decode' },
       { type: 'output', atNs: 4n, frameId: 1, latencyNs: 4n, late: false },
-      { type: 'drop', atNs: 5n, frameId: 2, stage: 'encode', reason: 'conflated', detail: 'replaced by frame 3' },
+      {
+        type: 'drop',
+        atNs: 5n,
+        frameId: 2,
+        stage: 'source',
+        reason: 'rejected',
+        detail: 'a.mcap seq 4: corrupt',
+        cause: 'corrupt CDR payload',
+      },
       { type: 'cancel', atNs: 6n, frameId: 3, stage: 'decode', reason: 'deadline', detail: '' },
       {
         type: 'degrade',
@@ -191,7 +199,7 @@ describe('publisher', () => {
         knobs: { imageTokens: 140, maxNewTokens: 48, draft: true, frameSkip: 0 },
       },
       { type: 'error', atNs: 8n, frameId: 5, stage: 'decode', message: 'boom' },
-      { type: 'source', atNs: 9n, sourceId: 'zmq:x', kind: 'malformed', detail: 'header is not JSON' },
+      { type: 'source', atNs: 9n, sourceId: '/cam', kind: 'damaged', detail: 'a.mcap: the chunk at byte 9 was skipped' },
       { type: 'control', atNs: 10n, command: 'pause', detail: '' },
       stats(11n),
     ];

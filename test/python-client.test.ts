@@ -10,7 +10,12 @@ import { standaloneContext } from '../pipeline/standalone.ts';
 import type { Clock } from '../pipeline/clock.ts';
 import { startPythonSubscriber } from './python-peer.ts';
 
-const clockAt = (agoMs: number): Clock => ({ virtual: false, nowNs: () => process.hrtime.bigint(), wallMs: () => Date.now() - agoMs });
+const clockAt = (agoMs: number): Clock => ({
+  virtual: false,
+  nowNs: () => process.hrtime.bigint(),
+  wallMs: () => Date.now() - agoMs,
+  unixNs: (ns) => BigInt(Date.now() - agoMs) * 1_000_000n + ns - process.hrtime.bigint(),
+});
 
 describe('Python subscriber', () => {
   const closers: Array<() => unknown> = [];

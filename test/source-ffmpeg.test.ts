@@ -1,16 +1,17 @@
 // The ffmpeg source on Debian's ffmpeg: a generated video file (frames and stream timestamps), a
 // local MJPEG stream served over HTTP by a second ffmpeg on loopback, a killed ffmpeg that is
-// restarted (counted, reported), and one that keeps failing until the source gives up.
+// restarted (counted, reported), one that keeps failing until the source gives up, and a frame
+// ffmpeg did not finish (a rejected frame).
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdirSync } from 'node:fs';
+import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import sharp from 'sharp';
 import { createFfmpegSource, type FfmpegSource } from '../nodes/source-ffmpeg.ts';
 import { RealClock } from '../pipeline/clock.ts';
-import type { SourceIncident, SourceItem } from '../pipeline/types.ts';
+import { isRejection, type SourceIncident, type SourceItem, type SourceRejection } from '../pipeline/types.ts';
 import type { CameraFrame } from '../nodes/payloads.ts';
 
 const root = new URL('..', import.meta.url).pathname;
@@ -27,19 +28,21 @@ function freePort(): Promise<number> {
   });
 }
 
-/** Reads a source until `until` says stop (or it ends), collecting items and incidents. */
+/** Reads a source until `until` says stop (or it ends), collecting frames, rejections and incidents. */
 async function read(
   source: FfmpegSource,
   until: (items: SourceItem<CameraFrame>[], incidents: SourceIncident[]) => boolean,
-): Promise<{ items: SourceItem<CameraFrame>[]; incidents: SourceIncident[] }> {
+): Promise<{ items: SourceItem<CameraFrame>[]; rejections: SourceRejection[]; incidents: SourceIncident[] }> {
   const abort = new AbortController();
   const items: SourceItem<CameraFrame>[] = [];
+  const rejections: SourceRejection[] = [];
   const incidents: SourceIncident[] = [];
   for await (const item of source.frames(new RealClock(), abort.signal, (i) => incidents.push(i))) {
-    items.push(item);
+    if (isRejection(item)) rejections.push(item);
+    else items.push(item);
     if (until(items, incidents)) abort.abort();
   }
-  return { items, incidents };
+  return { items, rejections, incidents };
 }
 
 describe('ffmpeg source', () => {
@@ -59,8 +62,9 @@ describe('ffmpeg source', () => {
 
   test('a video file: every frame as a JPEG with the stream time as its stamp; a clean end ends the source', async () => {
     const source = createFfmpegSource({ url: video, width: 80 });
-    const { items, incidents } = await read(source, () => false);
+    const { items, rejections, incidents } = await read(source, () => false);
     assert.equal(items.length, 20);
+    assert.deepEqual(rejections, []);
     assert.deepEqual(
       items.map((i) => i.sourceStamp),
       items.map((_, k) => ({ sec: Math.floor(k / 10), nanosec: (k % 10) * 100_000_000 })),
@@ -72,7 +76,7 @@ describe('ffmpeg source', () => {
       incidents.map((i) => i.kind),
       ['exit'],
     );
-    assert.deepEqual(source.counters, { frames: 20, restarts: 0, unstamped: 0 });
+    assert.deepEqual(source.counters, { frames: 20, restarts: 0, unstamped: 0, rejected: 0 });
     assert.equal(source.pid, undefined, 'no ffmpeg left running');
   });
 
@@ -162,5 +166,33 @@ describe('ffmpeg source', () => {
     );
     assert.match(incidents[0]!.detail, /^ffmpeg exited with code 1 \(.*No such file or directory\); restart 1 in 10 ms$/);
     assert.match(incidents[1]!.detail, /; restart 2 in 20 ms$/, 'the backoff doubles');
+  });
+
+  test('a frame ffmpeg did not finish is a rejected frame, not lost', async () => {
+    // A stand-in for ffmpeg: one whole JPEG, then the start of another, then an error exit.
+    const frames = join(dir, 'whole-and-half.bin');
+    const whole = await sharp({ create: { width: 8, height: 8, channels: 3, background: '#808080' } })
+      .jpeg()
+      .toBuffer();
+    writeFileSync(frames, Buffer.concat([whole, whole.subarray(0, 100)]));
+    const fake = join(dir, 'fake-ffmpeg.sh');
+    writeFileSync(fake, `#!/bin/sh\ncase "$*" in *-version*) exit 0 ;; esac\ncat '${frames}'\nexit 1\n`);
+    chmodSync(fake, 0o755);
+    const source = createFfmpegSource({ url: 'camera.mkv', ffmpegPath: fake, restart: 'never' });
+    const items: (SourceItem<CameraFrame> | SourceRejection)[] = [];
+    const incidents: SourceIncident[] = [];
+    await assert.rejects(async () => {
+      for await (const item of source.frames(new RealClock(), new AbortController().signal, (i) => incidents.push(i))) items.push(item);
+    }, /ffmpeg exited with code 1/);
+    assert.deepEqual(
+      items.map((i) => (isRejection(i) ? i.rejected : i.payload.encoding)),
+      ['jpeg', 'unfinished JPEG'],
+    );
+    assert.equal((items[1] as SourceRejection).detail, 'camera.mkv: ffmpeg ended 100 bytes into a frame');
+    assert.deepEqual(
+      incidents.map((i) => i.kind),
+      ['exit'],
+    );
+    assert.deepEqual(source.counters, { frames: 1, restarts: 0, unstamped: 1, rejected: 1 });
   });
 });

@@ -1,6 +1,6 @@
 // The ZeroMQ frame input: a pusher's frames come out with their stamps and camera ids; malformed
-// messages are counted, reported and dropped while the source goes on; in a graph the incidents
-// reach the telemetry (summary.source) and the frames the stages.
+// messages are rejected frames with their cause while the source goes on; in a graph they are
+// counted in frames in and dropped as 'rejected' (summary drops by cause), the frames reach the stages.
 import { after, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import sharp from 'sharp';
@@ -8,7 +8,7 @@ import { Publisher, Push } from 'zeromq';
 import { createZmqSource, type ZmqSource } from '../nodes/source-zmq.ts';
 import { chain } from '../pipeline/graph/chain.ts';
 import { RealClock } from '../pipeline/clock.ts';
-import type { SourceIncident, SourceItem } from '../pipeline/types.ts';
+import { isRejection, type SourceItem, type SourceRejection } from '../pipeline/types.ts';
 import type { CameraFrame } from '../nodes/payloads.ts';
 import { fakeStage, runGraph, testConfig } from './pipeline-fakes.ts';
 import { benchFrameInput } from '../app/bench-frame-input.ts';
@@ -18,11 +18,15 @@ const jpeg = await sharp(Buffer.alloc(16 * 8 * 3, 120), { raw: { width: 16, heig
   .toBuffer();
 const header = (h: Record<string, unknown>): string => JSON.stringify(h);
 
-/** Takes `count` items from a source on a real clock, collecting incidents; then stops it. */
-async function take(source: ZmqSource, count: number, incidents: SourceIncident[] = []): Promise<SourceItem<CameraFrame>[]> {
+/** Takes `count` frames from a source on a real clock, collecting rejections; then stops it. */
+async function take(source: ZmqSource, count: number, rejections: SourceRejection[] = []): Promise<SourceItem<CameraFrame>[]> {
   const abort = new AbortController();
   const items: SourceItem<CameraFrame>[] = [];
-  for await (const item of source.frames(new RealClock(), abort.signal, (i) => void incidents.push(i))) {
+  for await (const item of source.frames(new RealClock(), abort.signal)) {
+    if (isRejection(item)) {
+      rejections.push(item);
+      continue;
+    }
     items.push(item);
     if (items.length === count) abort.abort();
   }
@@ -35,7 +39,7 @@ describe('zmq frame input', () => {
     for (const c of closers) await c();
   });
 
-  test('PULL: good frames come out in order with stamp and camera; malformed ones are counted, reported and skipped', async () => {
+  test('PULL: good frames come out in order with stamp and camera; malformed ones are rejected frames with their cause', async () => {
     const source = await createZmqSource({
       endpoint: 'tcp://127.0.0.1:*',
       bind: true,
@@ -61,8 +65,8 @@ describe('zmq frame input', () => {
       ['frames/rear', header({ frame_id: 'cam_rear', encoding: 'jpeg' }), jpeg], // a topic frame is allowed
     ];
     for (const m of messages) await push.send(m);
-    const incidents: SourceIncident[] = [];
-    const items = await take(source, 3, incidents);
+    const rejections: SourceRejection[] = [];
+    const items = await take(source, 3, rejections);
     assert.deepEqual(
       items.map((i) => [i.sourceId, i.sourceStamp, i.payload.encoding, i.payload.width ?? null]),
       [
@@ -72,18 +76,27 @@ describe('zmq frame input', () => {
       ],
     );
     assert.ok(Buffer.from(items[0]!.payload.data).equals(jpeg));
-    assert.deepEqual(source.counters, { received: 10, yielded: 3, malformed: 7 });
-    assert.equal(incidents.length, 7);
-    assert.ok(incidents.every((i) => i.kind === 'malformed'));
-    const details = incidents.map((i) => i.detail).join('\n');
+    assert.deepEqual(source.counters, { received: 10, yielded: 3, rejected: 7 });
+    assert.deepEqual(
+      rejections.map((r) => r.rejected),
+      [
+        'wrong number of message frames',
+        'the header is not JSON',
+        'the header does not fit the frame header schema',
+        'the header does not fit the frame header schema',
+        'the image is too short',
+        'the image is not its encoding',
+        'the image is empty',
+      ],
+    );
+    assert.ok(rejections.every((r) => r.sourceId === source.id && r.captureNs > 0n));
+    const details = rejections.map((r) => r.detail).join('\n');
     for (const what of [
-      /got 1 frames/,
-      /header is not JSON/,
-      /must have required property 'encoding'/,
+      /^message 2: expected \[header, image\] or \[topic, header, image\] but got 1$/m,
+      /^message 4: .*must have required property 'encoding'/m,
       /must have required property 'width'/,
       /need 36 for 4×3/,
-      /is not jpeg/,
-      /image is empty/,
+      /not jpeg \(starts/,
     ]) {
       assert.match(details, what);
     }
@@ -101,8 +114,8 @@ describe('zmq frame input', () => {
       receiveHighWaterMark: 100,
     });
     closers.push(() => source.close());
-    const incidents: SourceIncident[] = [];
-    const taking = take(source, 2, incidents);
+    const rejections: SourceRejection[] = [];
+    const taking = take(source, 2, rejections);
     // Slow joiner: publish until the subscription is there; the rear camera never gets through.
     for (let i = 0; source.counters.yielded < 2 && i < 500; i++) {
       await pub.send(['cam/rear', header({ encoding: 'jpeg', frame_id: 'rear' }), jpeg]);
@@ -114,10 +127,10 @@ describe('zmq frame input', () => {
       items.map((i) => i.sourceId),
       ['front', 'front'],
     );
-    assert.deepEqual(incidents, []);
+    assert.deepEqual(rejections, []);
   });
 
-  test('in a graph: malformed inputs are source incidents in the summary, frames reach the stages', async () => {
+  test('in a graph: malformed inputs are frames dropped as rejected, with their cause; good frames reach the stages', async () => {
     const source = await createZmqSource({
       endpoint: 'tcp://127.0.0.1:*',
       bind: true,
@@ -142,21 +155,31 @@ describe('zmq frame input', () => {
       clock: new RealClock(),
       onOutput: (_env, graph) => void (++seen === 3 && graph.stop('test')),
     });
-    assert.equal(result.summary.frames.out, 3);
-    assert.deepEqual(result.summary.source, { malformed: 3 });
+    const { frames, drops } = result.summary;
+    assert.equal(frames.out, 3);
+    // The graph stops at the third output: the third malformed message may not have come in yet.
+    const rejected = drops.byReason.rejected ?? 0;
+    assert.ok(rejected === 2 || rejected === 3, `rejected ${rejected}`);
+    assert.deepEqual([frames.in, frames.dropped, frames.inFlight], [3 + rejected, rejected, 0], 'frames in = out + dropped');
+    assert.deepEqual(drops.causes, { 'source: the header is not JSON': rejected });
+    assert.deepEqual(result.summary.source, { counts: {}, details: [] });
     assert.deepEqual(
       result.outputs.map((o) => o.sourceStamp),
       [0, 1, 2].map((sec) => ({ sec, nanosec: 0 })),
     );
-    const incident = result.events.find((e) => e.type === 'source');
-    assert.ok(incident && incident.type === 'source' && incident.sourceId === source.id && /header is not JSON/.test(incident.detail));
+    const drop = result.events.find((e) => e.type === 'drop');
+    assert.ok(
+      drop?.type === 'drop' && drop.stage === 'source' && drop.reason === 'rejected',
+      `first drop: ${drop?.type} ${drop && 'reason' in drop ? drop.reason : ''}`,
+    );
+    assert.match(drop.detail, /^the header is not JSON: message 2: 7 bytes, starts "garbage"$/);
   });
 
   test('bench frame-input accounts for every pushed frame (numbers are not asserted)', async () => {
     const r = await benchFrameInput({ fps: 20, seconds: 0.5, width: 320, height: 240 });
     assert.equal(r.frames_pushed, 10);
     assert.equal(r.frames_received + r.dropped, r.frames_pushed);
-    assert.equal(r.malformed, 0);
+    assert.equal(r.rejected, 0);
     assert.ok(r.jpeg_bytes > 1000);
     assert.ok(r.frames_received === 0 || (r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.max_us));
   });

@@ -1,10 +1,13 @@
 // Writes bags/sample.mcap: a small synthetic indoor scene (a wall with a door, a floor, a box that
 // slides right, a person who walks in from the left and comes closer), 640×360 JPEG q70 at 10 Hz on
 // /camera/front/compressed as foxglove.CompressedImage (json encoding, jsonschema from
-// @foxglove/schemas), zstd chunks. Everything is fixed (timestamps, pixels, encoder settings), so
-// running it again gives the same bytes.
+// @foxglove/schemas), zstd chunks; and next to it bags/sample.labels.jsonl, the expected action of
+// each frame (the labels format of `percept eval`, see README), worked out from the same scene
+// geometry: the robot heads for the door while the person is far, waits while the person walks
+// across, and stops when the person is close. Everything is fixed (timestamps, pixels, encoder
+// settings), so running it again gives the same bytes.
 //   node --import tsx tools/make-sample-bag.ts [out.mcap] [--frames N]
-import { open, rename } from 'node:fs/promises';
+import { open, rename, writeFile } from 'node:fs/promises';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { McapWriter } from '@mcap/core';
 import { FileHandleWritable } from '@mcap/nodejs';
@@ -27,9 +30,14 @@ export const SAMPLE_START_NS = 1_700_000_000_000_000_000n;
 
 export interface SampleBagSummary {
   readonly path: string;
+  /** The labels file written next to the bag (`<name>.labels.jsonl`). */
+  readonly labels: string;
   readonly frames: number;
   readonly bytes: number;
 }
+
+/** The labels file of a bag: `x.mcap` → `x.labels.jsonl`. */
+export const labelsPathOf = (bagPath: string): string => bagPath.replace(/\.mcap$/, '') + '.labels.jsonl';
 
 export async function makeSampleBag(path: string, options: SampleBagOptions = {}): Promise<SampleBagSummary> {
   const { frames = 40, width = 640, height = 360, quality = 70, hz = 10 } = options;
@@ -89,6 +97,12 @@ export async function makeSampleBag(path: string, options: SampleBagOptions = {}
     await handle.close();
   }
   await rename(partial, path);
+  const labels = labelsPathOf(path);
+  const lines = Array.from({ length: frames }, (_, i) => {
+    const stampNs = SAMPLE_START_NS + BigInt(i) * periodNs;
+    return JSON.stringify({ log_time_ns: String(stampNs), action: expectedAction(sceneAt(i, frames, width, height)) });
+  });
+  await writeFile(labels, `${lines.join('\n')}\n`);
   const stat = await open(path, 'r').then(async (h) => {
     try {
       return await h.stat();
@@ -96,14 +110,74 @@ export async function makeSampleBag(path: string, options: SampleBagOptions = {}
       await h.close();
     }
   });
-  return { path, frames, bytes: stat.size };
+  return { path, labels, frames, bytes: stat.size };
+}
+
+/** Where things are in frame `i` of `n` (pixels): what renderScene draws and the labels describe. */
+export interface Scene {
+  readonly width: number;
+  readonly height: number;
+  /** 0 at the first frame, 1 at the last. */
+  readonly t: number;
+  readonly horizon: number;
+  readonly door: Box;
+  readonly box: Box;
+  /** The person's bounding box, head to feet. */
+  readonly person: Box;
+  /** The sizes the boxes were made from (drawing uses them as they are). */
+  readonly doorW: number;
+  readonly boxW: number;
+  readonly bodyW: number;
+  readonly bodyH: number;
+}
+type Box = { readonly x0: number; readonly y0: number; readonly x1: number; readonly y1: number };
+
+export function sceneAt(i: number, n: number, width: number, height: number): Scene {
+  const t = n > 1 ? i / (n - 1) : 0;
+  const horizon = Math.round(height * 0.55);
+  const doorX = width * 0.72;
+  const doorW = width * 0.14;
+  const boxW = width * 0.12;
+  const boxX = width * (0.3 + 0.25 * t);
+  const boxTop = horizon + height * 0.12;
+  const personScale = 0.6 + 0.6 * t;
+  const personX = width * (0.05 + 0.3 * t);
+  const feetY = horizon + height * (0.1 + 0.3 * t);
+  const bodyH = height * 0.35 * personScale;
+  const bodyW = width * 0.06 * personScale;
+  return {
+    width,
+    height,
+    t,
+    horizon,
+    door: { x0: doorX, y0: horizon - height * 0.48, x1: doorX + doorW, y1: horizon },
+    box: { x0: boxX, y0: boxTop, x1: boxX + boxW, y1: boxTop + boxW * 0.8 },
+    person: { x0: personX, y0: feetY - bodyH - bodyW * 0.45 - bodyW * 0.42, x1: personX + bodyW, y1: feetY },
+    doorW,
+    boxW,
+    bodyW,
+    bodyH,
+  };
+}
+
+/** The action a robot should take in a scene: head for the door while the person is far (in the
+ * first third), wait while the person crosses, stop when the person is close (the last third, when
+ * they fill more than a third of the image height). */
+export function expectedAction(scene: Scene): Record<string, unknown> {
+  const norm = (b: Box): number[] =>
+    [b.x0 / scene.width, b.y0 / scene.height, b.x1 / scene.width, b.y1 / scene.height].map(
+      (v) => Math.round(Math.min(1, Math.max(0, v)) * 1000) / 1000,
+    );
+  if (scene.t < 1 / 3) return { action: 'move', confidence: 1, target: { label: 'door', bbox: norm(scene.door) } };
+  if ((scene.person.y1 - scene.person.y0) / scene.height <= 1 / 3 || scene.t < 2 / 3)
+    return { action: 'wait', confidence: 1, target: { label: 'person', bbox: norm(scene.person) } };
+  return { action: 'stop', confidence: 1, target: { label: 'person', bbox: norm(scene.person) }, hazards: ['person_close'] };
 }
 
 /** RGB pixels of frame `i` of `n` (pure). */
 export function renderScene(i: number, n: number, width: number, height: number): Buffer {
   const px = Buffer.alloc(width * height * 3);
-  const t = n > 1 ? i / (n - 1) : 0;
-  const horizon = Math.round(height * 0.55);
+  const { horizon, door, box, person, doorW, boxW, bodyW, bodyH } = sceneAt(i, n, width, height);
   const set = (x: number, y: number, r: number, g: number, b: number): void => {
     const o = (y * width + x) * 3;
     px[o] = r;
@@ -138,23 +212,15 @@ export function renderScene(i: number, n: number, width: number, height: number)
   }
   rect(0, horizon - 3, width, horizon + 2, 90, 80, 70); // skirting board
   // Door on the right: frame, panel, knob.
-  const doorX = width * 0.72;
-  const doorW = width * 0.14;
-  rect(doorX - 6, horizon - height * 0.48 - 6, doorX + doorW + 6, horizon, 70, 50, 35);
-  rect(doorX, horizon - height * 0.48, doorX + doorW, horizon, 140, 95, 55);
-  disc(doorX + doorW * 0.85, horizon - height * 0.22, Math.max(2, height * 0.012), 220, 200, 90);
+  rect(door.x0 - 6, door.y0 - 6, door.x1 + 6, horizon, 70, 50, 35);
+  rect(door.x0, door.y0, door.x1, horizon, 140, 95, 55);
+  disc(door.x0 + doorW * 0.85, horizon - height * 0.22, Math.max(2, height * 0.012), 220, 200, 90);
   // A cardboard box sliding right along the floor.
-  const boxW = width * 0.12;
-  const boxX = width * (0.3 + 0.25 * t);
-  const boxTop = horizon + height * 0.12;
-  rect(boxX, boxTop, boxX + boxW, boxTop + boxW * 0.8, 180, 130, 70);
-  rect(boxX, boxTop + boxW * 0.35, boxX + boxW, boxTop + boxW * 0.42, 150, 105, 55); // tape
+  rect(box.x0, box.y0, box.x1, box.y1, 180, 130, 70);
+  rect(box.x0, box.y0 + boxW * 0.35, box.x1, box.y0 + boxW * 0.42, 150, 105, 55); // tape
   // A person walking in from the left and getting closer (bigger).
-  const scale = 0.6 + 0.6 * t;
-  const personX = width * (0.05 + 0.3 * t);
-  const feetY = horizon + height * (0.1 + 0.3 * t);
-  const bodyH = height * 0.35 * scale;
-  const bodyW = width * 0.06 * scale;
+  const feetY = person.y1;
+  const personX = person.x0;
   rect(personX, feetY - bodyH * 0.45, personX + bodyW * 0.45, feetY, 40, 40, 60); // legs
   rect(personX + bodyW * 0.55, feetY - bodyH * 0.45, personX + bodyW, feetY, 40, 40, 60);
   rect(personX, feetY - bodyH, personX + bodyW, feetY - bodyH * 0.45, 40, 90, 160); // torso
@@ -168,7 +234,7 @@ async function main(argv: string[]): Promise<void> {
   const frames = framesAt >= 0 ? Number(args.splice(framesAt, 2)[1]) : undefined;
   const out = args[0] ?? fileURLToPath(new URL('../bags/sample.mcap', import.meta.url));
   const summary = await makeSampleBag(out, { frames });
-  console.log(`wrote ${summary.path}: ${summary.frames} frames, ${summary.bytes} bytes`);
+  console.log(`wrote ${summary.path}: ${summary.frames} frames, ${summary.bytes} bytes; labels ${summary.labels}`);
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {

@@ -2,8 +2,9 @@
 // per-frame deadlines, bounded edges, a degradation ladder and one telemetry stream.
 //
 //   const graph = createGraph({ source, stages: chain(preprocess, encode, decode, actions, publish), clock, config });
-//   graph.events.subscribe(...);          // TelemetryEvent: frame/span/drop/cancel/degrade/error/note/output/stats
+//   graph.events.subscribe(...);          // TelemetryEvent: frame/span/drop/cancel/degrade/error/note/output/source/control/stats
 //   graph.outputs.subscribe(...);         // Envelope<O>: what the last stage returned, per frame
+//   graph.inputs.subscribe(...);          // Envelope<I>: each frame as it entered (a recorder's frames)
 //   const summary = await graph.run();    // resolves when the source ended and everything drained, or after stop()
 //   await graph.stop('SIGINT');           // idempotent; resolves with the same summary as run()
 //
@@ -28,8 +29,11 @@
 //   drop 'stale' (deadline) or 'shutdown'; any other throw → an 'error' event and drop 'error'.
 //   The graph runs on.
 // - The ladder (pipeline/budget.ts) decides at each admission; frameSkip drops at the source edge
-//   ('skipped'). Every frame that enters ends as exactly one output or one drop:
-//   frames.in = frames.out + frames.dropped once a run has ended.
+//   ('skipped'). An input the source rejected (SourceRejection) enters as a frame and is dropped
+//   'rejected' at once. Every frame that enters ends as exactly one output or one drop:
+//   frames.in = frames.out + frames.dropped once a run has ended. What else the source reports
+//   (SourceIncident: skipped or damaged input, restarts) goes out as a 'source' event when it
+//   happens, and the summary counts it.
 //
 // Clocks. RealClock: stages run when they can, durations are measured. VirtualClock (replay,
 // deterministic): the graph is a discrete-event simulation. Tasks (frame arrivals, stage starts,
@@ -45,6 +49,10 @@
 // charged only up to the deadline; one that ignores the signal is charged its whole service time.
 // So on a virtual clock the signal fires only through virtual time: a stage must not wait for it
 // to make progress. Stats events come every telemetry.intervalMs of clock time on either clock.
+// Lockstep (config.lockstep, virtual clock only): the next source item is pulled only when the
+// previous frame has come out or been dropped, and enters at max(its capture time, now), the
+// source's timeline shifted by the accumulated wait: every frame is processed, none waits behind
+// another, and the recorded spacing is kept whenever the pipeline keeps up.
 //
 // stop(reason): the source's signal fires, waiting frames are dropped 'shutdown', in-flight calls
 // are aborted ('shutdown'); a frame a stage finishes after stop goes no further (drop 'shutdown')
@@ -59,11 +67,13 @@ import { TelemetryAggregator } from '../telemetry/aggregator.ts';
 import type { ControlEvent, RunSummary, TelemetryEvent } from '../telemetry/events.ts';
 import {
   StageAbort,
+  isRejection,
   type DropReason,
   type Envelope,
   type FrameSource,
   type SourceIncident,
   type SourceItem,
+  type SourceRejection,
   type Stage,
 } from '../types.ts';
 import type { StageChain } from './chain.ts';
@@ -71,9 +81,11 @@ import type { GraphBudgets, GraphControl, GraphStatus } from './control.ts';
 import { RealScheduler, VirtualScheduler, type Scheduler } from './scheduler.ts';
 import { StageRunner, type RunnerHost } from './stage-runner.ts';
 
-export interface Graph<O = unknown> {
+export interface Graph<O = unknown, I = unknown> {
   readonly events: Observable<TelemetryEvent>;
   readonly outputs: Observable<Envelope<O>>;
+  /** Each frame as it entered the graph (before frame skip), with its payload; not the rejected ones. */
+  readonly inputs: Observable<Envelope<I>>;
   /** Runs the graph once; resolves with the summary when the source has ended and every frame
    * has come out or been dropped, or after stop(). */
   run(): Promise<RunSummary>;
@@ -93,9 +105,9 @@ export interface GraphOptions<I, O> {
   readonly frameIds?: { readonly first: number; readonly stride: number };
 }
 
-export function createGraph<I, O>({ source, stages, clock, config, frameIds }: GraphOptions<I, O>): Graph<O> {
+export function createGraph<I, O>({ source, stages, clock, config, frameIds }: GraphOptions<I, O>): Graph<O, I> {
   // The chain's types end here: the runtime moves envelopes of unknown payloads between stages.
-  return new GraphRuntime({ source, stages: stages?.stages, clock, config, frameIds }) as Graph<unknown> as Graph<O>;
+  return new GraphRuntime({ source, stages: stages?.stages, clock, config, frameIds }) as Graph<unknown> as Graph<O, I>;
 }
 
 interface RuntimeOptions {
@@ -120,6 +132,7 @@ const wallOriginOf = (clock: Clock): number => clock.wallMs() - Number(clock.now
 class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly events: Observable<TelemetryEvent>;
   readonly outputs: Observable<Envelope<unknown>>;
+  readonly inputs: Observable<Envelope<unknown>>;
   readonly clock: Clock;
   readonly virtual: boolean;
   readonly wallOriginMs: number;
@@ -138,6 +151,12 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly #statsIntervalNs: bigint;
   readonly #events = new Subject<TelemetryEvent>();
   readonly #outputs = new Subject<Envelope<unknown>>();
+  readonly #inputs = new Subject<Envelope<unknown>>();
+  readonly #lockstep: boolean;
+  /** Lockstep: how far the source's timeline has been moved back by waits (ns). */
+  #lockstepShiftNs = 0n;
+  /** Lockstep: the frame whose end lets the source be pulled again, and the pull. */
+  #lockstepWait: { readonly frameId: number; readonly pull: () => Promise<void> } | undefined;
   readonly #aggregator: TelemetryAggregator;
   readonly #shutdown = new AbortController();
   #nextFrameId = 0;
@@ -194,6 +213,8 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     this.clock = clock;
     this.virtual = clock.virtual;
     this.wallOriginMs = wallOriginOf(clock);
+    if (config.lockstep && !clock.virtual) throw new TypeError('createGraph: lockstep needs a virtual clock (config.clock "virtual")');
+    this.#lockstep = config.lockstep === true;
     this.#endToEndNs = msToNs(endToEndMs);
     this.#budgets = { endToEndMs, stages: { ...config.budgets.stages } };
     this.#statsIntervalNs = msToNs(config.telemetry.intervalMs);
@@ -211,6 +232,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     this.#aggregator.subscribeTo(this.#events);
     this.events = this.#events.asObservable();
     this.outputs = this.#outputs.asObservable();
+    this.inputs = this.#inputs.asObservable();
   }
 
   get control(): GraphControl {
@@ -310,6 +332,11 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
 
   emit(event: TelemetryEvent): void {
     this.#events.next(event);
+    const wait = this.#lockstepWait;
+    if (wait && (event.type === 'output' || event.type === 'drop') && event.frameId === wait.frameId) {
+      this.#lockstepWait = undefined;
+      this.scheduler.at(this.clock.nowNs(), wait.pull);
+    }
   }
 
   drop(frameId: number, stage: string, reason: DropReason, detail: string): void {
@@ -383,8 +410,11 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     }
   }
 
-  async #pullVirtual(iterator: AsyncIterator<SourceItem<unknown>>, subscriber: Subscriber<Envelope<unknown>>): Promise<void> {
-    let result: IteratorResult<SourceItem<unknown>>;
+  async #pullVirtual(
+    iterator: AsyncIterator<SourceItem<unknown> | SourceRejection>,
+    subscriber: Subscriber<Envelope<unknown>>,
+  ): Promise<void> {
+    let result: IteratorResult<SourceItem<unknown> | SourceRejection>;
     try {
       result = await iterator.next();
     } catch (error) {
@@ -396,8 +426,17 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
       subscriber.complete();
       return;
     }
-    const item = result.value;
-    this.scheduler.at(item.captureNs, async () => {
+    let item = result.value;
+    if (this.#lockstep) {
+      // Enter no earlier than now: the source's timeline moves back by the time the pipeline took.
+      const atNs = item.captureNs + this.#lockstepShiftNs;
+      const enterNs = atNs > this.clock.nowNs() ? atNs : this.clock.nowNs();
+      this.#lockstepShiftNs = enterNs - item.captureNs;
+      const stampNs = item.stampNs ?? this.clock.unixNs(item.captureNs);
+      item = { ...item, captureNs: enterNs, captureWallMs: this.wallOriginMs + Number(enterNs) / 1e6, stampNs };
+    }
+    const entering = item;
+    this.scheduler.at(entering.captureNs, async () => {
       // Paused: virtual time stands still until resume (the frame pulled ahead waits here).
       if (this.#paused) await this.#whilePaused();
       if (this.#shutdown.signal.aborted) {
@@ -405,8 +444,11 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
         subscriber.complete();
         return;
       }
-      this.#admit(item, subscriber);
-      await this.#pullVirtual(iterator, subscriber);
+      const pull = (): Promise<void> => this.#pullVirtual(iterator, subscriber);
+      // Set before admission: a frame dropped on entry ends inside #admit.
+      if (this.#lockstep) this.#lockstepWait = { frameId: this.#nextFrameId, pull };
+      this.#admit(entering, subscriber);
+      if (!this.#lockstep) await pull();
     });
   }
 
@@ -426,15 +468,37 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     });
   }
 
-  /** A source item enters the graph: ladder decision, frame id, deadline, frame skip. */
-  #admit(item: SourceItem<unknown>, subscriber: Subscriber<Envelope<unknown>>): void {
+  /** A source item enters the graph: ladder decision, frame id, deadline, frame skip. A rejected
+   * input enters as a frame and is dropped at once. */
+  #admit(item: SourceItem<unknown> | SourceRejection, subscriber: Subscriber<Envelope<unknown>>): void {
     const frameId = this.#nextFrameId;
     this.#nextFrameId += this.#frameIdStride;
     const atNs = this.clock.nowNs();
+    const stampNs = item.stampNs ?? this.clock.unixNs(item.captureNs);
+    const { sourceId, captureNs } = item;
+    if (isRejection(item)) {
+      this.emit({ type: 'frame', atNs, frameId, sourceId, captureNs, stampNs, degradeLevel: this.ladder.level });
+      const detail = item.detail ? `${item.rejected}: ${item.detail}` : item.rejected;
+      this.emit({ type: 'drop', atNs, frameId, stage: 'source', reason: 'rejected', detail, cause: item.rejected });
+      return;
+    }
     const decision = this.ladder.decide(this.costModel);
     if (decision) this.emit({ type: 'degrade', atNs, frameId, ...decision });
     const level = this.ladder.level;
-    this.emit({ type: 'frame', atNs, frameId, sourceId: item.sourceId, captureNs: item.captureNs, degradeLevel: level });
+    this.emit({ type: 'frame', atNs, frameId, sourceId, captureNs, stampNs, degradeLevel: level });
+    const env: Envelope<unknown> = {
+      frameId,
+      sourceId,
+      captureNs,
+      captureWallMs: item.captureWallMs,
+      stampNs,
+      sourceStamp: item.sourceStamp ?? null,
+      deadlineNs: captureNs + this.#endToEndNs,
+      degradeLevel: level,
+      spans: [],
+      payload: item.payload,
+    };
+    this.#inputs.next(env);
     const { frameSkip } = this.ladder.knobsAt(level);
     if (this.#toSkip > frameSkip) this.#toSkip = frameSkip;
     if (this.#toSkip > 0) {
@@ -443,17 +507,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
       return;
     }
     this.#toSkip = frameSkip;
-    subscriber.next({
-      frameId,
-      sourceId: item.sourceId,
-      captureNs: item.captureNs,
-      captureWallMs: item.captureWallMs,
-      sourceStamp: item.sourceStamp ?? null,
-      deadlineNs: item.captureNs + this.#endToEndNs,
-      degradeLevel: level,
-      spans: [],
-      payload: item.payload,
-    });
+    subscriber.next(env);
   }
 
   // --- the end ---------------------------------------------------------------------------------
@@ -515,6 +569,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     this.#emitStats(endNs);
     this.#events.complete();
     this.#outputs.complete();
+    this.#inputs.complete();
     this.#resolveRun?.(summary);
   }
 }

@@ -323,6 +323,7 @@ export class StageRunner {
         sourceId: env.sourceId,
         captureNs: env.captureNs,
         captureWallMs: env.captureWallMs,
+        stampNs: env.stampNs,
         sourceStamp: env.sourceStamp,
         deadlineNs: env.deadlineNs,
         degradeLevel: env.degradeLevel,

@@ -1,7 +1,7 @@
 // TelemetryAggregator: folds telemetry events into counters and histograms; snapshot() → RunSummary.
 import type { Observable, Subscription } from 'rxjs';
 import type { DropReason, SourceIncident } from '../types.ts';
-import type { CancelReason, Counts, LatencyStats, RunSummary, TelemetryEvent } from './events.ts';
+import type { CancelReason, Counts, DropEvent, LatencyStats, RunSummary, TelemetryEvent } from './events.ts';
 import { LatencyHistogram } from './histogram.ts';
 
 /** Folds telemetry events into counters and histograms. Subscribe it before the graph runs. */
@@ -13,7 +13,9 @@ export class TelemetryAggregator {
   readonly #dropsByReason = new Map<DropReason, number>();
   readonly #cancels = new Map<string, Map<CancelReason, number>>();
   readonly #errors = new Map<string, number>();
-  readonly #source = new Map<SourceIncident['kind'], number>();
+  readonly #causes = new Map<string, number>();
+  readonly #sourceCounts = new Map<SourceIncident['kind'], number>();
+  readonly #sourceDetails: string[] = [];
   #framesIn = 0;
   #framesOut = 0;
   #dropped = 0;
@@ -63,6 +65,7 @@ export class TelemetryAggregator {
         this.#dropped += 1;
         increment(this.#dropsByReason, event.reason);
         increment(mapFor(this.#dropsByStage, event.stage), event.reason);
+        this.#countCause(dropCause(event));
         break;
       case 'cancel':
         increment(mapFor(this.#cancels, event.stage), event.reason);
@@ -82,7 +85,8 @@ export class TelemetryAggregator {
         if (event.late) this.#late += 1;
         break;
       case 'source':
-        increment(this.#source, event.kind);
+        increment(this.#sourceCounts, event.kind);
+        if (this.#sourceDetails.length < MAX_SOURCE_DETAILS) this.#sourceDetails.push(`${event.kind}: ${event.detail}`);
         break;
       case 'note':
       case 'control':
@@ -112,14 +116,24 @@ export class TelemetryAggregator {
         late: this.#late,
       },
       deadlineMisses: this.#late + (this.#dropsByReason.get('stale') ?? 0),
-      drops: { byReason: Object.fromEntries(this.#dropsByReason), byStage },
+      drops: {
+        byReason: Object.fromEntries(this.#dropsByReason),
+        byStage,
+        causes: Object.fromEntries([...this.#causes].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1))),
+      },
       cancels,
       errors: Object.fromEntries(this.#errors),
-      source: Object.fromEntries(this.#source),
+      source: { counts: Object.fromEntries(this.#sourceCounts), details: [...this.#sourceDetails] },
       degrade: { down: this.#down, up: this.#up, level: this.#level, maxLevel: this.#maxLevel },
       stages,
       endToEnd: latencyStats(this.#endToEnd),
     };
+  }
+
+  #countCause(cause: string): void {
+    // A bounded table: past MAX_DROP_CAUSES distinct causes, the rest are counted together.
+    const key = this.#causes.has(cause) || this.#causes.size < MAX_DROP_CAUSES ? cause : OTHER_CAUSES;
+    increment(this.#causes, key);
   }
 
   #touch(atNs: bigint): void {
@@ -132,6 +146,24 @@ export class TelemetryAggregator {
     if (!hist) this.#stageHist.set(stage, (hist = new LatencyHistogram()));
     return hist;
   }
+}
+
+/** Distinct drop causes the summary keeps; more are counted as OTHER_CAUSES. */
+export const MAX_DROP_CAUSES = 50;
+/** Source incident details the summary keeps (its counts have them all). */
+export const MAX_SOURCE_DETAILS = 50;
+const OTHER_CAUSES = '(other causes)';
+
+/** `stage: cause` of a drop: its own cause, or its detail with numbers, hex and quoted text blanked
+ * out, so that drops for the same reason count together ('deadline passed # ms before entry'). */
+export function dropCause(event: DropEvent): string {
+  const cause =
+    event.cause ??
+    event.detail
+      .replace(/"(?:[^"\\]|\\.)*"/g, '"…"')
+      .replace(/\b(?:0x[0-9a-f]+|[0-9a-f]*\d[0-9a-f]*(?:\.\d+)?)\b/gi, '#')
+      .slice(0, 120);
+  return `${event.stage}: ${cause || event.reason}`;
 }
 
 function increment<K>(map: Map<K, number>, key: K): void {

@@ -1,5 +1,5 @@
 // Telemetry events: the one stream the graph emits (frame | span | drop | cancel | degrade | error |
-// note | output | stats), the RunSummary a stats event carries, and eventToJson() for JSON lines.
+// note | output | source | control | stats), the RunSummary a stats event carries, and eventToJson() for JSON lines.
 //
 // The other telemetry files are consumers of this stream:
 //   histogram.ts   LatencyHistogram: log-linear (HDR-style) histogram of ns durations
@@ -19,6 +19,8 @@ export interface FrameEvent {
   readonly frameId: number;
   readonly sourceId: string;
   readonly captureNs: bigint;
+  /** The input's stamp, Unix ns (a bag message's log time), to line the frame up with its input. */
+  readonly stampNs?: bigint;
   readonly degradeLevel: number;
 }
 /** A stage ran for a frame (whatever the outcome). */
@@ -40,6 +42,9 @@ export interface DropEvent {
   readonly stage: string;
   readonly reason: DropReason;
   readonly detail: string;
+  /** Short and stable, for counting (the summary's drops.causes); when absent, the detail with its
+   * numbers blanked out stands for it. */
+  readonly cause?: string;
 }
 export interface CancelEvent {
   readonly type: 'cancel';
@@ -82,7 +87,8 @@ export interface OutputEvent {
   /** Finished after its deadline (a deadline miss that still came out). */
   readonly late: boolean;
 }
-/** A source incident (restart, malformed input, exit): not a frame, so not in frames.in. */
+/** Something the source reported that is not a frame (SourceIncident: skipped or damaged input,
+ * a restart or exit of its input process); counted by kind in the summary's `source`. */
 export interface SourceEvent extends SourceIncident {
   readonly type: 'source';
   readonly atNs: bigint;
@@ -150,11 +156,17 @@ export interface RunSummary {
   };
   /** Late outputs plus frames dropped as 'stale'. */
   readonly deadlineMisses: number;
-  readonly drops: { readonly byReason: Counts<DropReason>; readonly byStage: Readonly<Record<string, Counts<DropReason>>> };
+  readonly drops: {
+    readonly byReason: Counts<DropReason>;
+    readonly byStage: Readonly<Record<string, Counts<DropReason>>>;
+    /** `stage: cause` → count, most frequent first (at most MAX_DROP_CAUSES, the rest as '(other causes)'). */
+    readonly causes: Readonly<Record<string, number>>;
+  };
   readonly cancels: Readonly<Record<string, Counts<CancelReason>>>;
   readonly errors: Readonly<Record<string, number>>;
-  /** Source incidents by kind (restarts, malformed input messages). */
-  readonly source: Counts<SourceIncident['kind']>;
+  /** What the source reported besides frames: incidents by kind, and their details in order (the
+   * first MAX_SOURCE_DETAILS; the events stream has them all). */
+  readonly source: { readonly counts: Counts<SourceIncident['kind']>; readonly details: readonly string[] };
   readonly degrade: { readonly down: number; readonly up: number; readonly level: number; readonly maxLevel: number };
   /** Per stage: durations of its process() calls (span enter → exit), in stage order. */
   readonly stages: Readonly<Record<string, LatencyStats>>;

@@ -73,13 +73,37 @@ function formatHeadline(summary: RunSummary): string {
   );
 }
 
+/** Drop causes shown in the text summary (the JSON summary has them all). */
+const SHOWN_CAUSES = 10;
+
+/** The source's incidents (what it skipped, damage it read around, restarts) with their details,
+ * and the drops by cause, most frequent first. */
+function formatAccounts(summary: RunSummary): string[] {
+  const lines: string[] = [];
+  const { counts, details } = summary.source;
+  const incidents = Object.values(counts).reduce((sum, n) => sum + (n ?? 0), 0);
+  if (incidents > 0) {
+    lines.push(`source incidents: ${fmtCounts(counts)}`);
+    for (const detail of details) lines.push(`  ${detail}`);
+    if (incidents > details.length) lines.push(`  … ${incidents - details.length} more in the events stream`);
+  }
+  const causes = Object.entries(summary.drops.causes);
+  if (causes.length > 0) {
+    lines.push('drops by cause:');
+    const width = String(causes[0]![1]).length;
+    for (const [cause, n] of causes.slice(0, SHOWN_CAUSES)) lines.push(`  ${String(n).padStart(width)}  ${cause}`);
+    if (causes.length > SHOWN_CAUSES) lines.push(`  … ${causes.length - SHOWN_CAUSES} more causes in the JSON summary`);
+  }
+  return lines;
+}
+
 /** The end-of-run summary as text. */
 export function formatSummary(summary: RunSummary): string {
   const lines = [
     `percept run ${summary.endReason === 'stopped' ? `stopped (${summary.stopReason ?? 'stop'})` : (summary.endReason ?? 'running')}`,
     formatHeadline(summary),
     `deadline misses ${summary.deadlineMisses}  degrade steps down ${summary.degrade.down} up ${summary.degrade.up} (max level ${summary.degrade.maxLevel})`,
-    ...(Object.keys(summary.source).length ? [`source incidents: ${fmtCounts(summary.source)}`] : []),
+    ...formatAccounts(summary),
     ...formatStageTable(summary),
     ...formatCameraTable(summary),
   ];
