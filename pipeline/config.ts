@@ -224,7 +224,7 @@ const CONFIG_SCHEMA_PATH = new URL('../configs/percept.schema.json', import.meta
 const DEFAULTS_BASE = fileURLToPath(new URL('..', import.meta.url));
 
 /** The config fields that name files (their keys from the root). */
-const PATH_FIELDS: readonly (readonly string[])[] = [
+export const PATH_FIELDS: readonly (readonly string[])[] = [
   ['source', 'path'],
   ['source', 'url'],
   ['source', 'curve', 'secretKeyFile'],
