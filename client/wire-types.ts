@@ -12,7 +12,7 @@ export type WireHeader = ActionHeader | MessageHeader;
  */
 export type HeaderVersion = 1;
 /**
- * Names the run; seq starts at 0 again in a new run. On a real clock a random UUID: every run is a new one. On a virtual clock (a replay) a name-based UUID (RFC 9562 version 8, SHA-256) of what makes the replay: the config, the bytes of the input (a bag, a folder's files) and of the models (seeds included), the action schema and percept's version. So two replays of the same thing carry the same id, as they publish the same bytes (lockstep's promise), and a replay of another input, model or config carries another; the recording's percept.run metadata holds the same run_id.
+ * Names the run; seq starts at 0 again in a new run. On a real clock a random UUID: every run is a new one. On a virtual clock (a replay) a name-based UUID (RFC 9562 version 8, SHA-256) of what makes the replay: the config (less where the run records), the bytes of the input (a bag, a folder's files) and of the models (seeds included), the action schema and percept's version. So two replays of the same thing carry the same id, as they publish the same bytes (lockstep's promise), and a replay of another input, model or config carries another; the recording's percept.run metadata holds the same run_id.
  */
 export type RunId = string;
 /**
