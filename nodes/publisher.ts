@@ -8,19 +8,20 @@
 //   telemetry  MessageHeader + the periodic stats, with this publisher's own counters
 // `seq` counts up by one per topic within a run (`run_id`): a subscriber sees a loss as a gap.
 //
+// Why queues of our own: a PUB socket drops silently for a subscriber whose queue is full, and all
+// topics share that queue, so high-rate telemetry crowded out every action of a slow subscriber.
+// Here the socket never drops (XPUB no-drop: a send to a full subscriber fails with EAGAIN and is
+// retried), and each topic waits in its own bounded queue in front of it, actions first, then
+// events, then telemetry (on a real clock; see below). A full topic queue drops its oldest message,
+// counted per topic (stats(), the telemetry topic, the `end` event). So a slow subscriber holds the
+// socket back for everyone (as a reliable ROS 2 QoS does) but never the graph: the stage only enqueues.
+//
 // On a virtual clock (a replay) nothing measured goes out, so that the same replay publishes the same
 // bytes: the publish time is the replay clock's (`virtual_publish_ms`; `publish_wall_ms` is null), the
 // run id is the caller's (derived from what makes the replay), messages leave in the order they were
 // taken in (not by topic priority, which depends on how fast the socket drains), and the counters that
 // measure the socket (`sent`, `queued`) are null in the bodies. stats() keeps counting them all.
 //
-// Why queues of our own: a PUB socket drops silently for a subscriber whose queue is full, and all
-// topics share that queue, so high-rate telemetry crowded out every action of a slow subscriber.
-// Here the socket never drops (XPUB no-drop: a send to a full subscriber fails with EAGAIN and is
-// retried), and each topic waits in its own bounded queue in front of it, actions first, then
-// events, then telemetry. A full topic queue drops its oldest message, counted per topic (stats(),
-// the telemetry topic, the `end` event). So a slow subscriber holds the socket back for everyone
-// (as a reliable ROS 2 QoS does) but never the graph: the stage only enqueues.
 // Concurrency: zeromq allows one pending send per socket; the pump below is the only sender.
 import { Publisher as PubSocket } from 'zeromq';
 import type { ActionMessage } from './payloads.ts';
