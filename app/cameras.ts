@@ -68,7 +68,7 @@ export async function createCameraStages(
   try {
     if (publish) {
       const { createPublisher } = await import('../nodes/publisher.ts');
-      publisher = await createPublisher({ ...config.publisher, clock: config.clock, models: modelIds(config) });
+      publisher = await createPublisher({ ...config.publisher, models: modelIds(config) });
       log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
     }
     if (config.decoder.kind === 'openai') {

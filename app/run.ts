@@ -1,7 +1,6 @@
 // `percept run`: config → stages → graph → summary. This file is the only place that knows every
 // stage; the stages themselves only know their input and output types.
-import { createHash } from 'node:crypto';
-import { createReadStream, mkdirSync, readFileSync, statSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { basename, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DegradeLadder } from '../pipeline/budget.ts';
@@ -17,7 +16,8 @@ import type { Publisher } from '../nodes/publisher.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
 import type { Recorder } from '../nodes/recorder.ts';
-import { resolveModel, type ModelKind } from '../models/resolve.ts';
+import { resolveModel } from '../models/resolve.ts';
+import { replayRunId, runIdentity, type RunIdentity } from './run-identity.ts';
 
 /** The config `percept run` and `npm start` use when none is given. */
 export const DEFAULT_CONFIG = fileURLToPath(new URL('../configs/default.json', import.meta.url));
@@ -160,6 +160,17 @@ export function modelIds(config: PerceptConfig): Record<string, string> {
   return ids;
 }
 
+export interface CreateStagesOptions {
+  /** Default true. */
+  readonly publish?: boolean;
+  /** Default true. */
+  readonly warmup?: boolean;
+  /** The run's clock, for the publisher's headers (default: a real clock: the stages on their own). */
+  readonly clock?: Clock;
+  /** The run's id on the wire (default: a random one; a virtual clock needs one, see run-identity.ts). */
+  readonly runId?: string;
+}
+
 /** Builds the stages: the publisher first (it binds before the models load, so a busy endpoint fails
  * at once and subscribers have the load time to connect: a ZeroMQ PUB drops what it sends before a
  * subscription arrives, and the first action comes soon after the run starts), then in dependency
@@ -170,7 +181,7 @@ export function modelIds(config: PerceptConfig): Record<string, string> {
 export async function createStages(
   config: PerceptConfig,
   actionSchema: ActionSchema,
-  { publish = true, warmup = true } = {},
+  { publish = true, warmup = true, clock, runId }: CreateStagesOptions = {},
 ): Promise<PipelineStages> {
   const built: Stage<never, unknown>[] = [];
   const track = <S extends Stage<never, unknown>>(stage: S): S => {
@@ -181,7 +192,7 @@ export async function createStages(
   try {
     if (publish) {
       const { createPublisher } = await import('../nodes/publisher.ts');
-      publisher = await createPublisher({ ...config.publisher, clock: config.clock, models: modelIds(config) });
+      publisher = await createPublisher({ ...config.publisher, clock, runId, models: modelIds(config) });
       log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
     }
     if (config.decoder.kind === 'openai') {
@@ -360,18 +371,27 @@ export interface ExecuteOptions {
 export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {}): Promise<RunResult> {
   const actionSchema = loadActionSchema(config.actions.schema);
   const recorder = config.recorder.enabled ? await openRecorder(config, actionSchema) : undefined;
+  const publish = opts.publish ?? true;
   let source: FrameSource<CameraFrame> | undefined;
   let stages: PipelineStages | undefined;
+  let clock: Clock;
+  let identity: RunIdentity | undefined;
+  let runId: string | undefined;
   try {
     source = await createSource(config.source);
-    stages = await createStages(config, actionSchema, { publish: opts.publish ?? true });
+    // A virtual replay of a bag runs on the bag's own time line, so its recording's times are the bag's.
+    clock = config.clock === 'virtual' ? new VirtualClock(source.startNs ?? 0n) : new RealClock();
+    // A replay is named by what makes it (see run-identity.ts), known before its first message.
+    if (clock.virtual && (publish || recorder)) {
+      identity = await runIdentity(config, actionSchema);
+      runId = replayRunId(identity);
+    }
+    stages = await createStages(config, actionSchema, { publish, clock, runId });
   } catch (err) {
     await source?.close?.();
     await recorder?.close().catch(() => undefined);
     throw err;
   }
-  // A virtual replay of a bag runs on the bag's own time line, so its recording's times are the bag's.
-  const clock: Clock = config.clock === 'virtual' ? new VirtualClock(source.startNs ?? 0n) : new RealClock();
   const graph = createGraph({ source, stages: stages.chain, clock, config });
   const { publisher } = stages;
   const recorderErrors: string[] = [];
@@ -385,7 +405,8 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
   let running = false;
   try {
     if (recorder) {
-      await recorder.writeMetadata('percept.run', await runMetadata(config, actionSchema, clock));
+      identity ??= await runIdentity(config, actionSchema);
+      await recorder.writeMetadata('percept.run', runMetadata(config, identity, clock, publisher?.runId ?? runId));
       recordGraph(graph, recorder, clock, config.recorder.frames, (err) => {
         if (recorderErrors.length === 0) log(`recorder: ${err.message}`);
         recorderErrors.push(err.message);
@@ -482,46 +503,17 @@ function recordGraph(graph: Graph, recorder: Recorder, clock: Clock, frames: boo
   });
 }
 
-const { version: PERCEPT_VERSION } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
-
-/** The recording's `percept.run` metadata: what it takes to know how the run was made. Nothing
- * measured or dated on a virtual clock (the file must be the same on every replay). */
-async function runMetadata(config: PerceptConfig, actionSchema: ActionSchema, clock: Clock): Promise<Record<string, string>> {
-  const files = [];
-  if (config.decoder.kind === 'openai') {
-    // A remote server holds its model (vision tower included): its id and where it was served from.
-    files.push({ role: 'decoder', spec: config.decoder.model, endpoint: config.decoder.endpoint });
-  } else {
-    const models: { role: string; spec: string; kind: ModelKind }[] = [{ role: 'decoder', spec: config.decoder.model, kind: 'decoder' }];
-    if (config.decoder.draft) models.push({ role: 'draft', spec: config.decoder.draft, kind: 'decoder' });
-    if (config.decoder.draftMtp) models.push({ role: 'draftMtp', spec: config.decoder.draftMtp, kind: 'decoder' });
-    if (config.encoder.kind === 'onnx') models.push({ role: 'encoder', spec: config.encoder.model, kind: 'vision' });
-    if (config.encoder.kind === 'mtmd') models.push({ role: 'encoder', spec: config.encoder.mmproj, kind: 'mmproj' });
-    for (const { role, spec, kind } of models) {
-      const path = await resolveModel(spec, kind);
-      files.push({ role, spec, path, bytes: statSync(path).size, sha256: await sha256File(path) });
-    }
-  }
-  const seeds = { decoder: config.decoder.seed, ...(config.encoder.kind === 'projection' ? { encoder: config.encoder.seed } : {}) };
-  // A file source is named with its size; a pattern or a live source by its config alone.
-  const source = 'path' in config.source ? { ...config.source, bytes: statSync(config.source.path).size } : config.source;
+/** The recording's `percept.run` metadata: what made the run, its id (the one its published stream
+ * carries) and, on a real clock only, when it started (the file must be the same on every replay). */
+function runMetadata(config: PerceptConfig, identity: RunIdentity, clock: Clock, runId: string | undefined): Record<string, string> {
   return {
-    percept_version: PERCEPT_VERSION,
+    ...identity,
     node_version: process.version,
     // Without the recording's own path: two replays into two files record the same run.
-    config: JSON.stringify({ ...config, recorder: { ...config.recorder, path: undefined } }),
-    source: JSON.stringify(source),
-    models: JSON.stringify(files),
-    seeds: JSON.stringify(seeds),
-    action_schema: JSON.stringify({ id: actionSchema.id, sha256: actionSchema.sha256 }),
+    recorder: JSON.stringify({ ...config.recorder, path: undefined }),
     clock: config.clock,
     lockstep: String(config.lockstep),
+    ...(runId ? { run_id: runId } : {}),
     ...(clock.virtual ? {} : { started_unix_ns: String(clock.unixNs(clock.nowNs())) }),
   };
-}
-
-async function sha256File(path: string): Promise<string> {
-  const hash = createHash('sha256');
-  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
-  return hash.digest('hex');
 }

@@ -4,7 +4,7 @@
 // ---- configs/wire/header.schema.json (percept/wire/header/v1)
 
 /**
- * The second frame of every message percept publishes ([topic, header, body], each JSON in UTF-8). Actions carry an ActionHeader, the events and telemetry topics a MessageHeader. header_version is the version of this header format; schema_id names the schema of the body. A subscriber detects lost messages by seq: it counts up by one per topic within a run (run_id), with no gap at the publisher.
+ * The second frame of every message percept publishes ([topic, header, body], each JSON in UTF-8). Actions carry an ActionHeader, the events and telemetry topics a MessageHeader. header_version is the version of this header format; schema_id names the schema of the body. A subscriber detects lost messages by seq: it counts up by one per topic within a run (run_id), with no gap at the publisher. On a virtual clock (a replay) nothing measured enters a header: its times are the replay clock's (virtual_*, never wall times) and its run_id is derived from what makes the replay, so the same replay publishes the same bytes.
  */
 export type WireHeader = ActionHeader | MessageHeader;
 /**
@@ -12,7 +12,7 @@ export type WireHeader = ActionHeader | MessageHeader;
  */
 export type HeaderVersion = 1;
 /**
- * Unique per run of the pipeline; seq starts at 0 again in a new run.
+ * Names the run; seq starts at 0 again in a new run. On a real clock a random UUID: every run is a new one. On a virtual clock (a replay) a name-based UUID (RFC 9562 version 8, SHA-256) of what makes the replay: the config (less where the run records), the bytes of the input (a bag, a folder's files) and of the models (seeds included), the action schema and percept's version. So two replays of the same thing carry the same id, as they publish the same bytes (lockstep's promise), and a replay of another input, model or config carries another; the recording's percept.run metadata holds the same run_id.
  */
 export type RunId = string;
 /**
@@ -20,13 +20,17 @@ export type RunId = string;
  */
 export type Seq = number;
 /**
- * The run's clock. virtual: a deterministic replay whose times are not wall times.
+ * The run's clock. virtual: a deterministic replay whose times are not wall times (they are in the virtual_* fields; the *_wall_ms fields are null).
  */
 export type ClockKind = 'real' | 'virtual';
 /**
- * When the publisher handed the message to ZeroMQ: the host's wall clock (ms since the Unix epoch), on either clock kind.
+ * When the publisher handed the message to ZeroMQ: the host's wall clock (ms since the Unix epoch). null on a virtual clock, where nothing measured is published (see virtual_publish_ms).
  */
-export type PublishWallMs = number;
+export type PublishWallMs = number | null;
+/**
+ * Virtual clock only (replay): when the publisher took the message in, in ms on the replay's clock (an action: when its frame reached the publish stage; an event or stats: its atNs; the end event: when the run ended). Never a wall time. null on a real clock.
+ */
+export type VirtualPublishMs = number | null;
 
 export interface ActionHeader {
   header_version: HeaderVersion;
@@ -38,6 +42,7 @@ export interface ActionHeader {
   seq: Seq;
   clock: ClockKind;
   publish_wall_ms: PublishWallMs;
+  virtual_publish_ms: VirtualPublishMs;
   /**
    * The frame's number in the run (0, 1, … in the order the source delivered frames); events name frames by it.
    */
@@ -91,6 +96,7 @@ export interface MessageHeader {
   seq: Seq;
   clock: ClockKind;
   publish_wall_ms: PublishWallMs;
+  virtual_publish_ms: VirtualPublishMs;
 }
 
 // ---- configs/wire/messages.schema.json (percept/wire/messages/v1)
@@ -264,16 +270,22 @@ export interface LatencyStats {
   maxMs: number | null;
 }
 /**
- * Per topic: messages accepted (= the next seq), handed to ZeroMQ, dropped from the topic's own queue when it was full, and waiting now.
+ * Per topic: messages accepted (= the next seq), handed to ZeroMQ, dropped from the topic's own queue when it was full, and waiting now. On a virtual clock sent and queued are null: they measure how fast the socket drains, which is real time, and a replay publishes nothing measured (accepted and dropped stay: a drop is a gap in the stream).
  */
 export interface PublisherStats {
   [k: string]: TopicStats;
 }
 export interface TopicStats {
   accepted: number;
-  sent: number;
+  /**
+   * null on a virtual clock.
+   */
+  sent: number | null;
   dropped: number;
-  queued: number;
+  /**
+   * null on a virtual clock.
+   */
+  queued: number | null;
   highWaterMark: number;
 }
 /**

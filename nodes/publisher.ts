@@ -12,16 +12,24 @@
 // topics share that queue, so high-rate telemetry crowded out every action of a slow subscriber.
 // Here the socket never drops (XPUB no-drop: a send to a full subscriber fails with EAGAIN and is
 // retried), and each topic waits in its own bounded queue in front of it, actions first, then
-// events, then telemetry. A full topic queue drops its oldest message, counted per topic (stats(),
-// the telemetry topic, the `end` event). So a slow subscriber holds the socket back for everyone
-// (as a reliable ROS 2 QoS does) but never the graph: the stage only enqueues.
+// events, then telemetry (on a real clock; see below). A full topic queue drops its oldest message,
+// counted per topic (stats(), the telemetry topic, the `end` event). So a slow subscriber holds the
+// socket back for everyone (as a reliable ROS 2 QoS does) but never the graph: the stage only enqueues.
+//
+// On a virtual clock (a replay) nothing measured goes out, so that the same replay publishes the same
+// bytes: the publish time is the replay clock's (`virtual_publish_ms`; `publish_wall_ms` is null), the
+// run id is the caller's (derived from what makes the replay), messages leave in the order they were
+// taken in (not by topic priority, which depends on how fast the socket drains), and the counters that
+// measure the socket (`sent`, `queued`) are null in the bodies. stats() keeps counting them all.
+//
 // Concurrency: zeromq allows one pending send per socket; the pump below is the only sender.
 import { Publisher as PubSocket } from 'zeromq';
 import type { ActionMessage } from './payloads.ts';
-import type { ClockKind, PublisherStats, TopicStats } from '../client/wire-types.ts';
+import type { PublisherStats, TopicStats } from '../client/wire-types.ts';
 import { eventToJson, type RunSummary, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
 import type { CurveConfig, PublisherConfig } from '../pipeline/config.ts';
 import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../pipeline/endpoint.ts';
+import { RealClock, type Clock } from '../pipeline/clock.ts';
 import type { Stage, StageContext, Stamp, TelemetrySink } from '../pipeline/types.ts';
 
 const HEADER_VERSION = 1;
@@ -35,10 +43,12 @@ export interface PublisherOptions extends Pick<PublisherConfig, 'endpoint' | 'to
   readonly highWaterMarks?: Partial<PublisherConfig['highWaterMarks']>;
   /** How long close() lets queued messages reach connected subscribers (ms, default 2000). */
   readonly lingerMs?: number;
-  /** Unique per run (default: a random UUID). */
+  /** The run's id: a random UUID by default on a real clock; required on a virtual one (the same
+   * replay must publish the same bytes, so the caller derives it from what makes the replay). */
   readonly runId?: string;
-  /** The run's clock: on 'virtual', frame times go out as virtual_* and never as wall times. */
-  readonly clock?: ClockKind;
+  /** The run's clock (default real). On a virtual clock, times go out as virtual_* (never as wall
+   * times): a frame's from its context, an event's from its atNs, the end's from clock.nowNs(). */
+  readonly clock?: Clock;
   /** Role → model id, copied into every action header. */
   readonly models?: Readonly<Record<string, string>>;
   /** Topics of the events and the stats (defaults 'events', 'telemetry'). */
@@ -61,20 +71,28 @@ export interface Publisher {
   readonly runId: string;
   readonly stage: PublisherStage;
   readonly sink: PublisherSink;
-  /** Per topic: accepted (= the next seq), sent, dropped, queued. */
-  stats(): PublisherStats;
+  /** Per topic: accepted (= the next seq), sent, dropped, queued (all counted, on either clock). */
+  stats(): PublisherCounters;
   /** Sends what is queued, then the `end` event with `summary` and the final counters, waits up to
    * lingerMs for it all to go out, and closes the socket. Resolves with the final counters; what
    * could not be sent by then is counted as dropped. Idempotent. */
-  close(summary?: RunSummary): Promise<PublisherStats>;
+  close(summary?: RunSummary): Promise<PublisherCounters>;
 }
+
+/** A topic's counters as the publisher keeps them; the wire's TopicStats may leave some out (null). */
+export type TopicCounters = { readonly [K in keyof TopicStats]-?: NonNullable<TopicStats[K]> };
+export type PublisherCounters = Record<string, TopicCounters>;
 
 type TopicName = 'actions' | 'events' | 'telemetry';
 /** A message waiting in a topic queue; its header is finished when it is sent. */
 interface Pending {
   readonly seq: number;
-  /** The header's JSON without its closing brace and without seq/publish_wall_ms. */
+  /** Its place among all the messages the publisher took in, every topic together. */
+  readonly order: number;
+  /** The header's JSON without its closing brace and without seq and the publish times. */
   readonly head: string;
+  /** On a virtual clock, the publish time (ms on the replay's clock); undefined on a real one. */
+  readonly virtualMs: number | undefined;
   /** The body, or (the end event) a function that makes it when it is sent. */
   readonly body: string | (() => string);
 }
@@ -96,6 +114,10 @@ class TopicQueue {
   get length(): number {
     return this.#items.length - this.#first;
   }
+  /** The oldest message waiting, if any. */
+  peek(): Pending | undefined {
+    return this.length > 0 ? this.#items[this.#first] : undefined;
+  }
   push(make: (seq: number) => Pending): void {
     if (this.length >= this.highWaterMark) {
       this.shift();
@@ -114,7 +136,7 @@ class TopicQueue {
     }
     return item;
   }
-  stats(): TopicStats {
+  stats(): TopicCounters {
     return { accepted: this.accepted, sent: this.sent, dropped: this.dropped, queued: this.length, highWaterMark: this.highWaterMark };
   }
 }
@@ -129,6 +151,11 @@ const requireSecretKey = (curve: CurveConfig): string => {
   return curve.secretKeyFile;
 };
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+/** ms since the Unix epoch of the instant `ns` on `clock`, exact to the ns (no float of the whole). */
+const unixMs = (clock: Clock, ns: bigint): number => {
+  const unixNs = clock.unixNs(ns);
+  return Number(unixNs / 1_000_000n) + Number(unixNs % 1_000_000n) / 1e6;
+};
 
 export async function createPublisher(options: PublisherOptions): Promise<Publisher> {
   if (options === null || typeof options !== 'object')
@@ -140,12 +167,19 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
     curve = null,
     insecure = false,
     lingerMs = 2000,
-    runId = crypto.randomUUID(),
-    clock = 'real',
+    clock = new RealClock(),
     models = {},
     eventsTopic = 'events',
     telemetryTopic = 'telemetry',
   } = options;
+  if (!clock || typeof clock.nowNs !== 'function' || typeof clock.unixNs !== 'function')
+    throw new TypeError('createPublisher: expected clock to be a Clock');
+  const virtual = clock.virtual;
+  if (virtual && options.runId === undefined)
+    throw new TypeError(
+      'createPublisher: a virtual clock needs runId (derived from what makes the replay, so that it publishes the same bytes)',
+    );
+  const runId = options.runId ?? crypto.randomUUID();
   let parsed;
   try {
     parsed = parseEndpoint(endpoint);
@@ -176,8 +210,6 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
   }
   if (!Number.isInteger(lingerMs) || lingerMs < 0)
     throw new RangeError(`createPublisher: expected integer >= 0 for lingerMs but received ${lingerMs}`);
-  if (clock !== 'real' && clock !== 'virtual')
-    throw new TypeError(`createPublisher: expected clock 'real' or 'virtual' but received ${clock}`);
 
   const socket = new PubSocket({
     sendHighWaterMark,
@@ -200,16 +232,32 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
     events: new TopicQueue(eventsTopic, hwm.events),
     telemetry: new TopicQueue(telemetryTopic, hwm.telemetry),
   };
-  const order = [topics.actions, topics.events, topics.telemetry];
-  const stats = (): PublisherStats => ({
+  const byPriority = [topics.actions, topics.events, topics.telemetry];
+  const stats = (): PublisherCounters => ({
     [topic]: topics.actions.stats(),
     [eventsTopic]: topics.events.stats(),
     [telemetryTopic]: topics.telemetry.stats(),
   });
+  /** The counters that go out in stats and end bodies: on a virtual clock, without those that
+   * depend on how fast the socket drains. */
+  const wireStats = (): PublisherStats => {
+    const counters = stats();
+    if (!virtual) return counters;
+    return Object.fromEntries(Object.entries(counters).map(([name, c]) => [name, { ...c, sent: null, queued: null }]));
+  };
+  /** The queue whose message goes next: by topic priority on a real clock, in the order taken in on
+   * a virtual one. */
+  const nextQueue = (): TopicQueue | undefined => {
+    if (!virtual) return byPriority.find((q) => q.length > 0);
+    let next: TopicQueue | undefined;
+    for (const q of byPriority) if (q.length > 0 && (!next || q.peek()!.order < next.peek()!.order)) next = q;
+    return next;
+  };
+  let takenIn = 0;
 
-  // The parts of every header that do not change within a run; seq and publish_wall_ms are added
+  // The parts of every header that do not change within a run; seq and the publish times are added
   // when a message is sent.
-  const common = `"run_id":${JSON.stringify(runId)},"clock":"${clock}"`;
+  const common = `"run_id":${JSON.stringify(runId)},"clock":"${virtual ? 'virtual' : 'real'}"`;
   const eventHead = `{"header_version":${HEADER_VERSION},"schema_id":"${EVENT_SCHEMA_ID}",${common}`;
   const telemetryHead = `{"header_version":${HEADER_VERSION},"schema_id":"${TELEMETRY_SCHEMA_ID}",${common}`;
   const modelsJson = JSON.stringify(models);
@@ -217,7 +265,7 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
   const sourceIds = new Map<string, string>(); // source id → its JSON
 
   let closing = false;
-  let closed: Promise<PublisherStats> | undefined;
+  let closed: Promise<PublisherCounters> | undefined;
   let pumping: Promise<void> | undefined;
   let undelivered = 0;
 
@@ -226,12 +274,16 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
   async function pump(): Promise<void> {
     let waitMs = 0;
     for (;;) {
-      const queue = order.find((q) => q.length > 0);
+      const queue = nextQueue();
       if (!queue) return;
       const item = queue.shift()!;
       const body = typeof item.body === 'string' ? item.body : item.body();
       for (;;) {
-        const header = `${item.head},"seq":${item.seq},"publish_wall_ms":${Date.now()}}`;
+        const times =
+          item.virtualMs === undefined
+            ? `"publish_wall_ms":${Date.now()},"virtual_publish_ms":null`
+            : `"publish_wall_ms":null,"virtual_publish_ms":${num(item.virtualMs)}`;
+        const header = `${item.head},"seq":${item.seq},${times}}`;
         try {
           await socket.send([queue.frame, header, body]);
           queue.sent += 1;
@@ -251,12 +303,13 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
   const kick = (): void => {
     pumping ??= pump().finally(() => {
       pumping = undefined;
-      if (order.some((q) => q.length > 0) && !socket.closed) kick();
+      if (byPriority.some((q) => q.length > 0) && !socket.closed) kick();
     });
   };
 
-  function enqueueEvent(queue: TopicQueue, head: string, body: Pending['body']): void {
-    queue.push((seq) => ({ seq, head, body }));
+  /** Queues one message; `virtualMs` is its publish time on a virtual clock (undefined on a real one). */
+  function enqueue(queue: TopicQueue, head: string, body: Pending['body'], virtualMs: number | undefined): void {
+    queue.push((seq) => ({ seq, order: takenIn++, head, virtualMs, body }));
     kick();
   }
 
@@ -277,15 +330,14 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
       }
       const budgetMs = Number(frame.deadlineNs - frame.captureNs) / 1e6;
       const untilMs = msg.captureWallMs + budgetMs;
-      const real = clock === 'real';
       const frameFields =
         `,"frame_id":${msg.frameId},"source_id":${sourceId},"source_stamp":${stampJson(frame.sourceStamp)}` +
-        `,"capture_wall_ms":${real ? num(msg.captureWallMs) : 'null'},"valid_until_wall_ms":${real ? num(untilMs) : 'null'}` +
-        `,"virtual_capture_ms":${real ? 'null' : num(msg.captureWallMs)},"virtual_valid_until_ms":${real ? 'null' : num(untilMs)}` +
+        `,"capture_wall_ms":${virtual ? 'null' : num(msg.captureWallMs)},"valid_until_wall_ms":${virtual ? 'null' : num(untilMs)}` +
+        `,"virtual_capture_ms":${virtual ? num(msg.captureWallMs) : 'null'},"virtual_valid_until_ms":${virtual ? num(untilMs) : 'null'}` +
         `,"degrade_level":${frame.degradeLevel},"models":${modelsJson}`;
-      const body = JSON.stringify(msg.action);
-      topics.actions.push((seq) => ({ seq, head: head + frameFields, body }));
-      kick();
+      // On a virtual clock, published when the stage takes it in, on the call's clock.
+      const virtualMs = virtual ? unixMs(ctx.clock, ctx.clock.nowNs()) : undefined;
+      enqueue(topics.actions, head + frameFields, JSON.stringify(msg.action), virtualMs);
       return Promise.resolve(msg);
     },
   };
@@ -299,10 +351,10 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
         return;
       }
       if (event.type === 'stats') {
-        const body = JSON.stringify({ type: 'stats', atNs: String(event.atNs), summary: event.summary, publisher: stats() });
-        enqueueEvent(topics.telemetry, telemetryHead, body);
+        const body = JSON.stringify({ type: 'stats', atNs: String(event.atNs), summary: event.summary, publisher: wireStats() });
+        enqueue(topics.telemetry, telemetryHead, body, virtual ? unixMs(clock, event.atNs) : undefined);
       } else {
-        enqueueEvent(topics.events, eventHead, eventToJson(event));
+        enqueue(topics.events, eventHead, eventToJson(event), virtual ? unixMs(clock, event.atNs) : undefined);
       }
     },
     get undelivered() {
@@ -310,13 +362,15 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
     },
   };
 
-  async function close(summary?: RunSummary): Promise<PublisherStats> {
+  async function close(summary?: RunSummary): Promise<PublisherCounters> {
     closing = true;
     if (summary) {
-      // The end summary supersedes stats still waiting (counted as dropped), and goes out last,
-      // with the counters as they are when it is sent (everything else has gone by then).
-      while (topics.telemetry.shift()) topics.telemetry.dropped += 1;
-      enqueueEvent(topics.events, eventHead, () => JSON.stringify({ type: 'end', summary, publisher: stats() }));
+      // The end summary goes out last, with the counters as they are when it is sent (everything
+      // else has gone by then). On a real clock it supersedes stats still waiting (counted as
+      // dropped: events go first); on a virtual one they go before it, as they were taken in.
+      if (!virtual) while (topics.telemetry.shift()) topics.telemetry.dropped += 1;
+      const end = () => JSON.stringify({ type: 'end', summary, publisher: wireStats() });
+      enqueue(topics.events, eventHead, end, virtual ? unixMs(clock, clock.nowNs()) : undefined);
     }
     const deadline = Date.now() + lingerMs;
     if (pumping) {
@@ -330,7 +384,7 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
       clearTimeout(timer);
     }
     // What is still queued will not go out: it counts as dropped.
-    for (const queue of order) while (queue.shift()) queue.dropped += 1;
+    for (const queue of byPriority) while (queue.shift()) queue.dropped += 1;
     // Handed to ZeroMQ is not yet on the wire: let it flush for what is left of lingerMs.
     socket.linger = Math.max(0, deadline - Date.now());
     // close() releases the endpoint later, on ZeroMQ's reaper thread; unbind first so the address

@@ -490,9 +490,10 @@ class ChunkedMcapFile {
       compressedSize: BigInt(records.byteLength),
       uncompressedSize: BigInt(data.length),
     });
-    this.#statistics.chunkCount += 1;
     chunk.reset();
     await this.#writeData();
+    // Counted once the bytes are handed to the file: `chunksWritten` means on disk, not staged.
+    this.#statistics.chunkCount += 1;
   }
 
   async end(): Promise<void> {

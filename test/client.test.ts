@@ -143,7 +143,13 @@ describe('percept/client', () => {
   });
 
   test('a virtual-clock action is never judged by wall time', async () => {
-    const pub = await createPublisher({ endpoint: 'tcp://127.0.0.1:*', topic: 'actions', sendHighWaterMark: 1000, clock: 'virtual' });
+    const pub = await createPublisher({
+      endpoint: 'tcp://127.0.0.1:*',
+      topic: 'actions',
+      sendHighWaterMark: 1000,
+      clock: new VirtualClock(),
+      runId: 'replay-1',
+    });
     closers.push(() => pub.close());
     const sub = subscribe({ connect: pub.endpoint });
     closers.push(() => sub.close());
@@ -167,6 +173,7 @@ describe('percept/client', () => {
       seq: 0,
       clock: 'real',
       publish_wall_ms: 1,
+      virtual_publish_ms: null,
       frame_id: 0,
       source_id: 'cam',
       source_stamp: null,

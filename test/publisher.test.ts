@@ -80,6 +80,19 @@ async function probe(pub: Publisher, sub: Subscriber): Promise<number> {
   return sent;
 }
 
+/** As probe(), but sends exactly `total` probes (the rest at once once one has arrived), so that two
+ * publishers probed this way have taken in the same messages, and receives them all. */
+async function probeExactly(pub: Publisher, sub: Subscriber, total: number): Promise<void> {
+  let seq = -1;
+  const arrival = sub.receive().then((m) => (seq = parse(m).header.seq));
+  for (let sent = 0; sent < total; sent++) {
+    pub.sink.accept({ type: 'drop', atNs: 0n, frameId: -1, stage: 'probe', reason: 'stale', detail: 'probe' });
+    if (seq < 0) await new Promise((r) => setTimeout(r, 10));
+  }
+  await arrival;
+  while (seq < total - 1) seq = parse(await sub.receive()).header.seq;
+}
+
 /** Receives until `count` messages of topic `topic` (others are skipped). */
 async function receiveTopic(sub: Subscriber, topic: string, count: number) {
   const got = [];
@@ -134,6 +147,7 @@ describe('publisher', () => {
           seq: i,
           clock: 'real',
           publish_wall_ms: 0,
+          virtual_publish_ms: null,
           frame_id: i,
           source_id: 'cam/front',
           source_stamp: { sec: 1_700_000_000 + i, nanosec: 5 },
@@ -145,26 +159,95 @@ describe('publisher', () => {
           models: { decoder: 'synth:gemma4-tiny', encoder: 'vision.onnx' },
         },
       );
-      assert.ok(h.publish_wall_ms >= before && h.publish_wall_ms <= Date.now(), 'publish time is the wall clock');
+      assert.ok(h.publish_wall_ms! >= before && h.publish_wall_ms! <= Date.now(), 'publish time is the wall clock');
       assert.ok(schema.validate(body));
       assert.deepEqual(body, { action: 'move', confidence: 0.5, speed: i % 2 });
     });
   });
 
-  test('on a virtual clock the frame times are virtual_*, never wall times', async () => {
-    const pub = await open({ clock: 'virtual' });
-    const sub = connect(pub, ['actions', 'events']);
+  test('on a virtual clock every time is virtual_*, never a wall time; the run id is the caller', async () => {
+    await assert.rejects(createPublisher({ ...base, clock: new VirtualClock() }), /a virtual clock needs runId/);
+    // The run's clock: its time line starts 1 s after the epoch (replay time, not wall time).
+    const pub = await open({ clock: new VirtualClock(0n, 1000), runId: 'replay-1' });
+    const sub = connect(pub, ['actions', 'events', 'telemetry']);
     await probe(pub, sub);
-    const ctx = context(0, new VirtualClock(500_000_000n, 0)); // 500 ms after the epoch: replay time
+    // The publish stage's call: its frame was captured at 500 ms; it takes the action in at 600 ms.
+    const ctx = context(0, new VirtualClock(500_000_000n, 0));
+    (ctx.clock as VirtualClock).advance(100_000_000n);
     await pub.stage.process(message(0, ctx), ctx);
+    pub.sink.accept({ type: 'error', atNs: 250_500_000n, frameId: 0, stage: 'decode', message: 'late' });
+    pub.sink.accept(stats(600_000_001n));
     const [{ header }] = await receiveTopic(sub, 'actions', 1);
-    assert.ok(validateActionHeader(header));
+    assert.ok(validateActionHeader(header), JSON.stringify(validateActionHeader.errors));
     assert.equal(header.clock, 'virtual');
+    assert.equal(header.run_id, 'replay-1');
     assert.equal(header.capture_wall_ms, null);
     assert.equal(header.valid_until_wall_ms, null);
+    assert.equal(header.publish_wall_ms, null);
     assert.equal(header.virtual_capture_ms, 500);
     assert.equal(header.virtual_valid_until_ms, 750);
-    assert.ok(header.publish_wall_ms > 1_600_000_000_000, 'the publish time is always the wall clock');
+    assert.equal(header.virtual_publish_ms, 600, "an action's publish time is when the stage took it in, on its call's clock");
+    const [error] = await receiveTopic(sub, 'events', 1);
+    assert.ok(validateMessageHeader(error.header), JSON.stringify(validateMessageHeader.errors));
+    assert.deepEqual([error.header.publish_wall_ms, error.header.virtual_publish_ms], [null, 1250.5], "an event's is its atNs");
+    const [telemetry] = await receiveTopic(sub, 'telemetry', 1);
+    assert.deepEqual([telemetry.header.publish_wall_ms, telemetry.header.virtual_publish_ms], [null, 1600.000001]);
+    assert.ok(validateTelemetry(telemetry.body), JSON.stringify(validateTelemetry.errors));
+    assert.deepEqual(
+      telemetry.body.publisher.telemetry,
+      { accepted: 0, sent: null, dropped: 0, queued: null, highWaterMark: 16 },
+      'no counter that measures the socket',
+    );
+  });
+
+  test('on a virtual clock the same messages taken in at any pace publish the same bytes, in the order taken in, the end last', async () => {
+    const PROBES = 1000;
+    /** One run: PROBES probes, then 30 frames' actions, events and stats, then the end; `stall`
+     * keeps the subscriber from reading until the run has closed (the socket backs up: ZeroMQ and
+     * the topic queues hold what waits), else it reads as it comes and the feed yields to it. */
+    const replay = async (stall: boolean) => {
+      const clock = new VirtualClock(1_000_000_000n, 0);
+      const pub = await open({ clock, runId: 'replay-1', sendHighWaterMark: stall ? 2 : 1000 });
+      const sub = connect(pub, [''], stall ? { receiveHighWaterMark: 2, receiveBufferSize: 4096 } : {});
+      await probeExactly(pub, sub, PROBES);
+      const fed: string[] = [];
+      for (let i = 0; i < 30; i++) {
+        const ctx = context(i, clock);
+        clock.advance(40_000_000n);
+        await pub.stage.process(message(i, ctx), ctx);
+        fed.push('actions');
+        if (i % 3 === 0) {
+          pub.sink.accept({ type: 'drop', atNs: clock.nowNs(), frameId: i, stage: 'decode', reason: 'stale', detail: `frame ${i}` });
+          fed.push('events');
+        }
+        if (i % 5 === 4) {
+          pub.sink.accept(stats(clock.nowNs()));
+          fed.push('telemetry');
+        }
+        if (!stall) await new Promise((r) => setImmediate(r));
+      }
+      const summary = new TelemetryAggregator('virtual').snapshot();
+      const closed = pub.close(summary);
+      fed.push('events');
+      const frames: Buffer[][] = [];
+      while (frames.length < fed.length) frames.push(await sub.receive());
+      const counters = await closed;
+      return { fed, frames, counters };
+    };
+    const [calm, stalled] = [await replay(false), await replay(true)];
+    const bytes = (frames: Buffer[][]) => Buffer.concat(frames.flatMap((f) => [...f, Buffer.from('\n')]));
+    assert.ok(stalled.counters.actions!.sent === 30 && stalled.counters.telemetry!.dropped === 0, JSON.stringify(stalled.counters));
+    assert.deepEqual(
+      calm.frames.map((f) => f[0]!.toString()),
+      calm.fed,
+      'in the order taken in',
+    );
+    const end = parse(calm.frames.at(-1)!);
+    assert.equal(end.body.type, 'end');
+    assert.ok(validateEvent(end.body), JSON.stringify(validateEvent.errors));
+    assert.deepEqual(end.body.publisher.actions, { accepted: 30, sent: null, dropped: 0, queued: null, highWaterMark: 1000 });
+    assert.equal(end.header.virtual_publish_ms, 1000 + 30 * 40, 'the end goes out at the clock when the run closed');
+    assert.equal(bytes(stalled.frames).toString(), bytes(calm.frames).toString(), 'the same bytes');
   });
 
   test('events and telemetry carry MessageHeaders and schema-valid bodies; only decisions, incidents and stats go out', async () => {

@@ -1,0 +1,75 @@
+// What makes a run: the config, the bytes of its input and of its models (seeds included), the action
+// schema and percept's version. A recording's `percept.run` metadata holds it, and on a virtual clock
+// it names the run: a replay's outputs are a function of exactly these, so its run id is derived from
+// them. The same replay twice gets the same id (its published stream is byte-identical, which is what
+// lockstep promises); a replay of another input, model or config gets another, so a subscriber still
+// tells runs apart. A run on the real clock is a new run every time: its id is random (the publisher's).
+import { createHash } from 'node:crypto';
+import { createReadStream, readdirSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import type { PerceptConfig } from '../pipeline/config.ts';
+import type { ActionSchema } from '../nodes/action-schema.ts';
+import { resolveModel, type ModelKind } from '../models/resolve.ts';
+
+const { version: PERCEPT_VERSION } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
+
+/** Each value is JSON text (or a plain string), as an MCAP metadata record holds it. */
+export type RunIdentity = Readonly<Record<string, string>>;
+
+/** Reads every model and input file once (sha256): a replay's inputs, not the names they go by. */
+export async function runIdentity(config: PerceptConfig, actionSchema: ActionSchema): Promise<RunIdentity> {
+  const files = [];
+  if (config.decoder.kind === 'openai') {
+    // A remote server holds its model (vision tower included): its id and where it was served from.
+    files.push({ role: 'decoder', spec: config.decoder.model, endpoint: config.decoder.endpoint });
+  } else {
+    const models: { role: string; spec: string; kind: ModelKind }[] = [{ role: 'decoder', spec: config.decoder.model, kind: 'decoder' }];
+    if (config.decoder.draft) models.push({ role: 'draft', spec: config.decoder.draft, kind: 'decoder' });
+    if (config.decoder.draftMtp) models.push({ role: 'draftMtp', spec: config.decoder.draftMtp, kind: 'decoder' });
+    if (config.encoder.kind === 'onnx') models.push({ role: 'encoder', spec: config.encoder.model, kind: 'vision' });
+    if (config.encoder.kind === 'mtmd') models.push({ role: 'encoder', spec: config.encoder.mmproj, kind: 'mmproj' });
+    for (const { role, spec, kind } of models) {
+      const path = await resolveModel(spec, kind);
+      files.push({ role, spec, path, bytes: statSync(path).size, sha256: await sha256File(path) });
+    }
+  }
+  const seeds = { decoder: config.decoder.seed, ...(config.encoder.kind === 'projection' ? { encoder: config.encoder.seed } : {}) };
+  return {
+    percept_version: PERCEPT_VERSION,
+    // Where the run writes is no part of what it is: a replay recorded or not is the same replay.
+    config: JSON.stringify({ ...config, recorder: undefined }),
+    source: JSON.stringify(await sourceIdentity(config.source)),
+    models: JSON.stringify(files),
+    seeds: JSON.stringify(seeds),
+    action_schema: JSON.stringify({ id: actionSchema.id, sha256: actionSchema.sha256 }),
+  };
+}
+
+/** A replay's run id: a name-based UUID (RFC 9562 version 8) over the SHA-256 of its identity. */
+export function replayRunId(identity: RunIdentity): string {
+  const digest = createHash('sha256').update('percept.run\n').update(JSON.stringify(identity)).digest();
+  digest[6] = (digest[6]! & 0x0f) | 0x80; // version 8
+  digest[8] = (digest[8]! & 0x3f) | 0x80; // the RFC's variant
+  const hex = digest.toString('hex', 0, 16);
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+}
+
+/** A bag by its bytes; a folder by the name and bytes of each file in it (every file: whatever the
+ * source makes of them); a pattern by its config alone. */
+async function sourceIdentity(source: PerceptConfig['source']): Promise<object> {
+  if (!('path' in source)) return source;
+  if (statSync(source.path).isFile()) return { ...source, bytes: statSync(source.path).size, sha256: await sha256File(source.path) };
+  const hash = createHash('sha256');
+  const names = readdirSync(source.path, { withFileTypes: true })
+    .filter((entry) => entry.isFile())
+    .map((entry) => entry.name)
+    .sort();
+  for (const name of names) hash.update(`${name}\n${await sha256File(join(source.path, name))}\n`);
+  return { ...source, files: names.length, sha256: hash.digest('hex') };
+}
+
+async function sha256File(path: string): Promise<string> {
+  const hash = createHash('sha256');
+  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
+  return hash.digest('hex');
+}
