@@ -21,7 +21,7 @@
 // that hashes the point's whole config with the bag, labels, reference and model files; a rerun
 // measures only the points it lacks. SIGINT/SIGTERM stop the point in flight, which is not kept.
 import { createHash } from 'node:crypto';
-import { createReadStream, existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, isAbsolute, join, relative, resolve, sep } from 'node:path';
 import cliProgress from 'cli-progress';
@@ -32,21 +32,20 @@ import { resolveModel, type ModelKind } from '../models/resolve.ts';
 import { ConfigError, PATH_FIELDS, loadConfig, type ConfigIssue, type PerceptConfig } from '../pipeline/config.ts';
 import type { Graph } from '../pipeline/graph/graph.ts';
 import type { Knobs } from '../pipeline/types.ts';
-import type { CalibrationFile } from './calibrate.ts';
 import { measure, readRecording, type EvalMetrics, type Recording } from './eval.ts';
 import { loadLabels, type Label } from './labels.ts';
 import { DEFAULT_CONFIG, executeRun, runFailure } from './run.ts';
+import { runIdentity, sha256File } from './run-identity.ts';
+import { calibratedCost, encoderSpec, readCalibration, type Calibration } from './tune-costs.ts';
 import {
   GridError,
   budgetsFor,
   defaultGrid,
   gridPoints,
-  knobText,
   loadGrid,
   pointConfig,
   pointDecoder,
   pointLadderKnobs,
-  type DraftChoice,
   type Grid,
   type GridPoint,
   type KnobName,
@@ -132,150 +131,13 @@ export class TuneInterrupted extends Error {
   }
 }
 
-// ---- calibrations ------------------------------------------------------------------------------------
-
-interface Calibration {
-  readonly path: string;
-  readonly levels: readonly Knobs[];
-  readonly serviceMs: Readonly<Record<string, readonly number[]>>;
-  readonly decoder: string;
-  readonly encoder: string | null;
-  readonly speculator: DraftChoice;
-  readonly kvType: PointKnobs['kvType'];
-  readonly threads: number | null;
-  readonly gpuLayers: number;
-}
-
-function readCalibration(path: string): Calibration {
-  let file: CalibrationFile;
-  try {
-    file = JSON.parse(readFileSync(path, 'utf8')) as CalibrationFile;
-  } catch (err) {
-    throw new Error(`--calibration ${path}: ${(err as Error).message}`, { cause: err });
-  }
-  const bad = (what: string) => new Error(`--calibration ${path}: ${what} (write one with percept calibrate)`);
-  if (file?.kind !== 'percept.calibration' || file.version !== 1) throw bad('not a calibration file');
-  if (!Array.isArray(file.levels) || file.levels.length === 0) throw bad('no levels');
-  for (const [stage, values] of Object.entries(file.virtualServiceMs ?? {})) {
-    if (!Array.isArray(values) || values.length !== file.levels.length || !values.every((v) => Number.isFinite(v) && v >= 0))
-      throw bad(`virtualServiceMs.${stage} must hold one number >= 0 per level (${file.levels.length})`);
-  }
-  if (typeof file.models?.decoder !== 'string') throw bad('models.decoder is missing');
-  const settings = file.decoder ?? { ngram: false, draftMax: null, kvType: 'f16', threads: null, gpuLayers: 0 };
-  const max = settings.draftMax !== null ? { max: settings.draftMax } : {};
-  const { draft, draftMtp } = file.models;
-  const speculator: DraftChoice = draft
-    ? { kind: 'model', model: draft, ...max }
-    : draftMtp
-      ? { kind: 'mtp', model: draftMtp, ...max }
-      : settings.ngram
-        ? { kind: 'ngram', ...max }
-        : { kind: 'none' };
-  return {
-    path,
-    levels: file.levels,
-    serviceMs: file.virtualServiceMs,
-    decoder: file.models.decoder,
-    encoder: file.models.encoder ?? null,
-    speculator,
-    kvType: settings.kvType,
-    threads: settings.threads,
-    gpuLayers: settings.gpuLayers,
-  };
-}
-
-const sameDraft = (a: DraftChoice, b: DraftChoice): boolean =>
-  a.kind === b.kind &&
-  ('model' in a ? a.model : null) === ('model' in b ? b.model : null) &&
-  (('max' in a ? a.max : undefined) ?? null) === (('max' in b ? b.max : undefined) ?? null);
-
-/** The encoder a calibration must have measured: the config's model file spec (none for projection). */
-function encoderSpec(config: PerceptConfig): string | null {
-  return config.encoder.kind === 'onnx' ? config.encoder.model : config.encoder.kind === 'mtmd' ? config.encoder.mmproj : null;
-}
-
-/** The calibrated service times of a point, or why no calibration measured it. */
-function calibratedCost(
-  calibrations: readonly Calibration[],
-  knobs: PointKnobs,
-  maxNewTokens: { readonly knob: number; readonly bounded: boolean },
-  encoder: string | null,
-): { readonly serviceMs: Record<string, number> } | { readonly knob: KnobName | 'encoder' | null; readonly why: string } {
-  const on = knobs.draft.kind !== 'none';
-  const settingsMatch = (c: Calibration) =>
-    c.decoder === knobs.model &&
-    c.encoder === encoder &&
-    c.kvType === knobs.kvType &&
-    c.threads === knobs.threads &&
-    c.gpuLayers === knobs.gpuLayers &&
-    (!on || sameDraft(c.speculator, knobs.draft));
-  for (const c of calibrations.filter(settingsMatch)) {
-    // A bounded grammar ends every action before any budget at or above its worst case: the cost
-    // does not depend on maxNewTokens then.
-    const level = c.levels.findIndex(
-      (l) =>
-        l.imageTokens === knobs.imageTokens &&
-        (maxNewTokens.bounded || l.maxNewTokens === maxNewTokens.knob) &&
-        (on ? l.draft : !l.draft || c.speculator.kind === 'none'),
-    );
-    if (level >= 0) return { serviceMs: Object.fromEntries(Object.entries(c.serviceMs).map(([stage, values]) => [stage, values[level]!])) };
-  }
-  // Why: the first knob no calibration measured at all.
-  const list = (values: Iterable<unknown>) => [...new Set(values)].map(String).join(', ');
-  if (!calibrations.some((c) => c.decoder === knobs.model))
-    return {
-      knob: 'model',
-      why: `no calibration measured decoder ${knobs.model} (calibrated: ${list(calibrations.map((c) => c.decoder))})`,
-    };
-  if (!calibrations.some((c) => c.encoder === encoder))
-    return {
-      knob: 'encoder',
-      why: `no calibration measured the config's encoder ${encoder ?? 'projection'} (calibrated: ${list(calibrations.map((c) => c.encoder ?? 'projection'))})`,
-    };
-  const settings: [KnobName, (c: Calibration) => boolean, (c: Calibration) => unknown][] = [
-    ['kvType', (c) => c.kvType === knobs.kvType, (c) => c.kvType],
-    ['threads', (c) => c.threads === knobs.threads, (c) => knobText('threads', c.threads)],
-    ['gpuLayers', (c) => c.gpuLayers === knobs.gpuLayers, (c) => c.gpuLayers],
-    ['draft', (c) => !on || sameDraft(c.speculator, knobs.draft), (c) => knobText('draft', c.speculator)],
-  ];
-  for (const [knob, match, show] of settings) {
-    if (!calibrations.some(match))
-      return {
-        knob,
-        why: `no calibration measured ${knob} ${knobText(knob, knobs[knob])} (calibrated: ${list(calibrations.map(show))}); it needs a calibration made with it, or --real`,
-      };
-  }
-  if (!calibrations.some((c) => c.levels.some((l) => l.imageTokens === knobs.imageTokens)))
-    return {
-      knob: 'imageTokens',
-      why: `no calibration measured imageTokens ${knobs.imageTokens} (calibrated: ${list(calibrations.flatMap((c) => c.levels.map((l) => l.imageTokens)))})`,
-    };
-  return {
-    knob: null,
-    why: 'no calibration measured this combination of knobs (calibrate with a config whose ladder has it, or use --real)',
-  };
-}
-
-// ---- inputs, models and the state file -------------------------------------------------------------
+// ---- models and the state file -----------------------------------------------------------------------
 
 const sha256 = (text: string): string => createHash('sha256').update(text).digest('hex');
 
-async function sha256File(path: string): Promise<string> {
-  const hash = createHash('sha256');
-  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
-  return hash.digest('hex');
-}
-
-/** A model file as the state keys see it: path, size and modification time (hashing GBs per tune is too slow). */
-async function fingerprint(spec: string, kind: ModelKind): Promise<string> {
-  const path = await resolveModel(spec, kind);
-  const { size, mtimeMs } = statSync(path);
-  return `${path}:${size}:${mtimeMs}`;
-}
-
 /** The action grammar's worst case for a decoder model (null: unbounded), from its vocabulary alone. */
-async function grammarWorstCase(spec: string, schema: ActionSchema): Promise<{ maxTokens: number | null; fallback: string | null }> {
-  const model = await LlamaModel.load(await resolveModel(spec, 'decoder'), { vocabOnly: true });
+async function grammarWorstCase(path: string, schema: ActionSchema): Promise<{ maxTokens: number | null; fallback: string | null }> {
+  const model = await LlamaModel.load(path, { vocabOnly: true });
   try {
     const grammar = await model.grammarFromJsonSchema(schema.schema);
     return { maxTokens: grammar.maxTokens, fallback: grammar.fallback };
@@ -291,6 +153,7 @@ interface StateFile {
   reference?: { readonly key: string; readonly frames: readonly ReferenceFrame[] };
 }
 
+/** What agreement needs of a reference frame. */
 interface ReferenceFrame {
   readonly stampNs: string;
   readonly tokens?: readonly number[];
@@ -316,21 +179,10 @@ function writeState(path: string, state: StateFile): void {
   renameSync(`${path}.partial`, path);
 }
 
-/** The reference run as a Recording that eval's tokenAgreement reads. */
-function referenceRecording(frames: readonly ReferenceFrame[]): Recording {
-  const map = new Map(
-    frames.map((f, frameId) => [
-      frameId,
-      {
-        frameId,
-        stampNs: BigInt(f.stampNs),
-        captureNs: 0n,
-        ...(f.tokens ? { tokens: f.tokens } : {}),
-        ...(f.action ? { action: f.action } : {}),
-      },
-    ]),
-  );
-  return { frames: map, spans: new Map(), summary: undefined, metadata: {}, warnings: [] };
+/** What makes a run (app/run-identity.ts: its config, the bytes of its bag and models, percept's
+ * version), hashed with what it is measured against. */
+async function runKey(config: PerceptConfig, schema: ActionSchema, against: object): Promise<string> {
+  return sha256(JSON.stringify({ run: await runIdentity(config, schema), against }));
 }
 
 // ---- signals and progress ----------------------------------------------------------------------------
@@ -361,6 +213,8 @@ class Interruption {
     process.off('SIGTERM', this.#handler);
   }
 }
+
+type Progress = ReturnType<typeof progressBar>;
 
 /** A bar over the points (on stderr; when it is not a terminal, a line every few seconds). */
 function progressBar(enabled: boolean, total: number) {
@@ -399,11 +253,7 @@ function progressBar(enabled: boolean, total: number) {
 // ---- one run -------------------------------------------------------------------------------------------
 
 /** Runs `config` (recording to config.recorder.path) and reads the recording; null when interrupted. */
-async function replay(
-  config: PerceptConfig,
-  interruption: Interruption,
-  follow: (graph: Graph, frames: number | undefined) => void,
-): Promise<Recording | null> {
+async function replay(config: PerceptConfig, interruption: Interruption, progress: Progress): Promise<Recording | null> {
   try {
     let run: Awaited<ReturnType<typeof executeRun>>;
     try {
@@ -412,7 +262,7 @@ async function replay(
         liveTable: false,
         onStart: (graph, frames) => {
           interruption.follow(graph);
-          follow(graph, frames);
+          progress.follow(graph, frames);
         },
       });
     } catch (err) {
@@ -475,17 +325,164 @@ function failedResult(point: GridPoint, ladder: Knobs, error: string): PointResu
   };
 }
 
-// ---- the command ---------------------------------------------------------------------------------------
+// ---- planning: every point checked before anything runs -------------------------------------------------
 
-/** A point ready to run: its config (loaded), its key in the state file, its ladder knobs. */
+/** A point ready to run: its config (loaded), its ladder knobs, and in virtual mode its stage costs. */
 interface PlannedPoint {
   readonly point: GridPoint;
   readonly config: PerceptConfig;
-  readonly key: string;
   readonly ladder: Knobs;
-  /** Virtual mode: the calibrated service times. */
   readonly serviceMs: Record<string, number> | null;
 }
+
+interface Plan {
+  readonly base: PerceptConfig;
+  readonly schema: ActionSchema;
+  readonly grid: Grid;
+  readonly bag: string;
+  readonly budgetMs: number;
+  readonly replay: Replay;
+  readonly calibrations: readonly Calibration[];
+  readonly workDir: string;
+}
+
+/** Each point's config, ladder knobs and costs; throws GridError naming every problem (an unknown or
+ * unresolvable model, a maxNewTokens below the grammar's worst case, what the virtual mode cannot
+ * model, a config that does not load). Reads only model headers and vocabularies. */
+async function planPoints(plan: Plan): Promise<PlannedPoint[]> {
+  const { base, schema, grid, calibrations } = plan;
+  const points = gridPoints(grid);
+  const where = (knob: KnobName, point: GridPoint): string =>
+    grid.listed.includes(knob) ? `/knobs/${knob}/${point.at[knob]}` : `(the config's ${knob})`;
+  const issues = new Map<string, ConfigIssue>();
+  const issue = (path: string, message: string) => issues.set(`${path}\0${message}`, { path, message });
+  if (plan.replay === 'lockstep' && grid.axes.edges.length > 1)
+    issue('/knobs/edges', 'edge policies change nothing in a lockstep replay (no frame waits on an edge): use --pace recorded, or --real');
+
+  // The models: each resolved (a missing file is refused here), each decoder's grammar worst case.
+  const local = base.decoder.kind === 'local';
+  const resolved = new Map<string, string | null>();
+  const resolveAt = async (spec: string, kind: ModelKind, path: string): Promise<string | null> => {
+    if (!resolved.has(`${kind}:${spec}`)) {
+      resolved.set(
+        `${kind}:${spec}`,
+        await resolveModel(spec, kind).catch((err: Error) => {
+          issue(path, err.message);
+          return null;
+        }),
+      );
+    }
+    return resolved.get(`${kind}:${spec}`)!;
+  };
+  const worst = new Map<string, { maxTokens: number | null; fallback: string | null }>();
+  if (local) {
+    const encoder = encoderSpec(base);
+    if (encoder) await resolveAt(encoder, base.encoder.kind === 'onnx' ? 'vision' : 'mmproj', '/encoder');
+    for (const point of points) {
+      const { model, draft } = point.knobs;
+      if ('model' in draft) await resolveAt(draft.model, 'decoder', where('draft', point));
+      const path = await resolveAt(model, 'decoder', where('model', point));
+      if (path && !worst.has(model)) worst.set(model, await grammarWorstCase(path, schema));
+    }
+  }
+
+  const planned: PlannedPoint[] = [];
+  for (const point of points) {
+    // The ladder's maxNewTokens: the decoder's budget, the grammar's worst case when it is null.
+    let maxNewTokens = point.knobs.maxNewTokens ?? base.ladder.initial.maxNewTokens;
+    const w = worst.get(point.knobs.model);
+    if (local && !w) continue;
+    if (w) {
+      try {
+        maxNewTokens = actionTokenBudget(point.knobs.maxNewTokens, w.maxTokens, schema.path, w.fallback);
+      } catch (err) {
+        issue(
+          grid.listed.includes('maxNewTokens') ? `/knobs/maxNewTokens/${point.at.maxNewTokens}` : '/decoder/maxNewTokens',
+          (err as Error).message,
+        );
+        continue;
+      }
+    }
+    let serviceMs: Record<string, number> | null = null;
+    if (plan.replay !== 'real') {
+      const cost = calibratedCost(calibrations, point.knobs, { knob: maxNewTokens, bounded: w?.maxTokens != null }, encoderSpec(base));
+      if ('why' in cost) {
+        issue(cost.knob === null ? `(point ${point.label})` : cost.knob === 'encoder' ? '/encoder' : where(cost.knob, point), cost.why);
+        continue;
+      }
+      serviceMs = cost.serviceMs;
+    }
+    const setup = {
+      bag: plan.bag,
+      budgetMs: plan.budgetMs,
+      replay: plan.replay,
+      serviceMs: serviceMs ?? {},
+      maxNewTokensKnob: maxNewTokens,
+      recording: join(plan.workDir, `point-${point.index}.mcap`),
+    };
+    try {
+      const config = loadConfig(pointConfig(base, point.knobs, setup));
+      planned.push({ point, config, ladder: pointLadderKnobs(point.knobs, maxNewTokens), serviceMs });
+    } catch (err) {
+      if (!(err instanceof ConfigError)) throw err;
+      for (const i of err.issues) issue(`(point ${point.label}) ${i.path}`, i.message);
+    }
+  }
+  if (issues.size > 0) throw new GridError(grid.origin, [...issues.values()]);
+  return planned;
+}
+
+/** The reference run: its decoder at its ladder's first level, every frame decoded (lockstep, nothing
+ * charged), kept in the state file as the frames agreement needs. False when interrupted. */
+async function measureReference(
+  reference: PerceptConfig,
+  source: PerceptConfig['source'],
+  ctx: { state: StateFile; statePath: string; schema: ActionSchema; workDir: string; interruption: Interruption; progress: Progress },
+): Promise<boolean> {
+  const config = loadConfig({
+    ...reference,
+    source,
+    clock: 'virtual',
+    lockstep: true,
+    virtualServiceMs: {},
+    ladder: { ...reference.ladder, enabled: false, rungs: [] },
+    recorder: { ...reference.recorder, enabled: true, path: join(ctx.workDir, 'reference.mcap'), frames: false },
+    control: { ...reference.control, enabled: false },
+    telemetry: { ...reference.telemetry, liveTable: 'off' },
+  });
+  const key = await runKey(config, loadActionSchema(config.actions.schema), {});
+  if (ctx.state.reference?.key === key) return true;
+  ctx.progress.point('reference');
+  const recording = await replay(config, ctx.interruption, ctx.progress);
+  if (!recording) return false;
+  const frames = [...recording.frames.values()].map((f) => ({
+    stampNs: String(f.stampNs),
+    ...(f.tokens ? { tokens: f.tokens } : {}),
+    ...(f.action ? { action: f.action } : {}),
+  }));
+  ctx.state.reference = { key, frames };
+  writeState(ctx.statePath, ctx.state);
+  return true;
+}
+
+/** The reference run as a Recording that eval's tokenAgreement reads. */
+function referenceRecording(frames: readonly ReferenceFrame[]): Recording {
+  const byId = new Map(
+    frames.map((f, frameId) => [
+      frameId,
+      {
+        frameId,
+        stampNs: BigInt(f.stampNs),
+        captureNs: 0n,
+        ...(f.tokens ? { tokens: f.tokens } : {}),
+        ...(f.action ? { action: f.action } : {}),
+      },
+    ]),
+  );
+  return { frames: byId, spans: new Map(), summary: undefined, metadata: {}, warnings: [] };
+}
+
+// ---- the command ---------------------------------------------------------------------------------------
 
 export async function tune(opts: TuneOptions): Promise<TuneResult> {
   if (!(Number.isFinite(opts.budgetMs) && opts.budgetMs > 0))
@@ -500,14 +497,14 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
   const labelsPath = opts.labels ? resolve(opts.labels) : existsSync(defaultLabels) ? defaultLabels : null;
   const labels: Label[] | undefined = labelsPath ? loadLabels(labelsPath, schema) : undefined;
   const referencePath = opts.reference ? resolve(opts.reference) : null;
-  const referenceBase = referencePath ? loadConfig(referencePath) : null;
-  const measurable: Measurable = { labels: labels !== undefined, reference: referenceBase !== null };
+  const reference = referencePath ? loadConfig(referencePath) : null;
+  const measurable: Measurable = { labels: labels !== undefined, reference: reference !== null };
   const objective = parseObjective(opts.objective, measurable);
 
   // Mode: virtual needs calibrations (given, or the one the config names in virtualServiceMs).
   const named = (JSON.parse(readFileSync(configPath, 'utf8')) as { virtualServiceMs?: unknown }).virtualServiceMs;
-  const calibrationPaths = (opts.calibration ?? []).length
-    ? opts.calibration!.map((p) => resolve(p))
+  const calibrationPaths = opts.calibration?.length
+    ? opts.calibration.map((p) => resolve(p))
     : typeof named === 'string'
       ? [resolve(dirname(configPath), named)]
       : [];
@@ -516,203 +513,81 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
     throw new Error(
       '--virtual needs the stage costs percept calibrate measured: --calibration FILE (or a config whose virtualServiceMs names one)',
     );
-  if (mode === 'real' && opts.pace === 'lockstep') throw new Error('--pace lockstep is a virtual-clock replay: use it with --virtual');
+  if (mode === 'real' && opts.pace !== undefined) throw new Error('--pace is for --virtual: --real replays the bag at its recorded pace');
   const calibrations = mode === 'virtual' ? calibrationPaths.map(readCalibration) : [];
   const replayKind: Replay = mode === 'real' ? 'real' : opts.pace === 'recorded' ? 'virtual-recorded' : 'lockstep';
-
-  // The grid, checked whole before anything runs.
-  const grid: Grid = opts.grid ? loadGrid(resolve(opts.grid), base) : defaultGrid(base);
-  const points = gridPoints(grid);
-  const where = (knob: KnobName, point: GridPoint): string =>
-    grid.listed.includes(knob) ? `/knobs/${knob}/${point.at[knob]}` : `(the config's ${knob})`;
-  const issues = new Map<string, ConfigIssue>();
-  const issue = (path: string, message: string) => issues.set(`${path}\0${message}`, { path, message });
-  if (replayKind === 'lockstep' && grid.axes.edges.length > 1)
-    issue('/knobs/edges', 'edge policies change nothing in a lockstep replay (no frame waits on an edge): use --pace recorded, or --real');
-
-  const local = base.decoder.kind === 'local';
-  const worst = new Map<string, { maxTokens: number | null; fallback: string | null }>();
-  const files = new Map<string, string>();
-  const fileOf = async (spec: string, kind: ModelKind, path: string) => {
-    if (files.has(`${kind}:${spec}`)) return;
-    try {
-      files.set(`${kind}:${spec}`, await fingerprint(spec, kind));
-    } catch (err) {
-      issue(path, (err as Error).message);
-    }
-  };
-  if (local) {
-    for (const point of points) {
-      const { model, draft } = point.knobs;
-      await fileOf(model, 'decoder', where('model', point));
-      if ('model' in draft) await fileOf(draft.model, 'decoder', where('draft', point));
-      if (files.has(`decoder:${model}`) && !worst.has(model)) worst.set(model, await grammarWorstCase(model, schema));
-    }
-    const encoder = encoderSpec(base);
-    if (encoder) await fileOf(encoder, base.encoder.kind === 'onnx' ? 'vision' : 'mmproj', '/encoder');
-  }
-  const maxNewTokensOf = (point: GridPoint): number | undefined => {
-    const w = worst.get(point.knobs.model);
-    if (!local) return point.knobs.maxNewTokens ?? base.ladder.initial.maxNewTokens;
-    if (!w) return undefined;
-    try {
-      return actionTokenBudget(point.knobs.maxNewTokens, w.maxTokens, schema.path, w.fallback);
-    } catch (err) {
-      issue(
-        grid.listed.includes('maxNewTokens') ? `/knobs/maxNewTokens/${point.at.maxNewTokens}` : '/decoder/maxNewTokens',
-        (err as Error).message,
-      );
-      return undefined;
-    }
-  };
-
-  const workDir = mkdtempSync(join(tmpdir(), 'percept-tune-'));
-  const bagHash = await sha256File(bag);
-  const inputs = { bag: bagHash, labels: labelsPath ? await sha256File(labelsPath) : null };
-  const encoderFile = files.get(`vision:${encoderSpec(base)}`) ?? files.get(`mmproj:${encoderSpec(base)}`) ?? null;
-  const planned: PlannedPoint[] = [];
-  for (const point of points) {
-    const knob = maxNewTokensOf(point);
-    if (knob === undefined) continue;
-    let serviceMs: Record<string, number> | null = null;
-    if (mode === 'virtual') {
-      const cost = calibratedCost(
-        calibrations,
-        point.knobs,
-        { knob, bounded: worst.get(point.knobs.model)?.maxTokens != null },
-        encoderSpec(base),
-      );
-      if ('why' in cost) {
-        issue(cost.knob === null ? `(point ${point.label})` : cost.knob === 'encoder' ? '/encoder' : where(cost.knob, point), cost.why);
-        continue;
-      }
-      serviceMs = cost.serviceMs;
-    }
-    const setup = {
-      bag,
-      budgetMs: opts.budgetMs,
-      replay: replayKind,
-      serviceMs: serviceMs ?? {},
-      maxNewTokensKnob: knob,
-      recording: join(workDir, `point-${point.index}.mcap`),
-    };
-    let config: PerceptConfig;
-    try {
-      config = loadConfig(pointConfig(base, point.knobs, setup));
-    } catch (err) {
-      if (!(err instanceof ConfigError)) throw err;
-      for (const i of err.issues) issue(`(point ${point.label}) ${i.path}`, i.message);
-      continue;
-    }
-    const { draft, model } = point.knobs;
-    const modelFiles = [files.get(`decoder:${model}`), 'model' in draft ? files.get(`decoder:${draft.model}`) : null, encoderFile];
-    const key = sha256(JSON.stringify({ inputs, config: { ...config, recorder: { ...config.recorder, path: '' } }, modelFiles }));
-    planned.push({ point, config, key, ladder: pointLadderKnobs(point.knobs, knob), serviceMs });
-  }
-  if (issues.size > 0) {
-    rmSync(workDir, { recursive: true, force: true });
-    throw new GridError(grid.origin, [...issues.values()]);
-  }
+  const grid = opts.grid ? loadGrid(resolve(opts.grid), base) : defaultGrid(base);
 
   const out = resolve(opts.out);
   const statePath = `${out.replace(/\.json$/, '')}.tune-state.json`;
-  mkdirSync(dirname(out), { recursive: true });
-  const state = readState(statePath);
-  const interruption = new Interruption();
-  const progress = progressBar(opts.progress !== false, planned.length);
+  const workDir = mkdtempSync(join(tmpdir(), 'percept-tune-'));
   const results: PointResult[] = [];
   const resumed = new Set<number>();
-  // A point measured against another reference is measured again.
-  const keyOf = (plan: PlannedPoint): string => sha256(plan.key + (state.reference?.key ?? ''));
   try {
-    // The reference: its decoder at its ladder's first level, every frame decoded, nothing charged.
-    let reference: Recording | undefined;
-    if (!referenceBase) delete state.reference;
-    else {
-      const refConfig = loadConfig({
-        ...referenceBase,
-        source: { ...planned[0]!.config.source },
-        clock: 'virtual',
-        lockstep: true,
-        virtualServiceMs: {},
-        ladder: { ...referenceBase.ladder, enabled: false, rungs: [] },
-        recorder: { ...referenceBase.recorder, enabled: true, path: join(workDir, 'reference.mcap'), frames: false },
-        control: { ...referenceBase.control, enabled: false },
-        telemetry: { ...referenceBase.telemetry, liveTable: 'off' },
-      });
-      const refKey = sha256(JSON.stringify({ bag: bagHash, config: { ...refConfig, recorder: { ...refConfig.recorder, path: '' } } }));
-      if (state.reference?.key !== refKey) {
-        progress.point('reference');
-        const recording = await replay(refConfig, interruption, (graph, frames) => progress.follow(graph, frames));
-        if (!recording) throw new TuneInterrupted(interruption.signal!, 0, planned.length, statePath);
-        state.reference = {
-          key: refKey,
-          frames: [...recording.frames.values()].map((f) => ({
-            stampNs: String(f.stampNs),
-            ...(f.tokens ? { tokens: f.tokens } : {}),
-            ...(f.action ? { action: f.action } : {}),
-          })),
-        };
-        writeState(statePath, state);
-      }
-      reference = referenceRecording(state.reference.frames);
-    }
-    const names = { bag, config: configPath, labels: labelsPath };
-    for (const plan of planned) {
-      if (interruption.signal) throw new TuneInterrupted(interruption.signal, results.length, planned.length, statePath);
-      const key = keyOf(plan);
-      const kept = state.points[key];
-      if (kept) {
-        results.push({ ...kept, index: plan.point.index, label: plan.point.label });
-        resumed.add(plan.point.index);
+    const planned = await planPoints({ base, schema, grid, bag, budgetMs: opts.budgetMs, replay: replayKind, calibrations, workDir });
+    mkdirSync(dirname(out), { recursive: true });
+    const state = readState(statePath);
+    const interruption = new Interruption();
+    const progress = progressBar(opts.progress !== false, planned.length);
+    const interrupted = () => new TuneInterrupted(interruption.signal!, results.length, planned.length, statePath);
+    try {
+      if (!reference) delete state.reference;
+      else if (
+        !(await measureReference(reference, planned[0]!.config.source, { state, statePath, schema, workDir, interruption, progress }))
+      )
+        throw interrupted();
+      // Measured against the labels and the reference: another of either is another measurement.
+      const against = { labels: labelsPath ? await sha256File(labelsPath) : null, reference: state.reference?.key ?? null };
+      const agreementWith = state.reference ? { recording: referenceRecording(state.reference.frames), name: referencePath! } : undefined;
+      const keys: string[] = [];
+      for (const { point, config, ladder, serviceMs } of planned) {
+        if (interruption.signal) throw interrupted();
+        const key = await runKey(config, schema, against);
+        keys.push(key);
+        const kept = state.points[key];
+        if (kept) {
+          results.push({ ...kept, index: point.index, label: point.label });
+          resumed.add(point.index);
+          progress.done();
+          continue;
+        }
+        progress.point(point.label);
+        let result: PointResult;
+        try {
+          const recording = await replay(config, interruption, progress);
+          if (!recording) throw interrupted();
+          const names = { bag, config: configPath, labels: labelsPath, recording: config.recorder.path };
+          result = resultOf(point, ladder, measure(recording, labels, names, agreementWith).metrics, serviceMs);
+          state.points[key] = result;
+          writeState(statePath, state);
+        } catch (err) {
+          if (err instanceof TuneInterrupted) throw err;
+          // A point that cannot run (a model that does not load, …) is a row with its reason; it is
+          // not kept, so a rerun tries it again.
+          result = failedResult(point, ladder, (err as Error).message);
+        }
+        results.push(result);
         progress.done();
-        continue;
       }
-      progress.point(plan.point.label);
-      let result: PointResult;
-      try {
-        const recording = await replay(plan.config, interruption, (graph, frames) => progress.follow(graph, frames));
-        if (!recording) throw new TuneInterrupted(interruption.signal!, results.length, planned.length, statePath);
-        const { metrics } = measure(
-          recording,
-          labels,
-          { ...names, recording: plan.config.recorder.path },
-          reference ? { recording: reference, name: referencePath! } : undefined,
-        );
-        result = resultOf(plan.point, plan.ladder, metrics, plan.serviceMs);
-        state.points[key] = result;
-        writeState(statePath, state);
-      } catch (err) {
-        if (err instanceof TuneInterrupted) throw err;
-        // A point that cannot run (a model that does not load, …) is a row with its reason; it is
-        // not kept, so a rerun tries it again.
-        result = failedResult(plan.point, plan.ladder, (err as Error).message);
-      }
-      results.push(result);
-      progress.done();
+      if (interruption.signal) throw interrupted();
+      // The state keeps this grid's points only.
+      for (const key of Object.keys(state.points)) if (!keys.includes(key)) delete state.points[key];
+      writeState(statePath, state);
+    } finally {
+      progress.stop();
+      interruption.dispose();
     }
-    if (interruption.signal) throw new TuneInterrupted(interruption.signal, results.length, planned.length, statePath);
   } finally {
-    progress.stop();
-    interruption.dispose();
     rmSync(workDir, { recursive: true, force: true });
   }
-  // Keep only this grid's points (and its reference).
-  const current = new Set(planned.map(keyOf));
-  for (const key of Object.keys(state.points)) if (!current.has(key)) delete state.points[key];
-  writeState(statePath, state);
 
   const front = paretoFront(results, objective.quality);
   const chosen = choose(results, objective, opts.budgetMs);
   const ladder = chosen ? orderLadder(results, chosen, objective.quality) : [];
-  if (chosen)
-    writeTunedConfig(
-      out,
-      base,
-      chosen,
-      ladder.map((s) => ({ rung: s.rung, point: results.find((r) => r.index === s.index)! })),
-      opts.budgetMs,
-    );
+  if (chosen) {
+    const levels = [chosen, ...ladder.map((step) => results.find((r) => r.index === step.index)!)];
+    writeTunedConfig(out, base, levels, ladder, opts.budgetMs);
+  }
   return {
     kind: 'percept.tune',
     version: 1,
@@ -762,11 +637,11 @@ function relativeWithin(dir: string, path: string): string {
 function writeTunedConfig(
   out: string,
   base: PerceptConfig,
-  chosen: PointResult,
-  rungs: readonly { rung: Partial<Knobs>; point: PointResult }[],
+  levels: readonly PointResult[],
+  steps: readonly LadderStep[],
   budgetMs: number,
 ): void {
-  const levels = [chosen, ...rungs.map((r) => r.point)];
+  const chosen = levels[0]!;
   const stages = [...new Set(levels.flatMap((l) => Object.keys(l.serviceMs)))];
   const config: Record<string, unknown> = {
     $schema: relativeWithin(dirname(out), CONFIG_SCHEMA),
@@ -774,7 +649,7 @@ function writeTunedConfig(
     decoder: pointDecoder(base.decoder, chosen.knobs),
     edges: chosen.knobs.edges,
     budgets: budgetsFor(base.budgets, budgetMs),
-    ladder: { ...base.ladder, enabled: true, initial: chosen.ladder, rungs: rungs.map((r) => r.rung) },
+    ladder: { ...base.ladder, enabled: true, initial: chosen.ladder, rungs: steps.map((step) => step.rung) },
     virtualServiceMs: Object.fromEntries(stages.map((s) => [s, levels.map((l) => l.serviceMs[s] ?? 0)])),
   };
   for (const keys of PATH_FIELDS) {
