@@ -6,6 +6,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../pipeline/config.ts';
 import { GridError, baseKnobs, defaultGrid, gridPoints, loadGrid, pointConfig, type PointKnobs } from '../app/tune-grid.ts';
+import { calibratedCost, readCalibration } from '../app/tune-costs.ts';
 import { choose, formatTable, orderLadder, paretoFront, parseObjective, rungBetween, type PointResult } from '../app/tune-select.ts';
 
 const root = new URL('..', import.meta.url).pathname;
@@ -288,5 +289,73 @@ describe('choosing', () => {
     assert.match(table, /\n +280\/model\/f16 .* 200\.0 .*infeasible/);
     assert.match(table, /\n +70\/model\/f16 .* - .* 0\/10 +infeasible/);
     assert.match(table, /FAILED: boom/);
+  });
+});
+
+describe('calibrated costs (virtual mode)', () => {
+  const write = (name: string, extra: object, levels: object[]) => {
+    const path = join(dir, `${name}.json`);
+    const serviceMs = { encode: levels.map((_, i) => 10 * (i + 1)), decode: levels.map((_, i) => 100 * (i + 1)) };
+    writeFileSync(
+      path,
+      JSON.stringify({
+        kind: 'percept.calibration',
+        version: 1,
+        virtualServiceMs: serviceMs,
+        levels,
+        models: { decoder: 'synth:gemma4-tiny' },
+        ...extra,
+      }),
+    );
+    return readCalibration(path);
+  };
+  const level = (imageTokens: number, draft: boolean, maxNewTokens = 64) => ({ imageTokens, maxNewTokens, draft, frameSkip: 0 });
+  const KNOBS_PLAIN: PointKnobs = { ...baseKnobs(loadConfig({ decoder: { model: 'synth:gemma4-tiny' } })), draft: { kind: 'none' } };
+  const models = { decoder: 'synth:gemma4-tiny', encoder: 'synth:gemma4-vision-tiny' };
+  const drafted = write('drafted', { models: { ...models, draft: 'synth:gemma4-tiny-draft' } }, [
+    level(280, true),
+    level(140, true),
+    level(140, false),
+  ]);
+  const q8 = write('q8', { models, decoder: { ngram: false, draftMax: null, kvType: 'q8_0', threads: null, gpuLayers: 0 } }, [
+    level(280, false),
+    level(70, false, 32),
+  ]);
+  const at = (knobs: Partial<PointKnobs>, bounded = true, knob = 64, encoder = 'synth:gemma4-vision-tiny') =>
+    calibratedCost([drafted, q8], { ...KNOBS_PLAIN, ...knobs }, { knob, bounded }, encoder);
+  const knobOf = (r: ReturnType<typeof at>) => ('knob' in r ? r.knob : 'measured');
+
+  test('a point takes the level of the calibration made with its settings; else the first knob none measured', () => {
+    assert.deepEqual(at({ imageTokens: 140, draft: { kind: 'model', model: 'synth:gemma4-tiny-draft' } }), {
+      serviceMs: { encode: 20, decode: 200 },
+    });
+    // Drafting off with a calibration that has a draft: its draft-off level.
+    assert.deepEqual(at({ imageTokens: 140 }), { serviceMs: { encode: 30, decode: 300 } });
+    assert.deepEqual(at({ imageTokens: 70, kvType: 'q8_0' }), { serviceMs: { encode: 20, decode: 200 } });
+    // An unbounded grammar: maxNewTokens changes the cost, so it must match a level's.
+    assert.equal(knobOf(at({ imageTokens: 70, kvType: 'q8_0' }, false, 64)), null);
+    assert.deepEqual(at({ imageTokens: 70, kvType: 'q8_0' }, false, 32), { serviceMs: { encode: 20, decode: 200 } });
+    assert.equal(knobOf(at({ imageTokens: 280, draft: { kind: 'ngram' } })), 'draft');
+    assert.equal(knobOf(at({ imageTokens: 140, draft: { kind: 'model', model: 'synth:gemma4-tiny-draft', max: 2 } })), 'draft');
+    assert.equal(knobOf(at({ threads: 2 })), 'threads');
+    assert.equal(knobOf(at({ imageTokens: 560 })), 'imageTokens');
+    assert.equal(knobOf(at({ model: 'synth:gemma3-tiny' })), 'model');
+    assert.equal(knobOf(at({}, true, 64, 'other.onnx')), 'encoder');
+  });
+
+  test('a file that is not a calibration is refused', () => {
+    writeFileSync(
+      join(dir, 'bad-cal.json'),
+      JSON.stringify({
+        kind: 'percept.calibration',
+        version: 1,
+        levels: [level(70, false)],
+        virtualServiceMs: { decode: [1, 2] },
+        models: { decoder: 'x' },
+      }),
+    );
+    assert.throws(() => readCalibration(join(dir, 'bad-cal.json')), /virtualServiceMs\.decode must hold one number >= 0 per level \(1\)/);
+    writeFileSync(join(dir, 'bad-cal.json'), JSON.stringify({ kind: 'percept.eval' }));
+    assert.throws(() => readCalibration(join(dir, 'bad-cal.json')), /not a calibration file \(write one with percept calibrate\)/);
   });
 });
