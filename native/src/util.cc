@@ -1,5 +1,6 @@
 #include "util.h"
 
+#include "abort-report.h"
 #include "llama.h"
 #include "log.h"  // llama.cpp common/log.h: common_log_set_verbosity_thold
 
@@ -179,6 +180,7 @@ struct LogState {
 namespace {
 
 void logCallback(ggml_log_level level, const char * text, void * user) {
+    noteLogLine(level, text);  // said on stderr if this thread aborts next (abort-report.h)
     ggml_log_level effective = level == GGML_LOG_LEVEL_CONT ? tlsLastLevel : level;
     if (level != GGML_LOG_LEVEL_CONT) tlsLastLevel = level;
     if (tlsCapture != nullptr && (effective == GGML_LOG_LEVEL_ERROR || effective == GGML_LOG_LEVEL_WARN)) {
@@ -212,6 +214,7 @@ std::string LogCapture::text() const {
 void installLogger(Napi::Env env, AddonData & data) {
     auto * state = new LogState();
     llama_log_set(logCallback, state);
+    installAbortReport();
     common_log_set_verbosity_thold(-1);  // common/ (speculative, sampling) logs through its own sink
     env.AddCleanupHook([state]() {
         llama_log_set(logCallback, nullptr);
