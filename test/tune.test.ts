@@ -265,6 +265,23 @@ describe('percept tune', () => {
     assert.equal(existsSync(join(dir, 'refused')), false, 'no state file, no config: nothing ran');
   });
 
+  test('virtual at the recorded pace: frames wait on edges, so the edge policies are measured', { timeout: 600_000 }, async () => {
+    rmSync(join(dir, 'paced'), { recursive: true, force: true });
+    const grid = join(dir, 'paced.grid.json');
+    const edges = [{ default: { policy: 'latest' } }, { default: { policy: 'queue', capacity: FRAMES } }];
+    writeFileSync(grid, JSON.stringify({ knobs: { imageTokens: [280], edges } }));
+    // 300 ms of decode per frame against a frame every 100 ms.
+    const result = await tune(options({ grid, budgetMs: 5000, pace: 'recorded', out: join(dir, 'paced/tuned.json') }));
+    assert.equal(result.replay, 'virtual-recorded');
+    const [latest, queue] = result.points;
+    assert.ok((latest!.dropsByReason.conflated ?? 0) > 0, JSON.stringify(latest!.dropsByReason));
+    assert.equal(latest!.frames.out + latest!.frames.dropped, FRAMES);
+    assert.deepEqual([queue!.frames.out, queue!.dropsByReason], [FRAMES, {}]);
+    // Queued, frame k leaves decode at 345 + 300 k ms and actions 1 ms later, 100 k ms after it came.
+    assert.equal(queue!.endToEnd.p99Ms, 346 + (FRAMES - 1) * 200);
+    assert.ok(latest!.endToEnd.p99Ms! < queue!.endToEnd.p99Ms!);
+  });
+
   test(
     'real mode: the KV type and the draft length run on the real stages; every frame is accounted for',
     { timeout: 600_000 },
