@@ -6,7 +6,7 @@ import { readFileSync } from 'node:fs';
 import type { PerceptConfig } from '../pipeline/config.ts';
 import type { Knobs } from '../pipeline/types.ts';
 import type { CalibrationFile } from './calibrate.ts';
-import { knobText, type DraftChoice, type KnobName, type PointKnobs } from './tune-grid.ts';
+import { knobText, sameDraft, speculatorOf, type DraftChoice, type KnobName, type PointKnobs } from './tune-grid.ts';
 
 export interface Calibration {
   readonly path: string;
@@ -36,15 +36,7 @@ export function readCalibration(path: string): Calibration {
   }
   if (typeof file.models?.decoder !== 'string') throw bad('models.decoder is missing');
   const settings = file.decoder ?? { ngram: false, draftMax: null, kvType: 'f16', threads: null, gpuLayers: 0 };
-  const max = settings.draftMax !== null ? { max: settings.draftMax } : {};
-  const { draft, draftMtp } = file.models;
-  const speculator: DraftChoice = draft
-    ? { kind: 'model', model: draft, ...max }
-    : draftMtp
-      ? { kind: 'mtp', model: draftMtp, ...max }
-      : settings.ngram
-        ? { kind: 'ngram', ...max }
-        : { kind: 'none' };
+  const speculator = speculatorOf({ ...settings, draft: file.models.draft, draftMtp: file.models.draftMtp });
   return {
     path,
     levels: file.levels,
@@ -57,11 +49,6 @@ export function readCalibration(path: string): Calibration {
     gpuLayers: settings.gpuLayers,
   };
 }
-
-const sameDraft = (a: DraftChoice, b: DraftChoice): boolean =>
-  a.kind === b.kind &&
-  ('model' in a ? a.model : null) === ('model' in b ? b.model : null) &&
-  (('max' in a ? a.max : undefined) ?? null) === (('max' in b ? b.max : undefined) ?? null);
 
 /** The encoder a calibration must have measured: the config's model file spec (none for projection). */
 export function encoderSpec(config: PerceptConfig): string | null {

@@ -79,19 +79,30 @@ function resolveSpec(spec: string, base: string, remote: boolean): string {
   return resolve(base, spec);
 }
 
-/** The base config's own knobs (a grid leaves out what it does not sweep). */
+/** The speculation a decoder's settings name. */
+export function speculatorOf(d: {
+  readonly draft?: string | null;
+  readonly draftMtp?: string | null;
+  readonly ngram: boolean;
+  readonly draftMax: number | null;
+}): DraftChoice {
+  const max = d.draftMax !== null ? { max: d.draftMax } : {};
+  if (d.draft) return { kind: 'model', model: d.draft, ...max };
+  if (d.draftMtp) return { kind: 'mtp', model: d.draftMtp, ...max };
+  return d.ngram ? { kind: 'ngram', ...max } : { kind: 'none' };
+}
+
+/** The same speculation: kind, model and longest draft. */
+export const sameDraft = (a: DraftChoice, b: DraftChoice): boolean =>
+  a.kind === b.kind &&
+  ('model' in a ? a.model : null) === ('model' in b ? b.model : null) &&
+  (('max' in a ? a.max : undefined) ?? null) === (('max' in b ? b.max : undefined) ?? null);
+
+/** The base config's own knobs (a grid leaves out what it does not sweep). Drafting off at the
+ * ladder's first level is no speculation: no rung can turn it on. */
 export function baseKnobs(config: PerceptConfig): PointKnobs {
   const { decoder, ladder } = config;
-  const max = decoder.draftMax !== null ? { max: decoder.draftMax } : {};
-  const draft: DraftChoice = !ladder.initial.draft
-    ? { kind: 'none' }
-    : decoder.draft
-      ? { kind: 'model', model: decoder.draft, ...max }
-      : decoder.draftMtp
-        ? { kind: 'mtp', model: decoder.draftMtp, ...max }
-        : decoder.ngram
-          ? { kind: 'ngram', ...max }
-          : { kind: 'none' };
+  const draft: DraftChoice = ladder.initial.draft ? speculatorOf(decoder) : { kind: 'none' };
   return {
     imageTokens: ladder.initial.imageTokens,
     maxNewTokens: decoder.maxNewTokens,

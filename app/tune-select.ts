@@ -12,7 +12,7 @@
 // and saves the most p99 per unit of quality lost; a step that loses nothing comes first. The next
 // rung starts from there, until no such point is faster.
 import type { Knobs } from '../pipeline/types.ts';
-import { KNOB_NAMES, knobText, type PointKnobs } from './tune-grid.ts';
+import { KNOB_NAMES, knobText, sameDraft, type PointKnobs } from './tune-grid.ts';
 
 export const QUALITY_METRICS = ['accuracy', 'iou', 'agreement', 'valid'] as const;
 export const COST_METRICS = ['p50', 'p99', 'miss'] as const;
@@ -190,7 +190,7 @@ export function rungBetween(from: PointResult, to: PointResult): Partial<Knobs> 
   const [a, b] = [from.ladder, to.ladder];
   if (b.imageTokens > a.imageTokens || b.maxNewTokens > a.maxNewTokens || (b.draft && !a.draft)) return null;
   // Drafting stays on: with the same speculator (the rung cannot change it).
-  if (a.draft && b.draft && JSON.stringify(from.knobs.draft) !== JSON.stringify(to.knobs.draft)) return null;
+  if (a.draft && b.draft && !sameDraft(from.knobs.draft, to.knobs.draft)) return null;
   const rung: { -readonly [K in keyof Knobs]?: Knobs[K] } = {};
   if (b.imageTokens < a.imageTokens) rung.imageTokens = b.imageTokens;
   if (b.maxNewTokens < a.maxNewTokens) rung.maxNewTokens = b.maxNewTokens;
