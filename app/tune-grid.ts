@@ -174,7 +174,7 @@ export function loadGrid(path: string, config: PerceptConfig): Grid {
     else axes[name] = values;
   }
   if (remote) {
-    for (const name of ['kvType', 'threads', 'draft'] as const) {
+    for (const name of ['kvType', 'threads', 'gpuLayers', 'draft'] as const) {
       if (file.knobs[name])
         issues.push({ path: `/knobs/${name}`, message: 'applies to decoder.kind "local" only (the base config decodes remotely)' });
     }
