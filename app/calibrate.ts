@@ -7,7 +7,7 @@
 //                      virtual clock charges)
 //   p90Ms              the same shape: the 90th percentile, for a pessimistic tuning
 //   levels             the knobs of each level (the config's ladder)
-//   frames, machine, config, models: what was measured, where and with what
+//   frames, machine, config, models, decoder: what was measured, where and with what
 // Method: the frames are taken from the config's source (no pacing); one untimed warm-up frame per
 // level, then each frame goes through the chain stage by stage on a real clock, each process()
 // call timed on its own. A level whose knobs equal the previous level's but for frameSkip (which
@@ -41,6 +41,9 @@ export interface CalibrationFile {
   };
   readonly config: string;
   readonly models: Readonly<Record<string, string>>;
+  /** The decoder settings that change what a frame costs besides the models (absent in files of
+   * percept 0.1's first calibrations: the defaults). */
+  readonly decoder?: Pick<PerceptConfig['decoder'], 'ngram' | 'draftMax' | 'kvType' | 'threads' | 'gpuLayers'>;
 }
 
 export interface StageTimes {
@@ -148,6 +151,13 @@ export async function calibrate(opts: CalibrateOptions): Promise<CalibrationFile
     machine: { cpu: cpu[0]?.model ?? 'unknown', cores: cpu.length, platform: process.platform, arch: process.arch, node: process.version },
     config: opts.config ?? '(the embedded default)',
     models,
+    decoder: {
+      ngram: config.decoder.ngram,
+      draftMax: config.decoder.draftMax,
+      kvType: config.decoder.kvType,
+      threads: config.decoder.threads,
+      gpuLayers: config.decoder.gpuLayers,
+    },
   };
   mkdirSync(dirname(opts.out), { recursive: true });
   writeFileSync(opts.out, `${JSON.stringify(file, null, 2)}\n`);

@@ -489,6 +489,43 @@ program
   });
 
 program
+  .command('tune')
+  .description(
+    'sweep knobs on a bag (virtual clock from calibrated costs, or real runs), print the Pareto table and write the config the objective picks, with a degrade ladder',
+  )
+  .requiredOption('-b, --bag <file>', 'the bag (MCAP) to replay')
+  .requiredOption('--budget-ms <ms>', 'the end-to-end latency budget', positiveNumber('--budget-ms'))
+  .option('--grid <file>', 'the knobs and values to sweep (configs/tune-grid.schema.json; default: the ladder knobs of the config)')
+  .option(
+    '--objective <spec>',
+    "what picks the point, e.g. 'max accuracy s.t. p99<=budget' (default: that, with the best quality measurable)",
+  )
+  .option('-l, --labels <file>', 'expected actions, JSON lines (default: <bag>.labels.jsonl when it exists)')
+  .option('--reference <config>', 'a config whose decoder is the reference (e.g. F16): token agreement with it per point')
+  .option('-c, --config <file>', 'the base config (default: the embedded configs/default.json)')
+  .addOption(new Option('--virtual', 'virtual clock: stage costs from calibration files (the default when one is given)').conflicts('real'))
+  .option('--real', 'real stages on the real clock, the bag at its recorded pace')
+  .option('--calibration <file...>', 'calibration files written by percept calibrate (default: the one the config names)')
+  .addOption(
+    new Option('--pace <pace>', 'virtual mode: lockstep, or the recorded pace (edge policies matter)').choices(['lockstep', 'recorded']),
+  )
+  .requiredOption('-o, --out <file>', 'the tuned config to write (and NAME.tune-state.json next to it, for resuming)')
+  .option('--no-progress', 'no progress bar')
+  .option('--json', 'print the result as JSON')
+  .action(async (opts) => {
+    const { formatTune, tune, TuneInterrupted } = await import('./tune.ts');
+    try {
+      const result = await tune({ ...opts, mode: opts.virtual ? 'virtual' : opts.real ? 'real' : undefined });
+      process.stdout.write(opts.json ? `${JSON.stringify(result, null, 2)}\n` : formatTune(result));
+      if (!result.chosen) process.exitCode = 2;
+    } catch (err) {
+      if (!(err instanceof TuneInterrupted)) throw err;
+      process.stderr.write(`percept: ${err.message}\n`);
+      process.exitCode = 130;
+    }
+  });
+
+program
   .command('echo')
   .description('print what a running percept publishes: actions (validated, with age and staleness), events, telemetry; seq gaps on stderr')
   .option('--connect <endpoint>', "the publisher's endpoint", 'tcp://127.0.0.1:5556')

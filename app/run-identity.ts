@@ -68,7 +68,7 @@ async function sourceIdentity(source: PerceptConfig['source']): Promise<object> 
   return { ...source, files: names.length, sha256: hash.digest('hex') };
 }
 
-async function sha256File(path: string): Promise<string> {
+export async function sha256File(path: string): Promise<string> {
   const hash = createHash('sha256');
   for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
   return hash.digest('hex');

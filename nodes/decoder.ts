@@ -8,7 +8,6 @@ import { StageAbort, type Stage, type StageContext } from '../pipeline/types.ts'
 import {
   DRAFT_MAX,
   LlamaModel,
-  MAX_OUTPUTS,
   type LlamaContext,
   type LlamaGrammar,
   type ModelInfo,
@@ -62,8 +61,6 @@ export async function attachSpeculation(ctx: LlamaContext, flags: SpeculationFla
  * action schema whose JSON Schema becomes the decoding grammar. */
 export interface DecoderStageConfig extends DecoderConfig {
   readonly actionSchema: ActionSchema;
-  /** CPU threads for llama.cpp (absent: the binding's default). */
-  readonly threads?: number;
 }
 
 export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
@@ -166,7 +163,8 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   let grammar: LlamaGrammar;
   let maxNewTokens: number;
   try {
-    const threads = config.threads !== undefined ? { threads: config.threads } : {};
+    const threads = config.threads !== null ? { threads: config.threads } : {};
+    const draftMax = config.draftMax ?? DRAFT_MAX;
     if (batching && batching.cameras > 1) {
       ctx = await model.createContext({
         nCtx: config.nCtx,
@@ -176,6 +174,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         maxActive: batching.maxActive ?? batching.cameras,
         prefillChunk: batching.prefillChunk,
         kvUnified: batching.kvUnified,
+        kvType: config.kvType,
         ...threads,
       });
     } else {
@@ -183,12 +182,14 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         nCtx: config.nCtx,
         nBatch: IMAGE_UBATCH,
         nUbatch: IMAGE_UBATCH,
-        maxOutputs: MAX_OUTPUTS,
+        // A verify batch reads one row per draft position and one for the last certain token.
+        maxOutputs: 1 + draftMax,
+        kvType: config.kvType,
         ...threads,
       });
       draft = await attachSpeculation(
         ctx,
-        { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: DRAFT_MAX },
+        { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: draftMax },
         gpuLayers,
       );
     }

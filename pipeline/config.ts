@@ -91,6 +91,12 @@ export interface DecoderConfig {
   readonly draft: string | null;
   readonly draftMtp: string | null;
   readonly ngram: boolean;
+  /** local: the longest draft per speculative step (null: the binding's DRAFT_MAX). */
+  readonly draftMax: number | null;
+  /** local: the KV cache's element type. */
+  readonly kvType: 'f16' | 'q8_0';
+  /** local: llama.cpp's CPU threads (null: every core). */
+  readonly threads: number | null;
   readonly gpuLayers: number;
   readonly nCtx: number;
   readonly systemPrompt: string;
@@ -218,7 +224,7 @@ const CONFIG_SCHEMA_PATH = new URL('../configs/percept.schema.json', import.meta
 const DEFAULTS_BASE = fileURLToPath(new URL('..', import.meta.url));
 
 /** The config fields that name files (their keys from the root). */
-const PATH_FIELDS: readonly (readonly string[])[] = [
+export const PATH_FIELDS: readonly (readonly string[])[] = [
   ['source', 'path'],
   ['source', 'url'],
   ['source', 'curve', 'secretKeyFile'],
@@ -342,7 +348,8 @@ function describeAjvErrors(errors: readonly ErrorObject[]): ConfigIssue[] {
   return [...issues.values()];
 }
 
-function describeAjvError(error: ErrorObject): ConfigIssue {
+/** One ajv error as `{path, message}` in words (also for the other JSON files percept validates). */
+export function describeAjvError(error: ErrorObject): ConfigIssue {
   const params = error.params as Record<string, unknown>;
   switch (error.keyword) {
     case 'additionalProperties':
@@ -413,6 +420,9 @@ function checkDecoder(decoder: DecoderConfig): ConfigIssue[] {
     if (decoder.draft !== null) only('draft', 'local');
     if (decoder.draftMtp !== null) only('draftMtp', 'local');
     if (decoder.ngram) only('ngram', 'local');
+    if (decoder.draftMax !== null) only('draftMax', 'local');
+    if (decoder.kvType !== 'f16') only('kvType', 'local');
+    if (decoder.threads !== null) only('threads', 'local');
   } else {
     if (decoder.endpoint !== null) only('endpoint', 'openai');
     if (decoder.apiKey !== null) only('apiKey', 'openai');

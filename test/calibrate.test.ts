@@ -96,6 +96,8 @@ describe('calibrate', () => {
       assert.equal(file.kind, 'percept.calibration');
       assert.equal(file.frames, 2);
       assert.equal(file.levels.length, 3);
+      // The decoder settings it ran with, so a tune can tell which points it measured.
+      assert.deepEqual(file.decoder, { ngram: false, draftMax: null, kvType: 'f16', threads: null, gpuLayers: 0 });
       assert.deepEqual(Object.keys(file.virtualServiceMs), ['preprocess', 'encode', 'decode', 'actions', 'publish']);
       for (const [stage, ms] of Object.entries(file.virtualServiceMs)) {
         assert.equal(ms.length, 3, stage);
