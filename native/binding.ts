@@ -154,6 +154,8 @@ export interface NativeBatchCounts {
   readonly steps: number;
   /** Most sequences that shared one of its steps (itself included). */
   readonly peakSeqs: number;
+  /** Its steps whose token decode ran on llama.cpp's previous graph (an unchanged ubatch shape). */
+  readonly graphReuses: number;
 }
 
 export declare class NativeContext {

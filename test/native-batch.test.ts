@@ -163,6 +163,28 @@ describe('batched decoding on gemma4-tiny', () => {
     }
   });
 
+  test('sequences decoding together reuse llama.cpp graph step after step (one ubatch in sequence order)', async () => {
+    // With a KV stream per sequence llama.cpp cuts a batch into ubatches of consecutive sequence ids:
+    // rows in any other order cost a graph per run of ids, and the graph changes shape every step.
+    const ctx = await model.createContext({ nCtx: 256, nSeq: 4, kvUnified: false, threads: 1 });
+    try {
+      const steps = 40;
+      const prompt = (i: number): PromptSegment[] => [{ text: `Camera ${CAMERAS[i]} sees`, addSpecial: true }];
+      // Submitted out of sequence order.
+      const got = await Promise.all([3, 1, 0, 2].map((seq) => ctx.generate(prompt(seq), { maxTokens: steps, ignoreEos: true, seq })));
+      for (const r of got) {
+        assert.equal(r.tokens.length, steps);
+        // Steps that change the batch's shape (a prompt joining, a sequence leaving) build a graph.
+        assert.ok(
+          r.batch!.graphReuses >= r.batch!.steps - 8,
+          `sequence ${r.batch!.seq}: ${r.batch!.graphReuses} of ${r.batch!.steps} steps reused the graph`,
+        );
+      }
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
   test('past maxActive, requests are admitted in arrival order: no camera starves', async () => {
     const ctx = await model.createContext({ nCtx: 256, nSeq: 4, maxActive: 2 });
     try {

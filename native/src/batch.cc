@@ -32,6 +32,8 @@ struct BatchScheduler::Active {
     bool done = false;
     int64_t tAdmit = 0;
     int64_t tFirst = 0;
+    // Generating: this step's tokens (the last sampled one, then any forced run).
+    std::vector<llama_token> run;
     // In the token batch being built: its first token, how many, its logits row (-1: none).
     int32_t tokStart = 0;
     int32_t tokCount = 0;
@@ -204,38 +206,51 @@ void BatchScheduler::step() {
     rotation_++;
     const size_t n = active_.size();
     for (auto & a : active_) {
+        a->run.clear();
         a->tokCount = 0;
         a->row = -1;
         a->job->counts.steps++;
         a->job->counts.peakSeqs = std::max(a->job->counts.peakSeqs, int32_t(n));
     }
-    // In a rotating order, so the jump-forward room and the prefill shares go round.
+    // Decided in a rotating order, so the jump-forward room and the prefill shares go round.
     std::vector<Active *> order;
     for (size_t i = 0; i < n; i++) order.push_back(active_[(i + rotation_) % n].get());
+    // Laid out in ascending sequence order: with a KV stream per sequence, llama.cpp splits a batch
+    // into ubatches of consecutive sequence ids, so any other order costs one graph per run of
+    // consecutive ids (and a graph that changes shape every step is never reused).
+    std::vector<Active *> bySeq = order;
+    std::sort(bySeq.begin(), bySeq.end(), [](const Active * x, const Active * y) { return x->seq < y->seq; });
 
-    TokenBatch & tokens = *tokens_;
-    tokens.clear();
     int32_t generating = 0;
     for (Active * a : order) generating += a->generating ? 1 : 0;
+    int32_t used = 0;
     for (Active * a : order) {
         if (!a->generating) continue;
         generating--;
-        addGeneration(*a, tokens, generating);
+        planGeneration(*a, opts_.nBatch - used - generating);
+        used += int32_t(a->run.size());
     }
-    planPrefill(order, opts_.nBatch - tokens.b.n_tokens);
-    decodeImages(order);
-    for (Active * a : order) {
-        if (a->done || a->take == 0 || a->takeImage) continue;
+    planPrefill(order, opts_.nBatch - used);
+    decodeImages(bySeq);
+
+    TokenBatch & tokens = *tokens_;
+    tokens.clear();
+    for (Active * a : bySeq) {
+        if (a->done) continue;
         a->tokStart = tokens.b.n_tokens;
-        a->tokCount = a->take;
-        for (int32_t k = 0; k < a->take; k++) {
-            const size_t i = a->next + size_t(k);
-            const bool last = i + 1 == a->plan.items.size();
-            tokens.add(a->plan.items[i].item.token, a->nPast + k, last, a->seq);
-            if (last) a->row = tokens.b.n_tokens - 1;
+        if (a->generating) {
+            a->tokCount = int32_t(a->run.size());
+            for (int32_t k = 0; k < a->tokCount; k++) tokens.add(a->run[size_t(k)], a->nPast + k, k + 1 == a->tokCount, a->seq);
+        } else if (a->take > 0 && !a->takeImage) {
+            a->tokCount = a->take;
+            for (int32_t k = 0; k < a->take; k++) {
+                const size_t i = a->next + size_t(k);
+                tokens.add(a->plan.items[i].item.token, a->nPast + k, i + 1 == a->plan.items.size(), a->seq);
+            }
         }
+        if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
     }
-    if (tokens.b.n_tokens > 0) decodeTokens(order);
+    if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
     removeFinished();
 }
 
@@ -252,43 +267,34 @@ void BatchScheduler::dropStopped() {
     }
 }
 
-// The sequence's next token, and the tokens the grammar alone decides after it (jump-forward),
-// leaving one slot for each of the `reserve` generating sequences still to add.
-void BatchScheduler::addGeneration(Active & a, TokenBatch & tokens, int32_t reserve) {
-    a.tokCount = 0;
-    a.row = -1;
+// The sequence's next token, and the tokens the grammar alone decides after it (jump-forward), at
+// most `room` in all.
+void BatchScheduler::planGeneration(Active & a, int32_t room) {
     if (a.done) return;
     if (grammarEnded(a)) return finish(a);
     GenerateResult & res = a.job->result;
     const GenerateOptions & o = a.job->opts;
-    const int32_t start = tokens.b.n_tokens;
-    tokens.add(a.idLast, a.nPast, true, a.seq);
-    if (o.jumpForward && a.sampler.hasGrammar()) {
-        const int32_t room = opts_.nBatch - reserve;
-        bool stop = false;
-        while (!stop && tokens.b.n_tokens < room) {
-            if (grammarEnded(a)) {
-                stop = true;  // the forced run completed the grammar: nothing left to decode
-                break;
-            }
-            const int64_t ts = monotonicNs();
-            const llama_token f = a.sampler.forcedToken();
-            res.sampleMs += msBetween(ts, monotonicNs());
-            if (f < 0) break;
-            a.sampler.accept(f);
-            res.forced++;
-            tokens.b.logits[tokens.b.n_tokens - 1] = 0;
-            tokens.add(f, a.nPast + (tokens.b.n_tokens - start), true, a.seq);
-            stop = appendOutput(model_->vocab(), o, res, f);
+    a.run.push_back(a.idLast);
+    if (!o.jumpForward || !a.sampler.hasGrammar()) return;
+    bool stop = false;
+    while (!stop && int32_t(a.run.size()) < room) {
+        if (grammarEnded(a)) {
+            stop = true;  // the forced run completed the grammar: nothing left to decode
+            break;
         }
-        if (stop) {
-            tokens.b.n_tokens = start;  // the output is complete: its tokens need no decode
-            return finish(a);
-        }
+        const int64_t ts = monotonicNs();
+        const llama_token f = a.sampler.forcedToken();
+        res.sampleMs += msBetween(ts, monotonicNs());
+        if (f < 0) break;
+        a.sampler.accept(f);
+        res.forced++;
+        a.run.push_back(f);
+        stop = appendOutput(model_->vocab(), o, res, f);
     }
-    a.tokStart = start;
-    a.tokCount = tokens.b.n_tokens - start;
-    a.row = tokens.b.n_tokens - 1;
+    if (stop) {
+        a.run.clear();  // the output is complete: its tokens need no decode
+        finish(a);
+    }
 }
 
 // How much of each joining prompt this step decodes: at most prefillChunk positions in all, each
@@ -405,13 +411,16 @@ void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
 void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
     TokenBatch & tokens = *tokens_;
     const int64_t t0 = monotonicNs();
+    const int32_t reusedBefore = llama_perf_context(ctx_).n_reused;
     const int ret = llama_decode(ctx_, tokens.b);
     llama_synchronize(ctx_);
     const double ms = msBetween(t0, monotonicNs());
+    const bool reused = llama_perf_context(ctx_).n_reused > reusedBefore;
     for (Active * a : order) {
         if (a->done || a->tokCount == 0) continue;
         const int32_t count = a->tokCount;
         a->tokCount = 0;
+        if (reused) a->job->counts.graphReuses++;
         if (a->generating) {
             a->job->result.llamaDecodeMs += ms;
             a->job->result.decodeCalls++;

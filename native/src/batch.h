@@ -51,7 +51,10 @@ struct BatchCounts {
     int32_t waitSteps = 0;  // steps run while it waited for admission
     int32_t steps = 0;      // steps from its admission to its end (prefill and generation)
     int32_t peakSeqs = 0;   // most sequences in one step it took part in (itself included)
-    double queueMs = 0;     // submit → admission
+    // Steps whose token decode it had rows in and llama.cpp ran on its previous graph (same ubatch
+    // shape: no graph build, and on CUDA the captured graph replays).
+    int32_t graphReuses = 0;
+    double queueMs = 0;  // submit → admission
 };
 
 // One generate call on one sequence. The scheduler fills result/counts (or error) and hands the job
@@ -103,7 +106,7 @@ private:
     void start(std::unique_ptr<SeqJob> job);
     void step();
     void dropStopped();
-    void addGeneration(Active & a, TokenBatch & tokens, int32_t reserve);
+    void planGeneration(Active & a, int32_t room);
     void planPrefill(const std::vector<Active *> & order, int32_t tokenRoom);
     void decodeImages(const std::vector<Active *> & order);
     void decodeTokens(const std::vector<Active *> & order);

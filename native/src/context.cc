@@ -166,6 +166,7 @@ Napi::Object batchResultToJs(Napi::Env env, const SeqJob & j) {
     b.Set("waitSteps", j.counts.waitSteps);
     b.Set("steps", j.counts.steps);
     b.Set("peakSeqs", j.counts.peakSeqs);
+    b.Set("graphReuses", j.counts.graphReuses);
     o.Set("batch", b);
     return o;
 }
