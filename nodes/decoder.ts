@@ -210,6 +210,9 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     { role: 'system' as const, content: config.systemPrompt },
     { role: 'user' as const, content: `${IMAGE_MARKER}\n${config.instruction}` },
   ];
+  // The chat template is rendered once (milliseconds of JS-thread time); each frame puts its image
+  // in the image segment.
+  const promptTemplate = model.chatPrompt(messages, [{ data: new Float32Array(0), nTokens: 0 }], { imageMarker: IMAGE_MARKER });
   const contract: EncoderContract = info.arch === 'gemma3' ? 'gemma3' : 'gemma4';
 
   const batched = ctx.info.nSeq > 1;
@@ -224,9 +227,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         `decoder: image embedding has ${input.data.length} floats, expected nTokens × nEmbd = ${input.nTokens} × ${input.nEmbd}`,
       );
     }
-    const prompt: PromptSegment[] = model.chatPrompt(messages, [{ data: input.data, nTokens: input.nTokens }], {
-      imageMarker: IMAGE_MARKER,
-    });
+    const prompt: PromptSegment[] = promptTemplate.map((s) => ('image' in s ? { image: input.data, nTokens: input.nTokens } : s));
     // The ladder's knob may lower the budget, never below a complete action.
     const maxTokens = Math.max(grammar.maxTokens ?? 1, Math.min(maxNewTokens, sc.knobs.maxNewTokens));
     const r = await ctx.generate(prompt, {
