@@ -6,6 +6,9 @@
 // the decoder's worst case for bursts). Edges are 'latest' (a camera's newest frame replaces one that
 // waits: dropped 'conflated'), the ladder is off (fixed image tokens), and the frame deadline is the
 // budget: a frame that would come out later is cancelled and counted as a miss.
+import { pbkdf2 } from 'node:crypto';
+import { loadavg } from 'node:os';
+import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { RealClock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import type { LatencyStats } from '../pipeline/telemetry/events.ts';
@@ -15,6 +18,7 @@ import type { FrameSource } from '../pipeline/types.ts';
 import { encoderSection } from './bench-frame.ts';
 import { asCamera, createCameraGroup, createCameraStages } from './cameras.ts';
 import { createSource } from './run.ts';
+import { quantile } from './stats.ts';
 
 export interface BenchCamerasOptions {
   readonly cameras: number;
@@ -72,6 +76,50 @@ export interface BenchCamerasResult {
   readonly encoder_batch_max: number;
   readonly kv_unified: boolean;
   readonly prefill_chunk: number;
+  /** Where the host side waits: the JS thread's busy fraction and its worst delays, and how long a
+   * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
+  readonly host: HostLoad;
+}
+
+export interface HostLoad {
+  readonly event_loop_utilization: number;
+  readonly event_loop_delay_ms_p99: number;
+  readonly pool_job_ms_p50: number | null;
+  readonly pool_job_ms_p99: number | null;
+  readonly loadavg: { readonly start: number[]; readonly end: number[] };
+}
+
+/** Measures the host load from now until the returned function is called. */
+function watchHost(everyMs = 50): () => HostLoad {
+  const start = loadavg();
+  const elu = performance.eventLoopUtilization();
+  const delay = monitorEventLoopDelay({ resolution: 10 });
+  delay.enable();
+  const poolMs: number[] = [];
+  let timer: NodeJS.Timeout | undefined;
+  let stopped = false;
+  const probe = (): void => {
+    const t0 = performance.now();
+    // One PBKDF2 iteration: microseconds of work on a pool thread, the rest is waiting for one.
+    pbkdf2('p', 's', 1, 8, 'sha256', () => {
+      poolMs.push(performance.now() - t0);
+      if (!stopped) timer = setTimeout(probe, everyMs);
+    });
+  };
+  probe();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+    delay.disable();
+    const r = (x: number): number => Math.round(x * 1000) / 1000;
+    return {
+      event_loop_utilization: r(performance.eventLoopUtilization(elu).utilization),
+      event_loop_delay_ms_p99: r(delay.percentile(99) / 1e6),
+      pool_job_ms_p50: poolMs.length ? r(quantile(poolMs, 0.5)) : null,
+      pool_job_ms_p99: poolMs.length ? r(quantile(poolMs, 0.99)) : null,
+      loadavg: { start, end: loadavg() },
+    };
+  };
 }
 
 const p = (s: LatencyStats | undefined, q: 'p50Ms' | 'p99Ms'): number | null => s?.[q] ?? null;
@@ -109,7 +157,9 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     tokens += Number(event.data.tokens ?? 0);
     if (typeof event.data.peakSeqs === 'number') batchSizes.push(event.data.peakSeqs);
   });
+  const stopWatching = watchHost();
   const summary = await group.run();
+  const host = stopWatching();
   const durationS = summary.durationMs / 1000;
   const perCamera: Record<string, CameraBenchRow> = {};
   for (const [id, s] of Object.entries(summary.cameras ?? {})) {
@@ -153,5 +203,6 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     encoder_batch_max: enc.maxBatch,
     kv_unified: config.batching.kvUnified,
     prefill_chunk: config.batching.prefillChunk,
+    host,
   };
 }
