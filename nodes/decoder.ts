@@ -4,7 +4,7 @@
 import type { ActionSchema } from './action-schema.ts';
 import type { EncoderContract, Generation, ImageEmbedding } from './payloads.ts';
 import type { DecoderConfig } from '../pipeline/config.ts';
-import { StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
+import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
 import {
   DRAFT_MAX,
   LlamaModel,
@@ -265,6 +265,13 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     });
     // Cut short: give the frame up as the runtime asked, or as native code saw the same deadline
     // first (its check runs between tokens; the runtime's timer may not have fired yet).
+    if (r.batch?.predictedMiss) {
+      const left = Number(sc.stageDeadlineNs - sc.clock.nowNs()) / 1e6;
+      throw new DropFrame(
+        'stale',
+        `predicted miss: decoding takes at least ${r.batch.predictedMs.toFixed(1)} ms, ${left.toFixed(1)} ms left`,
+      );
+    }
     if (r.stopReason === 'cancelled') throw sc.signal.reason;
     if (r.stopReason === 'deadline') throw sc.signal.aborted ? sc.signal.reason : new StageAbort('deadline', 'decode');
     return r; // a GenerateResult is a Generation (payloads.ts) with more timings

@@ -12,6 +12,16 @@ namespace {
 
 double msBetween(int64_t t0, int64_t t1) { return double(t1 - t0) / 1e6; }
 
+// How many recent samples admission predicts from.
+constexpr size_t kStepSamples = 64;
+constexpr size_t kImageSamples = 16;
+constexpr size_t kGenSamples = 4;
+
+template <typename T> void keepLast(std::deque<T> & d, T v, size_t n) {
+    d.push_back(v);
+    if (d.size() > n) d.pop_front();
+}
+
 }  // namespace
 
 // One admitted request: its plan, where its prompt stands, its sampler and what it has in the
@@ -29,6 +39,7 @@ struct BatchScheduler::Active {
     llama_pos nPast = 0;      // positions in the KV cache (a partial image's rows included)
     llama_token idLast = -1;  // generating: the last sampled token, decoded in the next step
     bool generating = false;  // the prompt is decoded and the first token sampled
+    int32_t genSteps = 0;     // steps that decoded its generated tokens
     bool done = false;
     int64_t tAdmit = 0;
     int64_t tFirst = 0;
@@ -49,7 +60,7 @@ struct BatchScheduler::Active {
 BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread & thread, BatchOptions options, Done done)
     : ctx_(ctx), model_(model), thread_(thread), opts_(options), done_(std::move(done)), nCtxSeq_(int32_t(llama_n_ctx_seq(ctx))),
       caches_(size_t(options.nSeq)), positions_(new std::atomic<int32_t>[size_t(options.nSeq)]),
-      tokens_(std::make_unique<TokenBatch>(options.nBatch)) {
+      tokens_(std::make_unique<TokenBatch>(options.nBatch)), genSteps_(size_t(options.nSeq)) {
     for (int32_t s = 0; s < opts_.nSeq; s++) positions_[size_t(s)].store(0);
 }
 
@@ -176,6 +187,15 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
         done_(std::move(a->job));
         return;
     }
+    if (j.opts.deadlineNs > 0) {
+        j.counts.predictedMs = leastMs(*a, int32_t(active_.size()) + 1);
+        if (j.counts.predictedMs > 0 && now + int64_t(j.counts.predictedMs * 1e6) > j.opts.deadlineNs) {
+            j.counts.predictedMiss = true;
+            j.result.stopReason = "deadline";
+            done_(std::move(a->job));
+            return;
+        }
+    }
     size_t reuse = a->plan.reuse;
     llama_pos reusePos = a->plan.reusePositions;
     llama_memory_t mem = llama_get_memory(ctx_);
@@ -194,6 +214,27 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
     active_.push_back(std::move(a));
 }
 
+// The least time from now to the request's end, by the rule in batch.h (0: no history to tell).
+// `seqs`: the sequences it will share its steps with, itself included.
+double BatchScheduler::leastMs(const Active & a, int32_t seqs) const {
+    double stepMs = 0;
+    for (const StepSample & s : stepSamples_) {
+        if (s.seqs <= seqs && (stepMs == 0 || s.ms < stepMs)) stepMs = s.ms;
+    }
+    const std::deque<int32_t> & gens = genSteps_[size_t(a.seq)];
+    if (stepMs == 0 || gens.empty()) return 0;
+    int32_t text = 0, image = 0;
+    for (size_t i = a.plan.reuse; i < a.plan.items.size(); i++) {
+        const int32_t rows = a.plan.items[i].item.imageTokens;
+        if (rows > 0) image += rows;
+        else text++;
+    }
+    const int32_t gen = std::min(*std::min_element(gens.begin(), gens.end()), a.job->opts.maxTokens);
+    const int32_t prefillSteps = std::max(1, (text + opts_.prefillChunk - 1) / opts_.prefillChunk);
+    const double imageMs = imageRowMs_.empty() ? 0 : image * *std::min_element(imageRowMs_.begin(), imageRowMs_.end());
+    return (prefillSteps + gen) * stepMs + imageMs;
+}
+
 // ------------------------------------------------------------------------------------------------
 // One step
 
@@ -201,6 +242,7 @@ void BatchScheduler::step() {
     dropStopped();
     removeFinished();
     if (active_.empty()) return;
+    const int64_t t0 = monotonicNs();
     for (auto & j : waiting_) j->counts.waitSteps++;
     steps_.fetch_add(1, std::memory_order_relaxed);
     rotation_++;
@@ -251,6 +293,7 @@ void BatchScheduler::step() {
         if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
     }
     if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
+    keepLast(stepSamples_, StepSample{int32_t(n), msBetween(t0, monotonicNs())}, kStepSamples);
     removeFinished();
 }
 
@@ -297,47 +340,54 @@ void BatchScheduler::planGeneration(Active & a, int32_t room) {
     }
 }
 
-// How much of each joining prompt this step decodes: at most prefillChunk positions in all, each
-// sequence at most an equal share, one kind (text or image rows) per sequence. A bidirectional
-// image goes whole and alone; causal images are cut into chunks and share one decode.
+// How much of each joining prompt this step decodes, by the rule in batch.h: one kind (text or
+// image rows) per sequence; bidirectional and causal image rows never share the image decode.
 void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t tokenRoom) {
-    int32_t joining = 0;
+    std::vector<Active *> joining;
     for (Active * a : order) {
         a->take = 0;
         a->takeImage = false;
-        if (!a->done && !a->generating) joining++;
+        if (!a->done && !a->generating && !a->promptDone()) joining.push_back(a);
     }
-    if (joining == 0) return;
+    if (joining.empty()) return;
+    auto deadline = [](const Active * a) { return a->job->opts.deadlineNs > 0 ? a->job->opts.deadlineNs : INT64_MAX; };
+    std::sort(joining.begin(), joining.end(), [&](const Active * x, const Active * y) {
+        const int32_t lx = x->plan.positions - x->nPast, ly = y->plan.positions - y->nPast;
+        if (lx != ly) return lx < ly;
+        if (deadline(x) != deadline(y)) return deadline(x) < deadline(y);
+        return x->job->submittedNs < y->job->submittedNs;
+    });
     const ModelInfo & mi = model_->info();
     int32_t budget = opts_.prefillChunk;
-    const int32_t share = (budget + joining - 1) / joining;
-    bool bidirectional = false;  // a bidirectional image has the image decode to itself
-    bool anyImage = false;
-    bool first = true;
-    for (Active * a : order) {
-        if (a->done || a->generating || a->promptDone()) continue;
+    int32_t imageRows = 0;  // in this step's image decode
+    int32_t wholeRows = 0;  // rows of the whole images there (0: none)
+    bool causalRows = false;
+    for (Active * a : joining) {
         if (budget <= 0) break;
         const PromptItem & p = a->item();
         if (p.item.imageTokens > 0) {
             const int32_t rest = p.item.imageTokens - a->imageRows;
             if (imageNonCausal(mi, p)) {
-                if (anyImage || !first) continue;  // next step, when it comes first
+                // With a stream per sequence llama.cpp cuts a batch into equal parts per sequence,
+                // which would cut images of other sizes.
+                const bool fits = rest <= budget && imageRows + rest <= opts_.nUbatch && (opts_.kvUnified || rest == wholeRows);
+                if (causalRows || (imageRows > 0 && !fits)) continue;
                 a->take = rest;
-                bidirectional = true;
+                wholeRows = rest;
             } else {
-                if (bidirectional) continue;
-                a->take = std::min({rest, share, budget});
+                if (wholeRows > 0) continue;
+                a->take = std::min({rest, budget, opts_.nUbatch - imageRows});
+                causalRows = a->take > 0;
             }
-            a->takeImage = true;
-            anyImage = true;
+            a->takeImage = a->take > 0;
+            imageRows += a->take;
         } else {
             int32_t text = 0;
             for (size_t i = a->next; i < a->plan.items.size() && a->plan.items[i].item.imageTokens == 0; i++) text++;
-            a->take = std::min({text, share, budget, tokenRoom});
+            a->take = std::min({text, budget, tokenRoom});
             tokenRoom -= a->take;
         }
         budget -= a->take;
-        first = first && a->take == 0;
     }
 }
 
@@ -381,7 +431,10 @@ void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     for (int32_t i = 0; i < rows; i++) seqIdPtrs_[size_t(i)] = &seqIds_[size_t(i)];
     llama_batch b{rows, nullptr, embd_.data(), pos_.data(), nSeqId_.data(), seqIdPtrs_.data(), logits_.data()};
     if (bidirectional) llama_set_causal_attn(ctx_, false);
+    const int64_t t0 = monotonicNs();
     const int ret = llama_decode(ctx_, b);
+    llama_synchronize(ctx_);
+    if (ret == 0) keepLast(imageRowMs_, msBetween(t0, monotonicNs()) / rows, kImageSamples);
     if (bidirectional) llama_set_causal_attn(ctx_, true);
     for (Active * a : order) {
         if (!a->takeImage || a->take == 0) continue;
@@ -424,6 +477,7 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
         if (a->generating) {
             a->job->result.llamaDecodeMs += ms;
             a->job->result.decodeCalls++;
+            a->genSteps++;
         }
         if (ret != 0) {
             llama_memory_seq_rm(llama_get_memory(ctx_), a->seq, a->nPast, -1);
@@ -524,6 +578,10 @@ void BatchScheduler::rollbackPartialImage(Active & a) {
 void BatchScheduler::removeFinished() {
     for (auto it = active_.begin(); it != active_.end();) {
         if ((*it)->done) {
+            const std::string & why = (*it)->job->result.stopReason;
+            if ((*it)->job->error.empty() && why != "cancelled" && why != "deadline") {
+                keepLast(genSteps_[size_t((*it)->seq)], (*it)->genSteps, kGenSamples);
+            }
             std::unique_ptr<SeqJob> j = std::move((*it)->job);
             syncPositions(j->seq);
             it = active_.erase(it);

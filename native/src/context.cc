@@ -168,6 +168,8 @@ Napi::Object batchResultToJs(Napi::Env env, const SeqJob & j) {
     b.Set("steps", j.counts.steps);
     b.Set("peakSeqs", j.counts.peakSeqs);
     b.Set("graphReuses", j.counts.graphReuses);
+    b.Set("predictedMs", j.counts.predictedMs);
+    b.Set("predictedMiss", j.counts.predictedMiss);
     o.Set("batch", b);
     return o;
 }
@@ -501,6 +503,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.prefillChunk = int32_t(opts_.prefillChunk);
         bo.nBatch = int32_t(opts_.nBatch);
         bo.nUbatch = int32_t(opts_.nUbatch);
+        bo.kvUnified = opts_.kvUnified;
         batch_ = std::make_unique<BatchScheduler>(ctx_, model_, *thread_, bo, [this](std::unique_ptr<SeqJob> job) {
             SeqJob * raw = job.release();
             batchDone_.NonBlockingCall([this, raw](Napi::Env env, Napi::Function) { settle(env, std::unique_ptr<SeqJob>(raw)); });
