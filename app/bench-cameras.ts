@@ -36,6 +36,8 @@ export interface BenchCamerasOptions {
   readonly prefillChunk?: number;
   readonly maxActive?: number;
   readonly encodeWaitMs?: number;
+  /** Decode the grammar's forced runs in the step that reaches them (default true, the config's). */
+  readonly jumpForward?: boolean;
 }
 
 export interface CameraBenchRow {
@@ -67,6 +69,9 @@ export interface BenchCamerasResult {
   readonly tokens_per_s: number;
   readonly stages_ms_p50: Readonly<Record<string, number | null>>;
   readonly stages_ms_p99: Readonly<Record<string, number | null>>;
+  /** The share of a frame's decode steps that ran on llama.cpp's previous graph (an unchanged
+   * ubatch shape: no graph build, and on CUDA the captured graph replays), over every frame. */
+  readonly decode_graph_reuse: number | null;
   /** Sequences that shared a decode step, per frame: mean and most. */
   readonly decode_batch_mean: number | null;
   readonly decode_batch_max: number;
@@ -134,7 +139,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       source: { kind: 'pattern', fps, frames, width: 1280, height: 720 },
     })),
     encoder: encoderSection(opts.encoder, gpuLayers),
-    decoder: { model: opts.model, gpuLayers },
+    decoder: { model: opts.model, gpuLayers, ...(opts.jumpForward !== undefined ? { jumpForward: opts.jumpForward } : {}) },
     budgets: { endToEndMs: budgetMs, stages: {}, dropPredictedMiss: false },
     edges: { default: { policy: 'latest' } },
     ladder: { enabled: false, initial: { imageTokens }, rungs: [] },
@@ -151,10 +156,14 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
   const stages = await createCameraStages(config, loadActionSchema(config.actions.schema), { publish: false });
   const group = createCameraGroup(config, sources, stages, new RealClock());
   let tokens = 0;
+  let steps = 0;
+  let graphReuses = 0;
   const batchSizes: number[] = [];
   group.events.subscribe((event) => {
     if (event.type !== 'note' || event.message !== 'decode' || !event.data) return;
     tokens += Number(event.data.tokens ?? 0);
+    steps += Number(event.data.steps ?? 0);
+    graphReuses += Number(event.data.graphReuses ?? 0);
     if (typeof event.data.peakSeqs === 'number') batchSizes.push(event.data.peakSeqs);
   });
   const stopWatching = watchHost();
@@ -196,6 +205,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     tokens_per_s: durationS > 0 ? round(tokens / durationS) : 0,
     stages_ms_p50: pick('p50Ms'),
     stages_ms_p99: pick('p99Ms'),
+    decode_graph_reuse: steps > 0 ? round(graphReuses / steps) : null,
     decode_batch_mean: batchSizes.length ? round(batchSizes.reduce((a, b) => a + b, 0) / batchSizes.length) : null,
     decode_batch_max: batchSizes.length ? Math.max(...batchSizes) : 0,
     encoder_calls: enc.calls,

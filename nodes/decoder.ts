@@ -260,7 +260,15 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         // Measured times only on a real clock: a virtual run's outputs must not depend on this machine.
         ...(sc.clock.virtual ? {} : { prefillMs: r.timings.prefillMs, decodeMs: r.timings.decodeMs, sampleMs: r.timings.sampleMs }),
         stopReason: r.stopReason,
-        ...(r.batch ? { queueMs: r.batch.queueMs, steps: r.batch.steps, waitSteps: r.batch.waitSteps, peakSeqs: r.batch.peakSeqs } : {}),
+        ...(r.batch
+          ? {
+              queueMs: r.batch.queueMs,
+              steps: r.batch.steps,
+              waitSteps: r.batch.waitSteps,
+              peakSeqs: r.batch.peakSeqs,
+              graphReuses: r.batch.graphReuses,
+            }
+          : {}),
       },
     });
     // Cut short: give the frame up as the runtime asked, or as native code saw the same deadline
