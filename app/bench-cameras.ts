@@ -6,6 +6,9 @@
 // the decoder's worst case for bursts). Edges are 'latest' (a camera's newest frame replaces one that
 // waits: dropped 'conflated'), the ladder is off (fixed image tokens), and the frame deadline is the
 // budget: a frame that would come out later is cancelled and counted as a miss.
+import { pbkdf2 } from 'node:crypto';
+import { loadavg } from 'node:os';
+import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { RealClock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import type { LatencyStats } from '../pipeline/telemetry/events.ts';
@@ -15,6 +18,7 @@ import type { FrameSource } from '../pipeline/types.ts';
 import { encoderSection } from './bench-frame.ts';
 import { asCamera, createCameraGroup, createCameraStages } from './cameras.ts';
 import { createSource } from './run.ts';
+import { quantile } from './stats.ts';
 
 export interface BenchCamerasOptions {
   readonly cameras: number;
@@ -32,6 +36,8 @@ export interface BenchCamerasOptions {
   readonly prefillChunk?: number;
   readonly maxActive?: number;
   readonly encodeWaitMs?: number;
+  /** Decode the grammar's forced runs in the step that reaches them (default true, the config's). */
+  readonly jumpForward?: boolean;
 }
 
 export interface CameraBenchRow {
@@ -63,6 +69,9 @@ export interface BenchCamerasResult {
   readonly tokens_per_s: number;
   readonly stages_ms_p50: Readonly<Record<string, number | null>>;
   readonly stages_ms_p99: Readonly<Record<string, number | null>>;
+  /** The share of a frame's decode steps that ran on llama.cpp's previous graph (an unchanged
+   * ubatch shape: no graph build, and on CUDA the captured graph replays), over every frame. */
+  readonly decode_graph_reuse: number | null;
   /** Sequences that shared a decode step, per frame: mean and most. */
   readonly decode_batch_mean: number | null;
   readonly decode_batch_max: number;
@@ -72,6 +81,50 @@ export interface BenchCamerasResult {
   readonly encoder_batch_max: number;
   readonly kv_unified: boolean;
   readonly prefill_chunk: number;
+  /** Where the host side waits: the JS thread's busy fraction and its worst delays, and how long a
+   * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
+  readonly host: HostLoad;
+}
+
+export interface HostLoad {
+  readonly event_loop_utilization: number;
+  readonly event_loop_delay_ms_p99: number;
+  readonly pool_job_ms_p50: number | null;
+  readonly pool_job_ms_p99: number | null;
+  readonly loadavg: { readonly start: number[]; readonly end: number[] };
+}
+
+/** Measures the host load from now until the returned function is called. */
+function watchHost(everyMs = 50): () => HostLoad {
+  const start = loadavg();
+  const elu = performance.eventLoopUtilization();
+  const delay = monitorEventLoopDelay({ resolution: 10 });
+  delay.enable();
+  const poolMs: number[] = [];
+  let timer: NodeJS.Timeout | undefined;
+  let stopped = false;
+  const probe = (): void => {
+    const t0 = performance.now();
+    // One PBKDF2 iteration: microseconds of work on a pool thread, the rest is waiting for one.
+    pbkdf2('p', 's', 1, 8, 'sha256', () => {
+      poolMs.push(performance.now() - t0);
+      if (!stopped) timer = setTimeout(probe, everyMs);
+    });
+  };
+  probe();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+    delay.disable();
+    const r = (x: number): number => Math.round(x * 1000) / 1000;
+    return {
+      event_loop_utilization: r(performance.eventLoopUtilization(elu).utilization),
+      event_loop_delay_ms_p99: r(delay.percentile(99) / 1e6),
+      pool_job_ms_p50: poolMs.length ? r(quantile(poolMs, 0.5)) : null,
+      pool_job_ms_p99: poolMs.length ? r(quantile(poolMs, 0.99)) : null,
+      loadavg: { start, end: loadavg() },
+    };
+  };
 }
 
 const p = (s: LatencyStats | undefined, q: 'p50Ms' | 'p99Ms'): number | null => s?.[q] ?? null;
@@ -86,7 +139,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       source: { kind: 'pattern', fps, frames, width: 1280, height: 720 },
     })),
     encoder: encoderSection(opts.encoder, gpuLayers),
-    decoder: { model: opts.model, gpuLayers },
+    decoder: { model: opts.model, gpuLayers, ...(opts.jumpForward !== undefined ? { jumpForward: opts.jumpForward } : {}) },
     budgets: { endToEndMs: budgetMs, stages: {}, dropPredictedMiss: false },
     edges: { default: { policy: 'latest' } },
     ladder: { enabled: false, initial: { imageTokens }, rungs: [] },
@@ -103,13 +156,19 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
   const stages = await createCameraStages(config, loadActionSchema(config.actions.schema), { publish: false });
   const group = createCameraGroup(config, sources, stages, new RealClock());
   let tokens = 0;
+  let steps = 0;
+  let graphReuses = 0;
   const batchSizes: number[] = [];
   group.events.subscribe((event) => {
     if (event.type !== 'note' || event.message !== 'decode' || !event.data) return;
     tokens += Number(event.data.tokens ?? 0);
+    steps += Number(event.data.steps ?? 0);
+    graphReuses += Number(event.data.graphReuses ?? 0);
     if (typeof event.data.peakSeqs === 'number') batchSizes.push(event.data.peakSeqs);
   });
+  const stopWatching = watchHost();
   const summary = await group.run();
+  const host = stopWatching();
   const durationS = summary.durationMs / 1000;
   const perCamera: Record<string, CameraBenchRow> = {};
   for (const [id, s] of Object.entries(summary.cameras ?? {})) {
@@ -146,6 +205,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     tokens_per_s: durationS > 0 ? round(tokens / durationS) : 0,
     stages_ms_p50: pick('p50Ms'),
     stages_ms_p99: pick('p99Ms'),
+    decode_graph_reuse: steps > 0 ? round(graphReuses / steps) : null,
     decode_batch_mean: batchSizes.length ? round(batchSizes.reduce((a, b) => a + b, 0) / batchSizes.length) : null,
     decode_batch_max: batchSizes.length ? Math.max(...batchSizes) : 0,
     encoder_calls: enc.calls,
@@ -153,5 +213,6 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     encoder_batch_max: enc.maxBatch,
     kv_unified: config.batching.kvUnified,
     prefill_chunk: config.batching.prefillChunk,
+    host,
   };
 }

@@ -222,6 +222,7 @@ bench
   .option('--prefill-chunk <n>', 'prompt positions read per decode step (default: the config default)', int('--prefill-chunk'))
   .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
   .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)
+  .option('--no-jump-forward', "decode the grammar's forced tokens one per step (keeps the batch's shape, so llama.cpp reuses its graph)")
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchCameras } = await import('./bench-cameras.ts');

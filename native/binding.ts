@@ -154,6 +154,13 @@ export interface NativeBatchCounts {
   readonly steps: number;
   /** Most sequences that shared one of its steps (itself included). */
   readonly peakSeqs: number;
+  /** Its steps whose token decode ran on llama.cpp's previous graph (an unchanged ubatch shape). */
+  readonly graphReuses: number;
+  /** At admission, the least time its prefill and generation could take, from the scheduler's recent
+   * steps and its sequence's recent requests (0: nothing to predict from, or no deadline). */
+  readonly predictedMs: number;
+  /** Dropped at admission, before any prefill: predictedMs would pass its deadline (stopReason 'deadline', no tokens). */
+  readonly predictedMiss: boolean;
 }
 
 export declare class NativeContext {

@@ -4,7 +4,7 @@
 import type { ActionSchema } from './action-schema.ts';
 import type { EncoderContract, Generation, ImageEmbedding } from './payloads.ts';
 import type { DecoderConfig } from '../pipeline/config.ts';
-import { StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
+import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
 import {
   DRAFT_MAX,
   LlamaModel,
@@ -211,6 +211,9 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     { role: 'system' as const, content: config.systemPrompt },
     { role: 'user' as const, content: `${IMAGE_MARKER}\n${config.instruction}` },
   ];
+  // The chat template is rendered once (milliseconds of JS-thread time); each frame puts its image
+  // in the image segment.
+  const promptTemplate = model.chatPrompt(messages, [{ data: new Float32Array(0), nTokens: 0 }], { imageMarker: IMAGE_MARKER });
   const contract: EncoderContract = info.arch === 'gemma3' ? 'gemma3' : 'gemma4';
 
   const batched = ctx.info.nSeq > 1;
@@ -225,9 +228,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         `decoder: image embedding has ${input.data.length} floats, expected nTokens × nEmbd = ${input.nTokens} × ${input.nEmbd}`,
       );
     }
-    const prompt: PromptSegment[] = model.chatPrompt(messages, [{ data: input.data, nTokens: input.nTokens }], {
-      imageMarker: IMAGE_MARKER,
-    });
+    const prompt: PromptSegment[] = promptTemplate.map((s) => ('image' in s ? { image: input.data, nTokens: input.nTokens } : s));
     // The ladder's knob may lower the budget, never below a complete action.
     const maxTokens = Math.max(grammar.maxTokens ?? 1, Math.min(maxNewTokens, sc.knobs.maxNewTokens));
     const r = await ctx.generate(prompt, {
@@ -260,11 +261,26 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         // Measured times only on a real clock: a virtual run's outputs must not depend on this machine.
         ...(sc.clock.virtual ? {} : { prefillMs: r.timings.prefillMs, decodeMs: r.timings.decodeMs, sampleMs: r.timings.sampleMs }),
         stopReason: r.stopReason,
-        ...(r.batch ? { queueMs: r.batch.queueMs, steps: r.batch.steps, waitSteps: r.batch.waitSteps, peakSeqs: r.batch.peakSeqs } : {}),
+        ...(r.batch
+          ? {
+              queueMs: r.batch.queueMs,
+              steps: r.batch.steps,
+              waitSteps: r.batch.waitSteps,
+              peakSeqs: r.batch.peakSeqs,
+              graphReuses: r.batch.graphReuses,
+            }
+          : {}),
       },
     });
     // Cut short: give the frame up as the runtime asked, or as native code saw the same deadline
     // first (its check runs between tokens; the runtime's timer may not have fired yet).
+    if (r.batch?.predictedMiss) {
+      const left = Number(sc.stageDeadlineNs - sc.clock.nowNs()) / 1e6;
+      throw new DropFrame(
+        'stale',
+        `predicted miss: decoding takes at least ${r.batch.predictedMs.toFixed(1)} ms, ${left.toFixed(1)} ms left`,
+      );
+    }
     if (r.stopReason === 'cancelled') throw sc.signal.reason;
     if (r.stopReason === 'deadline') throw sc.signal.aborted ? sc.signal.reason : new StageAbort('deadline', 'decode');
     return r; // a GenerateResult is a Generation (payloads.ts) with more timings

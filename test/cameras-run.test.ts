@@ -120,6 +120,10 @@ test('real stages, cameras under overload: every camera gets actions, every fram
   assert.ok(r.decode_batch_max >= 2, 'cameras shared decode steps');
   assert.ok(r.actions_per_s > 0 && r.tokens_per_s > 0);
   assert.equal(r.per_camera_p99_ms_max, Math.max(...Object.values(r.per_camera).map((c) => c.e2e_ms_p99!)));
+  assert.ok(r.decode_graph_reuse !== null && r.decode_graph_reuse >= 0 && r.decode_graph_reuse <= 1);
+  // The host side was watched for the whole run.
+  assert.ok(r.host.event_loop_utilization > 0 && r.host.event_loop_utilization <= 1);
+  assert.ok(r.host.pool_job_ms_p50 !== null && r.host.pool_job_ms_p99! >= r.host.pool_job_ms_p50);
 });
 
 test('percept run on a cameras config: actions from every camera and per-camera summaries', async () => {

@@ -1,14 +1,15 @@
 // The decode stage over the native binding: schema-valid actions from image embeddings, system
-// prefix reuse across frames, the knobs, cancel/deadline reporting, and the width check.
+// prefix reuse across frames, the knobs, cancel/deadline reporting, the width check, and the camera
+// stages' drop of a frame whose deadline cannot be met.
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { loadActionSchema } from '../nodes/action-schema.ts';
-import { actionTokenBudget, createDecoderStage, type DecoderStage } from '../nodes/decoder.ts';
+import { actionTokenBudget, createCameraDecoderStages, createDecoderStage, type DecoderStage } from '../nodes/decoder.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import type { ImageEmbedding } from '../nodes/payloads.ts';
-import { StageAbort, type Knobs, type StageContext, type StageEvent } from '../pipeline/types.ts';
+import { DropFrame, StageAbort, type Knobs, type StageContext, type StageEvent } from '../pipeline/types.ts';
 import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 
@@ -113,6 +114,37 @@ describe('decode stage on gemma4-tiny', () => {
   test('an embedding of the wrong width is a clear error, and the stage keeps working', async () => {
     await assert.rejects(stage.process(image(16, 32, 1), stageContext(20)), /32 wide but .* takes 64/);
     const g = await stage.process(image(16, stage.nEmbd, 5), stageContext(21));
+    assert.equal(g.stopReason, 'eos');
+  });
+});
+
+describe('camera decode stages on gemma4-tiny (one sequence per camera)', () => {
+  let stages: DecoderStage[];
+  before(async () => {
+    const { decoder } = loadConfig({ decoder: { nCtx: 2048, temperature: 0, seed: 1, jumpForward: true } });
+    stages = await createCameraDecoderStages(
+      { ...decoder, model: await ensureSynthModel('gemma4-tiny'), actionSchema: schema, threads: 1 },
+      { cameras: 2, maxActive: null, prefillChunk: 512, kvUnified: false },
+    );
+  });
+  after(async () => {
+    for (const s of stages) await s.close?.();
+  });
+
+  test('a frame whose deadline its camera cannot meet is dropped stale before its prefill, and the camera goes on', async () => {
+    // Large images: their prefill alone takes far longer than the overhead of getting a frame to the scheduler.
+    const rows = 480;
+    const first = stageContext(1);
+    await stages[0]!.process(image(rows, stages[0]!.nEmbd, 1), first);
+    const note = first.events.find((e) => e.kind === 'note' && e.message === 'decode');
+    assert.ok(note?.kind === 'note' && note.data);
+    // A quarter of the time the last frame's prefill took: its image rows alone need more.
+    const late = stageContext(2, { budgetMs: Number(note.data.prefillMs) / 4 });
+    await assert.rejects(
+      stages[0]!.process(image(rows, stages[0]!.nEmbd, 2), late),
+      (e: unknown) => e instanceof DropFrame && e.reason === 'stale' && /^predicted miss: decoding takes at least/.test(e.message),
+    );
+    const g = await stages[0]!.process(image(rows, stages[0]!.nEmbd, 3), stageContext(3));
     assert.equal(g.stopReason, 'eos');
   });
 });

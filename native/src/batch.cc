@@ -12,6 +12,16 @@ namespace {
 
 double msBetween(int64_t t0, int64_t t1) { return double(t1 - t0) / 1e6; }
 
+// How many recent samples admission predicts from.
+constexpr size_t kStepSamples = 64;
+constexpr size_t kImageSamples = 16;
+constexpr size_t kGenSamples = 4;
+
+template <typename T> void keepLast(std::deque<T> & d, T v, size_t n) {
+    d.push_back(v);
+    if (d.size() > n) d.pop_front();
+}
+
 }  // namespace
 
 // One admitted request: its plan, where its prompt stands, its sampler and what it has in the
@@ -29,9 +39,12 @@ struct BatchScheduler::Active {
     llama_pos nPast = 0;      // positions in the KV cache (a partial image's rows included)
     llama_token idLast = -1;  // generating: the last sampled token, decoded in the next step
     bool generating = false;  // the prompt is decoded and the first token sampled
+    int32_t genSteps = 0;     // steps that decoded its generated tokens
     bool done = false;
     int64_t tAdmit = 0;
     int64_t tFirst = 0;
+    // Generating: this step's tokens (the last sampled one, then any forced run).
+    std::vector<llama_token> run;
     // In the token batch being built: its first token, how many, its logits row (-1: none).
     int32_t tokStart = 0;
     int32_t tokCount = 0;
@@ -47,7 +60,7 @@ struct BatchScheduler::Active {
 BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread & thread, BatchOptions options, Done done)
     : ctx_(ctx), model_(model), thread_(thread), opts_(options), done_(std::move(done)), nCtxSeq_(int32_t(llama_n_ctx_seq(ctx))),
       caches_(size_t(options.nSeq)), positions_(new std::atomic<int32_t>[size_t(options.nSeq)]),
-      tokens_(std::make_unique<TokenBatch>(options.nBatch)) {
+      tokens_(std::make_unique<TokenBatch>(options.nBatch)), genSteps_(size_t(options.nSeq)) {
     for (int32_t s = 0; s < opts_.nSeq; s++) positions_[size_t(s)].store(0);
 }
 
@@ -174,6 +187,15 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
         done_(std::move(a->job));
         return;
     }
+    if (j.opts.deadlineNs > 0) {
+        j.counts.predictedMs = leastMs(*a, int32_t(active_.size()) + 1);
+        if (j.counts.predictedMs > 0 && now + int64_t(j.counts.predictedMs * 1e6) > j.opts.deadlineNs) {
+            j.counts.predictedMiss = true;
+            j.result.stopReason = "deadline";
+            done_(std::move(a->job));
+            return;
+        }
+    }
     size_t reuse = a->plan.reuse;
     llama_pos reusePos = a->plan.reusePositions;
     llama_memory_t mem = llama_get_memory(ctx_);
@@ -192,6 +214,27 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
     active_.push_back(std::move(a));
 }
 
+// The least time from now to the request's end, by the rule in batch.h (0: no history to tell).
+// `seqs`: the sequences it will share its steps with, itself included.
+double BatchScheduler::leastMs(const Active & a, int32_t seqs) const {
+    double stepMs = 0;
+    for (const StepSample & s : stepSamples_) {
+        if (s.seqs <= seqs && (stepMs == 0 || s.ms < stepMs)) stepMs = s.ms;
+    }
+    const std::deque<int32_t> & gens = genSteps_[size_t(a.seq)];
+    if (stepMs == 0 || gens.empty()) return 0;
+    int32_t text = 0, image = 0;
+    for (size_t i = a.plan.reuse; i < a.plan.items.size(); i++) {
+        const int32_t rows = a.plan.items[i].item.imageTokens;
+        if (rows > 0) image += rows;
+        else text++;
+    }
+    const int32_t gen = std::min(*std::min_element(gens.begin(), gens.end()), a.job->opts.maxTokens);
+    const int32_t prefillSteps = std::max(1, (text + opts_.prefillChunk - 1) / opts_.prefillChunk);
+    const double imageMs = imageRowMs_.empty() ? 0 : image * *std::min_element(imageRowMs_.begin(), imageRowMs_.end());
+    return (prefillSteps + gen) * stepMs + imageMs;
+}
+
 // ------------------------------------------------------------------------------------------------
 // One step
 
@@ -199,43 +242,58 @@ void BatchScheduler::step() {
     dropStopped();
     removeFinished();
     if (active_.empty()) return;
+    const int64_t t0 = monotonicNs();
     for (auto & j : waiting_) j->counts.waitSteps++;
     steps_.fetch_add(1, std::memory_order_relaxed);
     rotation_++;
     const size_t n = active_.size();
     for (auto & a : active_) {
+        a->run.clear();
         a->tokCount = 0;
         a->row = -1;
         a->job->counts.steps++;
         a->job->counts.peakSeqs = std::max(a->job->counts.peakSeqs, int32_t(n));
     }
-    // In a rotating order, so the jump-forward room and the prefill shares go round.
+    // Decided in a rotating order, so the jump-forward room and the prefill shares go round.
     std::vector<Active *> order;
     for (size_t i = 0; i < n; i++) order.push_back(active_[(i + rotation_) % n].get());
+    // Laid out in ascending sequence order: with a KV stream per sequence, llama.cpp splits a batch
+    // into ubatches of consecutive sequence ids, so any other order costs one graph per run of
+    // consecutive ids (and a graph that changes shape every step is never reused).
+    std::vector<Active *> bySeq = order;
+    std::sort(bySeq.begin(), bySeq.end(), [](const Active * x, const Active * y) { return x->seq < y->seq; });
 
-    TokenBatch & tokens = *tokens_;
-    tokens.clear();
     int32_t generating = 0;
     for (Active * a : order) generating += a->generating ? 1 : 0;
+    int32_t used = 0;
     for (Active * a : order) {
         if (!a->generating) continue;
         generating--;
-        addGeneration(*a, tokens, generating);
+        planGeneration(*a, opts_.nBatch - used - generating);
+        used += int32_t(a->run.size());
     }
-    planPrefill(order, opts_.nBatch - tokens.b.n_tokens);
-    decodeImages(order);
-    for (Active * a : order) {
-        if (a->done || a->take == 0 || a->takeImage) continue;
+    planPrefill(order, opts_.nBatch - used);
+    decodeImages(bySeq);
+
+    TokenBatch & tokens = *tokens_;
+    tokens.clear();
+    for (Active * a : bySeq) {
+        if (a->done) continue;
         a->tokStart = tokens.b.n_tokens;
-        a->tokCount = a->take;
-        for (int32_t k = 0; k < a->take; k++) {
-            const size_t i = a->next + size_t(k);
-            const bool last = i + 1 == a->plan.items.size();
-            tokens.add(a->plan.items[i].item.token, a->nPast + k, last, a->seq);
-            if (last) a->row = tokens.b.n_tokens - 1;
+        if (a->generating) {
+            a->tokCount = int32_t(a->run.size());
+            for (int32_t k = 0; k < a->tokCount; k++) tokens.add(a->run[size_t(k)], a->nPast + k, k + 1 == a->tokCount, a->seq);
+        } else if (a->take > 0 && !a->takeImage) {
+            a->tokCount = a->take;
+            for (int32_t k = 0; k < a->take; k++) {
+                const size_t i = a->next + size_t(k);
+                tokens.add(a->plan.items[i].item.token, a->nPast + k, i + 1 == a->plan.items.size(), a->seq);
+            }
         }
+        if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
     }
-    if (tokens.b.n_tokens > 0) decodeTokens(order);
+    if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
+    keepLast(stepSamples_, StepSample{int32_t(n), msBetween(t0, monotonicNs())}, kStepSamples);
     removeFinished();
 }
 
@@ -252,86 +310,84 @@ void BatchScheduler::dropStopped() {
     }
 }
 
-// The sequence's next token, and the tokens the grammar alone decides after it (jump-forward),
-// leaving one slot for each of the `reserve` generating sequences still to add.
-void BatchScheduler::addGeneration(Active & a, TokenBatch & tokens, int32_t reserve) {
-    a.tokCount = 0;
-    a.row = -1;
+// The sequence's next token, and the tokens the grammar alone decides after it (jump-forward), at
+// most `room` in all.
+void BatchScheduler::planGeneration(Active & a, int32_t room) {
     if (a.done) return;
     if (grammarEnded(a)) return finish(a);
     GenerateResult & res = a.job->result;
     const GenerateOptions & o = a.job->opts;
-    const int32_t start = tokens.b.n_tokens;
-    tokens.add(a.idLast, a.nPast, true, a.seq);
-    if (o.jumpForward && a.sampler.hasGrammar()) {
-        const int32_t room = opts_.nBatch - reserve;
-        bool stop = false;
-        while (!stop && tokens.b.n_tokens < room) {
-            if (grammarEnded(a)) {
-                stop = true;  // the forced run completed the grammar: nothing left to decode
-                break;
-            }
-            const int64_t ts = monotonicNs();
-            const llama_token f = a.sampler.forcedToken();
-            res.sampleMs += msBetween(ts, monotonicNs());
-            if (f < 0) break;
-            a.sampler.accept(f);
-            res.forced++;
-            tokens.b.logits[tokens.b.n_tokens - 1] = 0;
-            tokens.add(f, a.nPast + (tokens.b.n_tokens - start), true, a.seq);
-            stop = appendOutput(model_->vocab(), o, res, f);
+    a.run.push_back(a.idLast);
+    if (!o.jumpForward || !a.sampler.hasGrammar()) return;
+    bool stop = false;
+    while (!stop && int32_t(a.run.size()) < room) {
+        if (grammarEnded(a)) {
+            stop = true;  // the forced run completed the grammar: nothing left to decode
+            break;
         }
-        if (stop) {
-            tokens.b.n_tokens = start;  // the output is complete: its tokens need no decode
-            return finish(a);
-        }
+        const int64_t ts = monotonicNs();
+        const llama_token f = a.sampler.forcedToken();
+        res.sampleMs += msBetween(ts, monotonicNs());
+        if (f < 0) break;
+        a.sampler.accept(f);
+        res.forced++;
+        a.run.push_back(f);
+        stop = appendOutput(model_->vocab(), o, res, f);
     }
-    a.tokStart = start;
-    a.tokCount = tokens.b.n_tokens - start;
-    a.row = tokens.b.n_tokens - 1;
+    if (stop) {
+        a.run.clear();  // the output is complete: its tokens need no decode
+        finish(a);
+    }
 }
 
-// How much of each joining prompt this step decodes: at most prefillChunk positions in all, each
-// sequence at most an equal share, one kind (text or image rows) per sequence. A bidirectional
-// image goes whole and alone; causal images are cut into chunks and share one decode.
+// How much of each joining prompt this step decodes, by the rule in batch.h: one kind (text or
+// image rows) per sequence; bidirectional and causal image rows never share the image decode.
 void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t tokenRoom) {
-    int32_t joining = 0;
+    std::vector<Active *> joining;
     for (Active * a : order) {
         a->take = 0;
         a->takeImage = false;
-        if (!a->done && !a->generating) joining++;
+        if (!a->done && !a->generating && !a->promptDone()) joining.push_back(a);
     }
-    if (joining == 0) return;
+    if (joining.empty()) return;
+    auto deadline = [](const Active * a) { return a->job->opts.deadlineNs > 0 ? a->job->opts.deadlineNs : INT64_MAX; };
+    std::sort(joining.begin(), joining.end(), [&](const Active * x, const Active * y) {
+        const int32_t lx = x->plan.positions - x->nPast, ly = y->plan.positions - y->nPast;
+        if (lx != ly) return lx < ly;
+        if (deadline(x) != deadline(y)) return deadline(x) < deadline(y);
+        return x->job->submittedNs < y->job->submittedNs;
+    });
     const ModelInfo & mi = model_->info();
     int32_t budget = opts_.prefillChunk;
-    const int32_t share = (budget + joining - 1) / joining;
-    bool bidirectional = false;  // a bidirectional image has the image decode to itself
-    bool anyImage = false;
-    bool first = true;
-    for (Active * a : order) {
-        if (a->done || a->generating || a->promptDone()) continue;
+    int32_t imageRows = 0;  // in this step's image decode
+    int32_t wholeRows = 0;  // rows of the whole images there (0: none)
+    bool causalRows = false;
+    for (Active * a : joining) {
         if (budget <= 0) break;
         const PromptItem & p = a->item();
         if (p.item.imageTokens > 0) {
             const int32_t rest = p.item.imageTokens - a->imageRows;
             if (imageNonCausal(mi, p)) {
-                if (anyImage || !first) continue;  // next step, when it comes first
+                // With a stream per sequence llama.cpp cuts a batch into equal parts per sequence,
+                // which would cut images of other sizes.
+                const bool fits = rest <= budget && imageRows + rest <= opts_.nUbatch && (opts_.kvUnified || rest == wholeRows);
+                if (causalRows || (imageRows > 0 && !fits)) continue;
                 a->take = rest;
-                bidirectional = true;
+                wholeRows = rest;
             } else {
-                if (bidirectional) continue;
-                a->take = std::min({rest, share, budget});
+                if (wholeRows > 0) continue;
+                a->take = std::min({rest, budget, opts_.nUbatch - imageRows});
+                causalRows = a->take > 0;
             }
-            a->takeImage = true;
-            anyImage = true;
+            a->takeImage = a->take > 0;
+            imageRows += a->take;
         } else {
             int32_t text = 0;
             for (size_t i = a->next; i < a->plan.items.size() && a->plan.items[i].item.imageTokens == 0; i++) text++;
-            a->take = std::min({text, share, budget, tokenRoom});
+            a->take = std::min({text, budget, tokenRoom});
             tokenRoom -= a->take;
         }
         budget -= a->take;
-        first = first && a->take == 0;
     }
 }
 
@@ -375,7 +431,10 @@ void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     for (int32_t i = 0; i < rows; i++) seqIdPtrs_[size_t(i)] = &seqIds_[size_t(i)];
     llama_batch b{rows, nullptr, embd_.data(), pos_.data(), nSeqId_.data(), seqIdPtrs_.data(), logits_.data()};
     if (bidirectional) llama_set_causal_attn(ctx_, false);
+    const int64_t t0 = monotonicNs();
     const int ret = llama_decode(ctx_, b);
+    llama_synchronize(ctx_);
+    if (ret == 0) keepLast(imageRowMs_, msBetween(t0, monotonicNs()) / rows, kImageSamples);
     if (bidirectional) llama_set_causal_attn(ctx_, true);
     for (Active * a : order) {
         if (!a->takeImage || a->take == 0) continue;
@@ -405,16 +464,20 @@ void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
 void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
     TokenBatch & tokens = *tokens_;
     const int64_t t0 = monotonicNs();
+    const int32_t reusedBefore = llama_perf_context(ctx_).n_reused;
     const int ret = llama_decode(ctx_, tokens.b);
     llama_synchronize(ctx_);
     const double ms = msBetween(t0, monotonicNs());
+    const bool reused = llama_perf_context(ctx_).n_reused > reusedBefore;
     for (Active * a : order) {
         if (a->done || a->tokCount == 0) continue;
         const int32_t count = a->tokCount;
         a->tokCount = 0;
+        if (reused) a->job->counts.graphReuses++;
         if (a->generating) {
             a->job->result.llamaDecodeMs += ms;
             a->job->result.decodeCalls++;
+            a->genSteps++;
         }
         if (ret != 0) {
             llama_memory_seq_rm(llama_get_memory(ctx_), a->seq, a->nPast, -1);
@@ -515,6 +578,10 @@ void BatchScheduler::rollbackPartialImage(Active & a) {
 void BatchScheduler::removeFinished() {
     for (auto it = active_.begin(); it != active_.end();) {
         if ((*it)->done) {
+            const std::string & why = (*it)->job->result.stopReason;
+            if ((*it)->job->error.empty() && why != "cancelled" && why != "deadline") {
+                keepLast(genSteps_[size_t((*it)->seq)], (*it)->genSteps, kGenSamples);
+            }
             std::unique_ptr<SeqJob> j = std::move((*it)->job);
             syncPositions(j->seq);
             it = active_.erase(it);

@@ -10,10 +10,21 @@
 // - Admission: at most maxActive sequences take part in a step; requests past that wait in arrival
 //   order (FIFO). A sequence has at most one request at a time, so a camera that gets an action and
 //   asks again queues behind every camera already waiting: round-robin, no camera starves.
-// - Prefill: at most prefillChunk prompt positions per step, shared among the joining sequences
-//   (each takes at most an equal share, in an order that rotates every step), so a huge prompt
-//   delays the others by at most one chunk per step. An image that must be attended
-//   bidirectionally is taken whole, alone in its decode (it must sit in one ubatch).
+// - Predicted misses: a request with a deadline is dropped at admission, before any prefill (its
+//   prompt cache untouched), when even its least time cannot meet the deadline: its prompt positions
+//   at one step per prefillChunk and image rows at the fastest recent rate, then as many steps as
+//   the shortest of its sequence's last requests that ended on their own, each as fast as the
+//   fastest recent step that had no more sequences than it will share. Nothing is predicted
+//   without such history, so a sequence that has never finished is always admitted.
+// - Prefill: at most prefillChunk prompt positions per step, given to the joining prompt with the
+//   fewest positions left first (a short prompt is never held behind a long one), then to the
+//   earliest deadline, then in arrival order; each takes what it needs and leaves the rest to the
+//   next. Prompts of equal length (cameras) thus finish their prefill one after another, oldest
+//   frame first, instead of all together at the end. An image that must be attended
+//   bidirectionally is taken whole (it must sit in one ubatch): beside other whole images of as
+//   many rows while they fit the chunk and the ubatch, alone when it does not fit the chunk.
+// - Layout: each step's rows go in ascending sequence order (with a KV stream per sequence,
+//   llama.cpp cuts a batch into ubatches of consecutive sequence ids).
 // - Deadlines and cancels are checked between steps: a decode in flight is never aborted, because
 //   it serves every other sequence too.
 #pragma once
@@ -44,6 +55,7 @@ struct BatchOptions {
     int32_t prefillChunk = 0;  // prompt positions per step at most
     int32_t nBatch = 0;
     int32_t nUbatch = 0;
+    bool kvUnified = false;  // one KV buffer for every sequence (else a stream per sequence)
 };
 
 // Where a request stood in the schedule.
@@ -51,7 +63,14 @@ struct BatchCounts {
     int32_t waitSteps = 0;  // steps run while it waited for admission
     int32_t steps = 0;      // steps from its admission to its end (prefill and generation)
     int32_t peakSeqs = 0;   // most sequences in one step it took part in (itself included)
-    double queueMs = 0;     // submit → admission
+    // Steps whose token decode it had rows in and llama.cpp ran on its previous graph (same ubatch
+    // shape: no graph build, and on CUDA the captured graph replays).
+    int32_t graphReuses = 0;
+    double queueMs = 0;  // submit → admission
+    // At admission, the least time its prefill and generation could take (see Predicted misses);
+    // 0: nothing to predict from (no deadline, or no history).
+    double predictedMs = 0;
+    bool predictedMiss = false;  // dropped before its prefill: predictedMs would pass its deadline
 };
 
 // One generate call on one sequence. The scheduler fills result/counts (or error) and hands the job
@@ -103,7 +122,7 @@ private:
     void start(std::unique_ptr<SeqJob> job);
     void step();
     void dropStopped();
-    void addGeneration(Active & a, TokenBatch & tokens, int32_t reserve);
+    void planGeneration(Active & a, int32_t room);
     void planPrefill(const std::vector<Active *> & order, int32_t tokenRoom);
     void decodeImages(const std::vector<Active *> & order);
     void decodeTokens(const std::vector<Active *> & order);
@@ -116,6 +135,7 @@ private:
     void removeFinished();
     void rollbackPartialImage(Active & a);
     void syncPositions(int32_t seq);
+    double leastMs(const Active & a, int32_t seqs) const;
 
     llama_context * ctx_;
     Model * model_;
@@ -137,6 +157,15 @@ private:
     std::unique_ptr<std::atomic<int32_t>[]> positions_;
     std::atomic<int64_t> steps_{0};
     uint64_t rotation_ = 0;
+    // What admission predicts from: the last steps (sequences in them, ms), the last image decodes
+    // (ms per row), and per sequence the generation steps of its last requests that ended on their own.
+    struct StepSample {
+        int32_t seqs;
+        double ms;
+    };
+    std::deque<StepSample> stepSamples_;
+    std::deque<double> imageRowMs_;
+    std::vector<std::deque<int32_t>> genSteps_;
     // Batches reused from step to step.
     std::unique_ptr<TokenBatch> tokens_;
     std::vector<float> embd_;

@@ -1,14 +1,12 @@
 #include "context-thread.h"
 
 #include <chrono>
-#include <exception>
-#include <future>
 
 #include <pthread.h>
 
 namespace percept {
 
-SerialThread::SerialThread() : thread_([this]() { loop(); }) {}
+SerialThread::SerialThread(const char * name) : thread_([this, name]() { loop(name); }) {}
 
 SerialThread::~SerialThread() {
     {
@@ -19,17 +17,6 @@ SerialThread::~SerialThread() {
     thread_.join();
 }
 
-void SerialThread::run(const std::function<void()> & job) {
-    std::packaged_task<void()> task(job);
-    std::future<void> done = task.get_future();
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        jobs_.emplace_back([&task]() { task(); });
-    }
-    wake_.notify_one();
-    done.get();
-}
-
 void SerialThread::post(std::function<void()> job) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -38,8 +25,8 @@ void SerialThread::post(std::function<void()> job) {
     wake_.notify_one();
 }
 
-void SerialThread::loop() {
-    pthread_setname_np(pthread_self(), "percept-ctx");  // and the compute threads it starts inherit the name
+void SerialThread::loop(const char * name) {
+    pthread_setname_np(pthread_self(), name);
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
         wake_.wait(lock, [this]() { return closing_ || !jobs_.empty(); });
@@ -47,7 +34,7 @@ void SerialThread::loop() {
         std::function<void()> job = std::move(jobs_.front());
         jobs_.pop_front();
         lock.unlock();
-        job();  // a packaged_task: exceptions reach the waiting caller
+        job();
         lock.lock();
     }
 }

@@ -1,10 +1,10 @@
-// The threads a Context owns besides the JS thread.
+// The threads a Context (and a Vision) owns besides the JS thread.
 //
 // SerialThread runs every llama.cpp call of one context (decode, sampling, speculation), one job
 // after another. llama.cpp's CPU backend keeps its worker team per calling thread (OpenMP's team,
 // or the ggml threadpool's master); libuv's pool would hand each call to whichever of its threads
-// is free, so the team and its caches would change hands between calls. AsyncWorkers hand their
-// work to it and wait (on a libuv thread, never the JS thread).
+// is free, so the team and its caches would change hands between calls. Work is posted to it
+// (ThreadWorker in util.h settles the promise on the JS thread), so no libuv thread waits on it.
 //
 // DeadlineTimer sets the context's stop flag when an armed deadline passes, so the abort callback
 // that llama.cpp calls after every graph node is one relaxed atomic load instead of a clock read.
@@ -22,19 +22,18 @@ namespace percept {
 
 class SerialThread {
 public:
-    SerialThread();
+    // `name`: the thread's name as tools show it (at most 15 characters); the compute threads it
+    // starts inherit it.
+    explicit SerialThread(const char * name = "percept-ctx");
     ~SerialThread();  // runs the jobs already queued, then joins
     SerialThread(const SerialThread &) = delete;
     SerialThread & operator=(const SerialThread &) = delete;
 
-    // Runs `job` on this thread, waits for it and rethrows what it throws. Call it from a thread
-    // that may block (an AsyncWorker's Execute), never from the JS thread.
-    void run(const std::function<void()> & job);
     // Queues `job` without waiting (any thread). It must not throw: nothing would see it.
     void post(std::function<void()> job);
 
 private:
-    void loop();
+    void loop(const char * name);
 
     std::mutex mutex_;
     std::condition_variable wake_;

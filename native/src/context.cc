@@ -52,24 +52,25 @@ struct CreatedContext {
     }
 };
 
-class CreateWorker : public PromiseWorker {
+class CreateWorker : public ThreadWorker {
 public:
     CreateWorker(Napi::Env env, Napi::Object modelObj, Model * model, ContextOptions opts)
-        : PromiseWorker(env, "percept:Context.create", "ECONTEXT"), modelRef_(Napi::Persistent(modelObj)), model_(model),
+        : ThreadWorker(env, "percept:Context.create", "ECONTEXT"), modelRef_(Napi::Persistent(modelObj)), model_(model),
           made_(std::make_unique<CreatedContext>()) {
         made_->options = std::move(opts);
+        made_->thread = std::make_unique<SerialThread>();
         model_->retain();  // the model cannot be disposed while we create on it
     }
     ~CreateWorker() override {
         made_.reset();
         model_->release();
     }
+    SerialThread & thread() { return *made_->thread; }
 
 protected:
     void Execute() override {
         try {
-            made_->thread = std::make_unique<SerialThread>();
-            made_->thread->run([this]() { create(*made_); });
+            create(*made_);
         } catch (const std::exception & e) {
             SetError(std::string("failed to create context: ") + e.what());
         }
@@ -166,6 +167,9 @@ Napi::Object batchResultToJs(Napi::Env env, const SeqJob & j) {
     b.Set("waitSteps", j.counts.waitSteps);
     b.Set("steps", j.counts.steps);
     b.Set("peakSeqs", j.counts.peakSeqs);
+    b.Set("graphReuses", j.counts.graphReuses);
+    b.Set("predictedMs", j.counts.predictedMs);
+    b.Set("predictedMiss", j.counts.predictedMiss);
     o.Set("batch", b);
     return o;
 }
@@ -194,11 +198,11 @@ private:
 
 namespace {
 
-class GenerateWorker : public PromiseWorker {
+class GenerateWorker : public ThreadWorker {
 public:
     GenerateWorker(Napi::Env env, Napi::Object self, Context * ctx, std::vector<Segment> segments, GenerateOptions opts,
                    GrammarInstance grammar, Napi::Object grammarObj, Napi::Value onTokens)
-        : PromiseWorker(env, "percept:Context.generate", "EGENERATE"), self_(Napi::Persistent(self)), ctx_(ctx),
+        : ThreadWorker(env, "percept:Context.generate", "EGENERATE"), self_(Napi::Persistent(self)), ctx_(ctx),
           recordSampleTimes_(opts.recordSampleTimes),
           generation_(*ctx, std::move(segments), std::move(opts), std::move(grammar), sinkFor(env, onTokens)) {
         if (!grammarObj.IsEmpty()) grammarRef_ = Napi::Persistent(grammarObj);
@@ -210,10 +214,8 @@ public:
 protected:
     void Execute() override {
         try {
-            ctx_->runOnThread([this]() {
-                StopScope armed(*ctx_);
-                res_ = generation_.run();
-            });
+            StopScope armed(*ctx_);
+            res_ = generation_.run();
         } catch (const CodedFailure & e) {
             SetCodedError(e.code, e.what());
         } catch (const std::exception & e) {
@@ -226,7 +228,7 @@ protected:
     }
     void OnError(const Napi::Error & e) override {
         ctx_->releaseBusy();
-        PromiseWorker::OnError(e);
+        ThreadWorker::OnError(e);
     }
 
 private:
@@ -255,10 +257,10 @@ const std::vector<std::string> kSpecTypes = {"draft-simple", "draft-mtp", "ngram
 
 }  // namespace
 
-class AttachWorker : public PromiseWorker {
+class AttachWorker : public ThreadWorker {
 public:
     AttachWorker(Napi::Env env, Context * ctx, Napi::Value draftObj, Model * draft, SpecOptions opts)
-        : PromiseWorker(env, "percept:Context.attachSpeculator", "ESPECULATOR"), ctxRef_(Napi::Persistent(ctx->Value())), ctx_(ctx),
+        : ThreadWorker(env, "percept:Context.attachSpeculator", "ESPECULATOR"), ctxRef_(Napi::Persistent(ctx->Value())), ctx_(ctx),
           draft_(draft), opts_(std::move(opts)) {
         if (draft_ != nullptr) draftRef_ = Napi::Persistent(draftObj.As<Napi::Object>());
     }
@@ -270,7 +272,7 @@ protected:
             dp.n_ctx = llama_n_ctx(ctx_->raw());
             dp.type_k = GGML_TYPE_F16;  // the draft's own KV (draft-simple) stays f16
             dp.type_v = GGML_TYPE_F16;
-            ctx_->runOnThread([&]() { state_ = std::make_unique<SpecState>(ctx_->raw(), draft_, dp, ctx_->threadpool_, opts_); });
+            state_ = std::make_unique<SpecState>(ctx_->raw(), draft_, dp, ctx_->threadpool_, opts_);
         } catch (const std::exception & e) {
             SetError(std::string("failed to create speculator: ") + e.what());
         }
@@ -288,7 +290,7 @@ protected:
     }
     void OnError(const Napi::Error & e) override {
         ctx_->releaseBusy();
-        PromiseWorker::OnError(e);
+        ThreadWorker::OnError(e);
     }
 
 private:
@@ -501,6 +503,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.prefillChunk = int32_t(opts_.prefillChunk);
         bo.nBatch = int32_t(opts_.nBatch);
         bo.nUbatch = int32_t(opts_.nUbatch);
+        bo.kvUnified = opts_.kvUnified;
         batch_ = std::make_unique<BatchScheduler>(ctx_, model_, *thread_, bo, [this](std::unique_ptr<SeqJob> job) {
             SeqJob * raw = job.release();
             batchDone_.NonBlockingCall([this, raw](Napi::Env env, Napi::Function) { settle(env, std::unique_ptr<SeqJob>(raw)); });
@@ -564,7 +567,7 @@ Napi::Value Context::Create(const Napi::CallbackInfo & info) {
     ContextOptions c = parseContextOptions(requireObject(info[1], "Context.create options"));
     auto * worker = new CreateWorker(env, info[0].As<Napi::Object>(), model, c);
     Napi::Promise p = worker->promise();
-    worker->Queue();
+    worker->Queue(worker->thread());
     return p;
 }
 
@@ -646,7 +649,7 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     resetStop(g.deadlineNs, g.cancellable);
     auto * worker = new GenerateWorker(env, Value(), this, std::move(segments), std::move(g), std::move(grammar), grammarObj, onTokens);
     Napi::Promise p = worker->promise();
-    worker->Queue();
+    worker->Queue(*thread_);
     return p;
 }
 
@@ -748,7 +751,7 @@ Napi::Value Context::AttachSpeculator(const Napi::CallbackInfo & info) {
     acquire(env);
     auto * worker = new AttachWorker(env, this, info[0], draft, std::move(s));
     Napi::Promise p = worker->promise();
-    worker->Queue();
+    worker->Queue(*thread_);
     return p;
 }
 

@@ -59,8 +59,8 @@ public:
     void acquire(Napi::Env env);
     void releaseBusy() { busy_.store(false); }
 
-    // Runs `job` on the context's own thread and waits for it; from an AsyncWorker's Execute.
-    void runOnThread(const std::function<void()> & job) { thread_->run(job); }
+    // The thread that runs every llama.cpp call of this context (workers are queued on it).
+    SerialThread & thread() { return *thread_; }
 
     // What may stop the next operation (JS thread, before queueing it): clears the stop flag.
     // `cancellable`: a cancel() may come while llama.cpp computes (a signal is attached).

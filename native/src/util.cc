@@ -1,6 +1,7 @@
 #include "util.h"
 
 #include "abort-report.h"
+#include "context-thread.h"
 #include "llama.h"
 #include "log.h"  // llama.cpp common/log.h: common_log_set_verbosity_thold
 
@@ -16,6 +17,44 @@ Napi::Error codedError(Napi::Env env, const char * code, const std::string & mes
     err.Set("code", Napi::String::New(env, code));
     return err;
 }
+
+ThreadWorker::ThreadWorker(Napi::Env env, const char * name, const char * defaultCode)
+    : deferred_(Napi::Promise::Deferred::New(env)), env_(env), name_(name), code_(defaultCode) {}
+
+void ThreadWorker::Queue(SerialThread & thread) {
+    done_ = Napi::ThreadSafeFunction::New(env_, Napi::Function::New(env_, [](const Napi::CallbackInfo &) {}), name_, 0, 1);
+    thread.post([this]() {
+        try {
+            Execute();
+        } catch (const std::exception & e) {
+            SetError(e.what());
+        } catch (...) {
+            SetError("unknown failure");
+        }
+        // The JS thread may settle and delete this worker as soon as the call is queued: keep the
+        // handle on the stack. Queued while the environment closes, the call never runs and the
+        // worker is not freed (nothing may touch its JS references off the JS thread).
+        Napi::ThreadSafeFunction done = done_;
+        done.NonBlockingCall([this](Napi::Env, Napi::Function) { settle(); });
+        done.Release();
+    });
+}
+
+void ThreadWorker::settle() {
+    Napi::HandleScope scope(env_);
+    if (error_.empty()) {
+        try {
+            OnOK();
+        } catch (const Napi::Error & e) {
+            deferred_.Reject(e.Value());
+        }
+    } else {
+        OnError(Napi::Error::New(env_, error_));
+    }
+    delete this;
+}
+
+void ThreadWorker::OnError(const Napi::Error & e) { deferred_.Reject(codedError(env_, code_, e.Message()).Value()); }
 
 int64_t monotonicNs() {
     timespec ts{};

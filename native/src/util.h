@@ -54,6 +54,46 @@ private:
     const char * code_;
 };
 
+class SerialThread;
+
+// PromiseWorker's shape (Execute off the JS thread, then OnOK or OnError on it) for work that runs
+// on a thread the addon owns (a context's or a vision encoder's SerialThread). The owned thread
+// settles the promise through a thread-safe function, so no libuv pool thread sits waiting for it:
+// the pool stays free for what runs on it (sharp, the layout pass, fs). Queue() hands the worker
+// over; it deletes itself once settled. Like an AsyncWorker, a queued worker keeps the event loop
+// alive until it settles.
+class ThreadWorker {
+public:
+    virtual ~ThreadWorker() = default;
+    ThreadWorker(const ThreadWorker &) = delete;
+    ThreadWorker & operator=(const ThreadWorker &) = delete;
+    Napi::Promise promise() { return deferred_.Promise(); }
+    void Queue(SerialThread & thread);
+
+protected:
+    ThreadWorker(Napi::Env env, const char * name, const char * defaultCode);
+    virtual void Execute() = 0;  // on the owned thread
+    virtual void OnOK() = 0;     // on the JS thread
+    virtual void OnError(const Napi::Error & e);
+    void SetError(const std::string & message) { error_ = message.empty() ? "failed" : message; }
+    void SetCodedError(const char * code, const std::string & message) {
+        code_ = code;
+        SetError(message);
+    }
+    Napi::Env Env() const { return env_; }
+
+    Napi::Promise::Deferred deferred_;
+
+private:
+    void settle();
+
+    Napi::Env env_;
+    const char * name_;
+    const char * code_;
+    std::string error_;  // set by Execute: the promise is rejected
+    Napi::ThreadSafeFunction done_;
+};
+
 // Monotonic nanoseconds on the clock process.hrtime.bigint() reads (CLOCK_MONOTONIC on Linux).
 int64_t monotonicNs();
 

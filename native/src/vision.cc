@@ -337,11 +337,11 @@ void toInterleaved(const float * src, PixelLayout layout, size_t w, size_t h, si
 // Encodes N images of one size. percept's graph takes them as one batch, and so does clip's gemma4v
 // graph; clip's gemma3 encodes them one after the other. The embeddings come back in one buffer
 // that becomes the JS ArrayBuffer without a copy.
-class EncodeWorker : public PromiseWorker {
+class EncodeWorker : public ThreadWorker {
 public:
     EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, const std::vector<Napi::Float32Array> & images, PixelLayout layout,
                  int32_t width, int32_t height, VisionProfile::Mode profile, bool single)
-        : PromiseWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision), layout_(layout),
+        : ThreadWorker(env, "percept:Vision.encode", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision), layout_(layout),
           width_(width), height_(height), profileMode_(profile), single_(single) {
         for (const auto & px : images) {
             refs_.push_back(Napi::Persistent(px.As<Napi::Object>()));
@@ -485,7 +485,7 @@ protected:
     }
     void OnError(const Napi::Error & e) override {
         vision_->releaseBusy();
-        PromiseWorker::OnError(e);
+        ThreadWorker::OnError(e);
     }
 
 private:
@@ -539,6 +539,7 @@ Vision::Vision(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Vision>(info)
         graph_.reset(info[4].As<Napi::External<VisionGraph>>().Data());
     }
     nEmbd_ = clipEmbdWidth(ctx_);
+    thread_ = std::make_unique<SerialThread>("percept-vision");
 }
 
 void VisionProfile::begin(Mode m) {
@@ -713,7 +714,7 @@ Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Flo
     auto * worker =
         new EncodeWorker(env, info.This().As<Napi::Object>(), this, images, layout, int32_t(width), int32_t(height), profile, single);
     Napi::Promise promise = worker->promise();
-    worker->Queue();
+    worker->Queue(*thread_);
     return promise;
 }
 
@@ -726,6 +727,7 @@ Napi::Value Vision::Dispose(const Napi::CallbackInfo & info) {
     ctx_ = nullptr;
     scratch_.hwc = {};
     scratch_.images.clear();
+    thread_.reset();  // idle: no encode runs (busy)
     return env.Undefined();
 }
 

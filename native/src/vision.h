@@ -1,10 +1,11 @@
 // Vision: one llama.cpp clip context (tools/mtmd clip.h) loaded from an mmproj GGUF, encoding
 // percept's preprocessed pixels into image embeddings in the decoder's width, through percept's
-// persistent graph over clip's weights (vision-graph.h) or through clip's own encode. Load and
-// encode run in AsyncWorkers; one encode at a time per context (EBUSY); dispose() is explicit and
-// idempotent.
+// persistent graph over clip's weights (vision-graph.h) or through clip's own encode. Load runs in
+// an AsyncWorker; encodes run on the thread the Vision owns (no libuv thread waits for them, on the
+// GPU or the CPU); one encode at a time per context (EBUSY); dispose() is explicit and idempotent.
 #pragma once
 
+#include "context-thread.h"
 #include "llama-internal.h"
 #include "vision-graph.h"
 
@@ -90,6 +91,7 @@ public:
     int32_t nEmbd() const { return nEmbd_; }
     void releaseBusy() { busy_.store(false); }
     VisionScratch & scratch() { return scratch_; }
+    SerialThread & thread() { return *thread_; }
     // Null unless loaded with profile.
     VisionProfile * profile() const { return profile_.get(); }
     // Null when clip's own encode runs.
@@ -111,6 +113,7 @@ private:
     VisionScratch scratch_;
     int32_t nEmbd_ = 0;
     std::atomic<bool> busy_{false};
+    std::unique_ptr<SerialThread> thread_;  // runs the encodes
 };
 
 }  // namespace percept
