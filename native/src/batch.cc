@@ -12,8 +12,12 @@ namespace {
 
 double msBetween(int64_t t0, int64_t t1) { return double(t1 - t0) / 1e6; }
 
-// How many recent steps (per sharing) and requests admission predicts from.
+// How many recent steps (per sharing), prefills and generations admission predicts from, and how many steps
+// (of any sharing) a step's time counts for.
 constexpr size_t kStepSamples = 16;
+constexpr int64_t kStepFresh = 256;
+// The quantile of a sharing's step times a busy decoder predicts with.
+constexpr double kStepQuantile = 0.75;
 constexpr size_t kReqSamples = 16;
 
 int64_t nsOf(double ms) { return int64_t(ms * 1e6); }
@@ -147,7 +151,11 @@ void BatchScheduler::intake(std::deque<Inbox> & items) {
 void BatchScheduler::admit() {
     const int64_t now = monotonicNs();
     const int32_t sharing = std::max(int32_t(active_.size()), 1);
-    const double hopelessMs = predictMs(sharing, 0, false);
+    // An idle decoder serves what its fastest recent steps could finish in time (only running
+    // corrects a prediction: one from a slow spell must not drop every request for good); a busy
+    // one goes by the upper quartile.
+    auto q = [this]() { return active_.empty() ? 0.0 : kStepQuantile; };
+    const double hopelessMs = predictMs(sharing, nullptr, false, q());
     for (auto it = waiting_.begin(); it != waiting_.end();) {
         SeqJob & j = **it;
         const int64_t dl = j.opts.deadlineNs;
@@ -175,14 +183,15 @@ void BatchScheduler::admit() {
         const int32_t seqs = int32_t(active_.size()) + 1;
         // With deadlines, the sharing grows by one past the most that has been timed, one step at a
         // time: a burst is not admitted whole before anything says what a step of that many costs.
-        if (deadlines && seqs > 2 && stepMs_[size_t(seqs - 1)].empty() && stepMs_[size_t(seqs - 2)].empty()) return;
+        if (deadlines && seqs > 2 && stepMsAt(seqs, 0) == 0 && stepMsAt(seqs - 1, 0) == 0) return;
         // One more sequence must not make an admitted request miss that would make it as things are.
-        const double ms = predictMs(seqs, 0, seqs > 1);
+        const double ms = predictMs(seqs, nullptr, seqs > 1, q());
         if (ms > 0 && seqs > 1) {
             for (const auto & a : active_) {
                 const int64_t dl = a->job->opts.deadlineNs;
-                const int32_t done = a->job->counts.steps;
-                if (dl > 0 && now + nsOf(predictMs(seqs - 1, done, true)) <= dl && now + nsOf(predictMs(seqs, done, true)) > dl) return;
+                if (dl > 0 && now + nsOf(predictMs(seqs - 1, a.get(), true, kStepQuantile)) <= dl &&
+                    now + nsOf(predictMs(seqs, a.get(), true, kStepQuantile)) > dl)
+                    return;
             }
         }
         auto pick = waiting_.end();
@@ -256,29 +265,46 @@ template <typename T> T quantile(const std::deque<T> & d, double q) {
 }
 }  // namespace
 
-// How long one step takes with `seqs` sequences in it: the upper quartile of the last steps with as many,
-// else with the nearest fewer, else (orMore) with the nearest more. 0: none measured.
-double BatchScheduler::stepMs(int32_t seqs, bool orMore) const {
+// How long one step takes with `seqs` sequences in it: the upper quartile of the recent steps
+// (the last kStepFresh) with as many, else with the nearest fewer, else (orMore) with the nearest
+// more. 0: none. Old samples expire, so a sharing once timed slow (a cold first step) is tried again.
+double BatchScheduler::stepMs(int32_t seqs, bool orMore, double q) const {
     const int32_t n = int32_t(stepMs_.size());
     seqs = std::min(std::max(seqs, 1), n);
     for (int32_t k = seqs; k >= 1; k--) {
-        if (!stepMs_[size_t(k - 1)].empty()) return quantile(stepMs_[size_t(k - 1)], 0.75);
+        if (const double ms = stepMsAt(k, q); ms > 0) return ms;
     }
     if (orMore) {
         for (int32_t k = seqs + 1; k <= n; k++) {
-            if (!stepMs_[size_t(k - 1)].empty()) return quantile(stepMs_[size_t(k - 1)], 0.75);
+            if (const double ms = stepMsAt(k, q); ms > 0) return ms;
         }
     }
     return 0;
 }
 
-// The time a request that has run `done` steps still needs with `seqs` sequences per step: the
-// steps of a recent request that ended on its own (the median), less `done` (at least one), each
-// as long as stepMs says. 0: no history to tell.
-double BatchScheduler::predictMs(int32_t seqs, int32_t done, bool orMore) const {
-    if (reqSteps_.empty()) return 0;
-    const double ms = stepMs(seqs, orMore);
-    return double(std::max(quantile(reqSteps_, 0.5) - done, 1)) * ms;
+// The q-quantile of the recent steps of exactly `seqs` sequences; 0: none.
+double BatchScheduler::stepMsAt(int32_t seqs, double q) const {
+    if (seqs < 1 || seqs > int32_t(stepMs_.size())) return 0;
+    std::deque<double> fresh;
+    for (const StepSample & x : stepMs_[size_t(seqs - 1)]) {
+        if (x.step + kStepFresh >= stepIndex_) fresh.push_back(x.ms);
+    }
+    return fresh.empty() ? 0.0 : quantile(fresh, q);
+}
+
+// The time a request still needs with `seqs` sequences per step (`a`: an admitted one, null: one
+// that waits): the q-quantile of recent prefill times (admission to first token) less what it has
+// spent in its prefill, then the generation steps of recent requests that ended on their own (the
+// median; less those it has run, at least one), each as long as stepMs says. 0: no history.
+double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, double q) const {
+    if (genSteps_.empty() || prefillMs_.empty()) return 0;
+    const double stepNow = stepMs(seqs, orMore, q);
+    if (stepNow == 0) return 0;
+    double prefill = 0;
+    if (!a) prefill = quantile(prefillMs_, q);
+    else if (!a->generating) prefill = std::max(0.0, quantile(prefillMs_, q) - msBetween(a->tAdmit, monotonicNs()));
+    const int32_t gen = std::max(quantile(genSteps_, 0.5) - (a ? a->genSteps : 0), 1);
+    return prefill + double(gen) * stepNow;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -339,7 +365,7 @@ void BatchScheduler::step() {
         if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
     }
     if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
-    keepLast(stepMs_[n - 1], msBetween(t0, monotonicNs()), kStepSamples);
+    keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, monotonicNs())}, kStepSamples);
     removeFinished();
 }
 
@@ -623,8 +649,9 @@ void BatchScheduler::removeFinished() {
     for (auto it = active_.begin(); it != active_.end();) {
         if ((*it)->done) {
             const SeqJob & ended = *(*it)->job;
+            if (ended.error.empty() && (*it)->tFirst > 0) keepLast(prefillMs_, ended.result.prefillMs, kReqSamples);
             if (ended.error.empty() && ended.result.stopReason != "cancelled" && ended.result.stopReason != "deadline")
-                keepLast(reqSteps_, ended.counts.steps, kReqSamples);
+                keepLast(genSteps_, (*it)->genSteps, kReqSamples);
             std::unique_ptr<SeqJob> j = std::move((*it)->job);
             syncPositions(j->seq);
             it = active_.erase(it);

@@ -14,9 +14,12 @@
 //   every request at once can make every one of them miss (processor sharing: on a CPU, 8 sequences
 //   per step made 0 of 104 requests meet a deadline that 1 sequence met 39 times out of 39). So,
 //   between steps and from measured times only:
-//   · predicted time of a request at a sharing of k sequences = the steps a recent request took
-//     (median of the last that ended on their own) × the upper quartile of the last steps of k
-//     sequences (else of the nearest fewer timed; for admission past one, of the nearest more);
+//   · predicted time of a request at a sharing of k sequences = the upper quartile of the last
+//     prefill times (admission to first token; less what it has spent in its own) + the generation
+//     steps of the last requests that ended on their own (median; less those it has run) × the
+//     upper quartile of the last steps of k sequences (else of the nearest fewer timed; for
+//     admission past one, of the nearest more);
+//     a step's time expires after 256 steps, so a sharing once timed slow is tried again;
 //   · a waiting request that would miss even at today's sharing (max(1, active)) ends at once,
 //     before any prefill (predictedMiss; its prompt cache untouched), so its camera sends a fresher
 //     frame; cancelled and late ones end too, wherever they are in the queue;
@@ -25,7 +28,10 @@
 //     sharing grows at most one past the largest that has been timed (one step at a time);
 //   · among the waiting requests that can make it at that sharing, the earliest deadline goes
 //     first (then arrival); one that cannot waits for less sharing, or ends when it cannot make it.
-//   Nothing is predicted without history: the first request is always admitted.
+//   An idle decoder predicts with its fastest recent prefill and step instead (it drops
+//   only certain misses: a prediction is corrected only by running, so one made in a slow spell
+//   must not drop every request for good). Nothing is predicted without history: the first
+//   request is always admitted.
 // - Prefill: at most prefillChunk prompt positions per step, given to the joining prompt with the
 //   fewest positions left first (a short prompt is never held behind a long one), then to the
 //   earliest deadline, then in arrival order; each takes what it needs and leaves the rest to the
@@ -145,8 +151,9 @@ private:
     void removeFinished();
     void rollbackPartialImage(Active & a);
     void syncPositions(int32_t seq);
-    double stepMs(int32_t seqs, bool orMore) const;
-    double predictMs(int32_t seqs, int32_t done, bool orMore) const;
+    double stepMs(int32_t seqs, bool orMore, double q) const;
+    double stepMsAt(int32_t seqs, double q) const;
+    double predictMs(int32_t seqs, const Active * a, bool orMore, double q) const;
 
     llama_context * ctx_;
     Model * model_;
@@ -168,10 +175,16 @@ private:
     std::unique_ptr<std::atomic<int32_t>[]> positions_;
     std::atomic<int64_t> steps_{0};
     uint64_t rotation_ = 0;
-    // What admission predicts from (batch.h, Admission): per sharing (index: sequences in the step
-    // less one) the last steps' ms, and the steps of the last requests that ended on their own.
-    std::vector<std::deque<double>> stepMs_;
-    std::deque<int32_t> reqSteps_;
+    // What admission predicts from (see Deadlines): per sharing (index: sequences in the step less
+    // one) the last steps' ms; the last prefill times and generation steps.
+    struct StepSample {
+        int64_t step;  // stepIndex_ when it ran
+        double ms;
+    };
+    std::vector<std::deque<StepSample>> stepMs_;
+    int64_t stepIndex_ = 0;
+    std::deque<double> prefillMs_;  // admission → first token
+    std::deque<int32_t> genSteps_;  // generation steps of requests that ended on their own
     // Batches reused from step to step.
     std::unique_ptr<TokenBatch> tokens_;
     std::vector<float> embd_;
