@@ -4,6 +4,7 @@
 #include "util.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 
 namespace percept {
@@ -16,8 +17,13 @@ double msBetween(int64_t t0, int64_t t1) { return double(t1 - t0) / 1e6; }
 // (of any sharing) a step's time counts for.
 constexpr size_t kStepSamples = 16;
 constexpr int64_t kStepFresh = 256;
-// The quantile of a sharing's step times a busy decoder predicts with.
-constexpr double kStepQuantile = 0.75;
+// What a busy decoder predicts with: the mean of a sharing's recent steps (a run of steps costs
+// about as many means, image steps included) and the median recent prefill. An idle one: the least.
+constexpr double kTypical = -1;
+constexpr double kLeast = 0;
+// Standard deviations of a run of steps' sum a busy decoder's prediction adds as margin (it admits
+// the earliest deadline that fits: with no margin, the ones that just fit would miss half the time).
+constexpr double kSpread = 2;
 constexpr size_t kReqSamples = 16;
 
 int64_t nsOf(double ms) { return int64_t(ms * 1e6); }
@@ -151,10 +157,10 @@ void BatchScheduler::intake(std::deque<Inbox> & items) {
 void BatchScheduler::admit() {
     const int64_t now = monotonicNs();
     const int32_t sharing = std::max(int32_t(active_.size()), 1);
-    // An idle decoder serves what its fastest recent steps could finish in time (only running
-    // corrects a prediction: one from a slow spell must not drop every request for good); a busy
-    // one goes by the upper quartile.
-    auto q = [this]() { return active_.empty() ? 0.0 : kStepQuantile; };
+    // An idle decoder drops only what its fastest recent times could not finish in time (only
+    // running corrects a prediction: one from a slow spell must not drop every request for good);
+    // a busy one drops by the typical prediction.
+    auto q = [this]() { return active_.empty() ? kLeast : kTypical; };
     const double hopelessMs = predictMs(sharing, nullptr, false, q());
     for (auto it = waiting_.begin(); it != waiting_.end();) {
         SeqJob & j = **it;
@@ -183,24 +189,31 @@ void BatchScheduler::admit() {
         const int32_t seqs = int32_t(active_.size()) + 1;
         // With deadlines, the sharing grows by one past the most that has been timed, one step at a
         // time: a burst is not admitted whole before anything says what a step of that many costs.
-        if (deadlines && seqs > 2 && stepMsAt(seqs, 0) == 0 && stepMsAt(seqs - 1, 0) == 0) return;
+        if (deadlines && seqs > 2 && stepMsAt(seqs, kLeast).ms == 0 && stepMsAt(seqs - 1, kLeast).ms == 0) return;
         // One more sequence must not make an admitted request miss that would make it as things are.
-        const double ms = predictMs(seqs, nullptr, seqs > 1, q());
+        const double ms = predictMs(seqs, nullptr, seqs > 1, kTypical);
         if (ms > 0 && seqs > 1) {
             for (const auto & a : active_) {
                 const int64_t dl = a->job->opts.deadlineNs;
-                if (dl > 0 && now + nsOf(predictMs(seqs - 1, a.get(), true, kStepQuantile)) <= dl &&
-                    now + nsOf(predictMs(seqs, a.get(), true, kStepQuantile)) > dl)
+                if (dl > 0 && now + nsOf(predictMs(seqs - 1, a.get(), true, kTypical)) <= dl &&
+                    now + nsOf(predictMs(seqs, a.get(), true, kTypical)) > dl)
                     return;
             }
         }
-        auto pick = waiting_.end();
         auto key = [](const SeqJob & j) { return std::make_pair(j.opts.deadlineNs > 0 ? j.opts.deadlineNs : INT64_MAX, j.submittedNs); };
-        for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-            const int64_t dl = (*it)->opts.deadlineNs;
-            if (ms > 0 && dl > 0 && now + nsOf(ms) > dl) continue;  // not at this sharing: it waits for less
-            if (pick == waiting_.end() || key(**it) < key(**pick)) pick = it;
-        }
+        // The earliest deadline that fits `within` at this sharing; the others wait for less.
+        auto earliest = [&](double within) {
+            auto pick = waiting_.end();
+            for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+                const int64_t dl = (*it)->opts.deadlineNs;
+                if (within > 0 && dl > 0 && now + nsOf(within) > dl) continue;
+                if (pick == waiting_.end() || key(**it) < key(**pick)) pick = it;
+            }
+            return pick;
+        };
+        auto pick = earliest(ms);
+        // An idle decoder serves one that may still make it rather than none.
+        if (pick == waiting_.end() && active_.empty()) pick = earliest(predictMs(1, nullptr, false, kLeast));
         if (pick == waiting_.end()) return;
         std::unique_ptr<SeqJob> j = std::move(*pick);
         waiting_.erase(pick);
@@ -265,46 +278,55 @@ template <typename T> T quantile(const std::deque<T> & d, double q) {
 }
 }  // namespace
 
-// How long one step takes with `seqs` sequences in it: the upper quartile of the recent steps
-// (the last kStepFresh) with as many, else with the nearest fewer, else (orMore) with the nearest
-// more. 0: none. Old samples expire, so a sharing once timed slow (a cold first step) is tried again.
-double BatchScheduler::stepMs(int32_t seqs, bool orMore, double q) const {
+// How long one step takes with `seqs` sequences in it: the q-quantile (kTypical: the mean and
+// standard deviation) of the recent steps (the last kStepFresh) with as many, else with the nearest
+// fewer, else (orMore) with the nearest more; 0 ms: none. Old samples expire, so a sharing once
+// timed slow (a cold first step) is tried again.
+BatchScheduler::StepTime BatchScheduler::stepMs(int32_t seqs, bool orMore, double q) const {
     const int32_t n = int32_t(stepMs_.size());
     seqs = std::min(std::max(seqs, 1), n);
     for (int32_t k = seqs; k >= 1; k--) {
-        if (const double ms = stepMsAt(k, q); ms > 0) return ms;
+        if (const StepTime t = stepMsAt(k, q); t.ms > 0) return t;
     }
     if (orMore) {
         for (int32_t k = seqs + 1; k <= n; k++) {
-            if (const double ms = stepMsAt(k, q); ms > 0) return ms;
+            if (const StepTime t = stepMsAt(k, q); t.ms > 0) return t;
         }
     }
-    return 0;
+    return {};
 }
 
-// The q-quantile of the recent steps of exactly `seqs` sequences; 0: none.
-double BatchScheduler::stepMsAt(int32_t seqs, double q) const {
-    if (seqs < 1 || seqs > int32_t(stepMs_.size())) return 0;
+// The recent steps of exactly `seqs` sequences, as stepMs says; 0 ms: none.
+BatchScheduler::StepTime BatchScheduler::stepMsAt(int32_t seqs, double q) const {
+    if (seqs < 1 || seqs > int32_t(stepMs_.size())) return {};
     std::deque<double> fresh;
     for (const StepSample & x : stepMs_[size_t(seqs - 1)]) {
         if (x.step + kStepFresh >= stepIndex_) fresh.push_back(x.ms);
     }
-    return fresh.empty() ? 0.0 : quantile(fresh, q);
+    if (fresh.empty()) return {};
+    if (q >= 0) return {quantile(fresh, q), 0};
+    double sum = 0, sq = 0;
+    for (double ms : fresh) sum += ms;
+    const double mean = sum / double(fresh.size());
+    for (double ms : fresh) sq += (ms - mean) * (ms - mean);
+    return {mean, std::sqrt(sq / double(fresh.size()))};
 }
 
 // The time a request still needs with `seqs` sequences per step (`a`: an admitted one, null: one
-// that waits): the q-quantile of recent prefill times (admission to first token) less what it has
-// spent in its prefill, then the generation steps of recent requests that ended on their own (the
-// median; less those it has run, at least one), each as long as stepMs says. 0: no history.
+// that waits): the median (q: the q-quantile) of recent prefill times (admission to first token)
+// less what it has spent in its prefill, then the generation steps of recent requests that ended on
+// their own (the median; less those it has run, at least one) at the step time stepMs says, with
+// kSpread standard deviations of their sum as margin. 0: no history.
 double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, double q) const {
     if (genSteps_.empty() || prefillMs_.empty()) return 0;
-    const double stepNow = stepMs(seqs, orMore, q);
-    if (stepNow == 0) return 0;
+    const StepTime step = stepMs(seqs, orMore, q);
+    if (step.ms == 0) return 0;
     double prefill = 0;
-    if (!a) prefill = quantile(prefillMs_, q);
-    else if (!a->generating) prefill = std::max(0.0, quantile(prefillMs_, q) - msBetween(a->tAdmit, monotonicNs()));
+    const double prefillMs = quantile(prefillMs_, q < 0 ? 0.5 : q);
+    if (!a) prefill = prefillMs;
+    else if (!a->generating) prefill = std::max(0.0, prefillMs - msBetween(a->tAdmit, monotonicNs()));
     const int32_t gen = std::max(quantile(genSteps_, 0.5) - (a ? a->genSteps : 0), 1);
-    return prefill + double(gen) * stepNow;
+    return prefill + double(gen) * step.ms + kSpread * step.sd * std::sqrt(double(gen));
 }
 
 // ------------------------------------------------------------------------------------------------

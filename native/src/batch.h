@@ -14,12 +14,13 @@
 //   every request at once can make every one of them miss (processor sharing: on a CPU, 8 sequences
 //   per step made 0 of 104 requests meet a deadline that 1 sequence met 39 times out of 39). So,
 //   between steps and from measured times only:
-//   · predicted time of a request at a sharing of k sequences = the upper quartile of the last
-//     prefill times (admission to first token; less what it has spent in its own) + the generation
-//     steps of the last requests that ended on their own (median; less those it has run) × the
-//     upper quartile of the last steps of k sequences (else of the nearest fewer timed; for
-//     admission past one, of the nearest more);
-//     a step's time expires after 256 steps, so a sharing once timed slow is tried again;
+//   · predicted time of a request at a sharing of k sequences = the median of the last prefill
+//     times (admission to first token; less what it has spent in its own) + the generation steps
+//     of the last requests that ended on their own (median; less those it has run) × the mean of
+//     the last steps of k sequences (image steps included; else of the nearest fewer timed; for
+//     admission past one, of the nearest more), plus two standard deviations of that sum (the
+//     earliest deadline that just fits would otherwise miss half the time); a step's time expires
+//     after 256 steps, so a sharing once timed slow is tried again;
 //   · a waiting request that would miss even at today's sharing (max(1, active)) ends at once,
 //     before any prefill (predictedMiss; its prompt cache untouched), so its camera sends a fresher
 //     frame; cancelled and late ones end too, wherever they are in the queue;
@@ -28,10 +29,12 @@
 //     sharing grows at most one past the largest that has been timed (one step at a time);
 //   · among the waiting requests that can make it at that sharing, the earliest deadline goes
 //     first (then arrival); one that cannot waits for less sharing, or ends when it cannot make it.
-//   An idle decoder predicts with its fastest recent prefill and step instead (it drops
-//   only certain misses: a prediction is corrected only by running, so one made in a slow spell
-//   must not drop every request for good). Nothing is predicted without history: the first
-//   request is always admitted.
+//   An idle decoder drops only certain misses (by its fastest recent prefill and step) and, when
+//   no waiting request fits the prediction, serves the earliest deadline that fits those fastest
+//   times rather than none: a prediction is corrected only by running, so one made in a slow spell
+//   must not drop every request for good, and the decoder is never idle while a request waits
+//   that could still make it. Nothing is predicted without history: the first request is always
+//   admitted.
 // - Prefill: at most prefillChunk prompt positions per step, given to the joining prompt with the
 //   fewest positions left first (a short prompt is never held behind a long one), then to the
 //   earliest deadline, then in arrival order; each takes what it needs and leaves the rest to the
@@ -151,8 +154,12 @@ private:
     void removeFinished();
     void rollbackPartialImage(Active & a);
     void syncPositions(int32_t seq);
-    double stepMs(int32_t seqs, bool orMore, double q) const;
-    double stepMsAt(int32_t seqs, double q) const;
+    struct StepTime {
+        double ms = 0;
+        double sd = 0;
+    };
+    StepTime stepMs(int32_t seqs, bool orMore, double q) const;
+    StepTime stepMsAt(int32_t seqs, double q) const;
     double predictMs(int32_t seqs, const Active * a, bool orMore, double q) const;
 
     llama_context * ctx_;
