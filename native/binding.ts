@@ -156,8 +156,8 @@ export interface NativeBatchCounts {
   readonly peakSeqs: number;
   /** Its steps whose token decode ran on llama.cpp's previous graph (an unchanged ubatch shape). */
   readonly graphReuses: number;
-  /** At admission, the least time its prefill and generation could take, from the scheduler's recent
-   * steps and its sequence's recent requests (0: nothing to predict from, or no deadline). */
+  /** At admission (or when it ended waiting), the time predicted for its prefill and generation at the
+   * sharing it would join: recent requests' steps × recent step time (0: nothing to predict from). */
   readonly predictedMs: number;
   /** Dropped at admission, before any prefill: predictedMs would pass its deadline (stopReason 'deadline', no tokens). */
   readonly predictedMiss: boolean;

@@ -278,7 +278,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       const left = Number(sc.stageDeadlineNs - sc.clock.nowNs()) / 1e6;
       throw new DropFrame(
         'stale',
-        `predicted miss: decoding takes at least ${r.batch.predictedMs.toFixed(1)} ms, ${left.toFixed(1)} ms left`,
+        `predicted miss: decoding takes about ${r.batch.predictedMs.toFixed(1)} ms at the current sharing, ${left.toFixed(1)} ms left`,
       );
     }
     if (r.stopReason === 'cancelled') throw sc.signal.reason;

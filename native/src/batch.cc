@@ -4,6 +4,7 @@
 #include "util.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 
 namespace percept {
@@ -12,10 +13,20 @@ namespace {
 
 double msBetween(int64_t t0, int64_t t1) { return double(t1 - t0) / 1e6; }
 
-// How many recent samples admission predicts from.
-constexpr size_t kStepSamples = 64;
-constexpr size_t kImageSamples = 16;
-constexpr size_t kGenSamples = 4;
+// How many recent steps (per sharing), prefills and generations admission predicts from, and how many steps
+// (of any sharing) a step's time counts for.
+constexpr size_t kStepSamples = 16;
+constexpr int64_t kStepFresh = 256;
+// What a busy decoder predicts with: the mean of a sharing's recent steps (a run of steps costs
+// about as many means, image steps included) and the median recent prefill. An idle one: the least.
+constexpr double kTypical = -1;
+constexpr double kLeast = 0;
+// Standard deviations of a run of steps' sum a busy decoder's prediction adds as margin (it admits
+// the earliest deadline that fits: with no margin, the ones that just fit would miss half the time).
+constexpr double kSpread = 2;
+constexpr size_t kReqSamples = 16;
+
+int64_t nsOf(double ms) { return int64_t(ms * 1e6); }
 
 template <typename T> void keepLast(std::deque<T> & d, T v, size_t n) {
     d.push_back(v);
@@ -60,7 +71,7 @@ struct BatchScheduler::Active {
 BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread & thread, BatchOptions options, Done done)
     : ctx_(ctx), model_(model), thread_(thread), opts_(options), done_(std::move(done)), nCtxSeq_(int32_t(llama_n_ctx_seq(ctx))),
       caches_(size_t(options.nSeq)), positions_(new std::atomic<int32_t>[size_t(options.nSeq)]),
-      tokens_(std::make_unique<TokenBatch>(options.nBatch)), genSteps_(size_t(options.nSeq)) {
+      tokens_(std::make_unique<TokenBatch>(options.nBatch)), stepMs_(size_t(options.nSeq)) {
     for (int32_t s = 0; s < opts_.nSeq; s++) positions_[size_t(s)].store(0);
 }
 
@@ -139,22 +150,74 @@ void BatchScheduler::intake(std::deque<Inbox> & items) {
     }
 }
 
+// Admission, by the rule in batch.h: first every waiting request that is cancelled, out of time or
+// predicted to miss at today's sharing ends; then, while there is room and admitting one more
+// sequence would make none of the admitted ones miss, the earliest deadline among those that can
+// still make it at that sharing is admitted.
 void BatchScheduler::admit() {
-    while (!waiting_.empty()) {
-        SeqJob & front = *waiting_.front();
-        // A request cancelled or out of time while it waited ends without taking a slot.
-        const bool late = front.opts.deadlineNs > 0 && monotonicNs() >= front.opts.deadlineNs;
-        if (front.cancelled.load() || late) {
-            std::unique_ptr<SeqJob> j = std::move(waiting_.front());
-            waiting_.pop_front();
-            j->result.stopReason = j->cancelled.load() ? "cancelled" : "deadline";
-            j->counts.queueMs = msBetween(j->submittedNs, monotonicNs());
-            done_(std::move(j));
+    const int64_t now = monotonicNs();
+    const int32_t sharing = std::max(int32_t(active_.size()), 1);
+    // An idle decoder drops only what its fastest recent times could not finish in time (only
+    // running corrects a prediction: one from a slow spell must not drop every request for good);
+    // a busy one drops by the typical prediction.
+    auto q = [this]() { return active_.empty() ? kLeast : kTypical; };
+    const double hopelessMs = predictMs(sharing, nullptr, false, q());
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+        SeqJob & j = **it;
+        const int64_t dl = j.opts.deadlineNs;
+        const bool cancelled = j.cancelled.load();
+        const bool late = dl > 0 && now >= dl;
+        const bool predicted = !cancelled && !late && dl > 0 && hopelessMs > 0 && now + nsOf(hopelessMs) > dl;
+        if (!cancelled && !late && !predicted) {
+            ++it;
             continue;
         }
-        if (int32_t(active_.size()) >= opts_.maxActive) break;
-        std::unique_ptr<SeqJob> j = std::move(waiting_.front());
-        waiting_.pop_front();
+        std::unique_ptr<SeqJob> job = std::move(*it);
+        it = waiting_.erase(it);
+        job->result.stopReason = cancelled ? "cancelled" : "deadline";
+        job->counts.queueMs = msBetween(job->submittedNs, now);
+        if (predicted) {
+            job->counts.predictedMs = hopelessMs;
+            job->counts.predictedMiss = true;
+        }
+        done_(std::move(job));
+    }
+    bool deadlines = false;
+    for (const auto & j : waiting_) deadlines = deadlines || j->opts.deadlineNs > 0;
+    for (const auto & a : active_) deadlines = deadlines || a->job->opts.deadlineNs > 0;
+    while (!waiting_.empty() && int32_t(active_.size()) < opts_.maxActive) {
+        const int32_t seqs = int32_t(active_.size()) + 1;
+        // With deadlines, the sharing grows by one past the most that has been timed, one step at a
+        // time: a burst is not admitted whole before anything says what a step of that many costs.
+        if (deadlines && seqs > 2 && stepMsAt(seqs, kLeast).ms == 0 && stepMsAt(seqs - 1, kLeast).ms == 0) return;
+        // One more sequence must not make an admitted request miss that would make it as things are.
+        const double ms = predictMs(seqs, nullptr, seqs > 1, kTypical);
+        if (ms > 0 && seqs > 1) {
+            for (const auto & a : active_) {
+                const int64_t dl = a->job->opts.deadlineNs;
+                if (dl > 0 && now + nsOf(predictMs(seqs - 1, a.get(), true, kTypical)) <= dl &&
+                    now + nsOf(predictMs(seqs, a.get(), true, kTypical)) > dl)
+                    return;
+            }
+        }
+        auto key = [](const SeqJob & j) { return std::make_pair(j.opts.deadlineNs > 0 ? j.opts.deadlineNs : INT64_MAX, j.submittedNs); };
+        // The earliest deadline that fits `within` at this sharing; the others wait for less.
+        auto earliest = [&](double within) {
+            auto pick = waiting_.end();
+            for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+                const int64_t dl = (*it)->opts.deadlineNs;
+                if (within > 0 && dl > 0 && now + nsOf(within) > dl) continue;
+                if (pick == waiting_.end() || key(**it) < key(**pick)) pick = it;
+            }
+            return pick;
+        };
+        auto pick = earliest(ms);
+        // An idle decoder serves one that may still make it rather than none.
+        if (pick == waiting_.end() && active_.empty()) pick = earliest(predictMs(1, nullptr, false, kLeast));
+        if (pick == waiting_.end()) return;
+        std::unique_ptr<SeqJob> j = std::move(*pick);
+        waiting_.erase(pick);
+        j->counts.predictedMs = ms;
         start(std::move(j));
     }
 }
@@ -187,15 +250,6 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
         done_(std::move(a->job));
         return;
     }
-    if (j.opts.deadlineNs > 0) {
-        j.counts.predictedMs = leastMs(*a, int32_t(active_.size()) + 1);
-        if (j.counts.predictedMs > 0 && now + int64_t(j.counts.predictedMs * 1e6) > j.opts.deadlineNs) {
-            j.counts.predictedMiss = true;
-            j.result.stopReason = "deadline";
-            done_(std::move(a->job));
-            return;
-        }
-    }
     size_t reuse = a->plan.reuse;
     llama_pos reusePos = a->plan.reusePositions;
     llama_memory_t mem = llama_get_memory(ctx_);
@@ -214,25 +268,65 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
     active_.push_back(std::move(a));
 }
 
-// The least time from now to the request's end, by the rule in batch.h (0: no history to tell).
-// `seqs`: the sequences it will share its steps with, itself included.
-double BatchScheduler::leastMs(const Active & a, int32_t seqs) const {
-    double stepMs = 0;
-    for (const StepSample & s : stepSamples_) {
-        if (s.seqs <= seqs && (stepMs == 0 || s.ms < stepMs)) stepMs = s.ms;
+namespace {
+// The q-quantile of the samples (nearest rank).
+template <typename T> T quantile(const std::deque<T> & d, double q) {
+    std::vector<T> v(d.begin(), d.end());
+    const size_t i = std::min(v.size() - 1, size_t(q * double(v.size())));
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(i), v.end());
+    return v[i];
+}
+}  // namespace
+
+// How long one step takes with `seqs` sequences in it: the q-quantile (kTypical: the mean and
+// standard deviation) of the recent steps (the last kStepFresh) with as many, else with the nearest
+// fewer, else (orMore) with the nearest more; 0 ms: none. Old samples expire, so a sharing once
+// timed slow (a cold first step) is tried again.
+BatchScheduler::StepTime BatchScheduler::stepMs(int32_t seqs, bool orMore, double q) const {
+    const int32_t n = int32_t(stepMs_.size());
+    seqs = std::min(std::max(seqs, 1), n);
+    for (int32_t k = seqs; k >= 1; k--) {
+        if (const StepTime t = stepMsAt(k, q); t.ms > 0) return t;
     }
-    const std::deque<int32_t> & gens = genSteps_[size_t(a.seq)];
-    if (stepMs == 0 || gens.empty()) return 0;
-    int32_t text = 0, image = 0;
-    for (size_t i = a.plan.reuse; i < a.plan.items.size(); i++) {
-        const int32_t rows = a.plan.items[i].item.imageTokens;
-        if (rows > 0) image += rows;
-        else text++;
+    if (orMore) {
+        for (int32_t k = seqs + 1; k <= n; k++) {
+            if (const StepTime t = stepMsAt(k, q); t.ms > 0) return t;
+        }
     }
-    const int32_t gen = std::min(*std::min_element(gens.begin(), gens.end()), a.job->opts.maxTokens);
-    const int32_t prefillSteps = std::max(1, (text + opts_.prefillChunk - 1) / opts_.prefillChunk);
-    const double imageMs = imageRowMs_.empty() ? 0 : image * *std::min_element(imageRowMs_.begin(), imageRowMs_.end());
-    return (prefillSteps + gen) * stepMs + imageMs;
+    return {};
+}
+
+// The recent steps of exactly `seqs` sequences, as stepMs says; 0 ms: none.
+BatchScheduler::StepTime BatchScheduler::stepMsAt(int32_t seqs, double q) const {
+    if (seqs < 1 || seqs > int32_t(stepMs_.size())) return {};
+    std::deque<double> fresh;
+    for (const StepSample & x : stepMs_[size_t(seqs - 1)]) {
+        if (x.step + kStepFresh >= stepIndex_) fresh.push_back(x.ms);
+    }
+    if (fresh.empty()) return {};
+    if (q >= 0) return {quantile(fresh, q), 0};
+    double sum = 0, sq = 0;
+    for (double ms : fresh) sum += ms;
+    const double mean = sum / double(fresh.size());
+    for (double ms : fresh) sq += (ms - mean) * (ms - mean);
+    return {mean, std::sqrt(sq / double(fresh.size()))};
+}
+
+// The time a request still needs with `seqs` sequences per step (`a`: an admitted one, null: one
+// that waits): the median (q: the q-quantile) of recent prefill times (admission to first token)
+// less what it has spent in its prefill, then the generation steps of recent requests that ended on
+// their own (the median; less those it has run, at least one) at the step time stepMs says, with
+// kSpread standard deviations of their sum as margin. 0: no history.
+double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, double q) const {
+    if (genSteps_.empty() || prefillMs_.empty()) return 0;
+    const StepTime step = stepMs(seqs, orMore, q);
+    if (step.ms == 0) return 0;
+    double prefill = 0;
+    const double prefillMs = quantile(prefillMs_, q < 0 ? 0.5 : q);
+    if (!a) prefill = prefillMs;
+    else if (!a->generating) prefill = std::max(0.0, prefillMs - msBetween(a->tAdmit, monotonicNs()));
+    const int32_t gen = std::max(quantile(genSteps_, 0.5) - (a ? a->genSteps : 0), 1);
+    return prefill + double(gen) * step.ms + kSpread * step.sd * std::sqrt(double(gen));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -293,7 +387,7 @@ void BatchScheduler::step() {
         if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
     }
     if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
-    keepLast(stepSamples_, StepSample{int32_t(n), msBetween(t0, monotonicNs())}, kStepSamples);
+    keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, monotonicNs())}, kStepSamples);
     removeFinished();
 }
 
@@ -431,10 +525,8 @@ void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     for (int32_t i = 0; i < rows; i++) seqIdPtrs_[size_t(i)] = &seqIds_[size_t(i)];
     llama_batch b{rows, nullptr, embd_.data(), pos_.data(), nSeqId_.data(), seqIdPtrs_.data(), logits_.data()};
     if (bidirectional) llama_set_causal_attn(ctx_, false);
-    const int64_t t0 = monotonicNs();
     const int ret = llama_decode(ctx_, b);
     llama_synchronize(ctx_);
-    if (ret == 0) keepLast(imageRowMs_, msBetween(t0, monotonicNs()) / rows, kImageSamples);
     if (bidirectional) llama_set_causal_attn(ctx_, true);
     for (Active * a : order) {
         if (!a->takeImage || a->take == 0) continue;
@@ -578,10 +670,10 @@ void BatchScheduler::rollbackPartialImage(Active & a) {
 void BatchScheduler::removeFinished() {
     for (auto it = active_.begin(); it != active_.end();) {
         if ((*it)->done) {
-            const std::string & why = (*it)->job->result.stopReason;
-            if ((*it)->job->error.empty() && why != "cancelled" && why != "deadline") {
-                keepLast(genSteps_[size_t((*it)->seq)], (*it)->genSteps, kGenSamples);
-            }
+            const SeqJob & ended = *(*it)->job;
+            if (ended.error.empty() && (*it)->tFirst > 0) keepLast(prefillMs_, ended.result.prefillMs, kReqSamples);
+            if (ended.error.empty() && ended.result.stopReason != "cancelled" && ended.result.stopReason != "deadline")
+                keepLast(genSteps_, (*it)->genSteps, kReqSamples);
             std::unique_ptr<SeqJob> j = std::move((*it)->job);
             syncPositions(j->seq);
             it = active_.erase(it);

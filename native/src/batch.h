@@ -7,15 +7,34 @@
 // context's thread (context-thread.h); knows nothing of JS.
 //
 // Policies:
-// - Admission: at most maxActive sequences take part in a step; requests past that wait in arrival
-//   order (FIFO). A sequence has at most one request at a time, so a camera that gets an action and
-//   asks again queues behind every camera already waiting: round-robin, no camera starves.
-// - Predicted misses: a request with a deadline is dropped at admission, before any prefill (its
-//   prompt cache untouched), when even its least time cannot meet the deadline: its prompt positions
-//   at one step per prefillChunk and image rows at the fastest recent rate, then as many steps as
-//   the shortest of its sequence's last requests that ended on their own, each as fast as the
-//   fastest recent step that had no more sequences than it will share. Nothing is predicted
-//   without such history, so a sequence that has never finished is always admitted.
+// - Admission: at most maxActive sequences take part in a step; a sequence has at most one request
+//   at a time. Without deadlines requests are admitted in arrival order (FIFO: a camera that gets
+//   an action and asks again queues behind every camera already waiting, so none starves).
+// - Deadlines (overload): sharing a step among more sequences makes each step longer, so admitting
+//   every request at once can make every one of them miss (processor sharing: on a CPU, 8 sequences
+//   per step made 0 of 104 requests meet a deadline that 1 sequence met 39 times out of 39). So,
+//   between steps and from measured times only:
+//   · predicted time of a request at a sharing of k sequences = the median of the last prefill
+//     times (admission to first token; less what it has spent in its own) + the generation steps
+//     of the last requests that ended on their own (median; less those it has run) × the mean of
+//     the last steps of k sequences (image steps included; else of the nearest fewer timed; for
+//     admission past one, of the nearest more), plus two standard deviations of that sum (the
+//     earliest deadline that just fits would otherwise miss half the time); a step's time expires
+//     after 256 steps, so a sharing once timed slow is tried again;
+//   · a waiting request that would miss even at today's sharing (max(1, active)) ends at once,
+//     before any prefill (predictedMiss; its prompt cache untouched), so its camera sends a fresher
+//     frame; cancelled and late ones end too, wherever they are in the queue;
+//   · one more sequence is admitted only if no admitted request that would make its deadline at
+//     today's sharing would miss at one more (its remaining steps at the longer step), and the
+//     sharing grows at most one past the largest that has been timed (one step at a time);
+//   · among the waiting requests that can make it at that sharing, the earliest deadline goes
+//     first (then arrival); one that cannot waits for less sharing, or ends when it cannot make it.
+//   An idle decoder drops only certain misses (by its fastest recent prefill and step) and, when
+//   no waiting request fits the prediction, serves the earliest deadline that fits those fastest
+//   times rather than none: a prediction is corrected only by running, so one made in a slow spell
+//   must not drop every request for good, and the decoder is never idle while a request waits
+//   that could still make it. Nothing is predicted without history: the first request is always
+//   admitted.
 // - Prefill: at most prefillChunk prompt positions per step, given to the joining prompt with the
 //   fewest positions left first (a short prompt is never held behind a long one), then to the
 //   earliest deadline, then in arrival order; each takes what it needs and leaves the rest to the
@@ -67,8 +86,8 @@ struct BatchCounts {
     // shape: no graph build, and on CUDA the captured graph replays).
     int32_t graphReuses = 0;
     double queueMs = 0;  // submit → admission
-    // At admission, the least time its prefill and generation could take (see Predicted misses);
-    // 0: nothing to predict from (no deadline, or no history).
+    // At admission (or when it ended waiting), the time predicted for its prefill and generation at
+    // the sharing it would join (see Deadlines); 0: nothing to predict from.
     double predictedMs = 0;
     bool predictedMiss = false;  // dropped before its prefill: predictedMs would pass its deadline
 };
@@ -135,7 +154,13 @@ private:
     void removeFinished();
     void rollbackPartialImage(Active & a);
     void syncPositions(int32_t seq);
-    double leastMs(const Active & a, int32_t seqs) const;
+    struct StepTime {
+        double ms = 0;
+        double sd = 0;
+    };
+    StepTime stepMs(int32_t seqs, bool orMore, double q) const;
+    StepTime stepMsAt(int32_t seqs, double q) const;
+    double predictMs(int32_t seqs, const Active * a, bool orMore, double q) const;
 
     llama_context * ctx_;
     Model * model_;
@@ -157,15 +182,16 @@ private:
     std::unique_ptr<std::atomic<int32_t>[]> positions_;
     std::atomic<int64_t> steps_{0};
     uint64_t rotation_ = 0;
-    // What admission predicts from: the last steps (sequences in them, ms), the last image decodes
-    // (ms per row), and per sequence the generation steps of its last requests that ended on their own.
+    // What admission predicts from (see Deadlines): per sharing (index: sequences in the step less
+    // one) the last steps' ms; the last prefill times and generation steps.
     struct StepSample {
-        int32_t seqs;
+        int64_t step;  // stepIndex_ when it ran
         double ms;
     };
-    std::deque<StepSample> stepSamples_;
-    std::deque<double> imageRowMs_;
-    std::vector<std::deque<int32_t>> genSteps_;
+    std::vector<std::deque<StepSample>> stepMs_;
+    int64_t stepIndex_ = 0;
+    std::deque<double> prefillMs_;  // admission → first token
+    std::deque<int32_t> genSteps_;  // generation steps of requests that ended on their own
     // Batches reused from step to step.
     std::unique_ptr<TokenBatch> tokens_;
     std::vector<float> embd_;
