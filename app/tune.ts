@@ -516,7 +516,7 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
   if (mode === 'real' && opts.pace !== undefined) throw new Error('--pace is for --virtual: --real replays the bag at its recorded pace');
   const calibrations = mode === 'virtual' ? calibrationPaths.map(readCalibration) : [];
   const replayKind: Replay = mode === 'real' ? 'real' : opts.pace === 'recorded' ? 'virtual-recorded' : 'lockstep';
-  const grid = opts.grid ? loadGrid(resolve(opts.grid), base) : defaultGrid(base);
+  const grid = opts.grid ? loadGrid(resolve(opts.grid), base) : defaultGrid(base, { levels: mode === 'virtual' });
 
   const out = resolve(opts.out);
   const statePath = `${out.replace(/\.json$/, '')}.tune-state.json`;

@@ -343,6 +343,41 @@ describe('calibrated costs (virtual mode)', () => {
     assert.equal(knobOf(at({}, true, 64, 'other.onnx')), 'encoder');
   });
 
+  test("virtual mode's default grid is the ladder's own levels: each has a calibrated cost (no cross product)", () => {
+    // 280 drafted, 140, 70, then drafting off: a calibration of this config measured these four levels.
+    const config = loadConfig({
+      decoder: { model: 'synth:gemma4-tiny', draft: 'synth:gemma4-tiny-draft' },
+      encoder: { kind: 'mtmd', mmproj: 'synth:gemma4-vision-tiny' },
+      ladder: {
+        initial: { imageTokens: 280, maxNewTokens: 64, draft: true, frameSkip: 0 },
+        rungs: [{ imageTokens: 140 }, { imageTokens: 70 }, { draft: false }],
+      },
+    });
+    const calibration = write('ladder', { models: { ...models, draft: 'synth:gemma4-tiny-draft' } }, [
+      level(280, true),
+      level(140, true),
+      level(70, true),
+      level(70, false),
+    ]);
+    const points = gridPoints(defaultGrid(config, { levels: true }));
+    assert.deepEqual(
+      points.map((p) => p.label),
+      [
+        'draft=model:synth:gemma4-tiny-draft imageTokens=280',
+        'draft=model:synth:gemma4-tiny-draft imageTokens=140',
+        'draft=model:synth:gemma4-tiny-draft imageTokens=70',
+        'draft=none imageTokens=70',
+      ],
+    );
+    const costs = points.map((p) => calibratedCost([calibration], p.knobs, { knob: 64, bounded: true }, 'synth:gemma4-vision-tiny'));
+    assert.deepEqual(
+      costs.map((c) => ('serviceMs' in c ? c.serviceMs.decode : c.why)),
+      [100, 200, 300, 400],
+    );
+    // Real mode may measure every combination.
+    assert.equal(gridPoints(defaultGrid(config)).length, 6);
+  });
+
   test('a file that is not a calibration is refused', () => {
     writeFileSync(
       join(dir, 'bad-cal.json'),
