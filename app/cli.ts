@@ -499,7 +499,7 @@ program
   .option('--grid <file>', 'the knobs and values to sweep (configs/tune-grid.schema.json; default: the ladder knobs of the config)')
   .option(
     '--objective <spec>',
-    "what picks the point, e.g. 'max accuracy s.t. p99<=budget' (default: that, with the best quality measurable)",
+    "what picks the point, e.g. 'max accuracy s.t. p99<=budget, drop<=0.05' (default: that, with the best quality measurable)",
   )
   .option('-l, --labels <file>', 'expected actions, JSON lines (default: <bag>.labels.jsonl when it exists)')
   .option('--reference <config>', 'a config whose decoder is the reference (e.g. F16): token agreement with it per point')

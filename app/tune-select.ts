@@ -2,10 +2,11 @@
 // (quality against end-to-end p99), the degrade ladder below the chosen point, and the printed table.
 //
 // Objective: `max METRIC [s.t. CONSTRAINT, …]` for a quality metric (accuracy, iou, agreement,
-// valid), or `min METRIC [s.t. …]` for a cost (p50, p99, miss); a constraint is `METRIC<=X` or
+// valid), or `min METRIC [s.t. …]` for a cost (p50, p99, miss, drop); a constraint is `METRIC<=X` or
 // `METRIC>=X`, X a number (ms for p50/p99, a fraction for the rates) or `budget` (--budget-ms).
-// A bare quality metric is `max METRIC s.t. p99<=budget`. Ties go to the lower p99, then to the
-// earlier grid point.
+// p99, valid, miss and the qualities only see the frames published; drop (frames not published ÷
+// frames in, every drop reason counted) bounds the rest. A bare quality metric (and the default) is
+// `max METRIC s.t. p99<=budget, drop<=0.05`. Ties go to the lower p99, then to the earlier grid point.
 //
 // Ladder: from the chosen point, each rung steps to the measured point that the ladder can reach (same
 // model, KV type, threads, GPU layers, edges; fewer image tokens, fewer new tokens or drafting off)
@@ -15,7 +16,9 @@ import type { Knobs } from '../pipeline/types.ts';
 import { KNOB_NAMES, knobText, sameDraft, type PointKnobs } from './tune-grid.ts';
 
 export const QUALITY_METRICS = ['accuracy', 'iou', 'agreement', 'valid'] as const;
-export const COST_METRICS = ['p50', 'p99', 'miss'] as const;
+export const COST_METRICS = ['p50', 'p99', 'miss', 'drop'] as const;
+/** The default objective's bound on the frames not published. */
+export const DEFAULT_MAX_DROP = 0.05;
 export type Metric = (typeof QUALITY_METRICS)[number] | (typeof COST_METRICS)[number];
 
 export interface Constraint {
@@ -53,7 +56,7 @@ export function defaultQuality(have: Measurable): (typeof QUALITY_METRICS)[numbe
   return have.labels ? 'accuracy' : have.reference ? 'agreement' : 'valid';
 }
 
-/** Parses --objective (absent: `max <default quality> s.t. p99<=budget`). */
+/** Parses --objective (absent: `max <default quality> s.t. p99<=budget, drop<=0.05`). */
 export function parseObjective(spec: string | undefined, have: Measurable): Objective {
   const text = (spec ?? defaultQuality(have)).trim().replace(/\s+/g, ' ');
   const bare = isQuality(text);
@@ -71,7 +74,7 @@ export function parseObjective(spec: string | undefined, have: Measurable): Obje
   if (sense === 'min' && isQuality(metric))
     throw new Error(`--objective '${text}': min is for a cost (${COST_METRICS.join(', ')}); use max ${metric}`);
   checkAvailable(metric, have, text);
-  const constraintText = bare ? 'p99<=budget' : (m![3] ?? '');
+  const constraintText = bare ? `p99<=budget, drop<=${DEFAULT_MAX_DROP}` : (m![3] ?? '');
   const constraints = constraintText
     .split(/,| and /)
     .map((c) => c.trim())
@@ -90,7 +93,7 @@ export function parseObjective(spec: string | undefined, have: Measurable): Obje
       return { metric: name, op, value };
     });
   const quality = isQuality(metric) ? metric : (constraints.map((c) => c.metric).find(isQuality) ?? defaultQuality(have));
-  return { sense, metric, constraints, quality, text: bare ? `max ${text} s.t. p99<=budget` : text };
+  return { sense, metric, constraints, quality, text: bare ? `max ${text} s.t. ${constraintText}` : text };
 }
 
 // ---- results ---------------------------------------------------------------------------------------
@@ -115,6 +118,8 @@ export interface PointResult {
   readonly endToEnd: Quantiles;
   readonly stages: Readonly<Record<string, Quantiles>>;
   readonly missRate: number | null;
+  /** Frames not published ÷ frames in, whatever dropped them (null: no frame came in). */
+  readonly dropRate: number | null;
   readonly validRate: number | null;
   readonly accuracy: number | null;
   readonly iou: number | null;
@@ -135,6 +140,8 @@ export function metricOf(r: PointResult, metric: Metric): number | null {
       return r.validRate;
     case 'miss':
       return r.missRate;
+    case 'drop':
+      return r.dropRate;
     case 'p50':
       return r.endToEnd.p50Ms;
     case 'p99':
@@ -263,6 +270,7 @@ export function formatTable(t: TableInput): string {
       (r) => (r.stages[s] ? `${ms(r.stages[s].p50Ms)}/${ms(r.stages[s].p99Ms)}` : '-'),
     ]),
     ['miss', (r) => pct(r.missRate)],
+    ['drop', (r) => pct(r.dropRate)],
     ['valid', (r) => pct(r.validRate)],
     ...(t.measurable.labels && t.objective.quality !== 'accuracy'
       ? [['accuracy', (r: PointResult) => pct(r.accuracy)] as [string, (r: PointResult) => string]]

@@ -149,10 +149,15 @@ describe('objective', () => {
     assert.deepEqual(parseObjective('accuracy', all), {
       sense: 'max',
       metric: 'accuracy',
-      constraints: [{ metric: 'p99', op: '<=', value: 'budget' }],
+      constraints: [
+        { metric: 'p99', op: '<=', value: 'budget' },
+        { metric: 'drop', op: '<=', value: 0.05 },
+      ],
       quality: 'accuracy',
-      text: 'max accuracy s.t. p99<=budget',
+      text: 'max accuracy s.t. p99<=budget, drop<=0.05',
     });
+    assert.equal(parseObjective(undefined, all).text, 'max accuracy s.t. p99<=budget, drop<=0.05');
+    assert.deepEqual(parseObjective('min p99 s.t. drop<=0.1', all).constraints, [{ metric: 'drop', op: '<=', value: 0.1 }]);
     assert.equal(parseObjective(undefined, all).metric, 'accuracy');
     assert.equal(parseObjective(undefined, { labels: false, reference: true }).metric, 'agreement');
     assert.equal(parseObjective(undefined, { labels: false, reference: false }).metric, 'valid');
@@ -207,6 +212,7 @@ function point(knobs: Partial<PointKnobs>, p99: number | null, accuracy: number 
     agreement: null,
     serviceMs: {},
     ...extra,
+    dropRate: extra.frames ? (extra.frames.in - extra.frames.out) / extra.frames.in : 0,
   };
 }
 const ON = KNOBS.draft;
@@ -236,6 +242,23 @@ describe('choosing', () => {
     assert.equal(pick('min p99', 1000), 5);
     const tie = [point({}, 50, 0.5), point({}, 50, 0.5)];
     assert.equal(choose(tie, parseObjective('accuracy', { labels: true, reference: false }), 100), tie[0]);
+  });
+
+  test('a point that drops most frames does not win by default: its published frames alone look best', () => {
+    // Conflated: 2 of 10 frames published, both right and fast.
+    const dropping = point({ imageTokens: 70, draft: OFF }, 60, 1, {
+      frames: { in: 10, out: 2, dropped: 8 },
+      dropsByReason: { conflated: 8 },
+      missRate: 0,
+    });
+    const withIt = [...results, dropping];
+    const pick = (spec: string | undefined) => choose(withIt, parseObjective(spec, { labels: true, reference: false }), 250)?.index;
+    assert.equal(dropping.dropRate, 0.8);
+    assert.equal(pick(undefined), 1);
+    assert.equal(pick('accuracy'), 1);
+    assert.equal(pick('max accuracy s.t. p99<=budget'), dropping.index, 'unbounded, it wins');
+    assert.equal(pick('max accuracy s.t. p99<=budget, drop<=0.8'), dropping.index);
+    assert.equal(pick('min p99 s.t. drop<=0.05'), 5);
   });
 
   test('the Pareto front: no other point is as good and faster, or better and as fast', () => {
@@ -282,12 +305,12 @@ describe('choosing', () => {
       measurable: { labels: true, reference: false },
     });
     const lines = table.split('\n');
-    assert.match(lines[0]!, /point +accuracy +e2e p50 +e2e p99 +miss +valid +out\/in/);
+    assert.match(lines[0]!, /point +accuracy +e2e p50 +e2e p99 +miss +drop +valid +out\/in/);
     assert.equal(lines.length, 1 + results.length);
     assert.match(lines[1]!, /^ \* +280\/model\/q8_0 +60\.0% .* 90\.0 /);
     assert.match(table, /\n>\* +140\/model\/f16 +85\.0% /);
     assert.match(table, /\n +280\/model\/f16 .* 200\.0 .*infeasible/);
-    assert.match(table, /\n +70\/model\/f16 .* - .* 0\/10 +infeasible/);
+    assert.match(table, /\n +70\/model\/f16 .* - .* 100\.0% .* 0\/10 +infeasible/);
     assert.match(table, /FAILED: boom/);
   });
 });
