@@ -22,9 +22,11 @@
 // measures only the points it lacks. SIGINT/SIGTERM stop the point in flight, which is not kept.
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { execFileSync } from 'node:child_process';
+import { cpus, tmpdir } from 'node:os';
 import { dirname, isAbsolute, join, relative, resolve, sep } from 'node:path';
 import cliProgress from 'cli-progress';
+import { ADDON_PATH } from '../native/binding.ts';
 import { LlamaModel } from '../native/llama.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import { actionTokenBudget } from '../nodes/decoder.ts';
@@ -183,6 +185,33 @@ function writeState(path: string, state: StateFile): void {
  * version), hashed with what it is measured against. */
 async function runKey(config: PerceptConfig, schema: ActionSchema, against: object): Promise<string> {
   return sha256(JSON.stringify({ run: await runIdentity(config, schema), against }));
+}
+
+/** What a measurement depends on besides the run itself: the native addon that ran it (percept's
+ * version does not change with a rebuild), and on the real clock the machine (CPU, cores, GPU). */
+export async function measurementEnvironment(mode: 'virtual' | 'real'): Promise<object> {
+  const size = statSync(ADDON_PATH, { throwIfNoEntry: false })?.size;
+  const addon = size === undefined ? null : { bytes: size, sha256: await sha256File(ADDON_PATH) };
+  if (mode !== 'real') return { addon };
+  const cpu = cpus();
+  return { addon, machine: { cpu: cpu[0]?.model ?? 'unknown', cores: cpu.length, arch: process.arch, gpu: gpuNames() } };
+}
+
+/** The GPUs nvidia-smi lists (none when there is no nvidia-smi). */
+function gpuNames(): string[] {
+  try {
+    const text = execFileSync('nvidia-smi', ['--query-gpu=name', '--format=csv,noheader'], {
+      encoding: 'utf8',
+      timeout: 10_000,
+      stdio: ['ignore', 'pipe', 'ignore'],
+    });
+    return text
+      .split('\n')
+      .map((line) => line.trim())
+      .filter(Boolean);
+  } catch {
+    return [];
+  }
 }
 
 // ---- signals and progress ----------------------------------------------------------------------------
@@ -439,7 +468,15 @@ async function planPoints(plan: Plan): Promise<PlannedPoint[]> {
 async function measureReference(
   reference: PerceptConfig,
   source: PerceptConfig['source'],
-  ctx: { state: StateFile; statePath: string; schema: ActionSchema; workDir: string; interruption: Interruption; progress: Progress },
+  ctx: {
+    state: StateFile;
+    statePath: string;
+    schema: ActionSchema;
+    workDir: string;
+    interruption: Interruption;
+    progress: Progress;
+    environment: object;
+  },
 ): Promise<boolean> {
   const config = loadConfig({
     ...reference,
@@ -452,7 +489,7 @@ async function measureReference(
     control: { ...reference.control, enabled: false },
     telemetry: { ...reference.telemetry, liveTable: 'off' },
   });
-  const key = await runKey(config, loadActionSchema(config.actions.schema), {});
+  const key = await runKey(config, loadActionSchema(config.actions.schema), { environment: ctx.environment });
   if (ctx.state.reference?.key === key) return true;
   ctx.progress.point('reference');
   const recording = await replay(config, ctx.interruption, ctx.progress);
@@ -533,13 +570,28 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
     const progress = progressBar(opts.progress !== false, planned.length);
     const interrupted = () => new TuneInterrupted(interruption.signal!, results.length, planned.length, statePath);
     try {
+      // The reference run is virtual (lockstep, nothing charged): the machine is no part of it.
+      const environment = await measurementEnvironment(mode);
       if (!reference) delete state.reference;
       else if (
-        !(await measureReference(reference, planned[0]!.config.source, { state, statePath, schema, workDir, interruption, progress }))
+        !(await measureReference(reference, planned[0]!.config.source, {
+          state,
+          statePath,
+          schema,
+          workDir,
+          interruption,
+          progress,
+          environment: await measurementEnvironment('virtual'),
+        }))
       )
         throw interrupted();
-      // Measured against the labels and the reference: another of either is another measurement.
-      const against = { labels: labelsPath ? await sha256File(labelsPath) : null, reference: state.reference?.key ?? null };
+      // Measured against the labels and the reference, by this addon (and machine, on the real clock):
+      // another of any is another measurement.
+      const against = {
+        labels: labelsPath ? await sha256File(labelsPath) : null,
+        reference: state.reference?.key ?? null,
+        environment,
+      };
       const agreementWith = state.reference ? { recording: referenceRecording(state.reference.frames), name: referencePath! } : undefined;
       const keys: string[] = [];
       for (const { point, config, ladder, serviceMs } of planned) {

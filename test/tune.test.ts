@@ -6,11 +6,12 @@
 import { before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFileSync, copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { evaluate, readRecording } from '../app/eval.ts';
 import { GridError } from '../app/tune-grid.ts';
-import { tune, type TuneOptions, type TuneResult } from '../app/tune.ts';
+import { measurementEnvironment, tune, type TuneOptions, type TuneResult } from '../app/tune.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import type { RunSummary } from '../pipeline/telemetry/events.ts';
 import { makeSampleBag } from '../tools/make-sample-bag.ts';
@@ -61,8 +62,8 @@ const options = (extra: Partial<TuneOptions> & { out: string }): TuneOptions => 
 const byTokens = (result: TuneResult) => Object.fromEntries(result.points.map((p) => [p.knobs.imageTokens, p]));
 
 /** `percept ARGS` in a child; resolves with its exit code and output. */
-function percept(args: string[], onStart?: (child: ReturnType<typeof spawn>) => void) {
-  const child = spawn(process.execPath, [bin, ...args], { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
+function percept(args: string[], onStart?: (child: ReturnType<typeof spawn>) => void, env: NodeJS.ProcessEnv = {}) {
+  const child = spawn(process.execPath, [bin, ...args], { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let stdout = '';
   let stderr = '';
   child.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -215,6 +216,40 @@ describe('percept tune', () => {
     },
   );
 
+  test('resume measures every point again when the budget, the calibration or the native addon changed', { timeout: 600_000 }, async () => {
+    rmSync(join(dir, 'stale'), { recursive: true, force: true });
+    mkdirSync(join(dir, 'stale'), { recursive: true });
+    const out = join(dir, 'stale/tuned.json');
+    const grid = join(dir, 'stale/grid.json');
+    writeFileSync(grid, JSON.stringify({ knobs: { imageTokens: [140, 70] } }));
+    const counts = (r: TuneResult) => [r.ran, r.resumed];
+    assert.deepEqual(counts(await tune(options({ grid, out }))), [2, 0]);
+    assert.deepEqual(counts(await tune(options({ grid, out }))), [0, 2]);
+    // Another budget: other deadlines.
+    assert.deepEqual(counts(await tune(options({ grid, out, budgetMs: 210 }))), [2, 0]);
+    // Another calibration: other stage costs.
+    const recalibrated = join(dir, 'stale/calibration.json');
+    writeFileSync(
+      recalibrated,
+      JSON.stringify({ ...calibration, virtualServiceMs: { ...calibration.virtualServiceMs, decode: [300, 121, 61] } }),
+    );
+    assert.deepEqual(counts(await tune(options({ grid, out, budgetMs: 210, calibration: [recalibrated] }))), [2, 0]);
+    // Another build of the native addon (the same code with a byte more; percept's version is the same).
+    const args = ['tune', '--bag', bag, '--budget-ms', '210', '--config', basePath, '--calibration', recalibrated];
+    const cli = (env: NodeJS.ProcessEnv = {}) =>
+      percept([...args, '--grid', grid, '--out', out, '--no-progress', '--json'], undefined, env);
+    const same = await cli();
+    assert.equal(same.code, 0, same.stderr);
+    assert.deepEqual(counts(JSON.parse(same.stdout) as TuneResult), [0, 2]);
+    const addon = join(dir, 'stale/percept.node');
+    copyFileSync(join(root, 'build/native/Release/percept.node'), addon);
+    appendFileSync(addon, '\n');
+    const rebuilt = await cli({ PERCEPT_NATIVE: addon });
+    assert.equal(rebuilt.code, 0, rebuilt.stderr);
+    assert.deepEqual(counts(JSON.parse(rebuilt.stdout) as TuneResult), [2, 0]);
+    rmSync(addon);
+  });
+
   test('a grid it cannot run is refused before anything runs, naming the JSON path', { timeout: 600_000 }, async () => {
     const grid = (name: string, knobs: object): string => {
       const path = join(dir, `${name}.grid.json`);
@@ -315,6 +350,10 @@ describe('percept tune', () => {
           'real mode keeps the measured medians',
         );
       }
+      // Real measurements are this machine's: it is part of their key (virtual ones are the addon's alone).
+      const real = (await measurementEnvironment('real')) as { machine?: { cores: number; cpu: string } };
+      assert.deepEqual([real.machine?.cores, real.machine?.cpu], [cpus().length, cpus()[0]!.model]);
+      assert.equal('machine' in (await measurementEnvironment('virtual')), false);
       const written = loadConfig(out);
       assert.deepEqual([written.decoder.ngram, written.decoder.draftMax, written.decoder.kvType], [true, 2, result.chosen!.knobs.kvType]);
       assert.equal(written.ladder.initial.draft, true);
