@@ -514,11 +514,17 @@ program
   .option('--no-progress', 'no progress bar')
   .option('--json', 'print the result as JSON')
   .action(async (opts) => {
-    const { formatTune, tune, TuneInterrupted } = await import('./tune.ts');
+    const { failedPoints, formatTune, tune, TuneInterrupted } = await import('./tune.ts');
     try {
       const result = await tune({ ...opts, mode: opts.virtual ? 'virtual' : opts.real ? 'real' : undefined });
       process.stdout.write(opts.json ? `${JSON.stringify(result, null, 2)}\n` : formatTune(result));
-      if (!result.chosen) process.exitCode = 2;
+      // A point that failed is a sweep not done (as in bench ladder): exit 1, which and why.
+      const failed = failedPoints(result);
+      for (const line of failed) process.stderr.write(`percept: tune point failed: ${line.replace(/\s*\n\s*/g, ' ')}\n`);
+      if (failed.length > 0) {
+        process.stderr.write(`percept: ${failed.length} of ${result.points.length} points failed (a rerun tries them again)\n`);
+        process.exitCode = 1;
+      } else if (!result.chosen) process.exitCode = 2;
     } catch (err) {
       if (!(err instanceof TuneInterrupted)) throw err;
       process.stderr.write(`percept: ${err.message}\n`);

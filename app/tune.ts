@@ -721,6 +721,11 @@ function writeTunedConfig(
   }
 }
 
+/** The points that could not be measured, each with why (a rerun tries them again). */
+export function failedPoints(result: TuneResult): string[] {
+  return result.points.filter((p) => p.status === 'failed').map((p) => `${p.label}: ${p.error ?? 'failed'}`);
+}
+
 /** The report printed after a tune (the Pareto table and what was chosen). */
 export function formatTune(result: TuneResult): string {
   const measurable: Measurable = { labels: result.labels !== null, reference: result.reference !== null };
@@ -742,10 +747,19 @@ export function formatTune(result: TuneResult): string {
     `mode       ${result.mode} (${result.replay === 'real' ? 'real clock, the bag at its recorded pace' : result.replay === 'lockstep' ? 'virtual clock, lockstep, calibrated stage costs' : 'virtual clock, recorded pace, calibrated stage costs'})${result.calibrations.length ? `: ${result.calibrations.join(', ')}` : ''}`,
     `objective  ${result.objective}, budget ${result.budgetMs} ms`,
   ];
+  const failed = result.points.filter((p) => p.status === 'failed').length;
+  const n = result.points.length;
   if (!chosen) {
-    lines.push('chosen     none: no point meets the constraints; nothing written');
+    lines.push(
+      failed === n
+        ? 'chosen     none: every point failed (FAILED above); nothing written'
+        : failed > 0
+          ? `chosen     none: ${failed} of ${n} points failed (FAILED above), and none of the ${n - failed} measured meets the constraints; nothing written`
+          : 'chosen     none: no point meets the constraints; nothing written',
+    );
     return `${lines.join('\n')}\n`;
   }
+  if (failed > 0) lines.push(`failed     ${failed} of ${n} points (FAILED above): chosen among the ${n - failed} measured`);
   lines.push(
     `chosen     ${knobsText(chosen.knobs)} (${result.quality} ${q(metricOf(chosen, result.quality))}, p99 ${chosen.endToEnd.p99Ms?.toFixed(1)} ms)`,
   );

@@ -250,6 +250,60 @@ describe('percept tune', () => {
     rmSync(addon);
   });
 
+  test('a point that fails makes the tune exit 1, naming it and why; the others are still measured', { timeout: 600_000 }, async () => {
+    rmSync(join(dir, 'failing'), { recursive: true, force: true });
+    mkdirSync(join(dir, 'failing'), { recursive: true });
+    // A draft "model" that exists (so the plan takes it) but is no GGUF: that point fails when it loads.
+    const broken = join(dir, 'failing/broken-draft.gguf');
+    writeFileSync(broken, 'not a gguf file\n');
+    const drafted = join(dir, 'failing/calibration-draft.json');
+    writeFileSync(
+      drafted,
+      JSON.stringify({
+        ...calibration,
+        levels: calibration.levels.map((l) => ({ ...l, draft: true })),
+        models: { decoder: 'synth:gemma4-tiny', draft: broken },
+      }),
+    );
+    const grid = join(dir, 'failing/grid.json');
+    const run = (knobs: object, budget: string) => {
+      writeFileSync(grid, JSON.stringify({ knobs }));
+      const out = join(dir, 'failing/tuned.json');
+      return percept([
+        'tune',
+        '--bag',
+        bag,
+        '--budget-ms',
+        budget,
+        '--config',
+        basePath,
+        '--calibration',
+        calibrationPath,
+        drafted,
+        '--grid',
+        grid,
+        '--out',
+        out,
+        '--no-progress',
+      ]);
+    };
+    const draft = [{ kind: 'none' }, { kind: 'model', model: broken }];
+    const some = await run({ imageTokens: [140], draft }, '200');
+    assert.equal(some.code, 1, some.stderr);
+    assert.match(some.stderr, /tune point failed: draft=model:broken-draft\.gguf: .+/);
+    assert.match(some.stderr, /1 of 2 points failed/);
+    assert.match(some.stdout, /failed +1 of 2 points \(FAILED above\): chosen among the 1 measured/);
+    assert.match(some.stdout, /chosen +model=synth:gemma4-tiny .*draft=none imageTokens=140 /);
+    // Nothing to choose because of failures: said so, not "no point meets the constraints".
+    const all = await run({ imageTokens: [140], draft: [draft[1]] }, '200');
+    assert.equal(all.code, 1, all.stderr);
+    assert.match(all.stdout, /chosen +none: every point failed \(FAILED above\); nothing written/);
+    assert.doesNotMatch(all.stdout, /no point meets the constraints/);
+    const mixed = await run({ imageTokens: [140], draft }, '100');
+    assert.equal(mixed.code, 1, mixed.stderr);
+    assert.match(mixed.stdout, /chosen +none: 1 of 2 points failed \(FAILED above\), and none of the 1 measured meets the constraints/);
+  });
+
   test('a grid it cannot run is refused before anything runs, naming the JSON path', { timeout: 600_000 }, async () => {
     const grid = (name: string, knobs: object): string => {
       const path = join(dir, `${name}.grid.json`);
