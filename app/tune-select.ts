@@ -10,8 +10,9 @@
 //
 // Ladder: from the chosen point, each rung steps to the measured point that the ladder can reach (same
 // model, KV type, threads, GPU layers, edges; fewer image tokens, fewer new tokens or drafting off)
-// and saves the most p99 per unit of quality lost; a step that loses nothing comes first. The next
-// rung starts from there, until no such point is faster.
+// and saves the most p99 per unit of quality lost; a step that loses nothing comes first. A rung
+// saves at least 1 ms and 2 % of the p99 above it (less is noise). The next rung starts from there,
+// until no such point is faster.
 import type { Knobs } from '../pipeline/types.ts';
 import { KNOB_NAMES, knobText, sameDraft, type PointKnobs } from './tune-grid.ts';
 
@@ -205,6 +206,10 @@ export function rungBetween(from: PointResult, to: PointResult): Partial<Knobs> 
   return Object.keys(rung).length > 0 ? rung : null;
 }
 
+/** The least p99 a rung must save: 1 ms, and 2 % of the p99 of the level above. */
+export const MIN_RUNG_SAVING_MS = 1;
+export const MIN_RUNG_SAVING_SHARE = 0.02;
+
 export interface LadderStep {
   readonly rung: Partial<Knobs>;
   /** The grid point this level runs as. */
@@ -229,7 +234,8 @@ export function orderLadder(results: readonly PointResult[], chosen: PointResult
       const rung = rungBetween(at, r);
       if (!rung) continue;
       const savedMs = at.endToEnd.p99Ms! - r.endToEnd.p99Ms!;
-      if (!(savedMs > 0)) continue;
+      // Less is noise (a free "saving" of a few µs would be the first rung).
+      if (!(savedMs >= Math.max(MIN_RUNG_SAVING_MS, MIN_RUNG_SAVING_SHARE * at.endToEnd.p99Ms!))) continue;
       const qualityLost = metricOf(at, quality)! - metricOf(r, quality)!;
       const ratio = qualityLost > 0 ? savedMs / qualityLost : Infinity;
       const better = !best || ratio > best.ratio || (ratio === best.ratio && savedMs > best.step.savedMs);

@@ -292,6 +292,16 @@ describe('choosing', () => {
       ],
     );
     assert.deepEqual(orderLadder(results, results[4]!, 'accuracy'), [], 'nothing below the cheapest point');
+    // Noise is no rung: 0.5 ms (under 1 ms) or 3 ms of 200 (under 2 %) saved for nothing lost.
+    next = 100;
+    const top = point({ imageTokens: 280, draft: ON }, 200, 0.9);
+    const noise = [point({ imageTokens: 280, draft: OFF }, 199.5, 0.9), point({ imageTokens: 140, draft: ON }, 197, 0.9)];
+    assert.deepEqual(orderLadder([top, ...noise], top, 'accuracy'), []);
+    const real = point({ imageTokens: 70, draft: ON }, 196, 0.9);
+    assert.deepEqual(
+      orderLadder([top, ...noise, real], top, 'accuracy').map((s) => s.index),
+      [real.index],
+    );
   });
 
   test('the table lists every point by p99 with the front, the chosen point and why a point is out', () => {
