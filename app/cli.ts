@@ -528,7 +528,8 @@ program
     } catch (err) {
       if (!(err instanceof TuneInterrupted)) throw err;
       process.stderr.write(`percept: ${err.message}\n`);
-      process.exitCode = 130;
+      // The shell's 128 + the signal: 130 for Ctrl-C, 143 for a kill.
+      process.exitCode = err.signal === 'SIGTERM' ? 143 : 130;
     }
   });
 

@@ -8,6 +8,7 @@
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { Ajv } from 'ajv';
+import { DRAFT_MAX } from '../native/llama.ts';
 import { ConfigError, describeAjvError, loadConfig, type ConfigIssue, type PerceptConfig } from '../pipeline/config.ts';
 import type { Knobs } from '../pipeline/types.ts';
 import { parseSourceSpec } from './run.ts';
@@ -95,11 +96,11 @@ export function speculatorOf(d: {
   return d.ngram ? { kind: 'ngram', ...max } : { kind: 'none' };
 }
 
-/** The same speculation: kind, model and longest draft. */
+/** The same speculation: kind, model and longest draft (none given is the decoder's DRAFT_MAX). */
 export const sameDraft = (a: DraftChoice, b: DraftChoice): boolean =>
   a.kind === b.kind &&
   ('model' in a ? a.model : null) === ('model' in b ? b.model : null) &&
-  (('max' in a ? a.max : undefined) ?? null) === (('max' in b ? b.max : undefined) ?? null);
+  (a.kind === 'none' || (('max' in a ? a.max : undefined) ?? DRAFT_MAX) === (('max' in b ? b.max : undefined) ?? DRAFT_MAX));
 
 /** The base config's own knobs (a grid leaves out what it does not sweep). Drafting off at the
  * ladder's first level is no speculation: no rung can turn it on. */

@@ -24,7 +24,7 @@ import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { cpus, tmpdir } from 'node:os';
-import { dirname, isAbsolute, join, relative, resolve, sep } from 'node:path';
+import { basename, dirname, isAbsolute, join, relative, resolve, sep } from 'node:path';
 import cliProgress from 'cli-progress';
 import { ADDON_PATH } from '../native/binding.ts';
 import { LlamaModel } from '../native/llama.ts';
@@ -120,16 +120,20 @@ export interface TuneResult {
   readonly ladder: readonly LadderStep[];
   /** The config written, or null when no point met the objective's constraints. */
   readonly out: string | null;
+  /** An earlier tune's config at --out, removed because this tune chose nothing. */
+  readonly removed: string | null;
   readonly state: string;
 }
 
 /** Ctrl-C or kill during a tune: the measured points are in the state file. */
 export class TuneInterrupted extends Error {
+  readonly signal: string;
   constructor(signal: string, done: number, total: number, state: string) {
     super(
       `tune interrupted by ${signal} after ${done} of ${total} points (kept in ${state}); run the same command again to measure the rest`,
     );
     this.name = 'TuneInterrupted';
+    this.signal = signal;
   }
 }
 
@@ -552,6 +556,8 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
     throw new Error(
       '--virtual needs the stage costs percept calibrate measured: --calibration FILE (or a config whose virtualServiceMs names one)',
     );
+  if (mode === 'real' && opts.calibration?.length)
+    throw new Error('--calibration is for --virtual: --real measures every stage on this machine (leave out one or the other)');
   if (mode === 'real' && opts.pace !== undefined) throw new Error('--pace is for --virtual: --real replays the bag at its recorded pace');
   const calibrations = mode === 'virtual' ? calibrationPaths.map(readCalibration) : [];
   const replayKind: Replay = mode === 'real' ? 'real' : opts.pace === 'recorded' ? 'virtual-recorded' : 'lockstep';
@@ -638,9 +644,14 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
   const front = paretoFront(results, objective.quality);
   const chosen = choose(results, objective, opts.budgetMs);
   const ladder = chosen ? orderLadder(results, chosen, objective.quality) : [];
+  let removed: string | null = null;
   if (chosen) {
     const levels = [chosen, ...ladder.map((step) => results.find((r) => r.index === step.index)!)];
     writeTunedConfig(out, base, levels, ladder, opts.budgetMs);
+  } else if (existsSync(out)) {
+    // An earlier tune's choice would read as this one's: this tune chose nothing.
+    rmSync(out);
+    removed = out;
   }
   return {
     kind: 'percept.tune',
@@ -667,6 +678,7 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
     chosen: chosen ? { index: chosen.index, label: chosen.label, knobs: chosen.knobs } : null,
     ladder,
     out: chosen ? out : null,
+    removed,
     state: statePath,
   };
 }
@@ -695,7 +707,33 @@ function writeTunedConfig(
   steps: readonly LadderStep[],
   budgetMs: number,
 ): void {
+  const text = `${JSON.stringify(tunedConfig(out, base, levels, steps, budgetMs), null, 2)}\n`;
+  // Validated before it takes --out's place (in the same folder: its paths are relative to it).
+  const partial = join(dirname(out), `.${basename(out, '.json')}.partial.json`);
+  writeFileSync(partial, text);
+  try {
+    loadConfig(partial);
+  } catch (err) {
+    rmSync(partial, { force: true });
+    throw new Error(`tune made a config for ${out} that does not load (nothing written): ${(err as Error).message}`, { cause: err });
+  }
+  renameSync(partial, out);
+}
+
+/**
+ * The config written to `out` (see writeTunedConfig). The base ladder's frame-skip rungs (no grid
+ * point measures skipping) stay below the tuned rungs, each at the last level's stage costs.
+ */
+export function tunedConfig(
+  out: string,
+  base: PerceptConfig,
+  levels: readonly PointResult[],
+  steps: readonly LadderStep[],
+  budgetMs: number,
+): Record<string, unknown> {
   const chosen = levels[0]!;
+  const skips = base.ladder.rungs.flatMap((rung) => (rung.frameSkip !== undefined ? [{ frameSkip: rung.frameSkip }] : []));
+  const costs = [...levels, ...skips.map(() => levels.at(-1)!)];
   const stages = [...new Set(levels.flatMap((l) => Object.keys(l.serviceMs)))];
   const config: Record<string, unknown> = {
     $schema: relativeWithin(dirname(out), CONFIG_SCHEMA),
@@ -703,8 +741,8 @@ function writeTunedConfig(
     decoder: pointDecoder(base.decoder, chosen.knobs),
     edges: chosen.knobs.edges,
     budgets: budgetsFor(base.budgets, budgetMs),
-    ladder: { ...base.ladder, enabled: true, initial: chosen.ladder, rungs: steps.map((step) => step.rung) },
-    virtualServiceMs: Object.fromEntries(stages.map((s) => [s, levels.map((l) => l.serviceMs[s] ?? 0)])),
+    ladder: { ...base.ladder, enabled: true, initial: chosen.ladder, rungs: [...steps.map((step) => step.rung), ...skips] },
+    virtualServiceMs: Object.fromEntries(stages.map((s) => [s, costs.map((l) => l.serviceMs[s] ?? 0)])),
   };
   for (const keys of PATH_FIELDS) {
     const parent = keys.slice(0, -1).reduce<unknown>((node, key) => (node as Record<string, unknown> | undefined)?.[key], config) as
@@ -712,13 +750,7 @@ function writeTunedConfig(
     const value = parent?.[keys.at(-1)!];
     if (typeof value === 'string' && isAbsolute(value)) parent![keys.at(-1)!] = relativeWithin(dirname(out), value);
   }
-  const text = `${JSON.stringify(config, null, 2)}\n`;
-  writeFileSync(out, text);
-  try {
-    loadConfig(out);
-  } catch (err) {
-    throw new Error(`tune wrote ${out} but it does not load: ${(err as Error).message}`, { cause: err });
-  }
+  return config;
 }
 
 /** The points that could not be measured, each with why (a rerun tries them again). */
@@ -757,6 +789,7 @@ export function formatTune(result: TuneResult): string {
           ? `chosen     none: ${failed} of ${n} points failed (FAILED above), and none of the ${n - failed} measured meets the constraints; nothing written`
           : 'chosen     none: no point meets the constraints; nothing written',
     );
+    if (result.removed) lines.push(`removed    ${result.removed} (an earlier tune's choice, not this one's)`);
     return `${lines.join('\n')}\n`;
   }
   if (failed > 0) lines.push(`failed     ${failed} of ${n} points (FAILED above): chosen among the ${n - failed} measured`);

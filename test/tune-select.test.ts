@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../pipeline/config.ts';
-import { GridError, baseKnobs, defaultGrid, gridPoints, loadGrid, pointConfig, type PointKnobs } from '../app/tune-grid.ts';
+import { GridError, baseKnobs, defaultGrid, gridPoints, loadGrid, pointConfig, sameDraft, type PointKnobs } from '../app/tune-grid.ts';
 import { calibratedCost, readCalibration } from '../app/tune-costs.ts';
 import { choose, formatTable, orderLadder, paretoFront, parseObjective, rungBetween, type PointResult } from '../app/tune-select.ts';
 
@@ -409,6 +409,23 @@ describe('calibrated costs (virtual mode)', () => {
     );
     // Real mode may measure every combination.
     assert.equal(gridPoints(defaultGrid(config)).length, 6);
+  });
+
+  test("a draft length left out is the decoder's default (4): the same speculation as 4", () => {
+    assert.ok(sameDraft({ kind: 'ngram' }, { kind: 'ngram', max: 4 }));
+    assert.ok(sameDraft({ kind: 'model', model: 'd', max: 4 }, { kind: 'model', model: 'd' }));
+    assert.ok(!sameDraft({ kind: 'ngram' }, { kind: 'ngram', max: 2 }));
+    assert.ok(!sameDraft({ kind: 'model', model: 'd' }, { kind: 'model', model: 'e' }));
+    // A calibration made with draftMax 4 measured the point whose draft names no length, and back.
+    const ngram4 = write('ngram4', { models, decoder: { ngram: true, draftMax: 4, kvType: 'f16', threads: null, gpuLayers: 0 } }, [
+      level(280, true),
+    ]);
+    const cost = (draft: PointKnobs['draft']) =>
+      calibratedCost([ngram4], { ...KNOBS_PLAIN, imageTokens: 280, draft }, { knob: 64, bounded: true }, 'synth:gemma4-vision-tiny');
+    assert.deepEqual(cost({ kind: 'ngram' }), { serviceMs: { encode: 10, decode: 100 } });
+    assert.deepEqual(cost({ kind: 'ngram', max: 4 }), { serviceMs: { encode: 10, decode: 100 } });
+    const three = cost({ kind: 'ngram', max: 3 });
+    assert.equal('knob' in three ? three.knob : 'measured', 'draft');
   });
 
   test('a file that is not a calibration is refused', () => {

@@ -10,8 +10,8 @@ import { appendFileSync, copyFileSync, existsSync, mkdirSync, readFileSync, rmSy
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { evaluate, readRecording } from '../app/eval.ts';
-import { GridError } from '../app/tune-grid.ts';
-import { measurementEnvironment, tune, type TuneOptions, type TuneResult } from '../app/tune.ts';
+import { GridError, baseKnobs } from '../app/tune-grid.ts';
+import { formatTune, measurementEnvironment, tune, tunedConfig, type TuneOptions, type TuneResult } from '../app/tune.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import type { RunSummary } from '../pipeline/telemetry/events.ts';
 import { makeSampleBag } from '../tools/make-sample-bag.ts';
@@ -157,61 +157,66 @@ describe('percept tune', () => {
       assert.deepEqual([tight.ran, tight.resumed], [0, 3]);
       assert.equal(tight.chosen?.label, 'imageTokens=70');
       assert.deepEqual(loadConfig(out).ladder.rungs, []);
+      // Nothing fits 50 ms: the config an earlier tune wrote is removed, not left to read as this one's.
+      const none = await tune(options({ labels, out, objective: 'max accuracy s.t. p99<=50' }));
+      assert.deepEqual([none.ran, none.chosen, none.out, none.removed], [0, null, null, out]);
+      assert.equal(existsSync(out), false);
+      assert.equal(existsSync(join(dir, 'best/.tuned.partial.json')), false);
+      assert.match(formatTune(none), /removed +\S+tuned\.json \(an earlier tune's choice, not this one's\)/);
     },
   );
 
   test(
-    'an interrupted tune (a real SIGINT to the child) keeps what it measured; the rerun measures only the rest',
+    'an interrupted tune (a real SIGTERM, then a SIGINT, to the child) keeps what it measured; the rerun measures only the rest',
     { timeout: 600_000 },
     async () => {
       rmSync(join(dir, 'resume'), { recursive: true, force: true });
+      mkdirSync(join(dir, 'resume'), { recursive: true });
       const out = join(dir, 'resume/tuned.json');
       const state = join(dir, 'resume/tuned.tune-state.json');
-      const args = [
-        'tune',
-        '--bag',
-        bag,
-        '--budget-ms',
-        '200',
-        '--config',
-        basePath,
-        '--calibration',
-        calibrationPath,
-        '--out',
-        out,
-        '--no-progress',
-        '--json',
-      ];
-      const first = await percept(args, (child) => {
-        const poll = setInterval(() => {
-          if (existsSync(state) && Object.keys(statePoints(state)).length >= 1) {
-            clearInterval(poll);
-            child.kill('SIGINT');
-          }
-        }, 50);
-        child.on('exit', () => clearInterval(poll));
-      });
-      assert.equal(first.code, 130, first.stderr);
-      assert.match(first.stderr, /tune interrupted by SIGINT after \d of 3 points .*run the same command again/);
+      // Six points, so that a signal sent once one (or one more) is kept lands with points left to run.
+      const grid = join(dir, 'resume/grid.json');
+      writeFileSync(grid, JSON.stringify({ knobs: { imageTokens: [280, 140, 70], maxNewTokens: [null, 256] } }));
+      const args = ['tune', '--bag', bag, '--budget-ms', '200', '--config', basePath, '--calibration', calibrationPath, '--grid', grid];
+      args.push('--out', out, '--no-progress', '--json');
+      const kept = () => (existsSync(state) ? Object.keys(statePoints(state)).length : 0);
+      const stopAfter = (points: number, signal: NodeJS.Signals) =>
+        percept(args, (child) => {
+          const poll = setInterval(() => {
+            if (kept() >= points) {
+              clearInterval(poll);
+              child.kill(signal);
+            }
+          }, 50);
+          child.on('exit', () => clearInterval(poll));
+        });
+      const first = await stopAfter(1, 'SIGTERM');
+      assert.equal(first.code, 143, first.stderr);
+      assert.match(first.stderr, /tune interrupted by SIGTERM after \d of 6 points .*run the same command again/);
       assert.equal(existsSync(out), false, 'no config is written by an interrupted tune');
-      const kept = statePoints(state);
-      const k = Object.keys(kept).length;
-      assert.ok(k >= 1 && k < 3, `${k} points kept`);
+      const k1 = kept();
+      assert.ok(k1 >= 1 && k1 < 6, `${k1} points kept`);
+      const second = await stopAfter(k1 + 1, 'SIGINT');
+      assert.equal(second.code, 130, second.stderr);
+      assert.match(second.stderr, /tune interrupted by SIGINT after \d of 6 points/);
+      const snapshot = statePoints(state);
+      const k = Object.keys(snapshot).length;
+      assert.ok(k > k1 && k < 6, `${k} points kept`);
 
-      const second = await percept(args);
-      assert.equal(second.code, 0, second.stderr);
-      const result = JSON.parse(second.stdout) as TuneResult;
-      assert.deepEqual([result.ran, result.resumed], [3 - k, k]);
+      const third = await percept(args);
+      assert.equal(third.code, 0, third.stderr);
+      const result = JSON.parse(third.stdout) as TuneResult;
+      assert.deepEqual([result.ran, result.resumed], [6 - k, k]);
       // The points kept are taken as they were measured, not run again.
-      assert.equal((second.stderr.match(/replaying bag/g) ?? []).length, 3 - k);
+      assert.equal((third.stderr.match(/replaying bag/g) ?? []).length, 6 - k);
       for (const point of result.points.filter((x) => x.resumed)) {
         const { pareto: _p, feasible: _f, resumed: _r, ...measured } = point;
         assert.ok(
-          Object.values(kept).some((x) => JSON.stringify(x) === JSON.stringify(measured)),
+          Object.values(snapshot).some((x) => JSON.stringify(x) === JSON.stringify(measured)),
           point.label,
         );
       }
-      assert.equal(Object.keys(statePoints(state)).length, 3);
+      assert.equal(Object.keys(statePoints(state)).length, 6);
       assert.ok(result.chosen && existsSync(out));
     },
   );
@@ -302,6 +307,38 @@ describe('percept tune', () => {
     const mixed = await run({ imageTokens: [140], draft }, '100');
     assert.equal(mixed.code, 1, mixed.stderr);
     assert.match(mixed.stdout, /chosen +none: 1 of 2 points failed \(FAILED above\), and none of the 1 measured meets the constraints/);
+  });
+
+  test('--real with --calibration is refused (not ignored)', async () => {
+    await assert.rejects(
+      tune(options({ mode: 'real', out: join(dir, 'refused-real/tuned.json') })),
+      /--calibration is for --virtual: --real measures every stage/,
+    );
+    assert.equal(existsSync(join(dir, 'refused-real')), false);
+  });
+
+  test("the written config keeps the base ladder's frame-skip rungs below the tuned ones", () => {
+    const base = loadConfig({
+      ...baseConfig,
+      ladder: { ...baseConfig.ladder, rungs: [{ imageTokens: 140 }, { imageTokens: 70, frameSkip: 1 }, { frameSkip: 3 }] },
+    });
+    type Level = Parameters<typeof tunedConfig>[2][number];
+    const level = (index: number, imageTokens: number, decode: number): Level =>
+      ({
+        index,
+        label: `imageTokens=${imageTokens}`,
+        knobs: { ...baseKnobs(base), imageTokens },
+        ladder: { imageTokens, maxNewTokens: 113, draft: false, frameSkip: 0 },
+        serviceMs: { decode },
+      }) as unknown as Level;
+    const out = join(dir, 'skips/tuned.json');
+    const step = { rung: { imageTokens: 70 } } as Parameters<typeof tunedConfig>[3][number];
+    const config = tunedConfig(out, base, [level(0, 140, 120), level(1, 70, 60)], [step], 200);
+    mkdirSync(join(dir, 'skips'), { recursive: true });
+    writeFileSync(out, JSON.stringify(config));
+    const written = loadConfig(out);
+    assert.deepEqual(written.ladder.rungs, [{ imageTokens: 70 }, { frameSkip: 1 }, { frameSkip: 3 }]);
+    assert.deepEqual(written.virtualServiceMs, { decode: [120, 60, 60, 60] });
   });
 
   test('a grid it cannot run is refused before anything runs, naming the JSON path', { timeout: 600_000 }, async () => {
