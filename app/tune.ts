@@ -18,8 +18,10 @@
 // saved per unit of quality lost, each level's stage costs as its virtualServiceMs.
 //
 // Resume: a state file next to --out (NAME.tune-state.json) holds each measured point under a key
-// that hashes the point's whole config with the bag, labels, reference and model files; a rerun
-// measures only the points it lacks. SIGINT/SIGTERM stop the point in flight, which is not kept.
+// that hashes the point's whole config with the bag, labels, reference and model files, the native
+// addon, and on the real clock the machine; a rerun measures only the points it lacks. SIGINT/SIGTERM
+// stop the point in flight, which is not kept (exit 130/143). A point that fails is a FAILED row and
+// exit 1; with nothing chosen an earlier config at --out is removed (exit 2).
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
