@@ -499,7 +499,7 @@ program
   .option('--grid <file>', 'the knobs and values to sweep (configs/tune-grid.schema.json; default: the ladder knobs of the config)')
   .option(
     '--objective <spec>',
-    "what picks the point, e.g. 'max accuracy s.t. p99<=budget' (default: that, with the best quality measurable)",
+    "what picks the point, e.g. 'max accuracy s.t. p99<=budget, drop<=0.05' (default: that, with the best quality measurable)",
   )
   .option('-l, --labels <file>', 'expected actions, JSON lines (default: <bag>.labels.jsonl when it exists)')
   .option('--reference <config>', 'a config whose decoder is the reference (e.g. F16): token agreement with it per point')
@@ -514,15 +514,22 @@ program
   .option('--no-progress', 'no progress bar')
   .option('--json', 'print the result as JSON')
   .action(async (opts) => {
-    const { formatTune, tune, TuneInterrupted } = await import('./tune.ts');
+    const { failedPoints, formatTune, tune, TuneInterrupted } = await import('./tune.ts');
     try {
       const result = await tune({ ...opts, mode: opts.virtual ? 'virtual' : opts.real ? 'real' : undefined });
       process.stdout.write(opts.json ? `${JSON.stringify(result, null, 2)}\n` : formatTune(result));
-      if (!result.chosen) process.exitCode = 2;
+      // A point that failed is a sweep not done (as in bench ladder): exit 1, which and why.
+      const failed = failedPoints(result);
+      for (const line of failed) process.stderr.write(`percept: tune point failed: ${line.replace(/\s*\n\s*/g, ' ')}\n`);
+      if (failed.length > 0) {
+        process.stderr.write(`percept: ${failed.length} of ${result.points.length} points failed (a rerun tries them again)\n`);
+        process.exitCode = 1;
+      } else if (!result.chosen) process.exitCode = 2;
     } catch (err) {
       if (!(err instanceof TuneInterrupted)) throw err;
       process.stderr.write(`percept: ${err.message}\n`);
-      process.exitCode = 130;
+      // The shell's 128 + the signal: 130 for Ctrl-C, 143 for a kill.
+      process.exitCode = err.signal === 'SIGTERM' ? 143 : 130;
     }
   });
 

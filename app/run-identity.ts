@@ -6,7 +6,7 @@
 // tells runs apart. A run on the real clock is a new run every time: its id is random (the publisher's).
 import { createHash } from 'node:crypto';
 import { createReadStream, readdirSync, readFileSync, statSync } from 'node:fs';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import type { PerceptConfig } from '../pipeline/config.ts';
 import type { ActionSchema } from '../nodes/action-schema.ts';
 import { resolveModel, type ModelKind } from '../models/resolve.ts';
@@ -68,8 +68,27 @@ async function sourceIdentity(source: PerceptConfig['source']): Promise<object> 
   return { ...source, files: names.length, sha256: hash.digest('hex') };
 }
 
+/** Hashes already read in this process, by path, size and modification time (ns): a tune names every
+ * grid point's run by its model files, and reads each (gigabytes) once, not once per point. A file
+ * modified less than RACY_NS before it was read is read again next time (file times are as coarse
+ * as the kernel's tick: a rewrite of the same size within it keeps both). */
+const hashed = new Map<string, Promise<string>>();
+const RACY_NS = 2_000_000_000n;
+
 export async function sha256File(path: string): Promise<string> {
-  const hash = createHash('sha256');
-  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
-  return hash.digest('hex');
+  const { size, mtimeNs } = statSync(path, { bigint: true });
+  const key = `${resolve(path)}\0${size}\0${mtimeNs}`;
+  const cached = hashed.get(key);
+  if (cached) return cached;
+  const readAtNs = BigInt(Date.now()) * 1_000_000n;
+  const digest = (async () => {
+    const hash = createHash('sha256');
+    for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
+    return hash.digest('hex');
+  })();
+  if (mtimeNs < readAtNs - RACY_NS) {
+    hashed.set(key, digest);
+    digest.catch(() => hashed.delete(key));
+  }
+  return digest;
 }

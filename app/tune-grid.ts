@@ -8,6 +8,7 @@
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { Ajv } from 'ajv';
+import { DRAFT_MAX } from '../native/llama.ts';
 import { ConfigError, describeAjvError, loadConfig, type ConfigIssue, type PerceptConfig } from '../pipeline/config.ts';
 import type { Knobs } from '../pipeline/types.ts';
 import { parseSourceSpec } from './run.ts';
@@ -41,6 +42,9 @@ export interface Grid {
   readonly listed: readonly KnobName[];
   /** The grid file, or '(default grid)'. */
   readonly origin: string;
+  /** The combinations to run (per knob, the index of its value), when not every one of the axes':
+   * the virtual mode's default grid, the ladder's own levels. */
+  readonly combos?: readonly Readonly<Record<KnobName, number>>[];
 }
 
 export interface GridPoint {
@@ -92,11 +96,11 @@ export function speculatorOf(d: {
   return d.ngram ? { kind: 'ngram', ...max } : { kind: 'none' };
 }
 
-/** The same speculation: kind, model and longest draft. */
+/** The same speculation: kind, model and longest draft (none given is the decoder's DRAFT_MAX). */
 export const sameDraft = (a: DraftChoice, b: DraftChoice): boolean =>
   a.kind === b.kind &&
   ('model' in a ? a.model : null) === ('model' in b ? b.model : null) &&
-  (('max' in a ? a.max : undefined) ?? null) === (('max' in b ? b.max : undefined) ?? null);
+  (a.kind === 'none' || (('max' in a ? a.max : undefined) ?? DRAFT_MAX) === (('max' in b ? b.max : undefined) ?? DRAFT_MAX));
 
 /** The base config's own knobs (a grid leaves out what it does not sweep). Drafting off at the
  * ladder's first level is no speculation: no rung can turn it on. */
@@ -127,19 +131,31 @@ const single = (k: PointKnobs): Grid['axes'] => ({
 });
 
 /** Without a grid file: the ladder's own knobs of the base config: the image-token counts of its
- * levels, and drafting on and off when it drafts. */
-export function defaultGrid(config: PerceptConfig): Grid {
+ * levels, and drafting on and off when it drafts. Every combination of the two (`levels` false: real
+ * runs measure any), or (`levels` true: the virtual mode, where a calibration measured only the
+ * ladder's levels) the ladder's own levels, each once. */
+export function defaultGrid(config: PerceptConfig, opts: { readonly levels?: boolean } = {}): Grid {
   const base = baseKnobs(config);
   let knobs: Knobs = config.ladder.initial;
-  const imageTokens = new Set([knobs.imageTokens]);
+  const levels = [knobs];
   for (const rung of config.ladder.rungs) {
     knobs = { ...knobs, ...rung };
-    imageTokens.add(knobs.imageTokens);
+    levels.push(knobs);
   }
+  const imageTokens = [...new Set(levels.map((l) => l.imageTokens))];
   const draft: DraftChoice[] = base.draft.kind === 'none' ? [base.draft] : [base.draft, { kind: 'none' }];
-  const listed: KnobName[] = imageTokens.size > 1 ? ['imageTokens'] : [];
+  const listed: KnobName[] = imageTokens.length > 1 ? ['imageTokens'] : [];
   if (draft.length > 1) listed.push('draft');
-  return { axes: { ...single(base), imageTokens: [...imageTokens], draft }, listed, origin: '(default grid)' };
+  const axes = { ...single(base), imageTokens, draft };
+  if (!opts.levels) return { axes, listed, origin: '(default grid)' };
+  // Drafting on is the base speculator (draft[0]); off is the last value.
+  const at = (l: Knobs) => `${imageTokens.indexOf(l.imageTokens)}:${l.draft ? 0 : draft.length - 1}`;
+  const combos = [...new Set(levels.map(at))].map((key) => {
+    const [i, d] = key.split(':').map(Number) as [number, number];
+    return { ...Object.fromEntries(KNOB_NAMES.map((name) => [name, 0])), imageTokens: i, draft: d } as Record<KnobName, number>;
+  });
+  const varies = (name: KnobName) => new Set(combos.map((c) => c[name])).size > 1;
+  return { axes, listed: listed.filter(varies), origin: "(default grid: the ladder's levels)", combos };
 }
 
 /** Reads and checks a grid file against the base config; throws GridError naming every problem. */
@@ -226,11 +242,13 @@ export function knobText(name: KnobName, value: unknown): string {
   }
 }
 
-/** Every combination of the axes' values, the first knob varying slowest. */
+/** Every combination of the axes' values, the first knob varying slowest (or the grid's own
+ * combinations, in their order). */
 export function gridPoints(grid: Grid): GridPoint[] {
-  const varying = KNOB_NAMES.filter((name) => grid.axes[name].length > 1);
   let combos: Record<string, number>[] = [{}];
   for (const name of KNOB_NAMES) combos = combos.flatMap((c) => grid.axes[name].map((_, i) => ({ ...c, [name]: i })));
+  if (grid.combos) combos = grid.combos.map((c) => ({ ...c }));
+  const varying = KNOB_NAMES.filter((name) => new Set(combos.map((c) => c[name])).size > 1);
   return combos.map((at, index) => {
     const knobs = Object.fromEntries(KNOB_NAMES.map((name) => [name, grid.axes[name][at[name]!]])) as unknown as PointKnobs;
     const label = varying.map((name) => `${name}=${knobText(name, knobs[name])}`).join(' ') || 'base';

@@ -2,20 +2,24 @@
 // (quality against end-to-end p99), the degrade ladder below the chosen point, and the printed table.
 //
 // Objective: `max METRIC [s.t. CONSTRAINT, …]` for a quality metric (accuracy, iou, agreement,
-// valid), or `min METRIC [s.t. …]` for a cost (p50, p99, miss); a constraint is `METRIC<=X` or
+// valid), or `min METRIC [s.t. …]` for a cost (p50, p99, miss, drop); a constraint is `METRIC<=X` or
 // `METRIC>=X`, X a number (ms for p50/p99, a fraction for the rates) or `budget` (--budget-ms).
-// A bare quality metric is `max METRIC s.t. p99<=budget`. Ties go to the lower p99, then to the
-// earlier grid point.
+// p99, valid, miss and the qualities only see the frames published; drop (frames not published ÷
+// frames in, every drop reason counted) bounds the rest. A bare quality metric (and the default) is
+// `max METRIC s.t. p99<=budget, drop<=0.05`. Ties go to the lower p99, then to the earlier grid point.
 //
 // Ladder: from the chosen point, each rung steps to the measured point that the ladder can reach (same
 // model, KV type, threads, GPU layers, edges; fewer image tokens, fewer new tokens or drafting off)
-// and saves the most p99 per unit of quality lost; a step that loses nothing comes first. The next
-// rung starts from there, until no such point is faster.
+// and saves the most p99 per unit of quality lost; a step that loses nothing comes first. A rung
+// saves at least 1 ms and 2 % of the p99 above it (less is noise). The next rung starts from there,
+// until no such point is faster.
 import type { Knobs } from '../pipeline/types.ts';
 import { KNOB_NAMES, knobText, sameDraft, type PointKnobs } from './tune-grid.ts';
 
 export const QUALITY_METRICS = ['accuracy', 'iou', 'agreement', 'valid'] as const;
-export const COST_METRICS = ['p50', 'p99', 'miss'] as const;
+export const COST_METRICS = ['p50', 'p99', 'miss', 'drop'] as const;
+/** The default objective's bound on the frames not published. */
+export const DEFAULT_MAX_DROP = 0.05;
 export type Metric = (typeof QUALITY_METRICS)[number] | (typeof COST_METRICS)[number];
 
 export interface Constraint {
@@ -53,7 +57,7 @@ export function defaultQuality(have: Measurable): (typeof QUALITY_METRICS)[numbe
   return have.labels ? 'accuracy' : have.reference ? 'agreement' : 'valid';
 }
 
-/** Parses --objective (absent: `max <default quality> s.t. p99<=budget`). */
+/** Parses --objective (absent: `max <default quality> s.t. p99<=budget, drop<=0.05`). */
 export function parseObjective(spec: string | undefined, have: Measurable): Objective {
   const text = (spec ?? defaultQuality(have)).trim().replace(/\s+/g, ' ');
   const bare = isQuality(text);
@@ -71,7 +75,7 @@ export function parseObjective(spec: string | undefined, have: Measurable): Obje
   if (sense === 'min' && isQuality(metric))
     throw new Error(`--objective '${text}': min is for a cost (${COST_METRICS.join(', ')}); use max ${metric}`);
   checkAvailable(metric, have, text);
-  const constraintText = bare ? 'p99<=budget' : (m![3] ?? '');
+  const constraintText = bare ? `p99<=budget, drop<=${DEFAULT_MAX_DROP}` : (m![3] ?? '');
   const constraints = constraintText
     .split(/,| and /)
     .map((c) => c.trim())
@@ -90,7 +94,7 @@ export function parseObjective(spec: string | undefined, have: Measurable): Obje
       return { metric: name, op, value };
     });
   const quality = isQuality(metric) ? metric : (constraints.map((c) => c.metric).find(isQuality) ?? defaultQuality(have));
-  return { sense, metric, constraints, quality, text: bare ? `max ${text} s.t. p99<=budget` : text };
+  return { sense, metric, constraints, quality, text: bare ? `max ${text} s.t. ${constraintText}` : text };
 }
 
 // ---- results ---------------------------------------------------------------------------------------
@@ -115,6 +119,8 @@ export interface PointResult {
   readonly endToEnd: Quantiles;
   readonly stages: Readonly<Record<string, Quantiles>>;
   readonly missRate: number | null;
+  /** Frames not published ÷ frames in, whatever dropped them (null: no frame came in). */
+  readonly dropRate: number | null;
   readonly validRate: number | null;
   readonly accuracy: number | null;
   readonly iou: number | null;
@@ -135,6 +141,8 @@ export function metricOf(r: PointResult, metric: Metric): number | null {
       return r.validRate;
     case 'miss':
       return r.missRate;
+    case 'drop':
+      return r.dropRate;
     case 'p50':
       return r.endToEnd.p50Ms;
     case 'p99':
@@ -198,6 +206,10 @@ export function rungBetween(from: PointResult, to: PointResult): Partial<Knobs> 
   return Object.keys(rung).length > 0 ? rung : null;
 }
 
+/** The least p99 a rung must save: 1 ms, and 2 % of the p99 of the level above. */
+export const MIN_RUNG_SAVING_MS = 1;
+export const MIN_RUNG_SAVING_SHARE = 0.02;
+
 export interface LadderStep {
   readonly rung: Partial<Knobs>;
   /** The grid point this level runs as. */
@@ -222,7 +234,8 @@ export function orderLadder(results: readonly PointResult[], chosen: PointResult
       const rung = rungBetween(at, r);
       if (!rung) continue;
       const savedMs = at.endToEnd.p99Ms! - r.endToEnd.p99Ms!;
-      if (!(savedMs > 0)) continue;
+      // Less is noise (a free "saving" of a few µs would be the first rung).
+      if (!(savedMs >= Math.max(MIN_RUNG_SAVING_MS, MIN_RUNG_SAVING_SHARE * at.endToEnd.p99Ms!))) continue;
       const qualityLost = metricOf(at, quality)! - metricOf(r, quality)!;
       const ratio = qualityLost > 0 ? savedMs / qualityLost : Infinity;
       const better = !best || ratio > best.ratio || (ratio === best.ratio && savedMs > best.step.savedMs);
@@ -263,6 +276,7 @@ export function formatTable(t: TableInput): string {
       (r) => (r.stages[s] ? `${ms(r.stages[s].p50Ms)}/${ms(r.stages[s].p99Ms)}` : '-'),
     ]),
     ['miss', (r) => pct(r.missRate)],
+    ['drop', (r) => pct(r.dropRate)],
     ['valid', (r) => pct(r.validRate)],
     ...(t.measurable.labels && t.objective.quality !== 'accuracy'
       ? [['accuracy', (r: PointResult) => pct(r.accuracy)] as [string, (r: PointResult) => string]]

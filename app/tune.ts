@@ -18,13 +18,17 @@
 // saved per unit of quality lost, each level's stage costs as its virtualServiceMs.
 //
 // Resume: a state file next to --out (NAME.tune-state.json) holds each measured point under a key
-// that hashes the point's whole config with the bag, labels, reference and model files; a rerun
-// measures only the points it lacks. SIGINT/SIGTERM stop the point in flight, which is not kept.
+// that hashes the point's whole config with the bag, labels, reference and model files, the native
+// addon, and on the real clock the machine; a rerun measures only the points it lacks. SIGINT/SIGTERM
+// stop the point in flight, which is not kept (exit 130/143). A point that fails is a FAILED row and
+// exit 1; with nothing chosen an earlier config at --out is removed (exit 2).
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { dirname, isAbsolute, join, relative, resolve, sep } from 'node:path';
+import { execFileSync } from 'node:child_process';
+import { cpus, tmpdir } from 'node:os';
+import { basename, dirname, isAbsolute, join, relative, resolve, sep } from 'node:path';
 import cliProgress from 'cli-progress';
+import { ADDON_PATH } from '../native/binding.ts';
 import { LlamaModel } from '../native/llama.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import { actionTokenBudget } from '../nodes/decoder.ts';
@@ -118,16 +122,20 @@ export interface TuneResult {
   readonly ladder: readonly LadderStep[];
   /** The config written, or null when no point met the objective's constraints. */
   readonly out: string | null;
+  /** An earlier tune's config at --out, removed because this tune chose nothing. */
+  readonly removed: string | null;
   readonly state: string;
 }
 
 /** Ctrl-C or kill during a tune: the measured points are in the state file. */
 export class TuneInterrupted extends Error {
+  readonly signal: string;
   constructor(signal: string, done: number, total: number, state: string) {
     super(
       `tune interrupted by ${signal} after ${done} of ${total} points (kept in ${state}); run the same command again to measure the rest`,
     );
     this.name = 'TuneInterrupted';
+    this.signal = signal;
   }
 }
 
@@ -183,6 +191,33 @@ function writeState(path: string, state: StateFile): void {
  * version), hashed with what it is measured against. */
 async function runKey(config: PerceptConfig, schema: ActionSchema, against: object): Promise<string> {
   return sha256(JSON.stringify({ run: await runIdentity(config, schema), against }));
+}
+
+/** What a measurement depends on besides the run itself: the native addon that ran it (percept's
+ * version does not change with a rebuild), and on the real clock the machine (CPU, cores, GPU). */
+export async function measurementEnvironment(mode: 'virtual' | 'real'): Promise<object> {
+  const size = statSync(ADDON_PATH, { throwIfNoEntry: false })?.size;
+  const addon = size === undefined ? null : { bytes: size, sha256: await sha256File(ADDON_PATH) };
+  if (mode !== 'real') return { addon };
+  const cpu = cpus();
+  return { addon, machine: { cpu: cpu[0]?.model ?? 'unknown', cores: cpu.length, arch: process.arch, gpu: gpuNames() } };
+}
+
+/** The GPUs nvidia-smi lists (none when there is no nvidia-smi). */
+function gpuNames(): string[] {
+  try {
+    const text = execFileSync('nvidia-smi', ['--query-gpu=name', '--format=csv,noheader'], {
+      encoding: 'utf8',
+      timeout: 10_000,
+      stdio: ['ignore', 'pipe', 'ignore'],
+    });
+    return text
+      .split('\n')
+      .map((line) => line.trim())
+      .filter(Boolean);
+  } catch {
+    return [];
+  }
 }
 
 // ---- signals and progress ----------------------------------------------------------------------------
@@ -296,6 +331,7 @@ function resultOf(point: GridPoint, ladder: Knobs, metrics: EvalMetrics, service
     endToEnd: { p50Ms: metrics.endToEnd.p50Ms, p99Ms: metrics.endToEnd.p99Ms },
     stages,
     missRate: metrics.deadlineMissRate,
+    dropRate: metrics.frames.in > 0 ? (metrics.frames.in - metrics.frames.out) / metrics.frames.in : null,
     validRate: metrics.validRate,
     accuracy: metrics.accuracy?.action ?? null,
     iou: metrics.accuracy?.meanIoU ?? null,
@@ -317,6 +353,7 @@ function failedResult(point: GridPoint, ladder: Knobs, error: string): PointResu
     endToEnd: { p50Ms: null, p99Ms: null },
     stages: {},
     missRate: null,
+    dropRate: null,
     validRate: null,
     accuracy: null,
     iou: null,
@@ -437,7 +474,15 @@ async function planPoints(plan: Plan): Promise<PlannedPoint[]> {
 async function measureReference(
   reference: PerceptConfig,
   source: PerceptConfig['source'],
-  ctx: { state: StateFile; statePath: string; schema: ActionSchema; workDir: string; interruption: Interruption; progress: Progress },
+  ctx: {
+    state: StateFile;
+    statePath: string;
+    schema: ActionSchema;
+    workDir: string;
+    interruption: Interruption;
+    progress: Progress;
+    environment: object;
+  },
 ): Promise<boolean> {
   const config = loadConfig({
     ...reference,
@@ -450,7 +495,7 @@ async function measureReference(
     control: { ...reference.control, enabled: false },
     telemetry: { ...reference.telemetry, liveTable: 'off' },
   });
-  const key = await runKey(config, loadActionSchema(config.actions.schema), {});
+  const key = await runKey(config, loadActionSchema(config.actions.schema), { environment: ctx.environment });
   if (ctx.state.reference?.key === key) return true;
   ctx.progress.point('reference');
   const recording = await replay(config, ctx.interruption, ctx.progress);
@@ -513,10 +558,12 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
     throw new Error(
       '--virtual needs the stage costs percept calibrate measured: --calibration FILE (or a config whose virtualServiceMs names one)',
     );
+  if (mode === 'real' && opts.calibration?.length)
+    throw new Error('--calibration is for --virtual: --real measures every stage on this machine (leave out one or the other)');
   if (mode === 'real' && opts.pace !== undefined) throw new Error('--pace is for --virtual: --real replays the bag at its recorded pace');
   const calibrations = mode === 'virtual' ? calibrationPaths.map(readCalibration) : [];
   const replayKind: Replay = mode === 'real' ? 'real' : opts.pace === 'recorded' ? 'virtual-recorded' : 'lockstep';
-  const grid = opts.grid ? loadGrid(resolve(opts.grid), base) : defaultGrid(base);
+  const grid = opts.grid ? loadGrid(resolve(opts.grid), base) : defaultGrid(base, { levels: mode === 'virtual' });
 
   const out = resolve(opts.out);
   const statePath = `${out.replace(/\.json$/, '')}.tune-state.json`;
@@ -531,13 +578,28 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
     const progress = progressBar(opts.progress !== false, planned.length);
     const interrupted = () => new TuneInterrupted(interruption.signal!, results.length, planned.length, statePath);
     try {
+      // The reference run is virtual (lockstep, nothing charged): the machine is no part of it.
+      const environment = await measurementEnvironment(mode);
       if (!reference) delete state.reference;
       else if (
-        !(await measureReference(reference, planned[0]!.config.source, { state, statePath, schema, workDir, interruption, progress }))
+        !(await measureReference(reference, planned[0]!.config.source, {
+          state,
+          statePath,
+          schema,
+          workDir,
+          interruption,
+          progress,
+          environment: await measurementEnvironment('virtual'),
+        }))
       )
         throw interrupted();
-      // Measured against the labels and the reference: another of either is another measurement.
-      const against = { labels: labelsPath ? await sha256File(labelsPath) : null, reference: state.reference?.key ?? null };
+      // Measured against the labels and the reference, by this addon (and machine, on the real clock):
+      // another of any is another measurement.
+      const against = {
+        labels: labelsPath ? await sha256File(labelsPath) : null,
+        reference: state.reference?.key ?? null,
+        environment,
+      };
       const agreementWith = state.reference ? { recording: referenceRecording(state.reference.frames), name: referencePath! } : undefined;
       const keys: string[] = [];
       for (const { point, config, ladder, serviceMs } of planned) {
@@ -584,9 +646,14 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
   const front = paretoFront(results, objective.quality);
   const chosen = choose(results, objective, opts.budgetMs);
   const ladder = chosen ? orderLadder(results, chosen, objective.quality) : [];
+  let removed: string | null = null;
   if (chosen) {
     const levels = [chosen, ...ladder.map((step) => results.find((r) => r.index === step.index)!)];
     writeTunedConfig(out, base, levels, ladder, opts.budgetMs);
+  } else if (existsSync(out)) {
+    // An earlier tune's choice would read as this one's: this tune chose nothing.
+    rmSync(out);
+    removed = out;
   }
   return {
     kind: 'percept.tune',
@@ -613,6 +680,7 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
     chosen: chosen ? { index: chosen.index, label: chosen.label, knobs: chosen.knobs } : null,
     ladder,
     out: chosen ? out : null,
+    removed,
     state: statePath,
   };
 }
@@ -641,7 +709,33 @@ function writeTunedConfig(
   steps: readonly LadderStep[],
   budgetMs: number,
 ): void {
+  const text = `${JSON.stringify(tunedConfig(out, base, levels, steps, budgetMs), null, 2)}\n`;
+  // Validated before it takes --out's place (in the same folder: its paths are relative to it).
+  const partial = join(dirname(out), `.${basename(out, '.json')}.partial.json`);
+  writeFileSync(partial, text);
+  try {
+    loadConfig(partial);
+  } catch (err) {
+    rmSync(partial, { force: true });
+    throw new Error(`tune made a config for ${out} that does not load (nothing written): ${(err as Error).message}`, { cause: err });
+  }
+  renameSync(partial, out);
+}
+
+/**
+ * The config written to `out` (see writeTunedConfig). The base ladder's frame-skip rungs (no grid
+ * point measures skipping) stay below the tuned rungs, each at the last level's stage costs.
+ */
+export function tunedConfig(
+  out: string,
+  base: PerceptConfig,
+  levels: readonly PointResult[],
+  steps: readonly LadderStep[],
+  budgetMs: number,
+): Record<string, unknown> {
   const chosen = levels[0]!;
+  const skips = base.ladder.rungs.flatMap((rung) => (rung.frameSkip !== undefined ? [{ frameSkip: rung.frameSkip }] : []));
+  const costs = [...levels, ...skips.map(() => levels.at(-1)!)];
   const stages = [...new Set(levels.flatMap((l) => Object.keys(l.serviceMs)))];
   const config: Record<string, unknown> = {
     $schema: relativeWithin(dirname(out), CONFIG_SCHEMA),
@@ -649,8 +743,8 @@ function writeTunedConfig(
     decoder: pointDecoder(base.decoder, chosen.knobs),
     edges: chosen.knobs.edges,
     budgets: budgetsFor(base.budgets, budgetMs),
-    ladder: { ...base.ladder, enabled: true, initial: chosen.ladder, rungs: steps.map((step) => step.rung) },
-    virtualServiceMs: Object.fromEntries(stages.map((s) => [s, levels.map((l) => l.serviceMs[s] ?? 0)])),
+    ladder: { ...base.ladder, enabled: true, initial: chosen.ladder, rungs: [...steps.map((step) => step.rung), ...skips] },
+    virtualServiceMs: Object.fromEntries(stages.map((s) => [s, costs.map((l) => l.serviceMs[s] ?? 0)])),
   };
   for (const keys of PATH_FIELDS) {
     const parent = keys.slice(0, -1).reduce<unknown>((node, key) => (node as Record<string, unknown> | undefined)?.[key], config) as
@@ -658,13 +752,12 @@ function writeTunedConfig(
     const value = parent?.[keys.at(-1)!];
     if (typeof value === 'string' && isAbsolute(value)) parent![keys.at(-1)!] = relativeWithin(dirname(out), value);
   }
-  const text = `${JSON.stringify(config, null, 2)}\n`;
-  writeFileSync(out, text);
-  try {
-    loadConfig(out);
-  } catch (err) {
-    throw new Error(`tune wrote ${out} but it does not load: ${(err as Error).message}`, { cause: err });
-  }
+  return config;
+}
+
+/** The points that could not be measured, each with why (a rerun tries them again). */
+export function failedPoints(result: TuneResult): string[] {
+  return result.points.filter((p) => p.status === 'failed').map((p) => `${p.label}: ${p.error ?? 'failed'}`);
 }
 
 /** The report printed after a tune (the Pareto table and what was chosen). */
@@ -688,10 +781,20 @@ export function formatTune(result: TuneResult): string {
     `mode       ${result.mode} (${result.replay === 'real' ? 'real clock, the bag at its recorded pace' : result.replay === 'lockstep' ? 'virtual clock, lockstep, calibrated stage costs' : 'virtual clock, recorded pace, calibrated stage costs'})${result.calibrations.length ? `: ${result.calibrations.join(', ')}` : ''}`,
     `objective  ${result.objective}, budget ${result.budgetMs} ms`,
   ];
+  const failed = result.points.filter((p) => p.status === 'failed').length;
+  const n = result.points.length;
   if (!chosen) {
-    lines.push('chosen     none: no point meets the constraints; nothing written');
+    lines.push(
+      failed === n
+        ? 'chosen     none: every point failed (FAILED above); nothing written'
+        : failed > 0
+          ? `chosen     none: ${failed} of ${n} points failed (FAILED above), and none of the ${n - failed} measured meets the constraints; nothing written`
+          : 'chosen     none: no point meets the constraints; nothing written',
+    );
+    if (result.removed) lines.push(`removed    ${result.removed} (an earlier tune's choice, not this one's)`);
     return `${lines.join('\n')}\n`;
   }
+  if (failed > 0) lines.push(`failed     ${failed} of ${n} points (FAILED above): chosen among the ${n - failed} measured`);
   lines.push(
     `chosen     ${knobsText(chosen.knobs)} (${result.quality} ${q(metricOf(chosen, result.quality))}, p99 ${chosen.endToEnd.p99Ms?.toFixed(1)} ms)`,
   );

@@ -3,9 +3,9 @@
 // where it records is no part of it.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { replayRunId, runIdentity } from '../app/run-identity.ts';
+import { replayRunId, runIdentity, sha256File } from '../app/run-identity.ts';
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { loadConfig, type PerceptConfig } from '../pipeline/config.ts';
 
@@ -79,6 +79,26 @@ describe('run identity', () => {
       writeFileSync(model, modelBytes);
     }
     assert.equal(await idOf(replay()), id, 'the files as they were: the id as it was');
+  });
+
+  test('a file is hashed once per path, size and modification time; one modified just before is read again', async () => {
+    const file = join(dir, 'hashed.bin');
+    const hour = Date.now() / 1000 - 3600;
+    writeFileSync(file, 'first');
+    utimesSync(file, hour, hour);
+    const first = await sha256File(file);
+    // Other bytes of the same size with the same times: the hash read before (it was not read again).
+    writeFileSync(file, 'other');
+    utimesSync(file, hour, hour);
+    assert.equal(await sha256File(file), first);
+    utimesSync(file, hour + 1, hour + 1);
+    const other = await sha256File(file);
+    assert.notEqual(other, first);
+    // Written just now: the same size rewritten within the file time's tick is still told apart.
+    writeFileSync(file, 'third');
+    const third = await sha256File(file);
+    writeFileSync(file, 'fifth');
+    assert.notEqual(await sha256File(file), third);
   });
 
   test("a folder is named by its files' names and bytes; a pattern by its config", async () => {

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../pipeline/config.ts';
-import { GridError, baseKnobs, defaultGrid, gridPoints, loadGrid, pointConfig, type PointKnobs } from '../app/tune-grid.ts';
+import { GridError, baseKnobs, defaultGrid, gridPoints, loadGrid, pointConfig, sameDraft, type PointKnobs } from '../app/tune-grid.ts';
 import { calibratedCost, readCalibration } from '../app/tune-costs.ts';
 import { choose, formatTable, orderLadder, paretoFront, parseObjective, rungBetween, type PointResult } from '../app/tune-select.ts';
 
@@ -149,10 +149,15 @@ describe('objective', () => {
     assert.deepEqual(parseObjective('accuracy', all), {
       sense: 'max',
       metric: 'accuracy',
-      constraints: [{ metric: 'p99', op: '<=', value: 'budget' }],
+      constraints: [
+        { metric: 'p99', op: '<=', value: 'budget' },
+        { metric: 'drop', op: '<=', value: 0.05 },
+      ],
       quality: 'accuracy',
-      text: 'max accuracy s.t. p99<=budget',
+      text: 'max accuracy s.t. p99<=budget, drop<=0.05',
     });
+    assert.equal(parseObjective(undefined, all).text, 'max accuracy s.t. p99<=budget, drop<=0.05');
+    assert.deepEqual(parseObjective('min p99 s.t. drop<=0.1', all).constraints, [{ metric: 'drop', op: '<=', value: 0.1 }]);
     assert.equal(parseObjective(undefined, all).metric, 'accuracy');
     assert.equal(parseObjective(undefined, { labels: false, reference: true }).metric, 'agreement');
     assert.equal(parseObjective(undefined, { labels: false, reference: false }).metric, 'valid');
@@ -207,6 +212,7 @@ function point(knobs: Partial<PointKnobs>, p99: number | null, accuracy: number 
     agreement: null,
     serviceMs: {},
     ...extra,
+    dropRate: extra.frames ? (extra.frames.in - extra.frames.out) / extra.frames.in : 0,
   };
 }
 const ON = KNOBS.draft;
@@ -236,6 +242,23 @@ describe('choosing', () => {
     assert.equal(pick('min p99', 1000), 5);
     const tie = [point({}, 50, 0.5), point({}, 50, 0.5)];
     assert.equal(choose(tie, parseObjective('accuracy', { labels: true, reference: false }), 100), tie[0]);
+  });
+
+  test('a point that drops most frames does not win by default: its published frames alone look best', () => {
+    // Conflated: 2 of 10 frames published, both right and fast.
+    const dropping = point({ imageTokens: 70, draft: OFF }, 60, 1, {
+      frames: { in: 10, out: 2, dropped: 8 },
+      dropsByReason: { conflated: 8 },
+      missRate: 0,
+    });
+    const withIt = [...results, dropping];
+    const pick = (spec: string | undefined) => choose(withIt, parseObjective(spec, { labels: true, reference: false }), 250)?.index;
+    assert.equal(dropping.dropRate, 0.8);
+    assert.equal(pick(undefined), 1);
+    assert.equal(pick('accuracy'), 1);
+    assert.equal(pick('max accuracy s.t. p99<=budget'), dropping.index, 'unbounded, it wins');
+    assert.equal(pick('max accuracy s.t. p99<=budget, drop<=0.8'), dropping.index);
+    assert.equal(pick('min p99 s.t. drop<=0.05'), 5);
   });
 
   test('the Pareto front: no other point is as good and faster, or better and as fast', () => {
@@ -269,6 +292,16 @@ describe('choosing', () => {
       ],
     );
     assert.deepEqual(orderLadder(results, results[4]!, 'accuracy'), [], 'nothing below the cheapest point');
+    // Noise is no rung: 0.5 ms (under 1 ms) or 3 ms of 200 (under 2 %) saved for nothing lost.
+    next = 100;
+    const top = point({ imageTokens: 280, draft: ON }, 200, 0.9);
+    const noise = [point({ imageTokens: 280, draft: OFF }, 199.5, 0.9), point({ imageTokens: 140, draft: ON }, 197, 0.9)];
+    assert.deepEqual(orderLadder([top, ...noise], top, 'accuracy'), []);
+    const real = point({ imageTokens: 70, draft: ON }, 196, 0.9);
+    assert.deepEqual(
+      orderLadder([top, ...noise, real], top, 'accuracy').map((s) => s.index),
+      [real.index],
+    );
   });
 
   test('the table lists every point by p99 with the front, the chosen point and why a point is out', () => {
@@ -282,12 +315,12 @@ describe('choosing', () => {
       measurable: { labels: true, reference: false },
     });
     const lines = table.split('\n');
-    assert.match(lines[0]!, /point +accuracy +e2e p50 +e2e p99 +miss +valid +out\/in/);
+    assert.match(lines[0]!, /point +accuracy +e2e p50 +e2e p99 +miss +drop +valid +out\/in/);
     assert.equal(lines.length, 1 + results.length);
     assert.match(lines[1]!, /^ \* +280\/model\/q8_0 +60\.0% .* 90\.0 /);
     assert.match(table, /\n>\* +140\/model\/f16 +85\.0% /);
     assert.match(table, /\n +280\/model\/f16 .* 200\.0 .*infeasible/);
-    assert.match(table, /\n +70\/model\/f16 .* - .* 0\/10 +infeasible/);
+    assert.match(table, /\n +70\/model\/f16 .* - .* 100\.0% .* 0\/10 +infeasible/);
     assert.match(table, /FAILED: boom/);
   });
 });
@@ -341,6 +374,58 @@ describe('calibrated costs (virtual mode)', () => {
     assert.equal(knobOf(at({ imageTokens: 560 })), 'imageTokens');
     assert.equal(knobOf(at({ model: 'synth:gemma3-tiny' })), 'model');
     assert.equal(knobOf(at({}, true, 64, 'other.onnx')), 'encoder');
+  });
+
+  test("virtual mode's default grid is the ladder's own levels: each has a calibrated cost (no cross product)", () => {
+    // 280 drafted, 140, 70, then drafting off: a calibration of this config measured these four levels.
+    const config = loadConfig({
+      decoder: { model: 'synth:gemma4-tiny', draft: 'synth:gemma4-tiny-draft' },
+      encoder: { kind: 'mtmd', mmproj: 'synth:gemma4-vision-tiny' },
+      ladder: {
+        initial: { imageTokens: 280, maxNewTokens: 64, draft: true, frameSkip: 0 },
+        rungs: [{ imageTokens: 140 }, { imageTokens: 70 }, { draft: false }],
+      },
+    });
+    const calibration = write('ladder', { models: { ...models, draft: 'synth:gemma4-tiny-draft' } }, [
+      level(280, true),
+      level(140, true),
+      level(70, true),
+      level(70, false),
+    ]);
+    const points = gridPoints(defaultGrid(config, { levels: true }));
+    assert.deepEqual(
+      points.map((p) => p.label),
+      [
+        'draft=model:synth:gemma4-tiny-draft imageTokens=280',
+        'draft=model:synth:gemma4-tiny-draft imageTokens=140',
+        'draft=model:synth:gemma4-tiny-draft imageTokens=70',
+        'draft=none imageTokens=70',
+      ],
+    );
+    const costs = points.map((p) => calibratedCost([calibration], p.knobs, { knob: 64, bounded: true }, 'synth:gemma4-vision-tiny'));
+    assert.deepEqual(
+      costs.map((c) => ('serviceMs' in c ? c.serviceMs.decode : c.why)),
+      [100, 200, 300, 400],
+    );
+    // Real mode may measure every combination.
+    assert.equal(gridPoints(defaultGrid(config)).length, 6);
+  });
+
+  test("a draft length left out is the decoder's default (4): the same speculation as 4", () => {
+    assert.ok(sameDraft({ kind: 'ngram' }, { kind: 'ngram', max: 4 }));
+    assert.ok(sameDraft({ kind: 'model', model: 'd', max: 4 }, { kind: 'model', model: 'd' }));
+    assert.ok(!sameDraft({ kind: 'ngram' }, { kind: 'ngram', max: 2 }));
+    assert.ok(!sameDraft({ kind: 'model', model: 'd' }, { kind: 'model', model: 'e' }));
+    // A calibration made with draftMax 4 measured the point whose draft names no length, and back.
+    const ngram4 = write('ngram4', { models, decoder: { ngram: true, draftMax: 4, kvType: 'f16', threads: null, gpuLayers: 0 } }, [
+      level(280, true),
+    ]);
+    const cost = (draft: PointKnobs['draft']) =>
+      calibratedCost([ngram4], { ...KNOBS_PLAIN, imageTokens: 280, draft }, { knob: 64, bounded: true }, 'synth:gemma4-vision-tiny');
+    assert.deepEqual(cost({ kind: 'ngram' }), { serviceMs: { encode: 10, decode: 100 } });
+    assert.deepEqual(cost({ kind: 'ngram', max: 4 }), { serviceMs: { encode: 10, decode: 100 } });
+    const three = cost({ kind: 'ngram', max: 3 });
+    assert.equal('knob' in three ? three.knob : 'measured', 'draft');
   });
 
   test('a file that is not a calibration is refused', () => {

@@ -6,11 +6,12 @@
 import { before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFileSync, copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { evaluate, readRecording } from '../app/eval.ts';
-import { GridError } from '../app/tune-grid.ts';
-import { tune, type TuneOptions, type TuneResult } from '../app/tune.ts';
+import { GridError, baseKnobs } from '../app/tune-grid.ts';
+import { formatTune, measurementEnvironment, tune, tunedConfig, type TuneOptions, type TuneResult } from '../app/tune.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import type { RunSummary } from '../pipeline/telemetry/events.ts';
 import { makeSampleBag } from '../tools/make-sample-bag.ts';
@@ -61,8 +62,8 @@ const options = (extra: Partial<TuneOptions> & { out: string }): TuneOptions => 
 const byTokens = (result: TuneResult) => Object.fromEntries(result.points.map((p) => [p.knobs.imageTokens, p]));
 
 /** `percept ARGS` in a child; resolves with its exit code and output. */
-function percept(args: string[], onStart?: (child: ReturnType<typeof spawn>) => void) {
-  const child = spawn(process.execPath, [bin, ...args], { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
+function percept(args: string[], onStart?: (child: ReturnType<typeof spawn>) => void, env: NodeJS.ProcessEnv = {}) {
+  const child = spawn(process.execPath, [bin, ...args], { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let stdout = '';
   let stderr = '';
   child.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -108,7 +109,7 @@ describe('percept tune', () => {
       rmSync(join(dir, 'best'), { recursive: true, force: true });
       const result = await tune(options({ labels, out }));
       assert.equal(result.mode, 'virtual');
-      assert.equal(result.objective, 'max accuracy s.t. p99<=budget');
+      assert.equal(result.objective, 'max accuracy s.t. p99<=budget, drop<=0.05');
       assert.deepEqual([result.ran, result.resumed], [3, 0]);
       const p = byTokens(result);
       assert.equal(p[140]!.accuracy, 1);
@@ -156,64 +157,189 @@ describe('percept tune', () => {
       assert.deepEqual([tight.ran, tight.resumed], [0, 3]);
       assert.equal(tight.chosen?.label, 'imageTokens=70');
       assert.deepEqual(loadConfig(out).ladder.rungs, []);
+      // Nothing fits 50 ms: the config an earlier tune wrote is removed, not left to read as this one's.
+      const none = await tune(options({ labels, out, objective: 'max accuracy s.t. p99<=50' }));
+      assert.deepEqual([none.ran, none.chosen, none.out, none.removed], [0, null, null, out]);
+      assert.equal(existsSync(out), false);
+      assert.equal(existsSync(join(dir, 'best/.tuned.partial.json')), false);
+      assert.match(formatTune(none), /removed +\S+tuned\.json \(an earlier tune's choice, not this one's\)/);
     },
   );
 
   test(
-    'an interrupted tune (a real SIGINT to the child) keeps what it measured; the rerun measures only the rest',
+    'an interrupted tune (a real SIGTERM, then a SIGINT, to the child) keeps what it measured; the rerun measures only the rest',
     { timeout: 600_000 },
     async () => {
       rmSync(join(dir, 'resume'), { recursive: true, force: true });
+      mkdirSync(join(dir, 'resume'), { recursive: true });
       const out = join(dir, 'resume/tuned.json');
       const state = join(dir, 'resume/tuned.tune-state.json');
-      const args = [
+      // Six points, so that a signal sent once one (or one more) is kept lands with points left to run.
+      const grid = join(dir, 'resume/grid.json');
+      writeFileSync(grid, JSON.stringify({ knobs: { imageTokens: [280, 140, 70], maxNewTokens: [null, 256] } }));
+      const args = ['tune', '--bag', bag, '--budget-ms', '200', '--config', basePath, '--calibration', calibrationPath, '--grid', grid];
+      args.push('--out', out, '--no-progress', '--json');
+      const kept = () => (existsSync(state) ? Object.keys(statePoints(state)).length : 0);
+      const stopAfter = (points: number, signal: NodeJS.Signals) =>
+        percept(args, (child) => {
+          const poll = setInterval(() => {
+            if (kept() >= points) {
+              clearInterval(poll);
+              child.kill(signal);
+            }
+          }, 50);
+          child.on('exit', () => clearInterval(poll));
+        });
+      const first = await stopAfter(1, 'SIGTERM');
+      assert.equal(first.code, 143, first.stderr);
+      assert.match(first.stderr, /tune interrupted by SIGTERM after \d of 6 points .*run the same command again/);
+      assert.equal(existsSync(out), false, 'no config is written by an interrupted tune');
+      const k1 = kept();
+      assert.ok(k1 >= 1 && k1 < 6, `${k1} points kept`);
+      const second = await stopAfter(k1 + 1, 'SIGINT');
+      assert.equal(second.code, 130, second.stderr);
+      assert.match(second.stderr, /tune interrupted by SIGINT after \d of 6 points/);
+      const snapshot = statePoints(state);
+      const k = Object.keys(snapshot).length;
+      assert.ok(k > k1 && k < 6, `${k} points kept`);
+
+      const third = await percept(args);
+      assert.equal(third.code, 0, third.stderr);
+      const result = JSON.parse(third.stdout) as TuneResult;
+      assert.deepEqual([result.ran, result.resumed], [6 - k, k]);
+      // The points kept are taken as they were measured, not run again.
+      assert.equal((third.stderr.match(/replaying bag/g) ?? []).length, 6 - k);
+      for (const point of result.points.filter((x) => x.resumed)) {
+        const { pareto: _p, feasible: _f, resumed: _r, ...measured } = point;
+        assert.ok(
+          Object.values(snapshot).some((x) => JSON.stringify(x) === JSON.stringify(measured)),
+          point.label,
+        );
+      }
+      assert.equal(Object.keys(statePoints(state)).length, 6);
+      assert.ok(result.chosen && existsSync(out));
+    },
+  );
+
+  test('resume measures every point again when the budget, the calibration or the native addon changed', { timeout: 600_000 }, async () => {
+    rmSync(join(dir, 'stale'), { recursive: true, force: true });
+    mkdirSync(join(dir, 'stale'), { recursive: true });
+    const out = join(dir, 'stale/tuned.json');
+    const grid = join(dir, 'stale/grid.json');
+    writeFileSync(grid, JSON.stringify({ knobs: { imageTokens: [140, 70] } }));
+    const counts = (r: TuneResult) => [r.ran, r.resumed];
+    assert.deepEqual(counts(await tune(options({ grid, out }))), [2, 0]);
+    assert.deepEqual(counts(await tune(options({ grid, out }))), [0, 2]);
+    // Another budget: other deadlines.
+    assert.deepEqual(counts(await tune(options({ grid, out, budgetMs: 210 }))), [2, 0]);
+    // Another calibration: other stage costs.
+    const recalibrated = join(dir, 'stale/calibration.json');
+    writeFileSync(
+      recalibrated,
+      JSON.stringify({ ...calibration, virtualServiceMs: { ...calibration.virtualServiceMs, decode: [300, 121, 61] } }),
+    );
+    assert.deepEqual(counts(await tune(options({ grid, out, budgetMs: 210, calibration: [recalibrated] }))), [2, 0]);
+    // Another build of the native addon (the same code with a byte more; percept's version is the same).
+    const args = ['tune', '--bag', bag, '--budget-ms', '210', '--config', basePath, '--calibration', recalibrated];
+    const cli = (env: NodeJS.ProcessEnv = {}) =>
+      percept([...args, '--grid', grid, '--out', out, '--no-progress', '--json'], undefined, env);
+    const same = await cli();
+    assert.equal(same.code, 0, same.stderr);
+    assert.deepEqual(counts(JSON.parse(same.stdout) as TuneResult), [0, 2]);
+    const addon = join(dir, 'stale/percept.node');
+    copyFileSync(join(root, 'build/native/Release/percept.node'), addon);
+    appendFileSync(addon, '\n');
+    const rebuilt = await cli({ PERCEPT_NATIVE: addon });
+    assert.equal(rebuilt.code, 0, rebuilt.stderr);
+    assert.deepEqual(counts(JSON.parse(rebuilt.stdout) as TuneResult), [2, 0]);
+    rmSync(addon);
+  });
+
+  test('a point that fails makes the tune exit 1, naming it and why; the others are still measured', { timeout: 600_000 }, async () => {
+    rmSync(join(dir, 'failing'), { recursive: true, force: true });
+    mkdirSync(join(dir, 'failing'), { recursive: true });
+    // A draft "model" that exists (so the plan takes it) but is no GGUF: that point fails when it loads.
+    const broken = join(dir, 'failing/broken-draft.gguf');
+    writeFileSync(broken, 'not a gguf file\n');
+    const drafted = join(dir, 'failing/calibration-draft.json');
+    writeFileSync(
+      drafted,
+      JSON.stringify({
+        ...calibration,
+        levels: calibration.levels.map((l) => ({ ...l, draft: true })),
+        models: { decoder: 'synth:gemma4-tiny', draft: broken },
+      }),
+    );
+    const grid = join(dir, 'failing/grid.json');
+    const run = (knobs: object, budget: string) => {
+      writeFileSync(grid, JSON.stringify({ knobs }));
+      const out = join(dir, 'failing/tuned.json');
+      return percept([
         'tune',
         '--bag',
         bag,
         '--budget-ms',
-        '200',
+        budget,
         '--config',
         basePath,
         '--calibration',
         calibrationPath,
+        drafted,
+        '--grid',
+        grid,
         '--out',
         out,
         '--no-progress',
-        '--json',
-      ];
-      const first = await percept(args, (child) => {
-        const poll = setInterval(() => {
-          if (existsSync(state) && Object.keys(statePoints(state)).length >= 1) {
-            clearInterval(poll);
-            child.kill('SIGINT');
-          }
-        }, 50);
-        child.on('exit', () => clearInterval(poll));
-      });
-      assert.equal(first.code, 130, first.stderr);
-      assert.match(first.stderr, /tune interrupted by SIGINT after \d of 3 points .*run the same command again/);
-      assert.equal(existsSync(out), false, 'no config is written by an interrupted tune');
-      const kept = statePoints(state);
-      const k = Object.keys(kept).length;
-      assert.ok(k >= 1 && k < 3, `${k} points kept`);
+      ]);
+    };
+    const draft = [{ kind: 'none' }, { kind: 'model', model: broken }];
+    const some = await run({ imageTokens: [140], draft }, '200');
+    assert.equal(some.code, 1, some.stderr);
+    assert.match(some.stderr, /tune point failed: draft=model:broken-draft\.gguf: .+/);
+    assert.match(some.stderr, /1 of 2 points failed/);
+    assert.match(some.stdout, /failed +1 of 2 points \(FAILED above\): chosen among the 1 measured/);
+    assert.match(some.stdout, /chosen +model=synth:gemma4-tiny .*draft=none imageTokens=140 /);
+    // Nothing to choose because of failures: said so, not "no point meets the constraints".
+    const all = await run({ imageTokens: [140], draft: [draft[1]] }, '200');
+    assert.equal(all.code, 1, all.stderr);
+    assert.match(all.stdout, /chosen +none: every point failed \(FAILED above\); nothing written/);
+    assert.doesNotMatch(all.stdout, /no point meets the constraints/);
+    const mixed = await run({ imageTokens: [140], draft }, '100');
+    assert.equal(mixed.code, 1, mixed.stderr);
+    assert.match(mixed.stdout, /chosen +none: 1 of 2 points failed \(FAILED above\), and none of the 1 measured meets the constraints/);
+  });
 
-      const second = await percept(args);
-      assert.equal(second.code, 0, second.stderr);
-      const result = JSON.parse(second.stdout) as TuneResult;
-      assert.deepEqual([result.ran, result.resumed], [3 - k, k]);
-      // The points kept are taken as they were measured, not run again.
-      assert.equal((second.stderr.match(/replaying bag/g) ?? []).length, 3 - k);
-      for (const point of result.points.filter((x) => x.resumed)) {
-        const { pareto: _p, feasible: _f, resumed: _r, ...measured } = point;
-        assert.ok(
-          Object.values(kept).some((x) => JSON.stringify(x) === JSON.stringify(measured)),
-          point.label,
-        );
-      }
-      assert.equal(Object.keys(statePoints(state)).length, 3);
-      assert.ok(result.chosen && existsSync(out));
-    },
-  );
+  test('--real with --calibration is refused (not ignored)', async () => {
+    await assert.rejects(
+      tune(options({ mode: 'real', out: join(dir, 'refused-real/tuned.json') })),
+      /--calibration is for --virtual: --real measures every stage/,
+    );
+    assert.equal(existsSync(join(dir, 'refused-real')), false);
+  });
+
+  test("the written config keeps the base ladder's frame-skip rungs below the tuned ones", () => {
+    const base = loadConfig({
+      ...baseConfig,
+      ladder: { ...baseConfig.ladder, rungs: [{ imageTokens: 140 }, { imageTokens: 70, frameSkip: 1 }, { frameSkip: 3 }] },
+    });
+    type Level = Parameters<typeof tunedConfig>[2][number];
+    const level = (index: number, imageTokens: number, decode: number): Level =>
+      ({
+        index,
+        label: `imageTokens=${imageTokens}`,
+        knobs: { ...baseKnobs(base), imageTokens },
+        ladder: { imageTokens, maxNewTokens: 113, draft: false, frameSkip: 0 },
+        serviceMs: { decode },
+      }) as unknown as Level;
+    const out = join(dir, 'skips/tuned.json');
+    const step = { rung: { imageTokens: 70 } } as Parameters<typeof tunedConfig>[3][number];
+    const config = tunedConfig(out, base, [level(0, 140, 120), level(1, 70, 60)], [step], 200);
+    mkdirSync(join(dir, 'skips'), { recursive: true });
+    writeFileSync(out, JSON.stringify(config));
+    const written = loadConfig(out);
+    assert.deepEqual(written.ladder.rungs, [{ imageTokens: 70 }, { frameSkip: 1 }, { frameSkip: 3 }]);
+    assert.deepEqual(written.virtualServiceMs, { decode: [120, 60, 60, 60] });
+  });
 
   test('a grid it cannot run is refused before anything runs, naming the JSON path', { timeout: 600_000 }, async () => {
     const grid = (name: string, knobs: object): string => {
@@ -271,7 +397,9 @@ describe('percept tune', () => {
     const edges = [{ default: { policy: 'latest' } }, { default: { policy: 'queue', capacity: FRAMES } }];
     writeFileSync(grid, JSON.stringify({ knobs: { imageTokens: [280], edges } }));
     // 300 ms of decode per frame against a frame every 100 ms.
-    const result = await tune(options({ grid, budgetMs: 5000, pace: 'recorded', out: join(dir, 'paced/tuned.json') }));
+    // The valid rate (of the actions published), as the default objective bounds it: at most 5 % dropped.
+    const result = await tune(options({ grid, budgetMs: 5000, pace: 'recorded', objective: 'valid', out: join(dir, 'paced/tuned.json') }));
+    assert.equal(result.objective, 'max valid s.t. p99<=budget, drop<=0.05');
     assert.equal(result.replay, 'virtual-recorded');
     const [latest, queue] = result.points;
     assert.ok((latest!.dropsByReason.conflated ?? 0) > 0, JSON.stringify(latest!.dropsByReason));
@@ -280,6 +408,10 @@ describe('percept tune', () => {
     // Queued, frame k leaves decode at 345 + 300 k ms and actions 1 ms later, 100 k ms after it came.
     assert.equal(queue!.endToEnd.p99Ms, 346 + (FRAMES - 1) * 200);
     assert.ok(latest!.endToEnd.p99Ms! < queue!.endToEnd.p99Ms!);
+    // Faster and as valid on what it publishes, but it drops frames: the objective bounds that.
+    assert.equal(latest!.dropRate, latest!.frames.dropped / FRAMES);
+    assert.ok(latest!.dropRate! > 0.05 && !latest!.feasible);
+    assert.deepEqual([queue!.dropRate, result.chosen?.index], [0, queue!.index]);
   });
 
   test(
@@ -291,8 +423,10 @@ describe('percept tune', () => {
       writeFileSync(grid, JSON.stringify({ knobs: { kvType: ['f16', 'q8_0'], draft: [{ kind: 'ngram', max: 2 }] } }));
       const out = join(dir, 'real/tuned.json');
       // A budget no loaded machine misses: this test is about what runs, not how fast.
-      const result = await tune({ bag, budgetMs: 3_600_000, config: basePath, grid, mode: 'real', out, progress: false });
-      assert.deepEqual([result.mode, result.replay, result.objective], ['real', 'real', 'max accuracy s.t. p99<=budget']);
+      // No bound on drops either: how many frames a loaded machine conflates is no part of it.
+      const objective = 'max accuracy s.t. p99<=budget';
+      const result = await tune({ bag, budgetMs: 3_600_000, config: basePath, grid, mode: 'real', objective, out, progress: false });
+      assert.deepEqual([result.mode, result.replay, result.objective], ['real', 'real', objective]);
       assert.deepEqual(
         result.points.map((x) => x.label),
         ['kvType=f16', 'kvType=q8_0'],
@@ -307,6 +441,10 @@ describe('percept tune', () => {
           'real mode keeps the measured medians',
         );
       }
+      // Real measurements are this machine's: it is part of their key (virtual ones are the addon's alone).
+      const real = (await measurementEnvironment('real')) as { machine?: { cores: number; cpu: string } };
+      assert.deepEqual([real.machine?.cores, real.machine?.cpu], [cpus().length, cpus()[0]!.model]);
+      assert.equal('machine' in (await measurementEnvironment('virtual')), false);
       const written = loadConfig(out);
       assert.deepEqual([written.decoder.ngram, written.decoder.draftMax, written.decoder.kvType], [true, 2, result.chosen!.knobs.kvType]);
       assert.equal(written.ladder.initial.draft, true);
