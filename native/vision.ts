@@ -26,7 +26,7 @@ export interface LoadVisionOptions {
   readonly useGpu?: boolean;
   /** CPU threads for encode (default: all cores). */
   readonly threads?: number;
-  /** Flash attention in the ViT (default 'auto': on when the backend supports it). */
+  /** Flash attention in the ViT (default 'auto': on where the backend runs it, except on CUDA for head sizes 40 and 72, which ggml runs only with a slow generic kernel). */
   readonly flashAttention?: 'auto' | 'on' | 'off';
   /** Allocate compute buffers at load so the first encode is not slower (default true). */
   readonly warmup?: boolean;
