@@ -228,6 +228,39 @@ describe('batched decoding on gemma4-tiny', () => {
     }
   });
 
+  test('an idle decoder whose history predicts every request to miss still admits one (a probe) after a second without steps', async () => {
+    const ctx = await model.createContext({ nCtx: 512, nSeq: 2, threads: 1 });
+    const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+    try {
+      const prompt = (k: number): PromptSegment[] => [{ text: `Camera front, frame ${k}: the robot`, addSpecial: true }];
+      const options = { maxTokens: 200, ignoreEos: true, seq: 1 };
+      // History: the sequence's requests take 200 generation steps.
+      const t0 = process.hrtime.bigint();
+      const full = await ctx.generate(prompt(0), options);
+      const fullNs = process.hrtime.bigint() - t0;
+      assert.equal(full.tokens.length, 200);
+      // A fifth of one such request's time: predicted to miss (the prediction is about its whole time).
+      const first = await ctx.generate(prompt(1), { ...options, deadlineNs: process.hrtime.bigint() + fullNs / 5n });
+      assert.equal(first.batch!.predictedMiss, true, 'the history says such a request misses');
+      const predictedNs = BigInt(Math.floor(first.batch!.predictedMs * 1e6));
+      // Nothing runs, so nothing refreshes the history: every later request with half the predicted
+      // time is predicted to miss too, for good, unless the idle decoder probes. Paced so that more
+      // than a second without steps passes within the stream (sleeps only get longer under load).
+      const got: GenerateResult[] = [];
+      for (let k = 0; k < 12 && !got.some((r) => r.batch!.steps > 0); k++) {
+        got.push(await ctx.generate(prompt(2 + k), { ...options, deadlineNs: process.hrtime.bigint() + predictedNs / 2n }));
+        await sleep(250);
+      }
+      const seen = got.map((r) => `${r.batch!.predictedMiss ? 'dropped' : 'admitted'} ${r.batch!.steps} steps`).join(', ');
+      const admitted = got.find((r) => r.batch!.steps > 0);
+      assert.ok(admitted, `one request of the stream was admitted: ${seen}`);
+      assert.equal(admitted.batch!.predictedMiss, false);
+      assert.ok(admitted.tokens.length > 0, 'the probe ran');
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
   test('overloaded, eight cameras with deadlines get in time at least half of what one camera gets', async (t) => {
     // Each camera asks again as soon as it has its answer (its next frame is waiting), with a deadline
     // of three times one request's time alone. Sharing every step among eight makes every request miss

@@ -25,6 +25,13 @@ constexpr double kLeast = 0;
 // the earliest deadline that fits: with no margin, the ones that just fit would miss half the time).
 constexpr double kSpread = 2;
 constexpr size_t kReqSamples = 16;
+// An idle decoder that has run no step for this long admits its earliest deadline that is not yet
+// late even when predicted to miss (a probe): prefill times and generation steps never expire and
+// step times expire only as steps run, so without it a history from a slow spell (or a tighter
+// budget) could drop every later request and nothing would ever correct it. 1 s: long next to a
+// step (ms) and a camera's frame period (tens of ms), so a busy stream of hopeless requests is
+// still dropped, but short enough that a stalled decoder recovers within about a second.
+constexpr int64_t kProbeNs = 1000000000;
 
 int64_t nsOf(double ms) { return int64_t(ms * 1e6); }
 
@@ -162,12 +169,23 @@ void BatchScheduler::admit() {
     // a busy one drops by the typical prediction.
     auto q = [this]() { return active_.empty() ? kLeast : kTypical; };
     const double hopelessMs = predictMs(sharing, nullptr, false, q());
+    // Idle and no step for kProbeNs: the earliest deadline that is not late runs whatever its
+    // prediction (its run refreshes the history).
+    auto key = [](const SeqJob & j) { return std::make_pair(j.opts.deadlineNs > 0 ? j.opts.deadlineNs : INT64_MAX, j.submittedNs); };
+    const SeqJob * probe = nullptr;
+    if (active_.empty() && now - lastDecodeNs_ >= kProbeNs) {
+        for (const auto & j : waiting_) {
+            const int64_t dl = j->opts.deadlineNs;
+            if (j->cancelled.load() || (dl > 0 && now >= dl)) continue;
+            if (!probe || key(*j) < key(*probe)) probe = j.get();
+        }
+    }
     for (auto it = waiting_.begin(); it != waiting_.end();) {
         SeqJob & j = **it;
         const int64_t dl = j.opts.deadlineNs;
         const bool cancelled = j.cancelled.load();
         const bool late = dl > 0 && now >= dl;
-        const bool predicted = !cancelled && !late && dl > 0 && hopelessMs > 0 && now + nsOf(hopelessMs) > dl;
+        const bool predicted = !cancelled && !late && dl > 0 && hopelessMs > 0 && now + nsOf(hopelessMs) > dl && &j != probe;
         if (!cancelled && !late && !predicted) {
             ++it;
             continue;
@@ -200,7 +218,6 @@ void BatchScheduler::admit() {
                     return;
             }
         }
-        auto key = [](const SeqJob & j) { return std::make_pair(j.opts.deadlineNs > 0 ? j.opts.deadlineNs : INT64_MAX, j.submittedNs); };
         // The earliest deadline that fits `within` at this sharing; the others wait for less.
         auto earliest = [&](double within) {
             auto pick = waiting_.end();
@@ -214,6 +231,9 @@ void BatchScheduler::admit() {
         auto pick = earliest(ms);
         // An idle decoder serves one that may still make it rather than none.
         if (pick == waiting_.end() && active_.empty()) pick = earliest(predictMs(1, nullptr, false, kLeast));
+        if (pick == waiting_.end() && active_.empty() && probe) {
+            pick = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto & j) { return j.get() == probe; });
+        }
         if (pick == waiting_.end()) return;
         std::unique_ptr<SeqJob> j = std::move(*pick);
         waiting_.erase(pick);
@@ -387,7 +407,9 @@ void BatchScheduler::step() {
         if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
     }
     if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
-    keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, monotonicNs())}, kStepSamples);
+    const int64_t t1 = monotonicNs();
+    keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, t1)}, kStepSamples);
+    lastDecodeNs_ = t1;
     removeFinished();
 }
 

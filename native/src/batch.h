@@ -31,10 +31,13 @@
 //     first (then arrival); one that cannot waits for less sharing, or ends when it cannot make it.
 //   An idle decoder drops only certain misses (by its fastest recent prefill and step) and, when
 //   no waiting request fits the prediction, serves the earliest deadline that fits those fastest
-//   times rather than none: a prediction is corrected only by running, so one made in a slow spell
-//   must not drop every request for good, and the decoder is never idle while a request waits
-//   that could still make it. Nothing is predicted without history: the first request is always
-//   admitted.
+//   times rather than none, so it is never idle while a request waits that could still make it.
+//   A prediction is corrected only by running, and prefill times and generation steps never
+//   expire (step times only as steps run): so when the decoder is idle and has run no step for
+//   kProbeNs (1 s), the earliest deadline that is not yet late is admitted even if predicted to
+//   miss (a probe), and its run refreshes the history; a history from a slow spell cannot drop
+//   every later request for good. Nothing is predicted without history: the first request is
+//   admitted unless it is already late or cancelled.
 // - Prefill: at most prefillChunk prompt positions per step, given to the joining prompt with the
 //   fewest positions left first (a short prompt is never held behind a long one), then to the
 //   earliest deadline, then in arrival order; each takes what it needs and leaves the rest to the
@@ -190,6 +193,7 @@ private:
     };
     std::vector<std::deque<StepSample>> stepMs_;
     int64_t stepIndex_ = 0;
+    int64_t lastDecodeNs_ = 0;      // when the last step ended (0: none yet)
     std::deque<double> prefillMs_;  // admission → first token
     std::deque<int32_t> genSteps_;  // generation steps of requests that ended on their own
     // Batches reused from step to step.
