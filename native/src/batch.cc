@@ -387,7 +387,7 @@ void BatchScheduler::step() {
         used += int32_t(a->run.size());
     }
     planPrefill(order, opts_.nBatch - used);
-    decodeImages(bySeq);
+    const bool images = decodeImages(bySeq);
 
     TokenBatch & tokens = *tokens_;
     tokens.clear();
@@ -407,9 +407,13 @@ void BatchScheduler::step() {
         if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
     }
     if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
-    const int64_t t1 = monotonicNs();
-    keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, t1)}, kStepSamples);
-    lastDecodeNs_ = t1;
+    // Only a step that decoded rows is timed: one whose requests all ended in planning (a grammar
+    // completed by its forced run) costs next to nothing and would make steps look fast.
+    if (images || tokens.b.n_tokens > 0) {
+        const int64_t t1 = monotonicNs();
+        keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, t1)}, kStepSamples);
+        lastDecodeNs_ = t1;
+    }
     removeFinished();
 }
 
@@ -507,8 +511,9 @@ void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t to
     }
 }
 
-// The image rows this step takes, in one decode (bidirectionally when the one image there needs it).
-void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
+// The image rows this step takes, in one decode (bidirectionally when the one image there needs it);
+// false: there were none.
+bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     const ModelInfo & mi = model_->info();
     const int32_t nEmbd = mi.nEmbd;
     int32_t rows = 0;
@@ -519,7 +524,7 @@ void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
             bidirectional = bidirectional || imageNonCausal(mi, a->item());
         }
     }
-    if (rows == 0) return;
+    if (rows == 0) return false;
     embd_.resize(size_t(rows) * size_t(nEmbd));
     pos_.resize(size_t(rows));
     nSeqId_.assign(size_t(rows), 1);
@@ -572,6 +577,7 @@ void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     for (auto & [a, row] : rowsOf) {
         if (!a->done) afterPromptDecoded(*a, row);
     }
+    return true;
 }
 
 // The token decode: every generating sequence's next token(s) and the text chunks of joining prompts.

@@ -146,7 +146,7 @@ private:
     void dropStopped();
     void planGeneration(Active & a, int32_t room);
     void planPrefill(const std::vector<Active *> & order, int32_t tokenRoom);
-    void decodeImages(const std::vector<Active *> & order);
+    bool decodeImages(const std::vector<Active *> & order);
     void decodeTokens(const std::vector<Active *> & order);
     void afterPromptDecoded(Active & a, int32_t row);
     void sampleNext(Active & a);
