@@ -45,8 +45,11 @@ template <typename T> void keepLast(std::deque<T> & d, T v, size_t n) {
 // One admitted request: its plan, where its prompt stands, its sampler and what it has in the
 // batch being built.
 struct BatchScheduler::Active {
-    Active(std::unique_ptr<SeqJob> j, Model * model)
-        : job(std::move(j)), seq(job->seq), sampler(model, job->opts.sampling, std::move(job->grammar)) {}
+    // Takes the job only once the sampler is built: if that throws (its buffers are vocab-sized),
+    // the caller still holds the job and hands it back with the error.
+    Active(std::unique_ptr<SeqJob> & j, Model * model) : seq(j->seq), sampler(model, j->opts.sampling, std::move(j->grammar)) {
+        job = std::move(j);
+    }
 
     std::unique_ptr<SeqJob> job;
     const llama_seq_id seq;
@@ -246,7 +249,20 @@ void BatchScheduler::admit() {
 void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
     const int64_t now = monotonicNs();
     job->counts.queueMs = msBetween(job->submittedNs, now);
-    auto a = std::make_unique<Active>(std::move(job), model_);
+    std::unique_ptr<Active> a;
+    try {
+        a = std::make_unique<Active>(job, model_);
+    } catch (const CodedFailure & e) {
+        job->error = e.what();
+        job->errorCode = e.code;
+        done_(std::move(job));
+        return;
+    } catch (const std::exception & e) {
+        // The request learns why; its sequence is free again.
+        job->error = e.what();
+        done_(std::move(job));
+        return;
+    }
     a->tAdmit = now;
     SeqJob & j = *a->job;
     std::vector<CacheItem> & cache = caches_[size_t(a->seq)];
