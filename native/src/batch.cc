@@ -351,7 +351,7 @@ BatchScheduler::StepTime BatchScheduler::stepMsAt(int32_t seqs, double q) const 
 // The time a request still needs with `seqs` sequences per step (`a`: an admitted one, null: one
 // that waits): the median (q: the q-quantile) of recent prefill times (admission to first token)
 // less what it has spent in its prefill, then the generation steps of recent requests that ended on
-// their own (the median; less those it has run, at least one) at the step time stepMs says, with
+// their own or passed their deadline generating (the median; less those it has run, at least one) at the step time stepMs says, with
 // kSpread standard deviations of their sum as margin. 0: no history.
 double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, double q) const {
     if (genSteps_.empty() || prefillMs_.empty()) return 0;
@@ -716,7 +716,12 @@ void BatchScheduler::removeFinished() {
         if ((*it)->done) {
             const SeqJob & ended = *(*it)->job;
             if (ended.error.empty() && (*it)->tFirst > 0) keepLast(prefillMs_, ended.result.prefillMs, kReqSamples);
-            if (ended.error.empty() && ended.result.stopReason != "cancelled" && ended.result.stopReason != "deadline")
+            // Generation steps: of a request that ended on its own, and of one that passed its
+            // deadline while generating, those it ran (at least as many as it needed: left out,
+            // the long requests that miss would leave only the short ones, and predictions under
+            // overload would be optimistic).
+            const bool late = ended.result.stopReason == "deadline";
+            if (ended.error.empty() && ended.result.stopReason != "cancelled" && (!late || (*it)->tFirst > 0))
                 keepLast(genSteps_, (*it)->genSteps, kReqSamples);
             std::unique_ptr<SeqJob> j = std::move((*it)->job);
             syncPositions(j->seq);

@@ -16,7 +16,8 @@
 //   between steps and from measured times only:
 //   · predicted time of a request at a sharing of k sequences = the median of the last prefill
 //     times (admission to first token; less what it has spent in its own) + the generation steps
-//     of the last requests that ended on their own (median; less those it has run) × the mean of
+//     of the last requests that ended on their own or passed their deadline generating (those it
+//     ran so far: a lower bound; median; less those it has run) × the mean of
 //     the last steps of k sequences (image steps included; else of the nearest fewer timed; for
 //     admission past one, of the nearest more), plus two standard deviations of that sum (the
 //     earliest deadline that just fits would otherwise miss half the time); a step's time expires
@@ -195,7 +196,7 @@ private:
     int64_t stepIndex_ = 0;
     int64_t lastDecodeNs_ = 0;      // when the last step ended (0: none yet)
     std::deque<double> prefillMs_;  // admission → first token
-    std::deque<int32_t> genSteps_;  // generation steps of requests that ended on their own
+    std::deque<int32_t> genSteps_;  // generation steps of requests that ended on their own or late generating
     // Batches reused from step to step.
     std::unique_ptr<TokenBatch> tokens_;
     std::vector<float> embd_;
