@@ -165,6 +165,7 @@ void BatchScheduler::intake(std::deque<Inbox> & items) {
 // sequence would make none of the admitted ones miss, the earliest deadline among those that can
 // still make it at that sharing is admitted.
 void BatchScheduler::admit() {
+    if (waiting_.empty()) return;
     const int64_t now = monotonicNs();
     const int32_t sharing = std::max(int32_t(active_.size()), 1);
     // An idle decoder drops only what its fastest recent times could not finish in time (only
