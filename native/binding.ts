@@ -157,7 +157,9 @@ export interface NativeBatchCounts {
   /** Its steps whose token decode ran on llama.cpp's previous graph (an unchanged ubatch shape). */
   readonly graphReuses: number;
   /** At admission (or when it ended waiting), the time predicted for its prefill and generation at the
-   * sharing it would join: recent requests' steps × recent step time (0: nothing to predict from). */
+   * sharing it would join: the median recent prefill time + recent requests' generation steps (median)
+   * × recent step time (mean), plus a margin of two standard deviations of that sum; an idle decoder
+   * drops by its fastest recent prefill and step, with no margin (0: nothing to predict from). */
   readonly predictedMs: number;
   /** Dropped at admission, before any prefill: predictedMs would pass its deadline (stopReason 'deadline', no tokens). */
   readonly predictedMiss: boolean;

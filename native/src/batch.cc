@@ -25,6 +25,13 @@ constexpr double kLeast = 0;
 // the earliest deadline that fits: with no margin, the ones that just fit would miss half the time).
 constexpr double kSpread = 2;
 constexpr size_t kReqSamples = 16;
+// An idle decoder that has run no step for this long admits its earliest deadline that is not yet
+// late even when predicted to miss (a probe): prefill times and generation steps never expire and
+// step times expire only as steps run, so without it a history from a slow spell (or a tighter
+// budget) could drop every later request and nothing would ever correct it. 1 s: long next to a
+// step (ms) and a camera's frame period (tens of ms), so a busy stream of hopeless requests is
+// still dropped, but short enough that a stalled decoder recovers within about a second.
+constexpr int64_t kProbeNs = 1000000000;
 
 int64_t nsOf(double ms) { return int64_t(ms * 1e6); }
 
@@ -38,8 +45,11 @@ template <typename T> void keepLast(std::deque<T> & d, T v, size_t n) {
 // One admitted request: its plan, where its prompt stands, its sampler and what it has in the
 // batch being built.
 struct BatchScheduler::Active {
-    Active(std::unique_ptr<SeqJob> j, Model * model)
-        : job(std::move(j)), seq(job->seq), sampler(model, job->opts.sampling, std::move(job->grammar)) {}
+    // Takes the job only once the sampler is built: if that throws (its buffers are vocab-sized),
+    // the caller still holds the job and hands it back with the error.
+    Active(std::unique_ptr<SeqJob> & j, Model * model) : seq(j->seq), sampler(model, j->opts.sampling, std::move(j->grammar)) {
+        job = std::move(j);
+    }
 
     std::unique_ptr<SeqJob> job;
     const llama_seq_id seq;
@@ -155,6 +165,7 @@ void BatchScheduler::intake(std::deque<Inbox> & items) {
 // sequence would make none of the admitted ones miss, the earliest deadline among those that can
 // still make it at that sharing is admitted.
 void BatchScheduler::admit() {
+    if (waiting_.empty()) return;
     const int64_t now = monotonicNs();
     const int32_t sharing = std::max(int32_t(active_.size()), 1);
     // An idle decoder drops only what its fastest recent times could not finish in time (only
@@ -162,12 +173,23 @@ void BatchScheduler::admit() {
     // a busy one drops by the typical prediction.
     auto q = [this]() { return active_.empty() ? kLeast : kTypical; };
     const double hopelessMs = predictMs(sharing, nullptr, false, q());
+    // Idle and no step for kProbeNs: the earliest deadline that is not late runs whatever its
+    // prediction (its run refreshes the history).
+    auto key = [](const SeqJob & j) { return std::make_pair(j.opts.deadlineNs > 0 ? j.opts.deadlineNs : INT64_MAX, j.submittedNs); };
+    const SeqJob * probe = nullptr;
+    if (active_.empty() && now - lastDecodeNs_ >= kProbeNs) {
+        for (const auto & j : waiting_) {
+            const int64_t dl = j->opts.deadlineNs;
+            if (j->cancelled.load() || (dl > 0 && now >= dl)) continue;
+            if (!probe || key(*j) < key(*probe)) probe = j.get();
+        }
+    }
     for (auto it = waiting_.begin(); it != waiting_.end();) {
         SeqJob & j = **it;
         const int64_t dl = j.opts.deadlineNs;
         const bool cancelled = j.cancelled.load();
         const bool late = dl > 0 && now >= dl;
-        const bool predicted = !cancelled && !late && dl > 0 && hopelessMs > 0 && now + nsOf(hopelessMs) > dl;
+        const bool predicted = !cancelled && !late && dl > 0 && hopelessMs > 0 && now + nsOf(hopelessMs) > dl && &j != probe;
         if (!cancelled && !late && !predicted) {
             ++it;
             continue;
@@ -200,7 +222,6 @@ void BatchScheduler::admit() {
                     return;
             }
         }
-        auto key = [](const SeqJob & j) { return std::make_pair(j.opts.deadlineNs > 0 ? j.opts.deadlineNs : INT64_MAX, j.submittedNs); };
         // The earliest deadline that fits `within` at this sharing; the others wait for less.
         auto earliest = [&](double within) {
             auto pick = waiting_.end();
@@ -214,6 +235,9 @@ void BatchScheduler::admit() {
         auto pick = earliest(ms);
         // An idle decoder serves one that may still make it rather than none.
         if (pick == waiting_.end() && active_.empty()) pick = earliest(predictMs(1, nullptr, false, kLeast));
+        if (pick == waiting_.end() && active_.empty() && probe) {
+            pick = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto & j) { return j.get() == probe; });
+        }
         if (pick == waiting_.end()) return;
         std::unique_ptr<SeqJob> j = std::move(*pick);
         waiting_.erase(pick);
@@ -226,7 +250,20 @@ void BatchScheduler::admit() {
 void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
     const int64_t now = monotonicNs();
     job->counts.queueMs = msBetween(job->submittedNs, now);
-    auto a = std::make_unique<Active>(std::move(job), model_);
+    std::unique_ptr<Active> a;
+    try {
+        a = std::make_unique<Active>(job, model_);
+    } catch (const CodedFailure & e) {
+        job->error = e.what();
+        job->errorCode = e.code;
+        done_(std::move(job));
+        return;
+    } catch (const std::exception & e) {
+        // The request learns why; its sequence is free again.
+        job->error = e.what();
+        done_(std::move(job));
+        return;
+    }
     a->tAdmit = now;
     SeqJob & j = *a->job;
     std::vector<CacheItem> & cache = caches_[size_t(a->seq)];
@@ -315,7 +352,7 @@ BatchScheduler::StepTime BatchScheduler::stepMsAt(int32_t seqs, double q) const 
 // The time a request still needs with `seqs` sequences per step (`a`: an admitted one, null: one
 // that waits): the median (q: the q-quantile) of recent prefill times (admission to first token)
 // less what it has spent in its prefill, then the generation steps of recent requests that ended on
-// their own (the median; less those it has run, at least one) at the step time stepMs says, with
+// their own or passed their deadline generating (the median; less those it has run, at least one) at the step time stepMs says, with
 // kSpread standard deviations of their sum as margin. 0: no history.
 double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, double q) const {
     if (genSteps_.empty() || prefillMs_.empty()) return 0;
@@ -367,7 +404,7 @@ void BatchScheduler::step() {
         used += int32_t(a->run.size());
     }
     planPrefill(order, opts_.nBatch - used);
-    decodeImages(bySeq);
+    const bool images = decodeImages(bySeq);
 
     TokenBatch & tokens = *tokens_;
     tokens.clear();
@@ -387,7 +424,13 @@ void BatchScheduler::step() {
         if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
     }
     if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
-    keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, monotonicNs())}, kStepSamples);
+    // Only a step that decoded rows is timed: one whose requests all ended in planning (a grammar
+    // completed by its forced run) costs next to nothing and would make steps look fast.
+    if (images || tokens.b.n_tokens > 0) {
+        const int64_t t1 = monotonicNs();
+        keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, t1)}, kStepSamples);
+        lastDecodeNs_ = t1;
+    }
     removeFinished();
 }
 
@@ -485,8 +528,9 @@ void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t to
     }
 }
 
-// The image rows this step takes, in one decode (bidirectionally when the one image there needs it).
-void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
+// The image rows this step takes, in one decode (bidirectionally when the one image there needs it);
+// false: there were none.
+bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     const ModelInfo & mi = model_->info();
     const int32_t nEmbd = mi.nEmbd;
     int32_t rows = 0;
@@ -497,7 +541,7 @@ void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
             bidirectional = bidirectional || imageNonCausal(mi, a->item());
         }
     }
-    if (rows == 0) return;
+    if (rows == 0) return false;
     embd_.resize(size_t(rows) * size_t(nEmbd));
     pos_.resize(size_t(rows));
     nSeqId_.assign(size_t(rows), 1);
@@ -550,6 +594,7 @@ void BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     for (auto & [a, row] : rowsOf) {
         if (!a->done) afterPromptDecoded(*a, row);
     }
+    return true;
 }
 
 // The token decode: every generating sequence's next token(s) and the text chunks of joining prompts.
@@ -672,7 +717,12 @@ void BatchScheduler::removeFinished() {
         if ((*it)->done) {
             const SeqJob & ended = *(*it)->job;
             if (ended.error.empty() && (*it)->tFirst > 0) keepLast(prefillMs_, ended.result.prefillMs, kReqSamples);
-            if (ended.error.empty() && ended.result.stopReason != "cancelled" && ended.result.stopReason != "deadline")
+            // Generation steps: of a request that ended on its own, and of one that passed its
+            // deadline while generating, those it ran (at least as many as it needed: left out,
+            // the long requests that miss would leave only the short ones, and predictions under
+            // overload would be optimistic).
+            const bool late = ended.result.stopReason == "deadline";
+            if (ended.error.empty() && ended.result.stopReason != "cancelled" && (!late || (*it)->tFirst > 0))
                 keepLast(genSteps_, (*it)->genSteps, kReqSamples);
             std::unique_ptr<SeqJob> j = std::move((*it)->job);
             syncPositions(j->seq);

@@ -16,7 +16,8 @@
 //   between steps and from measured times only:
 //   · predicted time of a request at a sharing of k sequences = the median of the last prefill
 //     times (admission to first token; less what it has spent in its own) + the generation steps
-//     of the last requests that ended on their own (median; less those it has run) × the mean of
+//     of the last requests that ended on their own or passed their deadline generating (those it
+//     ran so far: a lower bound; median; less those it has run) × the mean of
 //     the last steps of k sequences (image steps included; else of the nearest fewer timed; for
 //     admission past one, of the nearest more), plus two standard deviations of that sum (the
 //     earliest deadline that just fits would otherwise miss half the time); a step's time expires
@@ -31,10 +32,13 @@
 //     first (then arrival); one that cannot waits for less sharing, or ends when it cannot make it.
 //   An idle decoder drops only certain misses (by its fastest recent prefill and step) and, when
 //   no waiting request fits the prediction, serves the earliest deadline that fits those fastest
-//   times rather than none: a prediction is corrected only by running, so one made in a slow spell
-//   must not drop every request for good, and the decoder is never idle while a request waits
-//   that could still make it. Nothing is predicted without history: the first request is always
-//   admitted.
+//   times rather than none, so it is never idle while a request waits that could still make it.
+//   A prediction is corrected only by running, and prefill times and generation steps never
+//   expire (step times only as steps run): so when the decoder is idle and has run no step for
+//   kProbeNs (1 s), the earliest deadline that is not yet late is admitted even if predicted to
+//   miss (a probe), and its run refreshes the history; a history from a slow spell cannot drop
+//   every later request for good. Nothing is predicted without history: the first request is
+//   admitted unless it is already late or cancelled.
 // - Prefill: at most prefillChunk prompt positions per step, given to the joining prompt with the
 //   fewest positions left first (a short prompt is never held behind a long one), then to the
 //   earliest deadline, then in arrival order; each takes what it needs and leaves the rest to the
@@ -143,7 +147,7 @@ private:
     void dropStopped();
     void planGeneration(Active & a, int32_t room);
     void planPrefill(const std::vector<Active *> & order, int32_t tokenRoom);
-    void decodeImages(const std::vector<Active *> & order);
+    bool decodeImages(const std::vector<Active *> & order);
     void decodeTokens(const std::vector<Active *> & order);
     void afterPromptDecoded(Active & a, int32_t row);
     void sampleNext(Active & a);
@@ -190,8 +194,9 @@ private:
     };
     std::vector<std::deque<StepSample>> stepMs_;
     int64_t stepIndex_ = 0;
+    int64_t lastDecodeNs_ = 0;      // when the last step ended (0: none yet)
     std::deque<double> prefillMs_;  // admission → first token
-    std::deque<int32_t> genSteps_;  // generation steps of requests that ended on their own
+    std::deque<int32_t> genSteps_;  // generation steps of requests that ended on their own or late generating
     // Batches reused from step to step.
     std::unique_ptr<TokenBatch> tokens_;
     std::vector<float> embd_;
