@@ -5,7 +5,7 @@ import sharp from 'sharp';
 import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder-onnx.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
 import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
-import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
+import { tokenCosines, type CameraFrame, type ImageEmbedding, type PixelTensor } from '../nodes/payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 import type { MtmdEncoderConfig, MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
 import type { VisionPhases, VisionProfile } from '../native/vision.ts';
@@ -329,18 +329,7 @@ async function checkAgainstOtherPath(
     const copy = { ...tensor, pixelValues: tensor.pixelValues.slice() };
     const a = await stage.process(tensor, ctx);
     const b = await other.process(copy, ctx);
-    let worst = 1;
-    for (let t = 0; t < a.nTokens; t++) {
-      let dot = 0;
-      let na = 0;
-      let nb = 0;
-      for (let i = t * a.nEmbd; i < (t + 1) * a.nEmbd; i++) {
-        dot += a.data[i]! * b.data[i]!;
-        na += a.data[i]! ** 2;
-        nb += b.data[i]! ** 2;
-      }
-      worst = Math.min(worst, dot / Math.sqrt(na * nb));
-    }
+    const worst = tokenCosines(a, b).reduce((m, c) => Math.min(m, c), 1);
     return { against, tokens: a.nTokens, worst_token_cosine: worst };
   } finally {
     await other.close();

@@ -38,6 +38,25 @@ export interface ImageEmbedding {
   readonly nEmbd: number;
 }
 
+/** The cosine similarity of each token's row in `a` and `b` (two encoders' outputs for one image). */
+export function tokenCosines(a: ImageEmbedding, b: ImageEmbedding): number[] {
+  if (a.nTokens !== b.nTokens || a.nEmbd !== b.nEmbd)
+    throw new RangeError(`embeddings differ in shape: ${a.nTokens}×${a.nEmbd} vs ${b.nTokens}×${b.nEmbd}`);
+  const out: number[] = [];
+  for (let t = 0; t < a.nTokens; t++) {
+    let dot = 0;
+    let na = 0;
+    let nb = 0;
+    for (let i = t * a.nEmbd; i < (t + 1) * a.nEmbd; i++) {
+      dot += a.data[i]! * b.data[i]!;
+      na += a.data[i]! ** 2;
+      nb += b.data[i]! ** 2;
+    }
+    out.push(dot / Math.sqrt(na * nb));
+  }
+  return out;
+}
+
 export type StopReason = 'eos' | 'max_tokens' | 'stop' | 'cancelled' | 'deadline';
 /** What the decoder produced for one frame. */
 export interface Generation {

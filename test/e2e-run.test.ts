@@ -7,26 +7,16 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Subscriber } from 'zeromq';
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { startPythonSubscriber } from './python-peer.ts';
+import { freePort } from './fixtures.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 const dir = join(root, '.cache', 'e2e');
 
 /** A loopback port that was free a moment ago. */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-    server.on('error', reject);
-  });
-}
-
 test('percept run on the tiny models publishes schema-valid actions and accounts for every frame', { timeout: 600_000 }, async () => {
   mkdirSync(dir, { recursive: true });
   const port = await freePort();

@@ -9,7 +9,7 @@ import { LlamaVision, type VisionEncodeResult, type VisionImage } from '../nativ
 import { createOnnxEncoderStage, type OnnxEncoderStage } from '../nodes/encoder-onnx.ts';
 import { clipImageOf, createMtmdEncoderStage, type MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
-import type { ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
+import { tokenCosines, type ImageEmbedding, type PixelTensor } from '../nodes/payloads.ts';
 import type { StageContext, StageEvent } from '../pipeline/types.ts';
 import { listMmprojPresets, mmprojTensorPlan, patchLinearToConv, synthesizeMmproj, transpose2d } from '../models/mmproj-synth.ts';
 import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
@@ -59,19 +59,7 @@ function clonePixels(t: PixelTensor): PixelTensor {
 function cosinePerToken(a: ImageEmbedding, b: ImageEmbedding): number[] {
   assert.equal(a.nTokens, b.nTokens);
   assert.equal(a.nEmbd, b.nEmbd);
-  const out: number[] = [];
-  for (let t = 0; t < a.nTokens; t++) {
-    let dot = 0;
-    let na = 0;
-    let nb = 0;
-    for (let i = t * a.nEmbd; i < (t + 1) * a.nEmbd; i++) {
-      dot += a.data[i]! * b.data[i]!;
-      na += a.data[i]! ** 2;
-      nb += b.data[i]! ** 2;
-    }
-    out.push(dot / Math.sqrt(na * nb));
-  }
-  return out;
+  return tokenCosines(a, b);
 }
 
 before(async () => {

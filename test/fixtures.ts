@@ -2,6 +2,7 @@
 // synthesize() writes to a temp name and renames, so test files asking for the same model at once both end
 // up with a complete file (the second rename replaces the first with identical bytes).
 import { existsSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { resolveModel } from '../models/resolve.ts';
@@ -27,4 +28,15 @@ export async function ensureSynthModel(preset: string, wtype: WeightType = 'q8_0
 export function findPeer(name: string): string | undefined {
   const dirs = ['', 'bin', 'Release', join('bin', 'Release'), join('llama.cpp', 'bin')];
   return dirs.map((d) => join(REPO_ROOT, 'build', 'native', d, name)).find((p) => existsSync(p));
+}
+
+/** A TCP port free on loopback right now (the OS picks it; closed again before it is returned). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolve(port));
+    });
+    server.on('error', reject);
+  });
 }

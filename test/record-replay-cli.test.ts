@@ -7,7 +7,6 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Subscriber } from 'zeromq';
 import { CompressedImage } from '@foxglove/schemas/jsonschema.js';
@@ -17,20 +16,11 @@ import { VirtualClock } from '../pipeline/clock.ts';
 import { makeSampleBag } from '../tools/make-sample-bag.ts';
 import { readRecording } from '../app/eval.ts';
 import { json, readSummary, writeBag } from './bag-fixtures.ts';
+import { freePort } from './fixtures.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 const dir = join(root, '.cache', 'test-record-replay-cli');
 const bin = join(root, 'tools/percept.mjs');
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-    server.on('error', reject);
-  });
-}
 
 /** A config for the tiny decoder and the projection encoder; no deadline can expire on a loaded machine. */
 function config(endpoint: string, extra: Record<string, unknown> = {}): Record<string, unknown> {

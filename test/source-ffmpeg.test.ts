@@ -6,27 +6,17 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import sharp from 'sharp';
 import { createFfmpegSource, type FfmpegSource } from '../nodes/source-ffmpeg.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import { isRejection, type SourceIncident, type SourceItem, type SourceRejection } from '../pipeline/types.ts';
 import type { CameraFrame } from '../nodes/payloads.ts';
+import { freePort } from './fixtures.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 const dir = join(root, '.cache', 'source-ffmpeg');
 const video = join(dir, 'testsrc-10fps-2s.mkv');
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-    server.on('error', reject);
-  });
-}
 
 /** Reads a source until `until` says stop (or it ends), collecting frames, rejections and incidents. */
 async function read(
