@@ -32,7 +32,10 @@ export interface BenchCamerasOptions {
   readonly imageTokens: number;
   /** Each frame's deadline after capture (ms). */
   readonly budgetMs: number;
+  /** One KV buffer for every camera (default: the config's, true). */
   readonly kvUnified?: boolean;
+  /** Drop a frame before preprocess when the decoder predicts it misses (default true, the config's). */
+  readonly dropPredictedMiss?: boolean;
   readonly prefillChunk?: number;
   readonly maxActive?: number;
   readonly encodeWaitMs?: number;
@@ -80,6 +83,7 @@ export interface BenchCamerasResult {
   readonly encoder_frames: number;
   readonly encoder_batch_max: number;
   readonly kv_unified: boolean;
+  readonly drop_predicted_miss: boolean;
   readonly prefill_chunk: number;
   /** Where the host side waits: the JS thread's busy fraction and its worst delays, and how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
@@ -140,7 +144,11 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     })),
     encoder: encoderSection(opts.encoder, gpuLayers),
     decoder: { model: opts.model, gpuLayers, ...(opts.jumpForward !== undefined ? { jumpForward: opts.jumpForward } : {}) },
-    budgets: { endToEndMs: budgetMs, stages: {}, dropPredictedMiss: false },
+    budgets: {
+      endToEndMs: budgetMs,
+      stages: {},
+      ...(opts.dropPredictedMiss !== undefined ? { dropPredictedMiss: opts.dropPredictedMiss } : {}),
+    },
     edges: { default: { policy: 'latest' } },
     ladder: { enabled: false, initial: { imageTokens }, rungs: [] },
     batching: {
@@ -212,6 +220,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     encoder_frames: enc.frames,
     encoder_batch_max: enc.maxBatch,
     kv_unified: config.batching.kvUnified,
+    drop_predicted_miss: config.cameras![0]!.budgets.dropPredictedMiss,
     prefill_chunk: config.batching.prefillChunk,
     host,
   };

@@ -90,6 +90,50 @@ describe('deadlines', () => {
     assertConservation(plain);
   });
 
+  test("a stage's own prediction drops a frame before the stages ahead of it spend on it (real clock only)", async () => {
+    // The decode stage predicts its time itself (a decoder shared by cameras: its queue and sharing);
+    // its past runs say nothing of it. Ten minutes against a one-minute budget: every frame is
+    // dropped at preprocess entry, before preprocess or encode run; a prediction that fits drops none.
+    const run = async (predictedMs: number, clock: 'real' | 'virtual') => {
+      const preprocess = fakeStage<number>('preprocess');
+      const encode = fakeStage<number>('encode');
+      const decode = Object.assign(fakeStage<number>('decode'), { predictMs: () => predictedMs });
+      const result = await runGraph({
+        source: fakeSource({ frames: 4, periodMs: 5 }),
+        stages: chain(preprocess, encode, decode),
+        ...(clock === 'real' ? { clock: new RealClock() } : {}),
+        config: testConfig({
+          clock,
+          budgets: { endToEndMs: 60_000, stages: {}, dropPredictedMiss: true },
+          edges: { default: { policy: 'queue', capacity: 4 } },
+          ladder: { enabled: false, minSamples: 1 },
+        }),
+      });
+      assertConservation(result);
+      return { result, calls: [preprocess.calls, encode.calls, decode.calls] };
+    };
+    const doomed = await run(600_000, 'real');
+    assert.deepEqual(doomed.calls, [0, 0, 0], 'no stage ran for a doomed frame');
+    const drops = doomed.result.events.flatMap((e) => (e.type === 'drop' ? [e] : []));
+    assert.equal(drops.length, 4);
+    for (const d of drops) {
+      assert.equal(d.stage, 'preprocess');
+      assert.equal(d.reason, 'stale');
+      assert.match(
+        d.detail,
+        /^predicted miss: the remaining stages take at least 600000\.000 ms \(decode predicts 600000\.0 ms\), [\d.]+ ms left$/,
+      );
+    }
+    assert.equal(doomed.result.summary.drops.byReason.stale, 4);
+
+    const fits = await run(5, 'real');
+    assert.deepEqual(fits.calls, [4, 4, 4]);
+    assert.equal(fits.result.summary.frames.out, 4);
+    // A virtual graph's time is its own: a stage's monotonic-clock prediction does not apply.
+    const virtual = await run(600_000, 'virtual');
+    assert.deepEqual(virtual.calls, [4, 4, 4]);
+  });
+
   test('a decoder-like stage is cancelled at its stage budget and says why', async () => {
     // 10 ms per token, up to 48 tokens, decode budget 100 ms: the signal fires after 10 tokens.
     const decode = fakeDecoder('decode', { tokens: 48, msPerToken: 10 });

@@ -129,8 +129,15 @@ public:
     void clear(int32_t seq);
     // KV positions the sequence holds (as of the last step).
     int32_t cachedPositions(int32_t seq) const { return positions_[size_t(seq)].load(std::memory_order_relaxed); }
+    // KV positions one sequence may hold (prompt + new tokens): its stream, or its share of a unified cache.
+    int32_t nCtxSeq() const { return nCtxSeq_; }
     // Steps run so far (every llama_decode round over the active sequences).
     int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
+    // Any thread. The time (ms) admission would predict for a request submitted now, by the rule
+    // that drops it before its prefill (see Deadlines; as of the last step): a caller with work to
+    // do before it submits (preprocess, encode) can drop a frame that would be dropped anyway.
+    // 0: nothing to predict from, or an idle decoder that would admit anything (a probe).
+    double predictedMs() const;
 
 private:
     struct Active;
@@ -156,6 +163,7 @@ private:
     void finish(Active & a);
     void fail(Active & a, const std::string & why, const char * code = nullptr);
     void removeFinished();
+    void publishPrediction();
     void rollbackPartialImage(Active & a);
     void syncPositions(int32_t seq);
     struct StepTime {
@@ -185,6 +193,8 @@ private:
     std::vector<std::vector<CacheItem>> caches_;  // per sequence
     std::unique_ptr<std::atomic<int32_t>[]> positions_;
     std::atomic<int64_t> steps_{0};
+    std::atomic<double> predicted_{0};
+    std::atomic<int64_t> idleSinceNs_{0};  // the last step's end while idle; 0: busy
     uint64_t rotation_ = 0;
     // What admission predicts from (see Deadlines): per sharing (index: sequences in the step less
     // one) the last steps' ms; the last prefill times and generation steps.

@@ -19,7 +19,8 @@
 //   concurrently, so stage k works on frame n+1 while stage k+1 works on frame n.
 // - At entry: drop 'stale' if the frame's deadline has passed, or (budgets.dropPredictedMiss) if
 //   the fastest recent runs of the remaining stages (those measured at the frame's level), summed,
-//   would still miss it.
+//   would still miss it; a stage that predicts its own time (Stage.predictMs: a shared decoder's
+//   queue and sharing) counts the larger of that and its fastest run.
 // - ctx.signal: aborts with a StageAbort at the stage deadline = min(frame deadline, entry + stage
 //   budget), reason 'deadline', or at stop(), reason 'shutdown'. A stage gives up by throwing
 //   ctx.signal.reason (pipeline/abort.ts helps with uninterruptible work), or a StageAbort of its
@@ -140,6 +141,17 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly costModel: CostModel;
   readonly ladder: DegradeLadder;
   readonly dropPredictedMiss: boolean;
+
+  stagePredictedMs(i: number): number {
+    // A stage predicts on the monotonic clock it runs on; a virtual graph's time is its own.
+    if (this.virtual) return 0;
+    const ms = this.#stages[i]!.predictMs?.() ?? 0;
+    return ms > 0 ? ms : 0;
+  }
+
+  stageName(i: number): string {
+    return this.#stages[i]!.name;
+  }
 
   readonly #source: FrameSource<unknown>;
   readonly #stages: readonly Stage<unknown, unknown>[];

@@ -52,6 +52,10 @@ export interface RunnerHost {
   readonly costModel: CostModel;
   readonly ladder: DegradeLadder;
   readonly dropPredictedMiss: boolean;
+  /** Stage i's own prediction for a call entering it now (Stage.predictMs; 0: none, or a virtual clock). */
+  stagePredictedMs(i: number): number;
+  /** Stage i's name. */
+  stageName(i: number): string;
   emit(event: TelemetryEvent): void;
   drop(frameId: number, stage: string, reason: DropReason, detail: string): void;
 }
@@ -262,12 +266,18 @@ export class StageRunner {
     if (host.shutdown.aborted) return this.#skip(env, 'shutdown', 'graph stopping');
     if (enterNs >= env.deadlineNs) return this.#skip(env, 'stale', `deadline passed ${fmtMs(enterNs - env.deadlineNs)} ms before entry`);
     if (host.dropPredictedMiss) {
-      const fastestMs = host.costModel.predict(env.degradeLevel, 'min', this.#index).ms;
+      const own: string[] = [];
+      const floor = (i: number): number => {
+        const ms = host.stagePredictedMs(i);
+        if (ms > 0) own.push(`${host.stageName(i)} predicts ${ms.toFixed(1)} ms`);
+        return ms;
+      };
+      const fastestMs = host.costModel.predict(env.degradeLevel, 'min', this.#index, floor).ms;
       if (fastestMs > 0 && enterNs + msToNs(fastestMs) > env.deadlineNs) {
         return this.#skip(
           env,
           'stale',
-          `predicted miss: the remaining stages take at least ${fastestMs.toFixed(3)} ms, ${fmtMs(env.deadlineNs - enterNs)} ms left`,
+          `predicted miss: the remaining stages take at least ${fastestMs.toFixed(3)} ms${own.length ? ` (${own.join(', ')})` : ''}, ${fmtMs(env.deadlineNs - enterNs)} ms left`,
         );
       }
     }
