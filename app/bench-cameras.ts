@@ -70,6 +70,9 @@ export interface BenchCamerasResult {
   readonly actions_per_s: number;
   /** Tokens generated per second over all cameras (cancelled frames' tokens included). */
   readonly tokens_per_s: number;
+  /** Frames dropped at each stage's entry or in it, by reason (a predicted miss before preprocess
+   * saves the encoder and decoder work; one in decode saved only the decode). */
+  readonly dropped_by_stage: Readonly<Record<string, Readonly<Record<string, number>>>>;
   readonly stages_ms_p50: Readonly<Record<string, number | null>>;
   readonly stages_ms_p99: Readonly<Record<string, number | null>>;
   /** The share of a frame's decode steps that ran on llama.cpp's previous graph (an unchanged
@@ -211,6 +214,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     frames_out: summary.frames.out,
     actions_per_s: durationS > 0 ? round(summary.frames.out / durationS) : 0,
     tokens_per_s: durationS > 0 ? round(tokens / durationS) : 0,
+    dropped_by_stage: summary.drops.byStage as Record<string, Record<string, number>>,
     stages_ms_p50: pick('p50Ms'),
     stages_ms_p99: pick('p99Ms'),
     decode_graph_reuse: steps > 0 ? round(graphReuses / steps) : null,

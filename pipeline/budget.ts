@@ -113,29 +113,26 @@ export class CostModel {
 
   /** Predicted time (ms) of the stages from index `from` on at `level`: the sum of their quantiles
    * ('quantile') or of their fastest recent runs ('min'). A stage with fewer than minSamples
-   * durations counts as 0, so `ms` is a lower bound unless `complete`. `floor(i)`: a least time
-   * stage i predicts for itself (its own queue or sharing, which its past runs do not show); each
-   * stage counts the larger of the two. */
-  predict(
-    level: number,
-    kind: 'quantile' | 'min',
-    from = 0,
-    floor?: (stage: number) => number,
-  ): { readonly ms: number; readonly complete: boolean } {
+   * durations counts as 0, so `ms` is a lower bound unless `complete`. */
+  predict(level: number, kind: 'quantile' | 'min', from = 0): { readonly ms: number; readonly complete: boolean } {
     let ms = 0;
     let complete = true;
     for (let i = from; i < this.#stages.length; i++) {
       const window = this.#window(this.#stages[i]!, level);
-      const least = floor?.(i) ?? 0;
       if (window.count < this.#minSamples) {
         complete = false;
-        ms += least;
         continue;
       }
       const estimate = window.estimate(this.#quantile);
-      ms += Math.max(least, kind === 'quantile' ? estimate.quantileMs : estimate.minMs);
+      ms += kind === 'quantile' ? estimate.quantileMs : estimate.minMs;
     }
     return { ms, complete };
+  }
+
+  /** The fastest recent run (ms) of `stage` at `level`; 0 with fewer than minSamples durations. */
+  fastestMs(stage: string, level: number): number {
+    const window = this.#window(stage, level);
+    return window.count < this.#minSamples ? 0 : window.estimate(this.#quantile).minMs;
   }
 
   #window(stage: string, level: number): CostWindow {

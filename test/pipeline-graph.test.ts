@@ -90,6 +90,43 @@ describe('deadlines', () => {
     assertConservation(plain);
   });
 
+  test('a frame that would wait behind the previous one in a later stage and miss is dropped before the stages ahead', async () => {
+    // Frames every 100 ms, deadline capture + 420 ms; preprocess 10 ms, decode 230 ms, 'latest'
+    // edges, minSamples 1. f0: 0-10, decode 10-240. f1 and f2 enter preprocess before decode has a
+    // timed run (they pass); f2 replaces f1 at decode and runs 240-470. f3 (dl 720) at 300: ready at
+    // 310, decode free at 470, ends 700: passes; f4 (dl 820) replaces it, runs 470-700. f5 (dl 920)
+    // at 500: ready at 510, decode free at 700, ends 930: dropped at preprocess entry, never run.
+    // f6 (dl 1020) at 600: ends 930, runs 700-930. Without the rule f5 is preprocessed and then replaced.
+    const run = async (dropPredictedMiss: boolean) => {
+      const preprocess = fakeStage<number>('preprocess');
+      const result = await runGraph({
+        source: fakeSource({ frames: 7, periodMs: 100 }),
+        stages: chain(preprocess, fakeStage<number>('decode')),
+        config: testConfig({
+          budgets: { endToEndMs: 420, stages: {}, dropPredictedMiss },
+          edges: { default: { policy: 'latest' } },
+          ladder: { enabled: false, minSamples: 1 },
+          virtualServiceMs: { preprocess: 10, decode: 230 },
+        }),
+      });
+      assertConservation(result);
+      return { result, preprocessCalls: preprocess.calls };
+    };
+    const ruled = await run(true);
+    assert.deepEqual(framesOf(ruled.result.outputs), [0, 2, 4, 6]);
+    assert.deepEqual(dropsOf(ruled.result.events), [
+      { frameId: 1, stage: 'decode', reason: 'conflated' },
+      { frameId: 3, stage: 'decode', reason: 'conflated' },
+      { frameId: 5, stage: 'preprocess', reason: 'stale' },
+    ]);
+    const detail = ruled.result.events.flatMap((e) => (e.type === 'drop' && e.frameId === 5 ? [e.detail] : []))[0];
+    assert.equal(detail, 'predicted miss: the remaining stages take at least 430.000 ms (decode busy for 190.0 ms more), 420.000 ms left');
+    assert.equal(ruled.preprocessCalls, 6);
+    const plain = await run(false);
+    assert.deepEqual(framesOf(plain.result.outputs), [0, 2, 4, 6], 'the same actions');
+    assert.equal(plain.preprocessCalls, 7);
+  });
+
   test("a stage's own prediction drops a frame before the stages ahead of it spend on it (real clock only)", async () => {
     // The decode stage predicts its time itself (a decoder shared by cameras: its queue and sharing);
     // its past runs say nothing of it. Ten minutes against a one-minute budget: every frame is
