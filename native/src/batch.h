@@ -47,7 +47,11 @@
 //   bidirectionally is taken whole (it must sit in one ubatch): beside other whole images of as
 //   many rows while they fit the chunk and the ubatch, alone when it does not fit the chunk.
 // - Layout: each step's rows go in ascending sequence order (with a KV stream per sequence,
-//   llama.cpp cuts a batch into ubatches of consecutive sequence ids).
+//   llama.cpp cuts a batch into ubatches of consecutive sequence ids). Even so, with a stream per
+//   sequence a step whose sequences skip an id (a camera between two frames) or that reads a prompt
+//   chunk beside other sequences' tokens (split_equal takes as many tokens from each sequence) runs
+//   as two or more ubatches: each a pass over the weights, and a graph that is never reused (the
+//   previous one had the other shape). One KV buffer (kvUnified) takes any step in one ubatch.
 // - Deadlines and cancels are checked between steps: a decode in flight is never aborted, because
 //   it serves every other sequence too.
 #pragma once
