@@ -26,8 +26,8 @@ export interface BenchFrameOptions {
   readonly gpuLayers: number;
   /** Absent: the action schema's worst case (the decoder's config default). */
   readonly maxNewTokens?: number;
-  /** decoder.stepTokens (default: the config's). */
-  readonly stepTokens?: number;
+  /** decoder.threads: llama.cpp's CPU threads (default: the config's, every core). */
+  readonly threads?: number;
   readonly draftMtp?: string;
   readonly draft?: string;
   readonly ngram?: boolean;
@@ -164,7 +164,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
           model: opts.model,
           gpuLayers,
           ...maxNewTokens,
-          ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
+          ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
           draft: opts.draft ?? null,
           draftMtp: opts.draftMtp ?? null,
           ngram: opts.ngram ?? false,

@@ -100,8 +100,6 @@ export interface NativeGenerateOptions {
   stopTokens: readonly number[];
   ignoreEos: boolean;
   jumpForward: boolean;
-  /** Pad every generation step to this many tokens (0: off). */
-  stepTokens: number;
   recordSampleTimes: boolean;
   speculative: boolean;
   /** A cancel() may come while llama.cpp computes: install its abort callback (else checked between tokens). */

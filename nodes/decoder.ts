@@ -73,8 +73,6 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
   readonly modelInfo: ModelInfo;
 }
 
-/** Generation steps are padded to this many tokens with layers on a GPU (decoder.stepTokens null). */
-const STEP_TOKENS_GPU = 8;
 const IMAGE_MARKER = '<__percept_image__>';
 
 /** The per-frame token budget: the configured one if a complete action always fits in it, else the grammar's worst case. */
@@ -158,9 +156,6 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   if (typeof config.actionSchema?.schema !== 'object')
     throw new TypeError('createDecoderStage: actionSchema must be the result of loadActionSchema()');
   const { temperature, seed, jumpForward, gpuLayers } = config;
-  // On a GPU a step costs about the same for 1 to 8 tokens, and one shape lets ggml-cuda replay its
-  // CUDA graph; on a CPU the padding would be computed for nothing.
-  const stepTokens = config.stepTokens ?? (gpuLayers > 0 ? STEP_TOKENS_GPU : 0);
 
   const model = await LlamaModel.load(config.model, { gpuLayers });
   let draft: LlamaModel | undefined;
@@ -240,7 +235,6 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       maxTokens,
       grammar,
       jumpForward,
-      stepTokens,
       temperature,
       ...(temperature > 0 ? SAMPLING : {}),
       seed: (seed + sc.frame.frameId) >>> 0,

@@ -394,7 +394,6 @@ GenerateOptions parseGenerateOptions(const Napi::Object & o, const ModelInfo & m
     g.sampling.seed = uint32_t(requireInt(o, "seed", 0, 0xFFFFFFFFLL, w));
     g.ignoreEos = requireBool(o, "ignoreEos", w);
     g.jumpForward = requireBool(o, "jumpForward", w);
-    g.stepTokens = int32_t(requireInt(o, "stepTokens", 0, 64, w));
     g.recordSampleTimes = requireBool(o, "recordSampleTimes", w);
     g.speculative = requireBool(o, "speculative", w);
     g.cancellable = requireBool(o, "cancellable", w);
