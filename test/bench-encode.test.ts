@@ -40,6 +40,19 @@ test(
     assert.ok(ph.upload_ms.p50 > 0 && ph.graph_compute_ms.p50 > 0);
     assert.deepEqual([clip.check!.against, clip.check!.tokens], ['clip', 264]);
     assert.ok(clip.check!.worst_token_cosine >= 0.9999, `worst per-token cosine against clip ${clip.check!.worst_token_cosine}`);
+    assert.deepEqual([clip.flash_attention_head, clip.head_size], [16, 16]);
+    // --flash-attention padded: heads of 40 run at 64; --check compares with clip's unpadded attention
+    const padded = await benchEncode({
+      encoder: 'synth:gemma4-vision-tiny-h40-mmproj',
+      ep: 'cpu',
+      imageTokens: 70,
+      iterations: 1,
+      threads: 1,
+      flashAttention: 'padded',
+      check: true,
+    });
+    assert.deepEqual([padded.clip!.flash_attention_head, padded.clip!.head_size], [64, 40]);
+    assert.ok(padded.clip!.check!.worst_token_cosine >= 0.9999, `padded vs clip: ${padded.clip!.check!.worst_token_cosine}`);
     const viaClip = await benchEncode({
       encoder: 'synth:gemma4-vision-tiny-mmproj',
       ep: 'cpu',
