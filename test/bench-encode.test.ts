@@ -87,5 +87,12 @@ test('bench frame reports the first frame apart from the rest, with and without 
       assert.ok(r.stages_first_ms[stage]! > 0, `${stage} first frame time`);
       assert.ok(r.stages_first_over_median[stage]! > 0, `${stage} ratio`);
     }
+    const d = r.first_frame_decode!;
+    assert.ok(d.prefill_ms! > 0 && d.decode_ms_per_token! > 0 && d.new_tokens! > 0 && d.other_ms !== null);
+    assert.equal(d.prompt_tokens, r.prompt_tokens_median);
+    // After the warm-up the first frame finds the cache as every later frame does: the text before
+    // the image reused, its own image prefilled (not the warm-up's image, nor an empty cache).
+    assert.equal(d.reused_tokens, warmup ? r.reused_tokens_median : 0, `reused tokens of the first frame, warm-up ${warmup}`);
+    assert.ok(r.reused_tokens_median! > 0 && r.reused_tokens_median! < r.prompt_tokens_median!);
   }
 });
