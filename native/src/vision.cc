@@ -223,9 +223,8 @@ void reserveWarmupShape(VisionGraph & graph, const VisionMeta & m) {
 }
 
 // clip's flash attention (-1 where the backend runs it, 0 off, 1 on) for the asked mode. clip cannot
-// pad heads: on CUDA, 'auto' turns it off for a head size without a tensor-core kernel (SigLIP
-// so400m's 72: 76 ms without, 133 ms with the generic tile kernel, 896² on an H200), and 'padded'
-// means on at the tower's own head size.
+// pad heads: on CUDA, 'auto' turns it off for a head size without a tensor-core kernel (slower than
+// none, see tensorCoreFlashHead), and 'padded' means on at the tower's own head size.
 int32_t clipFlashAttention(FlashAttention asked, bool useGpu, const VisionMeta & m) {
     switch (asked) {
     case FlashAttention::On:
