@@ -26,6 +26,8 @@ export interface BenchFrameOptions {
   readonly gpuLayers: number;
   /** Absent: the action schema's worst case (the decoder's config default). */
   readonly maxNewTokens?: number;
+  /** decoder.stepTokens (default: the config's). */
+  readonly stepTokens?: number;
   readonly draftMtp?: string;
   readonly draft?: string;
   readonly ngram?: boolean;
@@ -64,6 +66,13 @@ export interface BenchFrameResult {
   /** The decode stage's time outside prefill and token generation: the request's setup (prompt
    * plan, sampler and grammar state), the thread hand-offs. */
   readonly decode_other_ms_median: number | null;
+  /** Where the decode time goes (the binding only): llama_decode calls per frame, the mean time of a
+   * call that decodes one token and of one that decodes more (a sampled token with its forced run, or
+   * drafts), and the share of calls where llama.cpp reused the previous step's graph. */
+  readonly decode_calls_median: number | null;
+  readonly single_decode_ms_mean: number | null;
+  readonly multi_decode_ms_mean: number | null;
+  readonly graph_reuse_share: number | null;
   /** openai, where the server reports its timings (llama-server): the HTTP path's own cost per request
    * (round trip − the server's prefill and decode): transport, JSON, base64, image decoding, templating,
    * grammar setup, and any wait for a free slot (none at concurrency 1 against an idle server). */
@@ -78,6 +87,9 @@ export interface FirstFrameDecode {
   readonly prefill_ms: number | null;
   readonly decode_ms_per_token: number | null;
   readonly other_ms: number | null;
+  /** llama_decode calls, and those where llama.cpp reused the previous step's graph. */
+  readonly decode_calls: number | null;
+  readonly graph_reuses: number | null;
 }
 
 /** One frame's figures, for benches that pool frames over several runs: its time and what its decode
@@ -90,6 +102,11 @@ export interface FrameSample {
   readonly newTokens: number | null;
   readonly prefillMs: number | null;
   readonly decodeMs: number | null;
+  readonly decodeCalls: number | null;
+  readonly singleDecodeCalls: number | null;
+  readonly singleDecodeMs: number | null;
+  readonly llamaDecodeMs: number | null;
+  readonly graphReuses: number | null;
   readonly httpMs: number | null;
   /** The decode stage's own time. */
   readonly decodeStageMs: number | null;
@@ -103,6 +120,10 @@ export type DecodeFigures = Pick<
   | 'prefill_ms_median'
   | 'decode_ms_per_token_median'
   | 'decode_other_ms_median'
+  | 'decode_calls_median'
+  | 'single_decode_ms_mean'
+  | 'multi_decode_ms_mean'
+  | 'graph_reuse_share'
   | 'http_ms_p50'
   | 'http_ms_p99'
 >;
@@ -117,6 +138,12 @@ export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
   const values = (f: (s: FrameSample) => number | null): number[] => frames.flatMap((s) => (f(s) === null ? [] : [f(s)!]));
   const stat = (v: number[], q?: number): number | null => (v.length ? round(q === undefined ? median(v) : quantile(v, q)) : null);
   const http = values((s) => s.httpMs);
+  const sum = (f: (s: FrameSample) => number | null): number => values(f).reduce((a, b) => a + b, 0);
+  const calls = sum((s) => s.decodeCalls);
+  const single = sum((s) => s.singleDecodeCalls);
+  const singleMs = sum((s) => s.singleDecodeMs);
+  const allMs = sum((s) => s.llamaDecodeMs);
+  const ratioOf = (a: number, b: number): number | null => (b > 0 ? round(a / b) : null);
   return {
     prompt_tokens_median: stat(values((s) => s.promptTokens)),
     reused_tokens_median: stat(values((s) => s.reusedTokens)),
@@ -124,6 +151,13 @@ export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
     prefill_ms_median: stat(values((s) => s.prefillMs)),
     decode_ms_per_token_median: stat(values(msPerToken)),
     decode_other_ms_median: stat(values(decodeOtherMs)),
+    decode_calls_median: stat(values((s) => s.decodeCalls)),
+    single_decode_ms_mean: ratioOf(singleMs, single),
+    multi_decode_ms_mean: ratioOf(allMs - singleMs, calls - single),
+    graph_reuse_share: ratioOf(
+      sum((s) => s.graphReuses),
+      calls,
+    ),
     http_ms_p50: stat(http, 0.5),
     http_ms_p99: stat(http, 0.99),
   };
@@ -155,6 +189,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
           model: opts.model,
           gpuLayers,
           ...maxNewTokens,
+          ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
           draft: opts.draft ?? null,
           draftMtp: opts.draftMtp ?? null,
           ngram: opts.ngram ?? false,
@@ -201,6 +236,11 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
       newTokens: n('tokens'),
       prefillMs: n('prefillMs'),
       decodeMs: n('decodeMs'),
+      decodeCalls: n('decodeCalls'),
+      singleDecodeCalls: n('singleDecodeCalls'),
+      singleDecodeMs: n('singleDecodeMs'),
+      llamaDecodeMs: n('llamaDecodeMs'),
+      graphReuses: n('graphReuses'),
       httpMs: n('httpMs'),
       decodeStageMs: stages.decode ?? null,
     };
@@ -247,6 +287,8 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
             prefill_ms: orNull(firstSample.prefillMs),
             decode_ms_per_token: orNull(msPerToken(firstSample)),
             other_ms: orNull(decodeOtherMs(firstSample)),
+            decode_calls: firstSample.decodeCalls,
+            graph_reuses: firstSample.graphReuses,
           }
         : null,
     warmup: opts.warmup,

@@ -184,6 +184,11 @@ speculationOptions(
   .option('--frames <n>', 'frames', int('--frames'), 20)
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
   .option('--max-new-tokens <n>', "max new tokens per action (default: the action schema's worst case)", int('--max-new-tokens'))
+  .option(
+    '--step-tokens <n>',
+    'pad every generation step to n tokens (decoder.stepTokens; default: 8 on a GPU, 0 on the CPU)',
+    int('--step-tokens'),
+  )
   .option('--gpu-layers <n>', 'decoder layers on the GPU', int('--gpu-layers'), 0)
   .option('--no-warmup', 'skip the warm-up at load (to see what the first frame pays without it)')
   .option('--json', 'print JSON')

@@ -100,6 +100,8 @@ export interface NativeGenerateOptions {
   stopTokens: readonly number[];
   ignoreEos: boolean;
   jumpForward: boolean;
+  /** Pad every generation step to this many tokens (0: off). */
+  stepTokens: number;
   recordSampleTimes: boolean;
   speculative: boolean;
   /** A cancel() may come while llama.cpp computes: install its abort callback (else checked between tokens). */
@@ -125,6 +127,11 @@ export interface NativeTimings {
   readonly draftMs: number;
   /** Time inside llama_decode (+ synchronize) during generation; the rest is our loop. */
   readonly llamaDecodeMs: number;
+  /** Generation decodes of exactly one token, and their time (the rest carry a forced run or drafts). */
+  readonly singleDecodeCalls: number;
+  readonly singleDecodeMs: number;
+  /** Generation decodes where llama.cpp reused the previous graph (same ubatch shape). */
+  readonly graphReuses: number;
 }
 
 export interface NativeGenerateResult {

@@ -395,6 +395,13 @@ export interface GenerateOptions {
    * sampled token, instead of one decode each. The tokens are the same either way.
    */
   readonly jumpForward?: boolean;
+  /**
+   * Decode every generation step as this many tokens (default 0: off): the step's tokens, then
+   * padding that leaves the cache after the decode. With one shape for every step llama.cpp reuses
+   * its graph and ggml-cuda replays its CUDA graph; a step with more tokens than this is decoded
+   * as it is. Outputs are the same as without padding (causal attention: the padding comes after).
+   */
+  readonly stepTokens?: number;
   /** Return the duration of every sampling step (`sampleUs`; benchmarks). */
   readonly recordSampleTimes?: boolean;
   /** Use the context's speculator (default true when one is attached). */
@@ -447,6 +454,7 @@ const GENERATE_KEYS = [
   'ignoreEos',
   'grammar',
   'jumpForward',
+  'stepTokens',
   'recordSampleTimes',
   'speculative',
   'nDraft',
@@ -565,6 +573,7 @@ export class LlamaContext {
     if (options.onTokens !== undefined && typeof options.onTokens !== 'function')
       throw invalid('options.onTokens', 'a function', options.onTokens);
     const nDraft = options.nDraft === undefined ? undefined : intIn('options.nDraft', options.nDraft, 0, 256);
+    const stepTokens = options.stepTokens === undefined ? 0 : intIn('options.stepTokens', options.stepTokens, 0, 64);
     const batched = this.info.nSeq > 1;
     const seq = options.seq === undefined ? 0 : intIn('options.seq', options.seq, 0, this.info.nSeq - 1);
     if (batched && options.onTokens !== undefined)
@@ -595,6 +604,7 @@ export class LlamaContext {
           stopTokens,
           ignoreEos: options.ignoreEos ?? false,
           jumpForward: options.jumpForward ?? false,
+          stepTokens,
           recordSampleTimes: options.recordSampleTimes ?? false,
           speculative: options.speculative ?? true,
           cancellable: signal !== undefined,

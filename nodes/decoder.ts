@@ -73,6 +73,8 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
   readonly modelInfo: ModelInfo;
 }
 
+/** Generation steps are padded to this many tokens with layers on a GPU (decoder.stepTokens null). */
+const STEP_TOKENS_GPU = 8;
 const IMAGE_MARKER = '<__percept_image__>';
 
 /** The per-frame token budget: the configured one if a complete action always fits in it, else the grammar's worst case. */
@@ -156,6 +158,9 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   if (typeof config.actionSchema?.schema !== 'object')
     throw new TypeError('createDecoderStage: actionSchema must be the result of loadActionSchema()');
   const { temperature, seed, jumpForward, gpuLayers } = config;
+  // On a GPU a step costs about the same for 1 to 8 tokens, and one shape lets ggml-cuda replay its
+  // CUDA graph; on a CPU the padding would be computed for nothing.
+  const stepTokens = config.stepTokens ?? (gpuLayers > 0 ? STEP_TOKENS_GPU : 0);
 
   const model = await LlamaModel.load(config.model, { gpuLayers });
   let draft: LlamaModel | undefined;
@@ -235,6 +240,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       maxTokens,
       grammar,
       jumpForward,
+      stepTokens,
       temperature,
       ...(temperature > 0 ? SAMPLING : {}),
       seed: (seed + sc.frame.frameId) >>> 0,
@@ -259,7 +265,20 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         accepted: r.accepted,
         forced: r.forced,
         // Measured times only on a real clock: a virtual run's outputs must not depend on this machine.
-        ...(sc.clock.virtual ? {} : { prefillMs: r.timings.prefillMs, decodeMs: r.timings.decodeMs, sampleMs: r.timings.sampleMs }),
+        ...(sc.clock.virtual
+          ? {}
+          : {
+              prefillMs: r.timings.prefillMs,
+              decodeMs: r.timings.decodeMs,
+              sampleMs: r.timings.sampleMs,
+              // Where decode time goes: llama_decode calls (one per step), those of a single token and
+              // their time, and how often llama.cpp could reuse its graph.
+              decodeCalls: r.timings.decodeCalls,
+              singleDecodeCalls: r.timings.singleDecodeCalls,
+              singleDecodeMs: r.timings.singleDecodeMs,
+              llamaDecodeMs: r.timings.llamaDecodeMs,
+              graphReuses: r.batch ? r.batch.graphReuses : r.timings.graphReuses,
+            }),
         stopReason: r.stopReason,
         ...(r.batch
           ? {
@@ -267,7 +286,6 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
               steps: r.batch.steps,
               waitSteps: r.batch.waitSteps,
               peakSeqs: r.batch.peakSeqs,
-              graphReuses: r.batch.graphReuses,
             }
           : {}),
       },

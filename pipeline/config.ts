@@ -106,6 +106,8 @@ export interface DecoderConfig {
   readonly temperature: number;
   readonly seed: number;
   readonly jumpForward: boolean;
+  /** null: 8 with layers on a GPU, else 0 (the decoder resolves it). */
+  readonly stepTokens: number | null;
 }
 
 export interface PublisherConfig {

@@ -88,7 +88,7 @@ test('bench frame reports the first frame apart from the rest, with and without 
       assert.ok(r.stages_first_over_median[stage]! > 0, `${stage} ratio`);
     }
     const d = r.first_frame_decode!;
-    assert.ok(d.prefill_ms! > 0 && d.decode_ms_per_token! > 0 && d.new_tokens! > 0 && d.other_ms !== null);
+    assert.ok(d.prefill_ms! > 0 && d.decode_ms_per_token! > 0 && d.new_tokens! > 0 && d.other_ms !== null && d.decode_calls! > 0);
     assert.equal(d.prompt_tokens, r.prompt_tokens_median);
     // After the warm-up the first frame finds the cache as every later frame does: the text before
     // the image reused, its own image prefilled (not the warm-up's image, nor an empty cache).

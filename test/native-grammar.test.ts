@@ -64,6 +64,46 @@ describe('action-schema generation on gemma4-tiny', () => {
     }
   });
 
+  test('padded steps: identical tokens, one step shape (llama.cpp reuses its graph), the cache keeps only real tokens', async () => {
+    const prompts = ['Action:', 'The cup is near. Action JSON:', 'Stop?'];
+    for (const text of prompts) {
+      const prompt = [{ text, addSpecial: true }];
+      const plain = await ctx.generate(prompt, { maxTokens: grammar.maxTokens!, grammar, jumpForward: true });
+      const padded = await ctx.generate(prompt, { maxTokens: grammar.maxTokens!, grammar, jumpForward: true, stepTokens: 8 });
+      assert.deepEqual(padded.tokens, plain.tokens, text);
+      assert.equal(padded.forced, plain.forced);
+      // Forced runs longer than a step continue in the next one, so a padded run may take more steps.
+      assert.ok(padded.timings.decodeCalls >= plain.timings.decodeCalls);
+      // Every step has the same shape: only the first (after the prompt's) may not reuse the graph.
+      assert.ok(
+        padded.timings.graphReuses >= padded.timings.decodeCalls - 1,
+        `${text}: ${padded.timings.graphReuses} reuses in ${padded.timings.decodeCalls} steps (plain: ${plain.timings.graphReuses} in ${plain.timings.decodeCalls})`,
+      );
+      assert.equal(padded.timings.singleDecodeCalls, 0);
+    }
+    // Unconstrained, up to the end of a small context, where padding no longer fits: the same tokens.
+    // (Within one KV-cache view size: llama.cpp pads the attended cells to 256, and padding can reach
+    // the next size a few tokens early, which changes the attention kernel's summation order.)
+    const small = await model.createContext({ nCtx: 64, threads: 2 });
+    const prompt = [{ text: prompts[0]!, addSpecial: true }];
+    const promptTokens = model.tokenize(prompts[0]!, { addSpecial: true }).length;
+    const maxTokens = small.info.nCtx - promptTokens; // up to the context's last position
+    const plain = await small.generate(prompt, { maxTokens, ignoreEos: true });
+    const padded = await small.generate(prompt, { maxTokens, ignoreEos: true, stepTokens: 8 });
+    assert.deepEqual(padded.tokens, plain.tokens);
+    assert.equal(plain.timings.singleDecodeCalls, plain.timings.decodeCalls);
+    assert.ok(
+      padded.timings.singleDecodeCalls > 0 && padded.timings.singleDecodeCalls < 8,
+      `${padded.timings.singleDecodeCalls} unpadded steps at the end`,
+    );
+    // What padding left in the cache was dropped: the prompt is reused and the output is unchanged.
+    const again = await small.generate(prompt, { maxTokens, ignoreEos: true });
+    assert.ok(again.reusedTokens > 0);
+    assert.deepEqual(again.tokens, plain.tokens);
+    await small.dispose();
+    await assert.rejects(ctx.generate(prompt, { maxTokens: 4, stepTokens: 65 }), /stepTokens/);
+  });
+
   test('sampling looks only at the admitted tokens: the same seed gives the same action', async () => {
     const a = await ctx.generate(PROMPT, {
       maxTokens: grammar.maxTokens!,

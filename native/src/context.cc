@@ -141,6 +141,9 @@ Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSamp
     t.Set("sampleMs", r.sampleMs);
     t.Set("draftMs", r.draftMs);
     t.Set("llamaDecodeMs", r.llamaDecodeMs);
+    t.Set("singleDecodeCalls", r.singleDecodeCalls);
+    t.Set("singleDecodeMs", r.singleDecodeMs);
+    t.Set("graphReuses", r.graphReuses);
     o.Set("timings", t);
     if (recordSampleTimes) {
         Napi::Float32Array us = Napi::Float32Array::New(env, r.sampleUs.size());
@@ -391,6 +394,7 @@ GenerateOptions parseGenerateOptions(const Napi::Object & o, const ModelInfo & m
     g.sampling.seed = uint32_t(requireInt(o, "seed", 0, 0xFFFFFFFFLL, w));
     g.ignoreEos = requireBool(o, "ignoreEos", w);
     g.jumpForward = requireBool(o, "jumpForward", w);
+    g.stepTokens = int32_t(requireInt(o, "stepTokens", 0, 64, w));
     g.recordSampleTimes = requireBool(o, "recordSampleTimes", w);
     g.speculative = requireBool(o, "speculative", w);
     g.cancellable = requireBool(o, "cancellable", w);

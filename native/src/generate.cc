@@ -97,6 +97,9 @@ GenerateResult Generation::run() {
     res_.prefillTokens = p.positions - p.reusePositions;
     res_.decodeCalls = 0;  // from here on: generation decodes only
     res_.llamaDecodeMs = 0;
+    res_.singleDecodeCalls = 0;
+    res_.singleDecodeMs = 0;
+    res_.graphReuses = 0;
     res_.prefillMs = msSince(tPrefill);
     nPast_ = p.positions;
     if (opts_.maxTokens > 0) generate(tStart);
@@ -175,7 +178,7 @@ void Generation::generate(int64_t tStart) {
         const std::vector<llama_token> drafted = draft(batch);
         for (llama_token d : drafted) batch.add(d, nPast_ + batch.b.n_tokens, true);
         const int32_t nInBatch = batch.b.n_tokens;
-        if (decodeTokens(batch) != 0) break;
+        if (decodeTokens(batch, padTo(nInBatch)) != 0) break;
         nPast_ += nInBatch;
         done = drafted.empty() ? acceptSampled() : verify(drafted, firstRow);
         flush();
@@ -203,7 +206,10 @@ bool Generation::sampleFirst(int64_t tStart) {
 // Tokens the grammar alone decides ride along in this decode (leaving room for drafts), each one a
 // decode saved (counted in forced). True when generation is over.
 bool Generation::jumpForward(TokenBatch & batch) {
-    const int32_t room = int32_t(ctx_.options().nBatch) - int32_t(ctx_.options().maxOutputs);
+    int32_t room = int32_t(ctx_.options().nBatch) - int32_t(ctx_.options().maxOutputs);
+    // A forced run longer than a padded step continues in the next step (the grammar admits only
+    // its next token there), so the step keeps its shape.
+    if (opts_.stepTokens > 0) room = std::min(room, opts_.stepTokens);
     bool stop = false;
     while (!stop && batch.b.n_tokens < room) {
         if (grammarEnded()) {
@@ -387,16 +393,43 @@ int Generation::aborted() {
     return 2;
 }
 
-// Decodes a token batch; keeps the cache, the prompt history and the speculator in step.
+// Positions a generation step of n tokens is padded to: opts_.stepTokens while the padding fits in
+// the context, else none.
+int32_t Generation::padTo(int32_t n) const {
+    const int32_t want = opts_.stepTokens;
+    if (want <= n) return n;
+    if (nPast_ + want > int32_t(llama_n_ctx(ctx_.raw())) || want > int32_t(ctx_.options().nBatch)) return n;
+    return want;
+}
+
+// Decodes a token batch; keeps the cache, the prompt history and the speculator in step. With
+// padTo > n_tokens the batch is padded (positions after its own, no logits) and the padding's
+// cells are dropped after the decode: causal attention keeps it out of the real rows' outputs.
 // Returns 0 on success, 2 when aborted (cancel, deadline); throws on other failures.
-int Generation::decodeTokens(TokenBatch & batch) {
+int Generation::decodeTokens(TokenBatch & batch, int32_t padTo) {
     llama_context * lctx = ctx_.raw();
     const llama_pos p0 = batch.b.pos[0];
+    const int32_t nReal = batch.b.n_tokens;
+    if (padTo > nReal) {
+        const llama_token filler = batch.b.token[nReal - 1];
+        for (int32_t i = nReal; i < padTo; i++) batch.add(filler, p0 + i, false);
+    }
+    const int32_t reusedBefore = llama_perf_context(lctx).n_reused;
     const int64_t td0 = monotonicNs();
     const int ret = llama_decode(lctx, batch.b);
     llama_synchronize(lctx);
-    res_.llamaDecodeMs += msSince(td0);
+    const double ms = msSince(td0);
+    const int32_t nDecoded = batch.b.n_tokens;
+    const bool padded = nDecoded > nReal;
+    batch.b.n_tokens = nReal;
+    if (padded) llama_memory_seq_rm(llama_get_memory(lctx), 0, p0 + nReal, -1);
+    res_.llamaDecodeMs += ms;
     res_.decodeCalls++;
+    if (nDecoded == 1) {
+        res_.singleDecodeCalls++;
+        res_.singleDecodeMs += ms;
+    }
+    if (llama_perf_context(lctx).n_reused > reusedBefore) res_.graphReuses++;
     if (ret != 0) {
         llama_memory_seq_rm(llama_get_memory(lctx), 0, p0, -1);
         if (ret == 2) return aborted();

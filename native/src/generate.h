@@ -44,6 +44,11 @@ struct GenerateOptions {
     std::vector<int32_t> stopTokens;
     bool ignoreEos = false;
     bool jumpForward = false;
+    // Every generation step decodes this many tokens (0: as many as it has): the step's own tokens,
+    // then padding past them that is dropped from the cache after the decode. One shape for every
+    // step lets llama.cpp reuse its graph and ggml-cuda replay its CUDA graph, which a shape that
+    // changes from step to step (a sampled token alone, then one with its forced run) defeats.
+    int32_t stepTokens = 0;
     bool recordSampleTimes = false;
     bool speculative = false;
     int32_t nDraft = -1;  // -1: the speculator's nMax
@@ -63,6 +68,11 @@ struct GenerateResult {
     int32_t forced = 0;
     int32_t draftsCut = 0;  // draft tokens the grammar refused, cut before verification
     int32_t decodeCalls = 0;
+    // Generation decodes of one token apart from those with more (a token + its forced run, or
+    // drafts): llama.cpp reuses its graph (and ggml-cuda its CUDA graph) only while the shape stays.
+    int32_t singleDecodeCalls = 0;
+    int32_t graphReuses = 0;
+    double singleDecodeMs = 0;
     std::vector<float> sampleUs;  // per sampling step, with recordSampleTimes
     double prefillMs = 0, ttftMs = 0, decodeMs = 0, sampleMs = 0, draftMs = 0, llamaDecodeMs = 0;
 };
@@ -98,6 +108,7 @@ private:
     void generate(int64_t tStart);
     bool sampleFirst(int64_t tStart);
     bool jumpForward(TokenBatch & batch);
+    int32_t padTo(int32_t n) const;
     std::vector<llama_token> draft(const TokenBatch & batch);
     std::vector<llama_token> draftUnderGrammar(const TokenBatch & batch, int32_t nMax);
     void cutInvalidDrafts(std::vector<llama_token> & drafted);
@@ -108,7 +119,7 @@ private:
     bool grammarEnded();
     bool stopped();
     int aborted();
-    int decodeTokens(TokenBatch & batch);
+    int decodeTokens(TokenBatch & batch, int32_t padTo = 0);
     int decodeImage(const PromptItem & p, llama_pos pos0);
     void truncateKv(llama_pos from);
     llama_token sampleAt(int32_t idx);
