@@ -143,7 +143,14 @@ bench
       "mmproj: where each encode's time goes (phases: setup vs compute; ops: per op type, slows the run)",
     ).choices(['phases', 'ops']),
   )
-  .addOption(new Option('--flash-attention <mode>', 'mmproj: clip flash attention').choices(['auto', 'on', 'off']))
+  .addOption(
+    new Option('--flash-attention <mode>', 'mmproj: flash attention (padded: heads zero-padded to a tensor-core size)').choices([
+      'auto',
+      'on',
+      'off',
+      'padded',
+    ]),
+  )
   .option('--batch <n>', 'mmproj: also time N same-size frames in one encode call', int('--batch'))
   .addOption(
     new Option('--path <graph>', "mmproj: percept's persistent graph over clip's weights, or clip's own encode").choices([
