@@ -8,7 +8,7 @@ import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
 import { tokenCosines, type CameraFrame, type ImageEmbedding, type PixelTensor } from '../nodes/payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 import type { MtmdEncoderConfig, MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
-import type { VisionPhases, VisionProfile } from '../native/vision.ts';
+import type { VisionFlashAttention, VisionPhases, VisionProfile } from '../native/vision.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 import { quantile } from './stats.ts';
@@ -31,8 +31,9 @@ export interface BenchEncodeOptions {
   /** mmproj only: report where each encode's time goes ('phases': setup vs compute; 'ops': per op
    * type, synchronized after every node, so it slows what it measures). */
   readonly profile?: 'phases' | 'ops';
-  /** mmproj only: clip's flash attention (default 'auto': on where the backend supports it). */
-  readonly flashAttention?: 'auto' | 'on' | 'off';
+  /** mmproj only: flash attention in the tower (default 'auto': on where the backend supports it,
+   * padded heads on CUDA where the head size has no tensor-core kernel; 'padded' on any backend). */
+  readonly flashAttention?: VisionFlashAttention;
   /** mmproj only: also time N frames of one size in one encode call (encodeBatch). */
   readonly batch?: number;
   /** mmproj only: 'percept' (default), percept's persistent graph over clip's weights; 'clip', clip's
@@ -56,6 +57,10 @@ export interface BenchClipReport {
   readonly path: 'percept' | 'clip';
   readonly graph_fallback: string | null;
   readonly flash_attention: boolean | null;
+  /** The head size flash attention ran at (above the tower's own when padded); null without it. */
+  readonly flash_attention_head: number | null;
+  /** The tower's own head size (hidden ÷ heads). */
+  readonly head_size: number;
   readonly graph_splits: number;
   readonly graph_nodes: number;
   readonly compute_buffers_mib: Readonly<Record<string, number>>;
@@ -157,7 +162,7 @@ const benchContext = (imageTokens: number): StageContext =>
 
 /** What the bench needs of either encoder stage. */
 interface BenchedEncoder extends Stage<PixelTensor, ImageEmbedding> {
-  readonly contract: { readonly kind: 'gemma3' | 'gemma4' };
+  readonly contract: { readonly kind: 'gemma3' | 'gemma4'; readonly imageSize?: number };
   stats(): { readonly lastRunMs: number; readonly lastProfile?: VisionProfile; readonly lastPhases?: VisionPhases };
   close(): Promise<void>;
 }
@@ -228,7 +233,9 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   try {
     // The config's preprocess section (its defaults from the schema), with --threads for libvips.
     const { preprocess: preprocessConfig } = loadConfig({ preprocess: opts.threads !== undefined ? { threads: opts.threads } : {} });
-    const preprocess = createPreprocessStage({ contract: encoder.contract.kind, ...preprocessConfig });
+    // gemma3: the encoder's one input side (896 for real towers).
+    const { imageSize } = encoder.contract;
+    const preprocess = createPreprocessStage({ contract: encoder.contract.kind, ...preprocessConfig, ...(imageSize ? { imageSize } : {}) });
     const ctx = benchContext(imageTokens);
     const pre: number[] = [];
     const preCpu: number[] = [];
@@ -368,6 +375,8 @@ async function clipReport(
     path: info.graph,
     graph_fallback: info.graphFallback,
     flash_attention: info.flashAttention,
+    flash_attention_head: info.flashAttentionHead,
+    head_size: info.hidden / info.heads,
     graph_splits: info.graphSplits,
     graph_nodes: info.graphNodes,
     compute_buffers_mib: Object.fromEntries(info.computeBuffers.map((b) => [b.name, round(b.bytes / 2 ** 20)])),

@@ -26,6 +26,8 @@ export interface BenchFrameOptions {
   readonly gpuLayers: number;
   /** Absent: the action schema's worst case (the decoder's config default). */
   readonly maxNewTokens?: number;
+  /** decoder.threads: llama.cpp's CPU threads (default: the config's, every core). */
+  readonly threads?: number;
   readonly draftMtp?: string;
   readonly draft?: string;
   readonly ngram?: boolean;
@@ -47,6 +49,9 @@ export interface BenchFrameResult {
   readonly first_over_median: number | null;
   readonly stages_first_ms: Readonly<Record<string, number>>;
   readonly stages_first_over_median: Readonly<Record<string, number | null>>;
+  /** The first frame's decode note, set against the *_median figures below: whether a slow first
+   * decode is a slower prefill or token, or a longer action. Null where the decoder did not say. */
+  readonly first_frame_decode: FirstFrameDecode | null;
   readonly warmup: boolean;
   readonly image_tokens: number;
   readonly decoder: 'local' | 'openai';
@@ -58,11 +63,33 @@ export interface BenchFrameResult {
   /** The decoder's prefill (a server's includes its image encoding, the binding's does not). */
   readonly prefill_ms_median: number | null;
   readonly decode_ms_per_token_median: number | null;
+  /** The decode stage's time outside prefill and token generation: the request's setup (prompt
+   * plan, sampler and grammar state), the thread hand-offs. */
+  readonly decode_other_ms_median: number | null;
+  /** Where the decode time goes (the binding only): llama_decode calls per frame, the mean time of a
+   * call that decodes one token and of one that decodes more (a sampled token with its forced run, or
+   * drafts), and the share of calls where llama.cpp reused the previous step's graph. */
+  readonly decode_calls_median: number | null;
+  readonly single_decode_ms_mean: number | null;
+  readonly multi_decode_ms_mean: number | null;
+  readonly graph_reuse_share: number | null;
   /** openai, where the server reports its timings (llama-server): the HTTP path's own cost per request
    * (round trip − the server's prefill and decode): transport, JSON, base64, image decoding, templating,
    * grammar setup, and any wait for a free slot (none at concurrency 1 against an idle server). */
   readonly http_ms_p50: number | null;
   readonly http_ms_p99: number | null;
+}
+
+export interface FirstFrameDecode {
+  readonly prompt_tokens: number | null;
+  readonly reused_tokens: number | null;
+  readonly new_tokens: number | null;
+  readonly prefill_ms: number | null;
+  readonly decode_ms_per_token: number | null;
+  readonly other_ms: number | null;
+  /** llama_decode calls, and those where llama.cpp reused the previous step's graph. */
+  readonly decode_calls: number | null;
+  readonly graph_reuses: number | null;
 }
 
 /** One frame's figures, for benches that pool frames over several runs: its time and what its decode
@@ -75,7 +102,14 @@ export interface FrameSample {
   readonly newTokens: number | null;
   readonly prefillMs: number | null;
   readonly decodeMs: number | null;
+  readonly decodeCalls: number | null;
+  readonly singleDecodeCalls: number | null;
+  readonly singleDecodeMs: number | null;
+  readonly llamaDecodeMs: number | null;
+  readonly graphReuses: number | null;
   readonly httpMs: number | null;
+  /** The decode stage's own time. */
+  readonly decodeStageMs: number | null;
 }
 
 export type DecodeFigures = Pick<
@@ -85,23 +119,45 @@ export type DecodeFigures = Pick<
   | 'new_tokens_median'
   | 'prefill_ms_median'
   | 'decode_ms_per_token_median'
+  | 'decode_other_ms_median'
+  | 'decode_calls_median'
+  | 'single_decode_ms_mean'
+  | 'multi_decode_ms_mean'
+  | 'graph_reuse_share'
   | 'http_ms_p50'
   | 'http_ms_p99'
 >;
 
 const round = (x: number): number => Math.round(x * 1000) / 1000;
+const msPerToken = (s: FrameSample): number | null => (s.decodeMs !== null && s.newTokens ? s.decodeMs / s.newTokens : null);
+const decodeOtherMs = (s: FrameSample): number | null =>
+  s.decodeStageMs !== null && s.prefillMs !== null && s.decodeMs !== null ? s.decodeStageMs - s.prefillMs - s.decodeMs : null;
 
 /** The decode figures of a set of frames (see BenchFrameResult). */
 export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
   const values = (f: (s: FrameSample) => number | null): number[] => frames.flatMap((s) => (f(s) === null ? [] : [f(s)!]));
   const stat = (v: number[], q?: number): number | null => (v.length ? round(q === undefined ? median(v) : quantile(v, q)) : null);
   const http = values((s) => s.httpMs);
+  const sum = (f: (s: FrameSample) => number | null): number => values(f).reduce((a, b) => a + b, 0);
+  const calls = sum((s) => s.decodeCalls);
+  const single = sum((s) => s.singleDecodeCalls);
+  const singleMs = sum((s) => s.singleDecodeMs);
+  const allMs = sum((s) => s.llamaDecodeMs);
+  const ratioOf = (a: number, b: number): number | null => (b > 0 ? round(a / b) : null);
   return {
     prompt_tokens_median: stat(values((s) => s.promptTokens)),
     reused_tokens_median: stat(values((s) => s.reusedTokens)),
     new_tokens_median: stat(values((s) => s.newTokens)),
     prefill_ms_median: stat(values((s) => s.prefillMs)),
-    decode_ms_per_token_median: stat(values((s) => (s.decodeMs !== null && s.newTokens ? s.decodeMs / s.newTokens : null))),
+    decode_ms_per_token_median: stat(values(msPerToken)),
+    decode_other_ms_median: stat(values(decodeOtherMs)),
+    decode_calls_median: stat(values((s) => s.decodeCalls)),
+    single_decode_ms_mean: ratioOf(singleMs, single),
+    multi_decode_ms_mean: ratioOf(allMs - singleMs, calls - single),
+    graph_reuse_share: ratioOf(
+      sum((s) => s.graphReuses),
+      calls,
+    ),
     http_ms_p50: stat(http, 0.5),
     http_ms_p99: stat(http, 0.99),
   };
@@ -133,6 +189,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
           model: opts.model,
           gpuLayers,
           ...maxNewTokens,
+          ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
           draft: opts.draft ?? null,
           draftMtp: opts.draftMtp ?? null,
           ngram: opts.ngram ?? false,
@@ -170,7 +227,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
   const frames = [...spans.entries()]
     .sort(([a], [b]) => a - b)
     .map(([id, f]) => ({ total: Number(f.exit - f.enter) / 1e6, stages: f.stages, note: notes.get(id) }));
-  const samples: FrameSample[] = frames.map(({ total, note }) => {
+  const samples: FrameSample[] = frames.map(({ total, stages, note }) => {
     const n = (key: string): number | null => (typeof note?.[key] === 'number' ? note[key] : null);
     return {
       totalMs: total,
@@ -179,7 +236,13 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
       newTokens: n('tokens'),
       prefillMs: n('prefillMs'),
       decodeMs: n('decodeMs'),
+      decodeCalls: n('decodeCalls'),
+      singleDecodeCalls: n('singleDecodeCalls'),
+      singleDecodeMs: n('singleDecodeMs'),
+      llamaDecodeMs: n('llamaDecodeMs'),
+      graphReuses: n('graphReuses'),
       httpMs: n('httpMs'),
+      decodeStageMs: stages.decode ?? null,
     };
   });
   const pick = (q: 'p50Ms' | 'p99Ms') => Object.fromEntries(Object.entries(summary.stages).map(([name, s]) => [name, s[q]]));
@@ -188,6 +251,8 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
     return first === undefined || !(m > 0) ? null : round(first / m);
   };
   const [first, ...rest] = frames;
+  const firstSample = samples[0];
+  const orNull = (x: number | null): number | null => (x === null ? null : round(x));
   const result: BenchFrameResult = {
     frames_in: summary.frames.in,
     frames_out: summary.frames.out,
@@ -213,6 +278,19 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
           ]),
         )
       : {},
+    first_frame_decode:
+      firstSample && first?.note
+        ? {
+            prompt_tokens: firstSample.promptTokens,
+            reused_tokens: firstSample.reusedTokens,
+            new_tokens: firstSample.newTokens,
+            prefill_ms: orNull(firstSample.prefillMs),
+            decode_ms_per_token: orNull(msPerToken(firstSample)),
+            other_ms: orNull(decodeOtherMs(firstSample)),
+            decode_calls: firstSample.decodeCalls,
+            graph_reuses: firstSample.graphReuses,
+          }
+        : null,
     warmup: opts.warmup,
     image_tokens: imageTokens,
     decoder: kind,

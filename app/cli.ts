@@ -149,7 +149,14 @@ bench
       "mmproj: where each encode's time goes (phases: setup vs compute; ops: per op type, slows the run)",
     ).choices(['phases', 'ops']),
   )
-  .addOption(new Option('--flash-attention <mode>', 'mmproj: clip flash attention').choices(['auto', 'on', 'off']))
+  .addOption(
+    new Option('--flash-attention <mode>', 'mmproj: flash attention (padded: heads zero-padded to a tensor-core size)').choices([
+      'auto',
+      'on',
+      'off',
+      'padded',
+    ]),
+  )
   .option('--batch <n>', 'mmproj: also time N same-size frames in one encode call', int('--batch'))
   .addOption(
     new Option('--path <graph>', "mmproj: percept's persistent graph over clip's weights, or clip's own encode").choices([
@@ -183,6 +190,7 @@ speculationOptions(
   .option('--frames <n>', 'frames', int('--frames'), 20)
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
   .option('--max-new-tokens <n>', "max new tokens per action (default: the action schema's worst case)", int('--max-new-tokens'))
+  .option('--threads <n>', "llama.cpp's CPU threads for the decoder (decoder.threads; default every core)", int('--threads'))
   .option('--gpu-layers <n>', 'decoder layers on the GPU', int('--gpu-layers'), 0)
   .option('--no-warmup', 'skip the warm-up at load (to see what the first frame pays without it)')
   .option('--json', 'print JSON')

@@ -132,11 +132,16 @@ export function checkEncoderFitsDecoder(
   );
 }
 
+/** Pattern frame of the warm-up: not one a pattern source starts with. The decoder keeps the last
+ * prompt's KV cache; after a warm-up on the run's own first image, the first frame would reuse the
+ * whole prompt, image included (a prefill no later frame gets, and one a camera never gives). */
+const WARMUP_PATTERN_INDEX = 0xffff;
+
 /** The frame the warm-up pushes through the stages: the pattern source's own size, else 720p. */
 export async function warmupFrame(source: SourceConfig): Promise<CameraFrame> {
   const { encodePatternFrame } = await import('../nodes/source-pattern.ts');
   const [width, height] = source.kind === 'pattern' ? [source.width, source.height] : [1280, 720];
-  return { encoding: 'jpeg', data: await encodePatternFrame(0, width, height), width, height };
+  return { encoding: 'jpeg', data: await encodePatternFrame(WARMUP_PATTERN_INDEX, width, height), width, height };
 }
 
 export interface PipelineStages {

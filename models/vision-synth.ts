@@ -104,6 +104,20 @@ const PRESETS: readonly VisionPreset[] = [
     spec: gemma4({ hidden: 32, layers: 2, heads: 2, ffn: 64, outHidden: 64 }),
   },
   {
+    // Head sizes ggml-cuda has no tensor-core flash-attention kernel for, at tiny scale: the CPU checks
+    // the graph that pads heads for that kernel against the plain one.
+    name: 'siglip-tiny-h72',
+    contract: 'gemma3',
+    description: "Gemma 3 contract at so400m's head size: 2 layers × 144 hidden (2 heads × 72), 224² input, output 64",
+    spec: siglip({ hidden: 144, layers: 2, heads: 2, ffn: 64, outHidden: 64, imageSize: 224 }),
+  },
+  {
+    name: 'gemma4-vision-tiny-h40',
+    contract: 'gemma4',
+    description: 'Gemma 4 contract, 2 layers × 80 hidden (2 heads × 40), output 64',
+    spec: gemma4({ hidden: 80, layers: 2, heads: 2, ffn: 64, outHidden: 64 }),
+  },
+  {
     name: 'gemma4-vision-e2b',
     contract: 'gemma4',
     description: 'Gemma 4 E2B vision tower shapes (16 L, 768 h, 12 heads, ffn 3072) → 1536',

@@ -125,6 +125,11 @@ export interface NativeTimings {
   readonly draftMs: number;
   /** Time inside llama_decode (+ synchronize) during generation; the rest is our loop. */
   readonly llamaDecodeMs: number;
+  /** Generation decodes of exactly one token, and their time (the rest carry a forced run or drafts). */
+  readonly singleDecodeCalls: number;
+  readonly singleDecodeMs: number;
+  /** Generation decodes where llama.cpp reused the previous graph (same ubatch shape). */
+  readonly graphReuses: number;
 }
 
 export interface NativeGenerateResult {
@@ -290,11 +295,15 @@ export interface NativeLayoutOptions {
   readonly offset: number;
 }
 
+/** Flash attention in the vision tower: 'padded' runs it with each head zero-padded to a size ggml-cuda
+ * has tensor-core kernels for (72 → 80, 40 → 64; percept's graph only, clip runs it as 'on'). */
+export type VisionFlashAttention = 'auto' | 'on' | 'off' | 'padded';
+
 export interface NativeVisionLoadOptions {
   useGpu: boolean;
   /** CPU threads for encode. */
   threads: number;
-  flashAttention: 'auto' | 'on' | 'off';
+  flashAttention: VisionFlashAttention;
   /** Allocate the compute buffers at load with a full-size dummy image (first encode is not slower). */
   warmup: boolean;
   /** Install clip's graph-evaluation callback so encodes can report where their time goes. */
@@ -335,6 +344,9 @@ export interface NativeVisionInfo {
    * attention null when it did not say), graph splits across backends (1: all on one), compute
    * buffers, and the ops the GPU backend cannot run (they run on the CPU, with copies both ways). */
   readonly flashAttention: boolean | null;
+  /** The head size flash attention runs at: the tower's, or above it when padded; null without it
+   * (or when clip did not say). */
+  readonly flashAttentionHead: number | null;
   readonly graphSplits: number;
   readonly graphNodes: number;
   readonly computeBuffers: readonly { name: string; bytes: number }[];

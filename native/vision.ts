@@ -12,6 +12,7 @@ import {
   type NativeVisionInfo,
   type NativeVisionPhases,
   type NativeVisionProfile,
+  type VisionFlashAttention,
 } from './binding.ts';
 
 export type VisionInfo = NativeVisionInfo;
@@ -20,14 +21,17 @@ export type VisionBatchResult = NativeVisionBatchResult;
 export type VisionProfile = NativeVisionProfile;
 export type VisionPhases = NativeVisionPhases;
 export type VisionProfileMode = 'off' | 'phases' | 'ops';
+export type { VisionFlashAttention };
 
 export interface LoadVisionOptions {
   /** Run on the first GPU/iGPU backend when the addon was built with one (default false: CPU). */
   readonly useGpu?: boolean;
   /** CPU threads for encode (default: all cores). */
   readonly threads?: number;
-  /** Flash attention in the ViT (default 'auto': on where the backend runs it, except on CUDA for head sizes 40 and 72, which ggml runs only with a slow generic kernel). */
-  readonly flashAttention?: 'auto' | 'on' | 'off';
+  /** Flash attention in the ViT (default 'auto': on where the backend runs it; on CUDA, a head size
+   * without a tensor-core kernel (SigLIP so400m's 72, 40) runs padded, or off through clip's own graph).
+   * 'padded': zero-padded heads on any backend (percept's graph; clip runs it as 'on'). */
+  readonly flashAttention?: VisionFlashAttention;
   /** Allocate compute buffers at load so the first encode is not slower (default true). */
   readonly warmup?: boolean;
   /** Let encodes report where their time goes ({ profile } in encode options; default false: no
@@ -68,7 +72,7 @@ export class LlamaVision {
     knownKeys('options', plainObject('options', options), LOAD_KEYS);
     const useGpu = bool('options.useGpu', options.useGpu ?? false);
     const threads = intIn('options.threads', options.threads ?? availableParallelism(), 1, 1024);
-    const flashAttention = oneOf('options.flashAttention', options.flashAttention ?? 'auto', ['auto', 'on', 'off']);
+    const flashAttention = oneOf('options.flashAttention', options.flashAttention ?? 'auto', ['auto', 'on', 'off', 'padded']);
     const warmup = bool('options.warmup', options.warmup ?? true);
     const profile = bool('options.profile', options.profile ?? false);
     const graph = oneOf('options.graph', options.graph ?? 'percept', ['percept', 'clip']);

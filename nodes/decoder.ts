@@ -300,7 +300,20 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         accepted: r.accepted,
         forced: r.forced,
         // Measured times only on a real clock: a virtual run's outputs must not depend on this machine.
-        ...(sc.clock.virtual ? {} : { prefillMs: r.timings.prefillMs, decodeMs: r.timings.decodeMs, sampleMs: r.timings.sampleMs }),
+        ...(sc.clock.virtual
+          ? {}
+          : {
+              prefillMs: r.timings.prefillMs,
+              decodeMs: r.timings.decodeMs,
+              sampleMs: r.timings.sampleMs,
+              // Where decode time goes: llama_decode calls (one per step), those of a single token and
+              // their time, and how often llama.cpp could reuse its graph.
+              decodeCalls: r.timings.decodeCalls,
+              singleDecodeCalls: r.timings.singleDecodeCalls,
+              singleDecodeMs: r.timings.singleDecodeMs,
+              llamaDecodeMs: r.timings.llamaDecodeMs,
+              graphReuses: r.batch ? r.batch.graphReuses : r.timings.graphReuses,
+            }),
         stopReason: r.stopReason,
         ...(r.batch
           ? {
@@ -308,7 +321,6 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
               steps: r.batch.steps,
               waitSteps: r.batch.waitSteps,
               peakSeqs: r.batch.peakSeqs,
-              graphReuses: r.batch.graphReuses,
             }
           : {}),
       },

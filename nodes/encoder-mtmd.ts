@@ -18,6 +18,7 @@ import {
   LlamaVision,
   type VisionBatchResult,
   type VisionEncodeResult,
+  type VisionFlashAttention,
   type VisionImage,
   type VisionInfo,
   type VisionPhases,
@@ -37,7 +38,7 @@ export interface MtmdEncoderConfig {
   readonly expectedHidden?: number;
   /** CPU threads for clip (default: all cores). */
   readonly threads?: number;
-  readonly flashAttention?: 'auto' | 'on' | 'off';
+  readonly flashAttention?: VisionFlashAttention;
   /** Report where each encode's time goes in stats().lastProfile (default 'off'; 'ops' synchronizes
    * after every graph node, so it slows the encode it measures). */
   readonly profile?: VisionProfileMode;

@@ -40,6 +40,19 @@ test(
     assert.ok(ph.upload_ms.p50 > 0 && ph.graph_compute_ms.p50 > 0);
     assert.deepEqual([clip.check!.against, clip.check!.tokens], ['clip', 264]);
     assert.ok(clip.check!.worst_token_cosine >= 0.9999, `worst per-token cosine against clip ${clip.check!.worst_token_cosine}`);
+    assert.deepEqual([clip.flash_attention_head, clip.head_size], [16, 16]);
+    // --flash-attention padded: heads of 40 run at 64; --check compares with clip's unpadded attention
+    const padded = await benchEncode({
+      encoder: 'synth:gemma4-vision-tiny-h40-mmproj',
+      ep: 'cpu',
+      imageTokens: 70,
+      iterations: 1,
+      threads: 1,
+      flashAttention: 'padded',
+      check: true,
+    });
+    assert.deepEqual([padded.clip!.flash_attention_head, padded.clip!.head_size], [64, 40]);
+    assert.ok(padded.clip!.check!.worst_token_cosine >= 0.9999, `padded vs clip: ${padded.clip!.check!.worst_token_cosine}`);
     const viaClip = await benchEncode({
       encoder: 'synth:gemma4-vision-tiny-mmproj',
       ep: 'cpu',
@@ -74,5 +87,12 @@ test('bench frame reports the first frame apart from the rest, with and without 
       assert.ok(r.stages_first_ms[stage]! > 0, `${stage} first frame time`);
       assert.ok(r.stages_first_over_median[stage]! > 0, `${stage} ratio`);
     }
+    const d = r.first_frame_decode!;
+    assert.ok(d.prefill_ms! > 0 && d.decode_ms_per_token! > 0 && d.new_tokens! > 0 && d.other_ms !== null && d.decode_calls! > 0);
+    assert.equal(d.prompt_tokens, r.prompt_tokens_median);
+    // After the warm-up the first frame finds the cache as every later frame does: the text before
+    // the image reused, its own image prefilled (not the warm-up's image, nor an empty cache).
+    assert.equal(d.reused_tokens, warmup ? r.reused_tokens_median : 0, `reused tokens of the first frame, warm-up ${warmup}`);
+    assert.ok(r.reused_tokens_median! > 0 && r.reused_tokens_median! < r.prompt_tokens_median!);
   }
 });

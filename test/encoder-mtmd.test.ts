@@ -404,6 +404,51 @@ describe("percept's persistent graph over clip's weights", () => {
     });
   }
 
+  test('flash attention with heads zero-padded to a tensor-core size (72 → 80, 40 → 64) gives the unpadded embeddings', async () => {
+    const cases = [
+      { preset: 'siglip-tiny-h72', head: 72, padded: 80, lo: -1, image: { layout: 'chw', width: 224, height: 224 } },
+      { preset: 'gemma4-vision-tiny-h40', head: 40, padded: 64, lo: 0, image: { layout: 'patches', width: 96, height: 144 } },
+    ] as const;
+    for (const { preset, head, padded, lo, image } of cases) {
+      const file = join(dir, `${preset}.mmproj.gguf`);
+      await synthesizeMmproj({ preset, out: file, seed: 3 });
+      const plain = await LlamaVision.load(file, { threads: 1, flashAttention: 'on' });
+      const pad = await LlamaVision.load(file, { threads: 1, flashAttention: 'padded' });
+      const auto = await LlamaVision.load(file, { threads: 1 });
+      const clip = await LlamaVision.load(file, { threads: 1, flashAttention: 'padded', graph: 'clip' });
+      try {
+        assert.deepEqual(
+          [plain.info.flashAttentionHead, pad.info.flashAttentionHead, auto.info.flashAttentionHead, clip.info.flashAttentionHead],
+          [head, padded, head, head],
+          `${preset}: on, padded, auto (the CPU has no tensor-core kernel to pad for), clip (it cannot pad)`,
+        );
+        // Per layer: three pads, and a view of the kept columns made contiguous where a reshape was.
+        assert.equal(pad.info.graphNodes, plain.info.graphNodes + 4 * plain.info.layers, `${preset}: padded graph nodes`);
+        // Two images in one graph: the kept columns of each image's heads.
+        const images = [pixels(image.width * image.height * 3, 5, lo), pixels(image.width * image.height * 3, 9, lo)];
+        const want = await plain.encodeBatch(images, image);
+        const got = await pad.encodeBatch(images, image);
+        assert.equal(got.batched, true);
+        for (let i = 0; i < images.length; i++) {
+          const a = { data: got.data[i]!, nTokens: got.nTokens, nEmbd: got.nEmbd };
+          const b = { data: want.data[i]!, nTokens: want.nTokens, nEmbd: want.nEmbd };
+          const worst = Math.min(...cosinePerToken(a, b));
+          assert.ok(worst >= 0.9999, `${preset} image ${i}: worst per-token cosine ${worst}`);
+          let diff = 0;
+          let scale = 0;
+          for (let j = 0; j < b.data.length; j++) {
+            diff = Math.max(diff, Math.abs(a.data[j]! - b.data[j]!));
+            scale = Math.max(scale, Math.abs(b.data[j]!));
+          }
+          // Zero columns change no product; only the f16 dot products' summation order may differ.
+          assert.ok(diff <= 1e-3 * scale, `${preset} image ${i}: max abs diff ${diff} of values up to ${scale}`);
+        }
+      } finally {
+        for (const v of [plain, pad, auto, clip]) v.dispose();
+      }
+    }
+  });
+
   test('a shape is built and laid out once: later encodes only upload, compute and read back', async () => {
     const v = await LlamaVision.load(gemma4Gguf, { threads: 1, warmup: false });
     try {

@@ -61,6 +61,12 @@ describe('action-schema generation on gemma4-tiny', () => {
       assert.equal(plain.forced, 0);
       assert.ok(jf.forced >= 0.2 * jf.tokens.length, `forced ${jf.forced} of ${jf.tokens.length}`);
       assert.equal(jf.timings.decodeCalls, plain.timings.decodeCalls - jf.forced);
+      // Where decode time goes: without jump-forward every step decodes one token; with it, the steps
+      // that carry a forced run decode more. llama.cpp reuses its graph only between same-shape steps.
+      assert.equal(plain.timings.singleDecodeCalls, plain.timings.decodeCalls);
+      assert.ok(jf.timings.singleDecodeCalls < jf.timings.decodeCalls, 'some steps carry a forced run');
+      assert.ok(plain.timings.graphReuses >= plain.timings.decodeCalls - 1, `${plain.timings.graphReuses} reuses`);
+      assert.ok(jf.timings.graphReuses < jf.timings.decodeCalls);
     }
   });
 

@@ -280,7 +280,7 @@ async function runGemma4(path: string, cols: number, rows: number, capacity: num
 // ---------------------------------------------------------------- tests
 
 describe('vision presets', () => {
-  test('list the five presets with their contracts and output widths', () => {
+  test('list the seven presets with their contracts and output widths', () => {
     const presets = listVisionPresets();
     assert.deepEqual(
       presets.map((p) => [p.name, p.contract, p.outHidden]),
@@ -288,6 +288,8 @@ describe('vision presets', () => {
         ['siglip-tiny', 'gemma3', 64],
         ['siglip-so400m-896', 'gemma3', 2560],
         ['gemma4-vision-tiny', 'gemma4', 64],
+        ['siglip-tiny-h72', 'gemma3', 64],
+        ['gemma4-vision-tiny-h40', 'gemma4', 64],
         ['gemma4-vision-e2b', 'gemma4', 1536],
         ['gemma4-vision-e4b', 'gemma4', 2560],
       ],

@@ -141,6 +141,9 @@ Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSamp
     t.Set("sampleMs", r.sampleMs);
     t.Set("draftMs", r.draftMs);
     t.Set("llamaDecodeMs", r.llamaDecodeMs);
+    t.Set("singleDecodeCalls", r.singleDecodeCalls);
+    t.Set("singleDecodeMs", r.singleDecodeMs);
+    t.Set("graphReuses", r.graphReuses);
     o.Set("timings", t);
     if (recordSampleTimes) {
         Napi::Float32Array us = Napi::Float32Array::New(env, r.sampleUs.size());

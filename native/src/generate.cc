@@ -97,6 +97,9 @@ GenerateResult Generation::run() {
     res_.prefillTokens = p.positions - p.reusePositions;
     res_.decodeCalls = 0;  // from here on: generation decodes only
     res_.llamaDecodeMs = 0;
+    res_.singleDecodeCalls = 0;
+    res_.singleDecodeMs = 0;
+    res_.graphReuses = 0;
     res_.prefillMs = msSince(tPrefill);
     nPast_ = p.positions;
     if (opts_.maxTokens > 0) generate(tStart);
@@ -392,11 +395,18 @@ int Generation::aborted() {
 int Generation::decodeTokens(TokenBatch & batch) {
     llama_context * lctx = ctx_.raw();
     const llama_pos p0 = batch.b.pos[0];
+    const int32_t reusedBefore = llama_perf_context(lctx).n_reused;
     const int64_t td0 = monotonicNs();
     const int ret = llama_decode(lctx, batch.b);
     llama_synchronize(lctx);
-    res_.llamaDecodeMs += msSince(td0);
+    const double ms = msSince(td0);
+    res_.llamaDecodeMs += ms;
     res_.decodeCalls++;
+    if (batch.b.n_tokens == 1) {
+        res_.singleDecodeCalls++;
+        res_.singleDecodeMs += ms;
+    }
+    if (llama_perf_context(lctx).n_reused > reusedBefore) res_.graphReuses++;
     if (ret != 0) {
         llama_memory_seq_rm(llama_get_memory(lctx), 0, p0, -1);
         if (ret == 2) return aborted();

@@ -63,6 +63,11 @@ struct GenerateResult {
     int32_t forced = 0;
     int32_t draftsCut = 0;  // draft tokens the grammar refused, cut before verification
     int32_t decodeCalls = 0;
+    // Generation decodes of one token apart from those with more (a token + its forced run, or
+    // drafts): llama.cpp reuses its graph (and ggml-cuda its CUDA graph) only while the shape stays.
+    int32_t singleDecodeCalls = 0;
+    int32_t graphReuses = 0;
+    double singleDecodeMs = 0;
     std::vector<float> sampleUs;  // per sampling step, with recordSampleTimes
     double prefillMs = 0, ttftMs = 0, decodeMs = 0, sampleMs = 0, draftMs = 0, llamaDecodeMs = 0;
 };

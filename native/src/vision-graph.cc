@@ -23,8 +23,8 @@ size_t graphSize(size_t layers) { return 256 + 96 * layers; }
 struct Builder {
     const ClipVisionTower & t;
     ggml_context * ctx;
-    bool flashAttention;
-    bool rms;  // gemma4v normalizes with RMSNorm, SigLIP with LayerNorm
+    int32_t flashHead;  // the head size flash attention runs at; 0: without flash attention
+    bool rms;           // gemma4v normalizes with RMSNorm, SigLIP with LayerNorm
 
     // clip_graph::build_norm
     ggml_tensor * norm(ggml_tensor * x, ggml_tensor * w, ggml_tensor * b) const {
@@ -58,19 +58,34 @@ struct Builder {
     }
 
     // clip_graph::build_attn without mask: q, k, v are [d_head, heads, positions, images]; returns
-    // [n_embd, positions · images]
+    // [n_embd, positions · images]. Flash attention runs at head size flashHead: above d_head, q, k and
+    // v get zero columns (a zero column adds nothing to q·k, so the softmax and its scale, still
+    // 1/√d_head, are unchanged, and zero v columns give zero outputs, dropped after).
     ggml_tensor * attention(ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float scale) const {
-        q = ggml_permute(ctx, q, 0, 2, 1, 3);
-        k = ggml_permute(ctx, k, 0, 2, 1, 3);
         ggml_tensor * cur;
-        if (flashAttention) {
-            v = ggml_permute(ctx, v, 0, 2, 1, 3);
-            k = ggml_cast(ctx, k, GGML_TYPE_F16);
-            v = ggml_cast(ctx, v, GGML_TYPE_F16);
+        if (flashHead > 0) {
+            const int64_t dHead = q->ne[0];
+            const int pad = int(flashHead - dHead);
+            if (pad > 0) {
+                q = ggml_pad(ctx, q, pad, 0, 0, 0);
+                k = ggml_pad(ctx, k, pad, 0, 0, 0);
+                v = ggml_pad(ctx, v, pad, 0, 0, 0);
+            }
+            q = ggml_permute(ctx, q, 0, 2, 1, 3);
+            k = ggml_cast(ctx, ggml_permute(ctx, k, 0, 2, 1, 3), GGML_TYPE_F16);
+            v = ggml_cast(ctx, ggml_permute(ctx, v, 0, 2, 1, 3), GGML_TYPE_F16);
             cur = ggml_flash_attn_ext(ctx, q, k, v, nullptr, scale, 0.0f, 0.0f);
             ggml_prec_set_acc(cur, GGML_PREC_F32);
-            cur = ggml_reshape_2d(ctx, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+            // [flashHead, heads, positions, images]
+            if (pad > 0) {
+                cur = ggml_view_4d(ctx, cur, dHead, cur->ne[1], cur->ne[2], cur->ne[3], cur->nb[1], cur->nb[2], cur->nb[3], 0);
+                cur = ggml_cont_2d(ctx, cur, dHead * cur->ne[1], cur->ne[2] * cur->ne[3]);
+            } else {
+                cur = ggml_reshape_2d(ctx, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
+            }
         } else {
+            q = ggml_permute(ctx, q, 0, 2, 1, 3);
+            k = ggml_permute(ctx, k, 0, 2, 1, 3);
             v = ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3));
             ggml_tensor * kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, k, q), nullptr, scale, 0.0f);
             cur = ggml_permute(ctx, ggml_mul_mat(ctx, v, kq), 0, 2, 1, 3);
@@ -178,6 +193,18 @@ struct Builder {
 
 // ------------------------------------------------------------------------------------------------
 
+int32_t tensorCoreFlashHead(int32_t dHead) {
+    for (int32_t d : {64, 80, 96, 112, 128, 256})
+        if (d >= dHead) return d;
+    return dHead;
+}
+
+bool isCudaBackend(ggml_backend_t backend) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    ggml_backend_reg_t reg = dev != nullptr ? ggml_backend_dev_backend_reg(dev) : nullptr;
+    return reg != nullptr && std::strcmp(ggml_backend_reg_name(reg), "CUDA") == 0;
+}
+
 struct VisionGraph::Graph {
     ggml_context_ptr ctx;       // tensor and graph metadata (no data)
     ggml_context_ptr constCtx;  // gemma4v: the patch positions, set once
@@ -219,17 +246,33 @@ VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : 
     const int32_t side = gemma3 ? int32_t(std::lround(std::sqrt(double(tower_.posEmbd->ne[1])))) * p : tower_.merge * p;
     const Shape preprocessed{gemma3 ? PixelLayout::Chw : PixelLayout::Patches, side, side, 1};
     const Shape other{gemma3 ? PixelLayout::Patches : PixelLayout::Chw, side, side, 1};
-    flashAttention_ = options.flashAttention != 0;
-    std::unique_ptr<Graph> probe = build(preprocessed, flashAttention_);
-    if (options.flashAttention < 0) {
-        for (int i = 0; i < ggml_graph_n_nodes(probe->gf) && flashAttention_; i++) {
+    const int32_t padded = tensorCoreFlashHead(tower_.dHead);
+    switch (options.flashAttention) {
+    case FlashAttention::Off:
+        flashHead_ = 0;
+        break;
+    case FlashAttention::On:
+        flashHead_ = tower_.dHead;
+        break;
+    case FlashAttention::Padded:
+        flashHead_ = padded;
+        break;
+    case FlashAttention::Auto:
+        // A few zero columns cost ggml-cuda's tensor-core kernel far less than its tile kernel costs
+        // at the tower's own head size (see tensorCoreFlashHead).
+        flashHead_ = isCudaBackend(backend_.get()) ? padded : tower_.dHead;
+        break;
+    }
+    std::unique_ptr<Graph> probe = build(preprocessed, flashHead_);
+    if (options.flashAttention == FlashAttention::Auto) {
+        for (int i = 0; i < ggml_graph_n_nodes(probe->gf) && flashHead_ > 0; i++) {
             ggml_tensor * node = ggml_graph_node(probe->gf, i);
-            if (node->op == GGML_OP_FLASH_ATTN_EXT && !ggml_backend_supports_op(backend_.get(), node)) flashAttention_ = false;
+            if (node->op == GGML_OP_FLASH_ATTN_EXT && !ggml_backend_supports_op(backend_.get(), node)) flashHead_ = 0;
         }
-        if (!flashAttention_) probe = build(preprocessed, false);
+        if (flashHead_ == 0) probe = build(preprocessed, 0);
     }
     checkSupported(*probe);
-    checkSupported(*build(other, flashAttention_));
+    checkSupported(*build(other, flashHead_));
     graphNodes_ = ggml_graph_n_nodes(probe->gf);
     galloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
 }
@@ -277,7 +320,7 @@ std::string VisionGraph::bufferName() const { return ggml_backend_buft_name(ggml
 
 size_t VisionGraph::computeBytes() const { return ggml_gallocr_get_buffer_size(galloc_.get(), 0); }
 
-std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, bool flashAttention) const {
+std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, int32_t flashHead) const {
     const ClipVisionTower & t = tower_;
     const int64_t p = t.patchSize, cols = s.width / p, rows = s.height / p, nPos = cols * rows, images = s.images;
     if (s.width % p != 0 || s.height % p != 0 || cols % t.merge != 0 || rows % t.merge != 0 || images < 1)
@@ -292,7 +335,7 @@ std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, bool fla
     g->ctx.reset(ggml_init(params));
     ggml_context * ctx = g->ctx.get();
     g->gf = ggml_new_graph_custom(ctx, size, false);
-    Builder b{t, ctx, flashAttention, gemma4v};
+    Builder b{t, ctx, flashHead, gemma4v};
 
     // Patch embedding, as ggml_conv_2d computes clip's: im2col rows (kx fastest, then ky, then the
     // channel) in f16, times the kernel. Planar pixels go through im2col; HWC patches are the same
@@ -368,7 +411,7 @@ VisionGraph::Graph & VisionGraph::laidOut(const Shape & s, VisionGraphTimes & ti
     int64_t t0 = monotonicNs();
     auto it = graphs_.find(s);
     if (it == graphs_.end()) {
-        it = graphs_.emplace(s, build(s, flashAttention_)).first;
+        it = graphs_.emplace(s, build(s, flashHead_)).first;
         times.build = msSince(t0);
     }
     Graph & g = *it->second;

@@ -24,10 +24,24 @@ namespace percept {
 // patch × patch × 3 interleaved values ('patches', Gemma 4's processor layout).
 enum class PixelLayout { Chw, Patches };
 
+// Flash attention in the ViT. Auto: where the backend runs it, padded on CUDA where the tower's head
+// size has no tensor-core kernel. On: at the tower's head size (refused where the backend cannot).
+// Padded: at the head size ggml-cuda's tensor-core kernels have for it (tensorCoreFlashHead), on any
+// backend (so the CPU can check the padded graph against the plain one).
+enum class FlashAttention { Auto, On, Off, Padded };
+
 struct VisionGraphOptions {
-    int32_t threads = 1;          // CPU backend threads
-    int32_t flashAttention = -1;  // -1 where the backend runs it, 0 off, 1 on (refused if it cannot)
+    int32_t threads = 1;  // CPU backend threads
+    FlashAttention flashAttention = FlashAttention::Auto;
 };
+
+// The smallest head size ≥ dHead that ggml-cuda's tensor-core (MMA) flash-attention kernels are
+// built for (fattn.cu: 64, 80, 96, 112, 128, 256); dHead itself above 256. Other sizes (SigLIP
+// so400m's 72, 40) go to its generic tile kernel: so400m @ 896 took 133 ms with flash attention and
+// 76 ms without on an H200, the tile kernel 102 ms of it.
+int32_t tensorCoreFlashHead(int32_t dHead);
+// Whether this ggml backend is ggml-cuda's.
+bool isCudaBackend(ggml_backend_t backend);
 
 // Where one encode's time went (ms). `prime`: the two extra runs of a shape's first encode on a GPU
 // (and of its first after the compute buffer grew): ggml-cuda runs a new graph directly, captures it
@@ -52,7 +66,9 @@ public:
     VisionGraph(const VisionGraph &) = delete;
     VisionGraph & operator=(const VisionGraph &) = delete;
 
-    bool flashAttention() const { return flashAttention_; }
+    bool flashAttention() const { return flashHead_ > 0; }
+    // The head size flash attention runs at (the tower's, or padded above it); 0 without it.
+    int32_t flashAttentionHead() const { return flashHead_; }
     int32_t nOutEmbd() const { return tower_.nOutEmbd; }
     // Nodes of one image's graph (the same for every size of one layout).
     int32_t graphNodes() const { return graphNodes_; }
@@ -76,7 +92,7 @@ private:
     };
     struct Graph;
 
-    std::unique_ptr<Graph> build(const Shape & shape, bool flashAttention) const;
+    std::unique_ptr<Graph> build(const Shape & shape, int32_t flashHead) const;
     Graph & laidOut(const Shape & shape, VisionGraphTimes & times);
     void checkSupported(const Graph & g) const;
     void transposeProjection();
@@ -84,7 +100,7 @@ private:
     ClipVisionTower tower_;
     ggml_backend_ptr backend_;
     bool gpu_ = false;
-    bool flashAttention_ = false;
+    int32_t flashHead_ = 0;
     int32_t graphNodes_ = 0;
     ggml_gallocr_ptr galloc_;
     // gemma3's input projection transposed, made once from clip's.

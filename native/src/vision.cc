@@ -206,7 +206,7 @@ struct LoadOptions {
     std::string path;
     bool useGpu = false;
     int32_t threads = 0;
-    int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
+    FlashAttention flashAttention = FlashAttention::Auto;
     bool warmup = false;
     bool profile = false;
     bool perceptGraph = true;  // percept's persistent graph where it mirrors the tower, else clip's encode
@@ -222,15 +222,23 @@ void reserveWarmupShape(VisionGraph & graph, const VisionMeta & m) {
     }
 }
 
-// 'auto' leaves flash attention to clip, which turns it on wherever the backend runs the op. ggml's
-// CUDA backend has no tensor-core flash-attention kernel for head sizes 40 and 72 (fattn.cu sends them
-// to its generic tile kernel): SigLIP so400m (1152 wide, 16 heads: 72) encoded 896² in 133 ms with it
-// and in 76 ms without on the H200, so 'auto' means off there. 'on' and 'off' are kept as asked.
-int32_t resolveFlashAttention(int32_t asked, bool useGpu, const VisionMeta & m) {
-    if (asked >= 0 || !useGpu || m.heads <= 0) return asked;
+// clip's flash attention (-1 where the backend runs it, 0 off, 1 on) for the asked mode. clip cannot
+// pad heads: on CUDA, 'auto' turns it off for a head size without a tensor-core kernel (slower than
+// none, see tensorCoreFlashHead), and 'padded' means on at the tower's own head size.
+int32_t clipFlashAttention(FlashAttention asked, bool useGpu, const VisionMeta & m) {
+    switch (asked) {
+    case FlashAttention::On:
+    case FlashAttention::Padded:
+        return 1;
+    case FlashAttention::Off:
+        return 0;
+    case FlashAttention::Auto:
+        break;
+    }
+    if (!useGpu || m.heads <= 0) return -1;
     const int32_t headDim = m.hidden / m.heads;
     const bool cuda = ggml_backend_reg_by_name("CUDA") != nullptr;
-    return cuda && (headDim == 40 || headDim == 72) ? 0 : asked;
+    return cuda && tensorCoreFlashHead(headDim) != headDim ? 0 : -1;
 }
 
 class LoadWorker : public PromiseWorker {
@@ -259,7 +267,7 @@ protected:
             if (opts_.profile) profile_ = std::make_unique<VisionProfile>();
             ClipOptions co;
             co.useGpu = opts_.useGpu;
-            co.flashAttention = resolveFlashAttention(opts_.flashAttention, opts_.useGpu, meta_);
+            co.flashAttention = clipFlashAttention(opts_.flashAttention, opts_.useGpu, meta_);
             // With percept's graph, clip only loads the weights: its compute buffers would go unused.
             co.warmup = opts_.warmup && !opts_.perceptGraph;
             co.evalCallback = profile_ ? profileCallback : nullptr;
@@ -267,7 +275,7 @@ protected:
             ctx_ = clipLoad(opts_.path, co);
             if (ctx_ != nullptr && opts_.perceptGraph) {
                 try {
-                    graph_ = std::make_unique<VisionGraph>(ctx_, VisionGraphOptions{opts_.threads, co.flashAttention});
+                    graph_ = std::make_unique<VisionGraph>(ctx_, VisionGraphOptions{opts_.threads, opts_.flashAttention});
                     if (opts_.warmup) reserveWarmupShape(*graph_, meta_);
                 } catch (const std::exception & e) {
                     // Visible in info().graphFallback; clip loads again, warmed up as if asked for.
@@ -284,6 +292,7 @@ protected:
             if (graph_) {
                 // What percept's graph resolved: one backend runs it all (one split).
                 report_.flashAttention = graph_->flashAttention() ? 1 : 0;
+                report_.flashAttentionHead = graph_->flashAttentionHead();
                 report_.graphSplits = 1;
                 report_.graphNodes = graph_->graphNodes();
                 if (graph_->computeBytes() > 0)
@@ -291,6 +300,7 @@ protected:
             } else {
                 report_ = parseLoadReport(clipLog.text);
                 report_.graphFallback = fallback;
+                if (report_.flashAttention == 1 && meta_.heads > 0) report_.flashAttentionHead = meta_.hidden / meta_.heads;
             }
             if (ctx_ == nullptr) {
                 std::string why = capture.text();
@@ -580,8 +590,8 @@ Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
     opts.warmup = requireBool(o, "warmup", w);
     opts.profile = requireBool(o, "profile", w);
     opts.perceptGraph = requireChoice(o, "graph", {"percept", "clip"}, w) == 0;
-    const int32_t faModes[] = {-1, 1, 0};
-    opts.flashAttention = faModes[requireChoice(o, "flashAttention", {"auto", "on", "off"}, w)];
+    const FlashAttention faModes[] = {FlashAttention::Auto, FlashAttention::On, FlashAttention::Off, FlashAttention::Padded};
+    opts.flashAttention = faModes[requireChoice(o, "flashAttention", {"auto", "on", "off", "padded"}, w)];
     auto * worker = new LoadWorker(env, info.This().As<Napi::Function>(), std::move(opts));
     Napi::Promise p = worker->promise();
     worker->Queue();
@@ -617,6 +627,7 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
     o.Set("graph", graph_ ? "percept" : "clip");
     o.Set("graphFallback", report_.graphFallback.empty() ? env.Null() : Napi::String::New(env, report_.graphFallback));
     o.Set("flashAttention", report_.flashAttention < 0 ? env.Null() : Napi::Boolean::New(env, report_.flashAttention == 1));
+    o.Set("flashAttentionHead", report_.flashAttentionHead > 0 ? Napi::Number::New(env, report_.flashAttentionHead) : env.Null());
     o.Set("graphSplits", report_.graphSplits);
     o.Set("graphNodes", report_.graphNodes);
     Napi::Array buffers = Napi::Array::New(env, report_.computeBuffersMiB.size());

@@ -48,7 +48,8 @@ struct VisionMeta {
 struct VisionLoadReport {
     // Why clip's encode runs although percept's graph was asked for (empty: it was not, or it runs).
     std::string graphFallback;
-    int32_t flashAttention = -1;  // -1 unknown, 0 off, 1 on
+    int32_t flashAttention = -1;     // -1 unknown, 0 off, 1 on
+    int32_t flashAttentionHead = 0;  // the head size it runs at (the tower's, or padded above); 0 off or unknown
     int32_t graphSplits = 0;
     int32_t graphNodes = 0;
     std::vector<std::pair<std::string, double>> computeBuffersMiB;
