@@ -32,7 +32,10 @@ export interface BenchCamerasOptions {
   readonly imageTokens: number;
   /** Each frame's deadline after capture (ms). */
   readonly budgetMs: number;
+  /** One KV buffer for every camera (default: the config's, true). */
   readonly kvUnified?: boolean;
+  /** Drop a frame before preprocess when the decoder predicts it misses (default true, the config's). */
+  readonly dropPredictedMiss?: boolean;
   readonly prefillChunk?: number;
   readonly maxActive?: number;
   readonly encodeWaitMs?: number;
@@ -67,6 +70,9 @@ export interface BenchCamerasResult {
   readonly actions_per_s: number;
   /** Tokens generated per second over all cameras (cancelled frames' tokens included). */
   readonly tokens_per_s: number;
+  /** Frames dropped at each stage's entry or in it, by reason (a predicted miss before preprocess
+   * saves the encoder and decoder work; one in decode saved only the decode). */
+  readonly dropped_by_stage: Readonly<Record<string, Readonly<Record<string, number>>>>;
   readonly stages_ms_p50: Readonly<Record<string, number | null>>;
   readonly stages_ms_p99: Readonly<Record<string, number | null>>;
   /** The share of a frame's decode steps that ran on llama.cpp's previous graph (an unchanged
@@ -80,6 +86,7 @@ export interface BenchCamerasResult {
   readonly encoder_frames: number;
   readonly encoder_batch_max: number;
   readonly kv_unified: boolean;
+  readonly drop_predicted_miss: boolean;
   readonly prefill_chunk: number;
   /** Where the host side waits: the JS thread's busy fraction and its worst delays, and how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
@@ -140,7 +147,11 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     })),
     encoder: encoderSection(opts.encoder, gpuLayers),
     decoder: { model: opts.model, gpuLayers, ...(opts.jumpForward !== undefined ? { jumpForward: opts.jumpForward } : {}) },
-    budgets: { endToEndMs: budgetMs, stages: {}, dropPredictedMiss: false },
+    budgets: {
+      endToEndMs: budgetMs,
+      stages: {},
+      ...(opts.dropPredictedMiss !== undefined ? { dropPredictedMiss: opts.dropPredictedMiss } : {}),
+    },
     edges: { default: { policy: 'latest' } },
     ladder: { enabled: false, initial: { imageTokens }, rungs: [] },
     batching: {
@@ -203,6 +214,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     frames_out: summary.frames.out,
     actions_per_s: durationS > 0 ? round(summary.frames.out / durationS) : 0,
     tokens_per_s: durationS > 0 ? round(tokens / durationS) : 0,
+    dropped_by_stage: summary.drops.byStage as Record<string, Record<string, number>>,
     stages_ms_p50: pick('p50Ms'),
     stages_ms_p99: pick('p99Ms'),
     decode_graph_reuse: steps > 0 ? round(graphReuses / steps) : null,
@@ -212,6 +224,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     encoder_frames: enc.frames,
     encoder_batch_max: enc.maxBatch,
     kv_unified: config.batching.kvUnified,
+    drop_predicted_miss: config.cameras![0]!.budgets.dropPredictedMiss,
     prefill_chunk: config.batching.prefillChunk,
     host,
   };

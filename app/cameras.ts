@@ -5,13 +5,13 @@
 // whose actions carry the camera id as source_id.
 import { DegradeLadder } from '../pipeline/budget.ts';
 import { RealClock, type Clock } from '../pipeline/clock.ts';
-import { cameraGraphConfig, type PerceptConfig } from '../pipeline/config.ts';
+import { cameraGraphConfig, type CameraConfig, type PerceptConfig } from '../pipeline/config.ts';
 import { append, chain, type StageChain } from '../pipeline/graph/chain.ts';
 import { createGraph } from '../pipeline/graph/graph.ts';
 import { GraphGroup } from '../pipeline/graph/group.ts';
 import type { RunSummary } from '../pipeline/telemetry/events.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
-import type { FrameSource, Stage } from '../pipeline/types.ts';
+import type { FrameSource, Knobs, Stage } from '../pipeline/types.ts';
 import type { Publisher } from '../nodes/publisher.ts';
 import type { BatchingEncoderStats } from '../nodes/encoder-batch.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
@@ -91,6 +91,7 @@ export async function createCameraStages(
         maxActive: config.batching.decodeMaxActive,
         prefillChunk: config.batching.prefillChunk,
         kvUnified: config.batching.kvUnified,
+        imageTokens: Math.max(...cameras.map((camera) => Math.max(...ladderLevels(camera).map((k) => k.imageTokens)))),
       },
     );
     built.push(...decoders);
@@ -111,8 +112,7 @@ export async function createCameraStages(
     const actions = cameras.map(() => createActionsStage({ schema: actionSchema }));
     if (warmup) {
       const { warmUpStages } = await import('./warmup.ts');
-      const ladder = new DegradeLadder(cameras[0]!.ladder, cameras[0]!.budgets.endToEndMs);
-      const levels = cameras[0]!.ladder.enabled ? Array.from({ length: ladder.levels }, (_, i) => ladder.knobsAt(i)) : [ladder.knobsAt(0)];
+      const levels = ladderLevels(cameras[0]!);
       const frame = await warmupFrame(cameras[0]!.source);
       for (const step of await warmUpStages({ preprocess: preprocess[0]!, encode: encoders[0]!, decode: decoders[0]! }, frame, levels)) {
         const times = Object.entries(step.ms)
@@ -131,6 +131,12 @@ export async function createCameraStages(
     await publisher?.close();
     throw err;
   }
+}
+
+/** The knobs of every ladder level a camera can run at (only the initial one with the ladder off). */
+function ladderLevels(camera: CameraConfig): Knobs[] {
+  const ladder = new DegradeLadder(camera.ladder, camera.budgets.endToEndMs);
+  return camera.ladder.enabled ? Array.from({ length: ladder.levels }, (_, i) => ladder.knobsAt(i)) : [ladder.knobsAt(0)];
 }
 
 /** One graph per camera (frame ids i, i + n, … for camera i of n, so they stay apart on the wire),

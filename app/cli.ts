@@ -13,6 +13,12 @@ const int =
     if (!Number.isInteger(n)) throw new InvalidArgumentError(`${name} must be an integer, got '${value}'`);
     return n;
   };
+const bool =
+  (name: string) =>
+  (value: string): boolean => {
+    if (value !== 'true' && value !== 'false') throw new InvalidArgumentError(`${name} must be true or false, got '${value}'`);
+    return value === 'true';
+  };
 const positiveNumber =
   (name: string) =>
   (value: string): number => {
@@ -226,7 +232,15 @@ bench
   .option('--seconds <s>', 'how long each camera sends frames', positiveNumber('--seconds'), 10)
   .option('--image-tokens <n>', 'image tokens per frame (Gemma 4 budget)', int('--image-tokens'), 280)
   .option('--budget-ms <ms>', "each frame's deadline after capture", positiveNumber('--budget-ms'), 1000)
-  .option('--kv-unified', 'one KV buffer for every camera (default: one stream per camera)')
+  .option(
+    '--kv-unified <bool>',
+    'one KV buffer for every camera (true, the default) or one stream per camera (false)',
+    bool('--kv-unified'),
+  )
+  .option(
+    '--no-drop-predicted-miss',
+    'decode every frame not yet late (default: drop one before preprocess when the decoder predicts it misses)',
+  )
   .option('--prefill-chunk <n>', 'prompt positions read per decode step (default: the config default)', int('--prefill-chunk'))
   .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
   .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)

@@ -502,6 +502,16 @@ export class LlamaContext {
     return native.cachedPositions(intIn('seq', seq, 0, this.info.nSeq - 1));
   }
 
+  /**
+   * A context of several sequences: the time (ms) its admission predicts for a request submitted
+   * now, at today's sharing and from its recent steps (the rule that drops a request before its
+   * prefill when now + this passes the deadline; native/src/batch.h). 0: no prediction (no history
+   * yet, an idle decoder that would admit anything to refresh its history, or one sequence).
+   */
+  predictedMs(): number {
+    return this.#live().predictedMs();
+  }
+
   #live(): NativeContext {
     if (this.#disposed) throw coded('EDISPOSED', 'LlamaContext is disposed');
     return this.#native;

@@ -103,6 +103,9 @@ export interface CameraBatching {
   readonly maxActive: number | null;
   readonly prefillChunk: number;
   readonly kvUnified: boolean;
+  /** The most image rows a frame brings (every ladder level's): with the prompt and maxNewTokens,
+   * what each camera's KV room must hold, checked at load. */
+  readonly imageTokens: number;
 }
 
 export async function createDecoderStage(config: DecoderStageConfig): Promise<DecoderStage> {
@@ -137,6 +140,35 @@ export async function createCameraDecoderStages(config: DecoderStageConfig, batc
     });
   }
   return stages;
+}
+
+/** Refuses a context where a camera's frame (its prompt, its image rows with their two markers, and
+ * maxNewTokens) does not fit the KV positions each camera has: its stream, or its share of a unified
+ * cache. Checked at load, where a too-small decoder.nCtx would otherwise fail every frame. */
+function checkCameraRoom(
+  model: LlamaModel,
+  ctx: LlamaContext,
+  template: readonly PromptSegment[],
+  imageTokens: number,
+  maxNewTokens: number,
+): void {
+  let text = 0;
+  let images = 0;
+  for (const seg of template) {
+    if ('text' in seg) text += model.tokenize(seg.text, { addSpecial: seg.addSpecial ?? false }).length;
+    else if ('tokens' in seg) text += seg.tokens.length;
+    else images++;
+  }
+  const rows = images * (imageTokens + 2);
+  const need = text + rows + maxNewTokens;
+  const { nCtxSeq, nSeq, kvUnified } = ctx.info;
+  if (need > nCtxSeq) {
+    throw new RangeError(
+      `decoder.nCtx is too small for ${nSeq} cameras: a frame needs ${need} KV positions (prompt ${text} tokens + ` +
+        `${rows} image rows and markers + maxNewTokens ${maxNewTokens}) but each camera has ${nCtxSeq} ` +
+        `(${kvUnified ? 'its share of the unified cache' : 'its own KV stream'}); raise decoder.nCtx to at least ${need}`,
+    );
+  }
 }
 
 interface OpenDecoder {
@@ -217,6 +249,15 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   const contract: EncoderContract = info.arch === 'gemma3' ? 'gemma3' : 'gemma4';
 
   const batched = ctx.info.nSeq > 1;
+  if (batched) {
+    try {
+      // Gemma 3's encoder always gives 256 rows.
+      checkCameraRoom(model, ctx, promptTemplate, contract === 'gemma3' ? 256 : batching!.imageTokens, maxNewTokens);
+    } catch (err) {
+      await model.dispose();
+      throw err;
+    }
+  }
   const process = async (seq: number | undefined, input: ImageEmbedding, sc: StageContext): Promise<Generation> => {
     if (input.nEmbd !== info.nEmbd) {
       throw new RangeError(
@@ -306,6 +347,9 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       contract,
       modelInfo: info,
       process: (input, sc) => process(batched ? seq : undefined, input, sc),
+      // The cameras share one scheduler: what it predicts for a frame now lets the stages ahead
+      // (preprocess, encode) drop a frame it would drop anyway (Stage.predictMs).
+      ...(batched ? { predictMs: () => ctx.predictedMs() } : {}),
     }),
     async close() {
       await model.dispose();

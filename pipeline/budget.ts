@@ -129,6 +129,12 @@ export class CostModel {
     return { ms, complete };
   }
 
+  /** The fastest recent run (ms) of `stage` at `level`; 0 with fewer than minSamples durations. */
+  fastestMs(stage: string, level: number): number {
+    const window = this.#window(stage, level);
+    return window.count < this.#minSamples ? 0 : window.estimate(this.#quantile).minMs;
+  }
+
   #window(stage: string, level: number): CostWindow {
     const windows = this.#windows.get(stage);
     if (!windows) throw new RangeError(`CostModel: unknown stage '${stage}' (known: ${this.#stages.join(', ')})`);

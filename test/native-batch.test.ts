@@ -214,10 +214,13 @@ describe('batched decoding on gemma4-tiny', () => {
       // Room for 30 steps at the pace just measured, where 200 are needed (room enough that a loaded
       // machine does not make it late before admission looks at it: late is checked first).
       const stepNs = BigInt(Math.ceil((full.timings.decodeMs * 1e6) / full.batch!.steps));
+      // What admission will predict, readable before submitting (no step runs in between).
+      const predicted = ctx.predictedMs();
       const hopeless = await ctx.generate(prompt(2), { ...options, deadlineNs: process.hrtime.bigint() + 30n * stepNs });
       assert.equal(hopeless.stopReason, 'deadline');
       assert.equal(hopeless.batch!.predictedMiss, true);
       assert.ok(hopeless.batch!.predictedMs > 0);
+      assert.equal(hopeless.batch!.predictedMs, predicted, 'predictedMs() says what admission predicted');
       assert.equal(hopeless.tokens.length, 0);
       assert.equal(hopeless.batch!.steps, 0, 'it took part in no step');
       assert.equal(ctx.cachedPositions(1), cached, 'its prompt cache is untouched');
@@ -259,6 +262,10 @@ describe('batched decoding on gemma4-tiny', () => {
       assert.ok(admitted, `one request of the stream was admitted: ${seen}`);
       assert.equal(admitted.batch!.predictedMiss, false);
       assert.ok(admitted.tokens.length > 0, 'the probe ran');
+      // Idle past a second, the decoder would probe whatever it predicts: it predicts nothing, so a
+      // caller that drops frames before submitting them cannot keep it from refreshing its history.
+      await sleep(1100);
+      assert.equal(ctx.predictedMs(), 0);
     } finally {
       await ctx.dispose();
     }
@@ -372,6 +379,31 @@ describe('batched decoding on gemma4-tiny', () => {
       await assert.rejects(model.createContext({ nCtx: 256, maxActive: 1 }), /several sequences/);
       await assert.rejects(model.createContext({ nCtx: 256, nSeq: 2, maxActive: 3 }), /maxActive/);
       await assert.rejects(single.generate([{ text: 'a' }], { maxTokens: 1, seq: 1 }), /options\.seq/);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('a unified cache gives each sequence its share: a request past it is refused, every camera fits at once', async () => {
+    // 4 × 64 cells in one buffer: llama.cpp lets any one sequence take all 256, which would leave the
+    // other cameras without a slot mid-step; each gets nCtx positions, as with a stream per sequence.
+    const ctx = await model.createContext({ nCtx: 64, nSeq: 4, kvUnified: true, threads: 1 });
+    try {
+      assert.equal(ctx.info.nCtxSeq, 64);
+      const words = (n: number): string => Array.from({ length: n }, (_, i) => `w${i}`).join(' ');
+      const long = model.tokenize(words(40), { addSpecial: true }).length;
+      assert.ok(long > 64 && long + 8 < 256, `a prompt (${long} tokens) past the share but within the whole cache`);
+      await assert.rejects(ctx.generate([{ text: words(40), addSpecial: true }], { maxTokens: 8, seq: 0 }), {
+        code: 'ERANGE',
+        message: new RegExp(`context overflow: prompt \\(${long} positions\\) \\+ maxTokens \\(8\\) exceeds nCtx 64`),
+      });
+      // Four prompts that fill their shares all decode together.
+      const fit = words(20);
+      const n = model.tokenize(fit, { addSpecial: true }).length;
+      const results = await Promise.all(
+        [0, 1, 2, 3].map((seq) => ctx.generate([{ text: fit, addSpecial: true }], { maxTokens: 64 - n, ignoreEos: true, seq })),
+      );
+      for (const r of results) assert.equal(r.tokens.length, 64 - n);
     } finally {
       await ctx.dispose();
     }

@@ -124,7 +124,7 @@ describe('camera decode stages on gemma4-tiny (one sequence per camera)', () => 
     const { decoder } = loadConfig({ decoder: { nCtx: 2048, temperature: 0, seed: 1, jumpForward: true } });
     stages = await createCameraDecoderStages(
       { ...decoder, model: await ensureSynthModel('gemma4-tiny'), actionSchema: schema, threads: 1 },
-      { cameras: 2, maxActive: null, prefillChunk: 512, kvUnified: false },
+      { cameras: 2, maxActive: null, prefillChunk: 512, kvUnified: false, imageTokens: 480 },
     );
   });
   after(async () => {
@@ -138,6 +138,8 @@ describe('camera decode stages on gemma4-tiny (one sequence per camera)', () => 
     await stages[0]!.process(image(rows, stages[0]!.nEmbd, 1), first);
     const note = first.events.find((e) => e.kind === 'note' && e.message === 'decode');
     assert.ok(note?.kind === 'note' && note.data);
+    // With a history, the stages ahead can read what admission will predict (Stage.predictMs).
+    assert.ok((stages[0]!.predictMs?.() ?? 0) > 0);
     // A quarter of the time the last frame's prefill took: its image rows alone need more.
     const late = stageContext(2, { budgetMs: Number(note.data.prefillMs) / 4 });
     await assert.rejects(
@@ -147,4 +149,30 @@ describe('camera decode stages on gemma4-tiny (one sequence per camera)', () => 
     const g = await stages[0]!.process(image(rows, stages[0]!.nEmbd, 3), stageContext(3));
     assert.equal(g.stopReason, 'eos');
   });
+});
+
+test('camera stages refuse, at load, a decoder.nCtx that cannot hold a frame, in both KV layouts', async () => {
+  const model = await ensureSynthModel('gemma4-tiny');
+  for (const kvUnified of [true, false]) {
+    const { decoder } = loadConfig({ decoder: { nCtx: 256 } });
+    await assert.rejects(
+      createCameraDecoderStages(
+        { ...decoder, model, actionSchema: schema, threads: 1 },
+        { cameras: 3, maxActive: null, prefillChunk: 512, kvUnified, imageTokens: 280 },
+      ),
+      {
+        name: 'RangeError',
+        message: new RegExp(
+          `^decoder\\.nCtx is too small for 3 cameras: a frame needs (\\d+) KV positions \\(prompt \\d+ tokens \\+ 282 image rows and markers \\+ maxNewTokens \\d+\\) but each camera has 256 \\(${kvUnified ? 'its share of the unified cache' : 'its own KV stream'}\\); raise decoder\\.nCtx to at least \\1$`,
+        ),
+      },
+    );
+  }
+  // Room enough: loads.
+  const { decoder } = loadConfig({ decoder: { nCtx: 1024 } });
+  const stages = await createCameraDecoderStages(
+    { ...decoder, model, actionSchema: schema, threads: 1 },
+    { cameras: 3, maxActive: null, prefillChunk: 512, kvUnified: true, imageTokens: 280 },
+  );
+  for (const s of stages) await s.close?.();
 });

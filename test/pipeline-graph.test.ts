@@ -90,6 +90,87 @@ describe('deadlines', () => {
     assertConservation(plain);
   });
 
+  test('a frame that would wait behind the previous one in a later stage and miss is dropped before the stages ahead', async () => {
+    // Frames every 100 ms, deadline capture + 420 ms; preprocess 10 ms, decode 230 ms, 'latest'
+    // edges, minSamples 1. f0: 0-10, decode 10-240. f1 and f2 enter preprocess before decode has a
+    // timed run (they pass); f2 replaces f1 at decode and runs 240-470. f3 (dl 720) at 300: ready at
+    // 310, decode free at 470, ends 700: passes; f4 (dl 820) replaces it, runs 470-700. f5 (dl 920)
+    // at 500: ready at 510, decode free at 700, ends 930: dropped at preprocess entry, never run.
+    // f6 (dl 1020) at 600: ends 930, runs 700-930. Without the rule f5 is preprocessed and then replaced.
+    const run = async (dropPredictedMiss: boolean) => {
+      const preprocess = fakeStage<number>('preprocess');
+      const result = await runGraph({
+        source: fakeSource({ frames: 7, periodMs: 100 }),
+        stages: chain(preprocess, fakeStage<number>('decode')),
+        config: testConfig({
+          budgets: { endToEndMs: 420, stages: {}, dropPredictedMiss },
+          edges: { default: { policy: 'latest' } },
+          ladder: { enabled: false, minSamples: 1 },
+          virtualServiceMs: { preprocess: 10, decode: 230 },
+        }),
+      });
+      assertConservation(result);
+      return { result, preprocessCalls: preprocess.calls };
+    };
+    const ruled = await run(true);
+    assert.deepEqual(framesOf(ruled.result.outputs), [0, 2, 4, 6]);
+    assert.deepEqual(dropsOf(ruled.result.events), [
+      { frameId: 1, stage: 'decode', reason: 'conflated' },
+      { frameId: 3, stage: 'decode', reason: 'conflated' },
+      { frameId: 5, stage: 'preprocess', reason: 'stale' },
+    ]);
+    const detail = ruled.result.events.flatMap((e) => (e.type === 'drop' && e.frameId === 5 ? [e.detail] : []))[0];
+    assert.equal(detail, 'predicted miss: the remaining stages take at least 430.000 ms (decode busy for 190.0 ms more), 420.000 ms left');
+    assert.equal(ruled.preprocessCalls, 6);
+    const plain = await run(false);
+    assert.deepEqual(framesOf(plain.result.outputs), [0, 2, 4, 6], 'the same actions');
+    assert.equal(plain.preprocessCalls, 7);
+  });
+
+  test("a stage's own prediction drops a frame before the stages ahead of it spend on it (real clock only)", async () => {
+    // The decode stage predicts its time itself (a decoder shared by cameras: its queue and sharing);
+    // its past runs say nothing of it. Ten minutes against a one-minute budget: every frame is
+    // dropped at preprocess entry, before preprocess or encode run; a prediction that fits drops none.
+    const run = async (predictedMs: number, clock: 'real' | 'virtual') => {
+      const preprocess = fakeStage<number>('preprocess');
+      const encode = fakeStage<number>('encode');
+      const decode = Object.assign(fakeStage<number>('decode'), { predictMs: () => predictedMs });
+      const result = await runGraph({
+        source: fakeSource({ frames: 4, periodMs: 5 }),
+        stages: chain(preprocess, encode, decode),
+        ...(clock === 'real' ? { clock: new RealClock() } : {}),
+        config: testConfig({
+          clock,
+          budgets: { endToEndMs: 60_000, stages: {}, dropPredictedMiss: true },
+          edges: { default: { policy: 'queue', capacity: 4 } },
+          ladder: { enabled: false, minSamples: 1 },
+        }),
+      });
+      assertConservation(result);
+      return { result, calls: [preprocess.calls, encode.calls, decode.calls] };
+    };
+    const doomed = await run(600_000, 'real');
+    assert.deepEqual(doomed.calls, [0, 0, 0], 'no stage ran for a doomed frame');
+    const drops = doomed.result.events.flatMap((e) => (e.type === 'drop' ? [e] : []));
+    assert.equal(drops.length, 4);
+    for (const d of drops) {
+      assert.equal(d.stage, 'preprocess');
+      assert.equal(d.reason, 'stale');
+      assert.match(
+        d.detail,
+        /^predicted miss: the remaining stages take at least 600000\.000 ms \(decode predicts 600000\.0 ms\), [\d.]+ ms left$/,
+      );
+    }
+    assert.equal(doomed.result.summary.drops.byReason.stale, 4);
+
+    const fits = await run(5, 'real');
+    assert.deepEqual(fits.calls, [4, 4, 4]);
+    assert.equal(fits.result.summary.frames.out, 4);
+    // A virtual graph's time is its own: a stage's monotonic-clock prediction does not apply.
+    const virtual = await run(600_000, 'virtual');
+    assert.deepEqual(virtual.calls, [4, 4, 4]);
+  });
+
   test('a decoder-like stage is cancelled at its stage budget and says why', async () => {
     // 10 ms per token, up to 48 tokens, decode budget 100 ms: the signal fires after 10 tokens.
     const decode = fakeDecoder('decode', { tokens: 48, msPerToken: 10 });

@@ -79,9 +79,12 @@ struct BatchScheduler::Active {
 };
 
 BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread & thread, BatchOptions options, Done done)
-    : ctx_(ctx), model_(model), thread_(thread), opts_(options), done_(std::move(done)), nCtxSeq_(int32_t(llama_n_ctx_seq(ctx))),
-      caches_(size_t(options.nSeq)), positions_(new std::atomic<int32_t>[size_t(options.nSeq)]),
-      tokens_(std::make_unique<TokenBatch>(options.nBatch)), stepMs_(size_t(options.nSeq)) {
+    : ctx_(ctx), model_(model), thread_(thread), opts_(options), done_(std::move(done)),
+      // A unified cache lets one sequence take every cell (llama_n_ctx_seq is the whole context);
+      // each gets its share instead, so every camera's prompt and new tokens fit at the same time.
+      nCtxSeq_(options.kvUnified ? int32_t(llama_n_ctx(ctx)) / options.nSeq : int32_t(llama_n_ctx_seq(ctx))), caches_(size_t(options.nSeq)),
+      positions_(new std::atomic<int32_t>[size_t(options.nSeq)]), tokens_(std::make_unique<TokenBatch>(options.nBatch)),
+      stepMs_(size_t(options.nSeq)) {
     for (int32_t s = 0; s < opts_.nSeq; s++) positions_[size_t(s)].store(0);
 }
 
@@ -140,6 +143,7 @@ void BatchScheduler::loop() {
             }
             admit();
             step();
+            publishPrediction();  // the sharing and step times as of this step
         } catch (const std::exception & e) {
             // Nothing a request did: the loop itself failed (allocation). Every request learns why.
             for (auto & a : active_) fail(*a, std::string("batch scheduler: ") + e.what());
@@ -364,6 +368,22 @@ double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, do
     else if (!a->generating) prefill = std::max(0.0, prefillMs - msBetween(a->tAdmit, monotonicNs()));
     const int32_t gen = std::max(quantile(genSteps_, 0.5) - (a ? a->genSteps : 0), 1);
     return prefill + double(gen) * step.ms + kSpread * step.sd * std::sqrt(double(gen));
+}
+
+// What admission would predict for a request that arrived now (its drop rule, at today's sharing),
+// for callers that decide before they submit (predictedMs()).
+void BatchScheduler::publishPrediction() {
+    const bool idle = active_.empty();
+    const double ms = idle ? predictMs(1, nullptr, false, kLeast) : predictMs(int32_t(active_.size()), nullptr, false, kTypical);
+    predicted_.store(ms, std::memory_order_relaxed);
+    idleSinceNs_.store(idle ? std::max<int64_t>(lastDecodeNs_, 1) : 0, std::memory_order_relaxed);
+}
+
+double BatchScheduler::predictedMs() const {
+    const int64_t idleSince = idleSinceNs_.load(std::memory_order_relaxed);
+    // An idle decoder past kProbeNs admits a request whatever its prediction (see admit()).
+    if (idleSince > 0 && monotonicNs() - idleSince >= kProbeNs) return 0;
+    return predicted_.load(std::memory_order_relaxed);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -713,6 +733,7 @@ void BatchScheduler::rollbackPartialImage(Active & a) {
 }
 
 void BatchScheduler::removeFinished() {
+    std::vector<std::unique_ptr<SeqJob>> finished;
     for (auto it = active_.begin(); it != active_.end();) {
         if ((*it)->done) {
             const SeqJob & ended = *(*it)->job;
@@ -727,11 +748,15 @@ void BatchScheduler::removeFinished() {
             std::unique_ptr<SeqJob> j = std::move((*it)->job);
             syncPositions(j->seq);
             it = active_.erase(it);
-            done_(std::move(j));
+            finished.push_back(std::move(j));
         } else {
             ++it;
         }
     }
+    if (finished.empty()) return;
+    // Before the callers hear of it: one that asks predictedMs() next sees this history.
+    publishPrediction();
+    for (auto & j : finished) done_(std::move(j));
 }
 
 void BatchScheduler::syncPositions(int32_t seq) {

@@ -47,7 +47,11 @@
 //   bidirectionally is taken whole (it must sit in one ubatch): beside other whole images of as
 //   many rows while they fit the chunk and the ubatch, alone when it does not fit the chunk.
 // - Layout: each step's rows go in ascending sequence order (with a KV stream per sequence,
-//   llama.cpp cuts a batch into ubatches of consecutive sequence ids).
+//   llama.cpp cuts a batch into ubatches of consecutive sequence ids). Even so, with a stream per
+//   sequence a step whose sequences skip an id (a camera between two frames) or that reads a prompt
+//   chunk beside other sequences' tokens (split_equal takes as many tokens from each sequence) runs
+//   as two or more ubatches: each a pass over the weights, and a graph that is never reused (the
+//   previous one had the other shape). One KV buffer (kvUnified) takes any step in one ubatch.
 // - Deadlines and cancels are checked between steps: a decode in flight is never aborted, because
 //   it serves every other sequence too.
 #pragma once
@@ -129,8 +133,15 @@ public:
     void clear(int32_t seq);
     // KV positions the sequence holds (as of the last step).
     int32_t cachedPositions(int32_t seq) const { return positions_[size_t(seq)].load(std::memory_order_relaxed); }
+    // KV positions one sequence may hold (prompt + new tokens): its stream, or its share of a unified cache.
+    int32_t nCtxSeq() const { return nCtxSeq_; }
     // Steps run so far (every llama_decode round over the active sequences).
     int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
+    // Any thread. The time (ms) admission would predict for a request submitted now, by the rule
+    // that drops it before its prefill (see Deadlines; as of the last step): a caller with work to
+    // do before it submits (preprocess, encode) can drop a frame that would be dropped anyway.
+    // 0: nothing to predict from, or an idle decoder that would admit anything (a probe).
+    double predictedMs() const;
 
 private:
     struct Active;
@@ -156,6 +167,7 @@ private:
     void finish(Active & a);
     void fail(Active & a, const std::string & why, const char * code = nullptr);
     void removeFinished();
+    void publishPrediction();
     void rollbackPartialImage(Active & a);
     void syncPositions(int32_t seq);
     struct StepTime {
@@ -185,6 +197,8 @@ private:
     std::vector<std::vector<CacheItem>> caches_;  // per sequence
     std::unique_ptr<std::atomic<int32_t>[]> positions_;
     std::atomic<int64_t> steps_{0};
+    std::atomic<double> predicted_{0};
+    std::atomic<int64_t> idleSinceNs_{0};  // the last step's end while idle; 0: busy
     uint64_t rotation_ = 0;
     // What admission predicts from (see Deadlines): per sharing (index: sequences in the step less
     // one) the last steps' ms; the last prefill times and generation steps.

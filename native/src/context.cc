@@ -472,6 +472,7 @@ Napi::Function Context::Init(Napi::Env env) {
                            InstanceMethod<&Context::Cancel>("cancel"),
                            InstanceMethod<&Context::ClearCache>("clearCache"),
                            InstanceMethod<&Context::CachedPositions>("cachedPositions"),
+                           InstanceMethod<&Context::PredictedMs>("predictedMs"),
                            InstanceMethod<&Context::AttachSpeculator>("attachSpeculator"),
                            InstanceMethod<&Context::DetachSpeculator>("detachSpeculator"),
                            InstanceMethod<&Context::Dispose>("dispose"),
@@ -582,7 +583,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("nBatch", llama_n_batch(ctx_));
     o.Set("nUbatch", llama_n_ubatch(ctx_));
     o.Set("nSeq", llama_n_seq_max(ctx_));
-    o.Set("nCtxSeq", llama_n_ctx_seq(ctx_));
+    o.Set("nCtxSeq", batch_ ? batch_->nCtxSeq() : int32_t(llama_n_ctx_seq(ctx_)));
     o.Set("kvUnified", opts_.kvUnified);
     o.Set("maxActive", opts_.maxActive);
     o.Set("prefillChunk", opts_.prefillChunk);
@@ -740,6 +741,12 @@ Napi::Value Context::CachedPositions(const Napi::CallbackInfo & info) {
     int32_t n = 0;
     for (const auto & c : cache_) n += c.positions();
     return Napi::Number::New(info.Env(), n);
+}
+
+// A context of several sequences: what its admission would predict for a request submitted now (ms;
+// 0: no prediction). One sequence: always 0.
+Napi::Value Context::PredictedMs(const Napi::CallbackInfo & info) {
+    return Napi::Number::New(info.Env(), batch_ ? batch_->predictedMs() : 0.0);
 }
 
 // attachSpeculator(draftModel | null, options): creates the draft state off the JS thread; the

@@ -78,6 +78,7 @@ private:
     Napi::Value Cancel(const Napi::CallbackInfo & info);
     Napi::Value ClearCache(const Napi::CallbackInfo & info);
     Napi::Value CachedPositions(const Napi::CallbackInfo & info);
+    Napi::Value PredictedMs(const Napi::CallbackInfo & info);
     Napi::Value AttachSpeculator(const Napi::CallbackInfo & info);
     Napi::Value DetachSpeculator(const Napi::CallbackInfo & info);
     Napi::Value Dispose(const Napi::CallbackInfo & info);

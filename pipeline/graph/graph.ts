@@ -19,7 +19,10 @@
 //   concurrently, so stage k works on frame n+1 while stage k+1 works on frame n.
 // - At entry: drop 'stale' if the frame's deadline has passed, or (budgets.dropPredictedMiss) if
 //   the fastest recent runs of the remaining stages (those measured at the frame's level), summed,
-//   would still miss it.
+//   would still miss it. Each stage counts the larger of its fastest run and its own prediction
+//   (Stage.predictMs: a shared decoder's sharing, on a real clock), and starts no earlier than its
+//   calls in flight (and the frames queued ahead on a 'queue' edge) would end at that pace: a frame
+//   that would wait behind its camera's previous frame in decode is dropped before preprocess.
 // - ctx.signal: aborts with a StageAbort at the stage deadline = min(frame deadline, entry + stage
 //   budget), reason 'deadline', or at stop(), reason 'shutdown'. A stage gives up by throwing
 //   ctx.signal.reason (pipeline/abort.ts helps with uninterruptible work), or a StageAbort of its
@@ -61,7 +64,7 @@
 // every stage's close() run in order, and run()/stop() resolve with the summary.
 import { Observable, Subject, type Subscriber } from 'rxjs';
 import { CostModel, DegradeLadder } from '../budget.ts';
-import { VirtualClock, msToNs, type Clock } from '../clock.ts';
+import { VirtualClock, msToNs, nsToMs, type Clock } from '../clock.ts';
 import type { GraphConfig } from '../config.ts';
 import { TelemetryAggregator } from '../telemetry/aggregator.ts';
 import type { ControlEvent, RunSummary, TelemetryEvent } from '../telemetry/events.ts';
@@ -140,6 +143,25 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly costModel: CostModel;
   readonly ladder: DegradeLadder;
   readonly dropPredictedMiss: boolean;
+
+  earliestEnd(level: number, from: number, enterNs: bigint): { readonly endNs: bigint; readonly notes: readonly string[] } {
+    const notes: string[] = [];
+    let t = enterNs;
+    for (let i = from; i < this.#stages.length; i++) {
+      const stage = this.#stages[i]!;
+      // A stage's own prediction is on the monotonic clock it runs on; a virtual graph's time is its own.
+      const own = this.virtual ? 0 : Math.max(0, stage.predictMs?.() ?? 0);
+      if (own > 0) notes.push(`${stage.name} predicts ${own.toFixed(1)} ms`);
+      const fastestNs = msToNs(Math.max(own, this.costModel.fastestMs(stage.name, level)));
+      if (i > from) {
+        const free = this.#runners[i]!.freeAtNs(t, fastestNs);
+        if (free > t) notes.push(`${stage.name} busy for ${nsToMs(free - t).toFixed(1)} ms more`);
+        t = free;
+      }
+      t += fastestNs;
+    }
+    return { endNs: t, notes };
+  }
 
   readonly #source: FrameSource<unknown>;
   readonly #stages: readonly Stage<unknown, unknown>[];

@@ -52,6 +52,9 @@ export interface RunnerHost {
   readonly costModel: CostModel;
   readonly ladder: DegradeLadder;
   readonly dropPredictedMiss: boolean;
+  /** When a frame entering stage `from` at `enterNs` would leave the last stage at the earliest, and
+   * what made it later than the stages' fastest runs (see graph.ts). */
+  earliestEnd(level: number, from: number, enterNs: bigint): { readonly endNs: bigint; readonly notes: readonly string[] };
   emit(event: TelemetryEvent): void;
   drop(frameId: number, stage: string, reason: DropReason, detail: string): void;
 }
@@ -60,6 +63,7 @@ type Outcome = { readonly ok: true; readonly value: unknown } | { readonly ok: f
 
 interface InFlight {
   readonly env: Envelope<unknown>;
+  readonly startNs: bigint;
   readonly call: CallContext;
   abandoned: boolean;
 }
@@ -198,6 +202,18 @@ export class StageRunner {
       });
   }
 
+  /** The earliest instant a frame arriving at `arriveNs` could start here, if every call takes
+   * `fastestNs` from its start: its arrival while a slot is free, else when the first call in flight
+   * ends; plus a turn per `concurrency` frames queued ahead of it on a 'queue' edge (on a 'latest'
+   * edge it replaces the frame that waits). */
+  freeAtNs(arriveNs: bigint, fastestNs: bigint): bigint {
+    if (this.#inFlight.size < this.#concurrency) return arriveNs;
+    let firstEnd: bigint | undefined;
+    for (const f of this.#inFlight) if (firstEnd === undefined || f.startNs + fastestNs < firstEnd) firstEnd = f.startNs + fastestNs;
+    const ahead = this.#edge.dropReason === 'queue_full' ? BigInt(Math.floor(this.#edge.size / this.#concurrency)) : 0n;
+    return max(arriveNs, firstEnd!) + ahead * fastestNs;
+  }
+
   /** The stage budget for calls started from now on (undefined: the frame deadline only). */
   setBudget(ms: number | undefined): void {
     this.#budgetNs = ms === undefined ? undefined : msToNs(ms);
@@ -262,12 +278,12 @@ export class StageRunner {
     if (host.shutdown.aborted) return this.#skip(env, 'shutdown', 'graph stopping');
     if (enterNs >= env.deadlineNs) return this.#skip(env, 'stale', `deadline passed ${fmtMs(enterNs - env.deadlineNs)} ms before entry`);
     if (host.dropPredictedMiss) {
-      const fastestMs = host.costModel.predict(env.degradeLevel, 'min', this.#index).ms;
-      if (fastestMs > 0 && enterNs + msToNs(fastestMs) > env.deadlineNs) {
+      const { endNs, notes } = host.earliestEnd(env.degradeLevel, this.#index, enterNs);
+      if (endNs > env.deadlineNs) {
         return this.#skip(
           env,
           'stale',
-          `predicted miss: the remaining stages take at least ${fastestMs.toFixed(3)} ms, ${fmtMs(env.deadlineNs - enterNs)} ms left`,
+          `predicted miss: the remaining stages take at least ${fmtMs(endNs - enterNs)} ms${notes.length ? ` (${notes.join(', ')})` : ''}, ${fmtMs(env.deadlineNs - enterNs)} ms left`,
         );
       }
     }
@@ -287,7 +303,7 @@ export class StageRunner {
     } else {
       call = new CallContext(this.name, env, host.clock, stageDeadlineNs, knobs, true, onReport);
     }
-    const inFlight: InFlight = { env, call, abandoned: false };
+    const inFlight: InFlight = { env, startNs: enterNs, call, abandoned: false };
     this.#inFlight.add(inFlight);
 
     let outcome: Outcome;
