@@ -361,6 +361,48 @@ describe('batched decoding on gemma4-tiny', () => {
     }
   });
 
+  test('deadlines within 50 ms count as one: the camera admitted least recently goes first (cameras take turns)', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nSeq: 4, maxActive: 1 });
+    try {
+      const far = process.hrtime.bigint() + 600_000_000_000n; // no request is predicted to miss
+      const order: number[] = [];
+      // One round: camera 0 holds the decoder while cameras 1–3 queue with the given deadline offsets (ns).
+      const round = async (offsets: Record<number, bigint>): Promise<number[]> => {
+        order.length = 0;
+        // The earliest deadline by far, so it goes first even if it reaches the scheduler with the others.
+        const blocker = ctx.generate([{ text: 'Camera front, hold:', addSpecial: true }], {
+          maxTokens: 24,
+          ignoreEos: true,
+          seq: 0,
+          deadlineNs: far - 300_000_000_000n,
+        });
+        const queued = [3, 2, 1].map((i) =>
+          ctx
+            .generate([{ text: `Camera ${CAMERAS[i]}:`, addSpecial: true }], {
+              maxTokens: 4,
+              ignoreEos: true,
+              seq: i,
+              deadlineNs: far + offsets[i]!,
+            })
+            .then((r) => {
+              assert.equal(r.stopReason, 'max_tokens');
+              order.push(i);
+            }),
+        );
+        await Promise.all([blocker, ...queued]);
+        return [...order];
+      };
+      // First turn for all: the earliest deadline first.
+      assert.deepEqual(await round({ 1: 0n, 2: 1_000n, 3: 2_000n }), [1, 2, 3]);
+      // Camera 3 now stamps a few µs earliest, but camera 1 has waited longest since its turn.
+      assert.deepEqual(await round({ 1: 2_000n, 2: 1_000n, 3: 0n }), [1, 2, 3]);
+      // A deadline earlier by more than the window still goes first.
+      assert.deepEqual(await round({ 1: 0n, 2: 0n, 3: -1_000_000_000n }), [3, 1, 2]);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
   test('refusals: a busy sequence, a sequence out of range, a speculator, options for one sequence', async () => {
     const ctx = await model.createContext({ nCtx: 256, nSeq: 2 });
     try {

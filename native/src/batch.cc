@@ -32,6 +32,11 @@ constexpr size_t kReqSamples = 16;
 // step (ms) and a camera's frame period (tens of ms), so a busy stream of hopeless requests is
 // still dropped, but short enough that a stalled decoder recovers within about a second.
 constexpr int64_t kProbeNs = 1000000000;
+// Deadlines this close count as one for admission's order (batch.h, Deadlines): cameras triggered
+// by one clock, or within half a 10 Hz period of each other, take turns (least recently admitted
+// first) instead of the earliest stamp always going first. Small next to a frame budget (hundreds
+// of ms), so a request whose deadline is really earlier still goes first.
+constexpr int64_t kFairWindowNs = 50000000;
 
 int64_t nsOf(double ms) { return int64_t(ms * 1e6); }
 
@@ -84,7 +89,7 @@ BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread 
       // each gets its share instead, so every camera's prompt and new tokens fit at the same time.
       nCtxSeq_(options.kvUnified ? int32_t(llama_n_ctx(ctx)) / options.nSeq : int32_t(llama_n_ctx_seq(ctx))), caches_(size_t(options.nSeq)),
       positions_(new std::atomic<int32_t>[size_t(options.nSeq)]), tokens_(std::make_unique<TokenBatch>(options.nBatch)),
-      stepMs_(size_t(options.nSeq)) {
+      admittedNs_(size_t(options.nSeq), 0), stepMs_(size_t(options.nSeq)) {
     for (int32_t s = 0; s < opts_.nSeq; s++) positions_[size_t(s)].store(0);
 }
 
@@ -226,13 +231,24 @@ void BatchScheduler::admit() {
                     return;
             }
         }
-        // The earliest deadline that fits `within` at this sharing; the others wait for less.
+        // The earliest deadline that fits `within` at this sharing (the others wait for less); among
+        // deadlines within kFairWindowNs of it, the sequence admitted least recently.
         auto earliest = [&](double within) {
-            auto pick = waiting_.end();
+            auto fits = [&](const SeqJob & j) {
+                const int64_t dl = j.opts.deadlineNs;
+                return !(within > 0 && dl > 0 && now + nsOf(within) > dl);
+            };
+            auto first = waiting_.end();
             for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-                const int64_t dl = (*it)->opts.deadlineNs;
-                if (within > 0 && dl > 0 && now + nsOf(within) > dl) continue;
-                if (pick == waiting_.end() || key(**it) < key(**pick)) pick = it;
+                if (fits(**it) && (first == waiting_.end() || key(**it) < key(**first))) first = it;
+            }
+            // Without a deadline: arrival order (FIFO, see Admission).
+            if (first == waiting_.end() || key(**first).first == INT64_MAX) return first;
+            const int64_t horizon = key(**first).first > INT64_MAX - kFairWindowNs ? INT64_MAX : key(**first).first + kFairWindowNs;
+            auto turn = [&](const SeqJob & j) { return std::make_pair(admittedNs_[size_t(j.seq)], key(j)); };
+            auto pick = first;
+            for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+                if (fits(**it) && key(**it).first <= horizon && turn(**it) < turn(**pick)) pick = it;
             }
             return pick;
         };
@@ -253,6 +269,7 @@ void BatchScheduler::admit() {
 // Plans the prompt against the sequence's cache and drops the KV cells past the reused prefix.
 void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
     const int64_t now = monotonicNs();
+    admittedNs_[size_t(job->seq)] = now;
     job->counts.queueMs = msBetween(job->submittedNs, now);
     std::unique_ptr<Active> a;
     try {

@@ -30,6 +30,9 @@
 //     sharing grows at most one past the largest that has been timed (one step at a time);
 //   · among the waiting requests that can make it at that sharing, the earliest deadline goes
 //     first (then arrival); one that cannot waits for less sharing, or ends when it cannot make it.
+//     Deadlines within kFairWindowNs (50 ms) of the earliest count as one: among those the
+//     sequence admitted least recently goes first, so cameras triggered together take turns under
+//     overload instead of the one whose frames happen to be stamped a few µs earlier always winning.
 //   An idle decoder drops only certain misses (by its fastest recent prefill and step) and, when
 //   no waiting request fits the prediction, serves the earliest deadline that fits those fastest
 //   times rather than none, so it is never idle while a request waits that could still make it.
@@ -199,6 +202,7 @@ private:
     std::atomic<int64_t> steps_{0};
     std::atomic<double> predicted_{0};
     std::atomic<int64_t> idleSinceNs_{0};  // the last step's end while idle; 0: busy
+    std::vector<int64_t> admittedNs_;      // per sequence: when its last request was admitted (0: never)
     uint64_t rotation_ = 0;
     // What admission predicts from (see Deadlines): per sharing (index: sequences in the step less
     // one) the last steps' ms; the last prefill times and generation steps.
