@@ -8,8 +8,16 @@
 //               latency = receive time in the worker − time before process() in the sender (both
 //               process.hrtime, one monotonic clock), so it covers header building, JSON, the send,
 //               loopback tcp and the receive.
+//   peer:       a bare zeromq.js PUB socket sending the same bytes (the stage's header with its own
+//               seq, the same body, prebuilt) to the same subscriber: the floor this machine and
+//               zeromq.js set. Its latency samples alternate with the stage's, so a noisy spell on a
+//               shared machine hits both alike; its throughput run follows the stage's.
+// The sender sleeps (Atomics.waitAsync) while a message is in flight: a sender spinning on the event
+// loop takes a core from the socket's I/O threads and the subscriber, and on a 2-core machine that
+// showed up as p99 outliers of one scheduler time slice (~3 ms).
 import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
+import { Publisher as PubSocket } from 'zeromq';
 import { createPublisher } from '../nodes/publisher.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
@@ -24,7 +32,7 @@ export interface BenchPublishOptions {
   readonly messages?: number;
   /** Approximate bytes of the JSON body (default 128). */
   readonly size?: number;
-  /** Ping-pong messages in the latency run (default 2000). */
+  /** Ping-pong messages in the latency run, for the stage and for the peer each (default 2000). */
   readonly latencySamples?: number;
   readonly sendHighWaterMark?: number;
 }
@@ -42,9 +50,15 @@ export type BenchPublishResult = {
   /** Latency of the throughput run's messages (includes queueing behind earlier ones). */
   readonly loaded_p50_us: number;
   readonly loaded_p99_us: number;
+  /** The same measurements for a bare zeromq.js PUB socket sending the same bytes. */
+  readonly peer_msgs_per_s: number;
+  readonly peer_p50_us: number;
+  readonly peer_p99_us: number;
+  readonly peer_max_us: number;
   readonly messages: number;
   readonly received: number;
   readonly dropped: number;
+  readonly header_bytes: number;
   readonly body_bytes: number;
   readonly transport: string;
 };
@@ -52,9 +66,10 @@ export type BenchPublishResult = {
 interface SubscriberCommand {
   /** Resolved path of the zeromq package, for the worker's require. */
   readonly zeromq: string;
-  readonly endpoint: string;
-  readonly topic: string;
-  /** Shared Int32Array: [0] = messages received (for ping-pong). */
+  readonly endpoints: readonly string[];
+  readonly topics: readonly string[];
+  /** Shared Int32Array: [0] messages received (notified on each), [1] the last seq received from
+   * the stage + 1, [2] the same from the peer. */
   readonly counter: SharedArrayBuffer;
   /** Most messages the subscriber records. */
   readonly capacity: number;
@@ -62,7 +77,12 @@ interface SubscriberCommand {
 interface SubscriberReport {
   readonly seqs: Int32Array;
   readonly receivedNs: BigInt64Array;
+  /** 1 where the message came from the peer. */
+  readonly fromPeer: Uint8Array;
 }
+
+const PEER_TOPIC = 'peer';
+const TELEMETRY_TOPIC = 'telemetry';
 
 export async function benchPublish(options: BenchPublishOptions = {}): Promise<BenchPublishResult> {
   const { messages = 20_000, size = 128, latencySamples = 2000, sendHighWaterMark = 100_000 } = options;
@@ -77,110 +97,165 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
   const pub = await createPublisher({
     endpoint: 'tcp://127.0.0.1:*',
     topic,
+    telemetryTopic: TELEMETRY_TOPIC,
     sendHighWaterMark,
     highWaterMarks: { actions: messages + latencySamples + 2000 },
   });
+  const peer = new PubSocket({ sendHighWaterMark, noDrop: true, sendTimeout: 0, linger: 0 });
   const { stage: publisher, sink } = pub;
-  /** Actions accepted so far: the seq the next one gets. */
-  const accepted = (): number => pub.stats()[topic]!.accepted;
-  const counter = new SharedArrayBuffer(4);
-  const received = new Int32Array(counter);
-  const workerData: SubscriberCommand = {
-    zeromq: createRequire(import.meta.url).resolve('zeromq'),
-    endpoint: pub.endpoint,
-    topic,
-    counter,
-    capacity: messages + latencySamples + 4000,
-  };
-  const worker = new Worker(SUBSCRIBER_SOURCE, { eval: true, workerData });
-  const report = new Promise<SubscriberReport>((resolve, reject) => {
-    worker.once('message', resolve);
-    worker.once('error', reject);
-    worker.once('exit', (code) => reject(new Error(`bench subscriber exited with code ${code} before reporting`)));
-  });
-  const ctx = benchContext(new RealClock());
-  const action = { action: 'move', confidence: 0.5, speed: 1, pad: '' };
-  action.pad = 'x'.repeat(Math.max(0, size - JSON.stringify(action).length));
-  const bodyBytes = JSON.stringify(action).length;
-  const message = (frameId: number): ActionMessage => ({
-    schemaId: 'percept/robot-action/v1',
-    frameId,
-    sourceId: 'bench',
-    captureWallMs: 0,
-    action,
-  });
-  const sentNs: bigint[] = [];
-
+  /** Actions given to the stage so far: the seq the next one gets. */
+  let accepted = 0;
+  const counter = new SharedArrayBuffer(3 * 4);
+  const counts = new Int32Array(counter);
+  /** Resolves once the stage's message `seq` (or the peer's, `peer`) has reached the subscriber. */
+  const arrived = (seq: number, timeoutMs: number, peer = false): Promise<void> =>
+    untilCounted(counts, () => Atomics.load(counts, peer ? 2 : 1) > seq, timeoutMs);
+  const capacity = 2 * (messages + latencySamples) + 8000;
+  let worker: Worker | undefined;
   try {
-    // Slow joiner: probe until the subscription has reached the publisher.
-    for (let i = 0; Atomics.load(received, 0) === 0; i++) {
+    await peer.bind('tcp://127.0.0.1:*');
+    const workerData: SubscriberCommand = {
+      zeromq: createRequire(import.meta.url).resolve('zeromq'),
+      endpoints: [pub.endpoint, peer.lastEndpoint!],
+      topics: [topic, PEER_TOPIC, TELEMETRY_TOPIC],
+      counter,
+      capacity,
+    };
+    worker = new Worker(SUBSCRIBER_SOURCE, { eval: true, workerData });
+    let firstHeader: (header: string) => void;
+    const stageHeader = new Promise<string>((resolve) => (firstHeader = resolve));
+    const report = new Promise<SubscriberReport>((resolve, reject) => {
+      worker!.on('message', (m: SubscriberReport | { header: string }) => ('seqs' in m ? resolve(m) : firstHeader(m.header)));
+      worker!.once('error', reject);
+      worker!.once('exit', (code) => reject(new Error(`bench subscriber exited with code ${code} before reporting`)));
+    });
+    const ctx = benchContext(new RealClock());
+    const action = { action: 'move', confidence: 0.5, speed: 1, pad: '' };
+    action.pad = 'x'.repeat(Math.max(0, size - JSON.stringify(action).length));
+    const body = JSON.stringify(action);
+    const message = (frameId: number): ActionMessage => ({
+      schemaId: 'percept/robot-action/v1',
+      frameId,
+      sourceId: 'bench',
+      captureWallMs: 0,
+      action,
+    });
+    const sentNs = new BigInt64Array(capacity);
+    const peerSentNs = new BigInt64Array(capacity);
+    const sendStage = (frameId: number): Promise<unknown> => {
+      sentNs[accepted++] = process.hrtime.bigint();
+      return publisher.process(message(frameId), ctx);
+    };
+
+    // Slow joiner: probe until the subscription has reached the publisher (the probes before that
+    // are lost; from the first that arrives on, all do).
+    for (let i = 0; Atomics.load(counts, 1) === 0; i++) {
       if (i > 2000) throw new Error(`bench: subscriber on ${pub.endpoint} never received a probe`);
-      sentNs[accepted()] = process.hrtime.bigint();
-      await publisher.process(message(-1), ctx);
-      await new Promise((r) => setTimeout(r, 5));
+      await sendStage(-1);
+      await sleep(5);
     }
-    // Let the probes still in flight arrive before timing anything.
-    const probes = accepted();
-    await waitFor(() => Atomics.load(received, 0) >= probes, 2000).catch(() => undefined);
+    await arrived(accepted - 1, 2000);
+    // The peer sends the stage's header (its seq and publish time its own) and the same body.
+    const header = await stageHeader;
+    const peerHead = header.slice(0, header.indexOf('"seq":') + '"seq":'.length);
+    const peerFrame = Buffer.from(PEER_TOPIC);
+    let peerSeq = 0;
+    const sendPeer = async (): Promise<void> => {
+      const seq = peerSeq++;
+      peerSentNs[seq] = process.hrtime.bigint();
+      for (let waitMs = 1; ; waitMs = Math.min(16, waitMs * 2)) {
+        try {
+          await peer.send([peerFrame, `${peerHead}${seq},"publish_wall_ms":${Date.now()},"virtual_publish_ms":null}`, body]);
+          return;
+        } catch (err) {
+          if ((err as { code?: string }).code !== 'EAGAIN') throw err;
+          await sleep(waitMs);
+        }
+      }
+    };
+    for (let i = 0; Atomics.load(counts, 2) === 0; i++) {
+      if (i > 2000) throw new Error(`bench: subscriber on ${peer.lastEndpoint} never received a peer probe`);
+      await sendPeer();
+      await sleep(5);
+    }
+    await arrived(peerSeq - 1, 2000, true);
 
-    // Latency, one message in flight at a time.
-    const latencyStart = accepted();
+    // Latency, one message in flight at a time, the stage's and the peer's alternating.
+    const latencyStart = accepted;
+    const peerLatencyStart = peerSeq;
     for (let i = 0; i < latencySamples; i++) {
-      const before = Atomics.load(received, 0);
-      sentNs[accepted()] = process.hrtime.bigint();
-      await publisher.process(message(i), ctx);
-      await waitFor(() => Atomics.load(received, 0) > before, 2000);
+      await sendStage(i);
+      await arrived(accepted - 1, 2000);
+      await sendPeer();
+      await arrived(peerSeq - 1, 2000, true);
     }
-    const latencyEnd = accepted();
+    const latencyEnd = accepted;
+    const peerLatencyEnd = peerSeq;
 
-    // Throughput, back to back.
-    const throughputStart = accepted();
+    // Throughput, back to back: the stage, then the peer.
+    const throughputStart = accepted;
     const t0 = process.hrtime.bigint();
-    for (let i = 0; i < messages; i++) {
-      sentNs[throughputStart + i] = process.hrtime.bigint();
-      await publisher.process(message(i), ctx);
-    }
-    const throughputEnd = accepted();
-    await waitFor(() => pub.stats()[topic]!.sent >= throughputEnd, 60_000);
+    for (let i = 0; i < messages; i++) await sendStage(i);
+    const throughputEnd = accepted;
+    if (pub.stats()[topic]!.accepted !== accepted) throw new Error('bench: the stage did not take every action');
+    await untilCounted(counts, () => pub.stats()[topic]!.sent >= throughputEnd, 60_000);
     const sentAllNs = process.hrtime.bigint();
-    // Telemetry goes out after the queued actions: the subscriber's cue that the bench is over.
+    await arrived(throughputEnd - 1, 60_000);
+    const peerThroughputStart = peerSeq;
+    const peerT0 = process.hrtime.bigint();
+    for (let i = 0; i < messages; i++) await sendPeer();
+    const peerThroughputEnd = peerSeq;
+    await arrived(peerThroughputEnd - 1, 60_000, true);
+    // The subscriber's cue that the bench is over.
     sink.accept({ type: 'stats', atNs: process.hrtime.bigint(), summary: new TelemetryAggregator('real').snapshot() });
-    const { seqs, receivedNs } = await report;
+    const { seqs, receivedNs, fromPeer } = await report;
 
     const at = new Map<number, bigint>();
-    seqs.forEach((s, k) => at.set(s, receivedNs[k]!));
-    const latencies = (from: number, to: number): number[] => {
+    const peerAt = new Map<number, bigint>();
+    seqs.forEach((s, k) => (fromPeer[k] ? peerAt : at).set(s, receivedNs[k]!));
+    /** Latencies of seqs [from, to), sorted, and the last receive time among them. */
+    const latencies = (arrived: Map<number, bigint>, sent: BigInt64Array, from: number, to: number) => {
       const out: number[] = [];
+      let lastNs = 0n;
       for (let s = from; s < to; s++) {
-        const r = at.get(s);
-        if (r !== undefined) out.push(Number(r - sentNs[s]) / 1000);
+        const r = arrived.get(s);
+        if (r === undefined) continue;
+        out.push(Number(r - sent[s]!) / 1000);
+        if (r > lastNs) lastNs = r;
       }
-      return out.sort((a, b) => a - b);
+      return { sorted: out.sort((a, b) => a - b), lastNs };
     };
-    const idle = latencies(latencyStart, latencyEnd);
-    const loaded = latencies(throughputStart, throughputEnd);
-    let lastNs = t0;
-    for (let s = throughputStart; s < throughputEnd; s++) {
-      const r = at.get(s);
-      if (r !== undefined && r > lastNs) lastNs = r;
-    }
+    const idle = latencies(at, sentNs, latencyStart, latencyEnd).sorted;
+    const peerIdle = latencies(peerAt, peerSentNs, peerLatencyStart, peerLatencyEnd).sorted;
+    const loaded = latencies(at, sentNs, throughputStart, throughputEnd);
+    const peerLoaded = latencies(peerAt, peerSentNs, peerThroughputStart, peerThroughputEnd);
+    const perSecond = (n: number, fromNs: bigint, toNs: bigint): number => Math.round(n / (Number(toNs - fromNs) / 1e9));
     return {
-      msgs_per_s: Math.round(loaded.length / (Number(lastNs - t0) / 1e9)),
-      send_msgs_per_s: Math.round(messages / (Number(sentAllNs - t0) / 1e9)),
+      msgs_per_s: perSecond(loaded.sorted.length, t0, loaded.lastNs),
+      send_msgs_per_s: perSecond(messages, t0, sentAllNs),
       p50_us: round(quantile(idle, 0.5)),
       p99_us: round(quantile(idle, 0.99)),
       max_us: round(idle.at(-1) ?? NaN),
-      loaded_p50_us: round(quantile(loaded, 0.5)),
-      loaded_p99_us: round(quantile(loaded, 0.99)),
+      loaded_p50_us: round(quantile(loaded.sorted, 0.5)),
+      loaded_p99_us: round(quantile(loaded.sorted, 0.99)),
+      peer_msgs_per_s: perSecond(peerLoaded.sorted.length, peerT0, peerLoaded.lastNs),
+      peer_p50_us: round(quantile(peerIdle, 0.5)),
+      peer_p99_us: round(quantile(peerIdle, 0.99)),
+      peer_max_us: round(peerIdle.at(-1) ?? NaN),
       messages,
-      received: loaded.length,
-      dropped: messages - loaded.length,
-      body_bytes: bodyBytes,
+      received: loaded.sorted.length,
+      dropped: messages - loaded.sorted.length,
+      header_bytes: Buffer.byteLength(header),
+      body_bytes: Buffer.byteLength(body),
       transport: pub.endpoint,
     };
   } finally {
+    // On an error the subscriber is still waiting: its cue to close its socket and exit (a worker
+    // terminated with its socket open aborts the process).
+    if (worker) await peer.send([TELEMETRY_TOPIC, '', '']).catch(() => undefined);
     await pub.close();
-    await exitOf(worker);
+    peer.close();
+    if (worker) await exitOf(worker);
   }
 }
 
@@ -192,17 +267,27 @@ const benchContext = (clock: RealClock): StageContext =>
     knobs: { imageTokens: 0, maxNewTokens: 0 },
   });
 
-/** Polls `done` on every event-loop turn (setImmediate: no timer granularity in the measurement). */
-function waitFor(done: () => boolean, timeoutMs = 10_000): Promise<void> {
-  const start = Date.now();
-  return new Promise((resolve, reject) => {
-    const check = (): void => {
-      if (done()) resolve();
-      else if (Date.now() - start > timeoutMs) reject(new Error(`bench: no message after ${timeoutMs} ms`));
-      else setImmediate(check);
-    };
-    check();
-  });
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Atomics.waitAsync is in Node 20 but not in the ES2023 lib's types.
+type WaitAsync = (
+  array: Int32Array,
+  index: number,
+  value: number,
+  timeoutMs: number,
+) => { async: false; value: string } | { async: true; value: Promise<string> };
+const waitAsync = (Atomics as unknown as { waitAsync: WaitAsync }).waitAsync;
+
+/** Resolves once `done()` holds, sleeping until the subscriber counts another message (it notifies
+ * counts[0] on each) rather than polling. */
+async function untilCounted(counts: Int32Array, done: () => boolean, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!done()) {
+    const left = deadline - Date.now();
+    if (left <= 0) throw new Error(`bench: no message after ${timeoutMs} ms`);
+    const r = waitAsync(counts, 0, Atomics.load(counts, 0), Math.min(left, 100));
+    if (r.async) await r.value;
+  }
 }
 
 const round = (v: number): number => Math.round(v * 10) / 10;
@@ -213,32 +298,56 @@ const SUBSCRIBER_SOURCE = `
 const { parentPort, workerData } = require('node:worker_threads');
 const { Subscriber } = require(workerData.zeromq);
 const SEQ = Buffer.from('"seq":');
-const TELEMETRY = 't'.charCodeAt(0);
+const PEER = ${JSON.stringify(PEER_TOPIC)}.charCodeAt(0);
+const TELEMETRY = ${JSON.stringify(TELEMETRY_TOPIC)}.charCodeAt(0);
 (async () => {
-  const received = new Int32Array(workerData.counter);
+  const counts = new Int32Array(workerData.counter);
   const sub = new Subscriber({ linger: 0, receiveHighWaterMark: 100000 });
-  sub.connect(workerData.endpoint);
-  sub.subscribe(workerData.topic);
-  sub.subscribe('telemetry');
+  for (const endpoint of workerData.endpoints) sub.connect(endpoint);
+  for (const topic of workerData.topics) sub.subscribe(topic);
   // Preallocated and parsed by hand: this measures the publisher, not the subscriber's JSON.parse
   // or BigInt formatting.
   const seqs = new Int32Array(workerData.capacity);
   const receivedNs = new BigInt64Array(workerData.capacity);
+  const fromPeer = new Uint8Array(workerData.capacity);
+  let header;
   let n = 0;
-  for await (const frames of sub) {
-    const now = process.hrtime.bigint();
-    if (frames[0][0] === TELEMETRY) break;
-    const h = frames[1];
-    let at = h.indexOf(SEQ) + SEQ.length;
-    let seq = 0;
-    for (let c = h[at]; c >= 48 && c <= 57; c = h[++at]) seq = seq * 10 + (c - 48);
-    if (n < seqs.length) {
-      seqs[n] = seq;
-      receivedNs[n++] = now;
+  for (;;) {
+    // Wait for a message, then take what has arrived with receives that resolve at once (timeout
+    // 0), without a poll per message.
+    let frames = await sub.receive();
+    sub.receiveTimeout = 0;
+    for (;;) {
+      const now = process.hrtime.bigint();
+      const kind = frames[0][0];
+      if (kind === TELEMETRY) {
+        sub.close();
+        parentPort.postMessage({ seqs: seqs.subarray(0, n), receivedNs: receivedNs.subarray(0, n), fromPeer: fromPeer.subarray(0, n) });
+        return;
+      }
+      const h = frames[1];
+      let at = h.indexOf(SEQ) + SEQ.length;
+      let seq = 0;
+      for (let c = h[at]; c >= 48 && c <= 57; c = h[++at]) seq = seq * 10 + (c - 48);
+      if (n < seqs.length) {
+        seqs[n] = seq;
+        fromPeer[n] = kind === PEER ? 1 : 0;
+        receivedNs[n++] = now;
+      }
+      if (kind === PEER) Atomics.store(counts, 2, seq + 1);
+      else {
+        if (header === undefined) {
+          header = h.toString();
+          parentPort.postMessage({ header });
+        }
+        Atomics.store(counts, 1, seq + 1);
+      }
+      Atomics.add(counts, 0, 1);
+      Atomics.notify(counts, 0);
+      if (!sub.readable) break;
+      frames = await sub.receive();
     }
-    Atomics.add(received, 0, 1);
+    sub.receiveTimeout = -1;
   }
-  sub.close();
-  parentPort.postMessage({ seqs: seqs.subarray(0, n), receivedNs: receivedNs.subarray(0, n) });
 })();
 `;

@@ -455,6 +455,10 @@ describe('publisher', () => {
     assert.ok(r.body_bytes >= 200 && r.body_bytes < 210, `body ${r.body_bytes} B`);
     assert.ok(r.msgs_per_s > 0 && Number.isFinite(r.msgs_per_s));
     assert.ok(r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.max_us);
+    // The bare zeromq peer went through the same harness, with a header the size of the stage's.
+    assert.ok(r.peer_msgs_per_s > 0 && Number.isFinite(r.peer_msgs_per_s));
+    assert.ok(r.peer_p50_us > 0 && r.peer_p50_us <= r.peer_p99_us && r.peer_p99_us <= r.peer_max_us);
+    assert.ok(r.header_bytes > 200 && r.header_bytes < 1000, `header ${r.header_bytes} B`);
     assert.match(r.transport, /^tcp:\/\/127\.0\.0\.1:\d+$/);
   });
 });
