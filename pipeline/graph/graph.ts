@@ -157,7 +157,6 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly costModel: CostModel;
   readonly ladder: DegradeLadder;
   readonly dropPredictedMiss: boolean;
-
   readonly dropPredictedConflation: boolean;
 
   earliestEnd(level: number, from: number, enterNs: bigint): { readonly endNs: bigint; readonly notes: readonly string[] } {
@@ -165,11 +164,11 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     let t = enterNs;
     for (let i = from; i < this.#stages.length; i++) {
       const { ownMs, fastestNs } = this.#fastestRun(i, level);
-      const { name } = this.#runners[i]!;
-      if (ownMs > 0) notes.push(`${name} predicts ${ownMs.toFixed(1)} ms`);
+      const runner = this.#runners[i]!;
+      if (ownMs > 0) notes.push(`${runner.name} predicts ${ownMs.toFixed(1)} ms`);
       if (i > from) {
-        const free = this.#runners[i]!.freeAtNs(t, fastestNs);
-        if (free > t) notes.push(`${name} busy for ${nsToMs(free - t).toFixed(1)} ms more`);
+        const free = runner.freeAtNs(t, fastestNs);
+        if (free > t) notes.push(`${runner.name} busy for ${nsToMs(free - t).toFixed(1)} ms more`);
         t = free;
       }
       t += fastestNs;
@@ -196,7 +195,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
         // that comes late, or upstream runs slower than their fastest.
         if (runner.conflates && freeNs - t > 2n * everyNs) {
           const next = env.frameId + this.#frameIdStride * (frameSkip + 1);
-          const name = runner.name;
+          const { name } = runner;
           return `would be replaced at ${name} by frame ${next}: ${name} busy for ${nsToMs(freeNs - enterNs).toFixed(1)} ms more, next frame there in ~${nsToMs(t + everyNs - enterNs).toFixed(1)} ms`;
         }
         t = freeNs;
@@ -214,7 +213,6 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     const ownMs = this.virtual ? 0 : Math.max(0, stage.predictMs?.() ?? 0);
     return { ownMs, fastestNs: msToNs(Math.max(ownMs, this.costModel.fastestMs(stage.name, level))) };
   }
-
 
   readonly #source: FrameSource<unknown>;
   readonly #stages: readonly Stage<unknown, unknown>[];
