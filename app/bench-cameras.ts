@@ -36,6 +36,8 @@ export interface BenchCamerasOptions {
   readonly kvUnified?: boolean;
   /** Drop a frame before preprocess when the decoder predicts it misses (default true, the config's). */
   readonly dropPredictedMiss?: boolean;
+  /** Drop a frame before preprocess when a newer one of its camera would replace it at decode anyway (default true, the config's). */
+  readonly dropPredictedConflation?: boolean;
   readonly prefillChunk?: number;
   readonly maxActive?: number;
   readonly encodeWaitMs?: number;
@@ -87,6 +89,7 @@ export interface BenchCamerasResult {
   readonly encoder_batch_max: number;
   readonly kv_unified: boolean;
   readonly drop_predicted_miss: boolean;
+  readonly drop_predicted_conflation: boolean;
   readonly prefill_chunk: number;
   /** Where the host side waits: the JS thread's busy fraction and its worst delays, and how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
@@ -151,6 +154,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       endToEndMs: budgetMs,
       stages: {},
       ...(opts.dropPredictedMiss !== undefined ? { dropPredictedMiss: opts.dropPredictedMiss } : {}),
+      ...(opts.dropPredictedConflation !== undefined ? { dropPredictedConflation: opts.dropPredictedConflation } : {}),
     },
     edges: { default: { policy: 'latest' } },
     ladder: { enabled: false, initial: { imageTokens }, rungs: [] },
@@ -225,6 +229,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     encoder_batch_max: enc.maxBatch,
     kv_unified: config.batching.kvUnified,
     drop_predicted_miss: config.cameras![0]!.budgets.dropPredictedMiss,
+    drop_predicted_conflation: config.cameras![0]!.budgets.dropPredictedConflation,
     prefill_chunk: config.batching.prefillChunk,
     host,
   };

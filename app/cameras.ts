@@ -45,6 +45,7 @@ export interface CameraStages {
 export function asCamera<T>(source: FrameSource<T>, id: string): FrameSource<T> {
   return {
     id,
+    ...(source.expectedItems !== undefined ? { expectedItems: source.expectedItems } : {}),
     async *frames(clock, signal, report) {
       for await (const item of source.frames(clock, signal, report)) yield { ...item, sourceId: id };
     },

@@ -241,6 +241,10 @@ bench
     '--no-drop-predicted-miss',
     'decode every frame not yet late (default: drop one before preprocess when the decoder predicts it misses)',
   )
+  .option(
+    '--no-drop-predicted-conflation',
+    "encode every frame (default: drop one before preprocess when its camera's next frame would replace it at decode anyway)",
+  )
   .option('--prefill-chunk <n>', 'prompt positions read per decode step (default: the config default)', int('--prefill-chunk'))
   .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
   .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)

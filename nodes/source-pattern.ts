@@ -87,6 +87,7 @@ export function createPatternSource(options: PatternSourceOptions): PatternSourc
 
   return {
     id,
+    ...(frames === Infinity ? {} : { expectedItems: frames }),
     get counters(): PatternSourceCounters {
       return { ...counters };
     },

@@ -133,6 +133,7 @@ export interface BudgetsConfig {
   /** Stage name → budget (ms). Entries for stages the graph does not have are ignored. */
   readonly stages: Readonly<Record<string, number>>;
   readonly dropPredictedMiss: boolean;
+  readonly dropPredictedConflation: boolean;
   readonly shutdownGraceMs: number;
 }
 

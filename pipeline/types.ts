@@ -171,7 +171,8 @@ export interface FrameSource<T> {
   /** Replay sources: the Unix time (ns) their input starts at, where a virtual clock replaying it
    * starts (so a replay's times are the recording's). */
   readonly startNs?: bigint;
-  /** Replay sources: how many inputs they hold (a progress bar's total), when known. */
+  /** Finite sources: how many inputs they hold (a progress bar's total; the graph drops none of
+   * them early for a successor when it is the last), when known. */
   readonly expectedItems?: number;
   frames(clock: Clock, signal: AbortSignal, report?: (incident: SourceIncident) => void): AsyncIterable<SourceItem<T> | SourceRejection>;
   close?(): Promise<void>;

@@ -31,6 +31,7 @@ describe('loadConfig', () => {
       endToEndMs: 2000,
       stages: { preprocess: 50, encode: 500, decode: 1500, actions: 20, publish: 20 },
       dropPredictedMiss: true,
+      dropPredictedConflation: true,
       shutdownGraceMs: 3000,
     });
     assert.deepEqual(config.edges, { default: { policy: 'latest' } });

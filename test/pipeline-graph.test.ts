@@ -171,6 +171,92 @@ describe('deadlines', () => {
     assert.deepEqual(virtual.calls, [4, 4, 4]);
   });
 
+  test("a frame its source's next frame would replace at a busy decode is dropped before preprocess and never encoded", async () => {
+    // Frames every 100 ms; preprocess 10, encode 20, decode 430 ms; 'latest' edges; minSamples 1; the
+    // deadline far away. f0: 0-10, 10-30, decode 30-460. f1, f2, f3 reach decode at 130, 230, 330 and
+    // are replaced there (decode has no timed run before 460); f4 (430) is taken at 460: 460-890. From
+    // f3 on the arrival interval is known (100 ms, the median of three), so the walk applies once
+    // decode is timed: f5 enters at 500, would reach decode at 530 and wait until 890: 360 ms, more than
+    // two intervals: dropped 'conflated' at preprocess entry. f6: 630 → 890, 260 ms: dropped. f7: 730,
+    // 160 ms: runs, and f8 (830) replaces it at decode as the rule expected of f5 and f6; f8 runs
+    // 890-1320. The same actions come out without the rule; it only saves preprocess and encode.
+    const run = async (frames: number, dropPredictedConflation: boolean, decodeMs = 430) => {
+      const preprocess = fakeStage<number>('preprocess');
+      const encode = fakeStage<number>('encode');
+      const result = await runGraph({
+        source: fakeSource({ frames, periodMs: 100 }),
+        stages: chain(preprocess, encode, fakeStage<number>('decode')),
+        config: testConfig({
+          budgets: { endToEndMs: 60_000, stages: {}, dropPredictedMiss: false, dropPredictedConflation },
+          edges: { default: { policy: 'latest' } },
+          ladder: { enabled: false, minSamples: 1 },
+          virtualServiceMs: { preprocess: 10, encode: 20, decode: decodeMs },
+        }),
+      });
+      assertConservation(result);
+      return { result, calls: [preprocess.calls, encode.calls] };
+    };
+    const ruled = await run(9, true);
+    assert.deepEqual(framesOf(ruled.result.outputs), [0, 4, 8]);
+    assert.deepEqual(dropsOf(ruled.result.events), [
+      { frameId: 1, stage: 'decode', reason: 'conflated' },
+      { frameId: 2, stage: 'decode', reason: 'conflated' },
+      { frameId: 3, stage: 'decode', reason: 'conflated' },
+      { frameId: 5, stage: 'preprocess', reason: 'conflated' },
+      { frameId: 6, stage: 'preprocess', reason: 'conflated' },
+      { frameId: 7, stage: 'decode', reason: 'conflated' },
+    ]);
+    const details = ruled.result.events.flatMap((e) => (e.type === 'drop' && e.stage === 'preprocess' ? [e.detail] : []));
+    assert.deepEqual(details, [
+      'would be replaced at decode by frame 6: decode busy for 390.0 ms more, next frame there in ~130.0 ms',
+      'would be replaced at decode by frame 7: decode busy for 290.0 ms more, next frame there in ~130.0 ms',
+    ]);
+    assert.deepEqual(ruled.calls, [7, 7], 'f5 and f6 were neither preprocessed nor encoded');
+    assert.equal(ruled.result.summary.drops.byStage.preprocess?.conflated, 2);
+
+    const plain = await run(9, false);
+    assert.deepEqual(framesOf(plain.result.outputs), [0, 4, 8], 'the same actions without the rule');
+    assert.deepEqual(plain.calls, [9, 9]);
+
+    // The source's last frame is never dropped for a successor: with 7 frames f6 ends the source (the
+    // virtual source's lookahead knows it at f6's entry), so it waits at decode and runs at 890.
+    const last = await run(7, true);
+    assert.deepEqual(framesOf(last.result.outputs), [0, 4, 6]);
+    assert.deepEqual(
+      dropsOf(last.result.events).filter((d) => d.stage === 'preprocess'),
+      [{ frameId: 5, stage: 'preprocess', reason: 'conflated' }],
+    );
+    assert.deepEqual(last.calls, [6, 6]);
+  });
+
+  test('a frame whose decode frees within the margin is not dropped early', async () => {
+    // As above with decode 190 ms: a frame waits at decode at most 190 ms, less than two intervals,
+    // though often more than one (a margin of one interval would drop some), and some frames are still
+    // replaced there. None is dropped early: every frame is encoded, the outputs match a run without
+    // the rule.
+    const run = async (dropPredictedConflation: boolean) => {
+      const encode = fakeStage<number>('encode');
+      const result = await runGraph({
+        source: fakeSource({ frames: 12, periodMs: 100 }),
+        stages: chain(fakeStage<number>('preprocess'), encode, fakeStage<number>('decode')),
+        config: testConfig({
+          budgets: { endToEndMs: 60_000, stages: {}, dropPredictedMiss: false, dropPredictedConflation },
+          edges: { default: { policy: 'latest' } },
+          ladder: { enabled: false, minSamples: 1 },
+          virtualServiceMs: { preprocess: 10, encode: 20, decode: 190 },
+        }),
+      });
+      assertConservation(result);
+      return { result, encodeCalls: encode.calls };
+    };
+    const ruled = await run(true);
+    assert.equal(ruled.encodeCalls, 12);
+    assert.ok(dropsOf(ruled.result.events).every((d) => d.stage === 'decode' && d.reason === 'conflated'));
+    assert.ok(ruled.result.summary.drops.byReason.conflated! > 0, 'decode still conflates');
+    const plain = await run(false);
+    assert.deepEqual(framesOf(ruled.result.outputs), framesOf(plain.result.outputs));
+  });
+
   test('a decoder-like stage is cancelled at its stage budget and says why', async () => {
     // 10 ms per token, up to 48 tokens, decode budget 100 ms: the signal fires after 10 tokens.
     const decode = fakeDecoder('decode', { tokens: 48, msPerToken: 10 });

@@ -23,6 +23,15 @@
 //   (Stage.predictMs: a shared decoder's sharing, on a real clock), and starts no earlier than its
 //   calls in flight (and the frames queued ahead on a 'queue' edge) would end at that pace: a frame
 //   that would wait behind its camera's previous frame in decode is dropped before preprocess.
+//   And (budgets.dropPredictedConflation) drop 'conflated' a frame that would only wait at a later
+//   'latest' edge until its source's next frame replaces it there: walking the remaining stages as
+//   above, it would arrive at that edge while the stage stays busy more than two frame intervals
+//   (the median of the source's last arrival intervals, times frameSkip + 1): the next frame gets
+//   there about one interval after it, and one more interval is margin for a next frame that comes
+//   late or runs slower than the fastest runs. Nothing is dropped so before three intervals are
+//   known or a stage on the way has a timed run, nor once the source has ended or delivered its
+//   expectedItems, nor in lockstep. A live source that ends without notice ends after the last
+//   frame's entry check: that frame, at most one per source, can be dropped though none replaces it.
 // - ctx.signal: aborts with a StageAbort at the stage deadline = min(frame deadline, entry + stage
 //   budget), reason 'deadline', or at stop(), reason 'shutdown'. A stage gives up by throwing
 //   ctx.signal.reason (pipeline/abort.ts helps with uninterruptible work), or a StageAbort of its
@@ -130,6 +139,11 @@ export function stopOnSignals(graph: Graph, signals: readonly NodeJS.Signals[] =
   };
 }
 
+/** How many of the source's latest arrival intervals its frame interval is the median of, and how
+ * many it takes before the interval counts as known. */
+const ARRIVAL_INTERVALS = 15;
+const ARRIVAL_INTERVALS_MIN = 3;
+
 const wallOriginOf = (clock: Clock): number => clock.wallMs() - Number(clock.nowNs() / 1_000_000n);
 
 class GraphRuntime implements Graph, RunnerHost, GraphControl {
@@ -143,24 +157,61 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly costModel: CostModel;
   readonly ladder: DegradeLadder;
   readonly dropPredictedMiss: boolean;
+  readonly dropPredictedConflation: boolean;
 
   earliestEnd(level: number, from: number, enterNs: bigint): { readonly endNs: bigint; readonly notes: readonly string[] } {
     const notes: string[] = [];
     let t = enterNs;
     for (let i = from; i < this.#stages.length; i++) {
-      const stage = this.#stages[i]!;
-      // A stage's own prediction is on the monotonic clock it runs on; a virtual graph's time is its own.
-      const own = this.virtual ? 0 : Math.max(0, stage.predictMs?.() ?? 0);
-      if (own > 0) notes.push(`${stage.name} predicts ${own.toFixed(1)} ms`);
-      const fastestNs = msToNs(Math.max(own, this.costModel.fastestMs(stage.name, level)));
+      const { ownMs, fastestNs } = this.#fastestRun(i, level);
+      const runner = this.#runners[i]!;
+      if (ownMs > 0) notes.push(`${runner.name} predicts ${ownMs.toFixed(1)} ms`);
       if (i > from) {
-        const free = this.#runners[i]!.freeAtNs(t, fastestNs);
-        if (free > t) notes.push(`${stage.name} busy for ${nsToMs(free - t).toFixed(1)} ms more`);
+        const free = runner.freeAtNs(t, fastestNs);
+        if (free > t) notes.push(`${runner.name} busy for ${nsToMs(free - t).toFixed(1)} ms more`);
         t = free;
       }
       t += fastestNs;
     }
     return { endNs: t, notes };
+  }
+
+  predictConflation(env: Envelope<unknown>, from: number, enterNs: bigint): string | undefined {
+    // The source's last frame has no successor to replace it (a looping replay's pass ends there too).
+    if (this.#sourceEnded || this.#arrivals === this.#source.expectedItems) return undefined;
+    const intervalNs = this.#arrivalIntervalNs;
+    if (intervalNs === undefined) return undefined;
+    const { frameSkip } = this.ladder.knobsAt(env.degradeLevel);
+    const everyNs = intervalNs * BigInt(frameSkip + 1);
+    let t = enterNs;
+    for (let i = from; i < this.#stages.length; i++) {
+      const { fastestNs } = this.#fastestRun(i, env.degradeLevel);
+      if (fastestNs === 0n) return undefined; // a stage not timed yet: nothing is known
+      if (i > from) {
+        const runner = this.#runners[i]!;
+        const freeNs = runner.freeAtNs(t, fastestNs);
+        // The next frame gets here about one interval after this one (no later: it would wait less
+        // behind busy stages than this one does). One more interval of margin covers a next frame
+        // that comes late, or upstream runs slower than their fastest.
+        if (runner.conflates && freeNs - t > 2n * everyNs) {
+          const next = env.frameId + this.#frameIdStride * (frameSkip + 1);
+          const { name } = runner;
+          return `would be replaced at ${name} by frame ${next}: ${name} busy for ${nsToMs(freeNs - enterNs).toFixed(1)} ms more, next frame there in ~${nsToMs(t + everyNs - enterNs).toFixed(1)} ms`;
+        }
+        t = freeNs;
+      }
+      t += fastestNs;
+    }
+    return undefined;
+  }
+
+  /** Stage i's time for a frame at `level`: the larger of its fastest recent run and its own
+   * prediction (ownMs; a stage's prediction is on the monotonic clock it runs on, so a virtual
+   * graph, whose time is its own, does not ask). */
+  #fastestRun(i: number, level: number): { readonly ownMs: number; readonly fastestNs: bigint } {
+    const stage = this.#stages[i]!;
+    const ownMs = this.virtual ? 0 : Math.max(0, stage.predictMs?.() ?? 0);
+    return { ownMs, fastestNs: msToNs(Math.max(ownMs, this.costModel.fastestMs(stage.name, level))) };
   }
 
   readonly #source: FrameSource<unknown>;
@@ -193,6 +244,15 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   #run: Promise<RunSummary> | undefined;
   #resolveRun: ((summary: RunSummary) => void) | undefined;
   #finalizing = false;
+  /** The source has ended (no frame comes after the last one admitted). */
+  #sourceEnded = false;
+  /** Source items that arrived (rejected ones included), the last one's arrival, and the last
+   * ARRIVAL_INTERVALS intervals between arrivals (ns), oldest first. */
+  #arrivals = 0;
+  #lastArrivalNs: bigint | undefined;
+  readonly #intervals: bigint[] = [];
+  /** Their median, once ARRIVAL_INTERVALS_MIN are known: the source's frame interval. */
+  #arrivalIntervalNs: bigint | undefined;
 
   constructor({ source, stages, clock, config, frameIds }: RuntimeOptions) {
     if (!source || typeof source.frames !== 'function')
@@ -241,6 +301,8 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     this.#budgets = { endToEndMs, stages: { ...config.budgets.stages } };
     this.#statsIntervalNs = msToNs(config.telemetry.intervalMs);
     this.dropPredictedMiss = config.budgets.dropPredictedMiss;
+    // Lockstep processes every frame: no frame is ever replaced, so none is dropped for it.
+    this.dropPredictedConflation = config.budgets.dropPredictedConflation && !this.#lockstep;
     this.ladder = new DegradeLadder(config.ladder, endToEndMs);
     const { window, quantile, ewmaAlpha, minSamples } = config.ladder;
     this.costModel = new CostModel({ stages: [...names], levels: this.ladder.levels, window, quantile, ewmaAlpha, minSamples });
@@ -428,6 +490,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     } catch (error) {
       this.#sourceError(error);
     } finally {
+      this.#sourceEnded = true;
       subscriber.complete();
     }
   }
@@ -445,6 +508,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
       return;
     }
     if (result.done) {
+      this.#sourceEnded = true;
       subscriber.complete();
       return;
     }
@@ -496,6 +560,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     const frameId = this.#nextFrameId;
     this.#nextFrameId += this.#frameIdStride;
     const atNs = this.clock.nowNs();
+    this.#recordArrival(atNs);
     const stampNs = item.stampNs ?? this.clock.unixNs(item.captureNs);
     const { sourceId, captureNs } = item;
     if (isRejection(item)) {
@@ -530,6 +595,19 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     }
     this.#toSkip = frameSkip;
     subscriber.next(env);
+  }
+
+  #recordArrival(atNs: bigint): void {
+    this.#arrivals += 1;
+    if (this.#lastArrivalNs !== undefined) {
+      this.#intervals.push(atNs - this.#lastArrivalNs);
+      if (this.#intervals.length > ARRIVAL_INTERVALS) this.#intervals.shift();
+      if (this.#intervals.length >= ARRIVAL_INTERVALS_MIN) {
+        const sorted = [...this.#intervals].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+        this.#arrivalIntervalNs = sorted[sorted.length >> 1];
+      }
+    }
+    this.#lastArrivalNs = atNs;
   }
 
   // --- the end ---------------------------------------------------------------------------------

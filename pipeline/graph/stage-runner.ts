@@ -1,6 +1,6 @@
-// One stage as an RxJS operator: its edge, the entry checks (shutdown, stale, predicted miss), the
-// StageContext of each call (deadline signal, per-call clock on a virtual graph), the span, and the
-// classification of what the call returned or threw. The graph (graph.ts) is its RunnerHost.
+// One stage as an RxJS operator: its edge, the entry checks (shutdown, stale, predicted miss,
+// predicted conflation), the StageContext of each call (deadline signal, per-call clock on a virtual
+// graph), the span, and the classification of what the call returned or threw. The graph (graph.ts) is its RunnerHost.
 import { Observable, type OperatorFunction, type Subscriber } from 'rxjs';
 import type { CostModel, DegradeLadder } from '../budget.ts';
 import { VirtualClock, msToNs, nsToMs, type Clock } from '../clock.ts';
@@ -52,9 +52,14 @@ export interface RunnerHost {
   readonly costModel: CostModel;
   readonly ladder: DegradeLadder;
   readonly dropPredictedMiss: boolean;
+  readonly dropPredictedConflation: boolean;
   /** When a frame entering stage `from` at `enterNs` would leave the last stage at the earliest, and
    * what made it later than the stages' fastest runs (see graph.ts). */
   earliestEnd(level: number, from: number, enterNs: bigint): { readonly endNs: bigint; readonly notes: readonly string[] };
+  /** Why a frame entering stage `from` at `enterNs` would only wait at a later 'latest' edge until
+   * its source's next frame replaces it there (see graph.ts); undefined when it would not, or when
+   * that cannot be known. */
+  predictConflation(env: Envelope<unknown>, from: number, enterNs: bigint): string | undefined;
   emit(event: TelemetryEvent): void;
   drop(frameId: number, stage: string, reason: DropReason, detail: string): void;
 }
@@ -202,6 +207,11 @@ export class StageRunner {
       });
   }
 
+  /** A frame that waits in front of this stage is replaced by a newer one ('latest' edge). */
+  get conflates(): boolean {
+    return this.#edge.dropReason === 'conflated';
+  }
+
   /** The earliest instant a frame arriving at `arriveNs` could start here, if every call takes
    * `fastestNs` from its start: its arrival while a slot is free, else when the first call in flight
    * ends; plus a turn per `concurrency` frames queued ahead of it on a 'queue' edge (on a 'latest'
@@ -286,6 +296,10 @@ export class StageRunner {
           `predicted miss: the remaining stages take at least ${fmtMs(endNs - enterNs)} ms${notes.length ? ` (${notes.join(', ')})` : ''}, ${fmtMs(env.deadlineNs - enterNs)} ms left`,
         );
       }
+    }
+    if (host.dropPredictedConflation) {
+      const replaced = host.predictConflation(env, this.#index, enterNs);
+      if (replaced) return this.#skip(env, 'conflated', replaced);
     }
 
     const stageDeadlineNs = this.#budgetNs === undefined ? env.deadlineNs : min(env.deadlineNs, enterNs + this.#budgetNs);
