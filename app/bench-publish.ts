@@ -72,6 +72,8 @@ export type BenchPublishResult = {
   readonly messages: number;
   readonly received: number;
   readonly dropped: number;
+  /** The peer's throughput run: received of `messages`. */
+  readonly peer_received: number;
   readonly header_bytes: number;
   readonly body_bytes: number;
   readonly transport: string;
@@ -265,6 +267,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
       messages,
       received: loaded.sorted.length,
       dropped: messages - loaded.sorted.length,
+      peer_received: peerLoaded.sorted.length,
       header_bytes: Buffer.byteLength(header),
       body_bytes: Buffer.byteLength(body),
       transport: pub.endpoint,
