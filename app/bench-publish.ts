@@ -3,8 +3,8 @@
 // pyzmq in a Python process (tools/bench-sub.py), a non-JS peer whose receive loop costs less per
 // message than zeromq.js's (a promise and three buffers each), so "delivered" measures the publisher.
 //   throughput: `messages` actions given to the stage back to back (each process() awaited, as the
-//               graph does); msgs_per_s = received / (last receive − first send), which a JS
-//               subscriber bounds; send_msgs_per_s = the same messages handed to ZeroMQ / the time
+//               graph does); msgs_per_s = received / (last receive − first send), which the
+//               subscriber bounds (zeromq.js's sooner than pyzmq's); send_msgs_per_s = the same messages handed to ZeroMQ / the time
 //               that took (the publisher's own rate).
 //   latency:    `latencySamples` actions sent one at a time, each after the previous one arrived;
 //               latency = receive time in the subscriber − time before process() in the sender (both
@@ -15,8 +15,8 @@
 //               socket, and a round trip would add that reply leg, which cannot be measured apart
 //               and is not the publisher's; the reply only paces the next send.
 //   peer:       a bare zeromq.js PUB socket sending the same bytes (the stage's header with its own
-//               seq, the same body, prebuilt) to the same subscriber: the floor this machine and
-//               zeromq.js set. Its latency samples alternate with the stage's, so a noisy spell on a
+//               seq, the same body, prebuilt) to the same subscriber: the floor this machine,
+//               zeromq.js's sender and the chosen subscriber set. Its latency samples alternate with the stage's, so a noisy spell on a
 //               shared machine hits both alike; its throughput run follows the stage's.
 // The sender sleeps (Atomics.waitAsync) while a message is in flight: a sender spinning on the event
 // loop takes a core from the socket's I/O threads and the subscriber, and on a 2-core machine that
@@ -85,7 +85,7 @@ export type BenchPublishResult = {
 interface BenchSubscriber {
   /** What it is, with versions. */
   readonly name: string;
-  /** [0] counts notifications (notified on each), [1] the last seq received from the stage + 1,
+  /** [0] counts its reports (notified on each: per message, or per drain), [1] the last seq received from the stage + 1,
    * [2] the same from the peer. */
   readonly counts: Int32Array;
   /** The first header the stage's messages carried. */
@@ -220,7 +220,9 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     for (let i = 0; i < messages; i++) await sendStage(i);
     const throughputEnd = accepted;
     if (pub.stats()[topic]!.accepted !== accepted) throw new Error('bench: the stage did not take every action');
-    await untilCounted(counts, () => pub.stats()[topic]!.sent >= throughputEnd, 60_000);
+    // Woken by the subscriber's counts, or every 1 ms: pyzmq reports once per drain, which can come
+    // after its last receive, so its counts alone would place the end of sending late.
+    await untilCounted(counts, () => pub.stats()[topic]!.sent >= throughputEnd, 60_000, 1);
     const sentAllNs = process.hrtime.bigint();
     await arrived(throughputEnd - 1, 60_000);
     const peerThroughputStart = peerSeq;
@@ -398,14 +400,14 @@ type WaitAsync = (
 ) => { async: false; value: string } | { async: true; value: Promise<string> };
 const waitAsync = (Atomics as unknown as { waitAsync: WaitAsync }).waitAsync;
 
-/** Resolves once `done()` holds, sleeping until the subscriber counts another message (it notifies
- * counts[0] on each) rather than polling. */
-async function untilCounted(counts: Int32Array, done: () => boolean, timeoutMs: number): Promise<void> {
+/** Resolves once `done()` holds, sleeping until the subscriber counts more messages (it notifies
+ * counts[0]) or `recheckMs` passed, rather than polling. */
+async function untilCounted(counts: Int32Array, done: () => boolean, timeoutMs: number, recheckMs = 100): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!done()) {
     const left = deadline - Date.now();
     if (left <= 0) throw new Error(`bench: no message after ${timeoutMs} ms`);
-    const r = waitAsync(counts, 0, Atomics.load(counts, 0), Math.min(left, 100));
+    const r = waitAsync(counts, 0, Atomics.load(counts, 0), Math.min(left, recheckMs));
     if (r.async) await r.value;
   }
 }
