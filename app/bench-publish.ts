@@ -4,8 +4,8 @@
 // message than zeromq.js's (a promise and three buffers each), so "delivered" measures the publisher.
 //   throughput: `messages` actions given to the stage back to back (each process() awaited, as the
 //               graph does); msgs_per_s = received / (last receive − first send), which the
-//               subscriber bounds (zeromq.js's sooner than pyzmq's); send_msgs_per_s = the same messages handed to ZeroMQ / the time
-//               that took (the publisher's own rate).
+//               subscriber bounds (zeromq.js's sooner than pyzmq's); send_msgs_per_s = the same
+//               messages handed to ZeroMQ / the time that took (the publisher's own rate).
 //   latency:    `latencySamples` actions sent one at a time, each after the previous one arrived;
 //               latency = receive time in the subscriber − time before process() in the sender (both
 //               CLOCK_MONOTONIC: process.hrtime, and Python's time.monotonic_ns, checked once by
@@ -16,8 +16,9 @@
 //               and is not the publisher's; the reply only paces the next send.
 //   peer:       a bare zeromq.js PUB socket sending the same bytes (the stage's header with its own
 //               seq, the same body, prebuilt) to the same subscriber: the floor this machine,
-//               zeromq.js's sender and the chosen subscriber set. Its latency samples alternate with the stage's, so a noisy spell on a
-//               shared machine hits both alike; its throughput run follows the stage's.
+//               zeromq.js's sender and the chosen subscriber set. Its latency samples alternate
+//               with the stage's, so a noisy spell on a shared machine hits both alike; its
+//               throughput run follows the stage's.
 // The sender sleeps (Atomics.waitAsync) while a message is in flight: a sender spinning on the event
 // loop takes a core from the socket's I/O threads and the subscriber, and on a 2-core machine that
 // showed up as p99 outliers of one scheduler time slice (~3 ms).
@@ -85,8 +86,8 @@ export type BenchPublishResult = {
 interface BenchSubscriber {
   /** What it is, with versions. */
   readonly name: string;
-  /** [0] counts its reports (notified on each: per message, or per drain), [1] the last seq received from the stage + 1,
-   * [2] the same from the peer. */
+  /** [0] counts its reports (notified on each: per message, or per drain), [1] the last seq
+   * received from the stage + 1, [2] the same from the peer. */
   readonly counts: Int32Array;
   /** The first header the stage's messages carried. */
   readonly firstHeader: Promise<string>;
@@ -321,7 +322,14 @@ async function startPyzmqSubscriber(endpoints: readonly string[]): Promise<Bench
   const child = spawn(PYTHON, args, { stdio: ['pipe', 'pipe', 'pipe'] });
   let stderr = '';
   child.stderr.on('data', (d) => (stderr += d));
-  const exited = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)));
+  child.stdin.on('error', () => undefined); // a child that died early: `exited` says so
+  const exited = new Promise<number | null>((resolve) => {
+    child.once('close', (code) => resolve(code));
+    child.once('error', (err) => {
+      stderr += String(err);
+      resolve(null);
+    });
+  });
   const failed = (what: string) => new Error(`bench: ${PYTHON} ${BENCH_SUB_PY} ${what}: ${stderr.trim() || '(no stderr)'}`);
   const lines = new Map<string, (v: Record<string, unknown>) => void>();
   const line = <T>(key: string): Promise<T> => {
