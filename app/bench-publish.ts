@@ -1,23 +1,32 @@
-// percept bench publish: the publisher stage → a ZeroMQ SUB on loopback tcp, in a worker thread (so
-// sender and receiver do not share an event loop, as with a real subscriber process).
+// percept bench publish: the publisher stage → a ZeroMQ SUB on loopback tcp: zeromq.js in a worker
+// thread (so sender and receiver do not share an event loop, as with a real subscriber process), or
+// pyzmq in a Python process (tools/bench-sub.py), a non-JS peer whose receive loop costs less per
+// message than zeromq.js's (a promise and three buffers each), so "delivered" measures the publisher.
 //   throughput: `messages` actions given to the stage back to back (each process() awaited, as the
-//               graph does); msgs_per_s = received / (last receive − first send), which a JS
-//               subscriber bounds; send_msgs_per_s = the same messages handed to ZeroMQ / the time
-//               that took (the publisher's own rate).
+//               graph does); msgs_per_s = received / (last receive − first send), which the
+//               subscriber bounds (zeromq.js's sooner than pyzmq's); send_msgs_per_s = the same
+//               messages handed to ZeroMQ / the time that took (the publisher's own rate).
 //   latency:    `latencySamples` actions sent one at a time, each after the previous one arrived;
-//               latency = receive time in the worker − time before process() in the sender (both
-//               process.hrtime, one monotonic clock), so it covers header building, JSON, the send,
-//               loopback tcp and the receive.
+//               latency = receive time in the subscriber − time before process() in the sender (both
+//               CLOCK_MONOTONIC: process.hrtime, and Python's time.monotonic_ns, checked once by
+//               bracketing a reading of it between two hrtime readings), so it covers header
+//               building, JSON, the send, loopback tcp and the receive. It is one-way on the shared
+//               clock rather than a round trip: pyzmq tells the sender what arrived over a PUSH
+//               socket, and a round trip would add that reply leg, which cannot be measured apart
+//               and is not the publisher's; the reply only paces the next send.
 //   peer:       a bare zeromq.js PUB socket sending the same bytes (the stage's header with its own
-//               seq, the same body, prebuilt) to the same subscriber: the floor this machine and
-//               zeromq.js set. Its latency samples alternate with the stage's, so a noisy spell on a
-//               shared machine hits both alike; its throughput run follows the stage's.
+//               seq, the same body, prebuilt) to the same subscriber: the floor this machine,
+//               zeromq.js's sender and the chosen subscriber set. Its latency samples alternate
+//               with the stage's, so a noisy spell on a shared machine hits both alike; its
+//               throughput run follows the stage's.
 // The sender sleeps (Atomics.waitAsync) while a message is in flight: a sender spinning on the event
 // loop takes a core from the socket's I/O threads and the subscriber, and on a 2-core machine that
 // showed up as p99 outliers of one scheduler time slice (~3 ms).
+import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
+import { createInterface } from 'node:readline';
 import { Worker } from 'node:worker_threads';
-import { Publisher as PubSocket } from 'zeromq';
+import { Publisher as PubSocket, Pull } from 'zeromq';
 import { createPublisher } from '../nodes/publisher.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
@@ -25,7 +34,11 @@ import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 import { exitOf } from './bench-worker.ts';
+import { PYTHON } from './python.ts';
 import { quantile } from './stats.ts';
+
+export const BENCH_SUBSCRIBERS = ['zeromq', 'pyzmq'] as const;
+export type BenchSubscriberKind = (typeof BENCH_SUBSCRIBERS)[number];
 
 export interface BenchPublishOptions {
   /** Messages in the throughput run (default 20000). */
@@ -35,6 +48,8 @@ export interface BenchPublishOptions {
   /** Ping-pong messages in the latency run, for the stage and for the peer each (default 2000). */
   readonly latencySamples?: number;
   readonly sendHighWaterMark?: number;
+  /** The receiving peer: zeromq.js in a worker thread (default) or pyzmq in a Python process. */
+  readonly subscriber?: BenchSubscriberKind;
 }
 
 // A type alias (not an interface) so it is assignable to Record<string, unknown> (CLI printing).
@@ -58,10 +73,29 @@ export type BenchPublishResult = {
   readonly messages: number;
   readonly received: number;
   readonly dropped: number;
+  /** The peer's throughput run: received of `messages`. */
+  readonly peer_received: number;
   readonly header_bytes: number;
   readonly body_bytes: number;
   readonly transport: string;
+  /** Which subscriber received: `zeromq.js <version>` or `pyzmq <version> (libzmq <version>)`. */
+  readonly subscriber: string;
 };
+
+/** A running subscriber, as the sender sees it. */
+interface BenchSubscriber {
+  /** What it is, with versions. */
+  readonly name: string;
+  /** [0] counts its reports (notified on each: per message, or per drain), [1] the last seq
+   * received from the stage + 1, [2] the same from the peer. */
+  readonly counts: Int32Array;
+  /** The first header the stage's messages carried. */
+  readonly firstHeader: Promise<string>;
+  /** Every message received, once it has received the end cue (a message on TELEMETRY_TOPIC). */
+  readonly report: Promise<SubscriberReport>;
+  /** Waits for it to end by itself, after the cue; stops it if it hangs. */
+  closed(): Promise<void>;
+}
 
 interface SubscriberCommand {
   /** Resolved path of the zeromq package, for the worker's require. */
@@ -81,11 +115,14 @@ interface SubscriberReport {
   readonly fromPeer: Uint8Array;
 }
 
+const STAGE_TOPIC = 'actions';
 const PEER_TOPIC = 'peer';
 const TELEMETRY_TOPIC = 'telemetry';
 
 export async function benchPublish(options: BenchPublishOptions = {}): Promise<BenchPublishResult> {
-  const { messages = 20_000, size = 128, latencySamples = 2000, sendHighWaterMark = 100_000 } = options;
+  const { messages = 20_000, size = 128, latencySamples = 2000, sendHighWaterMark = 100_000, subscriber = 'zeromq' } = options;
+  if (!BENCH_SUBSCRIBERS.includes(subscriber))
+    throw new RangeError(`benchPublish: expected subscriber ${BENCH_SUBSCRIBERS.join(' or ')} but received ${subscriber}`);
   for (const [name, v] of [
     ['messages', messages],
     ['size', size],
@@ -93,7 +130,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
   ] as const) {
     if (!Number.isInteger(v) || v < 1) throw new RangeError(`benchPublish: expected integer >= 1 for ${name} but received ${v}`);
   }
-  const topic = 'actions';
+  const topic = STAGE_TOPIC;
   const pub = await createPublisher({
     endpoint: 'tcp://127.0.0.1:*',
     topic,
@@ -105,30 +142,16 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
   const { stage: publisher, sink } = pub;
   /** Actions given to the stage so far: the seq the next one gets. */
   let accepted = 0;
-  const counter = new SharedArrayBuffer(3 * 4);
-  const counts = new Int32Array(counter);
   /** Resolves once the stage's message `seq` (or the peer's, `peer`) has reached the subscriber. */
   const arrived = (seq: number, timeoutMs: number, peer = false): Promise<void> =>
-    untilCounted(counts, () => Atomics.load(counts, peer ? 2 : 1) > seq, timeoutMs);
+    untilCounted(sub!.counts, () => Atomics.load(sub!.counts, peer ? 2 : 1) > seq, timeoutMs);
   const capacity = 2 * (messages + latencySamples) + 8000;
-  let worker: Worker | undefined;
+  let sub: BenchSubscriber | undefined;
   try {
     await peer.bind('tcp://127.0.0.1:*');
-    const workerData: SubscriberCommand = {
-      zeromq: createRequire(import.meta.url).resolve('zeromq'),
-      endpoints: [pub.endpoint, peer.lastEndpoint!],
-      topics: [topic, PEER_TOPIC, TELEMETRY_TOPIC],
-      counter,
-      capacity,
-    };
-    worker = new Worker(SUBSCRIBER_SOURCE, { eval: true, workerData });
-    let firstHeader: (header: string) => void;
-    const stageHeader = new Promise<string>((resolve) => (firstHeader = resolve));
-    const report = new Promise<SubscriberReport>((resolve, reject) => {
-      worker!.on('message', (m: SubscriberReport | { header: string }) => ('seqs' in m ? resolve(m) : firstHeader(m.header)));
-      worker!.once('error', reject);
-      worker!.once('exit', (code) => reject(new Error(`bench subscriber exited with code ${code} before reporting`)));
-    });
+    const endpoints = [pub.endpoint, peer.lastEndpoint!];
+    sub = subscriber === 'pyzmq' ? await startPyzmqSubscriber(endpoints) : startWorkerSubscriber(endpoints, capacity);
+    const counts = sub.counts;
     const ctx = benchContext(new RealClock());
     const action = { action: 'move', confidence: 0.5, speed: 1, pad: '' };
     action.pad = 'x'.repeat(Math.max(0, size - JSON.stringify(action).length));
@@ -156,7 +179,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     }
     await arrived(accepted - 1, 2000);
     // The peer sends the stage's header (its seq and publish time its own) and the same body.
-    const header = await stageHeader;
+    const header = await sub.firstHeader;
     const peerHead = header.slice(0, header.indexOf('"seq":') + '"seq":'.length);
     const peerFrame = Buffer.from(PEER_TOPIC);
     let peerSeq = 0;
@@ -198,7 +221,9 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     for (let i = 0; i < messages; i++) await sendStage(i);
     const throughputEnd = accepted;
     if (pub.stats()[topic]!.accepted !== accepted) throw new Error('bench: the stage did not take every action');
-    await untilCounted(counts, () => pub.stats()[topic]!.sent >= throughputEnd, 60_000);
+    // Woken by the subscriber's counts, or every 1 ms: pyzmq reports once per drain, which can come
+    // after its last receive, so its counts alone would place the end of sending late.
+    await untilCounted(counts, () => pub.stats()[topic]!.sent >= throughputEnd, 60_000, 1);
     const sentAllNs = process.hrtime.bigint();
     await arrived(throughputEnd - 1, 60_000);
     const peerThroughputStart = peerSeq;
@@ -208,7 +233,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     await arrived(peerThroughputEnd - 1, 60_000, true);
     // The subscriber's cue that the bench is over.
     sink.accept({ type: 'stats', atNs: process.hrtime.bigint(), summary: new TelemetryAggregator('real').snapshot() });
-    const { seqs, receivedNs, fromPeer } = await report;
+    const { seqs, receivedNs, fromPeer } = await sub.report;
 
     const at = new Map<number, bigint>();
     const peerAt = new Map<number, bigint>();
@@ -245,17 +270,122 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
       messages,
       received: loaded.sorted.length,
       dropped: messages - loaded.sorted.length,
+      peer_received: peerLoaded.sorted.length,
       header_bytes: Buffer.byteLength(header),
       body_bytes: Buffer.byteLength(body),
       transport: pub.endpoint,
+      subscriber: sub.name,
     };
   } finally {
     // On an error the subscriber is still waiting: its cue to close its socket and exit (a worker
     // terminated with its socket open aborts the process).
-    if (worker) await peer.send([TELEMETRY_TOPIC, '', '']).catch(() => undefined);
+    if (sub) await peer.send([TELEMETRY_TOPIC, '', '']).catch(() => undefined);
     await pub.close();
     peer.close();
-    if (worker) await exitOf(worker);
+    if (sub) await sub.closed();
+  }
+}
+
+/** zeromq.js's Subscriber in a worker thread, which runs SUBSCRIBER_SOURCE. */
+function startWorkerSubscriber(endpoints: readonly string[], capacity: number): BenchSubscriber {
+  const counter = new SharedArrayBuffer(3 * 4);
+  const require = createRequire(import.meta.url);
+  const workerData: SubscriberCommand = {
+    zeromq: require.resolve('zeromq'),
+    endpoints,
+    topics: [STAGE_TOPIC, PEER_TOPIC, TELEMETRY_TOPIC],
+    counter,
+    capacity,
+  };
+  const worker = new Worker(SUBSCRIBER_SOURCE, { eval: true, workerData });
+  let firstHeader!: (header: string) => void;
+  const header = new Promise<string>((resolve) => (firstHeader = resolve));
+  const report = new Promise<SubscriberReport>((resolve, reject) => {
+    worker.on('message', (m: SubscriberReport | { header: string }) => ('seqs' in m ? resolve(m) : firstHeader(m.header)));
+    worker.once('error', reject);
+    worker.once('exit', (code) => reject(new Error(`bench subscriber exited with code ${code} before reporting`)));
+  });
+  const { version } = require('zeromq/package.json') as { version: string };
+  return { name: `zeromq.js ${version}`, counts: new Int32Array(counter), firstHeader: header, report, closed: () => exitOf(worker) };
+}
+
+const BENCH_SUB_PY = new URL('../tools/bench-sub.py', import.meta.url).pathname;
+
+/** tools/bench-sub.py under pyzmq. It PUSHes the last seq it got of each topic after each drain; a
+ * receive loop here turns those into the same counts the worker keeps. */
+async function startPyzmqSubscriber(endpoints: readonly string[]): Promise<BenchSubscriber> {
+  const replies = new Pull({ linger: 0 });
+  await replies.bind('tcp://127.0.0.1:*');
+  const args = [BENCH_SUB_PY, '--reply', replies.lastEndpoint!, '--end-topic', TELEMETRY_TOPIC];
+  for (const e of endpoints) args.push('--connect', e);
+  for (const t of [STAGE_TOPIC, PEER_TOPIC]) args.push('--topic', t);
+  const child = spawn(PYTHON, args, { stdio: ['pipe', 'pipe', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (d) => (stderr += d));
+  child.stdin.on('error', () => undefined); // a child that died early: `exited` says so
+  const exited = new Promise<number | null>((resolve) => {
+    child.once('close', (code) => resolve(code));
+    child.once('error', (err) => {
+      stderr += String(err);
+      resolve(null);
+    });
+  });
+  const failed = (what: string) => new Error(`bench: ${PYTHON} ${BENCH_SUB_PY} ${what}: ${stderr.trim() || '(no stderr)'}`);
+  const lines = new Map<string, (v: Record<string, unknown>) => void>();
+  const line = <T>(key: string): Promise<T> => {
+    const p = new Promise<T>((resolve, reject) => {
+      lines.set(key, (v) => resolve(v as T));
+      void exited.then((code) => reject(failed(`exited with code ${code} before printing "${key}"`)));
+    });
+    p.catch(() => undefined); // awaited later, or never when the bench fails first
+    return p;
+  };
+  const ready = line<{ pyzmq: string; libzmq: string }>('ready');
+  const clock = line<{ clock_ns: string }>('clock_ns');
+  const header = line<{ header: string }>('header').then((m) => m.header);
+  header.catch(() => undefined);
+  const end = line<{ base_ns: string; seqs: number[]; received_ns: number[]; topics: number[] }>('seqs');
+  createInterface({ input: child.stdout }).on('line', (text) => {
+    const m = JSON.parse(text) as Record<string, unknown>;
+    for (const [key, resolve] of lines) if (key in m) resolve(m);
+  });
+  const counts = new Int32Array(new SharedArrayBuffer(3 * 4));
+  void (async () => {
+    for await (const [m] of replies) {
+      const [topic, seq] = m!.toString().split(' ').map(Number) as [number, number];
+      Atomics.store(counts, topic === 0 ? 1 : 2, seq + 1);
+      Atomics.add(counts, 0, 1);
+      Atomics.notify(counts, 0);
+    }
+  })().catch(() => undefined); // ends when `replies` closes
+  try {
+    const { pyzmq, libzmq } = await ready;
+    // Receive times are compared with send times: check once that Python's monotonic_ns reads the
+    // clock process.hrtime does (CLOCK_MONOTONIC on Linux), within the bracket of one round trip.
+    const beforeNs = process.hrtime.bigint();
+    child.stdin.write('clock\n');
+    const pythonNs = BigInt((await clock).clock_ns);
+    const afterNs = process.hrtime.bigint();
+    if (pythonNs < beforeNs || pythonNs > afterNs)
+      throw new Error(`bench: Python's time.monotonic_ns (${pythonNs}) is not process.hrtime's clock ([${beforeNs}, ${afterNs}])`);
+    const report = end.then(({ base_ns, seqs, received_ns, topics }) => ({
+      seqs: Int32Array.from(seqs),
+      receivedNs: BigInt64Array.from(received_ns, (t) => BigInt(base_ns) + BigInt(t)),
+      fromPeer: Uint8Array.from(topics),
+    }));
+    report.catch(() => undefined);
+    const closed = async () => {
+      const hung = setTimeout(() => child.kill(), 5000);
+      await exited;
+      clearTimeout(hung);
+      replies.close();
+    };
+    return { name: `pyzmq ${pyzmq} (libzmq ${libzmq})`, counts, firstHeader: header, report, closed };
+  } catch (err) {
+    child.kill();
+    await exited;
+    replies.close();
+    throw err;
   }
 }
 
@@ -278,14 +408,14 @@ type WaitAsync = (
 ) => { async: false; value: string } | { async: true; value: Promise<string> };
 const waitAsync = (Atomics as unknown as { waitAsync: WaitAsync }).waitAsync;
 
-/** Resolves once `done()` holds, sleeping until the subscriber counts another message (it notifies
- * counts[0] on each) rather than polling. */
-async function untilCounted(counts: Int32Array, done: () => boolean, timeoutMs: number): Promise<void> {
+/** Resolves once `done()` holds, sleeping until the subscriber counts more messages (it notifies
+ * counts[0]) or `recheckMs` passed, rather than polling. */
+async function untilCounted(counts: Int32Array, done: () => boolean, timeoutMs: number, recheckMs = 100): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!done()) {
     const left = deadline - Date.now();
     if (left <= 0) throw new Error(`bench: no message after ${timeoutMs} ms`);
-    const r = waitAsync(counts, 0, Atomics.load(counts, 0), Math.min(left, 100));
+    const r = waitAsync(counts, 0, Atomics.load(counts, 0), Math.min(left, recheckMs));
     if (r.async) await r.value;
   }
 }

@@ -345,6 +345,11 @@ bench
   .description('ZeroMQ publish → receive throughput and latency on loopback')
   .option('--messages <n>', 'messages', int('--messages'), 100000)
   .option('--size <bytes>', 'body size', int('--size'), 256)
+  .addOption(
+    new Option('--subscriber <kind>', 'the receiving peer: zeromq.js in a worker thread, or pyzmq in a Python process (python3-zmq)')
+      .choices(['zeromq', 'pyzmq'])
+      .default('zeromq'),
+  )
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchPublish } = await import('./bench-publish.ts');

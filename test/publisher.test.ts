@@ -1,5 +1,6 @@
 import { after, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Ajv } from 'ajv';
@@ -8,6 +9,7 @@ import { createPublisher, type Publisher, type PublisherOptions } from '../nodes
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { benchPublish } from '../app/bench-publish.ts';
 import { writeKeyPair } from '../app/keys.ts';
+import { PYTHON } from '../app/python.ts';
 import { VirtualClock, type Clock } from '../pipeline/clock.ts';
 import type { ActionMessage } from '../nodes/payloads.ts';
 import type { StageContext } from '../pipeline/types.ts';
@@ -452,6 +454,7 @@ describe('publisher', () => {
     assert.equal(r.messages, 300);
     assert.equal(r.received + r.dropped, 300);
     assert.equal(r.dropped, 0, 'the bench HWM is large enough for nothing to drop');
+    assert.equal(r.peer_received, 300);
     assert.ok(r.body_bytes >= 200 && r.body_bytes < 210, `body ${r.body_bytes} B`);
     assert.ok(r.msgs_per_s > 0 && Number.isFinite(r.msgs_per_s));
     assert.ok(r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.max_us);
@@ -460,8 +463,45 @@ describe('publisher', () => {
     assert.ok(r.peer_p50_us > 0 && r.peer_p50_us <= r.peer_p99_us && r.peer_p99_us <= r.peer_max_us);
     assert.ok(r.header_bytes > 200 && r.header_bytes < 1000, `header ${r.header_bytes} B`);
     assert.match(r.transport, /^tcp:\/\/127\.0\.0\.1:\d+$/);
+    assert.match(r.subscriber, /^zeromq\.js \d+\.\d+\.\d+$/);
+  });
+
+  test(
+    'benchPublish with pyzmq as the subscriber: every message of the stage and of the peer arrives',
+    { skip: pyzmqMissing() },
+    async () => {
+      const r = await benchPublish({ messages: 300, latencySamples: 20, size: 200, subscriber: 'pyzmq' });
+      assert.match(r.subscriber, /^pyzmq \d+(\.\d+)* \(libzmq \d+\.\d+\.\d+\)$/);
+      assert.equal(r.messages, 300);
+      assert.equal(r.received, 300);
+      assert.equal(r.dropped, 0);
+      assert.ok(r.msgs_per_s > 0 && Number.isFinite(r.msgs_per_s));
+      assert.ok(r.send_msgs_per_s > 0 && Number.isFinite(r.send_msgs_per_s));
+      assert.ok(r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.max_us);
+      assert.ok(r.loaded_p50_us > 0 && r.loaded_p50_us <= r.loaded_p99_us);
+      assert.ok(r.peer_msgs_per_s > 0 && Number.isFinite(r.peer_msgs_per_s));
+      assert.ok(r.peer_p50_us > 0 && r.peer_p50_us <= r.peer_p99_us && r.peer_p99_us <= r.peer_max_us);
+      assert.ok(r.body_bytes >= 200 && r.body_bytes < 210, `body ${r.body_bytes} B`);
+    },
+  );
+
+  test('benchPublish refuses an unknown subscriber', async () => {
+    await assert.rejects(
+      benchPublish({ messages: 1, subscriber: 'zmqpp' as 'pyzmq' }),
+      /expected subscriber zeromq or pyzmq but received zmqpp/,
+    );
   });
 });
+
+/** The reason to skip when no Python with pyzmq is there (.ci/run installs Debian's python3-zmq). */
+function pyzmqMissing(): string | false {
+  try {
+    execFileSync(PYTHON, ['-c', 'import zmq'], { stdio: 'ignore' });
+    return false;
+  } catch {
+    return `${PYTHON} cannot import zmq`;
+  }
+}
 
 /** mulberry32: a small seeded generator, so a failure can be reproduced. */
 function seeded(seed: number): () => number {

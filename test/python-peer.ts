@@ -2,13 +2,11 @@
 // JSON line per message on its stdout.
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
+import { PYTHON } from '../app/python.ts';
 
 const root = new URL('..', import.meta.url).pathname;
-/** Debian's python3-zmq installs for the system interpreter. */
-export const PYTHON = existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
 export interface PythonSubscriber {
   readonly child: ChildProcessWithoutNullStreams;
