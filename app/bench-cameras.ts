@@ -54,6 +54,10 @@ export interface CameraBenchRow {
   readonly e2e_ms_p99: number | null;
   readonly decode_ms_p50: number | null;
   readonly decode_ms_p99: number | null;
+  /** Each stage's p50 for this camera, and where its frames were dropped: with many cameras, whether
+   * some cameras' frames reach the shared encoder or decoder later than others'. */
+  readonly stages_ms_p50: Readonly<Record<string, number | null>>;
+  readonly dropped_by_stage: Readonly<Record<string, Record<string, number>>>;
 }
 
 export interface BenchCamerasResult {
@@ -196,6 +200,8 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       e2e_ms_p99: p(s.endToEnd, 'p99Ms'),
       decode_ms_p50: p(s.stages.decode, 'p50Ms'),
       decode_ms_p99: p(s.stages.decode, 'p99Ms'),
+      stages_ms_p50: Object.fromEntries(Object.entries(s.stages).map(([name, stage]) => [name, stage.p50Ms])),
+      dropped_by_stage: s.drops.byStage as Record<string, Record<string, number>>,
     };
   }
   const p99s = Object.values(perCamera)

@@ -112,6 +112,13 @@ test('real stages, cameras under overload: every camera gets actions, every fram
     const drops = Object.values(c.dropped).reduce((a, b) => a + b, 0);
     dropped += drops;
     assert.equal(c.frames_in, c.frames_out + drops, `${id}: in = out + dropped`);
+    const byStage = Object.values(c.dropped_by_stage).flatMap((reasons) => Object.values(reasons));
+    assert.equal(
+      byStage.reduce((a, b) => a + b, 0),
+      drops,
+      `${id}: drops by stage add up`,
+    );
+    assert.ok(c.stages_ms_p50.decode! > 0 && c.stages_ms_p50.preprocess! > 0, `${id}: its own stage times`);
     assert.ok(c.frames_out >= 1, `${id} starved: no action`);
     assert.ok(c.e2e_ms_p99 !== null);
   }
