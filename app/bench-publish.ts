@@ -27,7 +27,7 @@ import { createRequire } from 'node:module';
 import { createInterface } from 'node:readline';
 import { Worker } from 'node:worker_threads';
 import { Publisher as PubSocket, Pull } from 'zeromq';
-import { createPublisher } from '../nodes/publisher.ts';
+import { closeHeader, createPublisher } from '../nodes/publisher.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
 import type { ActionMessage } from '../nodes/payloads.ts';
@@ -180,7 +180,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     await arrived(accepted - 1, 2000);
     // The peer sends the stage's header (its seq and publish time its own) and the same body.
     const header = await sub.firstHeader;
-    const peerHead = header.slice(0, header.indexOf('"seq":') + '"seq":'.length);
+    const peerHead = header.slice(0, header.indexOf(',"seq":'));
     const peerFrame = Buffer.from(PEER_TOPIC);
     let peerSeq = 0;
     const sendPeer = async (): Promise<void> => {
@@ -188,7 +188,7 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
       peerSentNs[seq] = process.hrtime.bigint();
       for (let waitMs = 1; ; waitMs = Math.min(16, waitMs * 2)) {
         try {
-          await peer.send([peerFrame, `${peerHead}${seq},"publish_wall_ms":${Date.now()},"virtual_publish_ms":null}`, body]);
+          await peer.send([peerFrame, closeHeader(peerHead, seq), body]);
           return;
         } catch (err) {
           if ((err as { code?: string }).code !== 'EAGAIN') throw err;

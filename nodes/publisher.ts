@@ -157,6 +157,17 @@ const unixMs = (clock: Clock, ns: bigint): number => {
   return Number(unixNs / 1_000_000n) + Number(unixNs % 1_000_000n) / 1e6;
 };
 
+/** A header's last fields, written at send time: the per-topic seq and the publish time (wall time,
+ * or on a virtual clock the replay clock's), closing the header that `head` (everything before the
+ * seq, without a trailing comma) opens. */
+export function closeHeader(head: string, seq: number, virtualMs?: number): string {
+  const times =
+    virtualMs === undefined
+      ? `"publish_wall_ms":${Date.now()},"virtual_publish_ms":null`
+      : `"publish_wall_ms":null,"virtual_publish_ms":${num(virtualMs)}`;
+  return `${head},"seq":${seq},${times}}`;
+}
+
 export async function createPublisher(options: PublisherOptions): Promise<Publisher> {
   if (options === null || typeof options !== 'object')
     throw new TypeError('createPublisher: expected an options object { endpoint, topic, sendHighWaterMark }');
@@ -279,11 +290,7 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
       const item = queue.shift()!;
       const body = typeof item.body === 'string' ? item.body : item.body();
       for (;;) {
-        const times =
-          item.virtualMs === undefined
-            ? `"publish_wall_ms":${Date.now()},"virtual_publish_ms":null`
-            : `"publish_wall_ms":null,"virtual_publish_ms":${num(item.virtualMs)}`;
-        const header = `${item.head},"seq":${item.seq},${times}}`;
+        const header = closeHeader(item.head, item.seq, item.virtualMs);
         try {
           await socket.send([queue.frame, header, body]);
           queue.sent += 1;
