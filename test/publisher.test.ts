@@ -209,7 +209,9 @@ describe('publisher', () => {
      * the topic queues hold what waits), else it reads as it comes and the feed yields to it. */
     const replay = async (stall: boolean) => {
       const clock = new VirtualClock(1_000_000_000n, 0);
-      const pub = await open({ clock, runId: 'replay-1', sendHighWaterMark: stall ? 2 : 1000 });
+      // Closing waits for the queues to drain (lingerMs): the stalled subscriber reads only from then
+      // on, one message per round trip, so on a loaded machine the default 2 s could cut the run short.
+      const pub = await open({ clock, runId: 'replay-1', sendHighWaterMark: stall ? 2 : 1000, lingerMs: 60_000 });
       const sub = connect(pub, [''], stall ? { receiveHighWaterMark: 2, receiveBufferSize: 4096 } : {});
       await probeExactly(pub, sub, PROBES);
       const fed: string[] = [];
