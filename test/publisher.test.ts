@@ -315,7 +315,8 @@ describe('publisher', () => {
 
   test('a subscriber that stalls gets every action and sees telemetry losses as seq gaps, counted by the publisher; the graph never waits', async () => {
     // Small ZeroMQ queues so the stalled subscriber backs up quickly; 16 telemetry messages may wait.
-    const pub = await open({ sendHighWaterMark: 4, highWaterMarks: { actions: 1000, events: 1000, telemetry: 16 } });
+    // It reads again only once the run closes: room to drain then, whatever the machine's load.
+    const pub = await open({ sendHighWaterMark: 4, highWaterMarks: { actions: 1000, events: 1000, telemetry: 16 }, lingerMs: 60_000 });
     const sub = connect(pub, [''], { receiveHighWaterMark: 4, receiveBufferSize: 4096 });
     await probe(pub, sub);
     // The stall: the subscriber reads nothing while the run produces 26 actions among 6,000 stats
