@@ -86,7 +86,7 @@ export interface BenchClipReport {
     readonly upload_ms: BenchPhase;
     readonly graph_compute_ms: BenchPhase;
     readonly read_ms: BenchPhase;
-    readonly first: { build_ms: number; alloc_ms: number; upload_ms: number; prime_ms: number; compute_ms: number; read_ms: number };
+    readonly first: { build_ms: number; alloc_ms: number; upload_ms: number; compute_ms: number; read_ms: number };
   };
   readonly batch?: {
     readonly images: number;
@@ -412,7 +412,7 @@ async function clipReport(
       ? {
           phases: {
             setup_ms: phase(phases.map((p) => p.buildMs + p.allocMs + p.uploadMs)),
-            compute_ms: phase(phases.map((p) => p.primeMs + p.computeMs + p.readMs)),
+            compute_ms: phase(phases.map((p) => p.computeMs + p.readMs)),
             build_ms: phase(phases.map((p) => p.buildMs)),
             alloc_ms: phase(phases.map((p) => p.allocMs)),
             upload_ms: phase(phases.map((p) => p.uploadMs)),
@@ -422,7 +422,6 @@ async function clipReport(
               build_ms: round(first?.buildMs ?? 0),
               alloc_ms: round(first?.allocMs ?? 0),
               upload_ms: round(first?.uploadMs ?? 0),
-              prime_ms: round(first?.primeMs ?? 0),
               compute_ms: round(first?.computeMs ?? 0),
               read_ms: round(first?.readMs ?? 0),
             },

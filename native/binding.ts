@@ -366,9 +366,6 @@ export interface NativeVisionPhases {
   readonly allocMs: number;
   /** Pixels into the graph's input (host → device on a GPU). */
   readonly uploadMs: number;
-  /** A shape's first encode on a GPU (and its first after the compute buffer grew) runs twice more
-   * first, so that ggml-cuda captures it as a CUDA graph before the timed run replays it. */
-  readonly primeMs: number;
   readonly computeMs: number;
   /** Embeddings back to the host. */
   readonly readMs: number;

@@ -212,9 +212,6 @@ struct VisionGraph::Graph {
     ggml_cgraph * gf = nullptr;
     ggml_tensor * pixels = nullptr;
     ggml_tensor * out = nullptr;
-    // Where the output lived when this graph last ran twice in a row on a GPU (a grown compute buffer
-    // moves it, and ggml-cuda captures a moved graph anew).
-    const void * primedAt = nullptr;
 };
 
 bool VisionGraph::Shape::operator<(const Shape & o) const {
@@ -232,7 +229,6 @@ VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : 
         throw std::runtime_error(std::string("clip's weight buffer (") + ggml_backend_buft_name(weights) + ") has no device");
     backend_.reset(ggml_backend_dev_init(device, nullptr));
     if (!backend_) throw std::runtime_error(std::string("cannot start a ") + ggml_backend_dev_name(device) + " backend");
-    gpu_ = ggml_backend_dev_type(device) != GGML_BACKEND_DEVICE_TYPE_CPU;
     if (ggml_backend_is_cpu(backend_.get())) ggml_backend_cpu_set_n_threads(backend_.get(), options.threads);
     ggml_tensor * k = tower_.patchW;  // [p, p, 3, n_embd]: kx, ky, channel, out
     if (k->ne[0] != tower_.patchSize || k->ne[1] != tower_.patchSize || k->ne[2] != 3 || k->ne[3] != tower_.nEmbd || !ggml_is_contiguous(k))
@@ -448,13 +444,6 @@ void VisionGraph::encode(const std::vector<const float *> & pixels, PixelLayout 
     times.upload = msSince(t0);
 
     ggml_backend_t backend = backend_.get();
-    if (gpu_ && g.primedAt != g.out->data) {
-        t0 = monotonicNs();
-        for (int i = 0; i < 2; i++)
-            if (ggml_backend_graph_compute(backend, g.gf) != GGML_STATUS_SUCCESS) throw std::runtime_error("graph compute failed");
-        g.primedAt = g.out->data;
-        times.prime = msSince(t0);
-    }
     t0 = monotonicNs();
     if (ops == nullptr) {
         if (ggml_backend_graph_compute(backend, g.gf) != GGML_STATUS_SUCCESS) throw std::runtime_error("graph compute failed");

@@ -446,7 +446,7 @@ protected:
         prepareMs_ = double(t1 - t0) / 1e6;
         encodeMs_ = double(t2 - t1) / 1e6;
         setupMs_ = times_.build + times_.alloc + times_.upload;
-        computeMs_ = times_.prime + times_.compute + times_.read;
+        computeMs_ = times_.compute + times_.read;
         for (const auto & [name, op] : graphOps_) ops_[name] = {op.ms, op.count, op.onHost};
     }
 
@@ -478,7 +478,6 @@ protected:
             ph.Set("buildMs", times_.build);
             ph.Set("allocMs", times_.alloc);
             ph.Set("uploadMs", times_.upload);
-            ph.Set("primeMs", times_.prime);
             ph.Set("computeMs", times_.compute);
             ph.Set("readMs", times_.read);
             o.Set("phases", ph);
