@@ -87,6 +87,13 @@ export interface BenchCamerasResult {
   /** Sequences that shared a decode step, per frame: mean and most. */
   readonly decode_batch_mean: number | null;
   readonly decode_batch_max: number;
+  /** How the frames that reached the decoder ended: with an action (or any other natural stop),
+   * dropped before their prefill as predicted misses, or cut at their deadline or cancelled after
+   * admission (the work they got is wasted: their prefills and generated tokens). */
+  readonly decode_outcomes: { completed: number; predicted_miss: number; deadline: number; cancelled: number };
+  readonly decode_wasted: { prefills: number; tokens: number };
+  /** Stage runs cut short, per stage and reason. */
+  readonly cancels: Readonly<Record<string, Readonly<Record<string, number>>>>;
   /** Encoder calls and the frames they took (warm-up included). */
   readonly encoder_calls: number;
   readonly encoder_frames: number;
@@ -178,8 +185,18 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
   let steps = 0;
   let graphReuses = 0;
   const batchSizes: number[] = [];
+  const outcomes = { completed: 0, predicted_miss: 0, deadline: 0, cancelled: 0 };
+  let wastedTokens = 0;
+  let wastedPrefills = 0;
   group.events.subscribe((event) => {
     if (event.type !== 'note' || event.message !== 'decode' || !event.data) return;
+    const stop = event.data.stopReason;
+    if (event.data.predictedMiss === true) outcomes.predicted_miss += 1;
+    else if (stop === 'deadline' || stop === 'cancelled') {
+      outcomes[stop] += 1;
+      wastedTokens += Number(event.data.tokens ?? 0);
+      if (Number(event.data.prefillMs ?? 0) > 0) wastedPrefills += 1;
+    } else outcomes.completed += 1;
     tokens += Number(event.data.tokens ?? 0);
     steps += Number(event.data.steps ?? 0);
     graphReuses += Number(event.data.graphReuses ?? 0);
@@ -230,6 +247,9 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     decode_graph_reuse: steps > 0 ? round(graphReuses / steps) : null,
     decode_batch_mean: batchSizes.length ? round(batchSizes.reduce((a, b) => a + b, 0) / batchSizes.length) : null,
     decode_batch_max: batchSizes.length ? Math.max(...batchSizes) : 0,
+    decode_outcomes: outcomes,
+    decode_wasted: { prefills: wastedPrefills, tokens: wastedTokens },
+    cancels: summary.cancels as Record<string, Record<string, number>>,
     encoder_calls: enc.calls,
     encoder_frames: enc.frames,
     encoder_batch_max: enc.maxBatch,

@@ -321,6 +321,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
               steps: r.batch.steps,
               waitSteps: r.batch.waitSteps,
               peakSeqs: r.batch.peakSeqs,
+              predictedMiss: r.batch.predictedMiss,
             }
           : {}),
       },

@@ -125,6 +125,12 @@ test('real stages, cameras under overload: every camera gets actions, every fram
   assert.ok(dropped > 0, 'the cameras were overloaded (frames were conflated)');
   assert.equal(r.frames_in, r.frames_out + dropped);
   assert.ok(r.decode_batch_max >= 2, 'cameras shared decode steps');
+  // Every action came from a decode that ended on its own; a budget of a minute predicts no miss.
+  const o = r.decode_outcomes;
+  assert.ok(o.completed >= r.frames_out, `decode outcomes ${JSON.stringify(o)}, ${r.frames_out} actions`);
+  assert.ok(o.completed + o.predicted_miss + o.deadline + o.cancelled <= r.frames_in);
+  assert.equal(o.predicted_miss + o.deadline, 0, `nothing is late within a minute: ${JSON.stringify(o)}`);
+  assert.ok(r.decode_wasted.prefills <= o.deadline + o.cancelled);
   assert.ok(r.actions_per_s > 0 && r.tokens_per_s > 0);
   assert.equal(r.per_camera_p99_ms_max, Math.max(...Object.values(r.per_camera).map((c) => c.e2e_ms_p99!)));
   assert.ok(r.decode_graph_reuse !== null && r.decode_graph_reuse >= 0 && r.decode_graph_reuse <= 1);

@@ -361,6 +361,42 @@ describe('batched decoding on gemma4-tiny', () => {
     }
   });
 
+  test('what a caller is told a request submitted now would take includes its wait behind the requests already waiting', async () => {
+    // One sequence at a time: requests queue. The wait is what the queue has drained at lately (the
+    // gaps between admissions while requests waited), times the requests waiting; only times this
+    // run measured are compared, so no machine is too slow for it.
+    const ctx = await model.createContext({ nCtx: 1024, nSeq: 5, maxActive: 1, threads: 1 });
+    const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+    try {
+      const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${k}: the robot`, addSpecial: true }];
+      const burst = await Promise.all([0, 1, 2, 3, 4].map((seq) => ctx.generate(prompt(seq), { maxTokens: 20, ignoreEos: true, seq })));
+      const admitted = burst.map((r) => r.batch!.queueMs).sort((a, b) => a - b);
+      const gaps = admitted.slice(1).map((t, i) => t - admitted[i]!);
+      const shortestGap = Math.min(...gaps);
+      assert.ok(shortestGap > 0, `one admission at a time: admitted at ${admitted.join(', ')} ms`);
+      // A long request runs; four more queue behind it.
+      const long = ctx.generate(prompt(0), { maxTokens: 200, ignoreEos: true, seq: 0 });
+      while (ctx.cachedPositions(0) === 0) await sleep(1);
+      const queued = [1, 2, 3, 4].map((seq) => ctx.generate(prompt(seq), { maxTokens: 20, ignoreEos: true, seq }));
+      // Read after a step has seen them (the prediction is refreshed every step); at least three
+      // still wait while the long request runs and the next one starts.
+      let predicted = 0;
+      for (let k = 0; k < 200 && predicted < 3 * shortestGap; k++) {
+        await sleep(5);
+        predicted = ctx.predictedMs();
+      }
+      await Promise.all([long, ...queued]);
+      assert.ok(
+        predicted >= 3 * shortestGap,
+        `predicted ${predicted.toFixed(1)} ms for a request behind the queue; admissions while requests waited came ${gaps.map((g) => g.toFixed(1)).join(', ')} ms apart`,
+      );
+      // Nothing waits: the wait is gone again (the prediction is the request's own time).
+      assert.ok(ctx.predictedMs() < predicted, `an empty queue predicts less: ${ctx.predictedMs().toFixed(1)} ms`);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
   test('deadlines within 50 ms count as one: the camera admitted least recently goes first (cameras take turns)', async () => {
     const ctx = await model.createContext({ nCtx: 256, nSeq: 4, maxActive: 1 });
     try {

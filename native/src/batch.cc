@@ -174,7 +174,10 @@ void BatchScheduler::intake(std::deque<Inbox> & items) {
 // sequence would make none of the admitted ones miss, the earliest deadline among those that can
 // still make it at that sharing is admitted.
 void BatchScheduler::admit() {
-    if (waiting_.empty()) return;
+    if (waiting_.empty()) {
+        lastAdmitQueued_ = false;  // see below
+        return;
+    }
     const int64_t now = monotonicNs();
     const int32_t sharing = std::max(int32_t(active_.size()), 1);
     // An idle decoder drops only what its fastest recent times could not finish in time (only
@@ -213,6 +216,8 @@ void BatchScheduler::admit() {
         }
         done_(std::move(job));
     }
+    // The queue emptied without an admission: the next gap would measure idle time, not its pace.
+    if (waiting_.empty()) lastAdmitQueued_ = false;
     bool deadlines = false;
     for (const auto & j : waiting_) deadlines = deadlines || j->opts.deadlineNs > 0;
     for (const auto & a : active_) deadlines = deadlines || a->job->opts.deadlineNs > 0;
@@ -262,6 +267,10 @@ void BatchScheduler::admit() {
         std::unique_ptr<SeqJob> j = std::move(*pick);
         waiting_.erase(pick);
         j->counts.predictedMs = ms;
+        // The queue's pace: gaps between admissions while requests kept waiting.
+        if (lastAdmitQueued_) keepLast(admitGapMs_, msBetween(lastAdmitNs_, now), kReqSamples);
+        lastAdmitNs_ = now;
+        lastAdmitQueued_ = !waiting_.empty();
         start(std::move(j));
     }
 }
@@ -391,7 +400,10 @@ double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, do
 // for callers that decide before they submit (predictedMs()).
 void BatchScheduler::publishPrediction() {
     const bool idle = active_.empty();
-    const double ms = idle ? predictMs(1, nullptr, false, kLeast) : predictMs(int32_t(active_.size()), nullptr, false, kTypical);
+    double ms = idle ? predictMs(1, nullptr, false, kLeast) : predictMs(int32_t(active_.size()), nullptr, false, kTypical);
+    // A request submitted now has a later deadline than those waiting (one budget for every
+    // camera), so it is admitted after them: after as many gaps as the queue has drained at lately.
+    if (ms > 0 && !waiting_.empty() && !admitGapMs_.empty()) ms += double(waiting_.size()) * quantile(admitGapMs_, 0.5);
     predicted_.store(ms, std::memory_order_relaxed);
     idleSinceNs_.store(idle ? std::max<int64_t>(lastDecodeNs_, 1) : 0, std::memory_order_relaxed);
 }

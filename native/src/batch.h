@@ -141,8 +141,13 @@ public:
     // Steps run so far (every llama_decode round over the active sequences).
     int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
     // Any thread. The time (ms) admission would predict for a request submitted now, by the rule
-    // that drops it before its prefill (see Deadlines; as of the last step): a caller with work to
-    // do before it submits (preprocess, encode) can drop a frame that would be dropped anyway.
+    // that drops it before its prefill (see Deadlines; as of the last step), plus its wait behind
+    // the requests already waiting (each one's admission at the median recent gap between
+    // admissions while requests waited): a caller with work to do before it submits (preprocess,
+    // encode) can drop a frame that would be dropped anyway. Without the wait, a saturated decoder
+    // let every camera's frame through to the shared encoder, and most were then dropped at
+    // admission after they were encoded (16 cameras on an H200: 369 of 587 encoded frames), the
+    // encoder's GPU work competing with the decoder's.
     // 0: nothing to predict from, or an idle decoder that would admit anything (a probe).
     double predictedMs() const;
 
@@ -215,6 +220,10 @@ private:
     int64_t lastDecodeNs_ = 0;      // when the last step ended (0: none yet)
     std::deque<double> prefillMs_;  // admission → first token
     std::deque<int32_t> genSteps_;  // generation steps of requests that ended on their own or late generating
+    // Admissions while requests waited: how fast the queue drains (see predictedMs()).
+    std::deque<double> admitGapMs_;  // time from one such admission to the next
+    int64_t lastAdmitNs_ = 0;        // the last admission (0: none yet)
+    bool lastAdmitQueued_ = false;   // whether requests still waited after it
     // Batches reused from step to step.
     std::unique_ptr<TokenBatch> tokens_;
     std::vector<float> embd_;
