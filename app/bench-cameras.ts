@@ -69,6 +69,9 @@ export interface BenchCamerasResult {
   readonly per_camera: Readonly<Record<string, CameraBenchRow>>;
   /** The worst camera's p99 (what the goal is stated on). */
   readonly per_camera_p99_ms_max: number | null;
+  /** How evenly the actions went to the cameras: Jain's index of their action counts, (Σx)² / (n·Σx²),
+   * 1 when every camera got as many, 1/n when one camera got them all; null without actions. */
+  readonly fairness: number | null;
   readonly e2e_ms_p50: number | null;
   readonly e2e_ms_p99: number | null;
   readonly frames_in: number;
@@ -105,6 +108,13 @@ export interface BenchCamerasResult {
   /** Where the host side waits: the JS thread's busy fraction and its worst delays, and how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
   readonly host: HostLoad;
+}
+
+/** Jain's fairness index of `shares`: (Σx)² / (n·Σx²); null when every share is 0 (or none). */
+export function jainIndex(shares: readonly number[]): number | null {
+  const sum = shares.reduce((a, b) => a + b, 0);
+  const squares = shares.reduce((a, b) => a + b * b, 0);
+  return squares > 0 ? Math.round(((sum * sum) / (shares.length * squares)) * 1000) / 1000 : null;
 }
 
 export interface HostLoad {
@@ -235,6 +245,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     budget_ms: budgetMs,
     per_camera: perCamera,
     per_camera_p99_ms_max: p99s.length === n ? Math.max(...p99s) : null,
+    fairness: jainIndex(Object.values(perCamera).map((c) => c.frames_out)),
     e2e_ms_p50: p(summary.endToEnd, 'p50Ms'),
     e2e_ms_p99: p(summary.endToEnd, 'p99Ms'),
     frames_in: summary.frames.in,

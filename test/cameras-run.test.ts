@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { asCamera } from '../app/cameras.ts';
-import { benchCameras } from '../app/bench-cameras.ts';
+import { benchCameras, jainIndex } from '../app/bench-cameras.ts';
 import { runPipeline } from '../app/run.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import { cameraGraphConfig, loadConfig } from '../pipeline/config.ts';
@@ -132,6 +132,7 @@ test('real stages, cameras under overload: every camera gets actions, every fram
   assert.equal(o.predicted_miss + o.deadline, 0, `nothing is late within a minute: ${JSON.stringify(o)}`);
   assert.ok(r.decode_wasted.prefills <= o.deadline + o.cancelled);
   assert.ok(r.actions_per_s > 0 && r.tokens_per_s > 0);
+  assert.ok(r.fairness !== null && r.fairness >= 1 / 3 && r.fairness <= 1, `fairness ${r.fairness}`);
   assert.equal(r.per_camera_p99_ms_max, Math.max(...Object.values(r.per_camera).map((c) => c.e2e_ms_p99!)));
   assert.ok(r.decode_graph_reuse !== null && r.decode_graph_reuse >= 0 && r.decode_graph_reuse <= 1);
   // The host side was watched for the whole run.
@@ -169,4 +170,13 @@ test('percept run on a cameras config: actions from every camera and per-camera 
     assert.equal(summary.cameras![id]!.frames.out, 3, `${id}: every frame became an action`);
   }
   assert.equal(summary.frames.out, 6);
+});
+
+test("Jain's index: 1 for equal shares, 1/n for one camera taking all, null without actions", () => {
+  assert.equal(jainIndex([5, 5, 5, 5]), 1);
+  assert.equal(jainIndex([8, 0, 0, 0]), 0.25);
+  // The H200's 16 cameras, early drops without and with a 40 ms encoder wait (this landing's note).
+  assert.equal(jainIndex([11, 9, 4, 2, 3, 4, 1, 3, 3, 3, 2, 3, 3, 3, 3, 4]), 0.703);
+  assert.equal(jainIndex([0, 0]), null);
+  assert.equal(jainIndex([]), null);
 });
