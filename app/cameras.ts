@@ -123,7 +123,7 @@ export async function createCameraStages(
       }
     }
     const chains = cameras.map((_, i) => {
-      const validated = chain(preprocess[i]!, encoders[i]!, decoders[i]!, actions[i]!);
+      const validated = chain(encoders[i]!.announcing(preprocess[i]!), encoders[i]!, decoders[i]!, actions[i]!);
       return publisher ? append(validated, publisher.stage) : validated;
     });
     return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => encoders[0]!.stats() };

@@ -1,15 +1,22 @@
 // Several cameras on one vision encoder: every camera's graph gets its own encode stage, a handle
 // onto one BatchingEncoder that encodes the frames arriving together in one call (the encoder's
-// encodeBatch, e.g. clip's batched graph) and otherwise one after another.
+// encodeBatch, e.g. percept's vision graph for an mmproj) and otherwise one after another.
 //
 // The rule (a bounded wait):
 // - While the encoder runs, arriving frames wait; when it is free, the oldest waiting frame and
 //   every waiting frame of the same image size go in the next call (other sizes wait their turn).
 // - An idle encoder starts at once when every camera has a frame of that size waiting, when the
-//   encoder cannot batch, or when no call of that size has been timed yet. Otherwise it holds the
-//   oldest frame for other cameras' frames at most `waitMs`, and no held frame longer than half of
-//   the time its stage deadline leaves after two calls of that size (the last one's duration): the
-//   other half is margin for the timer and a slower call.
+//   encoder cannot batch, or when no call of that size has been timed yet; and, where the cameras'
+//   preprocess stages announce their frames (`announcing`), when every camera with a frame in
+//   preprocess has its frame waiting. Otherwise it holds the oldest frame for other cameras' frames
+//   at most `waitMs`, and no held frame longer than half of the time its stage deadline leaves after
+//   two calls of that size (the last one's duration): the other half is margin for the timer and a
+//   slower call. Why announce: cameras triggered together preprocess on a few libuv threads, so
+//   their frames reach the encoder tens of ms apart; a short hold splits each trigger into two
+//   calls, the later cameras reach the decoder a call later and find it taken (16 cameras on an
+//   H200 under overload: actions per camera 11 … 1, Jain's index 0.70; a 40 ms hold that catches
+//   the whole trigger: 8 … 2, 0.84), while a long hold without announcements waits its full time
+//   for frames dropped before preprocess (or never sent).
 // - A frame whose signal fires (deadline, shutdown) leaves at once: a waiting one is taken out; one
 //   inside a running batch call gets its reason at once and its result is discarded (a batch call
 //   cannot be interrupted). A call of one frame is the encoder's own process(), which honours it.
@@ -40,6 +47,10 @@ export interface BatchingEncoderStats {
 
 export interface CameraEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
   stats(): BatchingEncoderStats;
+  /** `stage` (this camera's preprocess) with its frames announced: from the moment it takes a frame
+   * until the event-loop turn after it finished (by then the graph has handed the frame to this
+   * encode stage, or dropped it), the encoder knows this camera's frame is coming. */
+  announcing<I>(stage: Stage<I, PixelTensor>): Stage<I, PixelTensor>;
 }
 
 interface Waiting {
@@ -78,6 +89,17 @@ export function createCameraEncoderStages(encoder: BatchableEncoder, options: Ca
       name: encoder.name,
       process: (input: PixelTensor, ctx: StageContext) => engine.submit(camera, input, ctx),
       stats: () => engine.stats(),
+      announcing: <I>(stage: Stage<I, PixelTensor>): Stage<I, PixelTensor> => ({
+        ...stage,
+        process: async (input: I, ctx: StageContext) => {
+          engine.coming(camera, +1);
+          try {
+            return await stage.process(input, ctx);
+          } finally {
+            setImmediate(() => engine.coming(camera, -1));
+          }
+        },
+      }),
       async close() {
         if (closed) return;
         closed = true;
@@ -93,6 +115,8 @@ class BatchingEncoder {
   readonly #cameras: number;
   readonly #waitNs: bigint;
   readonly #lastCallNs = new Map<string, bigint>();
+  /** Per camera: frames its preprocess is working on (announced); null: nothing announces. */
+  #coming: number[] | null = null;
   #waiting: Waiting[] = [];
   #running: Promise<void> | undefined;
   #timer: NodeJS.Timeout | undefined;
@@ -110,6 +134,13 @@ class BatchingEncoder {
 
   stats(): BatchingEncoderStats {
     return { calls: this.#calls, frames: this.#frames, maxBatch: this.#maxBatch, discarded: this.#discarded };
+  }
+
+  /** A camera's preprocess took (+1) or let go of (−1) a frame. */
+  coming(camera: number, delta: 1 | -1): void {
+    this.#coming ??= new Array<number>(this.#cameras).fill(0);
+    this.#coming[camera] = Math.max(0, this.#coming[camera]! + delta);
+    if (delta < 0) this.#schedule();
   }
 
   submit(camera: number, input: PixelTensor, ctx: StageContext): Promise<ImageEmbedding> {
@@ -148,8 +179,11 @@ class BatchingEncoder {
     const first = this.#waiting[0]!;
     if (!this.#encoder.encodeBatch) return this.#run([first]);
     const group = this.#sameSize();
-    const everyCamera = new Set(group.map((w) => w.camera)).size >= this.#cameras;
-    if (everyCamera || this.#waitNs === 0n) return this.#run(group);
+    const cameras = new Set(group.map((w) => w.camera));
+    const everyCamera = cameras.size >= this.#cameras;
+    // Announced: nothing more is coming for this call.
+    const complete = this.#coming !== null && this.#coming.every((n, camera) => n === 0 || cameras.has(camera));
+    if (everyCamera || complete || this.#waitNs === 0n) return this.#run(group);
     // Nothing is held before a call of this size has been timed (the warm-up times one).
     const callNs = this.#lastCallNs.get(first.key);
     if (callNs === undefined) return this.#run(group);

@@ -176,3 +176,64 @@ test('an encoder that cannot batch sees one frame at a time, in arrival order; i
   await stages[2]!.close!();
   assert.equal(fake.closed(), true);
 });
+
+/** A stand-in preprocess stage whose frames finish when the test says. */
+function gatedPreprocess() {
+  const pending: (() => void)[] = [];
+  const stage = {
+    name: 'preprocess',
+    process: (value: number) =>
+      new Promise<PixelTensor>((resolve) => {
+        pending.push(() => resolve(tensor(value)));
+      }),
+  };
+  return { stage, finish: () => pending.shift()!() };
+}
+
+const nextTurn = (): Promise<void> => new Promise((r) => setImmediate(r));
+
+test('announced frames: the encoder waits for the cameras still preprocessing, and for no one else', async () => {
+  const fake = fakeEncoder();
+  // A long hold: only what is announced decides when the call starts.
+  const stages = createCameraEncoderStages(fake.encoder, { cameras: 4, waitMs: 60_000 });
+  await warm(stages[0]!, fake.calls);
+  const pre = [0, 1, 2].map(() => gatedPreprocess());
+  const wrapped = pre.map((p, i) => stages[i]!.announcing(p.stage));
+  // Cameras 0, 1 and 2 take a frame into preprocess; camera 3 sends none (dropped before preprocess).
+  const runs = wrapped.map((w, i) => w.process(i + 1, ctxWith()).then((t) => stages[i]!.process(t, ctxWith())));
+  pre[0]!.finish();
+  pre[1]!.finish();
+  await nextTurn();
+  await nextTurn();
+  assert.equal(fake.calls.length, 1, 'cameras 0 and 1 wait for camera 2, still in preprocess');
+  pre[2]!.finish();
+  await Promise.all(runs);
+  assert.deepEqual(
+    fake.calls.map((c) => c.values),
+    [[0], [1, 2, 3]],
+    'one call for the three, without waiting the 60 s for camera 3',
+  );
+});
+
+test('announced frames: a frame dropped after preprocess (never submitted) does not hold the others', async () => {
+  const fake = fakeEncoder();
+  const stages = createCameraEncoderStages(fake.encoder, { cameras: 2, waitMs: 60_000 });
+  await warm(stages[0]!, fake.calls);
+  const pre = [gatedPreprocess(), gatedPreprocess()];
+  const w0 = stages[0]!.announcing(pre[0]!.stage);
+  const w1 = stages[1]!.announcing(pre[1]!.stage);
+  const a = w0.process(1, ctxWith()).then((t) => stages[0]!.process(t, ctxWith()));
+  const dropped = w1.process(2, ctxWith()); // its output goes nowhere (e.g. conflated at the edge)
+  pre[0]!.finish();
+  await nextTurn();
+  await nextTurn();
+  assert.equal(fake.calls.length, 1, 'camera 0 waits while camera 1 preprocesses');
+  pre[1]!.finish();
+  await dropped;
+  const out = await a;
+  assert.equal(out.data[0], 10);
+  assert.deepEqual(
+    fake.calls.map((c) => c.values),
+    [[0], [1]],
+  );
+});
