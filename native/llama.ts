@@ -503,13 +503,17 @@ export class LlamaContext {
   }
 
   /**
-   * A context of several sequences: the time (ms) its admission predicts for a request submitted
-   * now, at today's sharing and from its recent steps (the rule that drops a request before its
-   * prefill when now + this passes the deadline; native/src/batch.h). 0: no prediction (no history
-   * yet, an idle decoder that would admit anything to refresh its history, or one sequence).
+   * A context of several sequences: the time (ms) its admission predicts for a request with deadline
+   * `deadlineNs` (process.hrtime.bigint() clock; none: after every waiting request) submitted now, at
+   * today's sharing and from its recent steps, with its wait behind the waiting requests admitted
+   * before it (the rule that drops a request before its prefill when now + this passes the
+   * deadline; native/src/batch.h). 0: no prediction (no history yet, an idle decoder that would
+   * admit anything to refresh its history, or one sequence).
    */
-  predictedMs(): number {
-    return this.#live().predictedMs();
+  predictedMs(deadlineNs?: bigint): number {
+    if (deadlineNs !== undefined && typeof deadlineNs !== 'bigint')
+      throw new TypeError(`predictedMs: deadlineNs must be a bigint (process.hrtime.bigint() clock), got ${typeof deadlineNs}`);
+    return this.#live().predictedMs(deadlineNs);
   }
 
   #live(): NativeContext {

@@ -350,7 +350,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       process: (input, sc) => process(batched ? seq : undefined, input, sc),
       // The cameras share one scheduler: what it predicts for a frame now lets the stages ahead
       // (preprocess, encode) drop a frame it would drop anyway (Stage.predictMs).
-      ...(batched ? { predictMs: () => ctx.predictedMs() } : {}),
+      ...(batched ? { predictMs: (deadlineNs: bigint) => ctx.predictedMs(deadlineNs) } : {}),
     }),
     async close() {
       await model.dispose();

@@ -89,12 +89,13 @@ export interface Stage<I, O> {
   /** Calls the runtime lets run at once (default 1). Beyond it, frames wait on the stage's edge, under
    * its policy: a stage never queues work of its own. Outputs leave in the order calls finish. */
   readonly concurrency?: number;
-  /** The least time (ms) a call entering now would take, as the stage predicts it from state the
-   * runtime does not see (a decoder shared by several cameras: how many it serves at once and its
-   * recent steps); 0: no prediction. On a real clock, the entry check of budgets.dropPredictedMiss
+  /** The least time (ms) a call entering now for a frame with deadline `deadlineNs` (the frame's, end
+   * to end) would take, as the stage predicts it from state the runtime does not see (a decoder
+   * shared by several cameras: how many it serves at once, its recent steps, the frames it serves
+   * before this one); 0: no prediction. On a real clock, the entry check of budgets.dropPredictedMiss
    * counts the larger of it and the stage's fastest recent run, so a frame that this stage would
    * drop anyway is dropped before the stages ahead of it spend on it. */
-  predictMs?(): number;
+  predictMs?(deadlineNs: bigint): number;
   /** Frees resources (models, sockets, workers); called once at shutdown. */
   close?(): Promise<void>;
 }

@@ -361,10 +361,11 @@ describe('batched decoding on gemma4-tiny', () => {
     }
   });
 
-  test('what a caller is told a request submitted now would take includes its wait behind the requests already waiting', async () => {
+  test('what a caller is told a request submitted now would take includes its wait behind the requests admitted before it', async () => {
     // One sequence at a time: requests queue. The wait is what the queue has drained at lately (the
-    // gaps between admissions while requests waited), times the requests waiting; only times this
-    // run measured are compared, so no machine is too slow for it.
+    // gaps between admissions while requests waited), times the waiting requests admission takes
+    // first: all of them for a request without a deadline, none for one whose deadline is earlier
+    // than theirs. Only times this run measured are compared, so no machine is too slow for it.
     const ctx = await model.createContext({ nCtx: 1024, nSeq: 5, maxActive: 1, threads: 1 });
     const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
     try {
@@ -374,24 +375,30 @@ describe('batched decoding on gemma4-tiny', () => {
       const gaps = admitted.slice(1).map((t, i) => t - admitted[i]!);
       const shortestGap = Math.min(...gaps);
       assert.ok(shortestGap > 0, `one admission at a time: admitted at ${admitted.join(', ')} ms`);
-      // A long request runs; four more queue behind it.
+      // A long request runs; four more queue behind it, their deadlines ten minutes away.
       const long = ctx.generate(prompt(0), { maxTokens: 200, ignoreEos: true, seq: 0 });
       while (ctx.cachedPositions(0) === 0) await sleep(1);
-      const queued = [1, 2, 3, 4].map((seq) => ctx.generate(prompt(seq), { maxTokens: 20, ignoreEos: true, seq }));
+      const far = process.hrtime.bigint() + 600_000_000_000n;
+      const queued = [1, 2, 3, 4].map((seq) => ctx.generate(prompt(seq), { maxTokens: 20, ignoreEos: true, seq, deadlineNs: far }));
       // Read after a step has seen them (the prediction is refreshed every step); at least three
       // still wait while the long request runs and the next one starts.
-      let predicted = 0;
-      for (let k = 0; k < 200 && predicted < 3 * shortestGap; k++) {
+      let last = 0;
+      let first = 0;
+      let behind = 0;
+      for (let k = 0; k < 200 && !(last >= 3 * shortestGap && last - first >= 3 * shortestGap); k++) {
         await sleep(5);
-        predicted = ctx.predictedMs();
+        first = ctx.predictedMs(far - 300_000_000_000n); // admitted before the four
+        last = ctx.predictedMs(); // no deadline: after every one of them
+        behind = ctx.predictedMs(far + 300_000_000_000n);
       }
       await Promise.all([long, ...queued]);
-      assert.ok(
-        predicted >= 3 * shortestGap,
-        `predicted ${predicted.toFixed(1)} ms for a request behind the queue; admissions while requests waited came ${gaps.map((g) => g.toFixed(1)).join(', ')} ms apart`,
-      );
+      const seen = `without a deadline ${last.toFixed(1)} ms, before their deadlines ${first.toFixed(1)} ms; admissions while requests waited came ${gaps.map((g) => g.toFixed(1)).join(', ')} ms apart`;
+      assert.ok(last >= 3 * shortestGap, seen);
+      assert.ok(last - first >= 3 * shortestGap, `a request due before the waiting ones does not wait behind them: ${seen}`);
+      assert.ok(Math.abs(behind - last) < shortestGap, `a deadline after theirs waits like none: ${behind.toFixed(1)} ms; ${seen}`);
       // Nothing waits: the wait is gone again (the prediction is the request's own time).
-      assert.ok(ctx.predictedMs() < predicted, `an empty queue predicts less: ${ctx.predictedMs().toFixed(1)} ms`);
+      assert.ok(ctx.predictedMs() < last, `an empty queue predicts less: ${ctx.predictedMs().toFixed(1)} ms`);
+      assert.throws(() => ctx.predictedMs(5 as unknown as bigint), /deadlineNs must be a bigint/);
     } finally {
       await ctx.dispose();
     }

@@ -131,14 +131,22 @@ describe('deadlines', () => {
     // The decode stage predicts its time itself (a decoder shared by cameras: its queue and sharing);
     // its past runs say nothing of it. Ten minutes against a one-minute budget: every frame is
     // dropped at preprocess entry, before preprocess or encode run; a prediction that fits drops none.
+    // The stage is asked about each frame with that frame's deadline (a shared decoder serves its
+    // queue in deadline order).
+    const asked: { deadlineNs: bigint; atNs: bigint }[] = [];
+    const realClock = new RealClock();
     const run = async (predictedMs: number, clock: 'real' | 'virtual') => {
       const preprocess = fakeStage<number>('preprocess');
       const encode = fakeStage<number>('encode');
-      const decode = Object.assign(fakeStage<number>('decode'), { predictMs: () => predictedMs });
+      const predictMs = (deadlineNs: bigint): number => {
+        asked.push({ deadlineNs, atNs: realClock.nowNs() });
+        return predictedMs;
+      };
+      const decode = Object.assign(fakeStage<number>('decode'), { predictMs });
       const result = await runGraph({
         source: fakeSource({ frames: 4, periodMs: 5 }),
         stages: chain(preprocess, encode, decode),
-        ...(clock === 'real' ? { clock: new RealClock() } : {}),
+        ...(clock === 'real' ? { clock: realClock } : {}),
         config: testConfig({
           clock,
           budgets: { endToEndMs: 60_000, stages: {}, dropPredictedMiss: true },
@@ -162,6 +170,11 @@ describe('deadlines', () => {
       );
     }
     assert.equal(doomed.result.summary.drops.byReason.stale, 4);
+    assert.equal(new Set(asked.map((a) => a.deadlineNs)).size, 4, 'each frame asked about with its own deadline');
+    for (const { deadlineNs, atNs } of asked) {
+      const leftMs = Number(deadlineNs - atNs) / 1e6;
+      assert.ok(leftMs > 0 && leftMs <= 60_000, `a frame's deadline, ${leftMs} ms ahead`);
+    }
 
     const fits = await run(5, 'real');
     assert.deepEqual(fits.calls, [4, 4, 4]);

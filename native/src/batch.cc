@@ -400,19 +400,30 @@ double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, do
 // for callers that decide before they submit (predictedMs()).
 void BatchScheduler::publishPrediction() {
     const bool idle = active_.empty();
-    double ms = idle ? predictMs(1, nullptr, false, kLeast) : predictMs(int32_t(active_.size()), nullptr, false, kTypical);
-    // A request submitted now has a later deadline than those waiting (one budget for every
-    // camera), so it is admitted after them: after as many gaps as the queue has drained at lately.
-    if (ms > 0 && !waiting_.empty() && !admitGapMs_.empty()) ms += double(waiting_.size()) * quantile(admitGapMs_, 0.5);
+    const double ms = idle ? predictMs(1, nullptr, false, kLeast) : predictMs(int32_t(active_.size()), nullptr, false, kTypical);
     predicted_.store(ms, std::memory_order_relaxed);
+    {
+        std::lock_guard<std::mutex> lock(queueMutex_);
+        queueGapMs_ = admitGapMs_.empty() ? 0 : quantile(admitGapMs_, 0.5);
+        waitingDeadlines_.clear();
+        for (const auto & j : waiting_) waitingDeadlines_.push_back(j->opts.deadlineNs > 0 ? j->opts.deadlineNs : INT64_MAX);
+        std::sort(waitingDeadlines_.begin(), waitingDeadlines_.end());
+    }
     idleSinceNs_.store(idle ? std::max<int64_t>(lastDecodeNs_, 1) : 0, std::memory_order_relaxed);
 }
 
-double BatchScheduler::predictedMs() const {
+double BatchScheduler::predictedMs(int64_t deadlineNs) const {
     const int64_t idleSince = idleSinceNs_.load(std::memory_order_relaxed);
     // An idle decoder past kProbeNs admits a request whatever its prediction (see admit()).
     if (idleSince > 0 && monotonicNs() - idleSince >= kProbeNs) return 0;
-    return predicted_.load(std::memory_order_relaxed);
+    const double ms = predicted_.load(std::memory_order_relaxed);
+    if (ms == 0) return 0;
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    // Admission's order (see Deadlines): the earlier deadlines first (ties are taken by turns;
+    // counted as ahead), and a request without a deadline after every one with.
+    const int64_t key = deadlineNs > 0 ? deadlineNs : INT64_MAX;
+    const auto ahead = std::upper_bound(waitingDeadlines_.begin(), waitingDeadlines_.end(), key) - waitingDeadlines_.begin();
+    return ms + double(ahead) * queueGapMs_;
 }
 
 // ------------------------------------------------------------------------------------------------

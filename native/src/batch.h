@@ -140,16 +140,18 @@ public:
     int32_t nCtxSeq() const { return nCtxSeq_; }
     // Steps run so far (every llama_decode round over the active sequences).
     int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
-    // Any thread. The time (ms) admission would predict for a request submitted now, by the rule
-    // that drops it before its prefill (see Deadlines; as of the last step), plus its wait behind
-    // the requests already waiting (each one's admission at the median recent gap between
-    // admissions while requests waited): a caller with work to do before it submits (preprocess,
+    // Any thread. The time (ms) admission would predict for a request submitted now with deadline
+    // `deadlineNs` (0: none), by the rule that drops it before its prefill (see Deadlines; as of the
+    // last step), plus its wait behind the waiting requests admission takes first (those with an
+    // earlier deadline; every one for a request without), each at the median recent gap between
+    // admissions while requests waited: a caller with work to do before it submits (preprocess,
     // encode) can drop a frame that would be dropped anyway. Without the wait, a saturated decoder
     // let every camera's frame through to the shared encoder, and most were then dropped at
     // admission after they were encoded (16 cameras on an H200: 369 of 587 encoded frames), the
-    // encoder's GPU work competing with the decoder's.
+    // encoder's GPU work competing with the decoder's; counting requests it would overtake instead
+    // would drop the frames of a camera with a tighter budget than the others.
     // 0: nothing to predict from, or an idle decoder that would admit anything (a probe).
-    double predictedMs() const;
+    double predictedMs(int64_t deadlineNs = 0) const;
 
 private:
     struct Active;
@@ -205,9 +207,14 @@ private:
     std::vector<std::vector<CacheItem>> caches_;  // per sequence
     std::unique_ptr<std::atomic<int32_t>[]> positions_;
     std::atomic<int64_t> steps_{0};
-    std::atomic<double> predicted_{0};
-    std::atomic<int64_t> idleSinceNs_{0};  // the last step's end while idle; 0: busy
-    std::vector<int64_t> admittedNs_;      // per sequence: when its last request was admitted (0: never)
+    std::atomic<double> predicted_{0};  // without the wait behind waiting requests
+    // What predictedMs() adds the wait from, as of the last step: the queue's pace (0: unknown) and
+    // the waiting requests' deadlines (INT64_MAX: none), sorted.
+    mutable std::mutex queueMutex_;
+    double queueGapMs_ = 0;                  // guarded by queueMutex_
+    std::vector<int64_t> waitingDeadlines_;  // guarded by queueMutex_
+    std::atomic<int64_t> idleSinceNs_{0};    // the last step's end while idle; 0: busy
+    std::vector<int64_t> admittedNs_;        // per sequence: when its last request was admitted (0: never)
     uint64_t rotation_ = 0;
     // What admission predicts from (see Deadlines): per sharing (index: sequences in the step less
     // one) the last steps' ms; the last prefill times and generation steps.

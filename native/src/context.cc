@@ -743,10 +743,17 @@ Napi::Value Context::CachedPositions(const Napi::CallbackInfo & info) {
     return Napi::Number::New(info.Env(), n);
 }
 
-// A context of several sequences: what its admission would predict for a request submitted now (ms;
-// 0: no prediction). One sequence: always 0.
+// predictedMs(deadlineNs?: bigint): a context of several sequences: what its admission would predict
+// for a request with that deadline submitted now (ms; 0: no prediction). One sequence: always 0.
 Napi::Value Context::PredictedMs(const Napi::CallbackInfo & info) {
-    return Napi::Number::New(info.Env(), batch_ ? batch_->predictedMs() : 0.0);
+    int64_t deadlineNs = 0;
+    if (info.Length() > 0 && !info[0].IsUndefined()) {
+        if (!info[0].IsBigInt())
+            throw Napi::TypeError::New(info.Env(), "predictedMs deadlineNs must be a bigint (process.hrtime.bigint() clock)");
+        bool lossless = true;
+        deadlineNs = std::max<int64_t>(info[0].As<Napi::BigInt>().Int64Value(&lossless), 1);
+    }
+    return Napi::Number::New(info.Env(), batch_ ? batch_->predictedMs(deadlineNs) : 0.0);
 }
 
 // attachSpeculator(draftModel | null, options): creates the draft state off the JS thread; the

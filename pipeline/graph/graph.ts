@@ -159,11 +159,16 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly dropPredictedMiss: boolean;
   readonly dropPredictedConflation: boolean;
 
-  earliestEnd(level: number, from: number, enterNs: bigint): { readonly endNs: bigint; readonly notes: readonly string[] } {
+  earliestEnd(
+    level: number,
+    from: number,
+    enterNs: bigint,
+    deadlineNs: bigint,
+  ): { readonly endNs: bigint; readonly notes: readonly string[] } {
     const notes: string[] = [];
     let t = enterNs;
     for (let i = from; i < this.#stages.length; i++) {
-      const { ownMs, fastestNs } = this.#fastestRun(i, level);
+      const { ownMs, fastestNs } = this.#fastestRun(i, level, deadlineNs);
       const runner = this.#runners[i]!;
       if (ownMs > 0) notes.push(`${runner.name} predicts ${ownMs.toFixed(1)} ms`);
       if (i > from) {
@@ -185,7 +190,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     const everyNs = intervalNs * BigInt(frameSkip + 1);
     let t = enterNs;
     for (let i = from; i < this.#stages.length; i++) {
-      const { fastestNs } = this.#fastestRun(i, env.degradeLevel);
+      const { fastestNs } = this.#fastestRun(i, env.degradeLevel, env.deadlineNs);
       if (fastestNs === 0n) return undefined; // a stage not timed yet: nothing is known
       if (i > from) {
         const runner = this.#runners[i]!;
@@ -205,12 +210,12 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     return undefined;
   }
 
-  /** Stage i's time for a frame at `level`: the larger of its fastest recent run and its own
-   * prediction (ownMs; a stage's prediction is on the monotonic clock it runs on, so a virtual
-   * graph, whose time is its own, does not ask). */
-  #fastestRun(i: number, level: number): { readonly ownMs: number; readonly fastestNs: bigint } {
+  /** Stage i's time for a frame at `level` with deadline `deadlineNs`: the larger of its fastest
+   * recent run and its own prediction (ownMs; a stage's prediction is on the monotonic clock it runs
+   * on, so a virtual graph, whose time is its own, does not ask). */
+  #fastestRun(i: number, level: number, deadlineNs: bigint): { readonly ownMs: number; readonly fastestNs: bigint } {
     const stage = this.#stages[i]!;
-    const ownMs = this.virtual ? 0 : Math.max(0, stage.predictMs?.() ?? 0);
+    const ownMs = this.virtual ? 0 : Math.max(0, stage.predictMs?.(deadlineNs) ?? 0);
     return { ownMs, fastestNs: msToNs(Math.max(ownMs, this.costModel.fastestMs(stage.name, level))) };
   }
 

@@ -55,7 +55,12 @@ export interface RunnerHost {
   readonly dropPredictedConflation: boolean;
   /** When a frame entering stage `from` at `enterNs` would leave the last stage at the earliest, and
    * what made it later than the stages' fastest runs (see graph.ts). */
-  earliestEnd(level: number, from: number, enterNs: bigint): { readonly endNs: bigint; readonly notes: readonly string[] };
+  earliestEnd(
+    level: number,
+    from: number,
+    enterNs: bigint,
+    deadlineNs: bigint,
+  ): { readonly endNs: bigint; readonly notes: readonly string[] };
   /** Why a frame entering stage `from` at `enterNs` would only wait at a later 'latest' edge until
    * its source's next frame replaces it there (see graph.ts); undefined when it would not, or when
    * that cannot be known. */
@@ -288,7 +293,7 @@ export class StageRunner {
     if (host.shutdown.aborted) return this.#skip(env, 'shutdown', 'graph stopping');
     if (enterNs >= env.deadlineNs) return this.#skip(env, 'stale', `deadline passed ${fmtMs(enterNs - env.deadlineNs)} ms before entry`);
     if (host.dropPredictedMiss) {
-      const { endNs, notes } = host.earliestEnd(env.degradeLevel, this.#index, enterNs);
+      const { endNs, notes } = host.earliestEnd(env.degradeLevel, this.#index, enterNs, env.deadlineNs);
       if (endNs > env.deadlineNs) {
         return this.#skip(
           env,
