@@ -43,6 +43,8 @@ export interface BenchCamerasOptions {
   readonly encodeWaitMs?: number;
   /** Decode the grammar's forced runs in the step that reaches them (default true, the config's). */
   readonly jumpForward?: boolean;
+  /** decoder.stepTokens: tokens per camera and decode step, padded (default: the config's, 1: no padding). */
+  readonly stepTokens?: number;
 }
 
 export interface CameraBenchRow {
@@ -170,7 +172,12 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       source: { kind: 'pattern', fps, frames, width: 1280, height: 720 },
     })),
     encoder: encoderSection(opts.encoder, gpuLayers),
-    decoder: { model: opts.model, gpuLayers, ...(opts.jumpForward !== undefined ? { jumpForward: opts.jumpForward } : {}) },
+    decoder: {
+      model: opts.model,
+      gpuLayers,
+      ...(opts.jumpForward !== undefined ? { jumpForward: opts.jumpForward } : {}),
+      ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
+    },
     budgets: {
       endToEndMs: budgetMs,
       stages: {},

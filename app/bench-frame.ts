@@ -28,6 +28,8 @@ export interface BenchFrameOptions {
   readonly maxNewTokens?: number;
   /** decoder.threads: llama.cpp's CPU threads (default: the config's, every core). */
   readonly threads?: number;
+  /** decoder.stepTokens: tokens per decode step, padded (default: the config's, 1: no padding). */
+  readonly stepTokens?: number;
   readonly draftMtp?: string;
   readonly draft?: string;
   readonly ngram?: boolean;
@@ -73,6 +75,8 @@ export interface BenchFrameResult {
   readonly single_decode_ms_mean: number | null;
   readonly multi_decode_ms_mean: number | null;
   readonly graph_reuse_share: number | null;
+  /** Share of those calls padded to decoder.stepTokens (one shape from step to step). */
+  readonly padded_step_share: number | null;
   /** openai, where the server reports its timings (llama-server): the HTTP path's own cost per request
    * (round trip − the server's prefill and decode): transport, JSON, base64, image decoding, templating,
    * grammar setup, and any wait for a free slot (none at concurrency 1 against an idle server). */
@@ -107,6 +111,7 @@ export interface FrameSample {
   readonly singleDecodeMs: number | null;
   readonly llamaDecodeMs: number | null;
   readonly graphReuses: number | null;
+  readonly paddedSteps: number | null;
   readonly httpMs: number | null;
   /** The decode stage's own time. */
   readonly decodeStageMs: number | null;
@@ -124,6 +129,7 @@ export type DecodeFigures = Pick<
   | 'single_decode_ms_mean'
   | 'multi_decode_ms_mean'
   | 'graph_reuse_share'
+  | 'padded_step_share'
   | 'http_ms_p50'
   | 'http_ms_p99'
 >;
@@ -158,6 +164,10 @@ export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
       sum((s) => s.graphReuses),
       calls,
     ),
+    padded_step_share: ratioOf(
+      sum((s) => s.paddedSteps),
+      calls,
+    ),
     http_ms_p50: stat(http, 0.5),
     http_ms_p99: stat(http, 0.99),
   };
@@ -190,6 +200,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
           gpuLayers,
           ...maxNewTokens,
           ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
+          ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
           draft: opts.draft ?? null,
           draftMtp: opts.draftMtp ?? null,
           ngram: opts.ngram ?? false,
@@ -241,6 +252,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
       singleDecodeMs: n('singleDecodeMs'),
       llamaDecodeMs: n('llamaDecodeMs'),
       graphReuses: n('graphReuses'),
+      paddedSteps: n('paddedSteps'),
       httpMs: n('httpMs'),
       decodeStageMs: stages.decode ?? null,
     };

@@ -191,6 +191,11 @@ speculationOptions(
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
   .option('--max-new-tokens <n>', "max new tokens per action (default: the action schema's worst case)", int('--max-new-tokens'))
   .option('--threads <n>', "llama.cpp's CPU threads for the decoder (decoder.threads; default every core)", int('--threads'))
+  .option(
+    '--step-tokens <n>',
+    'tokens per decode step, padded so every step has one shape (decoder.stepTokens; default 1: no padding)',
+    int('--step-tokens'),
+  )
   .option('--gpu-layers <n>', 'decoder layers on the GPU', int('--gpu-layers'), 0)
   .option('--no-warmup', 'skip the warm-up at load (to see what the first frame pays without it)')
   .option('--json', 'print JSON')
@@ -248,6 +253,11 @@ bench
   .option('--prefill-chunk <n>', 'prompt positions read per decode step (default: the config default)', int('--prefill-chunk'))
   .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
   .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)
+  .option(
+    '--step-tokens <n>',
+    'tokens per camera and decode step, padded (decoder.stepTokens; default 4 with the decoder on a GPU, else 1)',
+    int('--step-tokens'),
+  )
   .option('--no-jump-forward', "decode the grammar's forced tokens one per step (keeps the batch's shape, so llama.cpp reuses its graph)")
   .option('--json', 'print JSON')
   .action(async (opts) => {

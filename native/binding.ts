@@ -55,6 +55,8 @@ export interface NativeContextOptions {
   maxActive: number;
   prefillChunk: number;
   maxOutputs: number;
+  /** Tokens per sequence and generation step, padded (1: no padding). */
+  stepTokens: number;
   flashAttention: boolean | 'auto';
   kvType: 'f16' | 'q8_0';
   threads: number;
@@ -71,6 +73,8 @@ export interface NativeContextInfo {
   readonly maxActive: number;
   readonly prefillChunk: number;
   readonly maxOutputs: number;
+  /** Tokens each sequence decodes per generation step, padded (1: no padding). */
+  readonly stepTokens: number;
   readonly threads: number;
   readonly flashAttention: boolean | 'auto';
   readonly kvType: 'f16' | 'q8_0';
@@ -125,11 +129,13 @@ export interface NativeTimings {
   readonly draftMs: number;
   /** Time inside llama_decode (+ synchronize) during generation; the rest is our loop. */
   readonly llamaDecodeMs: number;
-  /** Generation decodes of exactly one token, and their time (the rest carry a forced run or drafts). */
+  /** Generation decodes of exactly one real token (padding aside), and their time (the rest carry a forced run or drafts). */
   readonly singleDecodeCalls: number;
   readonly singleDecodeMs: number;
   /** Generation decodes where llama.cpp reused the previous graph (same ubatch shape). */
   readonly graphReuses: number;
+  /** Generation decodes padded to the context's stepTokens. */
+  readonly paddedSteps: number;
 }
 
 export interface NativeGenerateResult {

@@ -115,6 +115,16 @@ export interface ContextOptions {
   readonly maxActive?: number;
   /** Several sequences: prompt positions decoded per step at most, shared among joining prompts (default nUbatch). */
   readonly prefillChunk?: number;
+  /**
+   * Tokens each sequence decodes per generation step (default 1): the sampled token and any forced
+   * run, then padding that is dropped from the KV cache, so the steps keep one shape: llama.cpp
+   * reuses its graph and ggml-cuda replays its CUDA graph from step to step (and with a KV stream
+   * per sequence, a batched step stays one ubatch). A forced run longer than the step goes on in
+   * the next. On the H200 the padded rows cost about what the replay saves (see ContextOptions in
+   * native/src/context.h); `percept bench frame --step-tokens N` measures it on another machine.
+   * One sequence: no padding while a speculator is attached (it reads the target's batches).
+   */
+  readonly stepTokens?: number;
 }
 
 export class LlamaModel {
@@ -228,6 +238,7 @@ export class LlamaModel {
       'kvUnified',
       'maxActive',
       'prefillChunk',
+      'stepTokens',
     ]);
     const nCtx = options.nCtx === undefined ? DEFAULT_N_CTX : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
     const nBatch = options.nBatch === undefined ? DEFAULT_N_BATCH : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
@@ -246,6 +257,10 @@ export class LlamaModel {
     const outputs = nSeq > 1 ? nSeq : Math.min(MAX_OUTPUTS, nBatch);
     const maxOutputs = options.maxOutputs === undefined ? outputs : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
     if (nSeq > 1 && maxOutputs < nSeq) throw new RangeError(`options.maxOutputs must be at least nSeq (${nSeq}): one row per sequence`);
+    const stepTokens =
+      options.stepTokens === undefined
+        ? 1
+        : intIn('options.stepTokens', options.stepTokens, 1, Math.max(1, Math.min(nUbatch, Math.floor(nBatch / maxActive))));
     const fa = oneOf('options.flashAttention', options.flashAttention ?? 'auto', [true, false, 'auto']);
     const kvType = oneOf('options.kvType', options.kvType ?? 'f16', ['f16', 'q8_0']);
     if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
@@ -262,6 +277,7 @@ export class LlamaModel {
         maxActive,
         prefillChunk,
         maxOutputs,
+        stepTokens,
         flashAttention: fa,
         kvType,
         threads,

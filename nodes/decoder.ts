@@ -207,6 +207,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         prefillChunk: batching.prefillChunk,
         kvUnified: batching.kvUnified,
         kvType: config.kvType,
+        stepTokens: config.stepTokens,
         ...threads,
       });
     } else {
@@ -216,6 +217,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         nUbatch: IMAGE_UBATCH,
         // A verify batch reads one row per draft position and one for the last certain token.
         maxOutputs: 1 + draftMax,
+        stepTokens: config.stepTokens,
         kvType: config.kvType,
         ...threads,
       });
@@ -313,6 +315,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
               singleDecodeMs: r.timings.singleDecodeMs,
               llamaDecodeMs: r.timings.llamaDecodeMs,
               graphReuses: r.batch ? r.batch.graphReuses : r.timings.graphReuses,
+              paddedSteps: r.timings.paddedSteps,
             }),
         stopReason: r.stopReason,
         ...(r.batch

@@ -97,6 +97,8 @@ export interface DecoderConfig {
   readonly kvType: 'f16' | 'q8_0';
   /** local: llama.cpp's CPU threads (null: every core). */
   readonly threads: number | null;
+  /** local: tokens per camera and decode step, padded (1: no padding). */
+  readonly stepTokens: number;
   readonly gpuLayers: number;
   readonly nCtx: number;
   readonly systemPrompt: string;
@@ -424,6 +426,7 @@ function checkDecoder(decoder: DecoderConfig): ConfigIssue[] {
     if (decoder.draftMax !== null) only('draftMax', 'local');
     if (decoder.kvType !== 'f16') only('kvType', 'local');
     if (decoder.threads !== null) only('threads', 'local');
+    if (decoder.stepTokens !== 1) only('stepTokens', 'local');
   } else {
     if (decoder.endpoint !== null) only('endpoint', 'openai');
     if (decoder.apiKey !== null) only('apiKey', 'openai');

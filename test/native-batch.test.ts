@@ -63,14 +63,18 @@ describe('batched decoding on gemma4-tiny', () => {
 
   // A small prefill chunk cuts causal images into several decodes and reads each bidirectional
   // image alone; a large one reads the four bidirectional images in one decode.
-  for (const [kvUnified, causal, prefillChunk] of [
-    [false, false, 16],
-    [false, false, 512],
-    [false, true, 16],
-    [true, true, 16],
+  // Padded steps (stepTokens 4: a forced run longer than 3 tokens goes on in the next step) give the
+  // same tokens too; a padding row left in the KV cache would make the next step's rows collide.
+  for (const [kvUnified, causal, prefillChunk, stepTokens] of [
+    [false, false, 16, 1],
+    [false, false, 512, 1],
+    [false, true, 16, 1],
+    [true, true, 16, 1],
+    [false, false, 16, 4],
+    [true, true, 16, 4],
   ] as const) {
-    test(`four cameras at once give each camera's output decoded alone (action grammar, jump-forward, ${causal ? 'causal' : 'bidirectional'} images, prefill chunk ${prefillChunk}, kvUnified ${kvUnified})`, async () => {
-      const ctx = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512, nSeq: 4, kvUnified, prefillChunk });
+    test(`four cameras at once give each camera's output decoded alone (action grammar, jump-forward, ${causal ? 'causal' : 'bidirectional'} images, prefill chunk ${prefillChunk}, kvUnified ${kvUnified}, stepTokens ${stepTokens})`, async () => {
+      const ctx = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512, nSeq: 4, kvUnified, prefillChunk, stepTokens });
       try {
         const expected: GenerateResult[] = [];
         for (let i = 0; i < 4; i++) expected.push(await alone(cameraPrompt(i, causal), actionOptions()));
@@ -173,6 +177,31 @@ describe('batched decoding on gemma4-tiny', () => {
     } finally {
       await ctx.dispose();
     }
+  });
+
+  test('padded steps keep the batch one shape under the action grammar: llama.cpp reuses its graph', async () => {
+    // Unpadded, a sequence's step carries its forced run when it has one, so the batch's shape
+    // changes on most steps (and with a stream per sequence, unequal counts split it in ubatches).
+    const reuse = async (stepTokens: number): Promise<{ reuses: number; steps: number; tokens: number[][] }> => {
+      const ctx = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512, nSeq: 4, kvUnified: false, stepTokens, threads: 1 });
+      try {
+        assert.equal(ctx.info.stepTokens, stepTokens);
+        const got = await Promise.all(CAMERAS.map((_, i) => ctx.generate(cameraPrompt(i, false), { ...actionOptions(), seq: i })));
+        return {
+          reuses: got.reduce((n, r) => n + r.batch!.graphReuses, 0),
+          steps: got.reduce((n, r) => n + r.batch!.steps, 0),
+          tokens: got.map((r) => [...r.tokens]),
+        };
+      } finally {
+        await ctx.dispose();
+      }
+    };
+    const [plain, padded] = [await reuse(1), await reuse(4)];
+    assert.deepEqual(padded.tokens, plain.tokens);
+    assert.ok(
+      padded.reuses / padded.steps > plain.reuses / plain.steps + 0.2,
+      `padded ${padded.reuses}/${padded.steps}, plain ${plain.reuses}/${plain.steps}`,
+    );
   });
 
   test('sequences decoding together reuse llama.cpp graph step after step (one ubatch in sequence order)', async () => {

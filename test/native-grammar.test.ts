@@ -70,6 +70,37 @@ describe('action-schema generation on gemma4-tiny', () => {
     }
   });
 
+  test('padded steps (stepTokens): the same greedy tokens, one step shape, no padding left in the KV cache', async () => {
+    assert.equal(ctx.info.stepTokens, 1, 'no padding unless asked');
+    await assert.rejects(model.createContext({ nCtx: 512, stepTokens: 0 }), /options\.stepTokens/);
+    const padded = await model.createContext({ nCtx: 512, threads: 2, stepTokens: 4 });
+    try {
+      assert.equal(padded.info.stepTokens, 4);
+      for (const text of ['Action:', 'The cup is near. Action JSON:']) {
+        const prompt = [{ text, addSpecial: true }];
+        const opts = { maxTokens: grammar.maxTokens!, grammar, jumpForward: true };
+        const plain = await ctx.generate(prompt, opts);
+        const p = await padded.generate(prompt, opts);
+        assert.deepEqual(p.tokens, plain.tokens, text);
+        assert.equal(plain.timings.paddedSteps, 0);
+        assert.ok(p.timings.paddedSteps > 0 && p.timings.paddedSteps <= p.timings.decodeCalls);
+        // Every step decodes 4 tokens (a forced run longer than 3 goes on in the next step), so
+        // llama.cpp reuses its graph after the first; unpadded, the steps with a run change shape.
+        assert.ok(p.timings.graphReuses >= p.timings.decodeCalls - 1, `${p.timings.graphReuses} of ${p.timings.decodeCalls}`);
+        assert.ok(plain.timings.graphReuses < plain.timings.decodeCalls - 1);
+        assert.ok(p.timings.decodeCalls >= plain.timings.decodeCalls);
+        // The padding was removed from the KV cache: text after the action decodes where it was,
+        // and reads the same context as on the unpadded cache.
+        const next = [{ text: `${text}${plain.text} Why?`, addSpecial: true }];
+        const [a, b] = [await ctx.generate(next, { maxTokens: 24 }), await padded.generate(next, { maxTokens: 24 })];
+        assert.ok(b.reusedTokens >= p.promptTokens, 'the continuation reuses the prompt and the action');
+        assert.deepEqual(b.tokens, a.tokens);
+      }
+    } finally {
+      await padded.dispose();
+    }
+  });
+
   test('sampling looks only at the admitted tokens: the same seed gives the same action', async () => {
     const a = await ctx.generate(PROMPT, {
       maxTokens: grammar.maxTokens!,

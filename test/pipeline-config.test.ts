@@ -41,6 +41,16 @@ describe('loadConfig', () => {
     assert.deepEqual(config.telemetry, { liveTable: 'auto', intervalMs: 1000 });
   });
 
+  test('decoder.stepTokens: 1 (no padding) by default, refused for a remote decoder and out of range', () => {
+    assert.equal(loadConfig({}).decoder.stepTokens, 1);
+    assert.equal(loadConfig({ decoder: { stepTokens: 4 } }).decoder.stepTokens, 4);
+    assert.throws(
+      () => loadConfig({ decoder: { kind: 'openai', endpoint: 'http://x', model: 'm', stepTokens: 4 } }),
+      /\/decoder\/stepTokens: applies to decoder.kind "local" only/,
+    );
+    assert.throws(() => loadConfig({ decoder: { stepTokens: 0 } }), /\/decoder\/stepTokens: must be >= 1/);
+  });
+
   test('defaults fill the chosen kind of a source, and the object passed in is left alone', () => {
     const input = { source: { kind: 'bag', path: 'bags/sample.mcap' } };
     const config = loadConfig(input);

@@ -74,6 +74,7 @@ struct BatchScheduler::Active {
     // In the token batch being built: its first token, how many, its logits row (-1: none).
     int32_t tokStart = 0;
     int32_t tokCount = 0;
+    int32_t padCount = 0;  // padding after them (removed from the KV cache after the decode)
     int32_t row = -1;
     // This step's prompt take: positions, and whether they are image rows.
     int32_t take = 0;
@@ -441,6 +442,7 @@ void BatchScheduler::step() {
     for (auto & a : active_) {
         a->run.clear();
         a->tokCount = 0;
+        a->padCount = 0;
         a->row = -1;
         a->job->counts.steps++;
         a->job->counts.peakSeqs = std::max(a->job->counts.peakSeqs, int32_t(n));
@@ -460,8 +462,9 @@ void BatchScheduler::step() {
     for (Active * a : order) {
         if (!a->generating) continue;
         generating--;
-        planGeneration(*a, opts_.nBatch - used - generating);
-        used += int32_t(a->run.size());
+        const int32_t room = opts_.nBatch - used - generating * opts_.stepTokens;
+        planGeneration(*a, opts_.stepTokens > 1 ? std::min(room, opts_.stepTokens) : room);
+        used += std::max(int32_t(a->run.size()), opts_.stepTokens);
     }
     planPrefill(order, opts_.nBatch - used);
     const bool images = decodeImages(bySeq);
@@ -482,6 +485,12 @@ void BatchScheduler::step() {
             }
         }
         if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
+        // Padding rows come after the sequence's real ones: causal attention keeps them out of the
+        // real rows' logits. Only where the sequence has room for them.
+        if (a->generating && a->tokCount > 0 && a->nPast + opts_.stepTokens <= nCtxSeq_) {
+            for (; a->tokCount + a->padCount < opts_.stepTokens; a->padCount++)
+                tokens.add(a->run.back(), a->nPast + a->tokCount + a->padCount, false, a->seq);
+        }
     }
     if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
     // Only a step that decoded rows is timed: one whose requests all ended in planning (a grammar
@@ -683,6 +692,7 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
                           : "llama_decode failed with code " + std::to_string(ret));
             continue;
         }
+        if (a->padCount > 0) llama_memory_seq_rm(llama_get_memory(ctx_), a->seq, a->nPast + count, -1);
         std::vector<CacheItem> & cache = caches_[size_t(a->seq)];
         for (int32_t k = 0; k < count; k++) cache.push_back(CacheItem{tokens.b.token[a->tokStart + k], 0, 0});
         a->nPast += count;

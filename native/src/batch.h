@@ -86,6 +86,10 @@ struct BatchOptions {
     int32_t nBatch = 0;
     int32_t nUbatch = 0;
     bool kvUnified = false;  // one KV buffer for every sequence (else a stream per sequence)
+    // Tokens each generating sequence decodes per step: its sampled token and forced run, padded
+    // (1: no padding). Same-shape steps let llama.cpp reuse its graph and ggml-cuda replay it, and
+    // with a stream per sequence equal counts keep the step in one ubatch.
+    int32_t stepTokens = 1;
 };
 
 // Where a request stood in the schedule.

@@ -144,6 +144,7 @@ Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSamp
     t.Set("singleDecodeCalls", r.singleDecodeCalls);
     t.Set("singleDecodeMs", r.singleDecodeMs);
     t.Set("graphReuses", r.graphReuses);
+    t.Set("paddedSteps", r.paddedSteps);
     o.Set("timings", t);
     if (recordSampleTimes) {
         Napi::Float32Array us = Napi::Float32Array::New(env, r.sampleUs.size());
@@ -324,6 +325,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.maxActive = uint32_t(requireInt(o, "maxActive", 1, c.nSeq, w));
     c.prefillChunk = uint32_t(requireInt(o, "prefillChunk", 1, c.nBatch, w));
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
+    c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
     Napi::Value fa = o.Get("flashAttention");
     if (fa.IsBoolean()) c.flashAttention = fa.As<Napi::Boolean>().Value() ? 1 : 0;
     else if (requireChoice(o, "flashAttention", {"auto"}, w) == 0) c.flashAttention = -1;
@@ -508,6 +510,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.nBatch = int32_t(opts_.nBatch);
         bo.nUbatch = int32_t(opts_.nUbatch);
         bo.kvUnified = opts_.kvUnified;
+        bo.stepTokens = int32_t(opts_.stepTokens);
         batch_ = std::make_unique<BatchScheduler>(ctx_, model_, *thread_, bo, [this](std::unique_ptr<SeqJob> job) {
             SeqJob * raw = job.release();
             batchDone_.NonBlockingCall([this, raw](Napi::Env env, Napi::Function) { settle(env, std::unique_ptr<SeqJob>(raw)); });
@@ -588,6 +591,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("maxActive", opts_.maxActive);
     o.Set("prefillChunk", opts_.prefillChunk);
     o.Set("maxOutputs", opts_.maxOutputs);
+    o.Set("stepTokens", opts_.stepTokens);
     o.Set("threads", opts_.threads);
     o.Set("flashAttention",
           opts_.flashAttention == -1 ? Napi::Value(Napi::String::New(env, "auto")) : Napi::Boolean::New(env, opts_.flashAttention == 1));

@@ -33,10 +33,15 @@ struct ContextOptions {
     uint32_t nBatch = 0;
     uint32_t nUbatch = 0;
     uint32_t nSeq = 0;
-    bool kvUnified = false;       // one KV buffer for every sequence (else a stream per sequence)
-    uint32_t maxActive = 0;       // sequences per batched step (nSeq > 1)
-    uint32_t prefillChunk = 0;    // prompt positions per batched step (nSeq > 1)
-    uint32_t maxOutputs = 0;      // outputs per batch: 1 + the longest draft (sizes the compute buffer)
+    bool kvUnified = false;     // one KV buffer for every sequence (else a stream per sequence)
+    uint32_t maxActive = 0;     // sequences per batched step (nSeq > 1)
+    uint32_t prefillChunk = 0;  // prompt positions per batched step (nSeq > 1)
+    uint32_t maxOutputs = 0;    // outputs per batch: 1 + the longest draft (sizes the compute buffer)
+    // Tokens per sequence and generation step, padded (1: none). Same-shape steps let llama.cpp reuse
+    // its graph and ggml-cuda replay it; measured on the H200 (E4B Q4_K_M) the padded rows cost as
+    // much as that saves (a step of 1 token replayed 4.7 ms, padded to 4 6.2 ms; unpadded steps
+    // alternating with forced runs 7.1-8.5 ms), so it is a knob for hosts that build graphs slower.
+    uint32_t stepTokens = 1;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     std::string kvType;           // "f16" | "q8_0"
     int32_t threads = 0;

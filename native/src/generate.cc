@@ -171,14 +171,18 @@ void Generation::generate(int64_t tStart) {
     while (!done && !stopped() && !grammarEnded()) {
         batch.clear();
         batch.add(idLast_, nPast_, true);
-        if (opts_.jumpForward && sampler_.hasGrammar() && jumpForward(batch)) break;
+        const int32_t width = paddedWidth();
+        if (opts_.jumpForward && sampler_.hasGrammar() && jumpForward(batch, width)) break;
         // Drafts follow the last certain token (idLast, or the end of a forced run), whose logits
         // verify the first draft.
         const int32_t firstRow = batch.b.n_tokens - 1;
         const std::vector<llama_token> drafted = draft(batch);
         for (llama_token d : drafted) batch.add(d, nPast_ + batch.b.n_tokens, true);
         const int32_t nInBatch = batch.b.n_tokens;
-        if (decodeTokens(batch) != 0) break;
+        // Padding rows come after every real one: causal attention keeps them out of the real
+        // rows' logits, and decodeTokens removes them from the KV cache.
+        for (llama_pos pos = nPast_ + nInBatch; batch.b.n_tokens < width; pos++) batch.add(idLast_, pos, false);
+        if (decodeTokens(batch, nInBatch) != 0) break;
         nPast_ += nInBatch;
         done = drafted.empty() ? acceptSampled() : verify(drafted, firstRow);
         flush();
@@ -203,10 +207,20 @@ bool Generation::sampleFirst(int64_t tStart) {
     return done;
 }
 
-// Tokens the grammar alone decides ride along in this decode (leaving room for drafts), each one a
-// decode saved (counted in forced). True when generation is over.
-bool Generation::jumpForward(TokenBatch & batch) {
-    const int32_t room = int32_t(ctx_.options().nBatch) - int32_t(ctx_.options().maxOutputs);
+// The tokens of this step once padded (the context's stepTokens), or 0: no padding while a
+// speculator reads the target's batches (it would take the padding for text) or when the context
+// has no room left for it.
+int32_t Generation::paddedWidth() const {
+    const int32_t width = int32_t(ctx_.options().stepTokens);
+    if (width <= 1 || ctx_.speculator() != nullptr) return 0;
+    return nPast_ + width <= int32_t(llama_n_ctx(ctx_.raw())) ? width : 0;
+}
+
+// Tokens the grammar alone decides ride along in this decode (leaving room for drafts; in a padded
+// step, up to its width, the rest next step), each one a decode saved (counted in forced). True when
+// generation is over.
+bool Generation::jumpForward(TokenBatch & batch, int32_t width) {
+    const int32_t room = width > 0 ? width : int32_t(ctx_.options().nBatch) - int32_t(ctx_.options().maxOutputs);
     bool stop = false;
     while (!stop && batch.b.n_tokens < room) {
         if (grammarEnded()) {
@@ -390,9 +404,11 @@ int Generation::aborted() {
     return 2;
 }
 
-// Decodes a token batch; keeps the cache, the prompt history and the speculator in step.
-// Returns 0 on success, 2 when aborted (cancel, deadline); throws on other failures.
-int Generation::decodeTokens(TokenBatch & batch) {
+// Decodes a token batch whose first nReal tokens are real (-1: all; the rest is padding, removed
+// from the KV cache after the decode); keeps the cache, the prompt history and the speculator in
+// step. Returns 0 on success, 2 when aborted (cancel, deadline); throws on other failures.
+int Generation::decodeTokens(TokenBatch & batch, int32_t nReal) {
+    if (nReal < 0) nReal = batch.b.n_tokens;
     llama_context * lctx = ctx_.raw();
     const llama_pos p0 = batch.b.pos[0];
     const int32_t reusedBefore = llama_perf_context(lctx).n_reused;
@@ -402,7 +418,7 @@ int Generation::decodeTokens(TokenBatch & batch) {
     const double ms = msSince(td0);
     res_.llamaDecodeMs += ms;
     res_.decodeCalls++;
-    if (batch.b.n_tokens == 1) {
+    if (nReal == 1) {
         res_.singleDecodeCalls++;
         res_.singleDecodeMs += ms;
     }
@@ -413,7 +429,11 @@ int Generation::decodeTokens(TokenBatch & batch) {
         throw std::runtime_error(ret == 1 ? "llama_decode: no KV slot for the batch (context full)"
                                           : "llama_decode failed with code " + std::to_string(ret));
     }
-    for (int i = 0; i < batch.b.n_tokens; i++) {
+    if (nReal < batch.b.n_tokens) {
+        llama_memory_seq_rm(llama_get_memory(lctx), 0, p0 + nReal, -1);
+        res_.paddedSteps++;
+    }
+    for (int i = 0; i < nReal; i++) {
         ctx_.cache().push_back(CacheItem{batch.b.token[i], 0, 0});
         history_.push_back(batch.b.token[i]);
     }

@@ -67,6 +67,7 @@ struct GenerateResult {
     // drafts): llama.cpp reuses its graph (and ggml-cuda its CUDA graph) only while the shape stays.
     int32_t singleDecodeCalls = 0;
     int32_t graphReuses = 0;
+    int32_t paddedSteps = 0;  // steps padded to the context's stepTokens
     double singleDecodeMs = 0;
     std::vector<float> sampleUs;  // per sampling step, with recordSampleTimes
     double prefillMs = 0, ttftMs = 0, decodeMs = 0, sampleMs = 0, draftMs = 0, llamaDecodeMs = 0;
@@ -102,7 +103,8 @@ private:
     bool prefill(const PromptPlan & plan);
     void generate(int64_t tStart);
     bool sampleFirst(int64_t tStart);
-    bool jumpForward(TokenBatch & batch);
+    int32_t paddedWidth() const;
+    bool jumpForward(TokenBatch & batch, int32_t width);
     std::vector<llama_token> draft(const TokenBatch & batch);
     std::vector<llama_token> draftUnderGrammar(const TokenBatch & batch, int32_t nMax);
     void cutInvalidDrafts(std::vector<llama_token> & drafted);
@@ -113,7 +115,7 @@ private:
     bool grammarEnded();
     bool stopped();
     int aborted();
-    int decodeTokens(TokenBatch & batch);
+    int decodeTokens(TokenBatch & batch, int32_t nReal = -1);
     int decodeImage(const PromptItem & p, llama_pos pos0);
     void truncateKv(llama_pos from);
     llama_token sampleAt(int32_t idx);
