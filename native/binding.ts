@@ -192,7 +192,7 @@ export declare class NativeContext {
   clearCache(seq?: number): void;
   cachedPositions(seq?: number): number;
   /** Several sequences: the ms admission would predict for a request with this deadline submitted now (0: none). */
-  predictedMs(deadlineNs?: bigint): number;
+  predictedMs(deadlineNs?: bigint, reservedAhead?: number): number;
   /** Creates the speculator's state off the JS thread (the KV cache starts empty afterwards). */
   attachSpeculator(draftModel: NativeModel | null, options: NativeSpeculatorOptions): Promise<{ type: SpeculatorType; nMax: number }>;
   detachSpeculator(): void;

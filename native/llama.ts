@@ -524,12 +524,15 @@ export class LlamaContext {
    * today's sharing and from its recent steps, with its wait behind the waiting requests admitted
    * before it (the rule that drops a request before its prefill when now + this passes the
    * deadline; native/src/batch.h). 0: no prediction (no history yet, an idle decoder that would
-   * admit anything to refresh its history, or one sequence).
+   * admit anything to refresh its history, or one sequence). `reservedAhead`: requests not submitted
+   * yet that will be admitted before it (frames on their way to the decoder with earlier deadlines),
+   * each counted as one more waiting request.
    */
-  predictedMs(deadlineNs?: bigint): number {
+  predictedMs(deadlineNs?: bigint, reservedAhead = 0): number {
     if (deadlineNs !== undefined && typeof deadlineNs !== 'bigint')
       throw new TypeError(`predictedMs: deadlineNs must be a bigint (process.hrtime.bigint() clock), got ${typeof deadlineNs}`);
-    return this.#live().predictedMs(deadlineNs);
+    intIn('predictedMs: reservedAhead', reservedAhead, 0, 1e6);
+    return this.#live().predictedMs(deadlineNs, reservedAhead);
   }
 
   #live(): NativeContext {

@@ -343,6 +343,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     return r; // a GenerateResult is a Generation (payloads.ts) with more timings
   };
 
+  const reservations = new Reservations();
   return {
     handle: (seq) => ({
       name: 'decode',
@@ -352,12 +353,52 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       modelInfo: info,
       process: (input, sc) => process(batched ? seq : undefined, input, sc),
       // The cameras share one scheduler: what it predicts for a frame now lets the stages ahead
-      // (preprocess, encode) drop a frame it would drop anyway (Stage.predictMs).
-      ...(batched ? { predictMs: (deadlineNs: bigint) => ctx.predictedMs(deadlineNs) } : {}),
+      // (preprocess, encode) drop a frame it would drop anyway (Stage.predictMs), counting the
+      // frames of every camera already on their way here that it will serve first (Stage.reserve).
+      ...(batched
+        ? {
+            predictMs: (deadlineNs: bigint) => ctx.predictedMs(deadlineNs, reservations.before(deadlineNs)),
+            reserve: (deadlineNs: bigint) => reservations.add(deadlineNs),
+          }
+        : {}),
     }),
     async close() {
       await model.dispose();
       await draft?.dispose();
     },
   };
+}
+
+/** The deadlines of frames on their way to a shared decoder (Stage.reserve), kept sorted. */
+export class Reservations {
+  readonly #deadlines: bigint[] = [];
+
+  get size(): number {
+    return this.#deadlines.length;
+  }
+
+  /** Frames due strictly before `deadlineNs` (admission serves them first; a frame's own
+   * reservation, or one due at the same instant, is not counted). */
+  before(deadlineNs: bigint): number {
+    let lo = 0;
+    let hi = this.#deadlines.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (this.#deadlines[mid]! < deadlineNs) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+
+  /** Adds one; the returned release removes it (once, however often it is called). */
+  add(deadlineNs: bigint): () => void {
+    this.#deadlines.splice(this.before(deadlineNs), 0, deadlineNs);
+    let held = true;
+    return () => {
+      if (!held) return;
+      held = false;
+      const i = this.before(deadlineNs);
+      if (this.#deadlines[i] === deadlineNs) this.#deadlines.splice(i, 1);
+    };
+  }
 }

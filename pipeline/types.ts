@@ -96,6 +96,13 @@ export interface Stage<I, O> {
    * counts the larger of it and the stage's fastest recent run, so a frame that this stage would
    * drop anyway is dropped before the stages ahead of it spend on it. */
   predictMs?(deadlineNs: bigint): number;
+  /** A frame that passed the entry check of budgets.dropPredictedMiss at a stage ahead of this one is
+   * on its way here (real clock): the stage counts it in its predictMs for frames with later
+   * deadlines (a shared decoder: it will serve this one first) until the returned release is called,
+   * which the runtime does once, when the frame enters this stage or is dropped. So the frames that
+   * pass the early check together are no more than this stage can serve in time, and the stages
+   * ahead do not spend on frames it would drop at entry. */
+  reserve?(deadlineNs: bigint): () => void;
   /** Frees resources (models, sockets, workers); called once at shutdown. */
   close?(): Promise<void>;
 }

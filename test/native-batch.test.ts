@@ -417,12 +417,18 @@ describe('batched decoding on gemma4-tiny', () => {
       let last = 0;
       let first = 0;
       let behind = 0;
-      const holds = (): boolean => last >= 3 * shortestGap && last - first >= 3 * shortestGap && Math.abs(behind - last) < shortestGap;
+      let reserved = 0;
+      const holds = (): boolean =>
+        last >= 3 * shortestGap &&
+        last - first >= 3 * shortestGap &&
+        Math.abs(behind - last) < shortestGap &&
+        reserved - first >= 1.5 * shortestGap;
       while (running && !holds()) {
         await sleep(5);
         first = ctx.predictedMs(far - 300_000_000_000n); // admitted before the four
         last = ctx.predictedMs(); // no deadline: after every one of them
         behind = ctx.predictedMs(far + 300_000_000_000n); // after them too
+        reserved = ctx.predictedMs(far - 300_000_000_000n, 2); // before them, after two frames on their way
       }
       const ended = await Promise.all([long, ...queued]);
       assert.deepEqual(
@@ -438,9 +444,14 @@ describe('batched decoding on gemma4-tiny', () => {
       assert.ok(last >= 3 * shortestGap, seen);
       assert.ok(last - first >= 3 * shortestGap, `a request due before the waiting ones does not wait behind them: ${seen}`);
       assert.ok(Math.abs(behind - last) < shortestGap, `a deadline after theirs waits like none: ${behind.toFixed(1)} ms; ${seen}`);
+      assert.ok(
+        reserved - first >= 1.5 * shortestGap,
+        `two frames reserved ahead wait like two more requests: ${reserved.toFixed(1)} ms; ${seen}`,
+      );
       // Nothing waits: the wait is gone again (the prediction is the request's own time).
       assert.ok(ctx.predictedMs() < last, `an empty queue predicts less: ${ctx.predictedMs().toFixed(1)} ms`);
       assert.throws(() => ctx.predictedMs(5 as unknown as bigint), /deadlineNs must be a bigint/);
+      assert.throws(() => ctx.predictedMs(far, -1), /reservedAhead/);
     } finally {
       await ctx.dispose();
     }

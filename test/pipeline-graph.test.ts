@@ -127,6 +127,68 @@ describe('deadlines', () => {
     assert.equal(plain.preprocessCalls, 7);
   });
 
+  test('frames on their way to a stage that takes reservations count in its prediction for later frames (real clock only)', async () => {
+    // The decode stage predicts 25 s for each frame due before the one asked about that holds a
+    // reservation (frames past the early check, not yet at decode), against a one-minute budget: the
+    // first three frames pass preprocess entry, the rest are dropped there while the three wait at a
+    // gated encoder. Every reservation ends: at decode entry or at a drop.
+    const realClock = new RealClock();
+    const FRAMES = 6;
+    const held = new Map<number, bigint>(); // reservation id → deadline
+    let nextId = 0;
+    let reserved = 0;
+    let decoded = 0;
+    const asked = new Set<bigint>();
+    let openGate!: () => void;
+    const gate = new Promise<void>((resolve) => (openGate = resolve));
+    const ahead = (deadlineNs: bigint): number => [...held.values()].filter((d) => d < deadlineNs).length;
+    const decode = Object.assign(fakeStage<number>('decode'), {
+      predictMs: (deadlineNs: bigint): number => {
+        asked.add(deadlineNs);
+        // Each frame is asked about at preprocess entry first: once all have been, the encoder goes on.
+        if (asked.size === FRAMES) openGate();
+        return 1 + 25_000 * ahead(deadlineNs);
+      },
+      reserve: (deadlineNs: bigint): (() => void) => {
+        reserved += 1;
+        const id = nextId++;
+        held.set(id, deadlineNs);
+        return () => held.delete(id);
+      },
+      process: async (input: number): Promise<number> => {
+        // The frames reach decode in order, each having ended its reservation at entry: only those
+        // after it may still hold theirs.
+        const before = 2 - decoded++;
+        assert.ok(held.size <= before, `${held.size} reservations held at decode entry, at most ${before} expected`);
+        return input;
+      },
+    });
+    const preprocess = fakeStage<number>('preprocess');
+    const encode = fakeStage<number>('encode', { work: async (x: number) => (await gate, x) });
+    const result = await runGraph({
+      source: fakeSource({ frames: FRAMES, periodMs: 1 }),
+      stages: chain(preprocess, encode, decode),
+      clock: realClock,
+      config: testConfig({
+        clock: 'real',
+        budgets: { endToEndMs: 60_000, stages: {}, dropPredictedMiss: true },
+        edges: { default: { policy: 'queue', capacity: 8 } },
+        ladder: { enabled: false, minSamples: 1 },
+      }),
+    });
+    assertConservation(result);
+    assert.deepEqual([preprocess.calls, encode.calls], [3, 3]);
+    assert.equal(result.summary.frames.out, 3);
+    const drops = result.events.flatMap((e) => (e.type === 'drop' ? [e] : []));
+    assert.equal(drops.length, FRAMES - 3);
+    for (const d of drops) {
+      assert.equal(d.stage, 'preprocess');
+      assert.match(d.detail, /^predicted miss: .*decode predicts 75001\.0 ms/);
+    }
+    assert.equal(reserved, 3, 'only the frames that passed reserved');
+    assert.equal(held.size, 0, 'every reservation ended');
+  });
+
   test("a stage's own prediction drops a frame before the stages ahead of it spend on it (real clock only)", async () => {
     // The decode stage predicts its time itself (a decoder shared by cameras: its queue and sharing);
     // its past runs say nothing of it. Ten minutes against a one-minute budget: every frame is

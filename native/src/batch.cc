@@ -413,7 +413,7 @@ void BatchScheduler::publishPrediction() {
     idleSinceNs_.store(idle ? std::max<int64_t>(lastDecodeNs_, 1) : 0, std::memory_order_relaxed);
 }
 
-double BatchScheduler::predictedMs(int64_t deadlineNs) const {
+double BatchScheduler::predictedMs(int64_t deadlineNs, int32_t reservedAhead) const {
     const int64_t idleSince = idleSinceNs_.load(std::memory_order_relaxed);
     // An idle decoder past kProbeNs admits a request whatever its prediction (see admit()).
     if (idleSince > 0 && monotonicNs() - idleSince >= kProbeNs) return 0;
@@ -424,7 +424,7 @@ double BatchScheduler::predictedMs(int64_t deadlineNs) const {
     // counted as ahead), and a request without a deadline after every one with.
     const int64_t key = deadlineNs > 0 ? deadlineNs : INT64_MAX;
     const auto ahead = std::upper_bound(waitingDeadlines_.begin(), waitingDeadlines_.end(), key) - waitingDeadlines_.begin();
-    return ms + double(ahead) * queueGapMs_;
+    return ms + double(ahead + reservedAhead) * queueGapMs_;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ public:
     // encoder's GPU work competing with the decoder's; counting requests it would overtake instead
     // would drop the frames of a camera with a tighter budget than the others.
     // 0: nothing to predict from, or an idle decoder that would admit anything (a probe).
-    double predictedMs(int64_t deadlineNs = 0) const;
+    double predictedMs(int64_t deadlineNs = 0, int32_t reservedAhead = 0) const;
 
 private:
     struct Active;

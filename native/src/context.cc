@@ -10,6 +10,7 @@
 #include "ggml-cpu.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace percept {
 
@@ -747,8 +748,9 @@ Napi::Value Context::CachedPositions(const Napi::CallbackInfo & info) {
     return Napi::Number::New(info.Env(), n);
 }
 
-// predictedMs(deadlineNs?: bigint): a context of several sequences: what its admission would predict
-// for a request with that deadline submitted now (ms; 0: no prediction). One sequence: always 0.
+// predictedMs(deadlineNs?: bigint, reservedAhead?: number): a context of several sequences: what its
+// admission would predict for a request with that deadline submitted now, were `reservedAhead`
+// more requests waiting before it (ms; 0: no prediction). One sequence: always 0.
 Napi::Value Context::PredictedMs(const Napi::CallbackInfo & info) {
     int64_t deadlineNs = 0;
     if (info.Length() > 0 && !info[0].IsUndefined()) {
@@ -757,7 +759,14 @@ Napi::Value Context::PredictedMs(const Napi::CallbackInfo & info) {
         bool lossless = true;
         deadlineNs = std::max<int64_t>(info[0].As<Napi::BigInt>().Int64Value(&lossless), 1);
     }
-    return Napi::Number::New(info.Env(), batch_ ? batch_->predictedMs(deadlineNs) : 0.0);
+    int32_t reservedAhead = 0;
+    if (info.Length() > 1 && !info[1].IsUndefined()) {
+        const double n = info[1].IsNumber() ? info[1].As<Napi::Number>().DoubleValue() : -1;
+        if (!(n >= 0 && n <= 1e6 && n == std::floor(n)))
+            throw Napi::TypeError::New(info.Env(), "predictedMs reservedAhead must be an integer in [0, 1e6]");
+        reservedAhead = int32_t(n);
+    }
+    return Napi::Number::New(info.Env(), batch_ ? batch_->predictedMs(deadlineNs, reservedAhead) : 0.0);
 }
 
 // attachSpeculator(draftModel | null, options): creates the draft state off the JS thread; the

@@ -222,6 +222,8 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   readonly #source: FrameSource<unknown>;
   readonly #stages: readonly Stage<unknown, unknown>[];
   readonly #runners: readonly StageRunner[];
+  /** Frames on their way to stages that take reservations: frame id → stage index → release. */
+  readonly #reservations = new Map<number, Map<number, () => void>>();
   readonly #config: GraphConfig;
   #endToEndNs: bigint;
   #budgets: GraphBudgets;
@@ -428,7 +430,37 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     }
   }
 
+  reserveAhead(env: Envelope<unknown>, from: number): void {
+    // A prediction on the monotonic clock: a virtual graph does not ask (see #fastestRun).
+    if (this.virtual) return;
+    for (let i = from + 1; i < this.#stages.length; i++) {
+      const stage = this.#stages[i]!;
+      if (!stage.reserve) continue;
+      let held = this.#reservations.get(env.frameId);
+      if (!held) this.#reservations.set(env.frameId, (held = new Map()));
+      if (!held.has(i)) held.set(i, stage.reserve(env.deadlineNs));
+    }
+  }
+
+  releaseAt(frameId: number, index: number): void {
+    const held = this.#reservations.get(frameId);
+    const release = held?.get(index);
+    if (!held || !release) return;
+    held.delete(index);
+    if (held.size === 0) this.#reservations.delete(frameId);
+    release();
+  }
+
+  /** The frame left the graph (dropped, or out of the last stage): every reservation it holds ends. */
+  #releaseAll(frameId: number): void {
+    const held = this.#reservations.get(frameId);
+    if (!held) return;
+    this.#reservations.delete(frameId);
+    for (const release of held.values()) release();
+  }
+
   drop(frameId: number, stage: string, reason: DropReason, detail: string): void {
+    this.#releaseAll(frameId);
     this.emit({ type: 'drop', atNs: this.clock.nowNs(), frameId, stage, reason, detail });
   }
 
@@ -618,6 +650,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   // --- the end ---------------------------------------------------------------------------------
 
   #output(env: Envelope<unknown>): void {
+    this.#releaseAll(env.frameId); // (none left: each ended at its stage's entry)
     const exitNs = env.spans[env.spans.length - 1]?.exitNs ?? this.clock.nowNs();
     this.emit({ type: 'output', atNs: exitNs, frameId: env.frameId, latencyNs: exitNs - env.captureNs, late: exitNs > env.deadlineNs });
     this.#outputs.next(env);

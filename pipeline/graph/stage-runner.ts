@@ -65,6 +65,11 @@ export interface RunnerHost {
    * its source's next frame replaces it there (see graph.ts); undefined when it would not, or when
    * that cannot be known. */
   predictConflation(env: Envelope<unknown>, from: number, enterNs: bigint): string | undefined;
+  /** A frame that passed stage `from`'s entry checks: it reserves its place at the stages after
+   * `from` that take reservations (Stage.reserve); see graph.ts. */
+  reserveAhead(env: Envelope<unknown>, from: number): void;
+  /** The frame entered stage `index`: its reservation there ends. */
+  releaseAt(frameId: number, index: number): void;
   emit(event: TelemetryEvent): void;
   drop(frameId: number, stage: string, reason: DropReason, detail: string): void;
 }
@@ -290,6 +295,7 @@ export class StageRunner {
   async #run(env: Envelope<unknown>): Promise<void> {
     const host = this.#host;
     const enterNs = host.clock.nowNs();
+    host.releaseAt(env.frameId, this.#index);
     if (host.shutdown.aborted) return this.#skip(env, 'shutdown', 'graph stopping');
     if (enterNs >= env.deadlineNs) return this.#skip(env, 'stale', `deadline passed ${fmtMs(enterNs - env.deadlineNs)} ms before entry`);
     if (host.dropPredictedMiss) {
@@ -306,6 +312,7 @@ export class StageRunner {
       const replaced = host.predictConflation(env, this.#index, enterNs);
       if (replaced) return this.#skip(env, 'conflated', replaced);
     }
+    if (host.dropPredictedMiss) host.reserveAhead(env, this.#index);
 
     const stageDeadlineNs = this.#budgetNs === undefined ? env.deadlineNs : min(env.deadlineNs, enterNs + this.#budgetNs);
     const knobs = host.ladder.knobsAt(env.degradeLevel);
