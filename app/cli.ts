@@ -255,7 +255,7 @@ bench
   .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)
   .option(
     '--step-tokens <n>',
-    'tokens per camera and decode step, padded (decoder.stepTokens; default 4 with the decoder on a GPU, else 1)',
+    'tokens per camera and decode step, padded (decoder.stepTokens; default 1: no padding)',
     int('--step-tokens'),
   )
   .option('--no-jump-forward', "decode the grammar's forced tokens one per step (keeps the batch's shape, so llama.cpp reuses its graph)")
