@@ -351,14 +351,21 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       nEmbd: info.nEmbd,
       contract,
       modelInfo: info,
-      process: (input, sc) => process(batched ? seq : undefined, input, sc),
+      process: async (input, sc) => {
+        const generation = await process(batched ? seq : undefined, input, sc);
+        if (batched) reservations.served(seq ?? 0);
+        return generation;
+      },
       // The cameras share one scheduler: what it predicts for a frame now lets the stages ahead
       // (preprocess, encode) drop a frame it would drop anyway (Stage.predictMs), counting the
       // frames of every camera already on their way here that it will serve first (Stage.reserve).
+      // At the decoder's own entry the frame is encoded already: it is not dropped for frames still
+      // on their way (those are checked when they arrive).
       ...(batched
         ? {
-            predictMs: (deadlineNs: bigint) => ctx.predictedMs(deadlineNs, reservations.before(deadlineNs)),
-            reserve: (deadlineNs: bigint) => reservations.add(deadlineNs),
+            predictMs: (deadlineNs: bigint, entering: boolean) =>
+              ctx.predictedMs(deadlineNs, entering ? 0 : reservations.ahead(deadlineNs, seq ?? 0)),
+            reserve: (deadlineNs: bigint) => reservations.add(deadlineNs, seq ?? 0),
           }
         : {}),
     }),
@@ -369,36 +376,54 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   };
 }
 
-/** The deadlines of frames on their way to a shared decoder (Stage.reserve), kept sorted. */
+/** Deadlines this close count as one in admission's order: native/src/batch.cc kFairWindowNs. */
+export const FAIR_WINDOW_NS = 50_000_000n;
+
+interface Reservation {
+  readonly deadlineNs: bigint;
+  readonly camera: number;
+}
+
+/** Frames on their way to a shared decoder (Stage.reserve), counted in the order its admission
+ * serves them: the earlier deadline first, and among deadlines within FAIR_WINDOW_NS of each other
+ * (cameras triggered together) the camera served (decoded) least recently first. Without the turns, the
+ * cameras whose frames carry the later stamps of each trigger would always be counted behind the
+ * others and dropped first under overload. */
 export class Reservations {
-  readonly #deadlines: bigint[] = [];
+  readonly #held = new Set<Reservation>();
+  /** camera → the turn its last frame entered the decoder (a counter: only the order matters) */
+  readonly #servedAt = new Map<number, number>();
+  #turn = 0;
 
   get size(): number {
-    return this.#deadlines.length;
+    return this.#held.size;
   }
 
-  /** Frames due strictly before `deadlineNs` (admission serves them first; a frame's own
-   * reservation, or one due at the same instant, is not counted). */
-  before(deadlineNs: bigint): number {
-    let lo = 0;
-    let hi = this.#deadlines.length;
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1;
-      if (this.#deadlines[mid]! < deadlineNs) lo = mid + 1;
-      else hi = mid;
+  /** A frame of `camera` got its decode: its camera's later frames go after the others'. */
+  served(camera: number): void {
+    this.#servedAt.set(camera, ++this.#turn);
+  }
+
+  /** Reserved frames that admission would serve before a frame of `camera` due at `deadlineNs` (a
+   * frame's own reservation is never counted). */
+  ahead(deadlineNs: bigint, camera: number): number {
+    const mine = this.#servedAt.get(camera) ?? 0;
+    let n = 0;
+    for (const r of this.#held) {
+      const gap = r.deadlineNs - deadlineNs;
+      if (gap < -FAIR_WINDOW_NS) n += 1;
+      else if (gap <= FAIR_WINDOW_NS) {
+        const theirs = this.#servedAt.get(r.camera) ?? 0;
+        if (theirs < mine || (theirs === mine && gap < 0n)) n += 1;
+      }
     }
-    return lo;
+    return n;
   }
 
   /** Adds one; the returned release removes it (once, however often it is called). */
-  add(deadlineNs: bigint): () => void {
-    this.#deadlines.splice(this.before(deadlineNs), 0, deadlineNs);
-    let held = true;
-    return () => {
-      if (!held) return;
-      held = false;
-      const i = this.before(deadlineNs);
-      if (this.#deadlines[i] === deadlineNs) this.#deadlines.splice(i, 1);
-    };
+  add(deadlineNs: bigint, camera: number): () => void {
+    const r: Reservation = { deadlineNs, camera };
+    this.#held.add(r);
+    return () => void this.#held.delete(r);
   }
 }

@@ -94,8 +94,10 @@ export interface Stage<I, O> {
    * shared by several cameras: how many it serves at once, its recent steps, the frames it serves
    * before this one); 0: no prediction. On a real clock, the entry check of budgets.dropPredictedMiss
    * counts the larger of it and the stage's fastest recent run, so a frame that this stage would
-   * drop anyway is dropped before the stages ahead of it spend on it. */
-  predictMs?(deadlineNs: bigint): number;
+   * drop anyway is dropped before the stages ahead of it spend on it. `entering`: the frame is at
+   * this stage's own entry (the stages ahead have spent on it), not at an earlier one; frames still
+   * on their way (reserve) are then not counted: each is checked at its own arrival. */
+  predictMs?(deadlineNs: bigint, entering: boolean): number;
   /** A frame that passed the entry check of budgets.dropPredictedMiss at a stage ahead of this one is
    * on its way here (real clock): the stage counts it in its predictMs for frames with later
    * deadlines (a shared decoder: it will serve this one first) until the returned release is called,

@@ -142,8 +142,12 @@ describe('deadlines', () => {
     let openGate!: () => void;
     const gate = new Promise<void>((resolve) => (openGate = resolve));
     const ahead = (deadlineNs: bigint): number => [...held.values()].filter((d) => d < deadlineNs).length;
+    const entries: boolean[] = []; // `entering` of each ask about a frame at decode's own entry or before
     const decode = Object.assign(fakeStage<number>('decode'), {
-      predictMs: (deadlineNs: bigint): number => {
+      predictMs: (deadlineNs: bigint, entering: boolean): number => {
+        entries.push(entering);
+        // At its own entry the frame is past the stages ahead: frames still on their way do not count.
+        if (entering) return 1;
         asked.add(deadlineNs);
         // Each frame is asked about at preprocess entry first: once all have been, the encoder goes on.
         if (asked.size === FRAMES) openGate();
@@ -187,6 +191,9 @@ describe('deadlines', () => {
     }
     assert.equal(reserved, 3, 'only the frames that passed reserved');
     assert.equal(held.size, 0, 'every reservation ended');
+    // Asked at decode's own entry once per frame that got there (entering), else from the stages ahead.
+    assert.equal(entries.filter((e) => e).length, 3);
+    assert.ok(entries.filter((e) => !e).length >= FRAMES + 3, 'preprocess and encode entries ask too');
   });
 
   test("a stage's own prediction drops a frame before the stages ahead of it spend on it (real clock only)", async () => {

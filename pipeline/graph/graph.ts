@@ -168,7 +168,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     const notes: string[] = [];
     let t = enterNs;
     for (let i = from; i < this.#stages.length; i++) {
-      const { ownMs, fastestNs } = this.#fastestRun(i, level, deadlineNs);
+      const { ownMs, fastestNs } = this.#fastestRun(i, level, deadlineNs, i === from);
       const runner = this.#runners[i]!;
       if (ownMs > 0) notes.push(`${runner.name} predicts ${ownMs.toFixed(1)} ms`);
       if (i > from) {
@@ -190,7 +190,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     const everyNs = intervalNs * BigInt(frameSkip + 1);
     let t = enterNs;
     for (let i = from; i < this.#stages.length; i++) {
-      const { fastestNs } = this.#fastestRun(i, env.degradeLevel, env.deadlineNs);
+      const { fastestNs } = this.#fastestRun(i, env.degradeLevel, env.deadlineNs, i === from);
       if (fastestNs === 0n) return undefined; // a stage not timed yet: nothing is known
       if (i > from) {
         const runner = this.#runners[i]!;
@@ -212,10 +212,11 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
 
   /** Stage i's time for a frame at `level` with deadline `deadlineNs`: the larger of its fastest
    * recent run and its own prediction (ownMs; a stage's prediction is on the monotonic clock it runs
-   * on, so a virtual graph, whose time is its own, does not ask). */
-  #fastestRun(i: number, level: number, deadlineNs: bigint): { readonly ownMs: number; readonly fastestNs: bigint } {
+   * on, so a virtual graph, whose time is its own, does not ask); `entering`: the frame is at stage
+   * i's own entry. */
+  #fastestRun(i: number, level: number, deadlineNs: bigint, entering: boolean): { readonly ownMs: number; readonly fastestNs: bigint } {
     const stage = this.#stages[i]!;
-    const ownMs = this.virtual ? 0 : Math.max(0, stage.predictMs?.(deadlineNs) ?? 0);
+    const ownMs = this.virtual ? 0 : Math.max(0, stage.predictMs?.(deadlineNs, entering) ?? 0);
     return { ownMs, fastestNs: msToNs(Math.max(ownMs, this.costModel.fastestMs(stage.name, level))) };
   }
 
