@@ -1,6 +1,7 @@
 // The decode stage: image embeddings → a schema-constrained generation, through the native
 // llama.cpp binding. The prompt is [chat-templated system + user text, image, instruction], so the
 // system prefix stays in the KV cache and is not prefilled again for each frame.
+import { env } from 'node:process';
 import type { ActionSchema } from './action-schema.ts';
 import type { EncoderContract, Generation, ImageEmbedding } from './payloads.ts';
 import type { DecoderConfig } from '../pipeline/config.ts';
@@ -177,6 +178,12 @@ interface OpenDecoder {
   close(): Promise<void>;
 }
 
+/** decoder.cudaGraphs resolved: null means on unless jump-forward runs unpadded (stepTokens 1), whose
+ * steps alternate between two shapes, so ggml-cuda keeps capturing new graphs instead of replaying. */
+export function cudaGraphsWanted(config: Pick<DecoderConfig, 'cudaGraphs' | 'jumpForward' | 'stepTokens'>): boolean {
+  return config.cudaGraphs ?? !(config.jumpForward && config.stepTokens === 1);
+}
+
 async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching): Promise<OpenDecoder> {
   if (typeof config !== 'object' || config === null) throw new TypeError('createDecoderStage: config must be an object');
   if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
@@ -189,6 +196,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     throw new TypeError('createDecoderStage: actionSchema must be the result of loadActionSchema()');
   const { temperature, seed, jumpForward, gpuLayers } = config;
 
+  if (gpuLayers > 0 && !cudaGraphsWanted(config) && env.GGML_CUDA_DISABLE_GRAPHS === undefined) env.GGML_CUDA_DISABLE_GRAPHS = '1'; // read by ggml-cuda at its first graph compute
   const model = await LlamaModel.load(config.model, { gpuLayers });
   let draft: LlamaModel | undefined;
   let ctx: LlamaContext;

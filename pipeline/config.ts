@@ -99,6 +99,8 @@ export interface DecoderConfig {
   readonly threads: number | null;
   /** local: tokens per camera and decode step, padded (1: no padding). */
   readonly stepTokens: number;
+  /** local, CUDA: decode steps as CUDA graphs (null: off with unpadded jump-forward, on otherwise). */
+  readonly cudaGraphs: boolean | null;
   readonly gpuLayers: number;
   readonly nCtx: number;
   readonly systemPrompt: string;
@@ -427,6 +429,7 @@ function checkDecoder(decoder: DecoderConfig): ConfigIssue[] {
     if (decoder.kvType !== 'f16') only('kvType', 'local');
     if (decoder.threads !== null) only('threads', 'local');
     if (decoder.stepTokens !== 1) only('stepTokens', 'local');
+    if (decoder.cudaGraphs !== null) only('cudaGraphs', 'local');
   } else {
     if (decoder.endpoint !== null) only('endpoint', 'openai');
     if (decoder.apiKey !== null) only('apiKey', 'openai');

@@ -5,6 +5,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError, loadConfig } from '../pipeline/config.ts';
+import { cudaGraphsWanted } from '../nodes/decoder.ts';
 
 const cache = new URL('../.cache/pipeline-config/', import.meta.url);
 
@@ -39,6 +40,20 @@ describe('loadConfig', () => {
     assert.deepEqual(config.ladder.rungs, [{ imageTokens: 140 }, { maxNewTokens: 32 }, { draft: false }, { frameSkip: 1 }]);
     assert.equal(config.clock, 'real');
     assert.deepEqual(config.telemetry, { liveTable: 'auto', intervalMs: 1000 });
+  });
+
+  test('decoder.cudaGraphs: null by default, off for unpadded jump-forward and on otherwise; refused for a remote decoder', () => {
+    const { decoder } = loadConfig({});
+    assert.equal(decoder.cudaGraphs, null);
+    assert.equal(cudaGraphsWanted(decoder), false, 'the default decoder jumps forward unpadded');
+    assert.equal(cudaGraphsWanted(loadConfig({ decoder: { jumpForward: false } }).decoder), true);
+    assert.equal(cudaGraphsWanted(loadConfig({ decoder: { stepTokens: 4 } }).decoder), true);
+    assert.equal(cudaGraphsWanted(loadConfig({ decoder: { cudaGraphs: true } }).decoder), true);
+    assert.equal(cudaGraphsWanted(loadConfig({ decoder: { cudaGraphs: false, jumpForward: false } }).decoder), false);
+    assert.throws(
+      () => loadConfig({ decoder: { kind: 'openai', endpoint: 'http://x', model: 'm', cudaGraphs: false } }),
+      /\/decoder\/cudaGraphs: applies to decoder.kind "local" only/,
+    );
   });
 
   test('decoder.stepTokens: 1 (no padding) by default, refused for a remote decoder and out of range', () => {
