@@ -399,7 +399,7 @@ interface Reservation {
  * others and dropped first under overload. */
 export class Reservations {
   readonly #held = new Set<Reservation>();
-  /** camera → the turn its last frame entered the decoder (a counter: only the order matters) */
+  /** camera → the turn its last frame got its decode (a counter: only the order matters) */
   readonly #servedAt = new Map<number, number>();
   #turn = 0;
 
