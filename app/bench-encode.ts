@@ -63,6 +63,9 @@ export interface BenchClipReport {
   readonly head_size: number;
   readonly graph_splits: number;
   readonly graph_nodes: number;
+  /** Attention weights copied at load with every head zero-padded for flash attention (SigLIP at a
+   * head size without a tensor-core kernel); 0 when padded in the graph or not at all. */
+  readonly padded_weights_mib: number;
   readonly compute_buffers_mib: Readonly<Record<string, number>>;
   readonly unsupported_ops: readonly string[];
   readonly batchable: boolean;
@@ -379,6 +382,7 @@ async function clipReport(
     head_size: info.hidden / info.heads,
     graph_splits: info.graphSplits,
     graph_nodes: info.graphNodes,
+    padded_weights_mib: round(info.paddedWeightBytes / 2 ** 20),
     compute_buffers_mib: Object.fromEntries(info.computeBuffers.map((b) => [b.name, round(b.bytes / 2 ** 20)])),
     unsupported_ops: info.unsupportedOps,
     batchable: info.batchable,

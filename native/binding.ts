@@ -355,6 +355,10 @@ export interface NativeVisionInfo {
   readonly flashAttentionHead: number | null;
   readonly graphSplits: number;
   readonly graphNodes: number;
+  /** percept's graph with a padded flash attention over a tower without per-head norms or RoPE
+   * (SigLIP): bytes of the q/k/v/o weights copied at load with every head zero-padded, so the graph
+   * needs no pad or slice; 0 otherwise (padded in the graph, or not padded). */
+  readonly paddedWeightBytes: number;
   readonly computeBuffers: readonly { name: string; bytes: number }[];
   readonly unsupportedOps: readonly string[];
   /** Several same-size images go through one graph (percept's graph, clip's gemma4v); otherwise

@@ -53,6 +53,20 @@ test(
     });
     assert.deepEqual([padded.clip!.flash_attention_head, padded.clip!.head_size], [64, 40]);
     assert.ok(padded.clip!.check!.worst_token_cosine >= 0.9999, `padded vs clip: ${padded.clip!.check!.worst_token_cosine}`);
+    assert.equal(padded.clip!.padded_weights_mib, 0, 'gemma4v pads its heads in the graph');
+    // SigLIP (no per-head norm or RoPE): heads of 72 run at 80 from weights padded once at load
+    const siglip = await benchEncode({
+      encoder: 'synth:siglip-tiny-h72-mmproj',
+      ep: 'cpu',
+      imageTokens: 280,
+      iterations: 1,
+      threads: 1,
+      flashAttention: 'padded',
+      check: true,
+    });
+    assert.deepEqual([siglip.clip!.flash_attention_head, siglip.clip!.head_size], [80, 72]);
+    assert.ok(siglip.clip!.padded_weights_mib > 0, `padded weights ${siglip.clip!.padded_weights_mib} MiB`);
+    assert.ok(siglip.clip!.check!.worst_token_cosine >= 0.9999, `padded weights vs clip: ${siglip.clip!.check!.worst_token_cosine}`);
     const viaClip = await benchEncode({
       encoder: 'synth:gemma4-vision-tiny-mmproj',
       ep: 'cpu',

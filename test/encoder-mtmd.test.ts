@@ -359,7 +359,7 @@ describe("percept's persistent graph over clip's weights", () => {
   }
 
   for (const flashAttention of ['on', 'off'] as const) {
-    test(`the same embeddings as clip's own graph on the same weights, bit for bit, flash attention ${flashAttention}`, async () => {
+    test(`the same embeddings as clip's own graph on the same weights (gemma3 bit for bit), flash attention ${flashAttention}`, async () => {
       const cases = [
         {
           file: gemma4Gguf,
@@ -390,10 +390,25 @@ describe("percept's persistent graph over clip's weights", () => {
               assert.deepEqual([got.path, want.path, got.nTokens, got.nEmbd], ['percept', 'clip', want.nTokens, want.nEmbd]);
               const worst = Math.min(...cosinePerToken(got, want));
               assert.ok(worst >= 0.9999, `${ours.info.projector} ${width}×${height} ${layout}: worst per-token cosine ${worst}`);
-              // The same ops with the same roundings in the same order: the same bits. A random tower
-              // amplifies the smallest difference (an input moved by f16 rounding moves the E4B-shaped
-              // tower's output to a cosine of 0.988), so only this makes the check hold at real shapes.
-              assert.deepEqual(got.data, want.data, `${ours.info.projector} ${width}×${height} ${layout}: not bit for bit clip's`);
+              if (ours.info.projector === 'gemma3') {
+                // The same ops with the same roundings in the same order: the same bits. A random tower
+                // amplifies the smallest difference (an input moved by f16 rounding moves the E4B-shaped
+                // tower's output to a cosine of 0.988), so only this makes the check hold at real shapes.
+                assert.deepEqual(got.data, want.data, `${ours.info.projector} ${width}×${height} ${layout}: not bit for bit clip's`);
+              } else {
+                // gemma4v's q and k come with each head's dimensions reordered for one rope op (see
+                // RopeOrderedHeads): the per-head norms sum in another order, so the last bits may
+                // differ, and where K rounds to f16 for flash attention a bit more (`bench encode
+                // --check` measures the E4B tower on a GPU).
+                let diff = 0;
+                let scale = 0;
+                for (let j = 0; j < want.data.length; j++) {
+                  diff = Math.max(diff, Math.abs(got.data[j]! - want.data[j]!));
+                  scale = Math.max(scale, Math.abs(want.data[j]!));
+                }
+                assert.ok(worst >= 0.999999, `${width}×${height} ${layout}: worst per-token cosine ${worst}`);
+                assert.ok(diff <= 1e-3 * scale, `${width}×${height} ${layout}: max abs diff ${diff} of values up to ${scale}`);
+              }
             }
           }
         } finally {
@@ -422,8 +437,21 @@ describe("percept's persistent graph over clip's weights", () => {
           [head, padded, head, head],
           `${preset}: on, padded, auto (the CPU has no tensor-core kernel to pad for), clip (it cannot pad)`,
         );
-        // Per layer: three pads, and a view of the kept columns made contiguous where a reshape was.
-        assert.equal(pad.info.graphNodes, plain.info.graphNodes + 4 * plain.info.layers, `${preset}: padded graph nodes`);
+        if (preset === 'siglip-tiny-h72') {
+          // No per-head norm or RoPE: the q/k/v/o weights are padded once at load (16 heads of 72 → 80
+          // columns each for q, k, v, their biases and o's inputs), so the graph is the plain one.
+          assert.equal(pad.info.graphNodes, plain.info.graphNodes, `${preset}: padded graph nodes`);
+          const { hidden, heads, layers } = plain.info;
+          const bytesPerValue = 4; // the tiny presets are f32
+          const perLayer = (3 * (hidden * heads * padded) + 3 * heads * padded + heads * padded * hidden) * bytesPerValue;
+          assert.ok(pad.info.paddedWeightBytes >= layers * perLayer, `${preset}: padded weights ${pad.info.paddedWeightBytes} B`);
+          assert.equal(plain.info.paddedWeightBytes, 0);
+        } else {
+          // gemma4v normalizes and rotates each head's real columns: per layer three pads in the
+          // graph, and a view of the kept columns made contiguous where a reshape was.
+          assert.equal(pad.info.graphNodes, plain.info.graphNodes + 4 * plain.info.layers, `${preset}: padded graph nodes`);
+          assert.equal(pad.info.paddedWeightBytes, 0);
+        }
         // Two images in one graph: the kept columns of each image's heads.
         const images = [pixels(image.width * image.height * 3, 5, lo), pixels(image.width * image.height * 3, 9, lo)];
         const want = await plain.encodeBatch(images, image);

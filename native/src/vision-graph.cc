@@ -4,6 +4,7 @@
 #include "ggml.h"
 #include "util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -25,6 +26,14 @@ struct Builder {
     ggml_context * ctx;
     int32_t flashHead;  // the head size flash attention runs at; 0: without flash attention
     bool rms;           // gemma4v normalizes with RMSNorm, SigLIP with LayerNorm
+    // Per layer, q/k/v/o weights with every head zero-padded to flashHead (empty: pad in the graph).
+    const std::vector<PaddedHeads> & padded;
+    // Per layer, gemma4v's q/k weights ordered for one vision rope (empty: two NeoX ropes).
+    const std::vector<RopeOrderedHeads> & ropeOrdered;
+    // K and V go to flash attention in f32 (ggml-cuda converts a whole contiguously allocated
+    // tensor to f16 itself, with its vectorized kernel: E4B 6 µs against 20 for a CPY node), else cast
+    // to f16 in the graph as clip does.
+    bool f32Kv;
 
     // clip_graph::build_norm
     ggml_tensor * norm(ggml_tensor * x, ggml_tensor * w, ggml_tensor * b) const {
@@ -35,51 +44,66 @@ struct Builder {
     }
 
     // clip_graph::build_mm, and clip_graph_gemma4v::build_mm's clamps where they bound anything
-    ggml_tensor * mm(ggml_tensor * w, ggml_tensor * x) const {
+    // (looked up by clip's weight `of` where w is a reordered copy of it)
+    ggml_tensor * mm(ggml_tensor * w, ggml_tensor * x, const ggml_tensor * of = nullptr) const {
+        if (of == nullptr) of = w;
         for (const auto & [weight, c] : t.clamps) {
-            if (weight != w) continue;
+            if (weight != of) continue;
             x = ggml_clamp(ctx, x, c.inMin, c.inMax);
             return ggml_clamp(ctx, ggml_mul_mat(ctx, w, x), c.outMin, c.outMax);
         }
         return ggml_mul_mat(ctx, w, x);
     }
 
-    ggml_tensor * linear(ggml_tensor * w, ggml_tensor * b, ggml_tensor * x) const {
-        x = mm(w, x);
+    ggml_tensor * linear(ggml_tensor * w, ggml_tensor * b, ggml_tensor * x, const ggml_tensor * of = nullptr) const {
+        x = mm(w, x, of);
         return b != nullptr ? ggml_add(ctx, x, b) : x;
     }
 
-    // gemma4v.cpp add_pos: NeoX RoPE over the first half of each head by column, the second by row
-    ggml_tensor * rope2d(ggml_tensor * x, ggml_tensor * posX, ggml_tensor * posY) const {
+    // gemma4v.cpp add_pos: NeoX RoPE over the first half of each head by column, the second by row;
+    // on heads ordered for it (RopeOrderedHeads), one vision rope over [columns; rows; 0; 0]
+    ggml_tensor * rope2d(ggml_tensor * x, ggml_tensor * posX, ggml_tensor * posY, ggml_tensor * posXY) const {
         const int nDims = int(x->ne[0]) / 2;
+        if (posXY != nullptr) {
+            int sections[GGML_MROPE_SECTIONS] = {nDims / 2, nDims / 2, 0, 0};
+            return ggml_rope_multi(ctx, x, posXY, nullptr, nDims, sections, GGML_ROPE_TYPE_VISION, 0, t.ropeTheta, 1.0f, 0.0f, 1.0f, 0.0f,
+                                   0.0f);
+        }
         x = ggml_rope_ext(ctx, x, posX, nullptr, nDims, GGML_ROPE_TYPE_NEOX, 0, t.ropeTheta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
         x = ggml_rope_ext(ctx, x, posY, nullptr, nDims, GGML_ROPE_TYPE_NEOX, 0, t.ropeTheta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
         return ggml_rope_set_offset(x, nDims);
     }
 
-    // clip_graph::build_attn without mask: q, k, v are [d_head, heads, positions, images]; returns
-    // [n_embd, positions · images]. Flash attention runs at head size flashHead: above d_head, q, k and
-    // v get zero columns (a zero column adds nothing to q·k, so the softmax and its scale, still
-    // 1/√d_head, are unchanged, and zero v columns give zero outputs, dropped after).
-    ggml_tensor * attention(ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float scale) const {
+    // clip_graph::build_attn without mask: q, k, v are [d, heads, positions, images]; returns
+    // [keep · heads, positions · images]. Flash attention runs at head size flashHead: q, k and v
+    // narrower than that get zero columns here (a zero column adds nothing to q·k, so the softmax and
+    // its scale, still 1/√d_head, are unchanged, and zero v columns give zero outputs), and only the
+    // first `keep` columns of each head's output are kept. With weights padded at load, q, k and v
+    // come in at flashHead already and the output projection takes every column (keep = flashHead).
+    ggml_tensor * attention(ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float scale, int64_t keep) const {
         ggml_tensor * cur;
         if (flashHead > 0) {
-            const int64_t dHead = q->ne[0];
-            const int pad = int(flashHead - dHead);
+            const int pad = int(flashHead - q->ne[0]);
             if (pad > 0) {
                 q = ggml_pad(ctx, q, pad, 0, 0, 0);
                 k = ggml_pad(ctx, k, pad, 0, 0, 0);
                 v = ggml_pad(ctx, v, pad, 0, 0, 0);
             }
+            // K and V to f16 while contiguous (a permuted view converts element by element, at several
+            // times the cost), permuted as views: flash attention reads them by stride.
+            if (!f32Kv) {
+                k = ggml_cast(ctx, k, GGML_TYPE_F16);
+                v = ggml_cast(ctx, v, GGML_TYPE_F16);
+            }
             q = ggml_permute(ctx, q, 0, 2, 1, 3);
-            k = ggml_cast(ctx, ggml_permute(ctx, k, 0, 2, 1, 3), GGML_TYPE_F16);
-            v = ggml_cast(ctx, ggml_permute(ctx, v, 0, 2, 1, 3), GGML_TYPE_F16);
+            k = ggml_permute(ctx, k, 0, 2, 1, 3);
+            v = ggml_permute(ctx, v, 0, 2, 1, 3);
             cur = ggml_flash_attn_ext(ctx, q, k, v, nullptr, scale, 0.0f, 0.0f);
             ggml_prec_set_acc(cur, GGML_PREC_F32);
             // [flashHead, heads, positions, images]
-            if (pad > 0) {
-                cur = ggml_view_4d(ctx, cur, dHead, cur->ne[1], cur->ne[2], cur->ne[3], cur->nb[1], cur->nb[2], cur->nb[3], 0);
-                cur = ggml_cont_2d(ctx, cur, dHead * cur->ne[1], cur->ne[2] * cur->ne[3]);
+            if (keep < flashHead) {
+                cur = ggml_view_4d(ctx, cur, keep, cur->ne[1], cur->ne[2], cur->ne[3], cur->nb[1], cur->nb[2], cur->nb[3], 0);
+                cur = ggml_cont_2d(ctx, cur, keep * cur->ne[1], cur->ne[2] * cur->ne[3]);
             } else {
                 cur = ggml_reshape_2d(ctx, cur, cur->ne[0] * cur->ne[1], cur->ne[2] * cur->ne[3]);
             }
@@ -134,36 +158,45 @@ struct Builder {
     }
 
     // clip_graph::build_vit: inp [n_embd, positions, images] → the same shape
-    ggml_tensor * vit(ggml_tensor * inp, ggml_tensor * posX, ggml_tensor * posY) const {
+    ggml_tensor * vit(ggml_tensor * inp, ggml_tensor * posX, ggml_tensor * posY, ggml_tensor * posXY) const {
         const int64_t nPos = inp->ne[1], images = inp->ne[2];
         const bool gemma4v = t.projector == ClipProjector::Gemma4v;
         const float scale = gemma4v ? 1.0f : 1.0f / std::sqrt(float(t.dHead));
         ggml_tensor * inpL = ggml_reshape_2d(ctx, inp, t.nEmbd, nPos * images);
         if (t.preLnW != nullptr) inpL = norm(inpL, t.preLnW, t.preLnB);
-        for (const ClipVitLayer & l : t.layers) {
+        const bool paddedWeights = flashHead > t.dHead && !padded.empty();
+        const int64_t dHead = paddedWeights ? flashHead : t.dHead;
+        for (size_t il = 0; il < t.layers.size(); il++) {
+            const ClipVitLayer & l = t.layers[il];
+            const PaddedHeads * p = paddedWeights ? &padded[il] : nullptr;
+            const RopeOrderedHeads * r = posXY != nullptr ? &ropeOrdered[il] : nullptr;
             ggml_tensor * cur = norm(inpL, l.ln1W, l.ln1B);
-            ggml_tensor * q = linear(l.qW, l.qB, cur);
-            ggml_tensor * k = linear(l.kW, l.kB, cur);
-            ggml_tensor * v = linear(l.vW, l.vB, cur);
+            ggml_tensor * q = p != nullptr ? linear(p->qW, p->qB, cur)
+                : r != nullptr             ? linear(r->qW, r->qB, cur, l.qW)
+                                           : linear(l.qW, l.qB, cur);
+            ggml_tensor * k = p != nullptr ? linear(p->kW, p->kB, cur)
+                : r != nullptr             ? linear(r->kW, r->kB, cur, l.kW)
+                                           : linear(l.kW, l.kB, cur);
+            ggml_tensor * v = p != nullptr ? linear(p->vW, p->vB, cur) : linear(l.vW, l.vB, cur);
             // clip: a q norm of d_head values normalizes each head (after the reshape), else the row
             const bool perHead = l.qNorm != nullptr && l.qNorm->ne[0] == t.dHead;
             if (!perHead) {
                 if (l.qNorm != nullptr) q = norm(q, l.qNorm, nullptr);
                 if (l.kNorm != nullptr) k = norm(k, l.kNorm, nullptr);
             }
-            q = ggml_reshape_4d(ctx, q, t.dHead, t.nHead, nPos, images);
-            k = ggml_reshape_4d(ctx, k, t.dHead, t.nHeadKv, nPos, images);
-            v = ggml_reshape_4d(ctx, v, t.dHead, t.nHeadKv, nPos, images);
+            q = ggml_reshape_4d(ctx, q, dHead, t.nHead, nPos, images);
+            k = ggml_reshape_4d(ctx, k, dHead, t.nHeadKv, nPos, images);
+            v = ggml_reshape_4d(ctx, v, dHead, t.nHeadKv, nPos, images);
             if (perHead) {
-                q = norm(q, l.qNorm, nullptr);
-                if (l.kNorm != nullptr) k = norm(k, l.kNorm, nullptr);
+                q = norm(q, r != nullptr ? r->qNorm : l.qNorm, nullptr);
+                if (l.kNorm != nullptr) k = norm(k, r != nullptr ? r->kNorm : l.kNorm, nullptr);
             }
             if (gemma4v) {
-                q = rope2d(q, posX, posY);
-                k = rope2d(k, posX, posY);
+                q = rope2d(q, posX, posY, posXY);
+                k = rope2d(k, posX, posY, posXY);
                 v = ggml_rms_norm(ctx, v, t.eps);
             }
-            cur = linear(l.oW, l.oB, attention(q, k, v, scale));
+            cur = linear(p != nullptr ? p->oW : l.oW, l.oB, attention(q, k, v, scale, dHead));
             if (l.ls1 != nullptr) cur = ggml_mul(ctx, cur, l.ls1);
             if (l.attnPostNorm != nullptr) cur = norm(cur, l.attnPostNorm, nullptr);
             inpL = ggml_add(ctx, cur, inpL);
@@ -267,6 +300,10 @@ VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : 
         }
         if (flashHead_ == 0) probe = build(preprocessed, 0);
     }
+    // Padded heads from padded weights where nothing acts on a head's columns between the
+    // projections and attention (SigLIP); per-head norms and RoPE (gemma4v) see the real columns.
+    if (flashHead_ > tower_.dHead && padHeads()) probe = build(preprocessed, flashHead_);
+    if (tower_.projector == ClipProjector::Gemma4v && orderHeadsForRope()) probe = build(preprocessed, flashHead_);
     checkSupported(*probe);
     checkSupported(*build(other, flashHead_));
     graphNodes_ = ggml_graph_n_nodes(probe->gf);
@@ -295,6 +332,141 @@ void VisionGraph::transposeProjection() {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++) std::memcpy(&dst[size_t(c * rows + r) * es], &src[size_t(r * cols + c) * es], es);
     ggml_backend_tensor_set(projT_, dst.data(), 0, dst.size());
+}
+
+namespace {
+
+bool paddable(const ggml_tensor * w) {
+    return w != nullptr && (w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16) && ggml_is_contiguous(w);
+}
+
+// Copies `heads` runs of `from` elements along dimension 0 (weights: dimension 1 via rows) into runs
+// of `to`, zero-filling the rest: src holds `rows` rows of heads·from elements, dst rows of heads·to.
+void padRuns(const std::vector<uint8_t> & src, std::vector<uint8_t> & dst, int64_t rows, int64_t heads, int64_t from, int64_t to,
+             size_t es) {
+    dst.assign(size_t(rows * heads * to) * es, 0);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < heads; h++)
+            std::memcpy(&dst[size_t((r * heads + h) * to) * es], &src[size_t((r * heads + h) * from) * es], size_t(from) * es);
+}
+
+}  // namespace
+
+bool VisionGraph::padHeads() {
+    const ClipVisionTower & t = tower_;
+    if (t.projector == ClipProjector::Gemma4v || !t.clamps.empty()) return false;
+    for (const ClipVitLayer & l : t.layers) {
+        if (l.qNorm != nullptr || l.kNorm != nullptr) return false;
+        for (const ggml_tensor * w : {l.qW, l.kW, l.vW, l.oW})
+            if (!paddable(w)) return false;
+        for (const ggml_tensor * b : {l.qB, l.kB, l.vB})
+            if (b != nullptr && !paddable(b)) return false;
+    }
+    const int64_t d = t.dHead, f = flashHead_, nEmbd = t.nEmbd;
+    ggml_init_params params{7 * t.layers.size() * ggml_tensor_overhead(), nullptr, true};
+    paddedCtx_.reset(ggml_init(params));
+    ggml_context * ctx = paddedCtx_.get();
+    std::vector<PaddedHeads> padded(t.layers.size());
+    for (size_t il = 0; il < t.layers.size(); il++) {
+        const ClipVitLayer & l = t.layers[il];
+        PaddedHeads & p = padded[il];
+        p.qW = ggml_new_tensor_2d(ctx, l.qW->type, nEmbd, t.nHead * f);
+        p.kW = ggml_new_tensor_2d(ctx, l.kW->type, nEmbd, t.nHeadKv * f);
+        p.vW = ggml_new_tensor_2d(ctx, l.vW->type, nEmbd, t.nHeadKv * f);
+        p.oW = ggml_new_tensor_2d(ctx, l.oW->type, t.nHead * f, l.oW->ne[1]);
+        if (l.qB != nullptr) p.qB = ggml_new_tensor_1d(ctx, l.qB->type, t.nHead * f);
+        if (l.kB != nullptr) p.kB = ggml_new_tensor_1d(ctx, l.kB->type, t.nHeadKv * f);
+        if (l.vB != nullptr) p.vB = ggml_new_tensor_1d(ctx, l.vB->type, t.nHeadKv * f);
+    }
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(t.layers[0].qW->buffer);
+    paddedBuf_.reset(ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft));
+    if (!paddedBuf_) throw std::runtime_error("cannot allocate the head-padded attention weights");
+    ggml_backend_buffer_set_usage(paddedBuf_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    std::vector<uint8_t> src, dst;
+    auto copy = [&](const ggml_tensor * from, ggml_tensor * to, int64_t rows, int64_t heads, bool outputRows) {
+        src.resize(ggml_nbytes(from));
+        ggml_backend_tensor_get(from, src.data(), 0, src.size());
+        if (outputRows && from->ne[1] > 1) {
+            // q/k/v weights: a head is d consecutive rows of ne0 values
+            const int64_t row = int64_t(ggml_row_size(from->type, from->ne[0]));
+            padRuns(src, dst, 1, heads, d * row, f * row, 1);
+        } else {
+            // a bias: a head is d consecutive values; the output projection: each of its rows takes
+            // heads runs of d input columns
+            padRuns(src, dst, rows, heads, d, f, ggml_type_size(from->type));
+        }
+        ggml_backend_tensor_set(to, dst.data(), 0, dst.size());
+    };
+    for (size_t il = 0; il < t.layers.size(); il++) {
+        const ClipVitLayer & l = t.layers[il];
+        PaddedHeads & p = padded[il];
+        copy(l.qW, p.qW, 1, t.nHead, true);
+        copy(l.kW, p.kW, 1, t.nHeadKv, true);
+        copy(l.vW, p.vW, 1, t.nHeadKv, true);
+        if (p.qB != nullptr) copy(l.qB, p.qB, 1, t.nHead, true);
+        if (p.kB != nullptr) copy(l.kB, p.kB, 1, t.nHeadKv, true);
+        if (p.vB != nullptr) copy(l.vB, p.vB, 1, t.nHeadKv, true);
+        copy(l.oW, p.oW, l.oW->ne[1], t.nHead, false);
+    }
+    padded_ = std::move(padded);
+    return true;
+}
+
+bool VisionGraph::orderHeadsForRope() {
+    const ClipVisionTower & t = tower_;
+    const int64_t d = t.dHead, q = d / 4;
+    if (d % 4 != 0) return false;
+    for (const ClipVitLayer & l : t.layers) {
+        if (!paddable(l.qW) || !paddable(l.kW)) return false;
+        for (const ggml_tensor * x : {l.qB, l.kB})
+            if (x != nullptr && !paddable(x)) return false;
+        // a norm over the whole row would see the reordered columns: per-head norms only
+        for (const ggml_tensor * n : {l.qNorm, l.kNorm})
+            if (n != nullptr && (!paddable(n) || n->ne[0] != d)) return false;
+    }
+    // the new dimension n of a head holds the old one `from(n)`: quarters 0, 2, 1, 3
+    auto from = [q](int64_t n) { return n < q || n >= 3 * q ? n : n < 2 * q ? n + q : n - q; };
+    ggml_init_params params{6 * t.layers.size() * ggml_tensor_overhead(), nullptr, true};
+    ropeCtx_.reset(ggml_init(params));
+    ggml_context * ctx = ropeCtx_.get();
+    std::vector<RopeOrderedHeads> ordered(t.layers.size());
+    auto like = [ctx](const ggml_tensor * x) { return x != nullptr ? ggml_dup_tensor(ctx, x) : nullptr; };
+    for (size_t il = 0; il < t.layers.size(); il++) {
+        const ClipVitLayer & l = t.layers[il];
+        ordered[il] = {like(l.qW), like(l.qB), like(l.kW), like(l.kB), like(l.qNorm), like(l.kNorm)};
+    }
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(t.layers[0].qW->buffer);
+    ropeBuf_.reset(ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft));
+    if (!ropeBuf_) throw std::runtime_error("cannot allocate the rope-ordered q/k weights");
+    ggml_backend_buffer_set_usage(ropeBuf_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    std::vector<uint8_t> src, dst;
+    // A matrix reorders its rows (output features) within each head, a vector its values.
+    auto reorder = [&](const ggml_tensor * x, ggml_tensor * to) {
+        if (x == nullptr) return;
+        src.resize(ggml_nbytes(x));
+        dst.resize(src.size());
+        ggml_backend_tensor_get(x, src.data(), 0, src.size());
+        const bool matrix = x->ne[1] > 1;
+        const size_t unit = matrix ? ggml_row_size(x->type, x->ne[0]) : ggml_type_size(x->type);
+        const int64_t units = matrix ? x->ne[1] : x->ne[0];
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t head = u / d, n = u % d;
+            std::memcpy(&dst[size_t(u) * unit], &src[size_t(head * d + from(n)) * unit], unit);
+        }
+        ggml_backend_tensor_set(to, dst.data(), 0, dst.size());
+    };
+    for (size_t il = 0; il < t.layers.size(); il++) {
+        const ClipVitLayer & l = t.layers[il];
+        RopeOrderedHeads & r = ordered[il];
+        reorder(l.qW, r.qW);
+        reorder(l.qB, r.qB);
+        reorder(l.kW, r.kW);
+        reorder(l.kB, r.kB);
+        reorder(l.qNorm, r.qNorm);
+        reorder(l.kNorm, r.kNorm);
+    }
+    ropeOrdered_ = std::move(ordered);
+    return true;
 }
 
 void VisionGraph::checkSupported(const Graph & g) const {
@@ -331,7 +503,7 @@ std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, int32_t 
     g->ctx.reset(ggml_init(params));
     ggml_context * ctx = g->ctx.get();
     g->gf = ggml_new_graph_custom(ctx, size, false);
-    Builder b{t, ctx, flashHead, gemma4v};
+    Builder b{t, ctx, flashHead, gemma4v, padded_, ropeOrdered_, isCudaBackend(backend_.get())};
 
     // Patch embedding, as ggml_conv_2d computes clip's: im2col rows (kx fastest, then ky, then the
     // channel) in f16, times the kernel. Planar pixels go through im2col; HWC patches are the same
@@ -358,13 +530,15 @@ std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, int32_t 
     x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, x, nPos, images, t.nEmbd), 1, 2, 0, 3));
     if (t.patchB != nullptr) x = ggml_add(ctx, x, t.patchB);
 
-    ggml_tensor *posX = nullptr, *posY = nullptr;
+    ggml_tensor *posX = nullptr, *posY = nullptr, *posXY = nullptr;
     if (gemma4v) {
         // gemma4v.cpp: learned x and y tables, looked up by each patch's column and row
-        ggml_init_params cp{2 * ggml_tensor_overhead(), nullptr, true};
+        ggml_init_params cp{3 * ggml_tensor_overhead(), nullptr, true};
         g->constCtx.reset(ggml_init(cp));
         posX = ggml_new_tensor_1d(g->constCtx.get(), GGML_TYPE_I32, nPos);
         posY = ggml_new_tensor_1d(g->constCtx.get(), GGML_TYPE_I32, nPos);
+        // the vision rope's positions: columns, rows, and two unused sections
+        if (!ropeOrdered_.empty()) posXY = ggml_new_tensor_1d(g->constCtx.get(), GGML_TYPE_I32, 4 * nPos);
         g->constBuf.reset(ggml_backend_alloc_ctx_tensors(g->constCtx.get(), backend_.get()));
         if (!g->constBuf) throw std::runtime_error("cannot allocate the patch positions");
         std::vector<int32_t> xs(static_cast<size_t>(nPos)), ys(static_cast<size_t>(nPos));
@@ -374,6 +548,12 @@ std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, int32_t 
         }
         ggml_backend_tensor_set(posX, xs.data(), 0, ggml_nbytes(posX));
         ggml_backend_tensor_set(posY, ys.data(), 0, ggml_nbytes(posY));
+        if (posXY != nullptr) {
+            std::vector<int32_t> xy(size_t(4 * nPos), 0);
+            std::copy(xs.begin(), xs.end(), xy.begin());
+            std::copy(ys.begin(), ys.end(), xy.begin() + nPos);
+            ggml_backend_tensor_set(posXY, xy.data(), 0, ggml_nbytes(posXY));
+        }
         const int64_t table = t.posEmbd->ne[1];
         const size_t row = ggml_row_size(t.posEmbd->type, t.nEmbd);
         ggml_tensor * tblX = ggml_view_2d(ctx, t.posEmbd, t.nEmbd, table, row, 0);
@@ -384,7 +564,7 @@ std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, int32_t 
         x = ggml_add(ctx, x, t.posEmbd);
     }
 
-    x = b.pool(b.vit(x, posX, posY), cols, rows);
+    x = b.pool(b.vit(x, posX, posY, posXY), cols, rows);
 
     if (gemma4v) {
         // Gemma4VisionPooler's ×√h, the optional standardization, Gemma4MultimodalEmbedder

@@ -60,6 +60,22 @@ struct VisionOpTime {
     int32_t onHost = 0;  // nodes whose output lives in host memory
 };
 
+// One layer's attention weights with every head zero-padded from d_head to the flash-attention
+// head size: q/k/v weights and biases gain zero output rows per head, the output projection zero
+// input columns. Attention then runs padded with no pad or slice in the graph, with the same result.
+struct PaddedHeads {
+    ggml_tensor *qW = nullptr, *qB = nullptr, *kW = nullptr, *kB = nullptr, *vW = nullptr, *vB = nullptr, *oW = nullptr;
+};
+
+// One gemma4v layer's q and k weights (and per-head norms) with each head's dimensions reordered so
+// that its 2-D RoPE is one GGML_ROPE_TYPE_VISION rotation: gemma4v rotates the first half of a head
+// by column and the second by row, NeoX-style within each half (pairs j, j + d/4); the vision rope
+// pairs i, i + d/2, by column for i < d/4 and by row after. Swapping the second and third quarters of
+// every head of q and k turns one into the other; q·k is unchanged by a permutation applied to both.
+struct RopeOrderedHeads {
+    ggml_tensor *qW = nullptr, *qB = nullptr, *kW = nullptr, *kB = nullptr, *qNorm = nullptr, *kNorm = nullptr;
+};
+
 class VisionGraph {
 public:
     // Throws std::runtime_error naming what percept's graph does not mirror, or the op the
@@ -72,6 +88,9 @@ public:
     bool flashAttention() const { return flashHead_ > 0; }
     // The head size flash attention runs at (the tower's, or padded above it); 0 without it.
     int32_t flashAttentionHead() const { return flashHead_; }
+    // Bytes of attention weights padded at load for a padded flash attention (0: padded in the graph,
+    // or not padded).
+    size_t paddedWeightBytes() const { return paddedBuf_ ? ggml_backend_buffer_get_size(paddedBuf_.get()) : 0; }
     int32_t nOutEmbd() const { return tower_.nOutEmbd; }
     // Nodes of one image's graph (the same for every size of one layout).
     int32_t graphNodes() const { return graphNodes_; }
@@ -99,6 +118,8 @@ private:
     Graph & laidOut(const Shape & shape, VisionGraphTimes & times);
     void checkSupported(const Graph & g) const;
     void transposeProjection();
+    bool padHeads();
+    bool orderHeadsForRope();
 
     ClipVisionTower tower_;
     ggml_backend_ptr backend_;
@@ -109,6 +130,12 @@ private:
     ggml_context_ptr derivedCtx_;
     ggml_backend_buffer_ptr derivedBuf_;
     ggml_tensor * projT_ = nullptr;
+    ggml_context_ptr paddedCtx_;
+    ggml_backend_buffer_ptr paddedBuf_;
+    std::vector<PaddedHeads> padded_;
+    ggml_context_ptr ropeCtx_;
+    ggml_backend_buffer_ptr ropeBuf_;
+    std::vector<RopeOrderedHeads> ropeOrdered_;
     std::map<Shape, std::unique_ptr<Graph>> graphs_;
     Graph * laidOut_ = nullptr;  // the graph the compute buffer holds now
 };
