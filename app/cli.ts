@@ -164,7 +164,10 @@ bench
       'clip',
     ]),
   )
-  .option('--check', 'mmproj: encode the last frame through the other path too and report the worst per-token cosine')
+  .option(
+    '--check',
+    "mmproj: encode the last frame through the other path too and report the worst per-token cosine, with the tower's own sensitivity (1 value in 97 moved by 1e-6) as the baseline",
+  )
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchEncode } = await import('./bench-encode.ts');

@@ -355,10 +355,10 @@ export interface NativeVisionInfo {
   readonly flashAttentionHead: number | null;
   readonly graphSplits: number;
   readonly graphNodes: number;
-  /** percept's graph with a padded flash attention over a tower without per-head norms or RoPE
-   * (SigLIP): bytes of the q/k/v/o weights copied at load with every head zero-padded, so the graph
-   * needs no pad or slice; 0 otherwise (padded in the graph, or not padded). */
-  readonly paddedWeightBytes: number;
+  /** percept's graph: bytes of weights it copied at load in another layout, on the weights' device
+   * (gemma3's transposed input projection; SigLIP's q/k/v/o with heads zero-padded for a padded flash
+   * attention; gemma4v's q/k with each head reordered for one RoPE op); 0 for clip's graph. */
+  readonly copiedWeightBytes: number;
   readonly computeBuffers: readonly { name: string; bytes: number }[];
   readonly unsupportedOps: readonly string[];
   /** Several same-size images go through one graph (percept's graph, clip's gemma4v); otherwise

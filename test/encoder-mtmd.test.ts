@@ -444,13 +444,14 @@ describe("percept's persistent graph over clip's weights", () => {
           const { hidden, heads, layers } = plain.info;
           const bytesPerValue = 4; // the tiny presets are f32
           const perLayer = (3 * (hidden * heads * padded) + 3 * heads * padded + heads * padded * hidden) * bytesPerValue;
-          assert.ok(pad.info.paddedWeightBytes >= layers * perLayer, `${preset}: padded weights ${pad.info.paddedWeightBytes} B`);
-          assert.equal(plain.info.paddedWeightBytes, 0);
+          const added = pad.info.copiedWeightBytes - plain.info.copiedWeightBytes;
+          // (plain: the transposed input projection alone; alignment adds a little per tensor)
+          assert.ok(added >= layers * perLayer && added < layers * perLayer * 1.05, `${preset}: padded weights ${added} B`);
         } else {
           // gemma4v normalizes and rotates each head's real columns: per layer three pads in the
           // graph, and a view of the kept columns made contiguous where a reshape was.
           assert.equal(pad.info.graphNodes, plain.info.graphNodes + 4 * plain.info.layers, `${preset}: padded graph nodes`);
-          assert.equal(pad.info.paddedWeightBytes, 0);
+          assert.equal(pad.info.copiedWeightBytes, plain.info.copiedWeightBytes, `${preset}: weights padded in the graph, not copied`);
         }
         // Two images in one graph: the kept columns of each image's heads.
         const images = [pixels(image.width * image.height * 3, 5, lo), pixels(image.width * image.height * 3, 9, lo)];

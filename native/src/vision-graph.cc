@@ -336,7 +336,8 @@ void VisionGraph::transposeProjection() {
 
 namespace {
 
-bool paddable(const ggml_tensor * w) {
+// A contiguous f32/f16/bf16 tensor: its values can be moved one by one (not a quantized block).
+bool plainFloat(const ggml_tensor * w) {
     return w != nullptr && (w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16) && ggml_is_contiguous(w);
 }
 
@@ -358,9 +359,9 @@ bool VisionGraph::padHeads() {
     for (const ClipVitLayer & l : t.layers) {
         if (l.qNorm != nullptr || l.kNorm != nullptr) return false;
         for (const ggml_tensor * w : {l.qW, l.kW, l.vW, l.oW})
-            if (!paddable(w)) return false;
+            if (!plainFloat(w)) return false;
         for (const ggml_tensor * b : {l.qB, l.kB, l.vB})
-            if (b != nullptr && !paddable(b)) return false;
+            if (b != nullptr && !plainFloat(b)) return false;
     }
     const int64_t d = t.dHead, f = flashHead_, nEmbd = t.nEmbd;
     ggml_init_params params{7 * t.layers.size() * ggml_tensor_overhead(), nullptr, true};
@@ -417,12 +418,12 @@ bool VisionGraph::orderHeadsForRope() {
     const int64_t d = t.dHead, q = d / 4;
     if (d % 4 != 0) return false;
     for (const ClipVitLayer & l : t.layers) {
-        if (!paddable(l.qW) || !paddable(l.kW)) return false;
+        if (!plainFloat(l.qW) || !plainFloat(l.kW)) return false;
         for (const ggml_tensor * x : {l.qB, l.kB})
-            if (x != nullptr && !paddable(x)) return false;
+            if (x != nullptr && !plainFloat(x)) return false;
         // a norm over the whole row would see the reordered columns: per-head norms only
         for (const ggml_tensor * n : {l.qNorm, l.kNorm})
-            if (n != nullptr && (!paddable(n) || n->ne[0] != d)) return false;
+            if (n != nullptr && (!plainFloat(n) || n->ne[0] != d)) return false;
     }
     // the new dimension n of a head holds the old one `from(n)`: quarters 0, 2, 1, 3
     auto from = [q](int64_t n) { return n < q || n >= 3 * q ? n : n < 2 * q ? n + q : n - q; };
@@ -467,6 +468,13 @@ bool VisionGraph::orderHeadsForRope() {
     }
     ropeOrdered_ = std::move(ordered);
     return true;
+}
+
+size_t VisionGraph::copiedWeightBytes() const {
+    size_t bytes = 0;
+    for (const ggml_backend_buffer_ptr * b : {&derivedBuf_, &paddedBuf_, &ropeBuf_})
+        if (*b) bytes += ggml_backend_buffer_get_size(b->get());
+    return bytes;
 }
 
 void VisionGraph::checkSupported(const Graph & g) const {

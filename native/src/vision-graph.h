@@ -3,7 +3,9 @@
 // weights clip loaded, but built once per image shape and laid out in one compute buffer, so an
 // encode only uploads pixels, computes and reads the embeddings back. clip instead rebuilds,
 // re-splits and re-allocates its graph and re-lays out the pixels on every call; keeping the same
-// graph object is also what lets ggml-cuda replay it as a CUDA graph.
+// graph object is also what lets ggml-cuda replay it as a CUDA graph. Where ggml-cuda runs another
+// form of the same computation faster, the graph takes it (PaddedHeads, RopeOrderedHeads, K and V
+// handed to flash attention in f32 on CUDA); the results then match clip's to rounding.
 #pragma once
 
 #include "llama-internal.h"
@@ -88,9 +90,9 @@ public:
     bool flashAttention() const { return flashHead_ > 0; }
     // The head size flash attention runs at (the tower's, or padded above it); 0 without it.
     int32_t flashAttentionHead() const { return flashHead_; }
-    // Bytes of attention weights padded at load for a padded flash attention (0: padded in the graph,
-    // or not padded).
-    size_t paddedWeightBytes() const { return paddedBuf_ ? ggml_backend_buffer_get_size(paddedBuf_.get()) : 0; }
+    // Bytes of weights copied at load in another layout, on the weights' device: gemma3's transposed
+    // input projection, PaddedHeads, RopeOrderedHeads.
+    size_t copiedWeightBytes() const;
     int32_t nOutEmbd() const { return tower_.nOutEmbd; }
     // Nodes of one image's graph (the same for every size of one layout).
     int32_t graphNodes() const { return graphNodes_; }

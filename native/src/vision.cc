@@ -295,7 +295,7 @@ protected:
                 report_.flashAttentionHead = graph_->flashAttentionHead();
                 report_.graphSplits = 1;
                 report_.graphNodes = graph_->graphNodes();
-                report_.paddedWeightBytes = graph_->paddedWeightBytes();
+                report_.copiedWeightBytes = graph_->copiedWeightBytes();
                 if (graph_->computeBytes() > 0)
                     report_.computeBuffersMiB.emplace_back(graph_->bufferName(), double(graph_->computeBytes()) / (1024.0 * 1024.0));
             } else {
@@ -630,7 +630,7 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
     o.Set("flashAttentionHead", report_.flashAttentionHead > 0 ? Napi::Number::New(env, report_.flashAttentionHead) : env.Null());
     o.Set("graphSplits", report_.graphSplits);
     o.Set("graphNodes", report_.graphNodes);
-    o.Set("paddedWeightBytes", double(report_.paddedWeightBytes));
+    o.Set("copiedWeightBytes", double(report_.copiedWeightBytes));
     Napi::Array buffers = Napi::Array::New(env, report_.computeBuffersMiB.size());
     for (size_t b = 0; b < report_.computeBuffersMiB.size(); b++) {
         Napi::Object d = Napi::Object::New(env);

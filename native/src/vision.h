@@ -52,7 +52,7 @@ struct VisionLoadReport {
     int32_t flashAttentionHead = 0;  // the head size it runs at (the tower's, or padded above); 0 off or unknown
     int32_t graphSplits = 0;
     int32_t graphNodes = 0;
-    size_t paddedWeightBytes = 0;  // attention weights padded per head at load (percept's graph)
+    size_t copiedWeightBytes = 0;  // percept's graph: weights copied at load in another layout
     std::vector<std::pair<std::string, double>> computeBuffersMiB;
     std::vector<std::string> unsupportedOps;
 };
