@@ -438,7 +438,7 @@ describe("percept's persistent graph over clip's weights", () => {
           `${preset}: on, padded, auto (the CPU has no tensor-core kernel to pad for), clip (it cannot pad)`,
         );
         if (preset === 'siglip-tiny-h72') {
-          // No per-head norm or RoPE: the q/k/v/o weights are padded once at load (16 heads of 72 → 80
+          // No per-head norm or RoPE: the q/k/v/o weights are padded once at load (every head 72 → 80
           // columns each for q, k, v, their biases and o's inputs), so the graph is the plain one.
           assert.equal(pad.info.graphNodes, plain.info.graphNodes, `${preset}: padded graph nodes`);
           const { hidden, heads, layers } = plain.info;
