@@ -16,6 +16,15 @@ namespace {
 
 double msSince(int64_t t0) { return double(monotonicNs() - t0) / 1e6; }
 
+// A buffer for weights percept derives from clip's at load (`what` names them in the error), on the
+// buffer type of the weights they come from.
+ggml_backend_buffer_ptr allocWeights(ggml_context * ctx, const ggml_tensor * from, const char * what) {
+    ggml_backend_buffer_ptr buf(ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_buffer_get_type(from->buffer)));
+    if (!buf) throw std::runtime_error(std::string("cannot allocate the ") + what);
+    ggml_backend_buffer_set_usage(buf.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    return buf;
+}
+
 // Graph nodes and tensors of one shape: each transformer layer makes a few dozen of each.
 size_t graphSize(size_t layers) { return 256 + 96 * layers; }
 
@@ -322,9 +331,7 @@ void VisionGraph::transposeProjection() {
     ggml_init_params params{ggml_tensor_overhead(), nullptr, true};
     derivedCtx_.reset(ggml_init(params));
     projT_ = ggml_new_tensor_2d(derivedCtx_.get(), type, proj->ne[1], proj->ne[0]);
-    derivedBuf_.reset(ggml_backend_alloc_ctx_tensors_from_buft(derivedCtx_.get(), ggml_backend_buffer_get_type(proj->buffer)));
-    if (!derivedBuf_) throw std::runtime_error("cannot allocate the transposed input projection");
-    ggml_backend_buffer_set_usage(derivedBuf_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    derivedBuf_ = allocWeights(derivedCtx_.get(), proj, "transposed input projection");
     const int64_t rows = proj->ne[1], cols = proj->ne[0];
     const size_t es = ggml_type_size(type);
     std::vector<uint8_t> src(ggml_nbytes(proj)), dst(ggml_nbytes(proj));
@@ -379,10 +386,7 @@ bool VisionGraph::padHeads() {
         if (l.kB != nullptr) p.kB = ggml_new_tensor_1d(ctx, l.kB->type, t.nHeadKv * f);
         if (l.vB != nullptr) p.vB = ggml_new_tensor_1d(ctx, l.vB->type, t.nHeadKv * f);
     }
-    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(t.layers[0].qW->buffer);
-    paddedBuf_.reset(ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft));
-    if (!paddedBuf_) throw std::runtime_error("cannot allocate the head-padded attention weights");
-    ggml_backend_buffer_set_usage(paddedBuf_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    paddedBuf_ = allocWeights(ctx, t.layers[0].qW, "head-padded attention weights");
     std::vector<uint8_t> src, dst;
     auto copy = [&](const ggml_tensor * from, ggml_tensor * to, int64_t rows, int64_t heads, bool outputRows) {
         src.resize(ggml_nbytes(from));
@@ -436,10 +440,7 @@ bool VisionGraph::orderHeadsForRope() {
         const ClipVitLayer & l = t.layers[il];
         ordered[il] = {like(l.qW), like(l.qB), like(l.kW), like(l.kB), like(l.qNorm), like(l.kNorm)};
     }
-    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(t.layers[0].qW->buffer);
-    ropeBuf_.reset(ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft));
-    if (!ropeBuf_) throw std::runtime_error("cannot allocate the rope-ordered q/k weights");
-    ggml_backend_buffer_set_usage(ropeBuf_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ropeBuf_ = allocWeights(ctx, t.layers[0].qW, "rope-ordered q/k weights");
     std::vector<uint8_t> src, dst;
     // A matrix reorders its rows (output features) within each head, a vector its values.
     auto reorder = [&](const ggml_tensor * x, ggml_tensor * to) {
