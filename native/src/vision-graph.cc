@@ -9,6 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <tuple>
+#include <utility>
 
 namespace percept {
 
@@ -348,8 +349,8 @@ bool plainFloat(const ggml_tensor * w) {
     return w != nullptr && (w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16) && ggml_is_contiguous(w);
 }
 
-// Copies `heads` runs of `from` elements along dimension 0 (weights: dimension 1 via rows) into runs
-// of `to`, zero-filling the rest: src holds `rows` rows of heads·from elements, dst rows of heads·to.
+// src holds `rows` rows of `heads` runs of `from` elements of es bytes; dst gets each run widened to
+// `to` elements, zero-filled after the copied ones.
 void padRuns(const std::vector<uint8_t> & src, std::vector<uint8_t> & dst, int64_t rows, int64_t heads, int64_t from, int64_t to,
              size_t es) {
     dst.assign(size_t(rows * heads * to) * es, 0);
@@ -388,30 +389,29 @@ bool VisionGraph::padHeads() {
     }
     paddedBuf_ = allocWeights(ctx, t.layers[0].qW, "head-padded attention weights");
     std::vector<uint8_t> src, dst;
-    auto copy = [&](const ggml_tensor * from, ggml_tensor * to, int64_t rows, int64_t heads, bool outputRows) {
+    // Reads `from`, pads each of its heads' runs to f and writes `to`. q/k/v weights and biases pad
+    // their outputs (a head: d rows of a matrix, d values of a vector); the output projection pads
+    // its inputs (in each row, a head: d values).
+    auto pad = [&](const ggml_tensor * from, ggml_tensor * to, bool inputs) {
+        if (from == nullptr) return;
         src.resize(ggml_nbytes(from));
         ggml_backend_tensor_get(from, src.data(), 0, src.size());
-        if (outputRows && from->ne[1] > 1) {
-            // q/k/v weights: a head is d consecutive rows of ne0 values
-            const int64_t row = int64_t(ggml_row_size(from->type, from->ne[0]));
-            padRuns(src, dst, 1, heads, d * row, f * row, 1);
+        const size_t es = ggml_type_size(from->type);
+        if (inputs) {
+            padRuns(src, dst, from->ne[1], from->ne[0] / d, d, f, es);
         } else {
-            // a bias: a head is d consecutive values; the output projection: each of its rows takes
-            // heads runs of d input columns
-            padRuns(src, dst, rows, heads, d, f, ggml_type_size(from->type));
+            const bool matrix = from->ne[1] > 1;
+            const int64_t unit = matrix ? int64_t(ggml_row_size(from->type, from->ne[0])) : int64_t(es);
+            padRuns(src, dst, 1, (matrix ? from->ne[1] : from->ne[0]) / d, d * unit, f * unit, 1);
         }
         ggml_backend_tensor_set(to, dst.data(), 0, dst.size());
     };
     for (size_t il = 0; il < t.layers.size(); il++) {
         const ClipVitLayer & l = t.layers[il];
-        PaddedHeads & p = padded[il];
-        copy(l.qW, p.qW, 1, t.nHead, true);
-        copy(l.kW, p.kW, 1, t.nHeadKv, true);
-        copy(l.vW, p.vW, 1, t.nHeadKv, true);
-        if (p.qB != nullptr) copy(l.qB, p.qB, 1, t.nHead, true);
-        if (p.kB != nullptr) copy(l.kB, p.kB, 1, t.nHeadKv, true);
-        if (p.vB != nullptr) copy(l.vB, p.vB, 1, t.nHeadKv, true);
-        copy(l.oW, p.oW, l.oW->ne[1], t.nHead, false);
+        const PaddedHeads & p = padded[il];
+        for (const auto & [from, to] : {std::pair{l.qW, p.qW}, {l.kW, p.kW}, {l.vW, p.vW}, {l.qB, p.qB}, {l.kB, p.kB}, {l.vB, p.vB}})
+            pad(from, to, false);
+        pad(l.oW, p.oW, true);
     }
     padded_ = std::move(padded);
     return true;
