@@ -44,7 +44,7 @@ function naiveEnlargeRows(src: Uint8Array, rowBytes: number, inRows: number, out
   const support = kernel === 'linear' ? 1 : 2;
   const out = new Uint8Array(rowBytes * outRows);
   for (let y = 0; y < outRows; y++) {
-    const centre = ((y + 0.5) * inRows) / outRows;
+    const centre = (y + 0.5) * (inRows / outRows); // PIL: center = (xx + 0.5) * scale
     const lo = Math.max(0, Math.trunc(centre - support + 0.5));
     const hi = Math.min(inRows, Math.trunc(centre + support + 0.5));
     let sum = 0;
@@ -423,6 +423,45 @@ describe('preprocess speed paths keep the output exact', () => {
     const up = await enlarged(step, 1, 4, 9, 'cubic');
     assert.deepEqual(up, naiveEnlargeRows(step, 1, 4, 9, 'cubic'));
     assert.ok(up.includes(0) && up.includes(255) && up.every((v, i) => i === 0 || v >= up[i - 1]!), `not monotone: ${up}`);
+  });
+
+  test('enlargement is byte-exact for random pixels at many ratios, in every orientation and channel order', async () => {
+    // The layout pass enlarges row by row as it lays out (orientations 1–4), or the whole image first
+    // (5–8, which read stored columns as rows), and blends bilinear runs in float, falling back to
+    // double near a rounding boundary: every path must give the naive double-precision bytes.
+    let seed = 99;
+    const random = (): number => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) >>> 24) & 255;
+    const chw = async (
+      src: Uint8Array,
+      w: number,
+      h: number,
+      rows: number,
+      kernel: 'linear' | 'cubic',
+      orientation: number,
+      bgr: boolean,
+    ) => {
+      const out = new Float32Array(3 * w * rows);
+      await layoutPixels(src, out, { width: w, height: h, channels: 3, rows, kernel, orientation, bgr, layout: 'chw' });
+      return out;
+    };
+    for (const [w, h, rows] of [
+      [37, 11, 29],
+      [64, 180, 896],
+      [5, 720, 896],
+      [16, 8, 16],
+      [9, 3, 1000],
+    ] as const) {
+      const src = Uint8Array.from({ length: w * h * 3 }, random);
+      for (const kernel of ['linear', 'cubic'] as const) {
+        const enlarged = naiveEnlargeRows(src, w * 3, h, rows, kernel);
+        for (let orientation = 1; orientation <= 8; orientation++) {
+          const bgr = orientation % 2 === 0;
+          const got = await chw(src, w, h, rows, kernel, orientation, bgr);
+          const want = await chw(enlarged, w, rows, rows, kernel, orientation, bgr);
+          assert.equal(maxAbsDiff(got, want), 0, `${w}×${h} → ${rows} rows, ${kernel}, orientation ${orientation}`);
+        }
+      }
+    }
   });
 
   test('the layout pass refuses what does not fit, with the reason', async () => {

@@ -11,6 +11,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,38 +36,104 @@ double filterWeight(bool cubic, double x) {
     return x < 1 ? (1.5 * x - 2.5) * x * x + 1 : x < 2 ? ((-0.5 * x + 2.5) * x - 4) * x + 2 : 0;
 }
 
-// PIL's vertical pass: centre-aligned taps, clipped at the edges, weights normalized to sum 1, the
-// result rounded to 8 bits.
-void enlargeRows(const uint8_t * src, int64_t rowBytes, int64_t stride, int64_t inRows, int64_t outRows, bool cubic, uint8_t * out) {
-    const double support = cubic ? 2 : 1;
-    const double scale = double(inRows) / double(outRows);
-    double taps[8];
-    for (int64_t y = 0; y < outRows; y++) {
-        const double centre = (double(y) + 0.5) * scale;
-        const int64_t first = std::max<int64_t>(0, int64_t(centre - support + 0.5));
-        const int64_t last = std::min<int64_t>(inRows, int64_t(centre + support + 0.5));
-        const int n = int(last - first);
-        double sum = 0;
-        for (int k = 0; k < n; k++) sum += taps[k] = filterWeight(cubic, double(first + k) - centre + 0.5);
-        for (int k = 0; k < n; k++) taps[k] /= sum;
-        const uint8_t * r0 = src + first * stride;
-        uint8_t * o = out + y * rowBytes;
-        if (n == 2 && !cubic) {
-            // Bilinear: two non-negative weights, no clamping; this loop vectorizes.
-            const uint8_t * r1 = r0 + stride;
-            const double w0 = taps[0], w1 = taps[1];
-            for (int64_t j = 0; j < rowBytes; j++) o[j] = uint8_t(w0 * r0[j] + w1 * r1[j] + 0.5);
-            continue;
-        }
-        for (int64_t j = 0; j < rowBytes; j++) {
-            double v = 0;
-            const uint8_t * p = r0 + j;
-            for (int k = 0; k < n; k++, p += stride) v += taps[k] * *p;
-            v += 0.5;
-            o[j] = v <= 0 ? 0 : v >= 255 ? 255 : uint8_t(v);
-        }
+// x86-64 builds are portable (no -march): the loops below are also compiled for AVX2 and picked at
+// load time (GCC function multi-versioning).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PERCEPT_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PERCEPT_AVX2_CLONES
+#endif
+
+// One row of packed RGB (or BGR) bytes → three planes of (v·a + b): the strides are constants here,
+// so the compiler unrolls and vectorizes what the general loop (any orientation) cannot.
+PERCEPT_AVX2_CLONES void splitRgbRow(const uint8_t * p, int64_t n, bool bgr, float a, float b, float * r, float * g, float * bl) {
+    if (bgr) std::swap(r, bl);
+    for (int64_t x = 0; x < n; x++) {
+        r[x] = float(p[3 * x]) * a + b;
+        g[x] = float(p[3 * x + 1]) * a + b;
+        bl[x] = float(p[3 * x + 2]) * a + b;
     }
 }
+
+// Bilinear (two non-negative weights, so no clamping): the bytes are those of w₀·p₀ + w₁·p₁ + 0.5 in
+// double, rounded down. Each run is blended in float first (twice the SIMD lanes); the float sum is within
+// `margin` of the double one, so where no value of the run is that close to a rounding boundary the
+// bytes are the same, and a run where one is (exact ties are common: weights in 112ths for 720 → 896
+// rows) is blended again in double. Both loops vectorize.
+PERCEPT_AVX2_CLONES void blendTwoRows(const uint8_t * r0, const uint8_t * r1, double w0, double w1, float margin, int64_t n, uint8_t * o) {
+    constexpr int64_t kRun = 64;
+    const float f0 = float(w0), f1 = float(w1);
+    for (int64_t start = 0; start < n; start += kRun) {
+        const int64_t end = std::min(n, start + kRun);
+        int near = 0;
+        for (int64_t j = start; j < end; j++) {
+            const float v = f0 * float(r0[j]) + f1 * float(r1[j]) + 0.5f;
+            const int32_t t = int32_t(v);
+            const float frac = v - float(t);
+            near |= int(frac < margin) | int(frac > 1.0f - margin);
+            o[j] = uint8_t(t);
+        }
+        if (near)
+            for (int64_t j = start; j < end; j++) o[j] = uint8_t(w0 * r0[j] + w1 * r1[j] + 0.5);
+    }
+}
+
+// Any taps (bicubic: weights can be negative, so the result is clamped), in double.
+void blendRows(const uint8_t * r0, int64_t stride, const double * taps, int nTaps, int64_t n, uint8_t * o) {
+    for (int64_t j = 0; j < n; j++) {
+        double v = 0;
+        const uint8_t * p = r0 + j;
+        for (int k = 0; k < nTaps; k++, p += stride) v += taps[k] * *p;
+        v += 0.5;
+        o[j] = v <= 0 ? 0 : v >= 255 ? 255 : uint8_t(v);
+    }
+}
+
+// PIL's vertical pass, one output row at a time (so an enlarged image need never exist whole):
+// centre-aligned taps, clipped at the edges, weights normalized to sum 1, Σ wₖ·pₖ in double rounded
+// half up to 8 bits. The taps of every output row are computed once, up front.
+class RowEnlarger {
+public:
+    RowEnlarger(const uint8_t * src, int64_t rowBytes, int64_t stride, int64_t inRows, int64_t outRows, bool cubic)
+        : src_(src), rowBytes_(rowBytes), stride_(stride), rows_(size_t(outRows)) {
+        const double support = cubic ? 2 : 1;
+        const double scale = double(inRows) / double(outRows);
+        for (int64_t y = 0; y < outRows; y++) {
+            Taps & t = rows_[size_t(y)];
+            const double centre = (double(y) + 0.5) * scale;
+            t.first = std::max<int64_t>(0, int64_t(centre - support + 0.5));
+            const int64_t last = std::min<int64_t>(inRows, int64_t(centre + support + 0.5));
+            t.n = int(last - t.first);
+            double sum = 0;
+            for (int k = 0; k < t.n; k++) sum += t.w[k] = filterWeight(cubic, double(t.first + k) - centre + 0.5);
+            for (int k = 0; k < t.n; k++) t.w[k] /= sum;
+            // A cubic row clipped at an edge can have two taps, one of them negative.
+            t.bilinear = t.n == 2 && t.w[0] >= 0 && t.w[1] >= 0;
+        }
+    }
+
+    /** Writes output row y (rowBytes bytes) to `out`. */
+    void row(int64_t y, uint8_t * out) const {
+        const Taps & t = rows_[size_t(y)];
+        const uint8_t * r0 = src_ + t.first * stride_;
+        if (t.bilinear) blendTwoRows(r0, r0 + stride_, t.w[0], t.w[1], kBilinearMargin, rowBytes_, out);
+        else blendRows(r0, stride_, t.w, t.n, rowBytes_, out);
+    }
+
+private:
+    // Two float products and two sums of values below 256, each off by at most 2⁻²⁴ of 256, with the
+    // weights rounded to float (as much again): 6·2⁻¹⁶ < 1e-4.
+    static constexpr float kBilinearMargin = 1e-4f;
+    struct Taps {
+        int64_t first = 0;
+        int n = 0;
+        bool bilinear = false;
+        double w[8] = {};  // at most 2·support + 1 = 5 taps
+    };
+    const uint8_t * src_;
+    int64_t rowBytes_, stride_;
+    std::vector<Taps> rows_;
+};
 
 // The stored pixel shown at display (x, y) is at base + y·dy + x·dx (bytes; dx, dy may be negative).
 struct View {
@@ -97,15 +164,31 @@ View orient(int64_t w, int64_t h, int64_t channels, int64_t stride, int32_t orie
 
 // Returns the number of patches (patches) or pixels (chw) written.
 int64_t layout(const uint8_t * src, const LayoutSpec & s, float * out, size_t outLength) {
-    std::vector<uint8_t> enlarged;
+    const int64_t rowBytes = s.width * s.channels;
+    std::vector<uint8_t> enlarged;   // the whole enlarged image: only when a transposing orientation needs it
+    std::vector<uint8_t> rowBuffer;  // else one enlarged row at a time, made as the loops below reach it
+    std::optional<RowEnlarger> enlarger;
     int64_t stride = s.stride;
     if (s.rows != s.height) {
-        enlarged.resize(size_t(s.width * s.channels * s.rows));
-        enlargeRows(src, s.width * s.channels, s.stride, s.height, s.rows, s.cubic, enlarged.data());
-        src = enlarged.data();
-        stride = s.width * s.channels;
+        enlarger.emplace(src, rowBytes, s.stride, s.height, s.rows, s.cubic);
+        if (s.orientation >= 5) {
+            enlarged.resize(size_t(rowBytes * s.rows));
+            for (int64_t y = 0; y < s.rows; y++) enlarger->row(y, enlarged.data() + y * rowBytes);
+            enlarger.reset();
+            src = enlarged.data();
+        } else {
+            rowBuffer.resize(size_t(rowBytes));
+        }
+        stride = rowBytes;
     }
     const View v = orient(s.width, s.rows, s.channels, stride, s.orientation);
+    // The first stored pixel of display row y (then v.dx bytes a pixel). Orientations 1–4 keep stored
+    // rows as display rows, so an enlarged row is made here, just before it is read.
+    auto rowStart = [&](int64_t y) -> const uint8_t * {
+        if (!enlarger) return src + v.base + y * v.dy;
+        enlarger->row(v.dy > 0 ? y : s.rows - 1 - y, rowBuffer.data());
+        return rowBuffer.data() + (v.dx > 0 ? 0 : rowBytes - s.channels);
+    };
     const int64_t oR = s.channels < 3 ? 0 : s.bgr ? 2 : 0, oG = s.channels < 3 ? 0 : 1, oB = s.channels < 3 ? 0 : s.bgr ? 0 : 2;
     const float a = 1.0f / (255.0f * s.scale), b = -s.offset / s.scale;
     if (!s.patches) {
@@ -113,13 +196,15 @@ int64_t layout(const uint8_t * src, const LayoutSpec & s, float * out, size_t ou
         float * r = out;
         float * g = out + n;
         float * bl = out + 2 * n;
-        for (int64_t y = 0, i = 0; y < v.height; y++) {
-            const uint8_t * p = src + v.base + y * v.dy;
-            for (int64_t x = 0; x < v.width; x++, i++, p += v.dx) {
-                r[i] = float(p[oR]) * a + b;
-                g[i] = float(p[oG]) * a + b;
-                bl[i] = float(p[oB]) * a + b;
-            }
+        for (int64_t y = 0, i = 0; y < v.height; y++, i += v.width) {
+            const uint8_t * p = rowStart(y);
+            if (v.dx == 3 && s.channels == 3) splitRgbRow(p, v.width, s.bgr, a, b, r + i, g + i, bl + i);
+            else
+                for (int64_t x = 0; x < v.width; x++, p += v.dx) {
+                    r[i + x] = float(p[oR]) * a + b;
+                    g[i + x] = float(p[oG]) * a + b;
+                    bl[i + x] = float(p[oB]) * a + b;
+                }
         }
         return n;
     }
@@ -128,7 +213,7 @@ int64_t layout(const uint8_t * src, const LayoutSpec & s, float * out, size_t ou
     for (int64_t y = 0; y < v.height; y++) {
         // Each display row is `cols` runs of P pixels, one run per patch of this patch row.
         float * d = out + ((y / P) * cols * P * P + (y % P) * P) * 3;
-        const uint8_t * row = src + v.base + y * v.dy;
+        const uint8_t * row = rowStart(y);
         for (int64_t pc = 0; pc < cols; pc++, d += patchValues) {
             const uint8_t * p = row + pc * P * v.dx;
             if (contiguousRgb) {
