@@ -42,6 +42,9 @@ export interface BenchEncodeOptions {
   /** mmproj only: encode the last frame once more through the other path on the same weights and
    * report the worst per-token cosine between the two. */
   readonly check?: boolean;
+  /** mmproj only: pixel arrays in the encoder's pinned host memory (default true; --no-pinned-pixels
+   * to compare with pageable arrays). */
+  readonly pinnedPixels?: boolean;
 }
 
 /** p50/p99 of one phase of the timed encodes, ms. */
@@ -65,6 +68,8 @@ export interface BenchClipReport {
   readonly graph_nodes: number;
   /** Weights percept's graph copied at load in another layout (see NativeVisionInfo.copiedWeightBytes). */
   readonly copied_weights_mib: number;
+  /** The pixel arrays were in the device's pinned host memory (uploaded by DMA). */
+  readonly pinned_pixels: boolean;
   readonly compute_buffers_mib: Readonly<Record<string, number>>;
   readonly unsupported_ops: readonly string[];
   readonly batchable: boolean;
@@ -223,6 +228,7 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
     ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
     ...(opts.flashAttention !== undefined ? { flashAttention: opts.flashAttention } : {}),
     ...(opts.profile !== undefined ? { profile: opts.profile } : {}),
+    ...(opts.pinnedPixels !== undefined ? { pinnedPixels: opts.pinnedPixels } : {}),
   });
   const t0 = performance.now();
   let encoder: BenchedEncoder;
@@ -244,7 +250,12 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
     const { preprocess: preprocessConfig } = loadConfig({ preprocess: opts.threads !== undefined ? { threads: opts.threads } : {} });
     // gemma3: the encoder's one input side (896 for real towers).
     const { imageSize } = encoder.contract;
-    const preprocess = createPreprocessStage({ contract: encoder.contract.kind, ...preprocessConfig, ...(imageSize ? { imageSize } : {}) });
+    const preprocess = createPreprocessStage({
+      contract: encoder.contract.kind,
+      ...preprocessConfig,
+      ...(imageSize ? { imageSize } : {}),
+      ...(mtmd ? { allocate: mtmd.allocatePixels } : {}),
+    });
     const ctx = benchContext(imageTokens);
     const pre: number[] = [];
     const preCpu: number[] = [];
@@ -392,6 +403,7 @@ async function clipReport(
     graph_splits: info.graphSplits,
     graph_nodes: info.graphNodes,
     copied_weights_mib: round(info.copiedWeightBytes / 2 ** 20),
+    pinned_pixels: stage.allocatePixels(1) !== undefined,
     compute_buffers_mib: Object.fromEntries(info.computeBuffers.map((b) => [b.name, round(b.bytes / 2 ** 20)])),
     unsupported_ops: info.unsupportedOps,
     batchable: info.batchable,

@@ -97,7 +97,12 @@ export async function createCameraStages(
     );
     built.push(...decoders);
     const decoder = decoders[0]!;
-    const { contract, stage: encoder, source: encoderSource } = await createEncoder(config, decoder.nEmbd, decoder.contract);
+    const {
+      contract,
+      stage: encoder,
+      source: encoderSource,
+      allocatePixels,
+    } = await createEncoder(config, decoder.nEmbd, decoder.contract);
     checkEncoderFitsDecoder(
       { contract, source: encoderSource },
       { contract: decoder.contract, source: config.decoder.model, arch: decoder.modelInfo.arch },
@@ -108,7 +113,12 @@ export async function createCameraStages(
     const { createPreprocessStage } = await import('../nodes/preprocess.ts');
     const { createActionsStage } = await import('../nodes/actions.ts');
     const preprocess = cameras.map(() =>
-      createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels, threads: config.preprocess.threads }),
+      createPreprocessStage({
+        contract,
+        maxPixels: config.preprocess.maxPixels,
+        threads: config.preprocess.threads,
+        allocate: allocatePixels,
+      }),
     );
     const actions = cameras.map(() => createActionsStage({ schema: actionSchema }));
     if (warmup) {

@@ -168,6 +168,7 @@ bench
     '--check',
     "mmproj: encode the last frame through the other path too and report the worst per-token cosine, with the tower's own sensitivity (1 value in 97 moved by 1e-6) as the baseline",
   )
+  .option('--no-pinned-pixels', "mmproj: pixel arrays in ordinary (pageable) memory, not the GPU's pinned host memory (to compare)")
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchEncode } = await import('./bench-encode.ts');

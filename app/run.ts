@@ -14,7 +14,7 @@ import type { FrameSource, Stage } from '../pipeline/types.ts';
 import type { OpenAIDecoderStage } from '../nodes/decoder-openai.ts';
 import type { Publisher } from '../nodes/publisher.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
-import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
+import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelAllocator, PixelTensor } from '../nodes/payloads.ts';
 import type { Recorder } from '../nodes/recorder.ts';
 import { resolveModel } from '../models/resolve.ts';
 import { replayRunId, runIdentity, type RunIdentity } from './run-identity.ts';
@@ -216,7 +216,12 @@ export async function createStages(
         actionSchema,
       }),
     );
-    const { contract, stage: encoder, source: encoderSource } = await createEncoder(config, decoder.nEmbd, decoder.contract);
+    const {
+      contract,
+      stage: encoder,
+      source: encoderSource,
+      allocatePixels,
+    } = await createEncoder(config, decoder.nEmbd, decoder.contract);
     track(encoder);
     checkEncoderFitsDecoder(
       { contract, source: encoderSource },
@@ -225,7 +230,12 @@ export async function createStages(
     const { createPreprocessStage } = await import('../nodes/preprocess.ts');
     const { createActionsStage } = await import('../nodes/actions.ts');
     const preprocess = track(
-      createPreprocessStage({ contract, maxPixels: config.preprocess.maxPixels, threads: config.preprocess.threads }),
+      createPreprocessStage({
+        contract,
+        maxPixels: config.preprocess.maxPixels,
+        threads: config.preprocess.threads,
+        allocate: allocatePixels,
+      }),
     );
     const actions = track(createActionsStage({ schema: actionSchema }));
     if (warmup) {
@@ -292,7 +302,7 @@ export async function createEncoder(
   config: PerceptConfig,
   nEmbd: number,
   decoderContract: EncoderContract,
-): Promise<{ contract: EncoderContract; stage: Stage<PixelTensor, ImageEmbedding>; source: string }> {
+): Promise<{ contract: EncoderContract; stage: Stage<PixelTensor, ImageEmbedding>; source: string; allocatePixels?: PixelAllocator }> {
   switch (config.encoder.kind) {
     case 'onnx': {
       const { createOnnxEncoderStage } = await import('../nodes/encoder-onnx.ts');
@@ -321,7 +331,7 @@ export async function createEncoder(
         gpuLayers: config.encoder.gpuLayers,
         expectedHidden: nEmbd,
       });
-      return { contract: stage.contract.kind, stage, source: config.encoder.mmproj };
+      return { contract: stage.contract.kind, stage, source: config.encoder.mmproj, allocatePixels: stage.allocatePixels };
     }
   }
 }

@@ -430,5 +430,7 @@ export declare class NativeVision {
   encode(pixels: Float32Array, options: NativeVisionEncodeOptions): Promise<NativeVisionEncodeResult>;
   /** Same-size images in one call; each array is read until the promise settles. */
   encodeBatch(images: Float32Array[], options: NativeVisionEncodeOptions): Promise<NativeVisionBatchResult>;
+  /** `length` floats in the device's pinned host memory; undefined where there is none (CPU, clip's own encode). */
+  allocatePixels(length: number): Float32Array | undefined;
   dispose(): void;
 }

@@ -133,6 +133,18 @@ export class LlamaVision {
     }
   }
 
+  /**
+   * An array of `length` floats for pixels, in the encoder device's pinned host memory (CUDA), which
+   * encode() uploads by DMA rather than through CUDA's pageable staging; undefined where the device
+   * has none (the CPU) or clip's own encode runs: use an ordinary Float32Array there. The memory is
+   * freed when the array is collected, whether or not this instance is disposed by then.
+   */
+  allocatePixels(length: number): Float32Array | undefined {
+    intIn('length', length, 1, 2 ** 31);
+    if (this.#disposed) throw coded('EDISPOSED', 'LlamaVision is disposed');
+    return this.#native.allocatePixels(length);
+  }
+
   #encodeOptions(
     image: VisionImage,
     profile: VisionProfileMode,

@@ -30,6 +30,10 @@ export interface PixelTensor {
   readonly recycle?: (pixelValues: Float32Array) => void;
 }
 
+/** Where a preprocessor gets its pixel arrays from, when the encoder has memory it reads faster (the
+ * GPU's pinned host memory); undefined: allocate an ordinary Float32Array. */
+export type PixelAllocator = (length: number) => Float32Array | undefined;
+
 /** Image embeddings in the decoder's width, ready for the prompt's image segment. */
 export interface ImageEmbedding {
   /** nTokens × nEmbd floats, row-major. */

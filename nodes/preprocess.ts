@@ -20,10 +20,11 @@
 //   - A raw frame that already has the target size skips sharp entirely.
 //   - pixel_values comes from a small pool: the encoder hands the array back through
 //     PixelTensor.recycle when it is done, so steady state allocates nothing (and a 7.7 MB array per
-//     frame no longer feeds the GC). Values stay f32 here rather than going to the encoder as uint8:
+//     frame no longer feeds the GC). The pool's arrays come from the encoder's allocator where it has
+//     one (pinned host memory on CUDA: uploaded by DMA). Values stay f32 here rather than going to the encoder as uint8:
 //     both encoders' contracts take f32, and normalizing elsewhere would move, not remove, the pass.
 import sharp, { type Metadata } from 'sharp';
-import type { CameraFrame, EncoderContract, FrameEncoding, PixelTensor } from './payloads.ts';
+import type { CameraFrame, EncoderContract, FrameEncoding, PixelAllocator, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 import { layoutPixels } from '../native/pixels.ts';
 
@@ -54,6 +55,9 @@ export interface PreprocessConfig {
   readonly imageTokens?: number;
   /** libvips threads per image, process-wide (the config's preprocess.threads). */
   readonly threads: number;
+  /** Where pixel_values arrays come from (the encoder's: pinned host memory on CUDA); an ordinary
+   * Float32Array where it gives undefined or is absent. */
+  readonly allocate?: PixelAllocator;
 }
 
 const GEMMA3_IMAGE_SIZE = 896;
@@ -261,11 +265,13 @@ function gemma4Positions(cols: number, nPatches: number, capacity: number): BigI
  * change (the ladder's image-token knob) lets go of the old ones. */
 class PixelPool {
   readonly #keep: number;
+  readonly #allocate: PixelAllocator | undefined;
   #length = 0;
   #free: Float32Array[] = [];
   #allocated = 0;
 
-  constructor(keep = 2) {
+  constructor(allocate: PixelAllocator | undefined, keep = 2) {
+    this.#allocate = allocate;
     this.#keep = keep;
   }
 
@@ -278,7 +284,10 @@ class PixelPool {
     const reused = this.#free.pop();
     if (reused) return reused;
     this.#allocated++;
-    return new Float32Array(length);
+    const array = this.#allocate?.(length);
+    if (array !== undefined && !(array instanceof Float32Array && array.length === length))
+      throw new TypeError(`preprocess: the pixel allocator returned ${String(array)} for ${length} values`);
+    return array ?? new Float32Array(length);
   }
 
   /** Takes an array back (ignored when detached, of another size, already here, or the pool is full). */
@@ -326,8 +335,10 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
   if (sizing !== 'hf' && sizing !== 'llama.cpp')
     throw new RangeError(`preprocess: gemma4Sizing must be 'hf' or 'llama.cpp', got ${String(sizing)}`);
   if (cfg.imageTokens !== undefined) clampImageTokens(cfg.imageTokens);
+  if (cfg.allocate !== undefined && typeof cfg.allocate !== 'function')
+    throw new TypeError(`preprocess: allocate must be a function, got ${typeof cfg.allocate}`);
   configureLibvips(threads);
-  const pool = new PixelPool();
+  const pool = new PixelPool(cfg.allocate);
   const recycle = (values: Float32Array): void => pool.give(values);
 
   /** Display-oriented target size for a stored width×height. */

@@ -555,6 +555,11 @@ describe('encoder-mtmd stage', () => {
     );
   });
 
+  test('pixel arrays: the CPU backend has no pinned host memory, so the preprocessor allocates its own', () => {
+    for (const stage of [mtmd3, mtmd4, clip3, clip4]) assert.equal(stage.allocatePixels(16), undefined, stage.info.graph);
+    assert.throws(() => mtmd3.allocatePixels(0), /length/);
+  });
+
   test('contract from the mmproj', () => {
     assert.deepEqual([mtmd3.contract.kind, mtmd3.contract.hidden, mtmd3.contract.imageSize, mtmd3.name], ['gemma3', 64, 896, 'encode']);
     assert.deepEqual([mtmd4.contract.kind, mtmd4.contract.hidden, mtmd4.contract.patchDim, mtmd4.contract.merge], ['gemma4', 64, 768, 3]);

@@ -538,6 +538,40 @@ describe('preprocess speed paths keep the output exact', () => {
     assert.equal(stage.allocatedArrays(), 3);
   });
 
+  test("pixel_values arrays come from the encoder's allocator where it gives one (pinned memory), else are ordinary", async () => {
+    const frame: CameraFrame = { encoding: 'rgb8', data: scene(400, 300), width: 400, height: 300 };
+    const reference = await createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' }).process(frame, ctx(280));
+    const given: Float32Array[] = [];
+    const asked: number[] = [];
+    const allocate = (length: number): Float32Array => {
+      asked.push(length);
+      const array = new Float32Array(length).fill(Number.NaN); // memory with old contents
+      given.push(array);
+      return array;
+    };
+    const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4', allocate });
+    const first = await stage.process(frame, ctx(280));
+    assert.equal(first.pixelValues, given[0], "the allocator's array carries the pixels");
+    assert.deepEqual(first.pixelValues, reference.pixelValues, 'fully written, padding zeroed');
+    first.recycle!(first.pixelValues);
+    const second = await stage.process(frame, ctx(280));
+    assert.equal(second.pixelValues, given[0], 'recycled, not allocated again');
+    assert.deepEqual(asked, [280 * 9 * 768]);
+    // No memory of its own (a CPU encoder): an ordinary array.
+    const none = await createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4', allocate: () => undefined }).process(
+      frame,
+      ctx(280),
+    );
+    assert.deepEqual(none.pixelValues, reference.pixelValues);
+    // An allocator that hands back the wrong thing is refused, naming what it returned.
+    const wrong = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4', allocate: () => new Float32Array(3) });
+    await assert.rejects(wrong.process(frame, ctx(280)), /the pixel allocator returned .* for 1935360 values/);
+    assert.throws(
+      () => createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4', allocate: 'pinned' as never }),
+      /allocate must be a function, got string/,
+    );
+  });
+
   test('libvips threads: from the config (the schema default is 1); the operation cache is off', () => {
     const before = sharp.concurrency();
     try {

@@ -236,6 +236,11 @@ struct Builder {
 
 // ------------------------------------------------------------------------------------------------
 
+ggml_backend_buffer_type_t VisionGraph::hostBufferType() const {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend_.get());
+    return dev != nullptr ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+}
+
 int32_t tensorCoreFlashHead(int32_t dHead) {
     for (int32_t d : {64, 80, 96, 112, 128, 256})
         if (d >= dHead) return d;

@@ -97,6 +97,9 @@ public:
     // Nodes of one image's graph (the same for every size of one layout).
     int32_t graphNodes() const { return graphNodes_; }
     std::string bufferName() const;
+    // The host buffer type of the graph's device (pinned memory on CUDA), or null where there is none
+    // (the CPU): pixels in such memory are uploaded by DMA, not staged through pageable memory.
+    ggml_backend_buffer_type_t hostBufferType() const;
     size_t computeBytes() const;
     int32_t outputTokens(int32_t width, int32_t height) const;
 

@@ -104,6 +104,7 @@ private:
     Napi::Value Info(const Napi::CallbackInfo & info);
     Napi::Value Encode(const Napi::CallbackInfo & info);
     Napi::Value EncodeBatch(const Napi::CallbackInfo & info);
+    Napi::Value AllocatePixels(const Napi::CallbackInfo & info);
     Napi::Value Dispose(const Napi::CallbackInfo & info);
     Napi::Value Queue(const Napi::CallbackInfo & info, std::vector<Napi::Float32Array> images, const Napi::Object & options, bool single);
 
