@@ -20,9 +20,10 @@
 //   - A raw frame that already has the target size skips sharp entirely.
 //   - pixel_values comes from a small pool: the encoder hands the array back through
 //     PixelTensor.recycle when it is done, so steady state allocates nothing (and a 7.7 MB array per
-//     frame no longer feeds the GC). The pool's arrays come from the encoder's allocator where it has
-//     one (pinned host memory on CUDA: uploaded by DMA). Values stay f32 here rather than going to the encoder as uint8:
-//     both encoders' contracts take f32, and normalizing elsewhere would move, not remove, the pass.
+//     frame no longer feeds the GC). The pool's arrays come from the encoder's allocator where it
+//     has one (pinned host memory on CUDA: uploaded by DMA). Values stay f32 here rather than going
+//     to the encoder as uint8: both encoders' contracts take f32, and normalizing elsewhere would
+//     move, not remove, the pass.
 import sharp, { type Metadata } from 'sharp';
 import type { CameraFrame, EncoderContract, FrameEncoding, PixelAllocator, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
