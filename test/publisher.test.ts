@@ -61,9 +61,11 @@ const parse = (frames: Buffer[]) => ({
   body: JSON.parse(frames[2]!.toString()),
 });
 
-/** Subscribers time out (receiveTimeout) so a broken publisher fails the test instead of hanging it. */
+/** Subscribers time out (receiveTimeout) so a broken publisher fails the test instead of hanging it.
+ * Generously: on a 2-core machine running CI and two other test runs, a first message once took over
+ * 10 s to reach a slow joiner. */
 function subscriber(options: ConstructorParameters<typeof Subscriber>[0] = {}): Subscriber {
-  return new Subscriber({ linger: 0, receiveTimeout: 10_000, ...options });
+  return new Subscriber({ linger: 0, receiveTimeout: 60_000, ...options });
 }
 
 /** Slow joiner: a SUB misses what PUB sends before its subscription has propagated. Sends events
