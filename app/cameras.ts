@@ -20,6 +20,7 @@ import { resolveModel } from '../models/resolve.ts';
 import {
   checkEncoderFitsDecoder,
   createEncoder,
+  createPreprocessFor,
   createRemoteDecoder,
   createSource,
   describePublished,
@@ -97,12 +98,8 @@ export async function createCameraStages(
     );
     built.push(...decoders);
     const decoder = decoders[0]!;
-    const {
-      contract,
-      stage: encoder,
-      source: encoderSource,
-      allocatePixels,
-    } = await createEncoder(config, decoder.nEmbd, decoder.contract);
+    const encoded = await createEncoder(config, decoder.nEmbd, decoder.contract);
+    const { contract, stage: encoder, source: encoderSource } = encoded;
     checkEncoderFitsDecoder(
       { contract, source: encoderSource },
       { contract: decoder.contract, source: config.decoder.model, arch: decoder.modelInfo.arch },
@@ -110,16 +107,8 @@ export async function createCameraStages(
     const { createCameraEncoderStages } = await import('../nodes/encoder-batch.ts');
     const encoders = createCameraEncoderStages(encoder, { cameras: n, waitMs: config.batching.encodeWaitMs });
     built.push(...encoders);
-    const { createPreprocessStage } = await import('../nodes/preprocess.ts');
     const { createActionsStage } = await import('../nodes/actions.ts');
-    const preprocess = cameras.map(() =>
-      createPreprocessStage({
-        contract,
-        maxPixels: config.preprocess.maxPixels,
-        threads: config.preprocess.threads,
-        allocate: allocatePixels,
-      }),
-    );
+    const preprocess = await Promise.all(cameras.map(() => createPreprocessFor(config, encoded)));
     const actions = cameras.map(() => createActionsStage({ schema: actionSchema }));
     if (warmup) {
       const { warmUpStages } = await import('./warmup.ts');

@@ -12,6 +12,7 @@ import type { RunSummary } from '../pipeline/telemetry/events.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
 import type { FrameSource, Stage } from '../pipeline/types.ts';
 import type { OpenAIDecoderStage } from '../nodes/decoder-openai.ts';
+import type { PreprocessStage } from '../nodes/preprocess.ts';
 import type { Publisher } from '../nodes/publisher.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelAllocator, PixelTensor } from '../nodes/payloads.ts';
@@ -216,27 +217,15 @@ export async function createStages(
         actionSchema,
       }),
     );
-    const {
-      contract,
-      stage: encoder,
-      source: encoderSource,
-      allocatePixels,
-    } = await createEncoder(config, decoder.nEmbd, decoder.contract);
+    const encoded = await createEncoder(config, decoder.nEmbd, decoder.contract);
+    const { contract, stage: encoder, source: encoderSource } = encoded;
     track(encoder);
     checkEncoderFitsDecoder(
       { contract, source: encoderSource },
       { contract: decoder.contract, source: config.decoder.model, arch: decoder.modelInfo.arch },
     );
-    const { createPreprocessStage } = await import('../nodes/preprocess.ts');
     const { createActionsStage } = await import('../nodes/actions.ts');
-    const preprocess = track(
-      createPreprocessStage({
-        contract,
-        maxPixels: config.preprocess.maxPixels,
-        threads: config.preprocess.threads,
-        allocate: allocatePixels,
-      }),
-    );
+    const preprocess = track(await createPreprocessFor(config, encoded));
     const actions = track(createActionsStage({ schema: actionSchema }));
     if (warmup) {
       const { warmUpStages } = await import('./warmup.ts');
@@ -296,6 +285,20 @@ export async function createRemoteDecoder(
     log(`warm-up (remote): decode ${(performance.now() - t0).toFixed(0)} ms`);
   }
   return decoder;
+}
+
+export type CreatedEncoder = Awaited<ReturnType<typeof createEncoder>>;
+
+/** The preprocess stage for an encoder: its contract, the config's limits, and the encoder's pixel
+ * memory where it has its own (pinned host memory on CUDA). */
+export async function createPreprocessFor(config: PerceptConfig, encoder: CreatedEncoder): Promise<PreprocessStage> {
+  const { createPreprocessStage } = await import('../nodes/preprocess.ts');
+  return createPreprocessStage({
+    contract: encoder.contract,
+    maxPixels: config.preprocess.maxPixels,
+    threads: config.preprocess.threads,
+    ...(encoder.allocatePixels ? { allocate: encoder.allocatePixels } : {}),
+  });
 }
 
 export async function createEncoder(
