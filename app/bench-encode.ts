@@ -45,6 +45,9 @@ export interface BenchEncodeOptions {
   /** mmproj only: pixel arrays in the encoder's pinned host memory (default true; --no-pinned-pixels
    * to compare with pageable arrays). */
   readonly pinnedPixels?: boolean;
+  /** 'auto' (the config's default): JPEG frames decoded, resized and laid out on the encoder's GPU
+   * where it can (an mmproj on CUDA, built with nvJPEG); 'host': libvips decodes them here. */
+  readonly jpegDecode?: 'auto' | 'host';
 }
 
 /** p50/p99 of one phase of the timed encodes, ms. */
@@ -70,6 +73,9 @@ export interface BenchClipReport {
   readonly copied_weights_mib: number;
   /** The pixel arrays were in the device's pinned host memory (uploaded by DMA). */
   readonly pinned_pixels: boolean;
+  /** JPEG frames were decoded, resized and laid out on the GPU (nvJPEG): preprocess_ms is then the
+   * header read alone, and encode_ms holds the rest (phases.jpeg_decode_ms, device_layout_ms). */
+  readonly jpeg_on_gpu: boolean;
   readonly compute_buffers_mib: Readonly<Record<string, number>>;
   readonly unsupported_ops: readonly string[];
   readonly batchable: boolean;
@@ -93,6 +99,9 @@ export interface BenchClipReport {
     readonly upload_ms: BenchPhase;
     readonly graph_compute_ms: BenchPhase;
     readonly read_ms: BenchPhase;
+    /** jpeg_on_gpu: nvJPEG's decode, and the kernel that resampled and laid it out (within upload_ms). */
+    readonly jpeg_decode_ms?: BenchPhase;
+    readonly device_layout_ms?: BenchPhase;
     readonly first: { build_ms: number; alloc_ms: number; upload_ms: number; compute_ms: number; read_ms: number };
   };
   readonly batch?: {
@@ -100,6 +109,14 @@ export interface BenchClipReport {
     readonly batched: boolean;
     readonly encode_ms_p50: number;
     readonly per_image_ms_p50: number;
+  };
+  /** --check with jpeg_on_gpu: the last frame's pixels from the GPU path against the host path's
+   * (8-bit levels: both decoders follow the JPEG standard's IDCT and chroma upsampling to within a
+   * level or so, and resize with different arithmetic), and its embeddings against the host path's. */
+  readonly jpeg_check?: {
+    readonly max_level_diff: number;
+    readonly mean_level_diff: number;
+    readonly worst_token_cosine: number;
   };
   /** --check: the last frame through the other path on the same weights; and, as the baseline to
    * read it against, through this path again with 1 input value in 97 moved by 1e-6 (a randomly
@@ -250,12 +267,18 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
     const { preprocess: preprocessConfig } = loadConfig({ preprocess: opts.threads !== undefined ? { threads: opts.threads } : {} });
     // gemma3: the encoder's one input side (896 for real towers).
     const { imageSize } = encoder.contract;
-    const preprocess = createPreprocessStage({
-      contract: encoder.contract.kind,
-      ...preprocessConfig,
-      ...(imageSize ? { imageSize } : {}),
-      ...(mtmd ? { allocate: mtmd.allocatePixels } : {}),
-    });
+    const jpegDecode = opts.jpegDecode ?? preprocessConfig.jpegDecode;
+    if (jpegDecode !== 'auto' && jpegDecode !== 'host')
+      throw new RangeError(`bench encode: --jpeg-decode must be 'auto' or 'host', got '${String(jpegDecode)}'`);
+    const preprocessFor = (jpegToEncoder: boolean) =>
+      createPreprocessStage({
+        contract: encoder.contract.kind,
+        ...preprocessConfig,
+        ...(imageSize ? { imageSize } : {}),
+        ...(mtmd ? { allocate: mtmd.allocatePixels } : {}),
+        ...(jpegToEncoder ? { jpegToEncoder } : {}),
+      });
+    const preprocess = preprocessFor(jpegDecode === 'auto' && mtmd?.decodesJpeg === true);
     const ctx = benchContext(imageTokens);
     const pre: number[] = [];
     const preCpu: number[] = [];
@@ -298,9 +321,13 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
     const clip = mtmd
       ? await clipReport(mtmd, profiles, phases, firstPhases, opts, warmup, () => preprocess.process(frame, ctx))
       : undefined;
+    // The other path takes host pixels: a JPEG tensor is checked against the host path first.
+    const jpegCheck =
+      mtmd && lastTensor?.jpeg ? await checkJpegOnGpu(mtmd, lastTensor, await preprocessFor(false).process(frame, ctx), ctx) : undefined;
+    const hostTensor = jpegCheck ? jpegCheck.hostTensor : lastTensor;
     const check =
-      mtmd && lastTensor
-        ? await checkAgainstOtherPath(mtmd, lastTensor, ctx, async (graph) => {
+      mtmd && hostTensor
+        ? await checkAgainstOtherPath(mtmd, hostTensor, ctx, async (graph) => {
             const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
             return createMtmdEncoderStage(mtmdConfig(graph));
           })
@@ -333,7 +360,7 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
         ),
       ),
       load_average: round(loadavg()[0]!),
-      ...(clip ? { clip: { ...clip, ...(check ? { check } : {}) } } : {}),
+      ...(clip ? { clip: { ...clip, ...(check ? { check } : {}), ...(jpegCheck ? { jpeg_check: jpegCheck.report } : {}) } } : {}),
     };
   } finally {
     await encoder.close();
@@ -341,6 +368,39 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
 }
 
 const phase = (xs: readonly number[]): BenchPhase => ({ p50: round(quantile(xs, 0.5)), p99: round(quantile(xs, 0.99)) });
+
+/** The GPU path's pixels and embeddings for a JPEG tensor against the host path's for the same frame
+ * (`host`, a copy kept for the next check). */
+async function checkJpegOnGpu(
+  stage: MtmdEncoderStage,
+  tensor: PixelTensor,
+  host: PixelTensor,
+  ctx: StageContext,
+): Promise<{ report: NonNullable<BenchClipReport['jpeg_check']>; hostTensor: PixelTensor }> {
+  const devicePixels = await stage.jpegPixels(tensor);
+  const hostPixels = host.pixelValues.subarray(0, devicePixels.length);
+  // Both paths scale 8-bit values into floats by (v/255 − offset)/scale: back to levels.
+  const perLevel = 1 / (255 * tensor.jpeg!.scale);
+  let max = 0;
+  let sum = 0;
+  for (let i = 0; i < devicePixels.length; i++) {
+    const d = Math.abs(devicePixels[i]! - hostPixels[i]!) / perLevel;
+    max = Math.max(max, d);
+    sum += d;
+  }
+  const hostTensor = { ...host, pixelValues: host.pixelValues.slice() };
+  const gpu = await stage.process(tensor, ctx);
+  const gpuCopy = { ...gpu, data: gpu.data.slice() };
+  const viaHost = await stage.process(host, ctx);
+  return {
+    report: {
+      max_level_diff: round(max),
+      mean_level_diff: round(sum / devicePixels.length),
+      worst_token_cosine: tokenCosines(gpuCopy, viaHost).reduce((m, v) => Math.min(m, v), 1),
+    },
+    hostTensor,
+  };
+}
 
 /** The embeddings of `tensor` through the other path on the same weights vs the stage's own: the
  * worst per-token cosine; and the stage's own on the input nudged, the tower's sensitivity. */
@@ -404,6 +464,7 @@ async function clipReport(
     graph_nodes: info.graphNodes,
     copied_weights_mib: round(info.copiedWeightBytes / 2 ** 20),
     pinned_pixels: stage.allocatePixels(1) !== undefined,
+    jpeg_on_gpu: phases.some((p) => p.jpegDecodeMs !== undefined),
     compute_buffers_mib: Object.fromEntries(info.computeBuffers.map((b) => [b.name, round(b.bytes / 2 ** 20)])),
     unsupported_ops: info.unsupportedOps,
     batchable: info.batchable,
@@ -443,6 +504,12 @@ async function clipReport(
             upload_ms: phase(phases.map((p) => p.uploadMs)),
             graph_compute_ms: phase(phases.map((p) => p.computeMs)),
             read_ms: phase(phases.map((p) => p.readMs)),
+            ...(phases.every((p) => p.jpegDecodeMs !== undefined)
+              ? {
+                  jpeg_decode_ms: phase(phases.map((p) => p.jpegDecodeMs ?? 0)),
+                  device_layout_ms: phase(phases.map((p) => p.deviceLayoutMs ?? 0)),
+                }
+              : {}),
             first: {
               build_ms: round(first?.buildMs ?? 0),
               alloc_ms: round(first?.allocMs ?? 0),

@@ -30,6 +30,8 @@ export interface BenchFrameOptions {
   readonly threads?: number;
   /** decoder.stepTokens: tokens per decode step, padded (default: the config's, 1: no padding). */
   readonly stepTokens?: number;
+  /** preprocess.jpegDecode: 'auto' (default) decodes JPEG frames on the encoder's GPU where it can. */
+  readonly jpegDecode?: 'auto' | 'host';
   readonly draftMtp?: string;
   readonly draft?: string;
   readonly ngram?: boolean;
@@ -208,6 +210,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
   const config = loadConfig({
     source: { kind: 'pattern', fps: opts.fps, frames: opts.frames, width: 1280, height: 720 },
     ...(kind === 'local' ? { encoder: encoderSection(opts.encoder, gpuLayers) } : {}),
+    ...(opts.jpegDecode !== undefined ? { preprocess: { jpegDecode: opts.jpegDecode } } : {}),
     decoder,
     budgets: {
       endToEndMs: 60_000,

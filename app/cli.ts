@@ -169,6 +169,10 @@ bench
     "mmproj: encode the last frame through the other path too and report the worst per-token cosine, with the tower's own sensitivity (1 value in 97 moved by 1e-6) as the baseline",
   )
   .option('--no-pinned-pixels', "mmproj: pixel arrays in ordinary (pageable) memory, not the GPU's pinned host memory (to compare)")
+  .option(
+    '--jpeg-decode <where>',
+    'auto (default): an mmproj on CUDA decodes, resizes and lays out JPEG frames on the GPU (nvJPEG); host: libvips decodes them on the CPU',
+  )
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchEncode } = await import('./bench-encode.ts');
@@ -199,6 +203,10 @@ speculationOptions(
     '--step-tokens <n>',
     'tokens per decode step, padded so every step has one shape (decoder.stepTokens; default 1: no padding)',
     int('--step-tokens'),
+  )
+  .option(
+    '--jpeg-decode <where>',
+    'preprocess.jpegDecode: auto (default) decodes JPEG frames on the encoder GPU where it can (nvJPEG); host: libvips',
   )
   .option('--gpu-layers <n>', 'decoder layers on the GPU', int('--gpu-layers'), 0)
   .option('--no-warmup', 'skip the warm-up at load (to see what the first frame pays without it)')

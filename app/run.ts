@@ -289,15 +289,23 @@ export async function createRemoteDecoder(
 
 export type CreatedEncoder = Awaited<ReturnType<typeof createEncoder>>;
 
-/** The preprocess stage for an encoder: its contract, the config's limits, and the encoder's pixel
- * memory where it has its own (pinned host memory on CUDA). */
-export async function createPreprocessFor(config: PerceptConfig, encoder: CreatedEncoder): Promise<PreprocessStage> {
+/** The preprocess stage for an encoder: its contract, the config's limits, the encoder's pixel
+ * memory where it has its own (pinned host memory on CUDA), and JPEG frames left to the encoder's GPU
+ * where it decodes them and the config allows (not for `batched` encodes: one graph call takes many
+ * cameras' host pixels). */
+export async function createPreprocessFor(
+  config: PerceptConfig,
+  encoder: CreatedEncoder,
+  options: { readonly batched?: boolean } = {},
+): Promise<PreprocessStage> {
   const { createPreprocessStage } = await import('../nodes/preprocess.ts');
+  const jpegToEncoder = config.preprocess.jpegDecode === 'auto' && encoder.decodesJpeg === true && options.batched !== true;
   return createPreprocessStage({
     contract: encoder.contract,
     maxPixels: config.preprocess.maxPixels,
     threads: config.preprocess.threads,
     ...(encoder.allocatePixels ? { allocate: encoder.allocatePixels } : {}),
+    ...(jpegToEncoder ? { jpegToEncoder } : {}),
   });
 }
 
@@ -305,7 +313,14 @@ export async function createEncoder(
   config: PerceptConfig,
   nEmbd: number,
   decoderContract: EncoderContract,
-): Promise<{ contract: EncoderContract; stage: Stage<PixelTensor, ImageEmbedding>; source: string; allocatePixels?: PixelAllocator }> {
+): Promise<{
+  contract: EncoderContract;
+  stage: Stage<PixelTensor, ImageEmbedding>;
+  source: string;
+  allocatePixels?: PixelAllocator;
+  /** The stage decodes JPEG frames on its GPU (PixelTensor.jpeg). */
+  decodesJpeg?: boolean;
+}> {
   switch (config.encoder.kind) {
     case 'onnx': {
       const { createOnnxEncoderStage } = await import('../nodes/encoder-onnx.ts');
@@ -334,7 +349,17 @@ export async function createEncoder(
         gpuLayers: config.encoder.gpuLayers,
         expectedHidden: nEmbd,
       });
-      return { contract: stage.contract.kind, stage, source: config.encoder.mmproj, allocatePixels: stage.allocatePixels };
+      if (stage.decodesJpeg)
+        log(
+          `encoder: JPEG frames decoded on the GPU (nvJPEG)${config.preprocess.jpegDecode === 'host' ? ', but preprocess.jpegDecode is host' : ''}`,
+        );
+      return {
+        contract: stage.contract.kind,
+        stage,
+        source: config.encoder.mmproj,
+        allocatePixels: stage.allocatePixels,
+        decodesJpeg: stage.decodesJpeg,
+      };
     }
   }
 }

@@ -366,6 +366,8 @@ export interface NativeVisionInfo {
   readonly batchable: boolean;
   /** Loaded with profile: encodes can report where their time goes. */
   readonly profile: boolean;
+  /** encodeJpeg runs: percept's graph on a CUDA device, in a build with nvJPEG. */
+  readonly decodesJpeg: boolean;
 }
 
 /** Where one encode through percept's graph spent its time (ms), reported on every call. */
@@ -379,6 +381,10 @@ export interface NativeVisionPhases {
   readonly computeMs: number;
   /** Embeddings back to the host. */
   readonly readMs: number;
+  /** encodeJpeg: nvJPEG's decode, and the kernel that resampled and laid out the pixels (uploadMs
+   * covers both). */
+  readonly jpegDecodeMs?: number;
+  readonly deviceLayoutMs?: number;
 }
 
 /** Where one encode's time went: clip's graph-evaluation callback, or percept's phases. */
@@ -398,6 +404,18 @@ export interface NativeVisionEncodeOptions {
   height: number;
   /** 'phases' or 'ops' need a context loaded with profile. */
   profile: 'off' | 'phases' | 'ops';
+}
+
+export interface NativeVisionJpegOptions extends NativeVisionEncodeOptions {
+  /** The frame's size as stored and its EXIF orientation (1–8), read from its header. */
+  storedWidth: number;
+  storedHeight: number;
+  orientation: number;
+  /** PIL's antialiased resampling filter. */
+  kernel: 'linear' | 'cubic';
+  /** value = (v/255 − offset)/scale. */
+  scale: number;
+  offset: number;
 }
 
 export interface NativeVisionEncodeResult {
@@ -430,6 +448,10 @@ export declare class NativeVision {
   encode(pixels: Float32Array, options: NativeVisionEncodeOptions): Promise<NativeVisionEncodeResult>;
   /** Same-size images in one call; each array is read until the promise settles. */
   encodeBatch(images: Float32Array[], options: NativeVisionEncodeOptions): Promise<NativeVisionBatchResult>;
+  /** One JPEG decoded (nvJPEG) and laid out on the graph's GPU; rejects with ENOTSUP where info().decodesJpeg is false. */
+  encodeJpeg(jpeg: Uint8Array, options: NativeVisionJpegOptions): Promise<NativeVisionEncodeResult>;
+  /** The input encodeJpeg would make from `jpeg` (width × height × 3 floats in the layout), read back. */
+  jpegPixels(jpeg: Uint8Array, options: NativeVisionJpegOptions): Promise<Float32Array>;
   /** `length` floats in the device's pinned host memory; undefined where there is none (CPU, clip's own encode). */
   allocatePixels(length: number): Float32Array | undefined;
   dispose(): void;

@@ -10,6 +10,7 @@ import {
   type NativeVisionBatchResult,
   type NativeVisionEncodeResult,
   type NativeVisionInfo,
+  type NativeVisionJpegOptions,
   type NativeVisionPhases,
   type NativeVisionProfile,
   type VisionFlashAttention,
@@ -41,6 +42,18 @@ export interface LoadVisionOptions {
    * and reused, where it mirrors the tower; otherwise clip encodes and info.graphFallback says why.
    * 'clip': clip's own encode (it rebuilds and re-allocates its graph on every call). */
   readonly graph?: 'percept' | 'clip';
+}
+
+/** A JPEG for encodeJpeg: its header's stored size and EXIF orientation, how to resample it (PIL's
+ * antialiased filter) and normalize it (value = (v/255 − offset)/scale). */
+export interface VisionJpeg {
+  readonly data: Uint8Array;
+  readonly storedWidth: number;
+  readonly storedHeight: number;
+  readonly orientation: number;
+  readonly kernel: 'linear' | 'cubic';
+  readonly scale: number;
+  readonly offset: number;
 }
 
 export interface VisionImage {
@@ -131,6 +144,55 @@ export class LlamaVision {
     } catch (err) {
       throw graft(err, stack);
     }
+  }
+
+  /**
+   * Encodes one JPEG frame without its pixels touching the host: nvJPEG decodes it on the encoder's
+   * GPU and one kernel resamples it to `image` (display-oriented), applies the EXIF orientation,
+   * normalizes it and writes the graph's input in place. Needs info.decodesJpeg (a CUDA build with
+   * nvJPEG, percept's graph on the GPU); rejects with `code` ENOTSUP otherwise, and with EENCODE when
+   * nvJPEG cannot decode the data. Same one-at-a-time rule as encode().
+   */
+  async encodeJpeg(jpeg: VisionJpeg, image: VisionImage, profile: VisionProfileMode = 'off'): Promise<VisionEncodeResult> {
+    const options = this.#jpegOptions(jpeg, image, profile);
+    const stack = new Error();
+    try {
+      return await this.#native.encodeJpeg(jpeg.data, options);
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  /** The input encodeJpeg would hand the graph for `jpeg` (width × height × 3 floats in the image's
+   * layout), read back to the host: the GPU path checked against the host one. Same rules. */
+  async jpegPixels(jpeg: VisionJpeg, image: VisionImage): Promise<Float32Array> {
+    const options = this.#jpegOptions(jpeg, image, 'off');
+    const stack = new Error();
+    try {
+      return await this.#native.jpegPixels(jpeg.data, options);
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  #jpegOptions(jpeg: VisionJpeg, image: VisionImage, profile: VisionProfileMode): NativeVisionJpegOptions {
+    plainObject('jpeg', jpeg);
+    if (!(jpeg.data instanceof Uint8Array) || jpeg.data.byteLength === 0) throw invalid('jpeg.data', 'a non-empty Uint8Array', jpeg.data);
+    const storedWidth = intIn('jpeg.storedWidth', jpeg.storedWidth, 1, 65535);
+    const storedHeight = intIn('jpeg.storedHeight', jpeg.storedHeight, 1, 65535);
+    const orientation = intIn('jpeg.orientation', jpeg.orientation, 1, 8);
+    const kernel = oneOf('jpeg.kernel', jpeg.kernel, ['linear', 'cubic']);
+    if (!(Number.isFinite(jpeg.scale) && jpeg.scale !== 0)) throw invalid('jpeg.scale', 'a finite non-zero number', jpeg.scale);
+    if (!Number.isFinite(jpeg.offset)) throw invalid('jpeg.offset', 'a finite number', jpeg.offset);
+    return {
+      ...this.#encodeOptions(image, profile),
+      storedWidth,
+      storedHeight,
+      orientation,
+      kernel,
+      scale: jpeg.scale,
+      offset: jpeg.offset,
+    };
   }
 
   /**

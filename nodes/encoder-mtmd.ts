@@ -7,7 +7,9 @@
 // clip normalizes nothing itself (mtmd's preprocessing does, and we bypass it): gemma3 gets the
 // [-1,1] values as they are, gemma4v's graph applies ×2−1 to the [0,1] patches. clip derives the
 // patch positions from the image grid, so the gemma4 position ids must be the processor's row-major
-// layout (valid patches first); anything else is refused rather than encoded wrongly.
+// layout (valid patches first); anything else is refused rather than encoded wrongly. A tensor that
+// carries its JPEG (PixelTensor.jpeg) is decoded and laid out on the GPU (Vision.encodeJpeg) where the
+// encoder can (decodesJpeg), and refused elsewhere.
 // One run at a time (an AbandonableSlot). When ctx.signal fires the stage rethrows its reason at once;
 // clip finishes that run (it cannot be interrupted), its result is discarded (counted) and the next
 // frame waits for it.
@@ -83,6 +85,12 @@ export interface MtmdEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
   /** Several frames of one size in one clip call (cameras of a rig), embeddings in order. Not
    * abortable: for benchmarks and callers outside the graph. */
   encodeBatch(inputs: readonly PixelTensor[]): Promise<ImageEmbedding[]>;
+  /** JPEG tensors (PixelTensor.jpeg) are decoded and laid out on this encoder's GPU (nvJPEG; a CUDA
+   * build, percept's graph on the GPU). Others are refused. */
+  readonly decodesJpeg: boolean;
+  /** The pixel values this encoder makes on its GPU from a JPEG tensor (PixelTensor.jpeg), read back:
+   * the GPU path checked against the host one. */
+  jpegPixels(input: PixelTensor): Promise<Float32Array>;
   /** The preprocessor's PixelAllocator: pinned host memory on CUDA, which encodes upload by DMA (E4B's
    * 7.7 MB of pixel_values took 1.2 ms from pageable memory on the H200); undefined on the CPU. */
   readonly allocatePixels: PixelAllocator;
@@ -116,16 +124,32 @@ export function clipImageOf(input: PixelTensor, contract: MtmdContractInfo): Vis
   if (input === null || typeof input !== 'object') throw new TypeError('encoder-mtmd: input must be a PixelTensor');
   if (input.contract !== contract.kind)
     throw new Error(`encoder-mtmd: got a ${String(input.contract)} tensor, the mmproj is ${contract.kind} (${contract.projector})`);
+  const dims = input.pixelDims;
+  if (input.jpeg !== undefined) {
+    if (!Array.isArray(dims)) throw new TypeError('encoder-mtmd: pixelDims must be an array');
+    const image = imageOfDims(input, contract);
+    if (input.jpeg.width !== image.width || input.jpeg.height !== image.height) {
+      throw new RangeError(
+        `encoder-mtmd: the JPEG is planned at ${input.jpeg.width}×${input.jpeg.height}, its tensor describes ${image.width}×${image.height}`,
+      );
+    }
+    return image;
+  }
   if (!(input.pixelValues instanceof Float32Array)) throw new TypeError('encoder-mtmd: pixelValues must be a Float32Array');
   if (input.pixelValues.buffer.byteLength === 0)
     throw new Error('encoder-mtmd: pixelValues is detached (its buffer was handed to another stage)');
-  const dims = input.pixelDims;
   const count = (d: readonly number[]): number => d.reduce((a, b) => a * b, 1);
   if (!Array.isArray(dims) || count(dims) !== input.pixelValues.length) {
     throw new RangeError(
       `encoder-mtmd: pixelDims [${String(dims)}] need ${Array.isArray(dims) ? count(dims) : '?'} values, got ${input.pixelValues.length}`,
     );
   }
+  return imageOfDims(input, contract);
+}
+
+/** The image a tensor's dims (and gemma4 position ids) describe. */
+function imageOfDims(input: PixelTensor, contract: MtmdContractInfo): VisionImage {
+  const dims = input.pixelDims;
   if (dims[0] !== 1) throw new RangeError(`encoder-mtmd: batch ${dims[0]} is not supported (one image per frame)`);
   if (contract.kind === 'gemma3') {
     const s = contract.imageSize!;
@@ -243,6 +267,10 @@ class MtmdEncoder implements MtmdEncoderStage {
     return this.#vision.info;
   }
 
+  get decodesJpeg(): boolean {
+    return this.#vision.info.decodesJpeg;
+  }
+
   stats(): MtmdEncoderStats {
     return {
       runs: this.#runs,
@@ -253,10 +281,24 @@ class MtmdEncoder implements MtmdEncoderStage {
     };
   }
 
-  async process(input: PixelTensor, ctx: StageContext): Promise<ImageEmbedding> {
+  process(input: PixelTensor, ctx: StageContext): Promise<ImageEmbedding> {
+    return this.#encodeOne(input, ctx.signal);
+  }
+
+  async jpegPixels(input: PixelTensor): Promise<Float32Array> {
+    if (this.#closing) throw new Error('encoder-mtmd: stage is closed');
+    if (!input?.jpeg) throw new TypeError('encoder-mtmd: jpegPixels needs a tensor with a jpeg (preprocess jpegToEncoder)');
+    const image = clipImageOf(input, this.contract);
+    const jpeg = input.jpeg;
+    return this.#slot.run(() => this.#vision.jpegPixels(jpeg, image), new AbortController().signal);
+  }
+
+  async #encodeOne(input: PixelTensor, signal: AbortSignal): Promise<ImageEmbedding> {
     if (this.#closing) throw new Error('encoder-mtmd: stage is closed');
     const image = clipImageOf(input, this.contract);
-    const result = await this.#slot.run(() => this.#encode(input, image), ctx.signal);
+    if (input.jpeg && !this.decodesJpeg)
+      throw new Error('encoder-mtmd: got a JPEG to decode on the GPU, but this encoder cannot (a CUDA build with nvJPEG, on the GPU)');
+    const result = await this.#slot.run(() => this.#encode(input, image), signal);
     if (result.nEmbd !== this.contract.hidden)
       throw new Error(`encoder-mtmd: clip returned width ${result.nEmbd}, expected ${this.contract.hidden}`);
     if (result.nTokens !== input.imageTokens) {
@@ -279,8 +321,21 @@ class MtmdEncoder implements MtmdEncoderStage {
         `encoder-mtmd: a batch is one image size: input ${odd} is ${images[odd]!.width}×${images[odd]!.height}, input 0 is ${first.width}×${first.height}`,
       );
     }
+    const never = new AbortController().signal;
+    if (inputs.some((t) => t.jpeg)) {
+      // GPU-decoded frames go through the graph one at a time (a batch's input is host pixels).
+      const out: ImageEmbedding[] = [];
+      for (const [i, t] of inputs.entries()) {
+        out.push(
+          await this.#encodeOne(t, never).catch((err: unknown) => {
+            throw new Error(`encoder-mtmd: batch input ${i}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+          }),
+        );
+      }
+      return out;
+    }
     // Nothing gives up on a batch: it takes the slot (after any run in progress) and ends with clip.
-    const r = await this.#slot.run(() => this.#encodeBatch(inputs, first), new AbortController().signal);
+    const r = await this.#slot.run(() => this.#encodeBatch(inputs, first), never);
     const announced = inputs.find((t) => t.imageTokens !== r.nTokens);
     if (announced) {
       throw new Error(
@@ -293,7 +348,9 @@ class MtmdEncoder implements MtmdEncoderStage {
   async #encode(input: PixelTensor, image: VisionImage): Promise<VisionEncodeResult> {
     let result: VisionEncodeResult;
     try {
-      result = await this.#vision.encode(input.pixelValues, image, this.#profile);
+      result = input.jpeg
+        ? await this.#vision.encodeJpeg(input.jpeg, image, this.#profile)
+        : await this.#vision.encode(input.pixelValues, image, this.#profile);
     } catch (err) {
       throw new Error(`encoder-mtmd: encode failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     } finally {

@@ -342,6 +342,8 @@ class OnnxEncoder implements OnnxEncoderStage {
     const c = this.contract;
     if (input?.contract !== c.kind) throw new Error(`encoder-onnx: got a ${String(input?.contract)} tensor, the model is ${c.kind}`);
     const count = (dims: readonly number[]): number => dims.reduce((a, b) => a * b, 1);
+    if (input.jpeg)
+      throw new Error('encoder-onnx: got an undecoded JPEG (for an encoder that decodes on its GPU); this one takes pixel values');
     if (!(input.pixelValues instanceof Float32Array)) throw new TypeError('encoder-onnx: pixelValues must be a Float32Array');
     if (input.pixelValues.buffer.byteLength === 0)
       throw new Error('encoder-onnx: pixelValues is detached (its buffer was already handed to the encoder)');

@@ -106,6 +106,7 @@ export function createProjectionEncoderStage(cfg: ProjectionEncoderConfig): Stag
   return {
     name: 'encode',
     async process(input: PixelTensor, _ctx: StageContext): Promise<ImageEmbedding> {
+      if (input?.jpeg) throw new Error('encoder-projection: got an undecoded JPEG (for an encoder that decodes on its GPU)');
       let desc: Float32Array;
       let nTokens: number;
       if (input?.contract === 'gemma3') {

@@ -16,9 +16,13 @@ export interface CameraFrame {
 export type EncoderContract = 'gemma3' | 'gemma4';
 export interface PixelTensor {
   readonly contract: EncoderContract;
-  /** gemma3: [N,3,896,896] CHW in [-1,1]; gemma4: [N,P,768] patches (HWC 16×16×3) in [0,1]. */
+  /** gemma3: [N,3,896,896] CHW in [-1,1]; gemma4: [N,P,768] patches (HWC 16×16×3) in [0,1]. Empty
+   * (length 0) when `jpeg` is set: the encoder makes these values on its GPU. */
   readonly pixelValues: Float32Array;
   readonly pixelDims: readonly number[];
+  /** A JPEG frame left for the encoder to decode, resize and lay out on its GPU (an encoder whose
+   * decodesJpeg is true); pixelDims and positionIds describe the tensor it makes there. */
+  readonly jpeg?: DeviceJpegFrame;
   /** gemma4 only: [N,P,2] (col,row) per patch, −1 for padding. */
   readonly positionIds?: BigInt64Array;
   readonly positionDims?: readonly number[];
@@ -28,6 +32,21 @@ export interface PixelTensor {
    * calls this at most once, when nothing reads the array any more; after a transfer to a worker and
    * back, it passes the array it got back. Optional: without a call the array is garbage collected. */
   readonly recycle?: (pixelValues: Float32Array) => void;
+}
+
+/** What the host part of preprocessing read and decided for a JPEG the encoder decodes on its GPU:
+ * the header's stored size and EXIF orientation, the filter, the normalization
+ * ((v/255 − offset)/scale) and the display-oriented size to resample to. */
+export interface DeviceJpegFrame {
+  readonly data: Uint8Array;
+  readonly storedWidth: number;
+  readonly storedHeight: number;
+  readonly orientation: number;
+  readonly kernel: 'linear' | 'cubic';
+  readonly scale: number;
+  readonly offset: number;
+  readonly width: number;
+  readonly height: number;
 }
 
 /** Where a preprocessor gets its pixel arrays from, when the encoder has memory it reads faster (the

@@ -18,6 +18,9 @@
 //     processors resize with PIL); libvips's enlarging (affine) path cost 10+ ms and samples half an
 //     output pixel off that grid.
 //   - A raw frame that already has the target size skips sharp entirely.
+//   - With jpegToEncoder (an encoder that decodes JPEG on its GPU: nvJPEG), a JPEG frame is not decoded
+//     here at all: the stage reads its header, plans the tensor (size, position ids, tokens) and hands
+//     the frame on in PixelTensor.jpeg; the encoder decodes, resizes and lays it out on the device.
 //   - pixel_values comes from a small pool: the encoder hands the array back through
 //     PixelTensor.recycle when it is done, so steady state allocates nothing (and a 7.7 MB array per
 //     frame no longer feeds the GC). The pool's arrays come from the encoder's allocator where it
@@ -59,6 +62,10 @@ export interface PreprocessConfig {
   /** Where pixel_values arrays come from (the encoder's: pinned host memory on CUDA); an ordinary
    * Float32Array where it gives undefined or is absent. */
   readonly allocate?: PixelAllocator;
+  /** JPEG frames go to the encoder undecoded (PixelTensor.jpeg), for an encoder that decodes them
+   * on its GPU (decodesJpeg); this stage only reads their header and plans the tensor. Frames the GPU
+   * path does not take stay here: other encodings, CMYK JPEGs, kernels other than linear and cubic. */
+  readonly jpegToEncoder?: boolean;
 }
 
 const GEMMA3_IMAGE_SIZE = 896;
@@ -139,6 +146,8 @@ interface SourceImage {
   /** Channels are B,G,R in memory (swapped by the layout pass: resizing does not care). */
   readonly bgr: boolean;
   readonly hasAlpha: boolean;
+  /** A JPEG of 1 or 3 channels (what nvJPEG decodes to RGB). */
+  readonly gpuDecodable?: boolean;
   /** A raw frame of the target size: the pixels the layout pass reads as they are (sharp is skipped). */
   readonly direct?: StoredPixels;
 }
@@ -177,7 +186,8 @@ async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<S
     throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
   const o = meta.orientation ?? 1;
   const orientation = Number.isInteger(o) && o >= 1 && o <= 8 ? o : 1;
-  return { input: buffer, width, height, orientation, bgr: false, hasAlpha: meta.hasAlpha === true };
+  const gpuDecodable = meta.format === 'jpeg' && (meta.channels === 1 || meta.channels === 3) && meta.space !== 'cmyk';
+  return { input: buffer, width, height, orientation, bgr: false, hasAlpha: meta.hasAlpha === true, gpuDecodable };
 }
 
 /** Validates a raw frame. Rows are repacked only where sharp has to read them (it wants packed rows,
@@ -319,6 +329,8 @@ export interface PreprocessStage extends Stage<CameraFrame, PixelTensor> {
   readonly threads: number;
   /** pixel_values arrays allocated so far (steady state: 2, when the encoder recycles them). */
   allocatedArrays(): number;
+  /** JPEG frames handed to the encoder undecoded (jpegToEncoder). */
+  jpegsToEncoder(): number;
 }
 
 export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
@@ -338,6 +350,11 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
   if (cfg.imageTokens !== undefined) clampImageTokens(cfg.imageTokens);
   if (cfg.allocate !== undefined && typeof cfg.allocate !== 'function')
     throw new TypeError(`preprocess: allocate must be a function, got ${typeof cfg.allocate}`);
+  if (cfg.jpegToEncoder !== undefined && typeof cfg.jpegToEncoder !== 'boolean')
+    throw new TypeError(`preprocess: jpegToEncoder must be a boolean, got ${String(cfg.jpegToEncoder)}`);
+  const jpegKernel = kernel === 'linear' || kernel === 'cubic' ? kernel : undefined;
+  const jpegToEncoder = cfg.jpegToEncoder === true && jpegKernel !== undefined;
+  let jpegsToEncoder = 0;
   configureLibvips(threads);
   const pool = new PixelPool(cfg.allocate);
   const recycle = (values: Float32Array): void => pool.give(values);
@@ -405,14 +422,63 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
       ...(layout === 'chw' ? { scale: 0.5, offset: 0.5 } : {}),
     });
 
+  /** The tensor the encoder will make from this JPEG on its GPU: the same dims, position ids and token
+   * count as the host path, with the frame in place of pixel values. */
+  const planOnEncoder = (
+    data: Uint8Array,
+    src: SourceImage,
+    target: { width: number; height: number; budget: number },
+    filter: 'linear' | 'cubic',
+  ): PixelTensor => {
+    const gemma3 = cfg.contract === 'gemma3';
+    const jpeg = {
+      data,
+      storedWidth: src.width,
+      storedHeight: src.height,
+      orientation: src.orientation,
+      kernel: filter,
+      // As the host layout pass: gemma3 (v/255 − 0.5)/0.5, gemma4 v/255.
+      ...(gemma3 ? { scale: 0.5, offset: 0.5 } : { scale: 1, offset: 0 }),
+      width: target.width,
+      height: target.height,
+    };
+    if (gemma3) {
+      return {
+        contract: 'gemma3',
+        pixelValues: new Float32Array(0),
+        pixelDims: [1, 3, imageSize, imageSize],
+        imageTokens: Math.floor(imageSize / 56) ** 2,
+        jpeg,
+      };
+    }
+    const cols = target.width / GEMMA4_PATCH;
+    const rows = target.height / GEMMA4_PATCH;
+    const tokens = (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL);
+    const capacity = Math.max(target.budget, tokens) * GEMMA4_POOL * GEMMA4_POOL;
+    return {
+      contract: 'gemma4',
+      pixelValues: new Float32Array(0),
+      pixelDims: [1, capacity, GEMMA4_PATCH_DIM],
+      positionIds: gemma4Positions(cols, cols * rows, capacity),
+      positionDims: [1, capacity, 2],
+      imageTokens: tokens,
+      jpeg,
+    };
+  };
+
   return {
     name: 'preprocess',
     contract: cfg.contract,
     threads,
     allocatedArrays: () => pool.allocated,
+    jpegsToEncoder: () => jpegsToEncoder,
     async process(frame: CameraFrame, ctx: StageContext): Promise<PixelTensor> {
       const src = await describe(frame, ctx);
       const target = targetOf(src.width, src.height, src.orientation, ctx);
+      if (jpegToEncoder && src.gpuDecodable === true && jpegKernel !== undefined) {
+        jpegsToEncoder++;
+        return planOnEncoder(frame.data, src, target, jpegKernel);
+      }
       const px = await pixelsOf(src, frame.encoding, target);
       if (cfg.contract === 'gemma3') {
         const values = pool.take(3 * imageSize * imageSize);

@@ -183,7 +183,12 @@ export interface PerceptConfig {
   /** Several cameras on shared engines (then `source` is not used); absent: `source` is the one camera. */
   readonly cameras?: readonly CameraConfig[];
   readonly batching: BatchingConfig;
-  readonly preprocess: { readonly maxPixels: number; readonly threads: number };
+  readonly preprocess: {
+    readonly maxPixels: number;
+    readonly threads: number;
+    /** auto: JPEG frames decoded on the encoder's GPU where it can (nvJPEG); host: always by libvips here. */
+    readonly jpegDecode: 'auto' | 'host';
+  };
   readonly encoder: EncoderConfig;
   readonly decoder: DecoderConfig;
   readonly actions: { readonly schema: string };

@@ -14,7 +14,7 @@ if (!style) {
   process.exit(0);
 }
 const files = readdirSync(src)
-  .filter((name) => /\.(h|cc)$/.test(name))
+  .filter((name) => /\.(h|cc|cu)$/.test(name))
   .sort()
   .map((name) => join('native', 'src', name));
 const r = spawnSync('clang-format', ['--dry-run', '--Werror', ...files], { cwd: root, stdio: 'inherit' });

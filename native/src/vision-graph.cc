@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <tuple>
@@ -632,13 +633,32 @@ void VisionGraph::reserve(PixelLayout layout, int32_t width, int32_t height, int
 void VisionGraph::encode(const std::vector<const float *> & pixels, PixelLayout layout, int32_t width, int32_t height, float * out,
                          VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops) {
     Graph & g = laidOut({layout, width, height, int32_t(pixels.size())}, times);
-    int64_t t0 = monotonicNs();
+    const int64_t t0 = monotonicNs();
     const size_t perImage = ggml_nbytes(g.pixels) / pixels.size();
     for (size_t i = 0; i < pixels.size(); i++) ggml_backend_tensor_set(g.pixels, pixels[i], i * perImage, perImage);
     times.upload = msSince(t0);
+    computeAndRead(g, out, times, ops);
+}
 
+void VisionGraph::encodeFilled(const std::function<void(ggml_tensor * pixels)> & fill, PixelLayout layout, int32_t width, int32_t height,
+                               float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops) {
+    Graph & g = laidOut({layout, width, height, 1}, times);
+    const int64_t t0 = monotonicNs();
+    fill(g.pixels);
+    times.upload = msSince(t0);
+    computeAndRead(g, out, times, ops);
+}
+
+int32_t VisionGraph::cudaDevice() const {
+    if (!isCudaBackend(backend_.get())) return -1;
+    // ggml-cuda names its devices CUDA0, CUDA1, … by their CUDA index.
+    const char * name = ggml_backend_dev_name(ggml_backend_get_device(backend_.get()));
+    return std::strncmp(name, "CUDA", 4) == 0 ? int32_t(std::strtol(name + 4, nullptr, 10)) : -1;
+}
+
+void VisionGraph::computeAndRead(Graph & g, float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops) {
     ggml_backend_t backend = backend_.get();
-    t0 = monotonicNs();
+    int64_t t0 = monotonicNs();
     if (ops == nullptr) {
         if (ggml_backend_graph_compute(backend, g.gf) != GGML_STATUS_SUCCESS) throw std::runtime_error("graph compute failed");
     } else {

@@ -8,6 +8,7 @@
 #include "util.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -371,6 +372,16 @@ public:
             src_.push_back(px.Data());
         }
     }
+    // One JPEG, decoded and laid out on the graph's GPU (Vision::decodesJpeg), of the stored size
+    // the caller read from its header.
+    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, Napi::Uint8Array jpeg, const DeviceJpegPlan & plan, int32_t storedWidth,
+                 int32_t storedHeight, VisionProfile::Mode profile)
+        : ThreadWorker(env, "percept:Vision.encodeJpeg", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision),
+          layout_(plan.patches ? PixelLayout::Patches : PixelLayout::Chw), width_(plan.width), height_(plan.height), profileMode_(profile),
+          single_(true), jpeg_(jpeg.Data()), jpegBytes_(jpeg.ByteLength()), plan_(plan), storedWidth_(storedWidth),
+          storedHeight_(storedHeight) {
+        refs_.push_back(Napi::Persistent(jpeg.As<Napi::Object>()));
+    }
 
 protected:
     void Execute() override {
@@ -436,12 +447,17 @@ protected:
     // phases on every call; a profile asks only for the per-op times in addition.
     void encodeWithGraph(VisionGraph & graph) {
         const int64_t t0 = monotonicNs();
-        const size_t n = src_.size();
+        const size_t n = images();
         nTokens_ = graph.outputTokens(width_, height_);
         nEmbd_ = graph.nOutEmbd();
         out_ = std::make_unique<std::vector<float>>(size_t(nTokens_) * size_t(nEmbd_) * n);
         const int64_t t1 = monotonicNs();
-        graph.encode(src_, layout_, width_, height_, out_->data(), times_, profileMode_ == VisionProfile::Mode::Ops ? &graphOps_ : nullptr);
+        std::map<std::string, VisionOpTime> * ops = profileMode_ == VisionProfile::Mode::Ops ? &graphOps_ : nullptr;
+        if (jpeg_ != nullptr) {
+            graph.encodeFilled([this](ggml_tensor * pixels) { decodeInto(pixels); }, layout_, width_, height_, out_->data(), times_, ops);
+        } else {
+            graph.encode(src_, layout_, width_, height_, out_->data(), times_, ops);
+        }
         const int64_t t2 = monotonicNs();
         perceptGraph_ = true;
         batched_ = n > 1;
@@ -452,10 +468,31 @@ protected:
         for (const auto & [name, op] : graphOps_) ops_[name] = {op.ms, op.count, op.onHost};
     }
 
+    // Images in this encode: the arrays, or the one JPEG.
+    size_t images() const { return jpeg_ != nullptr ? 1 : src_.size(); }
+
+    // The JPEG decoded on the GPU and resampled straight into the graph's input tensor.
+    void decodeInto(ggml_tensor * pixels) {
+        DeviceJpeg & decoder = vision_->deviceJpeg();
+        const int64_t t0 = monotonicNs();
+        int32_t w = 0, h = 0;
+        decoder.decode(jpeg_, jpegBytes_, w, h);
+        if (w != storedWidth_ || h != storedHeight_) {
+            throw std::runtime_error("the JPEG is " + std::to_string(w) + "x" + std::to_string(h) + ", its header was read as " +
+                                     std::to_string(storedWidth_) + "x" + std::to_string(storedHeight_));
+        }
+        const int64_t t1 = monotonicNs();
+        if (ggml_nbytes(pixels) != size_t(width_) * size_t(height_) * 3 * sizeof(float))
+            throw std::runtime_error("the graph's input is not one image of the planned size");
+        decoder.layout(static_cast<float *>(pixels->data), plan_);
+        jpegDecodeMs_ = double(t1 - t0) / 1e6;
+        deviceLayoutMs_ = double(monotonicNs() - t1) / 1e6;
+    }
+
     void OnOK() override {
         Napi::Env env = Env();
         vision_->releaseBusy();
-        const size_t n = src_.size();
+        const size_t n = images();
         const size_t perImage = size_t(nTokens_) * size_t(nEmbd_);
         std::vector<float> * out = out_.release();
         Napi::ArrayBuffer buffer = Napi::ArrayBuffer::New(
@@ -482,6 +519,10 @@ protected:
             ph.Set("uploadMs", times_.upload);
             ph.Set("computeMs", times_.compute);
             ph.Set("readMs", times_.read);
+            if (jpeg_ != nullptr) {
+                ph.Set("jpegDecodeMs", jpegDecodeMs_);
+                ph.Set("deviceLayoutMs", deviceLayoutMs_);
+            }
             o.Set("phases", ph);
         }
         if (profileMode_ != VisionProfile::Mode::Off) {
@@ -527,6 +568,62 @@ private:
     int32_t nTokens_ = 0, nEmbd_ = 0;
     double prepareMs_ = 0, encodeMs_ = 0, setupMs_ = 0, computeMs_ = 0;
     std::map<std::string, VisionProfile::OpStat> ops_;
+    const uint8_t * jpeg_ = nullptr;  // set: the image is this JPEG (refs_ keeps it alive)
+    size_t jpegBytes_ = 0;
+    DeviceJpegPlan plan_;
+    int32_t storedWidth_ = 0, storedHeight_ = 0;
+    double jpegDecodeMs_ = 0, deviceLayoutMs_ = 0;
+};
+
+// The pixels encodeJpeg would hand the graph, brought back to the host: the GPU path checked
+// against the host layout pass (tests, bench encode --check).
+class JpegPixelsWorker : public ThreadWorker {
+public:
+    JpegPixelsWorker(Napi::Env env, Napi::Object self, Vision * vision, Napi::Uint8Array jpeg, const DeviceJpegPlan & plan,
+                     int32_t storedWidth, int32_t storedHeight)
+        : ThreadWorker(env, "percept:Vision.jpegPixels", "EENCODE"), self_(Napi::Persistent(self)),
+          jpegRef_(Napi::Persistent(jpeg.As<Napi::Object>())), vision_(vision), jpeg_(jpeg.Data()), jpegBytes_(jpeg.ByteLength()),
+          plan_(plan), storedWidth_(storedWidth), storedHeight_(storedHeight) {}
+
+protected:
+    void Execute() override {
+        try {
+            DeviceJpeg & decoder = vision_->deviceJpeg();
+            int32_t w = 0, h = 0;
+            decoder.decode(jpeg_, jpegBytes_, w, h);
+            if (w != storedWidth_ || h != storedHeight_) {
+                SetError("the JPEG is " + std::to_string(w) + "x" + std::to_string(h) + ", its header was read as " +
+                         std::to_string(storedWidth_) + "x" + std::to_string(storedHeight_));
+                return;
+            }
+            out_ = std::make_unique<std::vector<float>>(size_t(plan_.width) * size_t(plan_.height) * 3);
+            decoder.layoutToHost(out_->data(), plan_);
+        } catch (const std::exception & e) {
+            SetError(std::string("GPU JPEG path failed: ") + e.what());
+        }
+    }
+    void OnOK() override {
+        Napi::Env env = Env();
+        vision_->releaseBusy();
+        std::vector<float> * out = out_.release();
+        Napi::ArrayBuffer buffer = Napi::ArrayBuffer::New(
+            env, out->data(), out->size() * sizeof(float), [](Napi::Env, void *, std::vector<float> * v) { delete v; }, out);
+        deferred_.Resolve(Napi::Float32Array::New(env, out->size(), buffer, 0));
+    }
+    void OnError(const Napi::Error & e) override {
+        vision_->releaseBusy();
+        ThreadWorker::OnError(e);
+    }
+
+private:
+    Napi::ObjectReference self_;
+    Napi::ObjectReference jpegRef_;
+    Vision * vision_;
+    const uint8_t * jpeg_;
+    size_t jpegBytes_;
+    DeviceJpegPlan plan_;
+    int32_t storedWidth_, storedHeight_;
+    std::unique_ptr<std::vector<float>> out_;
 };
 
 }  // namespace
@@ -543,6 +640,8 @@ Napi::Function Vision::Init(Napi::Env env) {
                            InstanceMethod<&Vision::Info>("info"),
                            InstanceMethod<&Vision::Encode>("encode"),
                            InstanceMethod<&Vision::EncodeBatch>("encodeBatch"),
+                           InstanceMethod<&Vision::EncodeJpeg>("encodeJpeg"),
+                           InstanceMethod<&Vision::JpegPixels>("jpegPixels"),
                            InstanceMethod<&Vision::AllocatePixels>("allocatePixels"),
                            InstanceMethod<&Vision::Dispose>("dispose"),
                        });
@@ -645,6 +744,7 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
     for (size_t u = 0; u < report_.unsupportedOps.size(); u++) unsupported.Set(uint32_t(u), report_.unsupportedOps[u]);
     o.Set("unsupportedOps", unsupported);
     o.Set("batchable", graph_ != nullptr || clipSupportsBatch(ctx_));
+    o.Set("decodesJpeg", decodesJpeg());
     o.Set("profile", profile_ != nullptr);
     return o;
 }
@@ -700,13 +800,18 @@ Napi::Value Vision::EncodeBatch(const Napi::CallbackInfo & info) {
     return Queue(info, std::move(images), requireObject(info[1], "Vision.encodeBatch options"), false);
 }
 
-Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Float32Array> images, const Napi::Object & o, bool single) {
-    Napi::Env env = info.Env();
-    const char * fn = single ? "Vision.encode" : "Vision.encodeBatch";
+struct Vision::EncodeShape {
+    PixelLayout layout;
+    int32_t width, height;
+    VisionProfile::Mode profile;
+};
+
+// The layout, size and profile mode of an encode, refused here wherever clip would otherwise
+// GGML_ASSERT/ABORT on them.
+Vision::EncodeShape Vision::checkEncodeShape(Napi::Env env, const Napi::Object & o, const char * fn) const {
     const std::string opts = std::string(fn) + " options";
     const char * w = opts.c_str();
     const PixelLayout layout = requireChoice(o, "layout", {"chw", "patches"}, w) == 0 ? PixelLayout::Chw : PixelLayout::Patches;
-    const char * layoutName = layout == PixelLayout::Chw ? "chw" : "patches";
     const int64_t width = requireInt(o, "width", 1, 46000, w);
     const int64_t height = requireInt(o, "height", 1, 46000, w);
     const VisionProfile::Mode profileModes[] = {VisionProfile::Mode::Off, VisionProfile::Mode::Phases, VisionProfile::Mode::Ops};
@@ -714,7 +819,6 @@ Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Flo
     if (profile != VisionProfile::Mode::Off && profile_ == nullptr)
         throw Napi::Error::New(env, std::string(fn) + ": profiling needs Vision.load(path, { profile: true })");
 
-    // Every condition clip would otherwise GGML_ASSERT/ABORT on is refused here with a message.
     const int64_t p = meta_.patchSize;
     const std::string where = std::string(fn) + " (" + meta_.projector + "): ";
     if (width % p != 0 || height % p != 0) {
@@ -745,32 +849,119 @@ Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Flo
                                             " exceeds the position table (" + std::to_string(meta_.positionTable) + ")");
         }
     }
-    const size_t need = size_t(width) * size_t(height) * 3;
-    for (size_t i = 0; i < images.size(); i++) {
-        const size_t got = images[i].ElementLength();
-        if (layout == PixelLayout::Chw ? got != need : got < need) {
-            const std::string which = single ? std::string("pixels") : "images[" + std::to_string(i) + "]";
-            throw Napi::RangeError::New(env,
-                                        where + which + " has " + std::to_string(got) + " values, " +
-                                            (layout == PixelLayout::Chw ? "expected " : "need at least ") + std::to_string(need) + " for " +
-                                            layoutName + " " + std::to_string(width) + "x" + std::to_string(height));
-        }
-    }
+    return {layout, int32_t(width), int32_t(height), profile};
+}
+
+void Vision::takeBusy(Napi::Env env) {
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true)) {
         throw codedError(env, "EBUSY", "Vision is busy: one encode at a time per context; await the running one");
     }
+}
+
+Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Float32Array> images, const Napi::Object & o, bool single) {
+    Napi::Env env = info.Env();
+    const char * fn = single ? "Vision.encode" : "Vision.encodeBatch";
+    const EncodeShape shape = checkEncodeShape(env, o, fn);
+    const char * layoutName = shape.layout == PixelLayout::Chw ? "chw" : "patches";
+    const std::string where = std::string(fn) + " (" + meta_.projector + "): ";
+    const size_t need = size_t(shape.width) * size_t(shape.height) * 3;
+    for (size_t i = 0; i < images.size(); i++) {
+        const size_t got = images[i].ElementLength();
+        if (shape.layout == PixelLayout::Chw ? got != need : got < need) {
+            const std::string which = single ? std::string("pixels") : "images[" + std::to_string(i) + "]";
+            throw Napi::RangeError::New(env,
+                                        where + which + " has " + std::to_string(got) + " values, " +
+                                            (shape.layout == PixelLayout::Chw ? "expected " : "need at least ") + std::to_string(need) +
+                                            " for " + layoutName + " " + std::to_string(shape.width) + "x" + std::to_string(shape.height));
+        }
+    }
+    takeBusy(env);
     auto * worker =
-        new EncodeWorker(env, info.This().As<Napi::Object>(), this, images, layout, int32_t(width), int32_t(height), profile, single);
+        new EncodeWorker(env, info.This().As<Napi::Object>(), this, images, shape.layout, shape.width, shape.height, shape.profile, single);
     Napi::Promise promise = worker->promise();
     worker->Queue(*thread_);
     return promise;
+}
+
+// The JPEG and how to lay it out, from (jpeg, options) of encodeJpeg and jpegPixels: the encode's
+// layout, width, height (the encoder's input, display-oriented) and profile, plus the frame's stored
+// size and EXIF orientation as read from its header, the resampling kernel and the normalization
+// (v/255 − offset)/scale. Refuses where the GPU path cannot run (ENOTSUP).
+struct Vision::JpegRequest {
+    Napi::Uint8Array jpeg;
+    EncodeShape shape;
+    DeviceJpegPlan plan;
+    int32_t storedWidth, storedHeight;
+};
+
+Vision::JpegRequest Vision::checkJpegRequest(const Napi::CallbackInfo & info, const char * fn) const {
+    Napi::Env env = info.Env();
+    if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Vision is disposed");
+    if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+        throw Napi::TypeError::New(env, std::string(fn) + ": jpeg must be a Uint8Array");
+    Napi::Uint8Array jpeg = info[0].As<Napi::Uint8Array>();
+    if (jpeg.ByteLength() == 0) throw Napi::RangeError::New(env, std::string(fn) + ": jpeg is empty");
+    const std::string where = std::string(fn) + " options";
+    const char * w = where.c_str();
+    const Napi::Object o = requireObject(info[1], w);
+    const EncodeShape shape = checkEncodeShape(env, o, fn);
+    DeviceJpegPlan plan;
+    plan.width = shape.width;
+    plan.height = shape.height;
+    plan.patches = shape.layout == PixelLayout::Patches;
+    plan.patch = meta_.patchSize;
+    plan.cubic = requireChoice(o, "kernel", {"linear", "cubic"}, w) == 1;
+    plan.orientation = int32_t(requireInt(o, "orientation", 1, 8, w));
+    plan.scale = float(requireNumber(o, "scale", -FLT_MAX, FLT_MAX, w));
+    plan.offset = float(requireNumber(o, "offset", -FLT_MAX, FLT_MAX, w));
+    if (plan.scale == 0) throw Napi::RangeError::New(env, std::string(fn) + ": options.scale must not be 0");
+    const int32_t storedWidth = int32_t(requireInt(o, "storedWidth", 1, 65535, w));
+    const int32_t storedHeight = int32_t(requireInt(o, "storedHeight", 1, 65535, w));
+    if (!decodesJpeg()) {
+        throw codedError(env, "ENOTSUP",
+                         std::string(fn) + ": " +
+                             (!DeviceJpeg::built()    ? "this build has no GPU JPEG decoder (CUDA with nvJPEG)"
+                                  : graph_ == nullptr ? "clip's own encode runs (percept's graph decodes JPEG on the GPU)"
+                                                      : "the encoder does not run on a CUDA device"));
+    }
+    return {jpeg, shape, plan, storedWidth, storedHeight};
+}
+
+// encodeJpeg(jpeg, options): one JPEG frame decoded by nvJPEG and resampled on the graph's GPU into
+// the graph's input (no pixels on the host).
+Napi::Value Vision::EncodeJpeg(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    const JpegRequest r = checkJpegRequest(info, "Vision.encodeJpeg");
+    takeBusy(env);
+    auto * worker =
+        new EncodeWorker(env, info.This().As<Napi::Object>(), this, r.jpeg, r.plan, r.storedWidth, r.storedHeight, r.shape.profile);
+    Napi::Promise promise = worker->promise();
+    worker->Queue(*thread_);
+    return promise;
+}
+
+// jpegPixels(jpeg, options): the input encodeJpeg would make, as a Float32Array.
+Napi::Value Vision::JpegPixels(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    const JpegRequest r = checkJpegRequest(info, "Vision.jpegPixels");
+    takeBusy(env);
+    auto * worker = new JpegPixelsWorker(env, info.This().As<Napi::Object>(), this, r.jpeg, r.plan, r.storedWidth, r.storedHeight);
+    Napi::Promise promise = worker->promise();
+    worker->Queue(*thread_);
+    return promise;
+}
+
+DeviceJpeg & Vision::deviceJpeg() {
+    if (!jpeg_) jpeg_ = std::make_unique<DeviceJpeg>(graph_->cudaDevice());
+    return *jpeg_;
 }
 
 Napi::Value Vision::Dispose(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
     if (ctx_ == nullptr) return env.Undefined();
     if (busy_.load()) throw codedError(env, "EBUSY", "Vision is busy; await the running encode before dispose()");
+    jpeg_.reset();
     graph_.reset();
     clipFree(ctx_);
     ctx_ = nullptr;

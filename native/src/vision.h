@@ -6,6 +6,7 @@
 #pragma once
 
 #include "context-thread.h"
+#include "device-jpeg.h"
 #include "llama-internal.h"
 #include "vision-graph.h"
 
@@ -98,21 +99,33 @@ public:
     VisionProfile * profile() const { return profile_.get(); }
     // Null when clip's own encode runs.
     VisionGraph * graph() const { return graph_.get(); }
+    // Whether encodeJpeg can run: percept's graph on a CUDA device, in a build with nvJPEG.
+    bool decodesJpeg() const { return DeviceJpeg::built() && graph_ != nullptr && graph_->cudaDevice() >= 0; }
+    // The GPU JPEG decoder, made on first use (on the encode thread, which alone uses it).
+    DeviceJpeg & deviceJpeg();
 
 private:
     static Napi::Value Load(const Napi::CallbackInfo & info);
     Napi::Value Info(const Napi::CallbackInfo & info);
     Napi::Value Encode(const Napi::CallbackInfo & info);
     Napi::Value EncodeBatch(const Napi::CallbackInfo & info);
+    Napi::Value EncodeJpeg(const Napi::CallbackInfo & info);
+    Napi::Value JpegPixels(const Napi::CallbackInfo & info);
     Napi::Value AllocatePixels(const Napi::CallbackInfo & info);
     Napi::Value Dispose(const Napi::CallbackInfo & info);
     Napi::Value Queue(const Napi::CallbackInfo & info, std::vector<Napi::Float32Array> images, const Napi::Object & options, bool single);
+    struct EncodeShape;
+    EncodeShape checkEncodeShape(Napi::Env env, const Napi::Object & o, const char * fn) const;
+    void takeBusy(Napi::Env env);
+    struct JpegRequest;
+    JpegRequest checkJpegRequest(const Napi::CallbackInfo & info, const char * fn) const;
 
     clip_ctx * ctx_ = nullptr;
     VisionMeta meta_;
     VisionLoadReport report_;
     std::unique_ptr<VisionProfile> profile_;
     std::unique_ptr<VisionGraph> graph_;  // destroyed before the clip context whose weights it uses
+    std::unique_ptr<DeviceJpeg> jpeg_;
     VisionScratch scratch_;
     int32_t nEmbd_ = 0;
     std::atomic<bool> busy_{false};
