@@ -108,7 +108,7 @@ export async function createCameraStages(
     const encoders = createCameraEncoderStages(encoder, { cameras: n, waitMs: config.batching.encodeWaitMs });
     built.push(...encoders);
     const { createActionsStage } = await import('../nodes/actions.ts');
-    const preprocess = await Promise.all(cameras.map(() => createPreprocessFor(config, encoded, { batched: true })));
+    const preprocess = await Promise.all(cameras.map(() => createPreprocessFor(config, encoded)));
     const actions = cameras.map(() => createActionsStage({ schema: actionSchema }));
     if (warmup) {
       const { warmUpStages } = await import('./warmup.ts');

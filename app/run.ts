@@ -291,15 +291,10 @@ export type CreatedEncoder = Awaited<ReturnType<typeof createEncoder>>;
 
 /** The preprocess stage for an encoder: its contract, the config's limits, the encoder's pixel
  * memory where it has its own (pinned host memory on CUDA), and JPEG frames left to the encoder's GPU
- * where it decodes them and the config allows (not for `batched` encodes: one graph call takes many
- * cameras' host pixels). */
-export async function createPreprocessFor(
-  config: PerceptConfig,
-  encoder: CreatedEncoder,
-  options: { readonly batched?: boolean } = {},
-): Promise<PreprocessStage> {
+ * where it decodes them and the config allows. */
+export async function createPreprocessFor(config: PerceptConfig, encoder: CreatedEncoder): Promise<PreprocessStage> {
   const { createPreprocessStage } = await import('../nodes/preprocess.ts');
-  const jpegToEncoder = config.preprocess.jpegDecode === 'auto' && encoder.decodesJpeg === true && options.batched !== true;
+  const jpegToEncoder = config.preprocess.jpegDecode === 'auto' && encoder.decodesJpeg === true;
   return createPreprocessStage({
     contract: encoder.contract,
     maxPixels: config.preprocess.maxPixels,

@@ -406,11 +406,16 @@ export interface NativeVisionEncodeOptions {
   profile: 'off' | 'phases' | 'ops';
 }
 
-export interface NativeVisionJpegOptions extends NativeVisionEncodeOptions {
-  /** The frame's size as stored and its EXIF orientation (1–8), read from its header. */
+/** A JPEG frame for the GPU path: its bytes, its size as stored and its EXIF orientation (1–8), read
+ * from its header. */
+export interface NativeJpegFrame {
+  data: Uint8Array;
   storedWidth: number;
   storedHeight: number;
   orientation: number;
+}
+
+export interface NativeVisionJpegOptions extends NativeVisionEncodeOptions {
   /** PIL's antialiased resampling filter. */
   kernel: 'linear' | 'cubic';
   /** value = (v/255 − offset)/scale. */
@@ -449,9 +454,11 @@ export declare class NativeVision {
   /** Same-size images in one call; each array is read until the promise settles. */
   encodeBatch(images: Float32Array[], options: NativeVisionEncodeOptions): Promise<NativeVisionBatchResult>;
   /** One JPEG decoded (nvJPEG) and laid out on the graph's GPU; rejects with ENOTSUP where info().decodesJpeg is false. */
-  encodeJpeg(jpeg: Uint8Array, options: NativeVisionJpegOptions): Promise<NativeVisionEncodeResult>;
-  /** The input encodeJpeg would make from `jpeg` (width × height × 3 floats in the layout), read back. */
-  jpegPixels(jpeg: Uint8Array, options: NativeVisionJpegOptions): Promise<Float32Array>;
+  encodeJpeg(frames: [NativeJpegFrame], options: NativeVisionJpegOptions): Promise<NativeVisionEncodeResult>;
+  /** 1 to 64 JPEG frames of one target size in one graph. */
+  encodeJpegBatch(frames: NativeJpegFrame[], options: NativeVisionJpegOptions): Promise<NativeVisionBatchResult>;
+  /** The input encodeJpeg would make from the frame (width × height × 3 floats in the layout), read back. */
+  jpegPixels(frames: [NativeJpegFrame], options: NativeVisionJpegOptions): Promise<Float32Array>;
   /** `length` floats in the device's pinned host memory; undefined where there is none (CPU, clip's own encode). */
   allocatePixels(length: number): Float32Array | undefined;
   dispose(): void;

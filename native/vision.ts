@@ -10,6 +10,7 @@ import {
   type NativeVisionBatchResult,
   type NativeVisionEncodeResult,
   type NativeVisionInfo,
+  type NativeJpegFrame,
   type NativeVisionJpegOptions,
   type NativeVisionPhases,
   type NativeVisionProfile,
@@ -154,10 +155,23 @@ export class LlamaVision {
    * nvJPEG cannot decode the data. Same one-at-a-time rule as encode().
    */
   async encodeJpeg(jpeg: VisionJpeg, image: VisionImage, profile: VisionProfileMode = 'off'): Promise<VisionEncodeResult> {
-    const options = this.#jpegOptions(jpeg, image, profile);
+    const [frames, options] = this.#jpegRequest([jpeg], image, profile);
     const stack = new Error();
     try {
-      return await this.#native.encodeJpeg(jpeg.data, options);
+      return await this.#native.encodeJpeg(frames as [NativeJpegFrame], options);
+    } catch (err) {
+      throw graft(err, stack);
+    }
+  }
+
+  /** Several JPEG frames of one target size (cameras of a rig) decoded on the GPU into one graph call,
+   * as encodeBatch does with pixel arrays. The frames share the kernel and normalization. */
+  async encodeJpegBatch(jpegs: readonly VisionJpeg[], image: VisionImage, profile: VisionProfileMode = 'off'): Promise<VisionBatchResult> {
+    if (!Array.isArray(jpegs) || jpegs.length === 0) throw invalid('jpegs', 'a non-empty array of VisionJpeg', jpegs);
+    const [frames, options] = this.#jpegRequest(jpegs, image, profile);
+    const stack = new Error();
+    try {
+      return await this.#native.encodeJpegBatch(frames, options);
     } catch (err) {
       throw graft(err, stack);
     }
@@ -166,33 +180,35 @@ export class LlamaVision {
   /** The input encodeJpeg would hand the graph for `jpeg` (width × height × 3 floats in the image's
    * layout), read back to the host: the GPU path checked against the host one. Same rules. */
   async jpegPixels(jpeg: VisionJpeg, image: VisionImage): Promise<Float32Array> {
-    const options = this.#jpegOptions(jpeg, image, 'off');
+    const [frames, options] = this.#jpegRequest([jpeg], image, 'off');
     const stack = new Error();
     try {
-      return await this.#native.jpegPixels(jpeg.data, options);
+      return await this.#native.jpegPixels(frames as [NativeJpegFrame], options);
     } catch (err) {
       throw graft(err, stack);
     }
   }
 
-  #jpegOptions(jpeg: VisionJpeg, image: VisionImage, profile: VisionProfileMode): NativeVisionJpegOptions {
-    plainObject('jpeg', jpeg);
-    if (!(jpeg.data instanceof Uint8Array) || jpeg.data.byteLength === 0) throw invalid('jpeg.data', 'a non-empty Uint8Array', jpeg.data);
-    const storedWidth = intIn('jpeg.storedWidth', jpeg.storedWidth, 1, 65535);
-    const storedHeight = intIn('jpeg.storedHeight', jpeg.storedHeight, 1, 65535);
-    const orientation = intIn('jpeg.orientation', jpeg.orientation, 1, 8);
-    const kernel = oneOf('jpeg.kernel', jpeg.kernel, ['linear', 'cubic']);
-    if (!(Number.isFinite(jpeg.scale) && jpeg.scale !== 0)) throw invalid('jpeg.scale', 'a finite non-zero number', jpeg.scale);
-    if (!Number.isFinite(jpeg.offset)) throw invalid('jpeg.offset', 'a finite number', jpeg.offset);
-    return {
-      ...this.#encodeOptions(image, profile),
-      storedWidth,
-      storedHeight,
-      orientation,
-      kernel,
-      scale: jpeg.scale,
-      offset: jpeg.offset,
-    };
+  #jpegRequest(jpegs: readonly VisionJpeg[], image: VisionImage, profile: VisionProfileMode): [NativeJpegFrame[], NativeVisionJpegOptions] {
+    const frames = jpegs.map((jpeg, i) => {
+      const name = jpegs.length === 1 ? 'jpeg' : `jpegs[${i}]`;
+      plainObject(name, jpeg);
+      if (!(jpeg.data instanceof Uint8Array) || jpeg.data.byteLength === 0)
+        throw invalid(`${name}.data`, 'a non-empty Uint8Array', jpeg.data);
+      return {
+        data: jpeg.data,
+        storedWidth: intIn(`${name}.storedWidth`, jpeg.storedWidth, 1, 65535),
+        storedHeight: intIn(`${name}.storedHeight`, jpeg.storedHeight, 1, 65535),
+        orientation: intIn(`${name}.orientation`, jpeg.orientation, 1, 8),
+      };
+    });
+    const first = jpegs[0]!;
+    const kernel = oneOf('jpeg.kernel', first.kernel, ['linear', 'cubic']);
+    if (!(Number.isFinite(first.scale) && first.scale !== 0)) throw invalid('jpeg.scale', 'a finite non-zero number', first.scale);
+    if (!Number.isFinite(first.offset)) throw invalid('jpeg.offset', 'a finite number', first.offset);
+    const odd = jpegs.findIndex((j) => j.kernel !== first.kernel || j.scale !== first.scale || j.offset !== first.offset);
+    if (odd >= 0) throw new RangeError(`jpegs[${odd}] has another kernel or normalization than jpegs[0]: one batch, one of each`);
+    return [frames, { ...this.#encodeOptions(image, profile), kernel, scale: first.scale, offset: first.offset }];
   }
 
   /**

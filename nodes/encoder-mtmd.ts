@@ -322,8 +322,11 @@ class MtmdEncoder implements MtmdEncoderStage {
       );
     }
     const never = new AbortController().signal;
-    if (inputs.some((t) => t.jpeg)) {
-      // GPU-decoded frames go through the graph one at a time (a batch's input is host pixels).
+    const jpegs = inputs.filter((t) => t.jpeg).length;
+    if (jpegs > 0 && !this.decodesJpeg)
+      throw new Error('encoder-mtmd: got a JPEG to decode on the GPU, but this encoder cannot (a CUDA build with nvJPEG, on the GPU)');
+    if (jpegs > 0 && jpegs < inputs.length) {
+      // JPEGs and host pixels in one batch: one at a time.
       const out: ImageEmbedding[] = [];
       for (const [i, t] of inputs.entries()) {
         out.push(
@@ -364,11 +367,17 @@ class MtmdEncoder implements MtmdEncoderStage {
   async #encodeBatch(inputs: readonly PixelTensor[], image: VisionImage): Promise<VisionBatchResult> {
     let result: VisionBatchResult;
     try {
-      result = await this.#vision.encodeBatch(
-        inputs.map((t) => t.pixelValues),
-        image,
-        this.#profile,
-      );
+      result = inputs[0]!.jpeg
+        ? await this.#vision.encodeJpegBatch(
+            inputs.map((t) => t.jpeg!),
+            image,
+            this.#profile,
+          )
+        : await this.#vision.encodeBatch(
+            inputs.map((t) => t.pixelValues),
+            image,
+            this.#profile,
+          );
     } catch (err) {
       throw new Error(`encoder-mtmd: batch encode failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     } finally {

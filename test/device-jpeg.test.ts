@@ -8,9 +8,10 @@ import sharp, { type JpegOptions } from 'sharp';
 import { resolveModel } from '../models/resolve.ts';
 import { LlamaVision } from '../native/vision.ts';
 import { createMtmdEncoderStage, type MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
+import { createOnnxEncoderStage } from '../nodes/encoder-onnx.ts';
 import { createProjectionEncoderStage } from '../nodes/encoder-projection.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
-import { tokenCosines, type CameraFrame, type PixelTensor } from '../nodes/payloads.ts';
+import { tokenCosines, type CameraFrame, type ImageEmbedding, type PixelTensor } from '../nodes/payloads.ts';
 import { createPreprocessFor, type CreatedEncoder } from '../app/run.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
@@ -120,7 +121,7 @@ describe('preprocess: JPEG frames left to the encoder (jpegToEncoder)', () => {
     );
   });
 
-  test('createPreprocessFor: JPEG to the encoder only where it decodes them, the config says auto, and encodes are not batched', async () => {
+  test('createPreprocessFor: JPEG to the encoder only where it decodes them and the config says auto', async () => {
     const data = await jpegOf(scene(320, 180), 320, 180);
     const encoder = (decodesJpeg: boolean): CreatedEncoder => ({
       contract: 'gemma4',
@@ -128,17 +129,16 @@ describe('preprocess: JPEG frames left to the encoder (jpegToEncoder)', () => {
       source: 'test',
       decodesJpeg,
     });
-    const cases: [boolean, 'auto' | 'host', boolean, boolean][] = [
-      [true, 'auto', false, true],
-      [true, 'host', false, false],
-      [false, 'auto', false, false],
-      [true, 'auto', true, false],
+    const cases: [boolean, 'auto' | 'host', boolean][] = [
+      [true, 'auto', true],
+      [true, 'host', false],
+      [false, 'auto', false],
     ];
-    for (const [decodesJpeg, jpegDecode, batched, expected] of cases) {
+    for (const [decodesJpeg, jpegDecode, expected] of cases) {
       const config = loadConfig({ preprocess: { jpegDecode } });
-      const stage = await createPreprocessFor(config, encoder(decodesJpeg), { batched });
+      const stage = await createPreprocessFor(config, encoder(decodesJpeg));
       const t = await stage.process({ encoding: 'jpeg', data }, ctx());
-      assert.equal(t.jpeg !== undefined, expected, JSON.stringify({ decodesJpeg, jpegDecode, batched }));
+      assert.equal(t.jpeg !== undefined, expected, JSON.stringify({ decodesJpeg, jpegDecode }));
     }
     assert.equal(loadConfig({}).preprocess.jpegDecode, 'auto');
     assert.throws(() => loadConfig({ preprocess: { jpegDecode: 'gpu' } }), /jpegDecode/);
@@ -179,9 +179,19 @@ describe('encoders that cannot take an undecoded JPEG refuse it, naming why', ()
     }
   });
 
-  test('the projection encoder refuses it', async () => {
+  test('the ONNX and projection encoders refuse it', async () => {
     const projection = createProjectionEncoderStage({ nEmbd: 8, seed: 1, tokens: 16 });
-    await assert.rejects(projection.process(planned, ctx()), /undecoded JPEG/);
+    await assert.rejects(projection.process(planned, ctx()), /encoder-projection: got an undecoded JPEG/);
+    const onnx = await createOnnxEncoderStage({
+      ep: 'cpu',
+      model: await resolveModel('synth:gemma4-vision-tiny', 'vision', { cacheDir: MODEL_CACHE }),
+      threads: 1,
+    });
+    try {
+      await assert.rejects(onnx.process(planned, ctx()), /encoder-onnx: got an undecoded JPEG/);
+    } finally {
+      await onnx.close();
+    }
   });
 });
 
@@ -346,6 +356,41 @@ describe(
         const worst = tokenCosines(viaGpu, b).reduce((m, v) => Math.min(m, v), 1);
         assert.ok(worst >= 0.999999, `${contract}: encodeJpeg and encode of its own pixels differ (worst token cosine ${worst})`);
       }
+    });
+
+    test("several cameras' JPEGs in one graph call (encodeBatch) give what each gives alone", async () => {
+      // Three frames with one 280-token target: stored upright, rotated (orientation 6, stored tall)
+      // and another picture; the third is mixed with a host tensor to take the one-at-a-time path.
+      const pre = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4', jpegToEncoder: true });
+      const host = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4' });
+      const wide = scene(1280, 720);
+      const frames = [
+        await jpegOf(wide, 1280, 720),
+        await jpegOf(scene(720, 1280, 40), 720, 1280, {}, 6),
+        await jpegOf(Buffer.from(wide).reverse(), 1280, 720),
+      ];
+      const tensors = await Promise.all(frames.map((data) => pre.process({ encoding: 'jpeg', data }, ctx())));
+      assert.ok(tensors.every((t) => t.jpeg !== undefined && t.jpeg.width === 1056 && t.jpeg.height === 576));
+      assert.deepEqual(
+        tensors.map((t) => t.jpeg!.orientation),
+        [1, 6, 1],
+      );
+      const stage = stages.gemma4!;
+      const singles: ImageEmbedding[] = [];
+      for (const t of tensors) {
+        const e = await stage.process(t, ctx());
+        singles.push({ ...e, data: e.data.slice() });
+      }
+      const batch = await stage.encodeBatch(tensors);
+      assert.equal(batch.length, 3);
+      batch.forEach((e, i) => {
+        const worst = tokenCosines(e, singles[i]!).reduce((m, v) => Math.min(m, v), 1);
+        assert.ok(worst >= 0.99999, `frame ${i}: worst token cosine ${worst}`);
+      });
+      assert.ok(tokenCosines(batch[0]!, batch[2]!).reduce((m, v) => Math.min(m, v), 1) < 0.999, 'different pictures, different embeddings');
+      const mixed = await stage.encodeBatch([tensors[0]!, await host.process({ encoding: 'jpeg', data: frames[2]! }, ctx())]);
+      assert.equal(mixed.length, 2);
+      assert.ok(tokenCosines(mixed[0]!, singles[0]!).reduce((m, v) => Math.min(m, v), 1) >= 0.99999);
     });
 
     test('a corrupt JPEG is refused with nvJPEG’s reason, and the encoder goes on', async () => {

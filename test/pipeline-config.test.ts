@@ -24,7 +24,7 @@ describe('loadConfig', () => {
   test('{} gets every default from the schema', () => {
     const config = loadConfig({});
     assert.deepEqual(config.source, { kind: 'pattern', fps: 10, frames: 20, width: 1280, height: 720 });
-    assert.deepEqual(config.preprocess, { maxPixels: 33177600, threads: 1 });
+    assert.deepEqual(config.preprocess, { maxPixels: 33177600, threads: 1, jpegDecode: 'auto' });
     assert.deepEqual(config.encoder, { kind: 'onnx', model: 'synth:gemma4-vision-tiny', executionProvider: 'cpu', threads: 1 });
     assert.equal(config.decoder.maxNewTokens, null);
     assert.equal(config.decoder.draft, null);

@@ -641,8 +641,8 @@ void VisionGraph::encode(const std::vector<const float *> & pixels, PixelLayout 
 }
 
 void VisionGraph::encodeFilled(const std::function<void(ggml_tensor * pixels)> & fill, PixelLayout layout, int32_t width, int32_t height,
-                               float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops) {
-    Graph & g = laidOut({layout, width, height, 1}, times);
+                               int32_t images, float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops) {
+    Graph & g = laidOut({layout, width, height, images}, times);
     const int64_t t0 = monotonicNs();
     fill(g.pixels);
     times.upload = msSince(t0);

@@ -111,10 +111,10 @@ public:
     // receives images × outputTokens × nOutEmbd floats. `ops` (may be null) asks for per-op times.
     void encode(const std::vector<const float *> & pixels, PixelLayout layout, int32_t width, int32_t height, float * out,
                 VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops);
-    // Encodes one image whose pixels `fill` writes into the graph's input tensor itself (device memory
-    // on a GPU: the pixels never cross to the host), timed as the upload.
+    // Encodes images whose pixels `fill` writes into the graph's input tensor itself (device memory on
+    // a GPU: the pixels never cross to the host), timed as the upload.
     void encodeFilled(const std::function<void(ggml_tensor * pixels)> & fill, PixelLayout layout, int32_t width, int32_t height,
-                      float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops);
+                      int32_t images, float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops);
     // ggml-cuda's index of the graph's device, or −1 when it is not a CUDA device.
     int32_t cudaDevice() const;
 

@@ -358,6 +358,25 @@ void toInterleaved(const float * src, PixelLayout layout, size_t w, size_t h, si
     }
 }
 
+// One JPEG frame for the GPU path: its bytes (kept alive by the worker's references), the stored
+// size its header was read as, and its EXIF orientation.
+struct JpegFrame {
+    const uint8_t * data = nullptr;
+    size_t bytes = 0;
+    int32_t storedWidth = 0, storedHeight = 0;
+    int32_t orientation = 1;
+};
+
+// Decodes a frame on the GPU, checked against the size its header was read as.
+void decodeChecked(DeviceJpeg & decoder, const JpegFrame & f) {
+    int32_t w = 0, h = 0;
+    decoder.decode(f.data, f.bytes, w, h);
+    if (w != f.storedWidth || h != f.storedHeight) {
+        throw std::runtime_error("the JPEG is " + std::to_string(w) + "x" + std::to_string(h) + ", its header was read as " +
+                                 std::to_string(f.storedWidth) + "x" + std::to_string(f.storedHeight));
+    }
+}
+
 // Encodes N images of one size. percept's graph takes them as one batch, and so does clip's gemma4v
 // graph; clip's gemma3 encodes them one after the other. The embeddings come back in one buffer
 // that becomes the JS ArrayBuffer without a copy.
@@ -372,15 +391,13 @@ public:
             src_.push_back(px.Data());
         }
     }
-    // One JPEG, decoded and laid out on the graph's GPU (Vision::decodesJpeg), of the stored size
-    // the caller read from its header.
-    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, Napi::Uint8Array jpeg, const DeviceJpegPlan & plan, int32_t storedWidth,
-                 int32_t storedHeight, VisionProfile::Mode profile)
+    // JPEG frames, decoded and laid out on the graph's GPU (Vision::decodesJpeg) into one batch.
+    EncodeWorker(Napi::Env env, Napi::Object self, Vision * vision, const std::vector<Napi::Uint8Array> & arrays,
+                 std::vector<JpegFrame> jpegs, const DeviceJpegPlan & plan, VisionProfile::Mode profile, bool single)
         : ThreadWorker(env, "percept:Vision.encodeJpeg", "EENCODE"), self_(Napi::Persistent(self)), vision_(vision),
           layout_(plan.patches ? PixelLayout::Patches : PixelLayout::Chw), width_(plan.width), height_(plan.height), profileMode_(profile),
-          single_(true), jpeg_(jpeg.Data()), jpegBytes_(jpeg.ByteLength()), plan_(plan), storedWidth_(storedWidth),
-          storedHeight_(storedHeight) {
-        refs_.push_back(Napi::Persistent(jpeg.As<Napi::Object>()));
+          single_(single), jpegs_(std::move(jpegs)), plan_(plan) {
+        for (const auto & a : arrays) refs_.push_back(Napi::Persistent(a.As<Napi::Object>()));
     }
 
 protected:
@@ -453,8 +470,9 @@ protected:
         out_ = std::make_unique<std::vector<float>>(size_t(nTokens_) * size_t(nEmbd_) * n);
         const int64_t t1 = monotonicNs();
         std::map<std::string, VisionOpTime> * ops = profileMode_ == VisionProfile::Mode::Ops ? &graphOps_ : nullptr;
-        if (jpeg_ != nullptr) {
-            graph.encodeFilled([this](ggml_tensor * pixels) { decodeInto(pixels); }, layout_, width_, height_, out_->data(), times_, ops);
+        if (!jpegs_.empty()) {
+            graph.encodeFilled([this](ggml_tensor * pixels) { decodeInto(pixels); }, layout_, width_, height_, int32_t(n), out_->data(),
+                               times_, ops);
         } else {
             graph.encode(src_, layout_, width_, height_, out_->data(), times_, ops);
         }
@@ -468,25 +486,25 @@ protected:
         for (const auto & [name, op] : graphOps_) ops_[name] = {op.ms, op.count, op.onHost};
     }
 
-    // Images in this encode: the arrays, or the one JPEG.
-    size_t images() const { return jpeg_ != nullptr ? 1 : src_.size(); }
+    // Images in this encode: the arrays, or the JPEGs.
+    size_t images() const { return jpegs_.empty() ? src_.size() : jpegs_.size(); }
 
-    // The JPEG decoded on the GPU and resampled straight into the graph's input tensor.
+    // Each JPEG decoded on the GPU and resampled straight into its image of the graph's input.
     void decodeInto(ggml_tensor * pixels) {
         DeviceJpeg & decoder = vision_->deviceJpeg();
-        const int64_t t0 = monotonicNs();
-        int32_t w = 0, h = 0;
-        decoder.decode(jpeg_, jpegBytes_, w, h);
-        if (w != storedWidth_ || h != storedHeight_) {
-            throw std::runtime_error("the JPEG is " + std::to_string(w) + "x" + std::to_string(h) + ", its header was read as " +
-                                     std::to_string(storedWidth_) + "x" + std::to_string(storedHeight_));
+        const size_t perImage = size_t(width_) * size_t(height_) * 3;
+        if (ggml_nbytes(pixels) != perImage * jpegs_.size() * sizeof(float))
+            throw std::runtime_error("the graph's input is not the planned images");
+        for (size_t i = 0; i < jpegs_.size(); i++) {
+            const int64_t t0 = monotonicNs();
+            decodeChecked(decoder, jpegs_[i]);
+            const int64_t t1 = monotonicNs();
+            DeviceJpegPlan plan = plan_;
+            plan.orientation = jpegs_[i].orientation;
+            decoder.layout(static_cast<float *>(pixels->data) + i * perImage, plan);
+            jpegDecodeMs_ += double(t1 - t0) / 1e6;
+            deviceLayoutMs_ += double(monotonicNs() - t1) / 1e6;
         }
-        const int64_t t1 = monotonicNs();
-        if (ggml_nbytes(pixels) != size_t(width_) * size_t(height_) * 3 * sizeof(float))
-            throw std::runtime_error("the graph's input is not one image of the planned size");
-        decoder.layout(static_cast<float *>(pixels->data), plan_);
-        jpegDecodeMs_ = double(t1 - t0) / 1e6;
-        deviceLayoutMs_ = double(monotonicNs() - t1) / 1e6;
     }
 
     void OnOK() override {
@@ -519,7 +537,7 @@ protected:
             ph.Set("uploadMs", times_.upload);
             ph.Set("computeMs", times_.compute);
             ph.Set("readMs", times_.read);
-            if (jpeg_ != nullptr) {
+            if (!jpegs_.empty()) {
                 ph.Set("jpegDecodeMs", jpegDecodeMs_);
                 ph.Set("deviceLayoutMs", deviceLayoutMs_);
             }
@@ -568,10 +586,8 @@ private:
     int32_t nTokens_ = 0, nEmbd_ = 0;
     double prepareMs_ = 0, encodeMs_ = 0, setupMs_ = 0, computeMs_ = 0;
     std::map<std::string, VisionProfile::OpStat> ops_;
-    const uint8_t * jpeg_ = nullptr;  // set: the image is this JPEG (refs_ keeps it alive)
-    size_t jpegBytes_ = 0;
+    std::vector<JpegFrame> jpegs_;  // set: the images are these JPEGs (refs_ keeps them alive)
     DeviceJpegPlan plan_;
-    int32_t storedWidth_ = 0, storedHeight_ = 0;
     double jpegDecodeMs_ = 0, deviceLayoutMs_ = 0;
 };
 
@@ -579,23 +595,18 @@ private:
 // against the host layout pass (tests, bench encode --check).
 class JpegPixelsWorker : public ThreadWorker {
 public:
-    JpegPixelsWorker(Napi::Env env, Napi::Object self, Vision * vision, Napi::Uint8Array jpeg, const DeviceJpegPlan & plan,
-                     int32_t storedWidth, int32_t storedHeight)
+    JpegPixelsWorker(Napi::Env env, Napi::Object self, Vision * vision, Napi::Uint8Array array, const JpegFrame & jpeg,
+                     const DeviceJpegPlan & plan)
         : ThreadWorker(env, "percept:Vision.jpegPixels", "EENCODE"), self_(Napi::Persistent(self)),
-          jpegRef_(Napi::Persistent(jpeg.As<Napi::Object>())), vision_(vision), jpeg_(jpeg.Data()), jpegBytes_(jpeg.ByteLength()),
-          plan_(plan), storedWidth_(storedWidth), storedHeight_(storedHeight) {}
+          jpegRef_(Napi::Persistent(array.As<Napi::Object>())), vision_(vision), jpeg_(jpeg), plan_(plan) {
+        plan_.orientation = jpeg.orientation;
+    }
 
 protected:
     void Execute() override {
         try {
             DeviceJpeg & decoder = vision_->deviceJpeg();
-            int32_t w = 0, h = 0;
-            decoder.decode(jpeg_, jpegBytes_, w, h);
-            if (w != storedWidth_ || h != storedHeight_) {
-                SetError("the JPEG is " + std::to_string(w) + "x" + std::to_string(h) + ", its header was read as " +
-                         std::to_string(storedWidth_) + "x" + std::to_string(storedHeight_));
-                return;
-            }
+            decodeChecked(decoder, jpeg_);
             out_ = std::make_unique<std::vector<float>>(size_t(plan_.width) * size_t(plan_.height) * 3);
             decoder.layoutToHost(out_->data(), plan_);
         } catch (const std::exception & e) {
@@ -619,10 +630,8 @@ private:
     Napi::ObjectReference self_;
     Napi::ObjectReference jpegRef_;
     Vision * vision_;
-    const uint8_t * jpeg_;
-    size_t jpegBytes_;
+    JpegFrame jpeg_;
     DeviceJpegPlan plan_;
-    int32_t storedWidth_, storedHeight_;
     std::unique_ptr<std::vector<float>> out_;
 };
 
@@ -641,6 +650,7 @@ Napi::Function Vision::Init(Napi::Env env) {
                            InstanceMethod<&Vision::Encode>("encode"),
                            InstanceMethod<&Vision::EncodeBatch>("encodeBatch"),
                            InstanceMethod<&Vision::EncodeJpeg>("encodeJpeg"),
+                           InstanceMethod<&Vision::EncodeJpegBatch>("encodeJpegBatch"),
                            InstanceMethod<&Vision::JpegPixels>("jpegPixels"),
                            InstanceMethod<&Vision::AllocatePixels>("allocatePixels"),
                            InstanceMethod<&Vision::Dispose>("dispose"),
@@ -884,40 +894,56 @@ Napi::Value Vision::Queue(const Napi::CallbackInfo & info, std::vector<Napi::Flo
     return promise;
 }
 
-// The JPEG and how to lay it out, from (jpeg, options) of encodeJpeg and jpegPixels: the encode's
-// layout, width, height (the encoder's input, display-oriented) and profile, plus the frame's stored
-// size and EXIF orientation as read from its header, the resampling kernel and the normalization
-// (v/255 − offset)/scale. Refuses where the GPU path cannot run (ENOTSUP).
+// The JPEG frames and how to lay them out, from (frames, options) of encodeJpeg, encodeJpegBatch and
+// jpegPixels: each frame's bytes, the stored size its header was read as and its EXIF orientation;
+// the encode's layout, width, height (the encoder's input, display-oriented) and profile, the
+// resampling kernel and the normalization (v/255 − offset)/scale. Refuses where the GPU path cannot
+// run (ENOTSUP).
 struct Vision::JpegRequest {
-    Napi::Uint8Array jpeg;
+    std::vector<Napi::Uint8Array> arrays;
+    std::vector<JpegFrame> frames;
     EncodeShape shape;
     DeviceJpegPlan plan;
-    int32_t storedWidth, storedHeight;
 };
 
-Vision::JpegRequest Vision::checkJpegRequest(const Napi::CallbackInfo & info, const char * fn) const {
+Vision::JpegRequest Vision::checkJpegRequest(const Napi::CallbackInfo & info, const char * fn, size_t maxFrames) const {
     Napi::Env env = info.Env();
     if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Vision is disposed");
-    if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
-        throw Napi::TypeError::New(env, std::string(fn) + ": jpeg must be a Uint8Array");
-    Napi::Uint8Array jpeg = info[0].As<Napi::Uint8Array>();
-    if (jpeg.ByteLength() == 0) throw Napi::RangeError::New(env, std::string(fn) + ": jpeg is empty");
-    const std::string where = std::string(fn) + " options";
-    const char * w = where.c_str();
+    if (!info[0].IsArray()) throw Napi::TypeError::New(env, std::string(fn) + ": frames must be an array of JPEG frames");
+    Napi::Array list = info[0].As<Napi::Array>();
+    if (list.Length() == 0 || list.Length() > maxFrames)
+        throw Napi::RangeError::New(
+            env, std::string(fn) + ": 1 to " + std::to_string(maxFrames) + " frames, got " + std::to_string(list.Length()));
+    JpegRequest r;
+    for (uint32_t i = 0; i < list.Length(); i++) {
+        const std::string where = std::string(fn) + " frames[" + std::to_string(i) + "]";
+        const Napi::Object f = requireObject(list.Get(i), where.c_str());
+        Napi::Value data = f.Get("data");
+        if (!data.IsTypedArray() || data.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+            throw Napi::TypeError::New(env, where + ".data must be a Uint8Array");
+        Napi::Uint8Array bytes = data.As<Napi::Uint8Array>();
+        if (bytes.ByteLength() == 0) throw Napi::RangeError::New(env, where + ".data is empty");
+        JpegFrame frame;
+        frame.data = bytes.Data();
+        frame.bytes = bytes.ByteLength();
+        frame.storedWidth = int32_t(requireInt(f, "storedWidth", 1, 65535, where.c_str()));
+        frame.storedHeight = int32_t(requireInt(f, "storedHeight", 1, 65535, where.c_str()));
+        frame.orientation = int32_t(requireInt(f, "orientation", 1, 8, where.c_str()));
+        r.arrays.push_back(bytes);
+        r.frames.push_back(frame);
+    }
+    const std::string opts = std::string(fn) + " options";
+    const char * w = opts.c_str();
     const Napi::Object o = requireObject(info[1], w);
-    const EncodeShape shape = checkEncodeShape(env, o, fn);
-    DeviceJpegPlan plan;
-    plan.width = shape.width;
-    plan.height = shape.height;
-    plan.patches = shape.layout == PixelLayout::Patches;
-    plan.patch = meta_.patchSize;
-    plan.cubic = requireChoice(o, "kernel", {"linear", "cubic"}, w) == 1;
-    plan.orientation = int32_t(requireInt(o, "orientation", 1, 8, w));
-    plan.scale = float(requireNumber(o, "scale", -FLT_MAX, FLT_MAX, w));
-    plan.offset = float(requireNumber(o, "offset", -FLT_MAX, FLT_MAX, w));
-    if (plan.scale == 0) throw Napi::RangeError::New(env, std::string(fn) + ": options.scale must not be 0");
-    const int32_t storedWidth = int32_t(requireInt(o, "storedWidth", 1, 65535, w));
-    const int32_t storedHeight = int32_t(requireInt(o, "storedHeight", 1, 65535, w));
+    r.shape = checkEncodeShape(env, o, fn);
+    r.plan.width = r.shape.width;
+    r.plan.height = r.shape.height;
+    r.plan.patches = r.shape.layout == PixelLayout::Patches;
+    r.plan.patch = meta_.patchSize;
+    r.plan.cubic = requireChoice(o, "kernel", {"linear", "cubic"}, w) == 1;
+    r.plan.scale = float(requireNumber(o, "scale", -FLT_MAX, FLT_MAX, w));
+    r.plan.offset = float(requireNumber(o, "offset", -FLT_MAX, FLT_MAX, w));
+    if (r.plan.scale == 0) throw Napi::RangeError::New(env, std::string(fn) + ": options.scale must not be 0");
     if (!decodesJpeg()) {
         throw codedError(env, "ENOTSUP",
                          std::string(fn) + ": " +
@@ -925,28 +951,33 @@ Vision::JpegRequest Vision::checkJpegRequest(const Napi::CallbackInfo & info, co
                                   : graph_ == nullptr ? "clip's own encode runs (percept's graph decodes JPEG on the GPU)"
                                                       : "the encoder does not run on a CUDA device"));
     }
-    return {jpeg, shape, plan, storedWidth, storedHeight};
+    return r;
 }
 
-// encodeJpeg(jpeg, options): one JPEG frame decoded by nvJPEG and resampled on the graph's GPU into
-// the graph's input (no pixels on the host).
-Napi::Value Vision::EncodeJpeg(const Napi::CallbackInfo & info) {
+Napi::Value Vision::QueueJpeg(const Napi::CallbackInfo & info, const char * fn, bool single) {
     Napi::Env env = info.Env();
-    const JpegRequest r = checkJpegRequest(info, "Vision.encodeJpeg");
+    JpegRequest r = checkJpegRequest(info, fn, single ? 1 : 64);
     takeBusy(env);
     auto * worker =
-        new EncodeWorker(env, info.This().As<Napi::Object>(), this, r.jpeg, r.plan, r.storedWidth, r.storedHeight, r.shape.profile);
+        new EncodeWorker(env, info.This().As<Napi::Object>(), this, r.arrays, std::move(r.frames), r.plan, r.shape.profile, single);
     Napi::Promise promise = worker->promise();
     worker->Queue(*thread_);
     return promise;
 }
 
-// jpegPixels(jpeg, options): the input encodeJpeg would make, as a Float32Array.
+// encodeJpeg([frame], options): one JPEG frame decoded by nvJPEG and resampled on the graph's GPU
+// into the graph's input (no pixels on the host).
+Napi::Value Vision::EncodeJpeg(const Napi::CallbackInfo & info) { return QueueJpeg(info, "Vision.encodeJpeg", true); }
+
+// encodeJpegBatch(frames, options): up to 64 same-size frames (cameras of a rig) in one graph.
+Napi::Value Vision::EncodeJpegBatch(const Napi::CallbackInfo & info) { return QueueJpeg(info, "Vision.encodeJpegBatch", false); }
+
+// jpegPixels([frame], options): the input encodeJpeg would make, as a Float32Array.
 Napi::Value Vision::JpegPixels(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
-    const JpegRequest r = checkJpegRequest(info, "Vision.jpegPixels");
+    const JpegRequest r = checkJpegRequest(info, "Vision.jpegPixels", 1);
     takeBusy(env);
-    auto * worker = new JpegPixelsWorker(env, info.This().As<Napi::Object>(), this, r.jpeg, r.plan, r.storedWidth, r.storedHeight);
+    auto * worker = new JpegPixelsWorker(env, info.This().As<Napi::Object>(), this, r.arrays[0], r.frames[0], r.plan);
     Napi::Promise promise = worker->promise();
     worker->Queue(*thread_);
     return promise;

@@ -110,6 +110,7 @@ private:
     Napi::Value Encode(const Napi::CallbackInfo & info);
     Napi::Value EncodeBatch(const Napi::CallbackInfo & info);
     Napi::Value EncodeJpeg(const Napi::CallbackInfo & info);
+    Napi::Value EncodeJpegBatch(const Napi::CallbackInfo & info);
     Napi::Value JpegPixels(const Napi::CallbackInfo & info);
     Napi::Value AllocatePixels(const Napi::CallbackInfo & info);
     Napi::Value Dispose(const Napi::CallbackInfo & info);
@@ -118,7 +119,8 @@ private:
     EncodeShape checkEncodeShape(Napi::Env env, const Napi::Object & o, const char * fn) const;
     void takeBusy(Napi::Env env);
     struct JpegRequest;
-    JpegRequest checkJpegRequest(const Napi::CallbackInfo & info, const char * fn) const;
+    JpegRequest checkJpegRequest(const Napi::CallbackInfo & info, const char * fn, size_t maxFrames) const;
+    Napi::Value QueueJpeg(const Napi::CallbackInfo & info, const char * fn, bool single);
 
     clip_ctx * ctx_ = nullptr;
     VisionMeta meta_;
