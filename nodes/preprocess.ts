@@ -64,7 +64,8 @@ export interface PreprocessConfig {
   readonly allocate?: PixelAllocator;
   /** JPEG frames go to the encoder undecoded (PixelTensor.jpeg), for an encoder that decodes them
    * on its GPU (decodesJpeg); this stage only reads their header and plans the tensor. Frames the GPU
-   * path does not take stay here: other encodings, CMYK JPEGs, kernels other than linear and cubic. */
+   * path does not take stay here: other encodings, progressive, 12-bit or CMYK JPEGs, kernels other
+   * than linear and cubic. */
   readonly jpegToEncoder?: boolean;
 }
 
@@ -146,7 +147,7 @@ interface SourceImage {
   /** Channels are B,G,R in memory (swapped by the layout pass: resizing does not care). */
   readonly bgr: boolean;
   readonly hasAlpha: boolean;
-  /** A JPEG of 1 or 3 channels (what nvJPEG decodes to RGB). */
+  /** A baseline 8-bit JPEG of 1 or 3 channels: what the GPU path takes. */
   readonly gpuDecodable?: boolean;
   /** A raw frame of the target size: the pixels the layout pass reads as they are (sharp is skipped). */
   readonly direct?: StoredPixels;
@@ -186,7 +187,14 @@ async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<S
     throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
   const o = meta.orientation ?? 1;
   const orientation = Number.isInteger(o) && o >= 1 && o <= 8 ? o : 1;
-  const gpuDecodable = meta.format === 'jpeg' && (meta.channels === 1 || meta.channels === 3) && meta.space !== 'cmyk';
+  // What the GPU path is checked on: baseline 8-bit JPEGs of 1 or 3 channels (progressive, 12-bit and
+  // CMYK ones stay on the host).
+  const gpuDecodable =
+    meta.format === 'jpeg' &&
+    (meta.channels === 1 || meta.channels === 3) &&
+    meta.space !== 'cmyk' &&
+    meta.isProgressive !== true &&
+    (meta.depth === undefined || meta.depth === 'uchar');
   return { input: buffer, width, height, orientation, bgr: false, hasAlpha: meta.hasAlpha === true, gpuDecodable };
 }
 

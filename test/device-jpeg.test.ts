@@ -75,7 +75,7 @@ describe('preprocess: JPEG frames left to the encoder (jpegToEncoder)', () => {
     }
   });
 
-  test('what the GPU path does not take stays on the host: PNG, raw frames, CMYK JPEG, other kernels, the option off', async () => {
+  test('what the GPU path does not take stays on the host: PNG, raw frames, CMYK and progressive JPEG, other kernels, the option off', async () => {
     const raw = scene(320, 180);
     const frames: [string, CameraFrame][] = [
       [
@@ -98,6 +98,7 @@ describe('preprocess: JPEG frames left to the encoder (jpegToEncoder)', () => {
             .toBuffer(),
         },
       ],
+      ['progressive jpeg', { encoding: 'jpeg', data: await jpegOf(raw, 320, 180, { progressive: true }) }],
     ];
     const stage = createPreprocessStage({ ...PREPROCESS_DEFAULTS, contract: 'gemma4', jpegToEncoder: true });
     for (const [name, frame] of frames) {
