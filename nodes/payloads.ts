@@ -1,4 +1,5 @@
 // The data that flows on each edge of the graph. Stages import these, never each other.
+import type { VisionJpeg } from '../native/vision.ts';
 
 /** A camera frame as a source delivers it. */
 export type FrameEncoding = 'jpeg' | 'png' | 'rgb8' | 'bgr8' | 'rgba8' | 'bgra8' | 'mono8' | 'mono16';
@@ -35,16 +36,9 @@ export interface PixelTensor {
 }
 
 /** What the host part of preprocessing read and decided for a JPEG the encoder decodes on its GPU:
- * the header's stored size and EXIF orientation, the filter, the normalization
- * ((v/255 − offset)/scale) and the display-oriented size to resample to. */
-export interface DeviceJpegFrame {
-  readonly data: Uint8Array;
-  readonly storedWidth: number;
-  readonly storedHeight: number;
-  readonly orientation: number;
-  readonly kernel: 'linear' | 'cubic';
-  readonly scale: number;
-  readonly offset: number;
+ * the frame as the encoder's GPU path takes it (its header's stored size and EXIF orientation, the
+ * filter, the normalization) and the display-oriented size to resample to. */
+export interface DeviceJpegFrame extends VisionJpeg {
   readonly width: number;
   readonly height: number;
 }

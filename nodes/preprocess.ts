@@ -430,6 +430,16 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
       ...(layout === 'chw' ? { scale: 0.5, offset: 0.5 } : {}),
     });
 
+  const gemma3Tokens = Math.floor(imageSize / 56) ** 2;
+  /** A gemma4 target's patch grid, its soft tokens, and the tensor's patch capacity: the budget's, or
+   * more where llama.cpp's sizing exceeds it (only through its 70-token floor). */
+  const gemma4Grid = (target: { width: number; height: number; budget: number }) => {
+    const cols = target.width / GEMMA4_PATCH;
+    const rows = target.height / GEMMA4_PATCH;
+    const tokens = (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL);
+    return { cols, rows, tokens, capacity: Math.max(target.budget, tokens) * GEMMA4_POOL * GEMMA4_POOL };
+  };
+
   /** The tensor the encoder will make from this JPEG on its GPU: the same dims, position ids and token
    * count as the host path, with the frame in place of pixel values. */
   const planOnEncoder = (
@@ -455,14 +465,11 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
         contract: 'gemma3',
         pixelValues: new Float32Array(0),
         pixelDims: [1, 3, imageSize, imageSize],
-        imageTokens: Math.floor(imageSize / 56) ** 2,
+        imageTokens: gemma3Tokens,
         jpeg,
       };
     }
-    const cols = target.width / GEMMA4_PATCH;
-    const rows = target.height / GEMMA4_PATCH;
-    const tokens = (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL);
-    const capacity = Math.max(target.budget, tokens) * GEMMA4_POOL * GEMMA4_POOL;
+    const { cols, rows, tokens, capacity } = gemma4Grid(target);
     return {
       contract: 'gemma4',
       pixelValues: new Float32Array(0),
@@ -491,19 +498,9 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
       if (cfg.contract === 'gemma3') {
         const values = pool.take(3 * imageSize * imageSize);
         await lay(px, src, values, 'chw');
-        return {
-          contract: 'gemma3',
-          pixelValues: values,
-          pixelDims: [1, 3, imageSize, imageSize],
-          imageTokens: Math.floor(imageSize / 56) ** 2,
-          recycle,
-        };
+        return { contract: 'gemma3', pixelValues: values, pixelDims: [1, 3, imageSize, imageSize], imageTokens: gemma3Tokens, recycle };
       }
-      const cols = target.width / GEMMA4_PATCH;
-      const rows = target.height / GEMMA4_PATCH;
-      const tokens = (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL);
-      // llama.cpp sizing can exceed the budget's patch capacity only through its 70-token floor.
-      const capacity = Math.max(target.budget, tokens) * GEMMA4_POOL * GEMMA4_POOL;
+      const { cols, tokens, capacity } = gemma4Grid(target);
       const values = pool.take(capacity * GEMMA4_PATCH_DIM);
       const nPatches = await lay(px, src, values, 'patches');
       return {
