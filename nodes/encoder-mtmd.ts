@@ -296,8 +296,7 @@ class MtmdEncoder implements MtmdEncoderStage {
   async #encodeOne(input: PixelTensor, signal: AbortSignal): Promise<ImageEmbedding> {
     if (this.#closing) throw new Error('encoder-mtmd: stage is closed');
     const image = clipImageOf(input, this.contract);
-    if (input.jpeg && !this.decodesJpeg)
-      throw new Error('encoder-mtmd: got a JPEG to decode on the GPU, but this encoder cannot (a CUDA build with nvJPEG, on the GPU)');
+    if (input.jpeg) this.#checkDecodesJpeg();
     const result = await this.#slot.run(() => this.#encode(input, image), signal);
     if (result.nEmbd !== this.contract.hidden)
       throw new Error(`encoder-mtmd: clip returned width ${result.nEmbd}, expected ${this.contract.hidden}`);
@@ -323,8 +322,7 @@ class MtmdEncoder implements MtmdEncoderStage {
     }
     const never = new AbortController().signal;
     const jpegs = inputs.filter((t) => t.jpeg).length;
-    if (jpegs > 0 && !this.decodesJpeg)
-      throw new Error('encoder-mtmd: got a JPEG to decode on the GPU, but this encoder cannot (a CUDA build with nvJPEG, on the GPU)');
+    if (jpegs > 0) this.#checkDecodesJpeg();
     if (jpegs > 0 && jpegs < inputs.length) {
       // JPEGs and host pixels in one batch: one at a time.
       const out: ImageEmbedding[] = [];
@@ -346,6 +344,12 @@ class MtmdEncoder implements MtmdEncoderStage {
       );
     }
     return r.data.map((data) => ({ data, nTokens: r.nTokens, nEmbd: r.nEmbd }));
+  }
+
+  /** Refuses a JPEG tensor where this encoder cannot decode it. */
+  #checkDecodesJpeg(): void {
+    if (!this.decodesJpeg)
+      throw new Error('encoder-mtmd: got a JPEG to decode on the GPU, but this encoder cannot (a CUDA build with nvJPEG, on the GPU)');
   }
 
   async #encode(input: PixelTensor, image: VisionImage): Promise<VisionEncodeResult> {
