@@ -31,8 +31,9 @@ export interface BenchEncodeOptions {
   /** mmproj only: report where each encode's time goes ('phases': setup vs compute; 'ops': per op
    * type, synchronized after every node, so it slows what it measures). */
   readonly profile?: 'phases' | 'ops';
-  /** mmproj only: flash attention in the tower (default 'auto': on where the backend supports it,
-   * padded heads on CUDA where the head size has no tensor-core kernel; 'padded' on any backend). */
+  /** mmproj only: flash attention in the tower (default 'auto': percept's kernel on CUDA, else ggml's
+   * where the backend supports it; 'padded': ggml-cuda's with heads padded to a tensor-core size, the
+   * kernel to compare percept's with; 'percept': percept's, refused off CUDA). */
   readonly flashAttention?: VisionFlashAttention;
   /** mmproj only: also time N frames of one size in one encode call (encodeBatch). */
   readonly batch?: number;
@@ -65,6 +66,8 @@ export interface BenchClipReport {
   readonly flash_attention: boolean | null;
   /** The head size flash attention ran at (above the tower's own when padded); null without it. */
   readonly flash_attention_head: number | null;
+  /** Whose flash-attention kernel ran: 'percept' or 'ggml'; null without flash attention. */
+  readonly attention_kernel: 'percept' | 'ggml' | null;
   /** The tower's own head size (hidden ÷ heads). */
   readonly head_size: number;
   readonly graph_splits: number;
@@ -459,6 +462,7 @@ async function clipReport(
     graph_fallback: info.graphFallback,
     flash_attention: info.flashAttention,
     flash_attention_head: info.flashAttentionHead,
+    attention_kernel: info.attentionKernel,
     head_size: info.hidden / info.heads,
     graph_splits: info.graphSplits,
     graph_nodes: info.graphNodes,

@@ -150,12 +150,10 @@ bench
     ).choices(['phases', 'ops']),
   )
   .addOption(
-    new Option('--flash-attention <mode>', 'mmproj: flash attention (padded: heads zero-padded to a tensor-core size)').choices([
-      'auto',
-      'on',
-      'off',
-      'padded',
-    ]),
+    new Option(
+      '--flash-attention <mode>',
+      "mmproj: flash attention (auto: percept's kernel on CUDA; padded: ggml's, heads zero-padded to a tensor-core size)",
+    ).choices(['auto', 'on', 'off', 'padded', 'percept']),
   )
   .option('--batch <n>', 'mmproj: also time N same-size frames in one encode call', int('--batch'))
   .addOption(

@@ -301,9 +301,11 @@ export interface NativeLayoutOptions {
   readonly offset: number;
 }
 
-/** Flash attention in the vision tower: 'padded' runs it with each head zero-padded to a size ggml-cuda
- * has tensor-core kernels for (72 → 80, 40 → 64; percept's graph only, clip runs it as 'on'). */
-export type VisionFlashAttention = 'auto' | 'on' | 'off' | 'padded';
+/** Flash attention in the vision tower. 'auto': percept's own kernel on CUDA (native/src/vision-attention.cu,
+ * head sizes up to 128), else ggml's where the backend runs it; 'percept': percept's kernel (percept's graph
+ * on a CUDA build only); 'on': ggml's at the tower's head size; 'padded': ggml's with each head zero-padded to
+ * a size ggml-cuda has tensor-core kernels for (72 → 80, 40 → 64; percept's graph only, clip runs it as 'on'). */
+export type VisionFlashAttention = 'auto' | 'on' | 'off' | 'padded' | 'percept';
 
 export interface NativeVisionLoadOptions {
   useGpu: boolean;
@@ -353,6 +355,9 @@ export interface NativeVisionInfo {
   /** The head size flash attention runs at: the tower's, or above it when padded; null without it
    * (or when clip did not say). */
   readonly flashAttentionHead: number | null;
+  /** Whose kernel runs the tower's flash attention: 'percept' (percept's graph on CUDA) or 'ggml';
+   * null without flash attention (or when clip did not say). */
+  readonly attentionKernel: 'percept' | 'ggml' | null;
   readonly graphSplits: number;
   readonly graphNodes: number;
   /** percept's graph: bytes of weights it copied at load in another layout, on the weights' device

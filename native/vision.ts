@@ -30,9 +30,12 @@ export interface LoadVisionOptions {
   readonly useGpu?: boolean;
   /** CPU threads for encode (default: all cores). */
   readonly threads?: number;
-  /** Flash attention in the ViT (default 'auto': on where the backend runs it; on CUDA, a head size
-   * without a tensor-core kernel (SigLIP so400m's 72, 40) runs padded, or off through clip's own graph).
-   * 'padded': zero-padded heads on any backend (percept's graph; clip runs it as 'on'). */
+  /** Flash attention in the ViT (default 'auto': on CUDA percept's graph runs percept's own kernel
+   * (vision-attention.cu, head sizes up to 128); elsewhere ggml's where the backend runs it, and clip's
+   * own graph on CUDA turns it off for a head size without a tensor-core kernel (SigLIP so400m's 72, 40)).
+   * 'padded': ggml's with zero-padded heads on any backend (percept's graph; clip runs it as 'on').
+   * 'percept': percept's kernel (percept's graph on a CUDA build; else clip encodes, with the reason in
+   * info().graphFallback). */
   readonly flashAttention?: VisionFlashAttention;
   /** Allocate compute buffers at load so the first encode is not slower (default true). */
   readonly warmup?: boolean;
@@ -86,7 +89,7 @@ export class LlamaVision {
     knownKeys('options', plainObject('options', options), LOAD_KEYS);
     const useGpu = bool('options.useGpu', options.useGpu ?? false);
     const threads = intIn('options.threads', options.threads ?? availableParallelism(), 1, 1024);
-    const flashAttention = oneOf('options.flashAttention', options.flashAttention ?? 'auto', ['auto', 'on', 'off', 'padded']);
+    const flashAttention = oneOf('options.flashAttention', options.flashAttention ?? 'auto', ['auto', 'on', 'off', 'padded', 'percept']);
     const warmup = bool('options.warmup', options.warmup ?? true);
     const profile = bool('options.profile', options.profile ?? false);
     const graph = oneOf('options.graph', options.graph ?? 'percept', ['percept', 'clip']);

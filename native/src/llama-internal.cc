@@ -5,7 +5,8 @@
 #include "ggml-backend.h"
 #include "llama-ext.h"  // llama_get_memory_breakdown
 #include "llama-grammar.h"
-#include "clip-graph.h"  // clip_graph: the one declared path to a clip_ctx's model
+#include "clip-graph.h"         // clip_graph: the one declared path to a clip_ctx's model
+#include "ggml-backend-impl.h"  // ggml_backend_event
 
 #include <algorithm>
 #include <cfloat>
@@ -417,5 +418,7 @@ ClipVisionTower clipVisionTower(clip_ctx * ctx) {
     }
     return t;
 }
+
+void * cudaEventOf(ggml_backend_event_t event) { return event != nullptr ? event->context : nullptr; }
 
 }  // namespace percept

@@ -1,4 +1,5 @@
-// The one place that reaches into llama.cpp's internal headers (src/llama-*.h, tools/mtmd/clip*.h).
+// The one place that reaches into llama.cpp's internal headers (src/llama-*.h, tools/mtmd/clip*.h,
+// ggml/src/ggml-backend-impl.h).
 // Those change between llama.cpp versions without notice; with every use behind this file, an
 // upgrade touches one translation unit. Every other file includes public headers only (llama.h,
 // ggml*.h, gguf.h, mtmd.h, common/*.h); CMake gives llama.cpp's src/ include path to
@@ -193,5 +194,12 @@ struct ClipVisionTower {
 // The tower of a loaded clip context. Throws std::runtime_error naming the first part that
 // percept's graph does not mirror (another projector, fused QKV, a class token, MoE...).
 ClipVisionTower clipVisionTower(clip_ctx * ctx);
+
+// ---------------------------------------------------------------------------------------------
+// Backend events (ggml/src/ggml-backend-impl.h): ggml-cuda keeps a cudaEvent_t as a backend event's
+// context. percept's own CUDA kernels order themselves against ggml-cuda's stream through it
+// (recorded there by ggml_backend_event_record, waited for there by ggml_backend_event_wait), with no
+// host synchronization in between. ggml.h has no accessor for it.
+void * cudaEventOf(ggml_backend_event_t event);
 
 }  // namespace percept

@@ -261,6 +261,11 @@ struct VisionGraph::Graph {
     ggml_cgraph * gf = nullptr;
     ggml_tensor * pixels = nullptr;
     ggml_tensor * out = nullptr;
+    // With percept's attention kernel: the graph cut at its flash-attention nodes. ggml computes
+    // pieces[i], then the kernel cuts[i]; the last piece follows the last cut.
+    ggml_context_ptr pieceCtx;
+    std::vector<ggml_cgraph *> pieces;
+    std::vector<ggml_tensor *> cuts;
 };
 
 bool VisionGraph::Shape::operator<(const Shape & o) const {
@@ -292,7 +297,24 @@ VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : 
     const Shape preprocessed{gemma3 ? PixelLayout::Chw : PixelLayout::Patches, side, side, 1};
     const Shape other{gemma3 ? PixelLayout::Patches : PixelLayout::Chw, side, side, 1};
     const int32_t padded = tensorCoreFlashHead(tower_.dHead);
-    switch (options.flashAttention) {
+    const bool cuda = isCudaBackend(backend_.get());
+    const bool perceptKernel = cuda && VisionAttention::built() && tower_.dHead <= VisionAttention::maxHead;
+    if (options.flashAttention == FlashAttention::Percept && !perceptKernel) {
+        throw std::runtime_error(std::string("percept's attention kernel needs a CUDA build and a head size of at most 128 (") +
+                                 ggml_backend_name(backend_.get()) + ", head size " + std::to_string(tower_.dHead) + ")");
+    }
+    if (options.flashAttention == FlashAttention::Percept || (options.flashAttention == FlashAttention::Auto && perceptKernel)) {
+        // The kernel pads heads itself: the graph keeps the tower's head size and no weight copies.
+        attention_ = std::make_unique<VisionAttention>(cudaDevice());
+        ggml_backend_dev_t dev = ggml_backend_get_device(backend_.get());
+        pieceDone_.reset(ggml_backend_event_new(dev));
+        attentionDone_.reset(ggml_backend_event_new(dev));
+        if (!pieceDone_ || !attentionDone_) {
+            pieceDone_.reset();
+            attentionDone_.reset();
+        }
+    }
+    switch (attention_ ? FlashAttention::On : options.flashAttention) {
     case FlashAttention::Off:
         flashHead_ = 0;
         break;
@@ -303,13 +325,14 @@ VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : 
         flashHead_ = padded;
         break;
     case FlashAttention::Auto:
+    case FlashAttention::Percept:
         // A few zero columns cost ggml-cuda's tensor-core kernel far less than its tile kernel costs
         // at the tower's own head size (see tensorCoreFlashHead).
-        flashHead_ = isCudaBackend(backend_.get()) ? padded : tower_.dHead;
+        flashHead_ = cuda ? padded : tower_.dHead;
         break;
     }
     std::unique_ptr<Graph> probe = build(preprocessed, flashHead_);
-    if (options.flashAttention == FlashAttention::Auto) {
+    if (options.flashAttention == FlashAttention::Auto && !attention_) {
         for (int i = 0; i < ggml_graph_n_nodes(probe->gf) && flashHead_ > 0; i++) {
             ggml_tensor * node = ggml_graph_node(probe->gf, i);
             if (node->op == GGML_OP_FLASH_ATTN_EXT && !ggml_backend_supports_op(backend_.get(), node)) flashHead_ = 0;
@@ -487,6 +510,7 @@ size_t VisionGraph::copiedWeightBytes() const {
 void VisionGraph::checkSupported(const Graph & g) const {
     for (int i = 0; i < ggml_graph_n_nodes(g.gf); i++) {
         ggml_tensor * node = ggml_graph_node(g.gf, i);
+        if (attention_ && node->op == GGML_OP_FLASH_ATTN_EXT) continue;  // never run by ggml
         if (!ggml_backend_supports_op(backend_.get(), node)) {
             throw std::runtime_error(std::string(ggml_backend_name(backend_.get())) + " cannot run " + ggml_op_desc(node) + " (" +
                                      ggml_type_name(node->type) + (node->op == GGML_OP_FLASH_ATTN_EXT ? ", flash attention" : "") + ")");
@@ -595,7 +619,66 @@ std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, int32_t 
     ggml_set_name(g->out, "embeddings");
     ggml_set_output(g->out);
     ggml_build_forward_expand(g->gf, g->out);
+    if (attention_) cutAtAttention(*g);
     return g;
+}
+
+void VisionGraph::cutAtAttention(Graph & g) const {
+    const int n = ggml_graph_n_nodes(g.gf);
+    std::vector<std::pair<int, int>> ranges;  // [first, end) of each piece
+    int first = 0;
+    for (int i = 0; i < n; i++) {
+        ggml_tensor * node = ggml_graph_node(g.gf, i);
+        if (node->op != GGML_OP_FLASH_ATTN_EXT) continue;
+        ranges.emplace_back(first, i);
+        g.cuts.push_back(node);
+        first = i + 1;
+    }
+    ranges.emplace_back(first, n);
+    size_t bytes = 0;
+    for (const auto & [a, b] : ranges) bytes += ggml_graph_overhead_custom(size_t(std::max(1, b - a)), false);
+    ggml_init_params params{bytes, nullptr, true};
+    g.pieceCtx.reset(ggml_init(params));
+    for (const auto & [a, b] : ranges) {
+        ggml_cgraph * piece = ggml_new_graph_custom(g.pieceCtx.get(), size_t(std::max(1, b - a)), false);
+        for (int i = a; i < b; i++) ggml_graph_add_node(piece, ggml_graph_node(g.gf, i));
+        g.pieces.push_back(piece);
+    }
+}
+
+namespace {
+
+DeviceTensorView deviceView(const ggml_tensor * t) {
+    if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16)
+        throw std::runtime_error(std::string("attention operand ") + t->name + " is " + ggml_type_name(t->type) + ", not f32 or f16");
+    DeviceTensorView v;
+    v.data = t->data;
+    v.f16 = t->type == GGML_TYPE_F16;
+    for (int i = 0; i < 4; i++) {
+        v.ne[i] = t->ne[i];
+        v.nb[i] = t->nb[i];
+    }
+    return v;
+}
+
+}  // namespace
+
+void VisionGraph::runAttention(ggml_tensor * node, bool wait) {
+    // flash_attn_ext's operands: q, k, v, mask; op params scale, max_bias, logit_softcap
+    float params[3];
+    std::memcpy(params, node->op_params, sizeof(params));
+    if (node->src[3] != nullptr || params[1] != 0.0f || params[2] != 0.0f || node->type != GGML_TYPE_F32 || !ggml_is_contiguous(node))
+        throw std::runtime_error("percept's attention kernel takes no mask, ALiBi or soft-capping");
+    const DeviceTensorView q = deviceView(node->src[0]), k = deviceView(node->src[1]), v = deviceView(node->src[2]);
+    float * out = static_cast<float *>(node->data);
+    if (wait || !pieceDone_) {
+        ggml_backend_synchronize(backend_.get());
+        attention_->run(q, k, v, params[0], out);
+        return;
+    }
+    ggml_backend_event_record(pieceDone_.get(), backend_.get());
+    attention_->enqueue(q, k, v, params[0], out, cudaEventOf(pieceDone_.get()), cudaEventOf(attentionDone_.get()));
+    ggml_backend_event_wait(backend_.get(), attentionDone_.get());
 }
 
 VisionGraph::Graph & VisionGraph::laidOut(const Shape & s, VisionGraphTimes & times) {
@@ -659,7 +742,17 @@ int32_t VisionGraph::cudaDevice() const {
 void VisionGraph::computeAndRead(Graph & g, float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops) {
     ggml_backend_t backend = backend_.get();
     int64_t t0 = monotonicNs();
-    if (ops == nullptr) {
+    if (ops == nullptr && !g.cuts.empty()) {
+        // Everything queued without a host wait (the streams wait for each other at each cut), then
+        // one wait for all of it: host waits around every cut cost E4B's 16 layers more than the
+        // kernel saved.
+        for (size_t i = 0; i < g.pieces.size(); i++) {
+            if (ggml_graph_n_nodes(g.pieces[i]) > 0 && ggml_backend_graph_compute_async(backend, g.pieces[i]) != GGML_STATUS_SUCCESS)
+                throw std::runtime_error("graph compute failed");
+            if (i < g.cuts.size()) runAttention(g.cuts[i], false);
+        }
+        ggml_backend_synchronize(backend);
+    } else if (ops == nullptr) {
         if (ggml_backend_graph_compute(backend, g.gf) != GGML_STATUS_SUCCESS) throw std::runtime_error("graph compute failed");
     } else {
         // Node by node, each waited for: what each op type costs (without fusion across nodes).
@@ -671,8 +764,13 @@ void VisionGraph::computeAndRead(Graph & g, float * out, VisionGraphTimes & time
             ggml_graph_clear(single);
             ggml_graph_add_node(single, node);
             const int64_t n0 = monotonicNs();
-            if (ggml_backend_graph_compute(backend, single) != GGML_STATUS_SUCCESS) throw std::runtime_error("graph compute failed");
-            VisionOpTime & op = (*ops)[ggml_op_desc(node)];
+            const bool percept = attention_ && node->op == GGML_OP_FLASH_ATTN_EXT;
+            if (percept) {
+                runAttention(node, true);
+            } else if (ggml_backend_graph_compute(backend, single) != GGML_STATUS_SUCCESS) {
+                throw std::runtime_error("graph compute failed");
+            }
+            VisionOpTime & op = (*ops)[percept ? std::string(ggml_op_desc(node)) + " (percept)" : std::string(ggml_op_desc(node))];
             op.ms += msSince(n0);
             op.count++;
             if (node->buffer != nullptr && ggml_backend_buffer_is_host(node->buffer)) op.onHost++;

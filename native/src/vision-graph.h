@@ -5,10 +5,12 @@
 // re-splits and re-allocates its graph and re-lays out the pixels on every call; keeping the same
 // graph object is also what lets ggml-cuda replay it as a CUDA graph. Where ggml-cuda runs another
 // form of the same computation faster, the graph takes it (PaddedHeads, RopeOrderedHeads, K and V
-// handed to flash attention in f32 on CUDA); the results then match clip's to rounding.
+// handed to flash attention in f32 on CUDA), and on CUDA its attention nodes run in percept's own
+// kernel (VisionAttention) between pieces ggml computes; the results then match clip's to rounding.
 #pragma once
 
 #include "llama-internal.h"
+#include "vision-attention.h"
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -27,11 +29,14 @@ namespace percept {
 // patch × patch × 3 interleaved values ('patches', Gemma 4's processor layout).
 enum class PixelLayout { Chw, Patches };
 
-// Flash attention in the ViT. Auto: where the backend runs it, padded on CUDA where the tower's head
-// size has no tensor-core kernel. On: at the tower's head size (refused where the backend cannot).
-// Padded: at the head size ggml-cuda's tensor-core kernels have for it (tensorCoreFlashHead), on any
-// backend (so the CPU can check the padded graph against the plain one).
-enum class FlashAttention { Auto, On, Off, Padded };
+// Flash attention in the ViT. Auto: percept's kernel on CUDA (VisionAttention) where the build has it
+// and the head size fits; else ggml's where the backend runs it, padded on CUDA where the tower's
+// head size has no tensor-core kernel. On: ggml's at the tower's head size (refused where the backend
+// cannot). Padded: ggml's at the head size ggml-cuda's tensor-core kernels have for it
+// (tensorCoreFlashHead), on any backend (so the CPU can check the padded graph against the plain
+// one, and a GPU can compare ggml-cuda's kernel with percept's). Percept: percept's kernel (refused
+// off CUDA).
+enum class FlashAttention { Auto, On, Off, Padded, Percept };
 
 struct VisionGraphOptions {
     int32_t threads = 1;  // CPU backend threads
@@ -89,6 +94,8 @@ public:
     VisionGraph & operator=(const VisionGraph &) = delete;
 
     bool flashAttention() const { return flashHead_ > 0; }
+    // Whether percept's attention kernel (VisionAttention) runs the flash-attention nodes, not ggml.
+    bool perceptAttention() const { return attention_ != nullptr; }
     // The head size flash attention runs at (the tower's, or padded above it); 0 without it.
     int32_t flashAttentionHead() const { return flashHead_; }
     // Bytes of weights copied at load in another layout, on the weights' device: gemma3's transposed
@@ -130,6 +137,8 @@ private:
     Graph & laidOut(const Shape & shape, VisionGraphTimes & times);
     void computeAndRead(Graph & g, float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops);
     void checkSupported(const Graph & g) const;
+    void cutAtAttention(Graph & g) const;
+    void runAttention(ggml_tensor * node, bool wait);
     void transposeProjection();
     bool padHeads();
     bool orderHeadsForRope();
@@ -139,6 +148,10 @@ private:
     int32_t flashHead_ = 0;
     int32_t graphNodes_ = 0;
     ggml_gallocr_ptr galloc_;
+    std::unique_ptr<VisionAttention> attention_;  // percept's kernel for the flash-attention nodes
+    // Where ggml's stream reaches a cut, and where the kernel is done: the two streams wait for each
+    // other on the device, not on the host (null where ggml-cuda makes no events: host waits instead).
+    ggml_backend_event_ptr pieceDone_, attentionDone_;
     // gemma3's input projection transposed, made once from clip's.
     ggml_context_ptr derivedCtx_;
     ggml_backend_buffer_ptr derivedBuf_;

@@ -235,6 +235,7 @@ int32_t clipFlashAttention(FlashAttention asked, bool useGpu, const VisionMeta &
     case FlashAttention::Off:
         return 0;
     case FlashAttention::Auto:
+    case FlashAttention::Percept:  // percept's graph then runs its own kernel; clip as for auto
         break;
     }
     if (!useGpu || m.heads <= 0) return -1;
@@ -295,6 +296,7 @@ protected:
                 // What percept's graph resolved: one backend runs it all (one split).
                 report_.flashAttention = graph_->flashAttention() ? 1 : 0;
                 report_.flashAttentionHead = graph_->flashAttentionHead();
+                report_.attentionKernel = graph_->perceptAttention() ? "percept" : graph_->flashAttention() ? "ggml" : "";
                 report_.graphSplits = 1;
                 report_.graphNodes = graph_->graphNodes();
                 report_.copiedWeightBytes = graph_->copiedWeightBytes();
@@ -304,6 +306,7 @@ protected:
                 report_ = parseLoadReport(clipLog.text);
                 report_.graphFallback = fallback;
                 if (report_.flashAttention == 1 && meta_.heads > 0) report_.flashAttentionHead = meta_.hidden / meta_.heads;
+                if (report_.flashAttention == 1) report_.attentionKernel = "ggml";
             }
             if (ctx_ == nullptr) {
                 std::string why = capture.text();
@@ -701,8 +704,9 @@ Napi::Value Vision::Load(const Napi::CallbackInfo & info) {
     opts.warmup = requireBool(o, "warmup", w);
     opts.profile = requireBool(o, "profile", w);
     opts.perceptGraph = requireChoice(o, "graph", {"percept", "clip"}, w) == 0;
-    const FlashAttention faModes[] = {FlashAttention::Auto, FlashAttention::On, FlashAttention::Off, FlashAttention::Padded};
-    opts.flashAttention = faModes[requireChoice(o, "flashAttention", {"auto", "on", "off", "padded"}, w)];
+    const FlashAttention faModes[] = {FlashAttention::Auto, FlashAttention::On, FlashAttention::Off, FlashAttention::Padded,
+                                      FlashAttention::Percept};
+    opts.flashAttention = faModes[requireChoice(o, "flashAttention", {"auto", "on", "off", "padded", "percept"}, w)];
     auto * worker = new LoadWorker(env, info.This().As<Napi::Function>(), std::move(opts));
     Napi::Promise p = worker->promise();
     worker->Queue();
@@ -739,6 +743,7 @@ Napi::Value Vision::Info(const Napi::CallbackInfo & info) {
     o.Set("graphFallback", report_.graphFallback.empty() ? env.Null() : Napi::String::New(env, report_.graphFallback));
     o.Set("flashAttention", report_.flashAttention < 0 ? env.Null() : Napi::Boolean::New(env, report_.flashAttention == 1));
     o.Set("flashAttentionHead", report_.flashAttentionHead > 0 ? Napi::Number::New(env, report_.flashAttentionHead) : env.Null());
+    o.Set("attentionKernel", report_.attentionKernel.empty() ? env.Null() : Napi::String::New(env, report_.attentionKernel));
     o.Set("graphSplits", report_.graphSplits);
     o.Set("graphNodes", report_.graphNodes);
     o.Set("copiedWeightBytes", double(report_.copiedWeightBytes));

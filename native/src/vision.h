@@ -51,6 +51,7 @@ struct VisionLoadReport {
     std::string graphFallback;
     int32_t flashAttention = -1;     // -1 unknown, 0 off, 1 on
     int32_t flashAttentionHead = 0;  // the head size it runs at (the tower's, or padded above); 0 off or unknown
+    std::string attentionKernel;     // whose flash-attention kernel runs: "percept", "ggml"; empty off or unknown
     int32_t graphSplits = 0;
     int32_t graphNodes = 0;
     size_t copiedWeightBytes = 0;  // percept's graph: weights copied at load in another layout
