@@ -16,12 +16,13 @@ VisionAttention::VisionAttention(int32_t) { throw std::runtime_error("this build
 
 VisionAttention::~VisionAttention() = default;
 
-void VisionAttention::run(const DeviceTensorView &, const DeviceTensorView &, const DeviceTensorView &, float, float *) {
+void VisionAttention::run(const DeviceTensorView &, const DeviceTensorView &, const DeviceTensorView &, float, float *,
+                          const AttentionPrologue *) {
     throw std::runtime_error("no CUDA attention kernel");
 }
 
-void VisionAttention::enqueue(const DeviceTensorView &, const DeviceTensorView &, const DeviceTensorView &, float, float *, void *,
-                              void *) {
+void VisionAttention::enqueue(const DeviceTensorView &, const DeviceTensorView &, const DeviceTensorView &, float, float *,
+                              const AttentionPrologue *, void *, void *) {
     throw std::runtime_error("no CUDA attention kernel");
 }
 

@@ -41,24 +41,69 @@ struct Source {
     int64_t nb0, nb1, nb2, nb3;
 };
 
-// dst[(image·heads + head)·positions + position][c] for c < D: the source value (× mul) for c < d, else 0.
-__global__ void pack(Source src, __half * dst, int d, int D, int positions, int heads, int64_t pairs, float mul) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
-        const int half = D / 2;
-        const int c = int(i % half) * 2;
-        const int64_t row = i / half;
+// One head's values of one position a warp: dst[(image·heads + head)·positions + position][c] for
+// c < D, the source's values for c < d (RMS-normalized, weighted and rotated as `ops` says), × mul,
+// zero after d.
+struct RowOps {
+    bool norm;
+    const float * weight;  // may be null
+    float eps;
+    const int32_t * positions;  // null: no RoPE
+    float ropeTheta;
+};
+
+__global__ void pack(Source src, __half * dst, int d, int D, int positions, int heads, int64_t rows, float mul, RowOps ops) {
+    const int lane = threadIdx.x % 32;
+    const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+    for (int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
         const int pos = int(row % positions);
         const int64_t bh = row / positions;
         const int head = int(bh % heads);
         const int64_t image = bh / heads;
         const char * base = src.data + pos * src.nb1 + head * src.nb2 + image * src.nb3;
-        float v[2] = {0.0f, 0.0f};
-        for (int j = 0; j < 2; j++) {
-            if (c + j >= d) break;
-            const char * p = base + (c + j) * src.nb0;
-            v[j] = (src.f16 ? __half2float(*reinterpret_cast<const __half *>(p)) : *reinterpret_cast<const float *>(p)) * mul;
+        auto at = [&](int c) {
+            const char * p = base + c * src.nb0;
+            return src.f16 ? __half2float(*reinterpret_cast<const __half *>(p)) : *reinterpret_cast<const float *>(p);
+        };
+        float scale = mul;
+        if (ops.norm) {
+            float ss = 0.0f;
+            for (int c = lane; c < d; c += 32) {
+                const float x = at(c);
+                ss += x * x;
+            }
+            for (int x = 16; x > 0; x /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, x);
+            scale *= rsqrtf(ss / float(d) + ops.eps);
         }
-        reinterpret_cast<__half2 *>(dst)[i] = __floats2half2_rn(v[0], v[1]);
+        __half * out = dst + row * D;
+        if (ops.positions != nullptr) {
+            // pairs (i, i + d/2): by column for i < d/4, by row after; the j-th of each part at ropeTheta^(−4j/d)
+            const int half = d / 2, quarter = d / 4;
+            const float colPos = float(ops.positions[pos]), rowPos = float(ops.positions[positions + pos]);
+            for (int i = lane; i < half; i += 32) {
+                float a = at(i) * scale, b = at(i + half) * scale;
+                if (ops.weight != nullptr) {
+                    a *= ops.weight[i];
+                    b *= ops.weight[i + half];
+                }
+                const bool col = i < quarter;
+                const float theta = (col ? colPos : rowPos) * powf(ops.ropeTheta, -2.0f * float(col ? i : i - quarter) / float(half));
+                float sn, cs;
+                sincosf(theta, &sn, &cs);
+                out[i] = __float2half_rn(a * cs - b * sn);
+                out[i + half] = __float2half_rn(a * sn + b * cs);
+            }
+            for (int c = d + lane; c < D; c += 32) out[c] = __float2half_rn(0.0f);
+        } else {
+            for (int c = lane; c < D; c += 32) {
+                float x = 0.0f;
+                if (c < d) {
+                    x = at(c) * scale;
+                    if (ops.weight != nullptr) x *= ops.weight[c];
+                }
+                out[c] = __float2half_rn(x);
+            }
+        }
     }
 }
 
@@ -289,13 +334,14 @@ VisionAttention::VisionAttention(int32_t device) : impl_(std::make_unique<Impl>(
 
 VisionAttention::~VisionAttention() = default;
 
-void VisionAttention::run(const DeviceTensorView & q, const DeviceTensorView & k, const DeviceTensorView & v, float scale, float * out) {
-    enqueue(q, k, v, scale, out, nullptr, nullptr);
+void VisionAttention::run(const DeviceTensorView & q, const DeviceTensorView & k, const DeviceTensorView & v, float scale, float * out,
+                          const AttentionPrologue * prologue) {
+    enqueue(q, k, v, scale, out, prologue, nullptr, nullptr);
     checkCuda(cudaStreamSynchronize(impl_->stream), "attention");
 }
 
 void VisionAttention::enqueue(const DeviceTensorView & q, const DeviceTensorView & k, const DeviceTensorView & v, float scale, float * out,
-                              void * after, void * done) {
+                              const AttentionPrologue * prologue, void * after, void * done) {
     const int64_t d = q.ne[0], positions = q.ne[1], heads = q.ne[2], images = q.ne[3];
     const int64_t kvHeads = k.ne[2];
     if (d < 1 || d > maxHead) throw std::invalid_argument("attention: head size " + std::to_string(d) + " is outside 1–128");
@@ -305,6 +351,8 @@ void VisionAttention::enqueue(const DeviceTensorView & q, const DeviceTensorView
         throw std::invalid_argument("attention: heads are not a multiple of kv heads");
     if (k.ne[3] != images || v.ne[3] != images) throw std::invalid_argument("attention: q, k and v differ in images");
     if (positions < 1 || positions > (int64_t(1) << 30)) throw std::invalid_argument("attention: positions out of range");
+    if (prologue != nullptr && prologue->positions != nullptr && d % 4 != 0)
+        throw std::invalid_argument("attention: a 2-D RoPE needs a head size divisible by 4, not " + std::to_string(d));
     const int D = int((std::max<int64_t>(d, 64) + 15) / 16 * 16);
 
     Impl & m = *impl_;
@@ -323,14 +371,23 @@ void VisionAttention::enqueue(const DeviceTensorView & q, const DeviceTensorView
     __half * pk = pq + qRows * D;
     __half * pv = pk + kvRows * D;
     const float log2e = 1.4426950408889634f;
-    auto packOne = [&](const DeviceTensorView & t, __half * dst, int64_t rows, int64_t h, float mul) {
-        const int64_t pairs = rows * D / 2;
-        const int blocks = int(std::min<int64_t>((pairs + 255) / 256, 65535));
-        pack<<<blocks, 256, 0, m.stream>>>(sourceOf(t), dst, int(d), D, int(positions), int(h), pairs, mul);
+    auto packOne = [&](int which, const DeviceTensorView & t, __half * dst, int64_t rows, int64_t h, float mul) {
+        RowOps ops{false, nullptr, 0.0f, nullptr, 0.0f};
+        if (prologue != nullptr) {
+            ops.norm = prologue->norm[which];
+            ops.weight = prologue->weight[which];
+            ops.eps = prologue->eps;
+            if (which < 2) {
+                ops.positions = prologue->positions;
+                ops.ropeTheta = prologue->ropeTheta;
+            }
+        }
+        const int blocks = int(std::min<int64_t>((rows + 7) / 8, 65535));
+        pack<<<blocks, 256, 0, m.stream>>>(sourceOf(t), dst, int(d), D, int(positions), int(h), rows, mul, ops);
     };
-    packOne(q, pq, int64_t(qRows), heads, scale * log2e);
-    packOne(k, pk, int64_t(kvRows), kvHeads, 1.0f);
-    packOne(v, pv, int64_t(kvRows), kvHeads, 1.0f);
+    packOne(0, q, pq, int64_t(qRows), heads, scale * log2e);
+    packOne(1, k, pk, int64_t(kvRows), kvHeads, 1.0f);
+    packOne(2, v, pv, int64_t(kvRows), kvHeads, 1.0f);
     checkCuda(cudaGetLastError(), "attention pack kernel");
     const int p = int(positions), h = int(heads), kvh = int(kvHeads), im = int(images), di = int(d);
     switch (D) {

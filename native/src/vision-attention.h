@@ -20,6 +20,21 @@ struct DeviceTensorView {
     size_t nb[4] = {0, 0, 0, 0};
 };
 
+// What gemma4v does to each head between its projections and attention, done by the kernel's packing
+// step instead of by graph nodes (one pass over q, k and v instead of five ggml kernels a layer that run
+// one 64-value row per block): RMS normalization of each head's values (per operand, q k v), times a
+// per-column weight where one is given (f32, on the device), then on q and k the 2-D RoPE of heads
+// ordered for one vision rope (RopeOrderedHeads, vision-graph.h): pairs (i, i + d/2), rotated by the
+// patch's column for i < d/4 and by its row after, at theta ropeTheta^(−4j/d) for the j-th pair of
+// each part.
+struct AttentionPrologue {
+    bool norm[3] = {false, false, false};
+    const float * weight[3] = {nullptr, nullptr, nullptr};
+    float eps = 0;
+    const int32_t * positions = nullptr;  // device: the column of every position, then the row of every one; null: no RoPE
+    float ropeTheta = 0;
+};
+
 class VisionAttention {
 public:
     // Whether this build has the kernel.
@@ -36,11 +51,13 @@ public:
     // [d, keys, kvHeads, images] (heads a multiple of kvHeads), any strides; out receives
     // [d, heads, positions, images] f32, contiguous, as flash_attn_ext's result. Waits for the kernel.
     // Throws std::invalid_argument for shapes it does not take, std::runtime_error for CUDA errors.
-    void run(const DeviceTensorView & q, const DeviceTensorView & k, const DeviceTensorView & v, float scale, float * out);
+    // `prologue` (may be null) is applied to q, k and v first.
+    void run(const DeviceTensorView & q, const DeviceTensorView & k, const DeviceTensorView & v, float scale, float * out,
+             const AttentionPrologue * prologue = nullptr);
     // The same without waiting: the kernel's stream first waits for CUDA event `after` (a cudaEvent_t,
     // recorded where q, k and v are computed), and records `done` (a cudaEvent_t) when out is written.
-    void enqueue(const DeviceTensorView & q, const DeviceTensorView & k, const DeviceTensorView & v, float scale, float * out, void * after,
-                 void * done);
+    void enqueue(const DeviceTensorView & q, const DeviceTensorView & k, const DeviceTensorView & v, float scale, float * out,
+                 const AttentionPrologue * prologue, void * after, void * done);
 
 private:
     struct Impl;

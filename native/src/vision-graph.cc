@@ -45,6 +45,9 @@ struct Builder {
     // tensor to f16 itself, with its vectorized kernel: E4B 6 µs against 20 for a CPY node), else cast
     // to f16 in the graph as clip does.
     bool f32Kv;
+    // Where percept's attention kernel runs (CUDA): each attention node whose q, k and v it takes
+    // before gemma4v's per-head norms and RoPE, which it then applies itself. Null: the graph has them.
+    std::map<const ggml_tensor *, HeadPrologue> * prologues;
 
     // clip_graph::build_norm
     ggml_tensor * norm(ggml_tensor * x, ggml_tensor * w, ggml_tensor * b) const {
@@ -91,7 +94,8 @@ struct Builder {
     // its scale, still 1/√d_head, are unchanged, and zero v columns give zero outputs), and only the
     // first `keep` columns of each head's output are kept. With weights padded at load, q, k and v
     // come in at flashHead already and the output projection takes every column (keep = flashHead).
-    ggml_tensor * attention(ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float scale, int64_t keep) const {
+    ggml_tensor * attention(ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float scale, int64_t keep,
+                            const HeadPrologue * prologue = nullptr) const {
         ggml_tensor * cur;
         if (flashHead > 0) {
             const int pad = int(flashHead - q->ne[0]);
@@ -111,6 +115,7 @@ struct Builder {
             v = ggml_permute(ctx, v, 0, 2, 1, 3);
             cur = ggml_flash_attn_ext(ctx, q, k, v, nullptr, scale, 0.0f, 0.0f);
             ggml_prec_set_acc(cur, GGML_PREC_F32);
+            if (prologue != nullptr) prologues->emplace(cur, *prologue);
             // [flashHead, heads, positions, images]
             if (keep < flashHead) {
                 cur = ggml_view_4d(ctx, cur, keep, cur->ne[1], cur->ne[2], cur->ne[3], cur->nb[1], cur->nb[2], cur->nb[3], 0);
@@ -191,6 +196,11 @@ struct Builder {
             ggml_tensor * v = p != nullptr ? linear(p->vW, p->vB, cur) : linear(l.vW, l.vB, cur);
             // clip: a q norm of d_head values normalizes each head (after the reshape), else the row
             const bool perHead = l.qNorm != nullptr && l.qNorm->ne[0] == t.dHead;
+            // percept's attention kernel normalizes and rotates the heads itself (f32 norm weights)
+            HeadPrologue prologue;
+            const bool fused = prologues != nullptr && gemma4v && perHead && r != nullptr && t.dHead % 4 == 0 &&
+                r->qNorm->type == GGML_TYPE_F32 && (l.kNorm == nullptr || (r->kNorm != nullptr && r->kNorm->type == GGML_TYPE_F32));
+            if (fused) prologue = HeadPrologue{r->qNorm, l.kNorm != nullptr ? r->kNorm : nullptr, posXY, t.eps, t.ropeTheta};
             if (!perHead) {
                 if (l.qNorm != nullptr) q = norm(q, l.qNorm, nullptr);
                 if (l.kNorm != nullptr) k = norm(k, l.kNorm, nullptr);
@@ -198,16 +208,16 @@ struct Builder {
             q = ggml_reshape_4d(ctx, q, dHead, t.nHead, nPos, images);
             k = ggml_reshape_4d(ctx, k, dHead, t.nHeadKv, nPos, images);
             v = ggml_reshape_4d(ctx, v, dHead, t.nHeadKv, nPos, images);
-            if (perHead) {
+            if (perHead && !fused) {
                 q = norm(q, r != nullptr ? r->qNorm : l.qNorm, nullptr);
                 if (l.kNorm != nullptr) k = norm(k, r != nullptr ? r->kNorm : l.kNorm, nullptr);
             }
-            if (gemma4v) {
+            if (gemma4v && !fused) {
                 q = rope2d(q, posX, posY, posXY);
                 k = rope2d(k, posX, posY, posXY);
                 v = ggml_rms_norm(ctx, v, t.eps);
             }
-            cur = linear(p != nullptr ? p->oW : l.oW, l.oB, attention(q, k, v, scale, dHead));
+            cur = linear(p != nullptr ? p->oW : l.oW, l.oB, attention(q, k, v, scale, dHead, fused ? &prologue : nullptr));
             if (l.ls1 != nullptr) cur = ggml_mul(ctx, cur, l.ls1);
             if (l.attnPostNorm != nullptr) cur = norm(cur, l.attnPostNorm, nullptr);
             inpL = ggml_add(ctx, cur, inpL);
@@ -266,6 +276,12 @@ struct VisionGraph::Graph {
     ggml_context_ptr pieceCtx;
     std::vector<ggml_cgraph *> pieces;
     std::vector<ggml_tensor *> cuts;
+    std::map<const ggml_tensor *, HeadPrologue> prologues;  // the cuts that normalize and rotate heads first
+
+    const HeadPrologue * prologueOf(const ggml_tensor * cut) const {
+        auto it = prologues.find(cut);
+        return it != prologues.end() ? &it->second : nullptr;
+    }
 };
 
 bool VisionGraph::Shape::operator<(const Shape & o) const {
@@ -542,7 +558,7 @@ std::unique_ptr<VisionGraph::Graph> VisionGraph::build(const Shape & s, int32_t 
     g->ctx.reset(ggml_init(params));
     ggml_context * ctx = g->ctx.get();
     g->gf = ggml_new_graph_custom(ctx, size, false);
-    Builder b{t, ctx, flashHead, gemma4v, padded_, ropeOrdered_, isCudaBackend(backend_.get())};
+    Builder b{t, ctx, flashHead, gemma4v, padded_, ropeOrdered_, isCudaBackend(backend_.get()), attention_ ? &g->prologues : nullptr};
 
     // Patch embedding, as ggml_conv_2d computes clip's: im2col rows (kx fastest, then ky, then the
     // channel) in f16, times the kernel. Planar pixels go through im2col; HWC patches are the same
@@ -663,7 +679,7 @@ DeviceTensorView deviceView(const ggml_tensor * t) {
 
 }  // namespace
 
-void VisionGraph::runAttention(ggml_tensor * node, bool wait) {
+void VisionGraph::runAttention(ggml_tensor * node, const HeadPrologue * prologue, bool wait) {
     // flash_attn_ext's operands: q, k, v, mask; op params scale, max_bias, logit_softcap
     float params[3];
     std::memcpy(params, node->op_params, sizeof(params));
@@ -671,13 +687,24 @@ void VisionGraph::runAttention(ggml_tensor * node, bool wait) {
         throw std::runtime_error("percept's attention kernel takes no mask, ALiBi or soft-capping");
     const DeviceTensorView q = deviceView(node->src[0]), k = deviceView(node->src[1]), v = deviceView(node->src[2]);
     float * out = static_cast<float *>(node->data);
+    AttentionPrologue heads;
+    if (prologue != nullptr) {
+        heads.norm[0] = heads.norm[2] = true;
+        heads.weight[0] = static_cast<const float *>(prologue->qNorm->data);
+        heads.norm[1] = prologue->kNorm != nullptr;
+        heads.weight[1] = prologue->kNorm != nullptr ? static_cast<const float *>(prologue->kNorm->data) : nullptr;
+        heads.eps = prologue->eps;
+        heads.positions = static_cast<const int32_t *>(prologue->positions->data);
+        heads.ropeTheta = prologue->ropeTheta;
+    }
+    const AttentionPrologue * first = prologue != nullptr ? &heads : nullptr;
     if (wait || !pieceDone_) {
         ggml_backend_synchronize(backend_.get());
-        attention_->run(q, k, v, params[0], out);
+        attention_->run(q, k, v, params[0], out, first);
         return;
     }
     ggml_backend_event_record(pieceDone_.get(), backend_.get());
-    attention_->enqueue(q, k, v, params[0], out, cudaEventOf(pieceDone_.get()), cudaEventOf(attentionDone_.get()));
+    attention_->enqueue(q, k, v, params[0], out, first, cudaEventOf(pieceDone_.get()), cudaEventOf(attentionDone_.get()));
     ggml_backend_event_wait(backend_.get(), attentionDone_.get());
 }
 
@@ -749,7 +776,7 @@ void VisionGraph::computeAndRead(Graph & g, float * out, VisionGraphTimes & time
         for (size_t i = 0; i < g.pieces.size(); i++) {
             if (ggml_graph_n_nodes(g.pieces[i]) > 0 && ggml_backend_graph_compute_async(backend, g.pieces[i]) != GGML_STATUS_SUCCESS)
                 throw std::runtime_error("graph compute failed");
-            if (i < g.cuts.size()) runAttention(g.cuts[i], false);
+            if (i < g.cuts.size()) runAttention(g.cuts[i], g.prologueOf(g.cuts[i]), false);
         }
         ggml_backend_synchronize(backend);
     } else if (ops == nullptr) {
@@ -766,7 +793,7 @@ void VisionGraph::computeAndRead(Graph & g, float * out, VisionGraphTimes & time
             const int64_t n0 = monotonicNs();
             const bool percept = attention_ && node->op == GGML_OP_FLASH_ATTN_EXT;
             if (percept) {
-                runAttention(node, true);
+                runAttention(node, g.prologueOf(node), true);
             } else if (ggml_backend_graph_compute(backend, single) != GGML_STATUS_SUCCESS) {
                 throw std::runtime_error("graph compute failed");
             }

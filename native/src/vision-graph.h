@@ -84,6 +84,15 @@ struct RopeOrderedHeads {
     ggml_tensor *qW = nullptr, *qB = nullptr, *kW = nullptr, *kB = nullptr, *qNorm = nullptr, *kNorm = nullptr;
 };
 
+// gemma4v's per-head steps before attention that percept's attention kernel does itself
+// (AttentionPrologue, vision-attention.h): q's and k's per-head RMS norms with their weights
+// (RopeOrderedHeads' copies; kNorm null: k is not normalized), v's RMS norm, and the 2-D RoPE at the
+// patch positions `positions` (the graph's [columns; rows; 0; 0] input).
+struct HeadPrologue {
+    ggml_tensor *qNorm = nullptr, *kNorm = nullptr, *positions = nullptr;
+    float eps = 0, ropeTheta = 0;
+};
+
 class VisionGraph {
 public:
     // Throws std::runtime_error naming what percept's graph does not mirror, or the op the
@@ -138,7 +147,7 @@ private:
     void computeAndRead(Graph & g, float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops);
     void checkSupported(const Graph & g) const;
     void cutAtAttention(Graph & g) const;
-    void runAttention(ggml_tensor * node, bool wait);
+    void runAttention(ggml_tensor * node, const HeadPrologue * prologue, bool wait);
     void transposeProjection();
     bool padHeads();
     bool orderHeadsForRope();
