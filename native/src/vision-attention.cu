@@ -1,10 +1,11 @@
 // The kernels behind VisionAttention (vision-attention.h). Compiled only in CUDA builds
 // (native/CMakeLists.txt); vision-attention.cc stands in elsewhere.
 //
-// Two steps per call. pack: q, k and v, read through ggml's strides (f32 or f16), become f16 rows
-// [image·head][position][D] with D the head size rounded up to a multiple of 16 (zero columns add
-// nothing to q·k and give zero output columns); q is scaled by scale·log2(e) on the way, so the
-// softmax runs on exp2. attend: one block takes 16·W query rows of one head (16 per warp), keeps its
+// Two steps per call. pack (a warp per head row): q, k and v, read through ggml's strides (f32 or
+// f16), become f16 rows [image·head][position][D] with D the head size rounded up to a multiple of 16
+// (zero columns add nothing to q·k and give zero output columns), after the caller's prologue where
+// there is one (gemma4v's per-head RMS norms and 2-D RoPE); q is scaled by scale·log2(e) on the way,
+// so the softmax runs on exp2. attend: one block takes 16·W query rows of one head (16 per warp), keeps its
 // rows' q in registers as mma A fragments, and walks the keys 64 at a time: K and V tiles come into
 // shared memory by cp.async, double buffered (the next tile loads while this one is used);
 // S = q·kᵀ and O += P·v are m16n8k16 mma.sync products (f16 in, f32 accumulate), with ldmatrix
@@ -41,9 +42,7 @@ struct Source {
     int64_t nb0, nb1, nb2, nb3;
 };
 
-// One head's values of one position a warp: dst[(image·heads + head)·positions + position][c] for
-// c < D, the source's values for c < d (RMS-normalized, weighted and rotated as `ops` says), × mul,
-// zero after d.
+// What pack does to each row besides copying it (AttentionPrologue, for one operand).
 struct RowOps {
     bool norm;
     const float * weight;  // may be null
@@ -52,6 +51,9 @@ struct RowOps {
     float ropeTheta;
 };
 
+// One head's values of one position a warp: dst[(image·heads + head)·positions + position][c] for
+// c < D, the source's values for c < d (RMS-normalized, weighted and rotated as `ops` says), × mul,
+// zero after d.
 __global__ void pack(Source src, __half * dst, int d, int D, int positions, int heads, int64_t rows, float mul, RowOps ops) {
     const int lane = threadIdx.x % 32;
     const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);

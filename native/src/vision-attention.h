@@ -2,7 +2,9 @@
 // per head over every patch of an image, without a mask (a vision tower attends everywhere). ggml-cuda's
 // kernel reaches ~76 TFLOPS on an H200 at the towers' shapes (2–4k positions, head size 64–80), 30 of
 // SigLIP so400m's 53 ms; this one is a FlashAttention-2 forward (tensor-core mma.sync, K/V tiles double
-// buffered in shared memory through cp.async, online softmax in registers) for exactly that case.
+// buffered in shared memory through cp.async, online softmax in registers) for exactly that case: a
+// so400m layer (4096 patches, 16 heads of 72) took 0.41 ms on an H200, timed alone with an earlier
+// (element-wise) packing step (~190 TFLOPS; PyTorch's SDPA on the same GPU: 0.21 ms).
 // Built with CUDA (PERCEPT_CUDA_KERNELS); elsewhere built() is false and the constructor throws.
 #pragma once
 
