@@ -30,6 +30,12 @@ export async function doctor(): Promise<Record<string, string>> {
       const addon = loadAddon();
       return ok(`llama.cpp ${addon.llamaVersion}; ${addon.systemInfo().trim()}`);
     },
+    gpu_kernels: async () => {
+      const { loadAddon } = await import('../native/binding.ts');
+      const { visionAttention, jpegDecoder } = loadAddon().gpuKernels;
+      if (!visionAttention) return ok('none: a CPU build (PERCEPT_CUDA=1 npm install builds them for CUDA)');
+      return ok(`vision attention kernel (CUDA); JPEG decoder ${jpegDecoder ? 'nvJPEG' : 'none: the CUDA toolkit has no nvJPEG'}`);
+    },
     onnxruntime: async () => {
       const ort = await import('onnxruntime-node');
       const backends = ort.listSupportedBackends?.() ?? [];

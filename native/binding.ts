@@ -254,6 +254,9 @@ export interface NativeAddon {
   /** mtmd_decode_use_non_causal() for a text model of this architecture and input width. */
   imageAttentionRule(arch: string, nEmbd: number): ImageAttention;
   readonly llamaVersion: string;
+  /** percept's own GPU code in this build: the vision graph's attention kernel (CUDA builds) and the
+   * JPEG decoder (CUDA builds whose toolkit has nvJPEG). Whether they run depends on the device too. */
+  readonly gpuKernels: { readonly visionAttention: boolean; readonly jpegDecoder: boolean };
 }
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');

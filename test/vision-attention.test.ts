@@ -5,7 +5,9 @@ import { mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { synthesizeMmproj } from '../models/mmproj-synth.ts';
+import { loadAddon } from '../native/binding.ts';
 import { LlamaVision, type VisionImage } from '../native/vision.ts';
+import { doctor } from '../app/doctor.ts';
 import { tokenCosines } from '../nodes/payloads.ts';
 
 const dir = join(import.meta.dirname, '..', '.cache', 'test-vision-attention');
@@ -67,6 +69,16 @@ const cuda = await (async () => {
   v?.dispose();
   return runs;
 })();
+
+test('the addon says whether this build has the kernel, and doctor says so', async () => {
+  const { visionAttention, jpegDecoder } = loadAddon().gpuKernels;
+  assert.equal(typeof visionAttention, 'boolean');
+  assert.equal(typeof jpegDecoder, 'boolean');
+  if (cuda) assert.equal(visionAttention, true, "percept's graph ran the kernel: the build has it");
+  if (jpegDecoder) assert.equal(visionAttention, true, 'nvJPEG is built only into CUDA builds');
+  const report = await doctor();
+  assert.match(report.gpu_kernels ?? '', visionAttention ? /^ok \(vision attention kernel \(CUDA\)/ : /^ok \(none: a CPU build/);
+});
 
 describe("on CUDA: percept's kernel", { skip: cuda ? false : "this build or machine has no CUDA (percept's kernel is not used)" }, () => {
   for (const { preset, head, image, lo } of CASES) {

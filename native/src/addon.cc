@@ -3,12 +3,14 @@
 #include <napi.h>
 
 #include "context.h"
+#include "device-jpeg.h"
 #include "grammar.h"
 #include "json-schema-to-grammar.h"
 #include "llama.h"
 #include "model.h"
 #include "pixels.h"
 #include "util.h"
+#include "vision-attention.h"
 #include "vision.h"
 
 namespace percept {
@@ -65,6 +67,11 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
     exports.Set("imageAttentionRule", Napi::Function::New<ImageAttentionRule>(env, "imageAttentionRule"));
     exports.Set("layoutPixels", Napi::Function::New<LayoutPixels>(env, "layoutPixels"));  // preprocessing, native/src/pixels.cc
     exports.Set("llamaVersion", Napi::String::New(env, "0.5.0"));
+    // percept's own GPU code in this build (CUDA builds; nvJPEG where the toolkit has it)
+    Napi::Object gpu = Napi::Object::New(env);
+    gpu.Set("visionAttention", VisionAttention::built());
+    gpu.Set("jpegDecoder", DeviceJpeg::built());
+    exports.Set("gpuKernels", gpu);
     return exports;
 }
 
