@@ -110,7 +110,7 @@ test('the typed API refuses bad options with the same shape (no model needed)', 
     ],
     [
       () => LlamaVision.load('v.gguf', { flashAttention: 'yes' as never }),
-      "Expected 'auto', 'on', 'off' or 'padded' for options.flashAttention but received yes of type string",
+      "Expected 'auto', 'on', 'off', 'padded' or 'percept' for options.flashAttention but received yes of type string",
     ],
     [() => LlamaVision.load('v.gguf', { warmup: 1 as never }), 'Expected a boolean for options.warmup but received 1 of type number'],
     [
@@ -176,7 +176,7 @@ test('C++ checks every field again, required, with the same message shape', asyn
     ],
     [
       () => addon.Vision.load('v.gguf', { ...vision, flashAttention: 'yes' as never }),
-      "Expected 'auto', 'on', 'off' or 'padded' for Vision.load options.flashAttention but received yes of type string",
+      "Expected 'auto', 'on', 'off', 'padded' or 'percept' for Vision.load options.flashAttention but received yes of type string",
     ],
     [
       () => addon.Vision.load('v.gguf', { useGpu: false, threads: 1, flashAttention: 'auto', warmup: false } as never),
