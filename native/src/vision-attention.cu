@@ -391,24 +391,10 @@ void VisionAttention::enqueue(const DeviceTensorView & q, const DeviceTensorView
     packOne(1, k, pk, int64_t(kvRows), kvHeads, 1.0f);
     packOne(2, v, pv, int64_t(kvRows), kvHeads, 1.0f);
     checkCuda(cudaGetLastError(), "attention pack kernel");
-    const int p = int(positions), h = int(heads), kvh = int(kvHeads), im = int(images), di = int(d);
-    switch (D) {
-    case 64:
-        launchAttend<64>(pq, pk, pv, out, p, h, kvh, im, di, m.stream);
-        break;
-    case 80:
-        launchAttend<80>(pq, pk, pv, out, p, h, kvh, im, di, m.stream);
-        break;
-    case 96:
-        launchAttend<96>(pq, pk, pv, out, p, h, kvh, im, di, m.stream);
-        break;
-    case 112:
-        launchAttend<112>(pq, pk, pv, out, p, h, kvh, im, di, m.stream);
-        break;
-    default:
-        launchAttend<128>(pq, pk, pv, out, p, h, kvh, im, di, m.stream);
-        break;
-    }
+    // one instantiation per padded head size: 64, 80, 96, 112, 128
+    constexpr decltype(&launchAttend<64>) launches[] = {launchAttend<64>, launchAttend<80>, launchAttend<96>, launchAttend<112>,
+                                                        launchAttend<128>};
+    launches[(D - 64) / 16](pq, pk, pv, out, int(positions), int(heads), int(kvHeads), int(images), int(d), m.stream);
     checkCuda(cudaGetLastError(), "attention kernel");
     if (done != nullptr) checkCuda(cudaEventRecord(static_cast<cudaEvent_t>(done), m.stream), "attention: record its end");
 }
