@@ -19,7 +19,7 @@
 //     output pixel off that grid.
 //   - A raw frame that already has the target size skips sharp entirely.
 //   - With jpegToEncoder (an encoder that decodes JPEG on its GPU: nvJPEG), a JPEG frame is not decoded
-//     here at all: the stage reads its header, plans the tensor (size, position ids, tokens) and hands
+//     here at all: the stage reads its header (jpeg-header.ts, not sharp), plans the tensor (size, position ids, tokens) and hands
 //     the frame on in PixelTensor.jpeg; the encoder decodes, resizes and lays it out on the device.
 //   - pixel_values comes from a small pool: the encoder hands the array back through
 //     PixelTensor.recycle when it is done, so steady state allocates nothing (and a 7.7 MB array per
@@ -28,6 +28,7 @@
 //     to the encoder as uint8: both encoders' contracts take f32, and normalizing elsewhere would
 //     move, not remove, the pass.
 import sharp, { type Metadata } from 'sharp';
+import { gpuTakes, readJpegHeader } from './jpeg-header.ts';
 import type { CameraFrame, EncoderContract, FrameEncoding, PixelAllocator, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 import { layoutPixels } from '../native/pixels.ts';
@@ -169,10 +170,24 @@ function frameError(encoding: string, problem: string): Error {
 /** Orientations 5–8 swap width and height. */
 const transposes = (orientation: number): boolean => orientation >= 5;
 
-async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<SourceImage> {
+function checkSize(encoding: string, width: number, height: number, maxPixels: number): void {
+  if (width <= 0 || height <= 0) throw frameError(encoding, `zero size ${width}×${height}`);
+  if (width * height > maxPixels)
+    throw frameError(encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
+}
+
+/** `gpuRoute`: a JPEG the GPU path takes is described from its header alone (readJpegHeader), without
+ * sharp: it is not decoded here, and sharp's metadata() would be most of this stage's time. */
+async function describeEncoded(frame: CameraFrame, maxPixels: number, gpuRoute: boolean): Promise<SourceImage> {
   const data = frame.data;
   if (!(data instanceof Uint8Array) || data.byteLength === 0) throw frameError(frame.encoding, 'empty data');
   const buffer = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+  const header = frame.encoding === 'jpeg' ? readJpegHeader(buffer) : undefined;
+  if (gpuRoute && header !== undefined && gpuTakes(header)) {
+    checkSize(frame.encoding, header.width, header.height, maxPixels);
+    const orientation = header.orientation >= 1 && header.orientation <= 8 ? header.orientation : 1;
+    return { input: buffer, width: header.width, height: header.height, orientation, bgr: false, hasAlpha: false, gpuDecodable: true };
+  }
   let meta: Metadata;
   try {
     meta = await sharp(buffer).metadata();
@@ -182,19 +197,18 @@ async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<S
   if (meta.format !== frame.encoding) throw frameError(frame.encoding, `data is ${meta.format ?? 'unknown'}, not ${frame.encoding}`);
   const width = meta.width ?? 0;
   const height = meta.height ?? 0;
-  if (width <= 0 || height <= 0) throw frameError(frame.encoding, `zero size ${width}×${height}`);
-  if (width * height > maxPixels)
-    throw frameError(frame.encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
+  checkSize(frame.encoding, width, height, maxPixels);
   const o = meta.orientation ?? 1;
   const orientation = Number.isInteger(o) && o >= 1 && o <= 8 ? o : 1;
-  // What the GPU path is checked on: baseline 8-bit JPEGs of 1 or 3 channels (progressive, 12-bit and
-  // CMYK ones stay on the host).
+  // What the GPU path is checked on: sequential 8-bit JPEGs of 1 or 3 channels, YCbCr (progressive,
+  // arithmetic, 12-bit, CMYK and RGB-stored ones stay on the host).
   const gpuDecodable =
     meta.format === 'jpeg' &&
     (meta.channels === 1 || meta.channels === 3) &&
     meta.space !== 'cmyk' &&
     meta.isProgressive !== true &&
-    (meta.depth === undefined || meta.depth === 'uchar');
+    (meta.depth === undefined || meta.depth === 'uchar') &&
+    (header === undefined || gpuTakes(header));
   return { input: buffer, width, height, orientation, bgr: false, hasAlpha: meta.hasAlpha === true, gpuDecodable };
 }
 
@@ -385,7 +399,7 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
     if (frame === null || typeof frame !== 'object') throw new TypeError('preprocess: frame must be a CameraFrame object');
     if (!ENCODINGS.includes(frame.encoding))
       throw frameError(String(frame.encoding), `unsupported encoding (supported: ${ENCODINGS.join(', ')})`);
-    if (frame.encoding === 'jpeg' || frame.encoding === 'png') return describeEncoded(frame, maxPixels);
+    if (frame.encoding === 'jpeg' || frame.encoding === 'png') return describeEncoded(frame, maxPixels, jpegToEncoder);
     return describeRaw(frame, maxPixels, (w, h) => {
       const t = targetOf(w, h, 1, ctx);
       return t.width === w && t.height === h;
