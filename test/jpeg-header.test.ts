@@ -1,10 +1,9 @@
-// The JavaScript JPEG header reader (nodes/jpeg-header.ts) against sharp's metadata() on the same
+// The JavaScript JPEG header reader (readJpegHeader, nodes/preprocess.ts) against sharp's metadata() on the same
 // frames, and the preprocess stage's GPU route through it.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import sharp from 'sharp';
-import { gpuTakes, readJpegHeader } from '../nodes/jpeg-header.ts';
-import { createPreprocessStage } from '../nodes/preprocess.ts';
+import { createPreprocessStage, gpuTakes, readJpegHeader } from '../nodes/preprocess.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 import { PREPROCESS_DEFAULTS } from './fixtures.ts';
 
