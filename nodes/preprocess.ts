@@ -187,7 +187,7 @@ function exifOrientation(d: Uint8Array, t: number, end: number): number | undefi
   return u32(d, ifd + 2 + entries * 12, little) === 0 ? 1 : undefined;
 }
 
-/** The header of a JPEG up to its first scan, or undefined (see the file comment). */
+/** The header of a JPEG up to its first scan, or undefined (see the comment above JpegHeader). */
 export function readJpegHeader(d: Uint8Array): JpegHeader | undefined {
   if (d.length < 4 || d[0] !== 0xff || d[1] !== 0xd8) return undefined;
   let frame: Omit<JpegHeader, 'orientation' | 'rgb'> | undefined;
