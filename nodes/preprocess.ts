@@ -159,32 +159,29 @@ export interface JpegHeader {
   readonly orientation: number;
 }
 
-const u16 = (d: Uint8Array, i: number, little: boolean): number => (little ? d[i]! | (d[i + 1]! << 8) : (d[i]! << 8) | d[i + 1]!);
-const u32 = (d: Uint8Array, i: number, little: boolean): number =>
-  little
-    ? (d[i]! | (d[i + 1]! << 8) | (d[i + 2]! << 16) | (d[i + 3]! << 24)) >>> 0
-    : ((d[i]! << 24) | (d[i + 1]! << 16) | (d[i + 2]! << 8) | d[i + 3]!) >>> 0;
-
 /** The orientation in an APP1 Exif segment's first IFD (TIFF header at t, segment end at end): a
  * number, or undefined where the segment is not plain enough to read (libvips's libexif then decides). */
 function exifOrientation(d: Uint8Array, t: number, end: number): number | undefined {
   if (t + 8 > end) return undefined;
+  const view = new DataView(d.buffer, d.byteOffset, d.byteLength);
   const little = d[t] === 0x49 && d[t + 1] === 0x49;
   if (!little && !(d[t] === 0x4d && d[t + 1] === 0x4d)) return undefined;
-  if (u16(d, t + 2, little) !== 42) return undefined;
-  const ifd = t + u32(d, t + 4, little);
+  const u16 = (at: number): number => view.getUint16(at, little);
+  const u32 = (at: number): number => view.getUint32(at, little);
+  if (u16(t + 2) !== 42) return undefined;
+  const ifd = t + u32(t + 4);
   if (ifd + 2 > end) return undefined;
-  const entries = u16(d, ifd, little);
+  const entries = u16(ifd);
   if (ifd + 2 + entries * 12 + 4 > end) return undefined;
   for (let e = 0; e < entries; e++) {
     const at = ifd + 2 + e * 12;
-    if (u16(d, at, little) !== 0x0112) continue;
+    if (u16(at) !== 0x0112) continue;
     // SHORT, one value, in the entry itself
-    if (u16(d, at + 2, little) !== 3 || u32(d, at + 4, little) !== 1) return undefined;
-    return u16(d, at + 8, little);
+    if (u16(at + 2) !== 3 || u32(at + 4) !== 1) return undefined;
+    return u16(at + 8);
   }
   // None in the first IFD: libexif would look in the others (the thumbnail's); leave that to it.
-  return u32(d, ifd + 2 + entries * 12, little) === 0 ? 1 : undefined;
+  return u32(ifd + 2 + entries * 12) === 0 ? 1 : undefined;
 }
 
 /** The header of a JPEG up to its first scan, or undefined (see the comment above JpegHeader). */
@@ -328,7 +325,7 @@ function describeRaw(frame: CameraFrame, maxPixels: number, canReadDirect: (widt
   if (width === undefined || height === undefined) throw frameError(enc, 'width and height are required for raw frames');
   if (!Number.isInteger(width) || !Number.isInteger(height) || width <= 0 || height <= 0)
     throw frameError(enc, `bad size ${width}×${height}`);
-  if (width * height > maxPixels) throw frameError(enc, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
+  checkSize(enc, width, height, maxPixels);
   const bpp = bytesPerPixel[enc];
   const rowBytes = width * bpp;
   const stride = frame.stride ?? rowBytes;

@@ -679,7 +679,7 @@ DeviceTensorView deviceView(const ggml_tensor * t) {
 
 }  // namespace
 
-void VisionGraph::runAttention(ggml_tensor * node, const HeadPrologue * prologue, bool wait) {
+void VisionGraph::runAttention(const Graph & g, ggml_tensor * node, bool wait) {
     // flash_attn_ext's operands: q, k, v, mask; op params scale, max_bias, logit_softcap
     float params[3];
     std::memcpy(params, node->op_params, sizeof(params));
@@ -687,6 +687,7 @@ void VisionGraph::runAttention(ggml_tensor * node, const HeadPrologue * prologue
         throw std::runtime_error("percept's attention kernel takes no mask, ALiBi or soft-capping");
     const DeviceTensorView q = deviceView(node->src[0]), k = deviceView(node->src[1]), v = deviceView(node->src[2]);
     float * out = static_cast<float *>(node->data);
+    const HeadPrologue * prologue = g.prologueOf(node);
     AttentionPrologue heads;
     if (prologue != nullptr) {
         heads.norm[0] = heads.norm[2] = true;
@@ -776,7 +777,7 @@ void VisionGraph::computeAndRead(Graph & g, float * out, VisionGraphTimes & time
         for (size_t i = 0; i < g.pieces.size(); i++) {
             if (ggml_graph_n_nodes(g.pieces[i]) > 0 && ggml_backend_graph_compute_async(backend, g.pieces[i]) != GGML_STATUS_SUCCESS)
                 throw std::runtime_error("graph compute failed");
-            if (i < g.cuts.size()) runAttention(g.cuts[i], g.prologueOf(g.cuts[i]), false);
+            if (i < g.cuts.size()) runAttention(g, g.cuts[i], false);
         }
         ggml_backend_synchronize(backend);
     } else if (ops == nullptr) {
@@ -793,7 +794,7 @@ void VisionGraph::computeAndRead(Graph & g, float * out, VisionGraphTimes & time
             const int64_t n0 = monotonicNs();
             const bool percept = attention_ && node->op == GGML_OP_FLASH_ATTN_EXT;
             if (percept) {
-                runAttention(node, g.prologueOf(node), true);
+                runAttention(g, node, true);
             } else if (ggml_backend_graph_compute(backend, single) != GGML_STATUS_SUCCESS) {
                 throw std::runtime_error("graph compute failed");
             }

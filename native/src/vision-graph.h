@@ -147,7 +147,7 @@ private:
     void computeAndRead(Graph & g, float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops);
     void checkSupported(const Graph & g) const;
     void cutAtAttention(Graph & g) const;
-    void runAttention(ggml_tensor * node, const HeadPrologue * prologue, bool wait);
+    void runAttention(const Graph & g, ggml_tensor * node, bool wait);
     void transposeProjection();
     bool padHeads();
     bool orderHeadsForRope();
