@@ -55,7 +55,11 @@ export interface BenchFrameResult {
   readonly stages_first_over_median: Readonly<Record<string, number | null>>;
   /** The first frame's decode note, set against the *_median figures below: whether a slow first
    * decode is a slower prefill or token, or a longer action. Null where the decoder did not say. */
-  readonly first_frame_decode: FirstFrameDecode | null;
+  readonly first_frame_decode: FrameDecode | null;
+  /** The slowest frame (the tail the p99 reads): its time through the stages and per stage, and its
+   * decode note: whether the tail is a longer action (more calls and tokens) or slower calls. Null
+   * with no frame out. */
+  readonly slowest_frame: SlowestFrame | null;
   readonly warmup: boolean;
   readonly image_tokens: number;
   readonly decoder: 'local' | 'openai';
@@ -86,7 +90,16 @@ export interface BenchFrameResult {
   readonly http_ms_p99: number | null;
 }
 
-export interface FirstFrameDecode {
+export interface SlowestFrame {
+  /** Its index among the frames (0: the first). */
+  readonly index: number;
+  readonly ms: number;
+  readonly stages_ms: Readonly<Record<string, number>>;
+  readonly decode: FrameDecode | null;
+}
+
+/** What a frame's decode note said (null where it did not say it). */
+export interface FrameDecode {
   readonly prompt_tokens: number | null;
   readonly reused_tokens: number | null;
   readonly new_tokens: number | null;
@@ -140,6 +153,38 @@ const round = (x: number): number => Math.round(x * 1000) / 1000;
 const msPerToken = (s: FrameSample): number | null => (s.decodeMs !== null && s.newTokens ? s.decodeMs / s.newTokens : null);
 const decodeOtherMs = (s: FrameSample): number | null =>
   s.decodeStageMs !== null && s.prefillMs !== null && s.decodeMs !== null ? s.decodeStageMs - s.prefillMs - s.decodeMs : null;
+
+/** A frame's decode note as the result reports it. */
+function decodeNote(s: FrameSample): FrameDecode {
+  const orNull = (x: number | null): number | null => (x === null ? null : round(x));
+  return {
+    prompt_tokens: s.promptTokens,
+    reused_tokens: s.reusedTokens,
+    new_tokens: s.newTokens,
+    prefill_ms: orNull(s.prefillMs),
+    decode_ms_per_token: orNull(msPerToken(s)),
+    other_ms: orNull(decodeOtherMs(s)),
+    decode_calls: s.decodeCalls,
+    graph_reuses: s.graphReuses,
+  };
+}
+
+/** The frame that took longest through the stages, with its decode note where it has one. */
+export function slowest(
+  frames: readonly { readonly total: number; readonly stages: Readonly<Record<string, number>>; readonly note?: unknown }[],
+  samples: readonly FrameSample[],
+): SlowestFrame | null {
+  let index = -1;
+  for (const [i, f] of frames.entries()) if (index < 0 || f.total > frames[index]!.total) index = i;
+  if (index < 0) return null;
+  const f = frames[index]!;
+  return {
+    index,
+    ms: round(f.total),
+    stages_ms: Object.fromEntries(Object.entries(f.stages).map(([name, v]) => [name, round(v)])),
+    decode: f.note && samples[index] ? decodeNote(samples[index]) : null,
+  };
+}
 
 /** The decode figures of a set of frames (see BenchFrameResult). */
 export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
@@ -267,7 +312,6 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
   };
   const [first, ...rest] = frames;
   const firstSample = samples[0];
-  const orNull = (x: number | null): number | null => (x === null ? null : round(x));
   const result: BenchFrameResult = {
     frames_in: summary.frames.in,
     frames_out: summary.frames.out,
@@ -293,19 +337,8 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
           ]),
         )
       : {},
-    first_frame_decode:
-      firstSample && first?.note
-        ? {
-            prompt_tokens: firstSample.promptTokens,
-            reused_tokens: firstSample.reusedTokens,
-            new_tokens: firstSample.newTokens,
-            prefill_ms: orNull(firstSample.prefillMs),
-            decode_ms_per_token: orNull(msPerToken(firstSample)),
-            other_ms: orNull(decodeOtherMs(firstSample)),
-            decode_calls: firstSample.decodeCalls,
-            graph_reuses: firstSample.graphReuses,
-          }
-        : null,
+    first_frame_decode: first?.note && firstSample ? decodeNote(firstSample) : null,
+    slowest_frame: slowest(frames, samples),
     warmup: opts.warmup,
     image_tokens: imageTokens,
     decoder: kind,

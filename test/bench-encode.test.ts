@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { benchEncode } from '../app/bench-encode.ts';
-import { benchFrame } from '../app/bench-frame.ts';
+import { benchFrame, slowest, type FrameSample } from '../app/bench-frame.ts';
 
 test(
   'bench encode on an mmproj: preprocessing on one libvips thread, load report, phases per call, a batch, the check against clip',
@@ -111,5 +111,48 @@ test('bench frame reports the first frame apart from the rest, with and without 
     // the image reused, its own image prefilled (not the warm-up's image, nor an empty cache).
     assert.equal(d.reused_tokens, warmup ? r.reused_tokens_median : 0, `reused tokens of the first frame, warm-up ${warmup}`);
     assert.ok(r.reused_tokens_median! > 0 && r.reused_tokens_median! < r.prompt_tokens_median!);
+    // The slowest frame is one of the three, no faster than the first, with its note.
+    const slow = r.slowest_frame!;
+    assert.ok(Number.isInteger(slow.index) && slow.index >= 0 && slow.index < 3, `index ${slow.index}`);
+    assert.ok(slow.ms >= r.first_frame_ms!, `${slow.ms} ms, the first ${r.first_frame_ms} ms`);
+    if (slow.index === 0) assert.equal(slow.ms, r.first_frame_ms);
+    assert.ok(slow.stages_ms.decode! > 0 && slow.stages_ms.decode! <= slow.ms);
+    assert.ok(slow.decode!.decode_calls! > 0 && slow.decode!.new_tokens! > 0 && slow.decode!.prefill_ms! > 0);
   }
+});
+
+test('slowest: the frame with the longest time, its stages and its decode note', () => {
+  const sample = (decodeCalls: number): FrameSample => ({
+    totalMs: 0,
+    promptTokens: 300,
+    reusedTokens: 20,
+    newTokens: 2 * decodeCalls,
+    prefillMs: 40,
+    decodeMs: 5 * decodeCalls,
+    decodeCalls,
+    singleDecodeCalls: decodeCalls,
+    singleDecodeMs: 5 * decodeCalls,
+    llamaDecodeMs: 5 * decodeCalls,
+    graphReuses: 0,
+    paddedSteps: 0,
+    httpMs: null,
+    decodeStageMs: 50 + 5 * decodeCalls,
+  });
+  const frames = [
+    { total: 100, stages: { decode: 80 }, note: {} },
+    { total: 250.12345, stages: { decode: 230.5 }, note: {} },
+    { total: 120, stages: { decode: 90 } },
+  ];
+  const samples = [sample(8), sample(30), sample(9)];
+  const s = slowest(frames, samples)!;
+  assert.equal(s.index, 1);
+  assert.equal(s.ms, 250.123);
+  assert.deepEqual(s.stages_ms, { decode: 230.5 });
+  assert.equal(s.decode!.decode_calls, 30);
+  assert.equal(s.decode!.new_tokens, 60);
+  assert.equal(s.decode!.decode_ms_per_token, 2.5);
+  assert.equal(s.decode!.other_ms, 50 + 150 - 40 - 150);
+  // A frame without a decode note (dropped before the decoder spoke) has no decode figures.
+  assert.equal(slowest([frames[2]!], [samples[2]!])!.decode, null);
+  assert.equal(slowest([], []), null);
 });
