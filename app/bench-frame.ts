@@ -150,6 +150,8 @@ export type DecodeFigures = Pick<
 >;
 
 const round = (x: number): number => Math.round(x * 1000) / 1000;
+const roundEach = (ms: Readonly<Record<string, number>>): Record<string, number> =>
+  Object.fromEntries(Object.entries(ms).map(([name, v]) => [name, round(v)]));
 const msPerToken = (s: FrameSample): number | null => (s.decodeMs !== null && s.newTokens ? s.decodeMs / s.newTokens : null);
 const decodeOtherMs = (s: FrameSample): number | null =>
   s.decodeStageMs !== null && s.prefillMs !== null && s.decodeMs !== null ? s.decodeStageMs - s.prefillMs - s.decodeMs : null;
@@ -181,7 +183,7 @@ export function slowest(
   return {
     index,
     ms: round(f.total),
-    stages_ms: Object.fromEntries(Object.entries(f.stages).map(([name, v]) => [name, round(v)])),
+    stages_ms: roundEach(f.stages),
     decode: f.note && samples[index] ? decodeNote(samples[index]) : null,
   };
 }
@@ -325,7 +327,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
       first?.total,
       rest.map((f) => f.total),
     ),
-    stages_first_ms: first ? Object.fromEntries(Object.entries(first.stages).map(([name, v]) => [name, round(v)])) : {},
+    stages_first_ms: first ? roundEach(first.stages) : {},
     stages_first_over_median: first
       ? Object.fromEntries(
           Object.keys(first.stages).map((name) => [
