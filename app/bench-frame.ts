@@ -83,6 +83,11 @@ export interface BenchFrameResult {
   readonly graph_reuse_share: number | null;
   /** Share of those calls padded to decoder.stepTokens (one shape from step to step). */
   readonly padded_step_share: number | null;
+  /** The slowest action the schema allows, whatever the logits (the binding only): its llama_decode
+   * calls after the prompt (DecoderStage.worstCaseDecodeCalls), and those calls at this run's mean
+   * call time: the decode time a budget must leave for it (an estimate: the frames' calls, not its). */
+  readonly worst_case_decode_calls: number | null;
+  readonly worst_case_decode_ms: number | null;
   /** openai, where the server reports its timings (llama-server): the HTTP path's own cost per request
    * (round trip − the server's prefill and decode): transport, JSON, base64, image decoding, templating,
    * grammar setup, and any wait for a free slot (none at concurrency 1 against an idle server). */
@@ -222,6 +227,21 @@ export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
   };
 }
 
+/** The schema's slowest action: its decode calls, and their time at the frames' mean call time. */
+export function worstCase(
+  calls: number | null,
+  frames: readonly FrameSample[],
+): Pick<BenchFrameResult, 'worst_case_decode_calls' | 'worst_case_decode_ms'> {
+  let ms = 0;
+  let n = 0;
+  for (const s of frames) {
+    if (s.llamaDecodeMs === null || !s.decodeCalls) continue;
+    ms += s.llamaDecodeMs;
+    n += s.decodeCalls;
+  }
+  return { worst_case_decode_calls: calls, worst_case_decode_ms: calls !== null && n > 0 ? round((calls * ms) / n) : null };
+}
+
 /** A config's encoder section for an encoder named on the command line: 'projection' (no model), an
  * mmproj (.gguf, synth:…-mmproj), else an ONNX model. */
 export function encoderSection(spec: string, gpuLayers: number): object {
@@ -345,6 +365,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
     image_tokens: imageTokens,
     decoder: kind,
     ...decodeFigures(samples),
+    ...worstCase(stages.decoder?.worstCaseDecodeCalls ?? null, samples),
   };
   return { result, frames: samples };
 }

@@ -151,6 +151,8 @@ export interface PipelineStages {
   /** The publisher, when it is part of the chain: its stage is the chain's last, its sink takes the
    * graph's events, and the run closes it after the graph, with the final summary. */
   readonly publisher?: Publisher;
+  /** The in-process decoder's bounds for one action (absent for a remote decoder). */
+  readonly decoder?: { readonly maxNewTokens: number; readonly worstCaseDecodeCalls: number | null };
 }
 
 /** Role → model id for the action headers: the config's spec (synth:…) or the file's name. */
@@ -217,6 +219,11 @@ export async function createStages(
         actionSchema,
       }),
     );
+    const { maxNewTokens, worstCaseDecodeCalls } = decoder;
+    log(
+      `decoder: an action takes at most ${maxNewTokens} tokens` +
+        (worstCaseDecodeCalls !== null ? ` and ${worstCaseDecodeCalls} llama_decode calls after the prompt (any logits)` : ''),
+    );
     const encoded = await createEncoder(config, decoder.nEmbd, decoder.contract);
     const { contract, stage: encoder, source: encoderSource } = encoded;
     track(encoder);
@@ -240,8 +247,9 @@ export async function createStages(
       }
     }
     const validated = chain(preprocess, encoder, decoder, actions);
-    if (!publisher) return { chain: validated };
-    return { chain: append(validated, publisher.stage), publisher };
+    const bounds = { decoder: { maxNewTokens, worstCaseDecodeCalls } };
+    if (!publisher) return { chain: validated, ...bounds };
+    return { chain: append(validated, publisher.stage), publisher, ...bounds };
   } catch (err) {
     for (const stage of built) await stage.close?.().catch(() => undefined);
     await publisher?.close();

@@ -213,6 +213,9 @@ export interface NativeGrammarIndexInfo {
   readonly prunedEntries: number;
   /** Worst-case tokens of a complete output; null when a cycle makes it unbounded. */
   readonly maxTokens: number | null;
+  /** Worst-case tokens the model picks in a complete output (end of generation included where the
+   * grammar may end): with jump-forward, llama_decode calls after the prompt ≤ this − 1. Null when unbounded. */
+  readonly maxChoices: number | null;
   readonly buildMs: number;
   /** Time spent building the model's vocabulary trie in this call (0 when it existed). */
   readonly trieMs: number;

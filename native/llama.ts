@@ -362,6 +362,16 @@ export class LlamaGrammar {
     return this.index?.maxTokens ?? null;
   }
 
+  /**
+   * Worst-case number of tokens the model picks in a complete output, the end-of-generation token
+   * included where the grammar may end but need not. With jump-forward every other token is forced,
+   * so a generation makes at most this − 1 llama_decode calls after its prompt: the count that sets
+   * the slowest action's decode time, whatever the logits. Null as maxTokens.
+   */
+  get maxChoices(): number | null {
+    return this.index?.maxChoices ?? null;
+  }
+
   /** Tokens admitted after `prefix`, sorted: by the index, or by llama.cpp's own check over the whole vocabulary. */
   async allowedTokens(prefix: Int32Array | readonly number[], via: 'index' | 'llama' = 'index'): Promise<Int32Array> {
     if (via !== 'index' && via !== 'llama') throw invalid('via', "'index' or 'llama'", via);

@@ -67,6 +67,11 @@ export interface DecoderStageConfig extends DecoderConfig {
 export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
   /** New tokens per frame at most: the configured value, or the action grammar's worst case. */
   readonly maxNewTokens: number;
+  /** llama_decode calls after the prompt that the slowest complete action takes, whatever the
+   * logits: with jump-forward one per token the model picks after the first (the grammar's
+   * maxChoices − 1), without it one per token. Null where it has no bound (no token index, or
+   * forced runs padded to stepTokens, which may spill into extra steps). */
+  readonly worstCaseDecodeCalls: number | null;
   /** Width of the image rows this decoder takes (the encoder must produce it). */
   readonly nEmbd: number;
   /** The vision-encoder contract that matches this decoder's architecture. */
@@ -75,6 +80,18 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
 }
 
 const IMAGE_MARKER = '<__percept_image__>';
+
+/** See DecoderStage.worstCaseDecodeCalls. */
+export function decodeCallBound(
+  grammar: Pick<LlamaGrammar, 'maxTokens' | 'maxChoices'>,
+  jumpForward: boolean,
+  stepTokens: number,
+  maxNewTokens: number,
+): number | null {
+  if (grammar.maxTokens === null || grammar.maxChoices === null) return null;
+  if (!jumpForward) return Math.min(maxNewTokens, grammar.maxTokens);
+  return stepTokens === 1 ? Math.max(0, grammar.maxChoices - 1) : null;
+}
 
 /** The per-frame token budget: the configured one if a complete action always fits in it, else the grammar's worst case. */
 export function actionTokenBudget(
@@ -248,6 +265,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     throw err;
   }
 
+  const worstCaseDecodeCalls = decodeCallBound(grammar, config.jumpForward, config.stepTokens, maxNewTokens);
   const info = model.info;
   const messages = [
     { role: 'system' as const, content: config.systemPrompt },
@@ -356,6 +374,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     handle: (seq) => ({
       name: 'decode',
       maxNewTokens,
+      worstCaseDecodeCalls,
       nEmbd: info.nEmbd,
       contract,
       modelInfo: info,

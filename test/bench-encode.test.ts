@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { benchEncode } from '../app/bench-encode.ts';
-import { benchFrame, slowest, type FrameSample } from '../app/bench-frame.ts';
+import { benchFrame, slowest, worstCase, type FrameSample } from '../app/bench-frame.ts';
 
 test(
   'bench encode on an mmproj: preprocessing on one libvips thread, load report, phases per call, a batch, the check against clip',
@@ -118,6 +118,10 @@ test('bench frame reports the first frame apart from the rest, with and without 
     if (slow.index === 0) assert.equal(slow.ms, r.first_frame_ms);
     assert.ok(slow.stages_ms.decode! > 0 && slow.stages_ms.decode! <= slow.ms);
     assert.ok(slow.decode!.decode_calls! > 0 && slow.decode!.new_tokens! > 0 && slow.decode!.prefill_ms! > 0);
+    // The schema's slowest action bounds every frame's calls; its time is those calls at the run's
+    // mean call time.
+    assert.ok(r.worst_case_decode_calls! >= slow.decode!.decode_calls!, `worst case ${r.worst_case_decode_calls} calls`);
+    assert.ok(r.worst_case_decode_ms! > 0);
   }
 });
 
@@ -155,4 +159,30 @@ test('slowest: the frame with the longest time, its stages and its decode note',
   // A frame without a decode note (dropped before the decoder spoke) has no decode figures.
   assert.equal(slowest([frames[2]!], [samples[2]!])!.decode, null);
   assert.equal(slowest([], []), null);
+});
+
+test('worstCase: the bound in calls, and in ms at the frames’ mean call time', () => {
+  const frame = (decodeCalls: number | null, llamaDecodeMs: number | null): FrameSample => ({
+    totalMs: 0,
+    promptTokens: null,
+    reusedTokens: null,
+    newTokens: null,
+    prefillMs: null,
+    decodeMs: null,
+    decodeCalls,
+    singleDecodeCalls: null,
+    singleDecodeMs: null,
+    llamaDecodeMs,
+    graphReuses: null,
+    paddedSteps: null,
+    httpMs: null,
+    decodeStageMs: null,
+  });
+  // 10 calls in 70 ms: 7 ms a call; a frame without a decode note does not count.
+  assert.deepEqual(worstCase(64, [frame(4, 24), frame(6, 46), frame(null, null)]), {
+    worst_case_decode_calls: 64,
+    worst_case_decode_ms: 448,
+  });
+  assert.deepEqual(worstCase(null, [frame(4, 24)]), { worst_case_decode_calls: null, worst_case_decode_ms: null });
+  assert.deepEqual(worstCase(64, []), { worst_case_decode_calls: 64, worst_case_decode_ms: null });
 });

@@ -80,6 +80,45 @@ describe('grammar token index (gemma4-tiny vocabulary, 262,144 tokens)', () => {
     }
   });
 
+  test('maxChoices bounds the tokens a decoder with jump-forward picks: exact on small grammars, never passed by walks', async () => {
+    // A digit, then a digit or the end: two picks (the second digit, or the end-of-generation token).
+    const twoDigits = await model.grammar('root ::= [0-9] [0-9]?');
+    assert.equal(twoDigits.maxTokens, 2);
+    assert.equal(twoDigits.maxChoices, 2);
+    // Forced text around one digit: only the digit is picked, the end comes with the grammar complete.
+    const wrapped = await model.grammar('root ::= "{\\"a\\":" [0-9] "}"');
+    assert.equal(wrapped.maxChoices, 1);
+    assert.ok(wrapped.maxTokens! > wrapped.maxChoices!);
+    assert.equal((await model.grammar('root ::= [0-9] ("," [0-9])*')).maxChoices, null, 'unbounded');
+    const max = grammar.maxChoices!;
+    assert.ok(max > 1 && max < grammar.maxTokens!, `maxChoices ${max} of maxTokens ${grammar.maxTokens}`);
+    // Walks as the decoder takes them: forced runs whole, a random admitted token (or the end,
+    // where admitted) at every choice.
+    let most = 0;
+    for (let w = 0; w < 60; w++) {
+      const next = rng(5000 + w);
+      const path: number[] = [];
+      let picks = 0;
+      for (;;) {
+        const forced = Array.from(grammar.forcedTokens(path));
+        if (forced.length > 0) {
+          path.push(...forced);
+          continue;
+        }
+        const admitted = Array.from(await grammar.allowedTokens(path));
+        const choices = admitted.filter((t) => !eog.includes(t));
+        if (choices.length === 0) break; // complete: generation stops without a pick
+        picks++;
+        const i = Math.floor(next() * (choices.length + (choices.length < admitted.length ? 1 : 0)));
+        if (i >= choices.length) break; // picked the end
+        path.push(choices[i]!);
+      }
+      assert.ok(picks <= max, `walk ${w}: ${picks} picks > maxChoices ${max}: ${model.detokenize(path)}`);
+      most = Math.max(most, picks);
+    }
+    assert.ok(most > max / 4, `the walks picked ${most} at most`);
+  });
+
   test("admitted sets equal llama.cpp's grammar check over the whole vocabulary at every step", async () => {
     let steps = 0;
     for (const path of paths) {

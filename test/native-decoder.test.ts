@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { loadActionSchema } from '../nodes/action-schema.ts';
-import { actionTokenBudget, createCameraDecoderStages, createDecoderStage, type DecoderStage } from '../nodes/decoder.ts';
+import { actionTokenBudget, createCameraDecoderStages, createDecoderStage, decodeCallBound, type DecoderStage } from '../nodes/decoder.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import type { ImageEmbedding } from '../nodes/payloads.ts';
@@ -95,6 +95,17 @@ describe('decode stage on gemma4-tiny', () => {
     );
     assert.equal(actionTokenBudget(64, null, 's.json', 'a recursive grammar'), 64);
     assert.throws(() => actionTokenBudget(null, null, 's.json', 'a recursive grammar'), /must be set: .* \(a recursive grammar\)/);
+  });
+
+  test('the decode-call bound: the picks after the first with jump-forward, every token without, none where unbounded', () => {
+    // The stage's schema (jump-forward on, no padding) gives its grammar's picks after the first.
+    assert.ok(stage.worstCaseDecodeCalls! > 10 && stage.worstCaseDecodeCalls! < stage.maxNewTokens, `${stage.worstCaseDecodeCalls}`);
+    const g = { maxTokens: 113, maxChoices: 65 };
+    assert.equal(decodeCallBound(g, true, 1, 113), 64);
+    assert.equal(decodeCallBound(g, false, 1, 113), 113);
+    assert.equal(decodeCallBound(g, false, 1, 200), 113, 'the grammar ends the action before maxNewTokens');
+    assert.equal(decodeCallBound(g, true, 4, 113), null, 'padded steps can spill a forced run into another step');
+    assert.equal(decodeCallBound({ maxTokens: null, maxChoices: null }, true, 1, 64), null);
   });
 
   test('an aborted signal or a passed deadline gives the frame up with the abort reason, after noting the partial decode', async () => {

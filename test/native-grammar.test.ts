@@ -43,6 +43,8 @@ describe('action-schema generation on gemma4-tiny', () => {
       const value = JSON.parse(r.text) as { action: string };
       assert.ok(validate(value), `seed ${seed}: ${r.text} → ${JSON.stringify(validate.errors)}`);
       assert.ok(r.reusedTokens > 0 || seed === 0, 'the prompt stays in the KV cache');
+      // One decode per token the model picks after the first: never more than the grammar's bound.
+      assert.ok(r.timings.decodeCalls <= grammar.maxChoices! - 1, `seed ${seed}: ${r.timings.decodeCalls} calls > maxChoices − 1`);
       actions.add(value.action);
       longest = Math.max(longest, r.tokens.length);
     }
@@ -68,6 +70,28 @@ describe('action-schema generation on gemma4-tiny', () => {
       assert.ok(plain.timings.graphReuses >= plain.timings.decodeCalls - 1, `${plain.timings.graphReuses} reuses`);
       assert.ok(jf.timings.graphReuses < jf.timings.decodeCalls);
     }
+  });
+
+  test('the opening forced run is decoded with the prompt: the first pick needs no decode of its own', async () => {
+    const oneDigit = await model.grammar('root ::= "{\\"a\\":" [0-9] "}"');
+    const prompt = [{ text: 'Value:', addSpecial: true }];
+    const plain = await ctx.generate(prompt, { maxTokens: 16, grammar: oneDigit });
+    const jf = await ctx.generate(prompt, { maxTokens: 16, grammar: oneDigit, jumpForward: true });
+    assert.deepEqual(Array.from(jf.tokens), Array.from(plain.tokens));
+    assert.match(jf.text, /^\{"a":[0-9]\}$/);
+    // `{"a":` rode in the prefill, the digit came from its logits, `}` completed the grammar.
+    assert.equal(jf.forced, jf.tokens.length - 1);
+    assert.equal(jf.timings.decodeCalls, 0);
+    assert.equal(plain.timings.decodeCalls, plain.tokens.length - 1, 'one per token after the first (the complete grammar ends it)');
+    // max tokens inside the opening run: cut there, as without jump-forward.
+    const cut = await ctx.generate(prompt, { maxTokens: 2, grammar, jumpForward: true });
+    const cutPlain = await ctx.generate(prompt, { maxTokens: 2, grammar });
+    assert.equal(cut.stopReason, 'max_tokens');
+    assert.deepEqual(Array.from(cut.tokens), Array.from(cutPlain.tokens));
+    // The KV cache holds what was decoded: the next generation reuses the prompt and goes on.
+    const again = await ctx.generate(prompt, { maxTokens: 16, grammar: oneDigit, jumpForward: true });
+    assert.deepEqual(Array.from(again.tokens), Array.from(jf.tokens));
+    assert.ok(again.reusedTokens > 0);
   });
 
   test('padded steps (stepTokens): the same greedy tokens, one step shape, no padding left in the KV cache', async () => {

@@ -101,8 +101,9 @@ GenerateResult Generation::run() {
     res_.singleDecodeMs = 0;
     res_.graphReuses = 0;
     res_.prefillMs = msSince(tPrefill);
-    nPast_ = p.positions;
-    if (opts_.maxTokens > 0) generate(tStart);
+    nPast_ = p.positions + openingRun_;
+    if (opts_.maxTokens > 0 && !stoppedEarly_) generate(tStart);
+    flush();
     return res_;
 }
 
@@ -158,7 +159,28 @@ bool Generation::prefill(const PromptPlan & p) {
         batch.add(item.item.token, pos++, i + 1 == p.items.size());
         if (batch.b.n_tokens == nBatch && !flushBatch()) return false;
     }
+    if (opts_.jumpForward && sampler_.cursor() && opts_.maxTokens > 0) appendOpeningRun(batch, pos, nBatch);
     return flushBatch();
+}
+
+// The grammar's opening forced run (the action's `{"action":"`) decoded with the prompt's last
+// tokens: the first token the model picks then comes from the prefill's logits, where it would
+// otherwise take a decode of its own. The same tokens as jump-forward after the prompt; counted as
+// forced. Stops where the batch is full (the rest is forced as usual) or an output stops generation.
+void Generation::appendOpeningRun(TokenBatch & batch, llama_pos & pos, int32_t nBatch) {
+    while (batch.b.n_tokens < nBatch) {
+        const llama_token f = sampler_.forcedToken();
+        if (f < 0) return;
+        sampler_.accept(f);
+        res_.forced++;
+        if (batch.b.n_tokens > 0) batch.b.logits[batch.b.n_tokens - 1] = 0;
+        batch.add(f, pos++, true);
+        openingRun_++;
+        if (pushOutput(f)) {
+            stoppedEarly_ = true;
+            return;
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------------------------

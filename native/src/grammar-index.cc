@@ -119,7 +119,7 @@ public:
         indexTokens();
         pruneDeadEnds();
         computeForced();
-        out_->stats_.maxTokens = longestPath();
+        longestPaths();
         out_->eog_ = trie_.eog();
         out_->stats_.states = automaton_.states();
         out_->stats_.buildMs = msSince(t0);
@@ -344,9 +344,11 @@ private:
         return kept;
     }
 
-    // Longest token path from the start to the end, a forced run counting as its length (the
-    // decoder always takes it whole). -1 when a cycle makes it unbounded.
-    int32_t longestPath() const {
+    // The worst case of a complete output, into the stats: its tokens (a forced run counting as its
+    // length: the decoder always takes it whole), and the tokens the model picks on the way, the end
+    // of generation included where the grammar may end but need not (with jump-forward, each pick
+    // after the first costs one decode). -1 for both when a cycle makes them unbounded.
+    void longestPaths() {
         const GrammarIndex & ix = *out_;
         const size_t n = accepting_.size();
         // Successor i of s and the tokens it costs, or {-1, 0} past the last.
@@ -372,23 +374,33 @@ private:
                 postorder.push_back(s);
                 path.pop_back();
             } else if (color[size_t(c)] == 1) {
-                return -1;
+                out_->stats_.maxTokens = -1;
+                out_->stats_.maxChoices = -1;
+                return;
             } else if (color[size_t(c)] == 0) {
                 color[size_t(c)] = 1;
                 path.emplace_back(c, 0);
             }
         }
         std::vector<int32_t> longest(n, 0);
+        std::vector<int32_t> choices(n, 0);
         for (int32_t s : postorder) {
             int32_t best = 0;  // every kept state completes: accepting, or a successor that does
+            const bool forced = ix.forcedBegin(s) != ix.forcedEnd(s);
+            // Where the model has a choice and the grammar may end, ending is one more pick (the
+            // end-of-generation token); where only the end is left, generation stops unasked.
+            int32_t most = !forced && ix.accepting(s) && ix.allowedCount(s) > 0 ? 1 : 0;
             for (size_t i = 0;; i++) {
                 auto [c, cost] = succ(s, i);
                 if (c < 0) break;
                 best = std::max(best, cost + longest[size_t(c)]);
+                most = std::max(most, (forced ? 0 : 1) + choices[size_t(c)]);
             }
             longest[size_t(s)] = best;
+            choices[size_t(s)] = most;
         }
-        return longest[0];
+        out_->stats_.maxTokens = longest[0];
+        out_->stats_.maxChoices = choices[0];
     }
 
     GrammarAutomaton automaton_;

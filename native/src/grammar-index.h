@@ -61,6 +61,7 @@ struct GrammarIndexStats {
     int32_t forcedStates = 0;  // token-boundary states with jump-forward tokens
     size_t prunedEntries = 0;  // tokens dropped because no completion follows them
     int32_t maxTokens = -1;    // worst-case tokens of a complete output; -1: unbounded (a cycle)
+    int32_t maxChoices = -1;   // worst-case tokens the model picks in one (end included); -1: unbounded
     double buildMs = 0;        // automaton + index (not the trie)
     double trieMs = 0;         // the model's trie (0 when it was already built)
 };

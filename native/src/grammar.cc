@@ -71,6 +71,7 @@ Napi::Object indexInfoObject(Napi::Env env, const GrammarIndexStats & st, bool i
         i.Set("forcedStates", st.forcedStates);
         i.Set("prunedEntries", double(st.prunedEntries));
         i.Set("maxTokens", st.maxTokens >= 0 ? Napi::Value(Napi::Number::New(env, st.maxTokens)) : env.Null());
+        i.Set("maxChoices", st.maxChoices >= 0 ? Napi::Value(Napi::Number::New(env, st.maxChoices)) : env.Null());
         i.Set("buildMs", st.buildMs);
         i.Set("trieMs", st.trieMs);
         o.Set("index", i);
