@@ -93,7 +93,10 @@ GenerateResult Generation::run() {
     const PromptPlan p = plan();
     reuseCache(p);
     const int64_t tPrefill = monotonicNs();
-    if (stopped() || !prefill(p)) return res_;
+    if (stopped() || !prefill(p)) {
+        flush();  // the opening run's outputs, where they came before the stop
+        return res_;
+    }
     res_.prefillTokens = p.positions - p.reusePositions;
     res_.decodeCalls = 0;  // from here on: generation decodes only
     res_.llamaDecodeMs = 0;
