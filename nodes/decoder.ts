@@ -69,8 +69,7 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
   readonly maxNewTokens: number;
   /** llama_decode calls after the prompt that the slowest complete action takes, whatever the
    * logits: with jump-forward one per token the model picks after the first (the grammar's
-   * maxChoices − 1; in a camera batch one more: the opening forced run takes a step there), without
-   * it one per token. Null where it has no bound (no token index, or forced runs padded to
+   * maxChoices − 1: the opening forced run rides with the prompt), without it one per token. Null where it has no bound (no token index, or forced runs padded to
    * stepTokens, which may spill into extra steps). */
   readonly worstCaseDecodeCalls: number | null;
   /** Width of the image rows this decoder takes (the encoder must produce it). */
@@ -88,12 +87,10 @@ export function decodeCallBound(
   jumpForward: boolean,
   stepTokens: number,
   maxNewTokens: number,
-  batched = false,
 ): number | null {
   if (grammar.maxTokens === null || grammar.maxChoices === null) return null;
   if (!jumpForward) return Math.min(maxNewTokens, grammar.maxTokens);
-  if (stepTokens !== 1) return null;
-  return batched ? grammar.maxChoices : Math.max(0, grammar.maxChoices - 1);
+  return stepTokens === 1 ? Math.max(0, grammar.maxChoices - 1) : null;
 }
 
 /** The per-frame token budget: the configured one if a complete action always fits in it, else the grammar's worst case. */
@@ -279,7 +276,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   const contract: EncoderContract = info.arch === 'gemma3' ? 'gemma3' : 'gemma4';
 
   const batched = ctx.info.nSeq > 1;
-  const worstCaseDecodeCalls = decodeCallBound(grammar, config.jumpForward, config.stepTokens, maxNewTokens, batched);
+  const worstCaseDecodeCalls = decodeCallBound(grammar, config.jumpForward, config.stepTokens, maxNewTokens);
   if (batched) {
     try {
       // Gemma 3's encoder always gives 256 rows.

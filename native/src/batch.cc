@@ -318,6 +318,7 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
         done_(std::move(a->job));
         return;
     }
+    const int32_t opening = appendOpeningRun(*a);
     size_t reuse = a->plan.reuse;
     llama_pos reusePos = a->plan.reusePositions;
     llama_memory_t mem = llama_get_memory(ctx_);
@@ -330,10 +331,30 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
     syncPositions(a->seq);
     a->next = reuse;
     a->nPast = reusePos;
-    j.result.promptTokens = a->plan.positions;
+    j.result.promptTokens = a->plan.positions - opening;
     j.result.reusedTokens = reusePos;
-    j.result.prefillTokens = a->plan.positions - reusePos;
+    j.result.prefillTokens = a->plan.positions - opening - reusePos;
     active_.push_back(std::move(a));
+}
+
+// The grammar's opening forced run joins the prompt, as one sequence's does (Generation::
+// appendOpeningRun): the first pick then comes from the prompt's last row, not from a step of its
+// own. Only tokens that cannot stop generation (below max tokens, no stop strings or tokens): the steps take
+// the rest. Returns the tokens appended.
+int32_t BatchScheduler::appendOpeningRun(Active & a) {
+    const GenerateOptions & o = a.job->opts;
+    GenerateResult & res = a.job->result;
+    if (!o.jumpForward || !a.sampler.cursor() || !o.stopStrings.empty() || !o.stopTokens.empty()) return 0;
+    int32_t n = 0;
+    for (llama_token f = a.sampler.forcedToken(); f >= 0 && int32_t(res.tokens.size()) + 1 < o.maxTokens; f = a.sampler.forcedToken()) {
+        a.sampler.accept(f);
+        res.forced++;
+        appendOutput(model_->vocab(), o, res, f);
+        a.plan.items.push_back(PromptItem{CacheItem{f, 0, 0}, nullptr, false});
+        a.plan.positions++;
+        n++;
+    }
+    return n;
 }
 
 namespace {

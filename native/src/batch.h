@@ -171,6 +171,7 @@ private:
     void step();
     void dropStopped();
     void planGeneration(Active & a, int32_t room);
+    int32_t appendOpeningRun(Active & a);
     void planPrefill(const std::vector<Active *> & order, int32_t tokenRoom);
     bool decodeImages(const std::vector<Active *> & order);
     void decodeTokens(const std::vector<Active *> & order);
