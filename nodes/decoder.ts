@@ -69,8 +69,9 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
   readonly maxNewTokens: number;
   /** llama_decode calls after the prompt that the slowest complete action takes, whatever the
    * logits: with jump-forward one per token the model picks after the first (the grammar's
-   * maxChoices − 1: the opening forced run rides with the prompt), without it one per token. Null where it has no bound (no token index, or forced runs padded to
-   * stepTokens, which may spill into extra steps). */
+   * maxChoices − 1: the opening forced run rides with the prompt), without it one per token. Null
+   * where it has no bound (no token index, or forced runs padded to stepTokens, which may spill
+   * into extra steps). */
   readonly worstCaseDecodeCalls: number | null;
   /** Width of the image rows this decoder takes (the encoder must produce it). */
   readonly nEmbd: number;
@@ -265,6 +266,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     throw err;
   }
 
+  const worstCaseDecodeCalls = decodeCallBound(grammar, config.jumpForward, config.stepTokens, maxNewTokens);
   const info = model.info;
   const messages = [
     { role: 'system' as const, content: config.systemPrompt },
@@ -276,7 +278,6 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   const contract: EncoderContract = info.arch === 'gemma3' ? 'gemma3' : 'gemma4';
 
   const batched = ctx.info.nSeq > 1;
-  const worstCaseDecodeCalls = decodeCallBound(grammar, config.jumpForward, config.stepTokens, maxNewTokens);
   if (batched) {
     try {
       // Gemma 3's encoder always gives 256 rows.

@@ -339,8 +339,8 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
 
 // The grammar's opening forced run joins the prompt, as one sequence's does (Generation::
 // appendOpeningRun): the first pick then comes from the prompt's last row, not from a step of its
-// own. Only tokens that cannot stop generation (below max tokens, no stop strings or tokens): the steps take
-// the rest. Returns the tokens appended.
+// own. Only tokens that cannot stop generation (below max tokens, no stop strings or tokens): the
+// steps take the rest. Returns the tokens appended.
 int32_t BatchScheduler::appendOpeningRun(Active & a) {
     const GenerateOptions & o = a.job->opts;
     GenerateResult & res = a.job->result;
