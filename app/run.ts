@@ -151,8 +151,8 @@ export interface PipelineStages {
   /** The publisher, when it is part of the chain: its stage is the chain's last, its sink takes the
    * graph's events, and the run closes it after the graph, with the final summary. */
   readonly publisher?: Publisher;
-  /** The in-process decoder's bounds for one action (absent for a remote decoder). */
-  readonly decoder?: { readonly maxNewTokens: number; readonly worstCaseDecodeCalls: number | null };
+  /** The in-process decoder's llama_decode calls for the slowest action (absent for a remote decoder). */
+  readonly decoder?: { readonly worstCaseDecodeCalls: number | null };
 }
 
 /** Role → model id for the action headers: the config's spec (synth:…) or the file's name. */
@@ -247,7 +247,7 @@ export async function createStages(
       }
     }
     const validated = chain(preprocess, encoder, decoder, actions);
-    const bounds = { decoder: { maxNewTokens, worstCaseDecodeCalls } };
+    const bounds = { decoder: { worstCaseDecodeCalls } };
     if (!publisher) return { chain: validated, ...bounds };
     return { chain: append(validated, publisher.stage), publisher, ...bounds };
   } catch (err) {

@@ -93,10 +93,7 @@ GenerateResult Generation::run() {
     const PromptPlan p = plan();
     reuseCache(p);
     const int64_t tPrefill = monotonicNs();
-    if (stopped() || !prefill(p)) {
-        flush();  // the opening run's outputs, where they came before the stop
-        return res_;
-    }
+    if (stopped() || !prefill(p)) return res_;
     res_.prefillTokens = p.positions - p.reusePositions;
     res_.decodeCalls = 0;  // from here on: generation decodes only
     res_.llamaDecodeMs = 0;
@@ -106,7 +103,6 @@ GenerateResult Generation::run() {
     res_.prefillMs = msSince(tPrefill);
     nPast_ = p.positions + openingRun_;
     if (opts_.maxTokens > 0 && !stoppedEarly_) generate(tStart);
-    flush();
     return res_;
 }
 
@@ -162,28 +158,16 @@ bool Generation::prefill(const PromptPlan & p) {
         batch.add(item.item.token, pos++, i + 1 == p.items.size());
         if (batch.b.n_tokens == nBatch && !flushBatch()) return false;
     }
-    if (opts_.jumpForward && sampler_.cursor() && opts_.maxTokens > 0) appendOpeningRun(batch, pos, nBatch);
-    return flushBatch();
-}
-
-// The grammar's opening forced run (the action's `{"action":"`) decoded with the prompt's last
-// tokens: the first token the model picks then comes from the prefill's logits, where it would
-// otherwise take a decode of its own. The same tokens as jump-forward after the prompt; counted as
-// forced. Stops where the batch is full (the rest is forced as usual) or an output stops generation.
-void Generation::appendOpeningRun(TokenBatch & batch, llama_pos & pos, int32_t nBatch) {
-    while (batch.b.n_tokens < nBatch) {
-        const llama_token f = sampler_.forcedToken();
-        if (f < 0) return;
-        sampler_.accept(f);
-        res_.forced++;
-        if (batch.b.n_tokens > 0) batch.b.logits[batch.b.n_tokens - 1] = 0;
-        batch.add(f, pos++, true);
-        openingRun_++;
-        if (pushOutput(f)) {
-            stoppedEarly_ = true;
-            return;
-        }
+    // The grammar's opening forced run (the action's `{"action":"`) rides in the prompt's last
+    // decode, as jump-forward runs ride with the token before them: the first token the model
+    // picks then comes from the prefill's logits instead of a decode of its own.
+    if (opts_.jumpForward && sampler_.hasGrammar() && opts_.maxTokens > 0 && batch.b.n_tokens > 0) {
+        const int32_t before = batch.b.n_tokens;
+        nPast_ = batch.b.pos[0];  // jumpForward places its tokens after the batch, which starts at nPast_
+        stoppedEarly_ = jumpForward(batch, nBatch);
+        openingRun_ = batch.b.n_tokens - before;
     }
+    return flushBatch();
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -101,7 +101,6 @@ private:
     PromptPlan plan();
     void reuseCache(const PromptPlan & plan);
     bool prefill(const PromptPlan & plan);
-    void appendOpeningRun(TokenBatch & batch, llama_pos & pos, int32_t nBatch);
     void generate(int64_t tStart);
     bool sampleFirst(int64_t tStart);
     int32_t paddedWidth() const;
@@ -136,7 +135,7 @@ private:
     llama_pos nPast_ = 0;
     llama_token idLast_ = -1;
     int32_t openingRun_ = 0;     // forced tokens decoded with the prompt
-    bool stoppedEarly_ = false;  // an output of the opening run stopped generation
+    bool stoppedEarly_ = false;  // the opening run ended generation (an output stopped it, or the grammar is complete)
     int64_t tFirst_ = 0;
     GenerateResult res_;
 };
