@@ -128,6 +128,59 @@ describe('pattern source', () => {
     );
   });
 
+  test('each frame is encoded ahead, while the one before it is consumed: it exists at its capture time', async () => {
+    const clock = new VirtualClock(0n, 0);
+    const readyNs: bigint[] = [];
+    const encode = (i: number, w: number, h: number, q: number): Promise<Buffer> =>
+      encodePatternFrame(i, w, h, q).then((data) => {
+        clock.advance(30n * MS); // the encode takes 30 ms of this clock
+        readyNs[i] = clock.nowNs();
+        return data;
+      });
+    const items: SourceItem<CameraFrame>[] = [];
+    for await (const item of createPatternSource({ fps: 10, frames: 4, width: 64, height: 64 }, encode).frames(
+      clock,
+      new AbortController().signal,
+    )) {
+      items.push(item);
+    }
+    // The schedule starts once frame 0 exists (30 ms); each later frame was encoded during the wait
+    // for its due time, so its capture is its due time and its bytes were there by then (encoded
+    // after the capture, as this source used to, frame i would be ready 30 ms after it).
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [30n, 130n, 230n, 330n].map((ms) => ms * MS),
+    );
+    items.forEach((it, i) => assert.ok(readyNs[i]! <= it.captureNs, `frame ${i} ready at ${readyNs[i]}, captured at ${it.captureNs}`));
+    for (const [i, item] of items.entries()) {
+      const rgb = await decodeRgb(item.payload);
+      assert.equal(readPatternCounter(rgb.data, rgb.width, rgb.height), i);
+    }
+  });
+
+  test('stopped early, the frame encoded ahead settles and its failure is not raised', async () => {
+    const controller = new AbortController();
+    const encode = (i: number, w: number, h: number, q: number): Promise<Buffer> =>
+      i === 0 ? encodePatternFrame(i, w, h, q) : Promise.reject(new Error(`frame ${i} was never needed`));
+    const items: SourceItem<CameraFrame>[] = [];
+    for await (const item of createPatternSource({ fps: 10, frames: 5, width: 64, height: 64 }, encode).frames(
+      new VirtualClock(),
+      controller.signal,
+    )) {
+      items.push(item);
+      controller.abort();
+    }
+    assert.equal(items.length, 1);
+    // Not stopped, the same failure ends the source with it.
+    const all = createPatternSource({ fps: 10, frames: 5, width: 64, height: 64 }, encode).frames(
+      new VirtualClock(),
+      new AbortController().signal,
+    );
+    await assert.rejects(async () => {
+      for await (const item of all) items.push(item);
+    }, /frame 1 was never needed/);
+  });
+
   test('frame i is deterministic, and consecutive frames differ (the box moves)', async () => {
     const a = await encodePatternFrame(7, 320, 180);
     const b = await encodePatternFrame(7, 320, 180);
