@@ -202,6 +202,28 @@ export function cudaGraphsWanted(config: Pick<DecoderConfig, 'cudaGraphs' | 'jum
   return config.cudaGraphs ?? !(config.jumpForward && config.stepTokens === 1);
 }
 
+/**
+ * The ggml-cuda variables a local decoder on the GPU adds to the environment before its model loads.
+ * They are process-wide (the vision encoder's kernels too) and ggml-cuda reads each once, before its
+ * first kernel or graph, so they are set here, ahead of every load; a variable `env` already has is kept.
+ * - CUDA graphs off: GGML_CUDA_DISABLE_GRAPHS=1.
+ * - CUDA graphs on: GGML_CUDA_PDL=0. ggml-cuda launches its kernels with programmatic dependent launch
+ *   (PDL, sm_90 and newer), which lets a kernel start before the one it reads has finished. Captured
+ *   into a CUDA graph, those kernels gave other logits than the same kernels launched one by one: on
+ *   the H200, with this llama.cpp and ggml-cuda's own graphs, the first replayed step of a greedy
+ *   generation already differed and the tokens parted a few steps later; with PDL off every step's
+ *   logits equalled the run without graphs, bit for bit. A wrong logit passes every schema check, so
+ *   the graphs run without PDL.
+ */
+export function cudaEnvironment(
+  config: Pick<DecoderConfig, 'cudaGraphs' | 'jumpForward' | 'stepTokens' | 'gpuLayers'>,
+  environment: Readonly<Record<string, string | undefined>>,
+): Record<string, string> {
+  if (config.gpuLayers <= 0 || environment.GGML_CUDA_DISABLE_GRAPHS !== undefined) return {};
+  if (!cudaGraphsWanted(config)) return { GGML_CUDA_DISABLE_GRAPHS: '1' };
+  return environment.GGML_CUDA_PDL === undefined ? { GGML_CUDA_PDL: '0' } : {};
+}
+
 async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching): Promise<OpenDecoder> {
   if (typeof config !== 'object' || config === null) throw new TypeError('createDecoderStage: config must be an object');
   if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
@@ -214,7 +236,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     throw new TypeError('createDecoderStage: actionSchema must be the result of loadActionSchema()');
   const { temperature, seed, jumpForward, gpuLayers } = config;
 
-  if (gpuLayers > 0 && !cudaGraphsWanted(config) && env.GGML_CUDA_DISABLE_GRAPHS === undefined) env.GGML_CUDA_DISABLE_GRAPHS = '1'; // read by ggml-cuda at its first graph compute
+  Object.assign(env, cudaEnvironment(config, env));
   const model = await LlamaModel.load(config.model, { gpuLayers });
   let draft: LlamaModel | undefined;
   let ctx: LlamaContext;
