@@ -210,10 +210,10 @@ export function cudaGraphsWanted(config: Pick<DecoderConfig, 'cudaGraphs' | 'jum
  * - CUDA graphs on: GGML_CUDA_PDL=0. ggml-cuda launches its kernels with programmatic dependent launch
  *   (PDL, sm_90 and newer), which lets a kernel start before the one it reads has finished. Captured
  *   into a CUDA graph, those kernels gave other logits than the same kernels launched one by one: on
- *   the H200, with this llama.cpp and ggml-cuda's own graphs, the first replayed step of a greedy
- *   generation already differed and the tokens parted a few steps later; with PDL off every step's
- *   logits equalled the run without graphs, bit for bit. A wrong logit passes every schema check, so
- *   the graphs run without PDL.
+ *   the H200, with this llama.cpp and ggml-cuda's own graphs, the first step launched as a graph (the
+ *   one that captures it) already differed and the tokens parted a few steps later; with PDL off every
+ *   step's logits equalled the run without graphs, bit for bit. A wrong logit passes every schema
+ *   check, so the graphs run without PDL.
  */
 export function cudaEnvironment(
   config: Pick<DecoderConfig, 'cudaGraphs' | 'jumpForward' | 'stepTokens' | 'gpuLayers'>,
