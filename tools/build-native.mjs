@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Builds native/ (the percept addon) at install time, offline:
 //  1. extracts llama.cpp from node-llama-cpp's git bundle into build/llama.cpp (ignored, never committed),
-//  2. applies node-llama-cpp's own patches, so our llama.cpp equals the one it ships,
+//  2. applies node-llama-cpp's own patches, so our llama.cpp equals the one it ships, then percept's own
+//     (native/patches/*.diff: each says in its comment what it changes and why),
 //  3. configures and builds with cmake-js into build/native.
 // Environment:
 //   PERCEPT_SKIP_NATIVE=1         skip (JS-only work; native tests then fail loudly)
@@ -12,6 +13,7 @@
 //                                rungs, and the remote decoder's server (default: llama-bench llama-batched-bench
 //                                llama-speculative-simple llama-quantize llama-server; PERCEPT_PEERS= to skip)
 import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, readFileSync, writeFileSync, mkdirSync, rmSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { cpus } from 'node:os';
@@ -44,7 +46,22 @@ const patches = existsSync(patchDir)
       .filter((f) => f.endsWith('.diff'))
       .sort()
   : [];
-const stamp = JSON.stringify({ bundle: readFileSync(join(nlcDir, 'package.json'), 'utf8').match(/"version":\s*"([^"]+)"/)?.[1], patches });
+const ownPatchDir = join(root, 'native', 'patches');
+const ownPatches = readdirSync(ownPatchDir)
+  .filter((f) => f.endsWith('.diff'))
+  .sort();
+// A patch of ours that changes (its content hash in the stamp) re-extracts the tree, so no edit is applied twice.
+const stamp = JSON.stringify({
+  bundle: readFileSync(join(nlcDir, 'package.json'), 'utf8').match(/"version":\s*"([^"]+)"/)?.[1],
+  patches,
+  percept: ownPatches.map(
+    (f) =>
+      `${f}:${createHash('sha256')
+        .update(readFileSync(join(ownPatchDir, f)))
+        .digest('hex')
+        .slice(0, 16)}`,
+  ),
+});
 const stampFile = join(llamaDir, '.percept-extracted');
 
 if (!existsSync(stampFile) || readFileSync(stampFile, 'utf8') !== stamp) {
@@ -52,9 +69,17 @@ if (!existsSync(stampFile) || readFileSync(stampFile, 'utf8') !== stamp) {
   rmSync(llamaDir, { recursive: true, force: true });
   mkdirSync(dirname(llamaDir), { recursive: true });
   run('git', ['-c', 'advice.detachedHead=false', 'clone', '--quiet', bundle, llamaDir]);
+  // git looks for a repository upwards from llamaDir; one without its own .git would otherwise find ours and
+  // silently skip every path of a patch as outside it.
+  const apply = (patch) =>
+    run('git', ['apply', patch], { cwd: llamaDir, env: { ...process.env, GIT_CEILING_DIRECTORIES: dirname(llamaDir) } });
   for (const p of patches) {
     log(`applying ${p}`);
-    run('git', ['apply', join(patchDir, p)], { cwd: llamaDir });
+    apply(join(patchDir, p));
+  }
+  for (const p of ownPatches) {
+    log(`applying percept's ${p}`);
+    apply(join(ownPatchDir, p));
   }
   writeFileSync(stampFile, stamp);
 }
