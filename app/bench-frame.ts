@@ -30,6 +30,8 @@ export interface BenchFrameOptions {
   readonly threads?: number;
   /** decoder.stepTokens: tokens per decode step, padded (default: the config's, 1: no padding). */
   readonly stepTokens?: number;
+  /** decoder.cudaGraphs: 'on' or 'off' (default: the config's). */
+  readonly cudaGraphs?: 'on' | 'off';
   /** preprocess.jpegDecode: 'auto' (default) decodes JPEG frames on the encoder's GPU where it can. */
   readonly jpegDecode?: 'auto' | 'host';
   readonly draftMtp?: string;
@@ -270,6 +272,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
           ...maxNewTokens,
           ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
           ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
+          ...(opts.cudaGraphs !== undefined ? { cudaGraphs: opts.cudaGraphs === 'on' } : {}),
           draft: opts.draft ?? null,
           draftMtp: opts.draftMtp ?? null,
           ngram: opts.ngram ?? false,

@@ -202,6 +202,12 @@ speculationOptions(
     'tokens per decode step, padded so every step has one shape (decoder.stepTokens; default 1: no padding)',
     int('--step-tokens'),
   )
+  .addOption(
+    new Option(
+      '--cuda-graphs <mode>',
+      "decoder.cudaGraphs: on (ggml-cuda's CUDA graphs, one per step shape) or off (default: the config's)",
+    ).choices(['on', 'off']),
+  )
   .option(
     '--jpeg-decode <where>',
     'preprocess.jpegDecode: auto (default) decodes JPEG frames on the encoder GPU where it can (nvJPEG); host: libvips',

@@ -57,6 +57,8 @@ export interface NativeContextOptions {
   maxOutputs: number;
   /** Tokens per sequence and generation step, padded (1: no padding). */
   stepTokens: number;
+  /** CUDA: one ggml-cuda graph per step shape. */
+  shapeGraphs: boolean;
   flashAttention: boolean | 'auto';
   kvType: 'f16' | 'q8_0';
   threads: number;
@@ -75,6 +77,8 @@ export interface NativeContextInfo {
   readonly maxOutputs: number;
   /** Tokens each sequence decodes per generation step, padded (1: no padding). */
   readonly stepTokens: number;
+  /** CUDA backends whose decode graphs ggml-cuda keeps one per step shape (0: none, or not asked). */
+  readonly shapeGraphBackends: number;
   readonly threads: number;
   readonly flashAttention: boolean | 'auto';
   readonly kvType: 'f16' | 'q8_0';
@@ -191,6 +195,8 @@ export declare class NativeContext {
   /** Several sequences: the sequence is required. */
   clearCache(seq?: number): void;
   cachedPositions(seq?: number): number;
+  /** Step shapes given their own CUDA graph key so far (0 without shape graphs). */
+  shapeGraphShapes(): number;
   /** Several sequences: the ms admission would predict for a request with this deadline submitted now (0: none). */
   predictedMs(deadlineNs?: bigint, reservedAhead?: number): number;
   /** Creates the speculator's state off the JS thread (the KV cache starts empty afterwards). */

@@ -125,6 +125,15 @@ export interface ContextOptions {
    * One sequence: no padding while a speculator is attached (it reads the target's batches).
    */
   readonly stepTokens?: number;
+  /**
+   * CUDA (default false): ggml-cuda keeps one CUDA graph per step shape instead of one per context.
+   * It keys its graphs by the first node's address, which every graph of a llama_context shares,
+   * so steps that alternate between a token and a token with its forced run never replay; with
+   * this each shape captures and replays its own graph, by ggml-cuda's own rules (see ShapeGraphs
+   * in native/src/llama-internal.h). Nothing happens without a CUDA backend or where
+   * GGML_CUDA_DISABLE_GRAPHS is set (process-wide). `info.shapeGraphBackends` says where it took.
+   */
+  readonly shapeGraphs?: boolean;
 }
 
 export class LlamaModel {
@@ -239,6 +248,7 @@ export class LlamaModel {
       'maxActive',
       'prefillChunk',
       'stepTokens',
+      'shapeGraphs',
     ]);
     const nCtx = options.nCtx === undefined ? DEFAULT_N_CTX : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
     const nBatch = options.nBatch === undefined ? DEFAULT_N_BATCH : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
@@ -261,6 +271,7 @@ export class LlamaModel {
       options.stepTokens === undefined
         ? 1
         : intIn('options.stepTokens', options.stepTokens, 1, Math.max(1, Math.min(nUbatch, Math.floor(nBatch / maxActive))));
+    const shapeGraphs = options.shapeGraphs === undefined ? false : bool('options.shapeGraphs', options.shapeGraphs);
     const fa = oneOf('options.flashAttention', options.flashAttention ?? 'auto', [true, false, 'auto']);
     const kvType = oneOf('options.kvType', options.kvType ?? 'f16', ['f16', 'q8_0']);
     if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
@@ -278,6 +289,7 @@ export class LlamaModel {
         prefillChunk,
         maxOutputs,
         stepTokens,
+        shapeGraphs,
         flashAttention: fa,
         kvType,
         threads,
@@ -526,6 +538,11 @@ export class LlamaContext {
     const native = this.#live();
     if (this.info.nSeq === 1) return native.cachedPositions();
     return native.cachedPositions(intIn('seq', seq, 0, this.info.nSeq - 1));
+  }
+
+  /** Step shapes given their own CUDA graph so far (0 without shape graphs: `info.shapeGraphBackends`). */
+  get shapeGraphShapes(): number {
+    return this.#live().shapeGraphShapes();
   }
 
   /**

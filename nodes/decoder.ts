@@ -197,31 +197,28 @@ interface OpenDecoder {
 }
 
 /** decoder.cudaGraphs resolved: null means on unless jump-forward runs unpadded (stepTokens 1), whose
- * steps alternate between two shapes, so ggml-cuda keeps capturing new graphs instead of replaying. */
+ * steps alternate between two shapes: with one CUDA graph per context (ggml-cuda's own rule) each step
+ * captured a new graph instead of replaying; with one per shape (LlamaContext's shapeGraphs) each
+ * shape replays its own. */
 export function cudaGraphsWanted(config: Pick<DecoderConfig, 'cudaGraphs' | 'jumpForward' | 'stepTokens'>): boolean {
   return config.cudaGraphs ?? !(config.jumpForward && config.stepTokens === 1);
 }
 
 /**
- * The ggml-cuda variables a local decoder on the GPU adds to the environment before its model loads.
- * They are process-wide (the vision encoder's kernels too) and ggml-cuda reads each once, before its
- * first kernel or graph, so they are set here, ahead of every load; a variable `env` already has is kept.
- * - CUDA graphs off: GGML_CUDA_DISABLE_GRAPHS=1.
- * - CUDA graphs on: GGML_CUDA_PDL=0. ggml-cuda launches its kernels with programmatic dependent launch
- *   (PDL, sm_90 and newer), which lets a kernel start before the one it reads has finished. Captured
- *   into a CUDA graph, those kernels gave other logits than the same kernels launched one by one: on
- *   the H200, with this llama.cpp and ggml-cuda's own graphs, the first step launched as a graph (the
- *   one that captures it) already differed and the tokens parted a few steps later; with PDL off every
- *   step's logits equalled the run without graphs, bit for bit. A wrong logit passes every schema
- *   check, so the graphs run without PDL.
+ * The ggml-cuda variable a local decoder on the GPU adds to the environment before its model loads:
+ * GGML_CUDA_DISABLE_GRAPHS=1 where CUDA graphs are off. It is process-wide (the vision encoder's graphs
+ * too) and read once, so it is set here, ahead of every load; a value `env` already has is kept.
+ * Programmatic dependent launch (PDL) stays on with graphs too: on the H200 ggml-cuda's flash-attention
+ * kernels launched with PDL gave other logits inside a captured CUDA graph than launched one by one, and
+ * percept's build patches ggml-cuda to launch them without PDL while a graph is being captured
+ * (native/patches/ggml-cuda-fattn-no-pdl.diff); every other kernel keeps it.
  */
 export function cudaEnvironment(
   config: Pick<DecoderConfig, 'cudaGraphs' | 'jumpForward' | 'stepTokens' | 'gpuLayers'>,
   environment: Readonly<Record<string, string | undefined>>,
 ): Record<string, string> {
-  if (config.gpuLayers <= 0 || environment.GGML_CUDA_DISABLE_GRAPHS !== undefined) return {};
-  if (!cudaGraphsWanted(config)) return { GGML_CUDA_DISABLE_GRAPHS: '1' };
-  return environment.GGML_CUDA_PDL === undefined ? { GGML_CUDA_PDL: '0' } : {};
+  if (config.gpuLayers <= 0 || environment.GGML_CUDA_DISABLE_GRAPHS !== undefined || cudaGraphsWanted(config)) return {};
+  return { GGML_CUDA_DISABLE_GRAPHS: '1' };
 }
 
 async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching): Promise<OpenDecoder> {
@@ -237,6 +234,8 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   const { temperature, seed, jumpForward, gpuLayers } = config;
 
   Object.assign(env, cudaEnvironment(config, env));
+  // With graphs on, one per step shape: ggml-cuda alone keeps one per context (LlamaContext's shapeGraphs).
+  const shapeGraphs = gpuLayers > 0 && cudaGraphsWanted(config);
   const model = await LlamaModel.load(config.model, { gpuLayers });
   let draft: LlamaModel | undefined;
   let ctx: LlamaContext;
@@ -256,6 +255,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         kvUnified: batching.kvUnified,
         kvType: config.kvType,
         stepTokens: config.stepTokens,
+        shapeGraphs,
         ...threads,
       });
     } else {
@@ -266,6 +266,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         // A verify batch reads one row per draft position and one for the last certain token.
         maxOutputs: 1 + draftMax,
         stepTokens: config.stepTokens,
+        shapeGraphs,
         kvType: config.kvType,
         ...threads,
       });

@@ -46,8 +46,10 @@ struct CreatedContext {
     std::unique_ptr<SerialThread> thread;
     llama_context * ctx = nullptr;
     ggml_threadpool * threadpool = nullptr;
+    std::unique_ptr<ShapeGraphs> shapeGraphs;
     ContextOptions options;
     ~CreatedContext() {
+        shapeGraphs.reset();
         if (ctx != nullptr) llama_free(ctx);
         if (threadpool != nullptr) ggml_threadpool_free(threadpool);
     }
@@ -97,6 +99,7 @@ private:
         ggml_threadpool_params tpp = ggml_threadpool_params_default(made.options.threads);
         made.threadpool = ggml_threadpool_new(&tpp);
         if (made.threadpool != nullptr) llama_attach_threadpool(made.ctx, made.threadpool, nullptr);
+        if (made.options.shapeGraphs) made.shapeGraphs = ShapeGraphs::install(made.ctx);
     }
 
     Napi::ObjectReference modelRef_;
@@ -327,6 +330,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.prefillChunk = uint32_t(requireInt(o, "prefillChunk", 1, c.nBatch, w));
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
+    c.shapeGraphs = requireBool(o, "shapeGraphs", w);
     Napi::Value fa = o.Get("flashAttention");
     if (fa.IsBoolean()) c.flashAttention = fa.As<Napi::Boolean>().Value() ? 1 : 0;
     else if (requireChoice(o, "flashAttention", {"auto"}, w) == 0) c.flashAttention = -1;
@@ -475,6 +479,7 @@ Napi::Function Context::Init(Napi::Env env) {
                            InstanceMethod<&Context::Cancel>("cancel"),
                            InstanceMethod<&Context::ClearCache>("clearCache"),
                            InstanceMethod<&Context::CachedPositions>("cachedPositions"),
+                           InstanceMethod<&Context::ShapeGraphShapes>("shapeGraphShapes"),
                            InstanceMethod<&Context::PredictedMs>("predictedMs"),
                            InstanceMethod<&Context::AttachSpeculator>("attachSpeculator"),
                            InstanceMethod<&Context::DetachSpeculator>("detachSpeculator"),
@@ -496,6 +501,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
     made->ctx = nullptr;
     threadpool_ = made->threadpool;
     made->threadpool = nullptr;
+    shapeGraphs_ = std::move(made->shapeGraphs);
     opts_ = made->options;
     deadlineTimer_ = std::make_unique<DeadlineTimer>(stop_, 2);
     if (opts_.nSeq > 1) {
@@ -529,6 +535,7 @@ void Context::freeNative() {
     }
     spec_.reset();  // the draft context refers to ours (ctx_other)
     draftModelRef_.Reset();
+    shapeGraphs_.reset();
     llama_free(ctx_);
     ctx_ = nullptr;
     if (threadpool_ != nullptr) ggml_threadpool_free(threadpool_);
@@ -593,6 +600,8 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("prefillChunk", opts_.prefillChunk);
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("stepTokens", opts_.stepTokens);
+    // CUDA backends whose graphs are keyed per step shape (0: none, or not asked).
+    o.Set("shapeGraphBackends", double(shapeGraphs_ ? shapeGraphs_->backends() : 0));
     o.Set("threads", opts_.threads);
     o.Set("flashAttention",
           opts_.flashAttention == -1 ? Napi::Value(Napi::String::New(env, "auto")) : Napi::Boolean::New(env, opts_.flashAttention == 1));
@@ -739,6 +748,11 @@ Napi::Value Context::ClearCache(const Napi::CallbackInfo & info) {
     cache_.clear();
     releaseBusy();
     return env.Undefined();
+}
+
+// Step shapes given a graph key so far: changes with every decode, so not part of info().
+Napi::Value Context::ShapeGraphShapes(const Napi::CallbackInfo & info) {
+    return Napi::Number::New(info.Env(), double(shapeGraphs_ ? shapeGraphs_->shapesKeyed() : 0));
 }
 
 Napi::Value Context::CachedPositions(const Napi::CallbackInfo & info) {

@@ -26,6 +26,7 @@ namespace percept {
 
 class Model;
 class SpecState;
+class ShapeGraphs;
 
 // Every field is required from JS (native/llama.ts owns the defaults).
 struct ContextOptions {
@@ -42,6 +43,9 @@ struct ContextOptions {
     // much as that saves (a step of 1 token replayed 4.7 ms, padded to 4 6.2 ms; unpadded steps
     // alternating with forced runs 7.1-8.5 ms), so it is a knob for hosts that build graphs slower.
     uint32_t stepTokens = 1;
+    // CUDA: one ggml-cuda graph per step shape (ShapeGraphs, llama-internal.h), so steps of
+    // alternating shapes each replay their own graph.
+    bool shapeGraphs = false;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     std::string kvType;           // "f16" | "q8_0"
     int32_t threads = 0;
@@ -83,6 +87,7 @@ private:
     Napi::Value Cancel(const Napi::CallbackInfo & info);
     Napi::Value ClearCache(const Napi::CallbackInfo & info);
     Napi::Value CachedPositions(const Napi::CallbackInfo & info);
+    Napi::Value ShapeGraphShapes(const Napi::CallbackInfo & info);
     Napi::Value PredictedMs(const Napi::CallbackInfo & info);
     Napi::Value AttachSpeculator(const Napi::CallbackInfo & info);
     Napi::Value DetachSpeculator(const Napi::CallbackInfo & info);
@@ -99,6 +104,7 @@ private:
     ContextOptions opts_;
     std::vector<CacheItem> cache_;
     std::unique_ptr<SpecState> spec_;
+    std::unique_ptr<ShapeGraphs> shapeGraphs_;  // freed before ctx_: it restores ctx_'s backends
     Napi::ObjectReference draftModelRef_;
     std::atomic<bool> busy_{false};
     std::atomic<int> stop_{0};  // 0, 1 cancelled, 2 deadline passed (set by the timer, or between tokens)

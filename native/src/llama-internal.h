@@ -202,4 +202,36 @@ ClipVisionTower clipVisionTower(clip_ctx * ctx);
 // host synchronization in between. ggml.h has no accessor for it.
 void * cudaEventOf(ggml_backend_event_t event);
 
+// ---------------------------------------------------------------------------------------------
+// CUDA graphs per step shape (ggml/src/ggml-backend-impl.h, ggml-impl.h, src/llama-context.h).
+// ggml-cuda keeps one CUDA graph per graph key, the address of the graph's first node. llama.cpp
+// builds every graph of a context in the same memory, so all its shapes share one key: when steps
+// alternate between one token and a token with its grammar-forced run, ggml-cuda sees a changed
+// graph at every step and never replays (or pays a capture it then throws away). ShapeGraphs sits
+// in front of the graph_compute entry of each CUDA backend of a llama_context and hands ggml-cuda
+// the graph with an empty node of its own in front, one per shape (the ops and sizes of every
+// node), so each shape gets its own key, hence its own graph, captured and replayed by ggml-cuda's
+// own rules: its property check over every node decides, as it does for one shape, whether a
+// graph may be replayed. The empty node computes nothing (ggml-cuda skips it).
+class ShapeGraphs {
+public:
+    // Installs itself on every CUDA backend of `ctx`; null where it has none. Destroy it before
+    // the llama_context: it puts the backends' own entries back.
+    static std::unique_ptr<ShapeGraphs> install(llama_context * ctx);
+    ~ShapeGraphs();
+    ShapeGraphs(const ShapeGraphs &) = delete;
+    ShapeGraphs & operator=(const ShapeGraphs &) = delete;
+
+    // CUDA backends it is installed on.
+    size_t backends() const { return backends_.size(); }
+    // Shapes given a key so far (a shape seen again after its key went to another counts again).
+    uint64_t shapesKeyed() const;
+
+    struct Keyed;
+
+private:
+    ShapeGraphs() = default;
+    std::vector<Keyed *> backends_;
+};
+
 }  // namespace percept
