@@ -196,12 +196,11 @@ interface OpenDecoder {
   close(): Promise<void>;
 }
 
-/** decoder.cudaGraphs resolved: null means on unless jump-forward runs unpadded (stepTokens 1), whose
- * steps alternate between two shapes: with one CUDA graph per context (ggml-cuda's own rule) each step
- * captured a new graph instead of replaying; with one per shape (LlamaContext's shapeGraphs) each
- * shape replays its own. */
-export function cudaGraphsWanted(config: Pick<DecoderConfig, 'cudaGraphs' | 'jumpForward' | 'stepTokens'>): boolean {
-  return config.cudaGraphs ?? !(config.jumpForward && config.stepTokens === 1);
+/** decoder.cudaGraphs resolved: null (not set) means on. Decode steps are captured and replayed one CUDA
+ * graph per step shape (LlamaContext's shapeGraphs), so the alternating shapes of unpadded jump-forward
+ * each replay their own graph. */
+export function cudaGraphsWanted(config: Pick<DecoderConfig, 'cudaGraphs'>): boolean {
+  return config.cudaGraphs ?? true;
 }
 
 /**
@@ -214,7 +213,7 @@ export function cudaGraphsWanted(config: Pick<DecoderConfig, 'cudaGraphs' | 'jum
  * (native/patches/ggml-cuda-fattn-no-pdl.diff); every other kernel keeps it.
  */
 export function cudaEnvironment(
-  config: Pick<DecoderConfig, 'cudaGraphs' | 'jumpForward' | 'stepTokens' | 'gpuLayers'>,
+  config: Pick<DecoderConfig, 'cudaGraphs' | 'gpuLayers'>,
   environment: Readonly<Record<string, string | undefined>>,
 ): Record<string, string> {
   if (config.gpuLayers <= 0 || environment.GGML_CUDA_DISABLE_GRAPHS !== undefined || cudaGraphsWanted(config)) return {};

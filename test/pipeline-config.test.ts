@@ -42,21 +42,22 @@ describe('loadConfig', () => {
     assert.deepEqual(config.telemetry, { liveTable: 'auto', intervalMs: 1000 });
   });
 
-  test('decoder.cudaGraphs: null by default, off for unpadded jump-forward and on otherwise; refused for a remote decoder', () => {
+  test('decoder.cudaGraphs: null by default, which is on; refused for a remote decoder', () => {
     const { decoder } = loadConfig({});
     assert.equal(decoder.cudaGraphs, null);
-    assert.equal(cudaGraphsWanted(decoder), false, 'the default decoder jumps forward unpadded');
-    assert.equal(cudaGraphsWanted(loadConfig({ decoder: { jumpForward: false } }).decoder), true);
+    assert.equal(cudaGraphsWanted(decoder), true, 'on for the default decoder (unpadded jump-forward)');
     assert.equal(cudaGraphsWanted(loadConfig({ decoder: { stepTokens: 4 } }).decoder), true);
-    assert.equal(cudaGraphsWanted(loadConfig({ decoder: { cudaGraphs: true } }).decoder), true);
-    assert.equal(cudaGraphsWanted(loadConfig({ decoder: { cudaGraphs: false, jumpForward: false } }).decoder), false);
+    assert.equal(cudaGraphsWanted(loadConfig({ decoder: { cudaGraphs: false } }).decoder), false);
     // What the decoder adds to the environment before its model loads: graphs off, or nothing (PDL stays on).
     const gpu = (d: object) => ({ ...loadConfig({ decoder: d }).decoder, gpuLayers: 99 });
-    assert.deepEqual(cudaEnvironment(gpu({}), {}), { GGML_CUDA_DISABLE_GRAPHS: '1' });
-    assert.deepEqual(cudaEnvironment(gpu({ jumpForward: false }), {}), {});
-    assert.deepEqual(cudaEnvironment(gpu({ cudaGraphs: true }), { PATH: '/bin' }), {});
-    assert.deepEqual(cudaEnvironment(gpu({}), { GGML_CUDA_DISABLE_GRAPHS: '0' }), {}, "the user's graph setting is kept");
-    assert.deepEqual(cudaEnvironment({ ...gpu({}), gpuLayers: 0 }, {}), {}, 'nothing on the CPU');
+    assert.deepEqual(cudaEnvironment(gpu({ cudaGraphs: false }), {}), { GGML_CUDA_DISABLE_GRAPHS: '1' });
+    assert.deepEqual(cudaEnvironment(gpu({}), { PATH: '/bin' }), {});
+    assert.deepEqual(
+      cudaEnvironment(gpu({ cudaGraphs: false }), { GGML_CUDA_DISABLE_GRAPHS: '0' }),
+      {},
+      "the user's graph setting is kept",
+    );
+    assert.deepEqual(cudaEnvironment({ ...gpu({ cudaGraphs: false }), gpuLayers: 0 }, {}), {}, 'nothing on the CPU');
     assert.throws(
       () => loadConfig({ decoder: { kind: 'openai', endpoint: 'http://x', model: 'm', cudaGraphs: false } }),
       /\/decoder\/cudaGraphs: applies to decoder.kind "local" only/,
