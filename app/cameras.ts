@@ -26,7 +26,7 @@ import {
   describePublished,
   modelIds,
   runFailure,
-  warmupFrame,
+  warmupFrames,
   type RunOptions,
 } from './run.ts';
 
@@ -113,8 +113,8 @@ export async function createCameraStages(
     if (warmup) {
       const { warmUpStages } = await import('./warmup.ts');
       const levels = ladderLevels(cameras[0]!);
-      const frame = await warmupFrame(cameras[0]!.source);
-      for (const step of await warmUpStages({ preprocess: preprocess[0]!, encode: encoders[0]!, decode: decoders[0]! }, frame, levels)) {
+      const frames = await warmupFrames(cameras[0]!.source);
+      for (const step of await warmUpStages({ preprocess: preprocess[0]!, encode: encoders[0]!, decode: decoders[0]! }, frames, levels)) {
         const times = Object.entries(step.ms)
           .map(([name, ms]) => `${name} ${ms.toFixed(0)} ms`)
           .join(', ');

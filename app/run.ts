@@ -19,6 +19,7 @@ import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, Pixel
 import type { Recorder } from '../nodes/recorder.ts';
 import { resolveModel } from '../models/resolve.ts';
 import { replayRunId, runIdentity, type RunIdentity } from './run-identity.ts';
+import { WARMUP_FRAMES } from './warmup.ts';
 
 /** The config `percept run` and `npm start` use when none is given. */
 export const DEFAULT_CONFIG = fileURLToPath(new URL('../configs/default.json', import.meta.url));
@@ -138,11 +139,19 @@ export function checkEncoderFitsDecoder(
  * whole prompt, image included (a prefill no later frame gets, and one a camera never gives). */
 const WARMUP_PATTERN_INDEX = 0xffff;
 
-/** The frame the warm-up pushes through the stages: the pattern source's own size, else 720p. */
-export async function warmupFrame(source: SourceConfig): Promise<CameraFrame> {
+/** Distinct frames the warm-up pushes through the stages (WARMUP_FRAMES; see warmUpStages): pattern images
+ * at the pattern source's own size, else 720p. */
+export async function warmupFrames(source: SourceConfig, count = WARMUP_FRAMES): Promise<CameraFrame[]> {
   const { encodePatternFrame } = await import('../nodes/source-pattern.ts');
   const [width, height] = source.kind === 'pattern' ? [source.width, source.height] : [1280, 720];
-  return { encoding: 'jpeg', data: await encodePatternFrame(WARMUP_PATTERN_INDEX, width, height), width, height };
+  return Promise.all(
+    Array.from({ length: count }, async (_, i) => ({
+      encoding: 'jpeg' as const,
+      data: await encodePatternFrame(WARMUP_PATTERN_INDEX - i, width, height),
+      width,
+      height,
+    })),
+  );
 }
 
 export interface PipelineStages {
@@ -238,7 +247,7 @@ export async function createStages(
       const { warmUpStages } = await import('./warmup.ts');
       const ladder = new DegradeLadder(config.ladder, config.budgets.endToEndMs);
       const levels = config.ladder.enabled ? Array.from({ length: ladder.levels }, (_, i) => ladder.knobsAt(i)) : [ladder.knobsAt(0)];
-      const steps = await warmUpStages({ preprocess, encode: encoder, decode: decoder }, await warmupFrame(config.source), levels);
+      const steps = await warmUpStages({ preprocess, encode: encoder, decode: decoder }, await warmupFrames(config.source), levels);
       for (const step of steps) {
         const times = Object.entries(step.ms)
           .map(([name, ms]) => `${name} ${ms.toFixed(0)} ms`)
@@ -289,7 +298,8 @@ export async function createRemoteDecoder(
     const { standaloneContext } = await import('../pipeline/standalone.ts');
     const knobs = new DegradeLadder(warmup.ladder, config.budgets.endToEndMs).knobsAt(0);
     const t0 = performance.now();
-    await decoder.process(await warmupFrame(warmup.source), standaloneContext({ frame: { sourceId: 'warmup' }, knobs }));
+    const [frame] = await warmupFrames(warmup.source, 1);
+    await decoder.process(frame!, standaloneContext({ frame: { sourceId: 'warmup' }, knobs }));
     log(`warm-up (remote): decode ${(performance.now() - t0).toFixed(0)} ms`);
   }
   return decoder;

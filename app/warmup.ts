@@ -41,18 +41,31 @@ export function warmupKnobs(levels: readonly Knobs[]): Knobs[] {
  * of an unchanged graph; the other stages are steady after one. */
 const PASSES = 2;
 
+/** Passes in a row that end the warm-up at the setting where frames start. A setting's first pass fills the
+ * prompt cache, so the prompt a frame decodes (the cached prefix reused, a new image) is first seen on the
+ * second pass, and ggml-cuda captures a CUDA graph the second time it sees a shape: on the third pass.
+ * Measured on the H200 (E4B, CUDA graphs per step shape): with two passes of one image (the later ones
+ * reusing the whole prompt) the first frame took 1.4–1.6× the median, its prefill 58–83 ms against 42. */
+const START_PASSES = 3;
+
+/** Distinct frames a warm-up takes in turn, pass by pass: the decoder keeps the last prompt in its KV
+ * cache, so a pass with the last pass's image would reuse the whole prompt, a prefill no camera frame
+ * gets; with a new image each pass prefills what a frame does. */
+export const WARMUP_FRAMES = START_PASSES;
+
 /**
- * Runs `frame` through `stages`, PASSES times per knob setting. Settings that give the encoder the
- * same tensor (Gemma 3's fixed 256 tokens) run once. When the last setting warmed is not the ladder's
- * first level (where frames start), that level runs again last: ggml keeps one CUDA graph per graph,
- * re-captured when the shapes change. Throws what a stage throws: a stage that cannot process a
+ * Runs `frames` through `stages` (pass n of a setting takes frames[n % frames.length]), PASSES times per
+ * knob setting. Settings that give the encoder the same tensor (Gemma 3's fixed 256 tokens) run once. The
+ * ladder's first level (where frames start) ends the warm-up: START_PASSES in a row when it was warmed
+ * last, else PASSES more after the others. Throws what a stage throws: a stage that cannot process a
  * synthetic frame would fail on the first real one. Returns the time of each stage's first pass per
  * setting.
  */
-export async function warmUpStages(stages: WarmupStages, frame: CameraFrame, knobs: readonly Knobs[]): Promise<WarmupStep[]> {
-  /** One pass of `k` through the stages. With `skip`, a tensor already in it is not encoded (undefined
+export async function warmUpStages(stages: WarmupStages, frames: readonly CameraFrame[], knobs: readonly Knobs[]): Promise<WarmupStep[]> {
+  if (frames.length === 0) throw new RangeError('warmUpStages: no warm-up frame');
+  /** Pass `n` of `k` through the stages. With `skip`, a tensor already in it is not encoded (undefined
    * is returned); the tensor's key is added. */
-  const pass = async (k: Knobs, ms?: Record<string, number>, skip?: Set<string>): Promise<string | undefined> => {
+  const pass = async (k: Knobs, n: number, ms?: Record<string, number>, skip?: Set<string>): Promise<string | undefined> => {
     const ctx = standaloneContext({
       frame: { sourceId: 'warmup' },
       knobs: { ...k, maxNewTokens: Math.min(k.maxNewTokens, WARMUP_NEW_TOKENS) },
@@ -63,7 +76,7 @@ export async function warmUpStages(stages: WarmupStages, frame: CameraFrame, kno
       if (ms) ms[stage.name] = performance.now() - t0;
       return output;
     };
-    const tensor = await timed(stages.preprocess, frame);
+    const tensor = await timed(stages.preprocess, frames[n % frames.length]!);
     const key = `${tensor.pixelDims.join('x')}/${tensor.imageTokens}`;
     if (skip?.has(key)) {
       tensor.recycle?.(tensor.pixelValues);
@@ -80,13 +93,17 @@ export async function warmUpStages(stages: WarmupStages, frame: CameraFrame, kno
   let lastKey: string | undefined;
   for (const k of warmupKnobs(knobs)) {
     const ms: Record<string, number> = {};
-    const key = await pass(k, ms, warmed);
+    const key = await pass(k, 0, ms, warmed);
     if (key === undefined) continue;
-    for (let p = 1; p < PASSES; p++) await pass(k);
+    for (let p = 1; p < PASSES; p++) await pass(k, p);
     steps.push({ imageTokens: k.imageTokens, ms });
     if (k.imageTokens === knobs[0]?.imageTokens) startKey = key;
     lastKey = key;
   }
-  if (startKey !== undefined && lastKey !== startKey) for (let p = 0; p < PASSES; p++) await pass(knobs[0]!);
+  if (startKey !== undefined) {
+    // After other settings their prompt's shapes were each seen once already: PASSES more suffice.
+    const first = lastKey === startKey ? PASSES : 0;
+    for (let p = first; p < (lastKey === startKey ? START_PASSES : PASSES); p++) await pass(knobs[0]!, p);
+  }
   return steps;
 }
