@@ -134,7 +134,7 @@ export function checkEncoderFitsDecoder(
   );
 }
 
-/** Pattern frame of the warm-up: not one a pattern source starts with. The decoder keeps the last
+/** Pattern frames of the warm-up count down from here: none a pattern source starts with. The decoder keeps the last
  * prompt's KV cache; after a warm-up on the run's own first image, the first frame would reuse the
  * whole prompt, image included (a prefill no later frame gets, and one a camera never gives). */
 const WARMUP_PATTERN_INDEX = 0xffff;
