@@ -15,9 +15,11 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 
 namespace percept {
@@ -439,14 +441,17 @@ constexpr int kShapeKeys = 32;
 
 using GraphCompute = ggml_status (*)(ggml_backend_t, ggml_cgraph *);
 
-// The ops and sizes of every node: two graphs of one shape get the same key. A collision only
-// costs speed (ggml-cuda's own check then sees a changed graph and captures again).
+// The ops and sizes of every node, and ggml-cuda's own key (the first node's address, so the splits
+// of one graph, on a partly offloaded model, keep keys of their own): two graphs of one shape get the
+// same key. A collision only costs speed (ggml-cuda's own check then sees a changed graph and
+// captures again).
 uint64_t shapeOf(const ggml_cgraph * g) {
     uint64_t h = 1469598103934665603ull;  // FNV-1a
     auto mix = [&h](uint64_t v) {
         h ^= v;
         h *= 1099511628211ull;
     };
+    mix(uint64_t(uintptr_t(g->nodes[0])));
     mix(uint64_t(g->n_nodes));
     for (int i = 0; i < g->n_nodes; i++) {
         const ggml_tensor * t = g->nodes[i];
@@ -499,11 +504,14 @@ std::mutex gShapeMutex;
 std::map<ggml_backend_t, ShapeGraphs::Keyed *> gShapeKeyed;
 
 ggml_status shapeKeyedCompute(ggml_backend_t backend, ggml_cgraph * g) {
-    ShapeGraphs::Keyed * k;
+    ShapeGraphs::Keyed * k = nullptr;
     {
         std::lock_guard<std::mutex> lock(gShapeMutex);
-        k = gShapeKeyed.at(backend);
+        auto it = gShapeKeyed.find(backend);
+        if (it != gShapeKeyed.end()) k = it->second;
     }
+    // Called from ggml's C code: no exception may leave it.
+    if (k == nullptr) GGML_ABORT("percept: shape graphs: graph_compute on a backend they are not installed on");
     return k->run(g);
 }
 
@@ -516,12 +524,14 @@ bool isCuda(ggml_backend_t backend) {
 }  // namespace
 
 std::unique_ptr<ShapeGraphs> ShapeGraphs::install(llama_context * ctx) {
+    // ggml-cuda reads it once per process and then captures nothing: keys would change nothing.
+    if (std::getenv("GGML_CUDA_DISABLE_GRAPHS") != nullptr) return nullptr;
     ggml_backend_sched_t sched = ctx->get_sched();
     std::unique_ptr<ShapeGraphs> out(new ShapeGraphs());
     for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); i++) {
         ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
         if (!isCuda(backend) || backend->iface.graph_compute == nullptr) continue;
-        auto * k = new Keyed();
+        auto k = std::make_unique<Keyed>();
         k->backend = backend;
         k->compute = backend->iface.graph_compute;
         for (ggml_tensor & t : k->keys) {
@@ -529,12 +539,15 @@ std::unique_ptr<ShapeGraphs> ShapeGraphs::install(llama_context * ctx) {
             t.op = GGML_OP_NONE;
             std::snprintf(t.name, sizeof(t.name), "percept:shape-key");
         }
+        // Owned by `out` from here (its destructor undoes whatever of the rest took place); the
+        // backend's entry is replaced last.
+        out->backends_.push_back(k.get());
+        Keyed * raw = k.release();
         {
             std::lock_guard<std::mutex> lock(gShapeMutex);
-            gShapeKeyed[backend] = k;
+            gShapeKeyed[backend] = raw;
         }
         backend->iface.graph_compute = shapeKeyedCompute;
-        out->backends_.push_back(k);
     }
     if (out->backends_.empty()) return nullptr;
     return out;
