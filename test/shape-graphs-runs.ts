@@ -12,6 +12,8 @@ import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
 export interface ShapeGraphRuns {
   readonly shapeGraphBackends: number;
   readonly shapeGraphShapes: number;
+  /** The context holds buffers on a CUDA device (its memory breakdown), whatever shapeGraphs did. */
+  readonly onCuda: boolean;
   readonly runs: readonly { readonly prompt: number; readonly tokens: readonly number[]; readonly decodeCalls: number }[];
 }
 
@@ -38,6 +40,7 @@ export async function shapeGraphRuns(shapeGraphs: boolean, rounds = 3): Promise<
     }
     return {
       shapeGraphBackends: ctx.info.shapeGraphBackends,
+      onCuda: ctx.memoryBreakdown().byBufferType.some((b) => b.bufferType.startsWith('CUDA') && b.context + b.compute > 0),
       shapeGraphShapes: ctx.shapeGraphShapes,
       runs,
     };

@@ -26,7 +26,8 @@ async function childRuns(mode: 'shape-graphs' | 'plain', env: Record<string, str
 // ggml-cuda's flash-attention kernels launched with PDL inside captured graphs, which percept's build
 // patch (native/patches/ggml-cuda-fattn-no-pdl.diff) takes out of PDL during a capture.
 const here = await shapeGraphRuns(true);
-const cuda = here.shapeGraphBackends > 0;
+// Decided apart from what is tested: whether the context has buffers on a CUDA device.
+const cuda = here.onCuda;
 
 describe('CUDA graphs per step shape', () => {
   test('every prompt gives the same tokens in each of its three runs, with steps of both shapes', () => {
@@ -65,6 +66,7 @@ describe('CUDA graphs per step shape', () => {
           : false,
     },
     async () => {
+      assert.ok(here.shapeGraphBackends > 0, 'installed on the CUDA backend');
       const plain = await childRuns('plain', { GGML_CUDA_DISABLE_GRAPHS: '1' });
       assert.equal(plain.shapeGraphBackends, 0);
       assert.deepEqual(
