@@ -111,9 +111,9 @@ export async function createCameraStages(
     const preprocess = await Promise.all(cameras.map(() => createPreprocessFor(config, encoded)));
     const actions = cameras.map(() => createActionsStage({ schema: actionSchema }));
     if (warmup) {
-      const { warmUpStages } = await import('./warmup.ts');
+      const { warmUpStages, WARMUP_FRAMES } = await import('./warmup.ts');
       const levels = ladderLevels(cameras[0]!);
-      const frames = await warmupFrames(cameras[0]!.source);
+      const frames = await warmupFrames(cameras[0]!.source, WARMUP_FRAMES);
       for (const step of await warmUpStages({ preprocess: preprocess[0]!, encode: encoders[0]!, decode: decoders[0]! }, frames, levels)) {
         const times = Object.entries(step.ms)
           .map(([name, ms]) => `${name} ${ms.toFixed(0)} ms`)

@@ -19,7 +19,6 @@ import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, Pixel
 import type { Recorder } from '../nodes/recorder.ts';
 import { resolveModel } from '../models/resolve.ts';
 import { replayRunId, runIdentity, type RunIdentity } from './run-identity.ts';
-import { WARMUP_FRAMES } from './warmup.ts';
 
 /** The config `percept run` and `npm start` use when none is given. */
 export const DEFAULT_CONFIG = fileURLToPath(new URL('../configs/default.json', import.meta.url));
@@ -139,9 +138,9 @@ export function checkEncoderFitsDecoder(
  * whole prompt, image included (a prefill no later frame gets, and one a camera never gives). */
 const WARMUP_PATTERN_INDEX = 0xffff;
 
-/** Distinct frames the warm-up pushes through the stages (WARMUP_FRAMES; see warmUpStages): pattern images
- * at the pattern source's own size, else 720p. */
-export async function warmupFrames(source: SourceConfig, count = WARMUP_FRAMES): Promise<CameraFrame[]> {
+/** `count` distinct frames for the warm-up to push through the stages (app/warmup.ts's WARMUP_FRAMES):
+ * pattern images at the pattern source's own size, else 720p. */
+export async function warmupFrames(source: SourceConfig, count: number): Promise<CameraFrame[]> {
   const { encodePatternFrame } = await import('../nodes/source-pattern.ts');
   const [width, height] = source.kind === 'pattern' ? [source.width, source.height] : [1280, 720];
   return Promise.all(
@@ -244,10 +243,11 @@ export async function createStages(
     const preprocess = track(await createPreprocessFor(config, encoded));
     const actions = track(createActionsStage({ schema: actionSchema }));
     if (warmup) {
-      const { warmUpStages } = await import('./warmup.ts');
+      const { warmUpStages, WARMUP_FRAMES } = await import('./warmup.ts');
       const ladder = new DegradeLadder(config.ladder, config.budgets.endToEndMs);
       const levels = config.ladder.enabled ? Array.from({ length: ladder.levels }, (_, i) => ladder.knobsAt(i)) : [ladder.knobsAt(0)];
-      const steps = await warmUpStages({ preprocess, encode: encoder, decode: decoder }, await warmupFrames(config.source), levels);
+      const frames = await warmupFrames(config.source, WARMUP_FRAMES);
+      const steps = await warmUpStages({ preprocess, encode: encoder, decode: decoder }, frames, levels);
       for (const step of steps) {
         const times = Object.entries(step.ms)
           .map(([name, ms]) => `${name} ${ms.toFixed(0)} ms`)

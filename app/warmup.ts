@@ -1,5 +1,5 @@
-// Warm-up at load: a synthetic camera frame goes through preprocess → encode → decode once for every
-// distinct image-token count of the degradation ladder, the largest image first, so the first-call
+// Warm-up at load: synthetic camera frames go through preprocess → encode → decode for every distinct
+// image-token count of the degradation ladder (a few passes each), the largest image first, so the first-call
 // work of each stage is done before the first real frame: onnxruntime's arena and per-shape plans,
 // clip's graph and compute buffers, llama.cpp's graph reservations for the prefill and decode batches,
 // the grammar's first use. Decoding is asked to stay short (a few tokens; llama.cpp reserves its compute
