@@ -136,7 +136,7 @@ export function gemma4TargetSize(width: number, height: number, budget: number, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// A JPEG frame's header read in JavaScript, for the GPU path (jpegToEncoder): the stored size, the EXIF
+// A JPEG frame's header read in JavaScript, for both paths (describeEncoded): the stored size, the EXIF
 // orientation and whether the frame is one nvJPEG's path is checked on. sharp's metadata() reads the same
 // through libvips on the libuv pool, and was nearly all of this stage's time on that path (0.26–0.38 ms a
 // 720p frame on a 2-core VM, 0.8–1.1 ms on the H200 host, against a 10 ms frame → embeddings budget);
@@ -281,14 +281,16 @@ function checkSize(encoding: string, width: number, height: number, maxPixels: n
     throw frameError(encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
 }
 
-/** `gpuRoute`: a JPEG the GPU path takes is described from its header alone (readJpegHeader), without
- * sharp: it is not decoded here, and sharp's metadata() would be most of this stage's time. */
-async function describeEncoded(frame: CameraFrame, maxPixels: number, gpuRoute: boolean): Promise<SourceImage> {
+/** A JPEG the GPU path takes (a plain sequential 8-bit one, the usual camera frame) is described from its
+ * header alone (readJpegHeader), without sharp: on the GPU route it is not decoded here at all, and on the
+ * host sharp's metadata() is a header parse and a thread-pool round trip more per frame (0.36 ms against
+ * 0.01 on this project's 2-core machine, 720p). Other frames ask sharp. */
+async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<SourceImage> {
   const data = frame.data;
   if (!(data instanceof Uint8Array) || data.byteLength === 0) throw frameError(frame.encoding, 'empty data');
   const buffer = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
   const header = frame.encoding === 'jpeg' ? readJpegHeader(buffer) : undefined;
-  if (gpuRoute && header !== undefined && gpuTakes(header)) {
+  if (header !== undefined && gpuTakes(header)) {
     checkSize(frame.encoding, header.width, header.height, maxPixels);
     const orientation = header.orientation >= 1 && header.orientation <= 8 ? header.orientation : 1;
     return { input: buffer, width: header.width, height: header.height, orientation, bgr: false, hasAlpha: false, gpuDecodable: true };
@@ -504,7 +506,7 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
     if (frame === null || typeof frame !== 'object') throw new TypeError('preprocess: frame must be a CameraFrame object');
     if (!ENCODINGS.includes(frame.encoding))
       throw frameError(String(frame.encoding), `unsupported encoding (supported: ${ENCODINGS.join(', ')})`);
-    if (frame.encoding === 'jpeg' || frame.encoding === 'png') return describeEncoded(frame, maxPixels, jpegToEncoder);
+    if (frame.encoding === 'jpeg' || frame.encoding === 'png') return describeEncoded(frame, maxPixels);
     return describeRaw(frame, maxPixels, (w, h) => {
       const t = targetOf(w, h, 1, ctx);
       return t.width === w && t.height === h;
