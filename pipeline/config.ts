@@ -99,7 +99,7 @@ export interface DecoderConfig {
   readonly threads: number | null;
   /** local: tokens per camera and decode step, padded (1: no padding). */
   readonly stepTokens: number;
-  /** local, CUDA: decode steps as CUDA graphs (null: off with unpadded jump-forward, on otherwise). */
+  /** local, CUDA: decode steps as CUDA graphs, one per step shape (null: on). */
   readonly cudaGraphs: boolean | null;
   readonly gpuLayers: number;
   readonly nCtx: number;

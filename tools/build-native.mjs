@@ -41,15 +41,14 @@ const patchDir = join(nlcDir, 'llama', 'patches');
 if (!existsSync(bundle)) throw new Error(`llama.cpp bundle not found at ${bundle} (is node-llama-cpp@3.22.1 installed?)`);
 
 const llamaDir = join(root, 'build', 'llama.cpp');
-const patches = existsSync(patchDir)
-  ? readdirSync(patchDir)
-      .filter((f) => f.endsWith('.diff'))
-      .sort()
-  : [];
+/** The patches in `dir`, in the order they are applied. */
+const diffsIn = (dir) =>
+  readdirSync(dir)
+    .filter((f) => f.endsWith('.diff'))
+    .sort();
+const patches = existsSync(patchDir) ? diffsIn(patchDir) : [];
 const ownPatchDir = join(root, 'native', 'patches');
-const ownPatches = readdirSync(ownPatchDir)
-  .filter((f) => f.endsWith('.diff'))
-  .sort();
+const ownPatches = diffsIn(ownPatchDir);
 // A patch of ours that changes (its content hash in the stamp) re-extracts the tree, so no edit is applied twice.
 const stamp = JSON.stringify({
   bundle: readFileSync(join(nlcDir, 'package.json'), 'utf8').match(/"version":\s*"([^"]+)"/)?.[1],

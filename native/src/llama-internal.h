@@ -210,9 +210,9 @@ void * cudaEventOf(ggml_backend_event_t event);
 // graph at every step and never replays (or pays a capture it then throws away). ShapeGraphs sits
 // in front of the graph_compute entry of each CUDA backend of a llama_context and hands ggml-cuda
 // the graph with an empty node of its own in front, one per shape (the ops and sizes of every
-// node), so each shape gets its own key, hence its own graph, captured and replayed by ggml-cuda's
-// own rules: its property check over every node decides, as it does for one shape, whether a
-// graph may be replayed. The empty node computes nothing (ggml-cuda skips it).
+// node, and the first node's address, ggml-cuda's own key), so each shape gets its own key, hence its own graph, captured and replayed by
+// ggml-cuda's own rules: its property check over every node decides, as it does for one shape, whether a graph may be replayed. The empty
+// node computes nothing (ggml-cuda skips it).
 class ShapeGraphs {
 public:
     // Installs itself on every CUDA backend of `ctx`; null where it has none. Destroy it before
