@@ -7,6 +7,7 @@ import { loadConfig } from '../pipeline/config.ts';
 import { createGraph } from '../pipeline/graph/graph.ts';
 import { isMmprojSpec } from '../models/resolve.ts';
 import { loadActionSchema } from '../nodes/action-schema.ts';
+import type { MemoryBreakdown } from '../native/llama.ts';
 import { createSource, createStages } from './run.ts';
 import { median, quantile } from './stats.ts';
 
@@ -30,6 +31,8 @@ export interface BenchFrameOptions {
   readonly threads?: number;
   /** decoder.stepTokens: tokens per decode step, padded (default: the config's, 1: no padding). */
   readonly stepTokens?: number;
+  /** decoder.graphSlots: built decode graphs kept besides the current one (default: the config's). */
+  readonly graphSlots?: number;
   /** decoder.cudaGraphs: 'on' or 'off' (default: the config's). */
   readonly cudaGraphs?: 'on' | 'off';
   /** preprocess.jpegDecode: 'auto' (default) decodes JPEG frames on the encoder's GPU where it can. */
@@ -90,6 +93,9 @@ export interface BenchFrameResult {
    * call time: the decode time a budget must leave for it (an estimate: the frames' calls, not its). */
   readonly worst_case_decode_calls: number | null;
   readonly worst_case_decode_ms: number | null;
+  /** The binding only: the decoder context's compute buffers as the run ended, MiB by buffer type
+   * (they grow with the step shapes it ran; graph slots keep a scheduler's buffers per slot). */
+  readonly decoder_compute_mib: Record<string, number> | null;
   /** openai, where the server reports its timings (llama-server): the HTTP path's own cost per request
    * (round trip − the server's prefill and decode): transport, JSON, base64, image decoding, templating,
    * grammar setup, and any wait for a free slot (none at concurrency 1 against an idle server). */
@@ -229,6 +235,12 @@ export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
   };
 }
 
+/** Compute buffers by buffer type, MiB (two decimals); null without a breakdown. */
+export function computeMib(memory: MemoryBreakdown | null): Record<string, number> | null {
+  if (!memory) return null;
+  return Object.fromEntries(memory.byBufferType.map((b) => [b.bufferType, Math.round((b.compute / 2 ** 20) * 100) / 100]));
+}
+
 /** The schema's slowest action: its decode calls, and their time at the frames' mean call time. */
 export function worstCase(
   calls: number | null,
@@ -272,6 +284,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
           ...maxNewTokens,
           ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
           ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
+          ...(opts.graphSlots !== undefined ? { graphSlots: opts.graphSlots } : {}),
           ...(opts.cudaGraphs !== undefined ? { cudaGraphs: opts.cudaGraphs === 'on' } : {}),
           draft: opts.draft ?? null,
           draftMtp: opts.draftMtp ?? null,
@@ -369,6 +382,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
     decoder: kind,
     ...decodeFigures(samples),
     ...worstCase(stages.decoder?.worstCaseDecodeCalls ?? null, samples),
+    decoder_compute_mib: computeMib(stages.decoder?.memoryAtClose() ?? null),
   };
   return { result, frames: samples };
 }

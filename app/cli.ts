@@ -202,6 +202,11 @@ speculationOptions(
     'tokens per decode step, padded so every step has one shape (decoder.stepTokens; default 1: no padding)',
     int('--step-tokens'),
   )
+  .option(
+    '--graph-slots <n>',
+    "built decode graphs kept besides the current one, each reused when its step shape comes again (decoder.graphSlots; 0: llama.cpp's last graph only; default: the config's)",
+    int('--graph-slots'),
+  )
   .addOption(
     new Option(
       '--cuda-graphs <mode>',

@@ -17,6 +17,7 @@ import type { Publisher } from '../nodes/publisher.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelAllocator, PixelTensor } from '../nodes/payloads.ts';
 import type { Recorder } from '../nodes/recorder.ts';
+import type { MemoryBreakdown } from '../native/llama.ts';
 import { resolveModel } from '../models/resolve.ts';
 import { replayRunId, runIdentity, type RunIdentity } from './run-identity.ts';
 
@@ -159,8 +160,9 @@ export interface PipelineStages {
   /** The publisher, when it is part of the chain: its stage is the chain's last, its sink takes the
    * graph's events, and the run closes it after the graph, with the final summary. */
   readonly publisher?: Publisher;
-  /** The in-process decoder's llama_decode calls for the slowest action (absent for a remote decoder). */
-  readonly decoder?: { readonly worstCaseDecodeCalls: number | null };
+  /** The in-process decoder (absent for a remote one): its llama_decode calls for the slowest action,
+   * and its context's memory as it closed (DecoderStage.memoryAtClose). */
+  readonly decoder?: { readonly worstCaseDecodeCalls: number | null; memoryAtClose(): MemoryBreakdown | null };
 }
 
 /** Role → model id for the action headers: the config's spec (synth:…) or the file's name. */
@@ -256,7 +258,7 @@ export async function createStages(
       }
     }
     const validated = chain(preprocess, encoder, decoder, actions);
-    const bounds = { decoder: { worstCaseDecodeCalls } };
+    const bounds = { decoder: { worstCaseDecodeCalls, memoryAtClose: () => decoder.memoryAtClose() } };
     if (!publisher) return { chain: validated, ...bounds };
     return { chain: append(validated, publisher.stage), publisher, ...bounds };
   } catch (err) {

@@ -59,6 +59,8 @@ export interface NativeContextOptions {
   stepTokens: number;
   /** CUDA: one ggml-cuda graph per step shape. */
   shapeGraphs: boolean;
+  /** Built graphs kept besides the current one (0: only the last is reused). */
+  graphSlots: number;
   flashAttention: boolean | 'auto';
   kvType: 'f16' | 'q8_0';
   threads: number;
@@ -77,6 +79,8 @@ export interface NativeContextInfo {
   readonly maxOutputs: number;
   /** Tokens each sequence decodes per generation step, padded (1: no padding). */
   readonly stepTokens: number;
+  /** Built graphs kept besides the current one, each with its scheduler (0: only the last is reused). */
+  readonly graphSlots: number;
   /** CUDA backends whose decode graphs ggml-cuda keeps one per step shape (0: none, or not asked). */
   readonly shapeGraphBackends: number;
   readonly threads: number;

@@ -11,6 +11,7 @@ import {
   LlamaModel,
   type LlamaContext,
   type LlamaGrammar,
+  type MemoryBreakdown,
   type ModelInfo,
   type PromptSegment,
   type SpeculatorOptions,
@@ -78,6 +79,9 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
   /** The vision-encoder contract that matches this decoder's architecture. */
   readonly contract: EncoderContract;
   readonly modelInfo: ModelInfo;
+  /** The decoder context's memory by buffer type as the stage closed (null before): its compute
+   * buffers grow with the step shapes it ran, so this is what a run of frames needed. */
+  memoryAtClose(): MemoryBreakdown | null;
 }
 
 const IMAGE_MARKER = '<__percept_image__>';
@@ -235,6 +239,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   Object.assign(env, cudaEnvironment(config, env));
   // With graphs on, one per step shape: ggml-cuda alone keeps one per context (LlamaContext's shapeGraphs).
   const shapeGraphs = gpuLayers > 0 && cudaGraphsWanted(config);
+  const graphSlots = config.graphSlots !== null ? { graphSlots: config.graphSlots } : {};
   const model = await LlamaModel.load(config.model, { gpuLayers });
   let draft: LlamaModel | undefined;
   let ctx: LlamaContext;
@@ -255,6 +260,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         kvType: config.kvType,
         stepTokens: config.stepTokens,
         shapeGraphs,
+        ...graphSlots,
         ...threads,
       });
     } else {
@@ -266,6 +272,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         maxOutputs: 1 + draftMax,
         stepTokens: config.stepTokens,
         shapeGraphs,
+        ...graphSlots,
         kvType: config.kvType,
         ...threads,
       });
@@ -393,6 +400,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   };
 
   const reservations = new Reservations();
+  let memoryAtClose: MemoryBreakdown | null = null;
   return {
     handle: (seq) => ({
       name: 'decode',
@@ -401,6 +409,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       nEmbd: info.nEmbd,
       contract,
       modelInfo: info,
+      memoryAtClose: () => memoryAtClose,
       process: async (input, sc) => {
         const generation = await process(batched ? seq : undefined, input, sc);
         if (batched) reservations.served(seq ?? 0);
@@ -420,6 +429,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         : {}),
     }),
     async close() {
+      memoryAtClose = ctx.memoryBreakdown();
       await model.dispose();
       await draft?.dispose();
     },

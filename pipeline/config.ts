@@ -99,6 +99,8 @@ export interface DecoderConfig {
   readonly threads: number | null;
   /** local: tokens per camera and decode step, padded (1: no padding). */
   readonly stepTokens: number;
+  /** local: built decode graphs kept besides the current one (null: the binding's default, DEFAULT_GRAPH_SLOTS). */
+  readonly graphSlots: number | null;
   /** local, CUDA: decode steps as CUDA graphs, one per step shape (null: on). */
   readonly cudaGraphs: boolean | null;
   readonly gpuLayers: number;
@@ -434,6 +436,7 @@ function checkDecoder(decoder: DecoderConfig): ConfigIssue[] {
     if (decoder.kvType !== 'f16') only('kvType', 'local');
     if (decoder.threads !== null) only('threads', 'local');
     if (decoder.stepTokens !== 1) only('stepTokens', 'local');
+    if (decoder.graphSlots !== null) only('graphSlots', 'local');
     if (decoder.cudaGraphs !== null) only('cudaGraphs', 'local');
   } else {
     if (decoder.endpoint !== null) only('endpoint', 'openai');

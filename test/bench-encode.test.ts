@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { benchEncode } from '../app/bench-encode.ts';
-import { benchFrame, slowest, worstCase, type FrameSample } from '../app/bench-frame.ts';
+import { benchFrame, computeMib, slowest, worstCase, type FrameSample } from '../app/bench-frame.ts';
 
 test(
   'bench encode on an mmproj: preprocessing on one libvips thread, load report, phases per call, a batch, the check against clip',
@@ -122,6 +122,8 @@ test('bench frame reports the first frame apart from the rest, with and without 
     // mean call time.
     assert.ok(r.worst_case_decode_calls! >= slow.decode!.decode_calls!, `worst case ${r.worst_case_decode_calls} calls`);
     assert.ok(r.worst_case_decode_ms! > 0);
+    // The decoder's compute buffers as it closed: on this CPU build, the CPU's, non-zero.
+    assert.ok(r.decoder_compute_mib !== null && r.decoder_compute_mib.CPU! > 0, JSON.stringify(r.decoder_compute_mib));
   }
 });
 
@@ -185,4 +187,16 @@ test('worstCase: the bound in calls, and in ms at the frames’ mean call time',
   });
   assert.deepEqual(worstCase(null, [frame(4, 24)]), { worst_case_decode_calls: null, worst_case_decode_ms: null });
   assert.deepEqual(worstCase(64, []), { worst_case_decode_calls: 64, worst_case_decode_ms: null });
+});
+
+test('computeMib: compute bytes by buffer type in MiB, two decimals', () => {
+  const entry = (bufferType: string, compute: number) => ({ bufferType, model: 7, context: 9, compute });
+  const memory = {
+    model: 14,
+    context: 18,
+    compute: 3 * 2 ** 20 + 2 ** 19 + 1,
+    byBufferType: [entry('CUDA0', 3 * 2 ** 20), entry('CUDA_Host', 2 ** 19 + 1)],
+  };
+  assert.deepEqual(computeMib(memory), { CUDA0: 3, CUDA_Host: 0.5 });
+  assert.equal(computeMib(null), null);
 });

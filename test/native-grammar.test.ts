@@ -64,11 +64,10 @@ describe('action-schema generation on gemma4-tiny', () => {
       assert.ok(jf.forced >= 0.2 * jf.tokens.length, `forced ${jf.forced} of ${jf.tokens.length}`);
       assert.equal(jf.timings.decodeCalls, plain.timings.decodeCalls - jf.forced);
       // Where decode time goes: without jump-forward every step decodes one token; with it, the steps
-      // that carry a forced run decode more. llama.cpp reuses its graph only between same-shape steps.
+      // that carry a forced run decode more (test/graph-slots.test.ts: their graphs are kept per shape).
       assert.equal(plain.timings.singleDecodeCalls, plain.timings.decodeCalls);
       assert.ok(jf.timings.singleDecodeCalls < jf.timings.decodeCalls, 'some steps carry a forced run');
       assert.ok(plain.timings.graphReuses >= plain.timings.decodeCalls - 1, `${plain.timings.graphReuses} reuses`);
-      assert.ok(jf.timings.graphReuses < jf.timings.decodeCalls);
     }
   });
 
@@ -97,13 +96,15 @@ describe('action-schema generation on gemma4-tiny', () => {
   test('padded steps (stepTokens): the same greedy tokens, one step shape, no padding left in the KV cache', async () => {
     assert.equal(ctx.info.stepTokens, 1, 'no padding unless asked');
     await assert.rejects(model.createContext({ nCtx: 512, stepTokens: 0 }), /options\.stepTokens/);
-    const padded = await model.createContext({ nCtx: 512, threads: 2, stepTokens: 4 });
+    // Against llama.cpp's own reuse of the last graph only (no graph slots), which padding is for.
+    const padded = await model.createContext({ nCtx: 512, threads: 2, stepTokens: 4, graphSlots: 0 });
+    const unpadded = await model.createContext({ nCtx: 512, threads: 2, graphSlots: 0 });
     try {
       assert.equal(padded.info.stepTokens, 4);
       for (const text of ['Action:', 'The cup is near. Action JSON:']) {
         const prompt = [{ text, addSpecial: true }];
         const opts = { maxTokens: grammar.maxTokens!, grammar, jumpForward: true };
-        const plain = await ctx.generate(prompt, opts);
+        const plain = await unpadded.generate(prompt, opts);
         const p = await padded.generate(prompt, opts);
         assert.deepEqual(p.tokens, plain.tokens, text);
         assert.equal(plain.timings.paddedSteps, 0);
@@ -116,12 +117,13 @@ describe('action-schema generation on gemma4-tiny', () => {
         // The padding was removed from the KV cache: text after the action decodes where it was,
         // and reads the same context as on the unpadded cache.
         const next = [{ text: `${text}${plain.text} Why?`, addSpecial: true }];
-        const [a, b] = [await ctx.generate(next, { maxTokens: 24 }), await padded.generate(next, { maxTokens: 24 })];
+        const [a, b] = [await unpadded.generate(next, { maxTokens: 24 }), await padded.generate(next, { maxTokens: 24 })];
         assert.ok(b.reusedTokens >= p.promptTokens, 'the continuation reuses the prompt and the action');
         assert.deepEqual(b.tokens, a.tokens);
       }
     } finally {
       await padded.dispose();
+      await unpadded.dispose();
     }
   });
 

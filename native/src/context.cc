@@ -99,6 +99,7 @@ private:
         ggml_threadpool_params tpp = ggml_threadpool_params_default(made.options.threads);
         made.threadpool = ggml_threadpool_new(&tpp);
         if (made.threadpool != nullptr) llama_attach_threadpool(made.ctx, made.threadpool, nullptr);
+        setGraphSlots(made.ctx, made.options.graphSlots);
         if (made.options.shapeGraphs) made.shapeGraphs = ShapeGraphs::install(made.ctx);
     }
 
@@ -317,6 +318,7 @@ namespace {
 
 // Sequences of one context at most (one per camera).
 constexpr int64_t kMaxSequences = 256;
+constexpr int64_t kMaxGraphSlots = 16;  // native/llama.ts's MAX_GRAPH_SLOTS
 
 ContextOptions parseContextOptions(const Napi::Object & o) {
     const char * w = "Context.create options";
@@ -331,6 +333,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
     c.shapeGraphs = requireBool(o, "shapeGraphs", w);
+    c.graphSlots = uint32_t(requireInt(o, "graphSlots", 0, kMaxGraphSlots, w));
     Napi::Value fa = o.Get("flashAttention");
     if (fa.IsBoolean()) c.flashAttention = fa.As<Napi::Boolean>().Value() ? 1 : 0;
     else if (requireChoice(o, "flashAttention", {"auto"}, w) == 0) c.flashAttention = -1;
@@ -600,6 +603,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("prefillChunk", opts_.prefillChunk);
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("stepTokens", opts_.stepTokens);
+    o.Set("graphSlots", opts_.graphSlots);
     // CUDA backends whose graphs are keyed per step shape (0: none, or not asked).
     o.Set("shapeGraphBackends", double(shapeGraphs_ ? shapeGraphs_->backends() : 0));
     o.Set("threads", opts_.threads);

@@ -46,6 +46,9 @@ struct ContextOptions {
     // CUDA: one ggml-cuda graph per step shape (ShapeGraphs, llama-internal.h), so steps of
     // alternating shapes each replay their own graph.
     bool shapeGraphs = false;
+    // Built graphs kept besides the current one, each with its scheduler (setGraphSlots,
+    // llama-internal.h), so steps that alternate between shapes reuse theirs (0: only the last).
+    uint32_t graphSlots = 0;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     std::string kvType;           // "f16" | "q8_0"
     int32_t threads = 0;

@@ -24,6 +24,8 @@
 
 namespace percept {
 
+void setGraphSlots(llama_context * ctx, uint32_t slots) { ctx->set_graph_slots(slots); }
+
 std::vector<BufferBytes> memoryBreakdown(const llama_context * ctx) {
     std::vector<BufferBytes> out;
     for (const auto & [buft, d] : llama_get_memory_breakdown(ctx)) {

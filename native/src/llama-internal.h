@@ -35,6 +35,13 @@ struct BufferBytes {
 std::vector<BufferBytes> memoryBreakdown(const llama_context * ctx);
 
 // ---------------------------------------------------------------------------------------------
+// Graphs kept per step shape (native/patches/llama-graph-slots.diff): up to `slots` built graphs
+// with outputs besides the current one, each with the scheduler that allocated it, so decode steps
+// that alternate between shapes reuse their graph instead of rebuilding it. 0: upstream's behaviour.
+
+void setGraphSlots(llama_context * ctx, uint32_t slots);
+
+// ---------------------------------------------------------------------------------------------
 // Grammar (src/llama-grammar.h). llama.h only offers the grammar as a sampler, which tests the
 // whole vocabulary each time; percept needs the state itself: clone it per generation, test a
 // few candidate tokens, and look at what the grammar's stacks expect next.
