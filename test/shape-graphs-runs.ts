@@ -6,7 +6,7 @@
 // same logits (other kernels for other batch sizes), which is not what this compares.
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { LlamaModel } from '../native/llama.ts';
+import { DEFAULT_GRAPH_SLOTS, LlamaModel } from '../native/llama.ts';
 import { ensureSynthModel, REPO_ROOT } from './fixtures.ts';
 
 export interface ShapeGraphRuns {
@@ -24,11 +24,13 @@ const PROMPTS = [
   'Action:',
 ];
 
-export async function shapeGraphRuns(shapeGraphs: boolean, rounds = 3): Promise<ShapeGraphRuns> {
+/** graphSlots: the context's built graphs kept per step shape (ContextOptions.graphSlots; default: the
+ * binding's, as the decoder runs). */
+export async function shapeGraphRuns(shapeGraphs: boolean, rounds = 3, graphSlots = DEFAULT_GRAPH_SLOTS): Promise<ShapeGraphRuns> {
   const schema = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
   const model = await LlamaModel.load(await ensureSynthModel('gemma4-tiny'), { gpuLayers: 99 });
   try {
-    const ctx = await model.createContext({ nCtx: 1024, threads: 2, shapeGraphs });
+    const ctx = await model.createContext({ nCtx: 1024, threads: 2, shapeGraphs, graphSlots });
     const grammar = await model.grammarFromJsonSchema(schema);
     const runs = [];
     for (let round = 0; round < rounds; round++) {

@@ -5,7 +5,8 @@
 // of its own; runs compare the per-call logit hashes with a run without graphs.
 //   node tools/pdl-bisect/bisect.mjs            list the PDL kernels, then halve them down to a set that alone
 //                                               still gives the mismatch, then try each kernel family out of PDL
-//   node tools/pdl-bisect/bisect.mjs --check    graphs off twice, ggml-cuda's graphs, shape graphs: as built
+//   node tools/pdl-bisect/bisect.mjs --check    graphs off twice, ggml-cuda's graphs, shape graphs (with and
+//                                               without graph slots): as built
 // Results go to stdout and, with $OUT set, $OUT/bisect.log.
 import { spawnSync } from 'node:child_process';
 import { appendFileSync } from 'node:fs';
@@ -18,9 +19,9 @@ const log = (line) => {
   if (process.env.OUT) appendFileSync(join(process.env.OUT, 'bisect.log'), `${line}\n`);
 };
 
-/** One diag.ts run: its llama_decode logit hashes and stderr. */
-function diag(mode, env) {
-  const r = spawnSync(process.execPath, ['--import', 'tsx', join(here, 'diag.ts'), mode, '3'], {
+/** One diag.ts run (graphSlots: ContextOptions.graphSlots): its llama_decode logit hashes and stderr. */
+function diag(mode, env, graphSlots = 0) {
+  const r = spawnSync(process.execPath, ['--import', 'tsx', join(here, 'diag.ts'), mode, '3', String(graphSlots)], {
     env: { ...process.env, PERCEPT_DIAG: '1', ...env },
     encoding: 'utf8',
     maxBuffer: 1 << 28,
@@ -35,6 +36,8 @@ function diag(mode, env) {
 }
 
 const reference = diag('plain', { GGML_CUDA_DISABLE_GRAPHS: '1' }).calls;
+// No hashes: the addon was built without diag-logits.diff, and every comparison would pass on nothing.
+if (reference.length === 0) throw new Error('no logit hashes on stderr: build with tools/pdl-bisect/diag-logits.diff applied (README.md)');
 log(`graphs off: ${reference.length} llama_decode calls (the reference)`);
 
 /** Index of the first call whose logits differ from the reference, or -1. */
@@ -44,8 +47,8 @@ function firstDifference(calls) {
   return k === calls.length && calls.length === reference.length ? -1 : k;
 }
 
-function report(name, mode, env) {
-  const k = firstDifference(diag(mode, env).calls);
+function report(name, mode, env, graphSlots = 0) {
+  const k = firstDifference(diag(mode, env, graphSlots).calls);
   log(`${name}: ${k < 0 ? 'equal to graphs off' : `first differing call ${k}`}`);
   return k >= 0;
 }
@@ -54,6 +57,7 @@ if (process.argv.includes('--check')) {
   report('graphs off, again', 'plain', { GGML_CUDA_DISABLE_GRAPHS: '1' });
   report("ggml-cuda's graphs", 'plain', {});
   report('shape graphs', 'shape', {});
+  report('shape graphs, 4 graph slots', 'shape', {}, 4);
   report("ggml-cuda's graphs, GGML_CUDA_PDL=0", 'plain', { GGML_CUDA_PDL: '0' });
 } else {
   const listed = diag('plain', { GGML_CUDA_PDL_LOG: '1' }).stderr;
