@@ -235,10 +235,10 @@ export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
   };
 }
 
-/** Compute buffers by buffer type, MiB (two decimals); null without a breakdown. */
+/** Compute buffers by buffer type, MiB; null without a breakdown. */
 export function computeMib(memory: MemoryBreakdown | null): Record<string, number> | null {
   if (!memory) return null;
-  return Object.fromEntries(memory.byBufferType.map((b) => [b.bufferType, Math.round((b.compute / 2 ** 20) * 100) / 100]));
+  return Object.fromEntries(memory.byBufferType.map((b) => [b.bufferType, round(b.compute / 2 ** 20)]));
 }
 
 /** The schema's slowest action: its decode calls, and their time at the frames' mean call time. */

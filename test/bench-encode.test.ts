@@ -189,7 +189,7 @@ test('worstCase: the bound in calls, and in ms at the frames’ mean call time',
   assert.deepEqual(worstCase(64, []), { worst_case_decode_calls: 64, worst_case_decode_ms: null });
 });
 
-test('computeMib: compute bytes by buffer type in MiB, two decimals', () => {
+test('computeMib: compute bytes by buffer type in MiB', () => {
   const entry = (bufferType: string, compute: number) => ({ bufferType, model: 7, context: 9, compute });
   const memory = {
     model: 14,
