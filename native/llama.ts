@@ -58,10 +58,10 @@ export const GRAMMAR_MAX_ENTRIES = 8 << 20;
 export const MAX_SEQUENCES = 256;
 /**
  * Built graphs a context keeps besides its current one (ContextOptions.graphSlots). 4: on the H200
- * (E4B Q4_K, `bench frame`, six paired runs) graph reuse rose from 36 % to 83 % of decode calls, the
- * one-token call from 5.43–5.49 ms to 5.06–5.20 and a call with a forced run from 7.57–7.75 to
- * 6.39–6.73, for 60 MiB more device compute buffers; 8 slots were no faster. 0: llama.cpp's own
- * last-graph reuse.
+ * (E4B Q4_K, `bench frame`, arms interleaved over three calls) graph reuse rose from 36 % to 83 % of
+ * decode calls, the one-token call from 5.42–5.49 ms to 5.06–5.25 and a call with a forced run from
+ * 7.41–7.75 to 6.39–6.73, for 60 MiB more device compute buffers; 8 slots were no faster. 0:
+ * llama.cpp's own last-graph reuse.
  */
 export const DEFAULT_GRAPH_SLOTS = 4;
 export const MAX_GRAPH_SLOTS = 16;
