@@ -1,7 +1,7 @@
 // The import rule of the layout, checked by dependency-cruiser (test/import-rules.test.ts runs it in
 // `npm test`; `npx depcruise app pipeline nodes native models tools` runs it by hand):
 //
-//   app → nodes → {pipeline, native, models}, nothing back; client/ (the subscriber library users
+//   app → nodes → {pipeline, native, models}, nothing back, and no import circle; client/ (the subscriber library users
 //   import as percept/client) stands alone, and the rest may use its wire types.
 //
 // Paths are relative to the repository root. test/ is not checked: tests may import anything.
@@ -74,6 +74,13 @@ module.exports = {
       severity: 'error',
       from: { path: TS_FOLDERS, pathNot: '^tools/' },
       to: { path: '^tools/' },
+    },
+    {
+      name: 'no-circular',
+      comment: 'No import circle, type-only imports included: a module and what it needs read one way.',
+      severity: 'error',
+      from: {},
+      to: { circular: true },
     },
     {
       name: 'no-unresolvable-import',

@@ -85,7 +85,7 @@ program
     'lockstep replay on the virtual clock: each frame enters when the previous one has ended (every frame processed, same outputs byte for byte)',
   )
   .action(async (opts) => {
-    const { runPipeline } = await import('./run.ts');
+    const { runPipeline } = await import('./run/run.ts');
     const code = await runPipeline(opts);
     process.exitCode = code;
   });
@@ -105,7 +105,7 @@ speculationOptions(
   .option('--gpu-layers <n>', 'layers to offload to the GPU', int('--gpu-layers'), 0)
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { generate } = await import('./decode-commands.ts');
+    const { generate } = await import('./generate.ts');
     const result = await generate({ ...opts, onToken: opts.json ? undefined : (piece: string) => process.stdout.write(piece) });
     if (!opts.json) process.stdout.write('\n');
     printResult(opts.json ? result : { ...result, text: undefined, tokens: undefined }, opts.json);
@@ -130,7 +130,7 @@ speculationOptions(
   .option('--energy <source>', 'board power sampled during decode: auto, tegrastats, nvidia-smi, off', 'auto')
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchDecode } = await import('./decode-commands.ts');
+    const { benchDecode } = await import('./bench/decode.ts');
     printResult(await benchDecode(opts), opts.json);
   });
 
@@ -173,7 +173,7 @@ bench
   )
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchEncode } = await import('./bench-encode.ts');
+    const { benchEncode } = await import('./bench/encode.ts');
     printResult(await benchEncode(opts), opts.json);
   });
 
@@ -221,7 +221,7 @@ speculationOptions(
   .option('--no-warmup', 'skip the warm-up at load (to see what the first frame pays without it)')
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchFrame } = await import('./bench-frame.ts');
+    const { benchFrame } = await import('./bench/frame.ts');
     printResult(await benchFrame(opts), opts.json);
   });
 
@@ -241,7 +241,7 @@ bench
   .option('--threads <n>', 'llama-server threads (default: all cores, as the binding)', int('--threads'))
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchRemote } = await import('./bench-remote.ts');
+    const { benchRemote } = await import('./bench/remote.ts');
     printResult(await benchRemote(opts), opts.json);
   });
 
@@ -282,7 +282,7 @@ bench
   .option('--no-jump-forward', "decode the grammar's forced tokens one per step (keeps the batch's shape, so llama.cpp reuses its graph)")
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchCameras } = await import('./bench-cameras.ts');
+    const { benchCameras } = await import('./bench/cameras.ts');
     printResult(await benchCameras(opts), opts.json);
   });
 
@@ -301,7 +301,7 @@ bench
   .option('--peer', 'also run llama-batched-bench from the same llama.cpp build and report the ratio')
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchBatch } = await import('./bench-batch.ts');
+    const { benchBatch } = await import('./bench/batch.ts');
     const sequences = String(opts.sequences)
       .split(',')
       .map((x) => Number(x.trim()));
@@ -347,7 +347,7 @@ bench
   .option('--no-progress', 'no progress bars on stderr')
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchLadder, formatLadderTable } = await import('./bench-ladder.ts');
+    const { benchLadder, formatLadderTable } = await import('./bench/ladder.ts');
     const list = (text: string | undefined) =>
       text
         ?.split(',')
@@ -367,7 +367,7 @@ bench
   .option('--stages <n>', 'no-op stages', int('--stages'), 5)
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchGraph } = await import('./bench-graph.ts');
+    const { benchGraph } = await import('./bench/graph.ts');
     printResult(await benchGraph(opts), opts.json);
   });
 
@@ -383,7 +383,7 @@ bench
   )
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchPublish } = await import('./bench-publish.ts');
+    const { benchPublish } = await import('./bench/publish.ts');
     printResult(await benchPublish(opts), opts.json);
   });
 
@@ -400,7 +400,7 @@ bench
   .option('--reps <n>', 'replay passes (median reported)', int('--reps'), 3)
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchBag } = await import('./bench-bag.ts');
+    const { benchBag } = await import('./bench/bag.ts');
     printResult(await benchBag(opts), opts.json);
   });
 
@@ -413,7 +413,7 @@ bench
   .option('--height <n>', 'frame height', int('--height'), 720)
   .option('--json', 'print JSON')
   .action(async (opts) => {
-    const { benchFrameInput } = await import('./bench-frame-input.ts');
+    const { benchFrameInput } = await import('./bench/frame-input.ts');
     printResult(await benchFrameInput(opts), opts.json);
   });
 
@@ -498,7 +498,7 @@ program
   .option('--no-progress', 'no progress bar')
   .option('--json', 'print metrics.json')
   .action(async (opts) => {
-    const { evaluate } = await import('./eval.ts');
+    const { evaluate } = await import('./eval/eval.ts');
     const { code, metrics } = await evaluate(opts);
     if (opts.json) process.stdout.write(`${JSON.stringify(metrics, null, 2)}\n`);
     else {
@@ -525,7 +525,7 @@ program
   .argument('<b>', 'the second eval output')
   .option('--json', 'print JSON')
   .action(async (a: string, b: string, opts) => {
-    const { compare, formatComparison } = await import('./eval.ts');
+    const { compare, formatComparison } = await import('./eval/eval.ts');
     const comparison = compare(a, b);
     process.stdout.write(opts.json ? `${JSON.stringify(comparison, null, 2)}\n` : formatComparison(comparison));
   });
@@ -541,7 +541,7 @@ program
   .requiredOption('-o, --out <file>', 'the calibration file to write (JSON)')
   .option('--json', 'print the calibration file')
   .action(async (opts) => {
-    const { calibrate } = await import('./calibrate.ts');
+    const { calibrate } = await import('./eval/calibrate.ts');
     const file = await calibrate({
       ...opts,
       onProgress: (done, total) => process.stderr.write(`\rpercept: calibrate ${done}/${total} frames`),
@@ -576,7 +576,7 @@ program
   .option('--no-progress', 'no progress bar')
   .option('--json', 'print the result as JSON')
   .action(async (opts) => {
-    const { failedPoints, formatTune, tune, TuneInterrupted } = await import('./tune.ts');
+    const { failedPoints, formatTune, tune, TuneInterrupted } = await import('./tune/tune.ts');
     try {
       const result = await tune({ ...opts, mode: opts.virtual ? 'virtual' : opts.real ? 'real' : undefined });
       process.stdout.write(opts.json ? `${JSON.stringify(result, null, 2)}\n` : formatTune(result));

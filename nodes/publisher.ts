@@ -26,11 +26,11 @@
 import { Publisher as PubSocket } from 'zeromq';
 import type { ActionMessage } from './payloads.ts';
 import type { PublisherStats, TopicStats } from '../client/wire-types.ts';
-import { eventToJson, type RunSummary, type TelemetryEvent } from '../pipeline/telemetry/events.ts';
+import { eventToJson, type RunSummary, type TelemetryEvent, type TelemetrySink } from '../pipeline/telemetry/events.ts';
 import type { CurveConfig, PublisherConfig } from '../pipeline/config.ts';
 import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../pipeline/endpoint.ts';
 import { RealClock, type Clock } from '../pipeline/clock.ts';
-import type { Stage, StageContext, Stamp, TelemetrySink } from '../pipeline/types.ts';
+import type { Stage, StageContext, Stamp } from '../pipeline/types.ts';
 
 const HEADER_VERSION = 1;
 const EVENT_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Event';

@@ -1,7 +1,6 @@
 // The types every stage and the runtime share. A stage sees only its payload types and a
 // StageContext; the Envelope around the payload belongs to the runtime.
 import type { Clock } from './clock.ts';
-import type { TelemetryEvent } from './telemetry/events.ts';
 
 /** A capture time as a source stated it (ROS builtin_interfaces/Time: no float rounding). */
 export interface Stamp {
@@ -118,15 +117,6 @@ export class DropFrame extends Error {
     this.name = 'DropFrame';
     this.reason = reason;
   }
-}
-
-/** A consumer of the graph's telemetry besides the summary (a publisher's event topics, a log):
- * `graph.events.subscribe(sink.accept)`. */
-export interface TelemetrySink {
-  /** Takes one event of the run, in order; never throws (delivery failures are counted). */
-  readonly accept: (event: TelemetryEvent) => void;
-  /** Events it took but could not deliver (e.g. those after it closed). */
-  readonly undelivered: number;
 }
 
 /** One item a source yields: the payload and when it was captured. */

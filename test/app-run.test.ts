@@ -3,7 +3,8 @@
 import assert from 'node:assert/strict';
 import { resolve } from 'node:path';
 import { describe, test } from 'node:test';
-import { parseSourceSpec, runFailure } from '../app/run.ts';
+import { parseSourceSpec } from '../app/run/run.ts';
+import { runFailure } from '../app/run/stages.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
 import type { RunSummary } from '../pipeline/telemetry/events.ts';

@@ -10,7 +10,7 @@ import { loadDecompressHandlers } from '@mcap/support';
 import { parse as parseRosMsg } from '@foxglove/rosmsg';
 import { MessageWriter } from '@foxglove/rosmsg2-serialization';
 import * as zstd from '@foxglove/wasm-zstd';
-import { ROS_COMPRESSED_IMAGE } from '../app/bench-bag.ts';
+import { ROS_COMPRESSED_IMAGE } from '../app/bench/bag.ts';
 
 export { ROS_COMPRESSED_IMAGE };
 

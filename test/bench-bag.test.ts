@@ -2,7 +2,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { benchBag } from '../app/bench-bag.ts';
+import { benchBag } from '../app/bench/bag.ts';
 
 test('benchBag replays every frame of its bag, records every frame it was fed, and reports rates', async () => {
   const result = await benchBag({

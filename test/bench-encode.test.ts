@@ -2,8 +2,8 @@
 // to the benchmarks).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { benchEncode } from '../app/bench-encode.ts';
-import { benchFrame, computeMib, slowest, worstCase, type FrameSample } from '../app/bench-frame.ts';
+import { benchEncode } from '../app/bench/encode.ts';
+import { benchFrame, computeMib, slowest, worstCase, type FrameSample } from '../app/bench/frame.ts';
 
 test(
   'bench encode on an mmproj: preprocessing on one libvips thread, load report, phases per call, a batch, the check against clip',

@@ -8,7 +8,7 @@ import { execFile } from 'node:child_process';
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { formatLadderTable, type LadderResult, type LadderRow } from '../app/bench-ladder.ts';
+import { formatLadderTable, type LadderResult, type LadderRow } from '../app/bench/ladder.ts';
 import { makeSampleBag } from '../tools/make-sample-bag.ts';
 import { REPO_ROOT } from './fixtures.ts';
 

@@ -6,7 +6,7 @@ import { execFile } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { perLevel, timeStages, type CalibrationFile } from '../app/calibrate.ts';
+import { perLevel, timeStages, type CalibrationFile } from '../app/eval/calibrate.ts';
 import { median } from '../app/stats.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import { DropFrame, type Knobs, type Stage, type StageContext } from '../pipeline/types.ts';

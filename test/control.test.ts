@@ -3,7 +3,7 @@
 import { after, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Request } from 'zeromq';
-import { startControlServer, type ControlServer } from '../app/control.ts';
+import { startControlServer, type ControlServer } from '../app/run/control.ts';
 import { RealClock } from '../pipeline/clock.ts';
 import { chain } from '../pipeline/graph/chain.ts';
 import { createGraph } from '../pipeline/graph/graph.ts';

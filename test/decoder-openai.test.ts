@@ -8,10 +8,11 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import sharp from 'sharp';
-import { benchFrameSamples } from '../app/bench-frame.ts';
-import { asCamera, createCameraGroup, createCameraStages } from '../app/cameras.ts';
-import { createSource, createStages } from '../app/run.ts';
-import { startLlamaServer, type LlamaServer } from '../app/llama-server.ts';
+import { benchFrameSamples } from '../app/bench/frame.ts';
+import { asCamera, createCameraGroup, createCameraStages } from '../app/run/cameras.ts';
+import { createStages } from '../app/run/run.ts';
+import { createSource } from '../app/run/stages.ts';
+import { startLlamaServer, type LlamaServer } from '../app/bench/llama-server.ts';
 import { resolveModel } from '../models/resolve.ts';
 import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
 import {

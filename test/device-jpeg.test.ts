@@ -12,7 +12,7 @@ import { createOnnxEncoderStage } from '../nodes/encoder-onnx.ts';
 import { createProjectionEncoderStage } from '../nodes/encoder-projection.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';
 import { tokenCosines, type CameraFrame, type ImageEmbedding, type PixelTensor } from '../nodes/payloads.ts';
-import { createPreprocessFor, type CreatedEncoder } from '../app/run.ts';
+import { createPreprocessFor, type CreatedEncoder } from '../app/run/stages.ts';
 import { loadConfig } from '../pipeline/config.ts';
 import { standaloneContext } from '../pipeline/standalone.ts';
 import type { StageContext } from '../pipeline/types.ts';

@@ -1,4 +1,4 @@
-// Energy sampler (app/energy.ts): parsers on recorded-format nvidia-smi and tegrastats lines, integration on
+// Energy sampler (app/bench/energy.ts): parsers on recorded-format nvidia-smi and tegrastats lines, integration on
 // a fake clock, the sampling tools run as child processes (fakes on PATH that print those formats and record
 // their arguments), and every "not available" path.
 import { describe, test, before, after } from 'node:test';
@@ -8,7 +8,14 @@ import { chmod, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
-import { EnergyMeter, PowerIntegrator, energyJson, parseNvidiaSmiLine, parseTegrastatsRails, tegrastatsBoardPower } from '../app/energy.ts';
+import {
+  EnergyMeter,
+  PowerIntegrator,
+  energyJson,
+  parseNvidiaSmiLine,
+  parseTegrastatsRails,
+  tegrastatsBoardPower,
+} from '../app/bench/energy.ts';
 import { REPO_ROOT, ensureSynthModel } from './fixtures.ts';
 
 // Lines in the formats the tools print (tegrastats layouts per board and JetPack as NVIDIA documents

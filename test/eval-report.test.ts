@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { promisify } from 'node:util';
 import { chromium } from 'playwright-core';
-import type { EvalMetrics } from '../app/eval.ts';
+import type { EvalMetrics } from '../app/eval/metrics.ts';
 import { makeSampleBag } from '../tools/make-sample-bag.ts';
 
 const root = new URL('..', import.meta.url).pathname;

@@ -32,7 +32,8 @@ describe('import rules', () => {
       'app/run.ts':
         "import '../nodes/decoder.ts';\nimport '../pipeline/graph.ts';\nimport '../models/resolve.ts';\nimport '../native/llama.ts';\n",
       'pipeline/graph.ts': "import '../nodes/payloads.ts';\n", // the runtime knows no stage
-      'pipeline/types.ts': 'export {};\n',
+      'pipeline/types.ts': "import type {} from './clock.ts';\n", // with clock.ts, an import circle
+      'pipeline/clock.ts': "import type {} from './types.ts';\n",
       'nodes/payloads.ts': 'export {};\n',
       'nodes/action-schema.ts': 'export {};\n',
       'nodes/encoder.ts':
@@ -59,6 +60,7 @@ describe('import rules', () => {
       'models-import-no-stage-or-app: models/resolve.ts → nodes/payloads.ts',
       'models-resolved-by-app-only: nodes/decoder.ts → models/resolve.ts',
       'native-is-the-binding: native/llama.ts → pipeline/types.ts',
+      'no-circular: pipeline/clock.ts → pipeline/types.ts',
       'no-unresolvable-import: models/synth.ts → ./missing.ts',
       'only-app-imports-app: nodes/recorder.ts → app/run.ts',
       'only-wire-types-from-client: nodes/publisher.ts → client/index.ts',

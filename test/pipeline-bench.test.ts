@@ -1,7 +1,7 @@
 // benchGraph's result is well-formed and counts what it ran (its speed belongs to the benchmark).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { benchGraph } from '../app/bench-graph.ts';
+import { benchGraph } from '../app/bench/graph.ts';
 
 test('benchGraph runs every frame through every no-op stage and reports per-hop figures', async () => {
   const result = await benchGraph({ hz: 2000, frames: 200, stages: 3, warmupFrames: 20 });

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { PYTHON } from '../app/python.ts';
+import { PYTHON } from '../app/bench/python.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 

@@ -14,7 +14,7 @@ import { createBagSource } from '../nodes/source-bag.ts';
 import { isRejection, type SourceIncident } from '../pipeline/types.ts';
 import { VirtualClock } from '../pipeline/clock.ts';
 import { makeSampleBag } from '../tools/make-sample-bag.ts';
-import { readRecording } from '../app/eval.ts';
+import { readRecording } from '../app/eval/eval.ts';
 import { json, readSummary, writeBag } from './bag-fixtures.ts';
 import { freePort } from './fixtures.ts';
 

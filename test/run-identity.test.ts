@@ -5,7 +5,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { replayRunId, runIdentity, sha256File } from '../app/run-identity.ts';
+import { replayRunId, runIdentity, sha256File } from '../app/run/identity.ts';
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { loadConfig, type PerceptConfig } from '../pipeline/config.ts';
 

@@ -11,7 +11,7 @@ import { RealClock } from '../pipeline/clock.ts';
 import { isRejection, type SourceItem, type SourceRejection } from '../pipeline/types.ts';
 import type { CameraFrame } from '../nodes/payloads.ts';
 import { fakeStage, runGraph, testConfig } from './pipeline-fakes.ts';
-import { benchFrameInput } from '../app/bench-frame-input.ts';
+import { benchFrameInput } from '../app/bench/frame-input.ts';
 
 const jpeg = await sharp(Buffer.alloc(16 * 8 * 3, 120), { raw: { width: 16, height: 8, channels: 3 } })
   .jpeg()

@@ -5,9 +5,9 @@ import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../pipeline/config.ts';
-import { GridError, baseKnobs, defaultGrid, gridPoints, loadGrid, pointConfig, sameDraft, type PointKnobs } from '../app/tune-grid.ts';
-import { calibratedCost, readCalibration } from '../app/tune-costs.ts';
-import { choose, formatTable, orderLadder, paretoFront, parseObjective, rungBetween, type PointResult } from '../app/tune-select.ts';
+import { GridError, baseKnobs, defaultGrid, gridPoints, loadGrid, pointConfig, sameDraft, type PointKnobs } from '../app/tune/grid.ts';
+import { calibratedCost, readCalibration } from '../app/tune/costs.ts';
+import { choose, formatTable, orderLadder, paretoFront, parseObjective, rungBetween, type PointResult } from '../app/tune/select.ts';
 
 const root = new URL('..', import.meta.url).pathname;
 const dir = join(root, '.cache/test-tune-select');

@@ -1,10 +1,11 @@
-// Warm-up at load (app/warmup.ts) and the encoder/decoder contract check (app/run.ts).
+// Warm-up at load (app/run/warmup.ts) and the encoder/decoder contract check (app/run/run.ts).
 // The timing test is relative to this machine: the same stages are measured without and with the
 // warm-up, each as first frame ÷ median of the frames after it.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { checkEncoderFitsDecoder, createStages } from '../app/run.ts';
-import { warmUpStages, warmupKnobs } from '../app/warmup.ts';
+import { createStages } from '../app/run/run.ts';
+import { checkEncoderFitsDecoder } from '../app/run/stages.ts';
+import { warmUpStages, warmupKnobs } from '../app/run/warmup.ts';
 import { loadActionSchema } from '../nodes/action-schema.ts';
 import { createOnnxEncoderStage } from '../nodes/encoder-onnx.ts';
 import { createPreprocessStage } from '../nodes/preprocess.ts';

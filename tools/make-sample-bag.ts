@@ -7,13 +7,26 @@
 // across, and stops when the person is close. Everything is fixed (timestamps, pixels, encoder
 // settings), so running it again gives the same bytes.
 //   node --import tsx tools/make-sample-bag.ts [out.mcap] [--frames N]
-import { open, rename, writeFile } from 'node:fs/promises';
+import { writeFile } from 'node:fs/promises';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { McapWriter } from '@mcap/core';
-import { FileHandleWritable } from '@mcap/nodejs';
-import * as zstd from '@foxglove/wasm-zstd';
-import { CompressedImage } from '@foxglove/schemas/jsonschema.js';
 import sharp from 'sharp';
+import {
+  CAMERA_FRAME_ID,
+  CAMERA_TOPIC,
+  createCanvas,
+  drawBox,
+  drawDoor,
+  drawPerson,
+  labelsPathOf,
+  normBox,
+  paintRoom,
+  personBox,
+  sampleRoom,
+  writeCameraBag,
+  type Box,
+} from './scene-geometry.ts';
+
+export { labelsPathOf };
 
 export interface SampleBagOptions {
   readonly frames?: number;
@@ -23,8 +36,8 @@ export interface SampleBagOptions {
   readonly hz?: number;
 }
 
-export const SAMPLE_TOPIC = '/camera/front/compressed';
-export const SAMPLE_FRAME_ID = 'camera_front';
+export const SAMPLE_TOPIC = CAMERA_TOPIC;
+export const SAMPLE_FRAME_ID = CAMERA_FRAME_ID;
 /** Log time of the first message: 2023-11-14T22:13:20Z, in ns. */
 export const SAMPLE_START_NS = 1_700_000_000_000_000_000n;
 
@@ -36,9 +49,6 @@ export interface SampleBagSummary {
   readonly bytes: number;
 }
 
-/** The labels file of a bag: `x.mcap` → `x.labels.jsonl`. */
-export const labelsPathOf = (bagPath: string): string => bagPath.replace(/\.mcap$/, '') + '.labels.jsonl';
-
 export async function makeSampleBag(path: string, options: SampleBagOptions = {}): Promise<SampleBagSummary> {
   const { frames = 40, width = 640, height = 360, quality = 70, hz = 10 } = options;
   if (!Number.isInteger(frames) || frames < 1)
@@ -46,71 +56,33 @@ export async function makeSampleBag(path: string, options: SampleBagOptions = {}
   if (!Number.isInteger(width) || !Number.isInteger(height) || width < 64 || height < 64)
     throw new RangeError(`makeSampleBag: bad size ${width}x${height}`);
   const periodNs = BigInt(Math.round(1e9 / hz));
-  await zstd.isLoaded;
-
-  // Written next to the target and renamed, so a failed run never leaves a half bag in place.
-  const partial = `${path}.partial`;
-  const handle = await open(partial, 'w');
-  try {
-    const writer = new McapWriter({
-      writable: new FileHandleWritable(handle),
-      chunkSize: 512 * 1024,
-      compressChunk: (data) => ({ compression: 'zstd', compressedData: zstd.compress(data, 19) }),
-    });
-    await writer.start({ profile: '', library: 'percept tools/make-sample-bag' });
-    const schemaId = await writer.registerSchema({
-      name: CompressedImage.title,
-      encoding: 'jsonschema',
-      data: new TextEncoder().encode(JSON.stringify(CompressedImage)),
-    });
-    const channelId = await writer.registerChannel({ topic: SAMPLE_TOPIC, schemaId, messageEncoding: 'json', metadata: new Map() });
-    await writer.addMetadata({
+  const { bytes } = await writeCameraBag(path, {
+    library: 'percept tools/make-sample-bag',
+    metadata: {
       name: 'percept.sample',
-      metadata: new Map([
+      entries: [
         ['generator', 'tools/make-sample-bag.ts'],
         ['scene', 'wall with door, floor, sliding box, approaching person'],
         ['size', `${width}x${height}`],
         ['rate_hz', String(hz)],
-      ]),
-    });
-    for (let i = 0; i < frames; i++) {
-      const jpeg = await sharp(renderScene(i, frames, width, height), { raw: { width, height, channels: 3 } })
-        .jpeg({ quality })
-        .toBuffer();
-      const stampNs = SAMPLE_START_NS + BigInt(i) * periodNs;
-      const message = {
-        timestamp: { sec: Number(stampNs / 1_000_000_000n), nsec: Number(stampNs % 1_000_000_000n) },
-        frame_id: SAMPLE_FRAME_ID,
-        data: jpeg.toString('base64'),
-        format: 'jpeg',
-      };
-      await writer.addMessage({
-        channelId,
-        sequence: i,
-        logTime: stampNs,
-        publishTime: stampNs,
-        data: new TextEncoder().encode(JSON.stringify(message)),
-      });
-    }
-    await writer.end();
-  } finally {
-    await handle.close();
-  }
-  await rename(partial, path);
+      ],
+    },
+    frames: (async function* () {
+      for (let i = 0; i < frames; i++) {
+        const jpeg = await sharp(renderScene(i, frames, width, height), { raw: { width, height, channels: 3 } })
+          .jpeg({ quality })
+          .toBuffer();
+        yield { jpeg, stampNs: SAMPLE_START_NS + BigInt(i) * periodNs };
+      }
+    })(),
+  });
   const labels = labelsPathOf(path);
   const lines = Array.from({ length: frames }, (_, i) => {
     const stampNs = SAMPLE_START_NS + BigInt(i) * periodNs;
     return JSON.stringify({ log_time_ns: String(stampNs), action: expectedAction(sceneAt(i, frames, width, height)) });
   });
   await writeFile(labels, `${lines.join('\n')}\n`);
-  const stat = await open(path, 'r').then(async (h) => {
-    try {
-      return await h.stat();
-    } finally {
-      await h.close();
-    }
-  });
-  return { path, labels, frames, bytes: stat.size };
+  return { path, labels, frames, bytes };
 }
 
 /** Where things are in frame `i` of `n` (pixels): what renderScene draws and the labels describe. */
@@ -130,7 +102,6 @@ export interface Scene {
   readonly bodyW: number;
   readonly bodyH: number;
 }
-type Box = { readonly x0: number; readonly y0: number; readonly x1: number; readonly y1: number };
 
 export function sceneAt(i: number, n: number, width: number, height: number): Scene {
   const t = n > 1 ? i / (n - 1) : 0;
@@ -152,7 +123,7 @@ export function sceneAt(i: number, n: number, width: number, height: number): Sc
     horizon,
     door: { x0: doorX, y0: horizon - height * 0.48, x1: doorX + doorW, y1: horizon },
     box: { x0: boxX, y0: boxTop, x1: boxX + boxW, y1: boxTop + boxW * 0.8 },
-    person: { x0: personX, y0: feetY - bodyH - bodyW * 0.45 - bodyW * 0.42, x1: personX + bodyW, y1: feetY },
+    person: personBox(personX, feetY, bodyW, bodyH),
     doorW,
     boxW,
     bodyW,
@@ -164,10 +135,7 @@ export function sceneAt(i: number, n: number, width: number, height: number): Sc
  * first third), wait while the person crosses, stop when the person is close (the last third, when
  * they fill more than a third of the image height). */
 export function expectedAction(scene: Scene): Record<string, unknown> {
-  const norm = (b: Box): number[] =>
-    [b.x0 / scene.width, b.y0 / scene.height, b.x1 / scene.width, b.y1 / scene.height].map(
-      (v) => Math.round(Math.min(1, Math.max(0, v)) * 1000) / 1000,
-    );
+  const norm = (b: Box): number[] => normBox(b, scene.width, scene.height, 3);
   if (scene.t < 1 / 3) return { action: 'move', confidence: 1, target: { label: 'door', bbox: norm(scene.door) } };
   if ((scene.person.y1 - scene.person.y0) / scene.height <= 1 / 3 || scene.t < 2 / 3)
     return { action: 'wait', confidence: 1, target: { label: 'person', bbox: norm(scene.person) } };
@@ -176,56 +144,17 @@ export function expectedAction(scene: Scene): Record<string, unknown> {
 
 /** RGB pixels of frame `i` of `n` (pure). */
 export function renderScene(i: number, n: number, width: number, height: number): Buffer {
-  const px = Buffer.alloc(width * height * 3);
+  const c = createCanvas(width, height);
   const { horizon, door, box, person, doorW, boxW, bodyW, bodyH } = sceneAt(i, n, width, height);
-  const set = (x: number, y: number, r: number, g: number, b: number): void => {
-    const o = (y * width + x) * 3;
-    px[o] = r;
-    px[o + 1] = g;
-    px[o + 2] = b;
-  };
-  const rect = (x0: number, y0: number, x1: number, y1: number, r: number, g: number, b: number): void => {
-    for (let y = Math.max(0, Math.round(y0)); y < Math.min(height, Math.round(y1)); y++) {
-      for (let x = Math.max(0, Math.round(x0)); x < Math.min(width, Math.round(x1)); x++) set(x, y, r, g, b);
-    }
-  };
-  const disc = (cx: number, cy: number, radius: number, r: number, g: number, b: number): void => {
-    for (let y = Math.max(0, Math.floor(cy - radius)); y < Math.min(height, Math.ceil(cy + radius)); y++) {
-      for (let x = Math.max(0, Math.floor(cx - radius)); x < Math.min(width, Math.ceil(cx + radius)); x++) {
-        if ((x - cx) ** 2 + (y - cy) ** 2 <= radius ** 2) set(x, y, r, g, b);
-      }
-    }
-  };
-  // Wall (warm, lighter towards the top) and floor (grey, darker towards the camera).
-  for (let y = 0; y < height; y++) {
-    for (let x = 0; x < width; x++) {
-      if (y < horizon) {
-        const k = 1 - (0.15 * y) / horizon;
-        set(x, y, Math.round(225 * k), Math.round(215 * k), Math.round(190 * k));
-      } else {
-        const k = 1 - (0.35 * (y - horizon)) / (height - horizon);
-        const tile = ((Math.floor(x / 40) + Math.floor((y - horizon) / 20)) & 1) === 0 ? 8 : 0;
-        const g = Math.round(150 * k) + tile;
-        set(x, y, g, g, g + 6);
-      }
-    }
-  }
-  rect(0, horizon - 3, width, horizon + 2, 90, 80, 70); // skirting board
+  paintRoom(c, sampleRoom(horizon));
   // Door on the right: frame, panel, knob.
-  rect(door.x0 - 6, door.y0 - 6, door.x1 + 6, horizon, 70, 50, 35);
-  rect(door.x0, door.y0, door.x1, horizon, 140, 95, 55);
-  disc(door.x0 + doorW * 0.85, horizon - height * 0.22, Math.max(2, height * 0.012), 220, 200, 90);
+  const knob = { x: door.x0 + doorW * 0.85, y: horizon - height * 0.22, r: Math.max(2, height * 0.012) };
+  drawDoor(c, door.x0, door.y0, doorW, horizon, { frame: [70, 50, 35], panel: [140, 95, 55], knob: [220, 200, 90], frameW: 6 }, knob);
   // A cardboard box sliding right along the floor.
-  rect(box.x0, box.y0, box.x1, box.y1, 180, 130, 70);
-  rect(box.x0, box.y0 + boxW * 0.35, box.x1, box.y0 + boxW * 0.42, 150, 105, 55); // tape
+  drawBox(c, box.x0, box.y0, boxW, boxW * 0.8, { body: [180, 130, 70], tape: [150, 105, 55] });
   // A person walking in from the left and getting closer (bigger).
-  const feetY = person.y1;
-  const personX = person.x0;
-  rect(personX, feetY - bodyH * 0.45, personX + bodyW * 0.45, feetY, 40, 40, 60); // legs
-  rect(personX + bodyW * 0.55, feetY - bodyH * 0.45, personX + bodyW, feetY, 40, 40, 60);
-  rect(personX, feetY - bodyH, personX + bodyW, feetY - bodyH * 0.45, 40, 90, 160); // torso
-  disc(personX + bodyW / 2, feetY - bodyH - bodyW * 0.45, bodyW * 0.42, 225, 185, 150); // head
-  return px;
+  drawPerson(c, person.x0, person.y1, bodyW, bodyH, { legs: [40, 40, 60], torso: [40, 90, 160], skin: [225, 185, 150] });
+  return c.px;
 }
 
 async function main(argv: string[]): Promise<void> {

@@ -176,3 +176,12 @@ export interface RunSummary {
    * all cameras together). */
   readonly cameras?: Readonly<Record<string, RunSummary>>;
 }
+
+/** A consumer of the graph's telemetry besides the summary (a publisher's event topics, a log):
+ * `graph.events.subscribe(sink.accept)`. */
+export interface TelemetrySink {
+  /** Takes one event of the run, in order; never throws (delivery failures are counted). */
+  readonly accept: (event: TelemetryEvent) => void;
+  /** Events it took but could not deliver (e.g. those after it closed). */
+  readonly undelivered: number;
+}

@@ -16,15 +16,15 @@ import { loadDecompressHandlers } from '@mcap/support';
 import { parse as parseRosMsg } from '@foxglove/rosmsg';
 import { MessageWriter } from '@foxglove/rosmsg2-serialization';
 import sharp from 'sharp';
-import { loadActionSchema } from '../nodes/action-schema.ts';
-import type { CameraFrame } from '../nodes/payloads.ts';
-import { createRecorder } from '../nodes/recorder.ts';
-import { createBagSource } from '../nodes/source-bag.ts';
-import { VirtualClock } from '../pipeline/clock.ts';
-import { isRejection } from '../pipeline/types.ts';
-import { median } from './stats.ts';
-import { DEFAULT_CONFIG } from './run.ts';
-import { loadConfig } from '../pipeline/config.ts';
+import { loadActionSchema } from '../../nodes/action-schema.ts';
+import type { CameraFrame } from '../../nodes/payloads.ts';
+import { createRecorder } from '../../nodes/recorder.ts';
+import { createBagSource } from '../../nodes/source-bag.ts';
+import { VirtualClock } from '../../pipeline/clock.ts';
+import { isRejection } from '../../pipeline/types.ts';
+import { median } from '../stats.ts';
+import { DEFAULT_CONFIG } from '../run/run.ts';
+import { loadConfig } from '../../pipeline/config.ts';
 
 export interface BenchBagOptions {
   /** Frames in the replay bag (default 300: 10 s at 30 fps). */
@@ -134,7 +134,7 @@ export async function benchBag(options: BenchBagOptions = {}): Promise<BenchBagR
     if (!Number.isInteger(v) || v < 1) throw new RangeError(`bench bag: expected an integer >= 1 for ${name} but received ${v}`);
   }
   if (!(fps > 0 && seconds > 0)) throw new RangeError(`bench bag: expected fps > 0 and seconds > 0 but received ${fps}, ${seconds}`);
-  const dir = options.dir ?? join(new URL('..', import.meta.url).pathname, '.cache', 'bench-bag');
+  const dir = options.dir ?? join(new URL('../..', import.meta.url).pathname, '.cache', 'bench-bag');
   mkdirSync(dir, { recursive: true });
   const jpegs = await cameraJpegs(width, height);
   const bag = join(dir, `ros2-${width}x${height}-${frames}.mcap`);

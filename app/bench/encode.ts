@@ -2,16 +2,16 @@
 import { readFileSync } from 'node:fs';
 import { loadavg } from 'node:os';
 import sharp from 'sharp';
-import { createOnnxEncoderStage, type ExecutionProvider } from '../nodes/encoder-onnx.ts';
-import { createPreprocessStage } from '../nodes/preprocess.ts';
-import { isMmprojSpec, resolveModel } from '../models/resolve.ts';
-import { tokenCosines, type CameraFrame, type ImageEmbedding, type PixelTensor } from '../nodes/payloads.ts';
-import type { Stage, StageContext } from '../pipeline/types.ts';
-import type { MtmdEncoderConfig, MtmdEncoderStage } from '../nodes/encoder-mtmd.ts';
-import type { VisionFlashAttention, VisionPhases, VisionProfile } from '../native/vision.ts';
-import { loadConfig } from '../pipeline/config.ts';
-import { standaloneContext } from '../pipeline/standalone.ts';
-import { quantile } from './stats.ts';
+import { createOnnxEncoderStage, type ExecutionProvider } from '../../nodes/encoder-onnx.ts';
+import { createPreprocessStage } from '../../nodes/preprocess.ts';
+import { isMmprojSpec, resolveModel } from '../../models/resolve.ts';
+import { tokenCosines, type CameraFrame, type ImageEmbedding, type PixelTensor } from '../../nodes/payloads.ts';
+import type { Stage, StageContext } from '../../pipeline/types.ts';
+import type { MtmdEncoderConfig, MtmdEncoderStage } from '../../nodes/encoder-mtmd.ts';
+import type { VisionFlashAttention, VisionPhases, VisionProfile } from '../../native/vision.ts';
+import { loadConfig } from '../../pipeline/config.ts';
+import { standaloneContext } from '../../pipeline/standalone.ts';
+import { quantile } from '../stats.ts';
 
 export interface BenchEncodeOptions {
   /** .onnx path or synth:<preset> (onnxruntime); .gguf mmproj or synth:<preset>-mmproj[@seed][?dtype=f16]
@@ -254,7 +254,7 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   let encoder: BenchedEncoder;
   let mtmd: MtmdEncoderStage | undefined;
   if (runtime === 'mtmd') {
-    const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
+    const { createMtmdEncoderStage } = await import('../../nodes/encoder-mtmd.ts');
     encoder = mtmd = await createMtmdEncoderStage(mtmdConfig(opts.path ?? 'percept'));
   } else {
     encoder = await createOnnxEncoderStage({
@@ -331,7 +331,7 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
     const check =
       mtmd && hostTensor
         ? await checkAgainstOtherPath(mtmd, hostTensor, ctx, async (graph) => {
-            const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
+            const { createMtmdEncoderStage } = await import('../../nodes/encoder-mtmd.ts');
             return createMtmdEncoderStage(mtmdConfig(graph));
           })
         : undefined;

@@ -7,10 +7,10 @@
 // the two engines' differences (llama.cpp's grammar sampler against percept's token index, server-side
 // image preprocessing), and the HTTP path's own cost, round trip − the server's own prefill and decode.
 import { availableParallelism, loadavg } from 'node:os';
-import { resolveModel } from '../models/resolve.ts';
-import { benchFrameSamples, decodeFigures, type DecodeFigures, type FrameSample } from './bench-frame.ts';
+import { resolveModel } from '../../models/resolve.ts';
+import { benchFrameSamples, decodeFigures, type DecodeFigures, type FrameSample } from './frame.ts';
 import { startLlamaServer } from './llama-server.ts';
-import { quantile } from './stats.ts';
+import { quantile } from '../stats.ts';
 
 export interface BenchRemoteOptions {
   /** Decoder GGUF or synth: preset. */

@@ -4,7 +4,7 @@
 // rendered in Node (vega's headless 'none' renderer → toSVG()).
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
-import type { EvalMetrics, EvalSeries } from './eval.ts';
+import type { EvalMetrics, EvalSeries } from './metrics.ts';
 
 const esc = (s: string): string => s.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 

@@ -7,9 +7,9 @@
 // no warm-up of their own), but the decoder never stops short of a complete action when its grammar
 // has a worst case, so there a warm-up decode runs to the action's end. It stops before the actions
 // stage: a warm-up output is never validated or published.
-import type { CameraFrame, ImageEmbedding, PixelTensor } from '../nodes/payloads.ts';
-import type { Knobs, Stage } from '../pipeline/types.ts';
-import { standaloneContext } from '../pipeline/standalone.ts';
+import type { CameraFrame, ImageEmbedding, PixelTensor } from '../../nodes/payloads.ts';
+import type { Knobs, Stage } from '../../pipeline/types.ts';
+import { standaloneContext } from '../../pipeline/standalone.ts';
 
 /** The stages a warm-up frame goes through, in pipeline order. */
 export interface WarmupStages {

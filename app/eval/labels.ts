@@ -10,7 +10,7 @@
 // written as the pipeline would publish it; `target.bbox` is [x0, y0, x1, y1], normalised to the
 // image. An optional "note" string is for people. bags/sample.labels.jsonl is an example.
 import { readFileSync } from 'node:fs';
-import { formatAjvErrors, type ActionSchema } from '../nodes/action-schema.ts';
+import { formatAjvErrors, type ActionSchema } from '../../nodes/action-schema.ts';
 
 export type LabelKey = { readonly logTimeNs: bigint } | { readonly frameId: number };
 

@@ -27,15 +27,15 @@ import { createRequire } from 'node:module';
 import { createInterface } from 'node:readline';
 import { Worker } from 'node:worker_threads';
 import { Publisher as PubSocket, Pull } from 'zeromq';
-import { closeHeader, createPublisher } from '../nodes/publisher.ts';
-import { RealClock } from '../pipeline/clock.ts';
-import { TelemetryAggregator } from '../pipeline/telemetry/aggregator.ts';
-import type { ActionMessage } from '../nodes/payloads.ts';
-import type { StageContext } from '../pipeline/types.ts';
-import { standaloneContext } from '../pipeline/standalone.ts';
-import { exitOf } from './bench-worker.ts';
+import { closeHeader, createPublisher } from '../../nodes/publisher.ts';
+import { RealClock } from '../../pipeline/clock.ts';
+import { TelemetryAggregator } from '../../pipeline/telemetry/aggregator.ts';
+import type { ActionMessage } from '../../nodes/payloads.ts';
+import type { StageContext } from '../../pipeline/types.ts';
+import { standaloneContext } from '../../pipeline/standalone.ts';
+import { exitOf } from './worker.ts';
 import { PYTHON } from './python.ts';
-import { quantile } from './stats.ts';
+import { quantile } from '../stats.ts';
 
 export const BENCH_SUBSCRIBERS = ['zeromq', 'pyzmq'] as const;
 export type BenchSubscriberKind = (typeof BENCH_SUBSCRIBERS)[number];
@@ -309,7 +309,7 @@ function startWorkerSubscriber(endpoints: readonly string[], capacity: number): 
   return { name: `zeromq.js ${version}`, counts: new Int32Array(counter), firstHeader: header, report, closed: () => exitOf(worker) };
 }
 
-const BENCH_SUB_PY = new URL('../tools/bench-sub.py', import.meta.url).pathname;
+const BENCH_SUB_PY = new URL('../../tools/bench-sub.py', import.meta.url).pathname;
 
 /** tools/bench-sub.py under pyzmq. It PUSHes the last seq it got of each topic after each drain; a
  * receive loop here turns those into the same counts the worker keeps. */

@@ -13,8 +13,8 @@
 // and saves the most p99 per unit of quality lost; a step that loses nothing comes first. A rung
 // saves at least 1 ms and 2 % of the p99 above it (less is noise). The next rung starts from there,
 // until no such point is faster.
-import type { Knobs } from '../pipeline/types.ts';
-import { KNOB_NAMES, knobText, sameDraft, type PointKnobs } from './tune-grid.ts';
+import type { Knobs } from '../../pipeline/types.ts';
+import { KNOB_NAMES, knobText, sameDraft, type PointKnobs } from './grid.ts';
 
 export const QUALITY_METRICS = ['accuracy', 'iou', 'agreement', 'valid'] as const;
 export const COST_METRICS = ['p50', 'p99', 'miss', 'drop'] as const;

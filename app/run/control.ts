@@ -6,9 +6,9 @@
 import { readFileSync } from 'node:fs';
 import { Ajv, type ValidateFunction } from 'ajv';
 import { Reply } from 'zeromq';
-import type { ControlConfig } from '../pipeline/config.ts';
-import type { GraphControl } from '../pipeline/graph/control.ts';
-import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../pipeline/endpoint.ts';
+import type { ControlConfig } from '../../pipeline/config.ts';
+import type { GraphControl } from '../../pipeline/graph/control.ts';
+import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../../pipeline/endpoint.ts';
 
 export interface ControlServer {
   /** The endpoint bound (a wildcard port resolved). */
@@ -24,7 +24,7 @@ type Request =
   | { command: 'set_budgets'; endToEndMs?: number; stages?: Record<string, number | null> }
   | { command: 'pin_level'; level: number };
 
-const SCHEMA = new URL('../configs/wire/control.schema.json', import.meta.url);
+const SCHEMA = new URL('../../configs/wire/control.schema.json', import.meta.url);
 
 export async function startControlServer(
   config: Pick<ControlConfig, 'endpoint' | 'curve' | 'insecure'>,

@@ -7,9 +7,9 @@
 import { execFile } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { promisify } from 'node:util';
-import { LlamaModel } from '../native/llama.ts';
-import { resolveModel } from '../models/resolve.ts';
-import { findPeerProgram, randomTokens } from './decode-commands.ts';
+import { LlamaModel } from '../../native/llama.ts';
+import { resolveModel } from '../../models/resolve.ts';
+import { findPeerProgram, randomTokens } from './decode.ts';
 
 const execFileAsync = promisify(execFile);
 

@@ -1,28 +1,39 @@
 // `percept run`: config → stages → graph → summary. This file is the only place that knows every
 // stage; the stages themselves only know their input and output types.
 import { mkdirSync } from 'node:fs';
-import { basename, dirname, resolve } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { DegradeLadder } from '../pipeline/budget.ts';
-import { RealClock, VirtualClock, type Clock } from '../pipeline/clock.ts';
-import { loadConfig, type PerceptConfig, type SourceConfig } from '../pipeline/config.ts';
-import { append, chain, type StageChain } from '../pipeline/graph/chain.ts';
-import { createGraph, stopOnSignals, type Graph } from '../pipeline/graph/graph.ts';
-import type { RunSummary } from '../pipeline/telemetry/events.ts';
-import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
-import type { FrameSource, Stage } from '../pipeline/types.ts';
-import type { OpenAIDecoderStage } from '../nodes/decoder-openai.ts';
-import type { PreprocessStage } from '../nodes/preprocess.ts';
-import type { Publisher } from '../nodes/publisher.ts';
-import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
-import type { ActionMessage, CameraFrame, EncoderContract, ImageEmbedding, PixelAllocator, PixelTensor } from '../nodes/payloads.ts';
-import type { Recorder } from '../nodes/recorder.ts';
-import type { MemoryBreakdown } from '../native/llama.ts';
-import { resolveModel } from '../models/resolve.ts';
-import { replayRunId, runIdentity, type RunIdentity } from './run-identity.ts';
+import { DegradeLadder } from '../../pipeline/budget.ts';
+import { RealClock, VirtualClock, type Clock } from '../../pipeline/clock.ts';
+import { loadConfig, type PerceptConfig, type SourceConfig } from '../../pipeline/config.ts';
+import { append, chain, type StageChain } from '../../pipeline/graph/chain.ts';
+import { createGraph, stopOnSignals, type Graph } from '../../pipeline/graph/graph.ts';
+import type { RunSummary } from '../../pipeline/telemetry/events.ts';
+import { LiveTable, formatSummary, writeJsonSummary } from '../../pipeline/telemetry/report.ts';
+import type { FrameSource, Stage } from '../../pipeline/types.ts';
+import type { Publisher } from '../../nodes/publisher.ts';
+import { loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
+import type { ActionMessage, CameraFrame } from '../../nodes/payloads.ts';
+import type { Recorder } from '../../nodes/recorder.ts';
+import type { MemoryBreakdown } from '../../native/llama.ts';
+import { resolveModel } from '../../models/resolve.ts';
+import { replayRunId, runIdentity, type RunIdentity } from './identity.ts';
+import {
+  checkEncoderFitsDecoder,
+  createEncoder,
+  createPreprocessFor,
+  createRemoteDecoder,
+  createSource,
+  describePublished,
+  log,
+  logWarmup,
+  openPublisher,
+  runFailure,
+  warmupFrames,
+} from './stages.ts';
 
 /** The config `percept run` and `npm start` use when none is given. */
-export const DEFAULT_CONFIG = fileURLToPath(new URL('../configs/default.json', import.meta.url));
+export const DEFAULT_CONFIG = fileURLToPath(new URL('../../configs/default.json', import.meta.url));
 
 export interface RunOptions {
   readonly config?: string;
@@ -35,8 +46,6 @@ export interface RunOptions {
   /** Lockstep replay on the virtual clock (every frame processed; byte-identical outputs). */
   readonly lockstep?: boolean;
 }
-
-const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
 
 /** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]`, `ffmpeg:URL`, `zmq:ENDPOINT` → the source section of a config, for
  * loadConfig to validate: what the spec leaves out comes from `current` when it is the same kind,
@@ -79,81 +88,6 @@ export function parseSourceSpec(spec: string, current: SourceConfig): Record<str
   }
 }
 
-export async function createSource(config: SourceConfig): Promise<FrameSource<CameraFrame>> {
-  switch (config.kind) {
-    case 'pattern': {
-      const { createPatternSource } = await import('../nodes/source-pattern.ts');
-      return createPatternSource({
-        fps: config.fps,
-        frames: config.frames === 0 ? Infinity : config.frames,
-        width: config.width,
-        height: config.height,
-      });
-    }
-    case 'bag': {
-      const { createBagSource } = await import('../nodes/source-bag.ts');
-      const source = await createBagSource({
-        path: config.path,
-        ...(config.topic !== undefined ? { topic: config.topic } : {}),
-        ...(config.type !== undefined ? { type: config.type } : {}),
-        pace: config.pace,
-        rate: config.rate,
-        loop: config.loop,
-      });
-      log(`replaying ${source.description}`);
-      return source;
-    }
-    case 'folder': {
-      const { createFolderSource } = await import('../nodes/source-folder.ts');
-      return createFolderSource({ path: config.path, fps: config.fps, onIssue: (issue) => log(`folder: ${issue.file}: ${issue.reason}`) });
-    }
-    case 'ffmpeg': {
-      const { createFfmpegSource } = await import('../nodes/source-ffmpeg.ts');
-      const { kind: _kind, ...options } = config;
-      return createFfmpegSource(options);
-    }
-    case 'zmq': {
-      const { createZmqSource } = await import('../nodes/source-zmq.ts');
-      const { kind: _kind, ...options } = config;
-      const source = await createZmqSource(options);
-      log(`frames from ${source.endpoint} (${config.socket}${config.bind ? ', bound' : ''})`);
-      return source;
-    }
-  }
-}
-
-/** Refuses a vision encoder made for another decoder architecture (a Gemma 3 SigLIP encoder in front
- * of a Gemma 4 decoder would feed it embeddings of the wrong model, even when the widths agree). */
-export function checkEncoderFitsDecoder(
-  encoder: { readonly contract: EncoderContract; readonly source: string },
-  decoder: { readonly contract: EncoderContract; readonly source: string; readonly arch: string },
-): void {
-  if (encoder.contract === decoder.contract) return;
-  throw new Error(
-    `encoder ${encoder.source} has the ${encoder.contract} vision contract, but decoder ${decoder.source} is a ${decoder.arch} model that needs a ${decoder.contract} vision encoder`,
-  );
-}
-
-/** Pattern frames of the warm-up count down from here: none a pattern source starts with. The decoder keeps the last
- * prompt's KV cache; after a warm-up on the run's own first image, the first frame would reuse the
- * whole prompt, image included (a prefill no later frame gets, and one a camera never gives). */
-const WARMUP_PATTERN_INDEX = 0xffff;
-
-/** `count` distinct frames for the warm-up to push through the stages (app/warmup.ts's WARMUP_FRAMES):
- * pattern images at the pattern source's own size, else 720p. */
-export async function warmupFrames(source: SourceConfig, count: number): Promise<CameraFrame[]> {
-  const { encodePatternFrame } = await import('../nodes/source-pattern.ts');
-  const [width, height] = source.kind === 'pattern' ? [source.width, source.height] : [1280, 720];
-  return Promise.all(
-    Array.from({ length: count }, async (_, i) => ({
-      encoding: 'jpeg' as const,
-      data: await encodePatternFrame(WARMUP_PATTERN_INDEX - i, width, height),
-      width,
-      height,
-    })),
-  );
-}
-
 export interface PipelineStages {
   /** camera frame → published (or, without the publisher, validated) action. */
   readonly chain: StageChain<CameraFrame, ActionMessage>;
@@ -163,19 +97,6 @@ export interface PipelineStages {
   /** The in-process decoder (absent for a remote one): its llama_decode calls for the slowest action,
    * and its context's memory as it closed (DecoderStage.memoryAtClose). */
   readonly decoder?: { readonly worstCaseDecodeCalls: number | null; memoryAtClose(): MemoryBreakdown | null };
-}
-
-/** Role → model id for the action headers: the config's spec (synth:…) or the file's name. */
-export function modelIds(config: PerceptConfig): Record<string, string> {
-  // A remote server's model (vision tower included) is named by the id it serves.
-  if (config.decoder.kind === 'openai') return { decoder: config.decoder.model };
-  const id = (spec: string): string => (spec.startsWith('synth:') ? spec : basename(spec));
-  const ids: Record<string, string> = { decoder: id(config.decoder.model) };
-  const { encoder } = config;
-  ids.encoder = encoder.kind === 'onnx' ? id(encoder.model) : encoder.kind === 'mtmd' ? id(encoder.mmproj) : `projection@${encoder.seed}`;
-  if (config.decoder.draft) ids.draft = id(config.decoder.draft);
-  if (config.decoder.draftMtp) ids.draft = id(config.decoder.draftMtp);
-  return ids;
 }
 
 export interface CreateStagesOptions {
@@ -193,7 +114,7 @@ export interface CreateStagesOptions {
  * at once and subscribers have the load time to connect: a ZeroMQ PUB drops what it sends before a
  * subscription arrives, and the first action comes soon after the run starts), then in dependency
  * order the decoder (its n_embd fixes the encoder's output width) and the encoder (its contract fixes
- * preprocessing), then warms them up (see app/warmup.ts; `warmup: false` skips it). `publish: false`
+ * preprocessing), then warms them up (see app/run/warmup.ts; `warmup: false` skips it). `publish: false`
  * leaves the publisher out (benchmarks that end at the validated action). A stage made before a step
  * that fails is closed, and so is the publisher. */
 export async function createStages(
@@ -208,16 +129,12 @@ export async function createStages(
   };
   let publisher: Publisher | undefined;
   try {
-    if (publish) {
-      const { createPublisher } = await import('../nodes/publisher.ts');
-      publisher = await createPublisher({ ...config.publisher, clock, runId, models: modelIds(config) });
-      log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
-    }
+    if (publish) publisher = await openPublisher(config, { clock, runId });
     if (config.decoder.kind === 'openai') {
       const validated = await createRemoteStages(config, actionSchema, warmup, track);
       return publisher ? { chain: append(validated, publisher.stage), publisher } : { chain: validated };
     }
-    const { createDecoderStage } = await import('../nodes/decoder.ts');
+    const { createDecoderStage } = await import('../../nodes/decoder.ts');
     const resolveDraft = async (spec: string | null) => (spec ? resolveModel(spec, 'decoder') : null);
     log(`decoder: ${config.decoder.model}`);
     const decoder = track(
@@ -241,7 +158,7 @@ export async function createStages(
       { contract, source: encoderSource },
       { contract: decoder.contract, source: config.decoder.model, arch: decoder.modelInfo.arch },
     );
-    const { createActionsStage } = await import('../nodes/actions.ts');
+    const { createActionsStage } = await import('../../nodes/actions.ts');
     const preprocess = track(await createPreprocessFor(config, encoded));
     const actions = track(createActionsStage({ schema: actionSchema }));
     if (warmup) {
@@ -249,13 +166,7 @@ export async function createStages(
       const ladder = new DegradeLadder(config.ladder, config.budgets.endToEndMs);
       const levels = config.ladder.enabled ? Array.from({ length: ladder.levels }, (_, i) => ladder.knobsAt(i)) : [ladder.knobsAt(0)];
       const frames = await warmupFrames(config.source, WARMUP_FRAMES);
-      const steps = await warmUpStages({ preprocess, encode: encoder, decode: decoder }, frames, levels);
-      for (const step of steps) {
-        const times = Object.entries(step.ms)
-          .map(([name, ms]) => `${name} ${ms.toFixed(0)} ms`)
-          .join(', ');
-        log(`warm-up (${contract === 'gemma4' ? step.imageTokens : 256} image tokens): ${times}`);
-      }
+      logWarmup(await warmUpStages({ preprocess, encode: encoder, decode: decoder }, frames, levels), contract);
     }
     const validated = chain(preprocess, encoder, decoder, actions);
     const bounds = { decoder: { worstCaseDecodeCalls, memoryAtClose: () => decoder.memoryAtClose() } };
@@ -276,123 +187,8 @@ async function createRemoteStages(
   track: <S extends Stage<never, unknown>>(stage: S) => S,
 ): Promise<StageChain<CameraFrame, ActionMessage>> {
   const decoder = track(await createRemoteDecoder(config, actionSchema, warmup ? { source: config.source, ladder: config.ladder } : null));
-  const { createActionsStage } = await import('../nodes/actions.ts');
+  const { createActionsStage } = await import('../../nodes/actions.ts');
   return chain(decoder, track(createActionsStage({ schema: actionSchema })));
-}
-
-/** The remote decode stage of decoder.kind "openai". Its load-time probe has run the server's vision
- * and decoder once; `warmup` sends one frame of that source's size at the ladder's first level, so the
- * server's first image graph of that size is not paid by a real frame. */
-export async function createRemoteDecoder(
-  config: PerceptConfig,
-  actionSchema: ActionSchema,
-  warmup: { readonly source: SourceConfig; readonly ladder: PerceptConfig['ladder'] } | null,
-): Promise<OpenAIDecoderStage> {
-  const { apiKeyFromEnv, createOpenAIDecoderStage } = await import('../nodes/decoder-openai.ts');
-  const { endpoint, apiKey, ...decoderConfig } = config.decoder;
-  const key = apiKeyFromEnv(apiKey);
-  const decoder = await createOpenAIDecoderStage({ ...decoderConfig, endpoint: endpoint!, ...(key ? { apiKey: key } : {}), actionSchema });
-  const { server } = decoder;
-  log(
-    `decoder: ${server.name} at ${server.baseUrl}, model ${server.model}, ${config.decoder.concurrency} in flight (probe ${server.probeMs.toFixed(0)} ms)`,
-  );
-  if (warmup) {
-    const { standaloneContext } = await import('../pipeline/standalone.ts');
-    const knobs = new DegradeLadder(warmup.ladder, config.budgets.endToEndMs).knobsAt(0);
-    const t0 = performance.now();
-    const [frame] = await warmupFrames(warmup.source, 1);
-    await decoder.process(frame!, standaloneContext({ frame: { sourceId: 'warmup' }, knobs }));
-    log(`warm-up (remote): decode ${(performance.now() - t0).toFixed(0)} ms`);
-  }
-  return decoder;
-}
-
-export type CreatedEncoder = Awaited<ReturnType<typeof createEncoder>>;
-
-/** The preprocess stage for an encoder: its contract, the config's limits, the encoder's pixel
- * memory where it has its own (pinned host memory on CUDA), and JPEG frames left to the encoder's GPU
- * where it decodes them and the config allows. */
-export async function createPreprocessFor(config: PerceptConfig, encoder: CreatedEncoder): Promise<PreprocessStage> {
-  const { createPreprocessStage } = await import('../nodes/preprocess.ts');
-  const jpegToEncoder = config.preprocess.jpegDecode === 'auto' && encoder.decodesJpeg === true;
-  return createPreprocessStage({
-    contract: encoder.contract,
-    maxPixels: config.preprocess.maxPixels,
-    threads: config.preprocess.threads,
-    ...(encoder.allocatePixels ? { allocate: encoder.allocatePixels } : {}),
-    ...(jpegToEncoder ? { jpegToEncoder } : {}),
-  });
-}
-
-export async function createEncoder(
-  config: PerceptConfig,
-  nEmbd: number,
-  decoderContract: EncoderContract,
-): Promise<{
-  contract: EncoderContract;
-  stage: Stage<PixelTensor, ImageEmbedding>;
-  source: string;
-  allocatePixels?: PixelAllocator;
-  /** The stage decodes JPEG frames on its GPU (PixelTensor.jpeg). */
-  decodesJpeg?: boolean;
-}> {
-  switch (config.encoder.kind) {
-    case 'onnx': {
-      const { createOnnxEncoderStage } = await import('../nodes/encoder-onnx.ts');
-      log(`encoder: ${config.encoder.model}`);
-      const stage = await createOnnxEncoderStage({
-        model: await resolveModel(config.encoder.model, 'vision'),
-        ep: config.encoder.executionProvider,
-        threads: config.encoder.threads,
-        expectedHidden: nEmbd,
-      });
-      return { contract: stage.contract.kind, stage, source: config.encoder.model };
-    }
-    case 'projection': {
-      const { createProjectionEncoderStage } = await import('../nodes/encoder-projection.ts');
-      return {
-        contract: decoderContract,
-        stage: createProjectionEncoderStage({ nEmbd, seed: config.encoder.seed, tokens: config.encoder.tokens }),
-        source: 'projection',
-      };
-    }
-    case 'mtmd': {
-      const { createMtmdEncoderStage } = await import('../nodes/encoder-mtmd.ts');
-      log(`encoder (llama.cpp clip): ${config.encoder.mmproj}`);
-      const stage = await createMtmdEncoderStage({
-        mmproj: await resolveModel(config.encoder.mmproj, 'mmproj'),
-        gpuLayers: config.encoder.gpuLayers,
-        expectedHidden: nEmbd,
-      });
-      if (stage.decodesJpeg)
-        log(
-          `encoder: JPEG frames decoded on the GPU (nvJPEG)${config.preprocess.jpegDecode === 'host' ? ', but preprocess.jpegDecode is host' : ''}`,
-        );
-      return {
-        contract: stage.contract.kind,
-        stage,
-        source: config.encoder.mmproj,
-        allocatePixels: stage.allocatePixels,
-        decodesJpeg: stage.decodesJpeg,
-      };
-    }
-  }
-}
-
-/** `actions 12 (dropped 0), events 3 (dropped 0), …`: what each topic sent and what its queue dropped. */
-export function describePublished(stats: ReturnType<Publisher['stats']>): string {
-  return Object.entries(stats)
-    .map(([topic, s]) => `${topic} ${s.sent}${s.dropped ? ` (dropped ${s.dropped}: a subscriber read too slowly)` : ''}`)
-    .join(', ');
-}
-
-/** Why a run that published nothing failed, or undefined when it published. */
-export function runFailure(summary: RunSummary): string | undefined {
-  if (summary.endReason === 'source_error') return 'the source failed (see the error above)';
-  if (summary.frames.out > 0) return undefined;
-  if (summary.frames.in === 0) return 'the source produced no frames';
-  const reasons = Object.entries(summary.drops.byReason).map(([reason, n]) => `${reason} ${n}`);
-  return `nothing was published: all ${summary.frames.in} frames were dropped (${reasons.join(', ')})`;
 }
 
 /** The config a `percept run` uses: the file (or the embedded default) with the command line's
@@ -529,7 +325,7 @@ async function openRecorder(config: PerceptConfig, actionSchema: ActionSchema): 
   } catch (err) {
     throw new Error(`recorder: cannot create the folder of ${path}: ${(err as Error).message}`, { cause: err });
   }
-  const { createRecorder } = await import('../nodes/recorder.ts');
+  const { createRecorder } = await import('../../nodes/recorder.ts');
   // On a virtual clock, chunks close on log time only: the file must not depend on how fast the run went.
   return createRecorder({ path, actionSchema, chunkMs, flushAfterMs: config.clock === 'virtual' ? null : chunkMs });
 }

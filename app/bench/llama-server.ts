@@ -3,8 +3,8 @@
 // free port (--port 0) and is ready when it prints the address it listens on and /health answers.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { dirname } from 'node:path';
-import { OPENMP_SPIN_COUNT } from '../native/binding.ts';
-import { findPeerProgram } from './decode-commands.ts';
+import { OPENMP_SPIN_COUNT } from '../../native/binding.ts';
+import { findPeerProgram } from './decode.ts';
 
 export interface LlamaServerOptions {
   /** Decoder GGUF path. */

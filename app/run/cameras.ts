@@ -3,20 +3,20 @@
 // decoder, which batch across cameras (nodes/encoder-batch.ts, the decoder's batched context). The
 // graphs run as one GraphGroup: one event stream, one summary with every camera's own, one publisher
 // whose actions carry the camera id as source_id.
-import { DegradeLadder } from '../pipeline/budget.ts';
-import { RealClock, type Clock } from '../pipeline/clock.ts';
-import { cameraGraphConfig, type CameraConfig, type PerceptConfig } from '../pipeline/config.ts';
-import { append, chain, type StageChain } from '../pipeline/graph/chain.ts';
-import { createGraph } from '../pipeline/graph/graph.ts';
-import { GraphGroup } from '../pipeline/graph/group.ts';
-import type { RunSummary } from '../pipeline/telemetry/events.ts';
-import { LiveTable, formatSummary, writeJsonSummary } from '../pipeline/telemetry/report.ts';
-import type { FrameSource, Knobs, Stage } from '../pipeline/types.ts';
-import type { Publisher } from '../nodes/publisher.ts';
-import type { BatchingEncoderStats } from '../nodes/encoder-batch.ts';
-import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
-import type { ActionMessage, CameraFrame } from '../nodes/payloads.ts';
-import { resolveModel } from '../models/resolve.ts';
+import { DegradeLadder } from '../../pipeline/budget.ts';
+import { RealClock, type Clock } from '../../pipeline/clock.ts';
+import { cameraGraphConfig, type CameraConfig, type PerceptConfig } from '../../pipeline/config.ts';
+import { append, chain, type StageChain } from '../../pipeline/graph/chain.ts';
+import { createGraph } from '../../pipeline/graph/graph.ts';
+import { GraphGroup } from '../../pipeline/graph/group.ts';
+import type { RunSummary } from '../../pipeline/telemetry/events.ts';
+import { LiveTable, formatSummary, writeJsonSummary } from '../../pipeline/telemetry/report.ts';
+import type { FrameSource, Knobs, Stage } from '../../pipeline/types.ts';
+import type { Publisher } from '../../nodes/publisher.ts';
+import type { BatchingEncoderStats } from '../../nodes/encoder-batch.ts';
+import { loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
+import type { ActionMessage, CameraFrame } from '../../nodes/payloads.ts';
+import { resolveModel } from '../../models/resolve.ts';
 import {
   checkEncoderFitsDecoder,
   createEncoder,
@@ -24,13 +24,13 @@ import {
   createRemoteDecoder,
   createSource,
   describePublished,
-  modelIds,
+  log,
+  logWarmup,
+  openPublisher,
   runFailure,
   warmupFrames,
-  type RunOptions,
-} from './run.ts';
+} from './stages.ts';
 
-const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
 /** A remote decoder's server encodes the images: percept's encoder makes no calls. */
 const NO_ENCODER: BatchingEncoderStats = { calls: 0, frames: 0, maxBatch: 0, discarded: 0 };
 
@@ -68,15 +68,11 @@ export async function createCameraStages(
   const built: Stage<never, unknown>[] = [];
   let publisher: Publisher | undefined;
   try {
-    if (publish) {
-      const { createPublisher } = await import('../nodes/publisher.ts');
-      publisher = await createPublisher({ ...config.publisher, models: modelIds(config) });
-      log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
-    }
+    if (publish) publisher = await openPublisher(config);
     if (config.decoder.kind === 'openai') {
       // The server batches the cameras' requests; each camera's graph keeps its own edge, deadline and
       // up to decoder.concurrency requests in flight on the one remote stage.
-      const { createActionsStage } = await import('../nodes/actions.ts');
+      const { createActionsStage } = await import('../../nodes/actions.ts');
       const decoder = await createRemoteDecoder(config, actionSchema, warmup ? cameras[0]! : null);
       const chains = cameras.map(() => {
         const validated = chain(decoder, createActionsStage({ schema: actionSchema }));
@@ -84,7 +80,7 @@ export async function createCameraStages(
       });
       return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => NO_ENCODER };
     }
-    const { createCameraDecoderStages } = await import('../nodes/decoder.ts');
+    const { createCameraDecoderStages } = await import('../../nodes/decoder.ts');
     log(`decoder: ${config.decoder.model} (${n} cameras, one sequence each, batched)`);
     const decoders = await createCameraDecoderStages(
       { ...config.decoder, model: await resolveModel(config.decoder.model, 'decoder'), actionSchema },
@@ -104,22 +100,17 @@ export async function createCameraStages(
       { contract, source: encoderSource },
       { contract: decoder.contract, source: config.decoder.model, arch: decoder.modelInfo.arch },
     );
-    const { createCameraEncoderStages } = await import('../nodes/encoder-batch.ts');
+    const { createCameraEncoderStages } = await import('../../nodes/encoder-batch.ts');
     const encoders = createCameraEncoderStages(encoder, { cameras: n, waitMs: config.batching.encodeWaitMs });
     built.push(...encoders);
-    const { createActionsStage } = await import('../nodes/actions.ts');
+    const { createActionsStage } = await import('../../nodes/actions.ts');
     const preprocess = await Promise.all(cameras.map(() => createPreprocessFor(config, encoded)));
     const actions = cameras.map(() => createActionsStage({ schema: actionSchema }));
     if (warmup) {
       const { warmUpStages, WARMUP_FRAMES } = await import('./warmup.ts');
       const levels = ladderLevels(cameras[0]!);
       const frames = await warmupFrames(cameras[0]!.source, WARMUP_FRAMES);
-      for (const step of await warmUpStages({ preprocess: preprocess[0]!, encode: encoders[0]!, decode: decoders[0]! }, frames, levels)) {
-        const times = Object.entries(step.ms)
-          .map(([name, ms]) => `${name} ${ms.toFixed(0)} ms`)
-          .join(', ');
-        log(`warm-up (${contract === 'gemma4' ? step.imageTokens : 256} image tokens): ${times}`);
-      }
+      logWarmup(await warmUpStages({ preprocess: preprocess[0]!, encode: encoders[0]!, decode: decoders[0]! }, frames, levels), contract);
     }
     const chains = cameras.map((_, i) => {
       const validated = chain(encoders[i]!.announcing(preprocess[i]!), encoders[i]!, decoders[i]!, actions[i]!);
@@ -173,7 +164,10 @@ export function camerasFailure(summary: RunSummary): string | undefined {
 }
 
 /** `percept run` on a config with cameras; resolves with the exit code. */
-export async function runCameras(config: PerceptConfig, opts: RunOptions): Promise<number> {
+export async function runCameras(
+  config: PerceptConfig,
+  opts: { readonly duration?: number; readonly jsonSummary?: string },
+): Promise<number> {
   const cameras = config.cameras!;
   const clock = new RealClock();
   const actionSchema = loadActionSchema(config.actions.schema);

@@ -8,10 +8,10 @@
 import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
 import sharp from 'sharp';
-import { createZmqSource } from '../nodes/source-zmq.ts';
-import { RealClock } from '../pipeline/clock.ts';
-import { isRejection } from '../pipeline/types.ts';
-import { quantile } from './stats.ts';
+import { createZmqSource } from '../../nodes/source-zmq.ts';
+import { RealClock } from '../../pipeline/clock.ts';
+import { isRejection } from '../../pipeline/types.ts';
+import { quantile } from '../stats.ts';
 
 export interface BenchFrameInputOptions {
   readonly fps?: number;

@@ -5,12 +5,12 @@
 //   stage wrapper    = a no-op stage's span (ctx, AbortController, deadline timer, one await)
 //   hop total        = stage k's exit − stage k−1's exit (both together)
 // The first `warmupFrames` frames are left out (JIT warm-up). Goal: hop overhead p99 ≤ 50 µs.
-import { RealClock, type Clock } from '../pipeline/clock.ts';
-import { loadConfig } from '../pipeline/config.ts';
-import { chainOf } from '../pipeline/graph/chain.ts';
-import { createGraph } from '../pipeline/graph/graph.ts';
-import type { Envelope, FrameSource, SourceItem, Stage } from '../pipeline/types.ts';
-import { quantile } from './stats.ts';
+import { RealClock, type Clock } from '../../pipeline/clock.ts';
+import { loadConfig } from '../../pipeline/config.ts';
+import { chainOf } from '../../pipeline/graph/chain.ts';
+import { createGraph } from '../../pipeline/graph/graph.ts';
+import type { Envelope, FrameSource, SourceItem, Stage } from '../../pipeline/types.ts';
+import { quantile } from '../stats.ts';
 
 export type BenchGraphOptions = {
   readonly hz?: number;

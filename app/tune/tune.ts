@@ -1,7 +1,7 @@
 // `percept tune`: sweeps knobs on a bag and writes the config the objective picks.
 //
-// Each grid point (app/tune-grid.ts) is one run of the bag through app/run.ts's machinery, recorded
-// and measured as `percept eval` measures (app/eval.ts): per-stage and end-to-end p50/p99,
+// Each grid point (app/tune/grid.ts) is one run of the bag through app/run/run.ts's machinery, recorded
+// and measured as `percept eval` measures (app/eval/eval.ts): per-stage and end-to-end p50/p99,
 // deadline-miss rate, schema-valid rate, accuracy against labels, and, with --reference, the token
 // agreement with the reference decoder's run. Two modes:
 //   virtual  the virtual clock charges each stage the service time `percept calibrate` measured for
@@ -13,7 +13,7 @@
 // on/off are the levels of one calibration; a decoder model, KV type, threads, GPU layers or speculator
 // needs a calibration made with it. Anything else is refused before anything runs.
 //
-// Then (app/tune-select.ts) the Pareto table, the point the objective picks, and the config written to
+// Then (app/tune/select.ts) the Pareto table, the point the objective picks, and the config written to
 // --out: the base config with the chosen knobs, the budget, and a degrade ladder ordered by measured ms
 // saved per unit of quality lost, each level's stage costs as its virtualServiceMs.
 //
@@ -28,19 +28,21 @@ import { execFileSync } from 'node:child_process';
 import { cpus, tmpdir } from 'node:os';
 import { basename, dirname, isAbsolute, join, relative, resolve, sep } from 'node:path';
 import cliProgress from 'cli-progress';
-import { ADDON_PATH } from '../native/binding.ts';
-import { LlamaModel } from '../native/llama.ts';
-import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
-import { actionTokenBudget } from '../nodes/decoder.ts';
-import { resolveModel, type ModelKind } from '../models/resolve.ts';
-import { ConfigError, PATH_FIELDS, loadConfig, type ConfigIssue, type PerceptConfig } from '../pipeline/config.ts';
-import type { Graph } from '../pipeline/graph/graph.ts';
-import type { Knobs } from '../pipeline/types.ts';
-import { measure, readRecording, type EvalMetrics, type Recording } from './eval.ts';
-import { loadLabels, type Label } from './labels.ts';
-import { DEFAULT_CONFIG, executeRun, runFailure } from './run.ts';
-import { runIdentity, sha256File } from './run-identity.ts';
-import { calibratedCost, encoderSpec, readCalibration, type Calibration } from './tune-costs.ts';
+import { ADDON_PATH } from '../../native/binding.ts';
+import { LlamaModel } from '../../native/llama.ts';
+import { loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
+import { actionTokenBudget } from '../../nodes/decoder.ts';
+import { resolveModel, type ModelKind } from '../../models/resolve.ts';
+import { ConfigError, PATH_FIELDS, loadConfig, type ConfigIssue, type PerceptConfig } from '../../pipeline/config.ts';
+import type { Graph } from '../../pipeline/graph/graph.ts';
+import type { Knobs } from '../../pipeline/types.ts';
+import { measure, readRecording, type Recording } from '../eval/eval.ts';
+import type { EvalMetrics } from '../eval/metrics.ts';
+import { loadLabels, type Label } from '../eval/labels.ts';
+import { DEFAULT_CONFIG, executeRun } from '../run/run.ts';
+import { runFailure } from '../run/stages.ts';
+import { runIdentity, sha256File } from '../run/identity.ts';
+import { calibratedCost, encoderSpec, readCalibration, type Calibration } from './costs.ts';
 import {
   GridError,
   budgetsFor,
@@ -55,7 +57,7 @@ import {
   type KnobName,
   type PointKnobs,
   type Replay,
-} from './tune-grid.ts';
+} from './grid.ts';
 import {
   choose,
   feasible,
@@ -70,7 +72,7 @@ import {
   type Measurable,
   type Metric,
   type PointResult,
-} from './tune-select.ts';
+} from './select.ts';
 
 const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
 
@@ -187,7 +189,7 @@ function writeState(path: string, state: StateFile): void {
   renameSync(`${path}.partial`, path);
 }
 
-/** What makes a run (app/run-identity.ts: its config, the bytes of its bag and models, percept's
+/** What makes a run (app/run/identity.ts: its config, the bytes of its bag and models, percept's
  * version), hashed with what it is measured against. */
 async function runKey(config: PerceptConfig, schema: ActionSchema, against: object): Promise<string> {
   return sha256(JSON.stringify({ run: await runIdentity(config, schema), against }));
@@ -687,7 +689,7 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
 
 // ---- the written config ----------------------------------------------------------------------------------
 
-const CONFIG_SCHEMA = new URL('../configs/percept.schema.json', import.meta.url).pathname;
+const CONFIG_SCHEMA = new URL('../../configs/percept.schema.json', import.meta.url).pathname;
 
 /** `path` relative to `dir` when the two share a folder below the root (a config next to its models
  * and bags moves with them), else absolute. */

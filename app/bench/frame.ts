@@ -2,14 +2,15 @@
 // encoder, decoder with the action grammar, validation), the publisher left out; with --decoder openai
 // the frame goes to an OpenAI-compatible server instead ([decode, actions]). Frames come from the test
 // pattern at a rate the pipeline can follow, so latencies are service times, not queueing.
-import { RealClock } from '../pipeline/clock.ts';
-import { loadConfig } from '../pipeline/config.ts';
-import { createGraph } from '../pipeline/graph/graph.ts';
-import { isMmprojSpec } from '../models/resolve.ts';
-import { loadActionSchema } from '../nodes/action-schema.ts';
-import type { MemoryBreakdown } from '../native/llama.ts';
-import { createSource, createStages } from './run.ts';
-import { median, quantile } from './stats.ts';
+import { RealClock } from '../../pipeline/clock.ts';
+import { loadConfig } from '../../pipeline/config.ts';
+import { createGraph } from '../../pipeline/graph/graph.ts';
+import { isMmprojSpec } from '../../models/resolve.ts';
+import { loadActionSchema } from '../../nodes/action-schema.ts';
+import type { MemoryBreakdown } from '../../native/llama.ts';
+import { createStages } from '../run/run.ts';
+import { createSource } from '../run/stages.ts';
+import { median, quantile } from '../stats.ts';
 
 export interface BenchFrameOptions {
   /** Decoder GGUF or synth: preset; with decoder 'openai', the model id the server serves. */

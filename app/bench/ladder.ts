@@ -17,10 +17,10 @@ import { stat } from 'node:fs/promises';
 import type { SingleBar } from 'cli-progress';
 import { availableParallelism, loadavg } from 'node:os';
 import { basename, join, resolve } from 'node:path';
-import { readGGUF, type GGUFFile } from '../models/gguf.ts';
-import { attentionLayout, kvCacheBytes } from '../models/kv.ts';
-import { DEVICE_PRESETS, roofline } from '../models/roofline.ts';
-import { MODEL_CACHE, resolveModel } from '../models/resolve.ts';
+import { readGGUF, type GGUFFile } from '../../models/gguf.ts';
+import { attentionLayout, kvCacheBytes } from '../../models/kv.ts';
+import { DEVICE_PRESETS, roofline } from '../../models/roofline.ts';
+import { MODEL_CACHE, resolveModel } from '../../models/resolve.ts';
 import {
   QUANT_INFO,
   checkLadderQuant,
@@ -30,18 +30,19 @@ import {
   type LadderQuant,
   type QuantizerKind,
   type QuantizerSpec,
-} from '../models/quantize-rungs.ts';
-import { LlamaModel, type LlamaContext } from '../native/llama.ts';
-import { loadActionSchema, type ActionSchema } from '../nodes/action-schema.ts';
-import { attachSpeculation, type SpeculationFlags } from '../nodes/decoder.ts';
-import { RealClock } from '../pipeline/clock.ts';
-import { loadConfig, type PerceptConfig } from '../pipeline/config.ts';
-import { createGraph } from '../pipeline/graph/graph.ts';
-import type { RunSummary } from '../pipeline/telemetry/events.ts';
-import { encoderSection } from './bench-frame.ts';
-import { benchDecode, findPeerProgram } from './decode-commands.ts';
+} from '../../models/quantize-rungs.ts';
+import { LlamaModel, type LlamaContext } from '../../native/llama.ts';
+import { loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
+import { attachSpeculation, type SpeculationFlags } from '../../nodes/decoder.ts';
+import { RealClock } from '../../pipeline/clock.ts';
+import { loadConfig, type PerceptConfig } from '../../pipeline/config.ts';
+import { createGraph } from '../../pipeline/graph/graph.ts';
+import type { RunSummary } from '../../pipeline/telemetry/events.ts';
+import { encoderSection } from './frame.ts';
+import { benchDecode, findPeerProgram } from './decode.ts';
 import { EnergyMeter, checkEnergySource, energyJson, type EnergyJson, type EnergyReading, type EnergySource } from './energy.ts';
-import { DEFAULT_CONFIG, createSource, createStages, parseSourceSpec } from './run.ts';
+import { DEFAULT_CONFIG, createStages, parseSourceSpec } from '../run/run.ts';
+import { createSource } from '../run/stages.ts';
 
 /** The fixed prompts of the agreement measure: what a robot's decoder is asked. */
 export const AGREEMENT_PROMPTS: readonly string[] = [

@@ -8,10 +8,10 @@
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { Ajv } from 'ajv';
-import { DRAFT_MAX } from '../native/llama.ts';
-import { ConfigError, describeAjvError, loadConfig, type ConfigIssue, type PerceptConfig } from '../pipeline/config.ts';
-import type { Knobs } from '../pipeline/types.ts';
-import { parseSourceSpec } from './run.ts';
+import { DRAFT_MAX } from '../../native/llama.ts';
+import { ConfigError, describeAjvError, loadConfig, type ConfigIssue, type PerceptConfig } from '../../pipeline/config.ts';
+import type { Knobs } from '../../pipeline/types.ts';
+import { parseSourceSpec } from '../run/run.ts';
 
 export type DraftChoice =
   | { readonly kind: 'none' }
@@ -66,7 +66,7 @@ export class GridError extends Error {
   }
 }
 
-const GRID_SCHEMA = new URL('../configs/tune-grid.schema.json', import.meta.url);
+const GRID_SCHEMA = new URL('../../configs/tune-grid.schema.json', import.meta.url);
 
 let validateGrid: ReturnType<Ajv['compile']> | undefined;
 function compileGridSchema() {

@@ -3,10 +3,10 @@
 // its models and decoder settings (model, encoder, speculator, KV type, threads, GPU layers) must be
 // the point's. A point no calibration measured gets the first knob none measured, and why.
 import { readFileSync } from 'node:fs';
-import type { PerceptConfig } from '../pipeline/config.ts';
-import type { Knobs } from '../pipeline/types.ts';
-import type { CalibrationFile } from './calibrate.ts';
-import { knobText, sameDraft, speculatorOf, type DraftChoice, type KnobName, type PointKnobs } from './tune-grid.ts';
+import type { PerceptConfig } from '../../pipeline/config.ts';
+import type { Knobs } from '../../pipeline/types.ts';
+import type { CalibrationFile } from '../eval/calibrate.ts';
+import { knobText, sameDraft, speculatorOf, type DraftChoice, type KnobName, type PointKnobs } from './grid.ts';
 
 export interface Calibration {
   readonly path: string;

@@ -9,16 +9,16 @@
 import { pbkdf2 } from 'node:crypto';
 import { loadavg } from 'node:os';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
-import { RealClock } from '../pipeline/clock.ts';
-import { loadConfig } from '../pipeline/config.ts';
-import type { LatencyStats } from '../pipeline/telemetry/events.ts';
-import { loadActionSchema } from '../nodes/action-schema.ts';
-import type { CameraFrame } from '../nodes/payloads.ts';
-import type { FrameSource } from '../pipeline/types.ts';
-import { encoderSection } from './bench-frame.ts';
-import { asCamera, createCameraGroup, createCameraStages } from './cameras.ts';
-import { createSource } from './run.ts';
-import { quantile } from './stats.ts';
+import { RealClock } from '../../pipeline/clock.ts';
+import { loadConfig } from '../../pipeline/config.ts';
+import type { LatencyStats } from '../../pipeline/telemetry/events.ts';
+import { loadActionSchema } from '../../nodes/action-schema.ts';
+import type { CameraFrame } from '../../nodes/payloads.ts';
+import type { FrameSource } from '../../pipeline/types.ts';
+import { encoderSection } from './frame.ts';
+import { asCamera, createCameraGroup, createCameraStages } from '../run/cameras.ts';
+import { createSource } from '../run/stages.ts';
+import { quantile } from '../stats.ts';
 
 export interface BenchCamerasOptions {
   readonly cameras: number;

@@ -7,11 +7,13 @@
 import { createHash } from 'node:crypto';
 import { createReadStream, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import type { PerceptConfig } from '../pipeline/config.ts';
-import type { ActionSchema } from '../nodes/action-schema.ts';
-import { resolveModel, type ModelKind } from '../models/resolve.ts';
+import type { PerceptConfig } from '../../pipeline/config.ts';
+import type { ActionSchema } from '../../nodes/action-schema.ts';
+import { resolveModel, type ModelKind } from '../../models/resolve.ts';
 
-const { version: PERCEPT_VERSION } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
+const { version: PERCEPT_VERSION } = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as {
+  version: string;
+};
 
 /** Each value is JSON text (or a plain string), as an MCAP metadata record holds it. */
 export type RunIdentity = Readonly<Record<string, string>>;

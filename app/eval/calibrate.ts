@@ -15,15 +15,16 @@
 import { cpus } from 'node:os';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
-import { DegradeLadder } from '../pipeline/budget.ts';
-import { RealClock, VirtualClock } from '../pipeline/clock.ts';
-import type { PerceptConfig } from '../pipeline/config.ts';
-import { standaloneContext } from '../pipeline/standalone.ts';
-import { DropFrame, isRejection, type Knobs, type Stage } from '../pipeline/types.ts';
-import { loadActionSchema } from '../nodes/action-schema.ts';
-import type { CameraFrame } from '../nodes/payloads.ts';
-import { median, quantile } from './stats.ts';
-import { createSource, createStages, runConfig } from './run.ts';
+import { DegradeLadder } from '../../pipeline/budget.ts';
+import { RealClock, VirtualClock } from '../../pipeline/clock.ts';
+import type { PerceptConfig } from '../../pipeline/config.ts';
+import { standaloneContext } from '../../pipeline/standalone.ts';
+import { DropFrame, isRejection, type Knobs, type Stage } from '../../pipeline/types.ts';
+import { loadActionSchema } from '../../nodes/action-schema.ts';
+import type { CameraFrame } from '../../nodes/payloads.ts';
+import { median, quantile } from '../stats.ts';
+import { createStages, runConfig } from '../run/run.ts';
+import { createSource } from '../run/stages.ts';
 
 export interface CalibrationFile {
   readonly kind: 'percept.calibration';
