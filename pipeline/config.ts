@@ -6,7 +6,7 @@
 // Nothing starts on an invalid config: loadConfig throws a ConfigError whose message lists every
 // problem as `<JSON path>: <what was expected>` (e.g. `/budgets/endToEndMs: must be number`), and
 // whose `issues` hold the same as data. The TS types below mirror the schema; the schema is the
-// source of truth for defaults and limits (test/pipeline-config.test.ts checks that they agree).
+// source of truth for defaults and limits (test/pipeline/config.test.ts checks that they agree).
 //
 // Paths: a relative path in a config file is relative to that file's folder, so a run works from
 // any directory; one in a config object stays as given (relative to the current directory). A path

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // client/wire-types.ts from the wire's JSON Schemas (the schemas are the source of truth; the types
 // follow them). `node tools/gen-wire-types.mjs` writes the file; `--check` exits 1 when the file is
-// not what the schemas give (test/client.test.ts runs the check, so a schema edit without
+// not what the schemas give (test/client/client.test.ts runs the check, so a schema edit without
 // regenerating fails the tests). `--root DIR` works on another checkout (the test's drift case).
 import { readFileSync, writeFileSync } from 'node:fs';
 import { compile } from 'json-schema-to-typescript';

@@ -3,7 +3,7 @@
 // Those change between llama.cpp versions without notice; with every use behind this file, an
 // upgrade touches one translation unit. Every other file includes public headers only (llama.h,
 // ggml*.h, gguf.h, mtmd.h, common/*.h); CMake gives llama.cpp's src/ include path to
-// llama-internal.cc alone, and test/native-headers.test.ts checks the rule for tools/mtmd.
+// llama-internal.cc alone, and test/native/headers.test.ts checks the rule for tools/mtmd.
 #pragma once
 
 #include "ggml-backend.h"

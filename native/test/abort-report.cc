@@ -1,5 +1,5 @@
 // percept-abort-report: the abort report (native/src/abort-report.h) the way the addon wires it,
-// for test/native-abort-report.test.ts. ggml's log callback feeds noteLogLine; ggml itself logs the
+// for test/native/abort-report.test.ts. ggml's log callback feeds noteLogLine; ggml itself logs the
 // errors (a CPU buffer that cannot be allocated); then ggml aborts, as ggml_cuda_error does after
 // logging the CUDA error. Arguments: the size that fails on the main thread (must not be reported:
 // another thread aborts), then the sizes that fail, in order, on the aborting thread.

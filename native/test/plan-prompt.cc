@@ -1,5 +1,5 @@
 // percept-plan-prompt: runs planPrompt (native/src/prompt.cc) on cases read as JSON from stdin and
-// prints the plans as JSON, so test/native-prompt.test.ts checks the planner without a model.
+// prints the plans as JSON, so test/native/prompt.test.ts checks the planner without a model.
 // Text is "tokenized" byte by byte (token = byte + 100; BOS = 1 when addSpecial).
 // stdin:  [{"markers": [start, end], "segments": [SEG...], "cache": [SEG...]}, ...]
 //         SEG = {"text": s, "addSpecial": b} | {"tokens": [t...]} | {"image": [f...], "nTokens": n, "causal": b}

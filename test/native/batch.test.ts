@@ -1,0 +1,570 @@
+// Batched decoding on a context of several sequences (one per camera): outputs equal each sequence
+// decoded alone (greedy, token for token, under the action grammar, with images), a cancelled or
+// late sequence leaves the others' outputs unchanged, a huge prompt delays a short one by at most
+// one step (counted in steps, not ms), FIFO admission past maxActive starves no sequence, and the
+// API's refusals. Timing is never asserted: only outputs, stop reasons and step counts.
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import {
+  LlamaModel,
+  type GenerateOptions,
+  type GenerateResult,
+  type LlamaContext,
+  type LlamaGrammar,
+  type PromptSegment,
+} from '../../native/llama.ts';
+import { REPO_ROOT, ensureSynthModel } from '../support/fixtures.ts';
+
+/** Deterministic pseudo-random image rows (xorshift). */
+function fakeImage(nTokens: number, nEmbd: number, seed: number): Float32Array {
+  const out = new Float32Array(nTokens * nEmbd);
+  let s = seed >>> 0 || 1;
+  for (let i = 0; i < out.length; i++) {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    out[i] = (s / 0xffffffff - 0.5) * 2;
+  }
+  return out;
+}
+
+const CAMERAS = ['front', 'left', 'right', 'rear'];
+
+describe('batched decoding on gemma4-tiny', () => {
+  let model: LlamaModel;
+  let grammar: LlamaGrammar;
+  let single: LlamaContext;
+  before(async () => {
+    model = await LlamaModel.load(await ensureSynthModel('gemma4-tiny'));
+    const schema = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
+    grammar = await model.grammarFromJsonSchema(schema);
+    single = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512 });
+  });
+  after(async () => {
+    await model.dispose();
+  });
+
+  /** A camera's prompt: its own text, an image of 24 rows, and the instruction. */
+  const cameraPrompt = (i: number, causal: boolean): PromptSegment[] => [
+    { text: `<start_of_turn>user\nCamera ${CAMERAS[i]} of the robot.`, addSpecial: true },
+    { image: fakeImage(24, model.info.nEmbd, 100 + i), nTokens: 24, causal },
+    { text: `\nWhat should the robot do? Answer in JSON.<end_of_turn>\n<start_of_turn>model\n` },
+  ];
+  const actionOptions = (): GenerateOptions => ({ maxTokens: grammar.maxTokens ?? 256, grammar, jumpForward: true });
+
+  async function alone(prompt: readonly PromptSegment[], options: GenerateOptions): Promise<GenerateResult> {
+    single.clearCache();
+    return single.generate(prompt, options);
+  }
+
+  // A small prefill chunk cuts causal images into several decodes and reads each bidirectional
+  // image alone; a large one reads the four bidirectional images in one decode.
+  // Padded steps (stepTokens 4: a forced run longer than 3 tokens goes on in the next step) give the
+  // same tokens too; a padding row left in the KV cache would make the next step's rows collide.
+  for (const [kvUnified, causal, prefillChunk, stepTokens] of [
+    [false, false, 16, 1],
+    [false, false, 512, 1],
+    [false, true, 16, 1],
+    [true, true, 16, 1],
+    [false, false, 16, 4],
+    [true, true, 16, 4],
+  ] as const) {
+    test(`four cameras at once give each camera's output decoded alone (action grammar, jump-forward, ${causal ? 'causal' : 'bidirectional'} images, prefill chunk ${prefillChunk}, kvUnified ${kvUnified}, stepTokens ${stepTokens})`, async () => {
+      const ctx = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512, nSeq: 4, kvUnified, prefillChunk, stepTokens });
+      try {
+        const expected: GenerateResult[] = [];
+        for (let i = 0; i < 4; i++) expected.push(await alone(cameraPrompt(i, causal), actionOptions()));
+        // Twice: the second round reuses each camera's prefix in its own sequence.
+        for (let round = 0; round < 2; round++) {
+          const got = await Promise.all(CAMERAS.map((_, i) => ctx.generate(cameraPrompt(i, causal), { ...actionOptions(), seq: i })));
+          got.forEach((r, i) => {
+            // One KV buffer for all: a sequence's cells go wherever cells are free, so after the
+            // first frame its own cells are no longer in position order, and the CPU attention
+            // sums over them in another order than alone (the last bits of the logits move, and
+            // with random weights a near tie may go the other way). Its first frame is exact.
+            if (!kvUnified || round === 0) {
+              assert.deepEqual(r.tokens, expected[i]!.tokens, `camera ${i}, round ${round}`);
+              assert.equal(r.stopReason, expected[i]!.stopReason);
+              assert.equal(r.text, expected[i]!.text);
+              // Unpadded, the opening forced run joins the prompt as alone: the same tokens forced, one
+              // step per pick after the first (a padded step may leave a forced run's rest to the next,
+              // which then takes it as its first token).
+              if (stepTokens === 1) {
+                assert.equal(r.forced, expected[i]!.forced, `camera ${i}: the same tokens forced`);
+                assert.equal(r.timings.decodeCalls, expected[i]!.timings.decodeCalls, `camera ${i}: generation steps`);
+              }
+            } else {
+              assert.equal(r.stopReason, 'eos', `camera ${i}: a complete action`);
+              JSON.parse(r.text);
+            }
+            assert.ok(r.batch, 'a batched result says where it stood in the schedule');
+            assert.equal(r.batch.seq, i);
+          });
+          assert.ok(Math.max(...got.map((r) => r.batch!.peakSeqs)) >= 2, 'the cameras shared steps');
+          assert.ok(
+            got.every((r) => r.forced > 0),
+            'jump-forward ran in the batch',
+          );
+          if (round === 1) for (const r of got) assert.ok(r.reusedTokens > 0, 'the second frame reuses the camera prefix');
+        }
+        for (let i = 0; i < 4; i++) assert.ok(ctx.cachedPositions(i) > 0);
+      } finally {
+        await ctx.dispose();
+      }
+    });
+  }
+
+  test('a cancelled and a late sequence leave the others unchanged', async () => {
+    const ctx = await model.createContext({ nCtx: 1024, nSeq: 4 });
+    try {
+      const prompt = (i: number): PromptSegment[] => [{ text: `Camera ${CAMERAS[i]} reports that the`, addSpecial: true }];
+      const short = { maxTokens: 8, ignoreEos: true };
+      const long = { maxTokens: 600, ignoreEos: true };
+      const expected0 = await alone(prompt(0), short);
+      const expected3 = await alone(prompt(3), { maxTokens: 40, ignoreEos: true });
+      const expected1 = await alone(prompt(1), long);
+      // Solo time of the short generation sets the late camera's deadline: far less than its 600 tokens need.
+      const t0 = process.hrtime.bigint();
+      await alone(prompt(2), short);
+      const solo = process.hrtime.bigint() - t0;
+      const abort = new AbortController();
+      const cancelled = ctx.generate(prompt(1), { ...long, seq: 1, signal: abort.signal });
+      const late = ctx.generate(prompt(2), { ...long, seq: 2, deadlineNs: process.hrtime.bigint() + 3n * solo });
+      const first = ctx.generate(prompt(0), { ...short, seq: 0 });
+      const other = ctx.generate(prompt(3), { maxTokens: 40, ignoreEos: true, seq: 3 });
+      const r0 = await first;
+      abort.abort(); // cancelled as soon as camera 0 has its output
+      const [r1, r2, r3] = await Promise.all([cancelled, late, other]);
+      assert.deepEqual(r0.tokens, expected0.tokens);
+      assert.deepEqual(r3.tokens, expected3.tokens);
+      assert.equal(r1.stopReason, 'cancelled');
+      assert.ok(r1.tokens.length < 600);
+      assert.deepEqual(r1.tokens, expected1.tokens.slice(0, r1.tokens.length), 'what the cancelled camera got is its own output so far');
+      assert.equal(r2.stopReason, 'deadline');
+      assert.ok(r2.tokens.length < 600);
+      // The sequences are free again, and a later frame on the cancelled one is whole.
+      const again = await ctx.generate(prompt(1), { ...short, seq: 1 });
+      assert.deepEqual(again.tokens, expected1.tokens.slice(0, 8));
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('a camera with a huge prompt delays a short one by at most one step', async () => {
+    const ctx = await model.createContext({ nCtx: 1024, nSeq: 2, prefillChunk: 32 });
+    try {
+      const fastPrompt: PromptSegment[] = [{ text: 'Front camera: a cup.', addSpecial: true }];
+      const hugePrompt: PromptSegment[] = [{ text: 'Rear camera log: ' + 'the corridor is clear and '.repeat(100), addSpecial: true }];
+      const fast = { maxTokens: 10, ignoreEos: true };
+      // Alone on the same context (the same prefill chunks): llama.cpp's CPU kernels change with the
+      // ubatch size (above some tens of rows), and with them the last bits of the logits, so a
+      // 500-token prompt prefilled in one ubatch may pick other tokens than in chunks of 32 with
+      // random weights. That is true of one sequence alone (nBatch 512 against 32) as well.
+      const soloFast = await ctx.generate(fastPrompt, { ...fast, seq: 0 });
+      const expectedHuge = await ctx.generate(hugePrompt, { maxTokens: 4, ignoreEos: true, seq: 1 });
+      ctx.clearCache(0);
+      ctx.clearCache(1);
+      const huge = ctx.generate(hugePrompt, { maxTokens: 4, ignoreEos: true, seq: 1 });
+      const both = await ctx.generate(fastPrompt, { ...fast, seq: 0 });
+      const rHuge = await huge;
+      assert.deepEqual(both.tokens, soloFast.tokens);
+      assert.deepEqual(rHuge.tokens, expectedHuge.tokens);
+      const promptTokens = rHuge.promptTokens;
+      assert.ok(promptTokens > 400, `huge prompt ${promptTokens} tokens`);
+      assert.ok(rHuge.batch!.steps >= Math.ceil(promptTokens / 32), 'the huge prompt went in chunks');
+      assert.equal(both.batch!.peakSeqs, 2, 'the short camera ran while the huge prompt was prefilled');
+      assert.ok(
+        both.batch!.steps <= soloFast.batch!.steps + 1,
+        `short camera: ${both.batch!.steps} steps next to the huge prompt, ${soloFast.batch!.steps} alone`,
+      );
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('padded steps keep the batch one shape under the action grammar: llama.cpp reuses its graph', async () => {
+    // Unpadded, a sequence's step carries its forced run when it has one, so the batch's shape
+    // changes on most steps (and with a stream per sequence, unequal counts split it in ubatches).
+    // llama.cpp's own reuse (the last graph only, no graph slots) is what padding is for.
+    const reuse = async (stepTokens: number): Promise<{ reuses: number; steps: number; tokens: number[][] }> => {
+      const ctx = await model.createContext({
+        nCtx: 1024,
+        nBatch: 512,
+        nUbatch: 512,
+        nSeq: 4,
+        kvUnified: false,
+        stepTokens,
+        threads: 1,
+        graphSlots: 0,
+      });
+      try {
+        assert.equal(ctx.info.stepTokens, stepTokens);
+        const got = await Promise.all(CAMERAS.map((_, i) => ctx.generate(cameraPrompt(i, false), { ...actionOptions(), seq: i })));
+        return {
+          reuses: got.reduce((n, r) => n + r.batch!.graphReuses, 0),
+          steps: got.reduce((n, r) => n + r.batch!.steps, 0),
+          tokens: got.map((r) => [...r.tokens]),
+        };
+      } finally {
+        await ctx.dispose();
+      }
+    };
+    const [plain, padded] = [await reuse(1), await reuse(4)];
+    assert.deepEqual(padded.tokens, plain.tokens);
+    // Prompt steps differ in shape either way (and the actions' opening runs ride in them); the
+    // generation steps while every camera decodes keep one shape only when padded. Seen on this
+    // machine: padded 8–9 of 38 steps, unpadded 1–2 of 35.
+    const share = (r: { reuses: number; steps: number }): number => r.reuses / r.steps;
+    assert.ok(
+      share(padded) > 0.15 && share(padded) > 2 * share(plain),
+      `padded ${padded.reuses}/${padded.steps}, plain ${plain.reuses}/${plain.steps}`,
+    );
+  });
+
+  test('sequences decoding together reuse llama.cpp graph step after step (one ubatch in sequence order)', async () => {
+    // With a KV stream per sequence llama.cpp cuts a batch into ubatches of consecutive sequence ids:
+    // rows in any other order cost a graph per run of ids, and the graph changes shape every step.
+    const ctx = await model.createContext({ nCtx: 256, nSeq: 4, kvUnified: false, threads: 1 });
+    try {
+      const steps = 40;
+      const prompt = (i: number): PromptSegment[] => [{ text: `Camera ${CAMERAS[i]} sees`, addSpecial: true }];
+      // Submitted out of sequence order.
+      const got = await Promise.all([3, 1, 0, 2].map((seq) => ctx.generate(prompt(seq), { maxTokens: steps, ignoreEos: true, seq })));
+      for (const r of got) {
+        assert.equal(r.tokens.length, steps);
+        // Steps that change the batch's shape (a prompt joining, a sequence leaving) build a graph.
+        assert.ok(
+          r.batch!.graphReuses >= r.batch!.steps - 8,
+          `sequence ${r.batch!.seq}: ${r.batch!.graphReuses} of ${r.batch!.steps} steps reused the graph`,
+        );
+      }
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('a request whose deadline its predicted time would miss is dropped before its prefill', async () => {
+    const ctx = await model.createContext({ nCtx: 512, nSeq: 2, threads: 1 });
+    try {
+      const prompt = (k: number): PromptSegment[] => [{ text: `Camera front, frame ${k}: the robot`, addSpecial: true }];
+      const options = { maxTokens: 200, ignoreEos: true, seq: 1 };
+      // Nothing to predict from yet: the first request is admitted (a generous deadline: one already
+      // late when admission looks at it ends as late, not admitted).
+      const first = await ctx.generate(prompt(0), { ...options, deadlineNs: process.hrtime.bigint() + 600_000_000_000n });
+      assert.equal(first.batch!.predictedMiss, false);
+      assert.ok(first.batch!.steps > 0, 'admitted and run');
+      // History: the sequence's requests take 200 tokens; the scheduler has timed its steps.
+      const full = await ctx.generate(prompt(1), options);
+      assert.equal(full.tokens.length, 200);
+      const cached = ctx.cachedPositions(1);
+      // Room for 30 steps at the pace just measured, where 200 are needed (room enough that a loaded
+      // machine does not make it late before admission looks at it: late is checked first).
+      const stepNs = BigInt(Math.ceil((full.timings.decodeMs * 1e6) / full.batch!.steps));
+      // What admission will predict, readable before submitting (no step runs in between).
+      const predicted = ctx.predictedMs();
+      const hopeless = await ctx.generate(prompt(2), { ...options, deadlineNs: process.hrtime.bigint() + 30n * stepNs });
+      assert.equal(hopeless.stopReason, 'deadline');
+      assert.equal(hopeless.batch!.predictedMiss, true);
+      assert.ok(hopeless.batch!.predictedMs > 0);
+      assert.equal(hopeless.batch!.predictedMs, predicted, 'predictedMs() says what admission predicted');
+      assert.equal(hopeless.tokens.length, 0);
+      assert.equal(hopeless.batch!.steps, 0, 'it took part in no step');
+      assert.equal(ctx.cachedPositions(1), cached, 'its prompt cache is untouched');
+      // A deadline it can meet: admitted and decoded as before.
+      const again = await ctx.generate(prompt(1), { ...options, deadlineNs: process.hrtime.bigint() + 1000n * stepNs * 200n });
+      assert.equal(again.batch!.predictedMiss, false);
+      assert.ok(again.batch!.predictedMs > 0, 'predicted from the history');
+      assert.deepEqual(again.tokens, full.tokens);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('an idle decoder whose history predicts every request to miss still admits one (a probe) after a second without steps', async () => {
+    const ctx = await model.createContext({ nCtx: 512, nSeq: 2, threads: 1 });
+    const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+    try {
+      const prompt = (k: number): PromptSegment[] => [{ text: `Camera front, frame ${k}: the robot`, addSpecial: true }];
+      const options = { maxTokens: 200, ignoreEos: true, seq: 1 };
+      // History: the sequence's requests take 200 generation steps.
+      const t0 = process.hrtime.bigint();
+      const full = await ctx.generate(prompt(0), options);
+      const fullNs = process.hrtime.bigint() - t0;
+      assert.equal(full.tokens.length, 200);
+      // A fifth of one such request's time: predicted to miss (the prediction is about its whole time).
+      const first = await ctx.generate(prompt(1), { ...options, deadlineNs: process.hrtime.bigint() + fullNs / 5n });
+      assert.equal(first.batch!.predictedMiss, true, 'the history says such a request misses');
+      const predictedNs = BigInt(Math.floor(first.batch!.predictedMs * 1e6));
+      // Nothing runs, so nothing refreshes the history: every later request with half the predicted
+      // time is predicted to miss too, for good, unless the idle decoder probes. Paced so that more
+      // than a second without steps passes within the stream (sleeps only get longer under load).
+      const got: GenerateResult[] = [];
+      for (let k = 0; k < 12 && !got.some((r) => r.batch!.steps > 0); k++) {
+        got.push(await ctx.generate(prompt(2 + k), { ...options, deadlineNs: process.hrtime.bigint() + predictedNs / 2n }));
+        await sleep(250);
+      }
+      const seen = got.map((r) => `${r.batch!.predictedMiss ? 'dropped' : 'admitted'} ${r.batch!.steps} steps`).join(', ');
+      const admitted = got.find((r) => r.batch!.steps > 0);
+      assert.ok(admitted, `one request of the stream was admitted: ${seen}`);
+      assert.equal(admitted.batch!.predictedMiss, false);
+      assert.ok(admitted.tokens.length > 0, 'the probe ran');
+      // Idle past a second, the decoder would probe whatever it predicts: it predicts nothing, so a
+      // caller that drops frames before submitting them cannot keep it from refreshing its history.
+      await sleep(1100);
+      assert.equal(ctx.predictedMs(), 0);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('overloaded, eight cameras with deadlines get in time at least half of what one camera gets', async (t) => {
+    // Each camera asks again as soon as it has its answer (its next frame is waiting), with a deadline
+    // of three times one request's time alone; one dropped waits for its next frame (one request's
+    // time alone) instead of asking again at once. Sharing every step among eight makes every request
+    // miss on a CPU (a step of eight costs about as much as eight steps of one), so admission must
+    // serve as many as can make it and drop the rest before their prefill. Relative to this machine
+    // and robust to its load changing (a full test suite runs beside it): the time alone is measured
+    // again before each round, and the rounds alternate one camera and eight, windows of equal length
+    // in that time, so a slow spell falls on both sides; the totals are compared.
+    const n = 8;
+    const ctx = await model.createContext({ nCtx: 128 * n, nSeq: n, threads: 1 });
+    const now = (): bigint => process.hrtime.bigint();
+    const sleepNs = (ns: bigint): Promise<void> => new Promise((resolve) => setTimeout(resolve, Number(ns / 1_000_000n)));
+    try {
+      const prompt = (i: number, k: number): PromptSegment[] => [{ text: `Camera ${i}, frame ${k}: the robot`, addSpecial: true }];
+      const options = { maxTokens: 24, ignoreEos: true };
+      let frame = 0;
+      const soloTime = async (): Promise<bigint> => {
+        const solo: bigint[] = [];
+        for (let k = 0; k < 3; k++) {
+          const t0 = now();
+          await ctx.generate(prompt(0, frame++), { ...options, seq: 0 });
+          solo.push(now() - t0);
+        }
+        solo.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+        return solo[1]!;
+      };
+      await soloTime(); // fills the prompt cache
+      type Got = { inTime: number; predicted: number; late: number };
+      const run = async (cameras: number, soloNs: bigint, got: Got): Promise<void> => {
+        const end = now() + 10n * soloNs;
+        await Promise.all(
+          Array.from({ length: cameras }, async (_, i) => {
+            while (now() < end) {
+              const r = await ctx.generate(prompt(i, frame++), { ...options, seq: i, deadlineNs: now() + 3n * soloNs });
+              if (r.stopReason !== 'deadline') got.inTime += 1;
+              else if (r.batch!.predictedMiss) got.predicted += 1;
+              else got.late += 1;
+              if (r.stopReason === 'deadline') await sleepNs(soloNs);
+              else await new Promise((resolve) => setImmediate(resolve));
+            }
+          }),
+        );
+      };
+      const one: Got = { inTime: 0, predicted: 0, late: 0 };
+      const many: Got = { inTime: 0, predicted: 0, late: 0 };
+      for (let round = 0; round < 4; round++) {
+        const soloNs = await soloTime();
+        await run(1, soloNs, one);
+        await run(n, soloNs, many);
+      }
+      const seen = `one camera ${JSON.stringify(one)}, ${n} cameras ${JSON.stringify(many)}`;
+      t.diagnostic(seen);
+      assert.ok(one.inTime > 0, seen);
+      assert.ok(many.inTime >= one.inTime / 2, seen);
+      assert.ok(many.predicted > 0, `the requests that could not make it were dropped before their prefill: ${seen}`);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('past maxActive, requests are admitted in arrival order: no camera starves', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nSeq: 4, maxActive: 2 });
+    try {
+      const rounds = 5;
+      const completed = [0, 0, 0, 0];
+      let spread = 0;
+      let waited = 0;
+      const camera = async (i: number): Promise<void> => {
+        for (let k = 0; k < rounds; k++) {
+          const r = await ctx.generate([{ text: `Camera ${CAMERAS[i]} frame ${k}:`, addSpecial: true }], {
+            maxTokens: 6,
+            ignoreEos: true,
+            seq: i,
+          });
+          waited += r.batch!.waitSteps;
+          assert.ok(r.batch!.peakSeqs <= 2, 'never more than maxActive sequences in a step');
+          completed[i]! += 1;
+          spread = Math.max(spread, Math.max(...completed) - Math.min(...completed));
+        }
+      };
+      await Promise.all(CAMERAS.map((_, i) => camera(i)));
+      assert.deepEqual(completed, [rounds, rounds, rounds, rounds]);
+      assert.ok(waited > 0, 'requests waited for admission (the batch was full)');
+      assert.ok(spread <= 2, `one camera got ${spread} frames ahead of another`);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('what a caller is told a request submitted now would take includes its wait behind the requests admitted before it', async () => {
+    // One sequence at a time: requests queue. The wait is what the queue has drained at lately (the
+    // gaps between admissions while requests waited), times the waiting requests admission takes
+    // first: all of them for a request without a deadline, none for one whose deadline is earlier
+    // than theirs. Only times this run measured are compared, so no machine is too slow for it.
+    const ctx = await model.createContext({ nCtx: 1024, nSeq: 5, maxActive: 1, threads: 1 });
+    const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+    try {
+      const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${k}: the robot`, addSpecial: true }];
+      const burst = await Promise.all([0, 1, 2, 3, 4].map((seq) => ctx.generate(prompt(seq), { maxTokens: 20, ignoreEos: true, seq })));
+      const admitted = burst.map((r) => r.batch!.queueMs).sort((a, b) => a - b);
+      const gaps = admitted.slice(1).map((t, i) => t - admitted[i]!);
+      const shortestGap = Math.min(...gaps);
+      assert.ok(shortestGap > 0, `one admission at a time: admitted at ${admitted.join(', ')} ms`);
+      // A long request runs (the earliest deadline: admitted first); four more queue behind it, their
+      // deadlines ten minutes away.
+      const far = process.hrtime.bigint() + 600_000_000_000n;
+      const long = ctx.generate(prompt(0), { maxTokens: 200, ignoreEos: true, seq: 0, deadlineNs: far - 500_000_000_000n });
+      const queued = [1, 2, 3, 4].map((seq) => ctx.generate(prompt(seq), { maxTokens: 20, ignoreEos: true, seq, deadlineNs: far }));
+      // Read while the long request runs, after a step has seen the four (the prediction is
+      // refreshed every step). The three readings come from one step's snapshot unless a step ends
+      // between them (a loaded machine can pause this thread that long): read again until they agree.
+      let running = true;
+      void long.finally(() => (running = false));
+      let last = 0;
+      let first = 0;
+      let behind = 0;
+      let reserved = 0;
+      const holds = (): boolean =>
+        last >= 3 * shortestGap &&
+        last - first >= 3 * shortestGap &&
+        Math.abs(behind - last) < shortestGap &&
+        reserved - first >= 1.5 * shortestGap;
+      while (running && !holds()) {
+        await sleep(5);
+        first = ctx.predictedMs(far - 300_000_000_000n); // admitted before the four
+        last = ctx.predictedMs(); // no deadline: after every one of them
+        behind = ctx.predictedMs(far + 300_000_000_000n); // after them too
+        reserved = ctx.predictedMs(far - 300_000_000_000n, 2); // before them, after two frames on their way
+      }
+      const ended = await Promise.all([long, ...queued]);
+      assert.deepEqual(
+        ended.map((r) => r.batch!.peakSeqs),
+        [1, 1, 1, 1, 1],
+        'one at a time',
+      );
+      assert.ok(
+        ended.slice(1).every((r) => r.batch!.queueMs > ended[0]!.batch!.queueMs),
+        'the long request went first',
+      );
+      const seen = `without a deadline ${last.toFixed(1)} ms, before their deadlines ${first.toFixed(1)} ms; admissions while requests waited came ${gaps.map((g) => g.toFixed(1)).join(', ')} ms apart`;
+      assert.ok(last >= 3 * shortestGap, seen);
+      assert.ok(last - first >= 3 * shortestGap, `a request due before the waiting ones does not wait behind them: ${seen}`);
+      assert.ok(Math.abs(behind - last) < shortestGap, `a deadline after theirs waits like none: ${behind.toFixed(1)} ms; ${seen}`);
+      assert.ok(
+        reserved - first >= 1.5 * shortestGap,
+        `two frames reserved ahead wait like two more requests: ${reserved.toFixed(1)} ms; ${seen}`,
+      );
+      // Nothing waits: the wait is gone again (the prediction is the request's own time).
+      assert.ok(ctx.predictedMs() < last, `an empty queue predicts less: ${ctx.predictedMs().toFixed(1)} ms`);
+      assert.throws(() => ctx.predictedMs(5 as unknown as bigint), /deadlineNs must be a bigint/);
+      assert.throws(() => ctx.predictedMs(far, -1), /reservedAhead/);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('deadlines within 50 ms count as one: the camera admitted least recently goes first (cameras take turns)', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nSeq: 4, maxActive: 1 });
+    try {
+      const far = process.hrtime.bigint() + 600_000_000_000n; // no request is predicted to miss
+      const order: number[] = [];
+      // One round: camera 0 holds the decoder while cameras 1–3 queue with the given deadline offsets (ns).
+      const round = async (offsets: Record<number, bigint>): Promise<number[]> => {
+        order.length = 0;
+        // The earliest deadline by far, so it goes first even if it reaches the scheduler with the others.
+        const blocker = ctx.generate([{ text: 'Camera front, hold:', addSpecial: true }], {
+          maxTokens: 24,
+          ignoreEos: true,
+          seq: 0,
+          deadlineNs: far - 300_000_000_000n,
+        });
+        const queued = [3, 2, 1].map((i) =>
+          ctx
+            .generate([{ text: `Camera ${CAMERAS[i]}:`, addSpecial: true }], {
+              maxTokens: 4,
+              ignoreEos: true,
+              seq: i,
+              deadlineNs: far + offsets[i]!,
+            })
+            .then((r) => {
+              assert.equal(r.stopReason, 'max_tokens');
+              order.push(i);
+            }),
+        );
+        await Promise.all([blocker, ...queued]);
+        return [...order];
+      };
+      // First turn for all: the earliest deadline first.
+      assert.deepEqual(await round({ 1: 0n, 2: 1_000n, 3: 2_000n }), [1, 2, 3]);
+      // Camera 3 now stamps a few µs earliest, but camera 1 has waited longest since its turn.
+      assert.deepEqual(await round({ 1: 2_000n, 2: 1_000n, 3: 0n }), [1, 2, 3]);
+      // A deadline earlier by more than the window still goes first.
+      assert.deepEqual(await round({ 1: 0n, 2: 0n, 3: -1_000_000_000n }), [3, 1, 2]);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('refusals: a busy sequence, a sequence out of range, a speculator, options for one sequence', async () => {
+    const ctx = await model.createContext({ nCtx: 256, nSeq: 2 });
+    try {
+      const running = ctx.generate([{ text: 'a', addSpecial: true }], { maxTokens: 4, ignoreEos: true, seq: 1 });
+      await assert.rejects(ctx.generate([{ text: 'b' }], { maxTokens: 4, seq: 1 }), { code: 'EBUSY' });
+      assert.throws(() => ctx.clearCache(1), { code: 'EBUSY' });
+      await running;
+      await assert.rejects(ctx.generate([{ text: 'b' }], { maxTokens: 4, seq: 2 }), /options\.seq/);
+      await assert.rejects(ctx.generate([{ text: 'b' }], { maxTokens: 4, seq: 0, onTokens: () => undefined }), /does not stream/);
+      await assert.rejects(ctx.attachSpeculator({ type: 'ngram-simple' }), /several sequences/);
+      assert.ok(ctx.cachedPositions(1) > 0);
+      ctx.clearCache(1);
+      // The clear is applied before the next request on the sequence; the count follows once it ran.
+      const r = await ctx.generate([{ text: 'a', addSpecial: true }], { maxTokens: 1, seq: 1 });
+      assert.equal(r.reusedTokens, 0);
+      await assert.rejects(model.createContext({ nCtx: 256, maxActive: 1 }), /several sequences/);
+      await assert.rejects(model.createContext({ nCtx: 256, nSeq: 2, maxActive: 3 }), /maxActive/);
+      await assert.rejects(single.generate([{ text: 'a' }], { maxTokens: 1, seq: 1 }), /options\.seq/);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('a unified cache gives each sequence its share: a request past it is refused, every camera fits at once', async () => {
+    // 4 × 64 cells in one buffer: llama.cpp lets any one sequence take all 256, which would leave the
+    // other cameras without a slot mid-step; each gets nCtx positions, as with a stream per sequence.
+    const ctx = await model.createContext({ nCtx: 64, nSeq: 4, kvUnified: true, threads: 1 });
+    try {
+      assert.equal(ctx.info.nCtxSeq, 64);
+      const words = (n: number): string => Array.from({ length: n }, (_, i) => `w${i}`).join(' ');
+      const long = model.tokenize(words(40), { addSpecial: true }).length;
+      assert.ok(long > 64 && long + 8 < 256, `a prompt (${long} tokens) past the share but within the whole cache`);
+      await assert.rejects(ctx.generate([{ text: words(40), addSpecial: true }], { maxTokens: 8, seq: 0 }), {
+        code: 'ERANGE',
+        message: new RegExp(`context overflow: prompt \\(${long} positions\\) \\+ maxTokens \\(8\\) exceeds nCtx 64`),
+      });
+      // Four prompts that fill their shares all decode together.
+      const fit = words(20);
+      const n = model.tokenize(fit, { addSpecial: true }).length;
+      const results = await Promise.all(
+        [0, 1, 2, 3].map((seq) => ctx.generate([{ text: fit, addSpecial: true }], { maxTokens: 64 - n, ignoreEos: true, seq })),
+      );
+      for (const r of results) assert.equal(r.tokens.length, 64 - n);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+});

@@ -1,0 +1,202 @@
+// The decode stage over the native binding: schema-valid actions from image embeddings, system
+// prefix reuse across frames, the knobs, cancel/deadline reporting, the width check, and the camera
+// stages' drop of a frame whose deadline cannot be met.
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { loadActionSchema } from '../../nodes/action-schema.ts';
+import {
+  actionTokenBudget,
+  createCameraDecoderStages,
+  createDecoderStage,
+  decodeCallBound,
+  type DecoderStage,
+} from '../../nodes/decoder.ts';
+import { RealClock } from '../../pipeline/clock.ts';
+import { loadConfig } from '../../pipeline/config.ts';
+import type { ImageEmbedding } from '../../nodes/payloads.ts';
+import { DropFrame, StageAbort, type Knobs, type StageContext, type StageEvent } from '../../pipeline/types.ts';
+import { ensureSynthModel, REPO_ROOT } from '../support/fixtures.ts';
+import { standaloneContext } from '../../pipeline/standalone.ts';
+
+const schema = loadActionSchema(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'));
+
+function image(nTokens: number, nEmbd: number, seed: number): ImageEmbedding {
+  const data = new Float32Array(nTokens * nEmbd);
+  for (let i = 0; i < data.length; i++) data[i] = Math.sin(seed * 7.1 + i * 0.37);
+  return { data, nTokens, nEmbd };
+}
+
+/** A stage context with no deadline unless `budgetMs` is given: how long a decode takes depends on
+ * the machine (and its load), so only the test about deadlines sets one, already in the past. */
+function stageContext(
+  frameId: number,
+  opts: { budgetMs?: number; knobs?: Partial<Knobs>; signal?: AbortSignal } = {},
+): StageContext & { events: StageEvent[] } {
+  const clock = new RealClock();
+  const deadlineNs = opts.budgetMs === undefined ? undefined : clock.nowNs() + BigInt(Math.round(opts.budgetMs * 1e6));
+  const events: StageEvent[] = [];
+  const ctx = standaloneContext({
+    clock,
+    frame: { frameId, sourceId: 'test' },
+    ...(deadlineNs !== undefined ? { deadlineNs } : {}),
+    knobs: { maxNewTokens: 96, draft: true, ...opts.knobs },
+    signal: opts.signal,
+    report: (e) => events.push(e),
+  });
+  return { ...ctx, events };
+}
+
+describe('decode stage on gemma4-tiny', () => {
+  let stage: DecoderStage;
+  before(async () => {
+    // The decoder section as the schema defaults it (maxNewTokens: the grammar's worst case); the
+    // stage has no defaults of its own.
+    const { decoder } = loadConfig({
+      decoder: { nCtx: 2048, instruction: 'Choose the next action.', temperature: 0, seed: 1, jumpForward: true },
+    });
+    stage = await createDecoderStage({
+      ...decoder,
+      model: await ensureSynthModel('gemma4-tiny'),
+      draft: await ensureSynthModel('gemma4-tiny'),
+      actionSchema: schema,
+    });
+  });
+  after(async () => {
+    await stage.close?.();
+  });
+
+  test('frames become schema-valid actions; the system prefix is reused', async () => {
+    assert.equal(stage.nEmbd, 64);
+    assert.equal(stage.contract, 'gemma4');
+    const gens = [];
+    for (let f = 0; f < 3; f++) {
+      const sc = stageContext(f);
+      const g = await stage.process(image(16, stage.nEmbd, f), sc);
+      assert.equal(g.stopReason, 'eos', g.text);
+      assert.ok(schema.validate(JSON.parse(g.text)), `${g.text}: ${JSON.stringify(schema.validate.errors)}`);
+      assert.ok(sc.events.some((e) => e.kind === 'note' && e.message === 'decode'));
+      gens.push(g);
+    }
+    assert.equal(gens[0]!.reusedTokens, 0);
+    // Frames 2 and 3 reuse everything before the image: the chat-templated system prompt.
+    assert.ok(gens[1]!.reusedTokens > 10 && gens[1]!.reusedTokens === gens[2]!.reusedTokens, `${gens[1]!.reusedTokens}`);
+    assert.ok(gens[1]!.drafted > 0, 'the draft model drafts');
+  });
+
+  test("knobs: maxNewTokens never cuts an action (the grammar's worst case is the floor), draft=false turns drafting off", async () => {
+    const g = await stage.process(image(16, stage.nEmbd, 9), stageContext(10, { knobs: { maxNewTokens: 3, draft: false } }));
+    assert.equal(g.stopReason, 'eos', g.text);
+    assert.ok(g.tokens.length > 3);
+    assert.equal(g.drafted, 0);
+  });
+
+  test("the token budget follows the schema's worst case; a configured one below it is refused", () => {
+    assert.ok(stage.maxNewTokens > 30 && stage.maxNewTokens < 400, `${stage.maxNewTokens}`);
+    assert.equal(actionTokenBudget(null, 113, 's.json', null), 113);
+    assert.equal(actionTokenBudget(200, 113, 's.json', null), 200);
+    assert.throws(
+      () => actionTokenBudget(64, 113, 's.json', null),
+      /maxNewTokens 64 is below the 113 tokens a complete action under s\.json can take/,
+    );
+    assert.equal(actionTokenBudget(64, null, 's.json', 'a recursive grammar'), 64);
+    assert.throws(() => actionTokenBudget(null, null, 's.json', 'a recursive grammar'), /must be set: .* \(a recursive grammar\)/);
+  });
+
+  test('the decode-call bound: the picks after the first with jump-forward, every token without, none where unbounded', () => {
+    // The stage's schema (jump-forward on, no padding) gives its grammar's picks after the first.
+    assert.ok(stage.worstCaseDecodeCalls! > 10 && stage.worstCaseDecodeCalls! < stage.maxNewTokens, `${stage.worstCaseDecodeCalls}`);
+    const g = { maxTokens: 113, maxChoices: 65 };
+    assert.equal(decodeCallBound(g, true, 1, 113), 64);
+    assert.equal(decodeCallBound(g, false, 1, 113), 113);
+    assert.equal(decodeCallBound(g, false, 1, 200), 113, 'the grammar ends the action before maxNewTokens');
+    assert.equal(decodeCallBound(g, true, 4, 113), null, 'padded steps can spill a forced run into another step');
+    assert.equal(decodeCallBound({ maxTokens: null, maxChoices: null }, true, 1, 64), null);
+  });
+
+  test('an aborted signal or a passed deadline gives the frame up with the abort reason, after noting the partial decode', async () => {
+    const signal = AbortSignal.abort(new StageAbort('shutdown', 'graph'));
+    const sc = stageContext(11, { signal });
+    await assert.rejects(stage.process(image(16, stage.nEmbd, 3), sc), (e: unknown) => e === signal.reason);
+    assert.ok(sc.events.some((e) => e.kind === 'note' && e.data?.stopReason === 'cancelled'));
+    // Native code sees the deadline before any JS timer could fire: the stage gives up with a StageAbort of its own.
+    const late = stageContext(12, { budgetMs: -1 });
+    await assert.rejects(
+      stage.process(image(16, stage.nEmbd, 4), late),
+      (e: unknown) => e instanceof StageAbort && e.reason === 'deadline' && e.stage === 'decode',
+    );
+    assert.ok(late.events.some((e) => e.kind === 'note' && e.data?.stopReason === 'deadline'));
+  });
+
+  test('an embedding of the wrong width is a clear error, and the stage keeps working', async () => {
+    await assert.rejects(stage.process(image(16, 32, 1), stageContext(20)), /32 wide but .* takes 64/);
+    const g = await stage.process(image(16, stage.nEmbd, 5), stageContext(21));
+    assert.equal(g.stopReason, 'eos');
+  });
+});
+
+describe('camera decode stages on gemma4-tiny (one sequence per camera)', () => {
+  let stages: DecoderStage[];
+  before(async () => {
+    const { decoder } = loadConfig({ decoder: { nCtx: 2048, temperature: 0, seed: 1, jumpForward: true } });
+    stages = await createCameraDecoderStages(
+      { ...decoder, model: await ensureSynthModel('gemma4-tiny'), actionSchema: schema, threads: 1 },
+      { cameras: 2, maxActive: null, prefillChunk: 512, kvUnified: false, imageTokens: 480 },
+    );
+  });
+  after(async () => {
+    for (const s of stages) await s.close?.();
+  });
+
+  test('a frame whose deadline its camera cannot meet is dropped stale before its prefill, and the camera goes on', async () => {
+    // Large images: their prefill alone takes far longer than the overhead of getting a frame to the scheduler.
+    const rows = 480;
+    const first = stageContext(1);
+    await stages[0]!.process(image(rows, stages[0]!.nEmbd, 1), first);
+    const note = first.events.find((e) => e.kind === 'note' && e.message === 'decode');
+    assert.ok(note?.kind === 'note' && note.data);
+    // With a history, the stages ahead can read what admission will predict (Stage.predictMs).
+    const due = process.hrtime.bigint() + 60_000_000_000n;
+    const predicted = stages[0]!.predictMs?.(due, false) ?? 0;
+    assert.ok(predicted > 0);
+    // At the decoder's own entry no frame on its way counts: another camera's reservation, due
+    // earlier, leaves that prediction as it was.
+    const release = stages[1]!.reserve!(due - 120_000_000n);
+    assert.equal(stages[0]!.predictMs?.(due, true), predicted);
+    release();
+    // A quarter of the time the last frame's prefill took: its image rows alone need more.
+    const late = stageContext(2, { budgetMs: Number(note.data.prefillMs) / 4 });
+    await assert.rejects(
+      stages[0]!.process(image(rows, stages[0]!.nEmbd, 2), late),
+      (e: unknown) => e instanceof DropFrame && e.reason === 'stale' && /^predicted miss: decoding takes about/.test(e.message),
+    );
+    const g = await stages[0]!.process(image(rows, stages[0]!.nEmbd, 3), stageContext(3));
+    assert.equal(g.stopReason, 'eos');
+  });
+});
+
+test('camera stages refuse, at load, a decoder.nCtx that cannot hold a frame, in both KV layouts', async () => {
+  const model = await ensureSynthModel('gemma4-tiny');
+  for (const kvUnified of [true, false]) {
+    const { decoder } = loadConfig({ decoder: { nCtx: 256 } });
+    await assert.rejects(
+      createCameraDecoderStages(
+        { ...decoder, model, actionSchema: schema, threads: 1 },
+        { cameras: 3, maxActive: null, prefillChunk: 512, kvUnified, imageTokens: 280 },
+      ),
+      {
+        name: 'RangeError',
+        message: new RegExp(
+          `^decoder\\.nCtx is too small for 3 cameras: a frame needs (\\d+) KV positions \\(prompt \\d+ tokens \\+ 282 image rows and markers \\+ maxNewTokens \\d+\\) but each camera has 256 \\(${kvUnified ? 'its share of the unified cache' : 'its own KV stream'}\\); raise decoder\\.nCtx to at least \\1$`,
+        ),
+      },
+    );
+  }
+  // Room enough: loads.
+  const { decoder } = loadConfig({ decoder: { nCtx: 1024 } });
+  const stages = await createCameraDecoderStages(
+    { ...decoder, model, actionSchema: schema, threads: 1 },
+    { cameras: 3, maxActive: null, prefillChunk: 512, kvUnified: true, imageTokens: 280 },
+  );
+  for (const s of stages) await s.close?.();
+});

@@ -1,0 +1,51 @@
+// percept's own llama.cpp patches (native/patches/*.diff, applied by tools/build-native.mjs after
+// node-llama-cpp's): each is applied to build/llama.cpp and recorded in its extraction stamp with a
+// hash of its content, so a patch that changes re-extracts the tree instead of being applied twice.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { readdirSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { test } from 'node:test';
+import { REPO_ROOT } from '../support/fixtures.ts';
+
+const patchDir = join(REPO_ROOT, 'native', 'patches');
+const llamaDir = join(REPO_ROOT, 'build', 'llama.cpp');
+const patches = readdirSync(patchDir)
+  .filter((f) => f.endsWith('.diff'))
+  .sort();
+
+/** `git apply --check` in build/llama.cpp (never in percept's own repository above it). */
+function applies(patch: string, reverse: boolean): boolean {
+  try {
+    execFileSync('git', ['apply', '--check', ...(reverse ? ['--reverse'] : []), join(patchDir, patch)], {
+      cwd: llamaDir,
+      env: { ...process.env, GIT_CEILING_DIRECTORIES: dirname(llamaDir) },
+      stdio: 'pipe',
+    });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test('every patch in native/patches is recorded in the stamp of build/llama.cpp with its content hash', () => {
+  assert.ok(patches.length > 0, 'native/patches holds the patches');
+  const stamp = JSON.parse(readFileSync(join(llamaDir, '.percept-extracted'), 'utf8')) as { percept?: string[] };
+  const hash = (f: string) =>
+    createHash('sha256')
+      .update(readFileSync(join(patchDir, f)))
+      .digest('hex')
+      .slice(0, 16);
+  assert.deepEqual(
+    stamp.percept,
+    patches.map((f) => `${f}:${hash(f)}`),
+  );
+});
+
+test('every patch is applied to build/llama.cpp: it reverses cleanly and no longer applies forward', () => {
+  for (const f of patches) {
+    assert.equal(applies(f, true), true, `${f} reverses`);
+    assert.equal(applies(f, false), false, `${f} is not applicable a second time`);
+  }
+});

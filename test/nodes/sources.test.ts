@@ -1,0 +1,742 @@
+import { before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createReadStream, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { open } from 'node:fs/promises';
+import { join } from 'node:path';
+import { McapIndexedReader, McapStreamReader } from '@mcap/core';
+import { FileHandleReadable } from '@mcap/nodejs';
+import { loadDecompressHandlers } from '@mcap/support';
+import { CompressedImage } from '@foxglove/schemas/jsonschema.js';
+import sharp from 'sharp';
+import { createBagSource, decoderFor } from '../../nodes/source-bag.ts';
+import { createFolderSource } from '../../nodes/source-folder.ts';
+import { createPatternSource, encodePatternFrame, readPatternCounter } from '../../nodes/source-pattern.ts';
+import { RealClock, VirtualClock } from '../../pipeline/clock.ts';
+import type { Clock } from '../../pipeline/clock.ts';
+import type { CameraFrame } from '../../nodes/payloads.ts';
+import { isRejection, type FrameSource, type SourceIncident, type SourceItem, type SourceRejection } from '../../pipeline/types.ts';
+import { SAMPLE_START_NS, SAMPLE_TOPIC, makeSampleBag } from '../../tools/make-sample-bag.ts';
+import {
+  ROS_COMPRESSED_IMAGE,
+  ROS_IMAGE,
+  corruptChunk,
+  json,
+  readSummary,
+  rosCompressedImage,
+  rosImage,
+  writeBag,
+} from '../support/bag-fixtures.ts';
+
+const root = new URL('../..', import.meta.url).pathname;
+const cache = join(root, '.cache/test-sources');
+const sampleBag = join(root, 'bags/sample.mcap');
+const MS = 1_000_000n;
+
+/** Up to `max` items of a source (frames and rejections, in order). */
+async function takeAll<T>(
+  source: FrameSource<T>,
+  clock: Clock,
+  max: number,
+  controller = new AbortController(),
+  incidents: SourceIncident[] = [],
+): Promise<(SourceItem<T> | SourceRejection)[]> {
+  const out: (SourceItem<T> | SourceRejection)[] = [];
+  for await (const item of source.frames(clock, controller.signal, (i) => incidents.push(i))) {
+    out.push(item);
+    if (out.length >= max) break;
+  }
+  return out;
+}
+
+/** Up to `max` frames of a source; a rejection fails the test. */
+async function take<T>(
+  source: FrameSource<T>,
+  clock: Clock,
+  max: number,
+  controller = new AbortController(),
+  incidents: SourceIncident[] = [],
+): Promise<SourceItem<T>[]> {
+  const items = await takeAll(source, clock, max, controller, incidents);
+  const rejected = items.filter(isRejection);
+  assert.deepEqual(rejected, [], 'no rejections expected');
+  return items.filter(isItem);
+}
+
+async function decodeRgb(frame: CameraFrame): Promise<{ data: Buffer; width: number; height: number }> {
+  const { data, info } = await sharp(frame.data).removeAlpha().raw().toBuffer({ resolveWithObject: true });
+  return { data, width: info.width, height: info.height };
+}
+
+const isItem = <T>(item: SourceItem<T> | SourceRejection): item is SourceItem<T> => !isRejection(item);
+
+before(() => {
+  rmSync(cache, { recursive: true, force: true });
+  mkdirSync(cache, { recursive: true });
+});
+
+describe('pattern source', () => {
+  test('on a VirtualClock: frames at i/fps, clock advanced, counter readable, JPEG decodes at size', async () => {
+    const clock = new VirtualClock(1_000n, 1_700_000_000_000);
+    const source = createPatternSource({ fps: 10, frames: 5, width: 320, height: 180, id: 'pat' });
+    const seen: bigint[] = [];
+    const items: SourceItem<CameraFrame>[] = [];
+    for await (const item of source.frames(clock, new AbortController().signal)) {
+      seen.push(clock.nowNs());
+      items.push(item);
+    }
+    assert.equal(items.length, 5, 'stops at `frames`');
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [0n, 100n, 200n, 300n, 400n].map((ms) => 1_000n + ms * MS),
+    );
+    assert.deepEqual(
+      seen,
+      items.map((it) => it.captureNs),
+      'the clock is at the capture time when the item is yielded',
+    );
+    assert.deepEqual(
+      items.map((it) => it.captureWallMs),
+      [0, 100, 200, 300, 400].map((ms) => 1_700_000_000_000 + ms),
+    );
+    for (const [i, item] of items.entries()) {
+      assert.equal(item.sourceId, 'pat');
+      assert.equal(item.payload.encoding, 'jpeg');
+      const rgb = await decodeRgb(item.payload);
+      assert.deepEqual([rgb.width, rgb.height], [320, 180]);
+      assert.equal(readPatternCounter(rgb.data, rgb.width, rgb.height), i);
+    }
+    assert.deepEqual(source.counters, { yielded: 5, late: 0 });
+  });
+
+  test('on a VirtualClock that a slow consumer moved past the due time, capture stamps stay at the due time', async () => {
+    const clock = new VirtualClock(0n, 1_000);
+    const items: SourceItem<CameraFrame>[] = [];
+    for await (const item of createPatternSource({ fps: 10, frames: 3, width: 64, height: 64 }).frames(
+      clock,
+      new AbortController().signal,
+    )) {
+      items.push(item);
+      clock.advance(250n * MS); // the consumer spends 250 ms of virtual time per frame
+    }
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [0n, 100n * MS, 200n * MS],
+    );
+    assert.deepEqual(
+      items.map((it) => it.captureWallMs),
+      [1_000, 1_100, 1_200],
+    );
+  });
+
+  test('each frame is encoded ahead, while the one before it is consumed: it exists at its capture time', async () => {
+    const clock = new VirtualClock(0n, 0);
+    const readyNs: bigint[] = [];
+    const encode = (i: number, w: number, h: number, q: number): Promise<Buffer> =>
+      encodePatternFrame(i, w, h, q).then((data) => {
+        clock.advance(30n * MS); // the encode takes 30 ms of this clock
+        readyNs[i] = clock.nowNs();
+        return data;
+      });
+    const items: SourceItem<CameraFrame>[] = [];
+    for await (const item of createPatternSource({ fps: 10, frames: 4, width: 64, height: 64 }, encode).frames(
+      clock,
+      new AbortController().signal,
+    )) {
+      items.push(item);
+    }
+    // The schedule starts once frame 0 exists (30 ms); each later frame was encoded during the wait
+    // for its due time, so its capture is its due time and its bytes were there by then (encoded
+    // after the capture, as this source used to, frame i would be ready 30 ms after it).
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [30n, 130n, 230n, 330n].map((ms) => ms * MS),
+    );
+    items.forEach((it, i) => assert.ok(readyNs[i]! <= it.captureNs, `frame ${i} ready at ${readyNs[i]}, captured at ${it.captureNs}`));
+    for (const [i, item] of items.entries()) {
+      const rgb = await decodeRgb(item.payload);
+      assert.equal(readPatternCounter(rgb.data, rgb.width, rgb.height), i);
+    }
+  });
+
+  test('stopped early, the frame encoded ahead settles and its failure is not raised', async () => {
+    const controller = new AbortController();
+    const encode = (i: number, w: number, h: number, q: number): Promise<Buffer> =>
+      i === 0 ? encodePatternFrame(i, w, h, q) : Promise.reject(new Error(`frame ${i} was never needed`));
+    const items: SourceItem<CameraFrame>[] = [];
+    for await (const item of createPatternSource({ fps: 10, frames: 5, width: 64, height: 64 }, encode).frames(
+      new VirtualClock(),
+      controller.signal,
+    )) {
+      items.push(item);
+      controller.abort();
+    }
+    assert.equal(items.length, 1);
+    // Not stopped, the same failure ends the source with it.
+    const all = createPatternSource({ fps: 10, frames: 5, width: 64, height: 64 }, encode).frames(
+      new VirtualClock(),
+      new AbortController().signal,
+    );
+    await assert.rejects(async () => {
+      for await (const item of all) items.push(item);
+    }, /frame 1 was never needed/);
+  });
+
+  test('frame i is deterministic, and consecutive frames differ (the box moves)', async () => {
+    const a = await encodePatternFrame(7, 320, 180);
+    const b = await encodePatternFrame(7, 320, 180);
+    const c = await encodePatternFrame(8, 320, 180);
+    assert.deepEqual(a, b);
+    assert.notDeepEqual(a, c);
+    const rgb = await decodeRgb({ encoding: 'jpeg', data: await encodePatternFrame(40_000, 640, 360) });
+    assert.equal(readPatternCounter(rgb.data, 640, 360), 40_000);
+  });
+
+  test('on a RealClock: paced from the start time, never early', async () => {
+    const clock = new RealClock();
+    const fps = 100;
+    const period = 10n * MS;
+    const startNs = clock.nowNs();
+    const items = await take(createPatternSource({ fps, frames: 8, width: 64, height: 64 }), clock, 100);
+    assert.equal(items.length, 8);
+    items.forEach((it, i) => {
+      // The schedule starts at the first pull (>= startNs), so each frame is due no earlier than this.
+      assert.ok(
+        it.captureNs >= startNs + BigInt(i) * period,
+        `frame ${i} captured ${it.captureNs - startNs - BigInt(i) * period} ns early`,
+      );
+    });
+  });
+
+  test('stops when the signal fires', async () => {
+    const controller = new AbortController();
+    const source = createPatternSource({ fps: 1000, frames: Infinity, width: 64, height: 64 });
+    const items: SourceItem<CameraFrame>[] = [];
+    for await (const item of source.frames(new RealClock(), controller.signal)) {
+      items.push(item);
+      if (items.length === 3) controller.abort();
+    }
+    assert.equal(items.length, 3);
+  });
+
+  test('validates its options', () => {
+    const ok = { fps: 10, frames: 5, width: 320, height: 180 };
+    const cases: Array<[object, RegExp]> = [
+      [{ ...ok, fps: 0 }, /finite number > 0 for fps/],
+      [{ ...ok, frames: 1.5 }, /positive integer or Infinity for frames/],
+      [{ ...ok, width: 10 }, /between 64 and 8192 for width/],
+      [{ ...ok, quality: 101 }, /between 1 and 100 for quality/],
+      [{ ...ok, id: '' }, /non-empty string for id/],
+    ];
+    for (const [options, re] of cases) assert.throws(() => createPatternSource(options as never), re);
+  });
+});
+
+describe('sample bag', () => {
+  test('make-sample-bag is deterministic and the committed bag is what it makes', async () => {
+    const a = join(cache, 'sample-a.mcap');
+    const b = join(cache, 'sample-b.mcap');
+    await makeSampleBag(a);
+    await makeSampleBag(b);
+    const bytesA = readFileSync(a);
+    assert.deepEqual(bytesA, readFileSync(b), 'two runs give the same bytes');
+    const committed = readFileSync(sampleBag);
+    assert.ok(committed.length < 3 * 1024 * 1024, `bags/sample.mcap is ${committed.length} bytes`);
+    assert.ok(
+      bytesA.equals(committed),
+      'bags/sample.mcap is stale or was made by another encoder: run node --import tsx tools/make-sample-bag.ts',
+    );
+  });
+
+  test('@mcap/core indexed and streaming readers agree on the committed bag', async () => {
+    const decompressHandlers = await loadDecompressHandlers();
+    const handle = await open(sampleBag, 'r');
+    const indexed = [];
+    let reader: McapIndexedReader;
+    try {
+      reader = await McapIndexedReader.Initialize({ readable: new FileHandleReadable(handle), decompressHandlers });
+      for await (const m of reader.readMessages({ validateCrcs: true })) indexed.push(m);
+    } finally {
+      await handle.close();
+    }
+    const channels = [...reader.channelsById.values()];
+    assert.equal(channels.length, 1);
+    assert.equal(channels[0].topic, SAMPLE_TOPIC);
+    assert.equal(channels[0].messageEncoding, 'json');
+    const schema = reader.schemasById.get(channels[0].schemaId);
+    assert.equal(schema?.name, 'foxglove.CompressedImage');
+    assert.equal(schema?.encoding, 'jsonschema');
+    assert.deepEqual(JSON.parse(new TextDecoder().decode(schema?.data)), CompressedImage);
+    assert.ok(reader.chunkIndexes.length >= 1 && reader.chunkIndexes.every((c) => c.compression === 'zstd'));
+    assert.ok(indexed.length >= 30 && indexed.length <= 60, `${indexed.length} frames`);
+    indexed.forEach((m, i) => {
+      assert.equal(m.logTime, SAMPLE_START_NS + BigInt(i) * 100n * MS);
+      assert.equal(m.sequence, i);
+      const body = JSON.parse(new TextDecoder().decode(m.data));
+      assert.deepEqual(Object.keys(body), ['timestamp', 'frame_id', 'data', 'format']);
+      assert.equal(body.format, 'jpeg');
+      assert.equal(BigInt(body.timestamp.sec) * 1_000_000_000n + BigInt(body.timestamp.nsec), m.logTime);
+    });
+
+    const stream = new McapStreamReader({ decompressHandlers, validateCrcs: true });
+    const streamed: Uint8Array[] = [];
+    for await (const chunk of createReadStream(sampleBag, { highWaterMark: 8192 })) {
+      stream.append(chunk as Buffer);
+      for (let r; (r = stream.nextRecord());) if (r.type === 'Message') streamed.push(r.data);
+    }
+    assert.equal(stream.done(), true);
+    assert.deepEqual(
+      streamed.map((d) => Buffer.from(d).toString()),
+      indexed.map((m) => Buffer.from(m.data).toString()),
+    );
+  });
+});
+
+describe('bag source', () => {
+  test('replays the sample bag on a VirtualClock at recorded timing, each frame stamped with its log time', async () => {
+    const source = await createBagSource({ path: sampleBag });
+    assert.equal(source.topic, SAMPLE_TOPIC);
+    assert.equal(source.id, SAMPLE_TOPIC);
+    assert.equal(source.mode, 'indexed');
+    assert.equal(source.startNs, SAMPLE_START_NS);
+    const clock = new VirtualClock(5n);
+    const items = await take(source, clock, 1000);
+    await source.close();
+    assert.equal(items.length, source.messageCount);
+    items.forEach((it, i) => {
+      assert.equal(it.captureNs, 5n + BigInt(i) * 100n * MS);
+      assert.equal(it.stampNs, SAMPLE_START_NS + BigInt(i) * 100n * MS);
+    });
+    assert.equal(clock.nowNs(), items.at(-1)?.captureNs);
+    const first = await decodeRgb(items[0].payload);
+    assert.deepEqual([first.width, first.height], [640, 360]);
+    assert.deepEqual(source.counters, { read: items.length, yielded: items.length, rejected: 0 });
+    assert.match(source.description, /bag .*sample\.mcap, topic \/camera\/front\/compressed \(foxglove\.CompressedImage, json\), indexed/);
+    assert.deepEqual(items[1]!.sourceStamp, { sec: Number(SAMPLE_START_NS / 1_000_000_000n), nanosec: 100_000_000 }, 'the log time');
+  });
+
+  test('rate scales the timing and loop continues it past the end', async () => {
+    const source = await createBagSource({ path: sampleBag, rate: 2, loop: true });
+    const n = source.messageCount;
+    const items = await take(source, new VirtualClock(), n * 2 + 5);
+    await source.close();
+    assert.equal(items.length, n * 2 + 5);
+    // 10 Hz at rate 2 = 50 ms apart, and the second pass starts one frame interval after the last.
+    items.forEach((it, i) => assert.equal(it.captureNs, BigInt(i) * 50n * MS, `item ${i}`));
+    assert.deepEqual(items[n].payload.data, items[0].payload.data);
+  });
+
+  test('on a RealClock it paces by log time / rate (never early); pace fast does not wait', async () => {
+    const source = await createBagSource({ path: sampleBag, rate: 20 });
+    const clock = new RealClock();
+    const before = clock.nowNs();
+    const items = await take(source, clock, 4);
+    await source.close();
+    items.forEach((it, i) => assert.ok(it.captureNs >= before + BigInt(i) * 5n * MS, `item ${i} early`));
+    // fast: on a virtual clock nothing advances it, so every frame is captured at the start.
+    const fast = await createBagSource({ path: sampleBag, pace: 'fast' });
+    const all = await take(fast, new VirtualClock(7n), 1000);
+    await fast.close();
+    assert.equal(all.length, fast.messageCount);
+    assert.ok(all.every((it) => it.captureNs === 7n));
+  });
+
+  test("ROS 2 CompressedImage and Image (rgb8, bgr8, mono8, mono16 both byte orders) decode with the bag's own schemas", async () => {
+    const path = join(cache, 'ros2.mcap');
+    const jpeg = await encodePatternFrame(3, 64, 64);
+    const png = await sharp(Buffer.alloc(8 * 4 * 3, 200), { raw: { width: 8, height: 4, channels: 3 } })
+      .png()
+      .toBuffer();
+    const rgb = Buffer.from(Array.from({ length: 2 * 16 }, (_, k) => k)); // 4×2 rgb8, step 16 (4 bytes of padding)
+    const mono8 = Buffer.from([1, 2, 3, 4, 5, 6, 7, 8]);
+    const mono16le = Buffer.from([0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08]); // 2×2
+    const mono16be = Buffer.from(mono16le).swap16();
+    const images: [string, Parameters<typeof rosImage>[1]][] = [
+      ['rgb8', { width: 4, height: 2, encoding: 'rgb8', step: 16, data: rgb }],
+      ['bgr8', { width: 4, height: 2, encoding: 'bgr8', step: 16, data: rgb }],
+      ['mono8', { width: 4, height: 2, encoding: 'mono8', step: 4, data: mono8 }],
+      ['mono16', { width: 2, height: 2, encoding: 'mono16', step: 4, data: mono16le }],
+      ['mono16be', { width: 2, height: 2, encoding: 'mono16', step: 4, data: mono16be, bigEndian: true }],
+    ];
+    await writeBag(path, async (w) => {
+      const compressed = await w.registerSchema({
+        name: 'sensor_msgs/msg/CompressedImage',
+        encoding: 'ros2msg',
+        data: new TextEncoder().encode(ROS_COMPRESSED_IMAGE),
+      });
+      const image = await w.registerSchema({
+        name: 'sensor_msgs/msg/Image',
+        encoding: 'ros2msg',
+        data: new TextEncoder().encode(ROS_IMAGE),
+      });
+      const c1 = await w.registerChannel({ topic: '/cam/compressed', schemaId: compressed, messageEncoding: 'cdr', metadata: new Map() });
+      const c2 = await w.registerChannel({ topic: '/cam/raw', schemaId: image, messageEncoding: 'cdr', metadata: new Map() });
+      await w.addMessage({ channelId: c1, sequence: 0, logTime: 10n, publishTime: 10n, data: rosCompressedImage(10n, 'jpeg', jpeg) });
+      await w.addMessage({ channelId: c1, sequence: 1, logTime: 20n, publishTime: 20n, data: rosCompressedImage(20n, 'png', png) });
+      for (const [k, [, fields]] of images.entries()) {
+        const t = BigInt(100 + k);
+        await w.addMessage({ channelId: c2, sequence: k, logTime: t, publishTime: t, data: rosImage(t, fields) });
+      }
+    });
+    await assert.rejects(createBagSource({ path }), /has several \(\/cam\/compressed, \/cam\/raw\): pass topic/);
+
+    const byType = await createBagSource({ path, type: 'sensor_msgs/msg/CompressedImage' });
+    assert.equal(byType.topic, '/cam/compressed');
+    const compressedItems = await take(byType, new VirtualClock(), 10);
+    await byType.close();
+    assert.deepEqual(
+      compressedItems.map((it) => it.payload.encoding),
+      ['jpeg', 'png'],
+    );
+    assert.deepEqual(Buffer.from(compressedItems[0].payload.data), jpeg);
+    assert.deepEqual(Buffer.from(compressedItems[1].payload.data), png);
+    assert.equal(compressedItems[1].captureNs - compressedItems[0].captureNs, 10n);
+
+    const raw = await createBagSource({ path, topic: '/cam/raw' });
+    const rawItems = await take(raw, new VirtualClock(), 10);
+    await raw.close();
+    assert.deepEqual(
+      rawItems.map((it) => ({ ...it.payload, data: Buffer.from(it.payload.data) })),
+      [
+        { encoding: 'rgb8', width: 4, height: 2, stride: 16, data: rgb },
+        { encoding: 'bgr8', width: 4, height: 2, stride: 16, data: rgb },
+        { encoding: 'mono8', width: 4, height: 2, stride: 4, data: mono8 },
+        { encoding: 'mono16', width: 2, height: 2, stride: 4, data: mono16le },
+        { encoding: 'mono16', width: 2, height: 2, stride: 4, data: mono16le }, // big endian, swapped
+      ],
+    );
+    await assert.rejects(createBagSource({ path, type: 'foxglove.RawImage' }), /has no topic of type foxglove\.RawImage \(channels: /);
+  });
+
+  test('CDR bytes laid out by hand from the spec decode as sensor_msgs/msg/CompressedImage', () => {
+    // stamp {sec 1, nanosec 2}, frame_id "cam", format "jpeg", data [ff d8 ff d9]; little endian,
+    // alignment relative to the end of the 4-byte encapsulation header.
+    const hex =
+      '00010000' + '01000000' + '02000000' + '04000000' + '63616d00' + '05000000' + '6a70656700' + '000000' + '04000000' + 'ffd8ffd9';
+    const decode = decoderFor(
+      { name: 'sensor_msgs/msg/CompressedImage', encoding: 'ros2msg', data: new TextEncoder().encode(ROS_COMPRESSED_IMAGE) },
+      'cdr',
+    );
+    assert.equal(typeof decode, 'function');
+    const frame = (decode as (d: Uint8Array) => CameraFrame)(Buffer.from(hex, 'hex'));
+    assert.deepEqual({ ...frame, data: Buffer.from(frame.data).toString('hex') }, { encoding: 'jpeg', data: 'ffd8ffd9' });
+    assert.throws(
+      () => (decode as (d: Uint8Array) => CameraFrame)(Buffer.from(hex, 'hex').subarray(0, 27)),
+      /corrupt CDR payload: 27 bytes/,
+    );
+  });
+
+  test('a raw image whose data is not step × height, or in an unsupported encoding, is rejected with the reason', async () => {
+    const path = join(cache, 'raw-sizes.mcap');
+    const ok = { width: 4, height: 2, encoding: 'mono8', step: 4, data: Buffer.alloc(8, 9) };
+    const cases = [
+      ok,
+      { ...ok, data: Buffer.alloc(9) }, // one byte too many
+      { ...ok, data: Buffer.alloc(7) }, // one too few
+      { ...ok, encoding: 'bayer_rggb8' },
+      { ...ok, encoding: '32FC1', step: 16, data: Buffer.alloc(32) },
+      { ...ok, step: 3 },
+      ok,
+    ];
+    await writeBag(path, async (w) => {
+      const s = await w.registerSchema({ name: 'sensor_msgs/msg/Image', encoding: 'ros2msg', data: new TextEncoder().encode(ROS_IMAGE) });
+      const c = await w.registerChannel({ topic: '/cam', schemaId: s, messageEncoding: 'cdr', metadata: new Map() });
+      for (const [k, fields] of cases.entries()) {
+        await w.addMessage({ channelId: c, sequence: k, logTime: BigInt(k) * MS, publishTime: 0n, data: rosImage(BigInt(k) * MS, fields) });
+      }
+    });
+    const source = await createBagSource({ path });
+    const items = await takeAll(source, new VirtualClock(), 100);
+    await source.close();
+    assert.equal(items.length, cases.length, 'every message is a frame or a rejection');
+    assert.deepEqual(
+      items.map((it) => (isRejection(it) ? it.rejected : it.payload.encoding)),
+      [
+        'mono8',
+        'data size is not step × height',
+        'data size is not step × height',
+        'unsupported pixel encoding',
+        'unsupported pixel encoding',
+        'step too small',
+        'mono8',
+      ],
+    );
+    const details = items.filter(isRejection).map((r) => r.detail);
+    assert.match(details[0]!, /\/cam sequence 1 \(log time 1000000\): data size is not step × height: 9 bytes, expected 4 × 2 = 8/);
+    assert.match(details[1]!, /7 bytes, expected 4 × 2 = 8/);
+    assert.match(details[2]!, /"bayer_rggb8" \(supported: rgb8, bgr8, rgba8, bgra8, mono8, mono16\)/);
+    items.forEach((it, k) => assert.equal(it.stampNs, BigInt(k) * MS, 'rejections keep their timing and stamp'));
+    assert.deepEqual(source.counters, { read: 7, yielded: 2, rejected: 5 });
+  });
+
+  test('bad messages become rejections with their cause; channels percept cannot decode are skipped with a warning', async () => {
+    const path = join(cache, 'bad.mcap');
+    const jpeg = await encodePatternFrame(1, 64, 64);
+    const good = (sec: number) => json({ timestamp: { sec, nsec: 0 }, frame_id: 'f', data: jpeg.toString('base64'), format: 'jpeg' });
+    await writeBag(path, async (w) => {
+      const s = await w.registerSchema({ name: 'foxglove.CompressedImage', encoding: 'jsonschema', data: json(CompressedImage) });
+      const unknown = await w.registerSchema({ name: 'acme.Thermal', encoding: 'jsonschema', data: json({}) });
+      const c = await w.registerChannel({ topic: '/cam', schemaId: s, messageEncoding: 'json', metadata: new Map() });
+      const odd = await w.registerChannel({ topic: '/cam', schemaId: unknown, messageEncoding: 'json', metadata: new Map() });
+      const proto = await w.registerChannel({ topic: '/cam', schemaId: s, messageEncoding: 'protobuf', metadata: new Map() });
+      const add = (channelId: number, sequence: number, data: Uint8Array) =>
+        w.addMessage({ channelId, sequence, logTime: BigInt(sequence) * 100n * MS, publishTime: 0n, data });
+      await add(c, 0, good(0));
+      await add(c, 1, new TextEncoder().encode('{"timestamp":')); // truncated JSON
+      await add(c, 2, json({ timestamp: { sec: 2, nsec: 0 }, frame_id: 'f', data: 'not base64!', format: 'jpeg' }));
+      await add(
+        c,
+        3,
+        json({ timestamp: { sec: 3, nsec: 0 }, frame_id: 'f', data: Buffer.from('GIF89a....').toString('base64'), format: 'jpeg' }),
+      );
+      await add(odd, 4, json({ pixels: [] }));
+      await add(proto, 5, new Uint8Array([1, 2, 3]));
+      await add(proto, 6, new Uint8Array([1, 2, 3]));
+      await add(c, 7, json({ timestamp: { sec: 5, nsec: 0 }, frame_id: 'f', data: jpeg.toString('base64'), format: 'png' }));
+      await add(c, 8, good(6));
+    });
+    const incidents: SourceIncident[] = [];
+    const source = await createBagSource({ path, topic: '/cam' });
+    const items = await takeAll(source, new VirtualClock(), 100, new AbortController(), incidents);
+    await source.close();
+    assert.deepEqual(
+      items.map((it) => (isRejection(it) ? it.rejected : 'frame')),
+      ['frame', 'payload is not JSON', 'bad field', 'not a JPEG or PNG image', 'format does not match the data', 'frame'],
+    );
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [0n, 1n, 2n, 3n, 7n, 8n].map((k) => k * 100n * MS),
+      'every message keeps its recorded timing',
+    );
+    assert.match((items[3] as SourceRejection).detail!, /starts 47494638/);
+    assert.deepEqual(source.counters, { read: 6, yielded: 2, rejected: 4 });
+    assert.deepEqual(
+      incidents.map((i) => i.kind),
+      ['skipped', 'skipped'],
+    );
+    assert.match(incidents[0]!.detail, /channel 1 of \/cam skipped \(1 messages\): acme\.Thermal is not an image type percept reads/);
+    assert.match(
+      incidents[1]!.detail,
+      /channel 2 of \/cam skipped \(2 messages\): foxglove\.CompressedImage in message encoding protobuf is not supported \(json is\)/,
+    );
+  });
+
+  /** 60 frames of 64×64 JPEG on /cam at 10 Hz, about 20 to a zstd chunk. */
+  async function sixtyFrameBag(): Promise<string> {
+    const path = join(cache, 'sixty.mcap');
+    const jpeg = await encodePatternFrame(0, 64, 64);
+    await writeBag(
+      path,
+      async (w) => {
+        const s = await w.registerSchema({ name: 'foxglove.CompressedImage', encoding: 'jsonschema', data: json(CompressedImage) });
+        const c = await w.registerChannel({ topic: '/cam', schemaId: s, messageEncoding: 'json', metadata: new Map() });
+        for (let i = 0; i < 60; i++) {
+          const data = json({ timestamp: { sec: i, nsec: 0 }, frame_id: 'f', data: jpeg.toString('base64'), format: 'jpeg' });
+          await w.addMessage({ channelId: c, sequence: i, logTime: BigInt(i) * 100n * MS, publishTime: 0n, data });
+        }
+      },
+      { chunkSize: Math.floor((20 * jpeg.length * 4) / 3), zstd: true },
+    );
+    const summary = await readSummary(path);
+    assert.ok(summary.chunkIndexes.length >= 3, `${summary.chunkIndexes.length} chunks`);
+    return path;
+  }
+
+  test('a chunk that fails its CRC is skipped with a warning; each message it held is a rejected frame and the rest replays', async () => {
+    // The middle chunk is damaged. (This used to stop the replay after the first chunk, exit 0, without a word.)
+    const corrupt = join(cache, 'sixty-corrupt.mcap');
+    const damaged = await corruptChunk(await sixtyFrameBag(), corrupt, 1);
+    assert.ok(damaged.logTimes.length > 0);
+    const incidents: SourceIncident[] = [];
+    const source = await createBagSource({ path: corrupt });
+    const items = await takeAll(source, new VirtualClock(), 1000, new AbortController(), incidents);
+    await source.close();
+    assert.equal(items.length, 60, 'every message of the bag is accounted for');
+    const rejected = items.filter(isRejection);
+    assert.deepEqual(
+      rejected.map((r) => r.stampNs),
+      damaged.logTimes,
+      'the damaged chunk’s messages, by log time',
+    );
+    assert.ok(
+      rejected.every((r) => r.rejected === 'chunk failed its CRC check' || r.rejected === 'chunk unreadable'),
+      rejected[0]?.rejected,
+    );
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      Array.from({ length: 60 }, (_, i) => BigInt(i) * 100n * MS),
+      'in order, at their recorded times',
+    );
+    assert.deepEqual(
+      incidents.map((i) => i.kind),
+      ['damaged'],
+    );
+    assert.match(
+      incidents[0]!.detail,
+      new RegExp(
+        `the chunk at byte ${damaged.offset} \\(\\d+ bytes\\) was skipped: .*; ${damaged.logTimes.length} messages of /cam rejected`,
+      ),
+    );
+    assert.deepEqual(source.counters, { read: 60, yielded: 60 - damaged.logTimes.length, rejected: damaged.logTimes.length });
+  });
+
+  test('a truncated bag is replayed by streaming up to where it is valid, saying where it ends', async () => {
+    // (It used to fail at open, exit 1, although most of its frames are readable.)
+    const path = await sixtyFrameBag();
+    const truncated = join(cache, 'truncated.mcap');
+    const summary = await readSummary(path);
+    // Cut inside the last chunk: the summary, the footer and that chunk are gone.
+    const last = summary.chunkIndexes.at(-1)!;
+    const cut = Number(last.chunkStartOffset + last.chunkLength / 2n);
+    writeFileSync(truncated, readFileSync(path).subarray(0, cut));
+    const incidents: SourceIncident[] = [];
+    const source = await createBagSource({ path: truncated });
+    assert.equal(source.mode, 'streamed');
+    const items = await take(source, new VirtualClock(), 1000, new AbortController(), incidents);
+    await source.close();
+    const before = summary.chunkIndexes.slice(0, -1);
+    const expected = before.reduce((n, c) => n + Number(c.messageEndTime - c.messageStartTime) / 1e8 + 1, 0);
+    assert.equal(items.length, expected, 'every message before the cut chunk');
+    assert.ok(expected >= 40);
+    assert.equal(source.messageCount, items.length, 'the scan counted what the replay then read');
+    assert.deepEqual(
+      incidents.map((i) => i.kind),
+      ['damaged', 'damaged'],
+    );
+    assert.match(incidents[0]!.detail, /truncated\.mcap: no readable summary \(.*\); read by streaming up to where the file is valid/);
+    assert.match(
+      incidents[1]!.detail,
+      new RegExp(`valid up to byte ${Number(last.chunkStartOffset)} of ${cut}: the file ends inside a record \\(opcode 6, `),
+    );
+    assert.deepEqual(source.counters, { read: items.length, yielded: items.length, rejected: 0 });
+    assert.match(source.description, /streamed \(no summary\)/);
+  });
+
+  test('a file cut between records (a recorder that never closed) replays every whole chunk', async () => {
+    const unfinished = join(cache, 'unfinished.mcap');
+    const summary = await readSummary(sampleBag);
+    const lastChunk = summary.chunkIndexes.at(-1)!;
+    // Up to the end of the last chunk's message indexes: the data is all there, DataEnd and summary are not.
+    writeFileSync(
+      unfinished,
+      readFileSync(sampleBag).subarray(0, Number(lastChunk.chunkStartOffset + lastChunk.chunkLength + lastChunk.messageIndexLength)),
+    );
+    const incidents: SourceIncident[] = [];
+    const source = await createBagSource({ path: unfinished });
+    const items = await take(source, new VirtualClock(), 1000, new AbortController(), incidents);
+    await source.close();
+    assert.equal(items.length, Number(summary.statistics!.messageCount));
+    assert.match(incidents[1]!.detail, /the file ends without a footer \(not closed: a crashed recording\?\)/);
+  });
+
+  test('fatal file errors name the path', async () => {
+    await assert.rejects(createBagSource({ path: join(cache, 'missing.mcap') }), /cannot open .*missing\.mcap/);
+    const notMcap = join(cache, 'not.mcap');
+    writeFileSync(notMcap, 'hello, not an mcap file at all');
+    await assert.rejects(
+      createBagSource({ path: notMcap }),
+      /not\.mcap is not an MCAP file \(it does not start with the MCAP magic; 30 bytes\)/,
+    );
+    await assert.rejects(
+      createBagSource({ path: sampleBag, topic: '/nope' }),
+      /sample\.mcap has no topic \/nope \(topics: \/camera\/front\/compressed\)/,
+    );
+    const empty = join(cache, 'empty.mcap');
+    await writeBag(empty, async () => undefined);
+    await assert.rejects(createBagSource({ path: empty }), /empty\.mcap holds no messages \(an empty bag; channels: none\)/);
+    const cutEmpty = join(cache, 'cut-empty.mcap');
+    writeFileSync(cutEmpty, readFileSync(empty).subarray(0, 20));
+    await assert.rejects(createBagSource({ path: cutEmpty }), /cut-empty\.mcap holds no messages/);
+    const noImages = join(cache, 'no-images.mcap');
+    await writeBag(noImages, async (w) => {
+      const c = await w.registerChannel({ topic: '/actions', schemaId: 0, messageEncoding: 'json', metadata: new Map() });
+      await w.addMessage({ channelId: c, sequence: 0, logTime: 1n, publishTime: 1n, data: json({}) });
+    });
+    await assert.rejects(
+      createBagSource({ path: noImages }),
+      /no-images\.mcap has no image topic percept can decode \(channels: \/actions: \(no schema\), json\)/,
+    );
+    await assert.rejects(
+      createBagSource({ path: noImages, topic: '/actions' }),
+      /topic \/actions has no channel percept can decode: \(no schema\) is not an image type/,
+    );
+  });
+
+  test('decoderFor knows exactly the documented schemas and says why it refuses the others', () => {
+    const foxglove = (name: string) => ({ name, encoding: 'jsonschema', data: new Uint8Array() });
+    const ros = (name: string, text: string, encoding = 'ros2msg') => ({ name, encoding, data: new TextEncoder().encode(text) });
+    assert.equal(typeof decoderFor(foxglove('foxglove.CompressedImage'), 'json'), 'function');
+    assert.equal(typeof decoderFor(foxglove('foxglove.RawImage'), 'json'), 'function');
+    assert.equal(typeof decoderFor(ros('sensor_msgs/msg/CompressedImage', ROS_COMPRESSED_IMAGE), 'cdr'), 'function');
+    assert.equal(typeof decoderFor(ros('sensor_msgs/msg/Image', ROS_IMAGE), 'cdr'), 'function');
+    assert.match(decoderFor(foxglove('foxglove.CompressedImage'), 'protobuf') as string, /message encoding protobuf is not supported/);
+    assert.match(decoderFor(ros('sensor_msgs/msg/Image', ROS_IMAGE, 'ros2idl'), 'cdr') as string, /a ros2idl schema is not supported/);
+    assert.match(decoderFor(ros('sensor_msgs/msg/Image', ''), 'cdr') as string, /holds no message definition/);
+    assert.match(decoderFor(ros('sensor_msgs/msg/Image', 'uint32 [] broken'), 'cdr') as string, /ros2msg schema does not parse/);
+    assert.match(decoderFor(foxglove('sensor_msgs/CompressedImage'), 'ros1') as string, /not an image type percept reads/);
+    assert.match(decoderFor(undefined, 'json') as string, /\(no schema\) is not an image type/);
+  });
+});
+
+describe('folder source', () => {
+  test('JPEG and PNG files in numeric name order, typed by content; a file that is not an image is a rejected frame', async () => {
+    const dir = join(cache, 'frames');
+    mkdirSync(dir, { recursive: true });
+    const jpeg = await encodePatternFrame(2, 64, 64);
+    const png = await sharp(Buffer.alloc(64 * 64 * 3, 90), { raw: { width: 64, height: 64, channels: 3 } })
+      .png()
+      .toBuffer();
+    writeFileSync(join(dir, 'frame10.jpg'), jpeg);
+    writeFileSync(join(dir, 'frame2.png'), png);
+    writeFileSync(join(dir, 'frame1.JPEG'), jpeg);
+    writeFileSync(join(dir, 'frame3.jpg'), 'not really a jpeg');
+    writeFileSync(join(dir, 'notes.txt'), 'ignored');
+    const issues: string[] = [];
+    const source = await createFolderSource({ path: dir, fps: 5, onIssue: (i) => issues.push(i.file) });
+    assert.deepEqual(source.files, ['frame1.JPEG', 'frame2.png', 'frame3.jpg', 'frame10.jpg']);
+    const clock = new VirtualClock();
+    const items = await takeAll(source, clock, 100);
+    assert.deepEqual(
+      items.map((it) => (isRejection(it) ? it.rejected : it.payload.encoding)),
+      ['jpeg', 'png', 'not a JPEG or PNG file', 'jpeg'],
+    );
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [0n, 200n * MS, 400n * MS, 600n * MS],
+      'the rejected file keeps its slot',
+    );
+    assert.match((items[2] as SourceRejection).detail!, /frame3\.jpg: not a JPEG or PNG file \(17 bytes, starts 6e6f7420\)/);
+    assert.deepEqual(Buffer.from((items[1] as SourceItem<CameraFrame>).payload.data), png);
+    assert.deepEqual(issues, ['frame3.jpg']);
+    assert.deepEqual(source.counters, { read: 4, yielded: 3, bad: 1 });
+    assert.equal(items[0].sourceId, `folder:${dir}`);
+  });
+
+  test('loops, and stops on the signal', async () => {
+    const dir = join(cache, 'loop');
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, 'a.jpg'), await encodePatternFrame(0, 64, 64));
+    writeFileSync(join(dir, 'b.jpg'), await encodePatternFrame(1, 64, 64));
+    const source = await createFolderSource({ path: dir, fps: 10, loop: true, id: 'loop' });
+    const controller = new AbortController();
+    const items: SourceItem<CameraFrame>[] = [];
+    for await (const item of source.frames(new VirtualClock(), controller.signal)) {
+      assert.ok(isItem(item));
+      items.push(item);
+      if (items.length === 5) controller.abort();
+    }
+    assert.equal(items.length, 5);
+    assert.deepEqual(
+      items.map((it) => it.captureNs),
+      [0n, 100n, 200n, 300n, 400n].map((ms) => ms * MS),
+    );
+    assert.deepEqual(items[2].payload.data, items[0].payload.data);
+  });
+
+  test('fatal folder errors name the path', async () => {
+    await assert.rejects(createFolderSource({ path: join(cache, 'nope'), fps: 1 }), /cannot list .*nope/);
+    const empty = join(cache, 'empty');
+    mkdirSync(empty, { recursive: true });
+    await assert.rejects(createFolderSource({ path: empty, fps: 1 }), /empty has no \.jpg, \.jpeg or \.png files/);
+    await assert.rejects(createFolderSource({ path: empty, fps: -1 }), /finite number > 0 for fps/);
+  });
+});

@@ -1,0 +1,42 @@
+// Shared test fixtures: synthetic checkpoints generated on first use into .cache/models (git-ignored).
+// synthesize() writes to a temp name and renames, so test files asking for the same model at once both end
+// up with a complete file (the second rename replaces the first with identical bytes).
+import { existsSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { resolveModel } from '../../models/resolve.ts';
+import type { WeightType } from '../../models/synth.ts';
+import { loadConfig } from '../../pipeline/config.ts';
+
+export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+export const MODEL_CACHE = join(REPO_ROOT, '.cache', 'models');
+
+/** The config's preprocess section as the schema defaults it, for preprocess stages made outside a run. */
+export const PREPROCESS_DEFAULTS = loadConfig({}).preprocess;
+
+/** Path of the synthetic checkpoint `preset` in `wtype` (default seed), generating it once if missing. */
+export async function ensureSynthModel(preset: string, wtype: WeightType = 'q8_0'): Promise<string> {
+  return resolveModel(`synth:${preset}?wtype=${wtype}`, 'decoder', { cacheDir: MODEL_CACHE });
+}
+
+/**
+ * A llama.cpp peer program from the same tree as the addon, or undefined if not built:
+ * percept-peer-greedy (native/peer/greedy.cc) lands in build/native, llama.cpp's own tools
+ * (PERCEPT_PEERS="llama-speculative-simple …") in build/native/bin.
+ */
+export function findPeer(name: string): string | undefined {
+  const dirs = ['', 'bin', 'Release', join('bin', 'Release'), join('llama.cpp', 'bin')];
+  return dirs.map((d) => join(REPO_ROOT, 'build', 'native', d, name)).find((p) => existsSync(p));
+}
+
+/** A TCP port free on loopback right now (the OS picks it; closed again before it is returned). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolve(port));
+    });
+    server.on('error', reject);
+  });
+}
