@@ -542,11 +542,15 @@ program
   .option('--json', 'print the calibration file')
   .action(async (opts) => {
     const { calibrate } = await import('./eval/calibrate.ts');
+    // A terminal gets one line redrawn; a pipe or file gets a line a level, without carriage returns.
+    const tty = process.stderr.isTTY === true;
     const file = await calibrate({
       ...opts,
-      onProgress: (done, total) => process.stderr.write(`\rpercept: calibrate ${done}/${total} frames`),
+      onProgress: (done, total) => {
+        if (tty) process.stderr.write(`\rpercept: calibrate ${done}/${total} frames${done === total ? '\n' : ''}`);
+        else if (done === total || done % opts.frames === 0) process.stderr.write(`percept: calibrate ${done}/${total} frames\n`);
+      },
     });
-    process.stderr.write('\n');
     if (opts.json) process.stdout.write(`${JSON.stringify(file, null, 2)}\n`);
     else printResult({ out: opts.out, frames: file.frames, levels: file.levels.length, ...file.virtualServiceMs }, false);
   });

@@ -58,7 +58,7 @@ export async function generate(opts: GenerateCommandOptions): Promise<GenerateCo
   try {
     const grammar = opts.schema ? await model.grammar(schemaGbnf(opts.schema)) : undefined;
     // A schema's worst case is the default budget, so no output is cut.
-    const maxTokens = opts.maxTokens ?? grammar?.maxTokens ?? DEFAULT_MAX_TOKENS;
+    const maxTokens = opts.maxTokens ?? grammar?.worstCaseTokens ?? DEFAULT_MAX_TOKENS;
     const promptTokens = model.tokenize(opts.prompt, { addSpecial: true }).length;
     const ctx = await model.createContext({ nCtx: Math.max(256, promptTokens + maxTokens + 16), nBatch: Math.max(512, promptTokens) });
     draft = await attachSpeculation(ctx, await resolveSpeculation(opts), gpuLayers);

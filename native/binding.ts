@@ -222,7 +222,7 @@ export interface NativeGrammarIndexInfo {
   /** Admissible tokens dropped because no completion follows them. */
   readonly prunedEntries: number;
   /** Worst-case tokens of a complete output; null when a cycle makes it unbounded. */
-  readonly maxTokens: number | null;
+  readonly worstCaseTokens: number | null;
   /** Worst-case tokens the model picks in a complete output (end of generation included where the
    * grammar may end): with jump-forward, llama_decode calls after the prompt ≤ this − 1. Null when unbounded. */
   readonly maxChoices: number | null;

@@ -391,15 +391,15 @@ export class LlamaGrammar {
    * generation with at least this many max tokens always ends with the grammar complete. Null
    * when the grammar has no index or admits unbounded outputs.
    */
-  get maxTokens(): number | null {
-    return this.index?.maxTokens ?? null;
+  get worstCaseTokens(): number | null {
+    return this.index?.worstCaseTokens ?? null;
   }
 
   /**
    * Worst-case number of tokens the model picks in a complete output, the end-of-generation token
    * included where the grammar may end but need not. With jump-forward every other token is forced,
    * so a generation makes at most this − 1 llama_decode calls after its prompt: the count that sets
-   * the slowest action's decode time, whatever the logits. Null as maxTokens.
+   * the slowest action's decode time, whatever the logits. Null as worstCaseTokens.
    */
   get maxChoices(): number | null {
     return this.index?.maxChoices ?? null;

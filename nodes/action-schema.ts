@@ -101,3 +101,47 @@ function describe(value: unknown): string {
   if (Array.isArray(value)) return 'an array';
   return `${JSON.stringify(value)?.slice(0, 40) ?? String(value)} of type ${typeof value}`;
 }
+
+/** How many new tokens an action may take: the run's budget, and a frame's under the ladder's knob.
+ * The one owner of that rule; the local decoder, the remote one and `percept tune` all use it. */
+export interface DecodeBudget {
+  /** New tokens per action at most for the run. Infinity: no bound (a remote server's own grammar). */
+  readonly maxNewTokens: number;
+  /** The grammar's worst case for a complete action; null when unbounded or not known here. */
+  readonly worstCaseTokens: number | null;
+  /** A frame's new tokens under the ladder's maxNewTokens knob, never below a complete action. */
+  atKnob(knob: number): number;
+}
+
+/**
+ * The decode budget from `decoder.maxNewTokens` (null: the grammar's worst case) and the grammar's
+ * worst case. Refuses a configured value below that worst case, or none where the grammar is unbounded.
+ * `grammar` null: the grammar runs elsewhere (a remote server), so only the configured value bounds.
+ */
+export function decodeBudget(
+  configured: number | null,
+  grammar: { readonly worstCaseTokens: number | null; readonly fallback: string | null } | null,
+  schemaPath: string,
+): DecodeBudget {
+  if (configured !== null && (!Number.isInteger(configured) || configured < 1))
+    throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1 or null, got ${configured}`);
+  const worstCaseTokens = grammar?.worstCaseTokens ?? null;
+  let maxNewTokens: number;
+  if (grammar === null) {
+    maxNewTokens = configured ?? Infinity;
+  } else if (worstCaseTokens === null) {
+    if (configured === null) {
+      const why = grammar.fallback ?? 'it admits outputs of unbounded length';
+      throw new RangeError(`decoder.maxNewTokens must be set: the action schema ${schemaPath} has no worst-case length (${why})`);
+    }
+    maxNewTokens = configured;
+  } else if (configured !== null && configured < worstCaseTokens) {
+    throw new RangeError(
+      `decoder.maxNewTokens ${configured} is below the ${worstCaseTokens} tokens a complete action under ${schemaPath} can take; ` +
+        `raise it to at least ${worstCaseTokens} or leave it unset`,
+    );
+  } else {
+    maxNewTokens = configured ?? worstCaseTokens;
+  }
+  return { maxNewTokens, worstCaseTokens, atKnob: (knob) => Math.max(worstCaseTokens ?? 1, Math.min(maxNewTokens, knob)) };
+}

@@ -16,7 +16,7 @@
 // and the action schema) fails the run with an error that names the server and what it lacks: vision
 // or structured output.
 import sharp from 'sharp';
-import type { ActionSchema } from './action-schema.ts';
+import { decodeBudget, type ActionSchema } from './action-schema.ts';
 import type { CameraFrame, FrameEncoding, Generation, StopReason } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 
@@ -322,11 +322,11 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
     throw new RangeError(`decoder.retries must be an integer ≥ 0, got ${config.retries}`);
   if (config.timeoutMs !== null && !(config.timeoutMs > 0))
     throw new RangeError(`decoder.timeoutMs must be > 0 or null, got ${config.timeoutMs}`);
-  if (config.maxNewTokens !== null && (!Number.isInteger(config.maxNewTokens) || config.maxNewTokens < 1))
-    throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1 or null, got ${config.maxNewTokens}`);
   if (!(config.temperature >= 0)) throw new RangeError(`decoder.temperature must be ≥ 0, got ${config.temperature}`);
   if (typeof config.actionSchema?.schema !== 'object')
     throw new TypeError('createOpenAIDecoderStage: actionSchema must be the result of loadActionSchema()');
+  // The server runs the grammar, so only the configured value bounds an action here.
+  const budget = decodeBudget(config.maxNewTokens, null, config.actionSchema.path);
   const { model, timeoutMs, retries, temperature, seed } = config;
   const chatUrl = `${baseUrl}/chat/completions`;
   const headers: Record<string, string> = { 'content-type': 'application/json' };
@@ -365,7 +365,7 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
 
   const process = async (frame: CameraFrame, sc: StageContext): Promise<Generation> => {
     const image = await imageDataUrl(frame);
-    const maxTokens = Math.min(config.maxNewTokens ?? Infinity, sc.knobs.maxNewTokens);
+    const maxTokens = budget.atKnob(sc.knobs.maxNewTokens);
     const payload = body(image, maxTokens, (seed + sc.frame.frameId) >>> 0);
     const leftMs = (): number => Number(sc.stageDeadlineNs - sc.clock.nowNs()) / 1e6;
     const cancelled = (what: string): unknown => {

@@ -2,7 +2,7 @@
 // llama.cpp binding. The prompt is [chat-templated system + user text, image, instruction], so the
 // system prefix stays in the KV cache and is not prefilled again for each frame.
 import { env } from 'node:process';
-import type { ActionSchema } from './action-schema.ts';
+import { decodeBudget, type ActionSchema, type DecodeBudget } from './action-schema.ts';
 import type { EncoderContract, Generation, ImageEmbedding } from './payloads.ts';
 import type { DecoderConfig } from '../pipeline/config.ts';
 import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
@@ -88,34 +88,14 @@ const IMAGE_MARKER = '<__percept_image__>';
 
 /** See DecoderStage.worstCaseDecodeCalls. */
 export function decodeCallBound(
-  grammar: Pick<LlamaGrammar, 'maxTokens' | 'maxChoices'>,
+  grammar: Pick<LlamaGrammar, 'worstCaseTokens' | 'maxChoices'>,
   jumpForward: boolean,
   stepTokens: number,
   maxNewTokens: number,
 ): number | null {
-  if (grammar.maxTokens === null || grammar.maxChoices === null) return null;
-  if (!jumpForward) return Math.min(maxNewTokens, grammar.maxTokens);
+  if (grammar.worstCaseTokens === null || grammar.maxChoices === null) return null;
+  if (!jumpForward) return Math.min(maxNewTokens, grammar.worstCaseTokens);
   return stepTokens === 1 ? Math.max(0, grammar.maxChoices - 1) : null;
-}
-
-/** The per-frame token budget: the configured one if a complete action always fits in it, else the grammar's worst case. */
-export function actionTokenBudget(
-  configured: number | null,
-  worstCase: number | null,
-  schemaPath: string,
-  fallback: string | null,
-): number {
-  if (worstCase === null) {
-    if (configured !== null) return configured;
-    const why = fallback ?? 'it admits outputs of unbounded length';
-    throw new RangeError(`decoder.maxNewTokens must be set: the action schema ${schemaPath} has no worst-case length (${why})`);
-  }
-  if (configured !== null && configured < worstCase) {
-    throw new RangeError(
-      `decoder.maxNewTokens ${configured} is below the ${worstCase} tokens a complete action under ${schemaPath} can take; raise it to at least ${worstCase} or leave it unset`,
-    );
-  }
-  return configured ?? worstCase;
 }
 
 /** Several cameras on one decoder: a context with one sequence per camera, decoded together in one
@@ -229,8 +209,6 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
   if (typeof config.systemPrompt !== 'string') throw new TypeError('decoder.systemPrompt must be a string');
   if (typeof config.instruction !== 'string') throw new TypeError('decoder.instruction must be a string');
-  if (config.maxNewTokens !== null && (!Number.isInteger(config.maxNewTokens) || config.maxNewTokens < 1))
-    throw new RangeError(`decoder.maxNewTokens must be an integer ≥ 1 or null, got ${config.maxNewTokens}`);
   if (!(config.temperature >= 0)) throw new RangeError(`decoder.temperature must be ≥ 0, got ${config.temperature}`);
   if (typeof config.actionSchema?.schema !== 'object')
     throw new TypeError('createDecoderStage: actionSchema must be the result of loadActionSchema()');
@@ -244,7 +222,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   let draft: LlamaModel | undefined;
   let ctx: LlamaContext;
   let grammar: LlamaGrammar;
-  let maxNewTokens: number;
+  let budget: DecodeBudget;
   try {
     const threads = config.threads !== null ? { threads: config.threads } : {};
     const draftMax = config.draftMax ?? DRAFT_MAX;
@@ -288,13 +266,14 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     } catch (err) {
       throw new Error(`decoder: action schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
     }
-    maxNewTokens = actionTokenBudget(config.maxNewTokens, grammar.maxTokens, schemaPath, grammar.fallback);
+    budget = decodeBudget(config.maxNewTokens, grammar, schemaPath);
   } catch (err) {
     await model.dispose();
     await draft?.dispose();
     throw err;
   }
 
+  const { maxNewTokens } = budget;
   const worstCaseDecodeCalls = decodeCallBound(grammar, config.jumpForward, config.stepTokens, maxNewTokens);
   const info = model.info;
   const messages = [
@@ -328,8 +307,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       );
     }
     const prompt: PromptSegment[] = promptTemplate.map((s) => ('image' in s ? { image: input.data, nTokens: input.nTokens } : s));
-    // The ladder's knob may lower the budget, never below a complete action.
-    const maxTokens = Math.max(grammar.maxTokens ?? 1, Math.min(maxNewTokens, sc.knobs.maxNewTokens));
+    const maxTokens = budget.atKnob(sc.knobs.maxNewTokens);
     const r = await ctx.generate(prompt, {
       maxTokens,
       grammar,

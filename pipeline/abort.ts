@@ -1,7 +1,7 @@
-// Giving up on work that cannot be interrupted (a worker's ORT run, a native clip encode) when a
-// stage's AbortSignal fires: the caller stops waiting at once and rethrows `signal.reason`, which
-// the runtime classifies (deadline → drop 'stale', shutdown → drop 'shutdown'); the work itself
-// goes on and its result is dropped.
+// Giving up on uninterruptible work (a worker's ORT run, a native clip encode) when a stage's
+// AbortSignal fires. The caller stops waiting at once and rethrows `signal.reason`.
+// The work itself goes on, and its result is dropped.
+// Semantics: pipeline/README.md#deadlines-and-cancel
 
 /** Resolves/rejects with `p`, or rejects with `signal.reason` as soon as `signal` fires. */
 export function abortable<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
@@ -22,10 +22,10 @@ export function abortable<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
   });
 }
 
-/** One uninterruptible run at a time. `run(start, signal)` waits (abortably) for the run before it
- * to end, then calls `start()`; when `signal` fires it rejects at once with `signal.reason` while
- * the run goes on in the background, its result discarded and counted in `abandoned`. The next
- * call waits for that run to end, so the resource never has two runs. */
+/** One uninterruptible run at a time. `run(start, signal)` waits abortably for the previous run, then calls `start()`.
+ * When `signal` fires it rejects at once with `signal.reason`. The run goes on in the background.
+ * Its result is discarded and counted in `abandoned`.
+ * The next call waits for that run to end, so the resource never has two runs. */
 export class AbandonableSlot {
   #running: Promise<void> | undefined;
   #abandoned = 0;

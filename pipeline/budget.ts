@@ -1,16 +1,5 @@
 // The budget policy: a per-stage cost model learned online and the degradation ladder it drives.
-//
-// CostModel    for each (stage, ladder level): the last `window` durations, their EWMA, a high
-//              quantile (the ladder's prediction) and the minimum (the "certain miss" test).
-// DegradeLadder level 0 = `initial` knobs, level n = rungs[0..n-1] applied on top. At every frame
-//              admission it predicts the end-to-end time at the current level as the sum of the
-//              stages' quantiles. Prediction > endToEnd × headroom → step down one rung.
-//              Prediction ≤ endToEnd × headroom × upBelow for `upAfter` consecutive frames →
-//              step up one rung. A stage with fewer than `minSamples` durations at the level counts
-//              as 0: a step down needs only the measured stages to exceed the limit (downstream
-//              stages may never run while frames go stale upstream), a step up needs all of them.
-//              Each time the ladder enters a level it forgets what it knew about that level, so
-//              every decision rests on durations measured since the last step.
+// Semantics: pipeline/README.md#cost-model-and-ladder
 import type { LadderConfig } from './config.ts';
 import type { Knobs } from './types.ts';
 
@@ -111,9 +100,9 @@ export class CostModel {
     return this.#window(stage, level).estimate(this.#quantile);
   }
 
-  /** Predicted time (ms) of the stages from index `from` on at `level`: the sum of their quantiles
-   * ('quantile') or of their fastest recent runs ('min'). A stage with fewer than minSamples
-   * durations counts as 0, so `ms` is a lower bound unless `complete`. */
+  /** Predicted time (ms) of the stages from index `from` on, at `level`.
+   * It sums their quantiles ('quantile') or their fastest recent runs ('min').
+   * A stage with fewer than minSamples durations counts as 0, so `ms` is a lower bound unless `complete`. */
   predict(level: number, kind: 'quantile' | 'min', from = 0): { readonly ms: number; readonly complete: boolean } {
     let ms = 0;
     let complete = true;

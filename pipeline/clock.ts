@@ -1,5 +1,6 @@
-// Every time read in percept goes through a Clock, so that a replay on a VirtualClock is
-// deterministic: same input and config give the same events, byte for byte.
+// Every time read in percept goes through a Clock.
+// So a replay on a VirtualClock is deterministic: same input and config, same events byte for byte.
+// Semantics: pipeline/README.md#clocks-and-lockstep
 
 export interface Clock {
   /** Monotonic time in nanoseconds. */

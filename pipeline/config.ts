@@ -1,17 +1,10 @@
-// Loading a percept config: JSON → ajv (strict, allErrors, useDefaults) against
-// configs/percept.schema.json → semantic checks → a fully defaulted PerceptConfig.
+// Loads a percept config: JSON, then ajv against configs/percept.schema.json, then semantic checks.
+// The result is a fully defaulted PerceptConfig; an invalid config throws a ConfigError listing every problem.
 //
 //   const config = loadConfig('configs/default.json');   // or loadConfig({ clock: 'virtual', ... })
 //
-// Nothing starts on an invalid config: loadConfig throws a ConfigError whose message lists every
-// problem as `<JSON path>: <what was expected>` (e.g. `/budgets/endToEndMs: must be number`), and
-// whose `issues` hold the same as data. The TS types below mirror the schema; the schema is the
-// source of truth for defaults and limits (test/pipeline/config.test.ts checks that they agree).
-//
-// Paths: a relative path in a config file is relative to that file's folder, so a run works from
-// any directory; one in a config object stays as given (relative to the current directory). A path
-// the schema fills in by default is relative to the folder above configs/ (the installation).
-// `synth:` model specs are not paths and stay as they are.
+// The TS types below mirror the schema, which owns defaults and limits (test/pipeline/config.test.ts).
+// Errors and paths: pipeline/README.md#config
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -61,8 +54,8 @@ export interface ZmqSourceConfig {
   readonly insecure: boolean;
 }
 
-/** CURVE keys, as paths of files holding Z85 text: a bound socket's secret key, or the public key
- * of the server a connecting socket talks to. */
+/** CURVE keys, as paths of files holding Z85 text.
+ * A bound socket names its secret key; a connecting socket names its server's public key. */
 export interface CurveConfig {
   readonly secretKeyFile?: string;
   readonly serverKeyFile?: string;
@@ -161,8 +154,8 @@ export interface TelemetryConfig {
   readonly intervalMs: number;
 }
 
-/** One camera of a multi-camera config: its source, and its own budgets, edges and ladder (the
- * top-level sections with its fields on top). */
+/** One camera of a multi-camera config: its source, and its own budgets, edges and ladder.
+ * Each of those is the top-level section with the camera's fields on top. */
 export interface CameraConfig {
   readonly id: string;
   readonly source: SourceConfig;
@@ -182,13 +175,13 @@ export interface BatchingConfig {
 
 export interface PerceptConfig {
   readonly source: SourceConfig;
-  /** Several cameras on shared engines (then `source` is not used); absent: `source` is the one camera. */
+  /** Several cameras on shared engines, and `source` is then unused. Absent: `source` is the one camera. */
   readonly cameras?: readonly CameraConfig[];
   readonly batching: BatchingConfig;
   readonly preprocess: {
     readonly maxPixels: number;
     readonly threads: number;
-    /** auto: JPEG frames decoded on the encoder's GPU where it can (nvJPEG); host: always by libvips here. */
+    /** auto: JPEG frames are decoded on the encoder's GPU (nvJPEG) where it can. host: always by libvips here. */
     readonly jpegDecode: 'auto' | 'host';
   };
   readonly encoder: EncoderConfig;
@@ -204,8 +197,8 @@ export interface PerceptConfig {
   readonly clock: 'real' | 'virtual';
   /** Virtual clock only: the next frame enters when the previous one has ended (every frame is processed). */
   readonly lockstep: boolean;
-  /** Stage name → service time (ms) charged on a virtual clock, one value or one per ladder level
-   * (a calibration file named in the config file is read into this). */
+  /** Stage name → service time (ms) charged on a virtual clock: one value, or one per ladder level.
+   * A calibration file named in the config file is read into this. */
   readonly virtualServiceMs: Readonly<Record<string, number | readonly number[]>>;
   readonly telemetry: TelemetryConfig;
 }
@@ -301,8 +294,8 @@ export function loadConfig(input: string | object): PerceptConfig {
   return config;
 }
 
-/** A `virtualServiceMs` that names a calibration file (`percept calibrate`) is replaced by the
- * file's measured service times; the schema then checks them like any others. */
+/** A `virtualServiceMs` that names a calibration file (`percept calibrate`) becomes the file's service times.
+ * The schema then checks them like any others. */
 function inlineCalibration(data: unknown, base: string): ConfigIssue | undefined {
   if (!isRecord(data) || typeof data.virtualServiceMs !== 'string' || data.virtualServiceMs === '') return undefined;
   const path = resolve(base, data.virtualServiceMs);
@@ -316,11 +309,29 @@ function inlineCalibration(data: unknown, base: string): ConfigIssue | undefined
     return { path: '/virtualServiceMs', message: `${path} is not a calibration file written by percept calibrate` };
   }
   data.virtualServiceMs = file.virtualServiceMs;
+  return adoptCalibrationLadder(data, file, path);
+}
+
+/** A config that names a calibration but sets no ladder rungs takes the ladder it was measured with:
+ * level 0 as `initial` (unless set), and each next level's changed knobs as a rung. */
+function adoptCalibrationLadder(data: Record<string, unknown>, file: Record<string, unknown>, path: string): ConfigIssue | undefined {
+  const ladder = isRecord(data.ladder) ? data.ladder : {};
+  const levels = file.levels;
+  if ('rungs' in ladder || !Array.isArray(levels) || levels.length === 0 || !levels.every(isRecord)) return undefined;
+  const rungs: Record<string, unknown>[] = [];
+  for (let i = 1; i < levels.length; i++) {
+    const rung = Object.fromEntries(Object.entries(levels[i]!).filter(([knob, value]) => levels[i - 1]![knob] !== value));
+    if (Object.keys(rung).length === 0) {
+      return { path: '/virtualServiceMs', message: `${path}: levels ${i - 1} and ${i} have the same knobs, so no ladder follows from it` };
+    }
+    rungs.push(rung);
+  }
+  data.ladder = { ...ladder, initial: ladder.initial ?? levels[0], rungs };
   return undefined;
 }
 
-/** The file path at data[keys[0]][keys[1]]…, if there is one: a non-empty string that is no
- * `scheme:` (a synth: spec, an rtsp:// or http:// URL). */
+/** The file path at data[keys[0]][keys[1]]…, if there is one.
+ * A path is a non-empty string without a `scheme:`, such as synth:, rtsp:// or http://. */
 function pathAt(data: unknown, keys: readonly string[]): string | undefined {
   const value = keys.reduce<unknown>((node, key) => (isRecord(node) ? node[key] : undefined), data);
   return typeof value === 'string' && value !== '' && !/^[a-z][a-z0-9+.-]*:/i.test(value) ? value : undefined;
@@ -347,7 +358,7 @@ function describeAjvErrors(errors: readonly ErrorObject[]): ConfigIssue[] {
   const issues = new Map<string, ConfigIssue>();
   for (const error of errors) {
     if (error.keyword === 'propertyNames') continue; // its inner errors name the key
-    // A bad key yields several errors (the inner enum/anyOf and propertyNames itself); report the key once.
+    // A bad key yields several errors: the inner enum or anyOf, and propertyNames. Report the key once.
     const issue: ConfigIssue =
       error.propertyName !== undefined
         ? {
@@ -385,8 +396,8 @@ export function describeAjvError(error: ErrorObject): ConfigIssue {
   }
 }
 
-/** Every endpoint: a real port (1–65535, or * where a bind may pick one), and nothing other hosts
- * can reach without CURVE unless the section says insecure: true. */
+/** Every endpoint has a real port: 1–65535, or * where a bind may pick one.
+ * Nothing other hosts can reach goes without CURVE, unless the section says insecure: true. */
 function checkEndpoints(config: PerceptConfig): ConfigIssue[] {
   const sockets: { section: string; endpoint: string; bind: boolean; curve: CurveConfig | null; insecure: boolean }[] = [
     { section: '/publisher', bind: true, ...config.publisher },
@@ -410,8 +421,8 @@ function checkEndpoints(config: PerceptConfig): ConfigIssue[] {
   return issues;
 }
 
-/** The decoder's kind-specific fields: each kind gets only its own (a setting the other kind would
- * silently ignore is refused). */
+/** The decoder's kind-specific fields: each kind gets only its own.
+ * A setting the other kind would silently ignore is refused. */
 function checkDecoder(decoder: DecoderConfig): ConfigIssue[] {
   const issues: ConfigIssue[] = [];
   const only = (key: string, kind: string) => issues.push({ path: `/decoder/${key}`, message: `applies to decoder.kind "${kind}" only` });
@@ -500,7 +511,9 @@ function checkSemantics(config: PerceptConfig): ConfigIssue[] {
     if (Array.isArray(value) && value.length > ladder.rungs.length + 1) {
       issues.push({
         path: `/virtualServiceMs/${stage}`,
-        message: `has ${value.length} levels but the ladder has ${ladder.rungs.length + 1}`,
+        message:
+          `has ${value.length} levels but the ladder has ${ladder.rungs.length + 1} (ladder.rungs + 1): ` +
+          "calibrate again with this ladder, or leave ladder.rungs out to take the calibration file's",
       });
     }
   }
@@ -517,8 +530,8 @@ const CAMERA_PATH_FIELDS: readonly (readonly string[])[] = [
   ['source', 'curve', 'serverKeyFile'],
 ];
 
-/** Objects merge key by key; anything else (arrays included) is replaced, and so is a tagged
- * object (an edge policy: its kind decides which fields it may have). */
+/** Objects merge key by key. Anything else, arrays included, is replaced.
+ * So is a tagged object such as an edge policy, whose kind decides which fields it may have. */
 function mergeSection(base: unknown, over: unknown): unknown {
   if (!isRecord(base) || !isRecord(over) || 'policy' in over) return over === undefined ? structuredClone(base) : over;
   const out: Record<string, unknown> = structuredClone(base);
@@ -526,8 +539,8 @@ function mergeSection(base: unknown, over: unknown): unknown {
   return out;
 }
 
-/** Before validation: a camera's budgets, edges and ladder become the top-level sections (as given)
- * with the camera's fields on top, and its source's paths are resolved like the top-level ones. */
+/** Before validation, a camera's budgets, edges and ladder become the top-level sections with its fields on top.
+ * Its source's paths are resolved like the top-level ones. */
 function prepareCameras(data: unknown, base: string | undefined): ConfigIssue[] {
   if (!isRecord(data) || data.cameras === undefined) return [];
   if (data.source !== undefined) return [{ path: '/source', message: 'give either source (one camera) or cameras, not both' }];

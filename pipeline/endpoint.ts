@@ -1,8 +1,6 @@
-// ZeroMQ endpoints as percept accepts them. libzmq itself is lenient where a robot stack needs it to
-// be strict: it takes `tcp://127.0.0.1:99999` and binds the port modulo 65536 without a word, and
-// `tcp://*:5556` binds every interface. So every endpoint in a config is parsed here first: the port
-// must be 1–65535 (or `*`, any free port, for a bind), and an endpoint reachable from other hosts
-// must be encrypted (CURVE) unless the config says `insecure: true`.
+// ZeroMQ endpoints as percept accepts them: stricter than libzmq, which a robot stack needs.
+// libzmq silently binds `tcp://127.0.0.1:99999` to the port modulo 65536, and `tcp://*:5556` to every interface.
+// So every endpoint in a config is parsed here first. Rules: pipeline/README.md#endpoints
 import { readFileSync } from 'node:fs';
 
 export interface ParsedEndpoint {
@@ -54,9 +52,9 @@ export function parseEndpoint(endpoint: string, { bind = true }: { bind?: boolea
   return { transport: 'tcp', host, port, local };
 }
 
-/** Why a socket on `endpoint` is refused, or undefined when it is allowed: one that other hosts can
- * reach (a bind on a non-loopback interface, a connect to another host) needs CURVE, or an explicit
- * `insecure: true`. */
+/** Why a socket on `endpoint` is refused, or undefined when it is allowed.
+ * A socket other hosts can reach needs CURVE or an explicit `insecure: true`.
+ * That is a bind on a non-loopback interface, or a connect to another host. */
 export function insecureEndpointProblem(
   endpoint: ParsedEndpoint,
   raw: string,

@@ -3,9 +3,9 @@
 import type { Clock } from './clock.ts';
 
 /** Waits until `dueNs` on `clock` and returns the capture time, or null if `signal` fired first.
- * A virtual clock jumps to `dueNs` (replays are deterministic); a real clock sleeps until it
- * reads at least `dueNs` (setTimeout may fire early, so it loops) and the capture time is the
- * clock reading when the frame was taken. */
+ * A virtual clock jumps to `dueNs`, so replays are deterministic.
+ * A real clock sleeps until it reads at least `dueNs`; setTimeout may fire early, so it loops.
+ * There the capture time is the clock reading when the frame was taken. */
 export async function waitUntilDue(clock: Clock, dueNs: bigint, signal: AbortSignal): Promise<bigint | null> {
   if (clock.virtual) {
     const advanceTo = (clock as { advanceTo?: (ns: bigint) => void }).advanceTo;

@@ -1,5 +1,6 @@
-// Running one stage outside the graph (benchmarks, tests, tools): the StageContext the graph would
-// give a frame, with the caller's overrides. Without a deadline the frame never goes stale.
+// Runs one stage outside the graph, for benchmarks, tests and tools.
+// It builds the StageContext the graph would give a frame, with the caller's overrides.
+// Without a deadline the frame never goes stale.
 import { RealClock, type Clock } from './clock.ts';
 import type { FrameMeta, Knobs, StageContext, StageEvent } from './types.ts';
 

@@ -16,16 +16,16 @@ export interface FrameMeta {
   readonly captureNs: bigint;
   /** Capture time as wall clock (ms since epoch), for humans and the wire. */
   readonly captureWallMs: number;
-  /** The input's time, Unix ns (a bag message's log time), carried to every output made from it so
-   * that recordings line up outputs with the input; the graph sets it (by default the capture time
-   * on the Unix time line). */
+  /** The input's time in Unix ns, such as a bag message's log time. The graph sets it.
+   * It is carried to every output made from the input, so recordings line outputs up with inputs.
+   * Default: the capture time on the Unix time line. */
   readonly stampNs?: bigint;
   /** captureNs + end-to-end budget: after this the frame is worthless to the robot. */
   readonly deadlineNs: bigint;
   /** Degrade level of the ladder when the frame entered the graph (0 = full quality). */
   readonly degradeLevel: number;
-  /** The capture time as the source stated it, in its own time base and unconverted (a bag
-   * message's log time, a stream's pts, a pusher's stamp), if it has one: the wire's source_stamp. */
+  /** The capture time as the source stated it, unconverted, in its own time base.
+   * Examples: a bag message's log time, a stream's pts, a pusher's stamp. It is the wire's source_stamp. */
   readonly sourceStamp?: Stamp | null;
 }
 
@@ -42,7 +42,7 @@ export interface Envelope<T> extends FrameMeta {
 
 /** The knobs the degradation ladder turns. A stage reads the ones it understands. */
 export interface Knobs {
-  /** Gemma 4 image-token budget (70, 140, 280, 560, 1120); Gemma 3 is fixed at 256. */
+  /** Gemma 4 image-token budget: 70, 140, 280, 560 or 1120. Gemma 3 is fixed at 256. */
   readonly imageTokens: number;
   /** Upper bound on new tokens per frame. */
   readonly maxNewTokens: number;
@@ -78,31 +78,29 @@ export interface StageContext {
   report(event: StageEvent): void;
 }
 
-/** One stage, one file in nodes/. `process` may throw: the runtime turns it into an error event
- * and a dropped frame (reason 'error'); the graph keeps running. */
+/** One stage, one file in nodes/.
+ * `process` may throw. The runtime then emits an error event and drops the frame as 'error'; the graph runs on. */
 export interface Stage<I, O> {
   readonly name: string;
-  // A property, not a method: function-typed properties are checked contravariantly in their
-  // input, so a stage that takes another type cannot stand in for this one (chain() relies on it).
+  // A property, not a method: function-typed properties are checked contravariantly in their input.
+  // So a stage that takes another type cannot stand in for this one. chain() relies on it.
   readonly process: (input: I, ctx: StageContext) => Promise<O>;
   /** Calls the runtime lets run at once (default 1). Beyond it, frames wait on the stage's edge, under
    * its policy: a stage never queues work of its own. Outputs leave in the order calls finish. */
   readonly concurrency?: number;
-  /** The least time (ms) a call entering now for a frame with deadline `deadlineNs` (the frame's, end
-   * to end) would take, as the stage predicts it from state the runtime does not see (a decoder
-   * shared by several cameras: how many it serves at once, its recent steps, the frames it serves
-   * before this one); 0: no prediction. On a real clock, the entry check of budgets.dropPredictedMiss
-   * counts the larger of it and the stage's fastest recent run, so a frame that this stage would
-   * drop anyway is dropped before the stages ahead of it spend on it. `entering`: the frame is at
-   * this stage's own entry (the stages ahead have spent on it), not at an earlier one; frames still
-   * on their way (reserve) are then not counted: each is checked at its own arrival. */
+  /** The least time (ms) a call entering now would take, for a frame with end-to-end deadline `deadlineNs`.
+   * The stage predicts it from state the runtime does not see. A shared decoder knows its load and recent steps.
+   * 0: no prediction.
+   * On a real clock, budgets.dropPredictedMiss uses the larger of this and the stage's fastest recent run.
+   * So a frame this stage would drop anyway is dropped before earlier stages spend on it.
+   * `entering`: the frame is at this stage's own entry, not an earlier one.
+   * Then frames still on their way (reserve) are not counted; each is checked at its own arrival.
+   * See pipeline/README.md#deadlines-and-cancel. */
   predictMs?(deadlineNs: bigint, entering: boolean): number;
-  /** A frame that passed the entry check of budgets.dropPredictedMiss at a stage ahead of this one is
-   * on its way here (real clock): the stage counts it in its predictMs for frames with later
-   * deadlines (a shared decoder: it will serve this one first) until the returned release is called,
-   * which the runtime does once, when the frame enters this stage or is dropped. So the frames that
-   * pass the early check together are no more than this stage can serve in time, and the stages
-   * ahead do not spend on frames it would drop at entry. */
+  /** A frame that passed budgets.dropPredictedMiss at an earlier stage is on its way here (real clock).
+   * Until the returned release is called, predictMs counts it for frames with later deadlines.
+   * The runtime calls release once, when the frame enters this stage or is dropped.
+   * So frames passing the early check together never exceed what this stage can serve in time. */
   reserve?(deadlineNs: bigint): () => void;
   /** Frees resources (models, sockets, workers); called once at shutdown. */
   close?(): Promise<void>;
@@ -148,9 +146,8 @@ export interface SourceRejection {
 
 export const isRejection = <T>(item: SourceItem<T> | SourceRejection): item is SourceRejection => 'rejected' in item;
 
-/** What a source reports besides its frames, when it happens (through the `report` callback of
- * FrameSource.frames; the graph makes it a 'source' event, the summary counts it by kind and keeps
- * its detail):
+/** What a source reports besides its frames, when it happens, through FrameSource.frames' `report`.
+ * The graph makes it a 'source' event; the summary counts it by kind and keeps its detail.
  *   skipped  input passed over without becoming frames (a bag channel whose schema percept cannot decode)
  *   damaged  damage read around (a file without a readable summary or ending early, a chunk that failed its CRC)
  *   restart  the input process died and was started again
@@ -163,16 +160,16 @@ export interface SourceIncident {
   readonly detail: string;
 }
 
-/** A frame source (pattern, bag, folder, ffmpeg, zmq). Sources pace themselves (fps or recorded
- * timing) and stop when `signal` fires or their input ends. An input they cannot use is yielded as
- * a SourceRejection; anything else they have to say goes to `report` (from the graph) as it happens. */
+/** A frame source: pattern, bag, folder, ffmpeg or zmq. Sources pace themselves, by fps or recorded timing.
+ * They stop when `signal` fires or their input ends. An input they cannot use is yielded as a SourceRejection.
+ * Anything else they have to say goes to `report` as it happens. */
 export interface FrameSource<T> {
   readonly id: string;
-  /** Replay sources: the Unix time (ns) their input starts at, where a virtual clock replaying it
-   * starts (so a replay's times are the recording's). */
+  /** Replay sources: the Unix time (ns) their input starts at.
+   * A virtual clock replaying it starts there, so a replay's times are the recording's. */
   readonly startNs?: bigint;
-  /** Finite sources: how many inputs they hold (a progress bar's total; the graph drops none of
-   * them early for a successor when it is the last), when known. */
+  /** Finite sources: how many inputs they hold, when known. It is a progress bar's total.
+   * The graph also uses it to never drop the last input early for a successor. */
   readonly expectedItems?: number;
   frames(clock: Clock, signal: AbortSignal, report?: (incident: SourceIncident) => void): AsyncIterable<SourceItem<T> | SourceRejection>;
   close?(): Promise<void>;

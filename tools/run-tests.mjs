@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // npm test: every test/**/*.test.ts, listed explicitly (Node 20's test runner has no glob),
-// run by node's own runner under tsx. Pass file names to run a subset.
+// run by node's own runner under tsx. Pass file names to run a subset. First it provisions the
+// Debian packages the tests use (tools/system-packages.sh, the list .ci/run uses too).
 import { spawnSync } from 'node:child_process';
 import { readdirSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
@@ -21,6 +22,8 @@ if (files.length === 0) {
   console.error('no test files found');
   process.exit(1);
 }
+const packages = spawnSync('bash', [join(root, 'tools', 'system-packages.sh')], { stdio: 'inherit' });
+if (packages.status !== 0) process.exit(packages.status ?? 1);
 const r = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-reporter=spec', '--test-concurrency=1', ...files], {
   cwd: root,
   stdio: 'inherit',

@@ -152,7 +152,7 @@ async function benchStructured(
             : arm === 'full_vocab_check'
               ? // llama.cpp's check lets the model spell forced text its own way: the index's bound does not hold there
                 { maxTokens: 512, grammar: fullVocab, jumpForward: true }
-              : { maxTokens: grammar.maxTokens ?? 512, grammar, jumpForward: arm === 'jump_forward' }),
+              : { maxTokens: grammar.worstCaseTokens ?? 512, grammar, jumpForward: arm === 'jump_forward' }),
         });
         const a = acc.get(arm)!;
         a.tokens += r.timings.decodeTokens;
@@ -183,7 +183,7 @@ async function benchStructured(
     actions_per_rep: actions,
     index: grammar.index,
     fallback: grammar.fallback,
-    max_tokens: grammar.maxTokens,
+    max_tokens: grammar.worstCaseTokens,
     tokens_per_action: tokens / n,
     incomplete,
     tok_per_s: {

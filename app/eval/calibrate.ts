@@ -70,6 +70,8 @@ export async function timeStages(options: {
     const previous = levels[level - 1];
     if (previous && sameCost(previous, knobs)) {
       for (const perLevel of samples.values()) perLevel[level] = [...perLevel[level - 1]!];
+      // The level's frames are done too, taken from the level above: progress still reaches the total.
+      for (let k = 0; k < frames.length; k++) options.onFrame?.(level, k);
       continue;
     }
     for (let k = -warmup; k < frames.length; k++) {

@@ -287,7 +287,10 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
     const summary = await graph.run();
     await control?.close();
     table.detach();
-    if (recorder) await recorder.close().catch((err: Error) => recorderErrors.push(err.message));
+    if (recorder) {
+      await recorder.close().catch((err: Error) => recorderErrors.push(err.message));
+      if (recorderErrors.length === 0) log(`recorded the run to ${config.recorder.path}`);
+    }
     const published = await publisher?.close(summary);
     if (published) log(`published ${describePublished(published)}`);
     const notRecorded = recorder?.counts.framesNotRecorded ?? 0;

@@ -30,8 +30,7 @@ import { basename, dirname, isAbsolute, join, relative, resolve, sep } from 'nod
 import cliProgress from 'cli-progress';
 import { ADDON_PATH } from '../../native/binding.ts';
 import { LlamaModel } from '../../native/llama.ts';
-import { loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
-import { actionTokenBudget } from '../../nodes/decoder.ts';
+import { decodeBudget, loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
 import { resolveModel, type ModelKind } from '../../models/resolve.ts';
 import { ConfigError, PATH_FIELDS, loadConfig, type ConfigIssue, type PerceptConfig } from '../../pipeline/config.ts';
 import type { Graph } from '../../pipeline/graph/graph.ts';
@@ -146,11 +145,11 @@ export class TuneInterrupted extends Error {
 const sha256 = (text: string): string => createHash('sha256').update(text).digest('hex');
 
 /** The action grammar's worst case for a decoder model (null: unbounded), from its vocabulary alone. */
-async function grammarWorstCase(path: string, schema: ActionSchema): Promise<{ maxTokens: number | null; fallback: string | null }> {
+async function grammarWorstCase(path: string, schema: ActionSchema): Promise<{ worstCaseTokens: number | null; fallback: string | null }> {
   const model = await LlamaModel.load(path, { vocabOnly: true });
   try {
     const grammar = await model.grammarFromJsonSchema(schema.schema);
-    return { maxTokens: grammar.maxTokens, fallback: grammar.fallback };
+    return { worstCaseTokens: grammar.worstCaseTokens, fallback: grammar.fallback };
   } finally {
     await model.dispose();
   }
@@ -413,7 +412,7 @@ async function planPoints(plan: Plan): Promise<PlannedPoint[]> {
     }
     return resolved.get(`${kind}:${spec}`)!;
   };
-  const worst = new Map<string, { maxTokens: number | null; fallback: string | null }>();
+  const worst = new Map<string, { worstCaseTokens: number | null; fallback: string | null }>();
   if (local) {
     const encoder = encoderSpec(base);
     if (encoder) await resolveAt(encoder, base.encoder.kind === 'onnx' ? 'vision' : 'mmproj', '/encoder');
@@ -433,7 +432,7 @@ async function planPoints(plan: Plan): Promise<PlannedPoint[]> {
     if (local && !w) continue;
     if (w) {
       try {
-        maxNewTokens = actionTokenBudget(point.knobs.maxNewTokens, w.maxTokens, schema.path, w.fallback);
+        maxNewTokens = decodeBudget(point.knobs.maxNewTokens, w, schema.path).maxNewTokens;
       } catch (err) {
         issue(
           grid.listed.includes('maxNewTokens') ? `/knobs/maxNewTokens/${point.at.maxNewTokens}` : '/decoder/maxNewTokens',
@@ -444,7 +443,12 @@ async function planPoints(plan: Plan): Promise<PlannedPoint[]> {
     }
     let serviceMs: Record<string, number> | null = null;
     if (plan.replay !== 'real') {
-      const cost = calibratedCost(calibrations, point.knobs, { knob: maxNewTokens, bounded: w?.maxTokens != null }, encoderSpec(base));
+      const cost = calibratedCost(
+        calibrations,
+        point.knobs,
+        { knob: maxNewTokens, bounded: w?.worstCaseTokens != null },
+        encoderSpec(base),
+      );
       if ('why' in cost) {
         issue(cost.knob === null ? `(point ${point.label})` : cost.knob === 'encoder' ? '/encoder' : where(cost.knob, point), cost.why);
         continue;

@@ -374,7 +374,7 @@ private:
                 postorder.push_back(s);
                 path.pop_back();
             } else if (color[size_t(c)] == 1) {
-                out_->stats_.maxTokens = -1;
+                out_->stats_.worstCaseTokens = -1;
                 out_->stats_.maxChoices = -1;
                 return;
             } else if (color[size_t(c)] == 0) {
@@ -399,7 +399,7 @@ private:
             longest[size_t(s)] = best;
             choices[size_t(s)] = most;
         }
-        out_->stats_.maxTokens = longest[0];
+        out_->stats_.worstCaseTokens = longest[0];
         out_->stats_.maxChoices = choices[0];
     }
 

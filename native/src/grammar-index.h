@@ -54,16 +54,16 @@ struct GrammarIndexLimits {
 };
 
 struct GrammarIndexStats {
-    int32_t states = 0;        // byte-automaton states
-    int32_t tokenStates = 0;   // states reachable at token boundaries
-    size_t entries = 0;        // (token, next) pairs
-    int32_t maxAllowed = 0;    // most tokens admitted in one state
-    int32_t forcedStates = 0;  // token-boundary states with jump-forward tokens
-    size_t prunedEntries = 0;  // tokens dropped because no completion follows them
-    int32_t maxTokens = -1;    // worst-case tokens of a complete output; -1: unbounded (a cycle)
-    int32_t maxChoices = -1;   // worst-case tokens the model picks in one (end included); -1: unbounded
-    double buildMs = 0;        // automaton + index (not the trie)
-    double trieMs = 0;         // the model's trie (0 when it was already built)
+    int32_t states = 0;            // byte-automaton states
+    int32_t tokenStates = 0;       // states reachable at token boundaries
+    size_t entries = 0;            // (token, next) pairs
+    int32_t maxAllowed = 0;        // most tokens admitted in one state
+    int32_t forcedStates = 0;      // token-boundary states with jump-forward tokens
+    size_t prunedEntries = 0;      // tokens dropped because no completion follows them
+    int32_t worstCaseTokens = -1;  // worst-case tokens of a complete output; -1: unbounded (a cycle)
+    int32_t maxChoices = -1;       // worst-case tokens the model picks in one (end included); -1: unbounded
+    double buildMs = 0;            // automaton + index (not the trie)
+    double trieMs = 0;             // the model's trie (0 when it was already built)
 };
 
 class GrammarIndex {

@@ -59,7 +59,7 @@ void Grammar::setIndex(GrammarIndexCache::Result r) {
 
 namespace {
 
-// {index: {states, ..., maxTokens}, fallback: null} or {index: null, fallback: why}.
+// {index: {states, ..., worstCaseTokens}, fallback: null} or {index: null, fallback: why}.
 Napi::Object indexInfoObject(Napi::Env env, const GrammarIndexStats & st, bool indexed, const std::string & why) {
     Napi::Object o = Napi::Object::New(env);
     if (indexed) {
@@ -70,7 +70,7 @@ Napi::Object indexInfoObject(Napi::Env env, const GrammarIndexStats & st, bool i
         i.Set("maxAllowed", st.maxAllowed);
         i.Set("forcedStates", st.forcedStates);
         i.Set("prunedEntries", double(st.prunedEntries));
-        i.Set("maxTokens", st.maxTokens >= 0 ? Napi::Value(Napi::Number::New(env, st.maxTokens)) : env.Null());
+        i.Set("worstCaseTokens", st.worstCaseTokens >= 0 ? Napi::Value(Napi::Number::New(env, st.worstCaseTokens)) : env.Null());
         i.Set("maxChoices", st.maxChoices >= 0 ? Napi::Value(Napi::Number::New(env, st.maxChoices)) : env.Null());
         i.Set("buildMs", st.buildMs);
         i.Set("trieMs", st.trieMs);

@@ -1,10 +1,9 @@
-// GraphControl: the few things a running graph lets an operator change, for the control socket (or
-// any other caller). Each call applies at once or throws (RangeError, TypeError) and changes nothing.
-//   setBudgets   new end-to-end and/or stage budgets: frames admitted from now on get the new
-//                deadline, stage calls started from now on the new stage budget
-//   pinLevel     hold the degradation ladder at a level (the step happens at the next admission,
-//                as a degrade event with reason 'pinned'); releaseLevel lets it decide again
-//   pause        the graph stops taking frames from the source (frames inside finish); resume
+// GraphControl: the few things an operator may change in a running graph, such as over the control socket.
+// Each call applies at once, or throws a RangeError or TypeError and changes nothing.
+//   setBudgets   new budgets, for frames admitted and stage calls started from now on
+//   pinLevel     hold the ladder at a level from the next admission; releaseLevel lets it decide again
+//   pause        stop taking frames from the source, while frames inside finish; resume takes them again
+// Semantics: pipeline/README.md#control
 import type { RunSummary } from '../telemetry/events.ts';
 import type { Knobs } from '../types.ts';
 
@@ -25,7 +24,7 @@ export interface GraphStatus {
 
 export interface GraphControl {
   status(): GraphStatus;
-  /** Stage budgets replace those named; null removes one (the stage is then bound by the frame deadline only). */
+  /** Stage budgets replace those named. null removes one, so the frame deadline alone bounds that stage. */
   setBudgets(budgets: { readonly endToEndMs?: number; readonly stages?: Readonly<Record<string, number | null>> }): void;
   pinLevel(level: number): void;
   releaseLevel(): void;

@@ -2,75 +2,9 @@
 // per-frame deadlines, bounded edges, a degradation ladder and one telemetry stream.
 //
 //   const graph = createGraph({ source, stages: chain(preprocess, encode, decode, actions, publish), clock, config });
-//   graph.events.subscribe(...);          // TelemetryEvent: frame/span/drop/cancel/degrade/error/note/output/source/control/stats
-//   graph.outputs.subscribe(...);         // Envelope<O>: what the last stage returned, per frame
-//   graph.inputs.subscribe(...);          // Envelope<I>: each frame as it entered (a recorder's frames)
-//   const summary = await graph.run();    // resolves when the source ended and everything drained, or after stop()
-//   await graph.stop('SIGINT');           // idempotent; resolves with the same summary as run()
+//   const summary = await graph.run();
 //
-// Subscribe to `events`/`outputs` before run(): they are hot and complete when the run ends.
-//
-// What the runtime adds around every Stage (each becomes an OperatorFunction<Envelope, Envelope>):
-// - The envelope: frame id (0, 1, … in source order, or first + k × stride), source id, capture ns + wall ms, deadline =
-//   capture + budgets.endToEndMs, the ladder level at admission, and one span per stage.
-// - The edge in front of the stage (edges[stage] ?? edges.default): 'latest' keeps one waiting frame
-//   (a newer one replaces it: drop 'conflated'); 'queue' keeps up to `capacity` in order (an arriving
-//   frame that finds it full: drop 'queue_full'). One frame is in flight per stage; stages run
-//   concurrently, so stage k works on frame n+1 while stage k+1 works on frame n.
-// - At entry: drop 'stale' if the frame's deadline has passed, or (budgets.dropPredictedMiss) if
-//   the fastest recent runs of the remaining stages (those measured at the frame's level), summed,
-//   would still miss it. Each stage counts the larger of its fastest run and its own prediction
-//   (Stage.predictMs: a shared decoder's sharing, on a real clock), and starts no earlier than its
-//   calls in flight (and the frames queued ahead on a 'queue' edge) would end at that pace: a frame
-//   that would wait behind its camera's previous frame in decode is dropped before preprocess.
-//   And (budgets.dropPredictedConflation) drop 'conflated' a frame that would only wait at a later
-//   'latest' edge until its source's next frame replaces it there: walking the remaining stages as
-//   above, it would arrive at that edge while the stage stays busy more than two frame intervals
-//   (the median of the source's last arrival intervals, times frameSkip + 1): the next frame gets
-//   there about one interval after it, and one more interval is margin for a next frame that comes
-//   late or runs slower than the fastest runs. Nothing is dropped so before three intervals are
-//   known or a stage on the way has a timed run, nor once the source has ended or delivered its
-//   expectedItems, nor in lockstep. A live source that ends without notice ends after the last
-//   frame's entry check: that frame, at most one per source, can be dropped though none replaces it.
-// - ctx.signal: aborts with a StageAbort at the stage deadline = min(frame deadline, entry + stage
-//   budget), reason 'deadline', or at stop(), reason 'shutdown'. A stage gives up by throwing
-//   ctx.signal.reason (pipeline/abort.ts helps with uninterruptible work), or a StageAbort of its
-//   own when native code saw the same deadline first; the runtime records the cancel for it (a
-//   stage that reported one with ctx.report({ kind: 'cancel', reason }) is not counted twice).
-// - Error isolation: DropFrame → drop with its reason; a throw after an abort, or a StageAbort →
-//   drop 'stale' (deadline) or 'shutdown'; any other throw → an 'error' event and drop 'error'.
-//   The graph runs on.
-// - The ladder (pipeline/budget.ts) decides at each admission; frameSkip drops at the source edge
-//   ('skipped'). An input the source rejected (SourceRejection) enters as a frame and is dropped
-//   'rejected' at once. Every frame that enters ends as exactly one output or one drop:
-//   frames.in = frames.out + frames.dropped once a run has ended. What else the source reports
-//   (SourceIncident: skipped or damaged input, restarts) goes out as a 'source' event when it
-//   happens, and the summary counts it.
-//
-// Clocks. RealClock: stages run when they can, durations are measured. VirtualClock (replay,
-// deterministic): the graph is a discrete-event simulation. Tasks (frame arrivals, stage starts,
-// stage exits) run one at a time in (time, insertion) order and the graph clock is advanced to each
-// task's time, so stages never run concurrently and the same input + config give the same events
-// and outputs byte for byte. The source runs one frame ahead on its own VirtualClock (a copy of the
-// graph clock at start: it may advance it to each capture time); a frame arrives at its captureNs.
-// A stage call's virtual service time is (a) how far the stage advanced ctx.clock, a per-call
-// VirtualClock starting at the entry time, plus (b) config.virtualServiceMs[stage] (one value, or
-// one per ladder level). The stage exits at entry + service. The deadline signal fires when the
-// call's virtual time (a + b) reaches its stage deadline: during a ctx.clock advance, or before the
-// call when (b) alone reaches it. A stage that then gives up (reports a cancel or throws) is
-// charged only up to the deadline; one that ignores the signal is charged its whole service time.
-// So on a virtual clock the signal fires only through virtual time: a stage must not wait for it
-// to make progress. Stats events come every telemetry.intervalMs of clock time on either clock.
-// Lockstep (config.lockstep, virtual clock only): the next source item is pulled only when the
-// previous frame has come out or been dropped, and enters at max(its capture time, now), the
-// source's timeline shifted by the accumulated wait: every frame is processed, none waits behind
-// another, and the recorded spacing is kept whenever the pipeline keeps up.
-//
-// stop(reason): the source's signal fires, waiting frames are dropped 'shutdown', in-flight calls
-// are aborted ('shutdown'); a frame a stage finishes after stop goes no further (drop 'shutdown')
-// unless it was the last stage's. On a real clock, calls that have not returned within
-// budgets.shutdownGraceMs are abandoned (their frames dropped 'shutdown'). Then source.close() and
-// every stage's close() run in order, and run()/stop() resolve with the summary.
+// Semantics (envelope, drops, deadlines, clocks, stop): pipeline/README.md.
 import { Observable, Subject, type Subscriber } from 'rxjs';
 import { CostModel, DegradeLadder } from '../budget.ts';
 import { VirtualClock, msToNs, nsToMs, type Clock } from '../clock.ts';
@@ -94,14 +28,16 @@ import { RealScheduler, VirtualScheduler, type Scheduler } from './scheduler.ts'
 import { StageRunner, type RunnerHost } from './stage-runner.ts';
 
 export interface Graph<O = unknown, I = unknown> {
+  /** Every telemetry event of the run. Hot: subscribe before run(); it completes when the run ends. */
   readonly events: Observable<TelemetryEvent>;
+  /** What the last stage returned, per frame. Hot, like `events`. */
   readonly outputs: Observable<Envelope<O>>;
-  /** Each frame as it entered the graph (before frame skip), with its payload; not the rejected ones. */
+  /** Each frame as it entered the graph, before frame skip, with its payload. Rejected inputs are left out. */
   readonly inputs: Observable<Envelope<I>>;
   /** Runs the graph once; resolves with the summary when the source has ended and every frame
    * has come out or been dropped, or after stop(). */
   run(): Promise<RunSummary>;
-  /** Stops the run (idempotent; before run() it makes run() end at once). */
+  /** Stops the run and resolves with the same summary as run(). Idempotent; before run(), run() ends at once. */
   stop(reason?: string): Promise<RunSummary>;
   /** Budgets, ladder pin, pause/resume and status of the running graph. */
   readonly control: GraphControl;
@@ -113,7 +49,7 @@ export interface GraphOptions<I, O> {
   readonly stages: StageChain<I, O>;
   readonly clock: Clock;
   readonly config: GraphConfig;
-  /** Frame ids first, first + stride, … (default 0, 1, …): graphs of one run (cameras) keep their ids apart. */
+  /** Frame ids are first, first + stride, … (default 0, 1, …). So the cameras' graphs of one run keep their ids apart. */
   readonly frameIds?: { readonly first: number; readonly stride: number };
 }
 
@@ -195,9 +131,8 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
       if (i > from) {
         const runner = this.#runners[i]!;
         const freeNs = runner.freeAtNs(t, fastestNs);
-        // The next frame gets here about one interval after this one (no later: it would wait less
-        // behind busy stages than this one does). One more interval of margin covers a next frame
-        // that comes late, or upstream runs slower than their fastest.
+        // The next frame gets here about one interval after this one. It is no later, since it waits less behind busy stages.
+        // One more interval of margin covers a late next frame, or upstream runs slower than their fastest.
         if (runner.conflates && freeNs - t > 2n * everyNs) {
           const next = env.frameId + this.#frameIdStride * (frameSkip + 1);
           const { name } = runner;
@@ -210,10 +145,9 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     return undefined;
   }
 
-  /** Stage i's time for a frame at `level` with deadline `deadlineNs`: the larger of its fastest
-   * recent run and its own prediction (ownMs; a stage's prediction is on the monotonic clock it runs
-   * on, so a virtual graph, whose time is its own, does not ask); `entering`: the frame is at stage
-   * i's own entry. */
+  /** Stage i's time for a frame at `level` with deadline `deadlineNs`: the larger of its fastest recent run and ownMs.
+   * ownMs is the stage's own prediction. It is on the monotonic clock, so a virtual graph does not ask.
+   * `entering`: the frame is at stage i's own entry. */
   #fastestRun(i: number, level: number, deadlineNs: bigint, entering: boolean): { readonly ownMs: number; readonly fastestNs: bigint } {
     const stage = this.#stages[i]!;
     const ownMs = this.virtual ? 0 : Math.max(0, stage.predictMs?.(deadlineNs, entering) ?? 0);
@@ -460,9 +394,9 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     for (const release of held.values()) release();
   }
 
-  drop(frameId: number, stage: string, reason: DropReason, detail: string): void {
+  drop(frameId: number, stage: string, reason: DropReason, detail: string, cause?: string): void {
     this.#releaseAll(frameId);
-    this.emit({ type: 'drop', atNs: this.clock.nowNs(), frameId, stage, reason, detail });
+    this.emit({ type: 'drop', atNs: this.clock.nowNs(), frameId, stage, reason, detail, ...(cause ? { cause } : {}) });
   }
 
   run(): Promise<RunSummary> {

@@ -1,7 +1,6 @@
-// Several graphs run as one (one graph per camera, their stages sharing engines): one event stream,
-// one summary over every frame of every graph with each graph's own summary by id (RunSummary.cameras),
-// one stop. Each graph keeps its own edges, budgets, ladder, deadlines and drops; a graph whose source
-// ends is done while the others go on, and the group ends when every graph has.
+// Several graphs run as one: one graph per camera, their stages sharing engines.
+// The group has one event stream, one stop, and one summary with each graph's own (RunSummary.cameras).
+// Semantics: pipeline/README.md#cameras
 //
 //   const group = new GraphGroup([{ id: 'front', graph: front }, { id: 'rear', graph: rear }], clock, 1000);
 //   group.events.subscribe(...);   // every graph's events but their own stats, then the group's stats

@@ -1,5 +1,6 @@
-// Scheduling: the one place real and virtual time differ. A RealScheduler runs a task at once; a
-// VirtualScheduler runs tasks one at a time in (time, insertion) order, advancing the clock to each.
+// Scheduling: the one place real and virtual time differ. A RealScheduler runs a task at once.
+// A VirtualScheduler runs tasks one at a time in (time, insertion) order, advancing the clock to each.
+// Semantics: pipeline/README.md#clocks-and-lockstep
 import type { VirtualClock } from '../clock.ts';
 
 type Task = () => void | Promise<void>;
@@ -103,5 +104,5 @@ export class VirtualScheduler implements Scheduler {
   }
 }
 
-/** A stage call's own clock on a virtual graph: starts at the entry time; advancing it is the
- * stage spending virtual time, and crossing the stage deadline fires the call's signal. */
+/** A stage call's own clock on a virtual graph, starting at the entry time.
+ * Advancing it is the stage spending virtual time. Crossing the stage deadline fires the call's signal. */

@@ -1,6 +1,6 @@
-// One stage as an RxJS operator: its edge, the entry checks (shutdown, stale, predicted miss,
-// predicted conflation), the StageContext of each call (deadline signal, per-call clock on a virtual
-// graph), the span, and the classification of what the call returned or threw. The graph (graph.ts) is its RunnerHost.
+// One stage as an RxJS operator: its edge, entry checks, each call's StageContext, the span,
+// and the classification of what the call returned or threw. The graph (graph.ts) is its RunnerHost.
+// Semantics: pipeline/README.md#edges-and-drops
 import { Observable, type OperatorFunction, type Subscriber } from 'rxjs';
 import type { CostModel, DegradeLadder } from '../budget.ts';
 import { VirtualClock, msToNs, nsToMs, type Clock } from '../clock.ts';
@@ -20,8 +20,8 @@ import {
 import { createEdge, type Edge } from './edges.ts';
 import type { Scheduler } from './scheduler.ts';
 
-/** A stage call's own clock on a virtual graph: starts at the entry time; advancing it is the
- * stage spending virtual time, and crossing the stage deadline fires the call's signal. */
+/** A stage call's own clock on a virtual graph, starting at the entry time.
+ * Advancing it is the stage spending virtual time. Crossing the stage deadline fires the call's signal. */
 class CallClock extends VirtualClock {
   readonly #onAdvance: () => void;
   constructor(startNs: bigint, wallOriginMs: number, onAdvance: () => void) {
@@ -53,25 +53,23 @@ export interface RunnerHost {
   readonly ladder: DegradeLadder;
   readonly dropPredictedMiss: boolean;
   readonly dropPredictedConflation: boolean;
-  /** When a frame entering stage `from` at `enterNs` would leave the last stage at the earliest, and
-   * what made it later than the stages' fastest runs (see graph.ts). */
+  /** The earliest a frame entering stage `from` at `enterNs` would leave the last stage.
+   * The notes say what made it later than the stages' fastest runs. */
   earliestEnd(
     level: number,
     from: number,
     enterNs: bigint,
     deadlineNs: bigint,
   ): { readonly endNs: bigint; readonly notes: readonly string[] };
-  /** Why a frame entering stage `from` at `enterNs` would only wait at a later 'latest' edge until
-   * its source's next frame replaces it there (see graph.ts); undefined when it would not, or when
-   * that cannot be known. */
+  /** Why a frame entering stage `from` at `enterNs` would be replaced at a later 'latest' edge by its source's next frame.
+   * Undefined when it would not, or when that cannot be known. */
   predictConflation(env: Envelope<unknown>, from: number, enterNs: bigint): string | undefined;
-  /** A frame that passed stage `from`'s entry checks: it reserves its place at the stages after
-   * `from` that take reservations (Stage.reserve); see graph.ts. */
+  /** A frame passed stage `from`'s entry checks. It reserves its place at the later stages that take reservations (Stage.reserve). */
   reserveAhead(env: Envelope<unknown>, from: number): void;
   /** The frame entered stage `index`: its reservation there ends. */
   releaseAt(frameId: number, index: number): void;
   emit(event: TelemetryEvent): void;
-  drop(frameId: number, stage: string, reason: DropReason, detail: string): void;
+  drop(frameId: number, stage: string, reason: DropReason, detail: string, cause?: string): void;
 }
 
 type Outcome = { readonly ok: true; readonly value: unknown } | { readonly ok: false; readonly error: unknown };
@@ -83,9 +81,8 @@ interface InFlight {
   abandoned: boolean;
 }
 
-/** The StageContext of one call. Its AbortController (and on a real clock the deadline timer) is
- * made when the stage first reads `signal`, so a stage that never looks pays for neither; an abort
- * that came earlier is already set on the signal it gets. */
+/** The StageContext of one call. Its AbortController and real-clock deadline timer are made when the stage first reads `signal`.
+ * So a stage that never looks pays for neither. An earlier abort is already set on the signal it gets. */
 class CallContext implements StageContext {
   readonly frame: FrameMeta;
   readonly clock: Clock;
@@ -129,16 +126,16 @@ class CallContext implements StageContext {
     return this.#controller.signal;
   }
 
-  /** Node's timers count from the event loop's cached time, which can lag the clock, so a timer
-   * may fire early: check, and wait again for what is left. */
+  /** Node's timers count from the event loop's cached time, which can lag the clock.
+   * So a timer may fire early: check, and wait again for what is left. */
   #armDeadline(): void {
     const leftMs = nsToMs(this.stageDeadlineNs - this.clock.nowNs());
     if (leftMs <= 0) this.abort('deadline');
     else this.#timer = setTimeout(() => this.#armDeadline(), Math.ceil(leftMs));
   }
 
-  /** The abort that happened, if any. On a real clock the deadline counts only for a stage that
-   * read the signal (nothing else arms the timer); on a virtual clock it always counts. */
+  /** The abort that happened, if any. On a virtual clock the deadline always counts.
+   * On a real clock it counts only for a stage that read the signal, since nothing else arms the timer. */
   get abortedBy(): StageAbort | undefined {
     return this.#abortedBy;
   }
@@ -222,10 +219,9 @@ export class StageRunner {
     return this.#edge.dropReason === 'conflated';
   }
 
-  /** The earliest instant a frame arriving at `arriveNs` could start here, if every call takes
-   * `fastestNs` from its start: its arrival while a slot is free, else when the first call in flight
-   * ends; plus a turn per `concurrency` frames queued ahead of it on a 'queue' edge (on a 'latest'
-   * edge it replaces the frame that waits). */
+  /** The earliest a frame arriving at `arriveNs` could start here, if every call takes `fastestNs`.
+   * That is its arrival while a slot is free, else when the first call in flight ends.
+   * On a 'queue' edge, add a turn per `concurrency` frames queued ahead. On a 'latest' edge it replaces the waiting frame. */
   freeAtNs(arriveNs: bigint, fastestNs: bigint): bigint {
     if (this.#inFlight.size < this.#concurrency) return arriveNs;
     let firstEnd: bigint | undefined;
@@ -258,8 +254,9 @@ export class StageRunner {
     }
     const dropped = this.#edge.offer(env);
     if (dropped) {
-      const detail = this.#edge.dropReason === 'conflated' ? `replaced by frame ${env.frameId}` : `queue full (${this.#edge.size})`;
-      this.#host.drop(dropped.frameId, this.name, this.#edge.dropReason, detail);
+      const conflated = this.#edge.dropReason === 'conflated';
+      const detail = conflated ? `replaced by frame ${env.frameId}` : `queue full (${this.#edge.size})`;
+      this.#host.drop(dropped.frameId, this.name, this.#edge.dropReason, detail, conflated ? 'replaced by a newer frame' : 'queue full');
     }
     this.#startNext();
   }
@@ -341,8 +338,8 @@ export class StageRunner {
     call.dispose();
     if (inFlight.abandoned) return; // already counted as dropped 'shutdown'
     if (host.virtual) {
-      // A stage that gave up at the deadline (reported a cancel, or threw) is charged its modelled
-      // time only up to the deadline; one that ignored the signal is charged all of it.
+      // A stage that gave up at the deadline (reported a cancel, or threw) is charged only up to the deadline.
+      // One that ignored the signal is charged its whole modelled time.
       const spentNs = call.clock.nowNs();
       const gaveUp = call.abortedBy?.reason === 'deadline' && (call.cancelReported || !outcome.ok);
       const exitNs = gaveUp ? max(spentNs, min(spentNs + modelledNs, stageDeadlineNs)) : spentNs + modelledNs;

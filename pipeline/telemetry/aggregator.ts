@@ -154,8 +154,8 @@ export const MAX_DROP_CAUSES = 50;
 export const MAX_SOURCE_DETAILS = 50;
 const OTHER_CAUSES = '(other causes)';
 
-/** `stage: cause` of a drop: its own cause, or its detail with numbers, hex and quoted text blanked
- * out, so that drops for the same reason count together ('deadline passed # ms before entry'). */
+/** `stage: cause` of a drop: its own cause, or else its detail with numbers, hex and quoted text blanked out.
+ * So drops for the same reason count together, e.g. 'deadline passed # ms before entry'. */
 export function dropCause(event: DropEvent): string {
   const cause =
     event.cause ??

@@ -1,5 +1,5 @@
-// Telemetry events: the one stream the graph emits (frame | span | drop | cancel | degrade | error |
-// note | output | source | control | stats), the RunSummary a stats event carries, and eventToJson() for JSON lines.
+// Telemetry events: the one stream the graph emits, the RunSummary a stats event carries,
+// and eventToJson() for JSON lines. Kinds: frame, span, drop, cancel, degrade, error, note, output, source, control, stats.
 //
 // The other telemetry files are consumers of this stream:
 //   histogram.ts   LatencyHistogram: log-linear (HDR-style) histogram of ns durations
@@ -12,7 +12,7 @@ import type { DropReason, SourceIncident, StageEvent } from '../types.ts';
 
 export type CancelReason = Extract<StageEvent, { kind: 'cancel' }>['reason'];
 
-/** A frame entered the graph (counted in `frames.in`; it ends as exactly one output or drop). */
+/** A frame entered the graph and is counted in `frames.in`. It ends as exactly one output or drop. */
 export interface FrameEvent {
   readonly type: 'frame';
   readonly atNs: bigint;
@@ -33,8 +33,8 @@ export interface SpanEvent {
   readonly exitNs: bigint;
   readonly degradeLevel: number;
 }
-/** A frame was dropped. `stage` is the stage at whose entry/edge (or inside which) it was dropped,
- * or 'source' for the source edge (frame skip, shutdown before admission). */
+/** A frame was dropped. `stage` is where: at its entry or edge, or inside it.
+ * 'source' is the source edge, for frame skip and shutdown before admission. */
 export interface DropEvent {
   readonly type: 'drop';
   readonly atNs: bigint;
@@ -42,8 +42,8 @@ export interface DropEvent {
   readonly stage: string;
   readonly reason: DropReason;
   readonly detail: string;
-  /** Short and stable, for counting (the summary's drops.causes); when absent, the detail with its
-   * numbers blanked out stands for it. */
+  /** Short and stable, for counting in the summary's drops.causes.
+   * When absent, the detail with its numbers blanked out stands for it. */
   readonly cause?: string;
 }
 export interface CancelEvent {
@@ -87,8 +87,8 @@ export interface OutputEvent {
   /** Finished after its deadline (a deadline miss that still came out). */
   readonly late: boolean;
 }
-/** Something the source reported that is not a frame (SourceIncident: skipped or damaged input,
- * a restart or exit of its input process); counted by kind in the summary's `source`. */
+/** Something the source reported that is not a frame: a SourceIncident.
+ * The summary's `source` counts them by kind. */
 export interface SourceEvent extends SourceIncident {
   readonly type: 'source';
   readonly atNs: bigint;
@@ -159,26 +159,26 @@ export interface RunSummary {
   readonly drops: {
     readonly byReason: Counts<DropReason>;
     readonly byStage: Readonly<Record<string, Counts<DropReason>>>;
-    /** `stage: cause` → count, most frequent first (at most MAX_DROP_CAUSES, the rest as '(other causes)'). */
+    /** `stage: cause` → count, most frequent first. Past MAX_DROP_CAUSES, the rest count as '(other causes)'. */
     readonly causes: Readonly<Record<string, number>>;
   };
   readonly cancels: Readonly<Record<string, Counts<CancelReason>>>;
   readonly errors: Readonly<Record<string, number>>;
-  /** What the source reported besides frames: incidents by kind, and their details in order (the
-   * first MAX_SOURCE_DETAILS; the events stream has them all). */
+  /** What the source reported besides frames: incidents by kind, and the first MAX_SOURCE_DETAILS details in order.
+   * The events stream has them all. */
   readonly source: { readonly counts: Counts<SourceIncident['kind']>; readonly details: readonly string[] };
   readonly degrade: { readonly down: number; readonly up: number; readonly level: number; readonly maxLevel: number };
   /** Per stage: durations of its process() calls (span enter → exit), in stage order. */
   readonly stages: Readonly<Record<string, LatencyStats>>;
   /** Capture → last stage exit, over frames that came out. */
   readonly endToEnd: LatencyStats;
-  /** A run of several cameras: each camera's own summary by camera id (the fields above are over
-   * all cameras together). */
+  /** A run of several cameras: each camera's own summary by camera id.
+   * The fields above cover all cameras together. */
   readonly cameras?: Readonly<Record<string, RunSummary>>;
 }
 
-/** A consumer of the graph's telemetry besides the summary (a publisher's event topics, a log):
- * `graph.events.subscribe(sink.accept)`. */
+/** A consumer of the graph's telemetry besides the summary, such as a publisher's event topics or a log.
+ *   graph.events.subscribe(sink.accept); */
 export interface TelemetrySink {
   /** Takes one event of the run, in order; never throws (delivery failures are counted). */
   readonly accept: (event: TelemetryEvent) => void;

@@ -4,11 +4,10 @@ const LINEAR_LIMIT = 256; // values below this are counted exactly
 const SUB_BUCKETS = 128; // per power of two above it: relative bucket width ≤ 1/128
 const MAX_EXPONENT = 52; // up to 2^53 ns (104 days); larger values land in the last bucket
 
-/** A log-linear histogram of non-negative integer values (ns), in the manner of HdrHistogram:
- * values below 256 are exact; above, each power of two is split into 128 equal buckets, so a
- * reported quantile is never more than 1/128 (0.8 %) above the true order statistic and never
- * outside [min, max]. Quantiles use the nearest-rank definition: the smallest recorded value v
- * such that at least ⌈q·n⌉ values are ≤ v. */
+/** A log-linear histogram of non-negative integer values (ns), in the manner of HdrHistogram.
+ * Values below 256 are exact. Above, each power of two is split into 128 equal buckets.
+ * So a reported quantile is at most 1/128 above the true order statistic, and within [min, max].
+ * Quantiles are nearest-rank: the smallest recorded v such that at least ⌈q·n⌉ values are ≤ v. */
 export class LatencyHistogram {
   readonly #counts = new Float64Array(LINEAR_LIMIT + (MAX_EXPONENT - 7) * SUB_BUCKETS);
   #count = 0;

@@ -76,8 +76,7 @@ function formatHeadline(summary: RunSummary): string {
 /** Drop causes shown in the text summary (the JSON summary has them all). */
 const SHOWN_CAUSES = 10;
 
-/** The source's incidents (what it skipped, damage it read around, restarts) with their details,
- * and the drops by cause, most frequent first. */
+/** The source's incidents with their details, and the drops by cause, most frequent first. */
 function formatAccounts(summary: RunSummary): string[] {
   const lines: string[] = [];
   const { counts, details } = summary.source;
@@ -124,8 +123,8 @@ export interface LiveTableOptions {
   readonly intervalMs?: number;
 }
 
-/** Shows the latest stats snapshot as a table redrawn in place, at most once per interval of
- * real time (a virtual-clock replay may emit stats far faster). Draws nothing when disabled. */
+/** Shows the latest stats snapshot as a table redrawn in place, at most once per interval of real time.
+ * A virtual-clock replay may emit stats far faster. Draws nothing when disabled. */
 export class LiveTable {
   readonly #stream: NodeJS.WriteStream;
   readonly #enabled: boolean;

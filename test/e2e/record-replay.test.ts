@@ -112,6 +112,7 @@ describe('percept run: replay and record', { timeout: 600_000 }, () => {
     };
     const hash = (data: Buffer) => createHash('sha256').update(data).digest('hex');
     assert.ok(a.published.length >= 6, `published ${a.published.length} messages:\n${a.output}`);
+    assert.ok(a.output.includes(`recorded the run to ${join(dir, 'lockstep-a.mcap')}`), `where the recording went:\n${a.output}`);
     assert.equal(stream(a.published), stream(b.published), 'the published stream');
     assert.equal(hash(a.mcap), hash(b.mcap), 'the recorded MCAP');
     // What makes that possible: nothing measured in it. One run id, derived from the replay (the

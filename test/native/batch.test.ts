@@ -54,7 +54,7 @@ describe('batched decoding on gemma4-tiny', () => {
     { image: fakeImage(24, model.info.nEmbd, 100 + i), nTokens: 24, causal },
     { text: `\nWhat should the robot do? Answer in JSON.<end_of_turn>\n<start_of_turn>model\n` },
   ];
-  const actionOptions = (): GenerateOptions => ({ maxTokens: grammar.maxTokens ?? 256, grammar, jumpForward: true });
+  const actionOptions = (): GenerateOptions => ({ maxTokens: grammar.worstCaseTokens ?? 256, grammar, jumpForward: true });
 
   async function alone(prompt: readonly PromptSegment[], options: GenerateOptions): Promise<GenerateResult> {
     single.clearCache();

@@ -68,30 +68,33 @@ describe('grammar token index (gemma4-tiny vocabulary, 262,144 tokens)', () => {
     assert.ok(ix.entries > ix.tokenStates, `entries ${ix.entries}`);
     assert.ok(ix.forcedStates > 0);
     assert.equal(ix.prunedEntries, 0);
-    assert.ok(grammar.maxTokens !== null && grammar.maxTokens > 30 && grammar.maxTokens < 400, `maxTokens ${grammar.maxTokens}`);
+    assert.ok(
+      grammar.worstCaseTokens !== null && grammar.worstCaseTokens > 30 && grammar.worstCaseTokens < 400,
+      `worstCaseTokens ${grammar.worstCaseTokens}`,
+    );
     assert.ok(eog.length >= 1 && eog.every((t) => model.tokenText(t).length > 0));
   });
 
-  test('every walk is a complete action, and no longer than maxTokens', () => {
+  test('every walk is a complete action, and no longer than worstCaseTokens', () => {
     for (const path of paths.slice(SAMPLES.length)) {
       const text = model.detokenize(path);
       assert.doesNotThrow(() => JSON.parse(text), text);
-      assert.ok(path.length <= grammar.maxTokens!, `${path.length} tokens > maxTokens ${grammar.maxTokens}: ${text}`);
+      assert.ok(path.length <= grammar.worstCaseTokens!, `${path.length} tokens > worstCaseTokens ${grammar.worstCaseTokens}: ${text}`);
     }
   });
 
   test('maxChoices bounds the tokens a decoder with jump-forward picks: exact on small grammars, never passed by walks', async () => {
     // A digit, then a digit or the end: two picks (the second digit, or the end-of-generation token).
     const twoDigits = await model.grammar('root ::= [0-9] [0-9]?');
-    assert.equal(twoDigits.maxTokens, 2);
+    assert.equal(twoDigits.worstCaseTokens, 2);
     assert.equal(twoDigits.maxChoices, 2);
     // Forced text around one digit: only the digit is picked, the end comes with the grammar complete.
     const wrapped = await model.grammar('root ::= "{\\"a\\":" [0-9] "}"');
     assert.equal(wrapped.maxChoices, 1);
-    assert.ok(wrapped.maxTokens! > wrapped.maxChoices!);
+    assert.ok(wrapped.worstCaseTokens! > wrapped.maxChoices!);
     assert.equal((await model.grammar('root ::= [0-9] ("," [0-9])*')).maxChoices, null, 'unbounded');
     const max = grammar.maxChoices!;
-    assert.ok(max > 1 && max < grammar.maxTokens!, `maxChoices ${max} of maxTokens ${grammar.maxTokens}`);
+    assert.ok(max > 1 && max < grammar.worstCaseTokens!, `maxChoices ${max} of worstCaseTokens ${grammar.worstCaseTokens}`);
     // Walks as the decoder takes them: forced runs whole, a random admitted token (or the end,
     // where admitted) at every choice.
     let most = 0;
@@ -185,7 +188,7 @@ describe('grammar token index (gemma4-tiny vocabulary, 262,144 tokens)', () => {
     });
     assert.equal(recursive.index, null);
     assert.match(recursive.fallback!, /recursive grammar/);
-    assert.equal(recursive.maxTokens, null);
+    assert.equal(recursive.worstCaseTokens, null);
     const tokens = await model.grammar('root ::= <[1000]> "a"');
     assert.match(tokens.fallback!, /token ids/);
     const small = await model.grammar(jsonSchemaToGbnf(ACTION_SCHEMA), 'root', { maxStates: 3 });

@@ -24,7 +24,7 @@ describe('speculation under the action grammar on gemma4-tiny', () => {
     grammar = await target.grammarFromJsonSchema(schema);
     const ctx = await target.createContext({ nCtx: 512 });
     for (const p of PROMPTS)
-      reference.set(p, (await ctx.generate([{ text: p, addSpecial: true }], { maxTokens: grammar.maxTokens!, grammar })).tokens);
+      reference.set(p, (await ctx.generate([{ text: p, addSpecial: true }], { maxTokens: grammar.worstCaseTokens!, grammar })).tokens);
     await ctx.dispose();
   });
   after(async () => {
@@ -80,7 +80,7 @@ describe('speculation under the action grammar on gemma4-tiny', () => {
         const runs: GenerateResult[] = [];
         for (const p of PROMPTS) {
           for (const jumpForward of [false, true]) {
-            const r = await ctx.generate([{ text: p, addSpecial: true }], { maxTokens: grammar.maxTokens!, grammar, jumpForward });
+            const r = await ctx.generate([{ text: p, addSpecial: true }], { maxTokens: grammar.worstCaseTokens!, grammar, jumpForward });
             assert.deepEqual(r.tokens, reference.get(p), `${p} (jumpForward ${jumpForward}): ${r.text}`);
             assert.equal(r.stopReason, 'eos');
             if (jumpForward) assert.ok(r.forced > 0);

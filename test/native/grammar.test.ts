@@ -33,7 +33,7 @@ describe('action-schema generation on gemma4-tiny', () => {
 
   test(`${RUNS} seeded generations with maxTokens = the grammar's worst case: all complete, all valid`, async () => {
     const validate = new Ajv({ strict: false }).compile(schema);
-    const maxTokens = grammar.maxTokens!;
+    const maxTokens = grammar.worstCaseTokens!;
     assert.ok(maxTokens > 0);
     const actions = new Set<string>();
     let longest = 0;
@@ -55,8 +55,8 @@ describe('action-schema generation on gemma4-tiny', () => {
   test('jump-forward: identical greedy output, forced tokens counted, fewer decodes', async () => {
     for (const text of ['Action:', 'The cup is near. Action JSON:', 'Stop?']) {
       const prompt = [{ text, addSpecial: true }];
-      const plain = await ctx.generate(prompt, { maxTokens: grammar.maxTokens!, grammar });
-      const jf = await ctx.generate(prompt, { maxTokens: grammar.maxTokens!, grammar, jumpForward: true });
+      const plain = await ctx.generate(prompt, { maxTokens: grammar.worstCaseTokens!, grammar });
+      const jf = await ctx.generate(prompt, { maxTokens: grammar.worstCaseTokens!, grammar, jumpForward: true });
       assert.deepEqual(jf.tokens, plain.tokens);
       assert.equal(jf.text, plain.text);
       assert.equal(jf.stopReason, 'eos');
@@ -103,7 +103,7 @@ describe('action-schema generation on gemma4-tiny', () => {
       assert.equal(padded.info.stepTokens, 4);
       for (const text of ['Action:', 'The cup is near. Action JSON:']) {
         const prompt = [{ text, addSpecial: true }];
-        const opts = { maxTokens: grammar.maxTokens!, grammar, jumpForward: true };
+        const opts = { maxTokens: grammar.worstCaseTokens!, grammar, jumpForward: true };
         const plain = await unpadded.generate(prompt, opts);
         const p = await padded.generate(prompt, opts);
         assert.deepEqual(p.tokens, plain.tokens, text);
@@ -129,7 +129,7 @@ describe('action-schema generation on gemma4-tiny', () => {
 
   test('sampling looks only at the admitted tokens: the same seed gives the same action', async () => {
     const a = await ctx.generate(PROMPT, {
-      maxTokens: grammar.maxTokens!,
+      maxTokens: grammar.worstCaseTokens!,
       grammar,
       temperature: 1,
       topK: 40,
@@ -137,7 +137,7 @@ describe('action-schema generation on gemma4-tiny', () => {
       seed: 7,
       jumpForward: true,
     });
-    const b = await ctx.generate(PROMPT, { maxTokens: grammar.maxTokens!, grammar, temperature: 1, topK: 40, topP: 0.9, seed: 7 });
+    const b = await ctx.generate(PROMPT, { maxTokens: grammar.worstCaseTokens!, grammar, temperature: 1, topK: 40, topP: 0.9, seed: 7 });
     assert.deepEqual(a.tokens, b.tokens);
   });
 
@@ -167,7 +167,7 @@ describe('action-schema generation on gemma4-tiny', () => {
     } finally {
       await other.dispose();
     }
-    const r = await ctx.generate([{ text: 'ok' }], { maxTokens: grammar.maxTokens!, grammar });
+    const r = await ctx.generate([{ text: 'ok' }], { maxTokens: grammar.worstCaseTokens!, grammar });
     assert.equal(r.stopReason, 'eos');
   });
 });

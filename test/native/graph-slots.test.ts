@@ -31,7 +31,7 @@ async function runs(model: LlamaModel, graphSlots: number): Promise<Runs> {
   for (let round = 0; round < 2; round++) {
     for (const text of PROMPTS) {
       if (round === 0) ctx.clearCache();
-      const r = await ctx.generate([{ text, addSpecial: true }], { maxTokens: grammar.maxTokens!, grammar, jumpForward: true });
+      const r = await ctx.generate([{ text, addSpecial: true }], { maxTokens: grammar.worstCaseTokens!, grammar, jumpForward: true });
       out.push({ tokens: [...r.tokens], decodeCalls: r.timings.decodeCalls, graphReuses: r.timings.graphReuses });
     }
   }

@@ -36,7 +36,7 @@ export async function shapeGraphRuns(shapeGraphs: boolean, rounds = 3, graphSlot
     for (let round = 0; round < rounds; round++) {
       for (const [prompt, text] of PROMPTS.entries()) {
         ctx.clearCache();
-        const r = await ctx.generate([{ text, addSpecial: true }], { maxTokens: grammar.maxTokens!, grammar, jumpForward: true });
+        const r = await ctx.generate([{ text, addSpecial: true }], { maxTokens: grammar.worstCaseTokens!, grammar, jumpForward: true });
         runs.push({ prompt, tokens: [...r.tokens], decodeCalls: r.timings.decodeCalls });
       }
     }

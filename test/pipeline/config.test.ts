@@ -137,7 +137,9 @@ describe('loadConfig', () => {
     [
       'more service levels than ladder levels',
       { ladder: { rungs: [{ draft: false }] }, virtualServiceMs: { decode: [3, 2, 1] } },
-      ['/virtualServiceMs/decode: has 3 levels but the ladder has 2'],
+      [
+        "/virtualServiceMs/decode: has 3 levels but the ladder has 2 (ladder.rungs + 1): calibrate again with this ladder, or leave ladder.rungs out to take the calibration file's",
+      ],
     ],
     [
       'minSamples above the window',

@@ -33,6 +33,7 @@ describe('calibrate', () => {
       { imageTokens: 140, maxNewTokens: 64, draft: true, frameSkip: 1 },
     ];
     const frames = Array.from({ length: 4 }, (): CameraFrame => ({ encoding: 'jpeg', data: new Uint8Array(1) }));
+    const progress: string[] = [];
     const times = await timeStages({
       stages: [
         stage('encode', (k) => k.imageTokens / 10),
@@ -43,7 +44,10 @@ describe('calibrate', () => {
       frames,
       levels,
       now: () => now,
+      onFrame: (level, frame) => progress.push(`${level}:${frame}`),
     });
+    // Every level's frames count as done, the reused level's too, so progress reaches its total.
+    assert.deepEqual(progress, ['0:0', '0:1', '0:2', '0:3', '1:0', '1:1', '1:2', '1:3', '2:0', '2:1', '2:2', '2:3']);
     // Frame ids 1..4 are timed (0 is the warm-up); frame 3 is dropped by actions, so publish never sees it.
     assert.deepEqual(times.samples.get('encode'), [
       [28, 28, 28, 28],
@@ -60,6 +64,21 @@ describe('calibrate', () => {
     writeFileSync(join(dir, 'calibration.json'), JSON.stringify(calibration));
     writeFileSync(join(dir, 'config.json'), JSON.stringify({ clock: 'virtual', virtualServiceMs: 'calibration.json' }));
     assert.deepEqual(loadConfig(join(dir, 'config.json')).virtualServiceMs, calibration.virtualServiceMs);
+    // A config without rungs takes the ladder the calibration was measured with, whatever its length.
+    const knobs = { imageTokens: 280, maxNewTokens: 64, draft: true, frameSkip: 0 };
+    const levels = [knobs, { ...knobs, imageTokens: 140 }, { ...knobs, imageTokens: 140, frameSkip: 1 }];
+    const six = { ...calibration, virtualServiceMs: { decode: [9, 8, 7] }, levels };
+    writeFileSync(join(dir, 'calibration-3.json'), JSON.stringify(six));
+    writeFileSync(join(dir, 'only-calibration.json'), JSON.stringify({ clock: 'virtual', virtualServiceMs: 'calibration-3.json' }));
+    const adopted = loadConfig(join(dir, 'only-calibration.json')).ladder;
+    assert.deepEqual(adopted.initial, knobs);
+    assert.deepEqual(adopted.rungs, [{ imageTokens: 140 }, { frameSkip: 1 }]);
+    // With rungs of its own, a config keeps them, and a mismatch says what to change.
+    writeFileSync(
+      join(dir, 'own-ladder.json'),
+      JSON.stringify({ virtualServiceMs: 'calibration-3.json', ladder: { rungs: [{ draft: false }] } }),
+    );
+    assert.throws(() => loadConfig(join(dir, 'own-ladder.json')), /has 3 levels but the ladder has 2 .*leave ladder\.rungs out/);
     writeFileSync(join(dir, 'bad.json'), JSON.stringify({ virtualServiceMs: 'config.json' }));
     assert.throws(
       () => loadConfig(join(dir, 'bad.json')),
@@ -86,12 +105,15 @@ describe('calibrate', () => {
       };
       writeFileSync(join(dir, 'tiny.json'), JSON.stringify(config));
       const out = join(dir, 'tiny-calibration.json');
-      const { stdout } = await promisify(execFile)(
+      const { stdout, stderr } = await promisify(execFile)(
         process.execPath,
         [join(root, 'tools/percept.mjs'), 'calibrate', '--config', join(dir, 'tiny.json'), '--frames', '2', '--out', out],
         { cwd: dir, timeout: 540_000 },
       );
       assert.match(stdout, /levels +3/);
+      // stderr is a pipe here: whole lines, no carriage return, and the count reaches its total.
+      assert.ok(!stderr.includes('\r'), `no carriage return in a pipe: ${JSON.stringify(stderr)}`);
+      assert.match(stderr, /^percept: calibrate 6\/6 frames$/m);
       const file = JSON.parse(readFileSync(out, 'utf8')) as CalibrationFile;
       assert.equal(file.kind, 'percept.calibration');
       assert.equal(file.frames, 2);

@@ -4,14 +4,8 @@
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { loadActionSchema } from '../../nodes/action-schema.ts';
-import {
-  actionTokenBudget,
-  createCameraDecoderStages,
-  createDecoderStage,
-  decodeCallBound,
-  type DecoderStage,
-} from '../../nodes/decoder.ts';
+import { decodeBudget, loadActionSchema } from '../../nodes/action-schema.ts';
+import { createCameraDecoderStages, createDecoderStage, decodeCallBound, type DecoderStage } from '../../nodes/decoder.ts';
 import { RealClock } from '../../pipeline/clock.ts';
 import { loadConfig } from '../../pipeline/config.ts';
 import type { ImageEmbedding } from '../../nodes/payloads.ts';
@@ -93,25 +87,40 @@ describe('decode stage on gemma4-tiny', () => {
 
   test("the token budget follows the schema's worst case; a configured one below it is refused", () => {
     assert.ok(stage.maxNewTokens > 30 && stage.maxNewTokens < 400, `${stage.maxNewTokens}`);
-    assert.equal(actionTokenBudget(null, 113, 's.json', null), 113);
-    assert.equal(actionTokenBudget(200, 113, 's.json', null), 200);
+    const bounded = { worstCaseTokens: 113, fallback: null };
+    assert.equal(decodeBudget(null, bounded, 's.json').maxNewTokens, 113);
+    assert.equal(decodeBudget(200, bounded, 's.json').maxNewTokens, 200);
     assert.throws(
-      () => actionTokenBudget(64, 113, 's.json', null),
+      () => decodeBudget(64, bounded, 's.json'),
       /maxNewTokens 64 is below the 113 tokens a complete action under s\.json can take/,
     );
-    assert.equal(actionTokenBudget(64, null, 's.json', 'a recursive grammar'), 64);
-    assert.throws(() => actionTokenBudget(null, null, 's.json', 'a recursive grammar'), /must be set: .* \(a recursive grammar\)/);
+    const unbounded = { worstCaseTokens: null, fallback: 'a recursive grammar' };
+    assert.equal(decodeBudget(64, unbounded, 's.json').maxNewTokens, 64);
+    assert.throws(() => decodeBudget(null, unbounded, 's.json'), /must be set: .* \(a recursive grammar\)/);
+    assert.throws(() => decodeBudget(0, bounded, 's.json'), /integer ≥ 1 or null, got 0/);
+    assert.throws(() => decodeBudget(2.5, null, 's.json'), /integer ≥ 1 or null, got 2.5/);
+  });
+
+  test("a frame's budget under the ladder's knob: lowered by it, never below a complete action", () => {
+    const budget = decodeBudget(200, { worstCaseTokens: 113, fallback: null }, 's.json');
+    assert.equal(budget.atKnob(500), 200);
+    assert.equal(budget.atKnob(150), 150);
+    assert.equal(budget.atKnob(48), 113);
+    // A remote server runs the grammar: the configured value and the knob bound, nothing else.
+    assert.equal(decodeBudget(null, null, 's.json').atKnob(48), 48);
+    assert.equal(decodeBudget(32, null, 's.json').atKnob(48), 32);
+    assert.equal(decodeBudget(null, null, 's.json').maxNewTokens, Infinity);
   });
 
   test('the decode-call bound: the picks after the first with jump-forward, every token without, none where unbounded', () => {
     // The stage's schema (jump-forward on, no padding) gives its grammar's picks after the first.
     assert.ok(stage.worstCaseDecodeCalls! > 10 && stage.worstCaseDecodeCalls! < stage.maxNewTokens, `${stage.worstCaseDecodeCalls}`);
-    const g = { maxTokens: 113, maxChoices: 65 };
+    const g = { worstCaseTokens: 113, maxChoices: 65 };
     assert.equal(decodeCallBound(g, true, 1, 113), 64);
     assert.equal(decodeCallBound(g, false, 1, 113), 113);
     assert.equal(decodeCallBound(g, false, 1, 200), 113, 'the grammar ends the action before maxNewTokens');
     assert.equal(decodeCallBound(g, true, 4, 113), null, 'padded steps can spill a forced run into another step');
-    assert.equal(decodeCallBound({ maxTokens: null, maxChoices: null }, true, 1, 64), null);
+    assert.equal(decodeCallBound({ worstCaseTokens: null, maxChoices: null }, true, 1, 64), null);
   });
 
   test('an aborted signal or a passed deadline gives the frame up with the abort reason, after noting the partial decode', async () => {
