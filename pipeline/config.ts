@@ -312,8 +312,8 @@ function inlineCalibration(data: unknown, base: string): ConfigIssue | undefined
   return adoptCalibrationLadder(data, file, path);
 }
 
-/** A config that names a calibration but sets no ladder rungs takes the ladder it was measured with:
- * level 0 as `initial` (unless set), and each next level's changed knobs as a rung. */
+/** A config that names a calibration but sets no ladder rungs takes the ladder it was measured with.
+ * Level 0 becomes `initial` unless set, and each next level's changed knobs become a rung. */
 function adoptCalibrationLadder(data: Record<string, unknown>, file: Record<string, unknown>, path: string): ConfigIssue | undefined {
   const ladder = isRecord(data.ladder) ? data.ladder : {};
   const levels = file.levels;

@@ -1,5 +1,5 @@
-// ZeroMQ endpoints as percept accepts them: stricter than libzmq, which a robot stack needs.
-// libzmq silently binds `tcp://127.0.0.1:99999` to the port modulo 65536, and `tcp://*:5556` to every interface.
+// ZeroMQ endpoints as percept accepts them: stricter than libzmq, as a robot stack needs.
+// libzmq binds `tcp://127.0.0.1:99999` to the port modulo 65536 without a word.
 // So every endpoint in a config is parsed here first. Rules: pipeline/README.md#endpoints
 import { readFileSync } from 'node:fs';
 

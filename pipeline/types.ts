@@ -130,9 +130,9 @@ export interface SourceItem<T> {
   readonly payload: T;
 }
 
-/** An input the source read but could not turn into a payload (a corrupt bag message, a file that
- * is not an image, a malformed frame message). It enters the graph as a frame and is dropped
- * 'rejected', so that frames in = out + drops counts it and the summaries show why. */
+/** An input the source read but could not turn into a payload, such as a corrupt bag message or a non-image file.
+ * It enters the graph as a frame and is dropped 'rejected'.
+ * So frames in = out + drops counts it, and the summaries show why. */
 export interface SourceRejection {
   readonly sourceId: string;
   readonly captureNs: bigint;
@@ -152,8 +152,8 @@ export const isRejection = <T>(item: SourceItem<T> | SourceRejection): item is S
  *   damaged  damage read around (a file without a readable summary or ending early, a chunk that failed its CRC)
  *   restart  the input process died and was started again
  *   exit     the input process ended
- * An input that was read but could not become a frame is no incident: the source yields a
- * SourceRejection for it, so that it is counted as a frame. */
+ * An input that was read but could not become a frame is no incident.
+ * The source yields a SourceRejection for it, so that it is counted as a frame. */
 export interface SourceIncident {
   readonly kind: 'skipped' | 'damaged' | 'restart' | 'exit';
   /** What and where, e.g. `/data/run.mcap: the chunk at byte 9120 (5 MB) was skipped: CRC mismatch`. */

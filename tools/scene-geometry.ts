@@ -48,8 +48,13 @@ export function createCanvas(width: number, height: number): Canvas {
     px[o + 2] = clamp8(rgb[2]);
   };
   const rect = (x0: number, y0: number, x1: number, y1: number, rgb: RGB): void => {
+    const xa = Math.max(0, Math.round(x0));
+    const xb = Math.min(width, Math.round(x1));
+    if (xb <= xa) return;
+    // One row's span filled with the colour repeated: the same pixels as setting them one by one.
+    const colour = Buffer.from([clamp8(rgb[0]), clamp8(rgb[1]), clamp8(rgb[2])]);
     for (let y = Math.max(0, Math.round(y0)); y < Math.min(height, Math.round(y1)); y++) {
-      for (let x = Math.max(0, Math.round(x0)); x < Math.min(width, Math.round(x1)); x++) set(x, y, rgb);
+      px.fill(colour, (y * width + xa) * 3, (y * width + xb) * 3);
     }
   };
   const ellipse = (cx: number, cy: number, rx: number, ry: number, rgb: RGB): void => {
@@ -132,25 +137,34 @@ export const sampleRoom = (horizon: number): RoomLook => ({
 });
 
 export function paintRoom(c: Canvas, look: RoomLook): void {
-  const { width, height } = c;
+  const { width, height, px } = c;
   const { horizon, wall, wallFade, floor, floorTint, floorFade, tileW, tileH, tileDelta, tileShift } = look;
-  const rgb: [number, number, number] = [0, 0, 0];
+  // Each wall row is one colour; each floor row two (a tile's parity is its column's plus its row's).
+  const column = new Uint8Array(width);
+  for (let x = 0; x < width; x++) column[x] = Math.floor((x + tileShift) / tileW) & 1;
+  const light = Buffer.alloc(3);
+  const dark = Buffer.alloc(3);
   for (let y = 0; y < height; y++) {
-    for (let x = 0; x < width; x++) {
-      if (y < horizon) {
-        const k = 1 - (wallFade * y) / horizon;
-        rgb[0] = Math.round(wall[0] * k);
-        rgb[1] = Math.round(wall[1] * k);
-        rgb[2] = Math.round(wall[2] * k);
-      } else {
-        const k = 1 - (floorFade * (y - horizon)) / (height - horizon);
-        const tile = ((Math.floor((x + tileShift) / tileW) + Math.floor((y - horizon) / tileH)) & 1) === 0 ? tileDelta : 0;
-        const g = Math.round(floor * k) + tile;
-        rgb[0] = g + floorTint[0];
-        rgb[1] = g + floorTint[1];
-        rgb[2] = g + floorTint[2];
+    const row = y * width * 3;
+    if (y < horizon) {
+      const k = 1 - (wallFade * y) / horizon;
+      for (let ch = 0; ch < 3; ch++) light[ch] = clamp8(Math.round(wall[ch]! * k));
+      px.fill(light, row, row + width * 3);
+    } else {
+      const k = 1 - (floorFade * (y - horizon)) / (height - horizon);
+      const g = Math.round(floor * k);
+      const rowParity = Math.floor((y - horizon) / tileH) & 1;
+      for (let ch = 0; ch < 3; ch++) {
+        light[ch] = clamp8(g + tileDelta + floorTint[ch]!);
+        dark[ch] = clamp8(g + floorTint[ch]!);
       }
-      c.set(x, y, rgb);
+      for (let x = 0; x < width; x++) {
+        const from = ((column[x]! + rowParity) & 1) === 0 ? light : dark;
+        const o = row + x * 3;
+        px[o] = from[0]!;
+        px[o + 1] = from[1]!;
+        px[o + 2] = from[2]!;
+      }
     }
   }
   c.rect(0, horizon - 3, width, horizon + 2, look.skirting);
@@ -165,7 +179,15 @@ export interface DoorLook {
 }
 
 /** A door standing on the floor line `bottom`: frame, panel, and a knob at (knobX, knobY). */
-export function drawDoor(c: Canvas, x0: number, y0: number, w: number, bottom: number, look: DoorLook, knob: { x: number; y: number; r: number }): void {
+export function drawDoor(
+  c: Canvas,
+  x0: number,
+  y0: number,
+  w: number,
+  bottom: number,
+  look: DoorLook,
+  knob: { x: number; y: number; r: number },
+): void {
   c.rect(x0 - look.frameW, y0 - look.frameW, x0 + w + look.frameW, bottom, look.frame);
   c.rect(x0, y0, x0 + w, bottom, look.panel);
   c.disc(knob.x, knob.y, knob.r, look.knob);

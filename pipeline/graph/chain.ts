@@ -1,6 +1,6 @@
-// A typed chain of stages, in the shape of rxjs's `pipe` overloads: each stage's input type is the
-// previous stage's output type, so a chain in the wrong order does not compile. The stages' types
-// are erased only inside the runtime, which reads `stages`.
+// A typed chain of stages, in the shape of rxjs's `pipe` overloads.
+// Each stage's input type is the previous stage's output type, so a chain in the wrong order does not compile.
+// The stages' types are erased only inside the runtime, which reads `stages`.
 //
 //   createGraph({ source, stages: chain(preprocess, encode, decode, actions, publish), clock, config });
 import type { Stage } from '../types.ts';

@@ -75,8 +75,8 @@ export function stopOnSignals(graph: Graph, signals: readonly NodeJS.Signals[] =
   };
 }
 
-/** How many of the source's latest arrival intervals its frame interval is the median of, and how
- * many it takes before the interval counts as known. */
+/** The source's frame interval is the median of its last ARRIVAL_INTERVALS arrival intervals.
+ * It counts as known from ARRIVAL_INTERVALS_MIN intervals on. */
 const ARRIVAL_INTERVALS = 15;
 const ARRIVAL_INTERVALS_MIN = 3;
 
@@ -146,7 +146,7 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   }
 
   /** Stage i's time for a frame at `level` with deadline `deadlineNs`: the larger of its fastest recent run and ownMs.
-   * ownMs is the stage's own prediction. It is on the monotonic clock, so a virtual graph does not ask.
+   * The stage's own prediction, ownMs, is on the monotonic clock, so a virtual graph does not ask.
    * `entering`: the frame is at stage i's own entry. */
   #fastestRun(i: number, level: number, deadlineNs: bigint, entering: boolean): { readonly ownMs: number; readonly fastestNs: bigint } {
     const stage = this.#stages[i]!;
