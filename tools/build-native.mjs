@@ -9,9 +9,10 @@
 //   PERCEPT_CUDA=1                CUDA build; PERCEPT_CUDA_ARCHS (default "90"; Orin "87", Thor "110")
 //   PERCEPT_CMAKE_ARGS="-DX=Y …"  extra CMake definitions (e.g. -DGGML_NATIVE=ON on a Jetson)
 //   PERCEPT_BUILD_JOBS=N          parallel jobs (default: number of CPUs)
-//   PERCEPT_PEERS="…"           llama.cpp programs built from the same tree, for comparisons and the ladder's
-//                                rungs, and the remote decoder's server (default: llama-bench llama-batched-bench
-//                                llama-speculative-simple llama-quantize llama-server; PERCEPT_PEERS= to skip)
+//   PERCEPT_PEERS="…"           llama.cpp programs to build with the addon (default: none). The tests' peers are
+//                                built by `npm test` (TEST_PEERS), a bench's on its first use (native/peers.ts).
+// `node tools/build-native.mjs --peers NAME…` builds only those programs, in the build the addon made.
+// ccache, where it is on the PATH, caches every compile.
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync, writeFileSync, mkdirSync, rmSync, readdirSync } from 'node:fs';
@@ -24,6 +25,21 @@ const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const require = createRequire(join(root, 'package.json'));
 const log = (msg) => console.error(`[percept build] ${msg}`);
 const run = (cmd, args, opts = {}) => execFileSync(cmd, args, { stdio: 'inherit', ...opts });
+
+const jobs = process.env.PERCEPT_BUILD_JOBS ?? String(cpus().length);
+const outDir = join(root, 'build', 'native');
+const buildPeers = (names) => {
+  log(`building peers: ${names.join(' ')}`);
+  run('cmake', ['--build', outDir, '--config', 'Release', '--parallel', jobs, '--target', ...names]);
+};
+const peersAt = process.argv.indexOf('--peers');
+if (peersAt >= 0) {
+  const names = process.argv.slice(peersAt + 1);
+  if (names.length === 0) throw new Error('--peers: name the programs to build (e.g. llama-bench)');
+  if (!existsSync(join(outDir, 'CMakeCache.txt'))) throw new Error(`--peers: no native build in ${outDir}: run npm install first`);
+  buildPeers(names);
+  process.exit(0);
+}
 
 if (process.env.PERCEPT_SKIP_NATIVE === '1') {
   log('PERCEPT_SKIP_NATIVE=1: native addon not built');
@@ -91,9 +107,16 @@ for (const arg of (process.env.PERCEPT_CMAKE_ARGS ?? '').split(/\s+/).filter(Boo
   if (!arg.startsWith('-D')) throw new Error(`PERCEPT_CMAKE_ARGS: expected -DNAME=VALUE, got '${arg}'`);
   defs.push(`--CD${arg.slice(2)}`);
 }
-const jobs = process.env.PERCEPT_BUILD_JOBS ?? String(cpus().length);
+const hasCcache = (() => {
+  try {
+    execFileSync('ccache', ['--version'], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+})();
+if (hasCcache) for (const lang of ['C', 'CXX', 'CUDA']) defs.push(`--CDCMAKE_${lang}_COMPILER_LAUNCHER=ccache`);
 const cmakeJs = join(findPackage('cmake-js'), 'bin', 'cmake-js');
-const outDir = join(root, 'build', 'native');
 log(`building native addon (jobs=${jobs}) into ${outDir}`);
 const t0 = Date.now();
 run(
@@ -102,11 +125,6 @@ run(
   { cwd: root },
 );
 
-const peers = (process.env.PERCEPT_PEERS ?? 'llama-bench llama-batched-bench llama-speculative-simple llama-quantize llama-server')
-  .split(/\s+/)
-  .filter(Boolean);
-if (peers.length) {
-  log(`building peers: ${peers.join(' ')}`);
-  run('cmake', ['--build', outDir, '--config', 'Release', '--parallel', jobs, '--target', ...peers]);
-}
+const peers = (process.env.PERCEPT_PEERS ?? '').split(/\s+/).filter(Boolean);
+if (peers.length) buildPeers(peers);
 log(`done in ${((Date.now() - t0) / 1000).toFixed(0)} s`);

@@ -9,7 +9,8 @@ import { loadavg } from 'node:os';
 import { promisify } from 'node:util';
 import { LlamaModel } from '../../native/llama.ts';
 import { resolveModel } from '../../models/resolve.ts';
-import { findPeerProgram, randomTokens } from './decode.ts';
+import { randomTokens } from './decode.ts';
+import { ensurePeerProgram } from '../../native/peers.ts';
 
 const execFileAsync = promisify(execFile);
 
@@ -94,10 +95,7 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
       };
     };
     await run(Math.min(2, maxSeq)); // warm-up: first touch of the weights, graph allocation
-    const peer = opts.peer ? findPeerProgram('llama-batched-bench') : undefined;
-    if (opts.peer && !peer) {
-      throw new Error('llama-batched-bench is not built: PERCEPT_PEERS="llama-batched-bench" node tools/build-native.mjs');
-    }
+    const peer = opts.peer ? await ensurePeerProgram('llama-batched-bench', (msg) => process.stderr.write(`percept: ${msg}\n`)) : undefined;
     for (const n of sequences) {
       const ours = await run(n);
       const row: BatchRow = {

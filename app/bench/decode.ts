@@ -1,10 +1,8 @@
 // `percept bench decode`: decode speed of a model, with and without a schema, against llama-bench.
 import { execFile } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { loadavg } from 'node:os';
-import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
-import { ADDON_PATH } from '../../native/binding.ts';
+import { ensurePeerProgram } from '../../native/peers.ts';
 import { defaultThreads, LlamaModel, type GrammarIndexInfo, type LlamaContext } from '../../native/llama.ts';
 import { attachSpeculation, type SpeculationFlags } from '../../nodes/decoder.ts';
 import { resolveModel } from '../../models/resolve.ts';
@@ -215,22 +213,6 @@ export function randomTokens(n: number, nVocab: number, seed: number): number[] 
   });
 }
 
-/** A llama.cpp program built next to the addon (tools/build-native.mjs, PERCEPT_PEERS), or undefined.
- * PERCEPT_NATIVE may point at another build than build/native: its own programs are the peers. */
-export function findPeerProgram(name: string): string | undefined {
-  const buildDir = dirname(dirname(ADDON_PATH));
-  return [join(buildDir, 'bin', name), join(buildDir, 'bin', 'Release', name)].find((p) => existsSync(p));
-}
-
-function findLlamaBench(): string {
-  const path = findPeerProgram('llama-bench');
-  if (path) return path;
-  const buildDir = dirname(dirname(ADDON_PATH));
-  throw new Error(
-    `llama-bench is not built in ${buildDir}: cmake --build ${buildDir} --target llama-bench (or PERCEPT_PEERS="llama-bench" node tools/build-native.mjs)`,
-  );
-}
-
 interface LlamaBenchRow {
   readonly n_prompt: number;
   readonly n_gen: number;
@@ -280,7 +262,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
 
     // With --peer, llama-bench (one rep each) runs between our reps, so drifting load on a shared
     // machine hits both sides alike; the ratios use medians and best reps.
-    const bench = opts.peer ? findLlamaBench() : undefined;
+    const bench = opts.peer ? await ensurePeerProgram('llama-bench', (msg) => process.stderr.write(`percept: ${msg}\n`)) : undefined;
     const peerArgs = [
       '-m',
       path,

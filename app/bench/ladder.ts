@@ -39,7 +39,8 @@ import { loadConfig, type PerceptConfig } from '../../pipeline/config.ts';
 import { createGraph } from '../../pipeline/graph/graph.ts';
 import type { RunSummary } from '../../pipeline/telemetry/events.ts';
 import { encoderSection } from './frame.ts';
-import { benchDecode, findPeerProgram } from './decode.ts';
+import { benchDecode } from './decode.ts';
+import { ensurePeerProgram, findPeerProgram } from '../../native/peers.ts';
 import { EnergyMeter, checkEnergySource, energyJson, type EnergyJson, type EnergyReading, type EnergySource } from './energy.ts';
 import { DEFAULT_CONFIG, createStages, parseSourceSpec } from '../run/run.ts';
 import { createSource } from '../run/stages.ts';
@@ -370,19 +371,19 @@ async function resolveReference(spec: string, onProgress: (done: number, total: 
   return resolveModel(`${spec}${query >= 0 ? '&' : '?'}wtype=f16`, 'decoder', { onProgress });
 }
 
-function chooseQuantizer(kind: BenchLadderOptions['quantizer']): QuantizerSpec {
-  const binary = findPeerProgram('llama-quantize');
+async function chooseQuantizer(kind: BenchLadderOptions['quantizer']): Promise<QuantizerSpec> {
   switch (kind ?? 'auto') {
-    case 'auto':
+    case 'auto': {
+      const binary = findPeerProgram('llama-quantize');
       return binary ? { kind: 'llama-quantize', binary } : { kind: 'percept' };
+    }
     case 'percept':
       return { kind: 'percept' };
     case 'llama-quantize':
-      if (!binary)
-        throw new Error(
-          'llama-quantize is not built: cmake --build build/native --target llama-quantize (or PERCEPT_PEERS="llama-quantize" node tools/build-native.mjs)',
-        );
-      return { kind: 'llama-quantize', binary };
+      return {
+        kind: 'llama-quantize',
+        binary: await ensurePeerProgram('llama-quantize', (msg) => process.stderr.write(`percept: ${msg}\n`)),
+      };
     default:
       throw new RangeError(`--quantizer must be auto, percept or llama-quantize, got '${String(kind)}'`);
   }
@@ -424,7 +425,7 @@ export async function benchLadder(opts: BenchLadderOptions): Promise<LadderResul
     throw new Error(`unknown --device '${opts.device}'; expected one of: ${Object.keys(DEVICE_PRESETS).join(', ')}`);
   }
   const bandwidth = opts.device !== undefined ? DEVICE_PRESETS[opts.device]!.bandwidthGBs : (opts.bandwidthGbs ?? null);
-  const quantizer = chooseQuantizer(opts.quantizer);
+  const quantizer = await chooseQuantizer(opts.quantizer);
   const wanted = (opts.quants ?? ['q8_0', 'q4_k_m']).map((q) => q.trim()).filter(Boolean);
   // A known quantization name, or else a path to a rung made elsewhere.
   const rungSpecs = wanted.map((q): { quant: LadderQuant } | { given: string } => {

@@ -4,7 +4,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { dirname } from 'node:path';
 import { OPENMP_SPIN_COUNT } from '../../native/binding.ts';
-import { findPeerProgram } from './decode.ts';
+import { ensurePeerProgram } from '../../native/peers.ts';
 
 export interface LlamaServerOptions {
   /** Decoder GGUF path. */
@@ -40,13 +40,6 @@ const LISTENING = /listening on (http:\/\/[^\s]+)/;
 /** What log() keeps: the end of the server's output (it logs every request). */
 const LOG_CHARS = 1 << 16;
 
-/** The llama-server binary next to the addon; throws how to build it when it is missing. */
-export function llamaServerPath(): string {
-  const path = findPeerProgram('llama-server');
-  if (path) return path;
-  throw new Error('llama-server is not built: PERCEPT_PEERS="llama-server" node tools/build-native.mjs (a default peer)');
-}
-
 export async function startLlamaServer(opts: LlamaServerOptions): Promise<LlamaServer> {
   const args = ['-m', opts.model, '--host', '127.0.0.1', '--port', '0', '-t', String(opts.threads ?? 1)];
   // No RAM prompt cache: it would hand a frame seen before (a bench's rounds replay the same pattern
@@ -58,7 +51,7 @@ export async function startLlamaServer(opts: LlamaServerOptions): Promise<LlamaS
   if (opts.gpuLayers !== undefined) args.push('-ngl', String(opts.gpuLayers));
   if (opts.imageTokens !== undefined)
     args.push('--image-min-tokens', String(opts.imageTokens), '--image-max-tokens', String(opts.imageTokens));
-  const bin = llamaServerPath();
+  const bin = await ensurePeerProgram('llama-server', (msg) => process.stderr.write(`percept: ${msg}\n`));
   // The binding's short OpenMP spin (see OPENMP_SPIN_COUNT), unless the environment chooses: the same
   // threading as the in-process decoder it is compared with.
   const env = { ...process.env };
