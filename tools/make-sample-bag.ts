@@ -5,7 +5,8 @@
 // each frame (the labels format of `percept eval`, see README), worked out from the same scene
 // geometry: the robot heads for the door while the person is far, waits while the person walks
 // across, and stops when the person is close. Everything is fixed (timestamps, pixels, encoder
-// settings), so running it again gives the same bytes.
+// settings), so running it again gives the same bytes. The drawing and the bag writer are
+// tools/scene-geometry.ts's, shared with tools/make-scenes.ts; this scene is none of its seeds.
 //   node --import tsx tools/make-sample-bag.ts [out.mcap] [--frames N]
 import { writeFile } from 'node:fs/promises';
 import { fileURLToPath, pathToFileURL } from 'node:url';

@@ -1,6 +1,6 @@
-// The drawing and bag-writing parts shared by the synthetic scene tools (make-sample-bag.ts,
-// make-scenes.ts): an RGB canvas of flat shapes, the room and the objects in it, bounding boxes, and
-// the writer of a camera bag (JPEG frames as foxglove.CompressedImage in MCAP).
+// What the synthetic scene tools (make-sample-bag.ts, make-scenes.ts) share. That is an RGB canvas of
+// flat shapes, the room and its objects, bounding boxes, and the camera bag writer.
+// A camera bag holds JPEG frames as foxglove.CompressedImage in MCAP.
 // Everything here is pure and deterministic: the same calls give the same pixels and the same bytes.
 import { open, rename } from 'node:fs/promises';
 import { McapWriter } from '@mcap/core';
