@@ -39,7 +39,8 @@ describe('batched decoding on gemma4-tiny', () => {
   let grammar: LlamaGrammar;
   let single: LlamaContext;
   before(async () => {
-    model = await LlamaModel.load(await ensureSynthModel('gemma4-tiny'));
+    // On the CPU whatever the machine: the overload test relies on a step of eight costing about eight of one.
+    model = await LlamaModel.load(await ensureSynthModel('gemma4-tiny'), { gpuLayers: 0 });
     const schema = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
     grammar = await model.grammarFromJsonSchema(schema);
     single = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512 });
@@ -428,7 +429,16 @@ describe('batched decoding on gemma4-tiny', () => {
       // A long request runs (the earliest deadline: admitted first); four more queue behind it, their
       // deadlines ten minutes away.
       const far = process.hrtime.bigint() + 600_000_000_000n;
-      const long = ctx.generate(prompt(0), { maxTokens: 200, ignoreEos: true, seq: 0, deadlineNs: far - 500_000_000_000n });
+      // It runs until the readings below hold (then it is cancelled), or to nearly the whole context:
+      // how long the loop may take follows from this run's own speed, not from a token count.
+      const stopLong = new AbortController();
+      const long = ctx.generate(prompt(0), {
+        maxTokens: 900,
+        ignoreEos: true,
+        seq: 0,
+        deadlineNs: far - 500_000_000_000n,
+        signal: stopLong.signal,
+      });
       const queued = [1, 2, 3, 4].map((seq) => ctx.generate(prompt(seq), { maxTokens: 20, ignoreEos: true, seq, deadlineNs: far }));
       // Read while the long request runs, after a step has seen the four (the prediction is
       // refreshed every step). The three readings come from one step's snapshot unless a step ends
@@ -451,6 +461,7 @@ describe('batched decoding on gemma4-tiny', () => {
         behind = ctx.predictedMs(far + 300_000_000_000n); // after them too
         reserved = ctx.predictedMs(far - 300_000_000_000n, 2); // before them, after two frames on their way
       }
+      stopLong.abort();
       const ended = await Promise.all([long, ...queued]);
       assert.deepEqual(
         ended.map((r) => r.batch!.peakSeqs),

@@ -325,7 +325,8 @@ describe('LlamaVision: batches, reused buffers, what clip reports, profiling', (
         const phases = await v.encode(px, grid, 'phases');
         assert.ok(phases.profile, 'no profile in the result');
         assert.ok(phases.profile.setupMs > 0 && phases.profile.computeMs > 0);
-        assert.ok(phases.profile.setupMs + phases.profile.computeMs <= phases.encodeMs + 0.5, 'phases exceed the encode');
+        // Both phases are timed inside the encode: their sum may pass it by rounding only.
+        assert.ok(phases.profile.setupMs + phases.profile.computeMs <= phases.encodeMs * 1.01, 'phases exceed the encode');
         assert.equal(phases.profile.ops, undefined);
         const ops = await v.encode(px, grid, 'ops');
         const list = ops.profile!.ops!;

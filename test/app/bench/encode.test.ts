@@ -29,7 +29,8 @@ test(
     const p = clip.profile!;
     assert.equal(p.mode, 'phases');
     assert.ok(p.setup_ms_p50 > 0 && p.compute_ms_p50 > 0);
-    assert.ok(p.setup_ms_p50 + p.compute_ms_p50 <= r.encode_ms_p99 + 1, 'the phases of an encode exceed the encode');
+    // Medians of the phases against the encode's p99: a share above it, not a fixed slack, covers rounding.
+    assert.ok(p.setup_ms_p50 + p.compute_ms_p50 <= r.encode_ms_p99 * 1.01, 'the phases of an encode exceed the encode');
     assert.deepEqual([clip.batch!.images, clip.batch!.batched], [2, true]);
     assert.ok(Math.abs(clip.batch!.per_image_ms_p50 * 2 - clip.batch!.encode_ms_p50) < 0.01);
     // percept's graph by default: its phases on every call; the warm-up call built and laid it out
