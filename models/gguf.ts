@@ -1,11 +1,6 @@
 // GGUF v3 reader and writer (ggml/include/gguf.h, ggml/src/gguf.cpp in build/llama.cpp).
-//
-// Reader: parses the header (KVs with their exact wire types, tensor infos) through an IReadable, keeping the
-// raw bytes of every KV so they can be copied into another file verbatim; tensor data is never loaded unless
-// asked for, one tensor at a time.
-// Writer: strictly typed KVs (u32 and i32 are different things to llama.cpp's loader), tensor infos whose
-// offsets follow gguf.cpp's rule (each offset = sum of the previous sizes padded to the alignment), and tensor
-// data streamed to disk chunk by chunk from a caller-supplied source, written to a temp name and renamed.
+// The reader keeps every KV's raw bytes and loads tensor data only when asked. The writer types KVs strictly and streams tensor data.
+// Details: models/README.md#gguf
 import { open, rename, unlink, type FileHandle } from 'node:fs/promises';
 import { blockSize, ggmlTypeName, isKnownGgmlType, tensorBytes } from './quant.ts';
 
@@ -163,8 +158,8 @@ class ZeroDataReadable implements IReadable {
 }
 
 /**
- * Sequential reader over the header region. Keeps everything read so far in one growing buffer, so a KV's
- * raw bytes are a zero-copy subarray (the header of a Gemma file is ~16 MB, dominated by the tokenizer).
+ * Sequential reader over the header region. It keeps everything read so far in one growing buffer.
+ * So a KV's raw bytes are a zero-copy subarray. A Gemma file's header is megabytes, mostly the tokenizer.
  */
 class HeaderCursor {
   #buf = new Uint8Array(0);
@@ -192,7 +187,7 @@ class HeaderCursor {
     if (end > this.#fileSize) {
       this.fail(`truncated file: ${what} needs ${n} bytes but the file ends at byte ${this.#fileSize}`);
     }
-    // Read ahead in growing steps (1 → 8 MiB) so a 16 MB tokenizer takes a few reads, not thousands.
+    // Read ahead in growing steps (1 → 8 MiB), so a tokenizer of megabytes takes a few reads, not thousands.
     const want = Math.min(this.#fileSize, Math.max(end, this.#loaded + Math.min(8 << 20, Math.max(1 << 20, this.#loaded))));
     if (want > this.#buf.length) {
       const grown = new Uint8Array(Math.min(this.#fileSize, Math.max(want, this.#buf.length * 2)));
@@ -701,9 +696,9 @@ class ByteBuilder {
 }
 
 /**
- * Builds a GGUF file: set KVs and add tensor infos (both keep insertion order), then `write()` streams the
- * header and the tensor data from a source. Validation happens at set/add time, so a bad key or shape is
- * reported before any byte is written.
+ * Builds a GGUF file. Set KVs and add tensor infos, which both keep insertion order.
+ * Then `write()` streams the header, and the tensor data from a source.
+ * Validation happens at set/add time, so a bad key or shape is reported before any byte is written.
  */
 export class GGUFWriter {
   readonly alignment: number;
@@ -779,9 +774,9 @@ export class GGUFWriter {
   }
 
   /**
-   * The file `write()` would produce, as an IReadable whose header is the real one and whose tensor data
-   * reads as zeros: metadata consumers (readGGUF, the calculators) get a multi-GB checkpoint's exact
-   * header and tensor table without a byte being generated or written.
+   * The file `write()` would produce, as an IReadable with the real header and tensor data that reads as zeros.
+   * Metadata consumers (readGGUF, the calculators) get a multi-GB checkpoint's exact header and tensor table.
+   * No byte of it is generated or written.
    */
   skeleton(): IReadable {
     const header = this.#encodeHeader();
@@ -827,8 +822,8 @@ export class GGUFWriter {
 
   /**
    * Writes the file: header, then each tensor's data pulled from `source` and padded to the alignment.
-   * Goes to `${path}.tmp-…` first and is renamed into place only when complete, so readers never see a
-   * partial file and concurrent writers of the same path cannot interleave.
+   * It goes to `${path}.tmp-…` first, and is renamed into place only when complete.
+   * So readers never see a partial file, and concurrent writers of the same path cannot interleave.
    */
   async write(path: string, source: TensorDataSource, options: GGUFWriteOptions = {}): Promise<{ path: string; bytes: number }> {
     const header = this.#encodeHeader();
@@ -837,15 +832,15 @@ export class GGUFWriter {
     const fh = await open(tmp, 'w');
     let pos = 0;
     let inFlight: Promise<unknown> = Promise.resolve();
-    // Keep one write in flight while the next chunk is generated: generation is CPU, writing is the
-    // threadpool, and overlapping them is what makes multi-GB files take seconds, not minutes.
+    // Keep one write in flight while the next chunk is generated: generation is CPU, writing is the threadpool.
+    // Overlapping them is what makes multi-GB files take seconds, not minutes.
     const put = async (chunk: Uint8Array) => {
       const at = pos;
       pos += chunk.length;
       await inFlight;
       inFlight = writeAll(fh, chunk, at).then(() => options.onProgress?.(at + chunk.length, total));
-      // Mark handled now (a failure surfaces at the next `await inFlight`), or a write error that lands while
-      // the next chunk is being generated would be an unhandled rejection.
+      // Mark handled now; a failure surfaces at the next `await inFlight`.
+      // Otherwise a write error that lands while the next chunk is being generated would be an unhandled rejection.
       inFlight.catch(() => undefined);
     };
     try {

@@ -1,13 +1,6 @@
-// KV-cache memory of a Gemma decoder at any context, from its GGUF metadata alone, sized the way llama.cpp
-// sizes it (build/llama.cpp/src/llama-context.cpp, llama-kv-cache-iswa.cpp, llama-kv-cache.cpp):
-//  - the context is padded to 256 cells; with n_seq sequences and a split (non-unified) cache each sequence
-//    gets its own stream of pad256(n_ctx / n_seq) cells;
-//  - full-attention layers hold every cell; sliding-window layers (interleaved SWA) hold
-//    pad256(min(cells, window·(unified ? n_seq : 1) + n_ubatch)) cells, or every cell with swa_full;
-//  - Gemma 4's KV-shared layers own no cache: they attend the cache of the last non-shared layer of their kind;
-//    a Gemma 4 assistant (MTP drafter) attends its target's cache and owns none;
-//  - K rows are n_kv_heads·head_dim of the layer's kind (Gemma 4: 256 sliding, 512 full) in the cache type's
-//    blocks; without flash attention V is stored transposed and every layer's V row is widened to the largest.
+// KV-cache memory of a Gemma decoder at any context, from its GGUF metadata alone.
+// It sizes the cache the way llama.cpp does (llama-context.cpp, llama-kv-cache-iswa.cpp, llama-kv-cache.cpp).
+// Sizing rules: models/README.md#kv-cache
 import type { GGUFDecoded, GGUFFile } from './gguf.ts';
 import { GGMLType, blockSize, ggmlTypeName, typeSize } from './quant.ts';
 
@@ -112,8 +105,8 @@ export function attentionLayout(file: GGUFFile, label = 'model'): AttentionLayou
     sliding = boolPattern(patternValue) ?? fail(`${key('attention.sliding_window_pattern')} (one bool per layer) is missing`);
   }
 
-  // Gemma 4: layers from n_layer - shared_kv_layers on own no cache and reuse the last non-shared layer of
-  // their kind (llama-model.cpp create_memory: n_layer_kv_from_start - (is_swa ? 2 : 1)).
+  // Gemma 4: layers from n_layer - shared_kv_layers on own no cache. They reuse the last non-shared layer of their kind.
+  // See llama-model.cpp create_memory: n_layer_kv_from_start - (is_swa ? 2 : 1).
   const kvFromStart = arch === 'gemma4' ? nLayer - uint('attention.shared_kv_layers', 0) : nLayer;
   if (arch === 'gemma4' && kvFromStart < nLayer) {
     if (kvFromStart < 2)
@@ -251,8 +244,9 @@ export function kvCacheBytes(layout: AttentionLayout, options: KvOptions): KvEst
 }
 
 /**
- * Bytes of K and V one decoded token reads at context `ctx`: every attention layer (KV-shared ones too: they
- * read their source's cache again) reads the positions it attends, the window for sliding layers.
+ * Bytes of K and V one decoded token reads at context `ctx`.
+ * Every attention layer reads the positions it attends, the window for sliding layers.
+ * KV-shared layers count too: they read their source's cache again.
  */
 export function kvReadBytesPerToken(layout: AttentionLayout, ctx: number, kvType: KvType = 'f16'): number {
   if (!Number.isInteger(ctx) || ctx < 0) throw new RangeError(`ctx must be an integer ≥ 0, got ${String(ctx)}`);

@@ -1,23 +1,6 @@
-// Synthetic llama.cpp mmproj GGUFs (tools/mtmd clip) from the SAME random weights as the synthetic ONNX
-// vision encoders of models/vision-synth.ts: one preset + seed gives one set of weights, written twice
-// (ONNX for onnxruntime, GGUF for clip), so the two runtimes can be checked against each other.
-//
-// The mapping follows llama.cpp's converter (conversion/gemma.py Gemma3VisionModel / Gemma4VisionAudioModel)
-// and the loader (tools/mtmd/clip.cpp load_hparams/load_tensors, clip-impl.h KEY_* / TN_*):
-//   gemma3 (PROJECTOR_TYPE_GEMMA3, models/siglip.cpp): conv patch embedding + bias, learned position table,
-//     LayerNorm ViT with biased q/k/v/o and fc1/fc2 (ffn_up/ffn_down), GELU-tanh (clip.use_gelu), post_ln,
-//     avg-pool n_merge×n_merge, RMSNorm·mm.soft_emb_norm (already 1+w), mm.input_projection stored
-//     [h][out] row-major (ggml ne [out, h]; the graph transposes it).
-//   gemma4v (PROJECTOR_TYPE_GEMMA4V, models/gemma4v.cpp): the linear patch embedding on 16×16×3 HWC patch
-//     vectors becomes a conv kernel [h,3,16,16] (the converter's reshape+permute), the x and y position
-//     tables are one tensor ne [h, 10240, 2], RMSNorm sandwich layers (ln1, attn_post_norm, ln2,
-//     ffn_post_norm), per-head q/k norms, gated GELU-tanh FFN, mm.input_projection as a plain linear.
-// Linear weights: vision-synth stores MatMul weights [in, out] (y = x·W); ggml's mul_mat wants ne [in, out],
-// i.e. row-major [out][in], so they are transposed here.
-//
-// One deliberate difference from real converted Gemma 4 mmproj files: those do not set clip.use_gelu, and
-// llama.cpp then runs GELU-quick in the vision FFN (clip.cpp load_hparams) while HF runs GELU-tanh. These
-// synthetic files set clip.use_gelu = true so clip computes the HF/ONNX math.
+// Synthetic llama.cpp mmproj GGUFs (tools/mtmd clip) from the same random weights as models/vision-synth.ts's ONNX encoders.
+// One preset and seed give one set of weights, written twice, so onnxruntime and clip can be checked against each other.
+// Tensor mapping, and one deliberate difference from real files: models/README.md#synthetic-mmproj
 import { mkdirSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { GGUFWriter, arr, bool, f32, str, u32, type PlannedTensor } from './gguf.ts';
@@ -76,9 +59,9 @@ export function mmprojVisionPreset(name: string): string {
   return base;
 }
 
-/** One GGUF tensor: name, ggml shape (ne0 first), whether it may be stored as F16, and how to get its
- * f32 values from the vision weights (each source weight generated on demand, so a 400M-parameter
- * preset never sits in memory at once). */
+/** One GGUF tensor: its name, its ggml shape (ne0 first), and whether it may be stored as F16.
+ * Also how to get its f32 values from the vision weights. Each source weight is generated on demand.
+ * So a 400M-parameter preset never sits in memory at once. */
 export interface MmprojTensorPlan {
   readonly name: string;
   readonly ne: readonly number[];

@@ -1,8 +1,8 @@
 // A small ONNX graph builder over onnx-proto, for synthetic test and benchmark models.
-// Opset 20 / IR 9 by default: Gelu needs opset >= 20, and ReduceMean/ReduceSum take their axes as an
-// input from opset 18 on. Initializers are written as rawData (little-endian bytes); big ones go to an
-// external data file (`<model>.data`, 64-byte aligned) and are produced lazily, one tensor at a time,
-// so a 1.7 GB model never sits in memory whole.
+// Opset 20 / IR 9 by default: Gelu needs opset 20, and ReduceMean/ReduceSum take their axes as an input from opset 18.
+// Initializers are written as rawData, little-endian bytes.
+// Big ones go to an external, 64-byte aligned data file (`<model>.data`), produced lazily one tensor at a time.
+// So a model of gigabytes never sits in memory whole.
 import { closeSync, openSync, writeFileSync, writeSync } from 'node:fs';
 import { basename } from 'node:path';
 import onnxProto from 'onnx-proto';
@@ -329,8 +329,8 @@ export class SeededRandom {
   }
 }
 
-/** Stable per-tensor seed from a model seed and a tensor name (FNV-1a), so that each weight can be
- * regenerated on its own (the JS reference forward pass in the tests does that). */
+/** Stable per-tensor seed from a model seed and a tensor name (FNV-1a).
+ * So each weight can be regenerated on its own, as the JS reference forward pass in the tests does. */
 export function tensorSeed(seed: number, name: string): number {
   let h = (0x811c9dc5 ^ seed) >>> 0;
   for (let i = 0; i < name.length; i++) h = Math.imul(h ^ name.charCodeAt(i), 0x01000193) >>> 0;

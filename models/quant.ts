@@ -1,9 +1,9 @@
-// ggml tensor types: block geometry, f16 conversion, reference quantizers/dequantizers for the types the
-// synthetic writer emits, and fast generators of random-but-valid blocks.
+// ggml tensor types: block geometry, f16 conversion, reference quantizers and dequantizers, and random valid blocks.
+// The quantizers cover the types the synthetic writer emits.
 //
-// Block layouts follow build/llama.cpp/ggml/src/ggml-common.h; the dequantizers mirror ggml-quants.c
-// (dequantize_row_*). The quantizers are simple round-to-nearest ones (not ggml's weighted searches): they
-// exist to produce valid blocks from known floats for tests, not to compete on quality.
+// Block layouts follow build/llama.cpp/ggml/src/ggml-common.h; the dequantizers mirror ggml-quants.c (dequantize_row_*).
+// The quantizers are simple round-to-nearest ones, not ggml's weighted searches.
+// They produce valid blocks from known floats for tests, and do not compete on quality.
 import { createCipheriv, createHash } from 'node:crypto';
 
 /** ggml_type ids as stored in GGUF tensor infos (ggml.h `enum ggml_type`). */
@@ -533,9 +533,9 @@ export const RANDOM_TYPES = [
 export type RandomType = (typeof RANDOM_TYPES)[number];
 
 /**
- * Fills `nBlocks` blocks of `type` with random valid data of std ≈ WEIGHT_STD, mean ≈ 0. Every f16 scale
- * is finite and nonzero. Consumes exactly nBlocks·typeSize (F16/F32: 2 bytes per element) bytes of `rng`, so the
- * output depends only on the rng label and the total length, not on how callers chunk it.
+ * Fills `nBlocks` blocks of `type` with random valid data of std ≈ WEIGHT_STD, mean ≈ 0. Every f16 scale is finite and nonzero.
+ * It consumes exactly nBlocks·typeSize bytes of `rng` (F16/F32: 2 bytes per element).
+ * So the output depends only on the rng label and the total length, not on how callers chunk it.
  */
 export function randomBlocks(type: RandomType, nBlocks: number, rng: KeystreamRng): Buffer {
   switch (type) {
@@ -596,8 +596,8 @@ export function randomBlocks(type: RandomType, nBlocks: number, rng: KeystreamRn
 
 /**
  * Overwrites the leading f16 `d` of each block with base + (random low 6 bits): finite, nonzero, ±3 %.
- * With `signed`, bit 6 of the same random byte picks d's sign: the grids of Q4_0/Q5_0 are asymmetric
- * ([-8, 7], [-16, 15]) and ggml's quantizer yields negative d about half the time, which centres them.
+ * With `signed`, bit 6 of the same random byte picks d's sign.
+ * The grids of Q4_0/Q5_0 are asymmetric ([-8, 7], [-16, 15]). ggml's quantizer yields negative d about half the time, which centres them.
  */
 function scaleOnly(out: Buffer, stride: number, base: number, signed: boolean): Buffer {
   for (let o = 0; o < out.length; o += stride) {

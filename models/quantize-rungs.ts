@@ -1,12 +1,6 @@
-// The rungs of a deployment ladder: an unquantized reference checkpoint (a GGUF of F32/F16/BF16 weights)
-// re-quantized into Q8_0, Q4_0 or Q4_K_M. Two quantizers make them:
-//  - llama-quantize, llama.cpp's own program built from the same tree (a peer of tools/build-native.mjs):
-//    ggml's weighted scale searches, its own per-tensor type mix, all cores;
-//  - percept's: the same per-tensor type mix (synth.ts chooseTypes, checked against llama-quantize's on the
-//    synthetic presets) with models/quant.ts's round-to-nearest blocks, spread over worker threads. Its
-//    Q4_K/Q6_K blocks carry about 10 % more RMS error than ggml's search; Q8_0 and Q4_0 match ggml's.
-// A rung file is made once: a stamp beside it (source size and mtime, quant, quantizer, output size)
-// lets the next run reuse it, so an interrupted ladder resumes without quantizing again.
+// The rungs of a deployment ladder: an unquantized reference GGUF re-quantized into Q8_0, Q4_0 or Q4_K_M.
+// llama-quantize or percept's own quantizer makes them. A stamp lets an interrupted ladder resume.
+// Quantizers and stamps: models/README.md#quantized-rungs
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdir, open, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
@@ -79,8 +73,8 @@ export type QuantizerKind = (typeof QUANTIZERS)[number];
 const SOURCE_TYPES: ReadonlySet<number> = new Set([GGMLType.F32, GGMLType.F16, GGMLType.BF16]);
 
 /**
- * The reference's header, checked: unquantized weights (re-quantizing a quantized file stacks two errors
- * and would make its agreement meaningless) and a block count to place the layers of the mix.
+ * The reference's header, checked. Its weights must be unquantized, and it needs a block count to place the layers of the mix.
+ * Re-quantizing a quantized file stacks two errors, and would make its agreement meaningless.
  */
 export async function readReference(path: string): Promise<GGUFFile> {
   const file = await readGGUF(path);

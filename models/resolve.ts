@@ -1,15 +1,8 @@
-// One resolver for every model a config or a command names: a file path, or a synthetic checkpoint
-// made on first use and cached.
+// One resolver for every model a config or a command names: a file path, or a synthetic checkpoint made on first use and cached.
 //
 //   const gguf = await resolveModel('synth:gemma4-tiny?wtype=q4_k', 'decoder');
-//   const onnx = await resolveModel('synth:gemma4-vision-tiny@3', 'vision');
-//   const mmproj = await resolveModel('/models/mmproj-gemma3.gguf', 'mmproj');
 //
-// Spec grammar: `synth:PRESET[@SEED][?key=value&…]`, the keys a kind accepts:
-//   decoder  wtype (f32, f16, q8_0, q4_0, q4_k; default q8_0), seed (default 1)
-//   vision   seed (default 0)
-//   mmproj   dtype (f32, f16; default f32), seed (default 0); PRESET is a vision preset + '-mmproj'
-// Anything else is a path (relative to the current directory) that must name an existing file.
+// Spec grammar (`synth:PRESET[@SEED][?key=value&…]`): models/README.md#model-specs
 import { existsSync, statSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
@@ -42,8 +35,8 @@ export function isMmprojSpec(spec: string): boolean {
   return typeof spec === 'string' && (spec.endsWith('.gguf') || /^synth:[a-z0-9-]+-mmproj(?:[@?]|$)/.test(spec));
 }
 
-/** Resolves `spec` to the path of a model file of `kind`, writing a synthetic checkpoint into the
- * cache the first time one is named (idempotent: an existing file is reused). */
+/** Resolves `spec` to the path of a model file of `kind`.
+ * It writes a synthetic checkpoint into the cache the first time one is named. Idempotent: an existing file is reused. */
 export async function resolveModel(spec: string, kind: ModelKind, options: ResolveModelOptions = {}): Promise<string> {
   if (typeof spec !== 'string' || spec.length === 0)
     throw new TypeError(`Expected a non-empty string for the ${kind} model but received ${JSON.stringify(spec)}`);

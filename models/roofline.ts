@@ -1,11 +1,6 @@
-// Memory-bandwidth roofline of decode: a decode step streams the weights it touches and the KV cache it
-// attends, so bandwidth ÷ bytes per token bounds tok/s. Bytes come from the GGUF tensor table (quantized
-// sizes from the tensor types): every weight is read in full once per step, except
-//  - embedding tables (token_embd, Gemma 4's per-layer per_layer_token_embd) are lookups: one row per token;
-//    a tied token_embd is still read in full once as the output projection;
-//  - MoE expert tensors (*_exps): only the experts routed to are read, expert_used_count of expert_count per
-//    token (at batch B, up to min(count, B·used) distinct experts).
-// KV bytes are those of the attended positions (models/kv.ts kvReadBytesPerToken).
+// Memory-bandwidth roofline of decode: bandwidth ÷ bytes per token bounds tok/s.
+// A decode step streams the weights it touches and the KV cache it attends.
+// What counts as read: models/README.md#roofline
 import type { GGUFFile } from './gguf.ts';
 import { attentionLayout, kvReadBytesPerToken, type KvType } from './kv.ts';
 import { ggmlTypeName, tensorBytes } from './quant.ts';

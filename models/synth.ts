@@ -1,12 +1,6 @@
 // Synthetic Gemma checkpoints: real architecture, real shapes, real Gemma 4 tokenizer, random weights.
-//
-// No weights can be downloaded, so speed and memory are measured on these. Shapes and GGUF keys follow
-// the HF converter (convert_hf_to_gguf.py) and llama.cpp's loaders for each architecture; weights are random
-// blocks of std ≈ 0.02 (see quant.ts), norms are 1, so generated text is gibberish but every code path
-// (PLE, KV sharing, per-layer head dims and FFN widths, proportional RoPE, tied embeddings) is exercised.
-//
-// Output is a pure function of (preset, wtype, seed, GENERATOR_VERSION): files are byte-identical across
-// runs, and a file already stamped with the same percept.synth.* KVs is not rewritten.
+// No weights can be downloaded, so speed and memory are measured on these.
+// Shapes, keys, weights and determinism: models/README.md#synthetic-checkpoints
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, rename, rm } from 'node:fs/promises';
@@ -665,7 +659,7 @@ export interface PlannedCheckpoint {
   /** Tensors in file order with the storage type this wtype gives them. */
   readonly tensors: readonly { readonly name: string; readonly shape: readonly number[]; readonly type: number }[];
   readonly params: number;
-  /** Tensor data bytes (each tensor padded to 32), i.e. the file size minus the ~16 MB header. */
+  /** Tensor data bytes, each tensor padded to 32: the file size minus the header. */
   readonly dataBytes: number;
 }
 
@@ -796,8 +790,8 @@ async function checkpointWriter(presetName: string, plan: TensorPlan, wtype: Wei
 }
 
 /**
- * The parsed header of the checkpoint synthesize() would write for these options, built in memory
- * (GGUFWriter.skeleton): metadata and the tensor table of a multi-GB preset without generating or writing it.
+ * The parsed header of the checkpoint synthesize() would write for these options, built in memory (GGUFWriter.skeleton).
+ * It gives a multi-GB preset's metadata and tensor table without generating or writing it.
  */
 export async function describeSynthetic(options: { preset: string; wtype?: WeightType; seed?: number }): Promise<GGUFFile> {
   const wtype = parseWeightType(options.wtype ?? 'q8_0');
@@ -807,9 +801,9 @@ export async function describeSynthetic(options: { preset: string; wtype?: Weigh
 }
 
 /**
- * Size of `path` if it is a complete checkpoint with this stamp, else undefined. Files are only ever
- * renamed into place when complete, and readGGUF checks every tensor lies inside the file, so a matching
- * stamp on a parseable file means the same bytes.
+ * Size of `path` if it is a complete checkpoint with this stamp, else undefined.
+ * Files are only ever renamed into place when complete, and readGGUF checks every tensor lies inside the file.
+ * So a matching stamp on a parseable file means the same bytes.
  */
 async function stampedSize(path: string, preset: string, wtype: WeightType, seed: number): Promise<number | undefined> {
   try {

@@ -1,27 +1,7 @@
-// Synthetic vision encoders in ONNX with the transformers.js `vision_encoder` contracts, random but
-// deterministic weights (same preset + seed → byte-identical files). They stand in for real
-// checkpoints, which cannot be downloaded here: shapes, contracts and compute are faithful, outputs are
-// meaningless.
-//
-// Gemma 3 (SigLIP so400m/14 @ 896 + projector, as in HF's Gemma3 vision tower):
-//   pixel_values f32 [batch,3,896,896] (in [-1,1]) → Conv14/s14 (+bias) → +pos[4096,h] → L × (LayerNorm,
-//   q/k/v/o with bias, softmax(QKᵀ/√hd), LayerNorm, fc1, GELU-tanh, fc2) → post-LayerNorm → AvgPool 4×4 over
-//   the 64×64 grid → RMSNorm·(1+w) → MatMul [h, text_hidden] → image_features f32 [batch,256,text_hidden].
-// Gemma 4 (llama.cpp's gemma4v.cpp + HF Gemma4VisionModel):
-//   pixel_values f32 [batch,P,768] (16×16×3 HWC patches in [0,1], zero padding), pixel_position_ids i64
-//   [batch,P,2] ((col,row), −1 padding) → Linear(768→h, no bias) on 2x−1 → + x/y position tables
-//   [10240,h] gathered by col/row → L × sandwich-norm ViT layers (RMSNorm; q/k per-head RMSNorm with
-//   weights, v RMSNorm without; 2-D NeoX RoPE θ=100, first half of each head on col, second on row;
-//   attention scale 1; o; post-attention RMSNorm; residual; RMSNorm; gated GELU-tanh MLP; post-FFN RMSNorm;
-//   residual) → 3×3 average pool over the patch grid → ×√h → RMSNorm (no weight) → Linear(h→text_hidden)
-//   → image_features f32 [batch, T, text_hidden], T = (cols/3)·(rows/3).
-// Simplifications (documented, deliberate):
-//   - Gemma 4: batch must be 1 (the graph slices away the padding patches using the count of valid
-//     position ids, which assumes the processor's layout: valid patches first, row-major). Slicing gives
-//     the same valid outputs as HF's masked attention at lower cost. The grid is recovered as
-//     cols = max(col)+1, rows = valid/cols.
-//   - Gemma 4 E2B/E4B "clippable" linears are plain linears (the clamp ranges come from training).
-//   - No 26B/31B `standardize` step. fp32 only (no fp16 variant yet).
+// Synthetic vision encoders in ONNX with the transformers.js `vision_encoder` contracts.
+// Weights are random but deterministic: the same preset and seed give byte-identical files.
+// They stand in for real checkpoints, which cannot be downloaded here. Shapes, contracts and compute are faithful.
+// Outputs are meaningless. Graphs and deliberate simplifications: models/README.md#synthetic-vision-encoders
 import { mkdirSync, renameSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { OnnxGraphBuilder, SeededRandom, tensorSeed, type OnnxModelInfo } from './onnx-writer.ts';
@@ -104,8 +84,8 @@ const PRESETS: readonly VisionPreset[] = [
     spec: gemma4({ hidden: 32, layers: 2, heads: 2, ffn: 64, outHidden: 64 }),
   },
   {
-    // Head sizes ggml-cuda has no tensor-core flash-attention kernel for, at tiny scale: the CPU checks
-    // the graph that pads heads for that kernel against the plain one.
+    // Head sizes ggml-cuda has no tensor-core flash-attention kernel for, at tiny scale.
+    // On them the CPU checks the graph that pads heads for that kernel against the plain one.
     name: 'siglip-tiny-h72',
     contract: 'gemma3',
     description: "Gemma 3 contract at so400m's head size: 2 layers × 144 hidden (2 heads × 72), 224² input, output 64",
@@ -320,8 +300,8 @@ function buildGemma4(g: OnnxGraphBuilder, spec: Gemma4VisionSpec, seed: number):
   x = g.node('Add', [x, g.node('Gather', [get('patch_embed.pos_table_x'), col], { axis: 0 })]);
   x = g.node('Add', [x, g.node('Gather', [get('patch_embed.pos_table_y'), row], { axis: 0 })]);
 
-  // 2-D NeoX RoPE tables: per head, dims [0,hd/2) rotate with col, [hd/2,hd) with row; within each half
-  // the pairs are (i, i + hd/4) with inv_freq θ^(−2i/(hd/2)).
+  // 2-D NeoX RoPE tables. Per head, dims [0,hd/2) rotate with col and [hd/2,hd) with row.
+  // Within each half the pairs are (i, i + hd/4), with inv_freq θ^(−2i/(hd/2)).
   const quarter = hd / 4;
   const invFreq = Float32Array.from({ length: quarter }, (_, i) => Math.pow(spec.ropeTheta, (-2 * i) / (hd / 2)));
   const invFreqName = g.initializer('rope_inv_freq', 'float', [quarter], invFreq);
@@ -416,8 +396,8 @@ export function synthesizeVision(opts: SynthesizeVisionOptions): SynthesizeVisio
   if (preset.spec.kind === 'siglip') buildSiglip(g, preset.spec, seed);
   else buildGemma4(g, preset.spec, seed);
   mkdirSync(dirname(resolve(opts.out)), { recursive: true });
-  // Write the .onnx under a temporary name first, so a crash never leaves a model that looks complete
-  // (the data file gets its final name at once: the model refers to it by base name).
+  // Write the .onnx under a temporary name first, so a crash never leaves a model that looks complete.
+  // The data file gets its final name at once, since the model refers to it by base name.
   const tmp = `${opts.out}.tmp-${process.pid}`;
   const info = g.write(tmp, {
     externalDataThreshold: opts.externalDataThreshold ?? 512 * 1024 * 1024,

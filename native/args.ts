@@ -1,7 +1,7 @@
-// Argument validators of the binding's typed API (llama.ts, vision.ts), in the shape of sharp's
-// lib/is.js: each checks one argument and returns it typed, or throws with the one message shape of
-// every bad argument, "Expected <what> for <name> but received <value>". native/src/util.cc writes
-// the same shape for the fields C++ checks again.
+// Argument validators of the binding's typed API (llama.ts, vision.ts), in the shape of sharp's lib/is.js.
+// Each checks one argument and returns it typed, or throws.
+// Every bad argument gets one message shape: "Expected <what> for <name> but received <value>".
+// native/src/util.cc writes the same shape for the fields C++ checks again.
 
 /** A value as the messages show it: `5 of type number`, `null`, `array`. */
 export function describe(v: unknown): string {

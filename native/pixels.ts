@@ -1,6 +1,6 @@
-// The layout pass of preprocessing in native code (native/src/pixels.cc): 8-bit interleaved pixels →
-// an encoder's float tensor, on a libuv worker thread. The loops are simple; in JavaScript they took
-// 3–5 ms a frame, most of a preprocessing budget.
+// The layout pass of preprocessing in native code (native/src/pixels.cc), on a libuv worker thread.
+// It turns 8-bit interleaved pixels into an encoder's float tensor.
+// The loops are simple, but in JavaScript they took most of a preprocessing budget.
 import { bool, intIn, invalid, knownKeys, oneOf, plainObject } from './args.ts';
 import { loadAddon } from './binding.ts';
 
@@ -37,12 +37,12 @@ function finite(name: string, v: unknown, nonZero: boolean): number {
 }
 
 /**
- * Writes the pixels of `src` (stored `width`×`height`, `channels` bytes a pixel, `stride` bytes a row)
- * into `out`: rows enlarged to `rows` on PIL's sample grid (`kernel`), shown in EXIF `orientation`,
- * B and R swapped when `bgr`, each value (v/255 − offset)/scale, as planar CHW or as `patch`×`patch`
- * HWC patches in row-major patch order with zeros after the last. Both arrays are used until the
- * promise settles. Resolves to the pixels (chw) or patches written; rejects (TypeError, RangeError)
- * with the reason when the arrays or options do not fit.
+ * Writes the pixels of `src` into `out`. `src` is stored `width`×`height`, `channels` bytes a pixel, `stride` bytes a row.
+ * Rows are enlarged to `rows` on PIL's sample grid (`kernel`), and shown in EXIF `orientation`.
+ * B and R are swapped when `bgr`, and each value becomes (v/255 − offset)/scale.
+ * The layout is planar CHW, or `patch`×`patch` HWC patches in row-major patch order with zeros after the last.
+ * Both arrays are used until the promise settles. Resolves to the pixels (chw) or patches written.
+ * Rejects with a TypeError or RangeError, with the reason, when the arrays or options do not fit.
  */
 export async function layoutPixels(src: Uint8Array, out: Float32Array, options: LayoutOptions): Promise<number> {
   if (!(src instanceof Uint8Array)) throw invalid('src', 'a Uint8Array', src);

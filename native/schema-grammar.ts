@@ -1,10 +1,11 @@
-// JSON Schema → GBNF for schema-constrained decoding. llama.cpp's converter
-// (common/json-schema-to-grammar) writes the structure: objects with their optional properties in
-// schema order, arrays, enums, $ref, anyOf. Before it runs, the schema is checked (a schema no
-// value satisfies is refused, naming where) and made finite: numbers and integers become rules
-// bounded in value and digits, free strings and arrays get length bounds. Those number and string
-// rules are written here and spliced into llama.cpp's output, so the result is one GBNF that
-// llama.cpp parses, and every text it admits is a value the schema accepts.
+// JSON Schema → GBNF for schema-constrained decoding.
+// llama.cpp's converter (common/json-schema-to-grammar) writes the structure: objects, arrays, enums, $ref, anyOf.
+// Objects keep their optional properties in schema order.
+// Before it runs, the schema is checked: a schema no value satisfies is refused, naming where.
+// The schema is also made finite. Numbers and integers become rules bounded in value and digits.
+// Free strings and arrays get length bounds.
+// Those number and string rules are written here and spliced into llama.cpp's output.
+// So the result is one GBNF that llama.cpp parses, and every text it admits is a value the schema accepts.
 import { loadAddon } from './binding.ts';
 
 export interface GbnfOptions {

@@ -1,6 +1,6 @@
-// The typed, validated API over the addon's clip (tools/mtmd) vision encoder: LlamaVision loads an
-// mmproj GGUF and turns preprocessed pixels into image embeddings in the decoder's width. Loading and
-// encoding run off the JS thread; one encode at a time per instance.
+// The typed, validated API over the addon's clip (tools/mtmd) vision encoder.
+// LlamaVision loads an mmproj GGUF and turns preprocessed pixels into image embeddings in the decoder's width.
+// Loading and encoding run off the JS thread; one encode at a time per instance.
 import { stat } from 'node:fs/promises';
 import { availableParallelism } from 'node:os';
 import { bool, coded, graft, intIn, invalid, knownKeys, nonEmptyString, oneOf, plainObject } from './args.ts';
@@ -30,26 +30,26 @@ export interface LoadVisionOptions {
   readonly useGpu?: boolean;
   /** CPU threads for encode (default: all cores). */
   readonly threads?: number;
-  /** Flash attention in the ViT (default 'auto': on CUDA percept's graph runs percept's own kernel
-   * (vision-attention.cu, head sizes up to 128); elsewhere ggml's where the backend runs it, and clip's
-   * own graph on CUDA turns it off for a head size without a tensor-core kernel (SigLIP so400m's 72, 40)).
-   * 'padded': ggml's with zero-padded heads on any backend (percept's graph; clip runs it as 'on').
-   * 'percept': percept's kernel (percept's graph on a CUDA build; else clip encodes, with the reason in
-   * info().graphFallback). */
+  /** Flash attention in the ViT.
+   * 'auto' (default): on CUDA, percept's graph runs percept's own kernel (vision-attention.cu, head sizes up to 128).
+   *   Elsewhere ggml's runs where the backend has it. On CUDA, clip's own graph turns it off for a head size
+   *   without a tensor-core kernel, such as SigLIP so400m's 72 and 40.
+   * 'padded': ggml's with zero-padded heads on any backend (percept's graph); clip runs it as 'on'.
+   * 'percept': percept's kernel, in percept's graph on a CUDA build. Else clip encodes, with the reason in info().graphFallback. */
   readonly flashAttention?: VisionFlashAttention;
   /** Allocate compute buffers at load so the first encode is not slower (default true). */
   readonly warmup?: boolean;
-  /** Let encodes report where their time goes ({ profile } in encode options; default false: no
-   * callback in clip's graph evaluation). */
+  /** Let encodes report where their time goes ({ profile } in encode options).
+   * Default false: no callback in clip's graph evaluation. */
   readonly profile?: boolean;
-  /** 'percept' (default): percept's persistent graph over clip's weights, built once per image shape
-   * and reused, where it mirrors the tower; otherwise clip encodes and info.graphFallback says why.
-   * 'clip': clip's own encode (it rebuilds and re-allocates its graph on every call). */
+  /** 'percept' (default): percept's persistent graph over clip's weights, built once per image shape and reused.
+   * It runs where it mirrors the tower; otherwise clip encodes, and info.graphFallback says why.
+   * 'clip': clip's own encode, which rebuilds and re-allocates its graph on every call. */
   readonly graph?: 'percept' | 'clip';
 }
 
-/** A JPEG for encodeJpeg: its header's stored size and EXIF orientation, how to resample it (PIL's
- * antialiased filter) and normalize it (value = (v/255 − offset)/scale). */
+/** A JPEG for encodeJpeg: its header's stored size and EXIF orientation.
+ * Also how to resample it (PIL's antialiased filter) and normalize it: value = (v/255 − offset)/scale. */
 export interface VisionJpeg {
   readonly data: Uint8Array;
   readonly storedWidth: number;
@@ -131,9 +131,9 @@ export class LlamaVision {
   }
 
   /**
-   * Encodes several images of one size and layout in one call (cameras of one rig): one graph for a
-   * projector that batches (info.batchable: gemma4v), else one after the other on the same worker
-   * thread. Returns one embedding array per image, in order. Same rules as encode() for the arrays.
+   * Encodes several images of one size and layout in one call, such as the cameras of one rig.
+   * A projector that batches (info.batchable: gemma4v) runs one graph; others encode one after the other on one worker thread.
+   * Returns one embedding array per image, in order. Same rules as encode() for the arrays.
    */
   async encodeBatch(images: readonly Float32Array[], image: VisionImage, profile: VisionProfileMode = 'off'): Promise<VisionBatchResult> {
     if (!Array.isArray(images) || images.length === 0) throw invalid('images', 'a non-empty array of Float32Array', images);
@@ -151,11 +151,12 @@ export class LlamaVision {
   }
 
   /**
-   * Encodes one JPEG frame without its pixels touching the host: nvJPEG decodes it on the encoder's
-   * GPU and one kernel resamples it to `image` (display-oriented), applies the EXIF orientation,
-   * normalizes it and writes the graph's input in place. Needs info.decodesJpeg (a CUDA build with
-   * nvJPEG, percept's graph on the GPU); rejects with `code` ENOTSUP otherwise, and with EENCODE when
-   * nvJPEG cannot decode the data. Same one-at-a-time rule as encode().
+   * Encodes one JPEG frame without its pixels touching the host. nvJPEG decodes it on the encoder's GPU.
+   * One kernel then resamples it to `image` (display-oriented), applies the EXIF orientation,
+   * normalizes it and writes the graph's input in place.
+   * Needs info.decodesJpeg: a CUDA build with nvJPEG, and percept's graph on the GPU.
+   * Rejects with `code` ENOTSUP otherwise, and with EENCODE when nvJPEG cannot decode the data.
+   * Same one-at-a-time rule as encode().
    */
   async encodeJpeg(jpeg: VisionJpeg, image: VisionImage, profile: VisionProfileMode = 'off'): Promise<VisionEncodeResult> {
     const [frames, options] = this.#jpegRequest([jpeg], image, profile);
@@ -180,8 +181,8 @@ export class LlamaVision {
     }
   }
 
-  /** The input encodeJpeg would hand the graph for `jpeg` (width × height × 3 floats in the image's
-   * layout), read back to the host: the GPU path checked against the host one. Same rules. */
+  /** The input encodeJpeg would hand the graph for `jpeg`, read back to the host: width × height × 3 floats in the image's layout.
+   * It checks the GPU path against the host one. Same rules. */
   async jpegPixels(jpeg: VisionJpeg, image: VisionImage): Promise<Float32Array> {
     const [frames, options] = this.#jpegRequest([jpeg], image, 'off');
     const stack = new Error();
@@ -215,10 +216,10 @@ export class LlamaVision {
   }
 
   /**
-   * An array of `length` floats for pixels, in the encoder device's pinned host memory (CUDA), which
-   * encode() uploads by DMA rather than through CUDA's pageable staging; undefined where the device
-   * has none (the CPU) or clip's own encode runs: use an ordinary Float32Array there. The memory is
-   * freed when the array is collected, whether or not this instance is disposed by then.
+   * An array of `length` floats for pixels, in the encoder device's pinned host memory (CUDA).
+   * encode() uploads it by DMA rather than through CUDA's pageable staging.
+   * Undefined where the device has none (the CPU) or clip's own encode runs: use an ordinary Float32Array there.
+   * The memory is freed when the array is collected, whether or not this instance is disposed by then.
    */
   allocatePixels(length: number): Float32Array | undefined {
     intIn('length', length, 1, 2 ** 31);

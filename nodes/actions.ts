@@ -21,8 +21,8 @@ export interface ActionsStage extends Stage<Generation, ActionMessage> {
   readonly schema: ActionSchema;
 }
 
-// A generation that stopped for one of these reasons may be cut short; when its text is not a
-// valid action, the drop reason says that it was cut, not that the model produced garbage.
+// A generation that stopped for one of these reasons may be cut short.
+// When its text is not a valid action, the drop reason says it was cut, not that the model produced garbage.
 const CUT_SHORT: Partial<Record<StopReason, DropReason>> = { deadline: 'stale', cancelled: 'shutdown' };
 
 export function createActionsStage(options: ActionsStageOptions): ActionsStage {

@@ -1,25 +1,6 @@
-// Several cameras on one vision encoder: every camera's graph gets its own encode stage, a handle
-// onto one BatchingEncoder that encodes the frames arriving together in one call (the encoder's
-// encodeBatch, e.g. percept's vision graph for an mmproj) and otherwise one after another.
-//
-// The rule (a bounded wait):
-// - While the encoder runs, arriving frames wait; when it is free, the oldest waiting frame and
-//   every waiting frame of the same image size go in the next call (other sizes wait their turn).
-// - An idle encoder starts at once when every camera has a frame of that size waiting, when the
-//   encoder cannot batch, or when no call of that size has been timed yet; and, where the cameras'
-//   preprocess stages announce their frames (`announcing`), when every camera with a frame in
-//   preprocess has its frame waiting. Otherwise it holds the oldest frame for other cameras' frames
-//   at most `waitMs`, and no held frame longer than half of the time its stage deadline leaves after
-//   two calls of that size (the last one's duration): the other half is margin for the timer and a
-//   slower call. Why announce: cameras triggered together preprocess on a few libuv threads, so
-//   their frames reach the encoder tens of ms apart; a short hold splits each trigger into two
-//   calls, the later cameras reach the decoder a call later and find it taken (16 cameras on an
-//   H200 under overload: actions per camera 11 … 1, Jain's index 0.70; a 40 ms hold that catches
-//   the whole trigger: 8 … 2, 0.84), while a long hold without announcements waits its full time
-//   for frames dropped before preprocess (or never sent).
-// - A frame whose signal fires (deadline, shutdown) leaves at once: a waiting one is taken out; one
-//   inside a running batch call gets its reason at once and its result is discarded (a batch call
-//   cannot be interrupted). A call of one frame is the encoder's own process(), which honours it.
+// Several cameras on one vision encoder. Each camera's graph gets its own encode stage.
+// The stages are handles onto one BatchingEncoder, which encodes frames that arrive together in one call.
+// The rule (a bounded wait) and cancel: nodes/README.md#encoder-batching
 import type { ImageEmbedding, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 
@@ -47,9 +28,9 @@ export interface BatchingEncoderStats {
 
 export interface CameraEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
   stats(): BatchingEncoderStats;
-  /** `stage` (this camera's preprocess) with its frames announced: from the moment it takes a frame
-   * until the event-loop turn after it finished (by then the graph has handed the frame to this
-   * encode stage, or dropped it), the encoder knows this camera's frame is coming. */
+  /** `stage`, this camera's preprocess, with its frames announced.
+   * From when it takes a frame until the event-loop turn after it finishes, the encoder knows the frame is coming.
+   * By then the graph has handed the frame to this encode stage, or dropped it. */
   announcing<I>(stage: Stage<I, PixelTensor>): Stage<I, PixelTensor>;
 }
 

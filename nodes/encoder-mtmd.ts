@@ -1,18 +1,7 @@
-// Vision encoder stage on llama.cpp's clip (tools/mtmd) through the percept addon: an mmproj GGUF
-// encodes the preprocessor's PixelTensor into image embeddings, off the JS thread (an AsyncWorker),
-// on CPU or on the GPU backend the addon was built with, by percept's persistent graph over clip's
-// weights (or clip's own encode: `graph`). Same contract as the ONNX stage:
-//   gemma3 (projector gemma3):  pixel values [1,3,S,S] CHW in [-1,1] → [256, n_embd]
-//   gemma4 (projector gemma4v): patches [1,P,768] HWC in [0,1] + position ids [1,P,2] → [(cols/3)(rows/3), n_embd]
-// clip normalizes nothing itself (mtmd's preprocessing does, and we bypass it): gemma3 gets the
-// [-1,1] values as they are, gemma4v's graph applies ×2−1 to the [0,1] patches. clip derives the
-// patch positions from the image grid, so the gemma4 position ids must be the processor's row-major
-// layout (valid patches first); anything else is refused rather than encoded wrongly. A tensor that
-// carries its JPEG (PixelTensor.jpeg) is decoded and laid out on the GPU (Vision.encodeJpeg) where the
-// encoder can (decodesJpeg), and refused elsewhere.
-// One run at a time (an AbandonableSlot). When ctx.signal fires the stage rethrows its reason at once;
-// clip finishes that run (it cannot be interrupted), its result is discarded (counted) and the next
-// frame waits for it.
+// Vision encoder stage on llama.cpp's clip (tools/mtmd), through the percept addon.
+// An mmproj GGUF encodes the preprocessor's PixelTensor into image embeddings, off the JS thread, on CPU or GPU.
+// It runs percept's persistent graph over clip's weights, or clip's own encode (`graph`).
+// Contract, normalization, JPEG input and cancel: nodes/README.md#mtmd-encoder
 import { existsSync } from 'node:fs';
 import type { ImageEmbedding, PixelAllocator, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
@@ -41,14 +30,14 @@ export interface MtmdEncoderConfig {
   /** CPU threads for clip (default: all cores). */
   readonly threads?: number;
   readonly flashAttention?: VisionFlashAttention;
-  /** Report where each encode's time goes in stats().lastProfile (default 'off'; 'ops' synchronizes
-   * after every graph node, so it slows the encode it measures). */
+  /** Report where each encode's time goes in stats().lastProfile (default 'off').
+   * 'ops' synchronizes after every graph node, so it slows the encode it measures. */
   readonly profile?: VisionProfileMode;
-  /** 'percept' (default): percept's persistent graph over clip's weights where it mirrors the tower
-   * (info.graphFallback says why not); 'clip': clip's own encode. */
+  /** 'percept' (default): percept's persistent graph over clip's weights, where it mirrors the tower.
+   * info.graphFallback says why not. 'clip': clip's own encode. */
   readonly graph?: 'percept' | 'clip';
-  /** Pixel arrays in pinned host memory from allocatePixels (default true; where the device has
-   * none, allocatePixels gives undefined anyway). false: the preprocessor's own arrays (to compare). */
+  /** Pixel arrays in pinned host memory from allocatePixels (default true).
+   * Where the device has none, allocatePixels gives undefined anyway. false: the preprocessor's own arrays, to compare. */
   readonly pinnedPixels?: boolean;
 }
 
@@ -85,14 +74,14 @@ export interface MtmdEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
   /** Several frames of one size in one clip call (cameras of a rig), embeddings in order. Not
    * abortable: for benchmarks and callers outside the graph. */
   encodeBatch(inputs: readonly PixelTensor[]): Promise<ImageEmbedding[]>;
-  /** JPEG tensors (PixelTensor.jpeg) are decoded and laid out on this encoder's GPU (nvJPEG; a CUDA
-   * build, percept's graph on the GPU). Others are refused. */
+  /** JPEG tensors (PixelTensor.jpeg) are decoded and laid out on this encoder's GPU with nvJPEG.
+   * That needs a CUDA build running percept's graph on the GPU. Others are refused. */
   readonly decodesJpeg: boolean;
   /** The pixel values this encoder makes on its GPU from a JPEG tensor (PixelTensor.jpeg), read back:
    * the GPU path checked against the host one. */
   jpegPixels(input: PixelTensor): Promise<Float32Array>;
-  /** The preprocessor's PixelAllocator: pinned host memory on CUDA, which encodes upload by DMA (E4B's
-   * 7.7 MB of pixel_values took 1.2 ms from pageable memory on the H200); undefined on the CPU. */
+  /** The preprocessor's PixelAllocator: pinned host memory on CUDA, which encodes upload by DMA.
+   * Undefined on the CPU. Pageable memory is slower: nodes/README.md#measurements. */
   readonly allocatePixels: PixelAllocator;
   close(): Promise<void>;
 }

@@ -1,15 +1,6 @@
-// Vision encoder stage: an ONNX `vision_encoder` (transformers.js contract) run by onnxruntime-node in a
-// worker thread, so the event loop keeps serving the rest of the graph during an encode.
-//
-// Contracts checked at load (names, dtypes, ranks, fixed dims):
-//   gemma3: pixel_values f32 [N,3,S,S]                         → image_features f32 [N,T,hidden]
-//   gemma4: pixel_values f32 [N,P,768] + pixel_position_ids i64 [N,P,2] → image_features f32 [N,T,hidden]
-//           (rank 2 [T,hidden] is accepted too: HF's tower returns the valid tokens flattened)
-// Buffers: the PixelTensor's arrays are transferred to the worker (no copy); the caller must not use them
-// after process() (set copyInputs to keep them). The worker sends pixel_values back after the run, and
-// it goes to the tensor's recycle() for the next frame. One run is in flight at a time (an
-// AbandonableSlot): when ctx.signal fires the stage rethrows its reason at once; the worker finishes
-// that run, its result is discarded (counted) and the next frame waits for it.
+// Vision encoder stage: an ONNX `vision_encoder` (transformers.js contract) run by onnxruntime-node in a worker thread.
+// So the event loop keeps serving the rest of the graph during an encode.
+// Contracts, buffers and cancel: nodes/README.md#onnx-encoder
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
@@ -241,8 +232,8 @@ export async function createOnnxEncoderStage(cfg: OnnxEncoderConfig): Promise<On
     allowSpinning: cfg.allowSpinning === true,
     ...(cfg.threads !== undefined ? { intraOpNumThreads: cfg.threads } : {}),
   };
-  // The worker is TypeScript; a small .mjs entry registers tsx inside the worker thread first (Node 20
-  // does not apply the parent's `--import tsx` hooks to a worker's entry module).
+  // The worker is TypeScript, so a small .mjs entry registers tsx inside the worker thread first.
+  // Node 20 does not apply the parent's `--import tsx` hooks to a worker's entry module.
   const worker = new Worker(new URL('./encoder-onnx.worker.mjs', import.meta.url), { workerData: init });
 
   const ready = await new Promise<{ inputs: WireValueInfo[]; outputs: WireValueInfo[] }>((resolve, reject) => {

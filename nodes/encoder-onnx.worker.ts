@@ -1,12 +1,9 @@
-// Worker thread that owns one onnxruntime-node InferenceSession. onnxruntime-node's session.run() does
-// its native work synchronously (it only defers the call with a setImmediate), so it must not run on
-// the main thread: the pipeline's event
-// loop would stall for the whole encode. Protocol (all messages are plain objects):
-//   in : workerData = WorkerInit; { type: 'run', id, feeds } (buffers transferred); { type: 'close' }
-//   out: { type: 'ready', inputs, outputs } | { type: 'load-error', message }
-//        { type: 'result', id, outputs, runMs, pixelValues } (buffers transferred; pixelValues is the
-//          input array handed back for reuse) | { type: 'run-error', id, message, pixelValues }
-//        { type: 'closed' }
+// Worker thread that owns one onnxruntime-node InferenceSession.
+// session.run() does its native work synchronously, so on the main thread it would stall the event loop for the whole encode.
+// Protocol, in plain objects (WorkerRequest and WorkerReply below):
+//   in : workerData = WorkerInit, then 'run' (buffers transferred) and 'close'
+//   out: 'ready' or 'load-error', then 'result' or 'run-error' per run, and 'closed'
+// 'result' and 'run-error' hand the input's pixelValues back for reuse.
 import { parentPort, workerData } from 'node:worker_threads';
 import ort from 'onnxruntime-node';
 
@@ -15,8 +12,8 @@ export interface WorkerInit {
   readonly executionProviders: readonly string[];
   readonly intraOpNumThreads?: number;
   readonly graphOptimizationLevel: 'disabled' | 'basic' | 'extended' | 'all';
-  /** ORT's intra-op threads spin after a run by default; on a small shared CPU that spinning steals
-   * time from preprocessing and the decoder. */
+  /** ORT's intra-op threads spin after a run by default.
+   * On a small shared CPU, that spinning steals time from preprocessing and the decoder. */
   readonly allowSpinning: boolean;
 }
 

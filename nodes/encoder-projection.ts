@@ -1,7 +1,7 @@
-// A cheap, deterministic stand-in for a vision encoder, for configs that have no encoder yet: each
-// image token is a 48-value descriptor of its image region (4×4 sub-cells × RGB means) multiplied by a
-// fixed random matrix [48, nEmbd]. Different images give different embeddings and the cost is tiny
-// (~tokens·48·nEmbd multiply-adds), so the decoder's image path can be exercised end to end.
+// A cheap, deterministic stand-in for a vision encoder, for configs that have no encoder yet.
+// Each image token is its region's 48-value descriptor (4×4 sub-cells × RGB means) times a fixed random [48, nEmbd] matrix.
+// Different images give different embeddings, for about tokens·48·nEmbd multiply-adds.
+// So the decoder's image path can be exercised end to end.
 import type { ImageEmbedding, PixelTensor } from './payloads.ts';
 import type { EncoderConfig } from '../pipeline/config.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';

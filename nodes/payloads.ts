@@ -21,30 +21,31 @@ export interface PixelTensor {
    * (length 0) when `jpeg` is set: the encoder makes these values on its GPU. */
   readonly pixelValues: Float32Array;
   readonly pixelDims: readonly number[];
-  /** A JPEG frame left for the encoder to decode, resize and lay out on its GPU (an encoder whose
-   * decodesJpeg is true); pixelDims and positionIds describe the tensor it makes there. */
+  /** A JPEG frame left for the encoder to decode, resize and lay out on its GPU, when its decodesJpeg is true.
+   * pixelDims and positionIds describe the tensor it makes there. */
   readonly jpeg?: DeviceJpegFrame;
   /** gemma4 only: [N,P,2] (col,row) per patch, −1 for padding. */
   readonly positionIds?: BigInt64Array;
   readonly positionDims?: readonly number[];
   /** The number of image tokens the decoder will receive for this image. */
   readonly imageTokens: number;
-  /** Gives pixelValues back to its producer for reuse. The consumer (the encoder) owns the tensor and
-   * calls this at most once, when nothing reads the array any more; after a transfer to a worker and
-   * back, it passes the array it got back. Optional: without a call the array is garbage collected. */
+  /** Gives pixelValues back to its producer for reuse. The consumer, the encoder, owns the tensor.
+   * It calls this at most once, when nothing reads the array any more.
+   * After a transfer to a worker and back, it passes the array it got back.
+   * Optional: without a call the array is garbage collected. */
   readonly recycle?: (pixelValues: Float32Array) => void;
 }
 
-/** What the host part of preprocessing read and decided for a JPEG the encoder decodes on its GPU:
- * the frame as the encoder's GPU path takes it (its header's stored size and EXIF orientation, the
- * filter, the normalization) and the display-oriented size to resample to. */
+/** What host preprocessing read and decided for a JPEG the encoder decodes on its GPU.
+ * It is the frame as the GPU path takes it: stored size, EXIF orientation, filter and normalization.
+ * It adds the display-oriented size to resample to. */
 export interface DeviceJpegFrame extends VisionJpeg {
   readonly width: number;
   readonly height: number;
 }
 
-/** Where a preprocessor gets its pixel arrays from, when the encoder has memory it reads faster (the
- * GPU's pinned host memory); undefined: allocate an ordinary Float32Array. */
+/** Where a preprocessor gets its pixel arrays, when the encoder reads some memory faster, such as the GPU's pinned host memory.
+ * undefined: allocate an ordinary Float32Array. */
 export type PixelAllocator = (length: number) => Float32Array | undefined;
 
 /** Image embeddings in the decoder's width, ready for the prompt's image segment. */
@@ -78,8 +79,8 @@ export type StopReason = 'eos' | 'max_tokens' | 'stop' | 'cancelled' | 'deadline
 /** What the decoder produced for one frame. */
 export interface Generation {
   readonly text: string;
-  /** The new tokens' ids, where the decoder has them: a remote server's API returns text only (empty
-   * here; timings.decodeTokens holds the count). */
+  /** The new tokens' ids, where the decoder has them.
+   * A remote server's API returns text only: this is empty, and timings.decodeTokens holds the count. */
   readonly tokens: readonly number[];
   readonly stopReason: StopReason;
   readonly promptTokens: number;

@@ -1,32 +1,6 @@
-// Camera frame → encoder input tensor: sharp (libvips) decodes and resizes in one native call, one
-// native layout pass (native/pixels.ts) normalizes, orients and lays out the pixels (CHW for Gemma 3,
-// 16×16 HWC patches for Gemma 4).
-//
-// Contracts (the inputs of transformers.js's vision_encoder sessions, as HF's Gemma3ImageProcessor and
-// Gemma4ImageProcessor make them; Gemma 3's pan-and-scan is off, its default):
-//   gemma3: resize to 896×896 (bilinear), ×1/255, (x−0.5)/0.5 → pixel_values f32 [1,3,896,896].
-//   gemma4: aspect-preserving resize to multiples of 48 px within an image-token budget
-//           (70/140/280/560/1120; tokens = (W/48)·(H/48)), bicubic, ×1/255, patchify 16×16 (HWC inside a
-//           patch, patches row-major) → pixel_values f32 [1, budget·9, 768] zero-padded, and
-//           pixel_position_ids i64 [1, budget·9, 2] = (col,row), −1 for padding.
-// Speed (one libvips thread):
-//   - sharp gets the target size, so a JPEG much larger than the target is decoded at 1/2, 1/4 or 1/8
-//     scale by libjpeg's DCT scaling (shrink-on-load; libvips uses it from a 3× shrink on).
-//   - EXIF orientation is applied by the layout pass (an index mapping), not by libvips: libvips would
-//     rotate the full-size image before resizing and give up shrink-on-load.
-//   - Rows that grow (720 → 896 for Gemma 3) are enlarged by the layout pass on PIL's sample grid (HF's
-//     processors resize with PIL); libvips's enlarging (affine) path cost 10+ ms and samples half an
-//     output pixel off that grid.
-//   - A raw frame that already has the target size skips sharp entirely.
-//   - With jpegToEncoder (an encoder that decodes JPEG on its GPU: nvJPEG), a JPEG frame is not decoded
-//     here at all: the stage reads its header (readJpegHeader, not sharp), plans the tensor (size, position ids, tokens) and hands
-//     the frame on in PixelTensor.jpeg; the encoder decodes, resizes and lays it out on the device.
-//   - pixel_values comes from a small pool: the encoder hands the array back through
-//     PixelTensor.recycle when it is done, so steady state allocates nothing (and a 7.7 MB array per
-//     frame no longer feeds the GC). The pool's arrays come from the encoder's allocator where it
-//     has one (pinned host memory on CUDA: uploaded by DMA). Values stay f32 here rather than going
-//     to the encoder as uint8: both encoders' contracts take f32, and normalizing elsewhere would
-//     move, not remove, the pass.
+// Preprocess stage: a camera frame becomes the encoder's input tensor.
+// sharp (libvips) decodes and resizes in one native call. native/pixels.ts then normalizes, orients and lays out the pixels.
+// Contracts and speed choices: nodes/README.md#preprocess
 import sharp, { type Metadata } from 'sharp';
 import type { CameraFrame, EncoderContract, FrameEncoding, PixelAllocator, PixelTensor } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
@@ -41,8 +15,8 @@ const GEMMA4_SIDE = GEMMA4_PATCH * GEMMA4_POOL; // 48 px per soft token side
 const GEMMA4_PATCH_DIM = GEMMA4_PATCH * GEMMA4_PATCH * 3;
 
 export type ResizeKernel = 'nearest' | 'linear' | 'cubic' | 'mitchell' | 'lanczos2' | 'lanczos3';
-/** 'hf': HF Gemma4ImageProcessor (scale up or down to fill the budget, floor to 48).
- *  'llama.cpp': mtmd dyn_size (round to 48; shrink only above the budget; grow only below 70 tokens). */
+/** 'hf': HF Gemma4ImageProcessor, which scales up or down to fill the budget and floors to 48.
+ *  'llama.cpp': mtmd dyn_size, which rounds to 48, shrinks only above the budget and grows only below 70 tokens. */
 export type Gemma4Sizing = 'hf' | 'llama.cpp';
 
 export interface PreprocessConfig {
@@ -59,13 +33,13 @@ export interface PreprocessConfig {
   readonly imageTokens?: number;
   /** libvips threads per image, process-wide (the config's preprocess.threads). */
   readonly threads: number;
-  /** Where pixel_values arrays come from (the encoder's: pinned host memory on CUDA); an ordinary
-   * Float32Array where it gives undefined or is absent. */
+  /** Where pixel_values arrays come from: the encoder's, pinned host memory on CUDA.
+   * An ordinary Float32Array where it gives undefined or is absent. */
   readonly allocate?: PixelAllocator;
-  /** JPEG frames go to the encoder undecoded (PixelTensor.jpeg), for an encoder that decodes them
-   * on its GPU (decodesJpeg); this stage only reads their header and plans the tensor. Frames the GPU
-   * path does not take stay here: other encodings, progressive, 12-bit or CMYK JPEGs, kernels other
-   * than linear and cubic. */
+  /** JPEG frames go to the encoder undecoded (PixelTensor.jpeg), for an encoder that decodes them on its GPU (decodesJpeg).
+   * This stage then only reads their header and plans the tensor.
+   * Frames the GPU path does not take stay here: other encodings, progressive, 12-bit or CMYK JPEGs,
+   * and kernels other than linear and cubic. */
   readonly jpegToEncoder?: boolean;
 }
 
@@ -136,12 +110,11 @@ export function gemma4TargetSize(width: number, height: number, budget: number, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// A JPEG frame's header read in JavaScript, for both paths (describeEncoded): the stored size, the EXIF
-// orientation and whether the frame is one nvJPEG's path is checked on. sharp's metadata() reads the same
-// through libvips on the libuv pool, and was nearly all of this stage's time on that path (0.26–0.38 ms a
-// 720p frame on a 2-core VM, 0.8–1.1 ms on the H200 host, against a 10 ms frame → embeddings budget);
-// this walks the marker segments up to the first scan (0.05 ms for the stage). Anything it does not read
-// plainly (a truncated header, an unusual EXIF, a second frame) gives undefined, and sharp decides.
+// A JPEG frame's header, read in JavaScript for both paths (describeEncoded).
+// It gives the stored size, the EXIF orientation and whether nvJPEG's path takes the frame.
+// sharp's metadata() reads the same on the libuv pool, and was nearly all of this stage's time.
+// This walks the marker segments up to the first scan instead (nodes/README.md#measurements).
+// Anything it does not read plainly gives undefined, and sharp decides: a truncated header, an unusual EXIF, a second frame.
 
 export interface JpegHeader {
   /** Stored size (the frame header's, before the EXIF orientation). */
@@ -152,15 +125,15 @@ export interface JpegHeader {
   readonly precision: number;
   /** SOF0 or SOF1: sequential and Huffman-coded (not progressive, lossless, hierarchical or arithmetic). */
   readonly sequentialHuffman: boolean;
-  /** Three components stored as RGB rather than YCbCr (an Adobe marker with transform 0, or component
-   * ids 'R', 'G', 'B' without one), as libjpeg decides it. */
+  /** Three components stored as RGB rather than YCbCr, as libjpeg decides it.
+   * That is an Adobe marker with transform 0, or component ids 'R', 'G', 'B' without one. */
   readonly rgb: boolean;
   /** EXIF orientation 1–8; 1 without one. */
   readonly orientation: number;
 }
 
-/** The orientation in an APP1 Exif segment's first IFD (TIFF header at t, segment end at end): a
- * number, or undefined where the segment is not plain enough to read (libvips's libexif then decides). */
+/** The orientation in an APP1 Exif segment's first IFD. The TIFF header is at t; the segment ends at end.
+ * Undefined where the segment is not plain enough to read; libvips's libexif then decides. */
 function exifOrientation(d: Uint8Array, t: number, end: number): number | undefined {
   if (t + 8 > end) return undefined;
   const view = new DataView(d.buffer, d.byteOffset, d.byteLength);
@@ -281,10 +254,10 @@ function checkSize(encoding: string, width: number, height: number, maxPixels: n
     throw frameError(encoding, `${width}×${height} = ${width * height} pixels exceeds maxPixels ${maxPixels}`);
 }
 
-/** A JPEG the GPU path takes (a plain sequential 8-bit one, the usual camera frame) is described from its
- * header alone (readJpegHeader), without sharp: on the GPU route it is not decoded here at all, and on the
- * host sharp's metadata() is a header parse and a thread-pool round trip more per frame (0.36 ms against
- * 0.01 on this project's 2-core machine, 720p). Other frames ask sharp. */
+/** A JPEG the GPU path takes, the usual camera frame, is described from its header alone (readJpegHeader).
+ * On the GPU route it is not decoded here at all.
+ * On the host, sharp's metadata() would cost a header parse and a thread-pool round trip more per frame.
+ * Other frames ask sharp. */
 async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<SourceImage> {
   const data = frame.data;
   if (!(data instanceof Uint8Array) || data.byteLength === 0) throw frameError(frame.encoding, 'empty data');
@@ -307,8 +280,8 @@ async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<S
   checkSize(frame.encoding, width, height, maxPixels);
   const o = meta.orientation ?? 1;
   const orientation = Number.isInteger(o) && o >= 1 && o <= 8 ? o : 1;
-  // What the GPU path is checked on: sequential 8-bit JPEGs of 1 or 3 channels, YCbCr (progressive,
-  // arithmetic, 12-bit, CMYK and RGB-stored ones stay on the host).
+  // The GPU path is checked on sequential 8-bit YCbCr JPEGs of 1 or 3 channels.
+  // Progressive, arithmetic, 12-bit, CMYK and RGB-stored ones stay on the host.
   const gpuDecodable =
     meta.format === 'jpeg' &&
     (meta.channels === 1 || meta.channels === 3) &&
@@ -319,8 +292,8 @@ async function describeEncoded(frame: CameraFrame, maxPixels: number): Promise<S
   return { input: buffer, width, height, orientation, bgr: false, hasAlpha: meta.hasAlpha === true, gpuDecodable };
 }
 
-/** Validates a raw frame. Rows are repacked only where sharp has to read them (it wants packed rows,
- * and HF's convert('RGB') drops alpha); a frame read directly keeps its stride. */
+/** Validates a raw frame. Rows are repacked only where sharp has to read them.
+ * sharp wants packed rows, and HF's convert('RGB') drops alpha. A frame read directly keeps its stride. */
 function describeRaw(frame: CameraFrame, maxPixels: number, canReadDirect: (width: number, height: number) => boolean): SourceImage {
   const enc = frame.encoding as keyof typeof bytesPerPixel;
   const { width, height } = frame;
@@ -552,8 +525,8 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
     });
 
   const gemma3Tokens = Math.floor(imageSize / 56) ** 2;
-  /** A gemma4 target's patch grid, its soft tokens, and the tensor's patch capacity: the budget's, or
-   * more where llama.cpp's sizing exceeds it (only through its 70-token floor). */
+  /** A gemma4 target's patch grid, its soft tokens, and the tensor's patch capacity.
+   * The capacity is the budget's, or more where llama.cpp's sizing exceeds it through its 70-token floor. */
   const gemma4Grid = (target: { width: number; height: number; budget: number }) => {
     const cols = target.width / GEMMA4_PATCH;
     const rows = target.height / GEMMA4_PATCH;
@@ -561,8 +534,8 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
     return { cols, rows, tokens, capacity: Math.max(target.budget, tokens) * GEMMA4_POOL * GEMMA4_POOL };
   };
 
-  /** The tensor the encoder will make from this JPEG on its GPU: the same dims, position ids and token
-   * count as the host path, with the frame in place of pixel values. */
+  /** The tensor the encoder will make from this JPEG on its GPU.
+   * It has the host path's dims, position ids and token count, with the frame in place of pixel values. */
   const planOnEncoder = (
     data: Uint8Array,
     src: SourceImage,

@@ -1,26 +1,7 @@
-// publisher: validated actions, the graph's decisions and its stats → one ZeroMQ PUB socket, three
-// topics. Every message is three frames, [topic, header JSON, body JSON] (configs/wire/: the header
-// schema, the action schema for action bodies, messages.schema.json for the others; README "Wire
-// format"):
-//   actions    ActionHeader + the action exactly as it passed its schema
-//   events     MessageHeader + one decision (drop, cancel, degrade, error), source incident, control
-//              change, and last of all the run's `end` summary
-//   telemetry  MessageHeader + the periodic stats, with this publisher's own counters
-// `seq` counts up by one per topic within a run (`run_id`): a subscriber sees a loss as a gap.
-//
-// Why queues of our own: a PUB socket drops silently for a subscriber whose queue is full, and all
-// topics share that queue, so high-rate telemetry crowded out every action of a slow subscriber.
-// Here the socket never drops (XPUB no-drop: a send to a full subscriber fails with EAGAIN and is
-// retried), and each topic waits in its own bounded queue in front of it, actions first, then
-// events, then telemetry (on a real clock; see below). A full topic queue drops its oldest message,
-// counted per topic (stats(), the telemetry topic, the `end` event). So a slow subscriber holds the
-// socket back for everyone (as a reliable ROS 2 QoS does) but never the graph: the stage only enqueues.
-//
-// On a virtual clock (a replay) nothing measured goes out, so that the same replay publishes the same
-// bytes: the publish time is the replay clock's (`virtual_publish_ms`; `publish_wall_ms` is null), the
-// run id is the caller's (derived from what makes the replay), messages leave in the order they were
-// taken in (not by topic priority, which depends on how fast the socket drains), and the counters that
-// measure the socket (`sent`, `queued`) are null in the bodies. stats() keeps counting them all.
+// publisher: validated actions, the graph's decisions and its stats go out on one ZeroMQ PUB socket.
+// Three topics (actions, events, telemetry); every message is [topic, header JSON, body JSON].
+// Its own per-topic queues keep a slow subscriber from blocking the graph or crowding out actions.
+// Topics, queues and replay: nodes/README.md#publisher
 //
 // Concurrency: zeromq allows one pending send per socket; the pump below is the only sender.
 import { Publisher as PubSocket } from 'zeromq';
@@ -43,11 +24,11 @@ export interface PublisherOptions extends Pick<PublisherConfig, 'endpoint' | 'to
   readonly highWaterMarks?: Partial<PublisherConfig['highWaterMarks']>;
   /** How long close() lets queued messages reach connected subscribers (ms, default 2000). */
   readonly lingerMs?: number;
-  /** The run's id: a random UUID by default on a real clock; required on a virtual one (the same
-   * replay must publish the same bytes, so the caller derives it from what makes the replay). */
+  /** The run's id, by default a random UUID on a real clock.
+   * Required on a virtual clock: the same replay must publish the same bytes, so the caller derives it from the replay. */
   readonly runId?: string;
-  /** The run's clock (default real). On a virtual clock, times go out as virtual_* (never as wall
-   * times): a frame's from its context, an event's from its atNs, the end's from clock.nowNs(). */
+  /** The run's clock (default real). On a virtual clock, times go out as virtual_*, never as wall times.
+   * A frame's time comes from its context, an event's from its atNs, the end's from clock.nowNs(). */
   readonly clock?: Clock;
   /** Role → model id, copied into every action header. */
   readonly models?: Readonly<Record<string, string>>;
@@ -71,11 +52,11 @@ export interface Publisher {
   readonly runId: string;
   readonly stage: PublisherStage;
   readonly sink: PublisherSink;
-  /** Per topic: accepted (= the next seq), sent, dropped, queued (all counted, on either clock). */
+  /** Per topic: accepted (the next seq), sent, dropped and queued. All are counted on either clock. */
   stats(): PublisherCounters;
-  /** Sends what is queued, then the `end` event with `summary` and the final counters, waits up to
-   * lingerMs for it all to go out, and closes the socket. Resolves with the final counters; what
-   * could not be sent by then is counted as dropped. Idempotent. */
+  /** Sends what is queued, then the `end` event with `summary` and the final counters.
+   * Waits up to lingerMs for it all to go out, then closes the socket. Idempotent.
+   * Resolves with the final counters; what could not be sent by then counts as dropped. */
   close(summary?: RunSummary): Promise<PublisherCounters>;
 }
 
@@ -157,9 +138,9 @@ const unixMs = (clock: Clock, ns: bigint): number => {
   return Number(unixNs / 1_000_000n) + Number(unixNs % 1_000_000n) / 1e6;
 };
 
-/** A header's last fields, written at send time: the per-topic seq and the publish time (wall time,
- * or on a virtual clock the replay clock's), closing the header that `head` (everything before the
- * seq, without a trailing comma) opens. */
+/** A header's last fields, written at send time: the per-topic seq and the publish time.
+ * The publish time is wall time, or the replay clock's on a virtual clock.
+ * They close the header that `head` opens: everything before the seq, without a trailing comma. */
 export function closeHeader(head: string, seq: number, virtualMs?: number): string {
   const times =
     virtualMs === undefined
@@ -280,8 +261,8 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
   let pumping: Promise<void> | undefined;
   let undelivered = 0;
 
-  /** Sends while anything is queued, highest priority first. A full subscriber makes send() fail
-   * with EAGAIN (no-drop): the message is retried after a short wait, growing to 16 ms. */
+  /** Sends while anything is queued, highest priority first.
+   * A full subscriber makes send() fail with EAGAIN (no-drop). The message is retried after a short wait, growing to 16 ms. */
   async function pump(): Promise<void> {
     let waitMs = 0;
     for (;;) {
@@ -372,9 +353,9 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
   async function close(summary?: RunSummary): Promise<PublisherCounters> {
     closing = true;
     if (summary) {
-      // The end summary goes out last, with the counters as they are when it is sent (everything
-      // else has gone by then). On a real clock it supersedes stats still waiting (counted as
-      // dropped: events go first); on a virtual one they go before it, as they were taken in.
+      // The end summary goes out last, with the counters as they are when it is sent.
+      // On a real clock it supersedes stats still waiting, which count as dropped: events go first.
+      // On a virtual one they go before it, as they were taken in.
       if (!virtual) while (topics.telemetry.shift()) topics.telemetry.dropped += 1;
       const end = () => JSON.stringify({ type: 'end', summary, publisher: wireStats() });
       enqueue(topics.events, eventHead, end, virtual ? unixMs(clock, clock.nowNs()) : undefined);
@@ -394,8 +375,8 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
     for (const queue of byPriority) while (queue.shift()) queue.dropped += 1;
     // Handed to ZeroMQ is not yet on the wire: let it flush for what is left of lingerMs.
     socket.linger = Math.max(0, deadline - Date.now());
-    // close() releases the endpoint later, on ZeroMQ's reaper thread; unbind first so the address
-    // is free when close() resolves (a restart can bind it again at once).
+    // close() releases the endpoint later, on ZeroMQ's reaper thread.
+    // Unbind first, so the address is free when close() resolves and a restart can bind it at once.
     await socket.unbind(bound).catch(() => undefined);
     socket.close();
     await pumping;

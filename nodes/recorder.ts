@@ -1,23 +1,7 @@
-// recorder: a run's MCAP recording, readable by Foxglove and by `percept eval` (even after a crash).
-//   /frames   each input frame: foxglove.CompressedImage (jpeg, png) or foxglove.RawImage (raw),
-//             json with jsonschema from @foxglove/schemas; one channel per source id
-//   /actions  jsonschema = the action schema file; data = the action JSON exactly as validated, so
-//             any MCAP tool can check it against the schema; one channel per source id, with
-//             metadata {source_id, schema_id, schema_sha256}
-//   /events   every telemetry event but stats (json; bigints as decimal strings)
-//   /stats    the periodic and final run summaries (json)
-//   metadata  records the caller writes (the run's config, model hashes, seeds, version)
-// Times: every log_time is Unix ns (the caller converts its clock); publish_time is the stamp of
-// the input frame a message came from (a bag message's log time), and sequence its frame id, so
-// outputs line up with the source.
-// Chunks: zstd-compressed, each with its CRC, written when it spans `chunkMs` of log time or holds
-// `chunkBytes`, and on a real clock at the latest `flushAfterMs` after its first message: a process
-// killed with -9 loses about one chunk. (McapWriter writes a chunk only when it is full, so this
-// file lays out the records itself with @mcap/core's McapRecordBuilder and chunk builder.)
-// Backpressure: frames wait in memory only up to `maxPendingBytes`; a frame beyond that is not
-// recorded and is counted (framesNotRecorded); actions, events and stats are always recorded.
-// Calls are serialised on one promise chain; after a write fails the file is unusable and every
-// later call rejects with that first error (`failure`).
+// recorder: a run's MCAP recording, readable by Foxglove and by `percept eval`, even after a crash.
+// Topics /frames, /actions, /events and /stats. Chunks close on time as well as size.
+// Calls are serialised on one promise chain. After a write fails, every later call rejects with that first error (`failure`).
+// Layout, times, chunks and backpressure: nodes/README.md#recorder
 import { open } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import { crc32 } from 'node:zlib';
@@ -46,9 +30,8 @@ export interface RecorderOptions {
   readonly chunkMs?: number;
   /** … or holds this many uncompressed bytes (default 32 MiB). */
   readonly chunkBytes?: number;
-  /** Real clock: a chunk is written at the latest this long (wall time) after its first message
-   * (default: chunkMs). null: never by wall time (a virtual-clock run, whose file must not depend
-   * on how fast it ran). */
+  /** Real clock: a chunk is written at the latest this long (wall time) after its first message. Default: chunkMs.
+   * null: never by wall time, as for a virtual-clock run, whose file must not depend on how fast it ran. */
   readonly flushAfterMs?: number | null;
   /** Frame bytes waiting to be written beyond which a frame is not recorded (default 256 MiB). */
   readonly maxPendingBytes?: number;
@@ -363,9 +346,10 @@ interface ChunkPolicy {
 }
 
 /**
- * An MCAP file written in chunks that close on time as well as size, with the summary McapWriter
- * writes (schemas, channels, statistics, metadata and chunk indexes, summary offsets) and both
- * CRCs. Methods must be called one at a time (the recorder's chain does that).
+ * An MCAP file written in chunks that close on time as well as size.
+ * It ends with the summary McapWriter writes and both CRCs.
+ * The summary holds schemas, channels, statistics, metadata, chunk indexes and summary offsets.
+ * Methods must be called one at a time; the recorder's chain does that.
  */
 class ChunkedMcapFile {
   readonly #handle: FileHandle;

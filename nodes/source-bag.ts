@@ -1,30 +1,6 @@
-// source-bag: replays the image messages of one topic of an MCAP file (a ROS 2 bag written with
-// the MCAP storage plugin, a Foxglove recording, or percept's own recording).
-// Decoded schemas (schema name / message encoding):
-//   foxglove.CompressedImage        json   (jpeg, png)
-//   foxglove.RawImage               json   (rgb8, bgr8, rgba8, bgra8, mono8, mono16)
-//   sensor_msgs/msg/CompressedImage cdr    (jpeg, png)   } with @foxglove/rosmsg2-serialization, from the
-//   sensor_msgs/msg/Image           cdr    (raw, above)  } bag's own ros2msg schema (@foxglove/rosmsg)
-// The topic is picked by name (`topic`), by message type (`type`), or as the only image topic.
-//
-// Reading. Messages are read in file order by a streaming reader (@mcap/core's McapStreamReader fed
-// one top-level record at a time), which is log-time order for files written by rosbag2, Foxglove
-// and percept. The summary, when the file has a readable one, gives the channels, the counts and
-// which chunks hold the topic (the others are passed over unread). Damage is survived, counted and
-// reported as source incidents (FrameSource.frames' `report`), never silent:
-//   - no readable summary (a truncated file, a crashed recording): the file is scanned first and
-//     replayed up to where it is valid; 'damaged' incidents say so and where it ends;
-//   - a chunk that fails its CRC or does not decompress is skipped ('damaged'); each message of the
-//     topic it held (known from the message index after it) becomes a rejected frame, so frames in
-//     counts it;
-//   - a channel of the topic whose schema or encoding percept cannot decode is skipped ('skipped'),
-//     with its message count;
-//   - a message that does not decode (corrupt payload, unsupported pixel encoding, data size ≠
-//     step × height) is a rejected frame with the reason.
-// An empty bag, a bag without an image topic, or a file that is not MCAP is an error at open.
-// Timing (pace 'recorded'): message k is due at start + (logTime_k − logTime_0 + loopOffset) / rate;
-// a VirtualClock is advanced to it, a RealClock slept until it. Pace 'fast': each message is due
-// when it has been read. Every frame's stampNs and sourceStamp are its message's log time.
+// source-bag: replays the image messages of one topic of an MCAP file.
+// It reads ROS 2 bags (MCAP storage plugin), Foxglove recordings and percept's own recordings, and survives damage.
+// Schemas, reading, damage and timing: nodes/README.md#bag-source
 import { open } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import { McapIndexedReader, McapRecordBuilder, McapStreamReader, Opcode } from '@mcap/core';
@@ -369,8 +345,8 @@ function compressedFrame(format: string, data: Uint8Array): CameraFrame {
   const sniffed = sniffImage(data);
   if (!sniffed)
     throw new Error(`not a JPEG or PNG image: format ${JSON.stringify(format)}, ${data.length} bytes, starts ${hexStart(data)}`);
-  // The format string is free text ("jpeg", "png", "rgb8; jpeg compressed bgr8"); when it names a
-  // codec it must agree with the bytes.
+  // The format string is free text, e.g. "jpeg", "png" or "rgb8; jpeg compressed bgr8".
+  // When it names a codec, it must agree with the bytes.
   const named = /jpe?g/i.test(format) ? 'jpeg' : /png/i.test(format) ? 'png' : undefined;
   if (named && named !== sniffed)
     throw new Error(`format does not match the data: format ${JSON.stringify(format)} but the data is ${sniffed}`);
@@ -471,10 +447,10 @@ const RECORD_HEADER = 9; // opcode u8 + content length u64
 const READ_WINDOW = 4 * 1024 * 1024;
 
 /**
- * An MCAP file opened for reading whatever it holds. With a readable summary, the channels,
- * schemas and counts come from it; without one, from a first streaming pass (which also finds where
- * the valid part ends). `read()` streams the data section again, one top-level record at a time,
- * surviving bad chunks.
+ * An MCAP file opened for reading whatever it holds.
+ * Channels, schemas and counts come from its summary, or without one from a first streaming pass.
+ * That pass also finds where the valid part ends.
+ * `read()` streams the data section again, one top-level record at a time, surviving bad chunks.
  */
 export class McapFile {
   readonly path: string;

@@ -1,19 +1,10 @@
-// source-ffmpeg: live cameras (V4L2), network streams (RTSP, HTTP) and video files, decoded by an
-// ffmpeg child process (arguments as an array, never a shell) that writes JPEG frames to its stdout:
+// source-ffmpeg: live cameras (V4L2), network streams (RTSP, HTTP) and video files, decoded by an ffmpeg child process.
+// ffmpeg gets its arguments as an array, never through a shell, and writes JPEG frames to its stdout:
 //
 //   ffmpeg [-re] [inputOptions…] [-f inputFormat] -i URL -an -copyts
 //          -vf [fps=F,][scale=W:H,]showinfo -fps_mode passthrough -c:v mjpeg -q:v 3 -f image2pipe pipe:1
 //
-// Frames are cut at the JPEG end marker (entropy-coded data escapes 0xFF, so FFD9 only ends an
-// image). Timestamps: showinfo logs each frame's presentation time (with -copyts, the stream's own
-// time) on stderr, in the same order as the frames on stdout; the two are paired by order and the
-// pts becomes the frame's source stamp. The capture time is when the frame arrived. A frame ffmpeg
-// did not finish (it ended mid-frame, or wrote more than MAX_FRAME_BYTES without an end marker) is
-// a rejected frame, so that the run counts it.
-// Supervision: when ffmpeg ends, `restart` decides (on-failure: after a crash or an error exit;
-// always: also after a clean end; never). Each restart is counted, reported as a `restart` incident
-// with ffmpeg's last error line, and delayed by a backoff that doubles (backoffMs … maxBackoffMs) and
-// resets when a frame arrives; more than maxRestarts in a row without a frame fail the source.
+// Framing, timestamps and restarts: nodes/README.md#ffmpeg-source
 import { spawn, spawnSync, type ChildProcessByStdio } from 'node:child_process';
 import type { Readable } from 'node:stream';
 import type { Clock } from '../pipeline/clock.ts';

@@ -1,8 +1,7 @@
-// source-folder: the JPEG and PNG files of one folder, in name order (numeric-aware: frame2 before
-// frame10), at a fixed fps; optionally looping. The type is read from the file's first bytes, not
-// its extension. A file that vanished or is not an image is a rejected frame (counted in the run's
-// summary with the reason), like a bad bag message; a missing folder, or one without images, is fatal.
-// Pacing as source-pattern: frame i is due at start + i/fps (no drift); a VirtualClock is advanced.
+// source-folder: the JPEG and PNG files of one folder at a fixed fps, in numeric-aware name order (frame2 before frame10).
+// It can loop. A file's type is read from its first bytes, not its extension.
+// A file that vanished or is not an image is a rejected frame. A missing folder, or one without images, is fatal.
+// Pacing as source-pattern: frame i is due at start + i/fps, without drift; a VirtualClock is advanced.
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Clock } from '../pipeline/clock.ts';

@@ -1,13 +1,6 @@
-// source-pattern: a generated test pattern, JPEG-encoded: colour bars, a box that moves one step
-// per frame, and the frame index drawn as 16 black/white blocks along the bottom (bit 15 first), so
-// a consumer can read the index back from the decoded image. Frame i is the same bytes every run.
-// Pacing: frame i is due at start + i/fps. On a RealClock it sleeps until then (scheduled from the
-// start time, so encode time never accumulates as drift; a late frame is sent at once and counted).
-// On a VirtualClock it advances the clock to the due time and yields without waiting.
-// Each frame is rendered and encoded ahead, while the one before it is in the pipeline: a camera
-// hands over a finished JPEG at its capture instant, so the pattern's own encode (about 9 ms for a
-// 720p frame on one core) is not charged to the pipeline's latency. It used to be, and every
-// frame → action time measured on this source before included it.
+// source-pattern: a generated, JPEG-encoded test pattern of colour bars, a moving box, and the frame index as 16 blocks.
+// A consumer can read the index back from the decoded image. Frame i is the same bytes every run.
+// Pacing and encode-ahead: nodes/README.md#pattern-source
 import sharp from 'sharp';
 import type { Clock } from '../pipeline/clock.ts';
 import type { CameraFrame } from './payloads.ts';
@@ -111,9 +104,9 @@ export function createPatternSource(options: PatternSourceOptions, encode: Patte
   };
 }
 
-/** The raw RGB pixels of frame `index` (pure, deterministic). Rectangles are painted one row and
- * copied down (memcpy speed): a 1280×720 frame costs well under a millisecond of the JS thread, which
- * every camera of a rig shares with the pipeline. */
+/** The raw RGB pixels of frame `index` (pure, deterministic).
+ * Rectangles are painted one row and copied down, at memcpy speed.
+ * It must stay cheap: every camera of a rig shares the JS thread with the pipeline. */
 function renderPattern(index: number, width: number, height: number): Buffer {
   const stride = width * 3;
   const px = Buffer.alloc(stride * height);

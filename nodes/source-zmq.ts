@@ -1,12 +1,9 @@
-// source-zmq: frames a robot stack pushes over ZeroMQ, on a PULL socket (every frame, the pusher
-// waits when percept is behind) or a SUB socket (the newest frames; a PUB drops for a slow
-// subscriber). A message is [header, image] or [topic, header, image]; the header is JSON
-// (configs/wire/frame-header.schema.json: stamp, frame_id, encoding, width, height, step). A message
-// that does not fit is a rejected frame (the graph counts it and drops it as 'rejected' with its
-// cause), and the source goes on.
-// The capture time is the arrival time on the pipeline clock (the pusher's clock may be a
-// simulation's); the pusher's stamp travels unconverted as the frame's source stamp.
-// The socket is made (and bound or connected) by createZmqSource, so a bad endpoint fails at start.
+// source-zmq: frames a robot stack pushes over ZeroMQ, on a PULL or a SUB socket.
+// PULL takes every frame, and the pusher waits when percept is behind. SUB takes the newest; a PUB drops for a slow subscriber.
+// A message is [header, image] or [topic, header, image], with a JSON header (configs/wire/frame-header.schema.json).
+// A message that does not fit is a rejected frame, and the source goes on.
+// The capture time is the arrival time on the pipeline clock. The pusher's stamp travels unconverted as the source stamp.
+// createZmqSource makes the socket and binds or connects it, so a bad endpoint fails at start.
 import { readFileSync } from 'node:fs';
 import { Ajv, type ValidateFunction } from 'ajv';
 import { Pull, Subscriber, curveKeyPair } from 'zeromq';
@@ -140,8 +137,8 @@ export async function createZmqSource(options: ZmqSourceOptions): Promise<ZmqSou
   };
 }
 
-/** A bound socket is the CURVE server (its secret key); a connecting one authenticates the server by
- * its public key and uses a key pair of its own made for this connection. */
+/** A bound socket is the CURVE server, with its secret key.
+ * A connecting one authenticates the server by its public key, with a key pair made for this connection. */
 function curveOptions(curve: NonNullable<ZmqSourceConfig['curve']>, bind: boolean) {
   const file = bind ? curve.secretKeyFile : curve.serverKeyFile;
   if (!file)

@@ -1,11 +1,6 @@
-// What a native abort says on stderr.
-//
-// ggml and llama.cpp log why they give up, then abort: ggml_cuda_error logs the CUDA error string,
-// the failed call and where it was, and only then calls ggml_abort, whose own message is just
-// "CUDA error". percept's logger is quiet unless JS asks for the lines, and then hands them to the
-// JS thread, which never runs again once the process aborts: the reason was lost. Each thread keeps
-// its last error lines here, and ggml_abort's callback writes them to stderr, then ggml's message
-// and backtrace (GGML_NO_BACKTRACE=1 leaves the backtrace out, as ggml's own default does).
+// What a native abort says on stderr: this thread's last error lines, then ggml's message and backtrace.
+// Without it the reason was lost: percept's log reaches JS on a thread that never runs again.
+// Details: native/README.md#abort-reports
 #pragma once
 
 #include "ggml.h"

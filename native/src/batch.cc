@@ -17,25 +17,23 @@ double msBetween(int64_t t0, int64_t t1) { return double(t1 - t0) / 1e6; }
 // (of any sharing) a step's time counts for.
 constexpr size_t kStepSamples = 16;
 constexpr int64_t kStepFresh = 256;
-// What a busy decoder predicts with: the mean of a sharing's recent steps (a run of steps costs
-// about as many means, image steps included) and the median recent prefill. An idle one: the least.
+// What a busy decoder predicts with: the mean of a sharing's recent steps, and the median recent prefill.
+// A run of steps costs about as many means, image steps included. An idle decoder predicts with the least.
 constexpr double kTypical = -1;
 constexpr double kLeast = 0;
-// Standard deviations of a run of steps' sum a busy decoder's prediction adds as margin (it admits
-// the earliest deadline that fits: with no margin, the ones that just fit would miss half the time).
+// Standard deviations of a run of steps' sum that a busy decoder adds as margin.
+// It admits the earliest deadline that fits; with no margin, those that just fit would miss half the time.
 constexpr double kSpread = 2;
 constexpr size_t kReqSamples = 16;
-// An idle decoder that has run no step for this long admits its earliest deadline that is not yet
-// late even when predicted to miss (a probe): prefill times and generation steps never expire and
-// step times expire only as steps run, so without it a history from a slow spell (or a tighter
-// budget) could drop every later request and nothing would ever correct it. 1 s: long next to a
-// step (ms) and a camera's frame period (tens of ms), so a busy stream of hopeless requests is
-// still dropped, but short enough that a stalled decoder recovers within about a second.
+// An idle decoder that has run no step for this long admits its earliest deadline not yet late, even if predicted to miss.
+// That is a probe. Prefill times and generation steps never expire, and step times expire only as steps run.
+// Without probes, a history from a slow spell or a tighter budget could drop every later request for good.
+// 1 s is long next to a step and a camera's frame period, so a busy stream of hopeless requests is still dropped.
+// It is short enough that a stalled decoder recovers within about a second.
 constexpr int64_t kProbeNs = 1000000000;
-// Deadlines this close count as one for admission's order (batch.h, Deadlines): cameras triggered
-// by one clock, or within half a 10 Hz period of each other, take turns (least recently admitted
-// first) instead of the earliest stamp always going first. Small next to a frame budget (hundreds
-// of ms), so a request whose deadline is really earlier still goes first.
+// Deadlines this close count as one for admission's order (native/README.md#deadlines).
+// Cameras triggered by one clock, or within half a 10 Hz period, then take turns: least recently admitted first.
+// It is small next to a frame budget, so a request whose deadline is really earlier still goes first.
 constexpr int64_t kFairWindowNs = 50000000;
 
 int64_t nsOf(double ms) { return int64_t(ms * 1e6); }
@@ -50,8 +48,8 @@ template <typename T> void keepLast(std::deque<T> & d, T v, size_t n) {
 // One admitted request: its plan, where its prompt stands, its sampler and what it has in the
 // batch being built.
 struct BatchScheduler::Active {
-    // Takes the job only once the sampler is built: if that throws (its buffers are vocab-sized),
-    // the caller still holds the job and hands it back with the error.
+    // Takes the job only once the sampler is built, which may throw: its buffers are vocab-sized.
+    // Then the caller still holds the job and hands it back with the error.
     Active(std::unique_ptr<SeqJob> & j, Model * model) : seq(j->seq), sampler(model, j->opts.sampling, std::move(j->grammar)) {
         job = std::move(j);
     }
@@ -86,8 +84,8 @@ struct BatchScheduler::Active {
 
 BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread & thread, BatchOptions options, Done done)
     : ctx_(ctx), model_(model), thread_(thread), opts_(options), done_(std::move(done)),
-      // A unified cache lets one sequence take every cell (llama_n_ctx_seq is the whole context);
-      // each gets its share instead, so every camera's prompt and new tokens fit at the same time.
+      // A unified cache lets one sequence take every cell; llama_n_ctx_seq is the whole context.
+      // Each gets its share instead, so every camera's prompt and new tokens fit at the same time.
       nCtxSeq_(options.kvUnified ? int32_t(llama_n_ctx(ctx)) / options.nSeq : int32_t(llama_n_ctx_seq(ctx))), caches_(size_t(options.nSeq)),
       positions_(new std::atomic<int32_t>[size_t(options.nSeq)]), tokens_(std::make_unique<TokenBatch>(options.nBatch)),
       admittedNs_(size_t(options.nSeq), 0), stepMs_(size_t(options.nSeq)) {
@@ -170,10 +168,10 @@ void BatchScheduler::intake(std::deque<Inbox> & items) {
     }
 }
 
-// Admission, by the rule in batch.h: first every waiting request that is cancelled, out of time or
-// predicted to miss at today's sharing ends; then, while there is room and admitting one more
-// sequence would make none of the admitted ones miss, the earliest deadline among those that can
-// still make it at that sharing is admitted.
+// Admission, by the rule in native/README.md#deadlines.
+// First, every waiting request that is cancelled, out of time or predicted to miss at today's sharing ends.
+// Then, while there is room, the earliest deadline that can still make it at that sharing is admitted.
+// That holds only while one more sequence would make none of the admitted ones miss.
 void BatchScheduler::admit() {
     if (waiting_.empty()) {
         lastAdmitQueued_ = false;  // see below
@@ -181,9 +179,9 @@ void BatchScheduler::admit() {
     }
     const int64_t now = monotonicNs();
     const int32_t sharing = std::max(int32_t(active_.size()), 1);
-    // An idle decoder drops only what its fastest recent times could not finish in time (only
-    // running corrects a prediction: one from a slow spell must not drop every request for good);
-    // a busy one drops by the typical prediction.
+    // An idle decoder drops only what its fastest recent times could not finish in time.
+    // Only running corrects a prediction, so one from a slow spell must not drop every request for good.
+    // A busy decoder drops by the typical prediction.
     auto q = [this]() { return active_.empty() ? kLeast : kTypical; };
     const double hopelessMs = predictMs(sharing, nullptr, false, q());
     // Idle and no step for kProbeNs: the earliest deadline that is not late runs whatever its
@@ -224,8 +222,8 @@ void BatchScheduler::admit() {
     for (const auto & a : active_) deadlines = deadlines || a->job->opts.deadlineNs > 0;
     while (!waiting_.empty() && int32_t(active_.size()) < opts_.maxActive) {
         const int32_t seqs = int32_t(active_.size()) + 1;
-        // With deadlines, the sharing grows by one past the most that has been timed, one step at a
-        // time: a burst is not admitted whole before anything says what a step of that many costs.
+        // With deadlines, the sharing grows one step at a time, to one past the most that has been timed.
+        // So a burst is not admitted whole before anything says what a step of that many costs.
         if (deadlines && seqs > 2 && stepMsAt(seqs, kLeast).ms == 0 && stepMsAt(seqs - 1, kLeast).ms == 0) return;
         // One more sequence must not make an admitted request miss that would make it as things are.
         const double ms = predictMs(seqs, nullptr, seqs > 1, kTypical);
@@ -337,10 +335,10 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
     active_.push_back(std::move(a));
 }
 
-// The grammar's opening forced run joins the prompt, as one sequence's does (Generation::
-// appendOpeningRun): the first pick then comes from the prompt's last row, not from a step of its
-// own. Only tokens that cannot stop generation (below max tokens, no stop strings or tokens): the
-// steps take the rest. Returns the tokens appended.
+// The grammar's opening forced run joins the prompt, as one sequence's does (Generation::appendOpeningRun).
+// The first pick then comes from the prompt's last row, not from a step of its own.
+// Only tokens that cannot stop generation join: below max tokens, and no stop strings or tokens.
+// The steps take the rest. Returns the tokens appended.
 int32_t BatchScheduler::appendOpeningRun(Active & a) {
     const GenerateOptions & o = a.job->opts;
     GenerateResult & res = a.job->result;
@@ -367,10 +365,10 @@ template <typename T> T quantile(const std::deque<T> & d, double q) {
 }
 }  // namespace
 
-// How long one step takes with `seqs` sequences in it: the q-quantile (kTypical: the mean and
-// standard deviation) of the recent steps (the last kStepFresh) with as many, else with the nearest
-// fewer, else (orMore) with the nearest more; 0 ms: none. Old samples expire, so a sharing once
-// timed slow (a cold first step) is tried again.
+// How long one step takes with `seqs` sequences in it: the q-quantile of the last kStepFresh steps with as many.
+// kTypical asks for their mean and standard deviation instead.
+// Without such steps it uses the nearest fewer, else with orMore the nearest more; 0 ms: none.
+// Old samples expire, so a sharing once timed slow, such as a cold first step, is tried again.
 BatchScheduler::StepTime BatchScheduler::stepMs(int32_t seqs, bool orMore, double q) const {
     const int32_t n = int32_t(stepMs_.size());
     seqs = std::min(std::max(seqs, 1), n);
@@ -401,11 +399,11 @@ BatchScheduler::StepTime BatchScheduler::stepMsAt(int32_t seqs, double q) const 
     return {mean, std::sqrt(sq / double(fresh.size()))};
 }
 
-// The time a request still needs with `seqs` sequences per step (`a`: an admitted one, null: one
-// that waits): the median (q: the q-quantile) of recent prefill times (admission to first token)
-// less what it has spent in its prefill, then the generation steps of recent requests that ended on
-// their own or passed their deadline generating (the median; less those it has run, at least one) at the step time stepMs says, with
-// kSpread standard deviations of their sum as margin. 0: no history.
+// The time a request still needs with `seqs` sequences per step. `a` is an admitted request; null is one that waits.
+// Prefill: the median (q: the q-quantile) of recent prefill times, less what it has spent in its prefill.
+// Generation: the median generation steps of recent requests, less those it has run, at least one.
+// Those requests ended on their own or passed their deadline generating. Steps take the time stepMs says.
+// The margin is kSpread standard deviations of the sum. 0: no history.
 double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, double q) const {
     if (genSteps_.empty() || prefillMs_.empty()) return 0;
     const StepTime step = stepMs(seqs, orMore, q);
@@ -418,8 +416,8 @@ double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, do
     return prefill + double(gen) * step.ms + kSpread * step.sd * std::sqrt(double(gen));
 }
 
-// What admission would predict for a request that arrived now (its drop rule, at today's sharing),
-// for callers that decide before they submit (predictedMs()).
+// What admission would predict for a request that arrived now, by its drop rule at today's sharing.
+// It serves callers that decide before they submit (predictedMs()).
 void BatchScheduler::publishPrediction() {
     const bool idle = active_.empty();
     const double ms = idle ? predictMs(1, nullptr, false, kLeast) : predictMs(int32_t(active_.size()), nullptr, false, kTypical);
@@ -441,8 +439,8 @@ double BatchScheduler::predictedMs(int64_t deadlineNs, int32_t reservedAhead) co
     const double ms = predicted_.load(std::memory_order_relaxed);
     if (ms == 0) return 0;
     std::lock_guard<std::mutex> lock(queueMutex_);
-    // Admission's order (see Deadlines): the earlier deadlines first (ties are taken by turns;
-    // counted as ahead), and a request without a deadline after every one with.
+    // Admission's order (native/README.md#deadlines): earlier deadlines first, ties taken by turns and counted as ahead.
+    // A request without a deadline comes after every one with.
     const int64_t key = deadlineNs > 0 ? deadlineNs : INT64_MAX;
     const auto ahead = std::upper_bound(waitingDeadlines_.begin(), waitingDeadlines_.end(), key) - waitingDeadlines_.begin();
     return ms + double(ahead + reservedAhead) * queueGapMs_;
@@ -471,9 +469,8 @@ void BatchScheduler::step() {
     // Decided in a rotating order, so the jump-forward room and the prefill shares go round.
     std::vector<Active *> order;
     for (size_t i = 0; i < n; i++) order.push_back(active_[(i + rotation_) % n].get());
-    // Laid out in ascending sequence order: with a KV stream per sequence, llama.cpp splits a batch
-    // into ubatches of consecutive sequence ids, so any other order costs one graph per run of
-    // consecutive ids (and a graph that changes shape every step is never reused).
+    // Laid out in ascending sequence order. With a KV stream per sequence, llama.cpp cuts a batch into ubatches of consecutive ids.
+    // Any other order costs one graph per run of consecutive ids, and a graph that changes shape every step is never reused.
     std::vector<Active *> bySeq = order;
     std::sort(bySeq.begin(), bySeq.end(), [](const Active * x, const Active * y) { return x->seq < y->seq; });
 
@@ -514,8 +511,9 @@ void BatchScheduler::step() {
         }
     }
     if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
-    // Only a step that decoded rows is timed: one whose requests all ended in planning (a grammar
-    // completed by its forced run) costs next to nothing and would make steps look fast.
+    // Only a step that decoded rows is timed.
+    // One whose requests all ended in planning, such as a grammar its forced run completed, costs next to nothing.
+    // Timing it would make steps look fast.
     if (images || tokens.b.n_tokens > 0) {
         const int64_t t1 = monotonicNs();
         keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, t1)}, kStepSamples);
@@ -567,8 +565,8 @@ void BatchScheduler::planGeneration(Active & a, int32_t room) {
     }
 }
 
-// How much of each joining prompt this step decodes, by the rule in batch.h: one kind (text or
-// image rows) per sequence; bidirectional and causal image rows never share the image decode.
+// How much of each joining prompt this step decodes, by the rule in native/README.md#batching.
+// One kind (text or image rows) per sequence. Bidirectional and causal image rows never share the image decode.
 void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t tokenRoom) {
     std::vector<Active *> joining;
     for (Active * a : order) {
@@ -618,7 +616,7 @@ void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t to
     }
 }
 
-// The image rows this step takes, in one decode (bidirectionally when the one image there needs it);
+// The image rows this step takes, in one decode; bidirectional when the one image there needs it.
 // false: there were none.
 bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     const ModelInfo & mi = model_->info();
@@ -809,10 +807,9 @@ void BatchScheduler::removeFinished() {
         if ((*it)->done) {
             const SeqJob & ended = *(*it)->job;
             if (ended.error.empty() && (*it)->tFirst > 0) keepLast(prefillMs_, ended.result.prefillMs, kReqSamples);
-            // Generation steps: of a request that ended on its own, and of one that passed its
-            // deadline while generating, those it ran (at least as many as it needed: left out,
-            // the long requests that miss would leave only the short ones, and predictions under
-            // overload would be optimistic).
+            // Generation steps: those run by a request that ended on its own, or passed its deadline while generating.
+            // The late ones ran at least as many as they needed. Leaving them out would keep only the short requests.
+            // Predictions under overload would then be optimistic.
             const bool late = ended.result.stopReason == "deadline";
             if (ended.error.empty() && ended.result.stopReason != "cancelled" && (!late || (*it)->tFirst > 0))
                 keepLast(genSteps_, (*it)->genSteps, kReqSamples);

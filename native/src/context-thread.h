@@ -1,13 +1,5 @@
-// The threads a Context (and a Vision) owns besides the JS thread.
-//
-// SerialThread runs every llama.cpp call of one context (decode, sampling, speculation), one job
-// after another. llama.cpp's CPU backend keeps its worker team per calling thread (OpenMP's team,
-// or the ggml threadpool's master); libuv's pool would hand each call to whichever of its threads
-// is free, so the team and its caches would change hands between calls. Work is posted to it
-// (ThreadWorker in util.h settles the promise on the JS thread), so no libuv thread waits on it.
-//
-// DeadlineTimer sets the context's stop flag when an armed deadline passes, so the abort callback
-// that llama.cpp calls after every graph node is one relaxed atomic load instead of a clock read.
+// The threads a Context (and a Vision) owns besides the JS thread: a SerialThread and a DeadlineTimer.
+// Why a thread of its own, and why a timer: native/README.md#threads
 #pragma once
 
 #include <atomic>
@@ -20,10 +12,11 @@
 
 namespace percept {
 
+// Runs every llama.cpp call of one context (decode, sampling, speculation), one job after another.
 class SerialThread {
 public:
-    // `name`: the thread's name as tools show it (at most 15 characters); the compute threads it
-    // starts inherit it.
+    // `name`: the thread's name as tools show it, at most 15 characters.
+    // The compute threads it starts inherit it.
     explicit SerialThread(const char * name = "percept-ctx");
     ~SerialThread();  // runs the jobs already queued, then joins
     SerialThread(const SerialThread &) = delete;
@@ -42,6 +35,8 @@ private:
     std::thread thread_;
 };
 
+// Sets the context's stop flag when an armed deadline passes.
+// So llama.cpp's abort callback after every graph node is one relaxed atomic load, not a clock read.
 class DeadlineTimer {
 public:
     // On expiry, stores `code` into `flag` unless it already holds a non-zero value.
@@ -50,7 +45,7 @@ public:
     DeadlineTimer(const DeadlineTimer &) = delete;
     DeadlineTimer & operator=(const DeadlineTimer &) = delete;
 
-    // Arms for a CLOCK_MONOTONIC instant in ns (process.hrtime.bigint()'s clock); replaces any armed one.
+    // Arms for a CLOCK_MONOTONIC instant in ns, process.hrtime.bigint()'s clock. Replaces any armed one.
     void arm(int64_t deadlineNs);
     void disarm();
 

@@ -75,11 +75,11 @@ __device__ Taps tapsOf(int i, float scale, int inSize, float support) {
     return t;
 }
 
-// How the decoded planes become RGB: libjpeg-turbo's "fancy" chroma upsampling (jdsample.c:
-// h2v1_fancy_upsample, h2v2_fancy_upsample: triangle filters in integer arithmetic, edge samples
-// replicated) and its fixed-point YCbCr → RGB (jdcolor.c), so the pixels are those PIL (HF's
-// processors) and libvips decode. nvJPEG's own RGB output upsamples chroma otherwise (its engines
-// by replication: 2.7 levels mean, 47 max from libjpeg's on a 4:2:0 camera frame).
+// How the decoded planes become RGB: libjpeg-turbo's "fancy" chroma upsampling and its fixed-point YCbCr → RGB.
+// The upsampling (jdsample.c h2v1_fancy_upsample, h2v2_fancy_upsample) uses triangle filters in integer arithmetic.
+// Edge samples are replicated, and the colour conversion is jdcolor.c's.
+// So the pixels are those PIL (HF's processors) and libvips decode.
+// nvJPEG's own RGB output upsamples chroma otherwise: its engines replicate samples.
 enum class Chroma { Gray, Full, H2V1, H2V2 };
 
 struct PlanesArgs {
@@ -153,9 +153,9 @@ struct KernelArgs {
     float * out;
 };
 
-// One thread per output pixel: where it sits in the stored image (EXIF orientation, as the host
-// layout pass's orient()), the two-dimensional filter sum there (separable weights, rounded to 8 bits
-// once, as the host path's libvips output is), then the normalized values in the encoder's layout.
+// One thread per output pixel. It finds where it sits in the stored image: the EXIF orientation, as the host layout pass's orient().
+// Then it takes the two-dimensional filter sum there, with separable weights rounded to 8 bits once, as the host path's libvips output is.
+// Then it writes the normalized values in the encoder's layout.
 __global__ void resampleKernel(KernelArgs k) {
     const int X = blockIdx.x * blockDim.x + threadIdx.x;
     const int Y = blockIdx.y * blockDim.y + threadIdx.y;

@@ -1,11 +1,7 @@
-// JPEG frames decoded and laid out on the GPU for the vision graph: nvJPEG decodes a frame's planes
-// into device memory (on the chip's JPEG engines where it has them), a kernel makes RGB of them with
-// libjpeg's own chroma upsampling and colour arithmetic (so the pixels are those PIL and libvips
-// decode), and one more resamples it to the encoder's size (PIL's antialiased bilinear or bicubic),
-// applies the EXIF orientation, normalizes and writes the graph's input tensor in place. A 720p frame
-// to its Gemma 4 E4B input: 0.83 ms on an H200, against 15–23 ms of libvips on one host core. Built
-// with CUDA where the toolkit has nvJPEG (PERCEPT_NVJPEG); elsewhere built() is false and the
-// constructor throws.
+// JPEG frames decoded and laid out on the GPU for the vision graph, with nvJPEG and two kernels.
+// The pixels are those PIL and libvips decode, and they never touch the host.
+// Built with CUDA where the toolkit has nvJPEG (PERCEPT_NVJPEG); elsewhere built() is false and the constructor throws.
+// Steps: native/README.md#device-jpeg
 #pragma once
 
 #include <cstddef>

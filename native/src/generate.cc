@@ -158,9 +158,9 @@ bool Generation::prefill(const PromptPlan & p) {
         batch.add(item.item.token, pos++, i + 1 == p.items.size());
         if (batch.b.n_tokens == nBatch && !flushBatch()) return false;
     }
-    // The grammar's opening forced run (the action's `{"action":"`) rides in the prompt's last
-    // decode, as jump-forward runs ride with the token before them: the first token the model
-    // picks then comes from the prefill's logits instead of a decode of its own.
+    // The grammar's opening forced run (the action's `{"action":"`) rides in the prompt's last decode.
+    // Jump-forward runs ride with the token before them the same way.
+    // The model's first pick then comes from the prefill's logits, not from a decode of its own.
     if (opts_.jumpForward && sampler_.hasGrammar() && opts_.maxTokens > 0 && batch.b.n_tokens > 0) {
         const int32_t before = batch.b.n_tokens;
         nPast_ = batch.b.pos[0];  // jumpForward places its tokens after the batch, which starts at nPast_
@@ -216,18 +216,18 @@ bool Generation::sampleFirst(int64_t tStart) {
     return done;
 }
 
-// The tokens of this step once padded (the context's stepTokens), or 0: no padding while a
-// speculator reads the target's batches (it would take the padding for text) or when the context
-// has no room left for it.
+// The tokens of this step once padded to the context's stepTokens, or 0 for no padding.
+// There is none while a speculator reads the target's batches, as it would take the padding for text.
+// Nor is there when the context has no room left for it.
 int32_t Generation::paddedWidth() const {
     const int32_t width = int32_t(ctx_.options().stepTokens);
     if (width <= 1 || ctx_.speculator() != nullptr) return 0;
     return nPast_ + width <= int32_t(llama_n_ctx(ctx_.raw())) ? width : 0;
 }
 
-// Tokens the grammar alone decides ride along in this decode (leaving room for drafts; in a padded
-// step, up to its width, the rest next step), each one a decode saved (counted in forced). True when
-// generation is over.
+// Tokens the grammar alone decides ride along in this decode, each one a decode saved (counted in forced).
+// They leave room for drafts. A padded step takes them up to its width, and the rest go next step.
+// True when generation is over.
 bool Generation::jumpForward(TokenBatch & batch, int32_t width) {
     const int32_t room = width > 0 ? width : int32_t(ctx_.options().nBatch) - int32_t(ctx_.options().maxOutputs);
     bool stop = false;
@@ -250,9 +250,9 @@ bool Generation::jumpForward(TokenBatch & batch, int32_t width) {
     return stop;
 }
 
-// Speculation: draft tokens after the batch's last token, verified in the same target decode. Under
-// a grammar with an index a draft model drafts among the admitted tokens (draftUnderGrammar); other
-// drafts are cut at the first token the grammar refuses, so no verify row is spent on them.
+// Speculation: draft tokens after the batch's last token, verified in the same target decode.
+// Under a grammar with an index, a draft model drafts among the admitted tokens (draftUnderGrammar).
+// Other drafts are cut at the first token the grammar refuses, so no verify row is spent on them.
 std::vector<llama_token> Generation::draft(const TokenBatch & batch) {
     std::vector<llama_token> out;
     if (!speculate_) return out;
@@ -271,8 +271,8 @@ std::vector<llama_token> Generation::draft(const TokenBatch & batch) {
     if (!commonDraft_) {
         out = draftUnderGrammar(batch, nMax);
     } else if (last == 0 || spec->draftContext() == nullptr) {
-        // A model drafter reads the target's state at its last decoded token, so it cannot draft
-        // past a forced run the target has not decoded yet; n-gram lookup can (the run joins the history).
+        // A model drafter reads the target's state at its last decoded token.
+        // So it cannot draft past a forced run the target has not decoded yet. n-gram lookup can: the run joins the history.
         const size_t known = history_.size();
         history_.insert(history_.end(), batch.b.token, batch.b.token + last);
         common_speculative_get_draft_params(spec->spec(), 0) = {true, nMax, pos0, batch.b.token[last], &history_, &out};
@@ -286,10 +286,9 @@ std::vector<llama_token> Generation::draft(const TokenBatch & batch) {
     return out;
 }
 
-// The draft model under the grammar: it decodes what the target is about to decode (idLast and any
-// forced run), then drafts greedily among the admitted tokens; forced runs become drafts as they
-// are (certain: the target takes them without a choice). Stops below the speculator's pMin,
-// measured among the admitted tokens.
+// The draft model under the grammar. It decodes what the target is about to decode: idLast and any forced run.
+// Then it drafts greedily among the admitted tokens. Forced runs become drafts as they are: the target takes them without a choice.
+// It stops below the speculator's pMin, measured among the admitted tokens.
 std::vector<llama_token> Generation::draftUnderGrammar(const TokenBatch & batch, int32_t nMax) {
     SpecState * spec = ctx_.speculator();
     llama_context * dft = spec->draftContext();
@@ -353,9 +352,8 @@ bool Generation::acceptSampled() {
     return pushOutput(t);
 }
 
-// Samples at each drafted position (rows from firstRow, the last certain token) until the target
-// disagrees; keeps the certain tokens and the accepted drafts in the KV cache. True when
-// generation is over.
+// Samples at each drafted position until the target disagrees. Rows start at firstRow, the last certain token.
+// Keeps the certain tokens and the accepted drafts in the KV cache. True when generation is over.
 bool Generation::verify(const std::vector<llama_token> & drafted, int32_t firstRow) {
     res_.drafted += int32_t(drafted.size());
     std::vector<llama_token> ids;
@@ -413,9 +411,9 @@ int Generation::aborted() {
     return 2;
 }
 
-// Decodes a token batch whose first nReal tokens are real (-1: all; the rest is padding, removed
-// from the KV cache after the decode); keeps the cache, the prompt history and the speculator in
-// step. Returns 0 on success, 2 when aborted (cancel, deadline); throws on other failures.
+// Decodes a token batch whose first nReal tokens are real (-1: all). The rest is padding, removed from the KV cache after.
+// Keeps the cache, the prompt history and the speculator in step.
+// Returns 0 on success, 2 when aborted (cancel, deadline); throws on other failures.
 int Generation::decodeTokens(TokenBatch & batch, int32_t nReal) {
     if (nReal < 0) nReal = batch.b.n_tokens;
     llama_context * lctx = ctx_.raw();

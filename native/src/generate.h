@@ -1,7 +1,7 @@
-// One generation on a Context, as small steps in the shape of mtmd-helper's eval_chunks →
-// eval_chunk_single → decode_image_chunk: plan the prompt (prompt.h), prefill what the KV cache
-// lacks, sample the first token, then per step jump forward over tokens the grammar alone decides,
-// draft, decode, and verify. Runs off the JS thread and knows nothing of JS.
+// One generation on a Context, as small steps in the shape of mtmd-helper's eval_chunks → eval_chunk_single → decode_image_chunk.
+// Plan the prompt (prompt.h), prefill what the KV cache lacks, and sample the first token.
+// Then per step: jump forward over tokens the grammar alone decides, draft, decode, and verify.
+// Runs off the JS thread and knows nothing of JS.
 #pragma once
 
 #include "grammar.h"
@@ -63,8 +63,8 @@ struct GenerateResult {
     int32_t forced = 0;
     int32_t draftsCut = 0;  // draft tokens the grammar refused, cut before verification
     int32_t decodeCalls = 0;
-    // Generation decodes of one token apart from those with more (a token + its forced run, or
-    // drafts): llama.cpp reuses its graph (and ggml-cuda its CUDA graph) only while the shape stays.
+    // Generation decodes of one token, apart from those with more: a token and its forced run, or drafts.
+    // llama.cpp reuses its graph, and ggml-cuda its CUDA graph, only while the shape stays.
     int32_t singleDecodeCalls = 0;
     int32_t graphReuses = 0;
     int32_t paddedSteps = 0;  // steps padded to the context's stepTokens
@@ -86,8 +86,8 @@ PromptPlan planChecked(const Model & model, const std::vector<Segment> & segment
                        int32_t nCtxSeq);
 // Whether an image is decoded with bidirectional attention (the model's rule, unless forced causal).
 bool imageNonCausal(const ModelInfo & mi, const PromptItem & p);
-// Appends a generated token to the result: its id and text. True when generation must stop (stop
-// token: not appended; stop string: the text is cut before it; max tokens), with the stop reason set.
+// Appends a generated token's id and text to the result. True when generation must stop, with the stop reason set.
+// A stop token is not appended. At a stop string the text is cut before it. Max tokens also stops.
 bool appendOutput(const llama_vocab * vocab, const GenerateOptions & opts, GenerateResult & res, llama_token t);
 
 class Generation {

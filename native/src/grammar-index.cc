@@ -260,9 +260,8 @@ private:
         rows_.clear();
     }
 
-    // Whether a token longer than `suffix` (a piece that starts with it) is admitted from the state
-    // after `suffix`: then a tokenizer could have put a boundary elsewhere and `suffix`'s first
-    // token is not canonical.
+    // Whether a token longer than `suffix`, a piece that starts with it, is admitted from the state after `suffix`.
+    // Then a tokenizer could have put a boundary elsewhere, and `suffix`'s first token is not canonical.
     bool extendable(const std::string & suffix, int32_t after) const {
         int64_t node = TokenTrie::kRoot;
         for (char c : suffix) {
@@ -283,9 +282,9 @@ private:
         return false;
     }
 
-    // Per token-boundary state: the text the grammar forces (one byte possible at a time, not
-    // accepting), tokenized by the model's tokenizer, cut before the first token that a longer,
-    // admissible token could replace. A state admitting exactly one token forces that one.
+    // Per token-boundary state: the text the grammar forces, one possible byte at a time, not accepting.
+    // The model's tokenizer tokenizes it, cut before the first token that a longer admissible token could replace.
+    // A state admitting exactly one token forces that one.
     void computeForced() {
         GrammarIndex & ix = *out_;
         const size_t n = accepting_.size();
@@ -344,10 +343,9 @@ private:
         return kept;
     }
 
-    // The worst case of a complete output, into the stats: its tokens (a forced run counting as its
-    // length: the decoder always takes it whole), and the tokens the model picks on the way, the end
-    // of generation included where the grammar may end but need not (with jump-forward, each pick
-    // after the first costs one decode). -1 for both when a cycle makes them unbounded.
+    // The worst case of a complete output, into the stats. First its tokens: a forced run counts its length, taken whole.
+    // Then the tokens the model picks on the way, with the end of generation where the grammar may end but need not.
+    // With jump-forward, each pick after the first costs one decode. -1 for both when a cycle makes them unbounded.
     void longestPaths() {
         const GrammarIndex & ix = *out_;
         const size_t n = accepting_.size();
@@ -387,8 +385,8 @@ private:
         for (int32_t s : postorder) {
             int32_t best = 0;  // every kept state completes: accepting, or a successor that does
             const bool forced = ix.forcedBegin(s) != ix.forcedEnd(s);
-            // Where the model has a choice and the grammar may end, ending is one more pick (the
-            // end-of-generation token); where only the end is left, generation stops unasked.
+            // Where the model has a choice and the grammar may end, ending is one more pick: the end-of-generation token.
+            // Where only the end is left, generation stops unasked.
             int32_t most = !forced && ix.accepting(s) && ix.allowedCount(s) > 0 ? 1 : 0;
             for (size_t i = 0;; i++) {
                 auto [c, cost] = succ(s, i);

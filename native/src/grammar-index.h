@@ -1,7 +1,7 @@
-// A token index per grammar state: the grammar (llama.cpp GBNF) explored into a byte automaton,
-// the vocabulary as a byte trie, and for every automaton state the tokens it admits with the state
-// each one leads to. Sampling under a grammar then looks at a few dozen logits instead of the
-// whole vocabulary, and the per-state forced text gives jump-forward its tokens.
+// A token index per grammar state. The grammar (llama.cpp GBNF) becomes a byte automaton, the vocabulary a byte trie.
+// For every automaton state, the index lists the tokens it admits and the state each one leads to.
+// Sampling under a grammar then looks at a few dozen logits instead of the whole vocabulary.
+// The per-state forced text gives jump-forward its tokens. More: native/README.md#grammar-index
 #pragma once
 
 #include "llama.h"
@@ -68,16 +68,16 @@ struct GrammarIndexStats {
 
 class GrammarIndex {
 public:
-    // Builds the index of `grammar` (a freshly initialised llama_grammar) over `trie`. Returns null
-    // and sets `why` when the grammar has no small finite automaton (recursion, token references,
-    // more than the limits) or cannot complete with this vocabulary.
+    // Builds the index of `grammar`, a freshly initialised llama_grammar, over `trie`.
+    // Returns null and sets `why` when the grammar has no small finite automaton, or cannot complete with this vocabulary.
+    // No small automaton means recursion, token references, or more than the limits.
     static std::shared_ptr<const GrammarIndex> build(const llama_grammar & grammar, const llama_vocab * vocab, const TokenTrie & trie,
                                                      const GrammarIndexLimits & limits, std::string & why);
 
     int32_t start() const { return 0; }
     bool accepting(int32_t s) const { return accepting_[size_t(s)] != 0; }
-    // Admitted tokens of a state (increasing id) and the state each leads to; EOG tokens are not
-    // listed: they are admitted iff the state is accepting.
+    // Admitted tokens of a state, by increasing id, and the state each leads to.
+    // EOG tokens are not listed: they are admitted iff the state is accepting.
     const llama_token * tokensBegin(int32_t s) const { return tok_.data() + start_[size_t(s)]; }
     const llama_token * tokensEnd(int32_t s) const { return tok_.data() + start_[size_t(s) + 1]; }
     const int32_t * nextBegin(int32_t s) const { return next_.data() + start_[size_t(s)]; }
@@ -107,9 +107,8 @@ private:
     GrammarIndexStats stats_;
 };
 
-// A position in a grammar's token index during one generation: the state, and the forced run being
-// emitted (a forced run is taken whole, so it is fixed when it starts). Cheap to copy: drafting
-// walks a copy.
+// A position in a grammar's token index during one generation: the state, and the forced run being emitted.
+// A forced run is taken whole, so it is fixed when it starts. Cheap to copy: drafting walks a copy.
 class IndexCursor {
 public:
     IndexCursor() = default;
@@ -121,8 +120,8 @@ public:
     llama_token forced();
     // Only end-of-generation can follow.
     bool complete() const { return pendingAt_ == pendingEnd_ && index_->complete(state_); }
-    // The admitted token with the best logit (end-of-generation tokens included where the grammar
-    // may end), the first by id among equals, as a greedy sampler over a masked vocabulary picks it.
+    // The admitted token with the best logit, the first by id among equals, as a greedy sampler over a masked vocabulary picks it.
+    // End-of-generation tokens count where the grammar may end.
     llama_token best(const float * logits) const;
     // Appends every admitted token with its logit.
     void candidates(const float * logits, std::vector<llama_token_data> & out) const;
@@ -137,8 +136,8 @@ private:
     const llama_token * pendingEnd_ = nullptr;
 };
 
-// Per model: the trie (built on first use) and the indexes built on it, keyed by grammar text, root
-// and limits, so a grammar built twice from the same schema costs nothing the second time.
+// Per model: the trie, built on first use, and the indexes built on it, keyed by grammar text, root and limits.
+// So a grammar built twice from the same schema costs nothing the second time.
 class GrammarIndexCache {
 public:
     struct Result {

@@ -1,8 +1,10 @@
-// layoutPixels: the layout pass of preprocessing (percept's own code, no llama.cpp). 8-bit interleaved
-// pixels as sharp returns them → the encoder's float tensor, in one pass on a libuv worker thread:
-// rows enlarged on PIL's sample grid when asked, EXIF orientation applied as an index mapping,
-// B/G/R swapped, (v/255 − offset)/scale, and either planar CHW or 16×16 HWC patches in row-major
-// patch order (zero padding after the last patch). The same loops in JavaScript took 3–5 ms a frame.
+// layoutPixels: the layout pass of preprocessing, percept's own code without llama.cpp.
+// It turns 8-bit interleaved pixels, as sharp returns them, into the encoder's float tensor.
+// One pass on a libuv worker thread does it all:
+//   - rows enlarged on PIL's sample grid, when asked;
+//   - EXIF orientation applied as an index mapping;
+//   - B/G/R swapped, then (v/255 − offset)/scale;
+//   - planar CHW, or 16×16 HWC patches in row-major patch order, zero-padded after the last patch.
 #include "pixels.h"
 
 #include "util.h"
@@ -36,16 +38,16 @@ double filterWeight(bool cubic, double x) {
     return x < 1 ? (1.5 * x - 2.5) * x * x + 1 : x < 2 ? ((-0.5 * x + 2.5) * x - 4) * x + 2 : 0;
 }
 
-// x86-64 builds are portable (no -march): the loops below are also compiled for AVX2 and picked at
-// load time (GCC function multi-versioning).
+// x86-64 builds are portable, without -march.
+// So the loops below are also compiled for AVX2 and picked at load time (GCC function multi-versioning).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define PERCEPT_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define PERCEPT_AVX2_CLONES
 #endif
 
-// One row of packed RGB (or BGR) bytes → three planes of (v·a + b): the strides are constants here,
-// so the compiler unrolls and vectorizes what the general loop (any orientation) cannot.
+// One row of packed RGB or BGR bytes → three planes of (v·a + b).
+// The strides are constants here, so the compiler unrolls and vectorizes what the general loop cannot.
 PERCEPT_AVX2_CLONES void splitRgbRow(const uint8_t * p, int64_t n, bool bgr, float a, float b, float * r, float * g, float * bl) {
     if (bgr) std::swap(r, bl);
     for (int64_t x = 0; x < n; x++) {
@@ -55,11 +57,11 @@ PERCEPT_AVX2_CLONES void splitRgbRow(const uint8_t * p, int64_t n, bool bgr, flo
     }
 }
 
-// Bilinear (two non-negative weights, so no clamping): the bytes are those of w₀·p₀ + w₁·p₁ + 0.5 in
-// double, rounded down. Each run is blended in float first (twice the SIMD lanes); the float sum is within
-// `margin` of the double one, so where no value of the run is that close to a rounding boundary the
-// bytes are the same, and a run where one is (exact ties are common: weights in 112ths for 720 → 896
-// rows) is blended again in double. Both loops vectorize.
+// Bilinear, with two non-negative weights, so no clamping. The bytes are those of w₀·p₀ + w₁·p₁ + 0.5 in double, rounded down.
+// Each run is blended in float first, for twice the SIMD lanes. The float sum is within `margin` of the double one.
+// Where no value of the run is that close to a rounding boundary, the bytes are the same.
+// A run where one is gets blended again in double. Exact ties are common: weights in 112ths for 720 → 896 rows.
+// Both loops vectorize.
 PERCEPT_AVX2_CLONES void blendTwoRows(const uint8_t * r0, const uint8_t * r1, double w0, double w1, float margin, int64_t n, uint8_t * o) {
     constexpr int64_t kRun = 64;
     const float f0 = float(w0), f1 = float(w1);
@@ -89,9 +91,9 @@ void blendRows(const uint8_t * r0, int64_t stride, const double * taps, int nTap
     }
 }
 
-// PIL's vertical pass, one output row at a time (so an enlarged image need never exist whole):
-// centre-aligned taps, clipped at the edges, weights normalized to sum 1, Σ wₖ·pₖ in double rounded
-// half up to 8 bits. The taps of every output row are computed once, up front.
+// PIL's vertical pass, one output row at a time, so an enlarged image need never exist whole.
+// Taps are centre-aligned and clipped at the edges, with weights normalized to sum 1.
+// Σ wₖ·pₖ is summed in double and rounded half up to 8 bits. The taps of every output row are computed once, up front.
 class RowEnlarger {
 public:
     RowEnlarger(const uint8_t * src, int64_t rowBytes, int64_t stride, int64_t inRows, int64_t outRows, bool cubic)
@@ -121,8 +123,8 @@ public:
     }
 
 private:
-    // Two float products and two sums of values below 256, each off by at most 2⁻²⁴ of 256, with the
-    // weights rounded to float (as much again): 6·2⁻¹⁶ < 1e-4.
+    // Two float products and two sums of values below 256, each off by at most 2⁻²⁴ of 256.
+    // The weights rounded to float add as much again: 6·2⁻¹⁶ < 1e-4.
     static constexpr float kBilinearMargin = 1e-4f;
     struct Taps {
         int64_t first = 0;

@@ -1,7 +1,7 @@
-// Prompt planning: the prompt's segments (text, token ids, images) become cache items, one per
-// token or per image, and the longest prefix the KV cache already holds is found, so only the
-// rest is decoded. Pure: no llama.cpp calls (the tokenizer is passed in), so it is tested without
-// a model (native/test/plan-prompt.cc, test/native/prompt.test.ts).
+// Prompt planning: the prompt's segments (text, token ids, images) become cache items, one per token or per image.
+// It finds the longest prefix the KV cache already holds, so only the rest is decoded.
+// Pure: the tokenizer is passed in, and nothing calls llama.cpp. So it is tested without a model:
+// native/test/plan-prompt.cc, test/native/prompt.test.ts.
 #pragma once
 
 #include <cstdint>

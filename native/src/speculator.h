@@ -1,6 +1,6 @@
-// Speculative decoding state of one Context, through llama.cpp's common/speculative (draft model,
-// Gemma 4 MTP assistant, or n-gram lookup): the draft llama_context (if any) and the
-// common_speculative. The Context owns it; the generation loop drives it.
+// Speculative decoding state of one Context, through llama.cpp's common/speculative.
+// Drafts come from a draft model, a Gemma 4 MTP assistant, or n-gram lookup.
+// It holds the draft llama_context, if any, and the common_speculative. The Context owns it; the generation loop drives it.
 #pragma once
 
 #include "llama.h"
@@ -25,9 +25,9 @@ struct SpecOptions {
 
 class SpecState {
 public:
-    // Creates the draft context on `draft` (draft-simple, draft-mtp; `draftParams` as the target's)
-    // and the common_speculative, then clears the target's KV: the draft state must see every target
-    // batch from now on. Slow (off the JS thread). Throws std::runtime_error on failure.
+    // Creates the draft context on `draft` (draft-simple, draft-mtp; `draftParams` as the target's) and the common_speculative.
+    // Then it clears the target's KV, since the draft state must see every target batch from now on.
+    // Slow, so it runs off the JS thread. Throws std::runtime_error on failure.
     SpecState(llama_context * target, Model * draft, llama_context_params draftParams, ggml_threadpool * threadpool,
               const SpecOptions & options);
     ~SpecState();

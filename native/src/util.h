@@ -1,6 +1,7 @@
-// Shared helpers of the percept addon: argument checks that throw TypeError/RangeError (never UB),
-// errors with a `code`, the monotonic clock, and the log capture that turns llama.cpp's last
-// error lines into the message of a thrown JS error.
+// Shared helpers of the percept addon:
+//   - argument checks that throw TypeError or RangeError, never UB;
+//   - errors with a `code`, and the monotonic clock;
+//   - the log capture that turns llama.cpp's last error lines into a thrown JS error's message.
 #pragma once
 
 #include <napi.h>
@@ -32,9 +33,9 @@ struct CodedFailure : std::runtime_error {
     CodedFailure(const char * c, const std::string & message) : std::runtime_error(message), code(c) {}
 };
 
-// An AsyncWorker that settles a promise. Execute() fails with SetError (the worker's default code)
-// or SetCodedError (a specific one, e.g. ENOENT); the promise is rejected with an Error carrying
-// that code. Subclasses that hold a busy flag release it in OnError, then call this one.
+// An AsyncWorker that settles a promise. Execute() fails with SetError (the worker's default code) or SetCodedError (e.g. ENOENT).
+// The promise is then rejected with an Error carrying that code.
+// Subclasses that hold a busy flag release it in OnError, then call this one.
 class PromiseWorker : public Napi::AsyncWorker {
 public:
     Napi::Promise promise() { return deferred_.Promise(); }
@@ -56,12 +57,12 @@ private:
 
 class SerialThread;
 
-// PromiseWorker's shape (Execute off the JS thread, then OnOK or OnError on it) for work that runs
-// on a thread the addon owns (a context's or a vision encoder's SerialThread). The owned thread
-// settles the promise through a thread-safe function, so no libuv pool thread sits waiting for it:
-// the pool stays free for what runs on it (sharp, the layout pass, fs). Queue() hands the worker
-// over; it deletes itself once settled. Like an AsyncWorker, a queued worker keeps the event loop
-// alive until it settles.
+// PromiseWorker's shape, for work on a thread the addon owns: a context's or a vision encoder's SerialThread.
+// Execute runs off the JS thread, then OnOK or OnError on it.
+// The owned thread settles the promise through a thread-safe function, so no libuv pool thread sits waiting.
+// The pool stays free for what runs on it: sharp, the layout pass, fs.
+// Queue() hands the worker over; it deletes itself once settled.
+// Like an AsyncWorker, a queued worker keeps the event loop alive until it settles.
 class ThreadWorker {
 public:
     virtual ~ThreadWorker() = default;
@@ -97,10 +98,9 @@ private:
 // Monotonic nanoseconds on the clock process.hrtime.bigint() reads (CLOCK_MONOTONIC on Linux).
 int64_t monotonicNs();
 
-// Argument readers. JS (native/llama.ts, native/vision.ts) validates first and owns every default,
-// so each option field is required here; C++ checks shape and range again because a wrong value
-// would be undefined behaviour, not a friendly error. Messages take the shape of native/args.ts:
-// "Expected <what> for <where>.<key> but received <value>".
+// Argument readers. JS (native/llama.ts, native/vision.ts) validates first and owns every default.
+// So each option field is required here. C++ checks shape and range again: a wrong value would be undefined behaviour.
+// Messages take the shape of native/args.ts: "Expected <what> for <where>.<key> but received <value>".
 Napi::Object requireObject(const Napi::Value & v, const char * what);
 std::string requireString(const Napi::Value & v, const char * what);
 int64_t requireInt(const Napi::Object & o, const char * key, int64_t min, int64_t max, const char * where);
@@ -112,8 +112,8 @@ size_t requireChoice(const Napi::Object & o, const char * key, const std::vector
 // Reads an Int32Array or an array of integers in [0, limit).
 std::vector<int32_t> requireTokens(const Napi::Value & v, int32_t limit, const std::string & what);
 
-// llama.cpp logs its reasons (bad magic, truncated tensor, unknown architecture) and returns
-// NULL; capture the error lines printed on this thread so the JS error can say why.
+// llama.cpp logs its reasons (bad magic, truncated tensor, unknown architecture) and returns NULL.
+// Capture the error lines printed on this thread, so the JS error can say why.
 class LogCapture {
 public:
     LogCapture();

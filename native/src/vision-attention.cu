@@ -1,17 +1,6 @@
-// The kernels behind VisionAttention (vision-attention.h). Compiled only in CUDA builds
-// (native/CMakeLists.txt); vision-attention.cc stands in elsewhere.
-//
-// Two steps per call. pack (a warp per head row): q, k and v, read through ggml's strides (f32 or
-// f16), become f16 rows [image·head][position][D] with D the head size rounded up to a multiple of 16
-// (zero columns add nothing to q·k and give zero output columns), after the caller's prologue where
-// there is one (gemma4v's per-head RMS norms and 2-D RoPE); q is scaled by scale·log2(e) on the way,
-// so the softmax runs on exp2. attend: one block takes 16·W query rows of one head (16 per warp), keeps its
-// rows' q in registers as mma A fragments, and walks the keys 64 at a time: K and V tiles come into
-// shared memory by cp.async, double buffered (the next tile loads while this one is used);
-// S = q·kᵀ and O += P·v are m16n8k16 mma.sync products (f16 in, f32 accumulate), with ldmatrix
-// (transposed for v) feeding the B operands; the softmax is online (a running row maximum and sum,
-// O rescaled when the maximum grows), P rounded to f16 as the A operand of the second product without
-// leaving registers. Positions past the end are zero rows in shared memory and −∞ scores.
+// The kernels behind VisionAttention (vision-attention.h): pack, then attend.
+// Compiled only in CUDA builds (native/CMakeLists.txt); vision-attention.cc stands in elsewhere.
+// How the two steps work: native/README.md#vision-attention
 #include "vision-attention.h"
 
 #include <cuda_fp16.h>
@@ -30,9 +19,8 @@ void checkCuda(cudaError_t e, const char * what) {
 }
 
 constexpr int kKeys = 64;  // keys per shared-memory tile
-// Warps per block (16 query rows each), and blocks an SM must hold: two blocks of eight warps (128
-// registers a thread) measured 0.41 ms for so400m's attention on an H200 against 0.47 for one block
-// (162 registers) or four blocks of four warps.
+// Warps per block (16 query rows each), and blocks an SM must hold.
+// Two blocks of eight warps (128 registers a thread) beat one block (162 registers) and four blocks of four warps.
 constexpr int kWarps = 8;
 constexpr int kBlocksPerSm = 2;
 
@@ -51,9 +39,8 @@ struct RowOps {
     float ropeTheta;
 };
 
-// One head's values of one position a warp: dst[(image·heads + head)·positions + position][c] for
-// c < D, the source's values for c < d (RMS-normalized, weighted and rotated as `ops` says), × mul,
-// zero after d.
+// One head's values of one position, a warp each: dst[(image·heads + head)·positions + position][c] for c < D.
+// For c < d they are the source's values × mul, RMS-normalized, weighted and rotated as `ops` says. Zero after d.
 __global__ void pack(Source src, __half * dst, int d, int D, int positions, int heads, int64_t rows, float mul, RowOps ops) {
     const int lane = threadIdx.x % 32;
     const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);

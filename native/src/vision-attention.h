@@ -1,11 +1,8 @@
-// Attention for the vision graph on CUDA, in place of ggml-cuda's flash attention: softmax(scale·q·kᵀ)·v
-// per head over every patch of an image, without a mask (a vision tower attends everywhere). ggml-cuda's
-// kernel reaches ~76 TFLOPS on an H200 at the towers' shapes (2–4k positions, head size 64–80), 30 of
-// SigLIP so400m's 53 ms; this one is a FlashAttention-2 forward (tensor-core mma.sync, K/V tiles double
-// buffered in shared memory through cp.async, online softmax in registers) for exactly that case: a
-// so400m layer (4096 patches, 16 heads of 72) took 0.41 ms on an H200, timed alone with an earlier
-// (element-wise) packing step (~190 TFLOPS; PyTorch's SDPA on the same GPU: 0.21 ms).
+// Attention for the vision graph on CUDA, in place of ggml-cuda's flash attention.
+// It computes softmax(scale·q·kᵀ)·v per head over every patch of an image, without a mask.
+// It is a FlashAttention-2 forward for exactly the towers' shapes.
 // Built with CUDA (PERCEPT_CUDA_KERNELS); elsewhere built() is false and the constructor throws.
+// Why and how: native/README.md#vision-attention
 #pragma once
 
 #include <cstddef>
@@ -22,13 +19,13 @@ struct DeviceTensorView {
     size_t nb[4] = {0, 0, 0, 0};
 };
 
-// What gemma4v does to each head between its projections and attention, done by the kernel's packing
-// step instead of by graph nodes (one pass over q, k and v instead of five ggml kernels a layer that run
-// one 64-value row per block): RMS normalization of each head's values (per operand, q k v), times a
-// per-column weight where one is given (f32, on the device), then on q and k the 2-D RoPE of heads
-// ordered for one vision rope (RopeOrderedHeads, vision-graph.h): pairs (i, i + d/2), rotated by the
-// patch's column for i < d/4 and by its row after, at theta ropeTheta^(−4j/d) for the j-th pair of
-// each part.
+// What gemma4v does to each head between its projections and attention, done in the kernel's packing step.
+// That is one pass over q, k and v, instead of five ggml kernels a layer that each run one 64-value row per block.
+// Each head's values are RMS-normalized per operand (q, k, v), times a per-column weight where one is given.
+// The weight is f32, on the device.
+// Then q and k get the 2-D RoPE of heads ordered for one vision rope (RopeOrderedHeads, vision-graph.h).
+// Pairs are (i, i + d/2), rotated by the patch's column for i < d/4 and by its row after.
+// The j-th pair of each part turns at theta ropeTheta^(−4j/d).
 struct AttentionPrologue {
     bool norm[3] = {false, false, false};
     const float * weight[3] = {nullptr, nullptr, nullptr};
@@ -49,15 +46,15 @@ public:
     VisionAttention(const VisionAttention &) = delete;
     VisionAttention & operator=(const VisionAttention &) = delete;
 
-    // ggml_flash_attn_ext's operands without a mask: q [d, positions, heads, images], k and v
-    // [d, keys, kvHeads, images] (heads a multiple of kvHeads), any strides; out receives
-    // [d, heads, positions, images] f32, contiguous, as flash_attn_ext's result. Waits for the kernel.
+    // ggml_flash_attn_ext's operands without a mask, at any strides. q is [d, positions, heads, images].
+    // k and v are [d, keys, kvHeads, images], with heads a multiple of kvHeads.
+    // out receives [d, heads, positions, images] f32, contiguous, as flash_attn_ext's result. Waits for the kernel.
     // Throws std::invalid_argument for shapes it does not take, std::runtime_error for CUDA errors.
     // `prologue` (may be null) is applied to q, k and v first.
     void run(const DeviceTensorView & q, const DeviceTensorView & k, const DeviceTensorView & v, float scale, float * out,
              const AttentionPrologue * prologue = nullptr);
-    // The same without waiting: the kernel's stream first waits for CUDA event `after` (a cudaEvent_t,
-    // recorded where q, k and v are computed), and records `done` (a cudaEvent_t) when out is written.
+    // The same without waiting. The kernel's stream first waits for CUDA event `after`, recorded where q, k and v are computed.
+    // It records `done` when out is written. Both are cudaEvent_t.
     void enqueue(const DeviceTensorView & q, const DeviceTensorView & k, const DeviceTensorView & v, float scale, float * out,
                  const AttentionPrologue * prologue, void * after, void * done);
 

@@ -18,8 +18,8 @@ namespace {
 
 double msSince(int64_t t0) { return double(monotonicNs() - t0) / 1e6; }
 
-// A buffer for weights percept derives from clip's at load (`what` names them in the error), on the
-// buffer type of the weights they come from.
+// A buffer for weights percept derives from clip's at load, on the buffer type of the weights they come from.
+// `what` names them in the error.
 ggml_backend_buffer_ptr allocWeights(ggml_context * ctx, const ggml_tensor * from, const char * what) {
     ggml_backend_buffer_ptr buf(ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_buffer_get_type(from->buffer)));
     if (!buf) throw std::runtime_error(std::string("cannot allocate the ") + what);
@@ -30,8 +30,8 @@ ggml_backend_buffer_ptr allocWeights(ggml_context * ctx, const ggml_tensor * fro
 // Graph nodes and tensors of one shape: each transformer layer makes a few dozen of each.
 size_t graphSize(size_t layers) { return 256 + 96 * layers; }
 
-// The ops of clip's graph builders, one method per builder step, on percept's shapes: pixels come in
-// as the preprocessor lays them out and several images of one size form one batch.
+// The ops of clip's graph builders, one method per builder step, on percept's shapes.
+// Pixels come in as the preprocessor lays them out, and several images of one size form one batch.
 struct Builder {
     const ClipVisionTower & t;
     ggml_context * ctx;
@@ -41,12 +41,11 @@ struct Builder {
     const std::vector<PaddedHeads> & padded;
     // Per layer, gemma4v's q/k weights ordered for one vision rope (empty: two NeoX ropes).
     const std::vector<RopeOrderedHeads> & ropeOrdered;
-    // K and V go to flash attention in f32 (ggml-cuda converts a whole contiguously allocated
-    // tensor to f16 itself, with its vectorized kernel: E4B 6 µs against 20 for a CPY node), else cast
-    // to f16 in the graph as clip does.
+    // K and V go to flash attention in f32. ggml-cuda converts a whole contiguous tensor to f16 itself, with its vectorized kernel.
+    // That beats a CPY node (native/README.md#measurements). Elsewhere they are cast to f16 in the graph, as clip does.
     bool f32Kv;
-    // Where percept's attention kernel runs (CUDA): each attention node whose q, k and v it takes
-    // before gemma4v's per-head norms and RoPE, which it then applies itself. Null: the graph has them.
+    // Where percept's attention kernel runs (CUDA): each attention node whose q, k and v it takes.
+    // It takes them before gemma4v's per-head norms and RoPE, which it then applies itself. Null: the graph has them.
     std::map<const ggml_tensor *, HeadPrologue> * prologues;
 
     // clip_graph::build_norm
@@ -74,8 +73,8 @@ struct Builder {
         return b != nullptr ? ggml_add(ctx, x, b) : x;
     }
 
-    // gemma4v.cpp add_pos: NeoX RoPE over the first half of each head by column, the second by row;
-    // on heads ordered for it (RopeOrderedHeads), one vision rope over [columns; rows; 0; 0]
+    // gemma4v.cpp add_pos: NeoX RoPE over the first half of each head by column, and the second by row.
+    // On heads ordered for it (RopeOrderedHeads), that is one vision rope over [columns; rows; 0; 0].
     ggml_tensor * rope2d(ggml_tensor * x, ggml_tensor * posX, ggml_tensor * posY, ggml_tensor * posXY) const {
         const int nDims = int(x->ne[0]) / 2;
         if (posXY != nullptr) {
@@ -88,12 +87,12 @@ struct Builder {
         return ggml_rope_set_offset(x, nDims);
     }
 
-    // clip_graph::build_attn without mask: q, k, v are [d, heads, positions, images]; returns
-    // [keep · heads, positions · images]. Flash attention runs at head size flashHead: q, k and v
-    // narrower than that get zero columns here (a zero column adds nothing to q·k, so the softmax and
-    // its scale, still 1/√d_head, are unchanged, and zero v columns give zero outputs), and only the
-    // first `keep` columns of each head's output are kept. With weights padded at load, q, k and v
-    // come in at flashHead already and the output projection takes every column (keep = flashHead).
+    // clip_graph::build_attn without mask. q, k, v are [d, heads, positions, images]; returns [keep · heads, positions · images].
+    // Flash attention runs at head size flashHead, and narrower q, k and v get zero columns here.
+    // A zero column adds nothing to q·k, so the softmax and its scale (still 1/√d_head) are unchanged.
+    // Zero v columns give zero outputs, and only the first `keep` columns of each head's output are kept.
+    // With weights padded at load, q, k and v come in at flashHead already.
+    // The output projection then takes every column (keep = flashHead).
     ggml_tensor * attention(ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float scale, int64_t keep,
                             const HeadPrologue * prologue = nullptr) const {
         ggml_tensor * cur;
@@ -104,8 +103,8 @@ struct Builder {
                 k = ggml_pad(ctx, k, pad, 0, 0, 0);
                 v = ggml_pad(ctx, v, pad, 0, 0, 0);
             }
-            // K and V to f16 while contiguous (a permuted view converts element by element, at several
-            // times the cost), permuted as views: flash attention reads them by stride.
+            // K and V to f16 while contiguous: a permuted view converts element by element, at several times the cost.
+            // Then permuted as views, since flash attention reads them by stride.
             if (!f32Kv) {
                 k = ggml_cast(ctx, k, GGML_TYPE_F16);
                 v = ggml_cast(ctx, v, GGML_TYPE_F16);
@@ -305,8 +304,8 @@ VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : 
         throw std::runtime_error("the patch kernel is not [patch, patch, 3, n_embd]");
     if (tower_.projector == ClipProjector::Gemma3) transposeProjection();
 
-    // Whether the backend runs every op, checked on the smallest image of each layout: flash
-    // attention where it can (or as asked), anything else missing means clip keeps the tower.
+    // Whether the backend runs every op, checked on the smallest image of each layout.
+    // Flash attention runs where it can, or as asked. Any other missing op means clip keeps the tower.
     const bool gemma3 = tower_.projector == ClipProjector::Gemma3;
     const int32_t p = tower_.patchSize;
     const int32_t side = gemma3 ? int32_t(std::lround(std::sqrt(double(tower_.posEmbd->ne[1])))) * p : tower_.merge * p;
@@ -355,8 +354,8 @@ VisionGraph::VisionGraph(clip_ctx * clip, const VisionGraphOptions & options) : 
         }
         if (flashHead_ == 0) probe = build(preprocessed, 0);
     }
-    // Padded heads from padded weights where nothing acts on a head's columns between the
-    // projections and attention (SigLIP); per-head norms and RoPE (gemma4v) see the real columns.
+    // Padded heads from padded weights where nothing acts on a head's columns between the projections and attention (SigLIP).
+    // Per-head norms and RoPE (gemma4v) see the real columns.
     if (flashHead_ > tower_.dHead && padHeads()) probe = build(preprocessed, flashHead_);
     if (tower_.projector == ClipProjector::Gemma4v && orderHeadsForRope()) probe = build(preprocessed, flashHead_);
     checkSupported(*probe);
@@ -394,8 +393,8 @@ bool plainFloat(const ggml_tensor * w) {
     return w != nullptr && (w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16) && ggml_is_contiguous(w);
 }
 
-// src holds `rows` rows of `heads` runs of `from` elements of es bytes; dst gets each run widened to
-// `to` elements, zero-filled after the copied ones.
+// src holds `rows` rows of `heads` runs of `from` elements of es bytes.
+// dst gets each run widened to `to` elements, zero-filled after the copied ones.
 void padRuns(const std::vector<uint8_t> & src, std::vector<uint8_t> & dst, int64_t rows, int64_t heads, int64_t from, int64_t to,
              size_t es) {
     dst.assign(size_t(rows * heads * to) * es, 0);
@@ -434,9 +433,9 @@ bool VisionGraph::padHeads() {
     }
     paddedBuf_ = allocWeights(ctx, t.layers[0].qW, "head-padded attention weights");
     std::vector<uint8_t> src, dst;
-    // Reads `from`, pads each of its heads' runs to f and writes `to`. q/k/v weights and biases pad
-    // their outputs (a head: d rows of a matrix, d values of a vector); the output projection pads
-    // its inputs (in each row, a head: d values).
+    // Reads `from`, pads each of its heads' runs to f and writes `to`.
+    // q/k/v weights and biases pad their outputs: a head is d rows of a matrix, or d values of a vector.
+    // The output projection pads its inputs: in each row, a head is d values.
     auto pad = [&](const ggml_tensor * from, ggml_tensor * to, bool inputs) {
         if (from == nullptr) return;
         src.resize(ggml_nbytes(from));
@@ -718,10 +717,10 @@ VisionGraph::Graph & VisionGraph::laidOut(const Shape & s, VisionGraphTimes & ti
     }
     Graph & g = *it->second;
     if (laidOut_ != &g) {
-        // One compute buffer serves every shape (one encode at a time): a shape lays it out again
-        // when another one used it last; the buffer grows only for a larger shape. gallocr places
-        // only tensors without data, and would reuse the last graph's placement for any graph
-        // with as many nodes: forget this graph's old places and plan it anew.
+        // One compute buffer serves every shape, as there is one encode at a time. It grows only for a larger shape.
+        // A shape lays the buffer out again when another one used it last.
+        // gallocr places only tensors without data, and would reuse the last placement for any graph with as many nodes.
+        // So forget this graph's old places and plan it anew.
         t0 = monotonicNs();
         laidOut_ = nullptr;
         for (ggml_tensor * x = ggml_get_first_tensor(g.ctx.get()); x != nullptr; x = ggml_get_next_tensor(g.ctx.get(), x)) {
@@ -771,9 +770,8 @@ void VisionGraph::computeAndRead(Graph & g, float * out, VisionGraphTimes & time
     ggml_backend_t backend = backend_.get();
     int64_t t0 = monotonicNs();
     if (ops == nullptr && !g.cuts.empty()) {
-        // Everything queued without a host wait (the streams wait for each other at each cut), then
-        // one wait for all of it: host waits around every cut cost E4B's 16 layers more than the
-        // kernel saved.
+        // Everything is queued without a host wait, as the streams wait for each other at each cut. Then one wait for all of it.
+        // Host waits around every cut cost E4B's 16 layers more than the kernel saved.
         for (size_t i = 0; i < g.pieces.size(); i++) {
             if (ggml_graph_n_nodes(g.pieces[i]) > 0 && ggml_backend_graph_compute_async(backend, g.pieces[i]) != GGML_STATUS_SUCCESS)
                 throw std::runtime_error("graph compute failed");

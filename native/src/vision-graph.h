@@ -1,12 +1,6 @@
-// percept's own compute graph for a clip vision tower (Gemma 3 SigLIP, Gemma 4): the ops of clip's
-// graph builders (tools/mtmd clip.cpp build_vit, models/siglip.cpp, models/gemma4v.cpp) on the
-// weights clip loaded, but built once per image shape and laid out in one compute buffer, so an
-// encode only uploads pixels, computes and reads the embeddings back. clip instead rebuilds,
-// re-splits and re-allocates its graph and re-lays out the pixels on every call; keeping the same
-// graph object is also what lets ggml-cuda replay it as a CUDA graph. Where ggml-cuda runs another
-// form of the same computation faster, the graph takes it (PaddedHeads, RopeOrderedHeads, K and V
-// handed to flash attention in f32 on CUDA), and on CUDA its attention nodes run in percept's own
-// kernel (VisionAttention) between pieces ggml computes; the results then match clip's to rounding.
+// percept's own compute graph for a clip vision tower (Gemma 3 SigLIP, Gemma 4), on the weights clip loaded.
+// It has the ops of clip's graph builders, but is built once per image shape and laid out in one compute buffer.
+// So an encode only uploads pixels, computes and reads the embeddings back. Why and how: native/README.md#vision-graph
 #pragma once
 
 #include "llama-internal.h"
@@ -29,13 +23,13 @@ namespace percept {
 // patch × patch × 3 interleaved values ('patches', Gemma 4's processor layout).
 enum class PixelLayout { Chw, Patches };
 
-// Flash attention in the ViT. Auto: percept's kernel on CUDA (VisionAttention) where the build has it
-// and the head size fits; else ggml's where the backend runs it, padded on CUDA where the tower's
-// head size has no tensor-core kernel. On: ggml's at the tower's head size (refused where the backend
-// cannot). Padded: ggml's at the head size ggml-cuda's tensor-core kernels have for it
-// (tensorCoreFlashHead), on any backend (so the CPU can check the padded graph against the plain
-// one, and a GPU can compare ggml-cuda's kernel with percept's). Percept: percept's kernel (refused
-// off CUDA).
+// Flash attention in the ViT:
+//   Auto     percept's kernel on CUDA (VisionAttention), where the build has it and the head size fits.
+//            Else ggml's where the backend runs it, padded on CUDA where the head size has no tensor-core kernel.
+//   On       ggml's at the tower's head size; refused where the backend cannot.
+//   Padded   ggml's at the head size ggml-cuda's tensor-core kernels have for it (tensorCoreFlashHead), on any backend.
+//            So the CPU can check the padded graph against the plain one, and a GPU can compare both kernels.
+//   Percept  percept's kernel; refused off CUDA.
 enum class FlashAttention { Auto, On, Off, Padded, Percept };
 
 struct VisionGraphOptions {
@@ -43,20 +37,18 @@ struct VisionGraphOptions {
     FlashAttention flashAttention = FlashAttention::Auto;
 };
 
-// The smallest head size ≥ dHead that ggml-cuda's tensor-core (MMA) flash-attention kernels are
-// built for (fattn.cu: 64, 80, 96, 112, 128, 256); dHead itself above 256. Other sizes (SigLIP
-// so400m's 72, 40) go to its generic tile kernel: so400m @ 896 took 133 ms with flash attention and
-// 76 ms without on an H200, the tile kernel 102 ms of it.
+// The smallest head size ≥ dHead that ggml-cuda's tensor-core (MMA) flash-attention kernels are built for.
+// Those are 64, 80, 96, 112, 128 and 256 (fattn.cu); above 256, dHead itself.
+// Other sizes, such as SigLIP so400m's 72 and 40, go to its slower generic tile kernel (native/README.md#measurements).
 int32_t tensorCoreFlashHead(int32_t dHead);
 // Whether this ggml backend is ggml-cuda's.
 bool isCudaBackend(ggml_backend_t backend);
 
-// Where one encode's time went (ms). A shape's first encode on a GPU (and its first after another
-// shape used the compute buffer) runs directly: ggml-cuda captures a graph as a CUDA graph on its
-// second identical run and replays it from then on. Running a new shape twice more before its
-// first real encode to get there (what percept did first) tripled that call for ~4 % (E4B tower,
-// H200: 11.25 ms replayed, 11.69 direct), and with several cameras the batch size, hence the shape,
-// changes from call to call.
+// Where one encode's time went (ms).
+// A shape's first encode on a GPU runs directly, as does its first after another shape used the compute buffer.
+// ggml-cuda captures a graph as a CUDA graph on its second identical run, and replays it from then on.
+// Running a new shape twice more before its first real encode, as percept did first, tripled that call for a few percent.
+// And with several cameras, the batch size (hence the shape) changes from call to call.
 struct VisionGraphTimes {
     double build = 0, alloc = 0, upload = 0, compute = 0, read = 0;
 };
@@ -68,26 +60,27 @@ struct VisionOpTime {
     int32_t onHost = 0;  // nodes whose output lives in host memory
 };
 
-// One layer's attention weights with every head zero-padded from d_head to the flash-attention
-// head size: q/k/v weights and biases gain zero output rows per head, the output projection zero
-// input columns. Attention then runs padded with no pad or slice in the graph, with the same result.
+// One layer's attention weights with every head zero-padded from d_head to the flash-attention head size.
+// q/k/v weights and biases gain zero output rows per head; the output projection gains zero input columns.
+// Attention then runs padded with no pad or slice in the graph, with the same result.
 struct PaddedHeads {
     ggml_tensor *qW = nullptr, *qB = nullptr, *kW = nullptr, *kB = nullptr, *vW = nullptr, *vB = nullptr, *oW = nullptr;
 };
 
-// One gemma4v layer's q and k weights (and per-head norms) with each head's dimensions reordered so
-// that its 2-D RoPE is one GGML_ROPE_TYPE_VISION rotation: gemma4v rotates the first half of a head
-// by column and the second by row, NeoX-style within each half (pairs j, j + d/4); the vision rope
-// pairs i, i + d/2, by column for i < d/4 and by row after. Swapping the second and third quarters of
-// every head of q and k turns one into the other; q·k is unchanged by a permutation applied to both.
+// One gemma4v layer's q and k weights and per-head norms, with each head's dimensions reordered.
+// Then its 2-D RoPE is one GGML_ROPE_TYPE_VISION rotation.
+// gemma4v rotates a head's first half by column and its second by row, NeoX-style within each half (pairs j, j + d/4).
+// The vision rope pairs i, i + d/2, by column for i < d/4 and by row after.
+// Swapping the second and third quarters of every head of q and k turns one into the other.
+// q·k is unchanged by a permutation applied to both.
 struct RopeOrderedHeads {
     ggml_tensor *qW = nullptr, *qB = nullptr, *kW = nullptr, *kB = nullptr, *qNorm = nullptr, *kNorm = nullptr;
 };
 
-// gemma4v's per-head steps before attention that percept's attention kernel does itself
-// (AttentionPrologue, vision-attention.h): q's and k's per-head RMS norms with their weights
-// (RopeOrderedHeads' copies; kNorm null: k is not normalized), v's RMS norm, and the 2-D RoPE at the
-// patch positions `positions` (the graph's [columns; rows; 0; 0] input).
+// gemma4v's per-head steps before attention, which percept's attention kernel does itself (AttentionPrologue).
+// They are q's and k's per-head RMS norms with their weights (RopeOrderedHeads' copies), and v's RMS norm.
+// Then the 2-D RoPE at the patch positions `positions`, the graph's [columns; rows; 0; 0] input.
+// kNorm null: k is not normalized.
 struct HeadPrologue {
     ggml_tensor *qNorm = nullptr, *kNorm = nullptr, *positions = nullptr;
     float eps = 0, ropeTheta = 0;
@@ -114,8 +107,8 @@ public:
     // Nodes of one image's graph (the same for every size of one layout).
     int32_t graphNodes() const { return graphNodes_; }
     std::string bufferName() const;
-    // The host buffer type of the graph's device (pinned memory on CUDA), or null where there is none
-    // (the CPU): pixels in such memory are uploaded by DMA, not staged through pageable memory.
+    // The host buffer type of the graph's device (pinned memory on CUDA), or null where there is none, as on the CPU.
+    // Pixels in such memory are uploaded by DMA, not staged through pageable memory.
     ggml_backend_buffer_type_t hostBufferType() const;
     size_t computeBytes() const;
     int32_t outputTokens(int32_t width, int32_t height) const;
@@ -127,8 +120,8 @@ public:
     // receives images × outputTokens × nOutEmbd floats. `ops` (may be null) asks for per-op times.
     void encode(const std::vector<const float *> & pixels, PixelLayout layout, int32_t width, int32_t height, float * out,
                 VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops);
-    // Encodes images whose pixels `fill` writes into the graph's input tensor itself (device memory on
-    // a GPU: the pixels never cross to the host), timed as the upload.
+    // Encodes images whose pixels `fill` writes into the graph's input tensor itself, timed as the upload.
+    // On a GPU that is device memory, so the pixels never cross to the host.
     void encodeFilled(const std::function<void(ggml_tensor * pixels)> & fill, PixelLayout layout, int32_t width, int32_t height,
                       int32_t images, float * out, VisionGraphTimes & times, std::map<std::string, VisionOpTime> * ops);
     // ggml-cuda's index of the graph's device, or −1 when it is not a CUDA device.
@@ -158,8 +151,8 @@ private:
     int32_t graphNodes_ = 0;
     ggml_gallocr_ptr galloc_;
     std::unique_ptr<VisionAttention> attention_;  // percept's kernel for the flash-attention nodes
-    // Where ggml's stream reaches a cut, and where the kernel is done: the two streams wait for each
-    // other on the device, not on the host (null where ggml-cuda makes no events: host waits instead).
+    // Where ggml's stream reaches a cut, and where the kernel is done. The two streams wait for each other on the device.
+    // Null where ggml-cuda makes no events; host waits stand in.
     ggml_backend_event_ptr pieceDone_, attentionDone_;
     // gemma3's input projection transposed, made once from clip's.
     ggml_context_ptr derivedCtx_;

@@ -1,8 +1,8 @@
-// Vision: one llama.cpp clip context (tools/mtmd clip.h) loaded from an mmproj GGUF, encoding
-// percept's preprocessed pixels into image embeddings in the decoder's width, through percept's
-// persistent graph over clip's weights (vision-graph.h) or through clip's own encode. Load runs in
-// an AsyncWorker; encodes run on the thread the Vision owns (no libuv thread waits for them, on the
-// GPU or the CPU); one encode at a time per context (EBUSY); dispose() is explicit and idempotent.
+// Vision: one llama.cpp clip context (tools/mtmd clip.h), loaded from an mmproj GGUF.
+// It encodes percept's preprocessed pixels into image embeddings in the decoder's width.
+// It runs percept's persistent graph over clip's weights (vision-graph.h), or clip's own encode.
+// Load runs in an AsyncWorker. Encodes run on the thread the Vision owns, so no libuv thread waits for them.
+// One encode at a time per context (EBUSY); dispose() is explicit and idempotent.
 #pragma once
 
 #include "context-thread.h"
@@ -23,8 +23,8 @@ struct clip_ctx;
 
 namespace percept {
 
-// What the GGUF says about the vision tower, read (and type-checked) before clip_init, because
-// clip's key readers GGML_ASSERT on a wrong type and would take the process down.
+// What the GGUF says about the vision tower, read and type-checked before clip_init.
+// clip's key readers GGML_ASSERT on a wrong type, which would take the process down.
 struct VisionMeta {
     std::string path;
     std::string projector;  // "gemma3" | "gemma4v"
@@ -41,11 +41,10 @@ struct VisionMeta {
     int32_t threads = 1;
 };
 
-// What the load resolved. percept's graph: flash attention, one split, its nodes for one image, the
-// compute buffer laid out at load. clip: what it reported while it loaded and reserved its compute
-// graph (parsed from its log, the only place it says): whether flash attention ended up on, how the
-// graph split across backends, the compute buffers, and the ops the GPU backend cannot run (they
-// fall back to the CPU).
+// What the load resolved. For percept's graph: flash attention, one split, its nodes for one image, the buffer laid out at load.
+// For clip: what it reported while it loaded and reserved its compute graph, parsed from its log, the only place it says.
+// That is whether flash attention ended up on, the graph's split across backends, and the compute buffers.
+// It adds the ops the GPU backend cannot run, which fall back to the CPU.
 struct VisionLoadReport {
     // Why clip's encode runs although percept's graph was asked for (empty: it was not, or it runs).
     std::string graphFallback;
@@ -59,10 +58,9 @@ struct VisionLoadReport {
     std::vector<std::string> unsupportedOps;
 };
 
-// Per-call timing through clip's graph-evaluation callback (installed only when loaded with profile):
-// 'phases' observes the first node (setup = graph build, allocation, input upload before it;
-// compute = the rest, output read-back included); 'ops' observes every node, synchronizing after
-// each, so per-op times add up to more than an unprofiled run.
+// Per-call timing through clip's graph-evaluation callback, installed only when loaded with profile.
+// 'phases' observes the first node. Setup is graph build, allocation and input upload before it; compute is the rest.
+// 'ops' observes every node and synchronizes after each, so per-op times add up to more than an unprofiled run.
 struct VisionProfile {
     enum class Mode { Off, Phases, Ops };
     struct OpStat {

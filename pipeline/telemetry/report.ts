@@ -1,5 +1,5 @@
-// The run summary for humans and files: formatSummary() (text), writeJsonSummary() (--json-summary),
-// and the LiveTable that redraws the latest stats in place on a TTY.
+// The run summary for humans and files: formatSummary() for text, writeJsonSummary() for --json-summary.
+// The LiveTable redraws the latest stats in place on a TTY.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { Observable, Subscription } from 'rxjs';
