@@ -2,15 +2,18 @@
 // slides right, a person who walks in from the left and comes closer), 640×360 JPEG q70 at 10 Hz on
 // /camera/front/compressed as foxglove.CompressedImage (json encoding, jsonschema from
 // @foxglove/schemas), zstd chunks; and next to it bags/sample.labels.jsonl, the expected action of
-// each frame (the labels format of `percept eval`, see README), worked out from the same scene
-// geometry: the robot heads for the door while the person is far, waits while the person walks
-// across, and stops when the person is close. Everything is fixed (timestamps, pixels, encoder
-// settings), so running it again gives the same bytes. The drawing and the bag writer are
-// tools/scene-geometry.ts's, shared with tools/make-scenes.ts; this scene is none of its seeds.
+// each frame (the labels format of `percept eval`, see README). Each frame is also described as a
+// tools/make-scenes.ts Scene (sampleSceneAt: the same door, box, person, colours and light as drawn),
+// and its label is that scene's actionOf, the one rule table the generated scenes follow too: the
+// person is in view in every frame, so the robot waits while they are far and stops once they are
+// close. Everything is fixed (timestamps, pixels, encoder settings), so running it again gives the
+// same bytes. The drawing and the bag writer are tools/scene-geometry.ts's, shared with
+// tools/make-scenes.ts; this scene is none of its seeds.
 //   node --import tsx tools/make-sample-bag.ts [out.mcap] [--frames N]
 import { writeFile } from 'node:fs/promises';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import sharp from 'sharp';
+import { actionOf, type NBox, type RobotAction, type Scene, type SceneObject } from './make-scenes.ts';
 import {
   CAMERA_FRAME_ID,
   CAMERA_TOPIC,
@@ -19,12 +22,12 @@ import {
   drawDoor,
   drawPerson,
   labelsPathOf,
-  normBox,
   paintRoom,
   personBox,
   sampleRoom,
   writeCameraBag,
   type Box,
+  type RGB,
 } from './scene-geometry.ts';
 
 export { labelsPathOf };
@@ -80,14 +83,14 @@ export async function makeSampleBag(path: string, options: SampleBagOptions = {}
   const labels = labelsPathOf(path);
   const lines = Array.from({ length: frames }, (_, i) => {
     const stampNs = SAMPLE_START_NS + BigInt(i) * periodNs;
-    return JSON.stringify({ log_time_ns: String(stampNs), action: expectedAction(sceneAt(i, frames, width, height)) });
+    return JSON.stringify({ log_time_ns: String(stampNs), action: sampleActionAt(i, frames, width, height, quality) });
   });
   await writeFile(labels, `${lines.join('\n')}\n`);
   return { path, labels, frames, bytes };
 }
 
-/** Where things are in frame `i` of `n` (pixels): what renderScene draws and the labels describe. */
-export interface Scene {
+/** Where things are in frame `i` of `n` (pixels): what renderScene draws and sampleSceneAt describes. */
+export interface SampleGeometry {
   readonly width: number;
   readonly height: number;
   /** 0 at the first frame, 1 at the last. */
@@ -104,7 +107,7 @@ export interface Scene {
   readonly bodyH: number;
 }
 
-export function sceneAt(i: number, n: number, width: number, height: number): Scene {
+export function geometryAt(i: number, n: number, width: number, height: number): SampleGeometry {
   const t = n > 1 ? i / (n - 1) : 0;
   const horizon = Math.round(height * 0.55);
   const doorX = width * 0.72;
@@ -132,29 +135,91 @@ export function sceneAt(i: number, n: number, width: number, height: number): Sc
   };
 }
 
-/** The action a robot should take in a scene: head for the door while the person is far (in the
- * first third), wait while the person crosses, stop when the person is close (the last third, when
- * they fill more than a third of the image height). */
-export function expectedAction(scene: Scene): Record<string, unknown> {
-  const norm = (b: Box): number[] => normBox(b, scene.width, scene.height, 3);
-  if (scene.t < 1 / 3) return { action: 'move', confidence: 1, target: { label: 'door', bbox: norm(scene.door) } };
-  if ((scene.person.y1 - scene.person.y0) / scene.height <= 1 / 3 || scene.t < 2 / 3)
-    return { action: 'wait', confidence: 1, target: { label: 'person', bbox: norm(scene.person) } };
-  return { action: 'stop', confidence: 1, target: { label: 'person', bbox: norm(scene.person) }, hazards: ['person_close'] };
+/** The sample scene's colours as drawn, in make-scenes' paint order (door: frame, panel, knob; box: body,
+ * tape; person: legs, torso, skin). */
+export const SAMPLE_PAINT = {
+  door: [
+    [70, 50, 35],
+    [140, 95, 55],
+    [220, 200, 90],
+  ],
+  box: [
+    [180, 130, 70],
+    [150, 105, 55],
+  ],
+  person: [
+    [40, 40, 60],
+    [40, 90, 160],
+    [225, 185, 150],
+  ],
+} as const satisfies Record<string, readonly RGB[]>;
+
+/** The sample scene is no seed of make-scenes' splits; its Scene says so with this seed. */
+export const SAMPLE_SEED = -1;
+
+/**
+ * Frame `i` of `n` as a tools/make-scenes.ts Scene: the door, the box and the person where
+ * renderScene draws them (boxes normalised to the image), fully lit, the person standing (the
+ * sample draws straight legs), in the sample's room. At 640×360 make-scenes' renderScene (plain)
+ * draws it as this file does but for a few pixels of the door knob, which sits a little higher
+ * here; at other sizes the door frame's width differs too.
+ */
+export function sampleSceneAt(i: number, n: number, width: number, height: number, quality = 70): Scene {
+  const g = geometryAt(i, n, width, height);
+  const norm = (b: Box): NBox => [b.x0 / width, b.y0 / height, b.x1 / width, b.y1 / height];
+  const room = sampleRoom(g.horizon);
+  const door: SceneObject = { kind: 'door', box: norm(g.door), paint: SAMPLE_PAINT.door };
+  const box: SceneObject = { kind: 'box', box: norm(g.box), paint: SAMPLE_PAINT.box };
+  const person: SceneObject = { kind: 'person', box: norm(g.person), stride: 0, paint: SAMPLE_PAINT.person };
+  return {
+    seed: SAMPLE_SEED,
+    horizon: g.horizon / height,
+    light: 1,
+    // The door on the wall first, then far to near (the box and the person never overlap).
+    objects: [door, ...[box, person].sort((a, b) => a.box[3] - b.box[3])],
+    look: {
+      wall: room.wall,
+      wallFade: room.wallFade,
+      floor: room.floor,
+      floorTint: room.floorTint,
+      floorFade: room.floorFade,
+      tile: [room.tileW / width, room.tileH / room.tileW, room.tileDelta, room.tileShift / room.tileW],
+      gradient: 0,
+      tint: [1, 1, 1],
+      noise: 0,
+      quality,
+    },
+  };
 }
+
+/** The expected action of frame `i` of `n`: actionOf its scene (make-scenes' rule table, the only one). */
+export const sampleActionAt = (i: number, n: number, width: number, height: number, quality = 70): RobotAction =>
+  actionOf(sampleSceneAt(i, n, width, height, quality));
 
 /** RGB pixels of frame `i` of `n` (pure). */
 export function renderScene(i: number, n: number, width: number, height: number): Buffer {
   const c = createCanvas(width, height);
-  const { horizon, door, box, person, doorW, boxW, bodyW, bodyH } = sceneAt(i, n, width, height);
+  const { horizon, door, box, person, doorW, boxW, bodyW, bodyH } = geometryAt(i, n, width, height);
   paintRoom(c, sampleRoom(horizon));
   // Door on the right: frame, panel, knob.
   const knob = { x: door.x0 + doorW * 0.85, y: horizon - height * 0.22, r: Math.max(2, height * 0.012) };
-  drawDoor(c, door.x0, door.y0, doorW, horizon, { frame: [70, 50, 35], panel: [140, 95, 55], knob: [220, 200, 90], frameW: 6 }, knob);
+  drawDoor(
+    c,
+    door.x0,
+    door.y0,
+    doorW,
+    horizon,
+    { frame: SAMPLE_PAINT.door[0], panel: SAMPLE_PAINT.door[1], knob: SAMPLE_PAINT.door[2], frameW: 6 },
+    knob,
+  );
   // A cardboard box sliding right along the floor.
-  drawBox(c, box.x0, box.y0, boxW, boxW * 0.8, { body: [180, 130, 70], tape: [150, 105, 55] });
+  drawBox(c, box.x0, box.y0, boxW, boxW * 0.8, { body: SAMPLE_PAINT.box[0], tape: SAMPLE_PAINT.box[1] });
   // A person walking in from the left and getting closer (bigger).
-  drawPerson(c, person.x0, person.y1, bodyW, bodyH, { legs: [40, 40, 60], torso: [40, 90, 160], skin: [225, 185, 150] });
+  drawPerson(c, person.x0, person.y1, bodyW, bodyH, {
+    legs: SAMPLE_PAINT.person[0],
+    torso: SAMPLE_PAINT.person[1],
+    skin: SAMPLE_PAINT.person[2],
+  });
   return c.px;
 }
 

@@ -124,6 +124,7 @@ export interface SceneLook {
 }
 
 export interface Scene {
+  /** The seed it was made from; the sample bag's frames, which are no seed, have -1. */
   readonly seed: number;
   /** Image row of the horizon, fraction of the height (the camera's pitch). */
   readonly horizon: number;

@@ -2,6 +2,7 @@
 // The rules are checked on hand-built scenes and on generated ones: schema-valid, every rule reached.
 // The wet-floor rule hangs on the sign's colour, and the labels match the drawn pixels.
 // Both CLI commands run, and the sample bag is still made byte for byte from the shared geometry.
+// The sample bag's labels are actionOf of its frames' scenes, scenes that describe what is drawn.
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -31,7 +32,7 @@ import {
   type SceneObject,
 } from '../../tools/make-scenes.ts';
 import { CAMERA_TOPIC, labelsPathOf } from '../../tools/scene-geometry.ts';
-import { makeSampleBag } from '../../tools/make-sample-bag.ts';
+import { SAMPLE_START_NS, geometryAt, makeSampleBag, renderScene as renderSample, sampleSceneAt } from '../../tools/make-sample-bag.ts';
 
 const root = new URL('../..', import.meta.url).pathname;
 const dir = join(root, '.cache', 'test-scenes');
@@ -384,5 +385,50 @@ describe('CLI', () => {
     const made = await makeSampleBag(join(dir, 'sample.mcap'));
     assert.ok((await readFile(made.path)).equals(await readFile(join(root, 'bags/sample.mcap'))), 'bags/sample.mcap differs');
     assert.equal(await readFile(made.labels, 'utf8'), await readFile(join(root, 'bags/sample.labels.jsonl'), 'utf8'));
+  });
+});
+
+describe('sample bag', () => {
+  test('its labels are actionOf of its frames: the one rule table', async () => {
+    const lines = (await readFile(join(root, 'bags/sample.labels.jsonl'), 'utf8')).trimEnd().split('\n');
+    assert.equal(lines.length, 40);
+    for (const [i, text] of lines.entries()) {
+      const label = JSON.parse(text) as { log_time_ns: string; action: RobotAction };
+      assert.deepEqual(Object.keys(label), ['log_time_ns', 'action']);
+      assert.equal(label.log_time_ns, String(SAMPLE_START_NS + BigInt(i) * 100_000_000n));
+      assert.deepEqual(label.action, actionOf(sampleSceneAt(i, 40, 640, 360)), `frame ${i}`);
+      assert.ok(validate(label.action), `frame ${i}`);
+    }
+    // Other lengths and sizes too: a short bag's labels are its own frames' actions.
+    const made = await makeSampleBag(join(dir, 'sample-short.mcap'), { frames: 6, width: 320, height: 180 });
+    const short = (await readFile(made.labels, 'utf8')).trimEnd().split('\n');
+    assert.deepEqual(
+      short.map((l) => (JSON.parse(l) as { action: RobotAction }).action),
+      Array.from({ length: 6 }, (_, i) => actionOf(sampleSceneAt(i, 6, 320, 180))),
+    );
+  });
+
+  test("its scenes describe what it draws: make-scenes draws them alike but for the door's knob", () => {
+    const [W, H] = [640, 360];
+    for (const i of [0, 13, 27, 28, 39]) {
+      const scene = sampleSceneAt(i, 40, W, H);
+      assert.equal(scene.light, 1);
+      assert.deepEqual(scene.objects.map((o) => o.kind).sort(), ['box', 'door', 'person']);
+      assert.equal(scene.objects[0]!.kind, 'door', `frame ${i}: the door first`);
+      assert.ok(scene.objects[1]!.box[3] <= scene.objects[2]!.box[3], `frame ${i}: then far to near`);
+      const drawn = renderSample(i, 40, W, H);
+      const described = renderScene(scene, W, H, { plain: true });
+      const { door } = geometryAt(i, 40, W, H);
+      let differ = 0;
+      for (let y = 0; y < H; y++) {
+        for (let x = 0; x < W; x++) {
+          const p = (y * W + x) * 3;
+          if (drawn[p] === described[p] && drawn[p + 1] === described[p + 1] && drawn[p + 2] === described[p + 2]) continue;
+          differ++;
+          assert.ok(x >= door.x0 && x < door.x1 && y >= door.y0 && y < door.y1, `frame ${i}: pixel ${x},${y} differs outside the door`);
+        }
+      }
+      assert.ok(differ <= 20, `frame ${i}: ${differ} pixels differ`);
+    }
   });
 });
