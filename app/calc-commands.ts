@@ -39,7 +39,7 @@ export interface CalcKvResult {
   readonly swa_full: boolean;
   readonly flash_attn: boolean;
   readonly unified: boolean;
-  /** llama.cpp's n_ctx (all sequences, padded) and n_ctx_seq: `-c n_ctx -np batch` reproduces this cache. */
+  /** llama.cpp's n_ctx over all sequences, padded, and n_ctx_seq. `-c n_ctx -np batch` reproduces this cache. */
   readonly n_ctx: number;
   readonly n_ctx_seq: number;
   readonly total_bytes: number;

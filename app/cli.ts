@@ -584,7 +584,7 @@ program
     try {
       const result = await tune({ ...opts, mode: opts.virtual ? 'virtual' : opts.real ? 'real' : undefined });
       process.stdout.write(opts.json ? `${JSON.stringify(result, null, 2)}\n` : formatTune(result));
-      // A point that failed is a sweep not done (as in bench ladder): exit 1, which and why.
+      // A point that failed is a sweep not done, as in bench ladder: exit 1, saying which and why.
       const failed = failedPoints(result);
       for (const line of failed) process.stderr.write(`percept: tune point failed: ${line.replace(/\s*\n\s*/g, ' ')}\n`);
       if (failed.length > 0) {

@@ -1,5 +1,5 @@
-// `percept doctor`: what a robotics engineer checks first on a new box: can every native piece
-// load, and which execution providers and devices are there.
+// `percept doctor`: what a robotics engineer checks first on a new box. Can every native piece
+// load, and which execution providers and devices are there?
 import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';

@@ -1,5 +1,5 @@
 // `percept echo`: what arrives on a running percept's topics, one line per message, with seq gaps,
-// age and staleness, through the same client robot stacks use (percept/client).
+// age and staleness. It reads through percept/client, the client robot stacks use.
 //   text:   actions #12 run 3f2a… frame 34 cam_front level 0 age 45.2 ms STALE {"action":"move",…}
 //   --json: {"header": …, "body": …} per line (gaps and invalid messages go to stderr as text)
 import { readCurveKey } from '../pipeline/endpoint.ts';
@@ -11,7 +11,7 @@ export interface EchoOptions {
   readonly json?: boolean;
   readonly schema?: string;
   readonly serverKey?: string;
-  /** Stop after this many messages (default: until interrupted). */
+  /** Stop after this many messages. Default: run until interrupted. */
   readonly count?: number;
 }
 

@@ -14,7 +14,7 @@ export async function resolveSpeculation(flags: SpeculationFlags): Promise<Specu
   };
 }
 
-/** The decoding grammar (GBNF) of an action schema file (--schema), through the same loader the pipeline uses. */
+/** The decoding grammar (GBNF) of an action schema file, through the same loader the pipeline uses. */
 export function schemaGbnf(schemaPath: string): string {
   try {
     return jsonSchemaToGbnf(loadActionSchema(schemaPath).schema);
@@ -49,7 +49,7 @@ export interface GenerateCommandResult {
 /** New tokens of a generation without a schema when --max-tokens is absent. */
 const DEFAULT_MAX_TOKENS = 128;
 
-/** `percept generate`: one prompt through the model (optionally schema-constrained and speculative). */
+/** `percept generate`: one prompt through the model, optionally schema-constrained and speculative. */
 export async function generate(opts: GenerateCommandOptions): Promise<GenerateCommandResult> {
   if (typeof opts.prompt !== 'string') throw new TypeError('--prompt is required');
   const { gpuLayers } = opts;

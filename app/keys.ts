@@ -1,6 +1,6 @@
-// `percept keys`: a CURVE key pair for an encrypted publisher, control socket or frame input:
-// NAME.key (the secret key, readable by its owner only) and NAME.pub (the public key, for clients),
-// each the 40-character Z85 text that the config's key files and `percept echo --server-key` read.
+// `percept keys`: a CURVE key pair for an encrypted publisher, control socket or frame input.
+// NAME.key holds the secret key, readable by its owner only, and NAME.pub the public key for clients.
+// Each is the 40-character Z85 text that the config's key files and `percept echo --server-key` read.
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { curveKeyPair } from 'zeromq';

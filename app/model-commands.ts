@@ -1,5 +1,5 @@
-// `percept models …`: one front for the two kinds of synthetic checkpoints: decoder GGUFs
-// (models/synth.ts) and vision encoders in ONNX (models/vision-synth.ts).
+// `percept models …` is one front for both kinds of synthetic checkpoints: decoder GGUFs and ONNX
+// vision encoders. They come from models/synth.ts and models/vision-synth.ts.
 import { listPresets, parseWeightType, synthesize } from '../models/synth.ts';
 import { listVisionPresets, synthesizeVision } from '../models/vision-synth.ts';
 import { listMmprojPresets, synthesizeMmproj, type MmprojDtype } from '../models/mmproj-synth.ts';

@@ -1,12 +1,9 @@
-// percept bench bag: how fast bags are read and recorded.
-//   replay:  a bag of `frames` 1080p JPEG frames (about 230 KB each, like a camera's) on
-//            sensor_msgs/msg/CompressedImage (cdr, as rosbag2 writes them), read by percept's bag
-//            source at pace 'fast' (each message decoded into a frame); frames/s and MB/s of the file.
-//            The peer: @mcap/core's McapIndexedReader reading the same messages without decoding them.
-//   record:  percept's recorder fed 1080p frames at `fps` in real time for `seconds`, each with an
-//            action and the events a frame makes, the way `percept run --record` feeds it (nothing
-//            awaited): frames not recorded (the backlog bound) must be 0; and the same frames fed
-//            back to back (each awaited) for the sustained frames/s and MB/s it can write.
+// `percept bench bag`: how fast bags are read and recorded.
+//   replay  percept's bag source reads `frames` 1080p JPEG frames at pace 'fast', decoding each message
+//   peer    @mcap/core's McapIndexedReader reads the same messages without decoding them
+//   record  percept's recorder takes frames, actions and events at `fps`, as `percept run --record` feeds it
+// The frames are camera-sized sensor_msgs/msg/CompressedImage messages in cdr, as rosbag2 writes them.
+// A paced recording must record every frame. The same frames fed back to back give the sustained rate.
 import { mkdirSync, rmSync, statSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -27,14 +24,14 @@ import { DEFAULT_CONFIG } from '../run/run.ts';
 import { loadConfig } from '../../pipeline/config.ts';
 
 export interface BenchBagOptions {
-  /** Frames in the replay bag (default 300: 10 s at 30 fps). */
+  /** Frames in the replay bag. Default 300, which is 10 s at 30 fps. */
   readonly frames?: number;
   readonly width?: number;
   readonly height?: number;
   /** Recording rate and duration (default 30 fps for 5 s). */
   readonly fps?: number;
   readonly seconds?: number;
-  /** Replay passes; the median is reported (default 3). */
+  /** Replay passes, 3 by default. The median is reported. */
   readonly reps?: number;
   /** Working folder (default .cache/bench-bag). */
   readonly dir?: string;
@@ -76,7 +73,7 @@ uint32 nanosec
 `;
 const START_NS = 1_700_000_000_000_000_000n;
 
-/** Eight camera-like JPEGs (grey with sensor noise; JPEG sizes like a real 1080p camera's). */
+/** Eight camera-like JPEGs, grey with sensor noise, so their sizes are like a real 1080p camera's. */
 async function cameraJpegs(width: number, height: number): Promise<Buffer[]> {
   return Promise.all(
     Array.from({ length: 8 }, (_, k) =>

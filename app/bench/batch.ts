@@ -1,9 +1,8 @@
-// `percept bench batch`: the batched decoder alone, the way llama.cpp's llama-batched-bench measures
-// it (random prompts of P tokens, T new tokens per sequence, B sequences at once), so the two can be
-// compared on the same GGUF: ours runs B concurrent generate() calls on one context of B sequences
-// (the BatchScheduler: every step one llama_decode over all of them, greedy sampling of every row);
-// the peer decodes the same shapes with no sampling at all. With --peer, llama-batched-bench built
-// from the same llama.cpp tree runs right after ours for each B.
+// `percept bench batch`: the batched decoder alone, measured as llama.cpp's llama-batched-bench does,
+// so the two compare on the same GGUF. B sequences run at once, each a random P-token prompt and T new tokens.
+// Ours runs B concurrent generate() calls on one context. Its BatchScheduler makes each step one llama_decode
+// over all of them, and samples every row greedily. The peer decodes the same shapes with no sampling at all.
+// With --peer, llama-batched-bench from the same llama.cpp tree runs right after ours for each B.
 import { execFile } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { promisify } from 'node:util';

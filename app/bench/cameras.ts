@@ -1,11 +1,8 @@
-// `percept bench cameras`: N cameras at F frames per second each through the real stages (preprocess,
-// the shared batching encoder, the shared batched decoder with the action grammar, validation; no
-// publisher): per-camera latency p50/p99, drops and deadline misses, and the aggregate actions/s and
-// generated tokens/s. Every camera is a test-pattern source started at the same instant (a
-// synchronised rig: frames of all cameras arrive together, the encoder's best case for batching and
-// the decoder's worst case for bursts). Edges are 'latest' (a camera's newest frame replaces one that
-// waits: dropped 'conflated'), the ladder is off (fixed image tokens), and the frame deadline is the
-// budget: a frame that would come out later is cancelled and counted as a miss.
+// `percept bench cameras`: N cameras at F frames per second each through the real stages, without the publisher.
+// It reports per-camera latency, drops and deadline misses, and the aggregate actions and tokens per second.
+// The cameras are test-pattern sources started together, like a synchronised rig whose frames arrive at once.
+// That is the encoder's best case for batching and the decoder's worst case for bursts.
+// Edges are 'latest' and the ladder is off. A frame that would miss its deadline is cancelled and counted.
 import { pbkdf2 } from 'node:crypto';
 import { loadavg } from 'node:os';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
@@ -23,7 +20,7 @@ import { quantile } from '../stats.ts';
 export interface BenchCamerasOptions {
   readonly cameras: number;
   readonly fps: number;
-  /** Decoder GGUF or synth: preset. */
+  /** Decoder GGUF or `synth:` preset. */
   readonly model: string;
   /** Vision encoder: an .onnx, an mmproj .gguf, or 'projection'. */
   readonly encoder: string;
@@ -32,7 +29,7 @@ export interface BenchCamerasOptions {
   readonly imageTokens: number;
   /** Each frame's deadline after capture (ms). */
   readonly budgetMs: number;
-  /** One KV buffer for every camera (default: the config's, true). */
+  /** One KV buffer for every camera. Default: the config's, true. */
   readonly kvUnified?: boolean;
   /** Drop a frame before preprocess when the decoder predicts it misses (default true, the config's). */
   readonly dropPredictedMiss?: boolean;
@@ -43,7 +40,7 @@ export interface BenchCamerasOptions {
   readonly encodeWaitMs?: number;
   /** Decode the grammar's forced runs in the step that reaches them (default true, the config's). */
   readonly jumpForward?: boolean;
-  /** decoder.stepTokens: tokens per camera and decode step, padded (default: the config's, 1: no padding). */
+  /** decoder.stepTokens, tokens per camera and decode step, padded. Default: the config's, where 1 means no padding. */
   readonly stepTokens?: number;
 }
 
@@ -56,8 +53,8 @@ export interface CameraBenchRow {
   readonly e2e_ms_p99: number | null;
   readonly decode_ms_p50: number | null;
   readonly decode_ms_p99: number | null;
-  /** Each stage's p50 for this camera, and where its frames were dropped: with many cameras, whether
-   * some cameras' frames reach the shared encoder or decoder later than others'. */
+  /** Each stage's p50 for this camera, and where its frames were dropped. With many cameras, it shows
+   * whether some cameras reach the shared encoder or decoder later than others. */
   readonly stages_ms_p50: Readonly<Record<string, number | null>>;
   readonly dropped_by_stage: Readonly<Record<string, Record<string, number>>>;
 }
@@ -71,8 +68,8 @@ export interface BenchCamerasResult {
   readonly per_camera: Readonly<Record<string, CameraBenchRow>>;
   /** The worst camera's p99 (what the goal is stated on). */
   readonly per_camera_p99_ms_max: number | null;
-  /** How evenly the actions went to the cameras: Jain's index of their action counts, (Σx)² / (n·Σx²),
-   * 1 when every camera got as many, 1/n when one camera got them all; null without actions. */
+  /** How evenly the actions went to the cameras, as Jain's index of their action counts (jainIndex).
+   * It is 1 when every camera got as many and 1/n when one camera got them all. Null without actions. */
   readonly fairness: number | null;
   readonly e2e_ms_p50: number | null;
   readonly e2e_ms_p99: number | null;
@@ -81,20 +78,20 @@ export interface BenchCamerasResult {
   readonly actions_per_s: number;
   /** Tokens generated per second over all cameras (cancelled frames' tokens included). */
   readonly tokens_per_s: number;
-  /** Frames dropped at each stage's entry or in it, by reason (a predicted miss before preprocess
-   * saves the encoder and decoder work; one in decode saved only the decode). */
+  /** Frames dropped at each stage's entry or in it, by reason. A predicted miss before preprocess
+   * saves the encoder and decoder work, one in decode only the decode. */
   readonly dropped_by_stage: Readonly<Record<string, Readonly<Record<string, number>>>>;
   readonly stages_ms_p50: Readonly<Record<string, number | null>>;
   readonly stages_ms_p99: Readonly<Record<string, number | null>>;
-  /** The share of a frame's decode steps that ran on llama.cpp's previous graph (an unchanged
-   * ubatch shape: no graph build, and on CUDA the captured graph replays), over every frame. */
+  /** The share of decode steps, over every frame, that ran on llama.cpp's previous graph. An unchanged
+   * ubatch shape needs no graph build, and on CUDA the captured graph replays. */
   readonly decode_graph_reuse: number | null;
   /** Sequences that shared a decode step, per frame: mean and most. */
   readonly decode_batch_mean: number | null;
   readonly decode_batch_max: number;
-  /** How the frames that reached the decoder ended: with an action (or any other natural stop),
-   * dropped before their prefill as predicted misses, or cut at their deadline or cancelled after
-   * admission (the work they got is wasted: their prefills and generated tokens). */
+  /** How the frames that reached the decoder ended. They completed with an action or another natural stop,
+   * or were dropped before their prefill as predicted misses. Otherwise they were cut at their deadline or
+   * cancelled after admission, which wastes their prefills and generated tokens. */
   readonly decode_outcomes: { completed: number; predicted_miss: number; deadline: number; cancelled: number };
   readonly decode_wasted: { prefills: number; tokens: number };
   /** Stage runs cut short, per stage and reason. */
@@ -107,12 +104,12 @@ export interface BenchCamerasResult {
   readonly drop_predicted_miss: boolean;
   readonly drop_predicted_conflation: boolean;
   readonly prefill_chunk: number;
-  /** Where the host side waits: the JS thread's busy fraction and its worst delays, and how long a
+  /** Where the host side waits: the JS thread's busy fraction and its worst delays. Also how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
   readonly host: HostLoad;
 }
 
-/** Jain's fairness index of `shares`: (Σx)² / (n·Σx²); null when every share is 0 (or none). */
+/** Jain's fairness index of `shares`, `(Σx)² / (n·Σx²)`. Null when every share is 0 or there is none. */
 export function jainIndex(shares: readonly number[]): number | null {
   const sum = shares.reduce((a, b) => a + b, 0);
   const squares = shares.reduce((a, b) => a + b * b, 0);
@@ -138,7 +135,7 @@ function watchHost(everyMs = 50): () => HostLoad {
   let stopped = false;
   const probe = (): void => {
     const t0 = performance.now();
-    // One PBKDF2 iteration: microseconds of work on a pool thread, the rest is waiting for one.
+    // One PBKDF2 iteration is almost no work on a pool thread, so the time is the wait for one.
     pbkdf2('p', 's', 1, 8, 'sha256', () => {
       poolMs.push(performance.now() - t0);
       if (!stopped) timer = setTimeout(probe, everyMs);

@@ -21,7 +21,7 @@ export interface BenchDecodeOptions extends SpeculationFlags {
   readonly genTokens: number;
   readonly reps: number;
   readonly gpuLayers: number;
-  /** CPU threads (absent: one per core, as llama-bench's default). */
+  /** CPU threads. Absent: one per core, as llama-bench's default. */
   readonly threads?: number;
   /** Also run llama-bench (built from the same llama.cpp tree) and report the ratio. */
   readonly peer?: boolean;
@@ -46,11 +46,11 @@ export interface BenchDecodeResult {
   readonly acceptance: number | null;
   readonly forced: number;
   readonly speculation: string | null;
-  /** Board energy over the decode (tg) runs; tok_per_watt = generated tokens per joule. */
+  /** Board energy over the decode (tg) runs. Its tok_per_watt is generated tokens per joule. */
   readonly energy: EnergyJson;
   readonly llama_bench_tg_tok_per_s?: number;
   readonly llama_bench_pp_tok_per_s?: number;
-  /** ours / llama-bench, decode (tg) and prefill (pp). */
+  /** Our rate ÷ llama-bench's, for decode and prefill (tg, pp). */
   readonly ratio_tg?: number;
   readonly ratio_pp?: number;
   /** Same ratios from the best rep of each side (less sensitive to a shared, noisy machine). */
@@ -68,7 +68,7 @@ export interface Spread {
 
 export interface StructuredDecodeResult {
   readonly schema: string;
-  /** Actions per rep (one seeded random prompt each); every arm decodes the same prompts. */
+  /** Actions per rep, one seeded random prompt each. Every arm decodes the same prompts. */
   readonly actions_per_rep: number;
   /** The grammar's token index, or null with the reason in `fallback` (decoding then checks the whole vocabulary). */
   readonly index: GrammarIndexInfo | null;
@@ -76,21 +76,21 @@ export interface StructuredDecodeResult {
   /** Worst-case tokens of a complete action (the decoder's default token budget). */
   readonly max_tokens: number | null;
   readonly tokens_per_action: number;
-  /** Actions decoded through the index that did not end complete (stop reason other than eos): must be 0. */
+  /** Actions decoded through the index that did not end complete, with a stop reason other than eos. Must be 0. */
   readonly incomplete: number;
-  /** Decode tokens/s, median over reps: constrained with and without jump-forward, unconstrained
-   * (same lengths, EOS ignored), and constrained through llama.cpp's whole-vocabulary check (the old path). */
+  /** Decode tokens/s, median over reps: constrained with and without jump-forward, unconstrained, and the
+   * old path. Unconstrained decodes the same lengths, EOS ignored. The old path is llama.cpp's whole-vocabulary check. */
   readonly tok_per_s: {
     readonly jump_forward: number;
     readonly constrained: number;
     readonly unconstrained: number;
     readonly full_vocab_check: number;
   };
-  /** constrained ÷ unconstrained tok/s (the grammar's cost), and with jump-forward: the median of
-   * per-prompt ratios (arms of one prompt run back to back, so load drift cancels out). */
+  /** Constrained ÷ unconstrained tok/s, the grammar's cost, also with jump-forward. Each is the median of
+   * per-prompt ratios, since one prompt's arms run back to back and load drift cancels out. */
   readonly ratio: number;
   readonly ratio_jump_forward: number;
-  /** Sampling step cost per token, µs: under the grammar (index), unconstrained, and the old path. */
+  /** Sampling step cost per token in µs: under the grammar's index, unconstrained, and on the old path. */
   readonly sample_us: { readonly grammar: Spread; readonly unconstrained: Spread; readonly full_vocab_check: Spread };
   /** Tokens jump-forward appended without their own decode, per action, and as a share of all tokens. */
   readonly forced_per_action: number;
@@ -107,8 +107,8 @@ type Arm = 'jump_forward' | 'constrained' | 'unconstrained' | 'full_vocab_check'
 const ARMS: readonly Arm[] = ['jump_forward', 'constrained', 'unconstrained', 'full_vocab_check'];
 
 /**
- * Structured actions against free decoding, interleaved on the same prompts: per prompt the four
- * arms run in a rotating order, so drifting load on a shared machine hits all of them alike.
+ * Structured actions against free decoding, interleaved on the same prompts. Per prompt the four
+ * arms run in a rotating order, so drifting load on a shared machine hits them alike.
  * Unconstrained decodes as many tokens as the constrained run of the same prompt produced.
  */
 async function benchStructured(
@@ -121,7 +121,7 @@ async function benchStructured(
   const start = loadavg();
   const gbnf = schemaGbnf(schemaPath);
   const grammar = await model.grammar(gbnf);
-  // The same grammar without an index: what decoding cost before the index (llama.cpp's check).
+  // The same grammar without an index, as llama.cpp checks it: what decoding cost before the index.
   const fullVocab = await model.grammar(gbnf, 'root', { maxStates: 1 });
   const actions = 8;
   const sums = new Map<Arm, { tokens: number; ms: number }[]>(ARMS.map((a) => [a, []]));
@@ -220,11 +220,11 @@ interface LlamaBenchRow {
 }
 
 /**
- * `percept bench decode`. Methodology matches llama-bench: a warm-up run, then `reps` runs;
- * prefill (pp) = promptTokens random tokens decoded from an empty cache; decode (tg) = genTokens
- * tokens one at a time from an empty cache, EOS ignored. Ours also samples (greedy argmax) each
- * token, which llama-bench does not: that cost is part of our loop and stays in the number.
- * Board power is sampled during the decode (tg) runs only (app/bench/energy.ts).
+ * `percept bench decode`, with llama-bench's method: a warm-up run, then `reps` runs from an empty cache.
+ *   prefill (pp)  promptTokens random tokens decoded;
+ *   decode (tg)   genTokens tokens one at a time, EOS ignored.
+ * Ours also samples each token by greedy argmax, which llama-bench does not. That cost stays in the number.
+ * Board power is sampled during the decode runs only (app/bench/energy.ts).
  */
 export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecodeResult> {
   const { promptTokens, genTokens, reps, gpuLayers } = opts;
@@ -255,13 +255,13 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
     const tgPrompt = [bos];
     const genOpts = { maxTokens: genTokens, ignoreEos: true };
 
-    // Warm-up (llama-bench does one too): first-touch of weights, graph allocation.
+    // Warm-up, as llama-bench does too: first-touch of weights, graph allocation.
     ctx.clearCache();
     await ctx.generate([{ tokens: pp }], { maxTokens: 2, ignoreEos: true });
     meter = await EnergyMeter.start({ source: energySource, device: gpuLayers !== 0 ? 'gpu' : 'cpu' });
 
-    // With --peer, llama-bench (one rep each) runs between our reps, so drifting load on a shared
-    // machine hits both sides alike; the ratios use medians and best reps.
+    // With --peer, one llama-bench rep runs between our reps, so drifting load on a shared
+    // machine hits both sides alike. The ratios use medians and best reps.
     const bench = opts.peer ? await ensurePeerProgram('llama-bench', (msg) => process.stderr.write(`percept: ${msg}\n`)) : undefined;
     const peerArgs = [
       '-m',

@@ -14,40 +14,41 @@ import { standaloneContext } from '../../pipeline/standalone.ts';
 import { quantile } from '../stats.ts';
 
 export interface BenchEncodeOptions {
-  /** .onnx path or synth:<preset> (onnxruntime); .gguf mmproj or synth:<preset>-mmproj[@seed][?dtype=f16]
-   * (llama.cpp clip through the native addon). */
+  /** .onnx path or synth:<preset> for onnxruntime. A .gguf mmproj or synth:<preset>-mmproj[@seed][?dtype=f16]
+   * runs llama.cpp clip through the native addon. */
   readonly encoder: string;
   /** ORT execution provider; for an mmproj, 'cuda' runs clip on the GPU backend. */
   readonly ep: ExecutionProvider | string;
-  /** JPEG or PNG file; default a generated 1280×720 JPEG (q85). */
+  /** JPEG or PNG file. Default: a generated 1280×720 JPEG at quality 85. */
   readonly image?: string;
   /** Gemma 4 image-token budget. */
   readonly imageTokens: number;
   readonly iterations: number;
   readonly warmup?: number;
-  /** CPU threads for preprocessing (libvips) and for the encoder (ORT intra-op or clip threads). */
+  /** CPU threads for preprocessing with libvips, and for the encoder (ORT intra-op or clip threads). */
   readonly threads?: number;
   readonly allowSpinning?: boolean;
-  /** mmproj only: report where each encode's time goes ('phases': setup vs compute; 'ops': per op
-   * type, synchronized after every node, so it slows what it measures). */
+  /** mmproj only: report where each encode's time goes. 'phases' splits setup from compute. 'ops' gives
+   * the time per op type, synchronized after every node, so it slows what it measures. */
   readonly profile?: 'phases' | 'ops';
-  /** mmproj only: flash attention in the tower (default 'auto': percept's kernel on CUDA, else ggml's
-   * where the backend supports it; 'padded': ggml-cuda's with heads padded to a tensor-core size, the
-   * kernel to compare percept's with; 'percept': percept's, refused off CUDA). */
+  /** mmproj only: flash attention in the tower.
+   *   'auto'     the default, percept's kernel on CUDA, else ggml's where the backend supports it;
+   *   'padded'   ggml-cuda's with heads padded to a tensor-core size, to compare percept's kernel with;
+   *   'percept'  percept's kernel, refused off CUDA. */
   readonly flashAttention?: VisionFlashAttention;
-  /** mmproj only: also time N frames of one size in one encode call (encodeBatch). */
+  /** mmproj only: also time N frames of one size in one encodeBatch call. */
   readonly batch?: number;
-  /** mmproj only: 'percept' (default), percept's persistent graph over clip's weights; 'clip', clip's
-   * own encode (it rebuilds its graph on every call). */
+  /** mmproj only: 'percept', the default, runs percept's persistent graph over clip's weights. 'clip' runs
+   * clip's own encode, which rebuilds its graph on every call. */
   readonly path?: 'percept' | 'clip';
   /** mmproj only: encode the last frame once more through the other path on the same weights and
    * report the worst per-token cosine between the two. */
   readonly check?: boolean;
-  /** mmproj only: pixel arrays in the encoder's pinned host memory (default true; --no-pinned-pixels
-   * to compare with pageable arrays). */
+  /** mmproj only: pixel arrays in the encoder's pinned host memory, true by default.
+   * `--no-pinned-pixels` compares with pageable arrays. */
   readonly pinnedPixels?: boolean;
-  /** 'auto' (the config's default): JPEG frames decoded, resized and laid out on the encoder's GPU
-   * where it can (an mmproj on CUDA, built with nvJPEG); 'host': libvips decodes them here. */
+  /** 'auto', the config's default, decodes, resizes and lays out JPEG frames on the encoder's GPU where it
+   * can. That takes an mmproj on CUDA, built with nvJPEG. 'host' has libvips decode them here. */
   readonly jpegDecode?: 'auto' | 'host';
 }
 
@@ -59,14 +60,14 @@ export interface BenchPhase {
 
 /** What clip (or percept's graph) reported at load, and where the time of the timed encodes went. */
 export interface BenchClipReport {
-  /** The graph that encoded: percept's persistent one, or clip's (asked for with --path clip, or the
-   * fallback, with the reason in graph_fallback). */
+  /** The graph that encoded: percept's persistent one, or clip's. Clip's is asked for with --path clip,
+   * or is the fallback, with the reason in graph_fallback. */
   readonly path: 'percept' | 'clip';
   readonly graph_fallback: string | null;
   readonly flash_attention: boolean | null;
-  /** The head size flash attention ran at (above the tower's own when padded); null without it. */
+  /** The head size flash attention ran at, above the tower's own when padded. Null without it. */
   readonly flash_attention_head: number | null;
-  /** Whose flash-attention kernel ran: 'percept' or 'ggml'; null without flash attention. */
+  /** Whose flash-attention kernel ran, 'percept' or 'ggml'. Null without flash attention. */
   readonly attention_kernel: 'percept' | 'ggml' | null;
   /** The tower's own head size (hidden ÷ heads). */
   readonly head_size: number;
@@ -76,7 +77,7 @@ export interface BenchClipReport {
   readonly copied_weights_mib: number;
   /** The pixel arrays were in the device's pinned host memory (uploaded by DMA). */
   readonly pinned_pixels: boolean;
-  /** JPEG frames were decoded, resized and laid out on the GPU (nvJPEG): preprocess_ms is then the
+  /** JPEG frames were decoded, resized and laid out on the GPU with nvJPEG. Then preprocess_ms is the
    * header read alone, and encode_ms holds the rest (phases.jpeg_decode_ms, device_layout_ms). */
   readonly jpeg_on_gpu: boolean;
   readonly compute_buffers_mib: Readonly<Record<string, number>>;
@@ -91,9 +92,9 @@ export interface BenchClipReport {
     /** 'ops': the last encode's time per op type, largest first. */
     readonly ops?: readonly { op: string; ms: number; count: number; on_host: number }[];
   };
-  /** percept's graph, every call: setup (build + layout + upload; the build and layout only when a
-   * shape is new or another shape used the buffer last) vs compute (compute + read-back), per phase,
-   * and the first encode's phases (the warm-up call: what a shape's first frame pays). */
+  /** percept's graph on every call, per phase: setup vs compute. Setup is build, layout and upload,
+   * and compute includes the read-back. Build and layout run only when a shape is new or another shape
+   * used the buffer last. The first encode's phases are what a shape's first frame pays. */
   readonly phases?: {
     readonly setup_ms: BenchPhase;
     readonly compute_ms: BenchPhase;
@@ -102,7 +103,7 @@ export interface BenchClipReport {
     readonly upload_ms: BenchPhase;
     readonly graph_compute_ms: BenchPhase;
     readonly read_ms: BenchPhase;
-    /** jpeg_on_gpu: nvJPEG's decode, and the kernel that resampled and laid it out (within upload_ms). */
+    /** With jpeg_on_gpu: nvJPEG's decode, and the kernel that resampled and laid it out within upload_ms. */
     readonly jpeg_decode_ms?: BenchPhase;
     readonly device_layout_ms?: BenchPhase;
     readonly first: { build_ms: number; alloc_ms: number; upload_ms: number; compute_ms: number; read_ms: number };
@@ -113,17 +114,17 @@ export interface BenchClipReport {
     readonly encode_ms_p50: number;
     readonly per_image_ms_p50: number;
   };
-  /** --check with jpeg_on_gpu: the last frame's pixels from the GPU path against the host path's
-   * (8-bit levels: both decoders follow the JPEG standard's IDCT and chroma upsampling to within a
-   * level or so, and resize with different arithmetic), and its embeddings against the host path's. */
+  /** --check with jpeg_on_gpu: the last frame's pixels and embeddings from the GPU path against the host
+   * path's. Pixels differ by 8-bit levels: the two decoders match the JPEG standard's IDCT and chroma
+   * upsampling only to about a level, and resize differently. */
   readonly jpeg_check?: {
     readonly max_level_diff: number;
     readonly mean_level_diff: number;
     readonly worst_token_cosine: number;
   };
-  /** --check: the last frame through the other path on the same weights; and, as the baseline to
-   * read it against, through this path again with 1 input value in 97 moved by 1e-6 (a randomly
-   * initialized tower amplifies any difference far more than a trained one). */
+  /** --check: the last frame through the other path on the same weights. The baseline to read it against
+   * runs this path again with 1 input value in 97 moved by 1e-6. A randomly initialized tower amplifies
+   * any difference far more than a trained one. */
   readonly check?: {
     readonly against: 'percept' | 'clip';
     readonly tokens: number;
@@ -134,7 +135,7 @@ export interface BenchClipReport {
 
 export type BenchEncodeResult = {
   readonly encoder: string;
-  /** 'onnx' (onnxruntime-node) or 'mtmd' (llama.cpp clip). */
+  /** 'onnx' for onnxruntime-node or 'mtmd' for llama.cpp clip. */
   readonly runtime: 'onnx' | 'mtmd';
   readonly contract: 'gemma3' | 'gemma4';
   readonly ep: string;
@@ -151,8 +152,8 @@ export type BenchEncodeResult = {
   readonly preprocess_threads: number;
   readonly preprocess_ms_p50: number;
   readonly preprocess_ms_p99: number;
-  /** CPU time of the process during preprocessing (all threads): what one core spends per frame,
-   * unlike wall time, not stretched by other processes on a shared machine. */
+  /** CPU time of the process during preprocessing, all threads together. Unlike wall time, it is not
+   * stretched by other processes on a shared machine. */
   readonly preprocess_cpu_ms_p50: number;
   readonly encode_ms_p50: number;
   readonly encode_ms_p99: number;
@@ -268,7 +269,7 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
   try {
     // The config's preprocess section (its defaults from the schema), with --threads for libvips.
     const { preprocess: preprocessConfig } = loadConfig({ preprocess: opts.threads !== undefined ? { threads: opts.threads } : {} });
-    // gemma3: the encoder's one input side (896 for real towers).
+    // gemma3: the encoder's one input side, 896 for real towers.
     const { imageSize } = encoder.contract;
     const jpegDecode = opts.jpegDecode ?? preprocessConfig.jpegDecode;
     if (jpegDecode !== 'auto' && jpegDecode !== 'host')
@@ -372,8 +373,8 @@ export async function benchEncode(opts: BenchEncodeOptions): Promise<BenchEncode
 
 const phase = (xs: readonly number[]): BenchPhase => ({ p50: round(quantile(xs, 0.5)), p99: round(quantile(xs, 0.99)) });
 
-/** The GPU path's pixels and embeddings for a JPEG tensor against the host path's for the same frame
- * (`host`, a copy kept for the next check). */
+/** The GPU path's pixels and embeddings for a JPEG tensor against the host path's for the same frame.
+ * `host` is a copy kept for the next check. */
 async function checkJpegOnGpu(
   stage: MtmdEncoderStage,
   tensor: PixelTensor,
@@ -382,7 +383,7 @@ async function checkJpegOnGpu(
 ): Promise<{ report: NonNullable<BenchClipReport['jpeg_check']>; hostTensor: PixelTensor }> {
   const devicePixels = await stage.jpegPixels(tensor);
   const hostPixels = host.pixelValues.subarray(0, devicePixels.length);
-  // Both paths scale 8-bit values into floats by (v/255 − offset)/scale: back to levels.
+  // Both paths scale 8-bit values into floats by (v/255 − offset)/scale, so this scales back to levels.
   const perLevel = 1 / (255 * tensor.jpeg!.scale);
   let max = 0;
   let sum = 0;
@@ -405,8 +406,8 @@ async function checkJpegOnGpu(
   };
 }
 
-/** The embeddings of `tensor` through the other path on the same weights vs the stage's own: the
- * worst per-token cosine; and the stage's own on the input nudged, the tower's sensitivity. */
+/** The worst per-token cosine between `tensor`'s embeddings through the other path and the stage's own,
+ * on the same weights. Also the stage's own on a nudged input, the tower's sensitivity. */
 async function checkAgainstOtherPath(
   stage: MtmdEncoderStage,
   tensor: PixelTensor,

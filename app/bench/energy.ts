@@ -1,18 +1,14 @@
 // Board power sampled while a benchmark runs, integrated into joules.
 //
 // Sources, tried in this order by 'auto':
-//  - tegrastats (Jetson): `tegrastats --interval N` prints one line per sample with per-rail power in mW.
-//    Board power is the input rail where the module has one (VDD_IN on Orin Nano/NX, VIN on Thor carriers
-//    with an input monitor, POM_5V_IN on Nano/TX2), else the sum of the rails that make up the module
-//    (AGX Orin: VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0; Thor: VDD_GPU + VDD_CPU_SOC_MSS + VIN_SYS_5V0).
-//    It covers CPU and GPU alike (one module, one memory).
-//  - NVML through nvidia-smi (discrete GPUs): `nvidia-smi --query-gpu=index,power.draw
-//    --format=csv,noheader,nounits -lms N`, one line per GPU per sample, summed over the GPUs the process
-//    can see (CUDA_VISIBLE_DEVICES). GPU board power only: it says nothing about a run on the CPU.
-// Where neither applies the reading is "not available" with the reason; no number is ever made up.
+//  - tegrastats on Jetson, one line per sample with per-rail power in mW. It covers CPU and GPU alike.
+//    Board power is the module's input rail where it has one, else the sum of the module's rails.
+//  - NVML through nvidia-smi on discrete GPUs, summed over the GPUs the process can see (CUDA_VISIBLE_DEVICES).
+//    It is GPU board power only, so it says nothing about a run on the CPU.
+// Where neither applies the reading is "not available" with the reason. No number is ever made up.
 //
-// Power is held from each sample to the next (per channel: GPU or rail set) and integrated over the
-// measured windows (begin()/end()), timed on our clock as samples arrive.
+// Power is held from each sample to the next, per channel, and integrated over the windows begin()/end() mark.
+// Samples are timed on our clock as they arrive.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 
@@ -41,8 +37,8 @@ export function parseNvidiaSmiLine(line: string): NvidiaSmiSample | undefined {
 }
 
 /**
- * Power rails of one tegrastats line, mW (the current value of "NAME 1234mW/1200mW[/…]"; JetPack 4's
- * unit-less "POM_5V_IN 1868/1868" too).
+ * Power rails of one tegrastats line in mW, each the current value of "NAME 1234mW/1200mW[/…]".
+ * JetPack 4's unit-less "POM_5V_IN 1868/1868" is read too.
  */
 export function parseTegrastatsRails(line: string): Map<string, number> {
   const rails = new Map<string, number>();
@@ -52,7 +48,9 @@ export function parseTegrastatsRails(line: string): Map<string, number> {
   return rails;
 }
 
+// The input rail: VDD_IN on Orin Nano/NX, VIN on Thor carriers with an input monitor, POM_5V_IN on Nano/TX2.
 const INPUT_RAILS = ['VDD_IN', 'VIN', 'POM_5V_IN'];
+// Without one, the rails that make up the module.
 const MODULE_RAIL_SETS = [
   ['VDD_GPU_SOC', 'VDD_CPU_CV', 'VIN_SYS_5V0'], // AGX Orin
   ['VDD_GPU', 'VDD_CPU_SOC_MSS', 'VIN_SYS_5V0'], // Thor
@@ -103,7 +101,7 @@ export class PowerIntegrator {
     let inWindows = 0;
     for (const samples of this.#channels.values()) {
       for (const [a, b] of this.#windows) {
-        // P(t) = the last sample at or before t; before the first sample, the first sample's value.
+        // P(t) is the last sample at or before t. Before the first sample, it is the first sample's value.
         let i = 0;
         while (i + 1 < samples.length && samples[i + 1]!.t <= a) i++;
         for (let t = a; t < b;) {
@@ -154,7 +152,7 @@ interface Sampler {
 
 /**
  * Samples board power from start() to stop(); begin()/end() mark the windows whose energy is reported.
- * start() never throws for a missing or failing tool: stop() then returns available: false and why.
+ * start() never throws for a missing or failing tool. Then stop() returns `available: false` and why.
  */
 export class EnergyMeter {
   readonly #integrator = new PowerIntegrator();
@@ -257,8 +255,8 @@ export class EnergyMeter {
   }
 
   /**
-   * Runs a sampling tool; resolves true once its first sample is in (the sampler then keeps running), or
-   * the reason it is unusable. `onLine` records a sample and names the source, or says why the tool's
+   * Runs a sampling tool. Resolves true once its first sample is in and the sampler keeps running, else
+   * with the reason it is unusable. `onLine` records a sample and names the source, or says why the tool's
    * output is unusable, or ignores the line (undefined).
    */
   #launch(
@@ -271,7 +269,7 @@ export class EnergyMeter {
     return new Promise((resolve) => {
       let settled = false;
       let stderr = '';
-      // Tools print some failures on stdout ("No devices were found"): keep what was not a sample.
+      // Tools print some failures on stdout, like "No devices were found", so keep what was not a sample.
       let otherOutput = '';
       const child = spawn(command, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
       const running = () => this.#sampler?.child === child;
@@ -335,7 +333,7 @@ export interface EnergyJson {
   readonly reason?: string;
 }
 
-/** The `energy` object of a benchmark's JSON: per token (decode) or per frame. */
+/** The `energy` object of a benchmark's JSON, per decoded token or per frame. */
 export function energyJson(reading: EnergyReading, work: { readonly tokens: number } | { readonly frames: number }): EnergyJson {
   const perWork = (value: number | null) => ('tokens' in work ? { tok_per_watt: value } : { joules_per_frame: value });
   if (!reading.available) {

@@ -1,10 +1,9 @@
-// percept bench frame-input: a robot stack's pusher → percept's ZeroMQ frame input (the zmq source),
-// on loopback tcp. The pusher is a separate process (as a robot stack is) that sends one JPEG every
-// 1/fps s on a drift-free schedule, with a PUSH socket that never waits (sendTimeout 0): a frame the
-// input cannot take at once counts as dropped. It stamps each frame with the monotonic clock just
-// before sending it (CLOCK_MONOTONIC, which process.hrtime reads in every process of this machine);
-// the added latency of a frame is from that stamp to the source yielding the parsed, checked frame,
-// whose source stamp is that stamp, unconverted.
+// `percept bench frame-input`: a robot stack's pusher → the zmq source, percept's ZeroMQ frame input, on loopback tcp.
+// The pusher is a separate process that sends one JPEG every 1/fps s on a drift-free schedule.
+// Its PUSH socket never waits (sendTimeout 0), so a frame the input cannot take at once counts as dropped.
+// It stamps each frame with CLOCK_MONOTONIC just before sending, the clock process.hrtime reads in every process.
+// A frame's added latency runs from that stamp to the source yielding the parsed, checked frame.
+// The frame's source stamp is that stamp, unconverted.
 import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
 import sharp from 'sharp';
@@ -92,8 +91,8 @@ export async function benchFrameInput(options: BenchFrameInputOptions = {}): Pro
   }
 }
 
-/** A camera-like test image encoded as a quality-85 JPEG: gradients and a checkerboard under
- * sensor-like noise, so it compresses about as a real 720p frame does (~150 KB), not to a few KB. */
+/** A camera-like test image as a quality-85 JPEG: gradients and a checkerboard under sensor-like noise.
+ * The noise makes it compress about as a real 720p frame does, not to a few KB. */
 async function testImage(width: number, height: number): Promise<Buffer> {
   const raw = Buffer.alloc(width * height * 3);
   let seed = 1;
@@ -113,7 +112,7 @@ async function testImage(width: number, height: number): Promise<Buffer> {
 
 const round = (v: number): number => Math.round(v * 10) / 10;
 
-// The pusher: plain JavaScript run by `node -e`; the JPEG comes on stdin, the settings as argv.
+// The pusher is plain JavaScript run by `node -e`. The JPEG comes on stdin, the settings as argv.
 const PUSHER_SOURCE = `
 const { zeromq, endpoint, frames, fps } = JSON.parse(process.argv[1]);
 const { Push } = require(zeromq);

@@ -1,7 +1,6 @@
-// `percept bench frame`: camera frame → validated action through the real stages (preprocess,
-// encoder, decoder with the action grammar, validation), the publisher left out; with --decoder openai
-// the frame goes to an OpenAI-compatible server instead ([decode, actions]). Frames come from the test
-// pattern at a rate the pipeline can follow, so latencies are service times, not queueing.
+// `percept bench frame`: camera frame → validated action through the real stages, without the publisher.
+// With --decoder openai the frame goes to an OpenAI-compatible server instead.
+// Test-pattern frames come at a rate the pipeline can follow, so latencies are service times, not queueing.
 import { RealClock } from '../../pipeline/clock.ts';
 import { loadConfig } from '../../pipeline/config.ts';
 import { createGraph } from '../../pipeline/graph/graph.ts';
@@ -13,30 +12,30 @@ import { createSource } from '../run/stages.ts';
 import { median, quantile } from '../stats.ts';
 
 export interface BenchFrameOptions {
-  /** Decoder GGUF or synth: preset; with decoder 'openai', the model id the server serves. */
+  /** Decoder GGUF or `synth:` preset. With decoder 'openai', the model id the server serves. */
   readonly model: string;
-  /** 'local' (default): the in-process binding; 'openai': the server at `endpoint`. */
+  /** 'local' runs the in-process binding (the default), 'openai' the server at `endpoint`. */
   readonly decoder?: 'local' | 'openai';
   readonly endpoint?: string;
-  /** openai: requests in flight at most (default 1). */
+  /** With openai, the most requests in flight (default 1). */
   readonly concurrency?: number;
-  /** Vision encoder: an .onnx, an mmproj .gguf, or 'projection' (a stand-in with no model). */
+  /** Vision encoder: an .onnx, an mmproj .gguf, or 'projection', a stand-in with no model. */
   readonly encoder: string;
   readonly imageTokens: number;
   readonly frames: number;
   readonly fps: number;
   readonly gpuLayers: number;
-  /** Absent: the action schema's worst case (the decoder's config default). */
+  /** Absent, the action schema's worst case, as in the decoder's config default. */
   readonly maxNewTokens?: number;
-  /** decoder.threads: llama.cpp's CPU threads (default: the config's, every core). */
+  /** decoder.threads, llama.cpp's CPU threads. Default: the config's, every core. */
   readonly threads?: number;
-  /** decoder.stepTokens: tokens per decode step, padded (default: the config's, 1: no padding). */
+  /** decoder.stepTokens, tokens per decode step, padded. Default: the config's, where 1 means no padding. */
   readonly stepTokens?: number;
-  /** decoder.graphSlots: built decode graphs kept besides the current one (default: the config's). */
+  /** decoder.graphSlots, built decode graphs kept besides the current one. Default: the config's. */
   readonly graphSlots?: number;
-  /** decoder.cudaGraphs: 'on' or 'off' (default: the config's). */
+  /** decoder.cudaGraphs, 'on' or 'off'. Default: the config's. */
   readonly cudaGraphs?: 'on' | 'off';
-  /** preprocess.jpegDecode: 'auto' (default) decodes JPEG frames on the encoder's GPU where it can. */
+  /** preprocess.jpegDecode. The default 'auto' decodes JPEG frames on the encoder's GPU where it can. */
   readonly jpegDecode?: 'auto' | 'host';
   readonly draftMtp?: string;
   readonly draft?: string;
@@ -54,58 +53,58 @@ export interface BenchFrameResult {
   readonly stages_ms_p50: Readonly<Record<string, number | null>>;
   readonly stages_ms_p99: Readonly<Record<string, number | null>>;
   /** The first frame apart from the rest: its time through the stages and per stage, and each ÷ the
-   * median of the frames after it (a warm-up that works keeps these near 1). */
+   * median of the frames after it. A warm-up that works keeps these ratios near 1. */
   readonly first_frame_ms: number | null;
   readonly first_over_median: number | null;
   readonly stages_first_ms: Readonly<Record<string, number>>;
   readonly stages_first_over_median: Readonly<Record<string, number | null>>;
-  /** The first frame's decode note, set against the *_median figures below: whether a slow first
+  /** The first frame's decode note, set against the *_median figures below. It tells whether a slow first
    * decode is a slower prefill or token, or a longer action. Null where the decoder did not say. */
   readonly first_frame_decode: FrameDecode | null;
-  /** The slowest frame (the tail the p99 reads): its time through the stages and per stage, and its
-   * decode note: whether the tail is a longer action (more calls and tokens) or slower calls. Null
+  /** The slowest frame, the tail the p99 reads: its time through the stages and per stage, and its
+   * decode note. The note tells a longer action (more calls and tokens) from slower calls. Null
    * with no frame out. */
   readonly slowest_frame: SlowestFrame | null;
   readonly warmup: boolean;
   readonly image_tokens: number;
   readonly decoder: 'local' | 'openai';
-  /** Medians over the frames' decode notes: prompt tokens (image included), prompt tokens reused from
-   * the cache, new tokens, and the decoder's own decode time per new token. */
+  /** Medians over the frames' decode notes: prompt tokens with the image, tokens reused from the cache,
+   * new tokens, and the decoder's own time per new token. */
   readonly prompt_tokens_median: number | null;
   readonly reused_tokens_median: number | null;
   readonly new_tokens_median: number | null;
   /** The decoder's prefill (a server's includes its image encoding, the binding's does not). */
   readonly prefill_ms_median: number | null;
   readonly decode_ms_per_token_median: number | null;
-  /** The decode stage's time outside prefill and token generation: the request's setup (prompt
-   * plan, sampler and grammar state), the thread hand-offs. */
+  /** The decode stage's time outside prefill and token generation: the request's setup and the thread
+   * hand-offs. Setup is the prompt plan, sampler and grammar state. */
   readonly decode_other_ms_median: number | null;
-  /** Where the decode time goes (the binding only): llama_decode calls per frame, the mean time of a
-   * call that decodes one token and of one that decodes more (a sampled token with its forced run, or
-   * drafts), and the share of calls where llama.cpp reused the previous step's graph. */
+  /** Where the decode time goes, binding only: llama_decode calls per frame, and the mean time of a
+   * one-token call and of a longer one. A longer call decodes a sampled token with its forced run, or drafts.
+   * `graph_reuse_share` is the share of calls where llama.cpp reused the previous step's graph. */
   readonly decode_calls_median: number | null;
   readonly single_decode_ms_mean: number | null;
   readonly multi_decode_ms_mean: number | null;
   readonly graph_reuse_share: number | null;
-  /** Share of those calls padded to decoder.stepTokens (one shape from step to step). */
+  /** Share of those calls padded to decoder.stepTokens, one shape from step to step. */
   readonly padded_step_share: number | null;
-  /** The slowest action the schema allows, whatever the logits (the binding only): its llama_decode
-   * calls after the prompt (DecoderStage.worstCaseDecodeCalls), and those calls at this run's mean
-   * call time: the decode time a budget must leave for it (an estimate: the frames' calls, not its). */
+  /** The slowest action the schema allows, whatever the logits, for the binding only. Its llama_decode
+   * calls after the prompt are DecoderStage.worstCaseDecodeCalls. `worst_case_decode_ms` prices them at
+   * this run's mean call time, an estimate of the decode time a budget must leave for it. */
   readonly worst_case_decode_calls: number | null;
   readonly worst_case_decode_ms: number | null;
-  /** The binding only: the decoder context's compute buffers as the run ended, MiB by buffer type
-   * (they grow with the step shapes it ran; graph slots keep a scheduler's buffers per slot). */
+  /** The binding only: the decoder context's compute buffers as the run ended, in MiB by buffer type.
+   * They grow with the step shapes it ran, and each graph slot keeps a scheduler's buffers. */
   readonly decoder_compute_mib: Record<string, number> | null;
-  /** openai, where the server reports its timings (llama-server): the HTTP path's own cost per request
-   * (round trip − the server's prefill and decode): transport, JSON, base64, image decoding, templating,
-   * grammar setup, and any wait for a free slot (none at concurrency 1 against an idle server). */
+  /** openai, where the server reports its timings (llama-server). The HTTP path's own cost per request is
+   * the round trip less the server's prefill and decode. It covers transport, JSON, base64, image
+   * decoding, templating, grammar setup and any wait for a free slot. */
   readonly http_ms_p50: number | null;
   readonly http_ms_p99: number | null;
 }
 
 export interface SlowestFrame {
-  /** Its index among the frames (0: the first). */
+  /** Its index among the frames, 0 for the first. */
   readonly index: number;
   readonly ms: number;
   readonly stages_ms: Readonly<Record<string, number>>;
@@ -125,8 +124,8 @@ export interface FrameDecode {
   readonly graph_reuses: number | null;
 }
 
-/** One frame's figures, for benches that pool frames over several runs: its time and what its decode
- * note said (null where the decoder did not say it). */
+/** One frame's figures, for benches that pool frames over several runs. They are its time and what its
+ * decode note said (null where the decoder did not say it). */
 export interface FrameSample {
   /** Entering the first stage → leaving the last one it reached. */
   readonly totalMs: number;
@@ -257,8 +256,8 @@ export function worstCase(
   return { worst_case_decode_calls: calls, worst_case_decode_ms: calls !== null && n > 0 ? round((calls * ms) / n) : null };
 }
 
-/** A config's encoder section for an encoder named on the command line: 'projection' (no model), an
- * mmproj (.gguf, synth:…-mmproj), else an ONNX model. */
+/** A config's encoder section for an encoder named on the command line. It is 'projection' with no model,
+ * an mmproj (.gguf, synth:…-mmproj), else an ONNX model. */
 export function encoderSection(spec: string, gpuLayers: number): object {
   if (spec === 'projection') return { kind: 'projection' };
   if (isMmprojSpec(spec)) return { kind: 'mtmd', mmproj: spec, gpuLayers };
@@ -308,8 +307,8 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
   const source = await createSource(config.source);
   const stages = await createStages(config, loadActionSchema(config.actions.schema), { publish: false, warmup: opts.warmup });
   const graph = createGraph({ source, stages: stages.chain, clock: new RealClock(), config });
-  // Per frame (dropped ones too: random weights often give an invalid action): each stage's time, and
-  // the time from entering the first stage to leaving the last one it reached.
+  // Per frame, dropped ones too: each stage's time, and the time from entering the first stage to
+  // leaving the last one it reached. Random weights often give an invalid action.
   const spans = new Map<number, { enter: bigint; exit: bigint; stages: Record<string, number> }>();
   const notes = new Map<number, Readonly<Record<string, number | string | boolean>>>();
   graph.events.subscribe((event) => {

@@ -1,10 +1,9 @@
-// `percept bench graph`: what the runtime itself costs per hop. No-op stages driven at `hz` on a
-// RealClock; from each output's spans:
-//   hop overhead     = stage k's enter − stage k−1's exit (span/cost bookkeeping, the operator
-//                      hand-off, the edge, the entry checks)
-//   stage wrapper    = a no-op stage's span (ctx, AbortController, deadline timer, one await)
-//   hop total        = stage k's exit − stage k−1's exit (both together)
-// The first `warmupFrames` frames are left out (JIT warm-up). Goal: hop overhead p99 ≤ 50 µs.
+// `percept bench graph`: what the runtime itself costs per hop, with no-op stages driven at `hz` on a RealClock.
+// From each output's spans:
+//   hop overhead    stage k's enter − stage k−1's exit: bookkeeping, operator hand-off, edge, entry checks
+//   stage wrapper   a no-op stage's span: ctx, AbortController, deadline timer, one await
+//   hop total       stage k's exit − stage k−1's exit, both together
+// The first `warmupFrames` frames are left out for JIT warm-up. Goal: hop overhead p99 ≤ 50 µs.
 import { RealClock, type Clock } from '../../pipeline/clock.ts';
 import { loadConfig } from '../../pipeline/config.ts';
 import { chainOf } from '../../pipeline/graph/chain.ts';
@@ -117,9 +116,8 @@ function quantiles(values: readonly number[]): (q: number) => number {
   return (q) => round(quantile(values, q));
 }
 
-/** `frames` empty frames at `hz`, each due at start + i/hz: timers for the coarse wait, then
- * setImmediate turns (which let the graph run) for the last millisecond, since Node's timers
- * have 1 ms resolution. */
+/** `frames` empty frames at `hz`, each due at start + i/hz. Timers do the coarse wait, and setImmediate
+ * turns, which let the graph run, do the last millisecond. Node's timers have 1 ms resolution. */
 function pacedSource(hz: number, frames: number): FrameSource<number> {
   const periodNs = 1e9 / hz;
   return {

@@ -1,18 +1,16 @@
-// `percept bench ladder`: the deployment table of one model, rung by rung (F16 → Q8_0 → Q4_K_M →
-// Q4_K_M + speculative): file size, decode and prefill speed, time to first token, KV bytes at several
-// contexts, agreement with the F16 reference, the fraction of the bandwidth ceiling reached, end-to-end
-// latency on a bag through the real stages, and energy.
+// `percept bench ladder` builds the deployment table of one model, rung by rung (F16 → Q8_0 → Q4_K_M → Q4_K_M + speculative).
+// Columns: file size, decode and prefill speed, time to first token, KV bytes, agreement, share of the
+// bandwidth ceiling, end-to-end latency on a bag and energy.
 //
-// Agreement with the reference, over a fixed set of prompts (chat-templated), greedy, T new tokens each,
-// end-of-generation ignored so every sequence has T positions:
-//  - prefix: the fraction of positions equal to the reference's until the first divergence (free-running
-//    greedy decoding of the rung, speculation included where the rung has it), summed over the prompts;
-//  - top-1: the fraction of all positions where the rung's greedy token, given the reference's own tokens
-//    before it (teacher forcing), is the reference's token. After a divergence the two free-running texts
-//    no longer share a context, so comparing them position by position would measure chance; top-1 keeps
-//    comparing next-token choices on the same context (llama-perplexity's "same top" for greedy decoding).
-// Both are 1 for a rung that decodes exactly as the reference; the reference row measures itself again
-// (a fresh load), so its 1 is a check of determinism, not a constant.
+// Agreement is greedy, over fixed chat-templated prompts with T new tokens each. End-of-generation is ignored,
+// so every sequence has T positions.
+//  - prefix: the share of positions equal to the reference's until the first divergence, summed over the prompts.
+//    The rung decodes freely, with speculation where it has it.
+//  - top-1: the share of all positions where the rung's greedy token is the reference's, given the reference's
+//    tokens before it. After a divergence free-running texts no longer share a context, so comparing them would
+//    measure chance. This teacher forcing is llama-perplexity's "same top" for greedy decoding.
+// Both are 1 for a rung that decodes exactly as the reference. The reference row measures a fresh load of itself,
+// so its 1 checks determinism.
 import { stat } from 'node:fs/promises';
 import type { SingleBar } from 'cli-progress';
 import { availableParallelism, loadavg } from 'node:os';
@@ -60,19 +58,19 @@ export const AGREEMENT_PROMPTS: readonly string[] = [
 const MiB = 1024 * 1024;
 
 export interface BenchLadderOptions {
-  /** Reference checkpoint: an unquantized GGUF, or synth:PRESET (made in F16 unless ?wtype= says otherwise). */
+  /** Reference checkpoint: an unquantized GGUF, or synth:PRESET, made in F16 unless ?wtype= says otherwise. */
   readonly model: string;
-  /** Rungs below the reference: quantizations (q8_0, q4_0, q4_k_m) made here, or GGUF files made elsewhere. */
+  /** Rungs below the reference. A quantization (q8_0, q4_0, q4_k_m) is made here, a GGUF file elsewhere. */
   readonly quants?: readonly string[];
   /** Draft for the speculative rung (a same-vocabulary GGUF, or a Gemma 4 MTP assistant), or synth:PRESET. */
   readonly draft?: string;
   /** Bag replayed through the real stages for end-to-end latency and energy per frame. */
   readonly bag?: string;
-  /** Config whose stages the bag runs through (default: the embedded configs/default.json); each rung is its decoder. */
+  /** Config whose stages the bag runs through, by default the embedded configs/default.json. Each rung is its decoder. */
   readonly config?: string;
   /** Encoder override for the bag run: 'projection', an .onnx, an mmproj .gguf, or synth:PRESET. */
   readonly encoder?: string;
-  /** auto (default): llama-quantize when it is built, else percept's. */
+  /** auto, the default, uses llama-quantize when it is built, else percept's. */
   readonly quantizer?: 'auto' | QuantizerKind;
   /** Folder of the rung files (default .cache/ladder). */
   readonly outDir?: string;
@@ -94,11 +92,11 @@ export interface BenchLadderOptions {
 export interface LadderRow {
   readonly rung: string;
   readonly status: 'ok' | 'failed';
-  /** The step that failed and why; the steps after it are not measured (their columns are null). */
+  /** The step that failed and why. The steps after it are not measured, so their columns are null. */
   readonly error: string | null;
   readonly file: string | null;
   readonly file_bytes: number | null;
-  /** Who made the file: the reference itself, a quantizer, or 'given' (a file named in --quants). */
+  /** Who made the file: the reference itself, a quantizer, or 'given' for a file named in --quants. */
   readonly quantizer: 'reference' | QuantizerKind | 'given' | null;
   readonly speculation: 'draft-simple' | 'draft-mtp' | null;
   readonly decode_tok_s: number | null;
@@ -117,7 +115,7 @@ export interface LadderRow {
     readonly e2e_p50_ms: number | null;
     readonly e2e_p99_ms: number | null;
   } | null;
-  /** Board energy: over the decode runs (tok_per_watt) and over the bag (joules_per_frame). */
+  /** Board energy over the decode runs as tok_per_watt, and over the bag as joules_per_frame. */
   readonly energy: { readonly decode: EnergyJson | null; readonly bag: EnergyJson | null };
 }
 
@@ -141,7 +139,7 @@ export interface LadderResult {
 // ---------------------------------------------------------------------------------------------------------
 // Progress
 
-/** cli-progress bars on stderr; on a pipe they print a line every few seconds (noTTYOutput). */
+/** cli-progress bars on stderr. On a pipe they print a line every few seconds (noTTYOutput). */
 class Progress {
   readonly #make: (() => SingleBar) | undefined;
   #bar: SingleBar | undefined;
@@ -254,9 +252,9 @@ async function measureAgreement(
       while (d < n && got[d] === want[d]) d++;
       prefix += d;
       top1 += d;
-      // Up to d the contexts were the reference's, so those positions agree and position d does not;
-      // after it, the rung's next token is asked on the reference's context (the KV of the shared
-      // prefix is reused: one decoded token per position).
+      // Up to d the contexts were the reference's, so those positions agree and position d does not.
+      // After it, the rung's next token is asked on the reference's context. The shared prefix's KV
+      // is reused, so each position decodes one token.
       for (let k = d + 1; k < n; k++) {
         const r = await ctx.generate([{ tokens: [...prompt, ...want.slice(0, k)] }], { maxTokens: 1, ignoreEos: true, speculative: false });
         if (r.tokens[0] === want[k]) top1++;
@@ -275,15 +273,15 @@ interface BagRun {
   readonly energy: EnergyJson;
 }
 
-/** The bag run: the config with everything but the decoder set, and its action schema (loaded once). */
+/** The bag run: the config with everything but the decoder set, and its action schema, loaded once. */
 interface BagSetup {
   readonly config: PerceptConfig;
   readonly actionSchema: ActionSchema;
 }
 
 /**
- * The bag run's config: `configPath` (validated now, so a bad one is refused before anything runs; its
- * paths relative to its folder) with the bag as its source and the encoder override applied.
+ * The bag run's config: `configPath` with the bag as its source and the encoder override applied.
+ * It is validated now, so a bad one is refused before anything runs. Its paths are relative to its folder.
  */
 async function bagSetup(configPath: string, bag: string, encoder: string | undefined, gpuLayers: number): Promise<BagSetup> {
   if (!(await stat(bag).catch(() => undefined))?.isFile()) throw new Error(`--bag ${bag}: no such file`);
@@ -631,7 +629,7 @@ function emptyRow(plan: RungPlan, error: string): LadderRow {
 
 const fixed = (digits: number) => (x: number | null | undefined) => (x === null || x === undefined ? 'n/a' : x.toFixed(digits));
 
-/** The deployment table as text: one row per rung, every number from `result` (the --json output). */
+/** The deployment table as text: one row per rung, every number from `result`, the --json output. */
 export function formatLadderTable(result: LadderResult): string {
   const columns: [string, (r: LadderRow) => string][] = [
     ['rung', (r) => r.rung],
@@ -655,7 +653,7 @@ export function formatLadderTable(result: LadderResult): string {
         ] as [string, (r: LadderRow) => string][])
       : []),
     ['tok/s/W', (r) => fixed(2)(r.energy.decode?.tok_per_watt)],
-    // One line per rung: an error's own line breaks (llama.cpp's log lines, config issues) become spaces.
+    // One line per rung, so an error's own line breaks (llama.cpp's log lines, config issues) become spaces.
     ['status', (r) => (r.status === 'ok' ? 'ok' : `FAILED: ${r.error?.replace(/\s*\n\s*/g, ' ')}`)],
   ];
   const cells = [columns.map(([h]) => h), ...result.rungs.map((r) => columns.map(([, f]) => f(r)))];

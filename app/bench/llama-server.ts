@@ -1,5 +1,5 @@
-// llama-server, built from the same llama.cpp tree as the addon (a peer of tools/build-native.mjs), as a
-// child process on loopback: the remote decoder's reference server in tests and benchmarks. It binds a
+// llama-server as a child process on loopback: the remote decoder's reference server in tests and benchmarks.
+// It is built from the same llama.cpp tree as the addon (a peer of tools/build-native.mjs). It binds a
 // free port (--port 0) and is ready when it prints the address it listens on and /health answers.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { dirname } from 'node:path';
@@ -9,11 +9,11 @@ import { ensurePeerProgram } from '../../native/peers.ts';
 export interface LlamaServerOptions {
   /** Decoder GGUF path. */
   readonly model: string;
-  /** Vision projector GGUF path; absent: a text-only server. */
+  /** Vision projector GGUF path. Absent, the server is text-only. */
   readonly mmproj?: string;
-  /** The id /v1/models lists (default: llama-server's own, the model path). */
+  /** The id /v1/models lists. Default: llama-server's own, the model path. */
   readonly alias?: string;
-  /** CPU threads (default 1: the tests share the machine). */
+  /** CPU threads, 1 by default since the tests share the machine. */
   readonly threads?: number;
   /** Parallel slots, i.e. requests decoded at once (default 1). */
   readonly parallel?: number;
@@ -22,7 +22,7 @@ export interface LlamaServerOptions {
   readonly gpuLayers?: number;
   /** Gemma 4 image tokens per image (--image-min-tokens and --image-max-tokens), to match a local run. */
   readonly imageTokens?: number;
-  /** Readiness limit (ms, default 120 s: model load on a busy machine). */
+  /** Readiness limit in ms. The default, 120 s, allows for a model load on a busy machine. */
   readonly startTimeoutMs?: number;
 }
 
@@ -37,13 +37,13 @@ export interface LlamaServer {
 }
 
 const LISTENING = /listening on (http:\/\/[^\s]+)/;
-/** What log() keeps: the end of the server's output (it logs every request). */
+/** What log() keeps: the end of the server's output, which logs every request. */
 const LOG_CHARS = 1 << 16;
 
 export async function startLlamaServer(opts: LlamaServerOptions): Promise<LlamaServer> {
   const args = ['-m', opts.model, '--host', '127.0.0.1', '--port', '0', '-t', String(opts.threads ?? 1)];
-  // No RAM prompt cache: it would hand a frame seen before (a bench's rounds replay the same pattern
-  // frames) its image encoding and prefill for free. A camera never repeats a frame, and the binding
+  // No RAM prompt cache: it would hand a frame seen before its image encoding and prefill for free.
+  // A bench's rounds replay the same pattern frames. A camera never repeats a frame, and the binding
   // it is compared with keeps only the text prefix, as the server's slot does.
   args.push('-np', String(opts.parallel ?? 1), '-c', String(opts.ctx ?? 4096), '--no-webui', '--cache-ram', '0');
   if (opts.mmproj) args.push('--mmproj', opts.mmproj);
@@ -52,8 +52,8 @@ export async function startLlamaServer(opts: LlamaServerOptions): Promise<LlamaS
   if (opts.imageTokens !== undefined)
     args.push('--image-min-tokens', String(opts.imageTokens), '--image-max-tokens', String(opts.imageTokens));
   const bin = await ensurePeerProgram('llama-server', (msg) => process.stderr.write(`percept: ${msg}\n`));
-  // The binding's short OpenMP spin (see OPENMP_SPIN_COUNT), unless the environment chooses: the same
-  // threading as the in-process decoder it is compared with.
+  // The binding's short OpenMP spin (OPENMP_SPIN_COUNT) unless the environment chooses, so the threading
+  // matches the in-process decoder it is compared with.
   const env = { ...process.env };
   if (env.GOMP_SPINCOUNT === undefined && env.OMP_WAIT_POLICY === undefined) env.GOMP_SPINCOUNT = String(OPENMP_SPIN_COUNT);
   const child = spawn(bin, args, { cwd: dirname(bin), env, stdio: ['ignore', 'pipe', 'pipe'] });

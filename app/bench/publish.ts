@@ -1,27 +1,12 @@
-// percept bench publish: the publisher stage → a ZeroMQ SUB on loopback tcp: zeromq.js in a worker
-// thread (so sender and receiver do not share an event loop, as with a real subscriber process), or
-// pyzmq in a Python process (tools/bench-sub.py), a non-JS peer whose receive loop costs less per
-// message than zeromq.js's (a promise and three buffers each), so "delivered" measures the publisher.
-//   throughput: `messages` actions given to the stage back to back (each process() awaited, as the
-//               graph does); msgs_per_s = received / (last receive − first send), which the
-//               subscriber bounds (zeromq.js's sooner than pyzmq's); send_msgs_per_s = the same
-//               messages handed to ZeroMQ / the time that took (the publisher's own rate).
-//   latency:    `latencySamples` actions sent one at a time, each after the previous one arrived;
-//               latency = receive time in the subscriber − time before process() in the sender (both
-//               CLOCK_MONOTONIC: process.hrtime, and Python's time.monotonic_ns, checked once by
-//               bracketing a reading of it between two hrtime readings), so it covers header
-//               building, JSON, the send, loopback tcp and the receive. It is one-way on the shared
-//               clock rather than a round trip: pyzmq tells the sender what arrived over a PUSH
-//               socket, and a round trip would add that reply leg, which cannot be measured apart
-//               and is not the publisher's; the reply only paces the next send.
-//   peer:       a bare zeromq.js PUB socket sending the same bytes (the stage's header with its own
-//               seq, the same body, prebuilt) to the same subscriber: the floor this machine,
-//               zeromq.js's sender and the chosen subscriber set. Its latency samples alternate
-//               with the stage's, so a noisy spell on a shared machine hits both alike; its
-//               throughput run follows the stage's.
-// The sender sleeps (Atomics.waitAsync) while a message is in flight: a sender spinning on the event
-// loop takes a core from the socket's I/O threads and the subscriber, and on a 2-core machine that
-// showed up as p99 outliers of one scheduler time slice (~3 ms).
+// `percept bench publish`: the publisher stage → a ZeroMQ SUB on loopback tcp, outside the sender's event loop.
+// The subscriber is zeromq.js in a worker thread, or pyzmq in a Python process (tools/bench-sub.py).
+// The pyzmq receive loop costs less per message, so its delivered rate measures the publisher more closely.
+//   throughput  `messages` actions back to back: msgs_per_s delivered, send_msgs_per_s handed to ZeroMQ;
+//   latency     `latencySamples` actions one at a time, from before process() to the subscriber's receive;
+//   peer        a bare zeromq.js PUB sending the same bytes to the same subscriber, as the floor.
+// Latency is one-way on the shared CLOCK_MONOTONIC, since a reply leg would not be the publisher's.
+// Peer and stage latency samples alternate, so a noisy spell on a shared machine hits both alike.
+// The sender sleeps while a message is in flight, since spinning would take a core from the sockets.
 import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { createInterface } from 'node:readline';
@@ -48,13 +33,13 @@ export interface BenchPublishOptions {
   /** Ping-pong messages in the latency run, for the stage and for the peer each (default 2000). */
   readonly latencySamples?: number;
   readonly sendHighWaterMark?: number;
-  /** The receiving peer: zeromq.js in a worker thread (default) or pyzmq in a Python process. */
+  /** The receiving peer: zeromq.js in a worker thread by default, or pyzmq in a Python process. */
   readonly subscriber?: BenchSubscriberKind;
 }
 
-// A type alias (not an interface) so it is assignable to Record<string, unknown> (CLI printing).
+// A type alias, not an interface, so it is assignable to Record<string, unknown> for CLI printing.
 export type BenchPublishResult = {
-  /** Delivered: received by the subscriber / (its last receive − the first send). */
+  /** Delivered: received by the subscriber ÷ the time from the first send to its last receive. */
   readonly msgs_per_s: number;
   /** The publisher's own rate: accepted by the stage → handed to ZeroMQ, over the same run. */
   readonly send_msgs_per_s: number;
@@ -86,7 +71,7 @@ export type BenchPublishResult = {
 interface BenchSubscriber {
   /** What it is, with versions. */
   readonly name: string;
-  /** [0] counts its reports (notified on each: per message, or per drain), [1] the last seq
+  /** [0] counts its reports, notified on each (per message, or per drain). [1] is the last seq
    * received from the stage + 1, [2] the same from the peer. */
   readonly counts: Int32Array;
   /** The first header the stage's messages carried. */
@@ -102,7 +87,7 @@ interface SubscriberCommand {
   readonly zeromq: string;
   readonly endpoints: readonly string[];
   readonly topics: readonly string[];
-  /** Shared Int32Array: [0] messages received (notified on each), [1] the last seq received from
+  /** Shared Int32Array: [0] messages received, notified on each, [1] the last seq received from
    * the stage + 1, [2] the same from the peer. */
   readonly counter: SharedArrayBuffer;
   /** Most messages the subscriber records. */
@@ -170,8 +155,8 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
       return publisher.process(message(frameId), ctx);
     };
 
-    // Slow joiner: probe until the subscription has reached the publisher (the probes before that
-    // are lost; from the first that arrives on, all do).
+    // Slow joiner: probe until the subscription has reached the publisher. Probes before that are
+    // lost, and from the first that arrives on, all arrive.
     for (let i = 0; Atomics.load(counts, 1) === 0; i++) {
       if (i > 2000) throw new Error(`bench: subscriber on ${pub.endpoint} never received a probe`);
       await sendStage(-1);
@@ -221,8 +206,8 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
     for (let i = 0; i < messages; i++) await sendStage(i);
     const throughputEnd = accepted;
     if (pub.stats()[topic]!.accepted !== accepted) throw new Error('bench: the stage did not take every action');
-    // Woken by the subscriber's counts, or every 1 ms: pyzmq reports once per drain, which can come
-    // after its last receive, so its counts alone would place the end of sending late.
+    // Woken by the subscriber's counts, or every 1 ms. The pyzmq subscriber reports once per drain,
+    // maybe after its last receive, so its counts alone would place the end of sending late.
     await untilCounted(counts, () => pub.stats()[topic]!.sent >= throughputEnd, 60_000, 1);
     const sentAllNs = process.hrtime.bigint();
     await arrived(throughputEnd - 1, 60_000);
@@ -277,8 +262,8 @@ export async function benchPublish(options: BenchPublishOptions = {}): Promise<B
       subscriber: sub.name,
     };
   } finally {
-    // On an error the subscriber is still waiting: its cue to close its socket and exit (a worker
-    // terminated with its socket open aborts the process).
+    // On an error the subscriber is still waiting, so cue it to close its socket and exit.
+    // A worker terminated with its socket open aborts the process.
     if (sub) await peer.send([TELEMETRY_TOPIC, '', '']).catch(() => undefined);
     await pub.close();
     peer.close();
@@ -311,8 +296,8 @@ function startWorkerSubscriber(endpoints: readonly string[], capacity: number): 
 
 const BENCH_SUB_PY = new URL('../../tools/bench-sub.py', import.meta.url).pathname;
 
-/** tools/bench-sub.py under pyzmq. It PUSHes the last seq it got of each topic after each drain; a
- * receive loop here turns those into the same counts the worker keeps. */
+/** tools/bench-sub.py under pyzmq. It PUSHes the last seq it got of each topic after each drain.
+ * A receive loop here turns those into the same counts the worker keeps. */
 async function startPyzmqSubscriber(endpoints: readonly string[]): Promise<BenchSubscriber> {
   const replies = new Pull({ linger: 0 });
   await replies.bind('tcp://127.0.0.1:*');
@@ -360,8 +345,8 @@ async function startPyzmqSubscriber(endpoints: readonly string[]): Promise<Bench
   })().catch(() => undefined); // ends when `replies` closes
   try {
     const { pyzmq, libzmq } = await ready;
-    // Receive times are compared with send times: check once that Python's monotonic_ns reads the
-    // clock process.hrtime does (CLOCK_MONOTONIC on Linux), within the bracket of one round trip.
+    // Receive times are compared with send times. Check once, within the bracket of one round trip,
+    // that Python's monotonic_ns reads the clock process.hrtime does (CLOCK_MONOTONIC on Linux).
     const beforeNs = process.hrtime.bigint();
     child.stdin.write('clock\n');
     const pythonNs = BigInt((await clock).clock_ns);
@@ -422,8 +407,8 @@ async function untilCounted(counts: Int32Array, done: () => boolean, timeoutMs: 
 
 const round = (v: number): number => Math.round(v * 10) / 10;
 
-// The subscriber runs as plain JavaScript (eval): under Node 20 a worker's entry point is loaded
-// before tsx's hooks, so it cannot be this .ts file.
+// The subscriber runs as plain JavaScript through eval. Under Node 20 a worker's entry point is
+// loaded before tsx's hooks, so it cannot be this .ts file.
 const SUBSCRIBER_SOURCE = `
 const { parentPort, workerData } = require('node:worker_threads');
 const { Subscriber } = require(workerData.zeromq);

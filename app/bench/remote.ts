@@ -1,11 +1,10 @@
-// `percept bench remote`: what the HTTP path adds. llama-server, built from the same llama.cpp tree,
-// serves the same decoder and mmproj at the same image-token count on loopback; rounds of `bench frame`
-// alternate between the in-process binding (mtmd encoder + decoder) and the remote decoder (ABBA order,
-// so drift in the machine's load falls on both arms alike), and the frames of each arm are pooled.
+// `percept bench remote`: what the HTTP path adds over the in-process binding.
+// llama-server, built from the same llama.cpp tree, serves the same decoder and mmproj on loopback.
+// Rounds of `bench frame` alternate between the arms in ABBA order, so load drift falls on both alike.
 //
-// Two measures: the end-to-end difference (remote − local, frame → validated action), which also holds
-// the two engines' differences (llama.cpp's grammar sampler against percept's token index, server-side
-// image preprocessing), and the HTTP path's own cost, round trip − the server's own prefill and decode.
+// Two measures: the end-to-end difference, remote − local, and the HTTP path's own cost.
+// The first also holds the engines' differences, such as llama.cpp's grammar sampler against percept's token index.
+// The second is the round trip less the server's own prefill and decode.
 import { availableParallelism, loadavg } from 'node:os';
 import { resolveModel } from '../../models/resolve.ts';
 import { benchFrameSamples, decodeFigures, type DecodeFigures, type FrameSample } from './frame.ts';
@@ -13,7 +12,7 @@ import { startLlamaServer } from './llama-server.ts';
 import { quantile } from '../stats.ts';
 
 export interface BenchRemoteOptions {
-  /** Decoder GGUF or synth: preset. */
+  /** Decoder GGUF or `synth:` preset. */
   readonly model: string;
   /** The vision projector (mmproj GGUF or synth:…-mmproj), for both arms. */
   readonly encoder: string;
@@ -23,7 +22,7 @@ export interface BenchRemoteOptions {
   readonly rounds: number;
   readonly fps: number;
   readonly gpuLayers: number;
-  /** llama-server threads (default: all cores, as the binding). */
+  /** llama-server threads. Default: all cores, as the binding uses. */
   readonly threads?: number;
   readonly maxNewTokens?: number;
 }
@@ -33,7 +32,7 @@ type ArmSummary = DecodeFigures & {
   readonly frames: number;
   readonly frame_to_action_ms_p50: number;
   readonly frame_to_action_ms_p99: number;
-  /** Over all runs of the arm (random weights often give invalid actions: dropped 'invalid'). */
+  /** Over all runs of the arm. Random weights often give invalid actions, dropped as 'invalid'. */
   readonly dropped: Readonly<Record<string, number>>;
 };
 
@@ -43,7 +42,7 @@ export interface BenchRemoteResult {
   /** remote − local, frame → action (pooled frames). */
   readonly added_ms_p50: number;
   readonly added_ms_p99: number;
-  /** The HTTP path alone (llama-server's timings): round trip − server prefill − server decode. */
+  /** The HTTP path alone, from llama-server's timings: round trip − server prefill − server decode. */
   readonly http_ms_p50: number | null;
   readonly http_ms_p99: number | null;
   readonly rounds: number;

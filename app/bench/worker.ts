@@ -1,7 +1,7 @@
 // The benches' peer threads (a subscriber, a pusher) end by themselves.
 import type { Worker } from 'node:worker_threads';
 
-/** Lets the worker end by itself (its socket closed, its loop empty): terminating a worker while
+/** Lets the worker end by itself, its socket closed and its loop empty. Terminating a worker while
  * zeromq tears down its context can corrupt the heap. Terminates it only if it hangs. */
 export async function exitOf(worker: Worker, timeoutMs = 5000): Promise<void> {
   let timer: NodeJS.Timeout | undefined;

@@ -1,17 +1,16 @@
 // `percept calibrate`: each stage's service time at each ladder level, measured on this machine with
-// the config's own stages and frames, written as a calibration file that a config names in
-// `virtualServiceMs` (so lockstep replays and tuning charge what this hardware costs).
+// the config's own stages and frames. A config names the file in `virtualServiceMs`, so lockstep
+// replays and tuning charge what this hardware costs.
 //
-// Calibration file (JSON, kind "percept.calibration", version 1):
-//   virtualServiceMs   stage → [ms at level 0, level 1, …]: the median service time (what the
-//                      virtual clock charges)
-//   p90Ms              the same shape: the 90th percentile, for a pessimistic tuning
-//   levels             the knobs of each level (the config's ladder)
-//   frames, machine, config, models, decoder: what was measured, where and with what
-// Method: the frames are taken from the config's source (no pacing); one untimed warm-up frame per
-// level, then each frame goes through the chain stage by stage on a real clock, each process()
-// call timed on its own. A level whose knobs equal the previous level's but for frameSkip (which
-// changes which frames run, not what a frame costs) reuses its numbers.
+// Calibration file, JSON of kind "percept.calibration", version 1:
+//   virtualServiceMs   stage → [ms at level 0, level 1, …], the median the virtual clock charges
+//   p90Ms              the same shape at the 90th percentile, for a pessimistic tuning
+//   levels             the knobs of each level, from the config's ladder
+//   frames, machine, config, models, decoder   what was measured, where and with what
+// Method: frames come from the config's source without pacing, and each level gets one untimed warm-up frame.
+// Then each frame goes through the chain stage by stage on a real clock, each process() call timed on its own.
+// A level that differs from the previous one only in frameSkip reuses its numbers, since skipping does not
+// change what a frame costs.
 import { cpus } from 'node:os';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
@@ -42,8 +41,8 @@ export interface CalibrationFile {
   };
   readonly config: string;
   readonly models: Readonly<Record<string, string>>;
-  /** The decoder settings that change what a frame costs besides the models (absent in files of
-   * percept 0.1's first calibrations: the defaults). */
+  /** The decoder settings besides the models that change what a frame costs. Absent in percept 0.1's
+   * first calibration files, which mean the defaults. */
   readonly decoder?: Pick<PerceptConfig['decoder'], 'ngram' | 'draftMax' | 'kvType' | 'threads' | 'gpuLayers'>;
 }
 
@@ -53,8 +52,8 @@ export interface StageTimes {
 }
 
 /**
- * Times each stage's process() per level. `now` reads the clock (ns) the times are measured on;
- * frames a stage drops (DropFrame, e.g. an invalid action) end there for that frame.
+ * Times each stage's process() per level. `now` reads the clock, in ns, the times are measured on.
+ * A frame a stage drops (DropFrame, e.g. an invalid action) ends there.
  */
 export async function timeStages(options: {
   readonly stages: readonly Stage<never, unknown>[];
@@ -98,7 +97,7 @@ export async function timeStages(options: {
 const sameCost = (a: Knobs, b: Knobs): boolean =>
   a.imageTokens === b.imageTokens && a.maxNewTokens === b.maxNewTokens && a.draft === b.draft;
 
-/** Per stage, one number per level: `stat` of the samples (rounded to µs), 0 where there were none. */
+/** Per stage, one number per level: `stat` of the samples rounded to µs, 0 where there were none. */
 export function perLevel(times: StageTimes, stat: (xs: number[]) => number): Record<string, number[]> {
   const out: Record<string, number[]> = {};
   for (const [stage, levels] of times.samples) out[stage] = levels.map((xs) => (xs.length ? Math.round(stat(xs) * 1000) / 1000 : 0));

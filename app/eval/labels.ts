@@ -1,14 +1,12 @@
 // Labels for `percept eval`: the expected action of some frames of a bag.
 //
-// Format: JSON lines (UTF-8, one object per line; blank lines are skipped), each with exactly one key
-// naming the frame and the expected action:
-//   {"log_time_ns": "1700000000100000000", "action": {...}}   the bag message's log time (ns, a
-//                                                             decimal string or a safe integer)
-//   {"frame_id": 3, "action": {...}}                          the frame's position in the replay
-//                                                             (0-based, every message of the topic)
-// `action` is an action in the action schema (validated against it), so an expected action is
-// written as the pipeline would publish it; `target.bbox` is [x0, y0, x1, y1], normalised to the
-// image. An optional "note" string is for people. bags/sample.labels.jsonl is an example.
+// Format: JSON lines in UTF-8, blank lines skipped. Each object names its frame with exactly one key:
+//   {"log_time_ns": "1700000000100000000", "action": {...}}   the bag message's log time in ns
+//   {"frame_id": 3, "action": {...}}                          the frame's 0-based position in the replay
+// A log time is a decimal string or a safe integer. A frame id counts every message of the topic.
+// `action` is validated against the action schema, so it is written as the pipeline would publish it.
+// `target.bbox` is [x0, y0, x1, y1], normalised to the image. An optional "note" string is for people.
+// bags/sample.labels.jsonl is an example.
 import { readFileSync } from 'node:fs';
 import { formatAjvErrors, type ActionSchema } from '../../nodes/action-schema.ts';
 

@@ -31,8 +31,8 @@ export interface TokenAgreement {
   readonly frames: number;
   /** Share of those whose token sequences are identical. */
   readonly exactMatchRate: number | null;
-  /** The tokens the two produce alike before they first differ (the common prefix), over the
-   * longer sequence's length, summed over frames: 1 when every frame decodes the same. */
+  /** The common prefix of the two token sequences over the longer one's length, summed over frames.
+   * It is 1 when every frame decodes the same. */
   readonly tokenAgreement: number | null;
   /** Share of frames with an action in both runs whose actions are equal. */
   readonly actionAgreement: number | null;
@@ -60,7 +60,7 @@ export interface EvalMetrics {
 
 /** What the report plots, besides the metrics. */
 export interface EvalSeries {
-  /** Per frame: seconds since the first capture, end-to-end latency (ms) or null when dropped. */
+  /** Per frame: seconds since the first capture, and end-to-end latency in ms or null when dropped. */
   readonly timeline: readonly {
     readonly frameId: number;
     readonly t: number;

@@ -1,7 +1,6 @@
-// report.html of `percept eval`: one self-contained file (no script, no CDN, no fetch): the numbers
-// of metrics.json, each in an element with data-metric (its path in metrics.json) and data-value
-// (the exact number), and the plots as inline SVG, each a vega-lite spec compiled to vega and
-// rendered in Node (vega's headless 'none' renderer → toSVG()).
+// report.html of `percept eval`: one self-contained file, with no script, CDN or fetch.
+// Each number of metrics.json sits in an element with data-metric, its path, and data-value, the exact number.
+// The plots are inline SVG: vega-lite specs compiled to vega and rendered in Node by vega's headless renderer.
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
 import type { EvalMetrics, EvalSeries } from './metrics.ts';

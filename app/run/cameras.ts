@@ -1,8 +1,7 @@
-// `percept run` with `cameras`: one graph per camera (its own source, edges, budgets, ladder, drops
-// and deadlines) whose encode and decode stages are handles onto one shared encoder and one shared
-// decoder, which batch across cameras (nodes/encoder-batch.ts, the decoder's batched context). The
-// graphs run as one GraphGroup: one event stream, one summary with every camera's own, one publisher
-// whose actions carry the camera id as source_id.
+// `percept run` with `cameras`: one graph per camera, with its own source, edges, budgets, ladder and deadlines.
+// Their encode and decode stages are handles onto one shared encoder and decoder, which batch across cameras.
+// The graphs run as one GraphGroup, with one event stream, one summary and one publisher.
+// Each action carries its camera id as source_id.
 import { DegradeLadder } from '../../pipeline/budget.ts';
 import { RealClock, type Clock } from '../../pipeline/clock.ts';
 import { cameraGraphConfig, type CameraConfig, type PerceptConfig } from '../../pipeline/config.ts';
@@ -35,7 +34,7 @@ import {
 const NO_ENCODER: BatchingEncoderStats = { calls: 0, frames: 0, maxBatch: 0, discarded: 0 };
 
 export interface CameraStages {
-  /** Per camera, in config order: camera frame → published (or validated) action. */
+  /** Per camera, in config order: camera frame → published or validated action. */
   readonly chains: readonly StageChain<CameraFrame, ActionMessage>[];
   readonly publisher?: Publisher;
   /** The shared encoder's batching so far. */
@@ -54,9 +53,9 @@ export function asCamera<T>(source: FrameSource<T>, id: string): FrameSource<T> 
   };
 }
 
-/** The stages of every camera: the publisher first (see createStages in run.ts), the shared decoder
- * (one sequence per camera), the shared encoder, then each camera's preprocess and actions; warmed up
- * through the first camera. `publish: false` leaves the publisher out. */
+/** The stages of every camera, in createStages' order (run.ts). They are the publisher, the shared decoder
+ * with one sequence per camera, the shared encoder, then each camera's preprocess and actions.
+ * The warm-up goes through the first camera. `publish: false` leaves the publisher out. */
 export async function createCameraStages(
   config: PerceptConfig,
   actionSchema: ActionSchema,
@@ -70,7 +69,7 @@ export async function createCameraStages(
   try {
     if (publish) publisher = await openPublisher(config);
     if (config.decoder.kind === 'openai') {
-      // The server batches the cameras' requests; each camera's graph keeps its own edge, deadline and
+      // The server batches the cameras' requests. Each camera's graph keeps its own edge, deadline and
       // up to decoder.concurrency requests in flight on the one remote stage.
       const { createActionsStage } = await import('../../nodes/actions.ts');
       const decoder = await createRemoteDecoder(config, actionSchema, warmup ? cameras[0]! : null);

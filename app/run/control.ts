@@ -1,8 +1,7 @@
-// The control socket: a ZeroMQ REP socket (config section `control`, off by default) that takes one
-// JSON request at a time (configs/wire/control.schema.json: status, set_budgets, pin_level,
-// release_level, pause, resume), applies it through GraphControl and replies with the status. A
-// request that is not JSON, fails the schema, or is out of range gets {ok: false, error} and changes
-// nothing. Loopback by default; another interface needs CURVE (or insecure: true), as the publisher.
+// The control socket: a ZeroMQ REP socket that applies one JSON request at a time through GraphControl
+// and replies with the status. Config section `control`, off by default.
+// The requests are in configs/wire/control.schema.json. A bad or out-of-range one gets {ok: false, error}
+// and changes nothing. As for the publisher, an interface other than loopback needs CURVE or `insecure: true`.
 import { readFileSync } from 'node:fs';
 import { Ajv, type ValidateFunction } from 'ajv';
 import { Reply } from 'zeromq';

@@ -1,9 +1,8 @@
-// What makes a run: the config, the bytes of its input and of its models (seeds included), the action
-// schema and percept's version. A recording's `percept.run` metadata holds it, and on a virtual clock
-// it names the run: a replay's outputs are a function of exactly these, so its run id is derived from
-// them. The same replay twice gets the same id (its published stream is byte-identical, which is what
-// lockstep promises); a replay of another input, model or config gets another, so a subscriber still
-// tells runs apart. A run on the real clock is a new run every time: its id is random (the publisher's).
+// What makes a run is its config, the bytes of its input and models (seeds included), the action schema
+// and percept's version. A recording's `percept.run` metadata holds it.
+// On a virtual clock it also names the run, since a replay's outputs are a function of exactly these.
+// The same replay twice gets the same id, and a replay of another input, model or config gets another.
+// A run on the real clock is a new run every time, with the publisher's random id.
 import { createHash } from 'node:crypto';
 import { createReadStream, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -18,11 +17,11 @@ const { version: PERCEPT_VERSION } = JSON.parse(readFileSync(new URL('../../pack
 /** Each value is JSON text (or a plain string), as an MCAP metadata record holds it. */
 export type RunIdentity = Readonly<Record<string, string>>;
 
-/** Reads every model and input file once (sha256): a replay's inputs, not the names they go by. */
+/** Hashes every model and input file once with SHA-256: a replay's inputs, not the names they go by. */
 export async function runIdentity(config: PerceptConfig, actionSchema: ActionSchema): Promise<RunIdentity> {
   const files = [];
   if (config.decoder.kind === 'openai') {
-    // A remote server holds its model (vision tower included): its id and where it was served from.
+    // A remote server holds its model and vision tower, so they are named by its id and endpoint.
     files.push({ role: 'decoder', spec: config.decoder.model, endpoint: config.decoder.endpoint });
   } else {
     const models: { role: string; spec: string; kind: ModelKind }[] = [{ role: 'decoder', spec: config.decoder.model, kind: 'decoder' }];
@@ -47,7 +46,7 @@ export async function runIdentity(config: PerceptConfig, actionSchema: ActionSch
   };
 }
 
-/** A replay's run id: a name-based UUID (RFC 9562 version 8) over the SHA-256 of its identity. */
+/** A replay's run id, a name-based UUID (RFC 9562 version 8) over the SHA-256 of its identity. */
 export function replayRunId(identity: RunIdentity): string {
   const digest = createHash('sha256').update('percept.run\n').update(JSON.stringify(identity)).digest();
   digest[6] = (digest[6]! & 0x0f) | 0x80; // version 8
@@ -56,8 +55,8 @@ export function replayRunId(identity: RunIdentity): string {
   return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
 }
 
-/** A bag by its bytes; a folder by the name and bytes of each file in it (every file: whatever the
- * source makes of them); a pattern by its config alone. */
+/** A bag by its bytes, a folder by the name and bytes of each file in it, a pattern by its config alone.
+ * A folder counts every file, whatever the source makes of them. */
 async function sourceIdentity(source: PerceptConfig['source']): Promise<object> {
   if (!('path' in source)) return source;
   if (statSync(source.path).isFile()) return { ...source, bytes: statSync(source.path).size, sha256: await sha256File(source.path) };
@@ -70,10 +69,10 @@ async function sourceIdentity(source: PerceptConfig['source']): Promise<object> 
   return { ...source, files: names.length, sha256: hash.digest('hex') };
 }
 
-/** Hashes already read in this process, by path, size and modification time (ns): a tune names every
- * grid point's run by its model files, and reads each (gigabytes) once, not once per point. A file
- * modified less than RACY_NS before it was read is read again next time (file times are as coarse
- * as the kernel's tick: a rewrite of the same size within it keeps both). */
+/** Hashes already read in this process, by path, size and modification time in ns. A tune names every
+ * grid point's run by its model files, and this cache reads each large file once, not once per point.
+ * A file modified less than RACY_NS before it was read is read again next time. File times are only as
+ * fine as the kernel's tick, so a same-size rewrite within one tick keeps both. */
 const hashed = new Map<string, Promise<string>>();
 const RACY_NS = 2_000_000_000n;
 

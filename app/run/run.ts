@@ -43,12 +43,12 @@ export interface RunOptions {
   readonly clock?: 'real' | 'virtual';
   /** Record the run to this MCAP file (relative to the current directory). */
   readonly record?: string;
-  /** Lockstep replay on the virtual clock (every frame processed; byte-identical outputs). */
+  /** Lockstep replay on the virtual clock: every frame is processed and the outputs are byte-identical. */
   readonly lockstep?: boolean;
 }
 
 /** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]`, `ffmpeg:URL`, `zmq:ENDPOINT` → the source section of a config, for
- * loadConfig to validate: what the spec leaves out comes from `current` when it is the same kind,
+ * loadConfig to validate. What the spec leaves out comes from `current` when it is the same kind,
  * else from the schema's defaults. PATH is relative to the current directory. */
 export function parseSourceSpec(spec: string, current: SourceConfig): Record<string, unknown> {
   const [kind, ...rest] = spec.split(':');
@@ -91,10 +91,10 @@ export function parseSourceSpec(spec: string, current: SourceConfig): Record<str
 export interface PipelineStages {
   /** camera frame → published (or, without the publisher, validated) action. */
   readonly chain: StageChain<CameraFrame, ActionMessage>;
-  /** The publisher, when it is part of the chain: its stage is the chain's last, its sink takes the
-   * graph's events, and the run closes it after the graph, with the final summary. */
+  /** The publisher, when it is part of the chain. Its stage is the chain's last and its sink takes the
+   * graph's events. The run closes it after the graph, with the final summary. */
   readonly publisher?: Publisher;
-  /** The in-process decoder (absent for a remote one): its llama_decode calls for the slowest action,
+  /** The in-process decoder, absent for a remote one. It gives its llama_decode calls for the slowest action
    * and its context's memory as it closed (DecoderStage.memoryAtClose). */
   readonly decoder?: { readonly worstCaseDecodeCalls: number | null; memoryAtClose(): MemoryBreakdown | null };
 }
@@ -104,19 +104,18 @@ export interface CreateStagesOptions {
   readonly publish?: boolean;
   /** Default true. */
   readonly warmup?: boolean;
-  /** The run's clock, for the publisher's headers (default: a real clock: the stages on their own). */
+  /** The run's clock, for the publisher's headers. Default: a real clock, as the stages have on their own. */
   readonly clock?: Clock;
-  /** The run's id on the wire (default: a random one; a virtual clock needs one, see run-identity.ts). */
+  /** The run's id on the wire, random by default. A virtual clock needs one (app/run/identity.ts). */
   readonly runId?: string;
 }
 
-/** Builds the stages: the publisher first (it binds before the models load, so a busy endpoint fails
- * at once and subscribers have the load time to connect: a ZeroMQ PUB drops what it sends before a
- * subscription arrives, and the first action comes soon after the run starts), then in dependency
- * order the decoder (its n_embd fixes the encoder's output width) and the encoder (its contract fixes
- * preprocessing), then warms them up (see app/run/warmup.ts; `warmup: false` skips it). `publish: false`
- * leaves the publisher out (benchmarks that end at the validated action). A stage made before a step
- * that fails is closed, and so is the publisher. */
+/** Builds the stages in dependency order, publisher first:
+ *   publisher  binds before models load, so a busy port fails fast and subscribers can join;
+ *   decoder    its n_embd fixes the encoder's output width;
+ *   encoder    its contract fixes preprocessing;
+ *   then a warm-up (app/run/warmup.ts). On failure every stage built so far is closed.
+ * `warmup: false` skips the warm-up. `publish: false` leaves the publisher out, for benchmarks. */
 export async function createStages(
   config: PerceptConfig,
   actionSchema: ActionSchema,
@@ -191,8 +190,8 @@ async function createRemoteStages(
   return chain(decoder, track(createActionsStage({ schema: actionSchema })));
 }
 
-/** The config a `percept run` uses: the file (or the embedded default) with the command line's
- * overrides, validated again so they obey the same schema as the file. */
+/** The config a `percept run` uses: the file or the embedded default, with the command line's
+ * overrides. It is validated again, so the overrides obey the same schema as the file. */
 export function runConfig(opts: RunOptions): PerceptConfig {
   const base = loadConfig(opts.config ?? DEFAULT_CONFIG);
   const overrides: Record<string, unknown> = {};
@@ -210,7 +209,7 @@ export interface RunResult {
 }
 
 export interface ExecuteOptions {
-  /** Publish actions over ZeroMQ (default true; eval runs without). */
+  /** Publish actions over ZeroMQ (default true). Eval runs without. */
   readonly publish?: boolean;
   /** Stop after this many seconds of real time. */
   readonly duration?: number;
@@ -220,8 +219,8 @@ export interface ExecuteOptions {
   readonly onStart?: (graph: Graph, expectedFrames: number | undefined) => void;
 }
 
-/** Runs the pipeline of `config` once: recorder (first, so a bad path fails before any model loads),
- * source, stages, graph; everything is closed on the way out, whatever happens. */
+/** Runs the pipeline of `config` once: recorder, source, stages, graph. The recorder comes first, so a
+ * bad path fails before any model loads. Everything is closed on the way out, whatever happens. */
 export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {}): Promise<RunResult> {
   const actionSchema = loadActionSchema(config.actions.schema);
   const recorder = config.recorder.enabled ? await openRecorder(config, actionSchema) : undefined;
@@ -235,7 +234,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
     source = await createSource(config.source);
     // A virtual replay of a bag runs on the bag's own time line, so its recording's times are the bag's.
     clock = config.clock === 'virtual' ? new VirtualClock(source.startNs ?? 0n) : new RealClock();
-    // A replay is named by what makes it (see run-identity.ts), known before its first message.
+    // A replay is named by what makes it (app/run/identity.ts), known before its first message.
     if (clock.virtual && (publish || recorder)) {
       identity = await runIdentity(config, actionSchema);
       runId = replayRunId(identity);
@@ -271,8 +270,8 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
       control = await startControlServer(config.control, graph.control);
       log(`control socket on ${control.endpoint}`);
     }
-    // Drops, cancels, degrade steps, errors, source incidents and the periodic stats go to the
-    // publisher's topics, so a robot stack sees every decision the graph makes. The publisher outlives
+    // Drops, cancels, degrade steps, errors, source incidents and periodic stats go to the
+    // publisher's topics, so a robot stack sees each decision of the graph. The publisher outlives
     // the graph: it closes after the run's last stats, with the final summary as the last event.
     if (publisher) graph.events.subscribe(publisher.sink.accept);
     // What the source reports besides frames (skipped or damaged input, restarts), as it happens.
@@ -310,7 +309,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
   }
 }
 
-/** Runs the pipeline; resolves with the process exit code (1 when the run failed, saying why). */
+/** Runs the pipeline and resolves with the process exit code, 1 when the run failed (saying why). */
 export async function runPipeline(opts: RunOptions): Promise<number> {
   const config = runConfig(opts);
   if (config.cameras) return (await import('./cameras.ts')).runCameras(config, opts);
@@ -333,7 +332,7 @@ async function openRecorder(config: PerceptConfig, actionSchema: ActionSchema): 
   return createRecorder({ path, actionSchema, chunkMs, flushAfterMs: config.clock === 'virtual' ? null : chunkMs });
 }
 
-/** Records the run: each input frame, each action (with its frame's stamp), every event and stats. */
+/** Records the run: each input frame, each action with its frame's stamp, every event and stats. */
 function recordGraph(graph: Graph, recorder: Recorder, clock: Clock, frames: boolean, onError: (err: Error) => void): void {
   // Stamp of each frame in the graph, so the events about it carry it too.
   const stamps = new Map<number, bigint>();
@@ -360,8 +359,8 @@ function recordGraph(graph: Graph, recorder: Recorder, clock: Clock, frames: boo
   });
 }
 
-/** The recording's `percept.run` metadata: what made the run, its id (the one its published stream
- * carries) and, on a real clock only, when it started (the file must be the same on every replay). */
+/** The recording's `percept.run` metadata: what made the run and the id its published stream carries.
+ * Only a real clock adds when it started, since a replay's file must be the same every time. */
 function runMetadata(config: PerceptConfig, identity: RunIdentity, clock: Clock, runId: string | undefined): Record<string, string> {
   return {
     ...identity,

@@ -1,5 +1,5 @@
-// What a single-camera run and a run of several cameras build alike: sources, encoders, the remote
-// decoder, the publisher, warm-up frames, and how a run's outcome is told.
+// What single-camera and multi-camera runs build alike: sources, encoders, the remote decoder,
+// the publisher, warm-up frames and the words for a run's outcome.
 import { basename } from 'node:path';
 import { DegradeLadder } from '../../pipeline/budget.ts';
 import type { Clock } from '../../pipeline/clock.ts';
@@ -79,8 +79,8 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
   }
 }
 
-/** Refuses a vision encoder made for another decoder architecture (a Gemma 3 SigLIP encoder in front
- * of a Gemma 4 decoder would feed it embeddings of the wrong model, even when the widths agree). */
+/** Refuses a vision encoder made for another decoder architecture, even when the widths agree.
+ * A Gemma 3 SigLIP encoder would feed a Gemma 4 decoder the embeddings of the wrong model. */
 export function checkEncoderFitsDecoder(
   encoder: { readonly contract: EncoderContract; readonly source: string },
   decoder: { readonly contract: EncoderContract; readonly source: string; readonly arch: string },
@@ -91,13 +91,13 @@ export function checkEncoderFitsDecoder(
   );
 }
 
-/** Pattern frames of the warm-up count down from here: none a pattern source starts with. The decoder keeps the last
- * prompt's KV cache; after a warm-up on the run's own first image, the first frame would reuse the
- * whole prompt, image included (a prefill no later frame gets, and one a camera never gives). */
+/** Pattern frames of the warm-up count down from here, so none is one a pattern source starts with.
+ * The decoder keeps the last prompt's KV cache. After a warm-up on the run's own first image, the first
+ * frame would reuse the whole prompt, as no camera frame does. */
 const WARMUP_PATTERN_INDEX = 0xffff;
 
-/** `count` distinct frames for the warm-up to push through the stages (app/run/warmup.ts's WARMUP_FRAMES):
- * pattern images at the pattern source's own size, else 720p. */
+/** `count` distinct frames for the warm-up (app/run/warmup.ts's WARMUP_FRAMES). They are pattern images
+ * at the pattern source's own size, else 720p. */
 export async function warmupFrames(source: SourceConfig, count: number): Promise<CameraFrame[]> {
   const { encodePatternFrame } = await import('../../nodes/source-pattern.ts');
   const [width, height] = source.kind === 'pattern' ? [source.width, source.height] : [1280, 720];
@@ -111,7 +111,7 @@ export async function warmupFrames(source: SourceConfig, count: number): Promise
   );
 }
 
-/** Role → model id for the action headers: the config's spec (synth:…) or the file's name. */
+/** Role → model id for the action headers, from the config's spec (synth:…) or the file's name. */
 export function modelIds(config: PerceptConfig): Record<string, string> {
   // A remote server's model (vision tower included) is named by the id it serves.
   if (config.decoder.kind === 'openai') return { decoder: config.decoder.model };
@@ -125,8 +125,8 @@ export function modelIds(config: PerceptConfig): Record<string, string> {
 }
 
 /** The remote decode stage of decoder.kind "openai". Its load-time probe has run the server's vision
- * and decoder once; `warmup` sends one frame of that source's size at the ladder's first level, so the
- * server's first image graph of that size is not paid by a real frame. */
+ * and decoder once. `warmup` sends one frame of the source's size at the ladder's first level, so no
+ * real frame pays for the server's first image graph. */
 export async function createRemoteDecoder(
   config: PerceptConfig,
   actionSchema: ActionSchema,
@@ -153,9 +153,9 @@ export async function createRemoteDecoder(
 
 export type CreatedEncoder = Awaited<ReturnType<typeof createEncoder>>;
 
-/** The preprocess stage for an encoder: its contract, the config's limits, the encoder's pixel
- * memory where it has its own (pinned host memory on CUDA), and JPEG frames left to the encoder's GPU
- * where it decodes them and the config allows. */
+/** The preprocess stage for an encoder, from its contract and the config's limits. It writes into the
+ * encoder's own pixel memory where it has one (pinned host memory on CUDA). JPEG frames are left to
+ * the encoder's GPU where it decodes them and the config allows. */
 export async function createPreprocessFor(config: PerceptConfig, encoder: CreatedEncoder): Promise<PreprocessStage> {
   const { createPreprocessStage } = await import('../../nodes/preprocess.ts');
   const jpegToEncoder = config.preprocess.jpegDecode === 'auto' && encoder.decodesJpeg === true;

@@ -1,12 +1,7 @@
-// Warm-up at load: synthetic camera frames go through preprocess → encode → decode for every distinct
-// image-token count of the degradation ladder (a few passes each), the largest image first, so the first-call
-// work of each stage is done before the first real frame: onnxruntime's arena and per-shape plans,
-// clip's graph and compute buffers, llama.cpp's graph reservations for the prefill and decode batches,
-// the grammar's first use. Decoding is asked to stay short (a few tokens; llama.cpp reserves its compute
-// buffers for the largest batch when the context is made, so other batch sizes, drafted or not, need
-// no warm-up of their own), but the decoder never stops short of a complete action when its grammar
-// has a worst case, so there a warm-up decode runs to the action's end. It stops before the actions
-// stage: a warm-up output is never validated or published.
+// Warm-up at load: synthetic frames run preprocess → encode → decode at each distinct image-token count
+// of the ladder, largest first. Each stage thus does its first-call work before the first real frame.
+// Decodes stay short, since llama.cpp reserves buffers for the largest batch when the context is made.
+// A warm-up stops before the actions stage, so its output is never validated or published.
 import type { CameraFrame, ImageEmbedding, PixelTensor } from '../../nodes/payloads.ts';
 import type { Knobs, Stage } from '../../pipeline/types.ts';
 import { standaloneContext } from '../../pipeline/standalone.ts';
@@ -19,8 +14,8 @@ export interface WarmupStages {
   readonly decode?: Stage<ImageEmbedding, unknown>;
 }
 
-/** New tokens asked of a warm-up generation: enough for the decode batch and a speculative draft round
- * (the decoder raises it to a complete action under a bounded action grammar). */
+/** New tokens asked of a warm-up generation: enough for the decode batch and a speculative draft round.
+ * Under a bounded action grammar the decoder raises it to a complete action. */
 const WARMUP_NEW_TOKENS = 8;
 
 export interface WarmupStep {
@@ -36,35 +31,29 @@ export function warmupKnobs(levels: readonly Knobs[]): Knobs[] {
   return distinct.sort((a, b) => b.imageTokens - a.imageTokens);
 }
 
-/** Passes per setting: onnxruntime settles its memory plan for a new input shape over two runs (both
- * take 2–4× the steady time on CPU), and ggml's CUDA backend captures a CUDA graph on the second run
- * of an unchanged graph; the other stages are steady after one. */
+/** Passes per setting. An onnxruntime session settles its memory plan for a new input shape over two runs.
+ * The ggml CUDA backend captures a graph on the second run of an unchanged graph. Other stages are steady after one. */
 const PASSES = 2;
 
-/** Passes in a row that end the warm-up at the setting where frames start. A setting's first pass fills the
- * prompt cache, so the prompt a frame decodes (the cached prefix reused, a new image) is first seen on the
- * second pass, and ggml-cuda captures a CUDA graph the second time it sees a shape: on the third pass.
- * Measured on the H200 (E4B, CUDA graphs per step shape): with two passes of one image (the later ones
- * reusing the whole prompt) the first frame took 1.4–1.6× the median, its prefill 58–83 ms against 42. */
+/** Passes at the starting setting. Pass 1 fills the prompt cache, pass 2 is the first real-shaped
+ * prompt, pass 3 is the first that ggml-cuda replays from a captured graph. */
 const START_PASSES = 3;
 
-/** Distinct frames a warm-up takes in turn, pass by pass: the decoder keeps the last prompt in its KV
- * cache, so a pass with the last pass's image would reuse the whole prompt, a prefill no camera frame
- * gets; with a new image each pass prefills what a frame does. */
+/** Distinct frames a warm-up takes in turn, one per pass. The decoder keeps the last prompt in its KV
+ * cache, so a repeated image would reuse the whole prompt, as no camera frame does. */
 export const WARMUP_FRAMES = START_PASSES;
 
 /**
- * Runs `frames` through `stages` (pass n of a setting takes frames[n % frames.length]), PASSES times per
- * knob setting. Settings that give the encoder the same tensor (Gemma 3's fixed 256 tokens) run once. The
- * ladder's first level (where frames start) ends the warm-up: START_PASSES in a row when it was warmed
- * last, else PASSES more after the others. Throws what a stage throws: a stage that cannot process a
- * synthetic frame would fail on the first real one. Returns the time of each stage's first pass per
- * setting.
+ * Runs `frames` through `stages` PASSES times per knob setting; pass n takes frames[n % frames.length].
+ * Settings that give the encoder the same tensor run once (Gemma 3's fixed 256 tokens).
+ * The ladder's first level, where frames start, ends the warm-up with START_PASSES passes in a row.
+ * Throws what a stage throws, since a stage that fails on a synthetic frame would fail on a real one.
+ * Returns the time of each stage's first pass per setting.
  */
 export async function warmUpStages(stages: WarmupStages, frames: readonly CameraFrame[], knobs: readonly Knobs[]): Promise<WarmupStep[]> {
   if (frames.length === 0) throw new RangeError('warmUpStages: no warm-up frame');
-  /** Pass `n` of `k` through the stages. With `skip`, a tensor already in it is not encoded (undefined
-   * is returned); the tensor's key is added. */
+  /** Pass `n` of `k` through the stages. With `skip`, a tensor already in it is not encoded and undefined
+   * is returned. Otherwise the tensor's key is added. */
   const pass = async (k: Knobs, n: number, ms?: Record<string, number>, skip?: Set<string>): Promise<string | undefined> => {
     const ctx = standaloneContext({
       frame: { sourceId: 'warmup' },
@@ -101,7 +90,7 @@ export async function warmUpStages(stages: WarmupStages, frames: readonly Camera
     lastKey = key;
   }
   if (startKey !== undefined) {
-    // After other settings their prompt's shapes were each seen once already: PASSES more suffice.
+    // After other settings their prompt's shapes were each seen once already, so PASSES more suffice.
     const first = lastKey === startKey ? PASSES : 0;
     for (let p = first; p < (lastKey === startKey ? START_PASSES : PASSES); p++) await pass(knobs[0]!, p);
   }

@@ -1,7 +1,7 @@
-// The stage costs of a tune's grid point on the virtual clock: what `percept calibrate` measured for
-// the point's knobs. A calibration file's levels give image tokens, max new tokens and drafting on/off;
-// its models and decoder settings (model, encoder, speculator, KV type, threads, GPU layers) must be
-// the point's. A point no calibration measured gets the first knob none measured, and why.
+// The stage costs of a tune's grid point on the virtual clock: what `percept calibrate` measured for its knobs.
+// A calibration's levels vary image tokens, max new tokens and drafting on/off.
+// Its models and decoder settings (model, encoder, speculator, KV type, threads, GPU layers) must be the point's.
+// A point no calibration measured gets the first knob none measured, as the reason.
 import { readFileSync } from 'node:fs';
 import type { PerceptConfig } from '../../pipeline/config.ts';
 import type { Knobs } from '../../pipeline/types.ts';
@@ -50,7 +50,7 @@ export function readCalibration(path: string): Calibration {
   };
 }
 
-/** The encoder a calibration must have measured: the config's model file spec (none for projection). */
+/** The encoder a calibration must have measured: the config's model file spec, or null for projection. */
 export function encoderSpec(config: PerceptConfig): string | null {
   return config.encoder.kind === 'onnx' ? config.encoder.model : config.encoder.kind === 'mtmd' ? config.encoder.mmproj : null;
 }

@@ -1,10 +1,11 @@
-// The grid `percept tune` sweeps: the grid file (configs/tune-grid.schema.json), its points (every
-// combination of the knobs' values), and the config each point runs with.
+// The grid `percept tune` sweeps: the grid file, its points and the config each point runs with.
+// A point is one combination of the knobs' values. The file's schema is configs/tune-grid.schema.json.
 //
-// Grid file: {"knobs": {"imageTokens": [280, 140, 70], "draft": [{"kind": "none"}, {"kind": "ngram", "max": 4}], …}}.
+//   {"knobs": {"imageTokens": [280, 140, 70], "draft": [{"kind": "none"}, {"kind": "ngram", "max": 4}], …}}
+//
 // A knob the file leaves out keeps the base config's value. Paths (model, draft.model) are relative
-// to the grid file. Everything is checked before anything runs: the schema (an unknown knob or a
-// bad value names its JSON path), and each `edges` value against the config schema.
+// to the grid file. Everything is checked before anything runs, each `edges` value against the config
+// schema too. Each problem names its JSON path.
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { Ajv } from 'ajv';
@@ -21,7 +22,7 @@ export type DraftChoice =
 /** One point's settings of every knob the tuner turns. */
 export interface PointKnobs {
   readonly imageTokens: number;
-  /** decoder.maxNewTokens (null: the action grammar's worst case). */
+  /** decoder.maxNewTokens. Null means the action grammar's worst case. */
   readonly maxNewTokens: number | null;
   readonly draft: DraftChoice;
   readonly kvType: 'f16' | 'q8_0';
@@ -42,8 +43,8 @@ export interface Grid {
   readonly listed: readonly KnobName[];
   /** The grid file, or '(default grid)'. */
   readonly origin: string;
-  /** The combinations to run (per knob, the index of its value), when not every one of the axes':
-   * the virtual mode's default grid, the ladder's own levels. */
+  /** The combinations to run, as each knob's value index, when not every one of the axes' is run.
+   * The virtual mode's default grid runs only the ladder's own levels. */
   readonly combos?: readonly Readonly<Record<KnobName, number>>[];
 }
 
@@ -76,8 +77,8 @@ function compileGridSchema() {
   return validateGrid;
 }
 
-/** A model spec from a grid file: a path relative to the file becomes absolute; `synth:` specs, URLs,
- * and (for a remote decoder) served model ids stay as written. */
+/** A model spec from a grid file: a path relative to the file becomes absolute. `synth:` specs, URLs
+ * and a remote decoder's served model ids stay as written. */
 function resolveSpec(spec: string, base: string, remote: boolean): string {
   if (remote || /^[a-z][a-z0-9+.-]*:/i.test(spec) || isAbsolute(spec)) return spec;
   return resolve(base, spec);
@@ -96,7 +97,7 @@ export function speculatorOf(d: {
   return d.ngram ? { kind: 'ngram', ...max } : { kind: 'none' };
 }
 
-/** The same speculation: kind, model and longest draft (none given is the decoder's DRAFT_MAX). */
+/** The same speculation: kind, model and longest draft, where none given is the decoder's DRAFT_MAX. */
 export const sameDraft = (a: DraftChoice, b: DraftChoice): boolean =>
   a.kind === b.kind &&
   ('model' in a ? a.model : null) === ('model' in b ? b.model : null) &&
@@ -130,10 +131,9 @@ const single = (k: PointKnobs): Grid['axes'] => ({
   edges: [k.edges],
 });
 
-/** Without a grid file: the ladder's own knobs of the base config: the image-token counts of its
- * levels, and drafting on and off when it drafts. Every combination of the two (`levels` false: real
- * runs measure any), or (`levels` true: the virtual mode, where a calibration measured only the
- * ladder's levels) the ladder's own levels, each once. */
+/** The grid without a grid file: the image-token counts of the base ladder's levels, and drafting on
+ * and off when it drafts. With `levels` false, every combination of the two, since real runs measure any.
+ * With `levels` true, for virtual mode, the ladder's own levels once each. A calibration measured only those. */
 export function defaultGrid(config: PerceptConfig, opts: { readonly levels?: boolean } = {}): Grid {
   const base = baseKnobs(config);
   let knobs: Knobs = config.ladder.initial;
@@ -148,7 +148,7 @@ export function defaultGrid(config: PerceptConfig, opts: { readonly levels?: boo
   if (draft.length > 1) listed.push('draft');
   const axes = { ...single(base), imageTokens, draft };
   if (!opts.levels) return { axes, listed, origin: '(default grid)' };
-  // Drafting on is the base speculator (draft[0]); off is the last value.
+  // Drafting on is the base speculator, draft[0], and off is the last value.
   const at = (l: Knobs) => `${imageTokens.indexOf(l.imageTokens)}:${l.draft ? 0 : draft.length - 1}`;
   const combos = [...new Set(levels.map(at))].map((key) => {
     const [i, d] = key.split(':').map(Number) as [number, number];
@@ -265,7 +265,7 @@ export interface PointSetup {
   readonly bag: string;
   readonly budgetMs: number;
   readonly replay: Replay;
-  /** Virtual clock: each stage's service time (ms) at this point. */
+  /** Virtual clock: each stage's service time in ms at this point. */
   readonly serviceMs: Readonly<Record<string, number>>;
   /** The ladder knob maxNewTokens at this point (the decoder's effective budget). */
   readonly maxNewTokensKnob: number;
@@ -301,9 +301,9 @@ export function budgetsFor(base: PerceptConfig['budgets'], endToEndMs: number): 
 }
 
 /**
- * The config one point runs with (for loadConfig): the base config with the point's knobs, the bag as
- * its source, the ladder held at the point (a point measures its own knobs), the recorder on without
- * frames, no control socket.
+ * The config one point runs with, for loadConfig: the base config with the point's knobs and the bag as
+ * its source. The ladder is held at the point, since a point measures its own knobs. The recorder is on
+ * without frames, and there is no control socket.
  */
 export function pointConfig(base: PerceptConfig, knobs: PointKnobs, setup: PointSetup): Record<string, unknown> {
   const source = { ...parseSourceSpec(`bag:${setup.bag}`, base.source), pace: 'recorded', loop: false };

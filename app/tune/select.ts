@@ -1,18 +1,19 @@
 // What `percept tune` makes of its measurements: the objective that picks a point, the Pareto front
-// (quality against end-to-end p99), the degrade ladder below the chosen point, and the printed table.
+// of quality against p99, the degrade ladder and the printed table.
 //
-// Objective: `max METRIC [s.t. CONSTRAINT, …]` for a quality metric (accuracy, iou, agreement,
-// valid), or `min METRIC [s.t. …]` for a cost (p50, p99, miss, drop); a constraint is `METRIC<=X` or
-// `METRIC>=X`, X a number (ms for p50/p99, a fraction for the rates) or `budget` (--budget-ms).
-// p99, valid, miss and the qualities only see the frames published; drop (frames not published ÷
-// frames in, every drop reason counted) bounds the rest. A bare quality metric (and the default) is
-// `max METRIC s.t. p99<=budget, drop<=0.05`. Ties go to the lower p99, then to the earlier grid point.
+// Objective: `max METRIC [s.t. CONSTRAINT, …]` for a quality, or `min METRIC [s.t. …]` for a cost.
+//   quality      accuracy, iou, agreement, valid
+//   cost         p50 and p99 in ms, miss and drop as fractions
+//   constraint   `METRIC<=X` or `METRIC>=X`, where X is a number or `budget` (--budget-ms)
+// p99, valid, miss and the qualities see only the published frames. Drop, every frame not published, bounds the rest.
+// A bare quality metric, like the default, means `max METRIC s.t. p99<=budget, drop<=0.05`.
+// Ties go to the lower p99, then to the earlier grid point.
 //
-// Ladder: from the chosen point, each rung steps to the measured point that the ladder can reach (same
-// model, KV type, threads, GPU layers, edges; fewer image tokens, fewer new tokens or drafting off)
-// and saves the most p99 per unit of quality lost; a step that loses nothing comes first. A rung
-// saves at least 1 ms and 2 % of the p99 above it (less is noise). The next rung starts from there,
-// until no such point is faster.
+// Ladder: from the chosen point, each rung steps to the reachable measured point that saves the most p99
+// per unit of quality lost. A step that loses nothing comes first. Reachable means the same model, KV type,
+// threads, GPU layers and edges, with fewer image or new tokens, or drafting off. A rung must save at least
+// MIN_RUNG_SAVING_MS and MIN_RUNG_SAVING_SHARE of the p99 above it, since less is noise.
+// The next rung starts from there, until no such point is faster.
 import type { Knobs } from '../../pipeline/types.ts';
 import { KNOB_NAMES, knobText, sameDraft, type PointKnobs } from './grid.ts';
 
@@ -57,7 +58,7 @@ export function defaultQuality(have: Measurable): (typeof QUALITY_METRICS)[numbe
   return have.labels ? 'accuracy' : have.reference ? 'agreement' : 'valid';
 }
 
-/** Parses --objective (absent: `max <default quality> s.t. p99<=budget, drop<=0.05`). */
+/** Parses --objective. Absent, it is `max <default quality> s.t. p99<=budget, drop<=0.05`. */
 export function parseObjective(spec: string | undefined, have: Measurable): Objective {
   const text = (spec ?? defaultQuality(have)).trim().replace(/\s+/g, ' ');
   const bare = isQuality(text);
@@ -104,7 +105,7 @@ export interface Quantiles {
   readonly p99Ms: number | null;
 }
 
-/** What one grid point measured (every rate in [0, 1]; null where not measurable). */
+/** What one grid point measured. Every rate is in [0, 1], and null where not measurable. */
 export interface PointResult {
   readonly index: number;
   readonly label: string;
@@ -119,7 +120,7 @@ export interface PointResult {
   readonly endToEnd: Quantiles;
   readonly stages: Readonly<Record<string, Quantiles>>;
   readonly missRate: number | null;
-  /** Frames not published ÷ frames in, whatever dropped them (null: no frame came in). */
+  /** Frames not published ÷ frames in, whatever dropped them. Null when no frame came in. */
   readonly dropRate: number | null;
   readonly validRate: number | null;
   readonly accuracy: number | null;
@@ -176,7 +177,7 @@ export function choose(results: readonly PointResult[], objective: Objective, bu
   return best;
 }
 
-/** The indices of the points no other point beats on both quality (higher) and p99 (lower). */
+/** The indices of the points no other point beats on both higher quality and lower p99. */
 export function paretoFront(results: readonly PointResult[], quality: Metric): Set<number> {
   const measured = results.filter((r) => r.status === 'ok' && r.endToEnd.p99Ms !== null && metricOf(r, quality) !== null);
   const front = new Set<number>();
@@ -197,7 +198,7 @@ export function rungBetween(from: PointResult, to: PointResult): Partial<Knobs> 
   if (fixed(from.knobs) !== fixed(to.knobs)) return null;
   const [a, b] = [from.ladder, to.ladder];
   if (b.imageTokens > a.imageTokens || b.maxNewTokens > a.maxNewTokens || (b.draft && !a.draft)) return null;
-  // Drafting stays on: with the same speculator (the rung cannot change it).
+  // Drafting stays on with the same speculator, since a rung cannot change it.
   if (a.draft && b.draft && !sameDraft(from.knobs.draft, to.knobs.draft)) return null;
   const rung: { -readonly [K in keyof Knobs]?: Knobs[K] } = {};
   if (b.imageTokens < a.imageTokens) rung.imageTokens = b.imageTokens;
@@ -217,7 +218,7 @@ export interface LadderStep {
   readonly label: string;
   /** p99 saved against the level above (ms). */
   readonly savedMs: number;
-  /** Quality lost against the level above (negative: gained). */
+  /** Quality lost against the level above. Negative means gained. */
   readonly qualityLost: number;
   /** savedMs / qualityLost; null when nothing was lost. */
   readonly msPerUnit: number | null;
@@ -234,7 +235,7 @@ export function orderLadder(results: readonly PointResult[], chosen: PointResult
       const rung = rungBetween(at, r);
       if (!rung) continue;
       const savedMs = at.endToEnd.p99Ms! - r.endToEnd.p99Ms!;
-      // Less is noise (a free "saving" of a few µs would be the first rung).
+      // Less is noise, and a free "saving" of almost nothing would become the first rung.
       if (!(savedMs >= Math.max(MIN_RUNG_SAVING_MS, MIN_RUNG_SAVING_SHARE * at.endToEnd.p99Ms!))) continue;
       const qualityLost = metricOf(at, quality)! - metricOf(r, quality)!;
       const ratio = qualityLost > 0 ? savedMs / qualityLost : Infinity;

@@ -1,27 +1,13 @@
 // `percept tune`: sweeps knobs on a bag and writes the config the objective picks.
 //
-// Each grid point (app/tune/grid.ts) is one run of the bag through app/run/run.ts's machinery, recorded
-// and measured as `percept eval` measures (app/eval/eval.ts): per-stage and end-to-end p50/p99,
-// deadline-miss rate, schema-valid rate, accuracy against labels, and, with --reference, the token
-// agreement with the reference decoder's run. Two modes:
-//   virtual  the virtual clock charges each stage the service time `percept calibrate` measured for
-//            the point's knobs; the bag replays in lockstep (or at its recorded pace with --pace
-//            recorded, where frames wait on edges and the edge policies matter). The stages still run
-//            (so quality is real), but no time is measured.
-//   real     the real clock, the bag at its recorded pace: everything measured on this machine.
-// Virtual mode models a point when a calibration measured it: image tokens, max new tokens and drafting
-// on/off are the levels of one calibration; a decoder model, KV type, threads, GPU layers or speculator
-// needs a calibration made with it. Anything else is refused before anything runs.
-//
-// Then (app/tune/select.ts) the Pareto table, the point the objective picks, and the config written to
-// --out: the base config with the chosen knobs, the budget, and a degrade ladder ordered by measured ms
-// saved per unit of quality lost, each level's stage costs as its virtualServiceMs.
-//
-// Resume: a state file next to --out (NAME.tune-state.json) holds each measured point under a key
-// that hashes the point's whole config with the bag, labels, reference and model files, the native
-// addon, and on the real clock the machine; a rerun measures only the points it lacks. SIGINT/SIGTERM
-// stop the point in flight, which is not kept (exit 130/143). A point that fails is a FAILED row and
-// exit 1; with nothing chosen an earlier config at --out is removed (exit 2).
+// Each grid point (app/tune/grid.ts) is one recorded run of the bag, measured as `percept eval` measures.
+//   virtual  each stage costs what `percept calibrate` measured, in lockstep or at the recorded pace;
+//   real     the bag at its recorded pace on the real clock, everything measured on this machine.
+// In virtual mode the stages still run, so quality is real. A point no calibration covers is refused up front.
+// Then app/tune/select.ts builds the Pareto table, and the chosen point's config goes to --out.
+// A state file next to --out (NAME.tune-state.json) keeps measured points, so a rerun measures only the rest.
+// Exit codes: 130/143 on a signal, 1 when a point failed, 2 when nothing was chosen.
+// Then an earlier config at --out is removed.
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
@@ -82,13 +68,13 @@ export interface TuneOptions {
   readonly objective?: string;
   /** Default: BAG.labels.jsonl when it exists. */
   readonly labels?: string;
-  /** A config whose decoder is the reference (e.g. the F16 model): agreement is measured against it. */
+  /** A config whose decoder is the reference, such as the F16 model. Agreement is measured against it. */
   readonly reference?: string;
   readonly config?: string;
-  /** Default: virtual when a calibration is given (or named by the config), else real. */
+  /** Default: virtual when a calibration is given or named by the config, else real. */
   readonly mode?: 'virtual' | 'real';
   readonly calibration?: readonly string[];
-  /** Virtual mode: lockstep (default) or the bag's recorded pace. */
+  /** Virtual mode: lockstep by default, or the bag's recorded pace. */
   readonly pace?: 'lockstep' | 'recorded';
   readonly out: string;
   readonly progress?: boolean;
@@ -144,7 +130,7 @@ export class TuneInterrupted extends Error {
 
 const sha256 = (text: string): string => createHash('sha256').update(text).digest('hex');
 
-/** The action grammar's worst case for a decoder model (null: unbounded), from its vocabulary alone. */
+/** The action grammar's worst case for a decoder model, from its vocabulary alone. Null means unbounded. */
 async function grammarWorstCase(path: string, schema: ActionSchema): Promise<{ worstCaseTokens: number | null; fallback: string | null }> {
   const model = await LlamaModel.load(path, { vocabOnly: true });
   try {
@@ -188,14 +174,13 @@ function writeState(path: string, state: StateFile): void {
   renameSync(`${path}.partial`, path);
 }
 
-/** What makes a run (app/run/identity.ts: its config, the bytes of its bag and models, percept's
- * version), hashed with what it is measured against. */
+/** What makes a run (see app/run/identity.ts), hashed with what it is measured against. */
 async function runKey(config: PerceptConfig, schema: ActionSchema, against: object): Promise<string> {
   return sha256(JSON.stringify({ run: await runIdentity(config, schema), against }));
 }
 
-/** What a measurement depends on besides the run itself: the native addon that ran it (percept's
- * version does not change with a rebuild), and on the real clock the machine (CPU, cores, GPU). */
+/** What a measurement depends on besides the run: the native addon that ran it, and on the real clock
+ * the machine. The addon counts because percept's version does not change with a rebuild. */
 export async function measurementEnvironment(mode: 'virtual' | 'real'): Promise<object> {
   const size = statSync(ADDON_PATH, { throwIfNoEntry: false })?.size;
   const addon = size === undefined ? null : { bytes: size, sha256: await sha256File(ADDON_PATH) };
@@ -223,7 +208,7 @@ function gpuNames(): string[] {
 
 // ---- signals and progress ----------------------------------------------------------------------------
 
-/** SIGINT/SIGTERM during a tune: the run in flight stops; the caller stops after it. */
+/** SIGINT/SIGTERM during a tune: the run in flight stops, and the caller stops after it. */
 class Interruption {
   signal: NodeJS.Signals | null = null;
   #graph: Graph | undefined;
@@ -252,7 +237,7 @@ class Interruption {
 
 type Progress = ReturnType<typeof progressBar>;
 
-/** A bar over the points (on stderr; when it is not a terminal, a line every few seconds). */
+/** A bar over the points on stderr. When stderr is not a terminal, a line every few seconds. */
 function progressBar(enabled: boolean, total: number) {
   const bar = enabled
     ? new cliProgress.SingleBar(
@@ -288,7 +273,7 @@ function progressBar(enabled: boolean, total: number) {
 
 // ---- one run -------------------------------------------------------------------------------------------
 
-/** Runs `config` (recording to config.recorder.path) and reads the recording; null when interrupted. */
+/** Runs `config`, recording to config.recorder.path, and reads the recording. Null when interrupted. */
 async function replay(config: PerceptConfig, interruption: Interruption, progress: Progress): Promise<Recording | null> {
   try {
     let run: Awaited<ReturnType<typeof executeRun>>;
@@ -365,7 +350,7 @@ function failedResult(point: GridPoint, ladder: Knobs, error: string): PointResu
 
 // ---- planning: every point checked before anything runs -------------------------------------------------
 
-/** A point ready to run: its config (loaded), its ladder knobs, and in virtual mode its stage costs. */
+/** A point ready to run: its loaded config, its ladder knobs, and in virtual mode its stage costs. */
 interface PlannedPoint {
   readonly point: GridPoint;
   readonly config: PerceptConfig;
@@ -384,9 +369,9 @@ interface Plan {
   readonly workDir: string;
 }
 
-/** Each point's config, ladder knobs and costs; throws GridError naming every problem (an unknown or
- * unresolvable model, a maxNewTokens below the grammar's worst case, what the virtual mode cannot
- * model, a config that does not load). Reads only model headers and vocabularies. */
+/** Each point's config, ladder knobs and costs. Throws GridError naming every problem: an unresolvable
+ * model, a maxNewTokens below the grammar's worst case, what virtual mode cannot model, a bad config.
+ * Reads only model headers and vocabularies. */
 async function planPoints(plan: Plan): Promise<PlannedPoint[]> {
   const { base, schema, grid, calibrations } = plan;
   const points = gridPoints(grid);
@@ -397,7 +382,7 @@ async function planPoints(plan: Plan): Promise<PlannedPoint[]> {
   if (plan.replay === 'lockstep' && grid.axes.edges.length > 1)
     issue('/knobs/edges', 'edge policies change nothing in a lockstep replay (no frame waits on an edge): use --pace recorded, or --real');
 
-  // The models: each resolved (a missing file is refused here), each decoder's grammar worst case.
+  // The models: each resolved, so a missing file is refused here, and each decoder's grammar worst case.
   const local = base.decoder.kind === 'local';
   const resolved = new Map<string, string | null>();
   const resolveAt = async (spec: string, kind: ModelKind, path: string): Promise<string | null> => {
@@ -475,8 +460,8 @@ async function planPoints(plan: Plan): Promise<PlannedPoint[]> {
   return planned;
 }
 
-/** The reference run: its decoder at its ladder's first level, every frame decoded (lockstep, nothing
- * charged), kept in the state file as the frames agreement needs. False when interrupted. */
+/** The reference run: its decoder at its ladder's first level, every frame decoded in lockstep with
+ * nothing charged. The state file keeps the frames agreement needs. False when interrupted. */
 async function measureReference(
   reference: PerceptConfig,
   source: PerceptConfig['source'],
@@ -552,7 +537,7 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
   const measurable: Measurable = { labels: labels !== undefined, reference: reference !== null };
   const objective = parseObjective(opts.objective, measurable);
 
-  // Mode: virtual needs calibrations (given, or the one the config names in virtualServiceMs).
+  // Mode: virtual needs calibrations, given or named by the config's virtualServiceMs.
   const named = (JSON.parse(readFileSync(configPath, 'utf8')) as { virtualServiceMs?: unknown }).virtualServiceMs;
   const calibrationPaths = opts.calibration?.length
     ? opts.calibration.map((p) => resolve(p))
@@ -584,7 +569,7 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
     const progress = progressBar(opts.progress !== false, planned.length);
     const interrupted = () => new TuneInterrupted(interruption.signal!, results.length, planned.length, statePath);
     try {
-      // The reference run is virtual (lockstep, nothing charged): the machine is no part of it.
+      // The reference run is virtual, in lockstep with nothing charged, so the machine is no part of it.
       const environment = await measurementEnvironment(mode);
       if (!reference) delete state.reference;
       else if (
@@ -599,8 +584,8 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
         }))
       )
         throw interrupted();
-      // Measured against the labels and the reference, by this addon (and machine, on the real clock):
-      // another of any is another measurement.
+      // Measured against the labels and the reference, by this addon and on the real clock this machine.
+      // A change in any of them makes another measurement.
       const against = {
         labels: labelsPath ? await sha256File(labelsPath) : null,
         reference: state.reference?.key ?? null,
@@ -630,8 +615,8 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
           writeState(statePath, state);
         } catch (err) {
           if (err instanceof TuneInterrupted) throw err;
-          // A point that cannot run (a model that does not load, …) is a row with its reason; it is
-          // not kept, so a rerun tries it again.
+          // A point that cannot run, such as a model that does not load, is a row with its reason.
+          // It is not kept, so a rerun tries it again.
           result = failedResult(point, ladder, (err as Error).message);
         }
         results.push(result);
@@ -704,8 +689,8 @@ function relativeWithin(dir: string, path: string): string {
 }
 
 /**
- * The base config with the chosen point's knobs, the budget and the ladder below it; each level's
- * stage costs as virtualServiceMs (so a lockstep replay charges what the tune measured). Paths are
+ * The base config with the chosen point's knobs, the budget and the ladder below it. Each level's
+ * stage costs go in as virtualServiceMs, so a lockstep replay charges what the tune measured. Paths are
  * written relative to the file. Validated by loadConfig once written.
  */
 function writeTunedConfig(
@@ -716,7 +701,7 @@ function writeTunedConfig(
   budgetMs: number,
 ): void {
   const text = `${JSON.stringify(tunedConfig(out, base, levels, steps, budgetMs), null, 2)}\n`;
-  // Validated before it takes --out's place (in the same folder: its paths are relative to it).
+  // Validated before it takes --out's place, in the same folder since its paths are relative to it.
   const partial = join(dirname(out), `.${basename(out, '.json')}.partial.json`);
   writeFileSync(partial, text);
   try {
