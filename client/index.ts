@@ -9,12 +9,13 @@
 //   sub.close();
 //
 // Every message is validated: the header against configs/wire/header.schema.json, an action body
-// against the action schema (whose $id must be the header's schema_id), events and telemetry against
-// configs/wire/messages.schema.json. What fails is yielded as { type: 'invalid', reason } and counted,
-// never as an action. Per topic and run, `lost` counts the seq numbers that never arrived (from the
-// first message this subscriber saw). An action is `stale` when its frame's deadline has passed
-// (real clock); on a virtual clock (a replay) its times are not wall times and `stale` is null.
-// Types come from the schemas (client/wire-types.ts, generated; the tests fail when they drift).
+// against the action schema, events and telemetry against configs/wire/messages.schema.json.
+// The action schema's $id must be the header's schema_id. What fails is yielded as
+// { type: 'invalid', reason } and counted, never as an action.
+// Per topic and run, `lost` counts the seq numbers that never arrived since the first message seen.
+// On a real clock an action is `stale` once its frame's deadline has passed. A replay's times are not
+// wall times, so on a virtual clock `stale` is null.
+// Types come from the schemas through the generated client/wire-types.ts. The tests fail when they drift.
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { Ajv, type ValidateFunction } from 'ajv';
@@ -26,13 +27,13 @@ export type * from './wire-types.ts';
 export interface SubscribeOptions {
   /** The publisher's endpoint (default tcp://127.0.0.1:5556, percept's default). */
   readonly connect?: string;
-  /** Topics to receive (default ['actions']): actions, events, telemetry. */
+  /** Topics to receive from actions, events and telemetry. Default ['actions']. */
   readonly topics?: readonly string[];
   /** The actions topic's name when the publisher renamed it (default 'actions'). */
   readonly actionsTopic?: string;
   /** The action schema file (default percept's configs/actions/robot-action.schema.json). */
   readonly actionSchema?: string;
-  /** CURVE: the publisher's public key (Z85, 40 characters) when it encrypts. */
+  /** The publisher's CURVE public key (Z85, 40 characters) when it encrypts. */
   readonly serverKey?: string;
   /** ZeroMQ receive queue (default 10000). */
   readonly receiveHighWaterMark?: number;
@@ -47,7 +48,7 @@ export interface ActionMessage<A = RobotAction> extends Received {
   readonly type: 'action';
   readonly header: ActionHeader;
   readonly action: A;
-  /** Past its deadline (valid_until_wall_ms) when it arrived; null on a virtual clock. */
+  /** Past its deadline (valid_until_wall_ms) when it arrived. Null on a virtual clock. */
   readonly stale: boolean | null;
   /** Arrival − capture, ms; null on a virtual clock. */
   readonly ageMs: number | null;
@@ -78,7 +79,7 @@ export interface TopicCounts {
 }
 
 export interface Subscription<A = RobotAction> extends AsyncIterable<Message<A>> {
-  /** Per topic: messages received, lost (seq gaps), invalid, stale actions. */
+  /** Per topic: messages received, lost to seq gaps, invalid, and stale actions. */
   readonly counts: Readonly<Record<string, Readonly<TopicCounts>>>;
   close(): void;
 }
@@ -177,8 +178,8 @@ export function subscribe<A = RobotAction>(options: SubscribeOptions = {}): Subs
   };
 }
 
-/** A CURVE client's own key pair: made per subscription (the publisher authenticates by its own
- * key; clients are not identified). */
+/** A CURVE client's own key pair, made per subscription. The publisher authenticates by its own
+ * key, and clients are not identified. */
 function ownKeys(): { curvePublicKey: string; curveSecretKey: string } {
   const { publicKey, secretKey } = curveKeyPair();
   return { curvePublicKey: publicKey, curveSecretKey: secretKey };
