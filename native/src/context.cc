@@ -43,16 +43,8 @@ llama_context_params contextParams(const ContextOptions & o) {
 // What Context.create makes off the JS thread: the context's own thread, and the llama_context and
 // CPU threadpool created on it. The Context takes the parts over; what is left is freed.
 struct CreatedContext {
-    std::unique_ptr<SerialThread> thread;
-    llama_context * ctx = nullptr;
-    ggml_threadpool * threadpool = nullptr;
-    std::unique_ptr<ShapeGraphs> shapeGraphs;
+    std::unique_ptr<ContextNative> native = std::make_unique<ContextNative>();
     ContextOptions options;
-    ~CreatedContext() {
-        shapeGraphs.reset();
-        if (ctx != nullptr) llama_free(ctx);
-        if (threadpool != nullptr) ggml_threadpool_free(threadpool);
-    }
 };
 
 class CreateWorker : public ThreadWorker {
@@ -61,14 +53,14 @@ public:
         : ThreadWorker(env, "percept:Context.create", "ECONTEXT"), modelRef_(Napi::Persistent(modelObj)), model_(model),
           made_(std::make_unique<CreatedContext>()) {
         made_->options = std::move(opts);
-        made_->thread = std::make_unique<SerialThread>();
+        made_->native->thread = std::make_unique<SerialThread>();
         model_->retain();  // the model cannot be disposed while we create on it
     }
     ~CreateWorker() override {
         made_.reset();
         model_->release();
     }
-    SerialThread & thread() { return *made_->thread; }
+    SerialThread & thread() { return *made_->native->thread; }
 
 protected:
     void Execute() override {
@@ -90,17 +82,18 @@ private:
     // On the context's thread, so the CPU threadpool's workers are its children.
     void create(CreatedContext & made) {
         LogCapture capture;
-        made.ctx = llama_init_from_model(model_->raw(), contextParams(made.options));
-        if (made.ctx == nullptr) {
+        ContextNative & n = *made.native;
+        n.ctx.reset(llama_init_from_model(model_->raw(), contextParams(made.options)));
+        if (!n.ctx) {
             std::string why = capture.text();
             throw std::runtime_error(why.empty() ? "llama_init_from_model failed" : why);
         }
         // Without a persistent threadpool ggml spawns and joins its workers on every graph.
         ggml_threadpool_params tpp = ggml_threadpool_params_default(made.options.threads);
-        made.threadpool = ggml_threadpool_new(&tpp);
-        if (made.threadpool != nullptr) llama_attach_threadpool(made.ctx, made.threadpool, nullptr);
-        setGraphSlots(made.ctx, made.options.graphSlots);
-        if (made.options.shapeGraphs) made.shapeGraphs = ShapeGraphs::install(made.ctx);
+        n.threadpool.reset(ggml_threadpool_new(&tpp));
+        if (n.threadpool) llama_attach_threadpool(n.ctx.get(), n.threadpool.get(), nullptr);
+        setGraphSlots(n.ctx.get(), made.options.graphSlots);
+        if (made.options.shapeGraphs) n.shapeGraphs = ShapeGraphs::install(n.ctx.get());
     }
 
     Napi::ObjectReference modelRef_;
@@ -191,12 +184,12 @@ Napi::Object batchResultToJs(Napi::Env env, const SeqJob & j) {
 class StopScope {
 public:
     explicit StopScope(Context & c) : c_(c) {
-        if (c_.deadlineNs_ > 0) c_.deadlineTimer_->arm(c_.deadlineNs_);
-        if (c_.deadlineNs_ > 0 || c_.cancellable_) llama_set_abort_callback(c_.ctx_, &Context::abortCallback, &c_);
+        if (c_.deadlineNs_ > 0) c_.native_->deadlineTimer->arm(c_.deadlineNs_);
+        if (c_.deadlineNs_ > 0 || c_.cancellable_) llama_set_abort_callback(c_.raw(), &Context::abortCallback, &c_);
     }
     ~StopScope() {
-        llama_set_abort_callback(c_.ctx_, nullptr, nullptr);
-        c_.deadlineTimer_->disarm();
+        llama_set_abort_callback(c_.raw(), nullptr, nullptr);
+        c_.native_->deadlineTimer->disarm();
     }
     StopScope(const StopScope &) = delete;
     StopScope & operator=(const StopScope &) = delete;
@@ -281,7 +274,7 @@ protected:
             dp.n_ctx = llama_n_ctx(ctx_->raw());
             dp.type_k = GGML_TYPE_F16;  // the draft's own KV (draft-simple) stays f16
             dp.type_v = GGML_TYPE_F16;
-            state_ = std::make_unique<SpecState>(ctx_->raw(), draft_, dp, ctx_->threadpool_, opts_);
+            state_ = std::make_unique<SpecState>(ctx_->raw(), draft_, dp, ctx_->native_->threadpool.get(), opts_);
         } catch (const std::exception & e) {
             SetError(std::string("failed to create speculator: ") + e.what());
         }
@@ -289,12 +282,12 @@ protected:
     void OnOK() override {
         Napi::Env env = Env();
         ctx_->cache_.clear();  // SpecState emptied the KV cache
-        ctx_->spec_ = std::move(state_);
+        ctx_->native_->spec = std::move(state_);
         if (!draftRef_.IsEmpty()) ctx_->draftModelRef_ = Napi::Persistent(draftRef_.Value());
         ctx_->releaseBusy();
         Napi::Object info = Napi::Object::New(env);
-        info.Set("type", ctx_->spec_->type());
-        info.Set("nMax", ctx_->spec_->nMax());
+        info.Set("type", ctx_->native_->spec->type());
+        info.Set("nMax", ctx_->native_->spec->nMax());
         deferred_.Resolve(info);
     }
     void OnError(const Napi::Error & e) override {
@@ -499,14 +492,9 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
     model_ = Model::Unwrap(info[0].As<Napi::Object>());
     model_->retain();
     CreatedContext * made = info[1].As<Napi::External<CreatedContext>>().Data();
-    thread_ = std::move(made->thread);
-    ctx_ = made->ctx;
-    made->ctx = nullptr;
-    threadpool_ = made->threadpool;
-    made->threadpool = nullptr;
-    shapeGraphs_ = std::move(made->shapeGraphs);
+    native_ = std::move(made->native);
     opts_ = made->options;
-    deadlineTimer_ = std::make_unique<DeadlineTimer>(stop_, 2);
+    native_->deadlineTimer = std::make_unique<DeadlineTimer>(stop_, 2);
     if (opts_.nSeq > 1) {
         // Finished requests come back on the context's thread; this settles them on the JS thread.
         // Referenced only while requests are in flight, so an idle context keeps no process alive.
@@ -521,30 +509,24 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.nUbatch = int32_t(opts_.nUbatch);
         bo.kvUnified = opts_.kvUnified;
         bo.stepTokens = int32_t(opts_.stepTokens);
-        batch_ = std::make_unique<BatchScheduler>(ctx_, model_, *thread_, bo, [this](std::unique_ptr<SeqJob> job) {
+        native_->batch = std::make_unique<BatchScheduler>(raw(), model_, *native_->thread, bo, [this](std::unique_ptr<SeqJob> job) {
             SeqJob * raw = job.release();
             batchDone_.NonBlockingCall([this, raw](Napi::Env env, Napi::Function) { settle(env, std::unique_ptr<SeqJob>(raw)); });
         });
     }
 }
 
+ContextNative::~ContextNative() = default;
+
 Context::~Context() { freeNative(); }
 
+// Idle: no operation runs (busy) when the context is freed.
 void Context::freeNative() {
-    if (ctx_ == nullptr) return;
-    if (batch_) {
-        batch_.reset();  // its loop has stopped: nothing uses the llama_context any more
-        batchDone_.Release();
-    }
-    spec_.reset();  // the draft context refers to ours (ctx_other)
+    if (!native_) return;
+    const bool batched = native_->batch != nullptr;
+    native_.reset();
+    if (batched) batchDone_.Release();  // after the scheduler, whose loop calls it
     draftModelRef_.Reset();
-    shapeGraphs_.reset();
-    llama_free(ctx_);
-    ctx_ = nullptr;
-    if (threadpool_ != nullptr) ggml_threadpool_free(threadpool_);
-    threadpool_ = nullptr;
-    deadlineTimer_.reset();
-    thread_.reset();  // idle: no operation runs (busy) when the context is freed
     model_->release();
     modelRef_.Reset();
 }
@@ -564,7 +546,7 @@ int Context::stopRequested() {
 }
 
 void Context::acquire(Napi::Env env) {
-    if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Context is disposed");
+    if (!native_) throw codedError(env, "EDISPOSED", "Context is disposed");
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true)) {
         throw codedError(env, "EBUSY", "Context is busy: only one operation may run at a time on a context");
@@ -591,13 +573,13 @@ Napi::Value Context::Create(const Napi::CallbackInfo & info) {
 
 Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
-    if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Context is disposed");
+    if (!native_) throw codedError(env, "EDISPOSED", "Context is disposed");
     Napi::Object o = Napi::Object::New(env);
-    o.Set("nCtx", llama_n_ctx(ctx_));
-    o.Set("nBatch", llama_n_batch(ctx_));
-    o.Set("nUbatch", llama_n_ubatch(ctx_));
-    o.Set("nSeq", llama_n_seq_max(ctx_));
-    o.Set("nCtxSeq", batch_ ? batch_->nCtxSeq() : int32_t(llama_n_ctx_seq(ctx_)));
+    o.Set("nCtx", llama_n_ctx(raw()));
+    o.Set("nBatch", llama_n_batch(raw()));
+    o.Set("nUbatch", llama_n_ubatch(raw()));
+    o.Set("nSeq", llama_n_seq_max(raw()));
+    o.Set("nCtxSeq", native_->batch ? native_->batch->nCtxSeq() : int32_t(llama_n_ctx_seq(raw())));
     o.Set("kvUnified", opts_.kvUnified);
     o.Set("maxActive", opts_.maxActive);
     o.Set("prefillChunk", opts_.prefillChunk);
@@ -605,7 +587,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("stepTokens", opts_.stepTokens);
     o.Set("graphSlots", opts_.graphSlots);
     // CUDA backends whose graphs are keyed per step shape (0: none, or not asked).
-    o.Set("shapeGraphBackends", double(shapeGraphs_ ? shapeGraphs_->backends() : 0));
+    o.Set("shapeGraphBackends", double(native_->shapeGraphs ? native_->shapeGraphs->backends() : 0));
     o.Set("threads", opts_.threads);
     o.Set("flashAttention",
           opts_.flashAttention == -1 ? Napi::Value(Napi::String::New(env, "auto")) : Napi::Boolean::New(env, opts_.flashAttention == 1));
@@ -615,11 +597,11 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
 
 Napi::Value Context::MemoryBreakdown(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
-    if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Context is disposed");
+    if (!native_) throw codedError(env, "EDISPOSED", "Context is disposed");
     double model = 0, context = 0, compute = 0;
     Napi::Array per = Napi::Array::New(env);
     uint32_t i = 0;
-    for (const BufferBytes & b : percept::memoryBreakdown(ctx_)) {
+    for (const BufferBytes & b : percept::memoryBreakdown(raw())) {
         model += double(b.model);
         context += double(b.context);
         compute += double(b.compute);
@@ -640,7 +622,7 @@ Napi::Value Context::MemoryBreakdown(const Napi::CallbackInfo & info) {
 
 Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
-    if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Context is disposed");
+    if (!native_) throw codedError(env, "EDISPOSED", "Context is disposed");
     model_->require(env);
     const ModelInfo & mi = model_->info();
     std::vector<Segment> segments = parseSegments(env, info[0], mi);
@@ -660,7 +642,7 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     }
     Napi::Value onTokens = info.Length() > 2 ? info[2] : env.Undefined();
     if (!onTokens.IsUndefined() && !onTokens.IsFunction()) throw Napi::TypeError::New(env, "generate: onTokens must be a function");
-    if (batch_) {
+    if (native_->batch) {
         if (!onTokens.IsUndefined()) throw Napi::TypeError::New(env, "generate: a context of several sequences does not stream tokens");
         return GenerateOnSequence(info, std::move(segments), std::move(g), std::move(grammar), grammarObj);
     }
@@ -671,7 +653,7 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     resetStop(g.deadlineNs, g.cancellable);
     auto * worker = new GenerateWorker(env, Value(), this, std::move(segments), std::move(g), std::move(grammar), grammarObj, onTokens);
     Napi::Promise p = worker->promise();
-    worker->Queue(*thread_);
+    worker->Queue(*native_->thread);
     return p;
 }
 
@@ -693,7 +675,7 @@ Napi::Value Context::GenerateOnSequence(const Napi::CallbackInfo & info, std::ve
     Napi::Promise p = job->deferred.Promise();
     seqJobs_[size_t(seq)] = job.get();
     if (inFlight_++ == 0) batchDone_.Ref(env);
-    batch_->submit(std::move(job));
+    native_->batch->submit(std::move(job));
     return p;
 }
 
@@ -722,7 +704,7 @@ int32_t Context::requireSeq(const Napi::Value & v, const char * where) const {
 // cancel(): the running generation; on a context of several sequences, cancel(seq) that sequence's
 // and cancel() every one.
 Napi::Value Context::Cancel(const Napi::CallbackInfo & info) {
-    if (batch_) {
+    if (native_->batch) {
         if (info.Length() > 0 && !info[0].IsUndefined()) {
             SeqJob * j = seqJobs_[size_t(requireSeq(info[0], "cancel seq"))];
             if (j != nullptr) j->cancelled.store(true);
@@ -739,16 +721,16 @@ Napi::Value Context::Cancel(const Napi::CallbackInfo & info) {
 
 Napi::Value Context::ClearCache(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
-    if (batch_) {
-        if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Context is disposed");
+    if (native_->batch) {
+        if (!native_) throw codedError(env, "EDISPOSED", "Context is disposed");
         const int32_t seq = requireSeq(info[0], "clearCache seq");
         if (seqJobs_[size_t(seq)] != nullptr) throw codedError(env, "EBUSY", "sequence " + std::to_string(seq) + " is busy");
-        batch_->clear(seq);
+        native_->batch->clear(seq);
         return env.Undefined();
     }
     acquire(env);
-    llama_memory_seq_rm(llama_get_memory(ctx_), 0, -1, -1);
-    if (spec_) spec_->truncate(0);
+    llama_memory_seq_rm(llama_get_memory(raw()), 0, -1, -1);
+    if (native_->spec) native_->spec->truncate(0);
     cache_.clear();
     releaseBusy();
     return env.Undefined();
@@ -756,11 +738,11 @@ Napi::Value Context::ClearCache(const Napi::CallbackInfo & info) {
 
 // Step shapes given a graph key so far: changes with every decode, so not part of info().
 Napi::Value Context::ShapeGraphShapes(const Napi::CallbackInfo & info) {
-    return Napi::Number::New(info.Env(), double(shapeGraphs_ ? shapeGraphs_->shapesKeyed() : 0));
+    return Napi::Number::New(info.Env(), double(native_->shapeGraphs ? native_->shapeGraphs->shapesKeyed() : 0));
 }
 
 Napi::Value Context::CachedPositions(const Napi::CallbackInfo & info) {
-    if (batch_) return Napi::Number::New(info.Env(), batch_->cachedPositions(requireSeq(info[0], "cachedPositions seq")));
+    if (native_->batch) return Napi::Number::New(info.Env(), native_->batch->cachedPositions(requireSeq(info[0], "cachedPositions seq")));
     int32_t n = 0;
     for (const auto & c : cache_) n += c.positions();
     return Napi::Number::New(info.Env(), n);
@@ -784,41 +766,42 @@ Napi::Value Context::PredictedMs(const Napi::CallbackInfo & info) {
             throw Napi::TypeError::New(info.Env(), "predictedMs reservedAhead must be an integer in [0, 1e6]");
         reservedAhead = int32_t(n);
     }
-    return Napi::Number::New(info.Env(), batch_ ? batch_->predictedMs(deadlineNs, reservedAhead) : 0.0);
+    return Napi::Number::New(info.Env(), native_->batch ? native_->batch->predictedMs(deadlineNs, reservedAhead) : 0.0);
 }
 
 // attachSpeculator(draftModel | null, options): creates the draft state off the JS thread; the
 // KV cache starts empty afterwards.
 Napi::Value Context::AttachSpeculator(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
-    if (ctx_ == nullptr) throw codedError(env, "EDISPOSED", "Context is disposed");
-    if (batch_) throw Napi::Error::New(env, "attachSpeculator: a context of several sequences decodes them in one batch, without drafts");
+    if (!native_) throw codedError(env, "EDISPOSED", "Context is disposed");
+    if (native_->batch)
+        throw Napi::Error::New(env, "attachSpeculator: a context of several sequences decodes them in one batch, without drafts");
     SpecOptions s = parseSpecOptions(requireObject(info[1], "attachSpeculator options"), opts_);
     Model * draft = checkDraftModel(env, info[0], s, *model_);
-    if (spec_) throw codedError(env, "EBUSY", "the context already has a speculator; detach it first");
+    if (native_->spec) throw codedError(env, "EBUSY", "the context already has a speculator; detach it first");
     acquire(env);
     auto * worker = new AttachWorker(env, this, info[0], draft, std::move(s));
     Napi::Promise p = worker->promise();
-    worker->Queue(*thread_);
+    worker->Queue(*native_->thread);
     return p;
 }
 
 // Frees the speculator; the next generation starts from an empty KV cache, as after attaching.
 Napi::Value Context::DetachSpeculator(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
-    if (ctx_ == nullptr || !spec_) return env.Undefined();
+    if (!native_ || !native_->spec) return env.Undefined();
     acquire(env);  // EBUSY while a generation runs
-    spec_.reset();
+    native_->spec.reset();
     draftModelRef_.Reset();
     cache_.clear();
-    llama_memory_seq_rm(llama_get_memory(ctx_), 0, -1, -1);
+    llama_memory_seq_rm(llama_get_memory(raw()), 0, -1, -1);
     releaseBusy();
     return env.Undefined();
 }
 
 Napi::Value Context::Dispose(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
-    if (ctx_ == nullptr) return env.Undefined();
+    if (!native_) return env.Undefined();
     if (busy_.load() || inFlight_ > 0) {
         throw codedError(env, "EBUSY", "Context is busy; cancel and await the running operation before dispose()");
     }

@@ -10,7 +10,7 @@
 
 #include "batch.h"
 #include "context-thread.h"
-#include "llama.h"
+#include "llama-cpp.h"
 #include "prompt.h"
 
 #include <atomic>
@@ -54,25 +54,44 @@ struct ContextOptions {
     int32_t threads = 0;
 };
 
+// A CPU threadpool freed with ggml's own function, as llama-cpp.h does for llama.cpp's objects.
+struct GgmlThreadpoolDeleter {
+    void operator()(ggml_threadpool * t) const { ggml_threadpool_free(t); }
+};
+using GgmlThreadpoolPtr = std::unique_ptr<ggml_threadpool, GgmlThreadpoolDeleter>;
+
+// What a context owns natively, declared in the order it is built. C++ destroys members in reverse,
+// which is the teardown order: the scheduler and speculation before the llama_context, its threads last.
+struct ContextNative {
+    std::unique_ptr<SerialThread> thread;
+    std::unique_ptr<DeadlineTimer> deadlineTimer;
+    GgmlThreadpoolPtr threadpool;  // persistent CPU threads, as llama-bench attaches
+    llama_context_ptr ctx;
+    std::unique_ptr<ShapeGraphs> shapeGraphs;  // restores ctx's backends
+    std::unique_ptr<SpecState> spec;           // the draft context refers to ctx
+    std::unique_ptr<BatchScheduler> batch;     // its loop decodes on ctx
+    ~ContextNative();
+};
+
 class Context : public Napi::ObjectWrap<Context> {
 public:
     static Napi::Function Init(Napi::Env env);
     explicit Context(const Napi::CallbackInfo & info);
     ~Context() override;
 
-    llama_context * raw() const { return ctx_; }
+    llama_context * raw() const { return native_ ? native_->ctx.get() : nullptr; }
     Model * model() const { return model_; }
     const ContextOptions & options() const { return opts_; }
     // The KV cache content; only touched by the single running operation.
     std::vector<CacheItem> & cache() { return cache_; }
-    SpecState * speculator() const { return spec_.get(); }
+    SpecState * speculator() const { return native_->spec.get(); }
 
     // One operation at a time: throws EBUSY when another is running, EDISPOSED after dispose.
     void acquire(Napi::Env env);
     void releaseBusy() { busy_.store(false); }
 
     // The thread that runs every llama.cpp call of this context (workers are queued on it).
-    SerialThread & thread() { return *thread_; }
+    SerialThread & thread() { return *native_->thread; }
 
     // What may stop the next operation (JS thread, before queueing it): clears the stop flag.
     // `cancellable`: a cancel() may come while llama.cpp computes (a signal is attached).
@@ -100,21 +119,16 @@ private:
     static bool abortCallback(void * data);
     void freeNative();
 
-    llama_context * ctx_ = nullptr;
-    ggml_threadpool * threadpool_ = nullptr;  // persistent CPU threads, as llama-bench attaches
+    std::unique_ptr<ContextNative> native_;  // null once disposed
     Model * model_ = nullptr;
     Napi::ObjectReference modelRef_;
     ContextOptions opts_;
     std::vector<CacheItem> cache_;
-    std::unique_ptr<SpecState> spec_;
-    std::unique_ptr<ShapeGraphs> shapeGraphs_;  // freed before ctx_: it restores ctx_'s backends
     Napi::ObjectReference draftModelRef_;
     std::atomic<bool> busy_{false};
     std::atomic<int> stop_{0};  // 0, 1 cancelled, 2 deadline passed (set by the timer, or between tokens)
     int64_t deadlineNs_ = 0;    // written on the JS thread before the operation is queued
     bool cancellable_ = false;
-    std::unique_ptr<SerialThread> thread_;
-    std::unique_ptr<DeadlineTimer> deadlineTimer_;
 
     // nSeq > 1: the scheduler, the function that settles its requests' promises on the JS thread,
     // and per sequence the request running there (JS thread only).
@@ -122,7 +136,6 @@ private:
                                    GrammarInstance grammar, Napi::Object grammarObj);
     void settle(Napi::Env env, std::unique_ptr<SeqJob> job);
     int32_t requireSeq(const Napi::Value & v, const char * where) const;
-    std::unique_ptr<BatchScheduler> batch_;
     Napi::ThreadSafeFunction batchDone_;
     std::vector<SeqJob *> seqJobs_;
     int32_t inFlight_ = 0;

@@ -60,9 +60,6 @@ std::string readArchitecture(const std::string & path) {
 class LoadWorker : public PromiseWorker {
 public:
     LoadWorker(Napi::Env env, LoadOptions opts) : PromiseWorker(env, "percept:Model.load", "EMODEL"), opts_(std::move(opts)) {}
-    ~LoadWorker() override {
-        if (model_ != nullptr) llama_model_free(model_);
-    }
 
 protected:
     void Execute() override {
@@ -83,8 +80,8 @@ protected:
             mp.n_gpu_layers = opts_.gpuLayers;
             mp.load_mode = opts_.mmap ? LLAMA_LOAD_MODE_AUTO : LLAMA_LOAD_MODE_NONE;
             mp.vocab_only = opts_.vocabOnly;
-            model_ = llama_model_load_from_file(opts_.path.c_str(), mp);
-            if (model_ == nullptr) {
+            model_.reset(llama_model_load_from_file(opts_.path.c_str(), mp));
+            if (!model_) {
                 std::string why = capture.text();
                 SetError("failed to load model " + opts_.path + (why.empty() ? std::string() : ": " + why));
             }
@@ -94,16 +91,15 @@ protected:
     }
     void OnOK() override {
         Napi::Env env = Env();
-        llama_model * m = model_;
-        model_ = nullptr;  // ownership moves to the JS object
-        Napi::Object obj =
-            addonData(env).modelCtor.New({Napi::External<llama_model>::New(env, m), Napi::Boolean::New(env, opts_.vocabOnly)});
+        // Ownership moves to the JS object: a load that never resolves frees the model with the worker.
+        Napi::Object obj = addonData(env).modelCtor.New(
+            {Napi::External<llama_model>::New(env, model_.release()), Napi::Boolean::New(env, opts_.vocabOnly)});
         deferred_.Resolve(obj);
     }
 
 private:
     LoadOptions opts_;
-    llama_model * model_ = nullptr;
+    llama_model_ptr model_;
 };
 
 }  // namespace
@@ -132,18 +128,18 @@ Model::Model(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Model>(info) {
     if (info.Length() < 2 || !info[0].IsExternal()) {
         throw Napi::TypeError::New(env, "Model cannot be constructed directly; use Model.load(path, options)");
     }
-    model_ = info[0].As<Napi::External<llama_model>>().Data();
+    model_.reset(info[0].As<Napi::External<llama_model>>().Data());
     const llama_vocab * v = vocab();
-    info_.arch = metaString(model_, "general.architecture");
-    info_.nEmbd = llama_model_n_embd_inp(model_);
-    info_.nEmbdText = llama_model_n_embd(model_);
-    info_.nEmbdOut = llama_model_n_embd_out(model_);
+    info_.arch = metaString(model_.get(), "general.architecture");
+    info_.nEmbd = llama_model_n_embd_inp(model_.get());
+    info_.nEmbdText = llama_model_n_embd(model_.get());
+    info_.nEmbdOut = llama_model_n_embd_out(model_.get());
     info_.nVocab = llama_vocab_n_tokens(v);
-    info_.nLayer = llama_model_n_layer(model_);
-    info_.nCtxTrain = llama_model_n_ctx_train(model_);
-    info_.sizeBytes = llama_model_size(model_);
-    info_.nParams = llama_model_n_params(model_);
-    const char * tmpl = llama_model_chat_template(model_, nullptr);
+    info_.nLayer = llama_model_n_layer(model_.get());
+    info_.nCtxTrain = llama_model_n_ctx_train(model_.get());
+    info_.sizeBytes = llama_model_size(model_.get());
+    info_.nParams = llama_model_n_params(model_.get());
+    const char * tmpl = llama_model_chat_template(model_.get(), nullptr);
     info_.chatTemplate = tmpl ? tmpl : "";
     if (info_.arch == "gemma3") {
         info_.imageStartToken = tokenByText(v, "<start_of_image>");
@@ -159,14 +155,12 @@ Model::Model(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Model>(info) {
     info_.vocabOnly = info[1].ToBoolean().Value();
 }
 
-Model::~Model() {
-    // GC without dispose(): contexts hold a reference to this object, so none is alive here.
-    if (model_ != nullptr) llama_model_free(model_);
-}
+// GC without dispose(): contexts hold a reference to this object, so none is alive here.
+Model::~Model() = default;
 
 llama_model * Model::require(Napi::Env env) const {
-    if (model_ == nullptr) throw codedError(env, "EDISPOSED", "Model is disposed");
-    return model_;
+    if (!model_) throw codedError(env, "EDISPOSED", "Model is disposed");
+    return model_.get();
 }
 
 const std::vector<std::vector<llama_token>> & Model::tokensByFirstByte() {
@@ -296,7 +290,7 @@ Napi::Value Model::ApplyChatTemplate(const Napi::CallbackInfo & info) {
         inputs.messages.push_back(std::move(msg));
     }
     try {
-        common_chat_templates_ptr tmpls = common_chat_templates_init(model_, "");
+        common_chat_templates_ptr tmpls = common_chat_templates_init(model_.get(), "");
         common_chat_params params = common_chat_templates_apply(tmpls.get(), inputs);
         return Napi::String::New(env, params.prompt);
     } catch (const std::exception & e) {
@@ -306,14 +300,13 @@ Napi::Value Model::ApplyChatTemplate(const Napi::CallbackInfo & info) {
 
 Napi::Value Model::Dispose(const Napi::CallbackInfo & info) {
     Napi::Env env = info.Env();
-    if (model_ == nullptr) return env.Undefined();
+    if (!model_) return env.Undefined();
     if (users_.load() > 0) {
         throw codedError(env, "EBUSY",
                          "Model is used by " + std::to_string(users_.load()) +
                              " open context(s) (as their model or draft model); dispose them first");
     }
-    llama_model_free(model_);
-    model_ = nullptr;
+    model_.reset();
     return env.Undefined();
 }
 

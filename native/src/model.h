@@ -4,7 +4,7 @@
 #include <napi.h>
 
 #include "grammar-index.h"
-#include "llama.h"
+#include "llama-cpp.h"
 
 #include <atomic>
 #include <mutex>
@@ -45,8 +45,8 @@ public:
 
     // Throws EDISPOSED when the model was disposed.
     llama_model * require(Napi::Env env) const;
-    llama_model * raw() const { return model_; }
-    const llama_vocab * vocab() const { return llama_model_get_vocab(model_); }
+    llama_model * raw() const { return model_.get(); }
+    const llama_vocab * vocab() const { return llama_model_get_vocab(model_.get()); }
     const ModelInfo & info() const { return info_; }
 
     // Tokens grouped by the first byte of their piece (as the grammar sees pieces), built once;
@@ -68,7 +68,7 @@ private:
     Napi::Value ApplyChatTemplate(const Napi::CallbackInfo & info);
     Napi::Value Dispose(const Napi::CallbackInfo & info);
 
-    llama_model * model_ = nullptr;
+    llama_model_ptr model_;  // null once disposed
     ModelInfo info_;
     std::atomic<int> users_{0};  // contexts and speculators using this model
     std::once_flag byFirstByteOnce_;
