@@ -70,7 +70,7 @@ const program = new Command()
 
 program
   .command('run')
-  .description('run the pipeline from a config until the source ends, --duration passes, or SIGINT/SIGTERM')
+  .description('run the pipeline from a config until the source ends, --duration passes, or SIGINT/SIGTERM/SIGHUP')
   .option(
     '-c, --config <file>',
     'pipeline config (JSON, validated against configs/percept.schema.json; default: the embedded configs/default.json)',

@@ -3,6 +3,7 @@
 //   text:   actions #12 run 3f2a… frame 34 cam_front level 0 age 45.2 ms STALE {"action":"move",…}
 //   --json: {"header": …, "body": …} per line (gaps and invalid messages go to stderr as text)
 import { readCurveKey } from '../pipeline/endpoint.ts';
+import { STOP_SIGNALS } from '../pipeline/graph/graph.ts';
 import { subscribe, type Message } from '../client/index.ts';
 
 export interface EchoOptions {
@@ -28,8 +29,7 @@ export async function echo(
     serverKey: options.serverKey ? readCurveKey(options.serverKey, 'server public key') : undefined,
   });
   const stop = (): void => sub.close();
-  process.once('SIGINT', stop);
-  process.once('SIGTERM', stop);
+  for (const signal of STOP_SIGNALS) process.once(signal, stop);
   let seen = 0;
   try {
     for await (const m of sub) {
@@ -39,8 +39,7 @@ export async function echo(
       if (options.count !== undefined && ++seen >= options.count) break;
     }
   } finally {
-    process.off('SIGINT', stop);
-    process.off('SIGTERM', stop);
+    for (const signal of STOP_SIGNALS) process.off(signal, stop);
     sub.close();
   }
   const counts = Object.entries(sub.counts).map(([t, c]) => `${t} ${c.received} (lost ${c.lost}, invalid ${c.invalid}, stale ${c.stale})`);

@@ -6,7 +6,7 @@ import { DegradeLadder } from '../../pipeline/budget.ts';
 import { RealClock, type Clock } from '../../pipeline/clock.ts';
 import { cameraGraphConfig, type CameraConfig, type PerceptConfig } from '../../pipeline/config.ts';
 import { append, chain, type StageChain } from '../../pipeline/graph/chain.ts';
-import { createGraph } from '../../pipeline/graph/graph.ts';
+import { STOP_SIGNALS, createGraph } from '../../pipeline/graph/graph.ts';
 import { GraphGroup } from '../../pipeline/graph/group.ts';
 import type { RunSummary } from '../../pipeline/telemetry/events.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../../pipeline/telemetry/report.ts';
@@ -188,8 +188,7 @@ export async function runCameras(
   const table = new LiveTable({ mode: config.telemetry.liveTable, intervalMs: config.telemetry.intervalMs });
   table.attach(group.events);
   const onSignal = (signal: NodeJS.Signals): void => void group.stop(signal);
-  process.on('SIGINT', onSignal);
-  process.on('SIGTERM', onSignal);
+  for (const signal of STOP_SIGNALS) process.on(signal, onSignal);
   const timer = opts.duration ? setTimeout(() => void group.stop('duration'), opts.duration * 1000) : undefined;
   try {
     const summary = await group.run();
@@ -205,8 +204,7 @@ export async function runCameras(
     return failure ? 1 : 0;
   } finally {
     if (timer) clearTimeout(timer);
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
+    for (const signal of STOP_SIGNALS) process.off(signal, onSignal);
     await publisher?.close();
   }
 }

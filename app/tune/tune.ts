@@ -19,7 +19,7 @@ import { LlamaModel } from '../../native/llama.ts';
 import { decodeBudget, loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
 import { resolveModel, type ModelKind } from '../../models/resolve.ts';
 import { ConfigError, PATH_FIELDS, loadConfig, type ConfigIssue, type PerceptConfig } from '../../pipeline/config.ts';
-import type { Graph } from '../../pipeline/graph/graph.ts';
+import { STOP_SIGNALS, type Graph } from '../../pipeline/graph/graph.ts';
 import type { Knobs } from '../../pipeline/types.ts';
 import { measure, readRecording, type Recording } from '../eval/eval.ts';
 import type { EvalMetrics } from '../eval/metrics.ts';
@@ -208,7 +208,7 @@ function gpuNames(): string[] {
 
 // ---- signals and progress ----------------------------------------------------------------------------
 
-/** SIGINT/SIGTERM during a tune: the run in flight stops, and the caller stops after it. */
+/** A stop signal during a tune: the run in flight stops, and the caller stops after it. */
 class Interruption {
   signal: NodeJS.Signals | null = null;
   #graph: Graph | undefined;
@@ -218,8 +218,7 @@ class Interruption {
   };
 
   constructor() {
-    process.on('SIGINT', this.#handler);
-    process.on('SIGTERM', this.#handler);
+    for (const signal of STOP_SIGNALS) process.on(signal, this.#handler);
   }
 
   /** The graph a signal stops; one that came while it loaded stops it as soon as it runs. */
@@ -230,8 +229,7 @@ class Interruption {
   }
 
   dispose(): void {
-    process.off('SIGINT', this.#handler);
-    process.off('SIGTERM', this.#handler);
+    for (const signal of STOP_SIGNALS) process.off(signal, this.#handler);
   }
 }
 

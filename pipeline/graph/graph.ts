@@ -67,7 +67,10 @@ interface RuntimeOptions {
 }
 
 /** Calls graph.stop(signal) on the first of `signals`; returns a function that removes the handlers. */
-export function stopOnSignals(graph: Graph, signals: readonly NodeJS.Signals[] = ['SIGINT', 'SIGTERM']): () => void {
+/** The signals that stop a run cleanly: Ctrl-C, a supervisor's stop, and a closed terminal. */
+export const STOP_SIGNALS: readonly NodeJS.Signals[] = ['SIGINT', 'SIGTERM', 'SIGHUP'];
+
+export function stopOnSignals(graph: Graph, signals: readonly NodeJS.Signals[] = STOP_SIGNALS): () => void {
   const handler = (signal: NodeJS.Signals): void => void graph.stop(signal);
   for (const signal of signals) process.on(signal, handler);
   return () => {
@@ -345,9 +348,16 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
 
   /** While paused: resolves on resume or shutdown (true if the graph should go on). */
   async #whilePaused(): Promise<boolean> {
-    while (this.#paused && !this.#shutdown.signal.aborted) {
-      const shutdown = new Promise<void>((resolve) => this.#shutdown.signal.addEventListener('abort', () => resolve(), { once: true }));
-      await Promise.race([this.#paused.promise, shutdown]);
+    const signal = this.#shutdown.signal;
+    while (this.#paused && !signal.aborted) {
+      // The listener goes once the pause ends, so pauses never pile listeners on the signal.
+      let onAbort = (): void => undefined;
+      const shutdown = new Promise<void>((resolve) => signal.addEventListener('abort', (onAbort = () => resolve()), { once: true }));
+      try {
+        await Promise.race([this.#paused.promise, shutdown]);
+      } finally {
+        signal.removeEventListener('abort', onAbort);
+      }
     }
     return !this.#shutdown.signal.aborted;
   }

@@ -1,6 +1,7 @@
 // GraphControl on a virtual clock (deterministic): new budgets apply to the frames admitted after
 // them, a pinned level holds the ladder until released, a paused graph admits nothing until resumed,
 // and a request that is out of range throws and changes nothing. Each change is a control event.
+import { getEventListeners } from 'node:events';
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { chain } from '../../pipeline/graph/chain.ts';
@@ -17,6 +18,45 @@ interface Seen {
 }
 
 describe('GraphControl', () => {
+  test('pauses leave no listener behind: twenty pause/resume cycles while the source waits warn of nothing', async () => {
+    const warnings: string[] = [];
+    const onWarning = (w: Error): void => void warnings.push(`${w.name}: ${w.message}`);
+    process.on('warning', onWarning);
+    const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+    let cycles = 0;
+    let listenersAfter = -1;
+    try {
+      const result = await runGraph({
+        source: fakeSource({ frames: 5, periodMs: 100 }),
+        stages: chain(fakeStage<number>('work', { costMs: () => 10 })),
+        config: testConfig({ edges: { default: { policy: 'queue', capacity: 40 } } }),
+        onOutput: (env, graph) => {
+          if (env.frameId !== 1) return;
+          // The graph's own shutdown signal, where a paused source waits.
+          const signal = (graph as unknown as { shutdown: AbortSignal }).shutdown;
+          graph.control.pause();
+          void (async () => {
+            for (; cycles < 20; cycles++) {
+              await sleep(5);
+              graph.control.resume();
+              graph.control.pause();
+            }
+            await sleep(5);
+            listenersAfter = getEventListeners(signal, 'abort').length;
+            graph.control.resume();
+          })();
+        },
+      });
+      assertConservation(result);
+      assert.equal(result.summary.frames.out, 5);
+    } finally {
+      process.off('warning', onWarning);
+    }
+    assert.equal(cycles, 20);
+    assert.ok(listenersAfter >= 0 && listenersAfter <= 2, `listeners on the shutdown signal after 20 pauses: ${listenersAfter}`);
+    assert.deepEqual(warnings, [], 'no MaxListenersExceededWarning');
+  });
+
   test('budgets, pin/release and pause/resume change the running graph from the next frame on', async () => {
     const seen: Seen[] = [];
     const work = fakeStage<number>('work', {

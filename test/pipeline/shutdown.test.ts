@@ -1,4 +1,4 @@
-// A real SIGINT to a process running the graph: it must print the summary and exit 0.
+// A real SIGINT, SIGTERM or SIGHUP to a process running the graph: it must print the summary and exit 0.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 
 const child = fileURLToPath(new URL('./sigint-child.ts', import.meta.url));
 
-for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
   test(`${signal} stops the graph cleanly: summary printed, stages closed, exit code 0`, async () => {
     const proc = spawn(process.execPath, ['--import', 'tsx', child], { stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
