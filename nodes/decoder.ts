@@ -204,6 +204,68 @@ export function cudaEnvironment(
   return { GGML_CUDA_DISABLE_GRAPHS: '1' };
 }
 
+/** Seeded walks through the decoding grammar that checkGrammarAdmitsSchema validates. */
+const SCHEMA_WALKS = 24;
+
+/**
+ * Refuses an action schema that no output of its decoding grammar satisfies, naming the JSON path
+ * ajv reports. Some schemas (a pattern with conflicting lengths, contradictory allOf consts) load,
+ * yet the grammar cannot express them: every frame would then be dropped invalid. Seeded walks
+ * through the grammar's token index stand in for its outputs; a grammar without an index is not
+ * walked. A schema that some walks fail is logged, since the grammar is looser than the schema there.
+ */
+export async function checkGrammarAdmitsSchema(
+  model: LlamaModel,
+  grammar: LlamaGrammar,
+  schema: ActionSchema,
+  maxTokens: number,
+  log: (msg: string) => void = (msg) => process.stderr.write(`percept: ${msg}\n`),
+): Promise<void> {
+  if (grammar.index === null) return;
+  const steps = Math.min(Number.isFinite(maxTokens) ? maxTokens : 512, 512);
+  const failures = new Map<string, number>();
+  let valid = 0;
+  for (let w = 0; w < SCHEMA_WALKS; w++) {
+    let state = (0x9e3779b9 * (w + 1)) >>> 0;
+    const next = (): number => (state = (Math.imul(state, 1664525) + 1013904223) >>> 0) / 2 ** 32;
+    const path: number[] = [];
+    let value: unknown = undefined;
+    for (let i = 0; i < steps && value === undefined; i++) {
+      // A random admitted token with text: end-of-generation tokens have none.
+      const allowed = Array.from(await grammar.allowedTokens(path));
+      let token = -1;
+      while (allowed.length > 0 && token < 0) {
+        const k = Math.floor(next() * allowed.length);
+        if (model.detokenize([allowed[k]!]).length > 0) token = allowed[k]!;
+        else allowed.splice(k, 1);
+      }
+      if (token < 0) break;
+      path.push(token);
+      try {
+        value = JSON.parse(model.detokenize(path));
+      } catch {
+        value = undefined;
+      }
+    }
+    if (value === undefined) continue;
+    if (schema.validate(value)) valid += 1;
+    else {
+      const first = schema.validate.errors?.[0];
+      const where = first ? `${first.instancePath || '/'}: ${first.message ?? 'invalid'}` : 'invalid';
+      failures.set(where, (failures.get(where) ?? 0) + 1);
+    }
+  }
+  const reasons = [...failures.entries()].sort((a, b) => b[1] - a[1]).map(([why, n]) => `${why} (${n})`);
+  if (valid === 0 && reasons.length > 0) {
+    throw new Error(
+      `decoder: action schema ${schema.path} admits no action its decoding grammar can produce: ` +
+        `${failures.size === 1 ? 'every' : 'each'} sampled action fails ${reasons.join('; ')}. ` +
+        'The grammar cannot express these constraints together; change them so that some action satisfies both.',
+    );
+  }
+  if (reasons.length > 0) log(`action schema ${schema.path}: the decoding grammar also admits actions it refuses: ${reasons.join('; ')}`);
+}
+
 async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching): Promise<OpenDecoder> {
   if (typeof config !== 'object' || config === null) throw new TypeError('createDecoderStage: config must be an object');
   if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
@@ -267,6 +329,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       throw new Error(`decoder: action schema ${schemaPath}: ${(err as Error).message}`, { cause: err });
     }
     budget = decodeBudget(config.maxNewTokens, grammar, schemaPath);
+    await checkGrammarAdmitsSchema(model, grammar, config.actionSchema, budget.maxNewTokens);
   } catch (err) {
     await model.dispose();
     await draft?.dispose();
