@@ -10,11 +10,13 @@ import { Pull, Subscriber, curveKeyPair } from 'zeromq';
 import type { Clock } from '../pipeline/clock.ts';
 import type { ZmqSourceConfig } from '../pipeline/config.ts';
 import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../pipeline/endpoint.ts';
-import type { FrameSource, SourceItem, SourceRejection, Stamp } from '../pipeline/types.ts';
+import type { FrameSource, SourceIncident, SourceItem, SourceRejection, Stamp } from '../pipeline/types.ts';
 import { formatAjvErrors } from './action-schema.ts';
 import type { CameraFrame, FrameEncoding } from './payloads.ts';
 
-export type ZmqSourceOptions = Omit<ZmqSourceConfig, 'kind' | 'curve' | 'insecure'> & {
+export type ZmqSourceOptions = Omit<ZmqSourceConfig, 'kind' | 'curve' | 'insecure' | 'maxMessageBytes'> & {
+  /** Bytes one message part may have (ZMQ_MAXMSGSIZE); null or absent: no limit. */
+  readonly maxMessageBytes?: number | null;
   readonly curve?: ZmqSourceConfig['curve'];
   readonly insecure?: boolean;
   /** FrameSource id (default 'zmq:<endpoint>'). */
@@ -26,6 +28,8 @@ export interface ZmqSourceCounters {
   readonly yielded: number;
   /** Messages that did not fit (yielded as rejected frames). */
   readonly rejected: number;
+  /** Connections that ended: a message over maxMessageBytes ends its connection (reported as incidents). */
+  readonly disconnects: number;
 }
 
 export interface ZmqSource extends FrameSource<CameraFrame> {
@@ -59,7 +63,16 @@ const BYTES_PER_PIXEL: Readonly<Record<FrameEncoding, number>> = {
 
 export async function createZmqSource(options: ZmqSourceOptions): Promise<ZmqSource> {
   if (options === null || typeof options !== 'object') throw new TypeError('createZmqSource: expected an options object { endpoint }');
-  const { endpoint, socket: kind = 'pull', bind = false, topic = '', receiveHighWaterMark = 10, curve = null, insecure = false } = options;
+  const {
+    endpoint,
+    socket: kind = 'pull',
+    bind = false,
+    topic = '',
+    receiveHighWaterMark = 10,
+    maxMessageBytes = null,
+    curve = null,
+    insecure = false,
+  } = options;
   let parsed;
   try {
     parsed = parseEndpoint(endpoint, { bind });
@@ -73,12 +86,16 @@ export async function createZmqSource(options: ZmqSourceOptions): Promise<ZmqSou
   if (!Number.isInteger(receiveHighWaterMark) || receiveHighWaterMark < 1) {
     throw new RangeError(`createZmqSource: expected integer >= 1 for receiveHighWaterMark but received ${receiveHighWaterMark}`);
   }
+  if (maxMessageBytes !== null && (!Number.isInteger(maxMessageBytes) || maxMessageBytes < 1)) {
+    throw new RangeError(`createZmqSource: expected integer >= 1 or null for maxMessageBytes but received ${maxMessageBytes}`);
+  }
   const validate = compileHeaderSchema();
+  const limit = maxMessageBytes !== null ? { maxMessageSize: maxMessageBytes } : {};
   const security = curve ? curveOptions(curve, bind) : {};
   const socket =
     kind === 'pull'
-      ? new Pull({ receiveHighWaterMark, linger: 0, ...security })
-      : new Subscriber({ receiveHighWaterMark, linger: 0, ...security });
+      ? new Pull({ receiveHighWaterMark, linger: 0, ...limit, ...security })
+      : new Subscriber({ receiveHighWaterMark, linger: 0, ...limit, ...security });
   try {
     if (bind) await socket.bind(endpoint);
     else socket.connect(endpoint);
@@ -89,12 +106,21 @@ export async function createZmqSource(options: ZmqSourceOptions): Promise<ZmqSou
   if (socket instanceof Subscriber) socket.subscribe(topic);
   const where = (bind && socket.lastEndpoint) || endpoint;
   const id = options.id ?? `zmq:${where}`;
-  const counters = { received: 0, yielded: 0, rejected: 0 };
+  const counters = { received: 0, yielded: 0, rejected: 0, disconnects: 0 };
 
-  async function* generate(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection> {
+  async function* generate(
+    clock: Clock,
+    signal: AbortSignal,
+    report?: (incident: SourceIncident) => void,
+  ): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection> {
     // Closing the socket ends a pending receive (EAGAIN): that is how an abort ends the loop.
     const onAbort = (): void => socket.close();
     signal.addEventListener('abort', onAbort, { once: true });
+    // ZeroMQ drops a message over maxMessageBytes by ending its connection: each end is reported.
+    void watchDisconnects(socket, maxMessageBytes, (detail) => {
+      counters.disconnects += 1;
+      report?.({ kind: 'skipped', detail });
+    });
     try {
       while (!signal.aborted && !socket.closed) {
         let frames: Buffer[];
@@ -188,9 +214,12 @@ function toItem(
     const rowBytes = width! * bpp;
     const stride = step ?? rowBytes;
     if (stride < rowBytes) throw new Error(`step too small: step ${stride} is smaller than width × ${bpp} = ${rowBytes}`);
-    const need = stride * (height! - 1) + rowBytes;
-    if (data.length < need)
-      throw new Error(`the image is too short: ${data.length} bytes of ${encoding}, need ${need} for ${width}×${height} step ${stride}`);
+    // Exactly step × height, as sensor_msgs/Image: more bytes are another layout (an RGBA buffer called rgb8).
+    const need = stride * height!;
+    if (data.length !== need)
+      throw new Error(
+        `the image has the wrong size: ${data.length} bytes of ${encoding}, need step × height = ${need} for ${width}×${height} step ${stride}`,
+      );
   }
   return {
     sourceId: frame_id ?? sourceId,
@@ -212,4 +241,21 @@ function toStamp(stamp: FrameHeader['stamp']): Stamp | null {
   if (typeof stamp !== 'number') return { sec: stamp.sec, nanosec: stamp.nanosec };
   const sec = Math.floor(stamp);
   return { sec, nanosec: Math.min(999_999_999, Math.round((stamp - sec) * 1e9)) };
+}
+
+/** Reports each connection a peer loses until the socket closes: over maxMessageBytes, or the peer left. */
+async function watchDisconnects(
+  socket: Pull | Subscriber,
+  maxMessageBytes: number | null,
+  onDisconnect: (detail: string) => void,
+): Promise<void> {
+  const why =
+    maxMessageBytes !== null ? `a message over maxMessageBytes ${maxMessageBytes} was dropped, or the sender left` : 'the sender left';
+  try {
+    for await (const event of socket.events) {
+      if (event.type === 'disconnect') onDisconnect(`connection from ${event.address} ended: ${why}`);
+    }
+  } catch {
+    // The socket closed while an event was awaited: nothing left to watch.
+  }
 }

@@ -50,8 +50,15 @@ export interface ZmqSourceConfig {
   readonly bind: boolean;
   readonly topic: string;
   readonly receiveHighWaterMark: number;
+  /** Null: preprocess.maxPixels × 4 + 64 KiB (see maxMessageBytesFor). */
+  readonly maxMessageBytes: number | null;
   readonly curve: CurveConfig | null;
   readonly insecure: boolean;
+}
+
+/** A message part's byte limit for a zmq source: its own, else the largest frame preprocessing takes. */
+export function maxMessageBytesFor(source: ZmqSourceConfig, maxPixels: number): number {
+  return source.maxMessageBytes ?? maxPixels * 4 + 64 * 1024;
 }
 
 /** CURVE keys, as paths of files holding Z85 text.

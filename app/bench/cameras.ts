@@ -192,7 +192,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     telemetry: { liveTable: 'off' },
   });
   const sources: FrameSource<CameraFrame>[] = [];
-  for (const camera of config.cameras!) sources.push(asCamera(await createSource(camera.source), camera.id));
+  for (const camera of config.cameras!) sources.push(asCamera(await createSource(camera.source, config.preprocess.maxPixels), camera.id));
   const stages = await createCameraStages(config, loadActionSchema(config.actions.schema), { publish: false });
   const group = createCameraGroup(config, sources, stages, new RealClock());
   let tokens = 0;

@@ -304,7 +304,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
     ladder: { enabled: false, initial: { imageTokens, draft: true, frameSkip: 0, ...maxNewTokens }, rungs: [] },
     telemetry: { liveTable: 'off' },
   });
-  const source = await createSource(config.source);
+  const source = await createSource(config.source, config.preprocess.maxPixels);
   const stages = await createStages(config, loadActionSchema(config.actions.schema), { publish: false, warmup: opts.warmup });
   const graph = createGraph({ source, stages: stages.chain, clock: new RealClock(), config });
   // Per frame, dropped ones too: each stage's time, and the time from entering the first stage to

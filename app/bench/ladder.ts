@@ -310,7 +310,7 @@ async function runBag(
       gpuLayers: opts.gpuLayers,
     },
   });
-  const source = await createSource(config.source);
+  const source = await createSource(config.source, config.preprocess.maxPixels);
   let stages: Awaited<ReturnType<typeof createStages>>;
   try {
     stages = await createStages(config, setup.actionSchema, { publish: false });

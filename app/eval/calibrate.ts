@@ -168,7 +168,7 @@ export async function calibrate(opts: CalibrateOptions): Promise<CalibrationFile
 
 /** Up to `n` frames from the config's source, read without pacing (a virtual clock). */
 async function readFrames(config: PerceptConfig, n: number): Promise<CameraFrame[]> {
-  const source = await createSource(config.source);
+  const source = await createSource(config.source, config.preprocess.maxPixels);
   const frames: CameraFrame[] = [];
   const controller = new AbortController();
   try {

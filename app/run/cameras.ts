@@ -176,7 +176,7 @@ export async function runCameras(
   };
   let stages: CameraStages;
   try {
-    for (const camera of cameras) sources.push(asCamera(await createSource(camera.source), camera.id));
+    for (const camera of cameras) sources.push(asCamera(await createSource(camera.source, config.preprocess.maxPixels), camera.id));
     stages = await createCameraStages(config, actionSchema);
   } catch (err) {
     await closeSources();

@@ -3,7 +3,7 @@
 import { basename } from 'node:path';
 import { DegradeLadder } from '../../pipeline/budget.ts';
 import type { Clock } from '../../pipeline/clock.ts';
-import type { PerceptConfig, SourceConfig } from '../../pipeline/config.ts';
+import { maxMessageBytesFor, type PerceptConfig, type SourceConfig } from '../../pipeline/config.ts';
 import type { RunSummary } from '../../pipeline/telemetry/events.ts';
 import type { FrameSource, Stage } from '../../pipeline/types.ts';
 import type { OpenAIDecoderStage } from '../../nodes/decoder-openai.ts';
@@ -36,7 +36,8 @@ export function logWarmup(
   }
 }
 
-export async function createSource(config: SourceConfig): Promise<FrameSource<CameraFrame>> {
+/** The source of a config. `maxPixels` (preprocess.maxPixels) bounds a zmq source's message bytes by default. */
+export async function createSource(config: SourceConfig, maxPixels: number): Promise<FrameSource<CameraFrame>> {
   switch (config.kind) {
     case 'pattern': {
       const { createPatternSource } = await import('../../nodes/source-pattern.ts');
@@ -72,7 +73,7 @@ export async function createSource(config: SourceConfig): Promise<FrameSource<Ca
     case 'zmq': {
       const { createZmqSource } = await import('../../nodes/source-zmq.ts');
       const { kind: _kind, ...options } = config;
-      const source = await createZmqSource(options);
+      const source = await createZmqSource({ ...options, maxMessageBytes: maxMessageBytesFor(config, maxPixels) });
       log(`frames from ${source.endpoint} (${config.socket}${config.bind ? ', bound' : ''})`);
       return source;
     }

@@ -108,7 +108,7 @@ async function runRemote(config: ReturnType<typeof remoteConfig>, beforeRun?: ()
     ['decode', 'actions'],
     'no local preprocess or encoder in front of a remote decoder',
   );
-  const graph = createGraph({ source: await createSource(config.source), stages: stages.chain, clock: new RealClock(), config });
+  const graph = createGraph({ source: await createSource(config.source, config.preprocess.maxPixels), stages: stages.chain, clock: new RealClock(), config });
   const events: TelemetryEvent[] = [];
   const outputs: ActionMessage[] = [];
   graph.events.subscribe((e) => events.push(e));
@@ -230,7 +230,7 @@ describe('against llama-server (same llama.cpp tree, tiny Gemma 4 + gemma4v mmpr
     });
     const stages = await createCameraStages(config, schema, { publish: false, warmup: false });
     assert.ok(stages.chains.every((c) => c.stages.map((s) => s.name).join() === 'decode,actions'));
-    const sources = await Promise.all(config.cameras!.map(async (c) => asCamera(await createSource(c.source), c.id)));
+    const sources = await Promise.all(config.cameras!.map(async (c) => asCamera(await createSource(c.source, config.preprocess.maxPixels), c.id)));
     const outputs: ActionMessage[] = [];
     const tap = {
       name: 'tap',

@@ -59,6 +59,7 @@ describe('zmq frame input', () => {
       [header({ frame_id: 'cam_front' }), jpeg], // no encoding
       [header({ encoding: 'rgb8' }), rgb], // raw without width/height
       [header({ encoding: 'rgb8', width: 4, height: 3 }), rgb], // too short for 4×3
+      [header({ encoding: 'rgb8', width: 4, height: 1 }), rgb], // twice 4×1: another layout, not rgb8
       [header({ encoding: 'jpeg' }), Buffer.from('not a jpeg')],
       [header({ encoding: 'png' }), Buffer.alloc(0)], // empty image
       [header({ stamp: 12.25, encoding: 'rgb8', width: 4, height: 2, extra: 'ignored' }), rgb],
@@ -76,7 +77,7 @@ describe('zmq frame input', () => {
       ],
     );
     assert.ok(Buffer.from(items[0]!.payload.data).equals(jpeg));
-    assert.deepEqual(source.counters, { received: 10, yielded: 3, rejected: 7 });
+    assert.deepEqual(source.counters, { received: 11, yielded: 3, rejected: 8, disconnects: 0 });
     assert.deepEqual(
       rejections.map((r) => r.rejected),
       [
@@ -84,7 +85,8 @@ describe('zmq frame input', () => {
         'the header is not JSON',
         'the header does not fit the frame header schema',
         'the header does not fit the frame header schema',
-        'the image is too short',
+        'the image has the wrong size',
+        'the image has the wrong size',
         'the image is not its encoding',
         'the image is empty',
       ],
@@ -95,11 +97,55 @@ describe('zmq frame input', () => {
       /^message 2: expected \[header, image\] or \[topic, header, image\] but got 1$/m,
       /^message 4: .*must have required property 'encoding'/m,
       /must have required property 'width'/,
-      /need 36 for 4×3/,
+      /need step × height = 36 for 4×3/,
+      /24 bytes of rgb8, need step × height = 12 for 4×1/,
       /not jpeg \(starts/,
     ]) {
       assert.match(details, what);
     }
+  });
+
+  test('a message over maxMessageBytes is never kept: its connection is dropped and reported, and frames after it come through', async () => {
+    const source = await createZmqSource({
+      endpoint: 'tcp://127.0.0.1:*',
+      bind: true,
+      socket: 'pull',
+      topic: '',
+      receiveHighWaterMark: 100,
+      maxMessageBytes: 4096,
+    });
+    closers.push(() => source.close());
+    const incidents: string[] = [];
+    const abort = new AbortController();
+    const items: SourceItem<CameraFrame>[] = [];
+    const reading = (async () => {
+      for await (const item of source.frames(new RealClock(), abort.signal, (i) => incidents.push(`${i.kind}: ${i.detail}`))) {
+        if (!isRejection(item)) items.push(item);
+        if (items.length === 1) abort.abort();
+      }
+    })();
+    // A raw frame of 64 KiB against a 4 KiB limit: ZeroMQ ends that connection.
+    const big = new Push({ linger: 1000 });
+    big.connect(source.endpoint);
+    await big.send([header({ encoding: 'rgb8', width: 128, height: 128 }), Buffer.alloc(128 * 128 * 3 + 16)]);
+    for (let i = 0; i < 200 && incidents.length === 0; i++) await new Promise((r) => setTimeout(r, 10));
+    big.close();
+    // A sender within the limit on a connection of its own gets through.
+    const small = new Push({ linger: 1000 });
+    closers.push(() => small.close());
+    small.connect(source.endpoint);
+    await small.send([header({ encoding: 'jpeg', frame_id: 'after' }), jpeg]);
+    await reading;
+    assert.deepEqual(
+      items.map((i) => i.sourceId),
+      ['after'],
+    );
+    assert.equal(source.counters.received, 1, 'the large message never reached percept');
+    assert.ok(source.counters.disconnects >= 1);
+    assert.match(
+      incidents[0] ?? '',
+      /^skipped: connection from .* ended: a message over maxMessageBytes 4096 was dropped, or the sender left$/,
+    );
   });
 
   test('SUB: subscribes to its topic prefix', async () => {
