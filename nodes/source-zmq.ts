@@ -36,7 +36,11 @@ export interface ZmqSource extends FrameSource<CameraFrame> {
   /** The endpoint bound or connected (a bind's wildcard port resolved). */
   readonly endpoint: string;
   readonly counters: ZmqSourceCounters;
-  frames(clock: Clock, signal: AbortSignal): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection>;
+  frames(
+    clock: Clock,
+    signal: AbortSignal,
+    report?: (incident: SourceIncident) => void,
+  ): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection>;
   close(): Promise<void>;
 }
 
