@@ -416,15 +416,6 @@ class PixelPool {
   }
 }
 
-/** libvips threads for every sharp call in this process (sharp.concurrency is process-wide). The
- * operation cache is turned off: frames never repeat, and cached decodes would only hold memory. */
-function configureLibvips(threads: number): void {
-  if (!Number.isInteger(threads) || threads < 1 || threads > 1024)
-    throw new RangeError(`preprocess: threads must be an integer in 1..1024, got ${threads}`);
-  sharp.concurrency(threads);
-  sharp.cache(false);
-}
-
 export interface PreprocessStage extends Stage<CameraFrame, PixelTensor> {
   readonly contract: EncoderContract;
   /** The libvips threads this stage set. */
@@ -435,59 +426,141 @@ export interface PreprocessStage extends Stage<CameraFrame, PixelTensor> {
   jpegsToEncoder(): number;
 }
 
-export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
-  if (cfg.contract !== 'gemma3' && cfg.contract !== 'gemma4')
-    throw new TypeError(`preprocess: contract must be 'gemma3' or 'gemma4', got ${String(cfg.contract)}`);
-  const { maxPixels, threads } = cfg;
+/** PreprocessConfig with the defaults filled in, as checkPreprocessOptions returns it. */
+export interface CheckedPreprocessOptions {
+  readonly contract: EncoderContract;
+  readonly maxPixels: number;
+  readonly kernel: ResizeKernel;
+  readonly imageSize: number;
+  readonly gemma4Sizing: Gemma4Sizing;
+  readonly imageTokens: number | undefined;
+  readonly threads: number;
+  readonly allocate: PixelAllocator | undefined;
+  /** The kernel the encoder resizes JPEG frames with on its GPU; undefined when they stay here.
+   * Set where `jpegToEncoder` is and the kernel is linear or cubic, the two the GPU path has. */
+  readonly jpegKernel: 'linear' | 'cubic' | undefined;
+}
+
+/** Checks `cfg` and fills in the defaults; throws naming the first bad option. */
+export function checkPreprocessOptions(cfg: PreprocessConfig): CheckedPreprocessOptions {
+  const { contract, maxPixels, threads, allocate } = cfg;
+  if (contract !== 'gemma3' && contract !== 'gemma4')
+    throw new TypeError(`preprocess: contract must be 'gemma3' or 'gemma4', got ${String(contract)}`);
   if (!Number.isInteger(maxPixels) || maxPixels <= 0)
     throw new RangeError(`preprocess: maxPixels must be a positive integer, got ${maxPixels}`);
-  const kernel = cfg.kernel ?? (cfg.contract === 'gemma3' ? 'linear' : 'cubic');
+  const kernel = cfg.kernel ?? (contract === 'gemma3' ? 'linear' : 'cubic');
   if (!KERNELS.includes(kernel)) throw new RangeError(`preprocess: kernel must be one of ${KERNELS.join(', ')}, got ${kernel}`);
   const imageSize = cfg.imageSize ?? GEMMA3_IMAGE_SIZE;
   if (!Number.isInteger(imageSize) || imageSize <= 0 || imageSize > 8192)
     throw new RangeError(`preprocess: imageSize must be an integer in 1..8192, got ${imageSize}`);
-  const sizing = cfg.gemma4Sizing ?? 'hf';
-  if (sizing !== 'hf' && sizing !== 'llama.cpp')
-    throw new RangeError(`preprocess: gemma4Sizing must be 'hf' or 'llama.cpp', got ${String(sizing)}`);
+  const gemma4Sizing = cfg.gemma4Sizing ?? 'hf';
+  if (gemma4Sizing !== 'hf' && gemma4Sizing !== 'llama.cpp')
+    throw new RangeError(`preprocess: gemma4Sizing must be 'hf' or 'llama.cpp', got ${String(gemma4Sizing)}`);
   if (cfg.imageTokens !== undefined) clampImageTokens(cfg.imageTokens);
-  if (cfg.allocate !== undefined && typeof cfg.allocate !== 'function')
-    throw new TypeError(`preprocess: allocate must be a function, got ${typeof cfg.allocate}`);
+  if (allocate !== undefined && typeof allocate !== 'function')
+    throw new TypeError(`preprocess: allocate must be a function, got ${typeof allocate}`);
   if (cfg.jpegToEncoder !== undefined && typeof cfg.jpegToEncoder !== 'boolean')
     throw new TypeError(`preprocess: jpegToEncoder must be a boolean, got ${String(cfg.jpegToEncoder)}`);
-  const jpegKernel = kernel === 'linear' || kernel === 'cubic' ? kernel : undefined;
-  const jpegToEncoder = cfg.jpegToEncoder === true && jpegKernel !== undefined;
-  let jpegsToEncoder = 0;
-  configureLibvips(threads);
-  const pool = new PixelPool(cfg.allocate);
-  const recycle = (values: Float32Array): void => pool.give(values);
+  if (!Number.isInteger(threads) || threads < 1 || threads > 1024)
+    throw new RangeError(`preprocess: threads must be an integer in 1..1024, got ${threads}`);
+  const gpuKernel = kernel === 'linear' || kernel === 'cubic' ? kernel : undefined;
+  const jpegKernel = cfg.jpegToEncoder === true ? gpuKernel : undefined;
+  return { contract, maxPixels, kernel, imageSize, gemma4Sizing, imageTokens: cfg.imageTokens, threads, allocate, jpegKernel };
+}
+
+/** Sets the libvips threads for every sharp call in this process (sharp.concurrency is process-wide). */
+export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
+  return new Preprocessor(checkPreprocessOptions(cfg));
+}
+
+class Preprocessor implements PreprocessStage {
+  readonly name = 'preprocess';
+  readonly contract: EncoderContract;
+  readonly threads: number;
+  readonly #options: CheckedPreprocessOptions;
+  readonly #pool: PixelPool;
+  readonly #recycle = (values: Float32Array): void => this.#pool.give(values);
+  readonly #gemma3Tokens: number;
+  #jpegsToEncoder = 0;
+
+  constructor(options: CheckedPreprocessOptions) {
+    this.#options = options;
+    this.contract = options.contract;
+    this.threads = options.threads;
+    // The operation cache is turned off: frames never repeat, and cached decodes would only hold memory.
+    sharp.concurrency(options.threads);
+    sharp.cache(false);
+    this.#pool = new PixelPool(options.allocate);
+    this.#gemma3Tokens = Math.floor(options.imageSize / 56) ** 2;
+  }
+
+  allocatedArrays(): number {
+    return this.#pool.allocated;
+  }
+
+  jpegsToEncoder(): number {
+    return this.#jpegsToEncoder;
+  }
+
+  async process(frame: CameraFrame, ctx: StageContext): Promise<PixelTensor> {
+    const { imageSize, jpegKernel } = this.#options;
+    const src = await this.#describe(frame, ctx);
+    const target = this.#targetOf(src.width, src.height, src.orientation, ctx);
+    if (jpegKernel !== undefined && src.gpuDecodable === true) {
+      this.#jpegsToEncoder++;
+      return this.#planOnEncoder(frame.data, src, target, jpegKernel);
+    }
+    const px = await this.#pixelsOf(src, frame.encoding, target);
+    if (this.contract === 'gemma3') {
+      const values = this.#pool.take(3 * imageSize * imageSize);
+      await this.#lay(px, src, values, 'chw');
+      return {
+        contract: 'gemma3',
+        pixelValues: values,
+        pixelDims: [1, 3, imageSize, imageSize],
+        imageTokens: this.#gemma3Tokens,
+        recycle: this.#recycle,
+      };
+    }
+    const { cols, tokens, capacity } = gemma4Grid(target);
+    const values = this.#pool.take(capacity * GEMMA4_PATCH_DIM);
+    const nPatches = await this.#lay(px, src, values, 'patches');
+    return {
+      contract: 'gemma4',
+      pixelValues: values,
+      pixelDims: [1, capacity, GEMMA4_PATCH_DIM],
+      positionIds: gemma4Positions(cols, nPatches, capacity),
+      positionDims: [1, capacity, 2],
+      imageTokens: tokens,
+      recycle: this.#recycle,
+    };
+  }
 
   /** Display-oriented target size for a stored width×height. */
-  const targetOf = (
-    width: number,
-    height: number,
-    orientation: number,
-    ctx: StageContext,
-  ): { width: number; height: number; budget: number } => {
-    if (cfg.contract === 'gemma3') return { width: imageSize, height: imageSize, budget: 0 };
+  #targetOf(width: number, height: number, orientation: number, ctx: StageContext): Target {
+    const { imageSize, imageTokens, gemma4Sizing } = this.#options;
+    if (this.contract === 'gemma3') return { width: imageSize, height: imageSize, budget: 0 };
     const [w, h] = transposes(orientation) ? [height, width] : [width, height];
-    const budget = clampImageTokens(cfg.imageTokens ?? ctx.knobs.imageTokens);
-    const size = gemma4TargetSize(w, h, budget, sizing);
+    const budget = clampImageTokens(imageTokens ?? ctx.knobs.imageTokens);
+    const size = gemma4TargetSize(w, h, budget, gemma4Sizing);
     return { width: size.width, height: size.height, budget };
-  };
+  }
 
-  const describe = (frame: CameraFrame, ctx: StageContext): Promise<SourceImage> | SourceImage => {
+  #describe(frame: CameraFrame, ctx: StageContext): Promise<SourceImage> | SourceImage {
+    const { maxPixels } = this.#options;
     if (frame === null || typeof frame !== 'object') throw new TypeError('preprocess: frame must be a CameraFrame object');
     if (!ENCODINGS.includes(frame.encoding))
       throw frameError(String(frame.encoding), `unsupported encoding (supported: ${ENCODINGS.join(', ')})`);
     if (frame.encoding === 'jpeg' || frame.encoding === 'png') return describeEncoded(frame, maxPixels);
     return describeRaw(frame, maxPixels, (w, h) => {
-      const t = targetOf(w, h, 1, ctx);
+      const t = this.#targetOf(w, h, 1, ctx);
       return t.width === w && t.height === h;
     });
-  };
+  }
 
   /** Decodes and resizes in the stored orientation (target sides swapped for orientations 5–8). */
-  const pixelsOf = async (src: SourceImage, encoding: string, target: { width: number; height: number }): Promise<StoredPixels> => {
+  async #pixelsOf(src: SourceImage, encoding: string, target: { width: number; height: number }): Promise<StoredPixels> {
+    const { kernel, maxPixels } = this.#options;
     if (src.direct) return src.direct;
     const [width, height] = transposes(src.orientation) ? [target.height, target.width] : [target.width, target.height];
     const rowsHere = height > src.height && (kernel === 'linear' || kernel === 'cubic');
@@ -506,43 +579,30 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
     } catch (err) {
       throw frameError(encoding, `decode/resize failed (${firstLine(err)})`);
     }
-  };
+  }
 
   /** The layout pass into `out`: resolves to the patches (or pixels) written. */
-  const lay = (px: StoredPixels, src: SourceImage, out: Float32Array, layout: 'chw' | 'patches'): Promise<number> =>
-    layoutPixels(px.data, out, {
+  #lay(px: StoredPixels, src: SourceImage, out: Float32Array, layout: 'chw' | 'patches'): Promise<number> {
+    return layoutPixels(px.data, out, {
       width: px.width,
       height: px.height,
       channels: px.channels,
       stride: px.stride,
       rows: px.rows,
-      kernel: kernel === 'cubic' ? 'cubic' : 'linear',
+      kernel: this.#options.kernel === 'cubic' ? 'cubic' : 'linear',
       orientation: src.orientation,
       bgr: src.bgr,
       layout,
       // gemma3: (v/255 − 0.5)/0.5 → [−1, 1]; gemma4: v/255 (its graph applies ×2 − 1).
       ...(layout === 'chw' ? { scale: 0.5, offset: 0.5 } : {}),
     });
-
-  const gemma3Tokens = Math.floor(imageSize / 56) ** 2;
-  /** A gemma4 target's patch grid, its soft tokens, and the tensor's patch capacity.
-   * The capacity is the budget's, or more where llama.cpp's sizing exceeds it through its 70-token floor. */
-  const gemma4Grid = (target: { width: number; height: number; budget: number }) => {
-    const cols = target.width / GEMMA4_PATCH;
-    const rows = target.height / GEMMA4_PATCH;
-    const tokens = (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL);
-    return { cols, rows, tokens, capacity: Math.max(target.budget, tokens) * GEMMA4_POOL * GEMMA4_POOL };
-  };
+  }
 
   /** The tensor the encoder will make from this JPEG on its GPU.
    * It has the host path's dims, position ids and token count, with the frame in place of pixel values. */
-  const planOnEncoder = (
-    data: Uint8Array,
-    src: SourceImage,
-    target: { width: number; height: number; budget: number },
-    filter: 'linear' | 'cubic',
-  ): PixelTensor => {
-    const gemma3 = cfg.contract === 'gemma3';
+  #planOnEncoder(data: Uint8Array, src: SourceImage, target: Target, filter: 'linear' | 'cubic'): PixelTensor {
+    const { imageSize } = this.#options;
+    const gemma3 = this.contract === 'gemma3';
     const jpeg = {
       data,
       storedWidth: src.width,
@@ -559,7 +619,7 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
         contract: 'gemma3',
         pixelValues: new Float32Array(0),
         pixelDims: [1, 3, imageSize, imageSize],
-        imageTokens: gemma3Tokens,
+        imageTokens: this.#gemma3Tokens,
         jpeg,
       };
     }
@@ -573,39 +633,21 @@ export function createPreprocessStage(cfg: PreprocessConfig): PreprocessStage {
       imageTokens: tokens,
       jpeg,
     };
-  };
+  }
+}
 
-  return {
-    name: 'preprocess',
-    contract: cfg.contract,
-    threads,
-    allocatedArrays: () => pool.allocated,
-    jpegsToEncoder: () => jpegsToEncoder,
-    async process(frame: CameraFrame, ctx: StageContext): Promise<PixelTensor> {
-      const src = await describe(frame, ctx);
-      const target = targetOf(src.width, src.height, src.orientation, ctx);
-      if (jpegToEncoder && src.gpuDecodable === true && jpegKernel !== undefined) {
-        jpegsToEncoder++;
-        return planOnEncoder(frame.data, src, target, jpegKernel);
-      }
-      const px = await pixelsOf(src, frame.encoding, target);
-      if (cfg.contract === 'gemma3') {
-        const values = pool.take(3 * imageSize * imageSize);
-        await lay(px, src, values, 'chw');
-        return { contract: 'gemma3', pixelValues: values, pixelDims: [1, 3, imageSize, imageSize], imageTokens: gemma3Tokens, recycle };
-      }
-      const { cols, tokens, capacity } = gemma4Grid(target);
-      const values = pool.take(capacity * GEMMA4_PATCH_DIM);
-      const nPatches = await lay(px, src, values, 'patches');
-      return {
-        contract: 'gemma4',
-        pixelValues: values,
-        pixelDims: [1, capacity, GEMMA4_PATCH_DIM],
-        positionIds: gemma4Positions(cols, nPatches, capacity),
-        positionDims: [1, capacity, 2],
-        imageTokens: tokens,
-        recycle,
-      };
-    },
-  };
+/** A frame's display-oriented target size, and the gemma4 token budget it was sized for (0 for gemma3). */
+interface Target {
+  readonly width: number;
+  readonly height: number;
+  readonly budget: number;
+}
+
+/** A gemma4 target's patch grid, its soft tokens, and the tensor's patch capacity.
+ * The capacity is the budget's, or more where llama.cpp's sizing exceeds it through its 70-token floor. */
+function gemma4Grid(target: Target): { cols: number; rows: number; tokens: number; capacity: number } {
+  const cols = target.width / GEMMA4_PATCH;
+  const rows = target.height / GEMMA4_PATCH;
+  const tokens = (cols / GEMMA4_POOL) * (rows / GEMMA4_POOL);
+  return { cols, rows, tokens, capacity: Math.max(target.budget, tokens) * GEMMA4_POOL * GEMMA4_POOL };
 }

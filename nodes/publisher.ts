@@ -80,6 +80,7 @@ interface Pending {
 
 /** One topic: its frame, its seq counter and its bounded queue (oldest dropped when full). */
 class TopicQueue {
+  readonly name: string;
   readonly frame: Buffer;
   readonly highWaterMark: number;
   readonly #items: (Pending | undefined)[] = [];
@@ -89,6 +90,7 @@ class TopicQueue {
   dropped = 0;
 
   constructor(name: string, highWaterMark: number) {
+    this.name = name;
     this.frame = Buffer.from(name);
     this.highWaterMark = highWaterMark;
   }
@@ -127,10 +129,6 @@ const EVENT_TYPES: ReadonlySet<TelemetryEvent['type']> = new Set(['drop', 'cance
 
 const num = (value: number): string => (Number.isFinite(value) ? String(value) : 'null');
 const stampJson = (stamp: Stamp | null | undefined): string => (stamp ? `{"sec":${stamp.sec},"nanosec":${stamp.nanosec}}` : 'null');
-const requireSecretKey = (curve: CurveConfig): string => {
-  if (!curve.secretKeyFile) throw new TypeError('createPublisher: curve.secretKeyFile (the server secret key) is required');
-  return curve.secretKeyFile;
-};
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 /** ms since the Unix epoch of the instant `ns` on `clock`, exact to the ns (no float of the whole). */
 const unixMs = (clock: Clock, ns: bigint): number => {
@@ -149,7 +147,13 @@ export function closeHeader(head: string, seq: number, virtualMs?: number): stri
   return `${head},"seq":${seq},${times}}`;
 }
 
-export async function createPublisher(options: PublisherOptions): Promise<Publisher> {
+/** PublisherOptions with every default filled in and the run id chosen, as checkPublisherOptions returns them. */
+export type CheckedPublisherOptions = Required<Omit<PublisherOptions, 'highWaterMarks'>> & {
+  readonly highWaterMarks: PublisherConfig['highWaterMarks'];
+};
+
+/** Checks `options` and fills in the defaults; throws naming the first bad option. */
+export function checkPublisherOptions(options: PublisherOptions): CheckedPublisherOptions {
   if (options === null || typeof options !== 'object')
     throw new TypeError('createPublisher: expected an options object { endpoint, topic, sendHighWaterMark }');
   const {
@@ -166,8 +170,7 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
   } = options;
   if (!clock || typeof clock.nowNs !== 'function' || typeof clock.unixNs !== 'function')
     throw new TypeError('createPublisher: expected clock to be a Clock');
-  const virtual = clock.virtual;
-  if (virtual && options.runId === undefined)
+  if (clock.virtual && options.runId === undefined)
     throw new TypeError(
       'createPublisher: a virtual clock needs runId (derived from what makes the replay, so that it publishes the same bytes)',
     );
@@ -180,93 +183,209 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
   }
   const refused = insecureEndpointProblem(parsed, endpoint, { bind: true, curve: curve !== null, insecure });
   if (refused) throw new Error(`publisher: ${refused}`);
-  for (const [name, value] of [
-    ['topic', topic],
-    ['eventsTopic', eventsTopic],
-    ['telemetryTopic', telemetryTopic],
-    ['runId', runId],
-  ] as const) {
-    if (typeof value !== 'string' || value.length === 0) {
-      throw new TypeError(`createPublisher: expected a non-empty string for ${name} but received ${JSON.stringify(value)}`);
-    }
-  }
-  const hwm = { actions: 1000, events: 1000, telemetry: 16, ...options.highWaterMarks };
-  for (const [name, value] of [
-    ['sendHighWaterMark', sendHighWaterMark],
-    ['highWaterMarks.actions', hwm.actions],
-    ['highWaterMarks.events', hwm.events],
-    ['highWaterMarks.telemetry', hwm.telemetry],
-  ] as const) {
-    if (!Number.isInteger(value) || value < 1)
-      throw new RangeError(`createPublisher: expected integer >= 1 for ${name} but received ${value}`);
-  }
-  if (!Number.isInteger(lingerMs) || lingerMs < 0)
-    throw new RangeError(`createPublisher: expected integer >= 0 for lingerMs but received ${lingerMs}`);
-
-  const socket = new PubSocket({
+  nonEmptyString('topic', topic);
+  nonEmptyString('eventsTopic', eventsTopic);
+  nonEmptyString('telemetryTopic', telemetryTopic);
+  nonEmptyString('runId', runId);
+  const highWaterMarks = { actions: 1000, events: 1000, telemetry: 16, ...options.highWaterMarks };
+  intAtLeast('sendHighWaterMark', sendHighWaterMark, 1);
+  intAtLeast('highWaterMarks.actions', highWaterMarks.actions, 1);
+  intAtLeast('highWaterMarks.events', highWaterMarks.events, 1);
+  intAtLeast('highWaterMarks.telemetry', highWaterMarks.telemetry, 1);
+  intAtLeast('lingerMs', lingerMs, 0);
+  if (curve && !curve.secretKeyFile) throw new TypeError('createPublisher: curve.secretKeyFile (the server secret key) is required');
+  return {
+    endpoint,
+    topic,
     sendHighWaterMark,
-    noDrop: true,
-    sendTimeout: 0,
-    linger: 0,
-    ...(curve ? { curveServer: true, curveSecretKey: readCurveKey(requireSecretKey(curve), 'publisher secret key') } : {}),
-  });
-  try {
-    await socket.bind(endpoint);
-  } catch (err) {
-    socket.close();
-    const code = (err as { code?: string }).code;
-    throw new Error(`publisher: cannot bind ${endpoint}${code ? ` (${code})` : ''}: ${(err as Error).message}`, { cause: err });
-  }
-  const bound = socket.lastEndpoint ?? endpoint;
+    curve,
+    insecure,
+    highWaterMarks,
+    lingerMs,
+    runId,
+    clock,
+    models,
+    eventsTopic,
+    telemetryTopic,
+  };
+}
 
-  const topics: Record<TopicName, TopicQueue> = {
-    actions: new TopicQueue(topic, hwm.actions),
-    events: new TopicQueue(eventsTopic, hwm.events),
-    telemetry: new TopicQueue(telemetryTopic, hwm.telemetry),
-  };
-  const byPriority = [topics.actions, topics.events, topics.telemetry];
-  const stats = (): PublisherCounters => ({
-    [topic]: topics.actions.stats(),
-    [eventsTopic]: topics.events.stats(),
-    [telemetryTopic]: topics.telemetry.stats(),
-  });
-  /** The counters that go out in stats and end bodies: on a virtual clock, without those that
-   * depend on how fast the socket drains. */
-  const wireStats = (): PublisherStats => {
-    const counters = stats();
-    if (!virtual) return counters;
-    return Object.fromEntries(Object.entries(counters).map(([name, c]) => [name, { ...c, sent: null, queued: null }]));
-  };
-  /** The queue whose message goes next: by topic priority on a real clock, in the order taken in on
-   * a virtual one. */
-  const nextQueue = (): TopicQueue | undefined => {
-    if (!virtual) return byPriority.find((q) => q.length > 0);
-    let next: TopicQueue | undefined;
-    for (const q of byPriority) if (q.length > 0 && (!next || q.peek()!.order < next.peek()!.order)) next = q;
-    return next;
-  };
-  let takenIn = 0;
+function nonEmptyString(name: string, value: unknown): void {
+  if (typeof value !== 'string' || value.length === 0)
+    throw new TypeError(`createPublisher: expected a non-empty string for ${name} but received ${JSON.stringify(value)}`);
+}
 
+function intAtLeast(name: string, value: number, least: number): void {
+  if (!Number.isInteger(value) || value < least)
+    throw new RangeError(`createPublisher: expected integer >= ${least} for ${name} but received ${value}`);
+}
+
+/** Binds the socket; throws naming the endpoint when it cannot. */
+export async function createPublisher(options: PublisherOptions): Promise<Publisher> {
+  return WirePublisher.open(checkPublisherOptions(options));
+}
+
+class WirePublisher implements Publisher {
+  readonly endpoint: string;
+  readonly runId: string;
+  readonly stage: PublisherStage;
+  readonly sink: PublisherSink;
+  readonly #socket: PubSocket;
+  readonly #clock: Clock;
+  readonly #virtual: boolean;
+  readonly #lingerMs: number;
+  readonly #topics: Record<TopicName, TopicQueue>;
+  readonly #byPriority: readonly TopicQueue[];
   // The parts of every header that do not change within a run; seq and the publish times are added
   // when a message is sent.
-  const common = `"run_id":${JSON.stringify(runId)},"clock":"${virtual ? 'virtual' : 'real'}"`;
-  const eventHead = `{"header_version":${HEADER_VERSION},"schema_id":"${EVENT_SCHEMA_ID}",${common}`;
-  const telemetryHead = `{"header_version":${HEADER_VERSION},"schema_id":"${TELEMETRY_SCHEMA_ID}",${common}`;
-  const modelsJson = JSON.stringify(models);
-  const actionHeads = new Map<string, string>(); // schema id → its head
-  const sourceIds = new Map<string, string>(); // source id → its JSON
+  readonly #common: string;
+  readonly #eventHead: string;
+  readonly #telemetryHead: string;
+  readonly #modelsJson: string;
+  readonly #actionHeads = new Map<string, string>(); // schema id → its head
+  readonly #sourceIds = new Map<string, string>(); // source id → its JSON
+  #takenIn = 0;
+  #closing = false;
+  #closed: Promise<PublisherCounters> | undefined;
+  #pumping: Promise<void> | undefined;
+  #undelivered = 0;
 
-  let closing = false;
-  let closed: Promise<PublisherCounters> | undefined;
-  let pumping: Promise<void> | undefined;
-  let undelivered = 0;
+  static async open(options: CheckedPublisherOptions): Promise<WirePublisher> {
+    const { endpoint } = options;
+    const secretKeyFile = options.curve?.secretKeyFile;
+    const socket = new PubSocket({
+      sendHighWaterMark: options.sendHighWaterMark,
+      noDrop: true,
+      sendTimeout: 0,
+      linger: 0,
+      ...(secretKeyFile ? { curveServer: true, curveSecretKey: readCurveKey(secretKeyFile, 'publisher secret key') } : {}),
+    });
+    try {
+      await socket.bind(endpoint);
+    } catch (err) {
+      socket.close();
+      const code = (err as { code?: string }).code;
+      throw new Error(`publisher: cannot bind ${endpoint}${code ? ` (${code})` : ''}: ${(err as Error).message}`, { cause: err });
+    }
+    return new WirePublisher(options, socket, socket.lastEndpoint ?? endpoint);
+  }
+
+  private constructor(options: CheckedPublisherOptions, socket: PubSocket, bound: string) {
+    const { runId, clock, highWaterMarks } = options;
+    this.endpoint = bound;
+    this.runId = runId;
+    this.#socket = socket;
+    this.#clock = clock;
+    this.#virtual = clock.virtual;
+    this.#lingerMs = options.lingerMs;
+    this.#topics = {
+      actions: new TopicQueue(options.topic, highWaterMarks.actions),
+      events: new TopicQueue(options.eventsTopic, highWaterMarks.events),
+      telemetry: new TopicQueue(options.telemetryTopic, highWaterMarks.telemetry),
+    };
+    this.#byPriority = [this.#topics.actions, this.#topics.events, this.#topics.telemetry];
+    this.#common = `"run_id":${JSON.stringify(runId)},"clock":"${this.#virtual ? 'virtual' : 'real'}"`;
+    this.#eventHead = `{"header_version":${HEADER_VERSION},"schema_id":"${EVENT_SCHEMA_ID}",${this.#common}`;
+    this.#telemetryHead = `{"header_version":${HEADER_VERSION},"schema_id":"${TELEMETRY_SCHEMA_ID}",${this.#common}`;
+    this.#modelsJson = JSON.stringify(options.models);
+    this.stage = { name: 'publish', process: (msg, ctx) => this.#publish(msg, ctx) };
+    const undelivered = (): number => this.#undelivered;
+    this.sink = {
+      accept: (event) => this.#accept(event),
+      get undelivered() {
+        return undelivered();
+      },
+    };
+  }
+
+  stats(): PublisherCounters {
+    return Object.fromEntries(this.#byPriority.map((q) => [q.name, q.stats()]));
+  }
+
+  close(summary?: RunSummary): Promise<PublisherCounters> {
+    return (this.#closed ??= this.#close(summary));
+  }
+
+  #publish(msg: ActionMessage, ctx: StageContext): Promise<ActionMessage> {
+    if (this.#closing) return Promise.reject(new Error(`publisher ${this.endpoint}: publish after close`));
+    const frame = ctx.frame;
+    const virtual = this.#virtual;
+    let head = this.#actionHeads.get(msg.schemaId);
+    if (head === undefined) {
+      head = `{"header_version":${HEADER_VERSION},"schema_id":${JSON.stringify(msg.schemaId)},${this.#common}`;
+      this.#actionHeads.set(msg.schemaId, head);
+    }
+    let sourceId = this.#sourceIds.get(msg.sourceId);
+    if (sourceId === undefined) {
+      sourceId = JSON.stringify(msg.sourceId);
+      if (this.#sourceIds.size < 1024) this.#sourceIds.set(msg.sourceId, sourceId);
+    }
+    const budgetMs = Number(frame.deadlineNs - frame.captureNs) / 1e6;
+    const untilMs = msg.captureWallMs + budgetMs;
+    const frameFields =
+      `,"frame_id":${msg.frameId},"source_id":${sourceId},"source_stamp":${stampJson(frame.sourceStamp)}` +
+      `,"capture_wall_ms":${virtual ? 'null' : num(msg.captureWallMs)},"valid_until_wall_ms":${virtual ? 'null' : num(untilMs)}` +
+      `,"virtual_capture_ms":${virtual ? num(msg.captureWallMs) : 'null'},"virtual_valid_until_ms":${virtual ? num(untilMs) : 'null'}` +
+      `,"degrade_level":${frame.degradeLevel},"models":${this.#modelsJson}`;
+    // On a virtual clock, published when the stage takes it in, on the call's clock.
+    const virtualMs = virtual ? unixMs(ctx.clock, ctx.clock.nowNs()) : undefined;
+    this.#enqueue(this.#topics.actions, head + frameFields, JSON.stringify(msg.action), virtualMs);
+    return Promise.resolve(msg);
+  }
+
+  #accept(event: TelemetryEvent): void {
+    const isStats = event.type === 'stats';
+    if (!isStats && !EVENT_TYPES.has(event.type)) return;
+    if (this.#closing) {
+      this.#undelivered += 1;
+      return;
+    }
+    const virtualMs = this.#virtual ? unixMs(this.#clock, event.atNs) : undefined;
+    if (event.type === 'stats') {
+      const body = JSON.stringify({ type: 'stats', atNs: String(event.atNs), summary: event.summary, publisher: this.#wireStats() });
+      this.#enqueue(this.#topics.telemetry, this.#telemetryHead, body, virtualMs);
+    } else {
+      this.#enqueue(this.#topics.events, this.#eventHead, eventToJson(event), virtualMs);
+    }
+  }
+
+  /** The counters that go out in stats and end bodies: on a virtual clock, without those that
+   * depend on how fast the socket drains. */
+  #wireStats(): PublisherStats {
+    const counters = this.stats();
+    if (!this.#virtual) return counters;
+    return Object.fromEntries(Object.entries(counters).map(([name, c]) => [name, { ...c, sent: null, queued: null }]));
+  }
+
+  /** The queue whose message goes next: by topic priority on a real clock, in the order taken in on
+   * a virtual one. */
+  #nextQueue(): TopicQueue | undefined {
+    if (!this.#virtual) return this.#byPriority.find((q) => q.length > 0);
+    let next: TopicQueue | undefined;
+    for (const q of this.#byPriority) if (q.length > 0 && (!next || q.peek()!.order < next.peek()!.order)) next = q;
+    return next;
+  }
+
+  /** Queues one message; `virtualMs` is its publish time on a virtual clock (undefined on a real one). */
+  #enqueue(queue: TopicQueue, head: string, body: Pending['body'], virtualMs: number | undefined): void {
+    queue.push((seq) => ({ seq, order: this.#takenIn++, head, virtualMs, body }));
+    this.#kick();
+  }
+
+  #kick(): void {
+    this.#pumping ??= this.#pump().finally(() => {
+      this.#pumping = undefined;
+      if (this.#byPriority.some((q) => q.length > 0) && !this.#socket.closed) this.#kick();
+    });
+  }
 
   /** Sends while anything is queued, highest priority first.
    * A full subscriber makes send() fail with EAGAIN (no-drop). The message is retried after a short wait, growing to 16 ms. */
-  async function pump(): Promise<void> {
+  async #pump(): Promise<void> {
+    const socket = this.#socket;
     let waitMs = 0;
     for (;;) {
-      const queue = nextQueue();
+      const queue = this.#nextQueue();
       if (!queue) return;
       const item = queue.shift()!;
       const body = typeof item.body === 'string' ? item.body : item.body();
@@ -288,107 +407,40 @@ export async function createPublisher(options: PublisherOptions): Promise<Publis
       }
     }
   }
-  const kick = (): void => {
-    pumping ??= pump().finally(() => {
-      pumping = undefined;
-      if (byPriority.some((q) => q.length > 0) && !socket.closed) kick();
-    });
-  };
 
-  /** Queues one message; `virtualMs` is its publish time on a virtual clock (undefined on a real one). */
-  function enqueue(queue: TopicQueue, head: string, body: Pending['body'], virtualMs: number | undefined): void {
-    queue.push((seq) => ({ seq, order: takenIn++, head, virtualMs, body }));
-    kick();
-  }
-
-  const stage: PublisherStage = {
-    name: 'publish',
-    process(msg: ActionMessage, ctx: StageContext): Promise<ActionMessage> {
-      if (closing) return Promise.reject(new Error(`publisher ${bound}: publish after close`));
-      const frame = ctx.frame;
-      let head = actionHeads.get(msg.schemaId);
-      if (head === undefined) {
-        head = `{"header_version":${HEADER_VERSION},"schema_id":${JSON.stringify(msg.schemaId)},${common}`;
-        actionHeads.set(msg.schemaId, head);
-      }
-      let sourceId = sourceIds.get(msg.sourceId);
-      if (sourceId === undefined) {
-        sourceId = JSON.stringify(msg.sourceId);
-        if (sourceIds.size < 1024) sourceIds.set(msg.sourceId, sourceId);
-      }
-      const budgetMs = Number(frame.deadlineNs - frame.captureNs) / 1e6;
-      const untilMs = msg.captureWallMs + budgetMs;
-      const frameFields =
-        `,"frame_id":${msg.frameId},"source_id":${sourceId},"source_stamp":${stampJson(frame.sourceStamp)}` +
-        `,"capture_wall_ms":${virtual ? 'null' : num(msg.captureWallMs)},"valid_until_wall_ms":${virtual ? 'null' : num(untilMs)}` +
-        `,"virtual_capture_ms":${virtual ? num(msg.captureWallMs) : 'null'},"virtual_valid_until_ms":${virtual ? num(untilMs) : 'null'}` +
-        `,"degrade_level":${frame.degradeLevel},"models":${modelsJson}`;
-      // On a virtual clock, published when the stage takes it in, on the call's clock.
-      const virtualMs = virtual ? unixMs(ctx.clock, ctx.clock.nowNs()) : undefined;
-      enqueue(topics.actions, head + frameFields, JSON.stringify(msg.action), virtualMs);
-      return Promise.resolve(msg);
-    },
-  };
-
-  const sink: PublisherSink = {
-    accept(event: TelemetryEvent): void {
-      const isStats = event.type === 'stats';
-      if (!isStats && !EVENT_TYPES.has(event.type)) return;
-      if (closing) {
-        undelivered += 1;
-        return;
-      }
-      if (event.type === 'stats') {
-        const body = JSON.stringify({ type: 'stats', atNs: String(event.atNs), summary: event.summary, publisher: wireStats() });
-        enqueue(topics.telemetry, telemetryHead, body, virtual ? unixMs(clock, event.atNs) : undefined);
-      } else {
-        enqueue(topics.events, eventHead, eventToJson(event), virtual ? unixMs(clock, event.atNs) : undefined);
-      }
-    },
-    get undelivered() {
-      return undelivered;
-    },
-  };
-
-  async function close(summary?: RunSummary): Promise<PublisherCounters> {
-    closing = true;
+  async #close(summary?: RunSummary): Promise<PublisherCounters> {
+    const topics = this.#topics;
+    const socket = this.#socket;
+    const lingerMs = this.#lingerMs;
+    this.#closing = true;
     if (summary) {
       // The end summary goes out last, with the counters as they are when it is sent.
       // On a real clock it supersedes stats still waiting, which count as dropped: events go first.
       // On a virtual one they go before it, as they were taken in.
-      if (!virtual) while (topics.telemetry.shift()) topics.telemetry.dropped += 1;
-      const end = () => JSON.stringify({ type: 'end', summary, publisher: wireStats() });
-      enqueue(topics.events, eventHead, end, virtual ? unixMs(clock, clock.nowNs()) : undefined);
+      if (!this.#virtual) while (topics.telemetry.shift()) topics.telemetry.dropped += 1;
+      const end = () => JSON.stringify({ type: 'end', summary, publisher: this.#wireStats() });
+      this.#enqueue(topics.events, this.#eventHead, end, this.#virtual ? unixMs(this.#clock, this.#clock.nowNs()) : undefined);
     }
     const deadline = Date.now() + lingerMs;
-    if (pumping) {
+    if (this.#pumping) {
       let timer: NodeJS.Timeout | undefined;
       const timeout = new Promise<void>((resolve) => (timer = setTimeout(resolve, lingerMs)));
       // pump() re-kicks itself while anything is queued, so wait for the chain, not one round.
       const drained = (async () => {
-        while (pumping) await pumping;
+        while (this.#pumping) await this.#pumping;
       })();
       await Promise.race([drained, timeout]);
       clearTimeout(timer);
     }
     // What is still queued will not go out: it counts as dropped.
-    for (const queue of byPriority) while (queue.shift()) queue.dropped += 1;
+    for (const queue of this.#byPriority) while (queue.shift()) queue.dropped += 1;
     // Handed to ZeroMQ is not yet on the wire: let it flush for what is left of lingerMs.
     socket.linger = Math.max(0, deadline - Date.now());
     // close() releases the endpoint later, on ZeroMQ's reaper thread.
     // Unbind first, so the address is free when close() resolves and a restart can bind it at once.
-    await socket.unbind(bound).catch(() => undefined);
+    await socket.unbind(this.endpoint).catch(() => undefined);
     socket.close();
-    await pumping;
-    return stats();
+    await this.#pumping;
+    return this.stats();
   }
-
-  return {
-    endpoint: bound,
-    runId,
-    stage,
-    sink,
-    stats,
-    close: (summary) => (closed ??= close(summary)),
-  };
 }

@@ -4,12 +4,11 @@
 // Layout, times, chunks and backpressure: nodes/README.md#recorder
 import { open } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
-import { crc32 } from 'node:zlib';
-import { McapChunkBuilder, McapRecordBuilder, Opcode } from '@mcap/core';
 import type { McapTypes } from '@mcap/core';
 import * as zstd from '@foxglove/wasm-zstd';
 import { CompressedImage, RawImage } from '@foxglove/schemas/jsonschema.js';
 import type { ActionSchema } from './action-schema.ts';
+import { ChunkedMcapFile } from './mcap-write.ts';
 import type { ActionMessage, CameraFrame } from './payloads.ts';
 
 export const FRAMES_TOPIC = '/frames';
@@ -73,11 +72,15 @@ export interface Recorder {
   close(): Promise<void>;
 }
 
-/** Creates (or truncates) the file and writes its header; throws naming the path when it cannot. */
-export async function createRecorder(options: RecorderOptions): Promise<Recorder> {
+/** RecorderOptions with every default filled in, as checkRecorderOptions returns them. */
+export type CheckedRecorderOptions = Required<RecorderOptions>;
+
+/** Checks `options` and fills in the defaults; throws naming the first bad option. */
+export function checkRecorderOptions(options: RecorderOptions): CheckedRecorderOptions {
   if (options === null || typeof options !== 'object') throw new TypeError('createRecorder: expected an options object { path }');
   const {
     path,
+    actionSchema,
     compression = 'zstd',
     zstdLevel = 1,
     chunkMs = 1000,
@@ -91,222 +94,282 @@ export async function createRecorder(options: RecorderOptions): Promise<Recorder
   if (compression !== 'zstd' && compression !== 'none') {
     throw new TypeError(`createRecorder: expected compression 'zstd' or 'none' but received ${JSON.stringify(compression)}`);
   }
-  for (const [name, value, least] of [
-    ['chunkMs', chunkMs, 1],
-    ['chunkBytes', chunkBytes, 1024],
-    ['maxPendingBytes', maxPendingBytes, 0],
-    ['zstdLevel', zstdLevel, 1],
-  ] as const) {
-    if (!Number.isInteger(value) || value < least)
-      throw new RangeError(`createRecorder: expected integer >= ${least} for ${name} but received ${value}`);
-  }
+  intAtLeast('chunkMs', chunkMs, 1);
+  intAtLeast('chunkBytes', chunkBytes, 1024);
+  intAtLeast('maxPendingBytes', maxPendingBytes, 0);
+  intAtLeast('zstdLevel', zstdLevel, 1);
   if (flushAfterMs !== null && !(Number.isFinite(flushAfterMs) && flushAfterMs > 0))
     throw new RangeError(`createRecorder: expected flushAfterMs > 0 or null but received ${flushAfterMs}`);
-  const schema = options.actionSchema;
-  if (typeof schema?.mcapSchema !== 'object')
+  if (typeof actionSchema?.mcapSchema !== 'object')
     throw new TypeError('createRecorder: expected actionSchema to be the result of loadActionSchema()');
+  return { path, actionSchema, compression, zstdLevel, chunkMs, chunkBytes, flushAfterMs, maxPendingBytes, library };
+}
 
-  if (compression === 'zstd') await zstd.isLoaded;
-  let handle: FileHandle;
-  try {
-    handle = await open(path, 'w');
-  } catch (err) {
-    throw new Error(`recorder: cannot create ${path}: ${(err as Error).message}`, { cause: err });
-  }
-  const file = new ChunkedMcapFile(handle, {
-    chunkMs: BigInt(chunkMs) * 1_000_000n,
-    chunkBytes,
-    compress: compression === 'zstd' ? (data) => zstd.compress(data, zstdLevel) : undefined,
-  });
+function intAtLeast(name: string, value: number, least: number): void {
+  if (!Number.isInteger(value) || value < least)
+    throw new RangeError(`createRecorder: expected integer >= ${least} for ${name} but received ${value}`);
+}
 
-  let tail: Promise<unknown> = Promise.resolve();
-  let failure: Error | undefined;
-  let closing: Promise<void> | undefined;
+/** Creates (or truncates) the file and writes its header; throws naming the path when it cannot. */
+export async function createRecorder(options: RecorderOptions): Promise<Recorder> {
+  return McapRecorder.open(checkRecorderOptions(options));
+}
+
+class McapRecorder implements Recorder {
+  readonly path: string;
+  readonly #maxPendingBytes: number;
+  readonly #flushAfterMs: number | null;
+  readonly #handle: FileHandle;
+  readonly #file: ChunkedMcapFile;
+  readonly #eventsChannel: number;
+  readonly #statsChannel: number;
+  readonly #actionChannels: SourceChannels;
+  readonly #compressedChannels: SourceChannels;
+  readonly #rawChannels: SourceChannels;
+  readonly #counts = { frames: 0, actions: 0, events: 0, stats: 0, framesNotRecorded: 0 };
+  #pendingFrameBytes = 0;
+  #tail: Promise<unknown> = Promise.resolve();
+  #failure: Error | undefined;
+  #closing: Promise<void> | undefined;
   // The wall-time flush: armed while a chunk is open, disarmed when that chunk is written.
-  let flushTimer: NodeJS.Timeout | undefined;
-  let chunksSeen = 0;
-  const rearm = (): void => {
-    if (file.chunksWritten !== chunksSeen) {
-      chunksSeen = file.chunksWritten;
-      clearTimeout(flushTimer);
-      flushTimer = undefined;
+  #flushTimer: NodeJS.Timeout | undefined;
+  #chunksSeen = 0;
+
+  static async open(options: CheckedRecorderOptions): Promise<McapRecorder> {
+    const { path, compression, zstdLevel } = options;
+    if (compression === 'zstd') await zstd.isLoaded;
+    let handle: FileHandle;
+    try {
+      handle = await open(path, 'w');
+    } catch (err) {
+      throw new Error(`recorder: cannot create ${path}: ${(err as Error).message}`, { cause: err });
     }
-    if (flushAfterMs === null || flushTimer || !file.chunkOpen || closing) return;
-    flushTimer = setTimeout(() => {
-      flushTimer = undefined;
-      void enqueue('flush', () => file.flushChunk()).catch(() => undefined);
-    }, flushAfterMs);
-    flushTimer.unref();
-  };
-  // Appends `op` to the chain. The first failure poisons the recorder: the layout is undefined
-  // after a failed write, so carrying on would write a corrupt file.
-  const enqueue = <T>(what: string, op: () => Promise<T>): Promise<T> => {
-    const run = tail.then(async () => {
-      if (failure) throw failure;
+    const file = new ChunkedMcapFile(handle, {
+      chunkMs: BigInt(options.chunkMs) * 1_000_000n,
+      chunkBytes: options.chunkBytes,
+      compress: compression === 'zstd' ? (data) => zstd.compress(data, zstdLevel) : undefined,
+    });
+    const recorder = new McapRecorder(options, handle, file);
+    try {
+      await recorder.#enqueue('start', () => file.start({ profile: '', library: options.library }));
+    } catch (err) {
+      await handle.close().catch(() => undefined);
+      throw err;
+    }
+    return recorder;
+  }
+
+  private constructor(options: CheckedRecorderOptions, handle: FileHandle, file: ChunkedMcapFile) {
+    this.path = options.path;
+    this.#maxPendingBytes = options.maxPendingBytes;
+    this.#flushAfterMs = options.flushAfterMs;
+    this.#handle = handle;
+    this.#file = file;
+    const schema = options.actionSchema;
+    const actionSchemaId = file.registerSchema(schema.mcapSchema);
+    const compressedSchemaId = file.registerSchema(jsonSchema(CompressedImage.title, CompressedImage));
+    const rawSchemaId = file.registerSchema(jsonSchema(RawImage.title, RawImage));
+    this.#eventsChannel = file.registerChannel({
+      topic: EVENTS_TOPIC,
+      schemaId: file.registerSchema(jsonSchema('percept.TelemetryEvent', { title: 'percept.TelemetryEvent', type: 'object' })),
+      messageEncoding: 'json',
+      metadata: new Map(),
+    });
+    this.#statsChannel = file.registerChannel({
+      topic: STATS_TOPIC,
+      schemaId: file.registerSchema(jsonSchema('percept.RunSummary', { title: 'percept.RunSummary', type: 'object' })),
+      messageEncoding: 'json',
+      metadata: new Map(),
+    });
+    this.#actionChannels = new SourceChannels(file, ACTIONS_TOPIC, actionSchemaId, (sourceId) => [
+      ['source_id', sourceId],
+      ['schema_id', schema.wireSchemaId],
+      ['schema_sha256', schema.sha256],
+    ]);
+    this.#compressedChannels = new SourceChannels(file, FRAMES_TOPIC, compressedSchemaId, (sourceId) => [['source_id', sourceId]]);
+    this.#rawChannels = new SourceChannels(file, FRAMES_TOPIC, rawSchemaId, (sourceId) => [['source_id', sourceId]]);
+  }
+
+  get counts(): RecorderCounts {
+    return { ...this.#counts, chunks: this.#file.chunksWritten };
+  }
+
+  get failure(): Error | undefined {
+    return this.#failure;
+  }
+
+  async writeMetadata(name: string, entries: Readonly<Record<string, string>>): Promise<void> {
+    this.#checkOpen('writeMetadata');
+    await this.#enqueue(`writeMetadata(${name})`, () => this.#file.addMetadata({ name, metadata: new Map(Object.entries(entries)) }));
+  }
+
+  async recordFrame(frame: CameraFrame, meta: RecordedFrameMeta, logTimeNs: bigint): Promise<boolean> {
+    checkTime('recordFrame', logTimeNs);
+    checkTime('recordFrame', meta?.stampNs, 'meta.stampNs');
+    if (frame === null || typeof frame !== 'object' || !(frame.data instanceof Uint8Array))
+      throw new TypeError('recorder.recordFrame: expected a CameraFrame { encoding, data }');
+    this.#checkOpen('recordFrame');
+    if (this.#pendingFrameBytes + frame.data.length > this.#maxPendingBytes && this.#pendingFrameBytes > 0) {
+      this.#counts.framesNotRecorded += 1;
+      return false;
+    }
+    this.#pendingFrameBytes += frame.data.length;
+    const timestamp = { sec: Number(meta.stampNs / 1_000_000_000n), nsec: Number(meta.stampNs % 1_000_000_000n) };
+    const compressed = frame.encoding === 'jpeg' || frame.encoding === 'png';
+    try {
+      await this.#add(
+        `recordFrame(frame ${meta.frameId})`,
+        {
+          sequence: meta.frameId >>> 0,
+          logTime: logTimeNs,
+          publishTime: meta.stampNs,
+          // Encoded when its turn comes, so a waiting frame holds its bytes once, not twice.
+          get data() {
+            return encode(compressed ? compressedImage(frame, timestamp, meta.sourceId) : rawImage(frame, timestamp, meta.sourceId));
+          },
+        },
+        () => (compressed ? this.#compressedChannels : this.#rawChannels).of(meta.sourceId),
+      );
+      this.#counts.frames += 1;
+      return true;
+    } finally {
+      this.#pendingFrameBytes -= frame.data.length;
+    }
+  }
+
+  async recordAction(msg: ActionMessage, stampNs: bigint, logTimeNs: bigint): Promise<void> {
+    checkTime('recordAction', logTimeNs);
+    checkTime('recordAction', stampNs, 'stampNs');
+    if (msg === null || typeof msg !== 'object' || typeof msg.sourceId !== 'string' || !Number.isInteger(msg.frameId)) {
+      throw new TypeError('recorder.recordAction: expected an ActionMessage { frameId, sourceId, captureWallMs, action }');
+    }
+    this.#checkOpen('recordAction');
+    const data = encode(msg.action);
+    await this.#add(
+      `recordAction(frame ${msg.frameId})`,
+      // MCAP sequence is uint32; frame ids are non-negative and far below 2^32 in practice.
+      { sequence: msg.frameId >>> 0, logTime: logTimeNs, publishTime: stampNs, data },
+      () => this.#actionChannels.of(msg.sourceId),
+    );
+    this.#counts.actions += 1;
+  }
+
+  async recordEvent(event: object, logTimeNs: bigint, stampNs: bigint = logTimeNs): Promise<void> {
+    checkTime('recordEvent', logTimeNs);
+    checkTime('recordEvent', stampNs, 'stampNs');
+    if (event === null || typeof event !== 'object')
+      throw new TypeError(`recorder.recordEvent: expected an event object but received ${String(event)}`);
+    this.#checkOpen('recordEvent');
+    const data = encode(event);
+    const sequence = this.#counts.events++;
+    await this.#add('recordEvent', { sequence, logTime: logTimeNs, publishTime: stampNs, data }, () => this.#eventsChannel);
+  }
+
+  async recordStats(summary: object, logTimeNs: bigint): Promise<void> {
+    checkTime('recordStats', logTimeNs);
+    this.#checkOpen('recordStats');
+    const data = encode(summary);
+    const sequence = this.#counts.stats++;
+    await this.#add('recordStats', { sequence, logTime: logTimeNs, publishTime: logTimeNs, data }, () => this.#statsChannel);
+  }
+
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      clearTimeout(this.#flushTimer);
+      try {
+        await this.#enqueue('end', () => this.#file.end());
+      } finally {
+        await this.#handle.close();
+      }
+    })();
+    return this.#closing;
+  }
+
+  #checkOpen(fn: string): void {
+    if (this.#closing) throw new Error(`recorder ${this.path}: ${fn} after close`);
+  }
+
+  /** Appends `op` to the chain. The first failure poisons the recorder: the layout is undefined
+   * after a failed write, so carrying on would write a corrupt file. */
+  #enqueue<T>(what: string, op: () => Promise<T>): Promise<T> {
+    const run = this.#tail.then(async () => {
+      if (this.#failure) throw this.#failure;
       try {
         return await op();
       } catch (err) {
-        failure ??= new Error(`recorder ${path}: ${what} failed: ${(err as Error).message}`, { cause: err });
-        throw failure;
+        this.#failure ??= new Error(`recorder ${this.path}: ${what} failed: ${(err as Error).message}`, { cause: err });
+        throw this.#failure;
       } finally {
-        rearm();
+        this.#rearm();
       }
     });
-    tail = run.catch(() => undefined);
+    this.#tail = run.catch(() => undefined);
     return run;
-  };
-  const add = (what: string, message: Omit<McapTypes.Message, 'channelId'>, channel: () => number): Promise<void> =>
-    enqueue(what, () => file.addMessage({ ...message, channelId: channel() }));
-
-  const jsonSchema = (name: string, body: object): Omit<McapTypes.Schema, 'id'> => ({
-    name,
-    encoding: 'jsonschema',
-    data: new TextEncoder().encode(JSON.stringify(body)),
-  });
-  const actionSchemaId = file.registerSchema(schema.mcapSchema);
-  const compressedSchemaId = file.registerSchema(jsonSchema(CompressedImage.title, CompressedImage));
-  const rawSchemaId = file.registerSchema(jsonSchema(RawImage.title, RawImage));
-  const eventsChannel = file.registerChannel({
-    topic: EVENTS_TOPIC,
-    schemaId: file.registerSchema(jsonSchema('percept.TelemetryEvent', { title: 'percept.TelemetryEvent', type: 'object' })),
-    messageEncoding: 'json',
-    metadata: new Map(),
-  });
-  const statsChannel = file.registerChannel({
-    topic: STATS_TOPIC,
-    schemaId: file.registerSchema(jsonSchema('percept.RunSummary', { title: 'percept.RunSummary', type: 'object' })),
-    messageEncoding: 'json',
-    metadata: new Map(),
-  });
-  const perSource = (topic: string, schemaId: number, metadata: (sourceId: string) => [string, string][]) => {
-    const ids = new Map<string, number>();
-    return (sourceId: string): number => {
-      let id = ids.get(sourceId);
-      if (id === undefined) {
-        id = file.registerChannel({ topic, schemaId, messageEncoding: 'json', metadata: new Map(metadata(sourceId)) });
-        ids.set(sourceId, id);
-      }
-      return id;
-    };
-  };
-  const actionChannel = perSource(ACTIONS_TOPIC, actionSchemaId, (sourceId) => [
-    ['source_id', sourceId],
-    ['schema_id', schema.wireSchemaId],
-    ['schema_sha256', schema.sha256],
-  ]);
-  const compressedChannel = perSource(FRAMES_TOPIC, compressedSchemaId, (sourceId) => [['source_id', sourceId]]);
-  const rawChannel = perSource(FRAMES_TOPIC, rawSchemaId, (sourceId) => [['source_id', sourceId]]);
-
-  try {
-    await enqueue('start', () => file.start({ profile: '', library }));
-  } catch (err) {
-    await handle.close().catch(() => undefined);
-    throw err;
   }
 
-  const counts = { frames: 0, actions: 0, events: 0, stats: 0, framesNotRecorded: 0 };
-  let pendingFrameBytes = 0;
-  const checkTime = (fn: string, ns: bigint, name = 'logTimeNs'): void => {
-    if (typeof ns !== 'bigint' || ns < 0n) {
-      throw new TypeError(`recorder.${fn}: expected a bigint ${name} >= 0 but received ${String(ns)} of type ${typeof ns}`);
-    }
-  };
-  const checkOpen = (fn: string): void => {
-    if (closing) throw new Error(`recorder ${path}: ${fn} after close`);
-  };
-  const encode = (value: unknown): Uint8Array =>
-    new TextEncoder().encode(JSON.stringify(value, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v)));
+  #add(what: string, message: Omit<McapTypes.Message, 'channelId'>, channel: () => number): Promise<void> {
+    return this.#enqueue(what, () => this.#file.addMessage({ ...message, channelId: channel() }));
+  }
 
-  return {
-    path,
-    get counts(): RecorderCounts {
-      return { ...counts, chunks: file.chunksWritten };
-    },
-    get failure(): Error | undefined {
-      return failure;
-    },
-    async writeMetadata(name: string, entries: Readonly<Record<string, string>>): Promise<void> {
-      checkOpen('writeMetadata');
-      await enqueue(`writeMetadata(${name})`, () => file.addMetadata({ name, metadata: new Map(Object.entries(entries)) }));
-    },
-    async recordFrame(frame: CameraFrame, meta: RecordedFrameMeta, logTimeNs: bigint): Promise<boolean> {
-      checkTime('recordFrame', logTimeNs);
-      checkTime('recordFrame', meta?.stampNs, 'meta.stampNs');
-      if (frame === null || typeof frame !== 'object' || !(frame.data instanceof Uint8Array))
-        throw new TypeError('recorder.recordFrame: expected a CameraFrame { encoding, data }');
-      checkOpen('recordFrame');
-      if (pendingFrameBytes + frame.data.length > maxPendingBytes && pendingFrameBytes > 0) {
-        counts.framesNotRecorded += 1;
-        return false;
-      }
-      pendingFrameBytes += frame.data.length;
-      const timestamp = { sec: Number(meta.stampNs / 1_000_000_000n), nsec: Number(meta.stampNs % 1_000_000_000n) };
-      const compressed = frame.encoding === 'jpeg' || frame.encoding === 'png';
-      try {
-        await add(
-          `recordFrame(frame ${meta.frameId})`,
-          {
-            sequence: meta.frameId >>> 0,
-            logTime: logTimeNs,
-            publishTime: meta.stampNs,
-            // Encoded when its turn comes, so a waiting frame holds its bytes once, not twice.
-            get data() {
-              return encode(compressed ? compressedImage(frame, timestamp, meta.sourceId) : rawImage(frame, timestamp, meta.sourceId));
-            },
-          },
-          () => (compressed ? compressedChannel : rawChannel)(meta.sourceId),
-        );
-        counts.frames += 1;
-        return true;
-      } finally {
-        pendingFrameBytes -= frame.data.length;
-      }
-    },
-    async recordAction(msg: ActionMessage, stampNs: bigint, logTimeNs: bigint): Promise<void> {
-      checkTime('recordAction', logTimeNs);
-      checkTime('recordAction', stampNs, 'stampNs');
-      if (msg === null || typeof msg !== 'object' || typeof msg.sourceId !== 'string' || !Number.isInteger(msg.frameId)) {
-        throw new TypeError('recorder.recordAction: expected an ActionMessage { frameId, sourceId, captureWallMs, action }');
-      }
-      checkOpen('recordAction');
-      const data = encode(msg.action);
-      await add(
-        `recordAction(frame ${msg.frameId})`,
-        // MCAP sequence is uint32; frame ids are non-negative and far below 2^32 in practice.
-        { sequence: msg.frameId >>> 0, logTime: logTimeNs, publishTime: stampNs, data },
-        () => actionChannel(msg.sourceId),
-      );
-      counts.actions += 1;
-    },
-    async recordEvent(event: object, logTimeNs: bigint, stampNs: bigint = logTimeNs): Promise<void> {
-      checkTime('recordEvent', logTimeNs);
-      checkTime('recordEvent', stampNs, 'stampNs');
-      if (event === null || typeof event !== 'object')
-        throw new TypeError(`recorder.recordEvent: expected an event object but received ${String(event)}`);
-      checkOpen('recordEvent');
-      const data = encode(event);
-      const sequence = counts.events++;
-      await add('recordEvent', { sequence, logTime: logTimeNs, publishTime: stampNs, data }, () => eventsChannel);
-    },
-    async recordStats(summary: object, logTimeNs: bigint): Promise<void> {
-      checkTime('recordStats', logTimeNs);
-      checkOpen('recordStats');
-      const data = encode(summary);
-      const sequence = counts.stats++;
-      await add('recordStats', { sequence, logTime: logTimeNs, publishTime: logTimeNs, data }, () => statsChannel);
-    },
-    close(): Promise<void> {
-      closing ??= (async () => {
-        clearTimeout(flushTimer);
-        try {
-          await enqueue('end', () => file.end());
-        } finally {
-          await handle.close();
-        }
-      })();
-      return closing;
-    },
-  };
+  /** Disarms the wall-time flush when its chunk was written, and arms it while a chunk is open. */
+  #rearm(): void {
+    const file = this.#file;
+    if (file.chunksWritten !== this.#chunksSeen) {
+      this.#chunksSeen = file.chunksWritten;
+      clearTimeout(this.#flushTimer);
+      this.#flushTimer = undefined;
+    }
+    if (this.#flushAfterMs === null || this.#flushTimer || !file.chunkOpen || this.#closing) return;
+    this.#flushTimer = setTimeout(() => {
+      this.#flushTimer = undefined;
+      void this.#enqueue('flush', () => file.flushChunk()).catch(() => undefined);
+    }, this.#flushAfterMs);
+    this.#flushTimer.unref();
+  }
+}
+
+/** One channel per source id on a topic, registered when the source first appears. */
+class SourceChannels {
+  readonly #file: ChunkedMcapFile;
+  readonly #topic: string;
+  readonly #schemaId: number;
+  readonly #metadata: (sourceId: string) => [string, string][];
+  readonly #ids = new Map<string, number>();
+
+  constructor(file: ChunkedMcapFile, topic: string, schemaId: number, metadata: (sourceId: string) => [string, string][]) {
+    this.#file = file;
+    this.#topic = topic;
+    this.#schemaId = schemaId;
+    this.#metadata = metadata;
+  }
+
+  of(sourceId: string): number {
+    let id = this.#ids.get(sourceId);
+    if (id === undefined) {
+      id = this.#file.registerChannel({
+        topic: this.#topic,
+        schemaId: this.#schemaId,
+        messageEncoding: 'json',
+        metadata: new Map(this.#metadata(sourceId)),
+      });
+      this.#ids.set(sourceId, id);
+    }
+    return id;
+  }
+}
+
+function jsonSchema(name: string, body: object): Omit<McapTypes.Schema, 'id'> {
+  return { name, encoding: 'jsonschema', data: new TextEncoder().encode(JSON.stringify(body)) };
+}
+
+function checkTime(fn: string, ns: bigint, name = 'logTimeNs'): void {
+  if (typeof ns !== 'bigint' || ns < 0n) {
+    throw new TypeError(`recorder.${fn}: expected a bigint ${name} >= 0 but received ${String(ns)} of type ${typeof ns}`);
+  }
+}
+
+function encode(value: unknown): Uint8Array {
+  return new TextEncoder().encode(JSON.stringify(value, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v)));
 }
 
 type Stamp = { readonly sec: number; readonly nsec: number };
@@ -334,214 +397,4 @@ function rawImage(frame: CameraFrame, timestamp: Stamp, frameId: string): object
     step: frame.stride ?? width * bytesPerPixel,
     data: Buffer.from(frame.data.buffer, frame.data.byteOffset, frame.data.byteLength).toString('base64'),
   };
-}
-
-// ---- the file layout ----------------------------------------------------------------------------
-
-interface ChunkPolicy {
-  /** Log-time span (ns) at which a chunk is written. */
-  readonly chunkMs: bigint;
-  readonly chunkBytes: number;
-  readonly compress: ((data: Uint8Array) => Uint8Array) | undefined;
-}
-
-/**
- * An MCAP file written in chunks that close on time as well as size.
- * It ends with the summary McapWriter writes and both CRCs.
- * The summary holds schemas, channels, statistics, metadata, chunk indexes and summary offsets.
- * Methods must be called one at a time; the recorder's chain does that.
- */
-class ChunkedMcapFile {
-  readonly #handle: FileHandle;
-  readonly #policy: ChunkPolicy;
-  readonly #records = new McapRecordBuilder();
-  readonly #chunk = new McapChunkBuilder({ useMessageIndex: true });
-  readonly #schemas = new Map<number, McapTypes.Schema>();
-  readonly #channels = new Map<number, McapTypes.Channel>();
-  readonly #written = new Set<string>();
-  readonly #chunkIndexes: McapTypes.ChunkIndex[] = [];
-  readonly #metadataIndexes: McapTypes.MetadataIndex[] = [];
-  readonly #statistics: McapTypes.Statistics = {
-    messageCount: 0n,
-    schemaCount: 0,
-    channelCount: 0,
-    attachmentCount: 0,
-    metadataCount: 0,
-    chunkCount: 0,
-    messageStartTime: 0n,
-    messageEndTime: 0n,
-    channelMessageCounts: new Map(),
-  };
-  #position = 0n;
-  #dataCrc = 0;
-  #chunkFirstLogTime = 0n;
-
-  constructor(handle: FileHandle, policy: ChunkPolicy) {
-    this.#handle = handle;
-    this.#policy = policy;
-  }
-
-  get chunkOpen(): boolean {
-    return this.#chunk.numMessages > 0;
-  }
-
-  get chunksWritten(): number {
-    return this.#statistics.chunkCount;
-  }
-
-  registerSchema(schema: Omit<McapTypes.Schema, 'id'>): number {
-    const id = this.#schemas.size + 1;
-    this.#schemas.set(id, { ...schema, id });
-    this.#statistics.schemaCount += 1;
-    return id;
-  }
-
-  registerChannel(channel: Omit<McapTypes.Channel, 'id'>): number {
-    const id = this.#channels.size;
-    this.#channels.set(id, { ...channel, id });
-    this.#statistics.channelCount += 1;
-    return id;
-  }
-
-  async start(header: McapTypes.Header): Promise<void> {
-    this.#records.writeMagic();
-    this.#records.writeHeader(header);
-    await this.#writeData();
-  }
-
-  async addMessage(message: McapTypes.Message): Promise<void> {
-    const stats = this.#statistics;
-    if (stats.messageCount === 0n || message.logTime < stats.messageStartTime) stats.messageStartTime = message.logTime;
-    if (stats.messageCount === 0n || message.logTime > stats.messageEndTime) stats.messageEndTime = message.logTime;
-    stats.messageCount += 1n;
-    stats.channelMessageCounts.set(message.channelId, (stats.channelMessageCounts.get(message.channelId) ?? 0n) + 1n);
-    const channel = this.#channels.get(message.channelId);
-    if (!channel) throw new Error(`addMessage: no channel ${message.channelId}`);
-    // A schema and a channel go into the chunk of their first message, once (as McapWriter does).
-    if (channel.schemaId !== 0 && !this.#written.has(`s${channel.schemaId}`)) {
-      this.#chunk.addSchema(this.#schemas.get(channel.schemaId)!);
-      this.#written.add(`s${channel.schemaId}`);
-    }
-    if (!this.#written.has(`c${channel.id}`)) {
-      this.#chunk.addChannel(channel);
-      this.#written.add(`c${channel.id}`);
-    }
-    if (this.#chunk.numMessages === 0) this.#chunkFirstLogTime = message.logTime;
-    this.#chunk.addMessage(message);
-    const span = this.#chunk.messageEndTime - this.#chunkFirstLogTime;
-    if (this.#chunk.byteLength >= this.#policy.chunkBytes || span >= this.#policy.chunkMs) await this.flushChunk();
-  }
-
-  async addMetadata(metadata: McapTypes.Metadata): Promise<void> {
-    await this.flushChunk(); // keeps the records in the order they were given
-    const offset = this.#position;
-    const length = this.#records.writeMetadata(metadata);
-    this.#metadataIndexes.push({ name: metadata.name, offset, length });
-    this.#statistics.metadataCount += 1;
-    await this.#writeData();
-  }
-
-  /** Writes the open chunk (if any) and its message indexes. */
-  async flushChunk(): Promise<void> {
-    const chunk = this.#chunk;
-    if (chunk.numMessages === 0) return;
-    const data = chunk.buffer;
-    const records = this.#policy.compress ? this.#policy.compress(data) : data;
-    const chunkStartOffset = this.#position;
-    const chunkLength = this.#records.writeChunk({
-      messageStartTime: chunk.messageStartTime,
-      messageEndTime: chunk.messageEndTime,
-      uncompressedSize: BigInt(data.length),
-      uncompressedCrc: crc32(data),
-      compression: this.#policy.compress ? 'zstd' : '',
-      records,
-    });
-    const messageIndexOffsets = new Map<number, bigint>();
-    let messageIndexLength = 0n;
-    for (const index of chunk.indices) {
-      if (index.records.length === 0) continue;
-      messageIndexOffsets.set(index.channelId, chunkStartOffset + chunkLength + messageIndexLength);
-      messageIndexLength += this.#records.writeMessageIndex(index);
-    }
-    this.#chunkIndexes.push({
-      messageStartTime: chunk.messageStartTime,
-      messageEndTime: chunk.messageEndTime,
-      chunkStartOffset,
-      chunkLength,
-      messageIndexOffsets,
-      messageIndexLength,
-      compression: this.#policy.compress ? 'zstd' : '',
-      compressedSize: BigInt(records.byteLength),
-      uncompressedSize: BigInt(data.length),
-    });
-    chunk.reset();
-    await this.#writeData();
-    // Counted once the bytes are handed to the file: `chunksWritten` means on disk, not staged.
-    this.#statistics.chunkCount += 1;
-  }
-
-  async end(): Promise<void> {
-    await this.flushChunk();
-    this.#records.writeDataEnd({ dataSectionCrc: this.#dataCrc });
-    await this.#write();
-    // The summary, in McapWriter's order, each group noted for the summary offsets.
-    const summaryStart = this.#position;
-    const groups: McapTypes.SummaryOffset[] = [];
-    const group = (opcode: Opcode, write: () => bigint): void => {
-      const groupStart = this.#position + BigInt(this.#records.length);
-      const groupLength = write();
-      if (groupLength > 0n) groups.push({ groupOpcode: opcode, groupStart, groupLength });
-    };
-    const sum = (items: Iterable<unknown>, write: (item: never) => bigint) => () => {
-      let n = 0n;
-      for (const item of items) n += write(item as never);
-      return n;
-    };
-    group(
-      Opcode.SCHEMA,
-      sum(this.#schemas.values(), (s: McapTypes.Schema) => this.#records.writeSchema(s)),
-    );
-    group(
-      Opcode.CHANNEL,
-      sum(this.#channels.values(), (c: McapTypes.Channel) => this.#records.writeChannel(c)),
-    );
-    group(Opcode.STATISTICS, () => this.#records.writeStatistics(this.#statistics));
-    group(
-      Opcode.METADATA_INDEX,
-      sum(this.#metadataIndexes, (m: McapTypes.MetadataIndex) => this.#records.writeMetadataIndex(m)),
-    );
-    group(
-      Opcode.CHUNK_INDEX,
-      sum(this.#chunkIndexes, (c: McapTypes.ChunkIndex) => this.#records.writeChunkIndex(c)),
-    );
-    const summaryOffsetStart = this.#position + BigInt(this.#records.length);
-    for (const g of groups) this.#records.writeSummaryOffset(g);
-    // The footer's CRC covers the summary up to and including the footer's own first two fields.
-    const footerHead = Buffer.alloc(1 + 8 + 8 + 8);
-    footerHead.writeUInt8(Opcode.FOOTER, 0);
-    footerHead.writeBigUInt64LE(8n + 8n + 4n, 1);
-    footerHead.writeBigUInt64LE(summaryStart, 9);
-    footerHead.writeBigUInt64LE(summaryOffsetStart, 17);
-    const summaryCrc = crc32(footerHead, crc32(this.#records.buffer));
-    this.#records.writeFooter({ summaryStart, summaryOffsetStart, summaryCrc });
-    this.#records.writeMagic();
-    await this.#write();
-  }
-
-  /** Writes what the record builder holds as part of the data section (its CRC follows it). */
-  async #writeData(): Promise<void> {
-    this.#dataCrc = crc32(this.#records.buffer, this.#dataCrc);
-    await this.#write();
-  }
-
-  async #write(): Promise<void> {
-    const bytes = this.#records.buffer;
-    let done = 0;
-    while (done < bytes.length) {
-      const { bytesWritten } = await this.#handle.write(bytes, done, bytes.length - done);
-      done += bytesWritten;
-    }
-    this.#position += BigInt(bytes.length);
-    this.#records.reset();
-  }
 }

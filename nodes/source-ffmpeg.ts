@@ -44,7 +44,11 @@ export interface FfmpegSource extends FrameSource<CameraFrame> {
 const MAX_FRAME_BYTES = 64 << 20;
 const SHOWINFO = /\] n:\s*(\d+)\s+pts:\s*(-?\d+)\s+pts_time:\s*(-?\d+(?:\.\d+)?)/;
 
-export function createFfmpegSource(options: FfmpegSourceOptions): FfmpegSource {
+/** FfmpegSourceOptions with every default filled in, as checkFfmpegSourceOptions returns them. */
+export type CheckedFfmpegSourceOptions = Required<FfmpegSourceOptions>;
+
+/** Checks `options` and fills in the defaults; throws naming the first bad option. */
+export function checkFfmpegSourceOptions(options: FfmpegSourceOptions): CheckedFfmpegSourceOptions {
   if (options === null || typeof options !== 'object') throw new TypeError('createFfmpegSource: expected an options object { url }');
   const {
     url,
@@ -64,39 +68,53 @@ export function createFfmpegSource(options: FfmpegSourceOptions): FfmpegSource {
     throw new TypeError(`createFfmpegSource: expected a non-empty url but received ${JSON.stringify(url)}`);
   if (!Array.isArray(inputOptions) || !inputOptions.every((o) => typeof o === 'string'))
     throw new TypeError('createFfmpegSource: expected inputOptions to be an array of strings');
-  for (const [name, value] of [
-    ['fps', fps],
-    ['width', width],
-    ['height', height],
-    ['maxRestarts', maxRestarts],
-    ['backoffMs', backoffMs],
-    ['maxBackoffMs', maxBackoffMs],
-  ] as const) {
-    if (typeof value !== 'number' || !Number.isFinite(value) || value < 0)
-      throw new RangeError(`createFfmpegSource: expected a number >= 0 for ${name} but received ${value}`);
-  }
+  numberAtLeastZero('fps', fps);
+  numberAtLeastZero('width', width);
+  numberAtLeastZero('height', height);
+  numberAtLeastZero('maxRestarts', maxRestarts);
+  numberAtLeastZero('backoffMs', backoffMs);
+  numberAtLeastZero('maxBackoffMs', maxBackoffMs);
   if (!['on-failure', 'always', 'never'].includes(restart))
     throw new TypeError(`createFfmpegSource: unknown restart policy ${JSON.stringify(restart)}`);
-  const probe = spawnSync(ffmpegPath, ['-hide_banner', '-version'], { stdio: 'ignore' });
-  if (probe.error)
-    throw new Error(`ffmpeg source: cannot run ${ffmpegPath} (${probe.error.message}); install ffmpeg (Debian: apt-get install ffmpeg)`);
+  const id = options.id ?? `ffmpeg:${url}`;
+  return { url, inputFormat, inputOptions, fps, width, height, realtime, restart, maxRestarts, backoffMs, maxBackoffMs, ffmpegPath, id };
+}
 
+function numberAtLeastZero(name: string, value: unknown): void {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0)
+    throw new RangeError(`createFfmpegSource: expected a number >= 0 for ${name} but received ${value}`);
+}
+
+/** Checks the options and that ffmpeg runs; the first run starts when frames() is called. */
+export function createFfmpegSource(options: FfmpegSourceOptions): FfmpegSource {
+  const checked = checkFfmpegSourceOptions(options);
+  const probe = spawnSync(checked.ffmpegPath, ['-hide_banner', '-version'], { stdio: 'ignore' });
+  if (probe.error)
+    throw new Error(
+      `ffmpeg source: cannot run ${checked.ffmpegPath} (${probe.error.message}); install ffmpeg (Debian: apt-get install ffmpeg)`,
+    );
+  return new SupervisedFfmpeg(checked);
+}
+
+/** ffmpeg's arguments for the options: an array, never a shell command line. */
+function ffmpegArgs(options: CheckedFfmpegSourceOptions): readonly string[] {
+  const { fps, width, height, inputFormat } = options;
   const filters = [
     ...(fps > 0 ? [`fps=${fps}`] : []),
     ...(width > 0 || height > 0 ? [`scale=${width || -2}:${height || -2}`] : []),
     'showinfo',
   ];
-  const args = Object.freeze([
+  return Object.freeze([
     '-hide_banner',
     '-nostdin',
     '-nostats',
     '-loglevel',
     'info',
-    ...(realtime ? ['-re'] : []),
-    ...inputOptions,
+    ...(options.realtime ? ['-re'] : []),
+    ...options.inputOptions,
     ...(inputFormat ? ['-f', inputFormat] : []),
     '-i',
-    url,
+    options.url,
     '-an',
     '-copyts',
     '-vf',
@@ -111,19 +129,42 @@ export function createFfmpegSource(options: FfmpegSourceOptions): FfmpegSource {
     'image2pipe',
     'pipe:1',
   ]);
-  const id = options.id ?? `ffmpeg:${url}`;
-  const counters = { frames: 0, restarts: 0, unstamped: 0, rejected: 0 };
-  let running: FfmpegRun | undefined;
+}
 
-  async function* generate(
+/** The source: one ffmpeg run at a time, restarted by the options' policy. */
+class SupervisedFfmpeg implements FfmpegSource {
+  readonly id: string;
+  readonly args: readonly string[];
+  readonly #options: CheckedFfmpegSourceOptions;
+  readonly #counters = { frames: 0, restarts: 0, unstamped: 0, rejected: 0 };
+  #running: FfmpegRun | undefined;
+
+  constructor(options: CheckedFfmpegSourceOptions) {
+    this.#options = options;
+    this.id = options.id;
+    this.args = ffmpegArgs(options);
+  }
+
+  get counters(): FfmpegSourceCounters {
+    return { ...this.#counters };
+  }
+
+  get pid(): number | undefined {
+    return this.#running?.pid;
+  }
+
+  async *frames(
     clock: Clock,
     signal: AbortSignal,
     report?: (incident: SourceIncident) => void,
   ): AsyncGenerator<SourceItem<CameraFrame> | SourceRejection> {
+    const { url, restart, maxRestarts, backoffMs, maxBackoffMs, ffmpegPath } = this.#options;
+    const counters = this.#counters;
+    const id = this.id;
     let inARow = 0;
     let delayMs = backoffMs;
     while (!signal.aborted) {
-      const run = (running = new FfmpegRun(ffmpegPath, args, signal));
+      const run = (this.#running = new FfmpegRun(ffmpegPath, this.args, signal));
       try {
         for (;;) {
           const next = await run.next();
@@ -155,7 +196,7 @@ export function createFfmpegSource(options: FfmpegSourceOptions): FfmpegSource {
       } finally {
         // Also when the consumer stops early (return()): never leave an ffmpeg behind.
         await run.stop();
-        running = undefined;
+        this.#running = undefined;
       }
       if (signal.aborted) return;
       const { code, signalName, lastError } = run.exitStatus!;
@@ -182,20 +223,9 @@ export function createFfmpegSource(options: FfmpegSourceOptions): FfmpegSource {
     }
   }
 
-  return {
-    id,
-    args,
-    get counters(): FfmpegSourceCounters {
-      return { ...counters };
-    },
-    get pid() {
-      return running?.pid;
-    },
-    frames: generate,
-    async close(): Promise<void> {
-      await running?.stop();
-    },
-  };
+  async close(): Promise<void> {
+    await this.#running?.stop();
+  }
 }
 
 /** A frame ffmpeg began but did not finish. */

@@ -40,7 +40,10 @@ describe('import rules', () => {
         "import './payloads.ts';\nimport './action-schema.ts';\nimport './encoder.worker.ts';\nimport '../pipeline/types.ts';\n",
       'nodes/encoder.worker.ts': "import './payloads.ts';\n",
       'nodes/decoder.ts': "import './encoder.ts';\nimport '../native/llama.ts';\nimport '../models/resolve.ts';\n", // a stage importing a stage; resolving a spec
-      'nodes/recorder.ts': "import '../app/run.ts';\n", // a stage importing the app
+      'nodes/recorder.ts': "import './mcap-write.ts';\nimport '../app/run.ts';\n", // a stage importing the app
+      'nodes/source-bag.ts': "import './mcap-read.ts';\nimport './payloads.ts';\n",
+      'nodes/mcap-read.ts': 'export {};\n', // the shared MCAP reader and writer are not stages
+      'nodes/mcap-write.ts': "import './decoder.ts';\n", // but they import no stage either
       'native/llama.ts': "import '../pipeline/types.ts';\n", // the binding importing the runtime
       'models/resolve.ts': "import '../nodes/payloads.ts';\n", // models importing a stage's types
       'models/synth.ts': "import './missing.ts';\n", // an import that resolves to nothing
@@ -66,6 +69,7 @@ describe('import rules', () => {
       'only-wire-types-from-client: nodes/publisher.ts → client/index.ts',
       'pipeline-is-the-runtime: pipeline/graph.ts → nodes/payloads.ts',
       'stages-never-import-stages: nodes/decoder.ts → nodes/encoder.ts',
+      'stages-never-import-stages: nodes/mcap-write.ts → nodes/decoder.ts',
       'tools-are-scripts: app/cli.ts → tools/helpers.ts',
     ]);
   });

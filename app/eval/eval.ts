@@ -1,10 +1,10 @@
-// `percept eval`: replays a bag in lockstep on the virtual clock (every frame processed, the same
-// way each time), records the run, and measures it from the recording: schema-valid rate, accuracy
-// against labels (action, target label, bbox IoU), deadline-miss rate, drops by reason and cause,
-// per-stage latency quantiles; with a reference config (e.g. the F16 decoder next to Q4_K_M), the
-// token agreement of the two. Writes metrics.json and report.html (see eval-report.ts) into --out.
-// `--fail-under valid=0.99,accuracy=0.8,miss=0.05` exits 2 when a metric is on the wrong side
-// (valid, accuracy, iou, agreement are minimums; miss is a maximum).
+// `percept eval`: replays a bag in lockstep on the virtual clock, records the run and measures the recording.
+// Lockstep processes every frame, the same way each time.
+// Metrics: schema-valid rate, accuracy against labels, deadline misses, drops, per-stage latency quantiles.
+// With a reference config, such as the F16 decoder next to Q4_K_M, also the token agreement of the two.
+// It writes metrics.json and report.html (app/eval/report.ts) into --out.
+// `--fail-under valid=0.99,accuracy=0.8,miss=0.05` exits 2 when a metric is on the wrong side.
+// Valid, accuracy, iou and agreement are minimums, and miss is a maximum.
 // `percept compare A B` puts two eval outputs side by side.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
@@ -12,8 +12,8 @@ import cliProgress from 'cli-progress';
 import type { PerceptConfig } from '../../pipeline/config.ts';
 import type { Graph } from '../../pipeline/graph/graph.ts';
 import type { RunSummary } from '../../pipeline/telemetry/events.ts';
-import { loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
-import { McapFile } from '../../nodes/source-bag.ts';
+import { loadActionSchema } from '../../nodes/action-schema.ts';
+import { McapFile } from '../../nodes/mcap-read.ts';
 import { ACTIONS_TOPIC, EVENTS_TOPIC, STATS_TOPIC } from '../../nodes/recorder.ts';
 import { loadLabels, type Label } from './labels.ts';
 import { quantile } from '../stats.ts';
@@ -311,7 +311,7 @@ export interface EvalOptions {
   readonly progress?: boolean;
 }
 
-/** Runs the evaluation; resolves with the exit code (1: a run failed, 2: a threshold was not met). */
+/** Runs the evaluation and resolves with the exit code: 1 when a run failed, 2 when a threshold was not met. */
 export async function evaluate(opts: EvalOptions): Promise<{ code: number; metrics: EvalMetrics }> {
   const thresholds = opts.failUnder ? parseFailUnder(opts.failUnder) : {};
   const out = resolve(opts.out);
@@ -319,6 +319,9 @@ export async function evaluate(opts: EvalOptions): Promise<{ code: number; metri
   const bag = resolve(opts.bag);
   const defaultLabels = bag.replace(/\.mcap$/, '') + '.labels.jsonl';
   const labelsPath = opts.labels ? resolve(opts.labels) : existsSync(defaultLabels) ? defaultLabels : null;
+  // The labels are read and checked before any replay, so a bad file fails at once.
+  const labelSchema = loadActionSchema(runConfig({ config: opts.config }).actions.schema);
+  const labels = labelsPath ? loadLabels(labelsPath, labelSchema) : undefined;
 
   const replay = async (configPath: string | undefined, name: string): Promise<{ config: PerceptConfig; recording: string }> => {
     const recording = join(out, `${name}.mcap`);
@@ -333,8 +336,6 @@ export async function evaluate(opts: EvalOptions): Promise<{ code: number; metri
     return { config, recording };
   };
   const main = await replay(opts.config, 'run');
-  const schema: ActionSchema = loadActionSchema(main.config.actions.schema);
-  const labels = labelsPath ? loadLabels(labelsPath, schema) : undefined;
   const reference = opts.reference ? await replay(opts.reference, 'reference') : undefined;
   const { metrics, series } = measure(
     await readRecording(main.recording),
@@ -349,7 +350,7 @@ export async function evaluate(opts: EvalOptions): Promise<{ code: number; metri
   return { code: failures.length > 0 ? 2 : 0, metrics };
 }
 
-/** A progress bar over the replay's frames (on stderr; when it is not a terminal, a line every few seconds). */
+/** A progress bar over the replay's frames on stderr. When stderr is not a terminal, a line every few seconds. */
 function progressBar(enabled: boolean, name: string) {
   return (graph: Graph, total: number | undefined): void => {
     if (!enabled) return;

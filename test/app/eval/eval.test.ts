@@ -2,9 +2,18 @@
 // written by the recorder (every number worked out by hand below), thresholds, and compare.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { checkThresholds, compare, formatComparison, iou, measure, parseFailUnder, readRecording } from '../../../app/eval/eval.ts';
+import {
+  checkThresholds,
+  compare,
+  evaluate,
+  formatComparison,
+  iou,
+  measure,
+  parseFailUnder,
+  readRecording,
+} from '../../../app/eval/eval.ts';
 import type { EvalMetrics } from '../../../app/eval/metrics.ts';
 import { loadLabels } from '../../../app/eval/labels.ts';
 import { loadActionSchema } from '../../../nodes/action-schema.ts';
@@ -67,6 +76,16 @@ describe('labels', () => {
       assert.throws(() => loadLabels(join(dir, 'bad.jsonl'), schema), expected);
     }
     assert.throws(() => loadLabels(join(dir, 'none.jsonl'), schema), /labels: cannot read .*none\.jsonl/);
+  });
+
+  test('percept eval checks the labels before it replays anything: a bad file fails at once, no recording made', async () => {
+    writeFileSync(join(dir, 'unreadable.jsonl'), 'not json\n');
+    const out = join(dir, 'eval-bad-labels');
+    await assert.rejects(
+      evaluate({ bag: join(root, 'bags/sample.mcap'), labels: join(dir, 'unreadable.jsonl'), out, progress: false }),
+      /unreadable\.jsonl:1/,
+    );
+    assert.equal(existsSync(join(out, 'run.mcap')), false, 'no replay ran');
   });
 });
 

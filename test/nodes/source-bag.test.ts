@@ -9,12 +9,10 @@ import { loadDecompressHandlers } from '@mcap/support';
 import { CompressedImage } from '@foxglove/schemas/jsonschema.js';
 import sharp from 'sharp';
 import { createBagSource, decoderFor } from '../../nodes/source-bag.ts';
-import { createFolderSource } from '../../nodes/source-folder.ts';
-import { createPatternSource, encodePatternFrame, readPatternCounter } from '../../nodes/source-pattern.ts';
+import { encodePatternFrame } from '../../nodes/source-pattern.ts';
 import { RealClock, VirtualClock } from '../../pipeline/clock.ts';
-import type { Clock } from '../../pipeline/clock.ts';
 import type { CameraFrame } from '../../nodes/payloads.ts';
-import { isRejection, type FrameSource, type SourceIncident, type SourceItem, type SourceRejection } from '../../pipeline/types.ts';
+import { isRejection, type SourceIncident, type SourceRejection } from '../../pipeline/types.ts';
 import { SAMPLE_START_NS, SAMPLE_TOPIC, makeSampleBag } from '../../tools/make-sample-bag.ts';
 import {
   ROS_COMPRESSED_IMAGE,
@@ -26,209 +24,13 @@ import {
   rosImage,
   writeBag,
 } from '../support/bag-fixtures.ts';
+import { MS, decodeRgb, root, sampleBag, take, takeAll } from '../support/sources.ts';
 
-const root = new URL('../..', import.meta.url).pathname;
-const cache = join(root, '.cache/test-sources');
-const sampleBag = join(root, 'bags/sample.mcap');
-const MS = 1_000_000n;
-
-/** Up to `max` items of a source (frames and rejections, in order). */
-async function takeAll<T>(
-  source: FrameSource<T>,
-  clock: Clock,
-  max: number,
-  controller = new AbortController(),
-  incidents: SourceIncident[] = [],
-): Promise<(SourceItem<T> | SourceRejection)[]> {
-  const out: (SourceItem<T> | SourceRejection)[] = [];
-  for await (const item of source.frames(clock, controller.signal, (i) => incidents.push(i))) {
-    out.push(item);
-    if (out.length >= max) break;
-  }
-  return out;
-}
-
-/** Up to `max` frames of a source; a rejection fails the test. */
-async function take<T>(
-  source: FrameSource<T>,
-  clock: Clock,
-  max: number,
-  controller = new AbortController(),
-  incidents: SourceIncident[] = [],
-): Promise<SourceItem<T>[]> {
-  const items = await takeAll(source, clock, max, controller, incidents);
-  const rejected = items.filter(isRejection);
-  assert.deepEqual(rejected, [], 'no rejections expected');
-  return items.filter(isItem);
-}
-
-async function decodeRgb(frame: CameraFrame): Promise<{ data: Buffer; width: number; height: number }> {
-  const { data, info } = await sharp(frame.data).removeAlpha().raw().toBuffer({ resolveWithObject: true });
-  return { data, width: info.width, height: info.height };
-}
-
-const isItem = <T>(item: SourceItem<T> | SourceRejection): item is SourceItem<T> => !isRejection(item);
+const cache = join(root, '.cache/test-source-bag');
 
 before(() => {
   rmSync(cache, { recursive: true, force: true });
   mkdirSync(cache, { recursive: true });
-});
-
-describe('pattern source', () => {
-  test('on a VirtualClock: frames at i/fps, clock advanced, counter readable, JPEG decodes at size', async () => {
-    const clock = new VirtualClock(1_000n, 1_700_000_000_000);
-    const source = createPatternSource({ fps: 10, frames: 5, width: 320, height: 180, id: 'pat' });
-    const seen: bigint[] = [];
-    const items: SourceItem<CameraFrame>[] = [];
-    for await (const item of source.frames(clock, new AbortController().signal)) {
-      seen.push(clock.nowNs());
-      items.push(item);
-    }
-    assert.equal(items.length, 5, 'stops at `frames`');
-    assert.deepEqual(
-      items.map((it) => it.captureNs),
-      [0n, 100n, 200n, 300n, 400n].map((ms) => 1_000n + ms * MS),
-    );
-    assert.deepEqual(
-      seen,
-      items.map((it) => it.captureNs),
-      'the clock is at the capture time when the item is yielded',
-    );
-    assert.deepEqual(
-      items.map((it) => it.captureWallMs),
-      [0, 100, 200, 300, 400].map((ms) => 1_700_000_000_000 + ms),
-    );
-    for (const [i, item] of items.entries()) {
-      assert.equal(item.sourceId, 'pat');
-      assert.equal(item.payload.encoding, 'jpeg');
-      const rgb = await decodeRgb(item.payload);
-      assert.deepEqual([rgb.width, rgb.height], [320, 180]);
-      assert.equal(readPatternCounter(rgb.data, rgb.width, rgb.height), i);
-    }
-    assert.deepEqual(source.counters, { yielded: 5, late: 0 });
-  });
-
-  test('on a VirtualClock that a slow consumer moved past the due time, capture stamps stay at the due time', async () => {
-    const clock = new VirtualClock(0n, 1_000);
-    const items: SourceItem<CameraFrame>[] = [];
-    for await (const item of createPatternSource({ fps: 10, frames: 3, width: 64, height: 64 }).frames(
-      clock,
-      new AbortController().signal,
-    )) {
-      items.push(item);
-      clock.advance(250n * MS); // the consumer spends 250 ms of virtual time per frame
-    }
-    assert.deepEqual(
-      items.map((it) => it.captureNs),
-      [0n, 100n * MS, 200n * MS],
-    );
-    assert.deepEqual(
-      items.map((it) => it.captureWallMs),
-      [1_000, 1_100, 1_200],
-    );
-  });
-
-  test('each frame is encoded ahead, while the one before it is consumed: it exists at its capture time', async () => {
-    const clock = new VirtualClock(0n, 0);
-    const readyNs: bigint[] = [];
-    const encode = (i: number, w: number, h: number, q: number): Promise<Buffer> =>
-      encodePatternFrame(i, w, h, q).then((data) => {
-        clock.advance(30n * MS); // the encode takes 30 ms of this clock
-        readyNs[i] = clock.nowNs();
-        return data;
-      });
-    const items: SourceItem<CameraFrame>[] = [];
-    for await (const item of createPatternSource({ fps: 10, frames: 4, width: 64, height: 64 }, encode).frames(
-      clock,
-      new AbortController().signal,
-    )) {
-      items.push(item);
-    }
-    // The schedule starts once frame 0 exists (30 ms); each later frame was encoded during the wait
-    // for its due time, so its capture is its due time and its bytes were there by then (encoded
-    // after the capture, as this source used to, frame i would be ready 30 ms after it).
-    assert.deepEqual(
-      items.map((it) => it.captureNs),
-      [30n, 130n, 230n, 330n].map((ms) => ms * MS),
-    );
-    items.forEach((it, i) => assert.ok(readyNs[i]! <= it.captureNs, `frame ${i} ready at ${readyNs[i]}, captured at ${it.captureNs}`));
-    for (const [i, item] of items.entries()) {
-      const rgb = await decodeRgb(item.payload);
-      assert.equal(readPatternCounter(rgb.data, rgb.width, rgb.height), i);
-    }
-  });
-
-  test('stopped early, the frame encoded ahead settles and its failure is not raised', async () => {
-    const controller = new AbortController();
-    const encode = (i: number, w: number, h: number, q: number): Promise<Buffer> =>
-      i === 0 ? encodePatternFrame(i, w, h, q) : Promise.reject(new Error(`frame ${i} was never needed`));
-    const items: SourceItem<CameraFrame>[] = [];
-    for await (const item of createPatternSource({ fps: 10, frames: 5, width: 64, height: 64 }, encode).frames(
-      new VirtualClock(),
-      controller.signal,
-    )) {
-      items.push(item);
-      controller.abort();
-    }
-    assert.equal(items.length, 1);
-    // Not stopped, the same failure ends the source with it.
-    const all = createPatternSource({ fps: 10, frames: 5, width: 64, height: 64 }, encode).frames(
-      new VirtualClock(),
-      new AbortController().signal,
-    );
-    await assert.rejects(async () => {
-      for await (const item of all) items.push(item);
-    }, /frame 1 was never needed/);
-  });
-
-  test('frame i is deterministic, and consecutive frames differ (the box moves)', async () => {
-    const a = await encodePatternFrame(7, 320, 180);
-    const b = await encodePatternFrame(7, 320, 180);
-    const c = await encodePatternFrame(8, 320, 180);
-    assert.deepEqual(a, b);
-    assert.notDeepEqual(a, c);
-    const rgb = await decodeRgb({ encoding: 'jpeg', data: await encodePatternFrame(40_000, 640, 360) });
-    assert.equal(readPatternCounter(rgb.data, 640, 360), 40_000);
-  });
-
-  test('on a RealClock: paced from the start time, never early', async () => {
-    const clock = new RealClock();
-    const fps = 100;
-    const period = 10n * MS;
-    const startNs = clock.nowNs();
-    const items = await take(createPatternSource({ fps, frames: 8, width: 64, height: 64 }), clock, 100);
-    assert.equal(items.length, 8);
-    items.forEach((it, i) => {
-      // The schedule starts at the first pull (>= startNs), so each frame is due no earlier than this.
-      assert.ok(
-        it.captureNs >= startNs + BigInt(i) * period,
-        `frame ${i} captured ${it.captureNs - startNs - BigInt(i) * period} ns early`,
-      );
-    });
-  });
-
-  test('stops when the signal fires', async () => {
-    const controller = new AbortController();
-    const source = createPatternSource({ fps: 1000, frames: Infinity, width: 64, height: 64 });
-    const items: SourceItem<CameraFrame>[] = [];
-    for await (const item of source.frames(new RealClock(), controller.signal)) {
-      items.push(item);
-      if (items.length === 3) controller.abort();
-    }
-    assert.equal(items.length, 3);
-  });
-
-  test('validates its options', () => {
-    const ok = { fps: 10, frames: 5, width: 320, height: 180 };
-    const cases: Array<[object, RegExp]> = [
-      [{ ...ok, fps: 0 }, /finite number > 0 for fps/],
-      [{ ...ok, frames: 1.5 }, /positive integer or Infinity for frames/],
-      [{ ...ok, width: 10 }, /between 64 and 8192 for width/],
-      [{ ...ok, quality: 101 }, /between 1 and 100 for quality/],
-      [{ ...ok, id: '' }, /non-empty string for id/],
-    ];
-    for (const [options, re] of cases) assert.throws(() => createPatternSource(options as never), re);
-  });
 });
 
 describe('sample bag', () => {
@@ -674,69 +476,5 @@ describe('bag source', () => {
     assert.match(decoderFor(ros('sensor_msgs/msg/Image', 'uint32 [] broken'), 'cdr') as string, /ros2msg schema does not parse/);
     assert.match(decoderFor(foxglove('sensor_msgs/CompressedImage'), 'ros1') as string, /not an image type percept reads/);
     assert.match(decoderFor(undefined, 'json') as string, /\(no schema\) is not an image type/);
-  });
-});
-
-describe('folder source', () => {
-  test('JPEG and PNG files in numeric name order, typed by content; a file that is not an image is a rejected frame', async () => {
-    const dir = join(cache, 'frames');
-    mkdirSync(dir, { recursive: true });
-    const jpeg = await encodePatternFrame(2, 64, 64);
-    const png = await sharp(Buffer.alloc(64 * 64 * 3, 90), { raw: { width: 64, height: 64, channels: 3 } })
-      .png()
-      .toBuffer();
-    writeFileSync(join(dir, 'frame10.jpg'), jpeg);
-    writeFileSync(join(dir, 'frame2.png'), png);
-    writeFileSync(join(dir, 'frame1.JPEG'), jpeg);
-    writeFileSync(join(dir, 'frame3.jpg'), 'not really a jpeg');
-    writeFileSync(join(dir, 'notes.txt'), 'ignored');
-    const issues: string[] = [];
-    const source = await createFolderSource({ path: dir, fps: 5, onIssue: (i) => issues.push(i.file) });
-    assert.deepEqual(source.files, ['frame1.JPEG', 'frame2.png', 'frame3.jpg', 'frame10.jpg']);
-    const clock = new VirtualClock();
-    const items = await takeAll(source, clock, 100);
-    assert.deepEqual(
-      items.map((it) => (isRejection(it) ? it.rejected : it.payload.encoding)),
-      ['jpeg', 'png', 'not a JPEG or PNG file', 'jpeg'],
-    );
-    assert.deepEqual(
-      items.map((it) => it.captureNs),
-      [0n, 200n * MS, 400n * MS, 600n * MS],
-      'the rejected file keeps its slot',
-    );
-    assert.match((items[2] as SourceRejection).detail!, /frame3\.jpg: not a JPEG or PNG file \(17 bytes, starts 6e6f7420\)/);
-    assert.deepEqual(Buffer.from((items[1] as SourceItem<CameraFrame>).payload.data), png);
-    assert.deepEqual(issues, ['frame3.jpg']);
-    assert.deepEqual(source.counters, { read: 4, yielded: 3, bad: 1 });
-    assert.equal(items[0].sourceId, `folder:${dir}`);
-  });
-
-  test('loops, and stops on the signal', async () => {
-    const dir = join(cache, 'loop');
-    mkdirSync(dir, { recursive: true });
-    writeFileSync(join(dir, 'a.jpg'), await encodePatternFrame(0, 64, 64));
-    writeFileSync(join(dir, 'b.jpg'), await encodePatternFrame(1, 64, 64));
-    const source = await createFolderSource({ path: dir, fps: 10, loop: true, id: 'loop' });
-    const controller = new AbortController();
-    const items: SourceItem<CameraFrame>[] = [];
-    for await (const item of source.frames(new VirtualClock(), controller.signal)) {
-      assert.ok(isItem(item));
-      items.push(item);
-      if (items.length === 5) controller.abort();
-    }
-    assert.equal(items.length, 5);
-    assert.deepEqual(
-      items.map((it) => it.captureNs),
-      [0n, 100n, 200n, 300n, 400n].map((ms) => ms * MS),
-    );
-    assert.deepEqual(items[2].payload.data, items[0].payload.data);
-  });
-
-  test('fatal folder errors name the path', async () => {
-    await assert.rejects(createFolderSource({ path: join(cache, 'nope'), fps: 1 }), /cannot list .*nope/);
-    const empty = join(cache, 'empty');
-    mkdirSync(empty, { recursive: true });
-    await assert.rejects(createFolderSource({ path: empty, fps: 1 }), /empty has no \.jpg, \.jpeg or \.png files/);
-    await assert.rejects(createFolderSource({ path: empty, fps: -1 }), /finite number > 0 for fps/);
   });
 });
