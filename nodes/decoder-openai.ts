@@ -17,6 +17,7 @@
 // or structured output.
 import sharp from 'sharp';
 import { decodeBudget, type ActionSchema } from './action-schema.ts';
+import { jsonSchemaToGbnf } from '../native/schema-grammar.ts';
 import type { CameraFrame, FrameEncoding, Generation, StopReason } from './payloads.ts';
 import type { Stage, StageContext } from '../pipeline/types.ts';
 
@@ -52,7 +53,13 @@ export interface ServerInfo {
   readonly model: string;
   /** The probe's round trip (ms): it ran vision, prefill and a schema-constrained decode on the server. */
   readonly probeMs: number;
+  /** How each frame's output is constrained: percept's own finite grammar (GBNF) where the server
+   * takes one (llama-server's `grammar`), else the schema as response_format json_schema. */
+  readonly constraint: 'grammar' | 'json_schema';
 }
+
+/** Servers that take percept's GBNF in the request's `grammar` field: llama.cpp's llama-server. */
+const GRAMMAR_SERVERS: readonly string[] = ['llamacpp'];
 
 export interface OpenAIDecoderStage extends Stage<CameraFrame, Generation> {
   readonly server: ServerInfo;
@@ -335,6 +342,8 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
     type: 'json_schema',
     json_schema: { name: schemaName(config.actionSchema), schema: config.actionSchema.schema, strict: true },
   };
+  // The probe checks the json_schema path every server takes; frames use the grammar where the server takes it.
+  let constraint: Record<string, unknown> = { response_format: responseFormat };
   const body = (image: string, maxTokens: number, frameSeed: number): string =>
     JSON.stringify({
       model,
@@ -348,7 +357,7 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
           ],
         },
       ],
-      response_format: responseFormat,
+      ...constraint,
       max_tokens: maxTokens,
       temperature,
       seed: frameSeed,
@@ -358,7 +367,11 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
       chat_template_kwargs: { enable_thinking: false },
     });
 
-  const server = await probeServer(baseUrl, chatUrl, headers, model, body, config.maxNewTokens ?? PROBE_MAX_TOKENS);
+  const probed = await probeServer(baseUrl, chatUrl, headers, model, body, config.maxNewTokens ?? PROBE_MAX_TOKENS);
+  const takesGrammar = GRAMMAR_SERVERS.includes(probed.name);
+  // The same bounded grammar the local decoder runs: llama-server's own json_schema grammar leaves numbers unbounded.
+  if (takesGrammar) constraint = { grammar: jsonSchemaToGbnf(config.actionSchema.schema) };
+  const server: ServerInfo = { ...probed, constraint: takesGrammar ? 'grammar' : 'json_schema' };
   const who = `${server.name} at ${baseUrl}`;
   /** The fastest reply so far (ms): what a retry needs left before the deadline to be worth starting. */
   let fastestMs = Infinity;
@@ -452,7 +465,7 @@ async function probeServer(
   model: string,
   body: (image: string, maxTokens: number, seed: number) => string,
   maxTokens: number,
-): Promise<ServerInfo> {
+): Promise<Omit<ServerInfo, 'constraint'>> {
   const fail = (what: string, cause?: unknown): Error =>
     new Error(`decoder: the OpenAI-compatible server at ${baseUrl} ${what}`, cause === undefined ? undefined : { cause });
   const modelsUrl = `${baseUrl}/models`;

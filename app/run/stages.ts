@@ -139,7 +139,8 @@ export async function createRemoteDecoder(
   const decoder = await createOpenAIDecoderStage({ ...decoderConfig, endpoint: endpoint!, ...(key ? { apiKey: key } : {}), actionSchema });
   const { server } = decoder;
   log(
-    `decoder: ${server.name} at ${server.baseUrl}, model ${server.model}, ${config.decoder.concurrency} in flight (probe ${server.probeMs.toFixed(0)} ms)`,
+    `decoder: ${server.name} at ${server.baseUrl}, model ${server.model}, ${config.decoder.concurrency} in flight, ` +
+      `constrained by ${server.constraint === 'grammar' ? "percept's grammar" : 'response_format json_schema'} (probe ${server.probeMs.toFixed(0)} ms)`,
   );
   if (warmup) {
     const { standaloneContext } = await import('../../pipeline/standalone.ts');

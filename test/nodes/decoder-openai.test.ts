@@ -20,6 +20,7 @@ import {
   apiKeyFromEnv,
   createOpenAIDecoderStage,
   imageDataUrl,
+  type OpenAIDecoderStage,
   type OpenAIDecoderStageConfig,
 } from '../../nodes/decoder-openai.ts';
 import type { ActionMessage } from '../../nodes/payloads.ts';
@@ -108,7 +109,12 @@ async function runRemote(config: ReturnType<typeof remoteConfig>, beforeRun?: ()
     ['decode', 'actions'],
     'no local preprocess or encoder in front of a remote decoder',
   );
-  const graph = createGraph({ source: await createSource(config.source, config.preprocess.maxPixels), stages: stages.chain, clock: new RealClock(), config });
+  const graph = createGraph({
+    source: await createSource(config.source, config.preprocess.maxPixels),
+    stages: stages.chain,
+    clock: new RealClock(),
+    config,
+  });
   const events: TelemetryEvent[] = [];
   const outputs: ActionMessage[] = [];
   graph.events.subscribe((e) => events.push(e));
@@ -118,6 +124,27 @@ async function runRemote(config: ReturnType<typeof remoteConfig>, beforeRun?: ()
 }
 
 describe('against llama-server (same llama.cpp tree, tiny Gemma 4 + gemma4v mmproj)', () => {
+  test("llama-server decodes under percept's own bounded grammar: the robot-action schema's numbers end, every action is valid", async () => {
+    const robot = join(REPO_ROOT, 'configs/actions/robot-action.schema.json');
+    const config = loadConfig({ ...remoteConfig(server.url, 3), actions: { schema: robot } });
+    const stages = await createStages(config, loadActionSchema(robot), { publish: false, warmup: false });
+    const decoder = stages.chain.stages[0] as unknown as OpenAIDecoderStage;
+    assert.equal(decoder.server.name, 'llamacpp');
+    assert.equal(decoder.server.constraint, 'grammar');
+    const graph = createGraph({
+      source: await createSource(config.source, config.preprocess.maxPixels),
+      stages: stages.chain,
+      clock: new RealClock(),
+      config,
+    });
+    const outputs: ActionMessage[] = [];
+    graph.outputs.subscribe((env) => outputs.push(env.payload as ActionMessage));
+    const summary = await graph.run();
+    assert.equal(summary.frames.out, 3, JSON.stringify(summary.drops));
+    const valid = loadActionSchema(robot);
+    for (const out of outputs) assert.ok(valid.validate(out.action), JSON.stringify(out.action));
+  });
+
   test('frames become actions that pass the schema, with the server’s token counts and timings', async () => {
     const { summary, events, outputs } = await runRemote(remoteConfig(server.url, 3));
     assert.equal(summary.frames.in, 3);
@@ -230,7 +257,9 @@ describe('against llama-server (same llama.cpp tree, tiny Gemma 4 + gemma4v mmpr
     });
     const stages = await createCameraStages(config, schema, { publish: false, warmup: false });
     assert.ok(stages.chains.every((c) => c.stages.map((s) => s.name).join() === 'decode,actions'));
-    const sources = await Promise.all(config.cameras!.map(async (c) => asCamera(await createSource(c.source, config.preprocess.maxPixels), c.id)));
+    const sources = await Promise.all(
+      config.cameras!.map(async (c) => asCamera(await createSource(c.source, config.preprocess.maxPixels), c.id)),
+    );
     const outputs: ActionMessage[] = [];
     const tap = {
       name: 'tap',
