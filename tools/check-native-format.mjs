@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Part of `npm run lint`: clang-format over native/src, with the style file clang-format itself
+// Part of `npm run lint`: clang-format over native/src and its subfolders, with the style file clang-format itself
 // finds (.clang-format in native/src or a folder above it). Until that file exists the check is
 // skipped with a message; from then on a missing clang-format fails it.
 import { spawnSync } from 'node:child_process';
@@ -13,7 +13,8 @@ if (!style) {
   console.log('clang-format: skipped, there is no .clang-format for native/src yet');
   process.exit(0);
 }
-const files = readdirSync(src)
+// Every C++ and CUDA file under native/src, subfolders (internal/) included.
+const files = readdirSync(src, { recursive: true })
   .filter((name) => /\.(h|cc|cu)$/.test(name))
   .sort()
   .map((name) => join('native', 'src', name));

@@ -1,9 +1,10 @@
-// The one place that reaches into llama.cpp's internal headers (src/llama-*.h, tools/mtmd/clip*.h,
-// ggml/src/ggml-backend-impl.h).
-// Those change between llama.cpp versions without notice; with every use behind this file, an
-// upgrade touches one translation unit. Every other file includes public headers only (llama.h,
-// ggml*.h, gguf.h, mtmd.h, common/*.h); CMake gives llama.cpp's src/ include path to
-// llama-internal.cc alone, and test/native/headers.test.ts checks the rule for tools/mtmd.
+// The one header for llama.cpp's internals (src/llama-*.h, tools/mtmd/clip*.h,
+// ggml/src/ggml-backend-impl.h, ggml-impl.h).
+// Those change between llama.cpp versions without notice; with every use behind this header, an
+// upgrade touches internal/ alone: one file there per section below, named at the section.
+// Every other file includes public headers only (llama.h, ggml*.h, gguf.h, mtmd.h, common/*.h);
+// CMake gives llama.cpp's src/ and ggml/src/ include paths to internal/*.cc alone, and
+// test/native/headers.test.ts checks the rule, tools/mtmd's headers included.
 #pragma once
 
 #include "ggml-backend.h"
@@ -24,7 +25,8 @@ struct clip_image_f32_batch;  // tools/mtmd/clip-impl.h
 namespace percept {
 
 // ---------------------------------------------------------------------------------------------
-// Memory per buffer type (src/llama-ext.h, a staging C++ API: there is no C function for KV bytes).
+// Memory per buffer type (internal/memory-breakdown.cc; src/llama-ext.h, a staging C++ API: there
+// is no C function for KV bytes).
 
 struct BufferBytes {
     std::string bufferType;
@@ -35,16 +37,17 @@ struct BufferBytes {
 std::vector<BufferBytes> memoryBreakdown(const llama_context * ctx);
 
 // ---------------------------------------------------------------------------------------------
-// Graphs kept per step shape (native/patches/llama-graph-slots.diff): up to `slots` built graphs
-// with outputs besides the current one, each with the scheduler that allocated it, so decode steps
-// that alternate between shapes reuse their graph instead of rebuilding it. 0: upstream's behaviour.
+// Graphs kept per step shape (internal/graph-slots.cc; native/patches/llama-graph-slots.diff): up
+// to `slots` built graphs with outputs besides the current one, each with the scheduler that
+// allocated it, so decode steps that alternate between shapes reuse their graph instead of
+// rebuilding it. 0: upstream's behaviour.
 
 void setGraphSlots(llama_context * ctx, uint32_t slots);
 
 // ---------------------------------------------------------------------------------------------
-// Grammar (src/llama-grammar.h). llama.h only offers the grammar as a sampler, which tests the
-// whole vocabulary each time; percept needs the state itself: clone it per generation, test a
-// few candidate tokens, and look at what the grammar's stacks expect next.
+// Grammar (internal/grammar.cc; src/llama-grammar.h). llama.h only offers the grammar as a sampler,
+// which tests the whole vocabulary each time; percept needs the state itself: clone it per
+// generation, test a few candidate tokens, and look at what the grammar's stacks expect next.
 
 struct GrammarDeleter {
     void operator()(llama_grammar * g) const;
@@ -69,10 +72,10 @@ int64_t grammarSingleChar(const llama_grammar & grammar);
 std::bitset<257> grammarLeadBytes(const llama_grammar & grammar);
 
 // ---------------------------------------------------------------------------------------------
-// Grammar automaton (src/llama-grammar.h), for the token index (grammar-index.cc): the grammar
-// explored byte by byte. A state is llama.cpp's stack set plus the pending partial UTF-8 sequence;
-// a byte is decoded the way llama.cpp decodes a token's piece, so a token's piece walked byte by
-// byte is admitted exactly when llama.cpp's grammar admits the token.
+// Grammar automaton (internal/grammar-automaton.cc; src/llama-grammar.h), for the token index
+// (grammar-index.cc): the grammar explored byte by byte. A state is llama.cpp's stack set plus the
+// pending partial UTF-8 sequence; a byte is decoded the way llama.cpp decodes a token's piece, so a
+// token's piece walked byte by byte is admitted exactly when llama.cpp's grammar admits the token.
 
 // The grammar has no small finite automaton: recursion, token references, or more states than allowed.
 struct GrammarNotFinite : std::runtime_error {
@@ -104,8 +107,8 @@ private:
 bool grammarAdmitsText(const llama_grammar & grammar, const std::string & text);
 
 // ---------------------------------------------------------------------------------------------
-// clip vision encoder (tools/mtmd/clip.h, clip-impl.h). mtmd.h encodes only images it
-// preprocesses itself; percept preprocesses in JS (sharp) and hands clip the pixels.
+// clip vision encoder (internal/clip.cc; tools/mtmd/clip.h, clip-impl.h). mtmd.h encodes only
+// images it preprocesses itself; percept preprocesses in JS (sharp) and hands clip the pixels.
 
 struct ClipOptions {
     bool useGpu = false;
@@ -158,10 +161,10 @@ struct DeviceBytes {
 std::vector<DeviceBytes> clipMemoryUsage(const clip_ctx * ctx);
 
 // ---------------------------------------------------------------------------------------------
-// clip's vision tower as data (tools/mtmd clip-model.h), for percept's own persistent graph
-// (vision-graph.cc). clip keeps ownership of the tensors (they live in its weight buffer, on its
-// backend); this is a view of them plus the hyperparameters clip's graph builders read, so that
-// both graphs compute the same ops on the same weights.
+// clip's vision tower as data (internal/clip-tower.cc; tools/mtmd clip-model.h), for percept's own
+// persistent graph (vision-graph.cc). clip keeps ownership of the tensors (they live in its weight
+// buffer, on its backend); this is a view of them plus the hyperparameters clip's graph builders
+// read, so that both graphs compute the same ops on the same weights.
 
 enum class ClipFfnOp { Gelu, GeluErf, GeluQuick, Silu };
 enum class ClipProjector { Gemma3, Gemma4v };
@@ -203,14 +206,15 @@ struct ClipVisionTower {
 ClipVisionTower clipVisionTower(clip_ctx * ctx);
 
 // ---------------------------------------------------------------------------------------------
-// Backend events (ggml/src/ggml-backend-impl.h): ggml-cuda keeps a cudaEvent_t as a backend event's
-// context. percept's own CUDA kernels order themselves against ggml-cuda's stream through it
-// (recorded there by ggml_backend_event_record, waited for there by ggml_backend_event_wait), with no
-// host synchronization in between. ggml.h has no accessor for it.
+// Backend events (internal/backend-event.cc; ggml/src/ggml-backend-impl.h): ggml-cuda keeps a
+// cudaEvent_t as a backend event's context. percept's own CUDA kernels order themselves against
+// ggml-cuda's stream through it (recorded there by ggml_backend_event_record, waited for there by
+// ggml_backend_event_wait), with no host synchronization in between. ggml.h has no accessor for it.
 void * cudaEventOf(ggml_backend_event_t event);
 
 // ---------------------------------------------------------------------------------------------
-// CUDA graphs per step shape (ggml/src/ggml-backend-impl.h, ggml-impl.h, src/llama-context.h).
+// CUDA graphs per step shape (internal/shape-graphs.cc; ggml/src/ggml-backend-impl.h, ggml-impl.h,
+// src/llama-context.h).
 // ggml-cuda keeps one CUDA graph per graph key, the address of the graph's first node. llama.cpp
 // builds every graph of a context in the same memory, so all its shapes share one key: when steps
 // alternate between one token and a token with its grammar-forced run, ggml-cuda sees a changed

@@ -1,7 +1,7 @@
 // Vision: one llama.cpp clip context (tools/mtmd clip.h), loaded from an mmproj GGUF.
 // It encodes percept's preprocessed pixels into image embeddings in the decoder's width.
 // It runs percept's persistent graph over clip's weights (vision-graph.h), or clip's own encode.
-// Load runs in an AsyncWorker. Encodes run on the thread the Vision owns, so no libuv thread waits for them.
+// Load runs in an AsyncWorker. Encodes run on the thread the Vision owns, so no libuv thread waits for them (vision-workers.h).
 // One encode at a time per context (EBUSY); dispose() is explicit and idempotent.
 #pragma once
 
