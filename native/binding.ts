@@ -277,10 +277,9 @@ const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 export const ADDON_PATH = process.env.PERCEPT_NATIVE ?? join(ROOT, 'build', 'native', 'Release', 'percept.node');
 
 /**
- * Spins at each OpenMP barrier before a thread sleeps (llama.cpp's CPU backend ends every graph node
- * in one). libgomp's default, 300,000, collapses 2-thread decoding as soon as another process shares
- * the cores (gemma4-tiny on 2 shared cores, median tok/s: 42 with the default, 164 with 100, 96 with
- * 1,000): a spinning thread holds the core its partner needs. Set before the addon loads libgomp;
+ * Spins at each OpenMP barrier before a thread sleeps; llama.cpp's CPU backend ends every graph node in one.
+ * libgomp's default, 300,000, collapses 2-thread decoding when another process shares the cores:
+ * a spinning thread holds the core its partner needs. Set before the addon loads libgomp.
  * GOMP_SPINCOUNT or OMP_WAIT_POLICY in the environment win. Children (llama-bench) inherit it.
  */
 export const OPENMP_SPIN_COUNT = 100;

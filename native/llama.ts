@@ -57,11 +57,9 @@ export const GRAMMAR_MAX_ENTRIES = 8 << 20;
 /** Sequences of one context at most (one per camera). */
 export const MAX_SEQUENCES = 256;
 /**
- * Built graphs a context keeps besides its current one (ContextOptions.graphSlots). 4: on the H200
- * (E4B Q4_K, `bench frame`, arms interleaved over three calls) graph reuse rose from 36 % to 83 % of
- * decode calls, the one-token call from 5.42–5.49 ms to 5.06–5.25 and a call with a forced run from
- * 7.41–7.75 to 6.39–6.73, for 60 MiB more device compute buffers; 8 slots were no faster. 0:
- * llama.cpp's own last-graph reuse.
+ * Built graphs a context keeps besides its current one (ContextOptions.graphSlots).
+ * Jump-forward alternates step shapes, and each shape keeps its graph in a slot; more than 4 gained nothing.
+ * 0: llama.cpp's own last-graph reuse. Figures: native/README.md#measurements.
  */
 export const DEFAULT_GRAPH_SLOTS = 4;
 export const MAX_GRAPH_SLOTS = 16;
@@ -129,8 +127,8 @@ export interface ContextOptions {
    * run, then padding that is dropped from the KV cache, so the steps keep one shape: llama.cpp
    * reuses its graph and ggml-cuda replays its CUDA graph from step to step (and with a KV stream
    * per sequence, a batched step stays one ubatch). A forced run longer than the step goes on in
-   * the next. On the H200 the padded rows cost about what the replay saves (see ContextOptions in
-   * native/src/context.h); `percept bench frame --step-tokens N` measures it on another machine.
+   * the next. On a fast GPU the padded rows cost about what the replay saves;
+   * `percept bench frame --step-tokens N` measures it on another machine.
    * One sequence: no padding while a speculator is attached (it reads the target's batches).
    */
   readonly stepTokens?: number;

@@ -39,9 +39,8 @@ struct ContextOptions {
     uint32_t prefillChunk = 0;  // prompt positions per batched step (nSeq > 1)
     uint32_t maxOutputs = 0;    // outputs per batch: 1 + the longest draft (sizes the compute buffer)
     // Tokens per sequence and generation step, padded (1: none). Same-shape steps let llama.cpp reuse
-    // its graph and ggml-cuda replay it; measured on the H200 (E4B Q4_K_M) the padded rows cost as
-    // much as that saves (a step of 1 token replayed 4.7 ms, padded to 4 6.2 ms; unpadded steps
-    // alternating with forced runs 7.1-8.5 ms), so it is a knob for hosts that build graphs slower.
+    // its graph and ggml-cuda replay it. On a fast GPU the padded rows cost what the replay saves,
+    // so it is a knob for hosts that build graphs slower (native/README.md#measurements).
     uint32_t stepTokens = 1;
     // CUDA: one ggml-cuda graph per step shape (ShapeGraphs, llama-internal.h), so steps of
     // alternating shapes each replay their own graph.
