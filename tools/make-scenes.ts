@@ -28,6 +28,7 @@ import {
   paintRoom,
   writeCameraBag,
   type Box,
+  type Canvas,
   type RGB,
 } from './scene-geometry.ts';
 
@@ -157,299 +158,319 @@ const overlaps = (a: NBox, b: NBox, margin = 0.01): boolean =>
 const jitter = (rgb: RGB, r: () => number, amount: number): RGB =>
   rgb.map((v) => Math.round(Math.min(255, Math.max(0, v + (r() * 2 - 1) * amount)))) as unknown as RGB;
 
-/** The scene of a seed: a scenario is drawn first, then objects that fit it, then distractors. */
-export function makeScene(seed: number): Scene {
-  const r = rngOf(seed, 1);
-  const uniform = (a: number, b: number): number => a + (b - a) * r();
-  const chance = (p: number): boolean => r() < p;
-  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!;
-  let u = r();
-  let scenario: Scenario = 'wait_none';
-  for (const [s, w] of SCENARIOS) {
-    if (u < w) {
-      scenario = s;
-      break;
+// Palettes the generator picks from; each pick is then jittered.
+const DOOR_FRAMES: readonly RGB[] = [
+  [70, 50, 35],
+  [60, 60, 70],
+  [110, 110, 105],
+];
+const DOOR_PANELS: readonly RGB[] = [
+  [140, 95, 55],
+  [120, 70, 40],
+  [90, 110, 140],
+  [200, 200, 195],
+  [100, 130, 100],
+];
+const TABLE_WOODS: readonly RGB[] = [
+  [150, 110, 70],
+  [200, 200, 200],
+  [90, 70, 50],
+];
+const CUP_BODIES: readonly RGB[] = [
+  [245, 245, 240],
+  [200, 40, 40],
+  [40, 80, 190],
+  [40, 150, 70],
+  [235, 200, 40],
+  [35, 35, 35],
+];
+const PERSON_LEGS: readonly RGB[] = [
+  [40, 40, 60],
+  [60, 50, 40],
+  [30, 30, 30],
+  [70, 80, 110],
+];
+const PERSON_TORSOS: readonly RGB[] = [
+  [40, 90, 160],
+  [160, 50, 50],
+  [60, 130, 80],
+  [200, 200, 200],
+  [200, 160, 60],
+  [90, 60, 120],
+];
+const PERSON_SKINS: readonly RGB[] = [
+  [225, 185, 150],
+  [190, 140, 100],
+  [140, 95, 65],
+  [95, 65, 45],
+];
+const OBSTACLE_BODIES: readonly RGB[] = [
+  [70, 75, 80],
+  [40, 90, 60],
+  [40, 50, 90],
+  [45, 45, 45],
+];
+const WALLS: readonly RGB[] = [
+  [225, 215, 190],
+  [200, 210, 220],
+  [215, 220, 200],
+  [230, 225, 225],
+  [190, 180, 170],
+  [210, 190, 200],
+];
+
+/** Draws from one seed's stream. Every caller keeps the order of its draws, so a seed's scene never changes. */
+interface Draws {
+  readonly r: () => number;
+  readonly uniform: (a: number, b: number) => number;
+  readonly chance: (p: number) => boolean;
+  readonly pick: <T>(xs: readonly T[]) => T;
+}
+
+const drawsOf = (r: () => number): Draws => ({
+  r,
+  uniform: (a, b) => a + (b - a) * r(),
+  chance: (p) => r() < p,
+  pick: <T>(xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!,
+});
+
+/** A palette pick, then its jitter (in that order). */
+const paintFrom = (d: Draws, palette: readonly RGB[], amount: number): RGB => jitter(d.pick(palette), d.r, amount);
+
+/** A scene while its objects are placed: the draws, the camera's horizon and what is in so far. */
+interface Room extends Draws {
+  readonly horizon: number;
+  readonly placed: SceneObject[];
+}
+
+/** Image row of a floor depth (0 at the horizon, 1 at the bottom edge). */
+const floorY = (room: Room, depth: number): number => room.horizon + depth * (1 - room.horizon);
+/** Apparent size at a floor row: smaller towards the horizon. */
+const scaleAt = (room: Room, y1: number): number => 0.45 + 0.55 * ((y1 - room.horizon) / (1 - room.horizon));
+/** Whether a box lies inside the image and clear of everything placed. */
+const isFree = (room: Room, b: NBox): boolean =>
+  b[0] >= 0.005 && b[2] <= 0.995 && b[1] >= 0.005 && room.placed.every((o) => !overlaps(o.box, b));
+
+/** Tries to place an object `tries` times, drawing it anew each time; returns whether it went in. */
+function place(room: Room, make: () => SceneObject, tries = 30): boolean {
+  for (let i = 0; i < tries; i++) {
+    const o = make();
+    if (isFree(room, o.box)) {
+      room.placed.push(o);
+      return true;
     }
+  }
+  return false;
+}
+
+/** A door in the wall, standing on the horizon. */
+function makeDoor(room: Room): SceneObject {
+  const w = room.uniform(0.08, 0.15);
+  const x0 = room.uniform(0.02, 0.98 - w);
+  const top = Math.max(0.02, room.horizon - room.uniform(0.3, 0.45));
+  return {
+    kind: 'door',
+    box: [x0, top, x0 + w, room.horizon],
+    paint: [paintFrom(room, DOOR_FRAMES, 15), paintFrom(room, DOOR_PANELS, 20), jitter([220, 200, 90], room.r, 20)],
+  };
+}
+
+/** A cup on a table against the wall; both go in as one piece. Returns whether they went in. */
+function placeCupOnTable(room: Room): boolean {
+  for (let i = 0; i < 30; i++) {
+    const feet = floorY(room, room.uniform(0.02, 0.08));
+    const tw = room.uniform(0.12, 0.2);
+    const tx = room.uniform(0.02, 0.98 - tw);
+    const top = feet - room.uniform(0.08, 0.14);
+    const cw = room.uniform(0.03, 0.05);
+    const ch = cw * ASPECT * room.uniform(0.9, 1.3);
+    const cx = tx + room.uniform(0.1, 0.9 - cw / tw) * tw;
+    const table: SceneObject = {
+      kind: 'table',
+      box: [tx, top, tx + tw, feet],
+      paint: [paintFrom(room, TABLE_WOODS, 15), jitter([80, 70, 60], room.r, 15)],
+    };
+    const cup: SceneObject = { kind: 'cup', box: [cx, top - ch, cx + cw, top], paint: [paintFrom(room, CUP_BODIES, 10), [70, 45, 30]] };
+    if (isFree(room, [tx, top - ch, tx + tw, feet])) {
+      room.placed.push(table, cup);
+      return true;
+    }
+  }
+  return false;
+}
+
+/** A person, near (tall, low in the image) or farther away; most walk, some stand. */
+function makePerson(room: Room, near: boolean): SceneObject {
+  const { uniform, chance } = room;
+  const y1 = near ? Math.min(0.995, floorY(room, uniform(0.75, 1))) : floorY(room, uniform(0.05, 0.35));
+  const h = near ? Math.min(uniform(0.55, 0.85), y1 - 0.02) : Math.min(uniform(0.15, 0.33), y1 - 0.02);
+  const ratio = uniform(0.26, 0.34); // body width / body height, pixels
+  const bodyH = h / (1 + 0.87 * ratio);
+  const w = (bodyH * ratio) / ASPECT;
+  const x0 = uniform(0.01, 0.99 - w);
+  return {
+    kind: 'person',
+    box: [x0, y1 - h, x0 + w, y1],
+    stride: chance(0.85) ? (chance(0.5) ? 1 : -1) * uniform(0.4, 1) : 0,
+    paint: [paintFrom(room, PERSON_LEGS, 10), paintFrom(room, PERSON_TORSOS, 20), paintFrom(room, PERSON_SKINS, 10)],
+  };
+}
+
+/** Where a floor thing stands: in the robot's path, far away, or near at one side. */
+type FloorSpot = 'block' | 'far' | 'side';
+
+/** A cardboard box or a bin-like obstacle on the floor. */
+function makeFloorThing(room: Room, kind: 'box' | 'obstacle', where: FloorSpot): SceneObject {
+  const { uniform, chance } = room;
+  const depth = where === 'block' ? uniform(0.62, 0.95) : where === 'far' ? uniform(0.08, 0.4) : uniform(0.5, 0.95);
+  const y1 = floorY(room, depth);
+  const w = uniform(0.09, 0.16) * scaleAt(room, y1);
+  const h = w * ASPECT * (kind === 'box' ? uniform(0.6, 0.9) : uniform(1.1, 1.6));
+  let x0: number;
+  if (where === 'block') x0 = (chance(0.5) ? uniform(0.38, 0.46) : uniform(0.54, 0.62)) - w / 2;
+  else if (where === 'side') x0 = chance(0.5) ? uniform(0.01, 0.3 - w) : uniform(0.7, 0.99 - w);
+  else x0 = uniform(0.01, 0.99 - w);
+  const paint: RGB[] =
+    kind === 'box'
+      ? [jitter([180, 130, 70], room.r, 20), jitter([150, 105, 55], room.r, 15)]
+      : [paintFrom(room, OBSTACLE_BODIES, 15), [25, 25, 25], [110, 115, 120]];
+  return { kind, box: [x0, y1 - h, x0 + w, y1], paint };
+}
+
+/** An A-frame sign near one side of the floor. */
+function makeSign(room: Room, colour: SignColour): SceneObject {
+  const y1 = floorY(room, room.uniform(0.2, 0.9));
+  const w = room.uniform(0.06, 0.1) * scaleAt(room, y1);
+  const h = w * ASPECT * room.uniform(1.4, 1.8);
+  const x0 = room.chance(0.5) ? room.uniform(0.01, 0.33 - w) : room.uniform(0.67, 0.99 - w);
+  return { kind: 'sign', box: [x0, y1 - h, x0 + w, y1], colour, paint: [jitter(SIGN_RGB[colour], room.r, 18), [30, 30, 30]] };
+}
+
+const placeDoor = (room: Room, tries?: number): boolean => place(room, () => makeDoor(room), tries);
+const placeBlocker = (room: Room, tries?: number): boolean =>
+  place(room, () => makeFloorThing(room, room.chance(0.5) ? 'box' : 'obstacle', 'block'), tries);
+const placeWetSign = (room: Room, tries?: number): boolean => place(room, () => makeSign(room, room.pick(WARNING_COLOURS)), tries);
+/** A sign of any colour, warning or not. */
+const placeAnySign = (room: Room): boolean =>
+  place(room, () => makeSign(room, room.pick(room.chance(0.5) ? WARNING_COLOURS : DECOY_COLOURS)));
+
+/** Boxes and obstacles off the robot's path, each given a few tries. */
+function placeDistractors(room: Room, n: number): void {
+  for (let i = 0; i < n; i++)
+    place(room, () => makeFloorThing(room, room.chance(0.5) ? 'box' : 'obstacle', room.chance(0.5) ? 'far' : 'side'), 10);
+}
+
+/** With chance p, a sign that is no wet-floor sign. */
+function placeDecoy(room: Room, p: number): void {
+  if (room.chance(p)) place(room, () => makeSign(room, room.pick(DECOY_COLOURS)), 10);
+}
+
+/** A person scene: near (stop) or farther away (wait), with some other things around. Returns whether the light is low. */
+function personScene(room: Room, near: boolean): boolean {
+  place(room, () => makePerson(room, near), 100);
+  if (room.chance(0.5)) placeDoor(room);
+  if (room.chance(0.3)) placeCupOnTable(room);
+  if (!near && room.chance(0.2)) placeBlocker(room);
+  if (room.chance(0.3)) placeAnySign(room);
+  placeDistractors(room, Math.floor(room.uniform(0, 3)));
+  return room.chance(0.2);
+}
+
+/** Places a scenario's objects; returns whether the scene is in low light. */
+const SCENE_BUILDERS: Record<Scenario, (room: Room) => boolean> = {
+  stop: (room) => personScene(room, true),
+  wait_person: (room) => personScene(room, false),
+  turn_block: (room) => {
+    placeBlocker(room, 100);
+    if (room.chance(0.5)) placeDoor(room);
+    if (room.chance(0.3)) placeCupOnTable(room);
+    if (room.chance(0.3)) placeAnySign(room);
+    placeDistractors(room, Math.floor(room.uniform(0, 2)));
+    return room.chance(0.2);
+  },
+  turn_wet: (room) => {
+    placeWetSign(room, 100);
+    if (room.chance(0.4)) placeCupOnTable(room);
+    placeDecoy(room, 0.2);
+    placeDistractors(room, Math.floor(room.uniform(0, 3)));
+    return room.chance(0.2);
+  },
+  grasp: (room) => {
+    placeCupOnTable(room);
+    if (room.chance(0.5)) placeDoor(room);
+    placeDecoy(room, 0.4);
+    placeDistractors(room, Math.floor(room.uniform(0, 3)));
+    return false;
+  },
+  move: (room) => {
+    placeDoor(room, 100);
+    placeDecoy(room, 0.4);
+    placeDistractors(room, Math.floor(room.uniform(0, 3)));
+    return false;
+  },
+  // A hazard slows the robot down: a wet-floor sign, low light, or both.
+  move_slow: (room) => {
+    placeDoor(room, 100);
+    const wet = room.chance(0.6) && placeWetSign(room);
+    const low = !wet || room.chance(0.3);
+    if (room.chance(0.3)) placeCupOnTable(room);
+    placeDecoy(room, 0.2);
+    placeDistractors(room, Math.floor(room.uniform(0, 3)));
+    return low;
+  },
+  wait_none: (room) => {
+    placeDecoy(room, 0.4);
+    placeDistractors(room, Math.floor(room.uniform(0, 3)));
+    return room.chance(0.4);
+  },
+};
+
+/** The scenario that a uniform draw u (0–1) falls on, by the SCENARIOS weights. */
+function scenarioOf(u: number): Scenario {
+  for (const [s, w] of SCENARIOS) {
+    if (u < w) return s;
     u -= w;
   }
+  return 'wait_none';
+}
 
-  const horizon = uniform(0.42, 0.62);
-  const floorY = (depth: number): number => horizon + depth * (1 - horizon);
-  /** Apparent size at a floor row: smaller towards the horizon. */
-  const scaleAt = (y1: number): number => 0.45 + 0.55 * ((y1 - horizon) / (1 - horizon));
-  const placed: SceneObject[] = [];
-  const free = (b: NBox): boolean => b[0] >= 0.005 && b[2] <= 0.995 && b[1] >= 0.005 && placed.every((o) => !overlaps(o.box, b));
-  /** Tries to place an object `tries` times; returns whether it went in. */
-  const place = (make: () => SceneObject, tries = 30): boolean => {
-    for (let i = 0; i < tries; i++) {
-      const o = make();
-      if (free(o.box)) {
-        placed.push(o);
-        return true;
-      }
-    }
-    return false;
-  };
-
-  const door = (): SceneObject => {
-    const w = uniform(0.08, 0.15);
-    const x0 = uniform(0.02, 0.98 - w);
-    const top = Math.max(0.02, horizon - uniform(0.3, 0.45));
-    return {
-      kind: 'door',
-      box: [x0, top, x0 + w, horizon],
-      paint: [
-        jitter(
-          pick([
-            [70, 50, 35],
-            [60, 60, 70],
-            [110, 110, 105],
-          ] as RGB[]),
-          r,
-          15,
-        ),
-        jitter(
-          pick([
-            [140, 95, 55],
-            [120, 70, 40],
-            [90, 110, 140],
-            [200, 200, 195],
-            [100, 130, 100],
-          ] as RGB[]),
-          r,
-          20,
-        ),
-        jitter([220, 200, 90], r, 20),
-      ],
-    };
-  };
-  // The cup stands on a table against the wall; both go in as one piece.
-  const cupOnTable = (): boolean => {
-    for (let i = 0; i < 30; i++) {
-      const feet = floorY(uniform(0.02, 0.08));
-      const tw = uniform(0.12, 0.2);
-      const tx = uniform(0.02, 0.98 - tw);
-      const top = feet - uniform(0.08, 0.14);
-      const cw = uniform(0.03, 0.05);
-      const ch = cw * ASPECT * uniform(0.9, 1.3);
-      const cx = tx + uniform(0.1, 0.9 - cw / tw) * tw;
-      const table: SceneObject = {
-        kind: 'table',
-        box: [tx, top, tx + tw, feet],
-        paint: [
-          jitter(
-            pick([
-              [150, 110, 70],
-              [200, 200, 200],
-              [90, 70, 50],
-            ] as RGB[]),
-            r,
-            15,
-          ),
-          jitter([80, 70, 60], r, 15),
-        ],
-      };
-      const cup: SceneObject = {
-        kind: 'cup',
-        box: [cx, top - ch, cx + cw, top],
-        paint: [
-          jitter(
-            pick([
-              [245, 245, 240],
-              [200, 40, 40],
-              [40, 80, 190],
-              [40, 150, 70],
-              [235, 200, 40],
-              [35, 35, 35],
-            ] as RGB[]),
-            r,
-            10,
-          ),
-          [70, 45, 30],
-        ],
-      };
-      const both: NBox = [tx, top - ch, tx + tw, feet];
-      if (free(both)) {
-        placed.push(table, cup);
-        return true;
-      }
-    }
-    return false;
-  };
-  const person = (near: boolean): SceneObject => {
-    const y1 = near ? Math.min(0.995, floorY(uniform(0.75, 1))) : floorY(uniform(0.05, 0.35));
-    const h = near ? Math.min(uniform(0.55, 0.85), y1 - 0.02) : Math.min(uniform(0.15, 0.33), y1 - 0.02);
-    const ratio = uniform(0.26, 0.34); // body width / body height, pixels
-    const bodyH = h / (1 + 0.87 * ratio);
-    const w = (bodyH * ratio) / ASPECT;
-    const x0 = uniform(0.01, 0.99 - w);
-    return {
-      kind: 'person',
-      box: [x0, y1 - h, x0 + w, y1],
-      stride: chance(0.85) ? (chance(0.5) ? 1 : -1) * uniform(0.4, 1) : 0,
-      paint: [
-        jitter(
-          pick([
-            [40, 40, 60],
-            [60, 50, 40],
-            [30, 30, 30],
-            [70, 80, 110],
-          ] as RGB[]),
-          r,
-          10,
-        ),
-        jitter(
-          pick([
-            [40, 90, 160],
-            [160, 50, 50],
-            [60, 130, 80],
-            [200, 200, 200],
-            [200, 160, 60],
-            [90, 60, 120],
-          ] as RGB[]),
-          r,
-          20,
-        ),
-        jitter(
-          pick([
-            [225, 185, 150],
-            [190, 140, 100],
-            [140, 95, 65],
-            [95, 65, 45],
-          ] as RGB[]),
-          r,
-          10,
-        ),
-      ],
-    };
-  };
-  const floorThing = (kind: 'box' | 'obstacle', where: 'block' | 'far' | 'side'): SceneObject => {
-    const y1 = where === 'block' ? floorY(uniform(0.62, 0.95)) : where === 'far' ? floorY(uniform(0.08, 0.4)) : floorY(uniform(0.5, 0.95));
-    const w = uniform(0.09, 0.16) * scaleAt(y1);
-    const h = w * ASPECT * (kind === 'box' ? uniform(0.6, 0.9) : uniform(1.1, 1.6));
-    let x0: number;
-    if (where === 'block') x0 = (chance(0.5) ? uniform(0.38, 0.46) : uniform(0.54, 0.62)) - w / 2;
-    else if (where === 'side') x0 = chance(0.5) ? uniform(0.01, 0.3 - w) : uniform(0.7, 0.99 - w);
-    else x0 = uniform(0.01, 0.99 - w);
-    const paint: RGB[] =
-      kind === 'box'
-        ? [jitter([180, 130, 70], r, 20), jitter([150, 105, 55], r, 15)]
-        : [
-            jitter(
-              pick([
-                [70, 75, 80],
-                [40, 90, 60],
-                [40, 50, 90],
-                [45, 45, 45],
-              ] as RGB[]),
-              r,
-              15,
-            ),
-            [25, 25, 25],
-            [110, 115, 120],
-          ];
-    return { kind, box: [x0, y1 - h, x0 + w, y1], paint };
-  };
-  const sign = (colour: SignColour): SceneObject => {
-    const y1 = floorY(uniform(0.2, 0.9));
-    const w = uniform(0.06, 0.1) * scaleAt(y1);
-    const h = w * ASPECT * uniform(1.4, 1.8);
-    const x0 = chance(0.5) ? uniform(0.01, 0.33 - w) : uniform(0.67, 0.99 - w);
-    return { kind: 'sign', box: [x0, y1 - h, x0 + w, y1], colour, paint: [jitter(SIGN_RGB[colour], r, 18), [30, 30, 30]] };
-  };
-  const distractors = (n: number): void => {
-    for (let i = 0; i < n; i++) place(() => floorThing(chance(0.5) ? 'box' : 'obstacle', chance(0.5) ? 'far' : 'side'), 10);
-  };
-  const decoys = (p: number): void => {
-    if (chance(p)) place(() => sign(pick(DECOY_COLOURS)), 10);
-  };
-
-  let low = false;
-  switch (scenario) {
-    case 'stop':
-    case 'wait_person':
-      place(() => person(scenario === 'stop'), 100);
-      if (chance(0.5)) place(door);
-      if (chance(0.3)) cupOnTable();
-      if (scenario === 'wait_person' && chance(0.2)) place(() => floorThing(chance(0.5) ? 'box' : 'obstacle', 'block'));
-      if (chance(0.3)) place(() => sign(pick(chance(0.5) ? WARNING_COLOURS : DECOY_COLOURS)));
-      distractors(Math.floor(uniform(0, 3)));
-      low = chance(0.2);
-      break;
-    case 'turn_block':
-      place(() => floorThing(chance(0.5) ? 'box' : 'obstacle', 'block'), 100);
-      if (chance(0.5)) place(door);
-      if (chance(0.3)) cupOnTable();
-      if (chance(0.3)) place(() => sign(pick(chance(0.5) ? WARNING_COLOURS : DECOY_COLOURS)));
-      distractors(Math.floor(uniform(0, 2)));
-      low = chance(0.2);
-      break;
-    case 'turn_wet':
-      place(() => sign(pick(WARNING_COLOURS)), 100);
-      if (chance(0.4)) cupOnTable();
-      decoys(0.2);
-      distractors(Math.floor(uniform(0, 3)));
-      low = chance(0.2);
-      break;
-    case 'grasp':
-      cupOnTable();
-      if (chance(0.5)) place(door);
-      decoys(0.4);
-      distractors(Math.floor(uniform(0, 3)));
-      break;
-    case 'move':
-      place(door, 100);
-      decoys(0.4);
-      distractors(Math.floor(uniform(0, 3)));
-      break;
-    case 'move_slow': {
-      place(door, 100);
-      const wet = chance(0.6) && place(() => sign(pick(WARNING_COLOURS)));
-      low = !wet || chance(0.3);
-      if (chance(0.3)) cupOnTable();
-      decoys(0.2);
-      distractors(Math.floor(uniform(0, 3)));
-      break;
-    }
-    case 'wait_none':
-      decoys(0.4);
-      distractors(Math.floor(uniform(0, 3)));
-      low = chance(0.4);
-      break;
-  }
-
+/** The light and the look: room colours, floor tiles, side light, tint, noise and JPEG quality. */
+function lookOf(d: Draws, low: boolean): { light: number; look: SceneLook } {
+  const { uniform } = d;
   const light = low ? uniform(0.24, 0.4) : uniform(0.7, 1.15);
   const tileW = uniform(0.04, 0.09);
   const look: SceneLook = {
-    wall: jitter(
-      pick([
-        [225, 215, 190],
-        [200, 210, 220],
-        [215, 220, 200],
-        [230, 225, 225],
-        [190, 180, 170],
-        [210, 190, 200],
-      ] as RGB[]),
-      r,
-      15,
-    ),
+    wall: paintFrom(d, WALLS, 15),
     wallFade: uniform(0.05, 0.25),
     floor: Math.round(uniform(90, 170)),
     floorTint: [Math.round(uniform(-8, 8)), Math.round(uniform(-8, 8)), Math.round(uniform(-8, 8))],
     floorFade: uniform(0.2, 0.45),
-    tile: [tileW, uniform(0.4, 0.6), Math.round(uniform(3, 12)), r()],
+    tile: [tileW, uniform(0.4, 0.6), Math.round(uniform(3, 12)), d.r()],
     gradient: uniform(-0.25, 0.25),
     tint: [uniform(0.92, 1.08), uniform(0.95, 1.05), uniform(0.92, 1.08)],
     noise: low ? uniform(2, 8) : uniform(0, 6),
     quality: Math.floor(uniform(55, 93)),
   };
-  // Wall pieces (doors) first, then the rest far to near, so nearer things cover farther ones.
+  return { light, look };
+}
+
+/** Drawing order: wall pieces (doors) first, then the rest far to near, so nearer things cover farther ones. */
+function drawingOrder(placed: readonly SceneObject[]): SceneObject[] {
   const wallFirst = (o: SceneObject): number => (o.kind === 'door' ? 0 : 1);
-  const objects = placed
+  return placed
     .map((o, i) => ({ o, i }))
     .sort((a, b) => wallFirst(a.o) - wallFirst(b.o) || a.o.box[3] - b.o.box[3] || a.i - b.i)
     .map(({ o }) => o);
-  return { seed, horizon, light, objects, look };
+}
+
+/** The scene of a seed: a scenario is drawn first, then the camera, objects that fit the scenario, distractors, and the look. */
+export function makeScene(seed: number): Scene {
+  const draws = drawsOf(rngOf(seed, 1));
+  const scenario = scenarioOf(draws.r());
+  const room: Room = { ...draws, horizon: draws.uniform(0.42, 0.62), placed: [] };
+  const low = SCENE_BUILDERS[scenario](room);
+  const { light, look } = lookOf(draws, low);
+  return { seed, horizon: room.horizon, light, objects: drawingOrder(room.placed), look };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -605,6 +626,49 @@ export interface RenderOptions {
   readonly plain?: boolean;
 }
 
+/** Draws one object, its normalised box scaled to width×height. */
+function drawObject(c: Canvas, o: SceneObject, width: number, height: number): void {
+  const b: Box = { x0: o.box[0] * width, y0: o.box[1] * height, x1: o.box[2] * width, y1: o.box[3] * height };
+  const w = b.x1 - b.x0;
+  const h = b.y1 - b.y0;
+  const p = o.paint ?? DEFAULT_PAINT[o.kind];
+  const at = (i: number): RGB => p[i] ?? DEFAULT_PAINT[o.kind][i]!;
+  switch (o.kind) {
+    case 'door':
+      drawDoor(
+        c,
+        b.x0,
+        b.y0,
+        w,
+        b.y1,
+        { frame: at(0), panel: at(1), knob: at(2), frameW: Math.max(2, Math.round(width * 0.009)) },
+        { x: b.x0 + w * 0.85, y: b.y1 - h * 0.46, r: Math.max(2, height * 0.012) },
+      );
+      break;
+    case 'box':
+      drawBox(c, b.x0, b.y0, w, h, { body: at(0), tape: at(1) });
+      break;
+    case 'obstacle':
+      drawObstacle(c, b.x0, b.y1, w, h, { body: at(0), band: at(1), lid: at(2) });
+      break;
+    case 'person': {
+      // Invert personBox: the box's height is the body plus 0.87 body widths of head.
+      const bodyH = h - 0.87 * w;
+      drawPerson(c, b.x0, b.y1, w, bodyH, { legs: at(0), torso: at(1), skin: at(2), stride: o.stride ?? 0 });
+      break;
+    }
+    case 'cup':
+      drawCup(c, b.x0, b.y1, w, h, { body: at(0), inside: at(1) });
+      break;
+    case 'table':
+      drawTable(c, b.x0, b.y0, w, b.y1, { wood: at(0), legs: at(1) });
+      break;
+    case 'sign':
+      drawSign(c, b.x0, b.y1, w, h, { body: at(0), mark: at(1) });
+      break;
+  }
+}
+
 /** RGB pixels of a scene at width×height (pure). */
 export function renderScene(scene: Scene, width: number, height: number, options: RenderOptions = {}): Buffer {
   const c = createCanvas(width, height);
@@ -624,47 +688,7 @@ export function renderScene(scene: Scene, width: number, height: number, options
     tileShift: look.tile[3] * tileW,
     skirting: [90, 80, 70],
   });
-  for (const o of scene.objects) {
-    const b: Box = { x0: o.box[0] * width, y0: o.box[1] * height, x1: o.box[2] * width, y1: o.box[3] * height };
-    const w = b.x1 - b.x0;
-    const h = b.y1 - b.y0;
-    const p = o.paint ?? DEFAULT_PAINT[o.kind];
-    const at = (i: number): RGB => p[i] ?? DEFAULT_PAINT[o.kind][i]!;
-    switch (o.kind) {
-      case 'door':
-        drawDoor(
-          c,
-          b.x0,
-          b.y0,
-          w,
-          b.y1,
-          { frame: at(0), panel: at(1), knob: at(2), frameW: Math.max(2, Math.round(width * 0.009)) },
-          { x: b.x0 + w * 0.85, y: b.y1 - h * 0.46, r: Math.max(2, height * 0.012) },
-        );
-        break;
-      case 'box':
-        drawBox(c, b.x0, b.y0, w, h, { body: at(0), tape: at(1) });
-        break;
-      case 'obstacle':
-        drawObstacle(c, b.x0, b.y1, w, h, { body: at(0), band: at(1), lid: at(2) });
-        break;
-      case 'person': {
-        // Invert personBox: the box's height is the body plus 0.87 body widths of head.
-        const bodyH = h - 0.87 * w;
-        drawPerson(c, b.x0, b.y1, w, bodyH, { legs: at(0), torso: at(1), skin: at(2), stride: o.stride ?? 0 });
-        break;
-      }
-      case 'cup':
-        drawCup(c, b.x0, b.y1, w, h, { body: at(0), inside: at(1) });
-        break;
-      case 'table':
-        drawTable(c, b.x0, b.y0, w, b.y1, { wood: at(0), legs: at(1) });
-        break;
-      case 'sign':
-        drawSign(c, b.x0, b.y1, w, h, { body: at(0), mark: at(1) });
-        break;
-    }
-  }
+  for (const o of scene.objects) drawObject(c, o, width, height);
   if (!options.plain) finish(c.px, width, height, scene);
   return c.px;
 }
