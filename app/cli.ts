@@ -608,6 +608,7 @@ program
   .option('--schema <file>', 'the action schema (default: configs/actions/robot-action.schema.json)')
   .option('--server-key <file>', "the publisher's CURVE public key, when it encrypts")
   .option('--count <n>', 'exit after this many messages', int('--count'))
+  .option('--keep-going', "go on past a run's end event (by default echo exits with the run)")
   .action(async (opts) => {
     const { echo } = await import('./echo.ts');
     process.exitCode = await echo(opts);

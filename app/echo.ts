@@ -12,8 +12,10 @@ export interface EchoOptions {
   readonly json?: boolean;
   readonly schema?: string;
   readonly serverKey?: string;
-  /** Stop after this many messages. Default: run until interrupted. */
+  /** Stop after this many messages. Default: until the run's `end` event, or an interrupt. */
   readonly count?: number;
+  /** Go on past a run's `end` event, for the runs after it. */
+  readonly keepGoing?: boolean;
 }
 
 export async function echo(
@@ -22,9 +24,10 @@ export async function echo(
   err: NodeJS.WritableStream = process.stderr,
 ): Promise<number> {
   const topics = options.topic?.length ? options.topic : ['actions'];
+  // The events topic is always read: its `end` event ends the echo, printed or not.
   const sub = subscribe({
     connect: options.connect,
-    topics,
+    topics: topics.includes('events') ? topics : [...topics, 'events'],
     actionSchema: options.schema,
     serverKey: options.serverKey ? readCurveKey(options.serverKey, 'server public key') : undefined,
   });
@@ -33,16 +36,24 @@ export async function echo(
   let seen = 0;
   try {
     for await (const m of sub) {
-      if (m.type !== 'invalid' && m.lost > 0) err.write(`percept echo: ${m.lost} ${m.topic} message(s) lost before seq ${m.header.seq}\n`);
+      const shown = topics.includes(m.topic);
+      if (shown && m.type !== 'invalid' && m.lost > 0)
+        err.write(`percept echo: ${m.lost} ${m.topic} message(s) lost before seq ${m.header.seq}\n`);
       if (m.type === 'invalid') err.write(`percept echo: invalid ${m.topic} message: ${m.reason}\n`);
-      else out.write(`${options.json ? JSON.stringify({ header: m.header, body: bodyOf(m) }) : describe(m)}\n`);
-      if (options.count !== undefined && ++seen >= options.count) break;
+      else if (shown) out.write(`${options.json ? JSON.stringify({ header: m.header, body: bodyOf(m) }) : describe(m)}\n`);
+      if (shown && options.count !== undefined && ++seen >= options.count) break;
+      if (m.type === 'event' && m.event.type === 'end' && !options.keepGoing) {
+        err.write(`percept echo: run ${m.header.run_id.slice(0, 8)} ended\n`);
+        break;
+      }
     }
   } finally {
     for (const signal of STOP_SIGNALS) process.off(signal, stop);
     sub.close();
   }
-  const counts = Object.entries(sub.counts).map(([t, c]) => `${t} ${c.received} (lost ${c.lost}, invalid ${c.invalid}, stale ${c.stale})`);
+  const counts = Object.entries(sub.counts)
+    .filter(([t]) => topics.includes(t))
+    .map(([t, c]) => `${t} ${c.received} (lost ${c.lost}, invalid ${c.invalid}, stale ${c.stale})`);
   if (counts.length) err.write(`percept echo: ${counts.join('; ')}\n`);
   return 0;
 }
