@@ -152,16 +152,16 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
         inPass += 1;
         firstThisPass ??= message.logTime;
         lastLogNs = message.logTime;
-        let payload: CameraFrame | undefined;
+        let decoded: Decoded | undefined;
         let problem: string | undefined;
         try {
-          payload = decode(message.data);
+          decoded = decode(message.data);
         } catch (err) {
           problem = (err as Error).message;
         }
         const captureNs = await due(message.logTime);
         if (captureNs === null) return;
-        if (payload === undefined) {
+        if (decoded === undefined) {
           const [cause] = (problem ?? 'undecodable').split(':', 1);
           yield rejection(
             captureNs,
@@ -173,7 +173,10 @@ export async function createBagSource(options: BagSourceOptions): Promise<BagSou
         }
         counters.yielded += 1;
         const captureWallMs = wallMsAt(clock, captureNs);
-        yield { sourceId: id, captureNs, captureWallMs, stampNs: message.logTime, sourceStamp: toStamp(message.logTime), payload };
+        // The wire's source_stamp is the header's capture stamp where the message states one, so actions
+        // match other sensors by capture time; the recording's time line stays the log time.
+        const sourceStamp = decoded.stamp ?? toStamp(message.logTime);
+        yield { sourceId: id, captureNs, captureWallMs, stampNs: message.logTime, sourceStamp, payload: decoded.frame };
       }
       pass += 1;
       // A pass that yielded nothing would loop forever without producing a frame.
@@ -277,7 +280,20 @@ function selectChannels(file: McapFile, options: BagSourceOptions, path: string)
 
 // ---- decoders ----------------------------------------------------------------------------------
 
-type Decoder = (data: Uint8Array) => CameraFrame;
+/** A message's frame, and the capture stamp its header states (null: none, or zero). */
+interface Decoded {
+  readonly frame: CameraFrame;
+  readonly stamp: Stamp | null;
+}
+type Decoder = (data: Uint8Array) => Decoded;
+
+/** A header stamp as the wire carries it; null where the message has none or it is zero (unset). */
+function headerStamp(stamp: { sec?: unknown; nanosec?: unknown; nsec?: unknown } | undefined): Stamp | null {
+  const sec = Number(stamp?.sec ?? 0);
+  const nanosec = Number(stamp?.nanosec ?? stamp?.nsec ?? 0);
+  if (!Number.isFinite(sec) || !Number.isFinite(nanosec) || (sec === 0 && nanosec === 0)) return null;
+  return { sec, nanosec };
+}
 
 const RAW_ENCODINGS: Readonly<Record<string, { encoding: FrameEncoding; bytesPerPixel: number }>> = {
   rgb8: { encoding: 'rgb8', bytesPerPixel: 3 },
@@ -296,15 +312,17 @@ export function decoderFor(schema: SchemaRecord | undefined, messageEncoding: st
   if (!IMAGE_SCHEMAS.has(name)) return `${name} is not an image type percept reads (${[...IMAGE_SCHEMAS].join(', ')})`;
   if (name.startsWith('foxglove.')) {
     if (messageEncoding !== 'json') return `${name} in message encoding ${messageEncoding} is not supported (json is)`;
+    const stampOf = (msg: Record<string, unknown>): Stamp | null => headerStamp(msg.timestamp as Parameters<typeof headerStamp>[0]);
     return name === 'foxglove.CompressedImage'
       ? (data) => {
           const msg = parseJsonObject(data);
-          return compressedFrame(expectString(msg, 'format'), base64Field(msg, 'data'));
+          return { frame: compressedFrame(expectString(msg, 'format'), base64Field(msg, 'data')), stamp: stampOf(msg) };
         }
       : (data) => {
           const msg = parseJsonObject(data);
           const [width, height, step] = [expectUint(msg, 'width'), expectUint(msg, 'height'), expectUint(msg, 'step')];
-          return rawFrame(width, height, expectString(msg, 'encoding'), step, base64Field(msg, 'data'), false);
+          const frame = rawFrame(width, height, expectString(msg, 'encoding'), step, base64Field(msg, 'data'), false);
+          return { frame, stamp: stampOf(msg) };
         };
   }
   if (messageEncoding !== 'cdr') return `${name} in message encoding ${messageEncoding} is not supported (cdr is)`;
@@ -324,14 +342,18 @@ export function decoderFor(schema: SchemaRecord | undefined, messageEncoding: st
       throw new Error(`corrupt CDR payload: ${data.length} bytes do not decode as ${name} (${(err as Error).message})`, { cause: err });
     }
   };
+  type Header = { header?: { stamp?: { sec: number; nanosec: number } } };
   return name === 'sensor_msgs/msg/CompressedImage'
     ? (data) => {
-        const msg = read<{ format: string; data: Uint8Array }>(data);
-        return compressedFrame(msg.format, msg.data);
+        const msg = read<Header & { format: string; data: Uint8Array }>(data);
+        return { frame: compressedFrame(msg.format, msg.data), stamp: headerStamp(msg.header?.stamp) };
       }
     : (data) => {
-        const msg = read<{ height: number; width: number; encoding: string; is_bigendian: number; step: number; data: Uint8Array }>(data);
-        return rawFrame(msg.width, msg.height, msg.encoding, msg.step, msg.data, msg.is_bigendian !== 0);
+        const msg = read<
+          Header & { height: number; width: number; encoding: string; is_bigendian: number; step: number; data: Uint8Array }
+        >(data);
+        const frame = rawFrame(msg.width, msg.height, msg.encoding, msg.step, msg.data, msg.is_bigendian !== 0);
+        return { frame, stamp: headerStamp(msg.header?.stamp) };
       };
 }
 

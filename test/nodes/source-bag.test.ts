@@ -209,6 +209,45 @@ describe('bag source', () => {
     await assert.rejects(createBagSource({ path, type: 'foxglove.RawImage' }), /has no topic of type foxglove\.RawImage \(channels: /);
   });
 
+  test("a frame's source stamp is its header's capture stamp, not the log time; an unset stamp falls back to the log time", async () => {
+    const path = join(cache, 'header-stamps.mcap');
+    const jpeg = await encodePatternFrame(1, 32, 32);
+    const captured = 1_700_000_000_123_456_789n;
+    await writeBag(path, async (w) => {
+      const schema = await w.registerSchema({
+        name: 'sensor_msgs/msg/CompressedImage',
+        encoding: 'ros2msg',
+        data: new TextEncoder().encode(ROS_COMPRESSED_IMAGE),
+      });
+      const channel = await w.registerChannel({ topic: '/cam', schemaId: schema, messageEncoding: 'cdr', metadata: new Map() });
+      // Logged 40 ms after capture, as a recorder on a busy robot would.
+      await w.addMessage({
+        channelId: channel,
+        sequence: 0,
+        logTime: captured + 40n * MS,
+        publishTime: 0n,
+        data: rosCompressedImage(captured, 'jpeg', jpeg),
+      });
+      await w.addMessage({
+        channelId: channel,
+        sequence: 1,
+        logTime: captured + 90n * MS,
+        publishTime: 0n,
+        data: rosCompressedImage(0n, 'jpeg', jpeg),
+      });
+    });
+    const source = await createBagSource({ path });
+    const items = await take(source, new VirtualClock(), 10);
+    await source.close();
+    assert.deepEqual(
+      items.map((it) => [it.sourceStamp, it.stampNs]),
+      [
+        [{ sec: 1_700_000_000, nanosec: 123_456_789 }, captured + 40n * MS],
+        [{ sec: 1_700_000_000, nanosec: 213_456_789 }, captured + 90n * MS],
+      ],
+    );
+  });
+
   test('CDR bytes laid out by hand from the spec decode as sensor_msgs/msg/CompressedImage', () => {
     // stamp {sec 1, nanosec 2}, frame_id "cam", format "jpeg", data [ff d8 ff d9]; little endian,
     // alignment relative to the end of the 4-byte encapsulation header.
@@ -219,12 +258,11 @@ describe('bag source', () => {
       'cdr',
     );
     assert.equal(typeof decode, 'function');
-    const frame = (decode as (d: Uint8Array) => CameraFrame)(Buffer.from(hex, 'hex'));
+    type Decode = (d: Uint8Array) => { frame: CameraFrame; stamp: unknown };
+    const { frame, stamp } = (decode as Decode)(Buffer.from(hex, 'hex'));
     assert.deepEqual({ ...frame, data: Buffer.from(frame.data).toString('hex') }, { encoding: 'jpeg', data: 'ffd8ffd9' });
-    assert.throws(
-      () => (decode as (d: Uint8Array) => CameraFrame)(Buffer.from(hex, 'hex').subarray(0, 27)),
-      /corrupt CDR payload: 27 bytes/,
-    );
+    assert.deepEqual(stamp, { sec: 1, nanosec: 2 }, "the header's stamp");
+    assert.throws(() => (decode as Decode)(Buffer.from(hex, 'hex').subarray(0, 27)), /corrupt CDR payload: 27 bytes/);
   });
 
   test('a raw image whose data is not step × height, or in an unsupported encoding, is rejected with the reason', async () => {
