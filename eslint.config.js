@@ -6,7 +6,7 @@ import prettier from 'eslint-config-prettier';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['node_modules/', 'build/', '.cache/', 'out/'] },
+  { ignores: ['node_modules/', 'build/', '.cache/', '.carry/', 'out/', 'client/dist/'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

@@ -41,6 +41,8 @@ export class ChunkedMcapFile {
     channelMessageCounts: new Map(),
   };
   #position = 0n;
+  /** Bytes of a write that failed and did not reach the file. */
+  #unwritten = 0;
   #dataCrc = 0;
   #chunkFirstLogTime = 0n;
 
@@ -51,6 +53,16 @@ export class ChunkedMcapFile {
 
   get chunkOpen(): boolean {
     return this.#chunk.numMessages > 0;
+  }
+
+  /** Bytes handed to the file so far. */
+  get bytesWritten(): number {
+    return Number(this.#position);
+  }
+
+  /** Bytes of the write that failed (what it had not written yet) plus the chunk still open: recorded, not on disk. */
+  get bytesUnwritten(): number {
+    return this.#unwritten + this.#chunk.byteLength;
   }
 
   get chunksWritten(): number {
@@ -205,9 +217,18 @@ export class ChunkedMcapFile {
   async #write(): Promise<void> {
     const bytes = this.#records.buffer;
     let done = 0;
-    while (done < bytes.length) {
-      const { bytesWritten } = await this.#handle.write(bytes, done, bytes.length - done);
-      done += bytesWritten;
+    try {
+      while (done < bytes.length) {
+        const { bytesWritten } = await this.#handle.write(bytes, done, bytes.length - done);
+        // A file that takes nothing (e.g. under /proc) would make this loop spin for ever.
+        if (bytesWritten <= 0) throw new Error(`the file took none of ${bytes.length - done} bytes (write returned ${bytesWritten})`);
+        done += bytesWritten;
+      }
+    } catch (err) {
+      this.#position += BigInt(done);
+      this.#unwritten += bytes.length - done;
+      this.#records.reset();
+      throw err;
     }
     this.#position += BigInt(bytes.length);
     this.#records.reset();

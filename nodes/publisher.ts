@@ -18,6 +18,13 @@ const EVENT_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Event';
 const TELEMETRY_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Telemetry';
 
 export interface PublisherOptions extends Pick<PublisherConfig, 'endpoint' | 'topic' | 'sendHighWaterMark'> {
+  /** How long (wall ms) one message may wait for a subscriber whose queue is full before the socket stops
+   * waiting for that subscriber (default 1000). From then on a message goes to every subscriber with room
+   * and is lost to the full one (it sees a seq gap), until every subscriber takes messages again.
+   * null: wait for ever (one subscriber that stops reading then holds back all others). */
+  readonly stallTimeoutMs?: number | null;
+  /** The socket's kernel send buffer (ZMQ_SNDBUF, bytes); default the OS's. Tests make it small to fill it fast. */
+  readonly sendBufferSize?: number;
   /** CURVE server key (required for an endpoint other hosts can reach, unless `insecure`). */
   readonly curve?: CurveConfig | null;
   readonly insecure?: boolean;
@@ -54,6 +61,8 @@ export interface Publisher {
   readonly sink: PublisherSink;
   /** Per topic: accepted (the next seq), sent, dropped and queued. All are counted on either clock. */
   stats(): PublisherCounters;
+  /** How many times a subscriber stopped taking messages for longer than stallTimeoutMs (the socket then stopped waiting for it). */
+  readonly stalls: number;
   /** Sends what is queued, then the `end` event with `summary` and the final counters.
    * Waits up to lingerMs for it all to go out, then closes the socket. Idempotent.
    * Resolves with the final counters; what could not be sent by then counts as dropped. */
@@ -148,8 +157,9 @@ export function closeHeader(head: string, seq: number, virtualMs?: number): stri
 }
 
 /** PublisherOptions with every default filled in and the run id chosen, as checkPublisherOptions returns them. */
-export type CheckedPublisherOptions = Required<Omit<PublisherOptions, 'highWaterMarks'>> & {
+export type CheckedPublisherOptions = Required<Omit<PublisherOptions, 'highWaterMarks' | 'sendBufferSize'>> & {
   readonly highWaterMarks: PublisherConfig['highWaterMarks'];
+  readonly sendBufferSize: number | undefined;
 };
 
 /** Checks `options` and fills in the defaults; throws naming the first bad option. */
@@ -167,6 +177,8 @@ export function checkPublisherOptions(options: PublisherOptions): CheckedPublish
     models = {},
     eventsTopic = 'events',
     telemetryTopic = 'telemetry',
+    stallTimeoutMs = 1000,
+    sendBufferSize,
   } = options;
   if (!clock || typeof clock.nowNs !== 'function' || typeof clock.unixNs !== 'function')
     throw new TypeError('createPublisher: expected clock to be a Clock');
@@ -193,6 +205,8 @@ export function checkPublisherOptions(options: PublisherOptions): CheckedPublish
   intAtLeast('highWaterMarks.events', highWaterMarks.events, 1);
   intAtLeast('highWaterMarks.telemetry', highWaterMarks.telemetry, 1);
   intAtLeast('lingerMs', lingerMs, 0);
+  if (stallTimeoutMs !== null) intAtLeast('stallTimeoutMs', stallTimeoutMs, 0);
+  if (sendBufferSize !== undefined) intAtLeast('sendBufferSize', sendBufferSize, 1);
   if (curve && !curve.secretKeyFile) throw new TypeError('createPublisher: curve.secretKeyFile (the server secret key) is required');
   return {
     endpoint,
@@ -207,6 +221,8 @@ export function checkPublisherOptions(options: PublisherOptions): CheckedPublish
     models,
     eventsTopic,
     telemetryTopic,
+    stallTimeoutMs,
+    sendBufferSize,
   };
 }
 
@@ -218,6 +234,24 @@ function nonEmptyString(name: string, value: unknown): void {
 function intAtLeast(name: string, value: number, least: number): void {
   if (!Number.isInteger(value) || value < least)
     throw new RangeError(`createPublisher: expected integer >= ${least} for ${name} but received ${value}`);
+}
+
+const LATE_OPTION_WARNING = 'Socket option will not take effect until next connect/bind.';
+
+/** Sets ZMQ_XPUB_NODROP on a bound socket. libzmq reads it on every send (xpub.cpp: `if (_lossy || _dist.check_hwm())`),
+ * so it takes effect at once; zeromq.js warns for any option it does not know to, which would print twice per message
+ * while a subscriber is stalled. That one warning is left out here; any other still goes out. */
+function setNoDrop(socket: PubSocket, value: boolean): void {
+  const emitWarning = process.emitWarning;
+  process.emitWarning = ((warning: string | Error, ...rest: unknown[]) => {
+    if ((typeof warning === 'string' ? warning : warning.message) === LATE_OPTION_WARNING) return;
+    (emitWarning as (...args: unknown[]) => void).call(process, warning, ...rest);
+  }) as typeof process.emitWarning;
+  try {
+    socket.noDrop = value;
+  } finally {
+    process.emitWarning = emitWarning;
+  }
 }
 
 /** Binds the socket; throws naming the endpoint when it cannot. */
@@ -249,6 +283,10 @@ class WirePublisher implements Publisher {
   #closed: Promise<PublisherCounters> | undefined;
   #pumping: Promise<void> | undefined;
   #undelivered = 0;
+  readonly #stallTimeoutMs: number | null;
+  /** A subscriber held a message back past stallTimeoutMs and has not taken one since: sends do not wait for it. */
+  #stalled = false;
+  #stalls = 0;
 
   static async open(options: CheckedPublisherOptions): Promise<WirePublisher> {
     const { endpoint } = options;
@@ -258,6 +296,7 @@ class WirePublisher implements Publisher {
       noDrop: true,
       sendTimeout: 0,
       linger: 0,
+      ...(options.sendBufferSize !== undefined ? { sendBufferSize: options.sendBufferSize } : {}),
       ...(secretKeyFile ? { curveServer: true, curveSecretKey: readCurveKey(secretKeyFile, 'publisher secret key') } : {}),
     });
     try {
@@ -278,6 +317,7 @@ class WirePublisher implements Publisher {
     this.#clock = clock;
     this.#virtual = clock.virtual;
     this.#lingerMs = options.lingerMs;
+    this.#stallTimeoutMs = options.stallTimeoutMs;
     this.#topics = {
       actions: new TopicQueue(options.topic, highWaterMarks.actions),
       events: new TopicQueue(options.eventsTopic, highWaterMarks.events),
@@ -296,6 +336,11 @@ class WirePublisher implements Publisher {
         return undelivered();
       },
     };
+  }
+
+  /** How many times a subscriber stopped taking messages for longer than stallTimeoutMs. */
+  get stalls(): number {
+    return this.#stalls;
   }
 
   stats(): PublisherCounters {
@@ -380,7 +425,12 @@ class WirePublisher implements Publisher {
   }
 
   /** Sends while anything is queued, highest priority first.
-   * A full subscriber makes send() fail with EAGAIN (no-drop). The message is retried after a short wait, growing to 16 ms. */
+   * A full subscriber makes a no-drop send() fail with EAGAIN: the socket holds every message back
+   * until the slowest subscriber has room. The message is retried after a short wait, growing to 16 ms.
+   * Past stallTimeoutMs that subscriber has stopped reading: the message is sent without no-drop, so
+   * ZeroMQ hands it to every subscriber with room and drops it for the full one (a seq gap there).
+   * While stalled, each message is still tried with no-drop first; the first that goes out that way
+   * (every subscriber has room again) ends the stall. */
   async #pump(): Promise<void> {
     const socket = this.#socket;
     let waitMs = 0;
@@ -389,11 +439,13 @@ class WirePublisher implements Publisher {
       if (!queue) return;
       const item = queue.shift()!;
       const body = typeof item.body === 'string' ? item.body : item.body();
+      const heldSince = Date.now();
       for (;;) {
         const header = closeHeader(item.head, item.seq, item.virtualMs);
         try {
           await socket.send([queue.frame, header, body]);
           queue.sent += 1;
+          this.#stalled = false;
           waitMs = 0;
           break;
         } catch (err) {
@@ -401,11 +453,56 @@ class WirePublisher implements Publisher {
             queue.dropped += 1;
             break;
           }
+          const limit = this.#stallTimeoutMs;
+          if (limit !== null && (this.#stalled || Date.now() - heldSince >= limit)) {
+            if (!this.#stalled) this.#stall(Date.now() - heldSince);
+            if (await this.#sendPast([queue.frame, header, body])) queue.sent += 1;
+            else queue.dropped += 1;
+            waitMs = 0;
+            break;
+          }
           waitMs = Math.min(16, Math.max(1, waitMs * 2));
           await sleep(waitMs);
         }
       }
     }
+  }
+
+  /** Sends one message to every subscriber with room, dropping it for those without (no-drop off for one send). */
+  async #sendPast(parts: (Buffer | string)[]): Promise<boolean> {
+    const socket = this.#socket;
+    if (socket.closed) return false;
+    setNoDrop(socket, false);
+    try {
+      await socket.send(parts);
+      return true;
+    } catch {
+      return false;
+    } finally {
+      if (!socket.closed) setNoDrop(socket, true);
+    }
+  }
+
+  /** A subscriber stopped reading: said at once on the events topic (every reading subscriber gets it). */
+  #stall(heldMs: number): void {
+    this.#stalled = true;
+    this.#stalls += 1;
+    // After close() the end event is queued: nothing may follow it. The end's counters still show the stall's drops.
+    if (this.#closing) {
+      this.#undelivered += 1;
+      return;
+    }
+    const atNs = this.#clock.nowNs();
+    const event: TelemetryEvent = {
+      type: 'error',
+      atNs,
+      frameId: -1,
+      stage: 'publish',
+      message:
+        `a subscriber took nothing for ${heldMs} ms (its queue is full): ` +
+        'messages go on to the other subscribers and are lost to it (seq gaps there) until it reads again',
+    };
+    this.#enqueue(this.#topics.events, this.#eventHead, eventToJson(event), this.#virtual ? unixMs(this.#clock, atNs) : undefined);
   }
 
   async #close(summary?: RunSummary): Promise<PublisherCounters> {

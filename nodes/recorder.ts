@@ -2,7 +2,8 @@
 // Topics /frames, /actions, /events and /stats. Chunks close on time as well as size.
 // Calls are serialised on one promise chain. After a write fails, every later call rejects with that first error (`failure`).
 // Layout, times, chunks and backpressure: nodes/README.md#recorder
-import { open } from 'node:fs/promises';
+import { open, stat, statfs, unlink } from 'node:fs/promises';
+import { resolve } from 'node:path';
 import type { FileHandle } from 'node:fs/promises';
 import type { McapTypes } from '@mcap/core';
 import * as zstd from '@foxglove/wasm-zstd';
@@ -36,6 +37,8 @@ export interface RecorderOptions {
   readonly maxPendingBytes?: number;
   /** MCAP header.library (default "percept recorder"). */
   readonly library?: string;
+  /** Called once, at the first write that fails (the recording stops there), with that error. */
+  readonly onFailure?: ((failure: Error) => void) | null;
 }
 
 export interface RecorderCounts {
@@ -61,6 +64,11 @@ export interface Recorder {
   readonly counts: RecorderCounts;
   /** The first write error (the file is unusable after it), if any. */
   readonly failure: Error | undefined;
+  /** Bytes handed to the file. */
+  readonly bytesWritten: number;
+  /** After a failure: bytes recorded that never reached the file (the failed write's, the open chunk's and every
+   * message's since). 0 while the recording is sound. */
+  readonly bytesLost: number;
   writeMetadata(name: string, entries: Readonly<Record<string, string>>): Promise<void>;
   /** Resolves false when the frame was not recorded (too many frame bytes waiting). */
   recordFrame(frame: CameraFrame, meta: RecordedFrameMeta, logTimeNs: bigint): Promise<boolean>;
@@ -87,6 +95,7 @@ export function checkRecorderOptions(options: RecorderOptions): CheckedRecorderO
     chunkBytes = 32 * 1024 * 1024,
     maxPendingBytes = 256 * 1024 * 1024,
     library = 'percept recorder',
+    onFailure = null,
   } = options;
   const flushAfterMs = options.flushAfterMs === undefined ? chunkMs : options.flushAfterMs;
   if (typeof path !== 'string' || path.length === 0)
@@ -102,12 +111,55 @@ export function checkRecorderOptions(options: RecorderOptions): CheckedRecorderO
     throw new RangeError(`createRecorder: expected flushAfterMs > 0 or null but received ${flushAfterMs}`);
   if (typeof actionSchema?.mcapSchema !== 'object')
     throw new TypeError('createRecorder: expected actionSchema to be the result of loadActionSchema()');
-  return { path, actionSchema, compression, zstdLevel, chunkMs, chunkBytes, flushAfterMs, maxPendingBytes, library };
+  if (onFailure !== null && typeof onFailure !== 'function') throw new TypeError('createRecorder: expected onFailure to be a function');
+  return { path, actionSchema, compression, zstdLevel, chunkMs, chunkBytes, flushAfterMs, maxPendingBytes, library, onFailure };
 }
 
 function intAtLeast(name: string, value: number, least: number): void {
   if (!Number.isInteger(value) || value < least)
     throw new RangeError(`createRecorder: expected integer >= ${least} for ${name} but received ${value}`);
+}
+
+/** Path prefixes of kernel filesystems, where a "file" is an interface, not storage. */
+const SPECIAL_PREFIXES = ['/proc/', '/sys/', '/dev/'];
+/** Except these, which are ordinary (tmpfs) storage. */
+const ORDINARY_UNDER_DEV = ['/dev/shm/'];
+/** statfs f_type of filesystems that cannot hold a recording: proc, sysfs, devpts, debugfs, tracefs, securityfs,
+ * cgroup, cgroup2, bpf, configfs, pstore, efivarfs. */
+const SPECIAL_FS_TYPES: ReadonlyMap<number, string> = new Map([
+  [0x9fa0, 'proc'],
+  [0x62656572, 'sysfs'],
+  [0x1cd1, 'devpts'],
+  [0x64626720, 'debugfs'],
+  [0x74726163, 'tracefs'],
+  [0x73636673, 'securityfs'],
+  [0x27e0eb, 'cgroup'],
+  [0x63677270, 'cgroup2'],
+  [0xcafe4a11, 'bpf'],
+  [0x62656570, 'configfs'],
+  [0x6165676c, 'pstore'],
+  [0xde5e81e4, 'efivarfs'],
+]);
+
+/** Throws `recorder: cannot create PATH: why` when `path` cannot hold a recording: a path on a kernel filesystem
+ * (/proc, /sys, /dev, or one whose statfs type says so), or an existing file that is not a regular file
+ * (a directory, a device, a FIFO). Nothing is created. */
+export async function checkRecordingPath(path: string): Promise<void> {
+  const full = resolve(path);
+  const refuse = (why: string): never => {
+    throw new Error(`recorder: cannot create ${path}: ${why}`);
+  };
+  const prefix = SPECIAL_PREFIXES.find((p) => `${full}/`.startsWith(p));
+  if (prefix && !ORDINARY_UNDER_DEV.some((p) => full.startsWith(p)))
+    refuse(`${prefix} is a kernel filesystem, not storage (choose a path on a disk)`);
+  const existing = await stat(full).catch(() => undefined);
+  if (existing && !existing.isFile()) {
+    const kind = existing.isDirectory() ? 'a directory' : existing.isFIFO() ? 'a FIFO' : existing.isSocket() ? 'a socket' : 'a device';
+    refuse(`it is ${kind}, not a regular file`);
+  }
+  const fs = await statfs(existing ? full : resolve(full, '..')).catch(() => undefined);
+  const special = fs ? SPECIAL_FS_TYPES.get(fs.type) : undefined;
+  if (special) refuse(`it is on a ${special} filesystem, not storage (choose a path on a disk)`);
 }
 
 /** Creates (or truncates) the file and writes its header; throws naming the path when it cannot. */
@@ -128,6 +180,9 @@ class McapRecorder implements Recorder {
   readonly #rawChannels: SourceChannels;
   readonly #counts = { frames: 0, actions: 0, events: 0, stats: 0, framesNotRecorded: 0 };
   #pendingFrameBytes = 0;
+  readonly #onFailure: ((failure: Error) => void) | null;
+  /** Bytes of the messages refused after the failure. */
+  #lostAfter = 0;
   #tail: Promise<unknown> = Promise.resolve();
   #failure: Error | undefined;
   #closing: Promise<void> | undefined;
@@ -138,11 +193,18 @@ class McapRecorder implements Recorder {
   static async open(options: CheckedRecorderOptions): Promise<McapRecorder> {
     const { path, compression, zstdLevel } = options;
     if (compression === 'zstd') await zstd.isLoaded;
+    await checkRecordingPath(path);
     let handle: FileHandle;
     try {
       handle = await open(path, 'w');
     } catch (err) {
       throw new Error(`recorder: cannot create ${path}: ${(err as Error).message}`, { cause: err });
+    }
+    // Checked again on what was opened: the path may have changed in between.
+    const opened = await handle.stat();
+    if (!opened.isFile()) {
+      await handle.close().catch(() => undefined);
+      throw new Error(`recorder: cannot create ${path}: it is not a regular file`);
     }
     const file = new ChunkedMcapFile(handle, {
       chunkMs: BigInt(options.chunkMs) * 1_000_000n,
@@ -154,6 +216,8 @@ class McapRecorder implements Recorder {
       await recorder.#enqueue('start', () => file.start({ profile: '', library: options.library }));
     } catch (err) {
       await handle.close().catch(() => undefined);
+      // A file without even its header would be an empty recording.
+      await unlink(path).catch(() => undefined);
       throw err;
     }
     return recorder;
@@ -163,6 +227,7 @@ class McapRecorder implements Recorder {
     this.path = options.path;
     this.#maxPendingBytes = options.maxPendingBytes;
     this.#flushAfterMs = options.flushAfterMs;
+    this.#onFailure = options.onFailure;
     this.#handle = handle;
     this.#file = file;
     const schema = options.actionSchema;
@@ -198,6 +263,14 @@ class McapRecorder implements Recorder {
     return this.#failure;
   }
 
+  get bytesWritten(): number {
+    return this.#file.bytesWritten;
+  }
+
+  get bytesLost(): number {
+    return this.#failure ? this.#file.bytesUnwritten + this.#lostAfter : 0;
+  }
+
   async writeMetadata(name: string, entries: Readonly<Record<string, string>>): Promise<void> {
     this.#checkOpen('writeMetadata');
     await this.#enqueue(`writeMetadata(${name})`, () => this.#file.addMetadata({ name, metadata: new Map(Object.entries(entries)) }));
@@ -229,6 +302,7 @@ class McapRecorder implements Recorder {
           },
         },
         () => (compressed ? this.#compressedChannels : this.#rawChannels).of(meta.sourceId),
+        frame.data.length,
       );
       this.#counts.frames += 1;
       return true;
@@ -291,13 +365,24 @@ class McapRecorder implements Recorder {
 
   /** Appends `op` to the chain. The first failure poisons the recorder: the layout is undefined
    * after a failed write, so carrying on would write a corrupt file. */
-  #enqueue<T>(what: string, op: () => Promise<T>): Promise<T> {
+  #enqueue<T>(what: string, op: () => Promise<T>, bytes = 0): Promise<T> {
     const run = this.#tail.then(async () => {
-      if (this.#failure) throw this.#failure;
+      if (this.#failure) {
+        // Refused because of an earlier failure: its bytes are lost. (The failed write's own are the file's bytesUnwritten.)
+        this.#lostAfter += bytes;
+        throw this.#failure;
+      }
       try {
         return await op();
       } catch (err) {
-        this.#failure ??= new Error(`recorder ${this.path}: ${what} failed: ${(err as Error).message}`, { cause: err });
+        if (!this.#failure) {
+          this.#failure = new Error(`recorder ${this.path}: ${what} failed: ${(err as Error).message}`, { cause: err });
+          try {
+            this.#onFailure?.(this.#failure);
+          } catch {
+            // The callback's own trouble must not hide the recording's.
+          }
+        }
         throw this.#failure;
       } finally {
         this.#rearm();
@@ -307,8 +392,8 @@ class McapRecorder implements Recorder {
     return run;
   }
 
-  #add(what: string, message: Omit<McapTypes.Message, 'channelId'>, channel: () => number): Promise<void> {
-    return this.#enqueue(what, () => this.#file.addMessage({ ...message, channelId: channel() }));
+  #add(what: string, message: Omit<McapTypes.Message, 'channelId'>, channel: () => number, bytes?: number): Promise<void> {
+    return this.#enqueue(what, () => this.#file.addMessage({ ...message, channelId: channel() }), bytes ?? message.data.byteLength);
   }
 
   /** Disarms the wall-time flush when its chunk was written, and arms it while a chunk is open. */

@@ -121,6 +121,8 @@ export interface PublisherConfig {
   /** Per topic: the capacity of percept's own queue in front of the socket. */
   readonly highWaterMarks: { readonly actions: number; readonly events: number; readonly telemetry: number };
   readonly lingerMs: number;
+  /** How long a subscriber whose queue is full may hold the socket back before it stops waiting for it; null: for ever. */
+  readonly stallTimeoutMs: number | null;
   readonly curve: CurveConfig | null;
   readonly insecure: boolean;
 }
@@ -196,7 +198,14 @@ export interface PerceptConfig {
   readonly actions: { readonly schema: string };
   readonly publisher: PublisherConfig;
   readonly control: ControlConfig;
-  readonly recorder: { readonly enabled: boolean; readonly path: string; readonly frames: boolean; readonly chunkMs: number };
+  readonly recorder: {
+    readonly enabled: boolean;
+    readonly path: string;
+    readonly frames: boolean;
+    readonly chunkMs: number;
+    /** A failed write: stop the run (exit 1, saying why) or carry on unrecorded. Either way an error event and the summary say so. */
+    readonly onError: 'stop' | 'continue';
+  };
   readonly budgets: BudgetsConfig;
   /** `default` plus optional per-stage entries. */
   readonly edges: Readonly<Record<string, EdgePolicy>> & { readonly default: EdgePolicy };

@@ -1,6 +1,7 @@
 // `percept run`: config → stages → graph → summary. This file is the only place that knows every
 // stage; the stages themselves only know their input and output types.
 import { mkdirSync } from 'node:fs';
+import { access, constants, open, unlink } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DegradeLadder } from '../../pipeline/budget.ts';
@@ -8,7 +9,7 @@ import { RealClock, VirtualClock, type Clock } from '../../pipeline/clock.ts';
 import { loadConfig, type PerceptConfig, type SourceConfig } from '../../pipeline/config.ts';
 import { append, chain, type StageChain } from '../../pipeline/graph/chain.ts';
 import { createGraph, stopOnSignals, type Graph } from '../../pipeline/graph/graph.ts';
-import type { RunSummary } from '../../pipeline/telemetry/events.ts';
+import type { FinalRunSummary, RecorderSummary } from '../../pipeline/telemetry/events.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../../pipeline/telemetry/report.ts';
 import type { FrameSource, Stage } from '../../pipeline/types.ts';
 import type { Publisher } from '../../nodes/publisher.ts';
@@ -203,7 +204,8 @@ export function runConfig(opts: RunOptions): PerceptConfig {
 }
 
 export interface RunResult {
-  readonly summary: RunSummary;
+  /** With `recorder` when the run had a recording. */
+  readonly summary: FinalRunSummary;
   /** Why the run failed (its exit code is then 1), or undefined. */
   readonly failure: string | undefined;
 }
@@ -219,35 +221,58 @@ export interface ExecuteOptions {
   readonly onStart?: (graph: Graph, expectedFrames: number | undefined) => void;
 }
 
-/** Runs the pipeline of `config` once: recorder, source, stages, graph. The recorder comes first, so a
- * bad path fails before any model loads. Everything is closed on the way out, whatever happens. */
+/** Runs the pipeline of `config` once: recorder, source, stages, graph. The recorder's path is checked first, so a
+ * bad path fails before any model loads; the file is created once the stages are built, so a failed or interrupted
+ * start leaves no empty recording. Everything is closed on the way out, whatever happens.
+ * A failed recording is said at once (an error event of stage 'recorder', the log), stops the run unless
+ * recorder.onError is 'continue', fails it either way, and is in the summary's `recorder`. */
 export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {}): Promise<RunResult> {
   const actionSchema = loadActionSchema(config.actions.schema);
-  const recorder = config.recorder.enabled ? await openRecorder(config, actionSchema) : undefined;
+  if (config.recorder.enabled) await checkRecorderPath(config.recorder.path);
   const publish = opts.publish ?? true;
   let source: FrameSource<CameraFrame> | undefined;
   let stages: PipelineStages | undefined;
+  let recorder: Recorder | undefined;
   let clock: Clock;
   let identity: RunIdentity | undefined;
   let runId: string | undefined;
+  // The recorder's first failure, whenever it comes (a write, a background flush, the close).
+  let recorderFailed: { readonly error: Error; readonly atNs: bigint } | undefined;
+  let onRecorderFailure: (error: Error) => void = () => undefined;
   try {
     source = await createSource(config.source, config.preprocess.maxPixels);
     // A virtual replay of a bag runs on the bag's own time line, so its recording's times are the bag's.
     clock = config.clock === 'virtual' ? new VirtualClock(source.startNs ?? 0n) : new RealClock();
     // A replay is named by what makes it (app/run/identity.ts), known before its first message.
-    if (clock.virtual && (publish || recorder)) {
+    if (clock.virtual && (publish || config.recorder.enabled)) {
       identity = await runIdentity(config, actionSchema);
       runId = replayRunId(identity);
     }
     stages = await createStages(config, actionSchema, { publish, clock, runId });
+    const failClock = clock;
+    if (config.recorder.enabled)
+      recorder = await openRecorder(config, actionSchema, (error) => {
+        recorderFailed ??= { error, atNs: failClock.nowNs() };
+        onRecorderFailure(error);
+      });
   } catch (err) {
     await source?.close?.();
-    await recorder?.close().catch(() => undefined);
+    for (const stage of stages?.chain.stages ?? []) await stage.close?.().catch(() => undefined);
+    await stages?.publisher?.close();
     throw err;
   }
   const graph = createGraph({ source, stages: stages.chain, clock, config });
   const { publisher } = stages;
   const recorderErrors: string[] = [];
+  onRecorderFailure = (error) => {
+    const lost = recorder?.bytesLost ?? 0;
+    const written = recorder?.bytesWritten ?? 0;
+    const stop = config.recorder.onError === 'stop';
+    const message = `${error.message} (${lost} bytes lost so far, ${written} written; ${stop ? 'stopping the run' : 'the run continues unrecorded'})`;
+    log(`recorder: ${message}`);
+    publisher?.sink.accept({ type: 'error', atNs: clock.nowNs(), frameId: -1, stage: 'recorder', message });
+    if (stop) void graph.stop('recorder failed');
+  };
   const table = new LiveTable({
     mode: opts.liveTable === false ? 'off' : config.telemetry.liveTable,
     intervalMs: config.telemetry.intervalMs,
@@ -259,11 +284,9 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
   try {
     if (recorder) {
       identity ??= await runIdentity(config, actionSchema);
-      await recorder.writeMetadata('percept.run', runMetadata(config, identity, clock, publisher?.runId ?? runId));
-      recordGraph(graph, recorder, clock, config.recorder.frames, (err) => {
-        if (recorderErrors.length === 0) log(`recorder: ${err.message}`);
-        recorderErrors.push(err.message);
-      });
+      // A failure here is the recorder's first: onRecorderFailure has said so and the run stops below, or goes on (continue).
+      await recorder.writeMetadata('percept.run', runMetadata(config, identity, clock, publisher?.runId ?? runId)).catch(() => undefined);
+      recordGraph(graph, recorder, clock, config.recorder.frames, (err) => recorderErrors.push(err.message));
     }
     if (config.control.enabled) {
       const { startControlServer } = await import('./control.ts');
@@ -283,18 +306,28 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
     removeSignals = stopOnSignals(graph);
     timer = opts.duration ? setTimeout(() => void graph.stop('duration'), opts.duration * 1000) : undefined;
     running = true;
-    const summary = await graph.run();
+    const startNs = clock.nowNs();
+    // A recorder that failed before the run (its metadata) stops it before its first frame.
+    if (recorderFailed && config.recorder.onError === 'stop') void graph.stop('recorder failed');
+    let summary: FinalRunSummary = await graph.run();
     await control?.close();
     table.detach();
     if (recorder) {
       await recorder.close().catch((err: Error) => recorderErrors.push(err.message));
-      if (recorderErrors.length === 0) log(`recorded the run to ${config.recorder.path}`);
+      if (!recorderFailed && recorderErrors.length === 0) log(`recorded the run to ${config.recorder.path}`);
+      summary = { ...summary, recorder: recorderSummary(config, recorder, recorderFailed, startNs) };
     }
     const published = await publisher?.close(summary);
     if (published) log(`published ${describePublished(published)}`);
     const notRecorded = recorder?.counts.framesNotRecorded ?? 0;
     if (notRecorded > 0) log(`recorder: ${notRecorded} frames were not recorded (the disk did not keep up)`);
-    const failure = runFailure(summary) ?? (recorderErrors.length > 0 ? `the recording failed: ${recorderErrors[0]}` : undefined);
+    const recordingFailure = recorderFailed?.error.message ?? recorderErrors[0];
+    const failure =
+      (recordingFailure && config.recorder.onError === 'stop'
+        ? `the recording failed, so the run stopped: ${recordingFailure}`
+        : undefined) ??
+      runFailure(summary) ??
+      (recordingFailure ? `the recording failed: ${recordingFailure}` : undefined);
     return { summary, failure };
   } finally {
     if (timer) clearTimeout(timer);
@@ -309,6 +342,24 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
   }
 }
 
+/** The summary's `recorder`, once the recorder has closed. */
+function recorderSummary(
+  config: PerceptConfig,
+  recorder: Recorder,
+  failed: { readonly error: Error; readonly atNs: bigint } | undefined,
+  startNs: bigint,
+): RecorderSummary {
+  const failure = failed?.error ?? recorder.failure;
+  return {
+    ok: failure === undefined,
+    error: failure?.message ?? null,
+    failedAtMs: failed ? Math.max(0, Number(failed.atNs - startNs) / 1e6) : null,
+    bytesWritten: recorder.bytesWritten,
+    bytesLost: recorder.bytesLost,
+    onError: config.recorder.onError,
+  };
+}
+
 /** Runs the pipeline and resolves with the process exit code, 1 when the run failed (saying why). */
 export async function runPipeline(opts: RunOptions): Promise<number> {
   const config = runConfig(opts);
@@ -320,16 +371,37 @@ export async function runPipeline(opts: RunOptions): Promise<number> {
   return failure ? 1 : 0;
 }
 
-async function openRecorder(config: PerceptConfig, actionSchema: ActionSchema): Promise<Recorder> {
-  const { path, chunkMs } = config.recorder;
+/** Fails (`recorder: cannot create …`) when the recording's path cannot take a file: its folder cannot be made or
+ * written, it is a directory, a device or on a kernel filesystem. Creates the folder, but not the file. */
+async function checkRecorderPath(path: string): Promise<void> {
   try {
     mkdirSync(dirname(path), { recursive: true });
   } catch (err) {
     throw new Error(`recorder: cannot create the folder of ${path}: ${(err as Error).message}`, { cause: err });
   }
+  const { checkRecordingPath } = await import('../../nodes/recorder.ts');
+  await checkRecordingPath(path);
+  try {
+    // An existing file must be writable; a new one is created and removed again, so nothing is left behind.
+    const existed = await access(path, constants.F_OK).then(
+      () => true,
+      () => false,
+    );
+    if (existed) await access(path, constants.W_OK);
+    else {
+      await (await open(path, 'wx')).close();
+      await unlink(path);
+    }
+  } catch (err) {
+    throw new Error(`recorder: cannot create ${path}: ${(err as Error).message}`, { cause: err });
+  }
+}
+
+async function openRecorder(config: PerceptConfig, actionSchema: ActionSchema, onFailure: (error: Error) => void): Promise<Recorder> {
+  const { path, chunkMs } = config.recorder;
   const { createRecorder } = await import('../../nodes/recorder.ts');
   // On a virtual clock, chunks close on log time only: the file must not depend on how fast the run went.
-  return createRecorder({ path, actionSchema, chunkMs, flushAfterMs: config.clock === 'virtual' ? null : chunkMs });
+  return createRecorder({ path, actionSchema, chunkMs, flushAfterMs: config.clock === 'virtual' ? null : chunkMs, onFailure });
 }
 
 /** Records the run: each input frame, each action with its frame's stamp, every event and stats. */

@@ -177,6 +177,28 @@ export interface RunSummary {
   readonly cameras?: Readonly<Record<string, RunSummary>>;
 }
 
+/** A run's final summary as `percept run` reports it (the end event, --json-summary, the printed summary): with
+ * `recorder` when the run had a recording, set once the recorder has closed. Not in RunSummary itself, whose keys
+ * are the wire schema's (configs/wire/messages.schema.json), which allows more fields in a summary. */
+export type FinalRunSummary = RunSummary & { readonly recorder?: RecorderSummary };
+
+/** How a run's recording went. */
+export interface RecorderSummary {
+  // Without its path: two replays into two files publish the same bytes (the path is in the config).
+  /** Every write reached the file and it was closed with its summary. */
+  readonly ok: boolean;
+  /** The first failure ("recorder PATH: recordFrame(frame 7) failed: ENOSPC: …"), or null. */
+  readonly error: string | null;
+  /** When it failed: clock time from the start of run() (ms), as durationMs; null when it did not. */
+  readonly failedAtMs: number | null;
+  /** Bytes handed to the file. */
+  readonly bytesWritten: number;
+  /** Bytes recorded after the failure or in its failed write, which never reached the file. */
+  readonly bytesLost: number;
+  /** What the run did on the failure (recorder.onError). */
+  readonly onError: 'stop' | 'continue';
+}
+
 /** A consumer of the graph's telemetry besides the summary, such as a publisher's event topics or a log.
  *   graph.events.subscribe(sink.accept); */
 export interface TelemetrySink {

@@ -3,7 +3,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { Observable, Subscription } from 'rxjs';
-import type { LatencyStats, RunSummary, TelemetryEvent } from './events.ts';
+import type { FinalRunSummary, LatencyStats, RunSummary, TelemetryEvent } from './events.ts';
 
 const fmtMs = (ms: number | null): string => (ms === null ? '-' : ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.toFixed(1) : ms.toFixed(2));
 const fmtCounts = (counts: Readonly<Record<string, number | undefined>> | undefined): string => {
@@ -97,7 +97,7 @@ function formatAccounts(summary: RunSummary): string[] {
 }
 
 /** The end-of-run summary as text. */
-export function formatSummary(summary: RunSummary): string {
+export function formatSummary(summary: FinalRunSummary): string {
   const lines = [
     `percept run ${summary.endReason === 'stopped' ? `stopped (${summary.stopReason ?? 'stop'})` : (summary.endReason ?? 'running')}`,
     formatHeadline(summary),
@@ -105,8 +105,21 @@ export function formatSummary(summary: RunSummary): string {
     ...formatAccounts(summary),
     ...formatStageTable(summary),
     ...formatCameraTable(summary),
+    ...formatRecorder(summary),
   ];
   return lines.join('\n') + '\n';
+}
+
+/** The recording's line, when the run had one. */
+function formatRecorder(summary: FinalRunSummary): string[] {
+  const r = summary.recorder;
+  if (!r) return [];
+  if (r.ok) return [`recording: ${r.bytesWritten} bytes written`];
+  const at = r.failedAtMs === null ? '' : ` at ${r.failedAtMs.toFixed(0)} ms`;
+  return [
+    `recording FAILED${at} (${r.onError === 'stop' ? 'run stopped' : 'run continued unrecorded'}): ${r.bytesWritten} bytes written, ${r.bytesLost} lost`,
+    `  ${r.error ?? ''}`,
+  ];
 }
 
 /** Writes the summary as pretty JSON (creating the folder), for `--json-summary FILE`. */

@@ -29,6 +29,8 @@ const validateTelemetry = wire.getSchema('percept/wire/messages/v1#/definitions/
 
 const stats = (atNs: bigint): StatsEvent => ({ type: 'stats', atNs, summary: new TelemetryAggregator('virtual').snapshot() });
 
+const diag = (text: string): void => void process.stdout.write(`${text}\n`);
+
 const BUDGET_NS = 250_000_000n;
 function context(frameId: number, clock: Clock = new VirtualClock(5_000_000n, 1_700_000_000_000)): StageContext {
   const captureNs = clock.nowNs();
@@ -213,7 +215,8 @@ describe('publisher', () => {
       const clock = new VirtualClock(1_000_000_000n, 0);
       // Closing waits for the queues to drain (lingerMs): the stalled subscriber reads only from then
       // on, one message per round trip, so on a loaded machine the default 2 s could cut the run short.
-      const pub = await open({ clock, runId: 'replay-1', sendHighWaterMark: stall ? 2 : 1000, lingerMs: 60_000 });
+      // stallTimeoutMs null: the late reader is a slow subscriber, waited for however long it takes.
+      const pub = await open({ clock, runId: 'replay-1', sendHighWaterMark: stall ? 2 : 1000, lingerMs: 60_000, stallTimeoutMs: null });
       const sub = connect(pub, [''], stall ? { receiveHighWaterMark: 2, receiveBufferSize: 4096 } : {});
       await probeExactly(pub, sub, PROBES);
       const fed: string[] = [];
@@ -315,10 +318,82 @@ describe('publisher', () => {
     assert.equal(got.at(-1)!.header.seq, 0);
   });
 
+  test(
+    'a subscriber that stops reading does not cut off one that reads: it gets every action, the stall error and the end',
+    { timeout: 120_000 },
+    async () => {
+      // Without the bound on a stall, the reader receives nothing once the stalled path is full: this test then times out.
+      // Small buffers everywhere, so the stalled subscriber's path fills after a few dozen messages:
+      // ZeroMQ queues of 5 (publisher) and 1 (subscriber) messages and kernel buffers of 4 KiB
+      // (Linux doubles them and enforces a floor; measured below as what went out before the stall).
+      const pub = await open({ sendHighWaterMark: 5, sendBufferSize: 4096, stallTimeoutMs: 200, lingerMs: 60_000 });
+      const stalled = connect(pub, [''], { receiveHighWaterMark: 1, receiveBufferSize: 4096 });
+      const reader = connect(pub, ['']);
+      const got: { topic: string; seq: number; body: { type?: string; stage?: string; message?: string } }[] = [];
+      let readerDone = false;
+      const reading = (async () => {
+        while (!readerDone) {
+          const m = parse(await reader.receive());
+          got.push({ topic: m.topic, seq: m.header.seq, body: m.body });
+          if (m.body.type === 'end') readerDone = true;
+        }
+      })();
+      // Both subscribers are joined once a probe has reached each (the stalled one takes exactly one).
+      let stalledGot = 0;
+      void stalled.receive().then(() => (stalledGot += 1));
+      for (let i = 0; i < 500 && (stalledGot === 0 || got.length === 0); i++) {
+        pub.sink.accept({ type: 'drop', atNs: 0n, frameId: -1, stage: 'probe', reason: 'stale', detail: 'probe' });
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      assert.ok(stalledGot === 1 && got.length > 0, 'both subscribers joined');
+      const actionsGot = () => got.filter((m) => m.topic === 'actions').length;
+      // Actions of ~2 KiB, each sent once the reader has the one before the last: the reader is never
+      // behind by more than 2 (its own queue never fills), so whatever it misses is the publisher's doing.
+      const clock = new VirtualClock(0n, 1_700_000_000_000);
+      const padding = 'x'.repeat(2048);
+      const AFTER_STALL = 100;
+      let sent = 0;
+      let sentBeforeStall = -1;
+      for (; sent < 20_000; sent++) {
+        if (pub.stalls > 0 && sentBeforeStall < 0) sentBeforeStall = sent;
+        if (sentBeforeStall >= 0 && sent >= sentBeforeStall + AFTER_STALL) break;
+        const ctx = context(sent, clock);
+        await pub.stage.process(message(sent, ctx, { action: 'move', confidence: 0.5, padding }), ctx);
+        while (actionsGot() < sent - 1) await new Promise((r) => setTimeout(r, 1));
+      }
+      assert.ok(sentBeforeStall > 0, `the stalled subscriber's buffers never filled in ${sent} actions`);
+      // What the stalled path held (ZeroMQ queues and kernel buffers), measured: about this many actions.
+      diag(`the stalled subscriber's path filled after ${sentBeforeStall} actions of ~2.5 KiB`);
+      const counters = await pub.close(new TelemetryAggregator('real').snapshot());
+      await reading;
+      const actionSeqs = got.filter((m) => m.topic === 'actions').map((m) => m.seq);
+      assert.deepEqual(actionSeqs, [...Array(sent).keys()], `every action, in order, no gap (stall after ${sentBeforeStall} actions)`);
+      assert.equal(counters.actions!.sent, sent);
+      assert.equal(counters.actions!.dropped, 0);
+      const events = got.filter((m) => m.topic === 'events');
+      const stall = events.find((m) => m.body.type === 'error' && m.body.stage === 'publish');
+      assert.ok(stall, 'the reader is told at once that a subscriber stopped reading');
+      assert.ok(validateEvent(stall.body), JSON.stringify(validateEvent.errors));
+      assert.match(stall.body.message!, /took nothing for \d+ ms/);
+      assert.ok(got.indexOf(stall) < got.length - 1, 'before the end');
+      assert.equal(got.at(-1)!.body.type, 'end', 'the end reaches the reader, last');
+      assert.equal(pub.stalls, 1, 'one stall: the subscriber never read again');
+      // Events seq without a gap either: the probes, the stall error and the end all reached the reader.
+      const eventSeqs = events.map((m) => m.seq);
+      eventSeqs.forEach((seq, i) => i > 0 && assert.equal(seq, eventSeqs[i - 1]! + 1, 'events without a gap'));
+    },
+  );
+
   test('a subscriber that stalls gets every action and sees telemetry losses as seq gaps, counted by the publisher; the graph never waits', async () => {
     // Small ZeroMQ queues so the stalled subscriber backs up quickly; 16 telemetry messages may wait.
     // It reads again only once the run closes: room to drain then, whatever the machine's load.
-    const pub = await open({ sendHighWaterMark: 4, highWaterMarks: { actions: 1000, events: 1000, telemetry: 16 }, lingerMs: 60_000 });
+    // stallTimeoutMs null: a slow subscriber, however long it stalls, is waited for (no-drop).
+    const pub = await open({
+      sendHighWaterMark: 4,
+      highWaterMarks: { actions: 1000, events: 1000, telemetry: 16 },
+      lingerMs: 60_000,
+      stallTimeoutMs: null,
+    });
     const sub = connect(pub, [''], { receiveHighWaterMark: 4, receiveBufferSize: 4096 });
     await probe(pub, sub);
     // The stall: the subscriber reads nothing while the run produces 26 actions among 6,000 stats

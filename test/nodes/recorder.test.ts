@@ -9,7 +9,11 @@ import type { TypedMcapRecord } from '@mcap/core';
 import { FileHandleReadable } from '@mcap/nodejs';
 import { loadDecompressHandlers } from '@mcap/support';
 import { CompressedImage, RawImage } from '@foxglove/schemas/jsonschema.js';
-import { ACTIONS_TOPIC, EVENTS_TOPIC, FRAMES_TOPIC, STATS_TOPIC, createRecorder } from '../../nodes/recorder.ts';
+import { execFileSync } from 'node:child_process';
+import { rmSync } from 'node:fs';
+import { ACTIONS_TOPIC, EVENTS_TOPIC, FRAMES_TOPIC, STATS_TOPIC, checkRecordingPath, createRecorder } from '../../nodes/recorder.ts';
+import { ChunkedMcapFile } from '../../nodes/mcap-write.ts';
+import type { FileHandle } from 'node:fs/promises';
 import { createBagSource } from '../../nodes/source-bag.ts';
 import { loadActionSchema } from '../../nodes/action-schema.ts';
 import { VirtualClock } from '../../pipeline/clock.ts';
@@ -260,7 +264,10 @@ describe('recorder', () => {
       createRecorder({ path: join(cache, 'no-such-dir/x.mcap'), actionSchema: schema }),
       /cannot create .*no-such-dir\/x\.mcap/,
     );
-    await assert.rejects(createRecorder({ path: cache, actionSchema: schema }), /recorder: cannot create .*test-recorder: EISDIR/);
+    await assert.rejects(
+      createRecorder({ path: cache, actionSchema: schema }),
+      /recorder: cannot create .*test-recorder: it is a directory, not a regular file/,
+    );
     // @ts-expect-error: missing on purpose (there is no default schema: the run loads one and shares it)
     await assert.rejects(createRecorder({ path: join(cache, 'x.mcap') }), /actionSchema to be the result of loadActionSchema/);
     const rec = await createRecorder({ path: join(cache, 'closed.mcap'), actionSchema: schema });
@@ -269,5 +276,81 @@ describe('recorder', () => {
     await assert.rejects(rec.recordEvent({}, -1n), /bigint logTimeNs >= 0/);
     await rec.close();
     await assert.rejects(rec.recordAction(action(0), 0n, 0n), /recordAction after close/);
+  });
+
+  test('a full filesystem (a 64 KiB tmpfs): the first failed write is reported once, with the bytes written and lost', async (t) => {
+    const mnt = join(cache, 'tiny-fs');
+    mkdirSync(mnt, { recursive: true });
+    try {
+      execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', mnt], { stdio: 'pipe' });
+    } catch (err) {
+      t.skip(`mount -t tmpfs is not permitted here (needs root or CAP_SYS_ADMIN): ${(err as Error).message.split('\n')[0]}`);
+      return;
+    }
+    try {
+      const failures: Error[] = [];
+      const rec = await createRecorder({
+        path: join(mnt, 'run.mcap'),
+        actionSchema: schema,
+        compression: 'none',
+        chunkBytes: 4096,
+        flushAfterMs: null,
+        onFailure: (err) => failures.push(err),
+      });
+      // 8 KiB frames of noise, one chunk each: a few fill 64 KiB.
+      const frame = (i: number): CameraFrame => ({ encoding: 'jpeg', data: Buffer.alloc(8192, i & 0xff) });
+      let recorded = 0;
+      let rejected = 0;
+      for (let i = 0; i < 40; i++) {
+        const meta = { frameId: i, sourceId: 'cam', stampNs: T0 + BigInt(i) * MS };
+        await rec.recordFrame(frame(i), meta, T0 + BigInt(i) * MS).then(
+          () => (recorded += 1),
+          (err: Error) => {
+            rejected += 1;
+            assert.match(err.message, /ENOSPC/);
+          },
+        );
+      }
+      assert.equal(failures.length, 1, 'reported once, at the first failed write');
+      assert.match(failures[0]!.message, /recorder .*run\.mcap: recordFrame\(frame \d+\) failed: ENOSPC/);
+      assert.ok(recorded > 0 && rejected > 0, `recorded ${recorded}, rejected ${rejected}`);
+      assert.equal(rec.failure, failures[0]);
+      assert.ok(rec.bytesWritten > 0 && rec.bytesWritten <= 64 * 1024, `bytesWritten ${rec.bytesWritten}`);
+      // Every frame after the failure is lost, and the failed write's bytes too.
+      assert.ok(rec.bytesLost >= (rejected - 1) * 8192, `bytesLost ${rec.bytesLost} for ${rejected} rejected frames`);
+      await assert.rejects(rec.close(), /ENOSPC/);
+    } finally {
+      execFileSync('umount', [mnt]);
+    }
+  });
+
+  test('refuses kernel filesystems and files that are not regular, naming why, without creating anything', async () => {
+    for (const [path, why] of [
+      ['/proc/self/comm', /\/proc\/ is a kernel filesystem/],
+      ['/proc/x.mcap', /\/proc\/ is a kernel filesystem/],
+      ['/sys/kernel/x.mcap', /\/sys\/ is a kernel filesystem/],
+      ['/dev/null', /\/dev\/ is a kernel filesystem/],
+      [cache, /it is a directory, not a regular file/],
+    ] as const) {
+      await assert.rejects(createRecorder({ path, actionSchema: schema }), (err: Error) => {
+        assert.match(err.message, new RegExp(`^recorder: cannot create ${path}: `));
+        assert.match(err.message, why);
+        return true;
+      });
+    }
+    const fifo = join(cache, 'a-fifo');
+    rmSync(fifo, { force: true });
+    execFileSync('mkfifo', [fifo]);
+    // Opening a FIFO for writing would wait for a reader for ever: refused before that.
+    await assert.rejects(checkRecordingPath(fifo), /cannot create .*a-fifo: it is a FIFO, not a regular file/);
+    rmSync(fifo);
+  });
+
+  test('a file that takes no bytes fails the write instead of spinning', async () => {
+    const handle = { write: async () => ({ bytesWritten: 0, buffer: Buffer.alloc(0) }) } as unknown as FileHandle;
+    const file = new ChunkedMcapFile(handle, { chunkMs: 1000n * MS, chunkBytes: 1024, compress: undefined });
+    await assert.rejects(file.start({ profile: '', library: 'x' }), /the file took none of \d+ bytes \(write returned 0\)/);
+    assert.equal(file.bytesWritten, 0);
+    assert.ok(file.bytesUnwritten > 0);
   });
 });

@@ -40,6 +40,7 @@ describe('parseSourceSpec', () => {
       bind: false,
       topic: '',
       receiveHighWaterMark: 10,
+      maxMessageBytes: null,
       curve: null,
       insecure: false,
     });
