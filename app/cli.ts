@@ -531,6 +531,19 @@ program
   });
 
 program
+  .command('trace')
+  .description('convert a recording into a Chrome trace (JSON) that Perfetto and chrome://tracing open: a track per camera and stage')
+  .argument('<recording>', 'a recording made with percept run --record or percept eval (MCAP)')
+  .option('-o, --out <file>', 'the trace to write (default: the recording with .trace.json)')
+  .option('--json', 'print JSON')
+  .action(async (recording: string, opts) => {
+    const { traceRecording } = await import('./trace.ts');
+    const { warnings, ...result } = await traceRecording({ recording, out: opts.out });
+    for (const warning of warnings) process.stderr.write(`percept: ${warning}\n`);
+    printResult(result, opts.json);
+  });
+
+program
   .command('calibrate')
   .description(
     "measure each stage's service time per ladder level on this machine; write a calibration file a config names in virtualServiceMs",

@@ -1,0 +1,302 @@
+// The metrics server: a real graph (fake stages on the virtual clock) feeds it, and it is scraped over loopback
+// during and after the run. /metrics is parsed by a strict parser of the Prometheus text exposition format 0.0.4
+// (parseExposition below, written from https://prometheus.io/docs/instrumenting/exposition_formats/) and checked
+// against the run's own summary; /healthz is checked for running, stalled and ended.
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { Subject } from 'rxjs';
+import { METRICS_CONTENT_TYPE, startMetricsServer, type Health, type MetricsServer } from '../../../app/run/metrics.ts';
+import { VirtualClock } from '../../../pipeline/clock.ts';
+import { chain } from '../../../pipeline/graph/chain.ts';
+import { createGraph } from '../../../pipeline/graph/graph.ts';
+import type { RunSummary, TelemetryEvent } from '../../../pipeline/telemetry/events.ts';
+import { fakeDecoder, fakeSource, fakeStage, testConfig } from '../../support/pipeline-fakes.ts';
+
+interface Sample {
+  readonly name: string;
+  readonly labels: Readonly<Record<string, string>>;
+  readonly value: number;
+}
+interface Family {
+  readonly type: string;
+  readonly help: string;
+  readonly samples: Sample[];
+}
+
+const METRIC_NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
+const LABEL_NAME = /^[a-zA-Z_][a-zA-Z0-9_]*$/;
+const FLOAT = /^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|Inf|NaN)$/;
+
+function parseValue(text: string, where: string): number {
+  assert.match(text, FLOAT, `${where}: not a float: ${text}`);
+  if (text === 'NaN') return NaN;
+  if (/^[+-]?Inf$/.test(text)) return text.startsWith('-') ? -Infinity : Infinity;
+  return Number(text);
+}
+
+/** A strict parser of the text format: throws naming the line of the first thing the format does not allow. */
+function parseExposition(text: string): Map<string, Family> {
+  assert.ok(text.endsWith('\n'), 'the last line ends with a line feed');
+  const families = new Map<string, Family>();
+  const series = new Set<string>();
+  const closed = new Set<string>(); // families whose samples are over (no interleaving)
+  let current: string | undefined;
+  const familyOf = (sample: string): string | undefined => {
+    if (families.has(sample)) return sample;
+    const base = sample.replace(/_(sum|count|bucket)$/, '');
+    const f = families.get(base);
+    return f && (f.type === 'summary' || f.type === 'histogram') && base !== sample ? base : undefined;
+  };
+  for (const [n, line] of text.slice(0, -1).split('\n').entries()) {
+    const where = `line ${n + 1} "${line}"`;
+    assert.notEqual(line.trim(), '', `${where}: empty line`);
+    if (line.startsWith('#')) {
+      const m = /^# (HELP|TYPE) (\S+) ?(.*)$/.exec(line);
+      if (!m) continue; // a plain comment
+      const [, kind, name, rest] = m as unknown as [string, string, string, string];
+      assert.match(name, METRIC_NAME, `${where}: metric name`);
+      if (current !== name && current !== undefined) closed.add(current);
+      assert.ok(!closed.has(name), `${where}: ${name} comes back after other families`);
+      const f = families.get(name) ?? { type: 'untyped', help: '', samples: [] };
+      if (kind === 'TYPE') {
+        assert.ok(['counter', 'gauge', 'summary', 'histogram', 'untyped'].includes(rest), `${where}: type`);
+        assert.ok(!families.has(name) || families.get(name)!.type === 'untyped', `${where}: a second TYPE`);
+        assert.equal(f.samples.length, 0, `${where}: TYPE after samples`);
+        families.set(name, { ...f, type: rest });
+      } else {
+        assert.equal(f.help, '', `${where}: a second HELP`);
+        assert.ok(!/\\[^\\n]/.test(rest.replace(/\\\\/g, '')), `${where}: HELP escapes only \\\\ and \\n`);
+        families.set(name, { ...f, help: rest });
+      }
+      current = name;
+      continue;
+    }
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)(?: (-?\d+))?$/.exec(line);
+    assert.ok(m, `${where}: not a sample`);
+    const [, name, labelText, valueText] = m as unknown as [string, string, string | undefined, string];
+    const labels: Record<string, string> = {};
+    if (labelText) {
+      let rest = labelText.slice(1, -1);
+      while (rest.length > 0) {
+        const lm = /^([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"(,?)/.exec(rest);
+        assert.ok(lm, `${where}: bad label at ${rest}`);
+        const [all, key, raw, comma] = lm as unknown as [string, string, string, string];
+        assert.match(key, LABEL_NAME);
+        assert.ok(!key.startsWith('__'), `${where}: reserved label ${key}`);
+        assert.ok(!(key in labels), `${where}: label ${key} twice`);
+        labels[key] = raw.replace(/\\(.)/g, (_x, c: string) => (c === 'n' ? '\n' : c));
+        rest = rest.slice(all.length);
+        assert.ok(comma === ',' || rest.length === 0, `${where}: labels separated by commas`);
+      }
+    }
+    const family = familyOf(name);
+    assert.ok(family, `${where}: a sample before its TYPE`);
+    assert.equal(family, current, `${where}: a sample outside its family's block`);
+    const f = families.get(family)!;
+    const value = parseValue(valueText, where);
+    const key = `${name}${JSON.stringify(Object.entries(labels).sort())}`;
+    assert.ok(!series.has(key), `${where}: the same series twice`);
+    series.add(key);
+    if (f.type === 'counter') assert.ok(value >= 0, `${where}: a counter is >= 0`);
+    if (f.type === 'summary') {
+      if (name === family) {
+        assert.ok('quantile' in labels, `${where}: a summary's quantile sample has a quantile label`);
+        const q = parseValue(labels.quantile!, where);
+        assert.ok(q >= 0 && q <= 1, `${where}: quantile in [0, 1]`);
+      } else {
+        assert.ok(!('quantile' in labels), `${where}: _sum and _count have no quantile label`);
+        if (name.endsWith('_count')) assert.ok(Number.isInteger(value) && value >= 0, `${where}: a count`);
+      }
+    }
+    f.samples.push({ name, labels, value });
+  }
+  return families;
+}
+
+const value = (families: Map<string, Family>, name: string, labels: Record<string, string> = {}): number | undefined =>
+  [...families.values()]
+    .flatMap((f) => f.samples)
+    .find((s) => s.name === name && JSON.stringify(Object.entries(s.labels).sort()) === JSON.stringify(Object.entries(labels).sort()))
+    ?.value;
+
+async function scrape(server: MetricsServer): Promise<Map<string, Family>> {
+  const res = await fetch(`${server.url}/metrics`);
+  assert.equal(res.status, 200);
+  assert.equal(res.headers.get('content-type'), METRICS_CONTENT_TYPE);
+  return parseExposition(await res.text());
+}
+
+async function healthz(server: MetricsServer): Promise<{ status: number; body: Health }> {
+  const res = await fetch(`${server.url}/healthz`);
+  return { status: res.status, body: (await res.json()) as Health };
+}
+
+describe('metrics server', () => {
+  test('a run scraped over loopback: counters, gauges and latency summaries agree with its summary; healthz 200, then 503', async () => {
+    const clock = new VirtualClock(0n, 1_700_000_000_000);
+    const during: { families?: Map<string, Family>; health?: { status: number; body: Health } } = {};
+    const graph = createGraph({
+      clock,
+      source: fakeSource({ frames: 60, periodMs: 70 }),
+      stages: chain(
+        fakeStage<number>('preprocess'),
+        fakeStage<number>('encode', { costMs: (_x, ctx) => ctx.knobs.imageTokens }),
+        fakeDecoder('decode', { tokens: 40, msPerToken: 4 }),
+        fakeStage<{ frame: number }>('actions', {
+          work: (g) => {
+            if (g.frame % 7 === 3) throw new Error(`unparseable ${g.frame}`);
+            return g;
+          },
+        }),
+        fakeStage<{ frame: number }>('publish', {
+          // Scraped once mid-run, from inside the run.
+          work: async (g) => {
+            if (g.frame >= 30 && !during.families) {
+              during.families = await scrape(server);
+              during.health = await healthz(server);
+            }
+            return g;
+          },
+        }),
+      ),
+      config: testConfig({
+        budgets: { endToEndMs: 400, stages: { decode: 120 }, dropPredictedMiss: true },
+        edges: { default: { policy: 'latest' }, publish: { policy: 'queue', capacity: 4 } },
+        ladder: { enabled: true, minSamples: 2, window: 8, upAfter: 4 },
+        virtualServiceMs: { preprocess: 15, actions: [5, 4, 3], publish: 1 },
+        telemetry: { intervalMs: 500 },
+      }),
+    });
+    const server = await startMetricsServer({ port: 0, events: graph.events });
+    try {
+      assert.match(server.url, /^http:\/\/127\.0\.0\.1:\d+$/, 'loopback by default');
+      const events: TelemetryEvent[] = [];
+      graph.events.subscribe((e) => events.push(e));
+      const summary: RunSummary = await graph.run();
+
+      // Mid-run: running, and the counters so far.
+      assert.ok(during.families && during.health);
+      assert.equal(during.health.status, 200);
+      assert.equal(during.health.body.status, 'running');
+      assert.ok(value(during.families, 'percept_frames_in_total')! > 30);
+      assert.ok(value(during.families, 'percept_frames_in_total')! < summary.frames.in);
+      assert.equal(value(during.families, 'percept_running'), 1);
+
+      // After: every number from the run's summary.
+      const f = await scrape(server);
+      for (const name of ['percept_frames_in_total', 'percept_frames_out_total', 'percept_frames_dropped_total', 'percept_cancels_total'])
+        assert.equal(f.get(name)?.type, 'counter', name);
+      assert.equal(f.get('percept_ladder_level')?.type, 'gauge');
+      assert.equal(f.get('percept_end_to_end_latency_seconds')?.type, 'summary');
+      assert.equal(value(f, 'percept_frames_in_total'), summary.frames.in);
+      assert.equal(value(f, 'percept_frames_out_total'), summary.frames.out);
+      assert.equal(value(f, 'percept_frames_late_total'), summary.frames.late);
+      assert.equal(value(f, 'percept_frames_in_flight'), 0);
+      assert.ok(summary.frames.dropped > 0 && Object.keys(summary.cancels).length > 0 && summary.degrade.down > 0, 'the run covers them');
+      for (const [stage, reasons] of Object.entries(summary.drops.byStage))
+        for (const [reason, n] of Object.entries(reasons)) assert.equal(value(f, 'percept_frames_dropped_total', { stage, reason }), n);
+      assert.equal(
+        f.get('percept_frames_dropped_total')!.samples.reduce((a, s) => a + s.value, 0),
+        summary.frames.dropped,
+      );
+      for (const [stage, reasons] of Object.entries(summary.cancels))
+        for (const [reason, n] of Object.entries(reasons)) assert.equal(value(f, 'percept_cancels_total', { stage, reason }), n);
+      assert.equal(value(f, 'percept_degrade_steps_total', { direction: 'down' }), summary.degrade.down);
+      assert.equal(value(f, 'percept_degrade_steps_total', { direction: 'up' }), summary.degrade.up);
+      for (const [stage, n] of Object.entries(summary.errors)) assert.equal(value(f, 'percept_errors_total', { stage }), n);
+      const lastFrame = events.filter((e) => e.type === 'frame').at(-1)!;
+      assert.equal(value(f, 'percept_ladder_level', { source: 'fake' }), lastFrame.degradeLevel);
+      const e2e = 'percept_end_to_end_latency_seconds';
+      assert.equal(value(f, `${e2e}_count`), summary.endToEnd.count);
+      assert.equal(value(f, e2e, { quantile: '0.5' }), summary.endToEnd.p50Ms! / 1000);
+      assert.equal(value(f, e2e, { quantile: '0.99' }), summary.endToEnd.p99Ms! / 1000);
+      assert.ok(Math.abs(value(f, `${e2e}_sum`)! - (summary.endToEnd.meanMs! * summary.endToEnd.count) / 1000) < 1e-9);
+      for (const [stage, stats] of Object.entries(summary.stages)) {
+        assert.equal(value(f, 'percept_stage_latency_seconds_count', { stage }), stats.count, stage);
+        assert.equal(value(f, 'percept_stage_latency_seconds', { stage, quantile: '0.95' }), stats.p95Ms! / 1000, stage);
+      }
+      // Ended: 503, with how.
+      const after = await healthz(server);
+      assert.equal(after.status, 503);
+      assert.deepEqual([after.body.status, after.body.endReason, after.body.ok], ['ended', 'source_end', false]);
+      assert.equal(value(f, 'percept_running'), 0);
+
+      // Only GET and HEAD, only the two paths.
+      assert.equal((await fetch(`${server.url}/other`)).status, 404);
+      assert.equal((await fetch(`${server.url}/metrics`, { method: 'POST' })).status, 405);
+      const head = await fetch(`${server.url}/healthz`, { method: 'HEAD' });
+      assert.equal(head.status, 503);
+      assert.equal(await head.text(), '');
+    } finally {
+      await server.close();
+    }
+    await assert.rejects(fetch(`${server.url}/metrics`), 'closed');
+  });
+
+  test('healthz: starting, running while frames flow, 503 stalled when none came for staleAfterMs', async () => {
+    let nowMs = 1000;
+    const events = new Subject<TelemetryEvent>();
+    const server = await startMetricsServer({ port: 0, events, staleAfterMs: 2000, now: () => nowMs });
+    try {
+      let h = await healthz(server);
+      assert.deepEqual([h.status, h.body.status, h.body.lastFrameAgeS], [200, 'starting', null]);
+      const f0 = await scrape(server);
+      assert.equal(f0.get('percept_end_to_end_latency_seconds')!.samples.length, 0, 'no stats yet: no samples');
+      assert.equal(f0.get('percept_last_frame_age_seconds')!.samples.length, 0);
+      nowMs = 3500;
+      h = await healthz(server);
+      assert.deepEqual([h.status, h.body.status], [503, 'stalled'], 'no first frame within staleAfterMs');
+      events.next({ type: 'frame', atNs: 0n, frameId: 0, sourceId: 'cam "a"\\b', captureNs: 0n, degradeLevel: 2 });
+      h = await healthz(server);
+      assert.deepEqual([h.status, h.body.status, h.body.lastFrameAgeS, h.body.frames.inFlight], [200, 'running', 0, 1]);
+      nowMs = 5400;
+      assert.equal((await healthz(server)).body.lastFrameAgeS, 1.9);
+      assert.equal((await healthz(server)).status, 200);
+      nowMs = 5500;
+      h = await healthz(server);
+      assert.deepEqual([h.status, h.body.status], [503, 'stalled']);
+      // Label values are escaped (the parser unescapes them).
+      const f = await scrape(server);
+      assert.equal(value(f, 'percept_ladder_level', { source: 'cam "a"\\b' }), 2);
+      assert.equal(value(f, 'percept_last_frame_age_seconds'), 2);
+      events.complete();
+      h = await healthz(server);
+      assert.deepEqual([h.status, h.body.status, h.body.endReason], [503, 'ended', null]);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test('the parser is strict: it refuses what the format does not allow', () => {
+    const ok = '# HELP a_total A.\n# TYPE a_total counter\na_total{x="1"} 2\n';
+    assert.equal(value(parseExposition(ok), 'a_total', { x: '1' }), 2);
+    const bad: [string, RegExp][] = [
+      ['a_total 1\n', /before its TYPE/],
+      ['# TYPE a counter\na 1', /line feed/],
+      ['# TYPE a counter\n\na 1\n', /empty line/],
+      ['# TYPE a counter\na{x=1} 1\n', /bad label/],
+      ['# TYPE a counter\na{x="1"} one\n', /not a float/],
+      ['# TYPE a counter\na -1\n', /counter is >= 0/],
+      ['# TYPE a counter\na 1\na 2\n', /same series twice/],
+      ['# TYPE a counter\n# TYPE b gauge\nb 1\na 1\n', /outside its family/],
+      ['# TYPE a summary\na 1\n', /quantile label/],
+      ['# TYPE a gauge\na{__x="1"} 1\n', /reserved label/],
+      ['# TYPE a gauge\na 1\n# TYPE a gauge\n', /a second TYPE/],
+    ];
+    for (const [text, why] of bad) assert.throws(() => parseExposition(text), why, JSON.stringify(text));
+  });
+
+  test('refuses a bad port, and a port in use, naming it', async () => {
+    const events = new Subject<TelemetryEvent>();
+    await assert.rejects(startMetricsServer({ port: 70000, events }), /metrics: expected a port 0–65535/);
+    const first = await startMetricsServer({ port: 0, events });
+    try {
+      await assert.rejects(
+        startMetricsServer({ port: first.port, events }),
+        new RegExp(`metrics: cannot listen on 127\\.0\\.0\\.1:${first.port}: .*EADDRINUSE`),
+      );
+    } finally {
+      await first.close();
+    }
+  });
+});
