@@ -80,6 +80,7 @@ program
   .option('--json-summary <file>', 'also write the end-of-run summary as JSON to this file')
   .addOption(new Option('--clock <kind>', 'override the clock (virtual: deterministic replay)').choices(['real', 'virtual']))
   .option('--record <file>', 'record the run to this MCAP file: frames, actions, events, stats and a metadata record')
+  .option('--metrics <[host:]port>', 'serve Prometheus metrics and /healthz there while the run goes on (host default 127.0.0.1)')
   .option(
     '--lockstep',
     'lockstep replay on the virtual clock: each frame enters when the previous one has ended (every frame processed, same outputs byte for byte)',

@@ -25,6 +25,7 @@ import {
   describePublished,
   log,
   logWarmup,
+  openMetrics,
   openPublisher,
   runFailure,
   warmupFrames,
@@ -165,7 +166,7 @@ export function camerasFailure(summary: RunSummary): string | undefined {
 /** `percept run` on a config with cameras; resolves with the exit code. */
 export async function runCameras(
   config: PerceptConfig,
-  opts: { readonly duration?: number; readonly jsonSummary?: string },
+  opts: { readonly duration?: number; readonly jsonSummary?: string; readonly metrics?: string },
 ): Promise<number> {
   const cameras = config.cameras!;
   const clock = new RealClock();
@@ -185,6 +186,7 @@ export async function runCameras(
   const group = createCameraGroup(config, sources, stages, clock);
   const { publisher } = stages;
   if (publisher) group.events.subscribe(publisher.sink.accept);
+  const metrics = opts.metrics ? await openMetrics(opts.metrics, group.events) : undefined;
   const table = new LiveTable({ mode: config.telemetry.liveTable, intervalMs: config.telemetry.intervalMs });
   table.attach(group.events);
   const onSignal = (signal: NodeJS.Signals): void => void group.stop(signal);
@@ -206,5 +208,6 @@ export async function runCameras(
     if (timer) clearTimeout(timer);
     for (const signal of STOP_SIGNALS) process.off(signal, onSignal);
     await publisher?.close();
+    await metrics?.close();
   }
 }

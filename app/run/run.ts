@@ -28,10 +28,12 @@ import {
   describePublished,
   log,
   logWarmup,
+  openMetrics,
   openPublisher,
   runFailure,
   warmupFrames,
 } from './stages.ts';
+import type { MetricsServer } from './metrics.ts';
 
 /** The config `percept run` and `npm start` use when none is given. */
 export const DEFAULT_CONFIG = fileURLToPath(new URL('../../configs/default.json', import.meta.url));
@@ -46,6 +48,8 @@ export interface RunOptions {
   readonly record?: string;
   /** Lockstep replay on the virtual clock: every frame is processed and the outputs are byte-identical. */
   readonly lockstep?: boolean;
+  /** Serve Prometheus metrics and /healthz on [HOST:]PORT while the run goes on (app/run/metrics.ts). */
+  readonly metrics?: string;
 }
 
 /** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]`, `ffmpeg:URL`, `zmq:ENDPOINT` → the source section of a config, for
@@ -219,6 +223,8 @@ export interface ExecuteOptions {
   readonly liveTable?: boolean;
   /** Called with the graph before it runs (to follow its events), and the source's message count when known. */
   readonly onStart?: (graph: Graph, expectedFrames: number | undefined) => void;
+  /** [HOST:]PORT for Prometheus metrics and /healthz (RunOptions.metrics). */
+  readonly metrics?: string;
 }
 
 /** Runs the pipeline of `config` once: recorder, source, stages, graph. The recorder's path is checked first, so a
@@ -279,6 +285,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
   });
   let control: Awaited<ReturnType<(typeof import('./control.ts'))['startControlServer']>> | undefined;
   let removeSignals: (() => void) | undefined;
+  let metrics: MetricsServer | undefined;
   let timer: NodeJS.Timeout | undefined;
   let running = false;
   try {
@@ -302,6 +309,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
       if (event.type === 'source') log(`source ${event.kind}: ${event.detail}`);
     });
     opts.onStart?.(graph, source.expectedItems);
+    if (opts.metrics) metrics = await openMetrics(opts.metrics, graph.events);
     table.attach(graph.events);
     removeSignals = stopOnSignals(graph);
     timer = opts.duration ? setTimeout(() => void graph.stop('duration'), opts.duration * 1000) : undefined;
@@ -339,6 +347,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
     await control?.close();
     await publisher?.close();
     await recorder?.close().catch(() => undefined);
+    await metrics?.close();
   }
 }
 
@@ -364,7 +373,7 @@ function recorderSummary(
 export async function runPipeline(opts: RunOptions): Promise<number> {
   const config = runConfig(opts);
   if (config.cameras) return (await import('./cameras.ts')).runCameras(config, opts);
-  const { summary, failure } = await executeRun(config, { duration: opts.duration });
+  const { summary, failure } = await executeRun(config, { duration: opts.duration, metrics: opts.metrics });
   process.stdout.write(`${formatSummary(summary)}\n`);
   if (opts.jsonSummary) writeJsonSummary(opts.jsonSummary, summary);
   if (failure) log(failure);

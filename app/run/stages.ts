@@ -12,6 +12,9 @@ import type { Publisher } from '../../nodes/publisher.ts';
 import type { ActionSchema } from '../../nodes/action-schema.ts';
 import type { CameraFrame, EncoderContract, ImageEmbedding, PixelAllocator, PixelTensor } from '../../nodes/payloads.ts';
 import { resolveModel } from '../../models/resolve.ts';
+import type { Observable } from 'rxjs';
+import type { TelemetryEvent } from '../../pipeline/telemetry/events.ts';
+import type { MetricsServer } from './metrics.ts';
 
 export const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
 
@@ -239,4 +242,14 @@ export function runFailure(summary: RunSummary): string | undefined {
   if (summary.frames.in === 0) return 'the source produced no frames';
   const reasons = Object.entries(summary.drops.byReason).map(([reason, n]) => `${reason} ${n}`);
   return `nothing was published: all ${summary.frames.in} frames were dropped (${reasons.join(', ')})`;
+}
+
+/** Serves Prometheus metrics and /healthz for a run (`--metrics [HOST:]PORT`; the host defaults to loopback). */
+export async function openMetrics(spec: string, events: Observable<TelemetryEvent>): Promise<MetricsServer> {
+  const match = /^(?:(.+):)?(\d+)$/.exec(spec);
+  if (!match) throw new Error(`--metrics ${spec}: expected PORT or HOST:PORT, e.g. 9464 or 127.0.0.1:9464`);
+  const { startMetricsServer } = await import('./metrics.ts');
+  const server = await startMetricsServer({ host: match[1] ?? '127.0.0.1', port: Number(match[2]), events });
+  log(`metrics on ${server.url}/metrics, health on ${server.url}/healthz`);
+  return server;
 }
