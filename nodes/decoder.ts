@@ -9,6 +9,7 @@ import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipelin
 import {
   DRAFT_MAX,
   LlamaModel,
+  type GenerateResult,
   type LlamaContext,
   type LlamaGrammar,
   type MemoryBreakdown,
@@ -266,6 +267,45 @@ export async function checkGrammarAdmitsSchema(
   if (reasons.length > 0) log(`action schema ${schema.path}: the decoding grammar also admits actions it refuses: ${reasons.join('; ')}`);
 }
 
+/** The `decode` note of one generation: its token counts, and its measured times on a real clock only. */
+function decodeNote(r: GenerateResult, virtual: boolean): Record<string, number | string | boolean> {
+  return {
+    promptTokens: r.promptTokens,
+    reusedTokens: r.reusedTokens,
+    tokens: r.tokens.length,
+    // The generated token ids, so two decoder configs can be compared token by token (eval).
+    tokenIds: r.tokens.join(' '),
+    drafted: r.drafted,
+    accepted: r.accepted,
+    forced: r.forced,
+    // A virtual run's outputs must not depend on this machine's speed.
+    ...(virtual
+      ? {}
+      : {
+          prefillMs: r.timings.prefillMs,
+          decodeMs: r.timings.decodeMs,
+          sampleMs: r.timings.sampleMs,
+          // Where decode time goes: llama_decode calls, those of a single token, and graph reuse.
+          decodeCalls: r.timings.decodeCalls,
+          singleDecodeCalls: r.timings.singleDecodeCalls,
+          singleDecodeMs: r.timings.singleDecodeMs,
+          llamaDecodeMs: r.timings.llamaDecodeMs,
+          graphReuses: r.batch ? r.batch.graphReuses : r.timings.graphReuses,
+          paddedSteps: r.timings.paddedSteps,
+        }),
+    stopReason: r.stopReason,
+    ...(r.batch
+      ? {
+          queueMs: r.batch.queueMs,
+          steps: r.batch.steps,
+          waitSteps: r.batch.waitSteps,
+          peakSeqs: r.batch.peakSeqs,
+          predictedMiss: r.batch.predictedMiss,
+        }
+      : {}),
+  };
+}
+
 async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching): Promise<OpenDecoder> {
   if (typeof config !== 'object' || config === null) throw new TypeError('createDecoderStage: config must be an object');
   if (typeof config.model !== 'string' || config.model.length === 0) throw new TypeError('decoder.model must be a GGUF path');
@@ -288,39 +328,30 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   try {
     const threads = config.threads !== null ? { threads: config.threads } : {};
     const draftMax = config.draftMax ?? DRAFT_MAX;
-    if (batching && batching.cameras > 1) {
-      ctx = await model.createContext({
-        nCtx: config.nCtx,
-        nBatch: IMAGE_UBATCH,
-        nUbatch: IMAGE_UBATCH,
-        nSeq: batching.cameras,
-        maxActive: batching.maxActive ?? batching.cameras,
-        prefillChunk: batching.prefillChunk,
-        kvUnified: batching.kvUnified,
-        kvType: config.kvType,
-        stepTokens: config.stepTokens,
-        shapeGraphs,
-        ...graphSlots,
-        ...threads,
-      });
-    } else {
-      ctx = await model.createContext({
-        nCtx: config.nCtx,
-        nBatch: IMAGE_UBATCH,
-        nUbatch: IMAGE_UBATCH,
-        // A verify batch reads one row per draft position and one for the last certain token.
-        maxOutputs: 1 + draftMax,
-        stepTokens: config.stepTokens,
-        shapeGraphs,
-        ...graphSlots,
-        kvType: config.kvType,
-        ...threads,
-      });
-      draft = await attachSpeculation(
-        ctx,
-        { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: draftMax },
-        gpuLayers,
-      );
+    const cameras = batching && batching.cameras > 1 ? batching : undefined;
+    ctx = await model.createContext({
+      nCtx: config.nCtx,
+      nBatch: IMAGE_UBATCH,
+      nUbatch: IMAGE_UBATCH,
+      kvType: config.kvType,
+      stepTokens: config.stepTokens,
+      shapeGraphs,
+      ...graphSlots,
+      ...threads,
+      // Several cameras: one sequence each, decoded in one batch. One camera: a verify batch reads
+      // one row per draft position and one for the last certain token.
+      ...(cameras
+        ? {
+            nSeq: cameras.cameras,
+            maxActive: cameras.maxActive ?? cameras.cameras,
+            prefillChunk: cameras.prefillChunk,
+            kvUnified: cameras.kvUnified,
+          }
+        : { maxOutputs: 1 + draftMax }),
+    });
+    if (!cameras) {
+      const flags = { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: draftMax };
+      draft = await attachSpeculation(ctx, flags, gpuLayers);
     }
     const schemaPath = config.actionSchema.path;
     try {
@@ -386,46 +417,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       ...(sc.clock.virtual ? {} : { deadlineNs: sc.stageDeadlineNs }),
     });
     if (grammar.fallback !== null) sc.report({ kind: 'note', message: 'grammar-fallback', data: { reason: grammar.fallback } });
-    sc.report({
-      kind: 'note',
-      message: 'decode',
-      data: {
-        promptTokens: r.promptTokens,
-        reusedTokens: r.reusedTokens,
-        tokens: r.tokens.length,
-        // The generated token ids, so two decoder configs can be compared token by token (eval).
-        tokenIds: r.tokens.join(' '),
-        drafted: r.drafted,
-        accepted: r.accepted,
-        forced: r.forced,
-        // Measured times only on a real clock: a virtual run's outputs must not depend on this machine.
-        ...(sc.clock.virtual
-          ? {}
-          : {
-              prefillMs: r.timings.prefillMs,
-              decodeMs: r.timings.decodeMs,
-              sampleMs: r.timings.sampleMs,
-              // Where decode time goes: llama_decode calls (one per step), those of a single token and
-              // their time, and how often llama.cpp could reuse its graph.
-              decodeCalls: r.timings.decodeCalls,
-              singleDecodeCalls: r.timings.singleDecodeCalls,
-              singleDecodeMs: r.timings.singleDecodeMs,
-              llamaDecodeMs: r.timings.llamaDecodeMs,
-              graphReuses: r.batch ? r.batch.graphReuses : r.timings.graphReuses,
-              paddedSteps: r.timings.paddedSteps,
-            }),
-        stopReason: r.stopReason,
-        ...(r.batch
-          ? {
-              queueMs: r.batch.queueMs,
-              steps: r.batch.steps,
-              waitSteps: r.batch.waitSteps,
-              peakSeqs: r.batch.peakSeqs,
-              predictedMiss: r.batch.predictedMiss,
-            }
-          : {}),
-      },
-    });
+    sc.report({ kind: 'note', message: 'decode', data: decodeNote(r, sc.clock.virtual) });
     // Cut short: give the frame up as the runtime asked, or as native code saw the same deadline
     // first (its check runs between tokens; the runtime's timer may not have fired yet).
     if (r.batch?.predictedMiss) {
