@@ -1,5 +1,6 @@
 // recorder: a run's MCAP recording, readable by Foxglove and by `percept eval`, even after a crash.
 // Topics /frames, /actions, /events and /stats. Chunks close on time as well as size.
+// Profile 'ros2': the MCAP ros2 profile instead (ROS2_TOPICS; sensor_msgs images, std_msgs/msg/String JSON; all CDR), for rosbag2.
 // Calls are serialised on one promise chain. After a write fails, every later call rejects with that first error (`failure`).
 // Layout, times, chunks and backpressure: nodes/README.md#recorder
 import { open, stat, statfs, unlink } from 'node:fs/promises';
@@ -8,6 +9,8 @@ import type { FileHandle } from 'node:fs/promises';
 import type { McapTypes } from '@mcap/core';
 import * as zstd from '@foxglove/wasm-zstd';
 import { CompressedImage, RawImage } from '@foxglove/schemas/jsonschema.js';
+import { parse as parseRosMsg } from '@foxglove/rosmsg';
+import { MessageWriter } from '@foxglove/rosmsg2-serialization';
 import type { ActionSchema } from './action-schema.ts';
 import { ChunkedMcapFile } from './mcap-write.ts';
 import type { ActionMessage, CameraFrame } from './payloads.ts';
@@ -16,6 +19,70 @@ export const FRAMES_TOPIC = '/frames';
 export const ACTIONS_TOPIC = '/actions';
 export const EVENTS_TOPIC = '/events';
 export const STATS_TOPIC = '/stats';
+
+/** The topics of a `profile: 'ros2'` recording (ROS 2 names, as `ros2 bag play` republishes them). */
+export const ROS2_TOPICS = {
+  /** sensor_msgs/msg/CompressedImage: JPEG and PNG frames. */
+  compressed: '/percept/camera/compressed',
+  /** sensor_msgs/msg/Image: raw frames. */
+  raw: '/percept/camera/image_raw',
+  /** std_msgs/msg/String, data = the action JSON. */
+  actions: '/percept/actions',
+  /** std_msgs/msg/String, data = a telemetry event's JSON. */
+  events: '/percept/events',
+  /** std_msgs/msg/String, data = a summary's JSON. */
+  stats: '/percept/stats',
+} as const;
+
+/** The recording's layout: '' (default) Foxglove JSON; 'ros2' the MCAP ros2 profile (ros2msg schemas, CDR messages). */
+export type RecorderProfile = '' | 'ros2';
+
+const ROS_DEPENDENCIES = `================================================================================
+MSG: std_msgs/Header
+builtin_interfaces/Time stamp
+string frame_id
+================================================================================
+MSG: builtin_interfaces/Time
+int32 sec
+uint32 nanosec
+`;
+
+/** The ros2msg schema texts as rosbag2 stores them: the type's .msg, then each dependency after a '=' line and `MSG: pkg/Type`. */
+export const ROS2_DEFINITIONS = {
+  'sensor_msgs/msg/CompressedImage': `std_msgs/Header header
+string format
+uint8[] data
+${ROS_DEPENDENCIES}`,
+  'sensor_msgs/msg/Image': `std_msgs/Header header
+uint32 height
+uint32 width
+string encoding
+uint8 is_bigendian
+uint32 step
+uint8[] data
+${ROS_DEPENDENCIES}`,
+  'std_msgs/msg/String': 'string data\n',
+} as const;
+
+/** offered_qos_profiles of every channel of a ros2 recording: one reliable, volatile, keep-last publisher with
+ * default deadline, lifespan and liveliness, in the YAML rosbag2 writes (enum values as numbers:
+ * history 1 keep_last, reliability 1 reliable, durability 2 volatile, liveliness 1 automatic). */
+export const ROS2_OFFERED_QOS = `- history: 1
+  depth: 10
+  reliability: 1
+  durability: 2
+  deadline:
+    sec: 9223372036
+    nsec: 854775807
+  lifespan:
+    sec: 9223372036
+    nsec: 854775807
+  liveliness: 1
+  liveliness_lease_duration:
+    sec: 9223372036
+    nsec: 854775807
+  avoid_ros_namespace_conventions: false
+`;
 
 export interface RecorderOptions {
   /** Output .mcap file (created or truncated). */
@@ -37,6 +104,9 @@ export interface RecorderOptions {
   readonly maxPendingBytes?: number;
   /** MCAP header.library (default "percept recorder"). */
   readonly library?: string;
+  /** '' (default): Foxglove JSON on /frames, /actions, /events, /stats. 'ros2': the MCAP ros2 profile on ROS2_TOPICS,
+   * every channel ros2msg/cdr (sensor_msgs images, std_msgs/msg/String JSON), so rosbag2 can play it. */
+  readonly profile?: RecorderProfile;
   /** Called once, at the first write that fails (the recording stops there), with that error. */
   readonly onFailure?: ((failure: Error) => void) | null;
 }
@@ -95,6 +165,7 @@ export function checkRecorderOptions(options: RecorderOptions): CheckedRecorderO
     chunkBytes = 32 * 1024 * 1024,
     maxPendingBytes = 256 * 1024 * 1024,
     library = 'percept recorder',
+    profile = '',
     onFailure = null,
   } = options;
   const flushAfterMs = options.flushAfterMs === undefined ? chunkMs : options.flushAfterMs;
@@ -112,7 +183,9 @@ export function checkRecorderOptions(options: RecorderOptions): CheckedRecorderO
   if (typeof actionSchema?.mcapSchema !== 'object')
     throw new TypeError('createRecorder: expected actionSchema to be the result of loadActionSchema()');
   if (onFailure !== null && typeof onFailure !== 'function') throw new TypeError('createRecorder: expected onFailure to be a function');
-  return { path, actionSchema, compression, zstdLevel, chunkMs, chunkBytes, flushAfterMs, maxPendingBytes, library, onFailure };
+  if (profile !== '' && profile !== 'ros2')
+    throw new TypeError(`createRecorder: expected profile '' or 'ros2' but received ${JSON.stringify(profile)}`);
+  return { path, actionSchema, compression, zstdLevel, chunkMs, chunkBytes, flushAfterMs, maxPendingBytes, library, profile, onFailure };
 }
 
 function intAtLeast(name: string, value: number, least: number): void {
@@ -178,6 +251,7 @@ class McapRecorder implements Recorder {
   readonly #actionChannels: SourceChannels;
   readonly #compressedChannels: SourceChannels;
   readonly #rawChannels: SourceChannels;
+  readonly #encoding: MessageEncoding;
   readonly #counts = { frames: 0, actions: 0, events: 0, stats: 0, framesNotRecorded: 0 };
   #pendingFrameBytes = 0;
   readonly #onFailure: ((failure: Error) => void) | null;
@@ -213,7 +287,7 @@ class McapRecorder implements Recorder {
     });
     const recorder = new McapRecorder(options, handle, file);
     try {
-      await recorder.#enqueue('start', () => file.start({ profile: '', library: options.library }));
+      await recorder.#enqueue('start', () => file.start({ profile: options.profile, library: options.library }));
     } catch (err) {
       await handle.close().catch(() => undefined);
       // A file without even its header would be an empty recording.
@@ -231,6 +305,30 @@ class McapRecorder implements Recorder {
     this.#handle = handle;
     this.#file = file;
     const schema = options.actionSchema;
+    const actionMetadata = (sourceId: string): [string, string][] => [
+      ['source_id', sourceId],
+      ['schema_id', schema.wireSchemaId],
+      ['schema_sha256', schema.sha256],
+    ];
+    if (options.profile === 'ros2') {
+      // Every channel ros2msg/cdr: rosbag2 refuses a bag whose topics differ in serialization format.
+      const rosSchema = (name: keyof typeof ROS2_DEFINITIONS): number =>
+        file.registerSchema({ name, encoding: 'ros2msg', data: new TextEncoder().encode(ROS2_DEFINITIONS[name]) });
+      const qos = (entries: [string, string][]): [string, string][] => [['offered_qos_profiles', ROS2_OFFERED_QOS], ...entries];
+      const stringSchemaId = rosSchema('std_msgs/msg/String');
+      const oneChannel = (topic: string): number =>
+        file.registerChannel({ topic, schemaId: stringSchemaId, messageEncoding: 'cdr', metadata: new Map(qos([])) });
+      this.#encoding = ROS2_ENCODING;
+      this.#eventsChannel = oneChannel(ROS2_TOPICS.events);
+      this.#statsChannel = oneChannel(ROS2_TOPICS.stats);
+      this.#actionChannels = new SourceChannels(file, ROS2_TOPICS.actions, stringSchemaId, (s) => qos(actionMetadata(s)), 'cdr');
+      const compressedId = rosSchema('sensor_msgs/msg/CompressedImage');
+      const rawId = rosSchema('sensor_msgs/msg/Image');
+      this.#compressedChannels = new SourceChannels(file, ROS2_TOPICS.compressed, compressedId, (s) => qos([['source_id', s]]), 'cdr');
+      this.#rawChannels = new SourceChannels(file, ROS2_TOPICS.raw, rawId, (s) => qos([['source_id', s]]), 'cdr');
+      return;
+    }
+    this.#encoding = JSON_ENCODING;
     const actionSchemaId = file.registerSchema(schema.mcapSchema);
     const compressedSchemaId = file.registerSchema(jsonSchema(CompressedImage.title, CompressedImage));
     const rawSchemaId = file.registerSchema(jsonSchema(RawImage.title, RawImage));
@@ -246,13 +344,9 @@ class McapRecorder implements Recorder {
       messageEncoding: 'json',
       metadata: new Map(),
     });
-    this.#actionChannels = new SourceChannels(file, ACTIONS_TOPIC, actionSchemaId, (sourceId) => [
-      ['source_id', sourceId],
-      ['schema_id', schema.wireSchemaId],
-      ['schema_sha256', schema.sha256],
-    ]);
-    this.#compressedChannels = new SourceChannels(file, FRAMES_TOPIC, compressedSchemaId, (sourceId) => [['source_id', sourceId]]);
-    this.#rawChannels = new SourceChannels(file, FRAMES_TOPIC, rawSchemaId, (sourceId) => [['source_id', sourceId]]);
+    this.#actionChannels = new SourceChannels(file, ACTIONS_TOPIC, actionSchemaId, actionMetadata, 'json');
+    this.#compressedChannels = new SourceChannels(file, FRAMES_TOPIC, compressedSchemaId, (sourceId) => [['source_id', sourceId]], 'json');
+    this.#rawChannels = new SourceChannels(file, FRAMES_TOPIC, rawSchemaId, (sourceId) => [['source_id', sourceId]], 'json');
   }
 
   get counts(): RecorderCounts {
@@ -289,6 +383,7 @@ class McapRecorder implements Recorder {
     this.#pendingFrameBytes += frame.data.length;
     const timestamp = { sec: Number(meta.stampNs / 1_000_000_000n), nsec: Number(meta.stampNs % 1_000_000_000n) };
     const compressed = frame.encoding === 'jpeg' || frame.encoding === 'png';
+    const encoding = this.#encoding;
     try {
       await this.#add(
         `recordFrame(frame ${meta.frameId})`,
@@ -298,7 +393,9 @@ class McapRecorder implements Recorder {
           publishTime: meta.stampNs,
           // Encoded when its turn comes, so a waiting frame holds its bytes once, not twice.
           get data() {
-            return encode(compressed ? compressedImage(frame, timestamp, meta.sourceId) : rawImage(frame, timestamp, meta.sourceId));
+            return compressed
+              ? encoding.compressedImage(frame, timestamp, meta.sourceId)
+              : encoding.rawImage(frame, timestamp, meta.sourceId);
           },
         },
         () => (compressed ? this.#compressedChannels : this.#rawChannels).of(meta.sourceId),
@@ -318,7 +415,7 @@ class McapRecorder implements Recorder {
       throw new TypeError('recorder.recordAction: expected an ActionMessage { frameId, sourceId, captureWallMs, action }');
     }
     this.#checkOpen('recordAction');
-    const data = encode(msg.action);
+    const data = this.#encoding.json(msg.action);
     await this.#add(
       `recordAction(frame ${msg.frameId})`,
       // MCAP sequence is uint32; frame ids are non-negative and far below 2^32 in practice.
@@ -334,7 +431,7 @@ class McapRecorder implements Recorder {
     if (event === null || typeof event !== 'object')
       throw new TypeError(`recorder.recordEvent: expected an event object but received ${String(event)}`);
     this.#checkOpen('recordEvent');
-    const data = encode(event);
+    const data = this.#encoding.json(event);
     const sequence = this.#counts.events++;
     await this.#add('recordEvent', { sequence, logTime: logTimeNs, publishTime: stampNs, data }, () => this.#eventsChannel);
   }
@@ -342,7 +439,7 @@ class McapRecorder implements Recorder {
   async recordStats(summary: object, logTimeNs: bigint): Promise<void> {
     checkTime('recordStats', logTimeNs);
     this.#checkOpen('recordStats');
-    const data = encode(summary);
+    const data = this.#encoding.json(summary);
     const sequence = this.#counts.stats++;
     await this.#add('recordStats', { sequence, logTime: logTimeNs, publishTime: logTimeNs, data }, () => this.#statsChannel);
   }
@@ -419,13 +516,21 @@ class SourceChannels {
   readonly #topic: string;
   readonly #schemaId: number;
   readonly #metadata: (sourceId: string) => [string, string][];
+  readonly #messageEncoding: string;
   readonly #ids = new Map<string, number>();
 
-  constructor(file: ChunkedMcapFile, topic: string, schemaId: number, metadata: (sourceId: string) => [string, string][]) {
+  constructor(
+    file: ChunkedMcapFile,
+    topic: string,
+    schemaId: number,
+    metadata: (sourceId: string) => [string, string][],
+    messageEncoding: string,
+  ) {
     this.#file = file;
     this.#topic = topic;
     this.#schemaId = schemaId;
     this.#metadata = metadata;
+    this.#messageEncoding = messageEncoding;
   }
 
   of(sourceId: string): number {
@@ -434,7 +539,7 @@ class SourceChannels {
       id = this.#file.registerChannel({
         topic: this.#topic,
         schemaId: this.#schemaId,
-        messageEncoding: 'json',
+        messageEncoding: this.#messageEncoding,
         metadata: new Map(this.#metadata(sourceId)),
       });
       this.#ids.set(sourceId, id);
@@ -453,11 +558,58 @@ function checkTime(fn: string, ns: bigint, name = 'logTimeNs'): void {
   }
 }
 
+/** JSON with bigints as decimal strings. */
+function jsonText(value: unknown): string {
+  return JSON.stringify(value, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v));
+}
+
 function encode(value: unknown): Uint8Array {
-  return new TextEncoder().encode(JSON.stringify(value, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v)));
+  return new TextEncoder().encode(jsonText(value));
 }
 
 type Stamp = { readonly sec: number; readonly nsec: number };
+
+/** How a profile serialises each kind of message. */
+interface MessageEncoding {
+  compressedImage(frame: CameraFrame, timestamp: Stamp, frameId: string): Uint8Array;
+  rawImage(frame: CameraFrame, timestamp: Stamp, frameId: string): Uint8Array;
+  /** A JSON document (action, event, summary): the JSON itself, or a std_msgs/msg/String holding it. */
+  json(value: unknown): Uint8Array;
+}
+
+const JSON_ENCODING: MessageEncoding = {
+  compressedImage: (frame, timestamp, frameId) => encode(compressedImage(frame, timestamp, frameId)),
+  rawImage: (frame, timestamp, frameId) => encode(rawImage(frame, timestamp, frameId)),
+  json: encode,
+};
+
+const cdrWriter = (name: keyof typeof ROS2_DEFINITIONS): MessageWriter =>
+  new MessageWriter(parseRosMsg(ROS2_DEFINITIONS[name], { ros2: true }));
+const CDR_WRITERS = {
+  compressed: cdrWriter('sensor_msgs/msg/CompressedImage'),
+  raw: cdrWriter('sensor_msgs/msg/Image'),
+  string: cdrWriter('std_msgs/msg/String'),
+};
+const rosHeader = (timestamp: Stamp, frameId: string) => ({ stamp: { sec: timestamp.sec, nanosec: timestamp.nsec }, frame_id: frameId });
+
+const ROS2_ENCODING: MessageEncoding = {
+  compressedImage: (frame, timestamp, frameId) =>
+    CDR_WRITERS.compressed.writeMessage({ header: rosHeader(timestamp, frameId), format: frame.encoding, data: frame.data }),
+  rawImage: (frame, timestamp, frameId) => {
+    const width = frame.width ?? 0;
+    return CDR_WRITERS.raw.writeMessage({
+      header: rosHeader(timestamp, frameId),
+      height: frame.height ?? 0,
+      width,
+      encoding: frame.encoding,
+      // percept's frames are little endian.
+      is_bigendian: 0,
+      step: frame.stride ?? width * (BYTES_PER_PIXEL[frame.encoding] ?? 1),
+      data: frame.data,
+    });
+  },
+  json: (value) => CDR_WRITERS.string.writeMessage({ data: jsonText(value) }),
+};
 
 function compressedImage(frame: CameraFrame, timestamp: Stamp, frameId: string): object {
   return {

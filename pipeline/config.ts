@@ -203,6 +203,8 @@ export interface PerceptConfig {
     readonly path: string;
     readonly frames: boolean;
     readonly chunkMs: number;
+    /** '' Foxglove JSON (percept eval reads it); 'ros2' the MCAP ros2 profile (rosbag2 plays it). */
+    readonly profile: '' | 'ros2';
     /** A failed write: stop the run (exit 1, saying why) or carry on unrecorded. Either way an error event and the summary say so. */
     readonly onError: 'stop' | 'continue';
   };

@@ -325,7 +325,9 @@ export async function evaluate(opts: EvalOptions): Promise<{ code: number; metri
 
   const replay = async (configPath: string | undefined, name: string): Promise<{ config: PerceptConfig; recording: string }> => {
     const recording = join(out, `${name}.mcap`);
-    const config = runConfig({ config: configPath, source: `bag:${bag}`, lockstep: true, record: recording });
+    const given = runConfig({ config: configPath, source: `bag:${bag}`, lockstep: true, record: recording });
+    // eval reads percept's own recording profile, whatever the config records for ROS tools.
+    const config = { ...given, recorder: { ...given.recorder, profile: '' as const } };
     const { failure, summary } = await executeRun(config, {
       publish: false,
       liveTable: false,

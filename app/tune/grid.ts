@@ -317,7 +317,7 @@ export function pointConfig(base: PerceptConfig, knobs: PointKnobs, setup: Point
     clock: setup.replay === 'real' ? 'real' : 'virtual',
     lockstep: setup.replay === 'lockstep',
     virtualServiceMs: setup.replay === 'real' ? {} : setup.serviceMs,
-    recorder: { ...base.recorder, enabled: true, path: setup.recording, frames: false },
+    recorder: { ...base.recorder, enabled: true, path: setup.recording, frames: false, profile: '' },
     control: { ...base.control, enabled: false },
     telemetry: { ...base.telemetry, liveTable: 'off' },
   };

@@ -480,7 +480,7 @@ async function measureReference(
     lockstep: true,
     virtualServiceMs: {},
     ladder: { ...reference.ladder, enabled: false, rungs: [] },
-    recorder: { ...reference.recorder, enabled: true, path: join(ctx.workDir, 'reference.mcap'), frames: false },
+    recorder: { ...reference.recorder, enabled: true, path: join(ctx.workDir, 'reference.mcap'), frames: false, profile: '' },
     control: { ...reference.control, enabled: false },
     telemetry: { ...reference.telemetry, liveTable: 'off' },
   });
