@@ -287,6 +287,8 @@ class WirePublisher implements Publisher {
   /** A subscriber held a message back past stallTimeoutMs and has not taken one since: sends do not wait for it. */
   #stalled = false;
   #stalls = 0;
+  /** Topic queues that dropped and have not drained to half since: their overflow was said once. */
+  readonly #overflowing = new Set<TopicQueue>();
 
   static async open(options: CheckedPublisherOptions): Promise<WirePublisher> {
     const { endpoint } = options;
@@ -413,8 +415,29 @@ class WirePublisher implements Publisher {
 
   /** Queues one message; `virtualMs` is its publish time on a virtual clock (undefined on a real one). */
   #enqueue(queue: TopicQueue, head: string, body: Pending['body'], virtualMs: number | undefined): void {
+    const droppedBefore = queue.dropped;
     queue.push((seq) => ({ seq, order: this.#takenIn++, head, virtualMs, body }));
+    if (queue.dropped > droppedBefore) this.#queueOverflowed(queue);
+    else if (queue.length <= queue.highWaterMark / 2) this.#overflowing.delete(queue);
     this.#kick();
+  }
+
+  /** A topic queue dropped its oldest message: said at once on the events topic, once per overflow.
+   * Drops on the events topic itself are not said there (that would drop another): stats and seq gaps show them. */
+  #queueOverflowed(queue: TopicQueue): void {
+    if (this.#overflowing.has(queue) || queue === this.#topics.events || this.#closing) return;
+    this.#overflowing.add(queue);
+    const atNs = this.#clock.nowNs();
+    const event: TelemetryEvent = {
+      type: 'error',
+      atNs,
+      frameId: -1,
+      stage: 'publish',
+      message:
+        `the ${queue.name} queue is full (${queue.highWaterMark} messages): its oldest are dropped, seen as seq gaps, ` +
+        'until the socket drains it; publisher.sendHighWaterMark sets its size',
+    };
+    this.#enqueue(this.#topics.events, this.#eventHead, eventToJson(event), this.#virtual ? unixMs(this.#clock, atNs) : undefined);
   }
 
   #kick(): void {

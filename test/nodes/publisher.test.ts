@@ -419,14 +419,21 @@ describe('publisher', () => {
     // The subscriber reads again; the run ends with its summary.
     const final = pub.close(new TelemetryAggregator('real').snapshot());
     const seen: Record<string, number[]> = { actions: [], telemetry: [], events: [] };
+    const errors: string[] = [];
     let end;
     while (!end) {
       const m = parse(await sub.receive());
       seen[m.topic]!.push(m.header.seq);
+      if (m.body.type === 'error') errors.push(m.body.message);
       if (m.body.type === 'end') end = m;
     }
     const published = await final;
     assert.deepEqual(seen.actions, [...Array(actions).keys()], 'every action, in order, no gap');
+    // The telemetry queue's overflow was said on the events topic when it began, not only in the end's counters.
+    assert.ok(
+      errors.some((e) => /^the telemetry queue is full \(16 messages\): its oldest are dropped/.test(e)),
+      `an overflow error event: ${JSON.stringify(errors)}`,
+    );
     const telemetry = seen.telemetry!;
     let gaps = 0;
     telemetry.forEach((seq, i) => {
