@@ -82,6 +82,10 @@ program
   .option('--record <file>', 'record the run to this MCAP file: frames, actions, events, stats and a metadata record')
   .option('--metrics <[host:]port>', 'serve Prometheus metrics and /healthz there while the run goes on (host default 127.0.0.1)')
   .option(
+    '--foxglove [url]',
+    'serve a live view (frames, target boxes, actions, stage latencies, events) over the Foxglove WebSocket protocol (default ws://127.0.0.1:8765)',
+  )
+  .option(
     '--lockstep',
     'lockstep replay on the virtual clock: each frame enters when the previous one has ended (every frame processed, same outputs byte for byte)',
   )

@@ -25,6 +25,7 @@ import {
   describePublished,
   log,
   logWarmup,
+  openFoxglove,
   openMetrics,
   openPublisher,
   runFailure,
@@ -166,7 +167,7 @@ export function camerasFailure(summary: RunSummary): string | undefined {
 /** `percept run` on a config with cameras; resolves with the exit code. */
 export async function runCameras(
   config: PerceptConfig,
-  opts: { readonly duration?: number; readonly jsonSummary?: string; readonly metrics?: string },
+  opts: { readonly duration?: number; readonly jsonSummary?: string; readonly metrics?: string; readonly foxglove?: string | boolean },
 ): Promise<number> {
   const cameras = config.cameras!;
   const clock = new RealClock();
@@ -187,6 +188,13 @@ export async function runCameras(
   const { publisher } = stages;
   if (publisher) group.events.subscribe(publisher.sink.accept);
   const metrics = opts.metrics ? await openMetrics(opts.metrics, group.events) : undefined;
+  // The group's graphs are its own: the live view shows its events and stats, not the frames.
+  const foxglove = opts.foxglove
+    ? await openFoxglove(opts.foxglove, { graphs: [], events: group.events, clock }).catch(async (err: unknown) => {
+        await metrics?.close();
+        throw err;
+      })
+    : undefined;
   const table = new LiveTable({ mode: config.telemetry.liveTable, intervalMs: config.telemetry.intervalMs });
   table.attach(group.events);
   const onSignal = (signal: NodeJS.Signals): void => void group.stop(signal);
@@ -209,5 +217,6 @@ export async function runCameras(
     for (const signal of STOP_SIGNALS) process.off(signal, onSignal);
     await publisher?.close();
     await metrics?.close();
+    await foxglove?.close();
   }
 }

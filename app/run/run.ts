@@ -28,12 +28,14 @@ import {
   describePublished,
   log,
   logWarmup,
+  openFoxglove,
   openMetrics,
   openPublisher,
   runFailure,
   warmupFrames,
 } from './stages.ts';
 import type { MetricsServer } from './metrics.ts';
+import type { FoxgloveLiveServer } from './foxglove.ts';
 
 /** The config `percept run` and `npm start` use when none is given. */
 export const DEFAULT_CONFIG = fileURLToPath(new URL('../../configs/default.json', import.meta.url));
@@ -50,6 +52,8 @@ export interface RunOptions {
   readonly lockstep?: boolean;
   /** Serve Prometheus metrics and /healthz on [HOST:]PORT while the run goes on (app/run/metrics.ts). */
   readonly metrics?: string;
+  /** Serve the live view over the Foxglove WebSocket protocol at this ws:// URL, or true for ws://127.0.0.1:8765 (app/run/foxglove.ts). */
+  readonly foxglove?: string | boolean;
 }
 
 /** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]`, `ffmpeg:URL`, `zmq:ENDPOINT` → the source section of a config, for
@@ -225,6 +229,8 @@ export interface ExecuteOptions {
   readonly onStart?: (graph: Graph, expectedFrames: number | undefined) => void;
   /** [HOST:]PORT for Prometheus metrics and /healthz (RunOptions.metrics). */
   readonly metrics?: string;
+  /** The live view's ws:// URL, or true for the default (RunOptions.foxglove). */
+  readonly foxglove?: string | boolean;
 }
 
 /** Runs the pipeline of `config` once: recorder, source, stages, graph. The recorder's path is checked first, so a
@@ -286,6 +292,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
   let control: Awaited<ReturnType<(typeof import('./control.ts'))['startControlServer']>> | undefined;
   let removeSignals: (() => void) | undefined;
   let metrics: MetricsServer | undefined;
+  let foxglove: FoxgloveLiveServer | undefined;
   let timer: NodeJS.Timeout | undefined;
   let running = false;
   try {
@@ -310,6 +317,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
     });
     opts.onStart?.(graph, source.expectedItems);
     if (opts.metrics) metrics = await openMetrics(opts.metrics, graph.events);
+    if (opts.foxglove) foxglove = await openFoxglove(opts.foxglove, { graphs: [graph], events: graph.events, clock });
     table.attach(graph.events);
     removeSignals = stopOnSignals(graph);
     timer = opts.duration ? setTimeout(() => void graph.stop('duration'), opts.duration * 1000) : undefined;
@@ -348,6 +356,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
     await publisher?.close();
     await recorder?.close().catch(() => undefined);
     await metrics?.close();
+    await foxglove?.close();
   }
 }
 
@@ -373,7 +382,7 @@ function recorderSummary(
 export async function runPipeline(opts: RunOptions): Promise<number> {
   const config = runConfig(opts);
   if (config.cameras) return (await import('./cameras.ts')).runCameras(config, opts);
-  const { summary, failure } = await executeRun(config, { duration: opts.duration, metrics: opts.metrics });
+  const { summary, failure } = await executeRun(config, { duration: opts.duration, metrics: opts.metrics, foxglove: opts.foxglove });
   process.stdout.write(`${formatSummary(summary)}\n`);
   if (opts.jsonSummary) writeJsonSummary(opts.jsonSummary, summary);
   if (failure) log(failure);
@@ -407,10 +416,10 @@ async function checkRecorderPath(path: string): Promise<void> {
 }
 
 async function openRecorder(config: PerceptConfig, actionSchema: ActionSchema, onFailure: (error: Error) => void): Promise<Recorder> {
-  const { path, chunkMs } = config.recorder;
+  const { path, chunkMs, profile } = config.recorder;
   const { createRecorder } = await import('../../nodes/recorder.ts');
   // On a virtual clock, chunks close on log time only: the file must not depend on how fast the run went.
-  return createRecorder({ path, actionSchema, chunkMs, flushAfterMs: config.clock === 'virtual' ? null : chunkMs, onFailure });
+  return createRecorder({ path, actionSchema, chunkMs, profile, flushAfterMs: config.clock === 'virtual' ? null : chunkMs, onFailure });
 }
 
 /** Records the run: each input frame, each action with its frame's stamp, every event and stats. */

@@ -15,6 +15,7 @@ import { resolveModel } from '../../models/resolve.ts';
 import type { Observable } from 'rxjs';
 import type { TelemetryEvent } from '../../pipeline/telemetry/events.ts';
 import type { MetricsServer } from './metrics.ts';
+import type { FoxgloveGraphTaps, FoxgloveLiveServer } from './foxglove.ts';
 
 export const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
 
@@ -252,4 +253,32 @@ export async function openMetrics(spec: string, events: Observable<TelemetryEven
   const server = await startMetricsServer({ host: match[1] ?? '127.0.0.1', port: Number(match[2]), events });
   log(`metrics on ${server.url}/metrics, health on ${server.url}/healthz`);
   return server;
+}
+
+/** Serves the live view over the Foxglove WebSocket protocol for a run (`--foxglove [URL]`; default
+ * ws://127.0.0.1:8765, loopback). Start it before the run; closing it logs what it sent and dropped. */
+export async function openFoxglove(
+  spec: string | true,
+  run: { readonly graphs: readonly FoxgloveGraphTaps[]; readonly events: Observable<TelemetryEvent>; readonly clock: Clock },
+): Promise<FoxgloveLiveServer> {
+  const { DEFAULT_FOXGLOVE_URL, startFoxgloveServer } = await import('./foxglove.ts');
+  const server = await startFoxgloveServer({ url: spec === true ? DEFAULT_FOXGLOVE_URL : spec, ...run });
+  log(`live view on ${server.url} (Foxglove: Open connection → Foxglove WebSocket)`);
+  let closed = false;
+  return {
+    ...server,
+    stats: () => server.stats(),
+    async close() {
+      await server.close();
+      if (closed) return;
+      closed = true;
+      const { sent, dropped, skipped } = server.stats();
+      const skips = Object.entries(skipped).map(([reason, n]) => `${reason} ${n}`);
+      log(
+        `live view: sent ${sent} messages` +
+          (dropped ? `, dropped ${dropped} (a client read too slowly)` : '') +
+          (skips.length ? `, frames not shown: ${skips.join(', ')}` : ''),
+      );
+    },
+  };
 }
