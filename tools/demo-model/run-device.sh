@@ -6,8 +6,10 @@
 #   scenegen.tar.xz   nodebin/node (this machine's Node.js) + scenegen/ (tools/make-scenes.ts bundled
 #                     by esbuild, with sharp and its libvips beside it): see README.md
 #   tokens.json.gz    tools/demo-model/prompt-tokens.ts output for train 0..NTRAIN-1 and val 0..NVAL-1
+#                     (and test 0..NTEST-1, SAMPLE's frames; env TOKENS names another file)
 # Steps: draws the scenes with make-scenes (JOBS processes, deterministic from the seeds), runs a short
 # smoke test of train.py on the val frames (20 steps, the transformers parity check), then the run.
+# NTEST > 0 draws that many test frames and SAMPLE (a sample-frames.ts folder) is scored too, at the end.
 set -euo pipefail
 OUT=${1:?usage: run-device.sh OUT_DIR [train.py options...]}
 shift
@@ -15,6 +17,9 @@ DATA=${DATA:-.carry/demo-data}
 WORK=${WORK:-/tmp/demo-model}
 NTRAIN=${NTRAIN:-48000}
 NVAL=${NVAL:-1000}
+NTEST=${NTEST:-0}
+SAMPLE=${SAMPLE:-}
+TOKENS=${TOKENS:-$DATA/tokens.json.gz}
 JOBS=${JOBS:-16}
 WIDTH=${WIDTH:-640}
 HEIGHT=${HEIGHT:-360}
@@ -33,6 +38,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 rm -rf "$WORK/scenes"
 "$NODE" "$GEN" dataset --split val --count "$NVAL" --out "$WORK/scenes/val" --width "$WIDTH" --height "$HEIGHT" --jobs 1 >"$WORK/gen-val.log" 2>&1 &
 val_pid=$!
+test_pid=
+if [ "$NTEST" -gt 0 ]; then
+  "$NODE" "$GEN" dataset --split test --count "$NTEST" --out "$WORK/scenes/test" --width "$WIDTH" --height "$HEIGHT" --jobs 1 >"$WORK/gen-test.log" 2>&1 &
+  test_pid=$!
+fi
 per=$(( (NTRAIN + JOBS - 1) / JOBS ))
 train_pids=()
 train_dirs=()
@@ -50,7 +60,7 @@ stamp "val scenes: $(cat "$WORK/gen-val.log")"
 
 if [ "$SMOKE" = 1 ]; then
   stamp "smoke test"
-  PYTHONUNBUFFERED=1 python3 tools/demo-model/train.py --tokens "$DATA/tokens.json.gz" \
+  PYTHONUNBUFFERED=1 python3 tools/demo-model/train.py --tokens "$TOKENS" \
     --train "$WORK/scenes/val" --val "$WORK/scenes/val" --max-train 512 --max-val 64 --steps 20 --log-every 5 \
     --batch 32 --val-greedy 64 --out "$WORK/smoke" --workers 4
   stamp "smoke passed"
@@ -58,7 +68,14 @@ fi
 
 for p in "${train_pids[@]}"; do wait "$p" || { cat "$WORK"/gen-train-*.log; exit 1; }; done
 stamp "train scenes: $(cat "$WORK"/gen-train-*.log | awk '{n += $2} END {print n}') frames"
+evals=()
+if [ -n "$test_pid" ]; then
+  wait "$test_pid" || { cat "$WORK/gen-test.log"; exit 1; }
+  stamp "test scenes: $(cat "$WORK/gen-test.log")"
+  evals+=(--eval "test=$WORK/scenes/test")
+fi
+[ -z "$SAMPLE" ] || evals+=(--eval "sample=$SAMPLE")
 
-PYTHONUNBUFFERED=1 python3 tools/demo-model/train.py --tokens "$DATA/tokens.json.gz" \
-  --train "${train_dirs[@]}" --val "$WORK/scenes/val" --out "$OUT" --save-every-epoch "$@"
+PYTHONUNBUFFERED=1 python3 tools/demo-model/train.py --tokens "$TOKENS" \
+  --train "${train_dirs[@]}" --val "$WORK/scenes/val" --out "$OUT" --save-every-epoch "${evals[@]}" "$@"
 stamp "done"

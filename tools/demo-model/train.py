@@ -254,6 +254,18 @@ def build_model(cfg: dict, seed: int):
 # The forward pass as percept runs the model
 
 
+def image_mask_rule(q: int, k: int, layer_type: str, img0: int, n_image: int, window: int, bidirectional: bool) -> bool:
+    """May position q attend to k? As llama.cpp decodes percept's prompt (native/src/generate.cc
+    decodeImage: the image rows in one ubatch with llama_set_causal_attn(false) when the model's rule,
+    native/src/model.cc imageAttentionRule, is not 'causal'; gemma4's non-causal type is SWA-only):
+    causal everywhere, sliding layers within their window; with `bidirectional`, sliding layers also let
+    each image row see every image row."""
+    image = img0 <= q < img0 + n_image and img0 <= k < img0 + n_image
+    if layer_type == "full_attention":
+        return k <= q
+    return (k <= q and q - k < window) or (bidirectional and image)
+
+
 class Runner:
     def __init__(self, model, tok: dict, n_image: int, cols: int, rows: int, device):
         import torch
@@ -269,6 +281,7 @@ class Runner:
         self.P = tc.hidden_size_per_layer_input
         self.softcap = tc.final_logit_softcapping
         self.layer_types = list(tc.layer_types)
+        self.window = tc.sliding_window
         p = tok["prompt"]
         self.prompt = p["before"] + [p["imageStart"]] + [0] * n_image + [p["imageEnd"]] + p["after"]
         self.img0 = len(p["before"]) + 1  # first image row
@@ -288,21 +301,34 @@ class Runner:
         return self.lm.embed_tokens.weight
 
     def masks(self, S: int, B: int, bidirectional_image: bool = True) -> dict:
-        """full_attention: causal; sliding_attention: causal, and the image rows see each other
-        (unless image_attention is 'causal')."""
+        """{layer type: bool [B, 1, S, S]} (True: may attend) by image_mask_rule."""
         bidirectional_image = bidirectional_image and self.image_attention == "bidirectional-swa"
         key = (S, bidirectional_image)
         if key not in self._masks:
             torch = self.torch
-            causal = torch.ones(S, S, dtype=torch.bool, device=self.device).tril()
-            sliding = causal.clone()
+            q = torch.arange(S, device=self.device)[:, None]
+            k = torch.arange(S, device=self.device)[None, :]
+            causal = k <= q
+            sliding = causal & (q - k < self.window)
             if bidirectional_image:
                 a, b = self.img0, self.img0 + self.n_image
-                sliding[a:b, a:b] = True
+                sliding = sliding | ((q >= a) & (q < b) & (k >= a) & (k < b))
             self._masks[key] = (causal[None, None], sliding[None, None])
         causal, sliding = self._masks[key]
         m = {"full_attention": causal.expand(B, 1, S, S), "sliding_attention": sliding.expand(B, 1, S, S)}
         return {t: m[t] for t in set(self.layer_types)}
+
+    def check_masks(self) -> dict:
+        """masks() against image_mask_rule element by element, on a short and a full-length sequence."""
+        for S in (self.img0 + self.n_image + 3, self.a0 + 70):
+            for bidi in (False, True):
+                got = self.masks(S, 1, bidi)
+                for lt, m in got.items():
+                    want = [[image_mask_rule(qq, kk, lt, self.img0, self.n_image, self.window, bidi and self.image_attention == "bidirectional-swa")
+                             for kk in range(S)] for qq in range(S)]
+                    if m[0, 0].cpu().tolist() != want:
+                        raise RuntimeError(f"mask for {lt} (S={S}, bidirectional={bidi}) differs from image_mask_rule")
+        return {"mask_rule": "ok", "window": self.window}
 
     def patches(self, imgs_u8):
         """uint8 [B, H, W, 3] → pixel_values [B, rows·cols, 768] (x/255, HWC inside a patch) and (col,row) ids."""
@@ -377,6 +403,7 @@ class Runner:
 
     def _probe(self, imgs_u8, r: dict) -> dict:
         torch = self.torch
+        r.update(self.check_masks())
         with torch.no_grad():
             B = imgs_u8.shape[0]
             ids = torch.tensor(self.prompt, device=self.device)[None].repeat(B, 1)
@@ -407,9 +434,12 @@ class Runner:
                     self.image_attention = chosen
                 r["custom_causal_vs_hf"] = float((causal - ref).abs().max())
                 r["bidirectional_vs_causal"] = float((bidi - causal).abs().max())
+                r["bidirectional_vs_causal_before_image"] = float((bidi - causal)[:, : self.img0].abs().max())
                 # A mask taken the wrong way round (or ignored) changes the result by as much as the
                 # bidirectional image does (about 100 % of the largest value); numerics by far less.
-                if not (r["custom_causal_vs_hf"] <= 1e-2 * max(1.0, r["ref_absmax"]) and r["bidirectional_vs_causal"] > 0):
+                tol = 1e-2 * max(1.0, r["ref_absmax"])
+                if not (r["custom_causal_vs_hf"] <= tol and r["bidirectional_vs_causal"] > tol
+                        and r["bidirectional_vs_causal_before_image"] <= tol):
                     raise RuntimeError("the mask dict is not applied as meant")
             except Exception as err:  # noqa: BLE001 - fall back, and say so
                 r["error"] = f"{type(err).__name__}: {err}"
@@ -534,8 +564,9 @@ def greedy(runner: Runner, imgs_u8, max_new: int) -> list[list[int]]:
     return torch.stack(out, 1).tolist()
 
 
-def evaluate(runner, images, rows, tok, idx, batch, greedy_n, max_new):
-    """Teacher-forced val loss / token accuracy on idx, greedy scores on its first greedy_n."""
+def evaluate(runner, images, rows, tok, idx, batch, greedy_n, max_new, all_preds=False):
+    """Teacher-forced val loss / token accuracy on idx, greedy scores on its first greedy_n (with
+    all_preds, every greedy output as "predictions")."""
     torch = runner.torch
     F = torch.nn.functional
     tot_loss, tot_n, tot_ok, picked_ok, picked_n = 0.0, 0, 0, 0, 0
@@ -554,7 +585,7 @@ def evaluate(runner, images, rows, tok, idx, batch, greedy_n, max_new):
             m = torch.tensor([c == "0" for c in forced], device=runner.device)
             picked_ok += int((ok & m).sum())
             picked_n += int(m.sum())
-        scores, samples = [], []
+        scores, samples, predictions = [], [], []
         g = idx[:greedy_n]
         for s in range(0, len(g), batch):
             sel = g[s : s + batch]
@@ -562,6 +593,8 @@ def evaluate(runner, images, rows, tok, idx, batch, greedy_n, max_new):
             for i, p in zip(sel, preds):
                 r, text = score(p, tok["tokens"][rows[i]["k"]], tok["pieces"], tok["endToken"], rows[i]["action"])
                 scores.append(r)
+                if all_preds:
+                    predictions.append({"seed": rows[i]["seed"], "pred": text, "gold": tok["texts"][rows[i]["k"]], **{k: r[k] for k in ("exact", "action", "label")}, "bbox_iou": r.get("bbox_iou")})
                 if len(samples) < 3 or (r["exact_but_bbox"] < 1 and len(samples) < 8):
                     samples.append({"seed": rows[i]["seed"], "gold": tok["texts"][rows[i]["k"]], "pred": text})
     return {
@@ -570,6 +603,7 @@ def evaluate(runner, images, rows, tok, idx, batch, greedy_n, max_new):
         "val_picked_token_acc": round(picked_ok / max(1, picked_n), 5),
         "greedy": summarize(scores),
         "samples": samples,
+        **({"predictions": predictions} if all_preds else {}),
     }
 
 
@@ -580,9 +614,9 @@ def evaluate(runner, images, rows, tok, idx, batch, greedy_n, max_new):
 TABLES = ("model.language_model.embed_tokens.weight", "model.language_model.embed_tokens_per_layer.weight")
 
 
-def save_checkpoint(model, cfg: dict, meta: dict, used_ids: list[int], out_dir: str, shard_bytes: int) -> dict:
-    """Compact: every tensor except the two vocabulary tables (fp32, sharded), plus the tables' rows for
-    the ids the task uses; the other rows are regen_tables(seed) exactly (their gradient was masked)."""
+def save_checkpoint(model, cfg: dict, meta: dict, used_ids: list[int], out_dir: str, shard_bytes: int, dtype: str = "float16") -> dict:
+    """Compact: every tensor except the two vocabulary tables (in `dtype`, sharded), plus the tables' rows
+    (fp32) for the ids the task uses; the other rows are regen_tables(seed) exactly (their gradient was masked)."""
     import torch
     from safetensors.torch import save_file
 
@@ -593,9 +627,10 @@ def save_checkpoint(model, cfg: dict, meta: dict, used_ids: list[int], out_dir: 
     ids = torch.tensor(sorted(set(used_ids)), dtype=torch.long)
     rows = {"ids": ids, "embed_rows": sd.pop(TABLES[0])[ids].contiguous(), "ple_rows": sd.pop(TABLES[1])[ids].contiguous()}
     save_file(rows, os.path.join(out_dir, "table-rows.safetensors"))
+    sd = {k: v.to(getattr(torch, dtype)) for k, v in sd.items()}
     shards, cur, size = [], {}, 0
     for k in sorted(sd):
-        n = sd[k].numel() * 4
+        n = sd[k].numel() * sd[k].element_size()
         if cur and size + n > shard_bytes:
             shards.append(cur)
             cur, size = {}, 0
@@ -613,6 +648,7 @@ def save_checkpoint(model, cfg: dict, meta: dict, used_ids: list[int], out_dir: 
         "model_config": cfg,
         "hf_config": model.config.to_dict(),
         "weight_files": files,
+        "weights_dtype": dtype,
         "table_rows_file": "table-rows.safetensors",
         "tables": list(TABLES),
         "table_regen": "regen_tables(table_seed, 262144, 256, 64): torch CPU Generator seeded table_seed*1000003+17, randn(vocab,256)*0.02 then randn(vocab,64)*0.02",
@@ -636,7 +672,7 @@ def reassemble(ckpt_dir: str, out: str | None):
     ple[rows["ids"]] = rows["ple_rows"]
     sd = {TABLES[0]: embed, TABLES[1]: ple}
     for name in info["weight_files"]:
-        sd.update(load_file(os.path.join(ckpt_dir, name)))
+        sd.update({k: v.float() for k, v in load_file(os.path.join(ckpt_dir, name)).items()})
     if out is None:
         return sd
     save_file(sd, out)
@@ -645,11 +681,13 @@ def reassemble(ckpt_dir: str, out: str | None):
 
 
 def verify_reassembly(model, ckpt_dir: str) -> dict:
-    """The reassembled compact checkpoint against the live model, tensor by tensor (0 = exact)."""
+    """The reassembled compact checkpoint against the live model rounded as stored, tensor by tensor (0 = exact)."""
     import torch
 
     sd = reassemble(ckpt_dir, None)
-    live = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    with open(os.path.join(ckpt_dir, "checkpoint.json")) as f:
+        dt = getattr(torch, json.load(f).get("weights_dtype", "float32"))
+    live = {k: v.detach().cpu().to(dt).float() if k not in TABLES else v.detach().float().cpu() for k, v in model.state_dict().items()}
     live.pop("lm_head.weight", None)
     missing = sorted(set(live) - set(sd))
     extra = sorted(set(sd) - set(live))
@@ -666,6 +704,8 @@ def main() -> None:
     ap.add_argument("--tokens", help="prompt-tokens.ts output (.json or .json.gz)")
     ap.add_argument("--train", nargs="+", default=[], help="make-scenes dataset folders (train split)")
     ap.add_argument("--val", nargs="+", default=[], help="make-scenes dataset folders (val split)")
+    ap.add_argument("--eval", action="append", default=[], metavar="NAME=DIR",
+                    help="a further set scored greedily at the end (every frame; predictions in eval.json)")
     ap.add_argument("--out", required=True, help="output folder (or file with --reassemble)")
     ap.add_argument("--reassemble", help="compact checkpoint folder → full safetensors at --out")
     ap.add_argument("--seed", type=int, default=0)
@@ -684,6 +724,8 @@ def main() -> None:
     ap.add_argument("--max-train", type=int, default=0, help="use only the first N training frames (smoke tests)")
     ap.add_argument("--max-val", type=int, default=0)
     ap.add_argument("--shard-mib", type=float, default=15.0)
+    ap.add_argument("--ckpt-dtype", choices=["float16", "bfloat16", "float32"], default="float16",
+                    help="checkpoint weights (not the table rows, kept fp32)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--image-attention", choices=["bidirectional-swa", "causal"], default="bidirectional-swa",
                     help="how the image rows are attended: percept/llama.cpp's rule for this width, or causal")
@@ -711,9 +753,15 @@ def main() -> None:
         train_rows = train_rows[: args.max_train]
     if args.max_val:
         val_rows = val_rows[: args.max_val]
+    eval_rows = {}
+    for spec in args.eval:
+        name, _, d = spec.partition("=")
+        eval_rows[name] = read_scenes([d])
     attach_targets(train_rows, tok)
     attach_targets(val_rows, tok)
-    sizes = {(o["width"], o["height"]) for o in train_rows + val_rows}
+    for rows_ in eval_rows.values():
+        attach_targets(rows_, tok)
+    sizes = {(o["width"], o["height"]) for rows_ in (train_rows, val_rows, *eval_rows.values()) for o in rows_}
     targets = {gemma4_target_size(w, h, args.image_tokens) for w, h in sizes}
     if len(targets) != 1:
         raise ValueError(f"frames of several aspect ratios ({sizes}) give several grids {targets}; use one")
@@ -724,6 +772,7 @@ def main() -> None:
         "data",
         train=len(train_rows),
         val=len(val_rows),
+        eval={k: len(v) for k, v in eval_rows.items()},
         frame_sizes=sorted(sizes),
         target=[tw, th],
         patches=cols * nrows,
@@ -742,7 +791,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     images = {}
-    for name, rows_ in (("train", train_rows), ("val", val_rows)):
+    for name, rows_ in (("train", train_rows), ("val", val_rows), *eval_rows.items()):
         t = time.time()
         host = load_images([o["path"] for o in rows_], (tw, th), args.workers)
         images[name] = host
@@ -781,10 +830,12 @@ def main() -> None:
     log("vocab", used_ids=len(used_ids))
 
     runner.image_attention = args.image_attention
-    args.table_seed = args.seed
+    args.table_seed, args.init_steps = args.seed, 0
     if args.init_from:
         with open(os.path.join(args.init_from, "checkpoint.json")) as f:
-            args.table_seed = json.load(f).get("table_seed", args.seed)
+            init = json.load(f)
+        args.table_seed = init.get("table_seed", args.seed)
+        args.init_steps = init.get("init_steps", 0) + init.get("steps", 0)
         sd = reassemble(args.init_from, None)
         missing, unexpected = model.load_state_dict(sd, strict=False)
         log("init_from", path=args.init_from, missing=[k for k in missing if k != "lm_head.weight"][:5], unexpected=list(unexpected)[:5])
@@ -883,7 +934,7 @@ def main() -> None:
                 log("error", where="eval", error=f"{type(err).__name__}: {err}")
             if args.save_every_epoch:
                 try:
-                    save_checkpoint(model, cfg, ckpt_meta(args, tok, runner, step, epoch, tw, th), used_ids, os.path.join(args.out, "ckpt"), int(args.shard_mib * 2**20))
+                    save_checkpoint(model, cfg, ckpt_meta(args, tok, runner, step, epoch, tw, th), used_ids, os.path.join(args.out, "ckpt"), int(args.shard_mib * 2**20), args.ckpt_dtype)
                 except Exception as err:  # noqa: BLE001
                     log("error", where="save", error=f"{type(err).__name__}: {err}")
             model.train()
@@ -896,9 +947,17 @@ def main() -> None:
     te = time.time()
     final: dict = {}
     try:
-        final = evaluate(runner, images["val"], val_rows, tok, val_idx, 250, len(val_idx), max_new)
+        final = evaluate(runner, images["val"], val_rows, tok, val_idx, 250, len(val_idx), max_new, all_preds=True)
     except Exception as err:  # noqa: BLE001 - still save what was trained
         log("error", where="final eval", error=f"{type(err).__name__}: {err}")
+    results = {"val": final}
+    for name, rows_ in eval_rows.items():
+        try:
+            results[name] = evaluate(runner, images[name], rows_, tok, list(range(len(rows_))), 250, len(rows_), max_new, all_preds=True)
+            log("final_eval", set=name, **{k: v for k, v in results[name].items() if k not in ("samples", "predictions")})
+        except Exception as err:  # noqa: BLE001
+            log("error", where=f"eval {name}", error=f"{type(err).__name__}: {err}")
+    final = {k: v for k, v in final.items() if k != "predictions"}
     log(
         "final",
         epoch_frac=round(step / steps_per_epoch, 3),
@@ -911,7 +970,7 @@ def main() -> None:
     saved: dict = {}
     try:
         ckpt = os.path.join(args.out, "ckpt")
-        saved = save_checkpoint(model, cfg, ckpt_meta(args, tok, runner, step, step / steps_per_epoch, tw, th), used_ids, ckpt, int(args.shard_mib * 2**20))
+        saved = save_checkpoint(model, cfg, ckpt_meta(args, tok, runner, step, step / steps_per_epoch, tw, th), used_ids, ckpt, int(args.shard_mib * 2**20), args.ckpt_dtype)
         log("saved", **saved)
     except Exception as err:  # noqa: BLE001
         log("error", where="save", error=f"{type(err).__name__}: {err}")
@@ -929,6 +988,8 @@ def main() -> None:
     }
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
+    with open(os.path.join(args.out, "eval.json"), "w") as f:
+        json.dump({"step": step, "image_attention": runner.trained_attention(), "sets": results}, f, indent=1)
     try:
         log("reassembly", **verify_reassembly(model, os.path.join(args.out, "ckpt")))
     except Exception as err:  # noqa: BLE001
@@ -942,6 +1003,8 @@ def ckpt_meta(args, tok, runner, step, epoch, tw, th) -> dict:
         "table_seed": args.table_seed,
         "steps": step,
         "epochs": epoch,
+        "init_from": args.init_from,
+        "init_steps": args.init_steps,
         "image_tokens_budget": args.image_tokens,
         "image_size": [tw, th],
         "image_rows": runner.n_image,
