@@ -427,17 +427,10 @@ class WirePublisher implements Publisher {
   #queueOverflowed(queue: TopicQueue): void {
     if (this.#overflowing.has(queue) || queue === this.#topics.events || this.#closing) return;
     this.#overflowing.add(queue);
-    const atNs = this.#clock.nowNs();
-    const event: TelemetryEvent = {
-      type: 'error',
-      atNs,
-      frameId: -1,
-      stage: 'publish',
-      message:
-        `the ${queue.name} queue is full (${queue.highWaterMark} messages): its oldest are dropped, seen as seq gaps, ` +
+    this.#sayError(
+      `the ${queue.name} queue is full (${queue.highWaterMark} messages): its oldest are dropped, seen as seq gaps, ` +
         'until the socket drains it; publisher.sendHighWaterMark sets its size',
-    };
-    this.#enqueue(this.#topics.events, this.#eventHead, eventToJson(event), this.#virtual ? unixMs(this.#clock, atNs) : undefined);
+    );
   }
 
   #kick(): void {
@@ -515,16 +508,16 @@ class WirePublisher implements Publisher {
       this.#undelivered += 1;
       return;
     }
-    const atNs = this.#clock.nowNs();
-    const event: TelemetryEvent = {
-      type: 'error',
-      atNs,
-      frameId: -1,
-      stage: 'publish',
-      message:
-        `a subscriber took nothing for ${heldMs} ms (its queue is full): ` +
+    this.#sayError(
+      `a subscriber took nothing for ${heldMs} ms (its queue is full): ` +
         'messages go on to the other subscribers and are lost to it (seq gaps there) until it reads again',
-    };
+    );
+  }
+
+  /** The publisher's own trouble, as an error event on the events topic: every reading subscriber gets it at once. */
+  #sayError(message: string): void {
+    const atNs = this.#clock.nowNs();
+    const event: TelemetryEvent = { type: 'error', atNs, frameId: -1, stage: 'publish', message };
     this.#enqueue(this.#topics.events, this.#eventHead, eventToJson(event), this.#virtual ? unixMs(this.#clock, atNs) : undefined);
   }
 

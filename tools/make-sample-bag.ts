@@ -13,7 +13,7 @@
 import { writeFile } from 'node:fs/promises';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import sharp from 'sharp';
-import { actionOf, type NBox, type RobotAction, type Scene, type SceneObject } from './make-scenes.ts';
+import { DEFAULT_PAINT, actionOf, type NBox, type RobotAction, type Scene, type SceneObject } from './make-scenes.ts';
 import {
   CAMERA_FRAME_ID,
   CAMERA_TOPIC,
@@ -27,7 +27,6 @@ import {
   sampleRoom,
   writeCameraBag,
   type Box,
-  type RGB,
 } from './scene-geometry.ts';
 
 export { labelsPathOf };
@@ -135,24 +134,8 @@ export function geometryAt(i: number, n: number, width: number, height: number):
   };
 }
 
-/** The sample scene's colours as drawn, in make-scenes' paint order (door: frame, panel, knob; box: body,
- * tape; person: legs, torso, skin). */
-export const SAMPLE_PAINT = {
-  door: [
-    [70, 50, 35],
-    [140, 95, 55],
-    [220, 200, 90],
-  ],
-  box: [
-    [180, 130, 70],
-    [150, 105, 55],
-  ],
-  person: [
-    [40, 40, 60],
-    [40, 90, 160],
-    [225, 185, 150],
-  ],
-} as const satisfies Record<string, readonly RGB[]>;
+/** The sample scene's colours as drawn: make-scenes' defaults (door: frame, panel, knob; box: body, tape; person: legs, torso, skin). */
+export const SAMPLE_PAINT = { door: DEFAULT_PAINT.door, box: DEFAULT_PAINT.box, person: DEFAULT_PAINT.person };
 
 /** The sample scene is no seed of make-scenes' splits; its Scene says so with this seed. */
 export const SAMPLE_SEED = -1;

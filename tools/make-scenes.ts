@@ -587,7 +587,8 @@ export function summaryOf(scene: Scene): Record<string, unknown> {
 // ---------------------------------------------------------------------------------------------
 // Drawing
 
-const DEFAULT_PAINT: Record<ObjectKind, readonly RGB[]> = {
+/** Each object kind's colours, in paint order, where a scene gives none. */
+export const DEFAULT_PAINT: Record<ObjectKind, readonly RGB[]> = {
   door: [
     [70, 50, 35],
     [140, 95, 55],

@@ -15,7 +15,7 @@ import { MessageWriter } from '@foxglove/rosmsg2-serialization';
 import sharp from 'sharp';
 import { loadActionSchema } from '../../nodes/action-schema.ts';
 import type { CameraFrame } from '../../nodes/payloads.ts';
-import { createRecorder } from '../../nodes/recorder.ts';
+import { createRecorder, ROS2_DEFINITIONS } from '../../nodes/recorder.ts';
 import { createBagSource } from '../../nodes/source-bag.ts';
 import { VirtualClock } from '../../pipeline/clock.ts';
 import { isRejection } from '../../pipeline/types.ts';
@@ -58,19 +58,8 @@ export type BenchBagResult = {
   readonly record_max_mb_s: number;
 };
 
-/** sensor_msgs/msg/CompressedImage as rosbag2 stores it in a ros2msg schema (the type, then its dependencies). */
-export const ROS_COMPRESSED_IMAGE = `std_msgs/Header header
-string format
-uint8[] data
-================================================================================
-MSG: std_msgs/Header
-builtin_interfaces/Time stamp
-string frame_id
-================================================================================
-MSG: builtin_interfaces/Time
-int32 sec
-uint32 nanosec
-`;
+/** sensor_msgs/msg/CompressedImage as rosbag2 stores it in a ros2msg schema (the recorder's ros2 profile's own). */
+export const ROS_COMPRESSED_IMAGE = ROS2_DEFINITIONS['sensor_msgs/msg/CompressedImage'];
 const START_NS = 1_700_000_000_000_000_000n;
 
 /** Eight camera-like JPEGs, grey with sensor noise, so their sizes are like a real 1080p camera's. */

@@ -10,19 +10,11 @@ import { loadDecompressHandlers } from '@mcap/support';
 import { parse as parseRosMsg } from '@foxglove/rosmsg';
 import { MessageWriter } from '@foxglove/rosmsg2-serialization';
 import * as zstd from '@foxglove/wasm-zstd';
-import { ROS_COMPRESSED_IMAGE } from '../../app/bench/bag.ts';
+import { ROS2_DEFINITIONS } from '../../nodes/recorder.ts';
 
-export { ROS_COMPRESSED_IMAGE };
-
-/** sensor_msgs/msg/Image as rosbag2 stores it (its dependencies are CompressedImage's). */
-export const ROS_IMAGE = `std_msgs/Header header
-uint32 height
-uint32 width
-string encoding
-uint8 is_bigendian
-uint32 step
-uint8[] data
-${ROS_COMPRESSED_IMAGE.slice(ROS_COMPRESSED_IMAGE.indexOf('='))}`;
+/** sensor_msgs/msg/CompressedImage and Image as rosbag2 stores them: the recorder's ros2 definitions. */
+export const ROS_COMPRESSED_IMAGE = ROS2_DEFINITIONS['sensor_msgs/msg/CompressedImage'];
+export const ROS_IMAGE = ROS2_DEFINITIONS['sensor_msgs/msg/Image'];
 
 const rosHeader = (stampNs: bigint, frameId = 'camera') => ({
   stamp: { sec: Number(stampNs / 1_000_000_000n), nanosec: Number(stampNs % 1_000_000_000n) },
