@@ -204,227 +204,223 @@ export async function startFoxgloveServer(options: FoxgloveServerOptions): Promi
   const parsed = options.url !== undefined ? parseFoxgloveUrl(options.url) : undefined;
   const host = parsed?.host ?? options.host ?? '127.0.0.1';
   const port = parsed?.port ?? options.port ?? 8765;
-  const maxBuffered = options.maxBufferedBytes ?? DEFAULT_MAX_BUFFERED_BYTES;
-  const quality = options.jpegQuality ?? 80;
-  const { clock } = options;
+  const view = new LiveView(options);
+  await view.listen(host, port);
+  view.tap(options);
+  return view;
+}
 
-  const server: FoxgloveServerType = new wsProtocol.FoxgloveServer({
-    name: 'percept',
-    capabilities: [],
-    metadata: { topics: Object.values(FOXGLOVE_TOPICS).join(',') },
-  });
-  const schema = (s: object): string => JSON.stringify(s);
-  const channels = {
-    image: server.addChannel({
-      topic: FOXGLOVE_TOPICS.image,
-      encoding: 'json',
-      schemaName: 'foxglove.CompressedImage',
-      schemaEncoding: 'jsonschema',
-      schema: schema(CompressedImage),
-    }),
-    annotations: server.addChannel({
-      topic: FOXGLOVE_TOPICS.annotations,
-      encoding: 'json',
-      schemaName: 'foxglove.ImageAnnotations',
-      schemaEncoding: 'jsonschema',
-      schema: schema(ImageAnnotations),
-    }),
-    actions: server.addChannel({
-      topic: FOXGLOVE_TOPICS.actions,
-      encoding: 'json',
-      schemaName: 'percept.Action',
-      schemaEncoding: 'jsonschema',
-      schema: schema(ACTIONS_SCHEMA),
-    }),
-    stats: server.addChannel({
-      topic: FOXGLOVE_TOPICS.stats,
-      encoding: 'json',
-      schemaName: 'percept.Stats',
-      schemaEncoding: 'jsonschema',
-      schema: schema(STATS_SCHEMA),
-    }),
-    events: server.addChannel({
-      topic: FOXGLOVE_TOPICS.events,
-      encoding: 'json',
-      schemaName: 'percept.Event',
-      schemaEncoding: 'jsonschema',
-      schema: schema(EVENTS_SCHEMA),
-    }),
-  };
-  // Channels someone listens to: nothing is built for the others.
-  const subscribed = new Set<number>();
-  server.on('subscribe', (id) => subscribed.add(id));
-  server.on('unsubscribe', (id) => subscribed.delete(id));
-  server.on('error', () => undefined); // a bad client message: the protocol library has answered it
+type FrameSize = { width: number; height: number } | undefined;
 
-  let sent = 0;
-  let dropped = 0;
-  const skipped: Record<string, number> = {};
-  const skip = (reason: string): void => {
-    skipped[reason] = (skipped[reason] ?? 0) + 1;
-  };
+/** The server, its channels and the graph's taps; each tap only builds messages someone subscribed to. */
+class LiveView implements FoxgloveLiveServer {
+  readonly #server: FoxgloveServerType;
+  readonly #channels: Record<'image' | 'annotations' | 'actions' | 'stats' | 'events', number>;
+  readonly #clock: Clock;
+  readonly #maxBuffered: number;
+  readonly #quality: number;
+  /** Channels someone listens to: nothing is built for the others. */
+  readonly #subscribed = new Set<number>();
+  /** Frames in the graph: their stamp and pixel size, for the annotations of their actions. */
+  readonly #frames = new Map<number, { stampNs: bigint; size: FrameSize }>();
+  readonly #skipped: Record<string, number> = {};
+  readonly #subscriptions: Subscription[] = [];
+  #wss: WsServer | undefined;
+  #sent = 0;
+  #dropped = 0;
+  #encoding = false;
+  #closing: Promise<void> | undefined;
 
-  const require = createRequire(import.meta.url);
-  const { WebSocketServer } = require('ws') as WsModule;
-  const wss = new WebSocketServer({
-    host,
-    port,
-    handleProtocols: (protocols) => server.handleProtocols(protocols),
-    perMessageDeflate: false,
-    maxPayload: 1024 * 1024,
-  });
-  await new Promise<void>((resolve, reject) => {
-    const onError = (err: Error): void => reject(new Error(`foxglove: cannot listen on ${host}:${port}: ${err.message}`, { cause: err }));
-    wss.on('error', onError);
-    wss.on('listening', () => {
-      wss.off('error', onError);
-      resolve();
+  constructor(options: FoxgloveServerOptions) {
+    this.#clock = options.clock;
+    this.#maxBuffered = options.maxBufferedBytes ?? DEFAULT_MAX_BUFFERED_BYTES;
+    this.#quality = options.jpegQuality ?? 80;
+    const server: FoxgloveServerType = new wsProtocol.FoxgloveServer({
+      name: 'percept',
+      capabilities: [],
+      metadata: { topics: Object.values(FOXGLOVE_TOPICS).join(',') },
     });
-  }).catch(async (err: Error) => {
-    await new Promise<void>((resolve) => wss.close(() => resolve()));
-    throw err;
-  });
-  wss.on('error', () => undefined);
-  wss.on('connection', (socket, req) => {
-    // The protocol library sends through socket.send. Message data (binary) for a client that is behind is
-    // dropped and counted; control messages (JSON text) always go.
+    const channel = (topic: string, schemaName: string, schema: object): number =>
+      server.addChannel({ topic, encoding: 'json', schemaName, schemaEncoding: 'jsonschema', schema: JSON.stringify(schema) });
+    this.#channels = {
+      image: channel(FOXGLOVE_TOPICS.image, 'foxglove.CompressedImage', CompressedImage),
+      annotations: channel(FOXGLOVE_TOPICS.annotations, 'foxglove.ImageAnnotations', ImageAnnotations),
+      actions: channel(FOXGLOVE_TOPICS.actions, 'percept.Action', ACTIONS_SCHEMA),
+      stats: channel(FOXGLOVE_TOPICS.stats, 'percept.Stats', STATS_SCHEMA),
+      events: channel(FOXGLOVE_TOPICS.events, 'percept.Event', EVENTS_SCHEMA),
+    };
+    server.on('subscribe', (id) => this.#subscribed.add(id));
+    server.on('unsubscribe', (id) => this.#subscribed.delete(id));
+    server.on('error', () => undefined); // a bad client message: the protocol library has answered it
+    this.#server = server;
+  }
+
+  get url(): string {
+    const address = this.#wss!.address() as AddressInfo;
+    return `ws://${address.family === 'IPv6' ? `[${address.address}]` : address.address}:${address.port}`;
+  }
+
+  get port(): number {
+    return (this.#wss!.address() as AddressInfo).port;
+  }
+
+  stats(): FoxgloveStats {
+    const clients = this.#wss?.clients.size ?? 0;
+    return { clients, subscribedChannels: this.#subscribed.size, sent: this.#sent, dropped: this.#dropped, skipped: { ...this.#skipped } };
+  }
+
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      for (const s of this.#subscriptions) s.unsubscribe();
+      this.#frames.clear();
+      const wss = this.#wss;
+      if (!wss) return;
+      for (const client of wss.clients) client.terminate();
+      await new Promise<void>((resolve) => wss.close(() => resolve()));
+    })();
+    return this.#closing;
+  }
+
+  /** Binds the WebSocket server; a busy or bad address fails with it named. */
+  async listen(host: string, port: number): Promise<void> {
+    const require = createRequire(import.meta.url);
+    const { WebSocketServer } = require('ws') as WsModule;
+    const wss = new WebSocketServer({
+      host,
+      port,
+      handleProtocols: (protocols) => this.#server.handleProtocols(protocols),
+      perMessageDeflate: false,
+      maxPayload: 1024 * 1024,
+    });
+    await new Promise<void>((resolve, reject) => {
+      const onError = (err: Error): void => reject(new Error(`foxglove: cannot listen on ${host}:${port}: ${err.message}`, { cause: err }));
+      wss.on('error', onError);
+      wss.on('listening', () => {
+        wss.off('error', onError);
+        resolve();
+      });
+    }).catch(async (err: Error) => {
+      await new Promise<void>((resolve) => wss.close(() => resolve()));
+      throw err;
+    });
+    wss.on('error', () => undefined);
+    wss.on('connection', (socket, req) => this.#connect(socket, `${req.socket.remoteAddress ?? '?'}:${req.socket.remotePort ?? '?'}`));
+    this.#wss = wss;
+  }
+
+  /** A client: message data (binary) for one that is behind is dropped and counted; control messages (text) always go. */
+  #connect(socket: WsSocket, name: string): void {
     const send = socket.send.bind(socket);
     socket.send = (data, opts) => {
       if (typeof data !== 'string') {
-        if (socket.bufferedAmount > maxBuffered || socket.readyState !== 1) {
-          dropped += 1;
+        if (socket.bufferedAmount > this.#maxBuffered || socket.readyState !== 1) {
+          this.#dropped += 1;
           return;
         }
-        sent += 1;
+        this.#sent += 1;
       }
       send(data, opts);
     };
-    server.handleConnection(socket, `${req.socket.remoteAddress ?? '?'}:${req.socket.remotePort ?? '?'}`);
-  });
+    this.#server.handleConnection(socket, name);
+  }
 
-  const publish = (channel: number, stampNs: bigint, payload: Uint8Array): void => {
-    if (!subscribed.has(channel)) return;
-    server.sendMessage(channel, stampNs, payload);
-  };
+  /** Subscribes to the graphs' inputs and outputs and to the run's events. */
+  tap(options: FoxgloveServerOptions): void {
+    for (const graph of options.graphs) {
+      if (graph.inputs) this.#subscriptions.push(graph.inputs.subscribe((env) => this.#onInput(env)));
+      if (graph.outputs) this.#subscriptions.push(graph.outputs.subscribe((env) => this.#onOutput(env)));
+    }
+    this.#subscriptions.push(options.events.subscribe((event) => this.#onEvent(event)));
+  }
 
-  // Frames in the graph: their stamp and pixel size, for the annotations of their actions.
-  const frames = new Map<number, { stampNs: bigint; size: { width: number; height: number } | undefined }>();
-  let encoding = false;
-  const showFrame = (env: Envelope<unknown>, stampNs: bigint): void => {
+  #publish(channel: number, stampNs: bigint, payload: Uint8Array): void {
+    if (this.#subscribed.has(channel)) this.#server.sendMessage(channel, stampNs, payload);
+  }
+
+  #skip(reason: string): void {
+    this.#skipped[reason] = (this.#skipped[reason] ?? 0) + 1;
+  }
+
+  #onInput(env: Envelope<unknown>): void {
+    const stampNs = env.stampNs ?? this.#clock.unixNs(env.captureNs);
+    if (this.#subscribed.has(this.#channels.annotations)) {
+      this.#frames.set(env.frameId, { stampNs, size: frameSize(env.payload as CameraFrame) });
+      // Frames the graph never ends (none should) cannot pile up.
+      if (this.#frames.size > MAX_FRAMES_TRACKED) this.#frames.delete(this.#frames.keys().next().value!);
+    }
+    if (this.#subscribed.has(this.#channels.image)) this.#showFrame(env, stampNs);
+  }
+
+  #showFrame(env: Envelope<unknown>, stampNs: bigint): void {
     const frame = env.payload as CameraFrame;
     const message = (data: Uint8Array, format: string): Uint8Array =>
       json({ timestamp: time(stampNs), frame_id: env.sourceId, format, data: Buffer.from(data).toString('base64') });
     if (frame.encoding === 'jpeg' || frame.encoding === 'png') {
-      publish(channels.image, stampNs, message(frame.data, frame.encoding));
+      this.#publish(this.#channels.image, stampNs, message(frame.data, frame.encoding));
       return;
     }
     const channelsIn = RAW_CHANNELS[frame.encoding];
     const rowBytes = (frame.width ?? 0) * (channelsIn ?? 0);
     if (!channelsIn || !frame.width || !frame.height || (frame.stride !== undefined && frame.stride !== rowBytes)) {
-      skip('unsupported_encoding');
+      this.#skip('unsupported_encoding');
       return;
     }
-    if (encoding) {
-      skip('encoder_busy');
+    if (this.#encoding) {
+      this.#skip('encoder_busy');
       return;
     }
-    encoding = true;
+    this.#encoding = true;
     // sharp encodes on libuv's thread pool: the event loop only hands it the pixels.
-    void encodeJpeg(frame, channelsIn, quality)
-      .then((jpeg) => publish(channels.image, stampNs, message(jpeg, 'jpeg')))
-      .catch(() => skip('encode_failed'))
+    void encodeJpeg(frame, channelsIn, this.#quality)
+      .then((jpeg) => this.#publish(this.#channels.image, stampNs, message(jpeg, 'jpeg')))
+      .catch(() => this.#skip('encode_failed'))
       .finally(() => {
-        encoding = false;
+        this.#encoding = false;
       });
-  };
-
-  const subscriptions: Subscription[] = [];
-  for (const graph of options.graphs) {
-    if (graph.inputs)
-      subscriptions.push(
-        graph.inputs.subscribe((env) => {
-          const stampNs = env.stampNs ?? clock.unixNs(env.captureNs);
-          const frame = env.payload as CameraFrame;
-          const wantsImage = subscribed.has(channels.image);
-          const wantsBoxes = subscribed.has(channels.annotations);
-          if (wantsBoxes) {
-            frames.set(env.frameId, { stampNs, size: frameSize(frame) });
-            // Frames the graph never ends (none should) cannot pile up.
-            if (frames.size > MAX_FRAMES_TRACKED) frames.delete(frames.keys().next().value!);
-          }
-          if (wantsImage) showFrame(env, stampNs);
-        }),
-      );
-    if (graph.outputs)
-      subscriptions.push(
-        graph.outputs.subscribe((env) => {
-          const message = env.payload as ActionMessage;
-          const seen = frames.get(env.frameId);
-          frames.delete(env.frameId);
-          const stampNs = seen?.stampNs ?? env.stampNs ?? clock.unixNs(env.captureNs);
-          if (subscribed.has(channels.actions))
-            publish(
-              channels.actions,
-              stampNs,
-              json({
-                timestamp: time(stampNs),
-                frame_id: env.frameId,
-                source_id: env.sourceId,
-                schema_id: message.schemaId,
-                capture_wall_ms: message.captureWallMs,
-                action: message.action,
-              }),
-            );
-          if (subscribed.has(channels.annotations)) {
-            const annotations = annotate(message.action, seen?.size, stampNs);
-            if (annotations) publish(channels.annotations, stampNs, json(annotations));
-          }
-        }),
-      );
   }
-  subscriptions.push(
-    options.events.subscribe((event) => {
-      const atNs = clock.unixNs(event.atNs);
-      if (event.type === 'drop') frames.delete(event.frameId);
-      if (event.type === 'stats') {
-        if (!subscribed.has(channels.stats)) return;
-        const { summary } = event;
-        publish(
-          channels.stats,
-          atNs,
-          json({
-            timestamp: time(atNs),
-            stages: summary.stages,
-            end_to_end: summary.endToEnd,
-            frames: summary.frames,
-            drops: summary.drops.byReason,
-            degrade_level: summary.degrade.level,
-            live_view: { sent, dropped, skipped },
-          }),
-        );
-        return;
-      }
-      if (subscribed.has(channels.events)) publish(channels.events, atNs, Buffer.from(eventToJson(event)));
-    }),
-  );
 
-  const address = wss.address() as AddressInfo;
-  const shownHost = address.family === 'IPv6' ? `[${address.address}]` : address.address;
-  let closing: Promise<void> | undefined;
-  return {
-    url: `ws://${shownHost}:${address.port}`,
-    port: address.port,
-    stats: () => ({ clients: wss.clients.size, subscribedChannels: subscribed.size, sent, dropped, skipped: { ...skipped } }),
-    close() {
-      closing ??= (async () => {
-        for (const s of subscriptions) s.unsubscribe();
-        frames.clear();
-        for (const client of wss.clients) client.terminate();
-        await new Promise<void>((resolve) => wss.close(() => resolve()));
-      })();
-      return closing;
-    },
-  };
+  #onOutput(env: Envelope<unknown>): void {
+    const message = env.payload as ActionMessage;
+    const seen = this.#frames.get(env.frameId);
+    this.#frames.delete(env.frameId);
+    const stampNs = seen?.stampNs ?? env.stampNs ?? this.#clock.unixNs(env.captureNs);
+    if (this.#subscribed.has(this.#channels.actions)) {
+      const action = {
+        timestamp: time(stampNs),
+        frame_id: env.frameId,
+        source_id: env.sourceId,
+        schema_id: message.schemaId,
+        capture_wall_ms: message.captureWallMs,
+        action: message.action,
+      };
+      this.#publish(this.#channels.actions, stampNs, json(action));
+    }
+    if (this.#subscribed.has(this.#channels.annotations)) {
+      const annotations = annotate(message.action, seen?.size, stampNs);
+      if (annotations) this.#publish(this.#channels.annotations, stampNs, json(annotations));
+    }
+  }
+
+  #onEvent(event: TelemetryEvent): void {
+    const atNs = this.#clock.unixNs(event.atNs);
+    if (event.type === 'drop') this.#frames.delete(event.frameId);
+    if (event.type !== 'stats') {
+      if (this.#subscribed.has(this.#channels.events)) this.#publish(this.#channels.events, atNs, Buffer.from(eventToJson(event)));
+      return;
+    }
+    if (!this.#subscribed.has(this.#channels.stats)) return;
+    const { summary } = event;
+    const stats = {
+      timestamp: time(atNs),
+      stages: summary.stages,
+      end_to_end: summary.endToEnd,
+      frames: summary.frames,
+      drops: summary.drops.byReason,
+      degrade_level: summary.degrade.level,
+      live_view: { sent: this.#sent, dropped: this.#dropped, skipped: this.#skipped },
+    };
+    this.#publish(this.#channels.stats, atNs, json(stats));
+  }
 }
 
 async function encodeJpeg(frame: CameraFrame, channels: 1 | 3 | 4, quality: number): Promise<Buffer> {
