@@ -134,7 +134,7 @@ describe('grid file', () => {
     assert.equal(config.source.kind === 'bag' && config.source.path, '/data/x.mcap');
     assert.deepEqual([config.clock, config.lockstep], ['virtual', true]);
     assert.deepEqual(config.virtualServiceMs, { decode: 90 });
-    assert.deepEqual(config.recorder, { enabled: true, path: '/tmp/p.mcap', frames: false, chunkMs: 1000 });
+    assert.deepEqual(config.recorder, { enabled: true, path: '/tmp/p.mcap', frames: false, chunkMs: 1000, profile: '', onError: 'stop' });
   });
 
   test('the decoder settings a tuned config holds: defaults, and refused with a remote decoder', () => {
