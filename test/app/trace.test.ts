@@ -11,9 +11,8 @@ import { eventsToTrace, readRecordedEvents, traceRecording, type ChromeTrace, ty
 import { loadActionSchema } from '../../nodes/action-schema.ts';
 import { createRecorder } from '../../nodes/recorder.ts';
 import { VirtualClock } from '../../pipeline/clock.ts';
-import { chain } from '../../pipeline/graph/chain.ts';
 import type { SpanEvent, TelemetryEvent } from '../../pipeline/telemetry/events.ts';
-import { fakeDecoder, fakeSource, fakeStage, runGraph, testConfig } from '../support/pipeline-fakes.ts';
+import { eventfulRun, runGraph } from '../support/pipeline-fakes.ts';
 
 const root = new URL('../..', import.meta.url).pathname;
 const dir = join(root, '.cache/test-trace');
@@ -29,26 +28,7 @@ async function recordRun(path: string): Promise<TelemetryEvent[]> {
   const writes: Promise<void>[] = [];
   const result = await runGraph({
     clock,
-    source: fakeSource({ frames: 60, periodMs: 70 }),
-    stages: chain(
-      fakeStage<number>('preprocess'),
-      fakeStage<number>('encode', { costMs: (_x, ctx) => ctx.knobs.imageTokens }),
-      fakeDecoder('decode', { tokens: 40, msPerToken: 4 }),
-      fakeStage<{ frame: number }>('actions', {
-        work: (g) => {
-          if (g.frame % 7 === 3) throw new Error(`unparseable ${g.frame}`);
-          return g;
-        },
-      }),
-      fakeStage('publish'),
-    ),
-    config: testConfig({
-      budgets: { endToEndMs: 400, stages: { decode: 120 }, dropPredictedMiss: true },
-      edges: { default: { policy: 'latest' }, publish: { policy: 'queue', capacity: 4 } },
-      ladder: { enabled: true, minSamples: 2, window: 8, upAfter: 4 },
-      virtualServiceMs: { preprocess: 15, actions: [5, 4, 3], publish: 1 },
-      telemetry: { intervalMs: 500 },
-    }),
+    ...eventfulRun(),
     onEvent: (event) => {
       const atNs = clock.unixNs(event.atNs);
       writes.push(event.type === 'stats' ? recorder.recordStats(event.summary, atNs) : recorder.recordEvent(event, atNs));

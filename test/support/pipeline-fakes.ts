@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { VirtualClock, msToNs, type Clock } from '../../pipeline/clock.ts';
 import { loadConfig, type PerceptConfig } from '../../pipeline/config.ts';
-import type { StageChain } from '../../pipeline/graph/chain.ts';
+import { chain, type StageChain } from '../../pipeline/graph/chain.ts';
 import { createGraph, type Graph } from '../../pipeline/graph/graph.ts';
 import { eventToJson, type RunSummary, type TelemetryEvent } from '../../pipeline/telemetry/events.ts';
 import type { Envelope, FrameSource, SourceItem, Stage, StageContext } from '../../pipeline/types.ts';
@@ -182,4 +182,31 @@ export const dropsOf = (events: readonly TelemetryEvent[], reason?: string): { f
 export function transcript({ events, outputs }: Pick<RunResult, 'events' | 'outputs'>): string {
   const bigints = (_k: string, v: unknown): unknown => (typeof v === 'bigint' ? v.toString() : v);
   return [...events.map(eventToJson), ...outputs.map((o) => JSON.stringify(o, bigints))].join('\n');
+}
+
+/** A run with something of everything: 60 frames through five stages, with conflation, predicted misses, errors
+ * every seventh frame and ladder steps. `publish` replaces the last stage (a probe inside the run, say). */
+export function eventfulRun(publish: Stage<{ frame: number }, unknown> = fakeStage('publish')) {
+  return {
+    source: fakeSource({ frames: 60, periodMs: 70 }),
+    stages: chain(
+      fakeStage<number>('preprocess'),
+      fakeStage<number>('encode', { costMs: (_x, ctx) => ctx.knobs.imageTokens }),
+      fakeDecoder('decode', { tokens: 40, msPerToken: 4 }),
+      fakeStage<{ frame: number }>('actions', {
+        work: (g) => {
+          if (g.frame % 7 === 3) throw new Error(`unparseable ${g.frame}`);
+          return g;
+        },
+      }),
+      publish,
+    ),
+    config: testConfig({
+      budgets: { endToEndMs: 400, stages: { decode: 120 }, dropPredictedMiss: true },
+      edges: { default: { policy: 'latest' }, publish: { policy: 'queue', capacity: 4 } },
+      ladder: { enabled: true, minSamples: 2, window: 8, upAfter: 4 },
+      virtualServiceMs: { preprocess: 15, actions: [5, 4, 3], publish: 1 },
+      telemetry: { intervalMs: 500 },
+    }),
+  };
 }

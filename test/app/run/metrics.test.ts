@@ -7,10 +7,9 @@ import assert from 'node:assert/strict';
 import { Subject } from 'rxjs';
 import { METRICS_CONTENT_TYPE, startMetricsServer, type Health, type MetricsServer } from '../../../app/run/metrics.ts';
 import { VirtualClock } from '../../../pipeline/clock.ts';
-import { chain } from '../../../pipeline/graph/chain.ts';
 import { createGraph } from '../../../pipeline/graph/graph.ts';
 import type { RunSummary, TelemetryEvent } from '../../../pipeline/telemetry/events.ts';
-import { fakeDecoder, fakeSource, fakeStage, testConfig } from '../../support/pipeline-fakes.ts';
+import { eventfulRun, fakeStage } from '../../support/pipeline-fakes.ts';
 
 interface Sample {
   readonly name: string;
@@ -137,17 +136,7 @@ describe('metrics server', () => {
     const during: { families?: Map<string, Family>; health?: { status: number; body: Health } } = {};
     const graph = createGraph({
       clock,
-      source: fakeSource({ frames: 60, periodMs: 70 }),
-      stages: chain(
-        fakeStage<number>('preprocess'),
-        fakeStage<number>('encode', { costMs: (_x, ctx) => ctx.knobs.imageTokens }),
-        fakeDecoder('decode', { tokens: 40, msPerToken: 4 }),
-        fakeStage<{ frame: number }>('actions', {
-          work: (g) => {
-            if (g.frame % 7 === 3) throw new Error(`unparseable ${g.frame}`);
-            return g;
-          },
-        }),
+      ...eventfulRun(
         fakeStage<{ frame: number }>('publish', {
           // Scraped once mid-run, from inside the run.
           work: async (g) => {
@@ -159,13 +148,6 @@ describe('metrics server', () => {
           },
         }),
       ),
-      config: testConfig({
-        budgets: { endToEndMs: 400, stages: { decode: 120 }, dropPredictedMiss: true },
-        edges: { default: { policy: 'latest' }, publish: { policy: 'queue', capacity: 4 } },
-        ladder: { enabled: true, minSamples: 2, window: 8, upAfter: 4 },
-        virtualServiceMs: { preprocess: 15, actions: [5, 4, 3], publish: 1 },
-        telemetry: { intervalMs: 500 },
-      }),
     });
     const server = await startMetricsServer({ port: 0, events: graph.events });
     try {
