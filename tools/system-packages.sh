@@ -6,6 +6,8 @@
 #   python3-zmq         the Python subscriber, a non-JS peer
 #   python3-jsonschema  the Python subscriber's schema check
 #   chromium            the eval report's browser test
+#   cyclonedds-dev      the DDS addon (native/dds) and the tests' C subscriber and publisher
+#   libfastrtps-dev     the tests' Fast DDS participant (RTPS interop with another implementation)
 set -euo pipefail
 missing=()
 command -v clang-format >/dev/null || missing+=(clang-format)
@@ -13,6 +15,8 @@ command -v ffmpeg >/dev/null || missing+=(ffmpeg)
 /usr/bin/python3 -c 'import zmq' 2>/dev/null || missing+=(python3-zmq)
 /usr/bin/python3 -c 'import jsonschema' 2>/dev/null || missing+=(python3-jsonschema)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -f /usr/include/dds/dds.h ] || missing+=(cyclonedds-dev)
+[ -f /usr/include/fastdds/dds/domain/DomainParticipantFactory.hpp ] || missing+=(libfastrtps-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 install="apt-get install -y -qq --no-install-recommends ${missing[*]}"
 if [ "$(id -u)" = 0 ]; then
