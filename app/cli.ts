@@ -285,6 +285,9 @@ bench
     int('--step-tokens'),
   )
   .option('--no-jump-forward', "decode the grammar's forced tokens one per step (keeps the batch's shape, so llama.cpp reuses its graph)")
+  .option('--no-ceiling', "skip the engine's ceiling for the run's shape, measured after the run (ceiling_actions_per_s, ceiling_share)")
+  .option('--ceiling-ubatch <n>', 'prefill ubatch of the ceiling at most (default 4096; it is min(this, N×P))', int('--ceiling-ubatch'))
+  .option('--peer', 'also measure the ceiling with llama-batched-bench from the same llama.cpp build')
   .option('--json', 'print JSON')
   .action(async (opts) => {
     const { benchCameras } = await import('./bench/cameras.ts');

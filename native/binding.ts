@@ -184,6 +184,19 @@ export interface NativeBatchCounts {
   readonly predictedMiss: boolean;
 }
 
+export interface NativeCeilingOptions {
+  readonly sequences: number;
+  readonly promptTokens: number;
+  readonly steps: number;
+  readonly repeats: number;
+}
+
+/** Per repeat: the ms of every prompt's prefill, and of every decode step together. */
+export interface NativeCeilingTimes {
+  readonly prefillMs: number[];
+  readonly decodeMs: number[];
+}
+
 export declare class NativeContext {
   private constructor();
   static create(model: NativeModel, options: NativeContextOptions): Promise<NativeContext>;
@@ -203,6 +216,8 @@ export declare class NativeContext {
   shapeGraphShapes(): number;
   /** Several sequences: the ms admission would predict for a request with this deadline submitted now (0: none). */
   predictedMs(deadlineNs?: bigint, reservedAhead?: number): number;
+  /** Times raw decodes of one shape, as llama-batched-bench does (native/src/batch.h timeCeiling). */
+  measureCeiling(options: NativeCeilingOptions): Promise<NativeCeilingTimes>;
   /** Creates the speculator's state off the JS thread (the KV cache starts empty afterwards). */
   attachSpeculator(draftModel: NativeModel | null, options: NativeSpeculatorOptions): Promise<{ type: SpeculatorType; nMax: number }>;
   detachSpeculator(): void;

@@ -20,6 +20,7 @@ import {
   type NativeStopReason,
   type NativeTimings,
   type NativeBatchCounts,
+  type NativeCeilingTimes,
   type SpeculatorType,
 } from './binding.ts';
 
@@ -468,6 +469,17 @@ export interface GenerateOptions {
   readonly seq?: number;
 }
 
+export interface CeilingOptions {
+  readonly sequences: number;
+  readonly promptTokens: number;
+  /** Decode steps of one token per sequence after the prompts. */
+  readonly steps: number;
+  /** Timed runs (default 3). */
+  readonly repeats?: number;
+}
+
+export type CeilingTimes = NativeCeilingTimes;
+
 export interface GenerateResult {
   readonly text: string;
   readonly tokens: readonly number[];
@@ -532,6 +544,7 @@ export class LlamaContext {
   #running: Promise<unknown> | undefined;
   /** Several sequences: the generation running on each. */
   readonly #sequences = new Map<number, Promise<unknown>>();
+  #measuring: Promise<unknown> | undefined;
   #speculator: LlamaSpeculator | undefined;
   #disposed = false;
 
@@ -705,6 +718,33 @@ export class LlamaContext {
     }
   }
 
+  /**
+   * Times raw decodes of one shape on this context, as llama-batched-bench times them, without sampling.
+   * Per repeat: `sequences` prompts of `promptTokens` random tokens, decoded in nBatch chunks, then
+   * `steps` steps of one token per sequence; one unrecorded run goes first. It needs no generation in
+   * flight, and leaves every sequence's KV cache empty.
+   */
+  async measureCeiling(options: CeilingOptions): Promise<CeilingTimes> {
+    const native = this.#live();
+    const o = plainObject('options', options);
+    knownKeys('options', o, ['sequences', 'promptTokens', 'steps', 'repeats']);
+    const sequences = intIn('options.sequences', options.sequences, 1, this.info.nSeq);
+    const promptTokens = intIn('options.promptTokens', options.promptTokens, 1, this.info.nCtxSeq);
+    const steps = intIn('options.steps', options.steps, 0, this.info.nCtxSeq - promptTokens);
+    const repeats = options.repeats === undefined ? 3 : intIn('options.repeats', options.repeats, 1, 1000);
+    if (this.#running || this.#sequences.size > 0 || this.#measuring) throw coded('EBUSY', 'LlamaContext is busy');
+    const stack = new Error();
+    const measuring = native.measureCeiling({ sequences, promptTokens, steps, repeats });
+    this.#measuring = measuring;
+    try {
+      return await measuring;
+    } catch (err) {
+      throw graft(err, stack);
+    } finally {
+      this.#measuring = undefined;
+    }
+  }
+
   /** Evaluates the prompt only (fills the KV cache; later calls reuse it). */
   async evaluate(prompt: readonly PromptSegment[], options: Pick<GenerateOptions, 'signal' | 'deadlineNs'> = {}): Promise<GenerateResult> {
     return this.generate(prompt, { maxTokens: 0, ...options });
@@ -777,6 +817,7 @@ export class LlamaContext {
       this.#native.cancel();
       await Promise.all([...this.#sequences.values()].map((p) => p.catch(() => undefined)));
     }
+    await this.#measuring?.catch(() => undefined);
     this.#speculator = undefined;
     this.#native.dispose();
     this.#disposed = true;

@@ -3,19 +3,23 @@
 // The cameras are test-pattern sources started together, like a synchronised rig whose frames arrive at once.
 // That is the encoder's best case for batching and the decoder's worst case for bursts.
 // Edges are 'latest' and the ladder is off. A frame that would miss its deadline is cancelled and counted.
+// After the run, the engine's ceiling for the same shape is measured on the same model and device (ceiling.ts).
 import { pbkdf2 } from 'node:crypto';
 import { loadavg } from 'node:os';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { RealClock } from '../../pipeline/clock.ts';
-import { loadConfig } from '../../pipeline/config.ts';
+import { loadConfig, type PerceptConfig } from '../../pipeline/config.ts';
 import type { LatencyStats } from '../../pipeline/telemetry/events.ts';
 import { loadActionSchema } from '../../nodes/action-schema.ts';
 import type { CameraFrame } from '../../nodes/payloads.ts';
 import type { FrameSource } from '../../pipeline/types.ts';
+import { cudaGraphsWanted } from '../../nodes/decoder.ts';
+import { resolveModel } from '../../models/resolve.ts';
+import { ceilingShare, measureEngineCeiling, type EngineCeiling } from './ceiling.ts';
 import { encoderSection } from './frame.ts';
 import { asCamera, createCameraGroup, createCameraStages } from '../run/cameras.ts';
 import { createSource } from '../run/stages.ts';
-import { quantile } from '../stats.ts';
+import { median, quantile } from '../stats.ts';
 
 export interface BenchCamerasOptions {
   readonly cameras: number;
@@ -42,6 +46,12 @@ export interface BenchCamerasOptions {
   readonly jumpForward?: boolean;
   /** decoder.stepTokens, tokens per camera and decode step, padded. Default: the config's, where 1 means no padding. */
   readonly stepTokens?: number;
+  /** Measure the engine's ceiling for the run's shape after it (default true). */
+  readonly ceiling?: boolean;
+  /** Prefill ubatch of the ceiling at most (default CEILING_UBATCH). */
+  readonly ceilingUbatch?: number;
+  /** Also measure the ceiling with llama-batched-bench from the same llama.cpp build. */
+  readonly peer?: boolean;
 }
 
 export interface CameraBenchRow {
@@ -78,6 +88,15 @@ export interface BenchCamerasResult {
   readonly actions_per_s: number;
   /** Tokens generated per second over all cameras (cancelled frames' tokens included). */
   readonly tokens_per_s: number;
+  /** What the engine can serve of this shape: N / (prefill of N×P tokens + D steps of N sequences), at most
+   * cameras × fps (ceiling.ts). Null when not measured, or when no frame completed to give P and D. */
+  readonly ceiling_actions_per_s: number | null;
+  /** The same, not capped by the offered rate. */
+  readonly ceiling_actions_per_s_uncapped: number | null;
+  /** actions_per_s / ceiling_actions_per_s. */
+  readonly ceiling_share: number | null;
+  /** The ceiling's shape and times (and llama-batched-bench's, with --peer). */
+  readonly ceiling: EngineCeiling | null;
   /** Frames dropped at each stage's entry or in it, by reason. A predicted miss before preprocess
    * saves the encoder and decoder work, one in decode only the decode. */
   readonly dropped_by_stage: Readonly<Record<string, Readonly<Record<string, number>>>>;
@@ -202,6 +221,9 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
   const outcomes = { completed: 0, predicted_miss: 0, deadline: 0, cancelled: 0 };
   let wastedTokens = 0;
   let wastedPrefills = 0;
+  // The ceiling's shape: positions each decoded frame prefilled, and each completed action's tokens.
+  const prefilledPositions: number[] = [];
+  const actionTokens: number[] = [];
   group.events.subscribe((event) => {
     if (event.type !== 'note' || event.message !== 'decode' || !event.data) return;
     const stop = event.data.stopReason;
@@ -210,7 +232,12 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       outcomes[stop] += 1;
       wastedTokens += Number(event.data.tokens ?? 0);
       if (Number(event.data.prefillMs ?? 0) > 0) wastedPrefills += 1;
-    } else outcomes.completed += 1;
+    } else {
+      outcomes.completed += 1;
+      actionTokens.push(Number(event.data.tokens ?? 0));
+    }
+    const prefilled = Number(event.data.promptTokens ?? 0) - Number(event.data.reusedTokens ?? 0);
+    if (event.data.predictedMiss !== true && prefilled > 0) prefilledPositions.push(prefilled);
     tokens += Number(event.data.tokens ?? 0);
     steps += Number(event.data.steps ?? 0);
     graphReuses += Number(event.data.graphReuses ?? 0);
@@ -241,6 +268,10 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
   const pick = (q: 'p50Ms' | 'p99Ms') => Object.fromEntries(Object.entries(summary.stages).map(([name, s]) => [name, s[q]]));
   const enc = stages.encoderStats();
   const round = (x: number): number => Math.round(x * 1000) / 1000;
+  const actionsPerS = durationS > 0 ? round(summary.frames.out / durationS) : 0;
+  // The offered rate: cameras × fps, or what the sources sent over the run's duration where that is more.
+  const offeredPerS = Math.max(n * fps, durationS > 0 ? summary.frames.in / durationS : 0);
+  const ceiling = opts.ceiling === false ? null : await measureCeilingOf(config, n, offeredPerS, opts, prefilledPositions, actionTokens);
   return {
     cameras: n,
     fps,
@@ -254,8 +285,12 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     e2e_ms_p99: p(summary.endToEnd, 'p99Ms'),
     frames_in: summary.frames.in,
     frames_out: summary.frames.out,
-    actions_per_s: durationS > 0 ? round(summary.frames.out / durationS) : 0,
+    actions_per_s: actionsPerS,
     tokens_per_s: durationS > 0 ? round(tokens / durationS) : 0,
+    ceiling_actions_per_s: ceiling?.actions_per_s ?? null,
+    ceiling_actions_per_s_uncapped: ceiling?.actions_per_s_uncapped ?? null,
+    ceiling_share: ceilingShare(actionsPerS, ceiling?.actions_per_s ?? null),
+    ceiling,
     dropped_by_stage: summary.drops.byStage as Record<string, Record<string, number>>,
     stages_ms_p50: pick('p50Ms'),
     stages_ms_p99: pick('p99Ms'),
@@ -274,4 +309,36 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     prefill_chunk: config.batching.prefillChunk,
     host,
   };
+}
+
+/** The engine's ceiling for the run's shape: P is the median positions a decoded frame prefilled (image rows
+ * included; a prefix cached from the camera's previous frame is not prefilled again), D the mean completed
+ * action's tokens, rounded up. Null without a completed action. */
+async function measureCeilingOf(
+  config: PerceptConfig,
+  cameras: number,
+  offeredPerS: number,
+  opts: BenchCamerasOptions,
+  prefilledPositions: readonly number[],
+  actionTokens: readonly number[],
+): Promise<EngineCeiling | null> {
+  const completed = actionTokens.filter((t) => t > 0);
+  if (prefilledPositions.length === 0 || completed.length === 0) return null;
+  const { decoder } = config;
+  return measureEngineCeiling({
+    model: await resolveModel(decoder.model, 'decoder'),
+    gpuLayers: decoder.gpuLayers,
+    cameras,
+    promptTokens: Math.round(median(prefilledPositions)),
+    actionTokens: Math.ceil(completed.reduce((a, b) => a + b, 0) / completed.length),
+    offeredPerS,
+    nCtx: decoder.nCtx,
+    kvType: decoder.kvType,
+    kvUnified: config.batching.kvUnified,
+    threads: decoder.threads,
+    graphSlots: decoder.graphSlots,
+    shapeGraphs: decoder.gpuLayers > 0 && cudaGraphsWanted(decoder),
+    ...(opts.ceilingUbatch !== undefined ? { ubatch: opts.ceilingUbatch } : {}),
+    ...(opts.peer ? { peer: true } : {}),
+  });
 }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <stdexcept>
+#include <string>
 
 namespace percept {
 
@@ -831,6 +833,52 @@ void BatchScheduler::syncPositions(int32_t seq) {
     int32_t n = 0;
     for (const CacheItem & c : caches_[size_t(seq)]) n += c.positions();
     positions_[size_t(seq)].store(n, std::memory_order_relaxed);
+}
+
+// ------------------------------------------------------------------------------------------------
+// The engine's ceiling (batch.h), as llama-batched-bench's loop over one (pp, tg, pl).
+
+CeilingTimes timeCeiling(llama_context * ctx, int32_t nSeq, int32_t promptTokens, int32_t steps, int32_t repeats) {
+    const auto nVocab = uint32_t(llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx))));
+    const int32_t nBatch = int32_t(llama_n_batch(ctx));
+    TokenBatch batch(std::max(nBatch, nSeq));
+    uint32_t state = 1;
+    const auto randomToken = [&]() {
+        state = state * 1664525u + 1013904223u;  // an LCG: any token ids do
+        return llama_token((state >> 8) % nVocab);
+    };
+    const auto decode = [&](const char * what) {
+        const int32_t rc = llama_decode(ctx, batch.b);
+        if (rc != 0) throw std::runtime_error(std::string("ceiling: llama_decode failed in the ") + what + " (" + std::to_string(rc) + ")");
+        batch.clear();
+    };
+    llama_memory_t memory = llama_get_memory(ctx);
+    CeilingTimes times;
+    for (int32_t r = -1; r < repeats; r++) {
+        llama_memory_clear(memory, false);
+        const int64_t t0 = monotonicNs();
+        batch.clear();
+        for (int32_t s = 0; s < nSeq; s++) {
+            for (int32_t i = 0; i < promptTokens; i++) {
+                batch.add(randomToken(), i, i == promptTokens - 1, s);
+                if (batch.b.n_tokens == nBatch) decode("prefill");
+            }
+        }
+        if (batch.b.n_tokens > 0) decode("prefill");
+        llama_synchronize(ctx);
+        const int64_t t1 = monotonicNs();
+        for (int32_t d = 0; d < steps; d++) {
+            for (int32_t s = 0; s < nSeq; s++) batch.add(randomToken(), promptTokens + d, true, s);
+            decode("decode step");
+            llama_synchronize(ctx);
+        }
+        const int64_t t2 = monotonicNs();
+        if (r < 0) continue;  // the warm-up: first touch of the weights, graph allocation
+        times.prefillMs.push_back(msBetween(t0, t1));
+        times.decodeMs.push_back(msBetween(t1, t2));
+    }
+    llama_memory_clear(memory, false);
+    return times;
 }
 
 }  // namespace percept

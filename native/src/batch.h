@@ -69,6 +69,16 @@ struct SeqJob {
     const char * errorCode = nullptr;  // e.g. ERANGE; null: the default
 };
 
+// The engine's ceiling for one shape, timed as llama-batched-bench times it, without sampling.
+// Each repeat clears the KV cells, decodes nSeq prompts of promptTokens random tokens in n_batch chunks,
+// then `steps` steps of one token per sequence. One unrecorded run goes first.
+// Context thread only, with no request in flight; it leaves the KV cells empty.
+struct CeilingTimes {
+    std::vector<double> prefillMs;  // per repeat: every prompt
+    std::vector<double> decodeMs;   // per repeat: every step
+};
+CeilingTimes timeCeiling(llama_context * ctx, int32_t nSeq, int32_t promptTokens, int32_t steps, int32_t repeats);
+
 class BatchScheduler {
 public:
     using Done = std::function<void(std::unique_ptr<SeqJob>)>;

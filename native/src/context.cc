@@ -259,6 +259,48 @@ const std::vector<std::string> kSpecTypes = {"draft-simple", "draft-mtp", "ngram
 
 }  // namespace
 
+// measureCeiling: llama-batched-bench's timing of one shape on this context (timeCeiling, batch.h).
+class CeilingWorker : public ThreadWorker {
+public:
+    CeilingWorker(Napi::Env env, Context * ctx, int32_t nSeq, int32_t promptTokens, int32_t steps, int32_t repeats)
+        : ThreadWorker(env, "percept:Context.measureCeiling", "ECEILING"), ctxRef_(Napi::Persistent(ctx->Value())), ctx_(ctx), nSeq_(nSeq),
+          promptTokens_(promptTokens), steps_(steps), repeats_(repeats) {}
+
+protected:
+    void Execute() override {
+        try {
+            times_ = timeCeiling(ctx_->raw(), nSeq_, promptTokens_, steps_, repeats_);
+        } catch (const std::exception & e) {
+            SetError(e.what());
+        }
+    }
+    void OnOK() override {
+        Napi::Env env = Env();
+        ctx_->forgetCaches();
+        ctx_->releaseBusy();
+        const auto array = [&](const std::vector<double> & v) {
+            Napi::Array a = Napi::Array::New(env, v.size());
+            for (size_t i = 0; i < v.size(); i++) a.Set(uint32_t(i), v[i]);
+            return a;
+        };
+        Napi::Object o = Napi::Object::New(env);
+        o.Set("prefillMs", array(times_.prefillMs));
+        o.Set("decodeMs", array(times_.decodeMs));
+        deferred_.Resolve(o);
+    }
+    void OnError(const Napi::Error & e) override {
+        ctx_->forgetCaches();
+        ctx_->releaseBusy();
+        ThreadWorker::OnError(e);
+    }
+
+private:
+    Napi::ObjectReference ctxRef_;
+    Context * ctx_;
+    int32_t nSeq_, promptTokens_, steps_, repeats_;
+    CeilingTimes times_;
+};
+
 class AttachWorker : public ThreadWorker {
 public:
     AttachWorker(Napi::Env env, Context * ctx, Napi::Value draftObj, Model * draft, SpecOptions opts)
@@ -477,6 +519,7 @@ Napi::Function Context::Init(Napi::Env env) {
                            InstanceMethod<&Context::CachedPositions>("cachedPositions"),
                            InstanceMethod<&Context::ShapeGraphShapes>("shapeGraphShapes"),
                            InstanceMethod<&Context::PredictedMs>("predictedMs"),
+                           InstanceMethod<&Context::MeasureCeiling>("measureCeiling"),
                            InstanceMethod<&Context::AttachSpeculator>("attachSpeculator"),
                            InstanceMethod<&Context::DetachSpeculator>("detachSpeculator"),
                            InstanceMethod<&Context::Dispose>("dispose"),
@@ -662,6 +705,7 @@ Napi::Value Context::GenerateOnSequence(const Napi::CallbackInfo & info, std::ve
                                         GrammarInstance grammar, Napi::Object grammarObj) {
     Napi::Env env = info.Env();
     const int32_t seq = requireSeq(info[1].As<Napi::Object>().Get("seq"), "generate options.seq");
+    if (busy_.load()) throw codedError(env, "EBUSY", "Context is busy: measureCeiling runs on it");
     if (seqJobs_[size_t(seq)] != nullptr) {
         throw codedError(env, "EBUSY", "sequence " + std::to_string(seq) + " is busy: one generation at a time per sequence");
     }
@@ -767,6 +811,40 @@ Napi::Value Context::PredictedMs(const Napi::CallbackInfo & info) {
         reservedAhead = int32_t(n);
     }
     return Napi::Number::New(info.Env(), native_->batch ? native_->batch->predictedMs(deadlineNs, reservedAhead) : 0.0);
+}
+
+// measureCeiling({ sequences, promptTokens, steps, repeats }): times raw decodes of that shape (timeCeiling, batch.h).
+// Only with no request in flight; every sequence's KV cells and prompt cache are empty afterwards.
+Napi::Value Context::MeasureCeiling(const Napi::CallbackInfo & info) {
+    Napi::Env env = info.Env();
+    if (!native_) throw codedError(env, "EDISPOSED", "Context is disposed");
+    Napi::Object o = requireObject(info[0], "measureCeiling options");
+    const auto nSeq = int32_t(requireInt(o, "sequences", 1, llama_n_seq_max(raw()), "measureCeiling"));
+    const auto promptTokens = int32_t(requireInt(o, "promptTokens", 1, 1 << 24, "measureCeiling"));
+    const auto steps = int32_t(requireInt(o, "steps", 0, 1 << 24, "measureCeiling"));
+    const auto repeats = int32_t(requireInt(o, "repeats", 1, 1000, "measureCeiling"));
+    const int64_t nCtxSeq = native_->batch ? native_->batch->nCtxSeq() : int64_t(llama_n_ctx_seq(raw()));
+    if (int64_t(promptTokens) + steps > nCtxSeq) {
+        throw Napi::RangeError::New(env,
+                                    "measureCeiling: promptTokens + steps (" + std::to_string(promptTokens + steps) +
+                                        ") exceed the KV positions of one sequence (" + std::to_string(nCtxSeq) + ")");
+    }
+    if (inFlight_ > 0) throw codedError(env, "EBUSY", "Context is busy: measureCeiling needs no request in flight");
+    acquire(env);
+    auto * worker = new CeilingWorker(env, this, nSeq, promptTokens, steps, repeats);
+    Napi::Promise p = worker->promise();
+    worker->Queue(*native_->thread);
+    return p;
+}
+
+void Context::forgetCaches() {
+    if (!native_) return;
+    if (native_->batch) {
+        for (uint32_t seq = 0; seq < opts_.nSeq; seq++) native_->batch->clear(int32_t(seq));
+        return;
+    }
+    if (native_->spec) native_->spec->truncate(0);
+    cache_.clear();
 }
 
 // attachSpeculator(draftModel | null, options): creates the draft state off the JS thread; the

@@ -100,6 +100,7 @@ public:
 
 private:
     friend class AttachWorker;
+    friend class CeilingWorker;
     friend class StopScope;
 
     Napi::Value Info(const Napi::CallbackInfo & info);
@@ -110,6 +111,7 @@ private:
     Napi::Value CachedPositions(const Napi::CallbackInfo & info);
     Napi::Value ShapeGraphShapes(const Napi::CallbackInfo & info);
     Napi::Value PredictedMs(const Napi::CallbackInfo & info);
+    Napi::Value MeasureCeiling(const Napi::CallbackInfo & info);
     Napi::Value AttachSpeculator(const Napi::CallbackInfo & info);
     Napi::Value DetachSpeculator(const Napi::CallbackInfo & info);
     Napi::Value Dispose(const Napi::CallbackInfo & info);
@@ -117,6 +119,8 @@ private:
     // llama.cpp calls it after every graph node (on one of its threads): one relaxed load.
     static bool abortCallback(void * data);
     void freeNative();
+    // After raw decodes (measureCeiling): no sequence's prompt cache holds what the KV cells had.
+    void forgetCaches();
 
     std::unique_ptr<ContextNative> native_;  // null once disposed
     Model * model_ = nullptr;

@@ -1,0 +1,63 @@
+// `percept bench cameras` as a user runs it, on the tiny decoder with the projection encoder: its JSON and its printed table carry the
+// engine's ceiling for the run's shape (ceiling_actions_per_s raw and capped, ceiling_share), positive and
+// finite, with share = actions/s ÷ the capped ceiling. No speed is asserted: the machine may be loaded.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { describe, test } from 'node:test';
+import type { BenchCamerasResult } from '../../../app/bench/cameras.ts';
+import { ceilingActionsPerS } from '../../../app/bench/ceiling.ts';
+import { REPO_ROOT } from '../../support/fixtures.ts';
+
+const run = promisify(execFile);
+const ARGS = ['--cameras', '2', '--fps', '4', '--seconds', '2', '--image-tokens', '70', '--budget-ms', '2000'];
+
+async function benchCameras(extra: string[]): Promise<string> {
+  const { stdout } = await run(process.execPath, ['--import', 'tsx', 'app/cli.ts', 'bench', 'cameras', ...ARGS, ...extra], {
+    cwd: REPO_ROOT,
+    timeout: 300_000,
+    maxBuffer: 16 << 20,
+  });
+  return stdout;
+}
+
+const positive = (x: unknown, what: string): number => {
+  assert.ok(typeof x === 'number' && Number.isFinite(x) && x > 0, `${what} is ${String(x)}`);
+  return x;
+};
+
+describe('bench cameras: the engine ceiling', () => {
+  test('the JSON has the ceiling, raw and capped, and actions/s as a share of it', async () => {
+    const r = JSON.parse(await benchCameras(['--json'])) as BenchCamerasResult;
+    const capped = positive(r.ceiling_actions_per_s, 'ceiling_actions_per_s');
+    const raw = positive(r.ceiling_actions_per_s_uncapped, 'ceiling_actions_per_s_uncapped');
+    const share = positive(r.ceiling_share, 'ceiling_share');
+    const c = r.ceiling!;
+    for (const key of ['prompt_tokens', 'action_tokens', 'ubatch', 'prefill_ms', 'step_ms', 'prefill_tok_per_s', 'offered_per_s'] as const)
+      positive(c[key], `ceiling.${key}`);
+    assert.equal(c.cameras, 2);
+    assert.ok(c.prompt_tokens > 70, 'a frame prefills its image rows and its text');
+    assert.ok(c.offered_per_s >= 2 * 4, 'the offered rate is at least cameras × fps');
+    assert.equal(c.actions_per_s, capped);
+    assert.equal(c.actions_per_s_uncapped, raw);
+    // The formula, to the figures' rounding.
+    const formula = ceilingActionsPerS(c.cameras, c.prefill_ms, c.step_ms, c.action_tokens);
+    assert.ok(Math.abs(formula - raw) <= 1e-3 * Math.max(1, raw), `${formula} against ${raw}`);
+    assert.ok(Math.abs(capped - Math.min(raw, c.offered_per_s)) <= 1e-3, `capped ${capped}, raw ${raw}, offered ${c.offered_per_s}`);
+    assert.ok(Math.abs(share - r.actions_per_s / capped) <= 1e-3, `share ${share} against ${r.actions_per_s} / ${capped}`);
+  });
+
+  test('the printed table has the same fields', async () => {
+    const table = await benchCameras([]);
+    const line = (key: string): number => {
+      const found = table.split('\n').find((l) => l.startsWith(`${key} `));
+      assert.ok(found, `no line ${key} in:\n${table}`);
+      return Number(found.slice(key.length).trim());
+    };
+    const share = positive(line('ceiling_share'), 'ceiling_share');
+    const capped = positive(line('ceiling_actions_per_s'), 'ceiling_actions_per_s');
+    positive(line('ceiling_actions_per_s_uncapped'), 'ceiling_actions_per_s_uncapped');
+    // The table prints three decimals.
+    assert.ok(Math.abs(share - line('actions_per_s') / capped) <= 2e-3 * Math.max(1, share));
+  });
+});
