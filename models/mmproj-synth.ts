@@ -239,25 +239,15 @@ export interface SynthesizeMmprojResult {
   readonly ms: number;
 }
 
-/** Writes the mmproj GGUF of a vision preset with the weights `synthesizeVision` would put in the ONNX. */
-export async function synthesizeMmproj(opts: SynthesizeMmprojOptions): Promise<SynthesizeMmprojResult> {
-  if (typeof opts?.out !== 'string' || opts.out.length === 0) throw new TypeError('synthesizeMmproj: out must be a file path');
-  const base = mmprojVisionPreset(opts.preset);
-  const preset = visionPreset(base);
-  const seed = opts.seed ?? 0;
-  if (!Number.isInteger(seed) || seed < 0) throw new RangeError(`synthesizeMmproj: seed must be a non-negative integer, got ${seed}`);
-  const dtype = opts.dtype ?? 'f32';
-  if (dtype !== 'f32' && dtype !== 'f16') throw new RangeError(`synthesizeMmproj: dtype must be 'f32' or 'f16', got ${String(dtype)}`);
-  const t0 = performance.now();
-  const spec = preset.spec;
-  const projectorType = preset.contract === 'gemma3' ? 'gemma3' : 'gemma4v';
-
+/** A clip GGUF writer with the KVs llama.cpp's converter writes for this vision spec; tensors not yet added. */
+function mmprojWriter(spec: SiglipSpec | Gemma4VisionSpec, meta: { name: string; description: string; dtype: MmprojDtype }): GGUFWriter {
   const g = new GGUFWriter();
+  const projectorType = spec.kind === 'siglip' ? 'gemma3' : 'gemma4v';
   g.set('general.architecture', str('clip'));
   g.set('general.type', str('mmproj'));
-  g.set('general.name', str(`percept-synth-${preset.name}`));
-  g.set('general.description', str(`synthetic ${preset.contract} vision encoder (${preset.description}), seed ${seed}; random weights`));
-  g.set('general.file_type', u32(dtype === 'f16' ? 1 : 0));
+  g.set('general.name', str(meta.name));
+  g.set('general.description', str(meta.description));
+  g.set('general.file_type', u32(meta.dtype === 'f16' ? 1 : 0));
   g.set('clip.has_vision_encoder', bool(true));
   // The Gemma 4 converter writes the mixed-modality key; the loader reads either.
   g.set(projectorType === 'gemma3' ? 'clip.projector_type' : 'clip.vision.projector_type', str(projectorType));
@@ -277,6 +267,27 @@ export async function synthesizeMmproj(opts: SynthesizeMmprojOptions): Promise<S
   // clip.cpp's defaults are 4 (gemma3) and 3 (gemma4v); written only when different, like the converter.
   const defaultMerge = spec.kind === 'siglip' ? 4 : 3;
   if (spec.poolKernel !== defaultMerge) g.set('clip.vision.projector.scale_factor', u32(spec.poolKernel));
+  return g;
+}
+
+/** Writes the mmproj GGUF of a vision preset with the weights `synthesizeVision` would put in the ONNX. */
+export async function synthesizeMmproj(opts: SynthesizeMmprojOptions): Promise<SynthesizeMmprojResult> {
+  if (typeof opts?.out !== 'string' || opts.out.length === 0) throw new TypeError('synthesizeMmproj: out must be a file path');
+  const base = mmprojVisionPreset(opts.preset);
+  const preset = visionPreset(base);
+  const seed = opts.seed ?? 0;
+  if (!Number.isInteger(seed) || seed < 0) throw new RangeError(`synthesizeMmproj: seed must be a non-negative integer, got ${seed}`);
+  const dtype = opts.dtype ?? 'f32';
+  if (dtype !== 'f32' && dtype !== 'f16') throw new RangeError(`synthesizeMmproj: dtype must be 'f32' or 'f16', got ${String(dtype)}`);
+  const t0 = performance.now();
+  const spec = preset.spec;
+  const projectorType = preset.contract === 'gemma3' ? 'gemma3' : 'gemma4v';
+
+  const g = mmprojWriter(spec, {
+    name: `percept-synth-${preset.name}`,
+    description: `synthetic ${preset.contract} vision encoder (${preset.description}), seed ${seed}; random weights`,
+    dtype,
+  });
   g.set('percept.preset', str(preset.name));
   g.set('percept.seed', u32(seed));
 
@@ -314,4 +325,30 @@ export async function synthesizeMmproj(opts: SynthesizeMmprojOptions): Promise<S
     outHidden: spec.outHidden,
     ms: performance.now() - t0,
   };
+}
+
+export interface WriteGemma4MmprojOptions {
+  readonly spec: Gemma4VisionSpec;
+  /** The vision weights by their vision-synth names (models/vision-synth.ts visionWeightSpecs). */
+  readonly get: (name: string) => Float32Array;
+  readonly out: string;
+  readonly name: string;
+  readonly description: string;
+  /** Extra KVs that say what made the file. */
+  readonly stamp: Readonly<Record<string, string>>;
+}
+
+/** Writes a gemma4v mmproj with given weights in F32, so clip computes with exactly the ONNX encoder's values. */
+export async function writeGemma4Mmproj(opts: WriteGemma4MmprojOptions): Promise<{ path: string; bytes: number }> {
+  const g = mmprojWriter(opts.spec, { name: opts.name, description: opts.description, dtype: 'f32' });
+  for (const [k, v] of Object.entries(opts.stamp)) g.set(k, str(v));
+  const plan = gemma4Plan(opts.spec);
+  for (const t of plan) g.addTensor({ name: t.name, type: GGMLType.F32, shape: t.ne });
+  const byName = new Map(plan.map((t) => [t.name, t]));
+  mkdirSync(dirname(resolve(opts.out)), { recursive: true });
+  const written = await g.write(opts.out, function* (t) {
+    const values = byName.get(t.name)!.values(opts.get);
+    yield new Uint8Array(values.buffer, values.byteOffset, values.byteLength);
+  });
+  return { path: opts.out, bytes: written.bytes };
 }

@@ -321,7 +321,7 @@ const PRESETS: Readonly<Record<string, Preset>> = {
 // Tensor plan
 
 /** A tensor before a storage type is chosen. `values` = fixed F32 contents (norms, scales, rope_freqs). */
-interface TensorDef {
+export interface TensorDef {
   readonly name: string;
   readonly shape: readonly number[];
   readonly values?: (i: number) => number;
@@ -429,7 +429,8 @@ function ropeFreqs(headDimFull: number, partial: number): TensorDef {
   return { name: 'rope_freqs.weight', shape: [headDimFull / 2], values: (i) => (i < rotated ? 1 : 1e30) };
 }
 
-function tensorDefs(c: ModelConfig): TensorDef[] {
+/** Every tensor of a decoder config in file order, with llama.cpp's names and shapes. */
+export function tensorDefs(c: ModelConfig): TensorDef[] {
   switch (c.arch) {
     case 'gemma4':
       return gemma4Tensors(c);
@@ -486,7 +487,8 @@ export function chooseTypes(
 // ---------------------------------------------------------------------------------------------------------
 // Metadata
 
-function archKVs(c: ModelConfig): [string, GGUFValue][] {
+/** The architecture KVs llama.cpp's loader reads for a decoder config, strictly typed. */
+export function archKVs(c: ModelConfig): [string, GGUFValue][] {
   switch (c.arch) {
     case 'gemma4': {
       const p = 'gemma4.';
@@ -782,11 +784,16 @@ async function checkpointWriter(presetName: string, plan: TensorPlan, wtype: Wei
   w.set(STAMP.seed, u32(seed));
   w.set(STAMP.version, u32(GENERATOR_VERSION));
   for (const [k, v] of archKVs(c)) w.set(k, v);
+  setTokenizer(w, vocab);
+  defs.forEach((d, i) => w.addTensor({ name: d.name, type: types[i]!, shape: d.shape }));
+  return w;
+}
+
+/** Copies the Gemma 4 tokenizer's KVs verbatim from the vocab file into a writer. */
+export function setTokenizer(w: GGUFWriter, vocab: GGUFFile): void {
   const tokenizerKvs = vocab.kvs.filter((kv) => kv.key.startsWith('tokenizer.'));
   if (tokenizerKvs.length === 0) throw new Error(`vocab file has no tokenizer.* keys`);
   for (const kv of tokenizerKvs) w.set(kv.key, kv.asValue());
-  defs.forEach((d, i) => w.addTensor({ name: d.name, type: types[i]!, shape: d.shape }));
-  return w;
 }
 
 /**

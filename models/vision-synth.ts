@@ -263,12 +263,15 @@ function buildSiglip(g: OnnxGraphBuilder, spec: SiglipSpec, seed: number): void 
   g.output('image_features', 'float', ['batch', tokens, spec.outHidden], x);
 }
 
-function buildGemma4(g: OnnxGraphBuilder, spec: Gemma4VisionSpec, seed: number): void {
+/** The values of each weight: seeded random ones, or a trained checkpoint's. */
+export type VisionWeightSource = (ws: WeightSpec) => Float32Array;
+
+function buildGemma4(g: OnnxGraphBuilder, spec: Gemma4VisionSpec, weightOf: VisionWeightSource): void {
   const h = spec.hidden;
   const hd = h / spec.heads;
   if (hd % 4 !== 0) throw new RangeError(`gemma4 vision: head dim ${hd} must be divisible by 4 (2-D RoPE halves)`);
   const patchDim = spec.patchSize * spec.patchSize * 3;
-  const W = new Map(visionWeightSpecs(spec).map((s) => [s.name, g.weight(s.name, s.dims, () => weightValues(s, seed))]));
+  const W = new Map(visionWeightSpecs(spec).map((s) => [s.name, g.weight(s.name, s.dims, () => weightOf(s))]));
   const get = (name: string): string => {
     const v = W.get(name);
     if (!v) throw new Error(`vision-synth: no weight ${name}`);
@@ -394,7 +397,7 @@ export function synthesizeVision(opts: SynthesizeVisionOptions): SynthesizeVisio
     docString: `synthetic ${preset.contract} vision encoder (${preset.description}), seed ${seed}; random weights`,
   });
   if (preset.spec.kind === 'siglip') buildSiglip(g, preset.spec, seed);
-  else buildGemma4(g, preset.spec, seed);
+  else buildGemma4(g, preset.spec, (ws) => weightValues(ws, seed));
   mkdirSync(dirname(resolve(opts.out)), { recursive: true });
   // Write the .onnx under a temporary name first, so a crash never leaves a model that looks complete.
   // The data file gets its final name at once, since the model refers to it by base name.
@@ -415,4 +418,25 @@ export function synthesizeVision(opts: SynthesizeVisionOptions): SynthesizeVisio
     outHidden: preset.spec.outHidden,
     ms: performance.now() - t0,
   };
+}
+
+export interface WriteGemma4VisionOptions {
+  readonly spec: Gemma4VisionSpec;
+  readonly weightOf: VisionWeightSource;
+  /** Output .onnx path; written under a temporary name and renamed when complete. */
+  readonly out: string;
+  readonly name: string;
+  readonly docString: string;
+  readonly metadata: Readonly<Record<string, string>>;
+}
+
+/** Writes a Gemma 4 vision encoder (the same graph as the synthetic ones) with given weights. */
+export function writeGemma4VisionOnnx(opts: WriteGemma4VisionOptions): OnnxModelInfo {
+  const g = new OnnxGraphBuilder({ name: opts.name, docString: opts.docString });
+  buildGemma4(g, opts.spec, opts.weightOf);
+  mkdirSync(dirname(resolve(opts.out)), { recursive: true });
+  const tmp = `${opts.out}.tmp-${process.pid}`;
+  const info = g.write(tmp, { externalDataThreshold: 512 * 1024 * 1024, dataPath: `${opts.out}.data`, metadata: { ...opts.metadata } });
+  renameSync(tmp, opts.out);
+  return { ...info, path: opts.out };
 }
