@@ -7,6 +7,7 @@ import { existsSync, statSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { assembleDemoModel } from './demo-model.ts';
 import { mmprojVisionPreset, synthesizeMmproj, type MmprojDtype } from './mmproj-synth.ts';
 import { readGGUF, type GGUFFile } from './gguf.ts';
 import { describeSynthetic, synthesize, type WeightType } from './synth.ts';
@@ -25,6 +26,8 @@ export interface ResolveModelOptions {
 }
 
 const SYNTH = 'synth:';
+/** `demo:NAME`: a trained demo model shipped in models/demo/, assembled into the cache on first use. */
+const DEMO = 'demo:';
 const SPEC = /^synth:([a-z0-9][a-z0-9-]*)(?:@(\d+))?(?:\?(.*))?$/;
 const KEYS: Record<ModelKind, readonly string[]> = { decoder: ['wtype', 'seed'], vision: ['seed'], mmproj: ['dtype', 'seed'] };
 const DEFAULT_SEED: Record<ModelKind, number> = { decoder: 1, vision: 0, mmproj: 0 };
@@ -42,10 +45,11 @@ export async function resolveModel(spec: string, kind: ModelKind, options: Resol
     throw new TypeError(`Expected a non-empty string for the ${kind} model but received ${JSON.stringify(spec)}`);
   if (!(kind in KEYS))
     throw new TypeError(`Expected one of ${Object.keys(KEYS).join(', ')} for the model kind but received ${JSON.stringify(kind)}`);
+  const cacheDir = options.cacheDir ?? MODEL_CACHE;
+  if (spec.startsWith(DEMO)) return assembleDemoModel(spec.slice(DEMO.length), kind, { cacheDir });
   if (!spec.startsWith(SYNTH)) return existingFile(spec, kind);
 
   const { name, seed, params } = parseSynthSpec(spec, kind);
-  const cacheDir = options.cacheDir ?? MODEL_CACHE;
   const progress = options.onProgress ? { onProgress: options.onProgress } : {};
   switch (kind) {
     case 'decoder': {
@@ -77,6 +81,7 @@ export async function resolveModel(spec: string, kind: ModelKind, options: Resol
 export async function describeModel(spec: string): Promise<GGUFFile> {
   if (typeof spec !== 'string' || spec.length === 0)
     throw new TypeError(`Expected a non-empty string for the decoder model but received ${JSON.stringify(spec)}`);
+  if (spec.startsWith(DEMO)) return readGGUF(await resolveModel(spec, 'decoder'));
   if (!spec.startsWith(SYNTH)) return readGGUF(await existingFile(spec, 'decoder'));
   const { name, seed, params } = parseSynthSpec(spec, 'decoder');
   return describeSynthetic({ preset: name, wtype: (params.get('wtype') ?? 'q8_0') as WeightType, seed });

@@ -1,0 +1,320 @@
+// percept's trained demo model: a small Gemma 4 that maps a robot's camera frame to its action.
+// The repository holds its trained weights compactly; the decoder GGUF, the mmproj GGUF and the ONNX
+// encoder are assembled from them on first use, checked by hash. Format and provenance: models/README.md#demo-model
+import { createHash } from 'node:crypto';
+import { createReadStream, existsSync, readFileSync } from 'node:fs';
+import { mkdir, rename, rm } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { GGUFWriter, readGGUF, readTensorData, str, u32, type GGUFFile } from './gguf.ts';
+import { transpose2d, writeGemma4Mmproj } from './mmproj-synth.ts';
+import { CODEC_TYPES, GGMLType, dequantize, ggmlTypeName, type CodecType } from './quant.ts';
+import { archKVs, findGemmaVocab, setTokenizer, tensorDefs, type Gemma4Config } from './synth.ts';
+import { TorchCpuGenerator, torchRandn } from './torch-random.ts';
+import { visionWeightSpecs, writeGemma4VisionOnnx, type Gemma4VisionSpec } from './vision-synth.ts';
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+
+/** The demo models the repository ships, by the name a `demo:` spec uses. */
+export const DEMO_MODELS: Readonly<Record<string, string>> = {
+  'gemma4-robot': join(HERE, 'demo', 'gemma4-robot.weights.gguf'),
+};
+
+export type DemoPart = 'decoder' | 'vision' | 'mmproj';
+
+/** What the weights file says about the model (KV `percept.demo.model`, JSON). */
+export interface DemoModelInfo {
+  readonly format: 'percept-demo-weights/1';
+  readonly text: Gemma4Config;
+  readonly vision: Gemma4VisionSpec;
+  /** Rows of the two vocabulary tables that are not stored are torch.randn(…)·std from this seed. */
+  readonly tables: { readonly seed: number; readonly std: number; readonly vocab: number };
+  /** Soft tokens a frame gets: the budget the model was trained on. */
+  readonly imageTokens: number;
+  /** sha256 of each assembled file; a mismatch is an error, never a silent difference. */
+  readonly sha256: Readonly<Partial<Record<DemoPart, string>>>;
+  /** Where the weights came from: the training run, its steps and data. */
+  readonly provenance: Readonly<Record<string, unknown>>;
+}
+
+const INFO_KEY = 'percept.demo.model';
+/** Tables the checkpoint stores only the trained rows of: [torch name, width]. */
+const TABLES = [
+  ['language_model.embed_tokens.weight', 'token_embd.weight'],
+  ['language_model.embed_tokens_per_layer.weight', 'per_layer_token_embd.weight'],
+] as const;
+const TABLE_IDS = 'tables.ids';
+const tableRowsName = (torchName: string) => `tables.${torchName.split('.')[1]}.rows`;
+
+/** Reads a weights file: its model info and every tensor as f32, dequantized. */
+export class DemoWeights {
+  readonly path: string;
+  readonly info: DemoModelInfo;
+  readonly #file: GGUFFile;
+  readonly #cache = new Map<string, Float32Array>();
+
+  private constructor(path: string, file: GGUFFile, info: DemoModelInfo) {
+    this.path = path;
+    this.#file = file;
+    this.info = info;
+  }
+
+  static async open(path: string): Promise<DemoWeights> {
+    const file = await readGGUF(path);
+    const raw = file.get(INFO_KEY);
+    if (typeof raw !== 'string') throw new Error(`${path}: not a percept demo weights file (no ${INFO_KEY} KV)`);
+    const info = JSON.parse(raw) as DemoModelInfo;
+    if (info.format !== 'percept-demo-weights/1') throw new Error(`${path}: unknown demo weights format ${JSON.stringify(info.format)}`);
+    return new DemoWeights(path, file, info);
+  }
+
+  has(name: string): boolean {
+    return this.#file.tensor(name) !== undefined;
+  }
+
+  /** A tensor's values (row-major, torch's shape), dequantized to f32. */
+  async get(name: string): Promise<Float32Array> {
+    const cached = this.#cache.get(name);
+    if (cached) return cached;
+    const t = this.#file.tensor(name);
+    if (!t) throw new RangeError(`${this.path}: no tensor '${name}'`);
+    if (!(CODEC_TYPES as readonly number[]).includes(t.type))
+      throw new Error(`${this.path}: tensor '${name}' has type ${ggmlTypeName(t.type)}, which cannot be read`);
+    const n = t.shape.reduce((a, b) => a * Number(b), 1);
+    const bytes = await readTensorData(this.path, this.#file, name);
+    const values = dequantize(t.type as CodecType, bytes, n);
+    this.#cache.set(name, values);
+    return values;
+  }
+
+  /** The ids whose table rows were trained and stored. */
+  async tableIds(): Promise<Int32Array> {
+    const t = this.#file.tensor(TABLE_IDS);
+    if (!t || t.type !== GGMLType.I32) throw new Error(`${this.path}: no I32 tensor '${TABLE_IDS}'`);
+    const bytes = await readTensorData(this.path, this.#file, TABLE_IDS);
+    return new Int32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+  }
+
+  /**
+   * Both vocabulary tables in full: torch.randn from the seed, as the trainer drew them, with the trained rows put back.
+   * The order matters: the token table is drawn first, then the per-layer table, from one generator.
+   */
+  async tables(): Promise<Map<string, Float32Array>> {
+    const { seed, std, vocab } = this.info.tables;
+    const g = new TorchCpuGenerator(seed * 1_000_003 + 17);
+    const ids = await this.tableIds();
+    const out = new Map<string, Float32Array>();
+    const widths = [this.info.text.hidden, this.info.text.layers * this.info.text.perLayerInput];
+    for (const [i, [torchName]] of TABLES.entries()) {
+      const width = widths[i]!;
+      const table = torchRandn(vocab * width, g);
+      for (let k = 0; k < table.length; k++) table[k] = Math.fround(table[k]! * std);
+      const rows = await this.get(tableRowsName(torchName));
+      if (rows.length !== ids.length * width)
+        throw new Error(`${this.path}: ${tableRowsName(torchName)} holds ${rows.length} values, not ${ids.length}×${width}`);
+      ids.forEach((id, r) => table.set(rows.subarray(r * width, (r + 1) * width), id * width));
+      out.set(torchName, table);
+    }
+    return out;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Name maps: transformers → llama.cpp (decoder) and → percept's vision graph (models/vision-synth.ts)
+
+const TEXT_LAYER_NAMES: readonly (readonly [string, string])[] = [
+  ['input_layernorm.weight', 'attn_norm.weight'],
+  ['post_attention_layernorm.weight', 'post_attention_norm.weight'],
+  ['self_attn.q_proj.weight', 'attn_q.weight'],
+  ['self_attn.k_proj.weight', 'attn_k.weight'],
+  ['self_attn.v_proj.weight', 'attn_v.weight'],
+  ['self_attn.o_proj.weight', 'attn_output.weight'],
+  ['self_attn.q_norm.weight', 'attn_q_norm.weight'],
+  ['self_attn.k_norm.weight', 'attn_k_norm.weight'],
+  ['pre_feedforward_layernorm.weight', 'ffn_norm.weight'],
+  ['post_feedforward_layernorm.weight', 'post_ffw_norm.weight'],
+  ['mlp.gate_proj.weight', 'ffn_gate.weight'],
+  ['mlp.up_proj.weight', 'ffn_up.weight'],
+  ['mlp.down_proj.weight', 'ffn_down.weight'],
+  ['per_layer_input_gate.weight', 'inp_gate.weight'],
+  ['per_layer_projection.weight', 'proj.weight'],
+  ['post_per_layer_input_norm.weight', 'post_norm.weight'],
+  ['layer_scalar', 'layer_output_scale.weight'],
+];
+
+/** llama.cpp tensor name → transformers name (without `model.`), for every decoder tensor but rope_freqs. */
+export function decoderSourceNames(layers: number): Map<string, string> {
+  const m = new Map<string, string>([
+    ['token_embd.weight', 'language_model.embed_tokens.weight'],
+    ['per_layer_token_embd.weight', 'language_model.embed_tokens_per_layer.weight'],
+    ['per_layer_model_proj.weight', 'language_model.per_layer_model_projection.weight'],
+    ['per_layer_proj_norm.weight', 'language_model.per_layer_projection_norm.weight'],
+    ['output_norm.weight', 'language_model.norm.weight'],
+  ]);
+  for (let i = 0; i < layers; i++) {
+    for (const [hf, gguf] of TEXT_LAYER_NAMES) m.set(`blk.${i}.${gguf}`, `language_model.layers.${i}.${hf}`);
+  }
+  return m;
+}
+
+/** A vision-graph weight from the transformers tensors: linears transposed to [in, out], the position table split. */
+async function visionWeight(w: DemoWeights, spec: Gemma4VisionSpec, name: string): Promise<Float32Array> {
+  const h = spec.hidden;
+  const vt = 'vision_tower.';
+  if (name === 'patch_embed.input_proj.weight')
+    return transpose2d(await w.get(`${vt}patch_embedder.input_proj.weight`), h, spec.patchSize ** 2 * 3);
+  if (name === 'patch_embed.pos_table_x' || name === 'patch_embed.pos_table_y') {
+    const table = await w.get(`${vt}patch_embedder.position_embedding_table`);
+    const n = spec.positionTableSize * h;
+    return name.endsWith('_x') ? table.slice(0, n) : table.slice(n, 2 * n);
+  }
+  if (name === 'mm.input_projection.weight') return transpose2d(await w.get('embed_vision.embedding_projection.weight'), spec.outHidden, h);
+  const m = /^layers\.(\d+)\.(.+)$/.exec(name);
+  if (!m) throw new RangeError(`demo model: no source for vision weight '${name}'`);
+  const l = `${vt}encoder.layers.${m[1]}.`;
+  const linear = async (hf: string, out: number, inp: number) => transpose2d(await w.get(`${l}${hf}.linear.weight`), out, inp);
+  switch (m[2]) {
+    case 'input_norm.weight':
+      return w.get(`${l}input_layernorm.weight`);
+    case 'attn.q.weight':
+    case 'attn.k.weight':
+    case 'attn.v.weight':
+    case 'attn.o.weight':
+      return linear(`self_attn.${m[2][5]}_proj`, h, h);
+    case 'attn.q_norm.weight':
+      return w.get(`${l}self_attn.q_norm.weight`);
+    case 'attn.k_norm.weight':
+      return w.get(`${l}self_attn.k_norm.weight`);
+    case 'post_attention_norm.weight':
+      return w.get(`${l}post_attention_layernorm.weight`);
+    case 'pre_ffw_norm.weight':
+      return w.get(`${l}pre_feedforward_layernorm.weight`);
+    case 'post_ffw_norm.weight':
+      return w.get(`${l}post_feedforward_layernorm.weight`);
+    case 'mlp.gate.weight':
+      return linear('mlp.gate_proj', spec.ffn, h);
+    case 'mlp.up.weight':
+      return linear('mlp.up_proj', spec.ffn, h);
+    case 'mlp.down.weight':
+      return linear('mlp.down_proj', h, spec.ffn);
+    default:
+      throw new RangeError(`demo model: no source for vision weight '${name}'`);
+  }
+}
+
+/** Every vision weight the graph names, resolved up front (the ONNX and GGUF writers take sync getters). */
+async function visionWeights(w: DemoWeights, spec: Gemma4VisionSpec): Promise<Map<string, Float32Array>> {
+  const out = new Map<string, Float32Array>();
+  for (const s of visionWeightSpecs(spec)) out.set(s.name, await visionWeight(w, spec, s.name));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Assembly
+
+const ASSEMBLED_NAME: Record<DemoPart, (name: string, tag: string) => string> = {
+  decoder: (name, tag) => `demo-${name}-${tag}.gguf`,
+  vision: (name, tag) => `demo-${name}-${tag}.onnx`,
+  mmproj: (name, tag) => `demo-${name}-${tag}.mmproj.gguf`,
+};
+
+/** sha256 of a file, streamed. */
+export async function sha256File(path: string): Promise<string> {
+  const hash = createHash('sha256');
+  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
+  return hash.digest('hex');
+}
+
+/** The decoder GGUF: llama.cpp's tensor order and KVs for the text config, F32 weights, the real tokenizer. */
+async function writeDecoder(w: DemoWeights, name: string, out: string): Promise<void> {
+  const c = w.info.text;
+  const defs = tensorDefs(c);
+  const sources = decoderSourceNames(c.layers);
+  const tables = await w.tables();
+  const vocab = await readGGUF(await findGemmaVocab());
+  const g = new GGUFWriter();
+  g.set('general.architecture', str('gemma4'));
+  g.set('general.type', str('model'));
+  g.set('general.name', str(`percept demo ${name}`));
+  g.set('general.file_type', u32(0));
+  for (const [k, v] of archKVs(c)) g.set(k, v);
+  setTokenizer(g, vocab);
+  g.set('percept.demo.name', str(name));
+  for (const d of defs) g.addTensor({ name: d.name, type: GGMLType.F32, shape: d.shape });
+  await g.write(out, async function* (_t, i) {
+    const def = defs[i]!;
+    let values: Float32Array;
+    if (def.name === 'rope_freqs.weight') values = Float32Array.from({ length: def.shape[0]! }, (_, k) => def.values!(k));
+    else {
+      const src = sources.get(def.name);
+      if (!src) throw new Error(`demo model: no source tensor for ${def.name}`);
+      values = tables.get(src) ?? (await w.get(src));
+    }
+    const n = def.shape.reduce((a, b) => a * b, 1);
+    if (values.length !== n) throw new Error(`demo model: ${def.name} needs ${n} values, the weights hold ${values.length}`);
+    yield new Uint8Array(values.buffer, values.byteOffset, values.byteLength);
+  });
+}
+
+export interface AssembleDemoOptions {
+  readonly cacheDir: string;
+  /** Skip the hash check (the export tool, which computes the hashes). */
+  readonly trustUnhashed?: boolean;
+}
+
+/** The path of one part of a demo model, assembled into the cache on first use and checked by hash. */
+export async function assembleDemoModel(name: string, part: DemoPart, options: AssembleDemoOptions): Promise<string> {
+  const weightsPath = DEMO_MODELS[name];
+  if (!weightsPath)
+    throw new RangeError(`unknown demo model ${JSON.stringify(name)}; expected one of: ${Object.keys(DEMO_MODELS).join(', ')}`);
+  return assembleFrom(weightsPath, name, part, options);
+}
+
+/** As assembleDemoModel, from any weights file. */
+export async function assembleFrom(weightsPath: string, name: string, part: DemoPart, options: AssembleDemoOptions): Promise<string> {
+  if (!existsSync(weightsPath)) throw new Error(`demo model ${name}: weights file ${weightsPath} is missing`);
+  const w = await DemoWeights.open(weightsPath);
+  const expected = w.info.sha256[part];
+  if (!expected && !options.trustUnhashed) throw new Error(`demo model ${name}: ${weightsPath} records no sha256 for its ${part}`);
+  const tag = (expected ?? createHash('sha256').update(readFileSync(weightsPath)).digest('hex')).slice(0, 12);
+  const out = join(options.cacheDir, ASSEMBLED_NAME[part](name, tag));
+  if (existsSync(out)) return out;
+  await mkdir(options.cacheDir, { recursive: true });
+  const tmp = `${out}.tmp-${process.pid}`;
+  try {
+    if (part === 'decoder') await writeDecoder(w, name, tmp);
+    else if (part === 'mmproj') {
+      const weights = await visionWeights(w, w.info.vision);
+      await writeGemma4Mmproj({
+        spec: w.info.vision,
+        get: (n) => weights.get(n)!,
+        out: tmp,
+        name: `percept demo ${name} vision`,
+        description: `percept's trained demo model ${name}: the Gemma 4 vision tower and projector`,
+        stamp: { 'percept.demo.name': name },
+      });
+    } else {
+      const weights = await visionWeights(w, w.info.vision);
+      writeGemma4VisionOnnx({
+        spec: w.info.vision,
+        weightOf: (s) => weights.get(s.name)!,
+        out: tmp,
+        name: `percept-demo-${name}`,
+        docString: `percept's trained demo model ${name}: the Gemma 4 vision tower and projector`,
+        metadata: { 'percept.demo.name': name, 'percept.contract': 'gemma4' },
+      });
+    }
+    const got = await sha256File(tmp);
+    if (expected && got !== expected) {
+      throw new Error(
+        `demo model ${name}: the assembled ${part} has sha256 ${got}, the weights file records ${expected}; ` +
+          `the assembly code changed without re-recording the hashes (node --import tsx tools/demo-model/export.ts --rehash)`,
+      );
+    }
+    await rename(tmp, out);
+    return out;
+  } finally {
+    await rm(tmp, { force: true });
+    await rm(`${tmp}.data`, { force: true });
+  }
+}

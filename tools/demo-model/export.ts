@@ -1,0 +1,226 @@
+// Exports a train.py checkpoint into the compact weights file the repository ships (models/demo/), then
+// assembles the decoder, mmproj and ONNX encoder from it once and records their sha256 in the file.
+//
+//   node --import tsx tools/demo-model/export.ts --ckpt .carry/demo-model-run2/ckpt
+//   node --import tsx tools/demo-model/export.ts --rehash        # assembly code changed: record new hashes
+import { readFileSync, statSync } from 'node:fs';
+import { mkdtemp, rename, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { DEMO_MODELS, DemoWeights, assembleFrom, sha256File, type DemoModelInfo, type DemoPart } from '../../models/demo-model.ts';
+import { GGUFWriter, readGGUF, readTensorData, str } from '../../models/gguf.ts';
+import { GGMLType, blockSize, f16BitsToF32, quantize, type CodecType } from '../../models/quant.ts';
+import { VOCAB_SIZE, type Gemma4Config } from '../../models/synth.ts';
+import type { Gemma4VisionSpec } from '../../models/vision-synth.ts';
+
+const PARTS: readonly DemoPart[] = ['decoder', 'vision', 'mmproj'];
+const STORAGE: Record<string, CodecType> = { f16: GGMLType.F16, q8_0: GGMLType.Q8_0, q6_k: GGMLType.Q6_K };
+
+interface SafeTensor {
+  readonly dtype: string;
+  readonly shape: number[];
+  readonly values: Float32Array | BigInt64Array;
+}
+
+/** Reads a .safetensors file (8-byte header length, JSON header, raw little-endian data). */
+function readSafetensors(path: string): Map<string, SafeTensor> {
+  const buf = readFileSync(path);
+  const headerLength = Number(buf.readBigUInt64LE(0));
+  const header = JSON.parse(buf.subarray(8, 8 + headerLength).toString('utf8')) as Record<
+    string,
+    { dtype: string; shape: number[]; data_offsets: [number, number] }
+  >;
+  const base = 8 + headerLength;
+  const out = new Map<string, SafeTensor>();
+  for (const [name, t] of Object.entries(header)) {
+    if (name === '__metadata__') continue;
+    const bytes = buf.subarray(base + t.data_offsets[0], base + t.data_offsets[1]);
+    const copy = new Uint8Array(bytes).buffer;
+    let values: Float32Array | BigInt64Array;
+    if (t.dtype === 'F32') values = new Float32Array(copy);
+    else if (t.dtype === 'F16') values = Float32Array.from(new Uint16Array(copy), f16BitsToF32);
+    else if (t.dtype === 'I64') values = new BigInt64Array(copy);
+    else throw new Error(`${path}: tensor ${name} has dtype ${t.dtype}, expected F32, F16 or I64`);
+    out.set(name, { dtype: t.dtype, shape: t.shape, values });
+  }
+  return out;
+}
+
+interface CheckpointJson {
+  seed: number;
+  table_seed?: number;
+  steps: number;
+  init_steps?: number;
+  image_tokens_budget: number;
+  image_attention: string;
+  weight_files: string[];
+  table_rows_file: string;
+  weights_dtype: string;
+  model_config: { text: Record<string, unknown>; vision: Record<string, unknown> };
+}
+
+function textConfig(t: Record<string, unknown>): Gemma4Config {
+  const num = (k: string) => t[k] as number;
+  const types = t.layer_types as string[];
+  return {
+    arch: 'gemma4',
+    layers: num('num_hidden_layers'),
+    hidden: num('hidden_size'),
+    heads: num('num_attention_heads'),
+    kvHeads: { sliding: num('num_key_value_heads'), full: num('num_key_value_heads') },
+    headDim: { sliding: num('head_dim'), full: num('global_head_dim') },
+    ffn: num('intermediate_size'),
+    doubleWideMlp: t.use_double_wide_mlp === true,
+    sliding: types.map((x) => x === 'sliding_attention'),
+    window: num('sliding_window'),
+    sharedKvLayers: num('num_kv_shared_layers'),
+    perLayerInput: num('hidden_size_per_layer_input'),
+    context: num('max_position_embeddings'),
+    rope: { base: 1_000_000, baseSwa: 10_000 },
+    partialRotaryFull: 0.25,
+    softcap: num('final_logit_softcapping'),
+    eps: num('rms_norm_eps'),
+  };
+}
+
+function visionSpec(v: Record<string, unknown>, outHidden: number): Gemma4VisionSpec {
+  const num = (k: string) => v[k] as number;
+  return {
+    kind: 'gemma4',
+    patchSize: num('patch_size'),
+    hidden: num('hidden_size'),
+    layers: num('num_hidden_layers'),
+    heads: num('num_attention_heads'),
+    ffn: num('intermediate_size'),
+    poolKernel: num('pooling_kernel_size'),
+    positionTableSize: num('position_embedding_size'),
+    ropeTheta: 100,
+    outHidden,
+    eps: num('rms_norm_eps'),
+  };
+}
+
+/** Storage type of one tensor: matrices and tables in the chosen type where rows fit its blocks, else f16; vectors f32. */
+function storageOf(name: string, shape: number[], text: CodecType, vision: CodecType): CodecType {
+  if (shape.length === 1) return GGMLType.F32;
+  const type = name.startsWith('vision_tower.') ? vision : text;
+  return shape.at(-1)! % blockSize(type) === 0 ? type : GGMLType.F16;
+}
+
+async function exportCheckpoint(ckptDir: string, out: string, text: CodecType, vision: CodecType): Promise<void> {
+  const ckpt = JSON.parse(readFileSync(join(ckptDir, 'checkpoint.json'), 'utf8')) as CheckpointJson;
+  if (!ckpt.image_attention.startsWith('bidirectional-swa'))
+    throw new Error(
+      `${ckptDir}: trained with '${ckpt.image_attention}' image attention; percept decodes gemma4 of this width bidirectional-swa`,
+    );
+  const tensors = new Map<string, SafeTensor>();
+  for (const f of ckpt.weight_files) for (const [k, v] of readSafetensors(join(ckptDir, f))) tensors.set(k, v);
+  const rows = readSafetensors(join(ckptDir, ckpt.table_rows_file));
+  const tc = textConfig(ckpt.model_config.text);
+  const info: DemoModelInfo = {
+    format: 'percept-demo-weights/1',
+    text: tc,
+    vision: visionSpec(ckpt.model_config.vision, tc.hidden),
+    tables: { seed: ckpt.table_seed ?? ckpt.seed, std: 0.02, vocab: VOCAB_SIZE },
+    imageTokens: ckpt.image_tokens_budget,
+    sha256: {},
+    provenance: {
+      trainer: 'tools/demo-model/train.py',
+      steps: ckpt.steps + (ckpt.init_steps ?? 0),
+      seed: ckpt.seed,
+      checkpointDtype: ckpt.weights_dtype,
+      imageAttention: ckpt.image_attention,
+      storage: {
+        text: Object.keys(STORAGE).find((k) => STORAGE[k] === text),
+        vision: Object.keys(STORAGE).find((k) => STORAGE[k] === vision),
+      },
+    },
+  };
+  const g = new GGUFWriter();
+  g.set('general.architecture', str('percept-demo-weights'));
+  g.set('general.name', str('gemma4-robot'));
+  g.set('percept.demo.model', str(JSON.stringify(info)));
+  const plan: { name: string; type: number; shape: number[]; bytes: () => Uint8Array }[] = [];
+  for (const [full, t] of tensors) {
+    const name = full.replace(/^model\./, '');
+    const type = storageOf(name, t.shape, text, vision);
+    plan.push({ name, type, shape: [...t.shape].reverse(), bytes: () => quantize(type, t.values as Float32Array) });
+  }
+  const ids = rows.get('ids')!.values as BigInt64Array;
+  plan.push({
+    name: 'tables.ids',
+    type: GGMLType.I32,
+    shape: [ids.length],
+    bytes: () => new Uint8Array(Int32Array.from(ids, Number).buffer),
+  });
+  for (const [key, torchName] of [
+    ['embed_rows', 'embed_tokens'],
+    ['ple_rows', 'embed_tokens_per_layer'],
+  ] as const) {
+    const r = rows.get(key)!;
+    plan.push({
+      name: `tables.${torchName}.rows`,
+      type: GGMLType.F32,
+      shape: [...r.shape].reverse(),
+      bytes: () => quantize(GGMLType.F32, r.values as Float32Array),
+    });
+  }
+  for (const p of plan) g.addTensor({ name: p.name, type: p.type, shape: p.shape });
+  await g.write(out, function* (_t, i) {
+    yield plan[i]!.bytes();
+  });
+  console.log(`wrote ${out}: ${plan.length} tensors, ${statSync(out).size} bytes`);
+}
+
+/** Assembles every part from `path` into a scratch folder and writes their sha256 into the file. */
+async function rehash(path: string, name: string): Promise<void> {
+  const scratch = await mkdtemp(join(tmpdir(), 'percept-demo-'));
+  try {
+    const w = await DemoWeights.open(path);
+    const unhashed = `${path}.unhashed-${process.pid}`;
+    await rewriteInfo(path, unhashed, { ...w.info, sha256: {} });
+    const sha256: Partial<Record<DemoPart, string>> = {};
+    for (const part of PARTS) {
+      const t0 = performance.now();
+      const file = await assembleFrom(unhashed, name, part, { cacheDir: scratch, trustUnhashed: true });
+      sha256[part] = await sha256File(file);
+      console.log(`${part}: ${statSync(file).size} bytes, sha256 ${sha256[part]} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+    }
+    await rewriteInfo(unhashed, path, { ...w.info, sha256 });
+    await rm(unhashed, { force: true });
+  } finally {
+    await rm(scratch, { recursive: true, force: true });
+  }
+}
+
+/** Copies a weights file with a new info KV (tensors byte for byte). */
+async function rewriteInfo(src: string, dst: string, info: DemoModelInfo): Promise<void> {
+  const f = await readGGUF(src);
+  const g = new GGUFWriter({ alignment: f.alignment });
+  for (const kv of f.kvs) if (kv.key !== 'percept.demo.model' && kv.key !== 'general.alignment') g.set(kv.key, kv.asValue());
+  g.set('percept.demo.model', str(JSON.stringify(info)));
+  for (const t of f.tensors) g.addTensor({ name: t.name, type: t.type, shape: t.shape.map(Number) });
+  const tmp = `${dst}.tmp-${process.pid}`;
+  await g.write(tmp, async function* (t) {
+    yield await readTensorData(src, f, t.name);
+  });
+  await rename(tmp, dst);
+}
+
+const { values } = parseArgs({
+  options: {
+    ckpt: { type: 'string' },
+    out: { type: 'string', default: DEMO_MODELS['gemma4-robot'] },
+    name: { type: 'string', default: 'gemma4-robot' },
+    text: { type: 'string', default: 'q8_0' },
+    vision: { type: 'string', default: 'q6_k' },
+    rehash: { type: 'boolean', default: false },
+  },
+});
+const text = STORAGE[values.text!];
+const vision = STORAGE[values.vision!];
+if (text === undefined || vision === undefined) throw new Error(`--text and --vision take one of ${Object.keys(STORAGE).join(', ')}`);
+if (!values.ckpt && !values.rehash) throw new Error('give --ckpt DIR (a train.py checkpoint) or --rehash');
+if (values.ckpt) await exportCheckpoint(values.ckpt, values.out!, text, vision);
+await rehash(values.out!, values.name!);
