@@ -221,9 +221,9 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
   const outcomes = { completed: 0, predicted_miss: 0, deadline: 0, cancelled: 0 };
   let wastedTokens = 0;
   let wastedPrefills = 0;
-  // The ceiling's shape: positions each decoded frame prefilled, and each completed action's tokens.
+  // The ceiling's shape: positions each decoded frame prefilled, and each completed action's steps and tokens.
   const prefilledPositions: number[] = [];
-  const actionTokens: number[] = [];
+  const actions: { steps: number; tokens: number }[] = [];
   group.events.subscribe((event) => {
     if (event.type !== 'note' || event.message !== 'decode' || !event.data) return;
     const stop = event.data.stopReason;
@@ -234,7 +234,8 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       if (Number(event.data.prefillMs ?? 0) > 0) wastedPrefills += 1;
     } else {
       outcomes.completed += 1;
-      actionTokens.push(Number(event.data.tokens ?? 0));
+      // Its llama_decode calls after the prompt: a sampled token with its forced run is one.
+      actions.push({ steps: Number(event.data.decodeCalls ?? event.data.tokens ?? 0), tokens: Number(event.data.tokens ?? 0) });
     }
     const prefilled = Number(event.data.promptTokens ?? 0) - Number(event.data.reusedTokens ?? 0);
     if (event.data.predictedMiss !== true && prefilled > 0) prefilledPositions.push(prefilled);
@@ -271,7 +272,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
   const actionsPerS = durationS > 0 ? round(summary.frames.out / durationS) : 0;
   // The offered rate: cameras × fps, or what the sources sent over the run's duration where that is more.
   const offeredPerS = Math.max(n * fps, durationS > 0 ? summary.frames.in / durationS : 0);
-  const ceiling = opts.ceiling === false ? null : await measureCeilingOf(config, n, offeredPerS, opts, prefilledPositions, actionTokens);
+  const ceiling = opts.ceiling === false ? null : await measureCeilingOf(config, n, offeredPerS, opts, prefilledPositions, actions);
   return {
     cameras: n,
     fps,
@@ -312,25 +313,28 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
 }
 
 /** The engine's ceiling for the run's shape: P is the median positions a decoded frame prefilled (image rows
- * included; a prefix cached from the camera's previous frame is not prefilled again), D the mean completed
- * action's tokens, rounded up. Null without a completed action. */
+ * included; a prefix cached from the camera's previous frame is not prefilled again), D the mean decode
+ * steps of a completed action, rounded up (at least 1). Null without a completed action. */
 async function measureCeilingOf(
   config: PerceptConfig,
   cameras: number,
   offeredPerS: number,
   opts: BenchCamerasOptions,
   prefilledPositions: readonly number[],
-  actionTokens: readonly number[],
+  actions: readonly { steps: number; tokens: number }[],
 ): Promise<EngineCeiling | null> {
-  const completed = actionTokens.filter((t) => t > 0);
+  const completed = actions.filter((a) => a.tokens > 0);
   if (prefilledPositions.length === 0 || completed.length === 0) return null;
+  const mean = (pick: (a: { steps: number; tokens: number }) => number): number =>
+    completed.reduce((sum, a) => sum + pick(a), 0) / completed.length;
   const { decoder } = config;
   return measureEngineCeiling({
     model: await resolveModel(decoder.model, 'decoder'),
     gpuLayers: decoder.gpuLayers,
     cameras,
     promptTokens: Math.round(median(prefilledPositions)),
-    actionTokens: Math.ceil(completed.reduce((a, b) => a + b, 0) / completed.length),
+    actionSteps: Math.max(1, Math.ceil(mean((a) => a.steps))),
+    actionTokens: mean((a) => a.tokens),
     offeredPerS,
     nCtx: decoder.nCtx,
     kvType: decoder.kvType,

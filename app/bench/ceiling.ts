@@ -1,12 +1,12 @@
 // The engine's ceiling for `bench cameras`' own shape, measured in the same run, on the same model, settings and device.
-// N cameras whose frames are P prompt positions (text and image rows) and whose actions are D tokens:
+// N cameras whose frames are P prompt positions (text and image rows) and whose actions take D decode steps:
 // N prompts of P tokens are prefilled in large ubatches, then D decode steps of one token per camera,
 // timed as llama-batched-bench times them (LlamaContext.measureCeiling: raw llama_decode, no sampling).
 //   ceiling = N / (prefill(N×P) + D × step(N)), reported raw and capped by the offered rate (cameras × fps).
 // With `peer`, llama-batched-bench from the same llama.cpp build measures the same shape too.
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { LlamaModel } from '../../native/llama.ts';
+import { LlamaModel, defaultThreads } from '../../native/llama.ts';
 import { ensurePeerProgram } from '../../native/peers.ts';
 import { median } from '../stats.ts';
 
@@ -23,7 +23,9 @@ export interface CeilingShape {
   readonly cameras: number;
   /** P: prompt positions of one frame, its image rows included. */
   readonly promptTokens: number;
-  /** D: tokens of one action. */
+  /** D: decode steps of one action after its prompt (a sampled token with its forced run is one). */
+  readonly actionSteps: number;
+  /** Tokens of one action, forced ones included: reported, not timed. */
   readonly actionTokens: number;
   /** cameras × fps: more actions than frames offered cannot be served. */
   readonly offeredPerS: number;
@@ -58,6 +60,7 @@ export interface CeilingFigures {
 export interface EngineCeiling extends CeilingFigures {
   readonly cameras: number;
   readonly prompt_tokens: number;
+  readonly action_steps: number;
   readonly action_tokens: number;
   readonly offered_per_s: number;
   readonly ubatch: number;
@@ -67,8 +70,8 @@ export interface EngineCeiling extends CeilingFigures {
 }
 
 /** The formula: N actions per prefill of N×P tokens and D steps of N sequences. */
-export function ceilingActionsPerS(cameras: number, prefillMs: number, stepMs: number, actionTokens: number): number {
-  return (cameras * 1000) / (prefillMs + actionTokens * stepMs);
+export function ceilingActionsPerS(cameras: number, prefillMs: number, stepMs: number, actionSteps: number): number {
+  return (cameras * 1000) / (prefillMs + actionSteps * stepMs);
 }
 
 /** actions/s as a share of the capped ceiling; null without a ceiling. */
@@ -77,7 +80,7 @@ export function ceilingShare(actionsPerS: number, ceiling: number | null): numbe
 }
 
 function figures(shape: CeilingShape, prefillMs: number, stepMs: number): CeilingFigures {
-  const raw = ceilingActionsPerS(shape.cameras, prefillMs, stepMs, shape.actionTokens);
+  const raw = ceilingActionsPerS(shape.cameras, prefillMs, stepMs, shape.actionSteps);
   return {
     prefill_ms: round(prefillMs),
     step_ms: round(stepMs),
@@ -88,9 +91,9 @@ function figures(shape: CeilingShape, prefillMs: number, stepMs: number): Ceilin
 }
 
 export async function measureEngineCeiling(shape: CeilingShape): Promise<EngineCeiling> {
-  const { cameras: n, promptTokens: p, actionTokens: d } = shape;
+  const { cameras: n, promptTokens: p, actionSteps: d } = shape;
   if (!(Number.isInteger(p) && p >= 1 && Number.isInteger(d) && d >= 1))
-    throw new RangeError(`ceiling: prompt and action tokens must be integers ≥ 1, got ${p} and ${d}`);
+    throw new RangeError(`ceiling: prompt tokens and action steps must be integers ≥ 1, got ${p} and ${d}`);
   const ubatch = Math.max(n, Math.min(shape.ubatch ?? CEILING_UBATCH, n * p));
   const repeats = shape.repeats ?? 3;
   const nCtx = Math.max(shape.nCtx, p + d);
@@ -117,7 +120,8 @@ export async function measureEngineCeiling(shape: CeilingShape): Promise<EngineC
   return {
     cameras: n,
     prompt_tokens: p,
-    action_tokens: d,
+    action_steps: d,
+    action_tokens: round(shape.actionTokens),
     offered_per_s: round(shape.offeredPerS),
     ubatch,
     repeats,
@@ -140,17 +144,17 @@ async function peerCeiling(
   const n = shape.cameras;
   // The same shape `repeats` times: one row each.
   const args = ['-m', shape.model, '-c', String(nCtx * n), '-b', String(ubatch), '-ub', String(ubatch)];
-  args.push('-npp', String(shape.promptTokens), '-ntg', String(shape.actionTokens), '-npl', Array(repeats).fill(n).join(','));
+  args.push('-npp', String(shape.promptTokens), '-ntg', String(shape.actionSteps), '-npl', Array(repeats).fill(n).join(','));
   args.push('-ngl', String(shape.gpuLayers), '-ctk', shape.kvType, '-ctv', shape.kvType, '--output-format', 'jsonl');
   if (shape.kvUnified) args.push('-kvu');
-  if (shape.threads !== null) args.push('-t', String(shape.threads));
+  args.push('-t', String(shape.threads ?? defaultThreads())); // the binding's default, not llama.cpp's
   const { stdout, stderr } = await execFileAsync(program, args, { maxBuffer: 16 << 20 });
   const rows = `${stdout}\n${stderr}`
     .split('\n')
     .filter((l) => l.startsWith('{') && l.includes('"t_pp"'))
     .map((l) => JSON.parse(l) as PeerRow);
   if (rows.length === 0) throw new Error(`llama-batched-bench printed no result row: ${stderr.slice(-400)}`);
-  return figures(shape, median(rows.map((r) => r.t_pp * 1000)), median(rows.map((r) => r.t_tg * 1000)) / shape.actionTokens);
+  return figures(shape, median(rows.map((r) => r.t_pp * 1000)), median(rows.map((r) => r.t_tg * 1000)) / shape.actionSteps);
 }
 
 const round = (x: number): number => Math.round(x * 1000) / 1000;

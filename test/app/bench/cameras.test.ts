@@ -33,7 +33,16 @@ describe('bench cameras: the engine ceiling', () => {
     const raw = positive(r.ceiling_actions_per_s_uncapped, 'ceiling_actions_per_s_uncapped');
     const share = positive(r.ceiling_share, 'ceiling_share');
     const c = r.ceiling!;
-    for (const key of ['prompt_tokens', 'action_tokens', 'ubatch', 'prefill_ms', 'step_ms', 'prefill_tok_per_s', 'offered_per_s'] as const)
+    for (const key of [
+      'prompt_tokens',
+      'action_steps',
+      'action_tokens',
+      'ubatch',
+      'prefill_ms',
+      'step_ms',
+      'prefill_tok_per_s',
+      'offered_per_s',
+    ] as const)
       positive(c[key], `ceiling.${key}`);
     assert.equal(c.cameras, 2);
     assert.ok(c.prompt_tokens > 70, 'a frame prefills its image rows and its text');
@@ -41,7 +50,7 @@ describe('bench cameras: the engine ceiling', () => {
     assert.equal(c.actions_per_s, capped);
     assert.equal(c.actions_per_s_uncapped, raw);
     // The formula, to the figures' rounding.
-    const formula = ceilingActionsPerS(c.cameras, c.prefill_ms, c.step_ms, c.action_tokens);
+    const formula = ceilingActionsPerS(c.cameras, c.prefill_ms, c.step_ms, c.action_steps);
     assert.ok(Math.abs(formula - raw) <= 1e-3 * Math.max(1, raw), `${formula} against ${raw}`);
     assert.ok(Math.abs(capped - Math.min(raw, c.offered_per_s)) <= 1e-3, `capped ${capped}, raw ${raw}, offered ${c.offered_per_s}`);
     assert.ok(Math.abs(share - r.actions_per_s / capped) <= 1e-3, `share ${share} against ${r.actions_per_s} / ${capped}`);
