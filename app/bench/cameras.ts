@@ -181,6 +181,8 @@ const p = (s: LatencyStats | undefined, q: 'p50Ms' | 'p99Ms'): number | null => 
 export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCamerasResult> {
   const { cameras: n, fps, seconds, imageTokens, budgetMs, gpuLayers } = opts;
   if (!(Number.isInteger(n) && n >= 1 && n <= 256)) throw new RangeError(`--cameras must be an integer in [1, 256], got ${n}`);
+  if (opts.ceilingUbatch !== undefined && !(Number.isInteger(opts.ceilingUbatch) && opts.ceilingUbatch >= 1))
+    throw new RangeError(`--ceiling-ubatch must be an integer ≥ 1, got ${opts.ceilingUbatch}`);
   const frames = Math.max(1, Math.round(fps * seconds));
   const config = loadConfig({
     cameras: Array.from({ length: n }, (_, i) => ({

@@ -94,6 +94,8 @@ export async function measureEngineCeiling(shape: CeilingShape): Promise<EngineC
   const { cameras: n, promptTokens: p, actionSteps: d } = shape;
   if (!(Number.isInteger(p) && p >= 1 && Number.isInteger(d) && d >= 1))
     throw new RangeError(`ceiling: prompt tokens and action steps must be integers ≥ 1, got ${p} and ${d}`);
+  if (shape.ubatch !== undefined && !(Number.isInteger(shape.ubatch) && shape.ubatch >= 1))
+    throw new RangeError(`--ceiling-ubatch must be an integer ≥ 1, got ${shape.ubatch}`);
   const ubatch = Math.max(n, Math.min(shape.ubatch ?? CEILING_UBATCH, n * p));
   const repeats = shape.repeats ?? 3;
   const nCtx = Math.max(shape.nCtx, p + d);
