@@ -27,6 +27,22 @@ export type SourceConfig =
   | FfmpegSourceConfig
   | ZmqSourceConfig;
 
+/** One published ROS 2 topic's QoS (volatile, keep last `depth`). */
+export interface Ros2QosConfig {
+  readonly reliability: 'reliable' | 'best_effort';
+  readonly depth: number;
+}
+
+/** ROS 2 over DDS: the publisher beside the ZeroMQ one, and the domain of a ros2 source. */
+export interface Ros2Config {
+  readonly publish: boolean;
+  readonly domainId: number;
+  /** Cyclone DDS XML or file:// URI; '' : CYCLONEDDS_URI when set, else loopback only. */
+  readonly cyclonedds: string;
+  readonly topics: { readonly actions: string; readonly detections: string; readonly diagnostics: string };
+  readonly qos: { readonly actions: Ros2QosConfig; readonly detections: Ros2QosConfig; readonly diagnostics: Ros2QosConfig };
+}
+
 export interface FfmpegSourceConfig {
   readonly kind: 'ffmpeg';
   readonly url: string;
@@ -219,6 +235,7 @@ export interface PerceptConfig {
    * A calibration file named in the config file is read into this. */
   readonly virtualServiceMs: Readonly<Record<string, number | readonly number[]>>;
   readonly telemetry: TelemetryConfig;
+  readonly ros2: Ros2Config;
 }
 
 /** The part of the config the graph runtime reads. */

@@ -311,6 +311,8 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
     // publisher's topics, so a robot stack sees each decision of the graph. The publisher outlives
     // the graph: it closes after the run's last stats, with the final summary as the last event.
     if (publisher) graph.events.subscribe(publisher.sink.accept);
+    // The ROS 2 publisher's detections need each frame's pixel size.
+    if (config.ros2.publish) (await import('./ros2.ts')).tapFrameSizes(publisher, graph.inputs);
     // What the source reports besides frames (skipped or damaged input, restarts), as it happens.
     graph.events.subscribe((event) => {
       if (event.type === 'source') log(`source ${event.kind}: ${event.detail}`);

@@ -24,7 +24,12 @@ export async function openPublisher(config: PerceptConfig, options: { clock?: Cl
   const { createPublisher } = await import('../../nodes/publisher.ts');
   const publisher = await createPublisher({ ...config.publisher, ...options, models: modelIds(config) });
   log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
-  return publisher;
+  if (!config.ros2.publish) return publisher;
+  const { withRos2Publisher } = await import('./ros2.ts');
+  const both = await withRos2Publisher(publisher, config, modelIds(config));
+  const { topics, domainId } = config.ros2;
+  log(`ROS 2: publishing ${topics.actions}, ${topics.detections}, ${topics.diagnostics} on DDS domain ${domainId}`);
+  return both;
 }
 
 /** Logs each warm-up step's stage times. */
