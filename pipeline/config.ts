@@ -25,7 +25,17 @@ export type SourceConfig =
     }
   | { readonly kind: 'folder'; readonly path: string; readonly fps: number }
   | FfmpegSourceConfig
-  | ZmqSourceConfig;
+  | ZmqSourceConfig
+  | Ros2SourceConfig;
+
+/** A ROS 2 image topic over DDS; its domain is PerceptConfig.ros2's. */
+export interface Ros2SourceConfig {
+  readonly kind: 'ros2';
+  readonly topic: string;
+  readonly type: 'sensor_msgs/msg/CompressedImage' | 'sensor_msgs/msg/Image';
+  readonly reliability: 'best_effort' | 'reliable';
+  readonly depth: number;
+}
 
 /** One published ROS 2 topic's QoS (volatile, keep last `depth`). */
 export interface Ros2QosConfig {

@@ -178,7 +178,8 @@ export async function runCameras(
   };
   let stages: CameraStages;
   try {
-    for (const camera of cameras) sources.push(asCamera(await createSource(camera.source, config.preprocess.maxPixels), camera.id));
+    for (const camera of cameras)
+      sources.push(asCamera(await createSource(camera.source, config.preprocess.maxPixels, config.ros2), camera.id));
     stages = await createCameraStages(config, actionSchema);
   } catch (err) {
     await closeSources();

@@ -1,9 +1,9 @@
 // ROS 2 wiring of a run: the ROS 2 publisher (nodes/publisher-ros2.ts) joined to the ZeroMQ one as one Publisher,
-// the frames' pixel sizes for its detections, and the ROS 2 message definitions it serializes with.
+// the frames' pixel sizes for its detections, and the ROS 2 message definitions the stages serialize with.
 // Topics, config and what was not run against ROS 2: docs/ros2.md
 import type { Observable } from 'rxjs';
-import type { PerceptConfig } from '../../pipeline/config.ts';
-import type { Envelope } from '../../pipeline/types.ts';
+import type { PerceptConfig, Ros2SourceConfig } from '../../pipeline/config.ts';
+import type { Envelope, FrameSource } from '../../pipeline/types.ts';
 import type { Publisher, PublisherCounters } from '../../nodes/publisher.ts';
 import type { Ros2Publisher, Ros2PublishedType } from '../../nodes/publisher-ros2.ts';
 import type { CameraFrame } from '../../nodes/payloads.ts';
@@ -89,6 +89,12 @@ string value
 ${HEADER_DEPENDENCIES}`,
 };
 
+/** The ROS 2 message definitions the ros2 source decodes with (the recorder's). */
+export const ROS2_IMAGE_DEFINITIONS = {
+  'sensor_msgs/msg/CompressedImage': ROS2_DEFINITIONS['sensor_msgs/msg/CompressedImage'],
+  'sensor_msgs/msg/Image': ROS2_DEFINITIONS['sensor_msgs/msg/Image'],
+} as const;
+
 /** A run's publisher with the ROS 2 one beside it: what the ZeroMQ one publishes also goes out over DDS. */
 export interface PublisherWithRos2 extends Publisher {
   readonly ros2: Ros2Publisher;
@@ -158,4 +164,18 @@ function frameSize(frame: CameraFrame): { width: number; height: number } | unde
     return { width: view.getUint32(16), height: view.getUint32(20) };
   }
   return undefined;
+}
+
+/** The ros2 source of a config, on the domain of `ros2` (default domain 0, loopback). */
+export async function openRos2Source(
+  source: Ros2SourceConfig,
+  ros2: Pick<PerceptConfig['ros2'], 'domainId' | 'cyclonedds'> = { domainId: 0, cyclonedds: '' },
+): Promise<FrameSource<CameraFrame>> {
+  const { createRos2Source } = await import('../../nodes/source-ros2.ts');
+  const { kind: _kind, ...options } = source;
+  const opened = await createRos2Source({ ...options, ...ros2, definition: ROS2_IMAGE_DEFINITIONS[source.type] });
+  process.stderr.write(
+    `percept: frames from ROS 2 topic ${source.topic} (${source.type}, ${source.reliability}) on DDS domain ${ros2.domainId}\n`,
+  );
+  return opened;
 }

@@ -252,7 +252,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
   let recorderFailed: { readonly error: Error; readonly atNs: bigint } | undefined;
   let onRecorderFailure: (error: Error) => void = () => undefined;
   try {
-    source = await createSource(config.source, config.preprocess.maxPixels);
+    source = await createSource(config.source, config.preprocess.maxPixels, config.ros2);
     // A virtual replay of a bag runs on the bag's own time line, so its recording's times are the bag's.
     clock = config.clock === 'virtual' ? new VirtualClock(source.startNs ?? 0n) : new RealClock();
     // A replay is named by what makes it (app/run/identity.ts), known before its first message.

@@ -46,7 +46,11 @@ export function logWarmup(
 }
 
 /** The source of a config. `maxPixels` (preprocess.maxPixels) bounds a zmq source's message bytes by default. */
-export async function createSource(config: SourceConfig, maxPixels: number): Promise<FrameSource<CameraFrame>> {
+export async function createSource(
+  config: SourceConfig,
+  maxPixels: number,
+  ros2?: PerceptConfig['ros2'],
+): Promise<FrameSource<CameraFrame>> {
   switch (config.kind) {
     case 'pattern': {
       const { createPatternSource } = await import('../../nodes/source-pattern.ts');
@@ -86,6 +90,8 @@ export async function createSource(config: SourceConfig, maxPixels: number): Pro
       log(`frames from ${source.endpoint} (${config.socket}${config.bind ? ', bound' : ''})`);
       return source;
     }
+    case 'ros2':
+      return (await import('./ros2.ts')).openRos2Source(config, ros2);
   }
 }
 

@@ -1,0 +1,112 @@
+// The ros2 source on real DDS over loopback: a Cyclone DDS publisher in C (built here with idlc from Debian's
+// cyclonedds-dev) publishes sensor_msgs/msg/CompressedImage frames, as a ROS 2 camera driver would, and one that is
+// not a JPEG. The pipeline runs on them: every frame arrives, in order, with its stamp and frame id, and the bad one is
+// a rejected frame with its reason. Nothing is timed: the publisher writes once percept's reader matched.
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, test } from 'node:test';
+import { RealClock } from '../../pipeline/clock.ts';
+import { chain } from '../../pipeline/graph/chain.ts';
+import { eventToJson } from '../../pipeline/telemetry/events.ts';
+import type { CameraFrame } from '../../nodes/payloads.ts';
+import { encodePatternFrame, readPatternCounter } from '../../nodes/source-pattern.ts';
+import { createRos2Source } from '../../nodes/source-ros2.ts';
+import { ROS2_IMAGE_DEFINITIONS } from '../../app/run/ros2.ts';
+import { assertConservation, dropsOf, fakeStage, runGraph, testConfig } from '../support/pipeline-fakes.ts';
+import { decodeRgb } from '../support/sources.ts';
+import { buildCyclonePeer, startPeer, testDomainId, type Peer } from '../support/dds-peers.ts';
+
+const FRAMES = 6;
+const BAD_AT = 3;
+const FRAME_ID = 'camera_optical';
+
+let publisher: string;
+const peers: Peer[] = [];
+before(async () => {
+  publisher = await buildCyclonePeer('cyclone-image-pub', 'sensor_msgs_compressed_image');
+});
+after(() => {
+  for (const p of peers) p.child.kill();
+});
+
+test('frames a C publisher sends on a ROS 2 image topic run through the pipeline; a message that is not its format is rejected with its reason', async () => {
+  const domainId = testDomainId(3);
+  const dir = mkdtempSync(join(tmpdir(), 'percept-ros2-frames-'));
+  const files = await Promise.all(
+    Array.from({ length: FRAMES }, async (_, i) => {
+      const path = join(dir, `frame-${i}.jpg`);
+      writeFileSync(path, await encodePatternFrame(i, 320, 240));
+      return path;
+    }),
+  );
+  const args = [...files.slice(0, BAD_AT), 'BAD', ...files.slice(BAD_AT)];
+  const source = await createRos2Source({
+    domainId,
+    topic: '/camera/image/compressed',
+    type: 'sensor_msgs/msg/CompressedImage',
+    reliability: 'reliable',
+    depth: 100,
+    definition: ROS2_IMAGE_DEFINITIONS['sensor_msgs/msg/CompressedImage'],
+  });
+  const pub = startPeer(publisher, [String(domainId), 'rt/camera/image/compressed', FRAME_ID, ...args]);
+  peers.push(pub);
+  const count = fakeStage<CameraFrame, number>('count', {
+    work: async (frame) => {
+      const rgb = await decodeRgb(frame);
+      return readPatternCounter(rgb.data, rgb.width, rgb.height);
+    },
+  });
+  let ended = 0;
+  const result = await runGraph({
+    source,
+    stages: chain(count),
+    config: testConfig({
+      clock: 'real',
+      budgets: { endToEndMs: 600_000, stages: {}, dropPredictedMiss: false },
+      edges: { default: { policy: 'queue', capacity: 64 } },
+    }),
+    clock: new RealClock(),
+    onEvent: (event, graph) => {
+      if ((event.type === 'output' || event.type === 'drop') && ++ended === FRAMES + 1) void graph.stop('all frames seen');
+    },
+  });
+  assert.equal(await pub.exited, 0, pub.stderr());
+  assertConservation(result);
+  assert.equal(result.summary.frames.in, FRAMES + 1);
+  assert.deepEqual(
+    result.outputs.map((o) => o.payload),
+    Array.from({ length: FRAMES }, (_, i) => i),
+  );
+  for (const out of result.outputs) {
+    assert.equal(out.sourceId, FRAME_ID, 'the message header frame_id is the frame source id');
+    const k = (out.payload as number) + ((out.payload as number) >= BAD_AT ? 1 : 0);
+    assert.deepEqual(out.sourceStamp, { sec: 1_700_000_000 + k, nanosec: k });
+    assert.equal(out.stampNs, BigInt(1_700_000_000 + k) * 1_000_000_000n + BigInt(k));
+  }
+  const rejected = dropsOf(result.events, 'rejected');
+  assert.equal(rejected.length, 1);
+  const drop = result.events.find((e) => e.type === 'drop' && e.reason === 'rejected');
+  assert.ok(drop);
+  assert.match(
+    eventToJson(drop),
+    /"detail":"the image is not its format: \/camera\/image\/compressed message 4: not jpeg \(starts 74686973\)"/,
+  );
+  assert.equal(source.counters.rejected, 1);
+  assert.equal(source.counters.yielded, FRAMES);
+});
+
+test('a topic name ROS 2 would refuse is an error naming it', async () => {
+  await assert.rejects(
+    createRos2Source({
+      domainId: testDomainId(4),
+      topic: 'camera',
+      type: 'sensor_msgs/msg/Image',
+      reliability: 'best_effort',
+      depth: 5,
+      definition: ROS2_IMAGE_DEFINITIONS['sensor_msgs/msg/Image'],
+    }),
+    /expected an absolute ROS 2 topic name such as \/percept\/actions but received "camera"/,
+  );
+});
