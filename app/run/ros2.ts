@@ -2,6 +2,7 @@
 // the frames' pixel sizes for its detections, and the ROS 2 message definitions the stages serialize with.
 // Topics, config and what was not run against ROS 2: docs/ros2.md
 import type { Observable } from 'rxjs';
+import type { Clock } from '../../pipeline/clock.ts';
 import type { PerceptConfig, Ros2SourceConfig } from '../../pipeline/config.ts';
 import type { Envelope, FrameSource } from '../../pipeline/types.ts';
 import type { Publisher, PublisherCounters } from '../../nodes/publisher.ts';
@@ -100,8 +101,13 @@ export interface PublisherWithRos2 extends Publisher {
   readonly ros2: Ros2Publisher;
 }
 
-/** `publisher` and, with ros2.publish, the ROS 2 publisher on the same run id, as one Publisher; else `publisher` itself. */
-export async function withRos2Publisher(publisher: Publisher, config: PerceptConfig, models: Record<string, string>): Promise<Publisher> {
+/** `publisher` and, with ros2.publish, the ROS 2 publisher on the same run id and clock, as one Publisher; else `publisher` itself. */
+export async function withRos2Publisher(
+  publisher: Publisher,
+  config: PerceptConfig,
+  models: Record<string, string>,
+  clock?: Clock,
+): Promise<Publisher> {
   const { ros2 } = config;
   if (!ros2.publish) return publisher;
   const { createRos2Publisher } = await import('../../nodes/publisher-ros2.ts');
@@ -114,6 +120,7 @@ export async function withRos2Publisher(publisher: Publisher, config: PerceptCon
     definitions: ROS2_PUBLISHED_DEFINITIONS,
     runId: publisher.runId,
     models,
+    ...(clock ? { clock } : {}),
   }).catch(async (err: unknown) => {
     await publisher.close();
     throw err;

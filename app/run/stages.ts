@@ -26,7 +26,7 @@ export async function openPublisher(config: PerceptConfig, options: { clock?: Cl
   log(`publishing on ${publisher.endpoint}: topics '${config.publisher.topic}', 'events', 'telemetry' (run ${publisher.runId})`);
   if (!config.ros2.publish) return publisher;
   const { withRos2Publisher } = await import('./ros2.ts');
-  const both = await withRos2Publisher(publisher, config, modelIds(config));
+  const both = await withRos2Publisher(publisher, config, modelIds(config), options.clock);
   const { topics, domainId } = config.ros2;
   log(`ROS 2: publishing ${topics.actions}, ${topics.detections}, ${topics.diagnostics} on DDS domain ${domainId}`);
   return both;
