@@ -12,8 +12,8 @@ import { fileURLToPath } from 'node:url';
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = resolve(HERE, '..', '..');
 const BUILD_DIR = join(ROOT, 'build', 'dds');
-/** Where the addon is built; PERCEPT_DDS_NATIVE overrides (a prebuilt elsewhere). */
-export const DDS_ADDON_PATH = process.env.PERCEPT_DDS_NATIVE ?? join(BUILD_DIR, 'Release', 'percept_dds.node');
+/** Where the addon is built, on first use. */
+export const DDS_ADDON_PATH = join(BUILD_DIR, 'Release', 'percept_dds.node');
 /** What a build needs of the system: Debian's cyclonedds-dev ships both. */
 const CYCLONE_FILES = ['/usr/include/dds/dds.h'];
 
@@ -199,7 +199,7 @@ let loading: Promise<DdsAddon> | undefined;
 /** The addon, built first when missing or older than its source. Fails naming the Debian package when Cyclone DDS is absent. */
 export function loadDdsAddon(): Promise<DdsAddon> {
   return (loading ??= (async () => {
-    if (!process.env.PERCEPT_DDS_NATIVE) await buildWhenStale();
+    await buildWhenStale();
     const require = createRequire(import.meta.url);
     try {
       return require(DDS_ADDON_PATH) as DdsAddon;
@@ -221,9 +221,10 @@ function sourceStamp(): string {
 
 /** Whether Cyclone DDS's headers and CMake package are installed. */
 export function cycloneInstalled(): boolean {
+  if (process.env.CycloneDDS_DIR) return true;
   if (!CYCLONE_FILES.every((f) => existsSync(f))) return false;
   const dirs = ['/usr/lib/x86_64-linux-gnu/cmake/CycloneDDS', '/usr/lib/aarch64-linux-gnu/cmake/CycloneDDS', '/usr/lib/cmake/CycloneDDS'];
-  return dirs.some((d) => existsSync(join(d, 'CycloneDDSConfig.cmake'))) || Boolean(process.env.CycloneDDS_DIR);
+  return dirs.some((d) => existsSync(join(d, 'CycloneDDSConfig.cmake')));
 }
 
 async function buildWhenStale(): Promise<void> {
