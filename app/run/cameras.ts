@@ -6,7 +6,7 @@ import { DegradeLadder } from '../../pipeline/budget.ts';
 import { RealClock, type Clock } from '../../pipeline/clock.ts';
 import { cameraGraphConfig, type CameraConfig, type PerceptConfig } from '../../pipeline/config.ts';
 import { append, chain, type StageChain } from '../../pipeline/graph/chain.ts';
-import { STOP_SIGNALS, createGraph } from '../../pipeline/graph/graph.ts';
+import { STOP_SIGNALS, createGraph, type Graph } from '../../pipeline/graph/graph.ts';
 import { GraphGroup } from '../../pipeline/graph/group.ts';
 import type { RunSummary } from '../../pipeline/telemetry/events.ts';
 import { LiveTable, formatSummary, writeJsonSummary } from '../../pipeline/telemetry/report.ts';
@@ -132,12 +132,13 @@ function ladderLevels(camera: CameraConfig): Knobs[] {
 }
 
 /** One graph per camera (frame ids i, i + n, … for camera i of n, so they stay apart on the wire),
- * run as one group. */
+ * run as one group. `onGraph` sees each graph before it runs (to tap its inputs). */
 export function createCameraGroup(
   config: PerceptConfig,
   sources: readonly FrameSource<CameraFrame>[],
   stages: CameraStages,
   clock: Clock,
+  onGraph?: (graph: Graph) => void,
 ): GraphGroup {
   const cameras = config.cameras!;
   const members = cameras.map((camera, i) => ({
@@ -150,6 +151,7 @@ export function createCameraGroup(
       frameIds: { first: i, stride: cameras.length },
     }),
   }));
+  for (const { graph } of members) onGraph?.(graph);
   return new GraphGroup(members, clock, config.telemetry.intervalMs);
 }
 
@@ -185,7 +187,9 @@ export async function runCameras(
     await closeSources();
     throw err;
   }
-  const group = createCameraGroup(config, sources, stages, clock);
+  // The ROS 2 publisher's detections need each frame's pixel size.
+  const tapRos2 = config.ros2.publish ? (await import('./ros2.ts')).tapFrameSizes : undefined;
+  const group = createCameraGroup(config, sources, stages, clock, (graph) => tapRos2?.(stages.publisher, graph.inputs));
   const { publisher } = stages;
   if (publisher) group.events.subscribe(publisher.sink.accept);
   const metrics = opts.metrics ? await openMetrics(opts.metrics, group.events) : undefined;
