@@ -108,7 +108,9 @@ export class DemoWeights {
     for (const [i, [torchName]] of TABLES.entries()) {
       const width = widths[i]!;
       const table = torchRandn(vocab * width, g);
-      for (let k = 0; k < table.length; k++) table[k] = Math.fround(table[k]! * std);
+      // torch multiplies in float32 by the scalar cast to float32.
+      const scale = Math.fround(std);
+      for (let k = 0; k < table.length; k++) table[k] = Math.fround(table[k]! * scale);
       const rows = await this.get(tableRowsName(torchName));
       if (rows.length !== ids.length * width)
         throw new Error(`${this.path}: ${tableRowsName(torchName)} holds ${rows.length} values, not ${ids.length}×${width}`);

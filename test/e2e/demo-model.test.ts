@@ -1,0 +1,203 @@
+// The trained demo model through the whole pipeline on the CPU: it agrees with PyTorch on the sample bag,
+// and the image path keeps meaning what the image shows (orientation, channel order, colour, resolution).
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import sharp from 'sharp';
+import { evaluate, readRecording } from '../../app/eval/eval.ts';
+import { createBagSource } from '../../nodes/source-bag.ts';
+import { VirtualClock } from '../../pipeline/clock.ts';
+import { actionOf, encodeScene, makeScene } from '../../tools/make-scenes.ts';
+import { ROS_COMPRESSED_IMAGE, ROS_IMAGE, rosCompressedImage, rosImage, writeBag } from '../support/bag-fixtures.ts';
+import { REPO_ROOT } from '../support/fixtures.ts';
+import { sampleBag, take } from '../support/sources.ts';
+
+type Action = { action: string; target?: { label: string; bbox?: number[] }; hazards?: string[] };
+
+/** PyTorch's greedy actions on the sample bag's 40 frames, recorded on the H200 at the end of training (bf16 autocast). */
+const TORCH = readFileSync(join(REPO_ROOT, 'test/fixtures/demo-model/sample-greedy.jsonl'), 'utf8')
+  .trim()
+  .split('\n')
+  .map((l) => JSON.parse((JSON.parse(l) as { pred: string }).pred) as Action);
+/** PyTorch ran in bf16, percept in f32 from the shipped (quantized) weights: boxes agree to this, per coordinate. */
+const BOX_TOLERANCE = 0.05;
+
+const decision = (a: Action | undefined) => a && { action: a.action, label: a.target?.label, hazards: a.hazards ?? [] };
+
+/** Runs the default config (the demo model) over a bag's `topic` in lockstep; the actions in frame order. */
+async function actionsOf(bag: string, out: string, topic?: string): Promise<(Action | undefined)[]> {
+  let config: string | undefined;
+  if (topic) {
+    const defaults = JSON.parse(readFileSync(join(REPO_ROOT, 'configs/default.json'), 'utf8')) as Record<string, Record<string, unknown>>;
+    config = join(dir, `${topic.replaceAll('/', '_')}.json`);
+    writeFileSync(
+      config,
+      JSON.stringify({
+        ...defaults,
+        $schema: undefined,
+        source: { ...defaults.source, topic },
+        actions: { schema: join(REPO_ROOT, 'configs/actions/robot-action.schema.json') },
+      }),
+    );
+  }
+  const { code } = await evaluate({ bag, out, progress: false, ...(config ? { config } : {}) });
+  assert.equal(code, 0);
+  const frames = [...(await readRecording(join(out, 'run.mcap'))).frames.values()].sort((a, b) => a.frameId - b.frameId);
+  return frames.map((f) => f.action as Action | undefined);
+}
+
+let dir: string;
+before(() => {
+  dir = mkdtempSync(join(tmpdir(), 'percept-demo-model-'));
+});
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+describe('the demo model against PyTorch', () => {
+  test('percept on the CPU gives PyTorch greedy action, target and hazards on every sample-bag frame, boxes within the tolerance', async () => {
+    const got = await actionsOf(sampleBag, join(dir, 'sample'));
+    assert.equal(got.length, TORCH.length);
+    got.forEach((a, i) => {
+      assert.deepEqual(decision(a), decision(TORCH[i]), `frame ${i}`);
+      const [p, q] = [a?.target?.bbox ?? [], TORCH[i]!.target?.bbox ?? []];
+      assert.equal(p.length, q.length, `frame ${i}: bbox presence`);
+      p.forEach((v, k) => assert.ok(Math.abs(v - q[k]!) <= BOX_TOLERANCE + 1e-9, `frame ${i}: bbox[${k}] ${v} vs PyTorch ${q[k]}`));
+    });
+  });
+});
+
+describe('the image path keeps its meaning', () => {
+  // Two frames of the sample bag (a person far, then close) and one unseen test scene with a red wet-floor sign.
+  const SIGN_SEED = 2_000_008;
+  const T = (k: number) => BigInt(k) * 100_000_000n;
+  let bases: { name: string; jpeg: Buffer }[];
+  let variants: {
+    name: string;
+    base: number;
+    jpeg?: Buffer;
+    format?: 'png';
+    raw?: { encoding: string; data: Buffer; width: number; height: number };
+  }[];
+
+  before(async () => {
+    const source = await createBagSource({ path: sampleBag });
+    const frames = await take(source, new VirtualClock(), 40);
+    await source.close();
+    const sign = makeScene(SIGN_SEED);
+    bases = [
+      { name: 'sample frame 5', jpeg: Buffer.from(frames[5]!.payload.data) },
+      { name: 'sample frame 35', jpeg: Buffer.from(frames[35]!.payload.data) },
+      { name: `scene ${SIGN_SEED}`, jpeg: await encodeScene(sign, 640, 360) },
+    ];
+    assert.deepEqual(actionOf(sign).hazards, ['wet_floor'], 'the sign scene has a red wet-floor sign');
+    variants = [];
+    for (const [b, { jpeg }] of bases.entries()) {
+      const { data: rgb, info } = await sharp(jpeg).removeAlpha().raw().toBuffer({ resolveWithObject: true });
+      const { width, height } = info;
+      const bgr = Buffer.from(rgb);
+      for (let i = 0; i < bgr.length; i += 3) [bgr[i], bgr[i + 2]] = [rgb[i + 2]!, rgb[i]!];
+      const swapped = await sharp(bgr, { raw: { width, height, channels: 3 } })
+        .jpeg({ quality: 95 })
+        .toBuffer();
+      // EXIF orientation 6: the stored pixels are turned 90° anticlockwise; a viewer turns them back.
+      const rotated = await sharp(jpeg).rotate(270).withMetadata({ orientation: 6 }).jpeg({ quality: 95 }).toBuffer();
+      variants.push(
+        { name: 'jpeg', base: b, jpeg },
+        { name: 'exif-rotated', base: b, jpeg: rotated },
+        { name: '1280x720', base: b, jpeg: await sharp(jpeg).resize(1280, 720, { kernel: 'cubic' }).jpeg({ quality: 95 }).toBuffer() },
+        { name: '960x540', base: b, jpeg: await sharp(jpeg).resize(960, 540, { kernel: 'cubic' }).jpeg({ quality: 95 }).toBuffer() },
+        { name: 'red-blue-swapped', base: b, jpeg: swapped },
+        { name: 'rgb8', base: b, raw: { encoding: 'rgb8', data: rgb, width, height } },
+        { name: 'bgr8', base: b, raw: { encoding: 'bgr8', data: bgr, width, height } },
+      );
+      if (b < 2) {
+        // The model never saw a grey frame, so mono8 is checked against the same grey pixels as a 3-channel PNG.
+        const mono = await sharp(jpeg).greyscale().raw().toBuffer();
+        const greyPng = await sharp(mono, { raw: { width, height, channels: 1 } })
+          .toColourspace('srgb')
+          .png()
+          .toBuffer();
+        variants.push(
+          { name: 'mono8', base: b, raw: { encoding: 'mono8', data: mono, width, height } },
+          { name: 'grey-png', base: b, jpeg: greyPng, format: 'png' },
+        );
+      }
+    }
+  });
+
+  test('a frame decides the same as its EXIF-rotated, BGR, RGB and resized copies, mono8 as its grey PNG; swapping red and blue removes the wet-floor hazard', async () => {
+    const compressed = variants.filter((v) => v.jpeg);
+    const raw = variants.filter((v) => v.raw);
+    const enc = new TextEncoder();
+    await writeBag(join(dir, 'jpeg.mcap'), async (w) => {
+      const schemaId = await w.registerSchema({
+        name: 'sensor_msgs/msg/CompressedImage',
+        encoding: 'ros2msg',
+        data: enc.encode(ROS_COMPRESSED_IMAGE),
+      });
+      const channelId = await w.registerChannel({
+        topic: '/camera/front/compressed',
+        schemaId,
+        messageEncoding: 'cdr',
+        metadata: new Map(),
+      });
+      for (const [k, v] of compressed.entries()) {
+        await w.addMessage({
+          channelId,
+          sequence: k,
+          logTime: T(k + 1),
+          publishTime: T(k + 1),
+          data: rosCompressedImage(T(k + 1), v.format ?? 'jpeg', v.jpeg!),
+        });
+      }
+    });
+    await writeBag(join(dir, 'raw.mcap'), async (w) => {
+      const schemaId = await w.registerSchema({ name: 'sensor_msgs/msg/Image', encoding: 'ros2msg', data: enc.encode(ROS_IMAGE) });
+      const channelId = await w.registerChannel({
+        topic: '/camera/front/image_raw',
+        schemaId,
+        messageEncoding: 'cdr',
+        metadata: new Map(),
+      });
+      for (const [k, v] of raw.entries()) {
+        const { encoding, data, width, height } = v.raw!;
+        const step = width * (encoding === 'mono8' ? 1 : 3);
+        await w.addMessage({
+          channelId,
+          sequence: k,
+          logTime: T(k + 1),
+          publishTime: T(k + 1),
+          data: rosImage(T(k + 1), { encoding, data, width, height, step }),
+        });
+      }
+    });
+    const results = [
+      ...(await actionsOf(join(dir, 'jpeg.mcap'), join(dir, 'eval-jpeg'))).map((a, k) => ({ ...compressed[k]!, action: a })),
+      ...(await actionsOf(join(dir, 'raw.mcap'), join(dir, 'eval-raw'), '/camera/front/image_raw')).map((a, k) => ({
+        ...raw[k]!,
+        action: a,
+      })),
+    ];
+    const table = results.map((r) => `${bases[r.base]!.name} ${r.name}: ${JSON.stringify(r.action)}`).join('\n');
+    for (const [b, base] of bases.entries()) {
+      const reference = results.find((r) => r.base === b && r.name === 'jpeg')!.action;
+      assert.ok(reference, `${base.name}: an action`);
+      for (const r of results.filter((x) => x.base === b && !['red-blue-swapped', 'mono8', 'grey-png'].includes(x.name))) {
+        assert.deepEqual(decision(r.action), decision(reference), `${base.name} ${r.name} decides otherwise than the JPEG:\n${table}`);
+      }
+    }
+    for (const b of [0, 1]) {
+      const [mono, grey] = ['mono8', 'grey-png'].map((name) => results.find((r) => r.base === b && r.name === name)!.action);
+      assert.deepEqual(decision(mono), decision(grey), `${bases[b]!.name}: mono8 decides otherwise than its grey PNG:\n${table}`);
+    }
+    const sign = results.filter((r) => r.base === 2);
+    assert.deepEqual(
+      decision(sign.find((r) => r.name === 'jpeg')!.action),
+      { action: 'turn', label: 'none', hazards: ['wet_floor'] },
+      table,
+    );
+    const swapped = sign.find((r) => r.name === 'red-blue-swapped')!.action;
+    assert.ok(!(swapped?.hazards ?? []).includes('wet_floor'), `a blue sign is no wet-floor sign:\n${table}`);
+  });
+});

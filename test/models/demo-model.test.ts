@@ -1,0 +1,120 @@
+// The shipped demo model: its vocabulary tables redrawn as PyTorch drew them, its three files assembled
+// and checked by hash, and a damaged weights file refused.
+import assert from 'node:assert/strict';
+import { copyFileSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, statSync, writeSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { DEMO_MODELS, DemoWeights, assembleFrom, decoderSourceNames, sha256File, type DemoPart } from '../../models/demo-model.ts';
+import { readGGUF, readTensorData } from '../../models/gguf.ts';
+import { resolveModel } from '../../models/resolve.ts';
+import { TorchCpuGenerator, torchRandn } from '../../models/torch-random.ts';
+import { REPO_ROOT } from '../support/fixtures.ts';
+
+const WEIGHTS = DEMO_MODELS['gemma4-robot']!;
+const PARTS: readonly DemoPart[] = ['decoder', 'vision', 'mmproj'];
+/** Rows of both tables from train.py's regen_tables(0), recorded with PyTorch (the file says which). */
+const TORCH = JSON.parse(readFileSync(join(REPO_ROOT, 'test/fixtures/demo-model/torch-tables.json'), 'utf8')) as {
+  ids: number[];
+  embed_tokens: Record<string, string>;
+  embed_tokens_per_layer: Record<string, string>;
+};
+const rowOf = (hex: string) => new Float32Array(new Uint8Array(Buffer.from(hex, 'hex')).buffer);
+/** One float32 ulp near the tables' largest values (|x| < 0.25): the AVX2 kernel fuses a few operations differently. */
+const ULP = 2 ** -26;
+
+let dir: string;
+let weights: DemoWeights;
+const assembled = new Map<DemoPart, string>();
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'percept-demo-weights-'));
+  weights = await DemoWeights.open(WEIGHTS);
+  for (const part of PARTS) assembled.set(part, await assembleFrom(WEIGHTS, 'gemma4-robot', part, { cacheDir: dir }));
+});
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+describe('demo model weights', () => {
+  test('are at most 8 MiB and say what they hold', () => {
+    assert.ok(statSync(WEIGHTS).size <= 8 * 1024 * 1024, `${statSync(WEIGHTS).size} bytes`);
+    assert.equal(weights.info.imageTokens, 70);
+    assert.deepEqual(Object.keys(weights.info.sha256).sort(), [...PARTS].sort());
+  });
+
+  test('torchRandn refuses the short, unvectorized path it does not model', () => {
+    assert.throws(() => torchRandn(15, new TorchCpuGenerator(1)), /an integer ≥ 16/);
+  });
+
+  test('untrained table rows are what PyTorch drew from the seed; trained rows are the stored ones', async () => {
+    const tables = await weights.tables();
+    const trained = new Set(await weights.tableIds());
+    const stored = {
+      embed_tokens: await weights.get('tables.embed_tokens.rows'),
+      embed_tokens_per_layer: await weights.get('tables.embed_tokens_per_layer.rows'),
+    };
+    const ids = [...trained];
+    let exact = 0;
+    let compared = 0;
+    for (const key of ['embed_tokens', 'embed_tokens_per_layer'] as const) {
+      const table = tables.get(`language_model.${key}.weight`)!;
+      const width = table.length / 262144;
+      for (const id of TORCH.ids) {
+        const row = table.subarray(id * width, (id + 1) * width);
+        if (trained.has(id)) {
+          const k = ids.indexOf(id);
+          assert.deepEqual(row, stored[key].subarray(k * width, (k + 1) * width), `${key} row ${id} (trained)`);
+          continue;
+        }
+        const torch = rowOf(TORCH[key][String(id)]!);
+        row.forEach((v, i) => {
+          compared++;
+          if (v === torch[i]) exact++;
+          assert.ok(Math.abs(v - torch[i]!) <= ULP, `${key}[${id}][${i}]: ${v} vs PyTorch ${torch[i]}`);
+        });
+      }
+    }
+    assert.ok(compared >= 640 && exact / compared >= 0.99, `${exact} of ${compared} values bit-identical`);
+  });
+});
+
+describe('demo model assembly', () => {
+  test('every part matches the sha256 the weights record', async () => {
+    for (const part of PARTS) assert.equal(await sha256File(assembled.get(part)!), weights.info.sha256[part], part);
+  });
+
+  test('the decoder is a gemma4 GGUF with the real tokenizer and the trained weights as stored', async () => {
+    const path = assembled.get('decoder')!;
+    const f = await readGGUF(path);
+    assert.equal(f.get('general.architecture'), 'gemma4');
+    assert.equal(f.get('gemma4.embedding_length'), 256);
+    assert.equal((f.get('tokenizer.ggml.tokens') as string[]).length, 262144);
+    const sources = decoderSourceNames(4);
+    for (const name of ['blk.0.attn_q.weight', 'blk.3.ffn_down.weight', 'per_layer_model_proj.weight']) {
+      const bytes = await readTensorData(path, f, name);
+      const got = new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+      assert.deepEqual(got, await weights.get(sources.get(name)!), name);
+    }
+  });
+
+  test('resolveModel names it demo:gemma4-robot, and an unknown name is refused with the known ones', async () => {
+    assert.equal(await resolveModel('demo:gemma4-robot', 'vision', { cacheDir: dir }), assembled.get('vision'));
+    await assert.rejects(
+      resolveModel('demo:nope', 'decoder', { cacheDir: dir }),
+      /unknown demo model "nope"; expected one of: gemma4-robot/,
+    );
+  });
+
+  test('damaged weights are refused by hash and leave nothing in the cache', async () => {
+    const damaged = join(dir, 'damaged.weights.gguf');
+    copyFileSync(WEIGHTS, damaged);
+    const f = await readGGUF(damaged);
+    const t = f.tensor('vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight')!;
+    const fd = openSync(damaged, 'r+');
+    writeSync(fd, Buffer.from([0x7f]), 0, 1, f.dataOffset + t.offset + 100);
+    const cache = join(dir, 'damaged-cache');
+    await assert.rejects(
+      assembleFrom(damaged, 'gemma4-robot', 'vision', { cacheDir: cache }),
+      /assembled vision has sha256 [0-9a-f]{64}, the weights file records/,
+    );
+    assert.deepEqual(existsSync(cache) ? readdirSync(cache) : [], []);
+  });
+});
