@@ -7,16 +7,20 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
+import { parse as parseRosMsg } from '@foxglove/rosmsg';
+import { MessageWriter } from '@foxglove/rosmsg2-serialization';
+import { DdsParticipant } from '../../native/dds/binding.ts';
 import { RealClock } from '../../pipeline/clock.ts';
 import { chain } from '../../pipeline/graph/chain.ts';
 import { eventToJson } from '../../pipeline/telemetry/events.ts';
+import type { SourceItem, SourceRejection } from '../../pipeline/types.ts';
 import type { CameraFrame } from '../../nodes/payloads.ts';
 import { encodePatternFrame, readPatternCounter } from '../../nodes/source-pattern.ts';
 import { createRos2Source } from '../../nodes/source-ros2.ts';
 import { ROS2_IMAGE_DEFINITIONS } from '../../app/run/ros2.ts';
 import { assertConservation, dropsOf, fakeStage, runGraph, testConfig } from '../support/pipeline-fakes.ts';
 import { decodeRgb } from '../support/sources.ts';
-import { buildCyclonePeer, startPeer, testDomainId, type Peer } from '../support/dds-peers.ts';
+import { buildCyclonePeer, startPeer, testDomainId, until, type Peer } from '../support/dds-peers.ts';
 
 const FRAMES = 6;
 const BAD_AT = 3;
@@ -117,4 +121,67 @@ test('a topic name ROS 2 would refuse is an error naming it', async () => {
     }),
     /expected an absolute ROS 2 topic name such as \/percept\/actions but received "camera"/,
   );
+});
+
+test('raw sensor_msgs/msg/Image frames from a writer in this process arrive with their size and stride; one of the wrong size is rejected with its reason', async () => {
+  const domainId = testDomainId(5);
+  const source = await createRos2Source({
+    domainId,
+    topic: '/camera/image_raw',
+    type: 'sensor_msgs/msg/Image',
+    reliability: 'reliable',
+    depth: 100,
+    definition: ROS2_IMAGE_DEFINITIONS['sensor_msgs/msg/Image'],
+  });
+  const participant = await DdsParticipant.open({ domainId });
+  const writer = participant.createWriter('/camera/image_raw', 'sensor_msgs/msg/Image', { reliable: true, depth: 100 });
+  await until(() => writer.matched() === 1 && source.matched() === 1);
+  const image = new MessageWriter(parseRosMsg(ROS2_IMAGE_DEFINITIONS['sensor_msgs/msg/Image'], { ros2: true }));
+  const frame = (k: number, width: number, height: number, step: number, bytes: number) =>
+    image.writeMessage({
+      header: { stamp: { sec: 1_700_000_100, nanosec: k }, frame_id: 'raw_cam' },
+      height,
+      width,
+      encoding: 'rgb8',
+      is_bigendian: 0,
+      step,
+      data: new Uint8Array(bytes).fill(k),
+    });
+  writer.write(frame(0, 4, 2, 12, 24));
+  writer.write(frame(1, 4, 2, 16, 32));
+  writer.write(frame(2, 4, 2, 12, 23));
+  const controller = new AbortController();
+  const items = [];
+  for await (const item of source.frames(new RealClock(), controller.signal)) {
+    items.push(item);
+    if (items.length === 3) break;
+  }
+  await participant.drain(60_000);
+  participant.close();
+  await source.close();
+  const [a, b, bad] = items as [SourceItem<CameraFrame>, SourceItem<CameraFrame>, SourceRejection];
+  assert.deepEqual({ ...a.payload, data: a.payload.data.length }, { encoding: 'rgb8', data: 24, width: 4, height: 2, stride: 12 });
+  assert.deepEqual({ ...b.payload, data: b.payload.data.length }, { encoding: 'rgb8', data: 32, width: 4, height: 2, stride: 16 });
+  assert.equal(a.sourceId, 'raw_cam');
+  assert.deepEqual(b.sourceStamp, { sec: 1_700_000_100, nanosec: 1 });
+  assert.equal(bad.rejected, 'the image has the wrong size');
+  assert.equal(bad.detail, '/camera/image_raw message 3: 23 bytes of rgb8, need step × height = 24 for 4×2 step 12');
+});
+
+test('a best-effort reader (ROS 2 sensor data profile, the default) matches a reliable publisher in C', { timeout: 600_000 }, async () => {
+  const domainId = testDomainId(6);
+  const source = await createRos2Source({
+    domainId,
+    topic: '/camera/image/compressed',
+    type: 'sensor_msgs/msg/CompressedImage',
+    reliability: 'best_effort',
+    depth: 5,
+    definition: ROS2_IMAGE_DEFINITIONS['sensor_msgs/msg/CompressedImage'],
+  });
+  const pub = startPeer(publisher, [String(domainId), 'rt/camera/image/compressed', FRAME_ID, 'BAD']);
+  peers.push(pub);
+  await pub.waitForLine((l) => l === 'matched');
+  await until(() => source.matched() === 1);
+  assert.equal(await pub.exited, 0, pub.stderr());
+  await source.close();
 });
