@@ -7,6 +7,7 @@
 #   python3-jsonschema  the Python subscriber's schema check
 #   chromium            the eval report's browser test
 #   cyclonedds-dev      the DDS addon (native/dds) and the tests' C subscriber and publisher
+#   cyclonedds-tools    idlc, the types of the tests' C subscriber and publisher (only recommended by cyclonedds-dev)
 #   libfastrtps-dev     the tests' Fast DDS participant (RTPS interop with another implementation)
 set -euo pipefail
 missing=()
@@ -16,6 +17,7 @@ command -v ffmpeg >/dev/null || missing+=(ffmpeg)
 /usr/bin/python3 -c 'import jsonschema' 2>/dev/null || missing+=(python3-jsonschema)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -f /usr/include/dds/dds.h ] || missing+=(cyclonedds-dev)
+command -v idlc >/dev/null || missing+=(cyclonedds-tools)
 [ -f /usr/include/fastdds/dds/domain/DomainParticipantFactory.hpp ] || missing+=(libfastrtps-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 install="apt-get install -y -qq --no-install-recommends ${missing[*]}"
