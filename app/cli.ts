@@ -489,7 +489,7 @@ calc
 program
   .command('eval')
   .description(
-    'replay a bag in lockstep, record it, and measure it: metrics.json and report.html (valid rate, accuracy vs labels, deadline misses, drops, latency)',
+    'replay a bag in lockstep, record it, and measure it: metrics.json and report.html (valid rate, accuracy vs labels, deadline misses, drops, latency modelled on the virtual clock)',
   )
   .requiredOption('-b, --bag <file>', 'the bag (MCAP) to replay')
   .option('-c, --config <file>', 'pipeline config (default: the embedded configs/default.json)')
@@ -499,6 +499,11 @@ program
     'a second config (e.g. the F16 decoder) replayed on the same bag: the report gives the token agreement of the two',
   )
   .requiredOption('-o, --out <dir>', 'output folder: metrics.json, report.html and the recordings')
+  .option(
+    '--calibration <file>',
+    "stage costs from a calibration file written by percept calibrate, in place of the config's virtualServiceMs",
+  )
+  .option('--seed <n>', "seeds the draws from the calibrated distributions (default: the config's virtualServiceSeed)", int('--seed'))
   .option(
     '--fail-under <limits>',
     'exit 2 when a metric is on the wrong side: valid=0.99,accuracy=0.8,iou=0.5,agreement=0.9 (minimums), miss=0.05 (maximum)',
@@ -518,6 +523,7 @@ program
           accuracy: pct(metrics.accuracy?.action),
           miss: pct(metrics.deadlineMissRate),
           ...(metrics.tokens ? { agreement: pct(metrics.tokens.tokenAgreement) } : {}),
+          latencies: metrics.timing.summary,
           report: `${opts.out}/report.html`,
         },
         false,
@@ -554,7 +560,7 @@ program
 program
   .command('calibrate')
   .description(
-    "measure each stage's service time per ladder level on this machine; write a calibration file a config names in virtualServiceMs",
+    "measure each stage's service times per ladder level on this machine; write their distributions to a calibration file a config names in virtualServiceMs",
   )
   .option('-c, --config <file>', 'pipeline config (default: the embedded configs/default.json)')
   .option('-s, --source <spec>', 'where the frames come from (default: the config source): pattern[:FPS[:FRAMES]], bag:PATH, folder:PATH')
@@ -573,7 +579,7 @@ program
       },
     });
     if (opts.json) process.stdout.write(`${JSON.stringify(file, null, 2)}\n`);
-    else printResult({ out: opts.out, frames: file.frames, levels: file.levels.length, ...file.virtualServiceMs }, false);
+    else printResult({ out: opts.out, frames: file.frames, levels: file.levels.length, ...file.medianMs }, false);
   });
 
 program
@@ -594,6 +600,11 @@ program
   .addOption(new Option('--virtual', 'virtual clock: stage costs from calibration files (the default when one is given)').conflicts('real'))
   .option('--real', 'real stages on the real clock, the bag at its recorded pace')
   .option('--calibration <file...>', 'calibration files written by percept calibrate (default: the one the config names)')
+  .option(
+    '--seed <n>',
+    "virtual mode: seeds the draws from the calibrated distributions (default: the config's virtualServiceSeed)",
+    int('--seed'),
+  )
   .addOption(
     new Option('--pace <pace>', 'virtual mode: lockstep, or the recorded pace (edge policies matter)').choices(['lockstep', 'recorded']),
   )

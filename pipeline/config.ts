@@ -10,6 +10,7 @@ import { dirname, isAbsolute, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Ajv, type ErrorObject } from 'ajv';
 import { insecureEndpointProblem, parseEndpoint } from './endpoint.ts';
+import { costsPerLevel, isDistribution, type StageServiceCosts } from './service-time.ts';
 import type { Knobs } from './types.ts';
 
 export type SourceConfig =
@@ -241,15 +242,20 @@ export interface PerceptConfig {
   readonly clock: 'real' | 'virtual';
   /** Virtual clock only: the next frame enters when the previous one has ended (every frame is processed). */
   readonly lockstep: boolean;
-  /** Stage name → service time (ms) charged on a virtual clock: one value, or one per ladder level.
-   * A calibration file named in the config file is read into this. */
-  readonly virtualServiceMs: Readonly<Record<string, number | readonly number[]>>;
+  /** Stage name → service time charged on a virtual clock: one cost, or one per ladder level; a cost is
+   * fixed ms or a distribution sampled per call. A calibration file named in the config file is read into this. */
+  readonly virtualServiceMs: Readonly<Record<string, StageServiceCosts>>;
+  /** Seeds the draws from virtualServiceMs distributions: same seed, same replay. */
+  readonly virtualServiceSeed: number;
   readonly telemetry: TelemetryConfig;
   readonly ros2: Ros2Config;
 }
 
 /** The part of the config the graph runtime reads. */
-export type GraphConfig = Pick<PerceptConfig, 'budgets' | 'edges' | 'ladder' | 'clock' | 'lockstep' | 'virtualServiceMs' | 'telemetry'>;
+export type GraphConfig = Pick<
+  PerceptConfig,
+  'budgets' | 'edges' | 'ladder' | 'clock' | 'lockstep' | 'virtualServiceMs' | 'virtualServiceSeed' | 'telemetry'
+>;
 
 export interface ConfigIssue {
   /** JSON pointer into the config ('' is the whole document). */
@@ -339,6 +345,9 @@ export function loadConfig(input: string | object): PerceptConfig {
   return config;
 }
 
+/** The calibration file version `percept calibrate` writes: stage costs as distributions. */
+export const CALIBRATION_VERSION = 2;
+
 /** A `virtualServiceMs` that names a calibration file (`percept calibrate`) becomes the file's service times.
  * The schema then checks them like any others. */
 function inlineCalibration(data: unknown, base: string): ConfigIssue | undefined {
@@ -352,6 +361,13 @@ function inlineCalibration(data: unknown, base: string): ConfigIssue | undefined
   }
   if (!isRecord(file) || file.kind !== 'percept.calibration' || !isRecord(file.virtualServiceMs)) {
     return { path: '/virtualServiceMs', message: `${path} is not a calibration file written by percept calibrate` };
+  }
+  // Version 1 kept medians only: they are read as fixed costs. Version 2 keeps distributions.
+  if (file.version !== 1 && file.version !== CALIBRATION_VERSION) {
+    return {
+      path: '/virtualServiceMs',
+      message: `${path} is a calibration file of version ${String(file.version)}; this percept reads versions 1 and ${CALIBRATION_VERSION}`,
+    };
   }
   data.virtualServiceMs = file.virtualServiceMs;
   return adoptCalibrationLadder(data, file, path);
@@ -553,6 +569,13 @@ function checkSemantics(config: PerceptConfig): ConfigIssue[] {
     issues.push({ path: '/ladder/minSamples', message: `must be at most /ladder/window (${ladder.window}) but is ${ladder.minSamples}` });
   }
   for (const [stage, value] of Object.entries(config.virtualServiceMs)) {
+    costsPerLevel(value).forEach((cost, level) => {
+      if (isDistribution(cost) && cost.quantilesMs.some((ms, i) => i > 0 && ms < cost.quantilesMs[i - 1]!))
+        issues.push({
+          path: `/virtualServiceMs/${stage}${Array.isArray(value) ? `/${level}` : ''}/quantilesMs`,
+          message: 'must be ascending',
+        });
+    });
     if (Array.isArray(value) && value.length > ladder.rungs.length + 1) {
       issues.push({
         path: `/virtualServiceMs/${stage}`,

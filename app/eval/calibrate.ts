@@ -2,9 +2,10 @@
 // the config's own stages and frames. A config names the file in `virtualServiceMs`, so lockstep
 // replays and tuning charge what this hardware costs.
 //
-// Calibration file, JSON of kind "percept.calibration", version 1:
-//   virtualServiceMs   stage → [ms at level 0, level 1, …], the median the virtual clock charges
-//   p90Ms              the same shape at the 90th percentile, for a pessimistic tuning
+// Calibration file, JSON of kind "percept.calibration", version 2:
+//   virtualServiceMs   stage → per level, {count, quantilesMs}: the distribution the virtual clock samples
+//   medianMs, p90Ms    stage → [ms at level 0, level 1, …], for people and for comparing files
+// Version 1 held medians in virtualServiceMs; configs and tune read them as fixed costs.
 //   levels             the knobs of each level, from the config's ladder
 //   frames, machine, config, models, decoder   what was measured, where and with what
 // Method: frames come from the config's source without pacing, and each level gets one untimed warm-up frame.
@@ -16,7 +17,8 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { DegradeLadder } from '../../pipeline/budget.ts';
 import { RealClock, VirtualClock } from '../../pipeline/clock.ts';
-import type { PerceptConfig } from '../../pipeline/config.ts';
+import { CALIBRATION_VERSION, type PerceptConfig } from '../../pipeline/config.ts';
+import { serviceDistribution, type ServiceCost } from '../../pipeline/service-time.ts';
 import { standaloneContext } from '../../pipeline/standalone.ts';
 import { DropFrame, isRejection, type Knobs, type Stage } from '../../pipeline/types.ts';
 import { loadActionSchema } from '../../nodes/action-schema.ts';
@@ -27,8 +29,11 @@ import { createSource } from '../run/stages.ts';
 
 export interface CalibrationFile {
   readonly kind: 'percept.calibration';
-  readonly version: 1;
-  readonly virtualServiceMs: Readonly<Record<string, readonly number[]>>;
+  /** 2; a version 1 file has medians in virtualServiceMs and no medianMs. */
+  readonly version: 1 | 2;
+  /** stage → per level: a distribution, or 0 where the stage had no call (version 1: the median). */
+  readonly virtualServiceMs: Readonly<Record<string, readonly ServiceCost[]>>;
+  readonly medianMs?: Readonly<Record<string, readonly number[]>>;
   readonly p90Ms: Readonly<Record<string, readonly number[]>>;
   readonly levels: readonly Knobs[];
   readonly frames: number;
@@ -104,6 +109,13 @@ export function perLevel(times: StageTimes, stat: (xs: number[]) => number): Rec
   return out;
 }
 
+/** Per stage, per level: the distribution of the samples, or 0 where there were none. */
+export function distributionsPerLevel(times: StageTimes): Record<string, ServiceCost[]> {
+  const out: Record<string, ServiceCost[]> = {};
+  for (const [stage, levels] of times.samples) out[stage] = levels.map((xs) => (xs.length ? serviceDistribution(xs) : 0));
+  return out;
+}
+
 export interface CalibrateOptions {
   readonly config?: string;
   readonly source?: string;
@@ -145,8 +157,9 @@ export async function calibrate(opts: CalibrateOptions): Promise<CalibrationFile
   if (config.decoder.draftMtp) models.draftMtp = config.decoder.draftMtp;
   const file: CalibrationFile = {
     kind: 'percept.calibration',
-    version: 1,
-    virtualServiceMs: perLevel(times, median),
+    version: CALIBRATION_VERSION,
+    virtualServiceMs: distributionsPerLevel(times),
+    medianMs: perLevel(times, median),
     p90Ms: perLevel(times, (xs) => quantile(xs, 0.9)),
     levels,
     frames: frames.length,

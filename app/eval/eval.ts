@@ -1,15 +1,17 @@
 // `percept eval`: replays a bag in lockstep on the virtual clock, records the run and measures the recording.
 // Lockstep processes every frame, the same way each time.
 // Metrics: schema-valid rate, accuracy against labels, deadline misses, drops, per-stage latency quantiles.
+// Latencies are labelled measured (real clock) or modelled (virtual clock: fixed or sampled stage costs).
 // With a reference config, such as the F16 decoder next to Q4_K_M, also the token agreement of the two.
 // It writes metrics.json and report.html (app/eval/report.ts) into --out.
 // `--fail-under valid=0.99,accuracy=0.8,miss=0.05` exits 2 when a metric is on the wrong side.
 // Valid, accuracy, iou and agreement are minimums, and miss is a maximum.
 // `percept compare A B` puts two eval outputs side by side.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { basename, join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import cliProgress from 'cli-progress';
-import type { PerceptConfig } from '../../pipeline/config.ts';
+import { loadConfig, type PerceptConfig } from '../../pipeline/config.ts';
+import { costsPerLevel, isDistribution } from '../../pipeline/service-time.ts';
 import type { Graph } from '../../pipeline/graph/graph.ts';
 import type { RunSummary } from '../../pipeline/telemetry/events.ts';
 import { loadActionSchema } from '../../nodes/action-schema.ts';
@@ -19,7 +21,7 @@ import { loadLabels, type Label } from './labels.ts';
 import { quantile } from '../stats.ts';
 import { executeRun, runConfig } from '../run/run.ts';
 import { renderReport } from './report.ts';
-import type { Accuracy, EvalMetrics, EvalSeries, StageQuantiles, TokenAgreement } from './metrics.ts';
+import type { Accuracy, EvalMetrics, EvalSeries, LatencyKind, StageCost, StageQuantiles, Timing, TokenAgreement } from './metrics.ts';
 
 const log = (msg: string) => process.stderr.write(`percept: ${msg}\n`);
 
@@ -112,9 +114,55 @@ export async function readRecording(path: string): Promise<Recording> {
 const ratio = (a: number, b: number): number | null => (b > 0 ? a / b : null);
 const round = (x: number | null): number | null => (x === null ? null : Math.round(x * 1e6) / 1e6);
 
-function quantiles(values: readonly number[]): StageQuantiles {
+function quantiles(values: readonly number[], latency: LatencyKind): StageQuantiles {
   const q = (p: number) => (values.length ? round(quantile(values, p)) : null);
-  return { count: values.length, p50Ms: q(0.5), p95Ms: q(0.95), p99Ms: q(0.99), maxMs: values.length ? round(Math.max(...values)) : null };
+  return {
+    latency,
+    count: values.length,
+    p50Ms: q(0.5),
+    p95Ms: q(0.95),
+    p99Ms: q(0.99),
+    maxMs: values.length ? round(Math.max(...values)) : null,
+  };
+}
+
+/** Whether the run's latencies are measured or modelled, per stage and overall, from its recorded config. */
+export function timingOf(recording: Recording, calibration: string | null): Timing {
+  let config: Partial<Pick<PerceptConfig, 'clock' | 'virtualServiceMs' | 'virtualServiceSeed'>> = {};
+  try {
+    config = JSON.parse(recording.metadata.config ?? '{}') as typeof config;
+  } catch {
+    // An unreadable config says nothing of costs; the clock below still does.
+  }
+  // A recording that does not say is taken as modelled: never call a figure measured without proof.
+  const clock = (recording.metadata.clock ?? config.clock ?? recording.summary?.clock) === 'real' ? 'real' : 'virtual';
+  const costs = config.virtualServiceMs;
+  const costOf = (stage: string): StageCost | null => {
+    if (!costs || typeof costs !== 'object') return null;
+    const given = costs[stage];
+    if (given === undefined) return 'none';
+    return costsPerLevel(given).some(isDistribution) ? 'sampled' : 'fixed';
+  };
+  const stages: Record<string, Timing['stages'][string]> = {};
+  for (const stage of recording.spans.keys())
+    stages[stage] = clock === 'real' ? { latency: 'measured', cost: null } : { latency: 'modelled', cost: costOf(stage) };
+  const latency: LatencyKind = clock === 'real' ? 'measured' : 'modelled';
+  const seed = clock === 'virtual' && typeof config.virtualServiceSeed === 'number' ? config.virtualServiceSeed : null;
+  let summary: string;
+  if (clock === 'real') summary = 'measured on the real clock';
+  else {
+    const byCost = new Map<string, string[]>();
+    for (const [stage, t] of Object.entries(stages)) byCost.set(t.cost ?? 'unknown', [...(byCost.get(t.cost ?? 'unknown') ?? []), stage]);
+    const words: Record<string, string> = {
+      sampled: `sampled from measured distributions${seed === null ? '' : ` (seed ${seed})`}`,
+      fixed: 'fixed figures (no spread)',
+      none: 'no cost given (0 ms)',
+      unknown: 'costs the recording does not say',
+    };
+    const parts = [...byCost].map(([cost, list]) => `${list.join(', ')}: ${words[cost]}`);
+    summary = `modelled on the virtual clock, not measured${calibration ? ` (calibration ${calibration})` : ''}; ${parts.join('; ')}`;
+  }
+  return { clock, latency, stages, calibration, seed, summary };
 }
 
 export function iou(a: readonly number[] | undefined, b: readonly number[] | undefined): number {
@@ -216,7 +264,7 @@ export function tokenAgreement(a: Recording, b: Recording, reference: string): T
 export function measure(
   recording: Recording,
   labels: readonly Label[] | undefined,
-  names: { bag: string; config: string | null; labels: string | null; recording: string },
+  names: { bag: string; config: string | null; labels: string | null; recording: string; calibration?: string | null },
   reference?: { recording: Recording; name: string },
 ): { metrics: EvalMetrics; series: EvalSeries } {
   const summary = recording.summary;
@@ -227,20 +275,23 @@ export function measure(
   const invalid = byReason.invalid ?? 0;
   const late = frames.filter((f) => f.late).length;
   const stale = byReason.stale ?? 0;
+  const { calibration = null, ...files } = names;
+  const timing = timingOf(recording, calibration);
   const stages: Record<string, StageQuantiles> = {};
-  for (const [stage, values] of recording.spans) stages[stage] = quantiles(values);
+  for (const [stage, values] of recording.spans) stages[stage] = quantiles(values, timing.stages[stage]!.latency);
   const latencies = frames.flatMap((f) => (f.latencyMs !== undefined ? [f.latencyMs] : []));
   const first = frames[0]?.captureNs ?? 0n;
   const metrics: EvalMetrics = {
     kind: 'percept.eval',
-    version: 1,
-    ...names,
+    version: 2,
+    ...files,
     frames: { in: frames.length, out, dropped: frames.filter((f) => f.drop).length, rejected: byReason.rejected ?? 0 },
     validRate: round(ratio(out, out + invalid)),
     deadlineMissRate: round(ratio(late + stale, frames.length)),
     drops: { byReason, causes: summary?.drops.causes ?? {} },
+    timing,
     stages,
-    endToEnd: quantiles(latencies),
+    endToEnd: quantiles(latencies, timing.latency),
     accuracy: labels ? scoreLabels(recording, labels) : null,
     tokens: reference ? tokenAgreement(recording, reference.recording, reference.name) : null,
     warnings: [...recording.warnings, ...(summary?.source?.details ?? [])],
@@ -309,6 +360,17 @@ export interface EvalOptions {
   readonly out: string;
   readonly failUnder?: string;
   readonly progress?: boolean;
+  /** A calibration file whose stage costs replace the config's virtualServiceMs. */
+  readonly calibration?: string;
+  /** Seeds the draws from the costs' distributions (default: the config's virtualServiceSeed). */
+  readonly seed?: number;
+}
+
+/** The calibration file a config names in virtualServiceMs, resolved, or null. */
+export function namedCalibration(configPath: string | undefined): string | null {
+  if (!configPath) return null;
+  const named = (JSON.parse(readFileSync(configPath, 'utf8')) as { virtualServiceMs?: unknown }).virtualServiceMs;
+  return typeof named === 'string' && named !== '' ? resolve(dirname(resolve(configPath)), named) : null;
 }
 
 /** Runs the evaluation and resolves with the exit code: 1 when a run failed, 2 when a threshold was not met. */
@@ -323,11 +385,19 @@ export async function evaluate(opts: EvalOptions): Promise<{ code: number; metri
   const labelSchema = loadActionSchema(runConfig({ config: opts.config }).actions.schema);
   const labels = labelsPath ? loadLabels(labelsPath, labelSchema) : undefined;
 
+  const calibration = opts.calibration ? resolve(opts.calibration) : namedCalibration(opts.config);
   const replay = async (configPath: string | undefined, name: string): Promise<{ config: PerceptConfig; recording: string }> => {
     const recording = join(out, `${name}.mcap`);
     const given = runConfig({ config: configPath, source: `bag:${bag}`, lockstep: true, record: recording });
     // eval reads percept's own recording profile, whatever the config records for ROS tools.
-    const config = { ...given, recorder: { ...given.recorder, profile: '' as const } };
+    let config: PerceptConfig = { ...given, recorder: { ...given.recorder, profile: '' as const } };
+    if (name === 'run' && (opts.calibration || opts.seed !== undefined)) {
+      config = loadConfig({
+        ...config,
+        ...(opts.calibration ? { virtualServiceMs: calibration } : {}),
+        ...(opts.seed !== undefined ? { virtualServiceSeed: opts.seed } : {}),
+      });
+    }
     const { failure, summary } = await executeRun(config, {
       publish: false,
       liveTable: false,
@@ -342,7 +412,7 @@ export async function evaluate(opts: EvalOptions): Promise<{ code: number; metri
   const { metrics, series } = measure(
     await readRecording(main.recording),
     labels,
-    { bag, config: opts.config ? resolve(opts.config) : null, labels: labelsPath, recording: basename(main.recording) },
+    { bag, config: opts.config ? resolve(opts.config) : null, labels: labelsPath, recording: basename(main.recording), calibration },
     reference ? { recording: await readRecording(reference.recording), name: resolve(opts.reference!) } : undefined,
   );
   writeFileSync(join(out, 'metrics.json'), `${JSON.stringify(metrics, null, 2)}\n`);
@@ -395,6 +465,8 @@ const COMPARED: readonly [string, (m: EvalMetrics) => number | null | undefined]
 export interface Comparison {
   readonly a: string;
   readonly b: string;
+  /** How each side's latencies came about (metrics.json version 1 does not say). */
+  readonly timing: { readonly a: string; readonly b: string };
   readonly rows: readonly {
     readonly metric: string;
     readonly a: number | null;
@@ -426,7 +498,8 @@ export function compare(a: string, b: string): Comparison {
     const [va, vb] = [ma.drops.byReason[reason] ?? 0, mb.drops.byReason[reason] ?? 0];
     rows.push({ metric: `drops: ${reason}`, a: va, b: vb, delta: vb - va });
   }
-  return { a, b, rows };
+  const timingText = (m: EvalMetrics) => (m.timing ? `latencies ${m.timing.summary}` : 'latencies: not said (an older metrics.json)');
+  return { a, b, timing: { a: timingText(ma), b: timingText(mb) }, rows };
 }
 
 function stageRows(a: EvalMetrics, b: EvalMetrics): [string, (m: EvalMetrics) => number | null | undefined][] {
@@ -444,7 +517,9 @@ export function formatComparison(c: Comparison): string {
   return (
     [
       `A: ${c.a}`,
+      `   ${c.timing.a}`,
       `B: ${c.b}`,
+      `   ${c.timing.b}`,
       ...rows.map((r) => r.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join('  ')),
     ].join('\n') + '\n'
   );

@@ -1,6 +1,14 @@
 // What `percept eval` measures (metrics.json) and what its report plots besides.
 
+/** measured: durations on the real clock. modelled: the virtual clock's charges (virtualServiceMs). */
+export type LatencyKind = 'measured' | 'modelled';
+
+/** How the virtual clock charged a stage: sampled from a distribution, a fixed figure, or nothing given (0 ms). */
+export type StageCost = 'sampled' | 'fixed' | 'none';
+
 export interface StageQuantiles {
+  /** Whether these figures are measured or modelled. */
+  readonly latency: LatencyKind;
   readonly count: number;
   readonly p50Ms: number | null;
   readonly p95Ms: number | null;
@@ -38,9 +46,25 @@ export interface TokenAgreement {
   readonly actionAgreement: number | null;
 }
 
+/** What the latencies of a run are: where they come from, per stage and overall. */
+export interface Timing {
+  readonly clock: 'real' | 'virtual';
+  /** End to end: measured only when every stage was. */
+  readonly latency: LatencyKind;
+  /** Per stage: measured (null cost), or modelled and how it was charged (null when the recording does not say). */
+  readonly stages: Readonly<Record<string, { readonly latency: LatencyKind; readonly cost: StageCost | null }>>;
+  /** The calibration file the virtual clock's costs came from, when known. */
+  readonly calibration: string | null;
+  /** The seed of the draws from distributions (virtual clock), when the run had one. */
+  readonly seed: number | null;
+  /** The same in one sentence, as the report and `eval` print it. */
+  readonly summary: string;
+}
+
 export interface EvalMetrics {
   readonly kind: 'percept.eval';
-  readonly version: 1;
+  /** 2 adds `timing` and each quantile set's `latency`. */
+  readonly version: 2;
   readonly bag: string;
   readonly config: string | null;
   readonly labels: string | null;
@@ -51,6 +75,7 @@ export interface EvalMetrics {
   /** Deadline misses (late outputs and stale drops) / frames in. */
   readonly deadlineMissRate: number | null;
   readonly drops: { readonly byReason: Readonly<Record<string, number>>; readonly causes: Readonly<Record<string, number>> };
+  readonly timing: Timing;
   readonly stages: Readonly<Record<string, StageQuantiles>>;
   readonly endToEnd: StageQuantiles;
   readonly accuracy: Accuracy | null;

@@ -1,5 +1,6 @@
 // report.html of `percept eval`: one self-contained file, with no script, CDN or fetch.
 // Each number of metrics.json sits in an element with data-metric, its path, and data-value, the exact number.
+// Every latency says whether it is measured or modelled (data-latency), so a modelled p99 never reads as measured.
 // The plots are inline SVG: vega-lite specs compiled to vega and rendered in Node by vega's headless renderer.
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
@@ -18,14 +19,14 @@ async function svgOf(spec: TopLevelSpec): Promise<string> {
 
 const CONFIG = { view: { stroke: null }, font: 'Helvetica, Arial, sans-serif', axis: { labelFontSize: 11, titleFontSize: 12 } } as const;
 
-function timelineSpec(series: EvalSeries): TopLevelSpec {
+function timelineSpec(series: EvalSeries, latency: string): TopLevelSpec {
   const points = series.timeline.filter((p) => p.latencyMs !== null).map((p) => ({ ...p, status: p.late ? 'late' : 'on time' }));
   const drops = series.timeline.filter((p) => p.drop !== null).map((p) => ({ t: p.t, drop: p.drop }));
   return {
     config: CONFIG,
     width: 720,
     height: 220,
-    title: 'End-to-end latency per frame (dropped frames as ticks at the bottom)',
+    title: `End-to-end latency per frame, ${latency} (dropped frames as ticks at the bottom)`,
     layer: [
       {
         data: { values: points },
@@ -45,7 +46,7 @@ function timelineSpec(series: EvalSeries): TopLevelSpec {
   } as TopLevelSpec;
 }
 
-function histogramSpec(series: EvalSeries): TopLevelSpec {
+function histogramSpec(series: EvalSeries, metrics: EvalMetrics): TopLevelSpec {
   // One chart per stage, so each is binned over its own range.
   return {
     config: CONFIG,
@@ -54,7 +55,7 @@ function histogramSpec(series: EvalSeries): TopLevelSpec {
       data: { values: ms.map((v) => ({ ms: v })) },
       width: 640,
       height: 70,
-      title: { text: stage, fontSize: 12, anchor: 'start' },
+      title: { text: `${stage}, ${metrics.stages[stage]?.latency ?? metrics.timing.latency}`, fontSize: 12, anchor: 'start' },
       mark: { type: 'bar', color: '#3b6ea5' },
       encoding: {
         x: { field: 'ms', type: 'quantitative', bin: { maxbins: 40 }, title: 'ms' },
@@ -70,7 +71,7 @@ function quantileSpec(metrics: EvalMetrics): TopLevelSpec {
   );
   return {
     config: CONFIG,
-    title: 'Per-stage p50 / p95 / p99',
+    title: `Per-stage p50 / p95 / p99, ${metrics.timing.latency}`,
     data: { values },
     width: 640,
     height: 200,
@@ -137,11 +138,15 @@ function metric(path: string, value: number | null | undefined, format: Format):
   return `<span class="metric" data-metric="${esc(path)}" data-value="${data}">${formatValue(value, format)}</span>`;
 }
 
+function latencyText(latency: string, cost: string | null): string {
+  return latency === 'measured' ? 'measured' : `modelled${cost ? ` (${cost})` : ''}`;
+}
+
 export async function renderReport(metrics: EvalMetrics, series: EvalSeries): Promise<string> {
   const plots: [string, TopLevelSpec | undefined][] = [
-    ['timeline', timelineSpec(series)],
+    ['timeline', timelineSpec(series, metrics.endToEnd.latency)],
     ['quantiles', quantileSpec(metrics)],
-    ['histograms', histogramSpec(series)],
+    ['histograms', histogramSpec(series, metrics)],
     ['confusion', confusionSpec(metrics)],
     ['drops', dropsSpec(metrics)],
   ];
@@ -150,15 +155,16 @@ export async function renderReport(metrics: EvalMetrics, series: EvalSeries): Pr
 
   const a = metrics.accuracy;
   const t = metrics.tokens;
+  const e2e = metrics.endToEnd.latency;
   const headline: [string, string][] = [
     ['frames in', metric('frames.in', metrics.frames.in, 'int')],
     ['frames out', metric('frames.out', metrics.frames.out, 'int')],
     ['rejected by the source', metric('frames.rejected', metrics.frames.rejected, 'int')],
     ['schema-valid rate', metric('validRate', metrics.validRate, 'pct')],
     ['deadline-miss rate', metric('deadlineMissRate', metrics.deadlineMissRate, 'pct')],
-    ['end-to-end p50', metric('endToEnd.p50Ms', metrics.endToEnd.p50Ms, 'ms')],
-    ['end-to-end p95', metric('endToEnd.p95Ms', metrics.endToEnd.p95Ms, 'ms')],
-    ['end-to-end p99', metric('endToEnd.p99Ms', metrics.endToEnd.p99Ms, 'ms')],
+    [`end-to-end p50, ${e2e}`, metric('endToEnd.p50Ms', metrics.endToEnd.p50Ms, 'ms')],
+    [`end-to-end p95, ${e2e}`, metric('endToEnd.p95Ms', metrics.endToEnd.p95Ms, 'ms')],
+    [`end-to-end p99, ${e2e}`, metric('endToEnd.p99Ms', metrics.endToEnd.p99Ms, 'ms')],
   ];
   if (a) {
     headline.push(
@@ -178,7 +184,9 @@ export async function renderReport(metrics: EvalMetrics, series: EvalSeries): Pr
   }
   const stageRows = Object.entries(metrics.stages).map(
     ([stage, q]) =>
-      `<tr><th>${esc(stage)}</th><td>${metric(`stages.${stage}.count`, q.count, 'int')}</td>` +
+      `<tr><th>${esc(stage)}</th>` +
+      `<td data-latency="${q.latency}">${latencyText(q.latency, metrics.timing.stages[stage]?.cost ?? null)}</td>` +
+      `<td>${metric(`stages.${stage}.count`, q.count, 'int')}</td>` +
       (['p50Ms', 'p95Ms', 'p99Ms', 'maxMs'] as const).map((k) => `<td>${metric(`stages.${stage}.${k}`, q[k], 'ms')}</td>`).join('') +
       '</tr>',
   );
@@ -191,6 +199,7 @@ export async function renderReport(metrics: EvalMetrics, series: EvalSeries): Pr
     ['config', metrics.config ?? '(the embedded default)'],
     ['labels', metrics.labels ?? '(none)'],
     ['recording', metrics.recording],
+    ['latencies', metrics.timing.summary],
     ...(t ? ([['reference', t.reference]] as [string, string][]) : []),
   ];
   return `<!doctype html>
@@ -205,7 +214,7 @@ table { border-collapse: collapse; margin: 8px 0; } th, td { padding: 3px 10px; 
 td { text-align: right; font-variant-numeric: tabular-nums; }
 .headline { display: grid; grid-template-columns: repeat(4, 1fr); gap: 8px; }
 .headline div { background: #f4f6f9; padding: 8px; border-radius: 4px; } .headline .metric { display: block; font-size: 18px; font-weight: bold; }
-.warning { color: #a33; } figure { margin: 16px 0; }
+.warning { color: #a33; } figure { margin: 16px 0; } p.modelled { background: #fff4d6; padding: 6px; }
 </style>
 </head>
 <body>
@@ -215,7 +224,8 @@ ${metrics.warnings.length ? `<ul>${metrics.warnings.map((w) => `<li class="warni
 <h2>Summary</h2>
 <div class="headline">${headline.map(([label, value]) => `<div>${label}${value}</div>`).join('')}</div>
 <h2>Stages</h2>
-<table><tr><th>stage</th><th>calls</th><th>p50</th><th>p95</th><th>p99</th><th>max</th></tr>${stageRows.join('')}</table>
+<p class="${e2e}" data-latency="${e2e}">Latencies are <b>${e2e}</b>: ${esc(metrics.timing.summary)}.</p>
+<table><tr><th>stage</th><th>latency</th><th>calls</th><th>p50</th><th>p95</th><th>p99</th><th>max</th></tr>${stageRows.join('')}</table>
 <h2>Drops</h2>
 ${drops.length ? `<table>${drops.join('')}</table><table><tr><th>cause</th><th>frames</th></tr>${causes.join('')}</table>` : '<p>None.</p>'}
 <h2>Plots</h2>

@@ -2,8 +2,10 @@
 // A calibration's levels vary image tokens, max new tokens and drafting on/off.
 // Its models and decoder settings (model, encoder, speculator, KV type, threads, GPU layers) must be the point's.
 // A point no calibration measured gets the first knob none measured, as the reason.
+// A cost is a distribution the virtual clock samples per call (seeded), or fixed ms from a version 1 file.
 import { readFileSync } from 'node:fs';
-import type { PerceptConfig } from '../../pipeline/config.ts';
+import { CALIBRATION_VERSION, type PerceptConfig } from '../../pipeline/config.ts';
+import type { ServiceCost } from '../../pipeline/service-time.ts';
 import type { Knobs } from '../../pipeline/types.ts';
 import type { CalibrationFile } from '../eval/calibrate.ts';
 import { knobText, sameDraft, speculatorOf, type DraftChoice, type KnobName, type PointKnobs } from './grid.ts';
@@ -11,7 +13,9 @@ import { knobText, sameDraft, speculatorOf, type DraftChoice, type KnobName, typ
 export interface Calibration {
   readonly path: string;
   readonly levels: readonly Knobs[];
-  readonly serviceMs: Readonly<Record<string, readonly number[]>>;
+  /** stage → per level: a distribution, or fixed ms. */
+  readonly serviceMs: Readonly<Record<string, readonly ServiceCost[]>>;
+  readonly version: 1 | 2;
   readonly decoder: string;
   readonly encoder: string | null;
   readonly speculator: DraftChoice;
@@ -28,11 +32,15 @@ export function readCalibration(path: string): Calibration {
     throw new Error(`--calibration ${path}: ${(err as Error).message}`, { cause: err });
   }
   const bad = (what: string) => new Error(`--calibration ${path}: ${what} (write one with percept calibrate)`);
-  if (file?.kind !== 'percept.calibration' || file.version !== 1) throw bad('not a calibration file');
+  if (file?.kind !== 'percept.calibration') throw bad('not a calibration file');
+  if (file.version !== 1 && file.version !== CALIBRATION_VERSION)
+    throw bad(`version ${String(file.version)}, and this percept reads versions 1 and ${CALIBRATION_VERSION}`);
   if (!Array.isArray(file.levels) || file.levels.length === 0) throw bad('no levels');
   for (const [stage, values] of Object.entries(file.virtualServiceMs ?? {})) {
-    if (!Array.isArray(values) || values.length !== file.levels.length || !values.every((v) => Number.isFinite(v) && v >= 0))
-      throw bad(`virtualServiceMs.${stage} must hold one number >= 0 per level (${file.levels.length})`);
+    if (!Array.isArray(values) || values.length !== file.levels.length || !values.every(validCost))
+      throw bad(
+        `virtualServiceMs.${stage} must hold one cost per level (${file.levels.length}): ms >= 0, or {count, quantilesMs} ascending`,
+      );
   }
   if (typeof file.models?.decoder !== 'string') throw bad('models.decoder is missing');
   const settings = file.decoder ?? { ngram: false, draftMax: null, kvType: 'f16', threads: null, gpuLayers: 0 };
@@ -41,6 +49,7 @@ export function readCalibration(path: string): Calibration {
     path,
     levels: file.levels,
     serviceMs: file.virtualServiceMs,
+    version: file.version,
     decoder: file.models.decoder,
     encoder: file.models.encoder ?? null,
     speculator,
@@ -48,6 +57,20 @@ export function readCalibration(path: string): Calibration {
     threads: settings.threads,
     gpuLayers: settings.gpuLayers,
   };
+}
+
+const validMs = (v: unknown): boolean => typeof v === 'number' && Number.isFinite(v) && v >= 0;
+
+function validCost(cost: unknown): boolean {
+  if (typeof cost !== 'object' || cost === null) return validMs(cost);
+  const { count, quantilesMs } = cost as { count?: unknown; quantilesMs?: unknown };
+  return (
+    Number.isInteger(count) &&
+    (count as number) >= 1 &&
+    Array.isArray(quantilesMs) &&
+    quantilesMs.length > 0 &&
+    quantilesMs.every((v: unknown, i) => validMs(v) && (i === 0 || (v as number) >= (quantilesMs[i - 1] as number)))
+  );
 }
 
 /** The encoder a calibration must have measured: the config's model file spec, or null for projection. */
@@ -61,7 +84,7 @@ export function calibratedCost(
   knobs: PointKnobs,
   maxNewTokens: { readonly knob: number; readonly bounded: boolean },
   encoder: string | null,
-): { readonly serviceMs: Record<string, number> } | { readonly knob: KnobName | 'encoder' | null; readonly why: string } {
+): { readonly serviceMs: Record<string, ServiceCost> } | { readonly knob: KnobName | 'encoder' | null; readonly why: string } {
   const on = knobs.draft.kind !== 'none';
   const settingsMatch = (c: Calibration) =>
     c.decoder === knobs.model &&

@@ -11,6 +11,7 @@ import { dirname, isAbsolute, resolve } from 'node:path';
 import { Ajv } from 'ajv';
 import { DRAFT_MAX } from '../../native/llama.ts';
 import { ConfigError, describeAjvError, loadConfig, type ConfigIssue, type PerceptConfig } from '../../pipeline/config.ts';
+import type { ServiceCost } from '../../pipeline/service-time.ts';
 import type { Knobs } from '../../pipeline/types.ts';
 import { parseSourceSpec } from '../run/run.ts';
 
@@ -266,7 +267,7 @@ export interface PointSetup {
   readonly budgetMs: number;
   readonly replay: Replay;
   /** Virtual clock: each stage's service time in ms at this point. */
-  readonly serviceMs: Readonly<Record<string, number>>;
+  readonly serviceMs: Readonly<Record<string, ServiceCost>>;
   /** The ladder knob maxNewTokens at this point (the decoder's effective budget). */
   readonly maxNewTokensKnob: number;
   readonly recording: string;

@@ -14,6 +14,7 @@
 // threads, GPU layers and edges, with fewer image or new tokens, or drafting off. A rung must save at least
 // MIN_RUNG_SAVING_MS and MIN_RUNG_SAVING_SHARE of the p99 above it, since less is noise.
 // The next rung starts from there, until no such point is faster.
+import type { ServiceCost } from '../../pipeline/service-time.ts';
 import type { Knobs } from '../../pipeline/types.ts';
 import { KNOB_NAMES, knobText, sameDraft, type PointKnobs } from './grid.ts';
 
@@ -126,8 +127,8 @@ export interface PointResult {
   readonly accuracy: number | null;
   readonly iou: number | null;
   readonly agreement: number | null;
-  /** Each stage's cost at this point: the service time the virtual clock charged, or the measured median. */
-  readonly serviceMs: Readonly<Record<string, number>>;
+  /** Each stage's cost at this point: what the virtual clock charged, or the distribution of its measured calls. */
+  readonly serviceMs: Readonly<Record<string, ServiceCost>>;
 }
 
 export function metricOf(r: PointResult, metric: Metric): number | null {

@@ -20,6 +20,7 @@ import { decodeBudget, loadActionSchema, type ActionSchema } from '../../nodes/a
 import { resolveModel, type ModelKind } from '../../models/resolve.ts';
 import { ConfigError, PATH_FIELDS, loadConfig, type ConfigIssue, type PerceptConfig } from '../../pipeline/config.ts';
 import { STOP_SIGNALS, type Graph } from '../../pipeline/graph/graph.ts';
+import { serviceDistribution, type ServiceCost } from '../../pipeline/service-time.ts';
 import type { Knobs } from '../../pipeline/types.ts';
 import { measure, readRecording, type Recording } from '../eval/eval.ts';
 import type { EvalMetrics } from '../eval/metrics.ts';
@@ -74,6 +75,8 @@ export interface TuneOptions {
   /** Default: virtual when a calibration is given or named by the config, else real. */
   readonly mode?: 'virtual' | 'real';
   readonly calibration?: readonly string[];
+  /** Seeds the draws from calibrated distributions (default: the config's virtualServiceSeed). */
+  readonly seed?: number;
   /** Virtual mode: lockstep by default, or the bag's recorded pace. */
   readonly pace?: 'lockstep' | 'recorded';
   readonly out: string;
@@ -98,6 +101,12 @@ export interface TuneResult {
   readonly mode: 'virtual' | 'real';
   readonly replay: Replay;
   readonly calibrations: readonly string[];
+  /** Latencies: measured (real clock) or modelled (virtual clock, calibrated costs). */
+  readonly latency: 'measured' | 'modelled';
+  /** Virtual mode: the seed of the draws from the calibrated distributions. */
+  readonly seed: number | null;
+  /** How latencies came about, in words (printed after the table). */
+  readonly latencies: string;
   readonly budgetMs: number;
   readonly objective: string;
   readonly quality: Metric;
@@ -300,9 +309,16 @@ async function replay(config: PerceptConfig, interruption: Interruption, progres
   }
 }
 
-function resultOf(point: GridPoint, ladder: Knobs, metrics: EvalMetrics, serviceMs: Record<string, number> | null): PointResult {
+function resultOf(
+  point: GridPoint,
+  ladder: Knobs,
+  metrics: EvalMetrics,
+  spans: ReadonlyMap<string, readonly number[]>,
+  serviceMs: Record<string, ServiceCost> | null,
+): PointResult {
   const stages = Object.fromEntries(Object.entries(metrics.stages).map(([s, q]) => [s, { p50Ms: q.p50Ms, p99Ms: q.p99Ms }]));
-  const measured = Object.fromEntries(Object.entries(metrics.stages).flatMap(([s, q]) => (q.p50Ms !== null ? [[s, q.p50Ms]] : [])));
+  // On the real clock, each stage's cost is the distribution of its measured calls.
+  const measured = Object.fromEntries([...spans].flatMap(([s, ms]) => (ms.length ? [[s, serviceDistribution(ms)]] : [])));
   return {
     index: point.index,
     label: point.label,
@@ -353,7 +369,7 @@ interface PlannedPoint {
   readonly point: GridPoint;
   readonly config: PerceptConfig;
   readonly ladder: Knobs;
-  readonly serviceMs: Record<string, number> | null;
+  readonly serviceMs: Record<string, ServiceCost> | null;
 }
 
 interface Plan {
@@ -424,7 +440,7 @@ async function planPoints(plan: Plan): Promise<PlannedPoint[]> {
         continue;
       }
     }
-    let serviceMs: Record<string, number> | null = null;
+    let serviceMs: Record<string, ServiceCost> | null = null;
     if (plan.replay !== 'real') {
       const cost = calibratedCost(
         calibrations,
@@ -524,7 +540,8 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
   const bag = resolve(opts.bag);
   if (!statSync(bag, { throwIfNoEntry: false })?.isFile()) throw new Error(`--bag ${opts.bag}: no such file`);
   const configPath = resolve(opts.config ?? DEFAULT_CONFIG);
-  const base = loadConfig(configPath);
+  const loaded = loadConfig(configPath);
+  const base = opts.seed === undefined ? loaded : loadConfig({ ...loaded, virtualServiceSeed: opts.seed });
   if (base.cameras) throw new Error(`tune runs one camera: ${configPath} has cameras`);
   const schema = loadActionSchema(base.actions.schema);
   const defaultLabels = bag.replace(/\.mcap$/, '') + '.labels.jsonl';
@@ -608,7 +625,8 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
           const recording = await replay(config, interruption, progress);
           if (!recording) throw interrupted();
           const names = { bag, config: configPath, labels: labelsPath, recording: config.recorder.path };
-          result = resultOf(point, ladder, measure(recording, labels, names, agreementWith).metrics, serviceMs);
+          const { metrics, series } = measure(recording, labels, names, agreementWith);
+          result = resultOf(point, ladder, metrics, series.spans, serviceMs);
           state.points[key] = result;
           writeState(statePath, state);
         } catch (err) {
@@ -655,6 +673,9 @@ export async function tune(opts: TuneOptions): Promise<TuneResult> {
     mode,
     replay: replayKind,
     calibrations: calibrations.map((c) => c.path),
+    latency: mode === 'real' ? 'measured' : 'modelled',
+    seed: mode === 'real' ? null : base.virtualServiceSeed,
+    latencies: latencyText(mode, calibrations, base.virtualServiceSeed),
     budgetMs: opts.budgetMs,
     objective: objective.text,
     quality: objective.quality,
@@ -744,6 +765,16 @@ export function tunedConfig(
   return config;
 }
 
+/** Whether a tune's latencies are measured or modelled, and from what. */
+function latencyText(mode: 'virtual' | 'real', calibrations: readonly Calibration[], seed: number): string {
+  if (mode === 'real') return 'measured on the real clock';
+  const fixed = calibrations.filter((c) => c.version === 1).map((c) => c.path);
+  const sampled = `stage costs sampled from the calibrated distributions (seed ${seed})`;
+  if (fixed.length === 0) return `modelled, not measured: ${sampled}`;
+  const medians = `fixed medians from version 1 calibrations (${fixed.join(', ')}; p99 = p50 per stage)`;
+  return `modelled, not measured: ${fixed.length === calibrations.length ? medians : `${sampled}, except ${medians}`}`;
+}
+
 /** The points that could not be measured, each with why (a rerun tries them again). */
 export function failedPoints(result: TuneResult): string[] {
   return result.points.filter((p) => p.status === 'failed').map((p) => `${p.label}: ${p.error ?? 'failed'}`);
@@ -768,6 +799,7 @@ export function formatTune(result: TuneResult): string {
     '',
     `'*' Pareto front (${result.quality} against end-to-end p99), '>' chosen; ${result.points.length} points: ${result.ran} measured, ${result.resumed} from ${result.state}`,
     `mode       ${result.mode} (${result.replay === 'real' ? 'real clock, the bag at its recorded pace' : result.replay === 'lockstep' ? 'virtual clock, lockstep, calibrated stage costs' : 'virtual clock, recorded pace, calibrated stage costs'})${result.calibrations.length ? `: ${result.calibrations.join(', ')}` : ''}`,
+    `latencies  ${result.latencies}`,
     `objective  ${result.objective}, budget ${result.budgetMs} ms`,
   ];
   const failed = result.points.filter((p) => p.status === 'failed').length;

@@ -5,6 +5,7 @@ import { Observable, type OperatorFunction, type Subscriber } from 'rxjs';
 import type { CostModel, DegradeLadder } from '../budget.ts';
 import { VirtualClock, msToNs, nsToMs, type Clock } from '../clock.ts';
 import type { GraphConfig } from '../config.ts';
+import { costsPerLevel, sampleServiceMs, serviceDraw, type ServiceCost } from '../service-time.ts';
 import type { TelemetryEvent } from '../telemetry/events.ts';
 import {
   DropFrame,
@@ -166,7 +167,8 @@ export class StageRunner {
   readonly #host: RunnerHost;
   readonly #edge: Edge;
   #budgetNs: bigint | undefined;
-  readonly #serviceMs: readonly number[];
+  readonly #serviceMs: readonly ServiceCost[];
+  readonly #serviceSeed: number;
   readonly #concurrency: number;
   #subscriber: Subscriber<Envelope<unknown>> | undefined;
   /** Calls started and not yet finished (or skipped): at most #concurrency. */
@@ -184,8 +186,8 @@ export class StageRunner {
     this.#edge = createEdge(config.edges[stage.name] ?? config.edges.default, `edges.${config.edges[stage.name] ? stage.name : 'default'}`);
     const budgetMs = config.budgets.stages[stage.name];
     this.#budgetNs = budgetMs === undefined ? undefined : msToNs(budgetMs);
-    const service = config.virtualServiceMs[stage.name] ?? 0;
-    this.#serviceMs = typeof service === 'number' ? [service] : service;
+    this.#serviceMs = costsPerLevel(config.virtualServiceMs[stage.name] ?? 0);
+    this.#serviceSeed = config.virtualServiceSeed;
     const concurrency = stage.concurrency ?? 1;
     if (!Number.isInteger(concurrency) || concurrency < 1)
       throw new TypeError(`createGraph: stage '${stage.name}': concurrency must be an integer ≥ 1 but is ${concurrency}`);
@@ -317,7 +319,8 @@ export class StageRunner {
     let call: CallContext;
     let modelledNs = 0n;
     if (host.virtual) {
-      modelledNs = msToNs(this.#serviceMs[Math.min(env.degradeLevel, this.#serviceMs.length - 1)]!);
+      const cost = this.#serviceMs[Math.min(env.degradeLevel, this.#serviceMs.length - 1)]!;
+      modelledNs = msToNs(sampleServiceMs(cost, serviceDraw(this.#serviceSeed, this.name, env.frameId)));
       const clock: CallClock = new CallClock(enterNs, host.wallOriginMs, () => {
         if (clock.nowNs() + modelledNs >= stageDeadlineNs) call.abort('deadline');
       });

@@ -6,7 +6,7 @@ import { execFile } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { perLevel, timeStages, type CalibrationFile } from '../../../app/eval/calibrate.ts';
+import { distributionsPerLevel, perLevel, timeStages, type CalibrationFile } from '../../../app/eval/calibrate.ts';
 import { median } from '../../../app/stats.ts';
 import { loadConfig } from '../../../pipeline/config.ts';
 import { DropFrame, type Knobs, type Stage, type StageContext } from '../../../pipeline/types.ts';
@@ -57,6 +57,31 @@ describe('calibrate', () => {
     assert.deepEqual(times.samples.get('decode')![0], [65, 66, 67, 68]);
     assert.deepEqual(times.samples.get('publish')![0], [2, 2, 2]);
     assert.deepEqual(perLevel(times, median), { encode: [28, 14, 14], decode: [66.5, 66.5, 66.5], actions: [1, 1, 1], publish: [2, 2, 2] });
+    // The file keeps each level's distribution, not one figure: here the sorted samples and their count.
+    const distributions = distributionsPerLevel(times);
+    assert.deepEqual(distributions.decode![0], { count: 4, quantilesMs: [65, 66, 67, 68] });
+    assert.deepEqual(distributions.publish![2], { count: 3, quantilesMs: [2, 2, 2] });
+  });
+
+  test('a version 2 file gives the config its distributions; a version 1 file its medians as fixed costs; a newer one is refused', () => {
+    const decode = [
+      { count: 4, quantilesMs: [100, 120, 130, 400] },
+      { count: 4, quantilesMs: [50, 60, 61, 90] },
+    ];
+    const v2 = { kind: 'percept.calibration', version: 2, virtualServiceMs: { decode }, medianMs: { decode: [125, 60.5] } };
+    writeFileSync(join(dir, 'calibration-v2.json'), JSON.stringify(v2));
+    writeFileSync(join(dir, 'config-v2.json'), JSON.stringify({ clock: 'virtual', virtualServiceMs: 'calibration-v2.json' }));
+    assert.deepEqual(loadConfig(join(dir, 'config-v2.json')).virtualServiceMs, { decode });
+    const v1 = { kind: 'percept.calibration', version: 1, virtualServiceMs: { decode: [125, 60.5] } };
+    writeFileSync(join(dir, 'calibration-v1.json'), JSON.stringify(v1));
+    writeFileSync(join(dir, 'config-v1.json'), JSON.stringify({ clock: 'virtual', virtualServiceMs: 'calibration-v1.json' }));
+    assert.deepEqual(loadConfig(join(dir, 'config-v1.json')).virtualServiceMs, { decode: [125, 60.5] });
+    writeFileSync(join(dir, 'calibration-v3.json'), JSON.stringify({ ...v2, version: 3 }));
+    writeFileSync(join(dir, 'config-v3.json'), JSON.stringify({ clock: 'virtual', virtualServiceMs: 'calibration-v3.json' }));
+    assert.throws(
+      () => loadConfig(join(dir, 'config-v3.json')),
+      /\/virtualServiceMs: .*calibration-v3\.json is a calibration file of version 3; this percept reads versions 1 and 2/,
+    );
   });
 
   test('a config names a calibration file in virtualServiceMs (relative to the config); a wrong file is a config error', () => {
@@ -121,15 +146,19 @@ describe('calibrate', () => {
       // The decoder settings it ran with, so a tune can tell which points it measured.
       assert.deepEqual(file.decoder, { ngram: false, draftMax: null, kvType: 'f16', threads: null, gpuLayers: 0 });
       assert.deepEqual(Object.keys(file.virtualServiceMs), ['preprocess', 'encode', 'decode', 'actions', 'publish']);
-      for (const [stage, ms] of Object.entries(file.virtualServiceMs)) {
-        assert.equal(ms.length, 3, stage);
-        assert.ok(
-          ms.every((x) => Number.isFinite(x) && x >= 0),
-          `${stage}: ${ms}`,
-        );
-        assert.deepEqual(ms[2], ms[1], `${stage}: the frameSkip level costs what the level above does`);
+      assert.equal(file.version, 2);
+      for (const [stage, levels] of Object.entries(file.virtualServiceMs)) {
+        assert.equal(levels.length, 3, stage);
+        for (const cost of levels) {
+          assert.ok(typeof cost === 'object', `${stage}: a distribution per level`);
+          assert.equal(cost.count, 2, stage);
+          assert.equal(cost.quantilesMs.length, 2, stage);
+          assert.ok(cost.quantilesMs[0]! >= 0 && cost.quantilesMs[0]! <= cost.quantilesMs[1]!, `${stage}: ${cost.quantilesMs}`);
+        }
+        assert.deepEqual(levels[2], levels[1], `${stage}: the frameSkip level costs what the level above does`);
+        assert.equal(file.medianMs![stage]!.length, 3, stage);
       }
-      assert.ok(file.virtualServiceMs.decode![0]! > 0 && file.virtualServiceMs.preprocess![0]! > 0);
+      assert.ok(file.medianMs!.decode![0]! > 0 && file.medianMs!.preprocess![0]! > 0);
       // The file plugs into a config as it is.
       writeFileSync(
         join(dir, 'calibrated.json'),

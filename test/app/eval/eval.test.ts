@@ -13,6 +13,8 @@ import {
   measure,
   parseFailUnder,
   readRecording,
+  timingOf,
+  type Recording,
 } from '../../../app/eval/eval.ts';
 import type { EvalMetrics } from '../../../app/eval/metrics.ts';
 import { loadLabels } from '../../../app/eval/labels.ts';
@@ -188,8 +190,10 @@ describe('metrics from a recording', () => {
     assert.equal(metrics.deadlineMissRate, 0.2); // frame 3 came out late
     assert.deepEqual(metrics.drops.byReason, { rejected: 1, invalid: 1 });
     assert.deepEqual(metrics.drops.causes, { 'source: not a JPEG or PNG image': 1, 'actions: not JSON': 1 });
-    assert.deepEqual(metrics.stages.decode, { count: 4, p50Ms: 60, p95Ms: 80, p99Ms: 80, maxMs: 80 });
-    assert.deepEqual(metrics.endToEnd, { count: 3, p50Ms: 62, p95Ms: 82, p99Ms: 82, maxMs: 82 });
+    // A recording that does not say how it was charged (no config) is on the virtual clock: modelled, never measured.
+    assert.deepEqual(metrics.stages.decode, { latency: 'modelled', count: 4, p50Ms: 60, p95Ms: 80, p99Ms: 80, maxMs: 80 });
+    assert.deepEqual(metrics.endToEnd, { latency: 'modelled', count: 3, p50Ms: 62, p95Ms: 82, p99Ms: 82, maxMs: 82 });
+    assert.deepEqual(metrics.timing.stages.decode, { latency: 'modelled', cost: null });
     const a = metrics.accuracy!;
     assert.deepEqual([a.labeled, a.matched, a.covered], [5, 5, 3]);
     assert.equal(a.action, 0.4);
@@ -215,6 +219,39 @@ describe('metrics from a recording', () => {
         [4, 0.44, null, 'rejected'],
       ],
     );
+  });
+
+  test('timing: measured on a real clock; modelled on a virtual one, each stage as charged (sampled, fixed, none)', () => {
+    const recording = (metadata: Record<string, string>): Recording => ({
+      frames: new Map(),
+      spans: new Map(['preprocess', 'encode', 'decode', 'actions'].map((stage) => [stage, [1]])),
+      summary: undefined,
+      metadata,
+      warnings: [],
+    });
+    const sampled = { count: 3, quantilesMs: [80, 100, 300] };
+    const config = {
+      clock: 'virtual',
+      virtualServiceSeed: 3,
+      virtualServiceMs: { preprocess: 4, encode: [20, sampled], decode: [sampled] },
+    };
+    const modelled = timingOf(recording({ clock: 'virtual', config: JSON.stringify(config) }), '/cal.json');
+    assert.equal(modelled.latency, 'modelled');
+    assert.deepEqual(modelled.stages, {
+      preprocess: { latency: 'modelled', cost: 'fixed' },
+      encode: { latency: 'modelled', cost: 'sampled' },
+      decode: { latency: 'modelled', cost: 'sampled' },
+      actions: { latency: 'modelled', cost: 'none' },
+    });
+    assert.deepEqual([modelled.seed, modelled.calibration], [3, '/cal.json']);
+    assert.equal(
+      modelled.summary,
+      'modelled on the virtual clock, not measured (calibration /cal.json); preprocess: fixed figures (no spread); ' +
+        'encode, decode: sampled from measured distributions (seed 3); actions: no cost given (0 ms)',
+    );
+    const measured = timingOf(recording({ clock: 'real', config: JSON.stringify({ ...config, clock: 'real' }) }), null);
+    assert.deepEqual([measured.latency, measured.seed, measured.summary], ['measured', null, 'measured on the real clock']);
+    assert.deepEqual(measured.stages.decode, { latency: 'measured', cost: null });
   });
 
   test('token agreement between two recordings of the same bag', async () => {
@@ -309,7 +346,69 @@ describe('metrics from a recording', () => {
     assert.deepEqual(row('drops: stale'), { metric: 'drops: stale', a: 2, b: 0, delta: -2 });
     assert.deepEqual(row('decode p95 ms'), { metric: 'decode p95 ms', a: 90, b: 90, delta: 0 });
     assert.match(formatComparison(c), /schema-valid rate +0\.8000 +0\.9000 +\+0\.1000\n/);
+    assert.match(formatComparison(c), /A: .*\n +latencies: not said \(an older metrics\.json\)\n/);
+    writeFileSync(join(dir, 'D.json'), JSON.stringify({ ...base, timing: { summary: 'measured on the real clock' } }));
+    assert.match(formatComparison(compare(join(dir, 'A'), join(dir, 'D.json'))), /B: .*D\.json\n +latencies measured on the real clock\n/);
     writeFileSync(join(dir, 'C.json'), '{"kind":"other"}');
     assert.throws(() => compare(join(dir, 'A'), join(dir, 'C.json')), /C\.json is not the metrics\.json of percept eval/);
+  });
+});
+
+describe('percept eval on calibrated distributions', { timeout: 600_000 }, () => {
+  // The tiny models, the stages real; the latencies are what the virtual clock draws from the calibration.
+  const config = {
+    encoder: { kind: 'projection', seed: 1, tokens: 16 },
+    decoder: { model: 'synth:gemma4-tiny', nCtx: 2048 },
+    actions: { schema: join(root, 'configs/actions/robot-action.schema.json') },
+    budgets: { endToEndMs: 5000, stages: {}, dropPredictedMiss: false },
+    ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 32, draft: false, frameSkip: 0 }, rungs: [] },
+    virtualServiceMs: { preprocess: 4, encode: 20, decode: 90, actions: 1 },
+    telemetry: { liveTable: 'off' },
+  };
+  const calibration = {
+    kind: 'percept.calibration',
+    version: 2,
+    virtualServiceMs: {
+      preprocess: [{ count: 3, quantilesMs: [3, 4, 9] }],
+      encode: [{ count: 3, quantilesMs: [15, 20, 40] }],
+      decode: [{ count: 5, quantilesMs: [80, 90, 100, 150, 400] }],
+      actions: [1],
+    },
+  };
+  const metricsOf = (out: string) => JSON.parse(readFileSync(join(out, 'metrics.json'), 'utf8')) as EvalMetrics;
+
+  test('modelled p99 above p50, labelled modelled; the same seed gives the same report, another seed another', async () => {
+    const bag = join(dir, 'twelve.mcap');
+    await makeSampleBag(bag, { frames: 12, width: 320, height: 180 });
+    writeFileSync(join(dir, 'tiny.json'), JSON.stringify(config));
+    writeFileSync(join(dir, 'cal-v2.json'), JSON.stringify(calibration));
+    const run = async (name: string, seed: number) => {
+      const out = join(dir, name);
+      await evaluate({ bag, config: join(dir, 'tiny.json'), calibration: join(dir, 'cal-v2.json'), seed, out, progress: false });
+      return { out, metrics: metricsOf(out) };
+    };
+    const a = await run('seed-1', 1);
+    const { timing, endToEnd, stages } = a.metrics;
+    assert.equal(a.metrics.frames.out, 12);
+    assert.deepEqual([timing.clock, timing.latency, timing.seed, timing.calibration], ['virtual', 'modelled', 1, join(dir, 'cal-v2.json')]);
+    assert.deepEqual([timing.stages.decode?.cost, timing.stages.actions?.cost], ['sampled', 'fixed']);
+    assert.deepEqual([endToEnd.latency, stages.decode?.latency], ['modelled', 'modelled']);
+    assert.ok(endToEnd.p99Ms! > endToEnd.p50Ms!, JSON.stringify(endToEnd));
+    assert.ok(stages.decode!.p99Ms! > stages.decode!.p50Ms!, JSON.stringify(stages.decode));
+    assert.equal(stages.actions!.p99Ms, stages.actions!.p50Ms, 'a fixed cost has no spread');
+    const report = readFileSync(join(a.out, 'report.html'), 'utf8');
+    assert.match(
+      report,
+      /<p class="modelled" data-latency="modelled">Latencies are <b>modelled<\/b>: modelled on the virtual clock, not measured/,
+    );
+    assert.match(report, /<th>decode<\/th><td data-latency="modelled">modelled \(sampled\)<\/td>/);
+
+    const again = await run('seed-1-again', 1);
+    assert.equal(readFileSync(join(again.out, 'metrics.json'), 'utf8'), readFileSync(join(a.out, 'metrics.json'), 'utf8'));
+    assert.equal(readFileSync(join(again.out, 'report.html'), 'utf8'), report);
+    const other = await run('seed-2', 2);
+    assert.equal(other.metrics.timing.seed, 2);
+    assert.notDeepEqual(other.metrics.stages.decode, stages.decode);
+    assert.notDeepEqual(other.metrics.endToEnd, endToEnd);
   });
 });

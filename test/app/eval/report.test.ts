@@ -87,6 +87,17 @@ describe('percept eval', { timeout: 600_000 }, () => {
     assert.equal(metrics.tokens?.frames !== undefined && metrics.tokens.frames > 0, true, JSON.stringify(metrics.tokens));
     assert.ok(metrics.tokens!.tokenAgreement! > 0 && metrics.tokens!.tokenAgreement! <= 1);
     assert.match(result.stdout, /valid +[\d.]+ %/);
+    // No calibration: the config's fixed figures, labelled as modelled, each stage without spread.
+    assert.equal(metrics.timing.latency, 'modelled');
+    assert.deepEqual(
+      Object.values(metrics.timing.stages),
+      Object.values(metrics.stages).map(() => ({ latency: 'modelled', cost: 'fixed' })),
+    );
+    for (const q of Object.values(metrics.stages)) assert.equal(q.p99Ms, q.p50Ms);
+    assert.match(
+      result.stdout,
+      /latencies +modelled on the virtual clock, not measured; preprocess, encode, decode, actions: fixed figures \(no spread\)\n/,
+    );
     assert.ok(existsSync(join(out, 'run.mcap')) && existsSync(join(out, 'reference.mcap')));
   });
 
@@ -158,6 +169,10 @@ describe('percept eval', { timeout: 600_000 }, () => {
         `${path} is shown`,
       );
     }
+
+    // The page says the latencies are modelled: the note above the stage table and each stage's row.
+    const latencies = await page.$$eval('[data-latency]', (els) => els.map((e) => e.getAttribute('data-latency')));
+    assert.deepEqual(latencies, ['modelled', ...Object.keys(metrics.stages as object).map(() => 'modelled')]);
 
     const png = join(out, 'report.png');
     await page.screenshot({ path: png, fullPage: true });

@@ -448,8 +448,39 @@ describe('calibrated costs (virtual mode)', () => {
         models: { decoder: 'x' },
       }),
     );
-    assert.throws(() => readCalibration(join(dir, 'bad-cal.json')), /virtualServiceMs\.decode must hold one number >= 0 per level \(1\)/);
+    assert.throws(() => readCalibration(join(dir, 'bad-cal.json')), /virtualServiceMs\.decode must hold one cost per level \(1\)/);
+    const unsorted = { count: 2, quantilesMs: [9, 3] };
+    writeFileSync(
+      join(dir, 'bad-cal.json'),
+      JSON.stringify({ kind: 'percept.calibration', version: 2, levels: [level(70, false)], virtualServiceMs: { decode: [unsorted] } }),
+    );
+    assert.throws(() => readCalibration(join(dir, 'bad-cal.json')), /\{count, quantilesMs\} ascending/);
+    writeFileSync(join(dir, 'bad-cal.json'), JSON.stringify({ kind: 'percept.calibration', version: 3 }));
+    assert.throws(() => readCalibration(join(dir, 'bad-cal.json')), /version 3, and this percept reads versions 1 and 2/);
     writeFileSync(join(dir, 'bad-cal.json'), JSON.stringify({ kind: 'percept.eval' }));
     assert.throws(() => readCalibration(join(dir, 'bad-cal.json')), /not a calibration file \(write one with percept calibrate\)/);
+  });
+
+  test('a version 2 file gives each point its distributions, which its config samples; a version 1 file its medians', () => {
+    const decode = [
+      { count: 3, quantilesMs: [90, 100, 300] },
+      { count: 3, quantilesMs: [40, 50, 150] },
+    ];
+    const path = join(dir, 'cal-v2.json');
+    writeFileSync(
+      path,
+      JSON.stringify({
+        kind: 'percept.calibration',
+        version: 2,
+        virtualServiceMs: { decode, encode: [10, 5] },
+        levels: [level(140, false), level(70, false)],
+        models,
+      }),
+    );
+    const v2 = readCalibration(path);
+    assert.equal(v2.version, 2);
+    const at70 = calibratedCost([v2], { ...KNOBS_PLAIN, imageTokens: 70 }, { knob: 64, bounded: true }, models.encoder);
+    assert.deepEqual('serviceMs' in at70 ? at70.serviceMs : at70.why, { decode: decode[1], encode: 5 });
+    assert.equal(drafted.version, 1);
   });
 });
