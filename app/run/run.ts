@@ -56,7 +56,7 @@ export interface RunOptions {
   readonly foxglove?: string | boolean;
 }
 
-/** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]`, `ffmpeg:URL`, `zmq:ENDPOINT` → the source section of a config, for
+/** `pattern[:FPS[:FRAMES]]`, `bag:PATH`, `folder:PATH[:FPS]`, `ffmpeg:URL`, `zmq:ENDPOINT`, `ros2:TOPIC[:raw]` → the source section of a config, for
  * loadConfig to validate. What the spec leaves out comes from `current` when it is the same kind,
  * else from the schema's defaults. PATH is relative to the current directory. */
 export function parseSourceSpec(spec: string, current: SourceConfig): Record<string, unknown> {
@@ -92,8 +92,17 @@ export function parseSourceSpec(spec: string, current: SourceConfig): Record<str
       if (!endpoint) throw new Error(`--source ${spec}: expected zmq:ENDPOINT (e.g. zmq:tcp://127.0.0.1:5560)`);
       return { ...same, endpoint };
     }
+    case 'ros2': {
+      const [topic, type, ...extra] = rest;
+      if (!topic || extra.length > 0 || (type !== undefined && type !== 'raw' && type !== 'compressed'))
+        throw new Error(
+          `--source ${spec}: expected ros2:TOPIC (sensor_msgs/msg/CompressedImage) or ros2:TOPIC:raw (sensor_msgs/msg/Image)`,
+        );
+      const messageType = type === 'raw' ? 'sensor_msgs/msg/Image' : 'sensor_msgs/msg/CompressedImage';
+      return { ...same, topic, type: messageType };
+    }
     default:
-      throw new Error(`--source '${spec}': unknown kind '${kind}' (expected pattern, bag, folder, ffmpeg or zmq)`);
+      throw new Error(`--source '${spec}': unknown kind '${kind}' (expected pattern, bag, folder, ffmpeg, zmq or ros2)`);
   }
 }
 

@@ -44,12 +44,28 @@ describe('parseSourceSpec', () => {
       curve: null,
       insecure: false,
     });
+    assert.deepEqual(loadConfig({ source: parseSourceSpec('ros2:/camera/image_raw/compressed', pattern) }).source, {
+      kind: 'ros2',
+      topic: '/camera/image_raw/compressed',
+      type: 'sensor_msgs/msg/CompressedImage',
+      reliability: 'best_effort',
+      depth: 5,
+    });
+    assert.deepEqual(parseSourceSpec('ros2:/camera/image_raw:raw', pattern), {
+      kind: 'ros2',
+      topic: '/camera/image_raw',
+      type: 'sensor_msgs/msg/Image',
+    });
   });
 
   test('bad specs name what is wrong', () => {
-    assert.throws(() => parseSourceSpec('camera:0', pattern), /unknown kind 'camera' \(expected pattern, bag, folder, ffmpeg or zmq\)/);
+    assert.throws(
+      () => parseSourceSpec('camera:0', pattern),
+      /unknown kind 'camera' \(expected pattern, bag, folder, ffmpeg, zmq or ros2\)/,
+    );
     assert.throws(() => parseSourceSpec('bag:', pattern), /expected bag:PATH/);
     assert.throws(() => parseSourceSpec('zmq:', pattern), /expected zmq:ENDPOINT/);
+    assert.throws(() => parseSourceSpec('ros2:/camera:jpeg', pattern), /expected ros2:TOPIC .* or ros2:TOPIC:raw/);
     assert.throws(() => parseSourceSpec('pattern:fast', pattern), /FPS must be a number >= 0, got 'fast'/);
   });
 });
