@@ -109,6 +109,11 @@ describe('percept tune', () => {
       rmSync(join(dir, 'best'), { recursive: true, force: true });
       const result = await tune(options({ labels, out }));
       assert.equal(result.mode, 'virtual');
+      // A version 1 calibration holds medians: fixed costs, and the output says so.
+      assert.match(
+        formatTune(result),
+        /\nlatencies +modelled, not measured: fixed medians from version 1 calibrations \(\S+calibration\.json; p99 = p50 per stage\)\n/,
+      );
       assert.equal(result.objective, 'max accuracy s.t. p99<=budget, drop<=0.05');
       assert.deepEqual([result.ran, result.resumed], [3, 0]);
       const p = byTokens(result);
@@ -163,6 +168,52 @@ describe('percept tune', () => {
       assert.equal(existsSync(out), false);
       assert.equal(existsSync(join(dir, 'best/.tuned.partial.json')), false);
       assert.match(formatTune(none), /removed +\S+tuned\.json \(an earlier tune's choice, not this one's\)/);
+    },
+  );
+
+  test(
+    'on a version 2 calibration each point samples its distributions: p99 above p50, the same for a seed, another for another',
+    { timeout: 600_000 },
+    async () => {
+      const spread = (ms: number) => ({ count: 4, quantilesMs: [ms, ms * 1.1, ms * 1.5, ms * 4] });
+      const sampledPath = join(dir, 'calibration-v2.json');
+      writeFileSync(
+        sampledPath,
+        JSON.stringify({
+          ...calibration,
+          version: 2,
+          virtualServiceMs: { ...calibration.virtualServiceMs, decode: [300, 120, 60].map(spread) },
+        }),
+      );
+      const grid = join(dir, 'grid-140.json');
+      writeFileSync(grid, JSON.stringify({ knobs: { imageTokens: [140] } }));
+      const at = async (name: string, seed: number) => {
+        rmSync(join(dir, name), { recursive: true, force: true });
+        const objective = 'max valid s.t. p99<=budget';
+        const result = await tune(
+          options({ calibration: [sampledPath], grid, seed, objective, budgetMs: 5000, out: join(dir, name, 'tuned.json') }),
+        );
+        assert.equal(result.points.length, 1);
+        return result;
+      };
+      const a = await at('seed-1', 1);
+      const point = a.points[0]!;
+      assert.equal(point.frames.out, FRAMES);
+      assert.ok(point.stages.decode!.p99Ms! > point.stages.decode!.p50Ms!, JSON.stringify(point.stages.decode));
+      assert.ok(point.endToEnd.p99Ms! > point.endToEnd.p50Ms!, JSON.stringify(point.endToEnd));
+      assert.deepEqual(point.serviceMs.decode, spread(120));
+      assert.equal(a.seed, 1);
+      assert.match(
+        formatTune(a),
+        /\nlatencies +modelled, not measured: stage costs sampled from the calibrated distributions \(seed 1\)\n/,
+      );
+      // The written config samples the same distributions with the same seed.
+      const written = loadConfig(join(dir, 'seed-1', 'tuned.json'));
+      assert.deepEqual([written.virtualServiceMs.decode, written.virtualServiceSeed], [[spread(120)], 1]);
+      const again = await at('seed-1-again', 1);
+      assert.deepEqual([again.ran, again.points[0]!.endToEnd, again.points[0]!.stages], [1, point.endToEnd, point.stages]);
+      const other = await at('seed-2', 2);
+      assert.notDeepEqual(other.points[0]!.stages.decode, point.stages.decode);
     },
   );
 
