@@ -26,23 +26,17 @@ const BOX_TOLERANCE = 0.05;
 
 const decision = (a: Action | undefined) => a && { action: a.action, label: a.target?.label, hazards: a.hazards ?? [] };
 
-/** Runs the default config (the demo model) over a bag's `topic` in lockstep; the actions in frame order. */
-async function actionsOf(bag: string, out: string, topic?: string): Promise<(Action | undefined)[]> {
-  let config: string | undefined;
-  if (topic) {
-    const defaults = JSON.parse(readFileSync(join(REPO_ROOT, 'configs/default.json'), 'utf8')) as Record<string, Record<string, unknown>>;
-    config = join(dir, `${topic.replaceAll('/', '_')}.json`);
-    writeFileSync(
-      config,
-      JSON.stringify({
-        ...defaults,
-        $schema: undefined,
-        source: { ...defaults.source, topic },
-        actions: { schema: join(REPO_ROOT, 'configs/actions/robot-action.schema.json') },
-      }),
-    );
-  }
-  const { code } = await evaluate({ bag, out, progress: false, ...(config ? { config } : {}) });
+type ConfigJson = Record<string, Record<string, unknown>>;
+
+/** Runs the default config (the demo model), changed by `edit`, over a bag in lockstep; the actions in frame order. */
+async function actionsOf(bag: string, out: string, edit: (config: ConfigJson) => void = () => {}): Promise<(Action | undefined)[]> {
+  const json = JSON.parse(readFileSync(join(REPO_ROOT, 'configs/default.json'), 'utf8')) as ConfigJson;
+  delete json.$schema;
+  json.actions = { schema: join(REPO_ROOT, 'configs/actions/robot-action.schema.json') };
+  edit(json);
+  const config = join(dir, `${out.split('/').at(-1)}.json`);
+  writeFileSync(config, JSON.stringify(json));
+  const { code } = await evaluate({ bag, out, config, progress: false });
   assert.equal(code, 0);
   const frames = [...(await readRecording(join(out, 'run.mcap'))).frames.values()].sort((a, b) => a.frameId - b.frameId);
   return frames.map((f) => f.action as Action | undefined);
@@ -55,16 +49,22 @@ before(() => {
 after(() => rmSync(dir, { recursive: true, force: true }));
 
 describe('the demo model against PyTorch', () => {
-  test('percept on the CPU gives PyTorch greedy action, target and hazards on every sample-bag frame, boxes within the tolerance', async () => {
-    const got = await actionsOf(sampleBag, join(dir, 'sample'));
-    assert.equal(got.length, TORCH.length);
-    got.forEach((a, i) => {
-      assert.deepEqual(decision(a), decision(TORCH[i]), `frame ${i}`);
-      const [p, q] = [a?.target?.bbox ?? [], TORCH[i]!.target?.bbox ?? []];
-      assert.equal(p.length, q.length, `frame ${i}: bbox presence`);
-      p.forEach((v, k) => assert.ok(Math.abs(v - q[k]!) <= BOX_TOLERANCE + 1e-9, `frame ${i}: bbox[${k}] ${v} vs PyTorch ${q[k]}`));
+  const ENCODERS = {
+    'the ONNX encoder': { kind: 'onnx', model: 'demo:gemma4-robot' },
+    "the mmproj encoder (llama.cpp's clip)": { kind: 'mtmd', mmproj: 'demo:gemma4-robot' },
+  };
+  for (const [name, encoder] of Object.entries(ENCODERS)) {
+    test(`percept on the CPU, ${name}: PyTorch's greedy action, target and hazards on every sample-bag frame, boxes within the tolerance`, async () => {
+      const got = await actionsOf(sampleBag, join(dir, `sample-${encoder.kind}`), (c) => (c.encoder = encoder));
+      assert.equal(got.length, TORCH.length);
+      got.forEach((a, i) => {
+        assert.deepEqual(decision(a), decision(TORCH[i]), `frame ${i}`);
+        const [p, q] = [a?.target?.bbox ?? [], TORCH[i]!.target?.bbox ?? []];
+        assert.equal(p.length, q.length, `frame ${i}: bbox presence`);
+        p.forEach((v, k) => assert.ok(Math.abs(v - q[k]!) <= BOX_TOLERANCE + 1e-9, `frame ${i}: bbox[${k}] ${v} vs PyTorch ${q[k]}`));
+      });
     });
-  });
+  }
 });
 
 describe('the image path keeps its meaning', () => {
@@ -174,7 +174,9 @@ describe('the image path keeps its meaning', () => {
     });
     const results = [
       ...(await actionsOf(join(dir, 'jpeg.mcap'), join(dir, 'eval-jpeg'))).map((a, k) => ({ ...compressed[k]!, action: a })),
-      ...(await actionsOf(join(dir, 'raw.mcap'), join(dir, 'eval-raw'), '/camera/front/image_raw')).map((a, k) => ({
+      ...(
+        await actionsOf(join(dir, 'raw.mcap'), join(dir, 'eval-raw'), (c) => (c.source = { ...c.source, topic: '/camera/front/image_raw' }))
+      ).map((a, k) => ({
         ...raw[k]!,
         action: a,
       })),
