@@ -8,7 +8,14 @@ import { MessageReader } from '@foxglove/rosmsg2-serialization';
 import { DdsParticipant, type DdsReader } from '../native/dds/binding.ts';
 import type { Clock } from '../pipeline/clock.ts';
 import type { Ros2SourceConfig } from '../pipeline/config.ts';
-import type { FrameSource, SourceIncident, SourceItem, SourceRejection, Stamp } from '../pipeline/types.ts';
+import {
+  rejectionOf,
+  type FrameSource,
+  type SourceIncident,
+  type SourceItem,
+  type SourceRejection,
+  type Stamp,
+} from '../pipeline/types.ts';
 import type { CameraFrame, FrameEncoding } from './payloads.ts';
 
 export type Ros2ImageType = Ros2SourceConfig['type'];
@@ -118,9 +125,7 @@ export async function createRos2Source(options: Ros2SourceOptions): Promise<Ros2
             item = toItem(reader.readMessage(sample), type, id, captureNs, captureWallMs);
           } catch (err) {
             counters.rejected += 1;
-            const [rejected, ...particulars] = (err as Error).message.split(': ');
-            const detail = [`${topic} message ${counters.received}`, ...particulars].join(': ');
-            yield { sourceId: id, captureNs, captureWallMs, rejected: rejected!, detail };
+            yield rejectionOf(err, { sourceId: id, captureNs, captureWallMs }, `${topic} message ${counters.received}`);
             continue;
           }
           counters.yielded += 1;

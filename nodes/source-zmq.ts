@@ -10,7 +10,14 @@ import { Pull, Subscriber, curveKeyPair } from 'zeromq';
 import type { Clock } from '../pipeline/clock.ts';
 import type { ZmqSourceConfig } from '../pipeline/config.ts';
 import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../pipeline/endpoint.ts';
-import type { FrameSource, SourceIncident, SourceItem, SourceRejection, Stamp } from '../pipeline/types.ts';
+import {
+  rejectionOf,
+  type FrameSource,
+  type SourceIncident,
+  type SourceItem,
+  type SourceRejection,
+  type Stamp,
+} from '../pipeline/types.ts';
 import { formatAjvErrors } from './action-schema.ts';
 import type { CameraFrame, FrameEncoding } from './payloads.ts';
 
@@ -141,9 +148,7 @@ export async function createZmqSource(options: ZmqSourceOptions): Promise<ZmqSou
           item = toItem(frames, validate, id, captureNs, clock.wallMs());
         } catch (err) {
           counters.rejected += 1;
-          const [rejected, ...particulars] = (err as Error).message.split(': ');
-          const detail = [`message ${counters.received}`, ...particulars].join(': ');
-          yield { sourceId: id, captureNs, captureWallMs: clock.wallMs(), rejected: rejected!, detail };
+          yield rejectionOf(err, { sourceId: id, captureNs, captureWallMs: clock.wallMs() }, `message ${counters.received}`);
           continue;
         }
         counters.yielded += 1;

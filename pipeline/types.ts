@@ -146,6 +146,16 @@ export interface SourceRejection {
 
 export const isRejection = <T>(item: SourceItem<T> | SourceRejection): item is SourceRejection => 'rejected' in item;
 
+/** A rejection from an error whose message is 'reason: particulars…'; `where` (which message) leads the detail. */
+export function rejectionOf(
+  err: unknown,
+  at: Pick<SourceRejection, 'sourceId' | 'captureNs' | 'captureWallMs'>,
+  where: string,
+): SourceRejection {
+  const [rejected, ...particulars] = (err instanceof Error ? err.message : String(err)).split(': ');
+  return { ...at, rejected: rejected!, detail: [where, ...particulars].join(': ') };
+}
+
 /** What a source reports besides its frames, when it happens, through FrameSource.frames' `report`.
  * The graph makes it a 'source' event; the summary counts it by kind and keeps its detail.
  *   skipped  input passed over without becoming frames (a bag channel whose schema percept cannot decode)
