@@ -10,7 +10,7 @@ import { GGUFWriter, readGGUF, readTensorData, str, u32, type GGUFFile } from '.
 import { transpose2d, writeGemma4Mmproj } from './mmproj-synth.ts';
 import { CODEC_TYPES, GGMLType, dequantize, ggmlTypeName, type CodecType } from './quant.ts';
 import { archKVs, findGemmaVocab, setTokenizer, tensorDefs, type Gemma4Config } from './synth.ts';
-import { TorchCpuGenerator, torchRandn } from './torch-random.ts';
+import { TorchCpuGenerator, torchRandnAsync } from './torch-random.ts';
 import { visionWeightSpecs, writeGemma4VisionOnnx, type Gemma4VisionSpec } from './vision-synth.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
@@ -107,10 +107,13 @@ export class DemoWeights {
     const widths = [this.info.text.hidden, this.info.text.layers * this.info.text.perLayerInput];
     for (const [i, [torchName]] of TABLES.entries()) {
       const width = widths[i]!;
-      const table = torchRandn(vocab * width, g);
+      const table = await torchRandnAsync(vocab * width, g);
       // torch multiplies in float32 by the scalar cast to float32.
       const scale = Math.fround(std);
-      for (let k = 0; k < table.length; k++) table[k] = Math.fround(table[k]! * scale);
+      for (let k = 0; k < table.length; k++) {
+        table[k] = Math.fround(table[k]! * scale);
+        if (k % (1 << 22) === 0) await new Promise<void>((resolve) => setImmediate(resolve));
+      }
       const rows = await this.get(tableRowsName(torchName));
       if (rows.length !== ids.length * width)
         throw new Error(`${this.path}: ${tableRowsName(torchName)} holds ${rows.length} values, not ${ids.length}×${width}`);
@@ -310,7 +313,7 @@ export async function assembleFrom(weightsPath: string, name: string, part: Demo
     if (expected && got !== expected) {
       throw new Error(
         `demo model ${name}: the assembled ${part} has sha256 ${got}, the weights file records ${expected}; ` +
-          `the assembly code changed without re-recording the hashes (node --import tsx tools/demo-model/export.ts --rehash)`,
+          `${weightsPath} is damaged, or the writers changed without re-recording the hashes (node --import tsx tools/demo-model/export.ts --rehash)`,
       );
     }
     await rename(tmp, out);

@@ -112,16 +112,42 @@ function normal16(d: Float32Array, o: number): void {
   }
 }
 
-/** torch.randn(n, generator=g) for n ≥ 16, float32, as the AVX2 kernel fills it. */
-export function torchRandn(n: number, g: TorchCpuGenerator): Float32Array {
-  if (!Number.isInteger(n) || n < 16) throw new RangeError(`torchRandn: n must be an integer ≥ 16 (the vectorized path), got ${n}`);
-  const d = new Float32Array(n);
-  for (let i = 0; i < n; i++) d[i] = g.uniform();
-  for (let i = 0; i + 16 <= n; i += 16) normal16(d, i);
+const CHUNK = 1 << 20;
+
+/** Fills `d` as torch.randn does, pausing (yielding) after each chunk of about a million values. */
+function* fill(d: Float32Array, g: TorchCpuGenerator): Generator<void> {
+  const n = d.length;
+  for (let i = 0; i < n; i++) {
+    d[i] = g.uniform();
+    if (i % CHUNK === CHUNK - 1) yield;
+  }
+  for (let i = 0; i + 16 <= n; i += 16) {
+    normal16(d, i);
+    if (i % CHUNK === 0) yield;
+  }
   if (n % 16 !== 0) {
     // The tail: 16 fresh uniforms overwrite the last 16 values, as normal_fill does.
     for (let j = 0; j < 16; j++) d[n - 16 + j] = g.uniform();
     normal16(d, n - 16);
   }
+}
+
+function checkLength(n: number): void {
+  if (!Number.isInteger(n) || n < 16) throw new RangeError(`torchRandn: n must be an integer ≥ 16 (the vectorized path), got ${n}`);
+}
+
+/** torch.randn(n, generator=g) for n ≥ 16, float32, as the AVX2 kernel fills it. */
+export function torchRandn(n: number, g: TorchCpuGenerator): Float32Array {
+  checkLength(n);
+  const d = new Float32Array(n);
+  for (const _ of fill(d, g));
+  return d;
+}
+
+/** torchRandn without holding the event loop: it yields to it between chunks. */
+export async function torchRandnAsync(n: number, g: TorchCpuGenerator): Promise<Float32Array> {
+  checkLength(n);
+  const d = new Float32Array(n);
+  for (const _ of fill(d, g)) await new Promise<void>((resolve) => setImmediate(resolve));
   return d;
 }
