@@ -1,5 +1,5 @@
 // Metrics and health over HTTP for a running graph: GET /metrics in the Prometheus text exposition format
-// (version 0.0.4) and GET /healthz. Counters and gauges fold the telemetry events as they come; the latency
+// (version 0.0.4), GET /healthz (alive: starting or running) and GET /readyz (ready: models loaded, frames flowing). Counters and gauges fold the telemetry events as they come; the latency
 // summaries are the last stats event's (the graph's own histograms). node:http only; loopback by default.
 //
 //   const server = await startMetricsServer({ port: 9464, events: graph.events }); // subscribe before graph.run()
@@ -134,6 +134,12 @@ export class MetricsCollector {
     };
   }
 
+  /** Readiness: the models are loaded (the server starts once they are) and frames flow; not while starting. */
+  readiness(): Health {
+    const health = this.health();
+    return { ...health, ok: health.status === 'running' };
+  }
+
   /** Everything in the Prometheus text exposition format, version 0.0.4. */
   exposition(): string {
     const out: string[] = [];
@@ -262,7 +268,7 @@ export interface MetricsServer {
   close(): Promise<void>;
 }
 
-/** Serves GET /metrics and GET /healthz for the run whose events it is given. Resolves once listening. */
+/** Serves GET /metrics, /healthz and /readyz for the run whose events it is given. Resolves once listening. */
 export async function startMetricsServer(options: MetricsServerOptions): Promise<MetricsServer> {
   const { host = '127.0.0.1', port, events } = options;
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new RangeError(`metrics: expected a port 0–65535 but received ${port}`);
@@ -302,8 +308,8 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
 
 function handle(collector: MetricsCollector, req: IncomingMessage, res: ServerResponse): void {
   const path = (req.url ?? '/').split('?')[0];
-  if (path !== '/metrics' && path !== '/healthz') {
-    res.writeHead(404, { 'content-type': 'text/plain; charset=utf-8' }).end('not found: try /metrics or /healthz\n');
+  if (path !== '/metrics' && path !== '/healthz' && path !== '/readyz') {
+    res.writeHead(404, { 'content-type': 'text/plain; charset=utf-8' }).end('not found: try /metrics, /healthz or /readyz\n');
     return;
   }
   if (req.method !== 'GET' && req.method !== 'HEAD') {
@@ -313,7 +319,9 @@ function handle(collector: MetricsCollector, req: IncomingMessage, res: ServerRe
   const [status, type, body] =
     path === '/metrics'
       ? [200, METRICS_CONTENT_TYPE, collector.exposition()]
-      : ((health) => [health.ok ? 200 : 503, 'application/json', `${JSON.stringify(health)}\n`])(collector.health());
+      : ((health) => [health.ok ? 200 : 503, 'application/json', `${JSON.stringify(health)}\n`])(
+          path === '/readyz' ? collector.readiness() : collector.health(),
+        );
   res.writeHead(status, { 'content-type': type, 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
   res.end(req.method === 'HEAD' ? undefined : body);
 }

@@ -262,7 +262,7 @@ export async function openMetrics(spec: string, events: Observable<TelemetryEven
   if (!match) throw new Error(`--metrics ${spec}: expected PORT or HOST:PORT, e.g. 9464 or 127.0.0.1:9464`);
   const { startMetricsServer } = await import('./metrics.ts');
   const server = await startMetricsServer({ host: match[1] ?? '127.0.0.1', port: Number(match[2]), events });
-  log(`metrics on ${server.url}/metrics, health on ${server.url}/healthz`);
+  log(`metrics on ${server.url}/metrics, health on ${server.url}/healthz and ${server.url}/readyz`);
   return server;
 }
 

@@ -215,13 +215,15 @@ describe('metrics server', () => {
     await assert.rejects(fetch(`${server.url}/metrics`), 'closed');
   });
 
-  test('healthz: starting, running while frames flow, 503 stalled when none came for staleAfterMs', async () => {
+  test('healthz: starting, running while frames flow, 503 stalled when none came for staleAfterMs; readyz only while running', async () => {
     let nowMs = 1000;
     const events = new Subject<TelemetryEvent>();
     const server = await startMetricsServer({ port: 0, events, staleAfterMs: 2000, now: () => nowMs });
+    const readyz = async () => (await fetch(`${server.url}/readyz`)).status;
     try {
       let h = await healthz(server);
       assert.deepEqual([h.status, h.body.status, h.body.lastFrameAgeS], [200, 'starting', null]);
+      assert.equal(await readyz(), 503, 'alive but not ready before the first frame');
       const f0 = await scrape(server);
       assert.equal(f0.get('percept_end_to_end_latency_seconds')!.samples.length, 0, 'no stats yet: no samples');
       assert.equal(f0.get('percept_last_frame_age_seconds')!.samples.length, 0);
@@ -231,12 +233,14 @@ describe('metrics server', () => {
       events.next({ type: 'frame', atNs: 0n, frameId: 0, sourceId: 'cam "a"\\b', captureNs: 0n, degradeLevel: 2 });
       h = await healthz(server);
       assert.deepEqual([h.status, h.body.status, h.body.lastFrameAgeS, h.body.frames.inFlight], [200, 'running', 0, 1]);
+      assert.equal(await readyz(), 200);
       nowMs = 5400;
       assert.equal((await healthz(server)).body.lastFrameAgeS, 1.9);
       assert.equal((await healthz(server)).status, 200);
       nowMs = 5500;
       h = await healthz(server);
       assert.deepEqual([h.status, h.body.status], [503, 'stalled']);
+      assert.equal(await readyz(), 503);
       // Label values are escaped (the parser unescapes them).
       const f = await scrape(server);
       assert.equal(value(f, 'percept_ladder_level', { source: 'cam "a"\\b' }), 2);
