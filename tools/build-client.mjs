@@ -6,7 +6,7 @@
 //                                        (../configs from itself, as client/index.ts does in the repo)
 //   client/python/percept_client/schemas/{wire,actions}/   the same schemas as the Python package's data
 //
-// All three are git-ignored. Then `npm pack ./client` makes the npm package (percept-client) and
+// All three are git-ignored. Then `npm pack ./client` makes the npm package (@percept/client) and
 // `pip install ./client/python` the Python one (its setup.py copies the schemas too when the repo is there).
 //
 //   node tools/build-client.mjs              build

@@ -1,5 +1,5 @@
 // The clients install and run outside the repo (issue #39). tools/build-client.mjs builds client/ into
-// the percept-client npm package; `npm pack` packs it; a project in a temp folder outside the repo installs
+// the @percept/client npm package; `npm pack` packs it; a project in a temp folder outside the repo installs
 // the tarball (its own dependencies only: no llama.cpp, no install script of ours) and, with plain node (no
 // tsx), receives validated actions from a real publisher on loopback, and type-checks against the
 // declarations. The Python package, copied out of the repo and pip-installed from there, validates what
@@ -139,17 +139,17 @@ describe('client packages', () => {
     assert.equal(install.status, 0, `npm install: ${install.stdout}\n${install.stderr}`);
     // Only the client's own dependency tree: nothing of the pipeline, and no llama.cpp build.
     const installed = Object.keys(readJson(join(project, 'package-lock.json')).packages).map((p) => p.replace(/^.*node_modules\//, ''));
-    assert.ok(installed.includes('percept-client') && installed.includes('zeromq') && installed.includes('ajv'), installed.join(' '));
+    assert.ok(installed.includes('@percept/client') && installed.includes('zeromq') && installed.includes('ajv'), installed.join(' '));
     for (const name of ['percept', 'node-llama-cpp', 'onnxruntime-node', 'sharp', 'cmake-js', 'tsx', '@mcap/core'])
       assert.ok(!installed.includes(name), `${name} was installed: ${installed.join(' ')}`);
 
     writeFileSync(
       join(project, 'consumer.mjs'),
       [
-        "import { subscribe } from 'percept-client';",
+        "import { subscribe } from '@percept/client';",
         'const [connect, count] = process.argv.slice(2);',
         "const sub = subscribe({ connect, topics: ['actions'] });",
-        "console.log(JSON.stringify({ ready: true, resolved: import.meta.resolve('percept-client') }));",
+        "console.log(JSON.stringify({ ready: true, resolved: import.meta.resolve('@percept/client') }));",
         'let n = 0;',
         'for await (const m of sub) {',
         '  console.log(JSON.stringify(m));',
@@ -165,7 +165,7 @@ describe('client packages', () => {
     const out = linesOf(child);
     const ready = await out.next();
     assert.equal(ready.ready, true, out.stderr());
-    assert.equal(fileURLToPath(ready.resolved as string), join(project, 'node_modules/percept-client/dist/client/index.js'));
+    assert.equal(fileURLToPath(ready.resolved as string), join(project, 'node_modules/@percept/client/dist/client/index.js'));
     const code = await publishUntil(out.exited, (i) => publish(pub, i));
     assert.equal(code, 0, out.stderr());
     const got = [await out.next(), await out.next(), await out.next()];
@@ -180,7 +180,7 @@ describe('client packages', () => {
     writeFileSync(
       join(project, 'check.ts'),
       [
-        "import { subscribe, type Message, type RobotAction } from 'percept-client';",
+        "import { subscribe, type Message, type RobotAction } from '@percept/client';",
         "const sub = subscribe({ connect: 'tcp://127.0.0.1:5556', topics: ['actions', 'events'] });",
         "const action: RobotAction = { action: 'stop', confidence: 1 };",
         "// @ts-expect-error 'fly' is not an action of the schema",
