@@ -38,11 +38,8 @@ export interface DemoModelInfo {
 }
 
 const INFO_KEY = 'percept.demo.model';
-/** Tables the checkpoint stores only the trained rows of: [torch name, width]. */
-const TABLES = [
-  ['language_model.embed_tokens.weight', 'token_embd.weight'],
-  ['language_model.embed_tokens_per_layer.weight', 'per_layer_token_embd.weight'],
-] as const;
+/** The tables the weights store only the trained rows of, in the order the trainer drew them. */
+const TABLES = ['language_model.embed_tokens.weight', 'language_model.embed_tokens_per_layer.weight'] as const;
 const TABLE_IDS = 'tables.ids';
 const tableRowsName = (torchName: string) => `tables.${torchName.split('.')[1]}.rows`;
 
@@ -66,10 +63,6 @@ export class DemoWeights {
     const info = JSON.parse(raw) as DemoModelInfo;
     if (info.format !== 'percept-demo-weights/1') throw new Error(`${path}: unknown demo weights format ${JSON.stringify(info.format)}`);
     return new DemoWeights(path, file, info);
-  }
-
-  has(name: string): boolean {
-    return this.#file.tensor(name) !== undefined;
   }
 
   /** A tensor's values (row-major, torch's shape), dequantized to f32. */
@@ -97,15 +90,15 @@ export class DemoWeights {
 
   /**
    * Both vocabulary tables in full: torch.randn from the seed, as the trainer drew them, with the trained rows put back.
-   * The order matters: the token table is drawn first, then the per-layer table, from one generator.
    */
   async tables(): Promise<Map<string, Float32Array>> {
     const { seed, std, vocab } = this.info.tables;
+    // train.py's regen_tables seeds its generator so.
     const g = new TorchCpuGenerator(seed * 1_000_003 + 17);
     const ids = await this.tableIds();
     const out = new Map<string, Float32Array>();
     const widths = [this.info.text.hidden, this.info.text.layers * this.info.text.perLayerInput];
-    for (const [i, [torchName]] of TABLES.entries()) {
+    for (const [i, torchName] of TABLES.entries()) {
       const width = widths[i]!;
       const table = await torchRandnAsync(vocab * width, g);
       // torch multiplies in float32 by the scalar cast to float32.
