@@ -80,7 +80,10 @@ program
   .option('--json-summary <file>', 'also write the end-of-run summary as JSON to this file')
   .addOption(new Option('--clock <kind>', 'override the clock (virtual: deterministic replay)').choices(['real', 'virtual']))
   .option('--record <file>', 'record the run to this MCAP file: frames, actions, events, stats and a metadata record')
-  .option('--metrics <[host:]port>', 'serve Prometheus metrics and /healthz there while the run goes on (host default 127.0.0.1)')
+  .option(
+    '--metrics <[host:]port>',
+    'serve Prometheus metrics, /healthz and /readyz there while the run goes on (host default 127.0.0.1); overrides metrics.endpoint',
+  )
   .option(
     '--foxglove [url]',
     'serve a live view (frames, target boxes, actions, stage latencies, events) over the Foxglove WebSocket protocol (default ws://127.0.0.1:8765)',

@@ -185,6 +185,20 @@ export interface LadderConfig {
   readonly ewmaAlpha: number;
 }
 
+export interface MetricsConfig {
+  /** "[HOST:]PORT" to serve /metrics, /healthz and /readyz on (host default 127.0.0.1); null: off. */
+  readonly endpoint: string | null;
+}
+
+/** Where a metrics endpoint "[HOST:]PORT" listens: the host defaults to loopback, an IPv6 host may be in brackets.
+ * null when the text is not of that form or the port is not 0–65535. */
+export function parseMetricsEndpoint(spec: string): { readonly host: string; readonly port: number } | null {
+  const match = /^(?:(.+):)?(\d{1,5})$/.exec(spec);
+  if (!match || Number(match[2]) > 65535) return null;
+  const host = match[1] ?? '127.0.0.1';
+  return { host: /^\[.+\]$/.test(host) ? host.slice(1, -1) : host, port: Number(match[2]) };
+}
+
 export interface TelemetryConfig {
   readonly liveTable: 'auto' | 'on' | 'off';
   readonly intervalMs: number;
@@ -248,6 +262,7 @@ export interface PerceptConfig {
   /** Seeds the draws from virtualServiceMs distributions: same seed, same replay. */
   readonly virtualServiceSeed: number;
   readonly telemetry: TelemetryConfig;
+  readonly metrics: MetricsConfig;
   readonly ros2: Ros2Config;
 }
 
@@ -562,6 +577,13 @@ function checkSemantics(config: PerceptConfig): ConfigIssue[] {
     }
     knobs = { ...knobs, ...rung };
   });
+  const { endpoint } = config.metrics;
+  if (endpoint !== null && !parseMetricsEndpoint(endpoint)) {
+    issues.push({
+      path: '/metrics/endpoint',
+      message: `${JSON.stringify(endpoint)} is not [HOST:]PORT with a port 0–65535 (e.g. 9464 or 127.0.0.1:9464)`,
+    });
+  }
   if (config.lockstep && config.clock !== 'virtual') {
     issues.push({ path: '/lockstep', message: 'needs /clock "virtual" (lockstep replays on the virtual clock)' });
   }

@@ -1,6 +1,7 @@
 // Metrics and health over HTTP for a running graph: GET /metrics in the Prometheus text exposition format
-// (version 0.0.4), GET /healthz (alive: starting or running) and GET /readyz (ready: models loaded, frames flowing). Counters and gauges fold the telemetry events as they come; the latency
-// summaries are the last stats event's (the graph's own histograms). node:http only; loopback by default.
+// (version 0.0.4, made by prom-client from a registry of this server's own), GET /healthz (alive: starting or
+// running) and GET /readyz (ready: models loaded, frames flowing). The metrics fold the telemetry events as
+// they come. node:http only; loopback by default.
 //
 //   const server = await startMetricsServer({ port: 9464, events: graph.events }); // subscribe before graph.run()
 //   …
@@ -9,12 +10,15 @@
 // Names and health semantics: docs/observability.md
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Observable, Subscription } from 'rxjs';
-import type { LatencyStats, RunSummary, TelemetryEvent } from '../../pipeline/telemetry/events.ts';
+import type { RunSummary, TelemetryEvent } from '../../pipeline/telemetry/events.ts';
 
-export const METRICS_CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
+export const METRICS_CONTENT_TYPE: string = Registry.PROMETHEUS_CONTENT_TYPE;
 /** Default: /healthz says 503 when no frame has come in this long. */
 export const DEFAULT_STALE_AFTER_MS = 5000;
+/** Upper bounds (seconds) of the latency histograms' buckets: a CPU stage call to a slow decode. */
+export const LATENCY_BUCKETS_S: readonly number[] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
 
 export interface MetricsServerOptions {
   /** Default 127.0.0.1: loopback only. Give '0.0.0.0' or an interface's address to serve beyond this host. */
@@ -44,23 +48,28 @@ export interface Health {
 
 /** Folds telemetry events into what /metrics and /healthz say. Usable without the server. */
 export class MetricsCollector {
+  /** This collector's own registry, never prom-client's global one, so two servers in one process keep apart. */
+  readonly registry: Registry = new Registry();
   readonly #now: () => number;
   readonly #staleAfterMs: number;
   readonly #startedMs: number;
   #in = 0;
   #out = 0;
-  #late = 0;
   #dropped = 0;
-  readonly #drops = new Map<string, number>(); // `${stage}\0${reason}`
-  readonly #cancels = new Map<string, number>();
-  readonly #errors = new Map<string, number>();
-  readonly #incidents = new Map<string, number>();
-  readonly #degrade = { down: 0, up: 0 };
-  /** Ladder level of each source's latest frame. */
-  readonly #levels = new Map<string, number>();
   #lastFrameMs: number | undefined;
-  #summary: RunSummary | undefined;
+  #endReason: RunSummary['endReason'] = null;
   #completed = false;
+  readonly #framesIn: Counter;
+  readonly #framesOut: Counter;
+  readonly #framesLate: Counter;
+  readonly #drops: Counter<'stage' | 'reason'>;
+  readonly #cancels: Counter<'stage' | 'reason'>;
+  readonly #degradeSteps: Counter<'direction'>;
+  readonly #errors: Counter<'stage'>;
+  readonly #incidents: Counter<'kind'>;
+  readonly #ladderLevel: Gauge<'source'>;
+  readonly #endToEnd: Histogram;
+  readonly #stageLatency: Histogram<'stage'>;
 
   constructor(options: { staleAfterMs?: number; now?: () => number } = {}) {
     this.#now = options.now ?? Date.now;
@@ -68,6 +77,68 @@ export class MetricsCollector {
     if (!(Number.isFinite(this.#staleAfterMs) && this.#staleAfterMs > 0))
       throw new RangeError(`metrics: expected staleAfterMs > 0 but received ${this.#staleAfterMs}`);
     this.#startedMs = this.#now();
+    const registers = [this.registry];
+    const counter = <L extends string>(name: string, help: string, labelNames: readonly L[] = []) =>
+      new Counter<L>({ name, help, labelNames, registers });
+    this.#framesIn = counter('percept_frames_in_total', 'Frames that entered the graph.');
+    this.#framesOut = counter('percept_frames_out_total', 'Frames the last stage finished.');
+    this.#framesLate = counter('percept_frames_late_total', 'Frames that came out after their deadline.');
+    this.#drops = counter('percept_frames_dropped_total', 'Frames dropped, by the stage where and the reason.', ['stage', 'reason']);
+    this.#cancels = counter('percept_cancels_total', 'Stage calls cancelled, by stage and reason.', ['stage', 'reason']);
+    this.#degradeSteps = counter('percept_degrade_steps_total', 'Ladder steps, by direction (down: cheaper knobs).', ['direction']);
+    for (const direction of ['down', 'up']) this.#degradeSteps.inc({ direction }, 0);
+    this.#errors = counter('percept_errors_total', 'Errors, by stage.', ['stage']);
+    this.#incidents = counter('percept_source_incidents_total', 'What the source reported besides frames, by kind.', ['kind']);
+    // The gauges that follow health are set when scraped (collect), so they are never stale.
+    const health = (): Health => this.health();
+    new Gauge({
+      name: 'percept_frames_in_flight',
+      help: 'Frames inside the graph now.',
+      registers,
+      collect(this: Gauge) {
+        this.set(health().frames.inFlight);
+      },
+    });
+    this.#ladderLevel = new Gauge({
+      name: 'percept_ladder_level',
+      help: "Ladder level of each source's latest frame (0: the initial knobs).",
+      labelNames: ['source'],
+      registers,
+    });
+    new Gauge({
+      name: 'percept_running',
+      help: '1 while the run is running and frames flow (as /healthz says 200).',
+      registers,
+      collect(this: Gauge) {
+        this.set(health().ok ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: 'percept_last_frame_age_seconds',
+      help: 'Seconds since the last frame entered.',
+      registers,
+      collect(this: Gauge) {
+        const age = health().lastFrameAgeS;
+        if (age === null)
+          this.remove(); // no sample before the first frame
+        else this.set(age);
+      },
+    });
+    // Histograms observed from each output and span event as it comes: Prometheus can aggregate and rate
+    // them, which the graph's own whole-run quantiles cannot.
+    this.#endToEnd = new Histogram({
+      name: 'percept_end_to_end_latency_seconds',
+      help: 'Capture to last stage exit, over frames that came out.',
+      buckets: [...LATENCY_BUCKETS_S],
+      registers,
+    });
+    this.#stageLatency = new Histogram({
+      name: 'percept_stage_latency_seconds',
+      help: "Duration of a stage's process() calls.",
+      labelNames: ['stage'],
+      buckets: [...LATENCY_BUCKETS_S],
+      registers,
+    });
   }
 
   /** Takes one event of the run, in order. */
@@ -75,31 +146,37 @@ export class MetricsCollector {
     switch (event.type) {
       case 'frame':
         this.#in += 1;
+        this.#framesIn.inc();
         this.#lastFrameMs = this.#now();
-        this.#levels.set(event.sourceId, event.degradeLevel);
+        this.#ladderLevel.set({ source: event.sourceId }, event.degradeLevel);
         break;
       case 'output':
         this.#out += 1;
-        if (event.late) this.#late += 1;
+        this.#framesOut.inc();
+        if (event.late) this.#framesLate.inc();
+        this.#endToEnd.observe(Number(event.latencyNs) / 1e9);
+        break;
+      case 'span':
+        this.#stageLatency.observe({ stage: event.stage }, Number(event.exitNs - event.enterNs) / 1e9);
         break;
       case 'drop':
         this.#dropped += 1;
-        bump(this.#drops, `${event.stage}\0${event.reason}`);
+        this.#drops.inc({ stage: event.stage, reason: event.reason });
         break;
       case 'cancel':
-        bump(this.#cancels, `${event.stage}\0${event.reason}`);
+        this.#cancels.inc({ stage: event.stage, reason: event.reason });
         break;
       case 'degrade':
-        this.#degrade[event.direction] += 1;
+        this.#degradeSteps.inc({ direction: event.direction });
         break;
       case 'error':
-        bump(this.#errors, event.stage);
+        this.#errors.inc({ stage: event.stage });
         break;
       case 'source':
-        bump(this.#incidents, event.kind);
+        this.#incidents.inc({ kind: event.kind });
         break;
       case 'stats':
-        this.#summary = event.summary;
+        this.#endReason = event.summary.endReason;
         break;
       default:
         break;
@@ -113,7 +190,7 @@ export class MetricsCollector {
 
   health(): Health {
     const now = this.#now();
-    const endReason = this.#summary?.endReason ?? null;
+    const endReason = this.#endReason;
     const lastFrameAgeS = this.#lastFrameMs === undefined ? null : (now - this.#lastFrameMs) / 1000;
     const status: HealthStatus =
       this.#completed || endReason !== null
@@ -140,122 +217,10 @@ export class MetricsCollector {
     return { ...health, ok: health.status === 'running' };
   }
 
-  /** Everything in the Prometheus text exposition format, version 0.0.4. */
-  exposition(): string {
-    const out: string[] = [];
-    const family = (name: string, type: 'counter' | 'gauge' | 'summary', help: string, samples: [string, Labels, number][]) => {
-      out.push(`# HELP ${name} ${help.replace(/\\/g, '\\\\').replace(/\n/g, '\\n')}`, `# TYPE ${name} ${type}`);
-      for (const [sample, labels, value] of samples) out.push(`${sample}${formatLabels(labels)} ${formatValue(value)}`);
-    };
-    const pairs = (counts: Map<string, number>, a: string, b: string): [string, Labels, number][] =>
-      [...counts].map(([key, n]) => {
-        const [x, y] = key.split('\0') as [string, string];
-        return ['', { [a]: x, [b]: y }, n];
-      });
-    const named = (name: string, rows: [string, Labels, number][]): [string, Labels, number][] => rows.map(([, l, v]) => [name, l, v]);
-    const health = this.health();
-    family('percept_frames_in_total', 'counter', 'Frames that entered the graph.', [['percept_frames_in_total', {}, this.#in]]);
-    family('percept_frames_out_total', 'counter', 'Frames the last stage finished.', [['percept_frames_out_total', {}, this.#out]]);
-    family('percept_frames_late_total', 'counter', 'Frames that came out after their deadline.', [
-      ['percept_frames_late_total', {}, this.#late],
-    ]);
-    family(
-      'percept_frames_dropped_total',
-      'counter',
-      'Frames dropped, by the stage where and the reason.',
-      named('percept_frames_dropped_total', pairs(this.#drops, 'stage', 'reason')),
-    );
-    family(
-      'percept_cancels_total',
-      'counter',
-      'Stage calls cancelled, by stage and reason.',
-      named('percept_cancels_total', pairs(this.#cancels, 'stage', 'reason')),
-    );
-    family('percept_degrade_steps_total', 'counter', 'Ladder steps, by direction (down: cheaper knobs).', [
-      ['percept_degrade_steps_total', { direction: 'down' }, this.#degrade.down],
-      ['percept_degrade_steps_total', { direction: 'up' }, this.#degrade.up],
-    ]);
-    family(
-      'percept_errors_total',
-      'counter',
-      'Errors, by stage.',
-      [...this.#errors].map(([stage, n]) => ['percept_errors_total', { stage }, n]),
-    );
-    family(
-      'percept_source_incidents_total',
-      'counter',
-      'What the source reported besides frames, by kind.',
-      [...this.#incidents].map(([kind, n]) => ['percept_source_incidents_total', { kind }, n]),
-    );
-    family('percept_frames_in_flight', 'gauge', 'Frames inside the graph now.', [['percept_frames_in_flight', {}, health.frames.inFlight]]);
-    family(
-      'percept_ladder_level',
-      'gauge',
-      "Ladder level of each source's latest frame (0: the initial knobs).",
-      [...this.#levels].map(([source, level]) => ['percept_ladder_level', { source }, level]),
-    );
-    family('percept_running', 'gauge', '1 while the run is running and frames flow (as /healthz says 200).', [
-      ['percept_running', {}, health.ok ? 1 : 0],
-    ]);
-    family(
-      'percept_last_frame_age_seconds',
-      'gauge',
-      'Seconds since the last frame entered.',
-      health.lastFrameAgeS === null ? [] : [['percept_last_frame_age_seconds', {}, health.lastFrameAgeS]],
-    );
-    const summary = this.#summary;
-    family(
-      'percept_end_to_end_latency_seconds',
-      'summary',
-      'Capture to last stage exit, over frames that came out (from the last stats event).',
-      summary ? summarySamples('percept_end_to_end_latency_seconds', {}, summary.endToEnd) : [],
-    );
-    family(
-      'percept_stage_latency_seconds',
-      'summary',
-      "Duration of a stage's process() calls (from the last stats event).",
-      summary
-        ? Object.entries(summary.stages).flatMap(([stage, stats]) => summarySamples('percept_stage_latency_seconds', { stage }, stats))
-        : [],
-    );
-    return `${out.join('\n')}\n`;
+  /** Everything in the Prometheus text exposition format, version 0.0.4 (prom-client's). */
+  exposition(): Promise<string> {
+    return this.registry.metrics();
   }
-}
-
-type Labels = Readonly<Record<string, string>>;
-
-function bump(map: Map<string, number>, key: string): void {
-  map.set(key, (map.get(key) ?? 0) + 1);
-}
-
-const QUANTILES: [string, keyof LatencyStats][] = [
-  ['0.5', 'p50Ms'],
-  ['0.95', 'p95Ms'],
-  ['0.99', 'p99Ms'],
-];
-
-/** A summary's samples from LatencyStats: quantiles (NaN when there is none yet), _sum and _count, in seconds. */
-function summarySamples(name: string, labels: Labels, stats: LatencyStats): [string, Labels, number][] {
-  const seconds = (ms: number | null): number => (ms === null ? NaN : ms / 1000);
-  return [
-    ...QUANTILES.map(([q, key]): [string, Labels, number] => [name, { ...labels, quantile: q }, seconds(stats[key] as number | null)]),
-    [`${name}_sum`, labels, stats.count > 0 && stats.meanMs !== null ? (stats.meanMs * stats.count) / 1000 : 0],
-    [`${name}_count`, labels, stats.count],
-  ];
-}
-
-function formatLabels(labels: Labels): string {
-  const entries = Object.entries(labels);
-  if (entries.length === 0) return '';
-  const escape = (v: string) => v.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n');
-  return `{${entries.map(([k, v]) => `${k}="${escape(v)}"`).join(',')}}`;
-}
-
-function formatValue(value: number): string {
-  if (Number.isNaN(value)) return 'NaN';
-  if (value === Infinity) return '+Inf';
-  if (value === -Infinity) return '-Inf';
-  return String(value);
 }
 
 export interface MetricsServer {
@@ -316,12 +281,17 @@ function handle(collector: MetricsCollector, req: IncomingMessage, res: ServerRe
     res.writeHead(405, { allow: 'GET, HEAD', 'content-type': 'text/plain; charset=utf-8' }).end('method not allowed\n');
     return;
   }
-  const [status, type, body] =
-    path === '/metrics'
-      ? [200, METRICS_CONTENT_TYPE, collector.exposition()]
-      : ((health) => [health.ok ? 200 : 503, 'application/json', `${JSON.stringify(health)}\n`])(
-          path === '/readyz' ? collector.readiness() : collector.health(),
-        );
-  res.writeHead(status, { 'content-type': type, 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
-  res.end(req.method === 'HEAD' ? undefined : body);
+  const reply = (status: number, type: string, body: string) => {
+    res.writeHead(status, { 'content-type': type, 'cache-control': 'no-store', 'content-length': Buffer.byteLength(body) });
+    res.end(req.method === 'HEAD' ? undefined : body);
+  };
+  if (path === '/metrics') {
+    collector.exposition().then(
+      (body) => reply(200, METRICS_CONTENT_TYPE, body),
+      (err: unknown) => reply(500, 'text/plain; charset=utf-8', `metrics: ${(err as Error).message}\n`),
+    );
+    return;
+  }
+  const health = path === '/readyz' ? collector.readiness() : collector.health();
+  reply(health.ok ? 200 : 503, 'application/json', `${JSON.stringify(health)}\n`);
 }

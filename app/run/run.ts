@@ -6,7 +6,7 @@ import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DegradeLadder } from '../../pipeline/budget.ts';
 import { RealClock, VirtualClock, type Clock } from '../../pipeline/clock.ts';
-import { loadConfig, type PerceptConfig, type SourceConfig } from '../../pipeline/config.ts';
+import { loadConfig, parseMetricsEndpoint, type PerceptConfig, type SourceConfig } from '../../pipeline/config.ts';
 import { append, chain, type StageChain } from '../../pipeline/graph/chain.ts';
 import { createGraph, stopOnSignals, type Graph } from '../../pipeline/graph/graph.ts';
 import type { FinalRunSummary, RecorderSummary } from '../../pipeline/telemetry/events.ts';
@@ -50,7 +50,7 @@ export interface RunOptions {
   readonly record?: string;
   /** Lockstep replay on the virtual clock: every frame is processed and the outputs are byte-identical. */
   readonly lockstep?: boolean;
-  /** Serve Prometheus metrics and /healthz on [HOST:]PORT while the run goes on (app/run/metrics.ts). */
+  /** Serve Prometheus metrics and /healthz on [HOST:]PORT while the run goes on (app/run/metrics.ts); overrides metrics.endpoint. */
   readonly metrics?: string;
   /** Serve the live view over the Foxglove WebSocket protocol at this ws:// URL, or true for ws://127.0.0.1:8765 (app/run/foxglove.ts). */
   readonly foxglove?: string | boolean;
@@ -217,6 +217,11 @@ export function runConfig(opts: RunOptions): PerceptConfig {
   if (opts.clock) overrides.clock = opts.clock;
   if (opts.lockstep) Object.assign(overrides, { clock: 'virtual', lockstep: true });
   if (opts.record) overrides.recorder = { ...base.recorder, enabled: true, path: resolve(opts.record) };
+  if (opts.metrics !== undefined) {
+    if (!parseMetricsEndpoint(opts.metrics))
+      throw new Error(`--metrics ${opts.metrics}: expected PORT or HOST:PORT with a port 0–65535, e.g. 9464 or 127.0.0.1:9464`);
+    overrides.metrics = { ...base.metrics, endpoint: opts.metrics };
+  }
   return Object.keys(overrides).length ? loadConfig({ ...base, ...overrides }) : base;
 }
 
@@ -236,7 +241,7 @@ export interface ExecuteOptions {
   readonly liveTable?: boolean;
   /** Called with the graph before it runs (to follow its events), and the source's message count when known. */
   readonly onStart?: (graph: Graph, expectedFrames: number | undefined) => void;
-  /** [HOST:]PORT for Prometheus metrics and /healthz (RunOptions.metrics). */
+  /** [HOST:]PORT for Prometheus metrics and /healthz; default config.metrics.endpoint (null: none). */
   readonly metrics?: string;
   /** The live view's ws:// URL, or true for the default (RunOptions.foxglove). */
   readonly foxglove?: string | boolean;
@@ -327,7 +332,8 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
       if (event.type === 'source') log(`source ${event.kind}: ${event.detail}`);
     });
     opts.onStart?.(graph, source.expectedItems);
-    if (opts.metrics) metrics = await openMetrics(opts.metrics, graph.events);
+    const metricsEndpoint = opts.metrics ?? config.metrics.endpoint;
+    if (metricsEndpoint) metrics = await openMetrics(metricsEndpoint, graph.events);
     if (opts.foxglove) foxglove = await openFoxglove(opts.foxglove, { graphs: [graph], events: graph.events, clock });
     table.attach(graph.events);
     removeSignals = stopOnSignals(graph);
@@ -392,8 +398,9 @@ function recorderSummary(
 /** Runs the pipeline and resolves with the process exit code, 1 when the run failed (saying why). */
 export async function runPipeline(opts: RunOptions): Promise<number> {
   const config = runConfig(opts);
-  if (config.cameras) return (await import('./cameras.ts')).runCameras(config, opts);
-  const { summary, failure } = await executeRun(config, { duration: opts.duration, metrics: opts.metrics, foxglove: opts.foxglove });
+  // runConfig put --metrics into config.metrics.endpoint.
+  if (config.cameras) return (await import('./cameras.ts')).runCameras(config, { ...opts, metrics: config.metrics.endpoint ?? undefined });
+  const { summary, failure } = await executeRun(config, { duration: opts.duration, foxglove: opts.foxglove });
   process.stdout.write(`${formatSummary(summary)}\n`);
   if (opts.jsonSummary) writeJsonSummary(opts.jsonSummary, summary);
   if (failure) log(failure);

@@ -3,7 +3,7 @@
 import { basename } from 'node:path';
 import { DegradeLadder } from '../../pipeline/budget.ts';
 import type { Clock } from '../../pipeline/clock.ts';
-import { maxMessageBytesFor, type PerceptConfig, type SourceConfig } from '../../pipeline/config.ts';
+import { maxMessageBytesFor, parseMetricsEndpoint, type PerceptConfig, type SourceConfig } from '../../pipeline/config.ts';
 import type { RunSummary } from '../../pipeline/telemetry/events.ts';
 import type { FrameSource, Stage } from '../../pipeline/types.ts';
 import type { OpenAIDecoderStage } from '../../nodes/decoder-openai.ts';
@@ -256,12 +256,13 @@ export function runFailure(summary: RunSummary): string | undefined {
   return `nothing was published: all ${summary.frames.in} frames were dropped (${reasons.join(', ')})`;
 }
 
-/** Serves Prometheus metrics and /healthz for a run (`--metrics [HOST:]PORT`; the host defaults to loopback). */
+/** Serves Prometheus metrics, /healthz and /readyz for a run on "[HOST:]PORT" (metrics.endpoint, or `--metrics`);
+ * the host defaults to loopback. */
 export async function openMetrics(spec: string, events: Observable<TelemetryEvent>): Promise<MetricsServer> {
-  const match = /^(?:(.+):)?(\d+)$/.exec(spec);
-  if (!match) throw new Error(`--metrics ${spec}: expected PORT or HOST:PORT, e.g. 9464 or 127.0.0.1:9464`);
+  const endpoint = parseMetricsEndpoint(spec);
+  if (!endpoint) throw new Error(`metrics endpoint ${spec}: expected PORT or HOST:PORT, e.g. 9464 or 127.0.0.1:9464`);
   const { startMetricsServer } = await import('./metrics.ts');
-  const server = await startMetricsServer({ host: match[1] ?? '127.0.0.1', port: Number(match[2]), events });
+  const server = await startMetricsServer({ ...endpoint, events });
   log(`metrics on ${server.url}/metrics, health on ${server.url}/healthz and ${server.url}/readyz`);
   return server;
 }

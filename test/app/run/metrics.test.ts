@@ -1,14 +1,21 @@
 // The metrics server: a real graph (fake stages on the virtual clock) feeds it, and it is scraped over loopback
 // during and after the run. /metrics is parsed by a strict parser of the Prometheus text exposition format 0.0.4
 // (parseExposition below, written from https://prometheus.io/docs/instrumenting/exposition_formats/) and checked
-// against the run's own summary; /healthz is checked for running, stalled and ended.
+// against the run's own summary; /healthz is checked for running, stalled and ended. The config key
+// metrics.endpoint starts the server in a run of the tiny models; --metrics overrides it.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Subject } from 'rxjs';
 import { METRICS_CONTENT_TYPE, startMetricsServer, type Health, type MetricsServer } from '../../../app/run/metrics.ts';
+import { executeRun, runConfig } from '../../../app/run/run.ts';
 import { VirtualClock } from '../../../pipeline/clock.ts';
+import { ConfigError, loadConfig, parseMetricsEndpoint } from '../../../pipeline/config.ts';
 import { createGraph } from '../../../pipeline/graph/graph.ts';
-import type { RunSummary, TelemetryEvent } from '../../../pipeline/telemetry/events.ts';
+import type { LatencyStats, RunSummary, TelemetryEvent } from '../../../pipeline/telemetry/events.ts';
+import { REPO_ROOT, freePort } from '../../support/fixtures.ts';
 import { eventfulRun, fakeStage } from '../../support/pipeline-fakes.ts';
 
 interface Sample {
@@ -48,7 +55,8 @@ function parseExposition(text: string): Map<string, Family> {
   };
   for (const [n, line] of text.slice(0, -1).split('\n').entries()) {
     const where = `line ${n + 1} "${line}"`;
-    assert.notEqual(line.trim(), '', `${where}: empty line`);
+    if (line === '') continue; // the format: "Empty lines are ignored" (prom-client puts one between families)
+    assert.notEqual(line.trim(), '', `${where}: a blank line of spaces`);
     if (line.startsWith('#')) {
       const m = /^# (HELP|TYPE) (\S+) ?(.*)$/.exec(line);
       if (!m) continue; // a plain comment
@@ -107,6 +115,11 @@ function parseExposition(text: string): Map<string, Family> {
         if (name.endsWith('_count')) assert.ok(Number.isInteger(value) && value >= 0, `${where}: a count`);
       }
     }
+    if (f.type === 'histogram') {
+      assert.notEqual(name, family, `${where}: a histogram has only _bucket, _sum and _count samples`);
+      assert.equal('le' in labels, name.endsWith('_bucket'), `${where}: le on each _bucket sample, and only there`);
+      if (name.endsWith('_bucket') || name.endsWith('_count')) assert.ok(Number.isInteger(value) && value >= 0, `${where}: a count`);
+    }
     f.samples.push({ name, labels, value });
   }
   return families;
@@ -117,6 +130,34 @@ const value = (families: Map<string, Family>, name: string, labels: Record<strin
     .flatMap((f) => f.samples)
     .find((s) => s.name === name && JSON.stringify(Object.entries(s.labels).sort()) === JSON.stringify(Object.entries(labels).sort()))
     ?.value;
+
+/** A histogram series' buckets, checked: cumulative, ending in +Inf, which equals _count. */
+function buckets(families: Map<string, Family>, name: string, labels: Record<string, string> = {}): { le: number; n: number }[] {
+  const same = (s: Sample) => Object.entries(labels).every(([k, v]) => s.labels[k] === v);
+  const rows = families
+    .get(name)!
+    .samples.filter((s) => s.name === `${name}_bucket` && same(s))
+    .map((s) => ({ le: parseValue(s.labels.le!, name), n: s.value }));
+  assert.ok(rows.length > 1, `${name}: buckets`);
+  rows.forEach((row, i) => i > 0 && assert.ok(row.le > rows[i - 1]!.le && row.n >= rows[i - 1]!.n, `${name}: cumulative`));
+  assert.equal(rows.at(-1)!.le, Infinity);
+  assert.equal(rows.at(-1)!.n, value(families, `${name}_count`, labels));
+  return rows;
+}
+
+/** A latency histogram agrees with the graph's own stats (rounded to the µs): count, sum, no sample below min or above max. */
+function assertHistogramMatches(families: Map<string, Family>, name: string, labels: Record<string, string>, stats: LatencyStats): void {
+  const where = `${name} ${JSON.stringify(labels)}`;
+  const us = 1e-6;
+  assert.equal(value(families, `${name}_count`, labels), stats.count, where);
+  const sum = value(families, `${name}_sum`, labels)!;
+  const statsSum = (stats.meanMs! * stats.count) / 1000;
+  assert.ok(Math.abs(sum - statsSum) <= (us / 2) * stats.count + 1e-9, `${where}: _sum ${sum}, from the stats ${statsSum}`);
+  for (const { le, n } of buckets(families, name, labels)) {
+    if (le < stats.minMs! / 1000 - us) assert.equal(n, 0, `${where}: nothing at or below ${le}`);
+    if (le >= stats.maxMs! / 1000 + us) assert.equal(n, stats.count, `${where}: everything at or below ${le}`);
+  }
+}
 
 async function scrape(server: MetricsServer): Promise<Map<string, Family>> {
   const res = await fetch(`${server.url}/metrics`);
@@ -131,7 +172,7 @@ async function healthz(server: MetricsServer): Promise<{ status: number; body: H
 }
 
 describe('metrics server', () => {
-  test('a run scraped over loopback: counters, gauges and latency summaries agree with its summary; healthz 200, then 503', async () => {
+  test('a run scraped over loopback: counters, gauges and latency histograms agree with its summary; healthz 200, then 503', async () => {
     const clock = new VirtualClock(0n, 1_700_000_000_000);
     const during: { families?: Map<string, Family>; health?: { status: number; body: Health } } = {};
     const graph = createGraph({
@@ -169,7 +210,8 @@ describe('metrics server', () => {
       for (const name of ['percept_frames_in_total', 'percept_frames_out_total', 'percept_frames_dropped_total', 'percept_cancels_total'])
         assert.equal(f.get(name)?.type, 'counter', name);
       assert.equal(f.get('percept_ladder_level')?.type, 'gauge');
-      assert.equal(f.get('percept_end_to_end_latency_seconds')?.type, 'summary');
+      assert.equal(f.get('percept_end_to_end_latency_seconds')?.type, 'histogram');
+      assert.equal(f.get('percept_stage_latency_seconds')?.type, 'histogram');
       assert.equal(value(f, 'percept_frames_in_total'), summary.frames.in);
       assert.equal(value(f, 'percept_frames_out_total'), summary.frames.out);
       assert.equal(value(f, 'percept_frames_late_total'), summary.frames.late);
@@ -188,15 +230,15 @@ describe('metrics server', () => {
       for (const [stage, n] of Object.entries(summary.errors)) assert.equal(value(f, 'percept_errors_total', { stage }), n);
       const lastFrame = events.filter((e) => e.type === 'frame').at(-1)!;
       assert.equal(value(f, 'percept_ladder_level', { source: 'fake' }), lastFrame.degradeLevel);
-      const e2e = 'percept_end_to_end_latency_seconds';
-      assert.equal(value(f, `${e2e}_count`), summary.endToEnd.count);
-      assert.equal(value(f, e2e, { quantile: '0.5' }), summary.endToEnd.p50Ms! / 1000);
-      assert.equal(value(f, e2e, { quantile: '0.99' }), summary.endToEnd.p99Ms! / 1000);
-      assert.ok(Math.abs(value(f, `${e2e}_sum`)! - (summary.endToEnd.meanMs! * summary.endToEnd.count) / 1000) < 1e-9);
-      for (const [stage, stats] of Object.entries(summary.stages)) {
-        assert.equal(value(f, 'percept_stage_latency_seconds_count', { stage }), stats.count, stage);
-        assert.equal(value(f, 'percept_stage_latency_seconds', { stage, quantile: '0.95' }), stats.p95Ms! / 1000, stage);
-      }
+      assertHistogramMatches(f, 'percept_end_to_end_latency_seconds', {}, summary.endToEnd);
+      assert.ok(Object.keys(summary.stages).length > 0);
+      for (const [stage, stats] of Object.entries(summary.stages))
+        assertHistogramMatches(f, 'percept_stage_latency_seconds', { stage }, stats);
+      assert.deepEqual(
+        new Set(f.get('percept_stage_latency_seconds')!.samples.map((s) => s.labels.stage)),
+        new Set(Object.keys(summary.stages)),
+        'a series for each stage that ran, and no other',
+      );
       // Ended: 503, with how.
       const after = await healthz(server);
       assert.equal(after.status, 503);
@@ -225,7 +267,8 @@ describe('metrics server', () => {
       assert.deepEqual([h.status, h.body.status, h.body.lastFrameAgeS], [200, 'starting', null]);
       assert.equal(await readyz(), 503, 'alive but not ready before the first frame');
       const f0 = await scrape(server);
-      assert.equal(f0.get('percept_end_to_end_latency_seconds')!.samples.length, 0, 'no stats yet: no samples');
+      assert.equal(value(f0, 'percept_end_to_end_latency_seconds_count'), 0, 'no frame out yet');
+      assert.equal(f0.get('percept_stage_latency_seconds')!.samples.length, 0, 'no stage call yet: no series');
       assert.equal(f0.get('percept_last_frame_age_seconds')!.samples.length, 0);
       nowMs = 3500;
       h = await healthz(server);
@@ -254,12 +297,14 @@ describe('metrics server', () => {
   });
 
   test('the parser is strict: it refuses what the format does not allow', () => {
-    const ok = '# HELP a_total A.\n# TYPE a_total counter\na_total{x="1"} 2\n';
+    const ok = '# HELP a_total A.\n# TYPE a_total counter\na_total{x="1"} 2\n\n# TYPE b gauge\nb 1\n';
     assert.equal(value(parseExposition(ok), 'a_total', { x: '1' }), 2);
     const bad: [string, RegExp][] = [
       ['a_total 1\n', /before its TYPE/],
       ['# TYPE a counter\na 1', /line feed/],
-      ['# TYPE a counter\n\na 1\n', /empty line/],
+      ['# TYPE a counter\n \na 1\n', /blank line of spaces/],
+      ['# TYPE a histogram\na 1\n', /only _bucket, _sum and _count/],
+      ['# TYPE a histogram\na_bucket 1\n', /le on each _bucket/],
       ['# TYPE a counter\na{x=1} 1\n', /bad label/],
       ['# TYPE a counter\na{x="1"} one\n', /not a float/],
       ['# TYPE a counter\na -1\n', /counter is >= 0/],
@@ -285,4 +330,106 @@ describe('metrics server', () => {
       await first.close();
     }
   });
+
+  test('each server has its own registry: two in one process count apart, and the global registry stays empty', async () => {
+    const { register } = await import('prom-client');
+    const a = new Subject<TelemetryEvent>();
+    const b = new Subject<TelemetryEvent>();
+    const first = await startMetricsServer({ port: 0, events: a });
+    const second = await startMetricsServer({ port: 0, events: b });
+    try {
+      a.next({ type: 'frame', atNs: 0n, frameId: 0, sourceId: 'a', captureNs: 0n, degradeLevel: 0 });
+      assert.equal(value(await scrape(first), 'percept_frames_in_total'), 1);
+      assert.equal(value(await scrape(second), 'percept_frames_in_total'), 0);
+      assert.equal(register.getMetricsAsArray().length, 0, 'no metric in the default registry, no default metrics');
+    } finally {
+      await first.close();
+      await second.close();
+    }
+  });
+});
+
+describe('metrics.endpoint', () => {
+  test('[HOST:]PORT: loopback when the host is left out; off by default; a bad value is refused naming it', () => {
+    assert.equal(loadConfig({}).metrics.endpoint, null, 'off by default');
+    assert.deepEqual(parseMetricsEndpoint('9464'), { host: '127.0.0.1', port: 9464 });
+    assert.deepEqual(parseMetricsEndpoint('0.0.0.0:9464'), { host: '0.0.0.0', port: 9464 });
+    assert.deepEqual(parseMetricsEndpoint('[::1]:9464'), { host: '::1', port: 9464 });
+    assert.equal(loadConfig({ metrics: { endpoint: 'localhost:9464' } }).metrics.endpoint, 'localhost:9464');
+    for (const bad of ['nine', '70000', ':9464', 'host:', '']) {
+      assert.throws(
+        () => loadConfig({ metrics: { endpoint: bad } }),
+        (err: unknown) =>
+          err instanceof ConfigError &&
+          err.issues.some(
+            (i) =>
+              i.path === '/metrics/endpoint' &&
+              i.message === `${JSON.stringify(bad)} is not [HOST:]PORT with a port 0–65535 (e.g. 9464 or 127.0.0.1:9464)`,
+          ),
+        bad,
+      );
+    }
+    assert.throws(() => loadConfig({ metrics: { endpoint: 9464 } }), /\/metrics\/endpoint: must be string,null/);
+    assert.throws(() => loadConfig({ metrics: { port: 9464 } }), /\/metrics\/port: is not a known property/);
+  });
+
+  test('percept run: --metrics overrides the config file, and a bad one is refused before anything starts', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'percept-metrics-'));
+    try {
+      const file = join(dir, 'config.json');
+      writeFileSync(file, JSON.stringify({ metrics: { endpoint: '127.0.0.1:9464' } }));
+      assert.equal(runConfig({ config: file }).metrics.endpoint, '127.0.0.1:9464', 'the file');
+      assert.equal(runConfig({ config: file, metrics: '9465' }).metrics.endpoint, '9465', 'the flag wins');
+      assert.equal(runConfig({ metrics: '0.0.0.0:9466' }).metrics.endpoint, '0.0.0.0:9466', 'over the default config');
+      assert.throws(() => runConfig({ config: file, metrics: 'nine' }), /^Error: --metrics nine: expected PORT or HOST:PORT/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test(
+    'a run of the tiny models with metrics.endpoint serves /metrics and /readyz while it runs, and closes with it',
+    { timeout: 600_000 },
+    async () => {
+      const frames = 4;
+      const port = await freePort();
+      const config = loadConfig({
+        source: { kind: 'pattern', fps: 4, frames, width: 320, height: 240 },
+        encoder: { kind: 'projection', seed: 1, tokens: 16 },
+        decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 128, nCtx: 2048 },
+        actions: { schema: join(REPO_ROOT, 'configs/actions/robot-action.schema.json') },
+        budgets: { endToEndMs: 3_600_000, stages: {}, dropPredictedMiss: false },
+        edges: { default: { policy: 'queue', capacity: frames } },
+        ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 128, draft: true, frameSkip: 0 }, rungs: [] },
+        telemetry: { liveTable: 'off' },
+        metrics: { endpoint: `127.0.0.1:${port}` },
+      });
+      const url = `http://127.0.0.1:${port}`;
+      let during: Promise<{ ready: number; families: Map<string, Family> } | Error> | undefined;
+      const { summary, failure } = await executeRun(config, {
+        publish: false,
+        // Scraped once the first action is out: the run is still going (three frames to go).
+        onStart: (graph) => {
+          graph.outputs.subscribe(() => {
+            during ??= (async () => {
+              const ready = (await fetch(`${url}/readyz`)).status;
+              const res = await fetch(`${url}/metrics`);
+              assert.equal(res.headers.get('content-type'), METRICS_CONTENT_TYPE);
+              return { ready, families: parseExposition(await res.text()) };
+            })().catch((err: unknown) => err as Error);
+          });
+        },
+      });
+      assert.equal(failure, undefined);
+      assert.equal(summary.frames.out, frames);
+      assert.ok(during, 'an action came out');
+      const scraped = await during;
+      if (scraped instanceof Error) throw scraped;
+      assert.equal(scraped.ready, 200);
+      assert.ok(value(scraped.families, 'percept_frames_in_total')! >= 1);
+      assert.ok(value(scraped.families, 'percept_frames_out_total')! >= 1);
+      assert.equal(scraped.families.get('percept_stage_latency_seconds')?.type, 'histogram');
+      await assert.rejects(fetch(`${url}/metrics`), 'the server closed with the run');
+    },
+  );
 });
