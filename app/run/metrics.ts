@@ -1,7 +1,7 @@
 // Metrics and health over HTTP for a running graph: GET /metrics in the Prometheus text exposition format
 // (version 0.0.4, made by prom-client from a registry of this server's own), GET /healthz (alive: starting or
 // running) and GET /readyz (ready: models loaded, frames flowing). The metrics fold the telemetry events as
-// they come. node:http only; loopback by default.
+// they come. Served over node:http; loopback by default.
 //
 //   const server = await startMetricsServer({ port: 9464, events: graph.events }); // subscribe before graph.run()
 //   …
@@ -119,8 +119,8 @@ export class MetricsCollector {
       registers,
       collect(this: Gauge) {
         const age = health().lastFrameAgeS;
-        if (age === null)
-          this.remove(); // no sample before the first frame
+        // No sample before the first frame.
+        if (age === null) this.remove();
         else this.set(age);
       },
     });
