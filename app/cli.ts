@@ -75,7 +75,10 @@ program
     '-c, --config <file>',
     'pipeline config (JSON, validated against configs/percept.schema.json; default: the embedded configs/default.json)',
   )
-  .option('-s, --source <spec>', 'override the source: pattern[:FPS[:FRAMES]], bag:PATH, folder:PATH, ffmpeg:URL, zmq:ENDPOINT, ros2:TOPIC[:raw]')
+  .option(
+    '-s, --source <spec>',
+    'override the source: pattern[:FPS[:FRAMES]], bag:PATH, folder:PATH, ffmpeg:URL, zmq:ENDPOINT, ros2:TOPIC[:raw]',
+  )
   .option('-d, --duration <seconds>', 'stop after this many seconds', positiveNumber('--duration'))
   .option('--json-summary <file>', 'also write the end-of-run summary as JSON to this file')
   .addOption(new Option('--clock <kind>', 'override the clock (virtual: deterministic replay)').choices(['real', 'virtual']))
