@@ -192,7 +192,7 @@ export async function runCameras(
   const group = createCameraGroup(config, sources, stages, clock, (graph) => tapRos2?.(stages.publisher, graph.inputs));
   const { publisher } = stages;
   if (publisher) group.events.subscribe(publisher.sink.accept);
-  const metrics = opts.metrics ? await openMetrics(opts.metrics, group.events) : undefined;
+  const metrics = opts.metrics ? await openMetrics(opts.metrics, group.events, publisher) : undefined;
   // The group's graphs are its own: the live view shows its events and stats, not the frames.
   const foxglove = opts.foxglove
     ? await openFoxglove(opts.foxglove, { graphs: [], events: group.events, clock }).catch(async (err: unknown) => {

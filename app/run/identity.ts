@@ -37,8 +37,8 @@ export async function runIdentity(config: PerceptConfig, actionSchema: ActionSch
   const seeds = { decoder: config.decoder.seed, ...(config.encoder.kind === 'projection' ? { encoder: config.encoder.seed } : {}) };
   return {
     percept_version: PERCEPT_VERSION,
-    // Where the run writes is no part of what it is: a replay recorded or not is the same replay.
-    config: JSON.stringify({ ...config, recorder: undefined }),
+    // Where the run writes or serves metrics is no part of what it is: a replay recorded or not is the same replay.
+    config: JSON.stringify({ ...config, recorder: undefined, metrics: undefined }),
     source: JSON.stringify(await sourceIdentity(config.source)),
     models: JSON.stringify(files),
     seeds: JSON.stringify(seeds),

@@ -31,6 +31,8 @@ export interface MetricsServerOptions {
   readonly staleAfterMs?: number;
   /** Wall clock in ms (tests). Default Date.now. */
   readonly now?: () => number;
+  /** Messages waiting in the publisher, by topic, read when scraped. */
+  readonly queuedMessages?: () => Readonly<Record<string, number>>;
 }
 
 export type HealthStatus = 'starting' | 'running' | 'stalled' | 'ended';
@@ -71,7 +73,7 @@ export class MetricsCollector {
   readonly #endToEnd: Histogram;
   readonly #stageLatency: Histogram<'stage'>;
 
-  constructor(options: { staleAfterMs?: number; now?: () => number } = {}) {
+  constructor(options: Pick<MetricsServerOptions, 'staleAfterMs' | 'now' | 'queuedMessages'> = {}) {
     this.#now = options.now ?? Date.now;
     this.#staleAfterMs = options.staleAfterMs ?? DEFAULT_STALE_AFTER_MS;
     if (!(Number.isFinite(this.#staleAfterMs) && this.#staleAfterMs > 0))
@@ -124,6 +126,18 @@ export class MetricsCollector {
         else this.set(age);
       },
     });
+    const queued = options.queuedMessages;
+    if (queued) {
+      new Gauge({
+        name: 'percept_publisher_queued_messages',
+        help: 'Messages waiting in the publisher to be sent, by topic.',
+        labelNames: ['topic'],
+        registers,
+        collect(this: Gauge<'topic'>) {
+          for (const [topic, n] of Object.entries(queued())) this.set({ topic }, n);
+        },
+      });
+    }
     // Histograms observed from each output and span event as it comes: Prometheus can aggregate and rate
     // them, which the graph's own whole-run quantiles cannot.
     this.#endToEnd = new Histogram({

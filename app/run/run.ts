@@ -333,7 +333,7 @@ export async function executeRun(config: PerceptConfig, opts: ExecuteOptions = {
     });
     opts.onStart?.(graph, source.expectedItems);
     const metricsEndpoint = opts.metrics ?? config.metrics.endpoint;
-    if (metricsEndpoint) metrics = await openMetrics(metricsEndpoint, graph.events);
+    if (metricsEndpoint) metrics = await openMetrics(metricsEndpoint, graph.events, publisher);
     if (opts.foxglove) foxglove = await openFoxglove(opts.foxglove, { graphs: [graph], events: graph.events, clock });
     table.attach(graph.events);
     removeSignals = stopOnSignals(graph);

@@ -258,11 +258,12 @@ export function runFailure(summary: RunSummary): string | undefined {
 
 /** Serves Prometheus metrics, /healthz and /readyz for a run on "[HOST:]PORT" (metrics.endpoint, or `--metrics`);
  * the host defaults to loopback. */
-export async function openMetrics(spec: string, events: Observable<TelemetryEvent>): Promise<MetricsServer> {
+export async function openMetrics(spec: string, events: Observable<TelemetryEvent>, publisher?: Publisher): Promise<MetricsServer> {
   const endpoint = parseMetricsEndpoint(spec);
   if (!endpoint) throw new Error(`metrics endpoint ${spec}: expected PORT or HOST:PORT, e.g. 9464 or 127.0.0.1:9464`);
   const { startMetricsServer } = await import('./metrics.ts');
-  const server = await startMetricsServer({ ...endpoint, events });
+  const queuedMessages = publisher && (() => Object.fromEntries(Object.entries(publisher.stats()).map(([topic, c]) => [topic, c.queued])));
+  const server = await startMetricsServer({ ...endpoint, events, ...(queuedMessages ? { queuedMessages } : {}) });
   log(`metrics on ${server.url}/metrics, health on ${server.url}/healthz and ${server.url}/readyz`);
   return server;
 }

@@ -45,12 +45,13 @@ before(() => {
 after(() => rmSync(dir, { recursive: true, force: true }));
 
 describe('run identity', () => {
-  test('the same replay gets the same id, a UUID (version 8), whether and wherever it records', async () => {
+  test('the same replay gets the same id, a UUID (version 8), whether and wherever it records or serves metrics', async () => {
     const id = await idOf(replay());
     assert.match(id, UUID_V8);
     assert.equal(await idOf(replay()), id);
     assert.equal(await idOf(replay({ recorder: { enabled: true, path: join(dir, 'one.mcap') } })), id);
     assert.equal(await idOf(replay({ recorder: { enabled: true, path: join(dir, 'two.mcap'), chunkMs: 250 } })), id);
+    assert.equal(await idOf(replay({ metrics: { endpoint: '9464' } })), id, 'serving metrics is no part of the replay');
   });
 
   test("another input, model, seed, config or percept version gets another id, also when only the files' bytes differ", async () => {

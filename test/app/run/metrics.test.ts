@@ -347,6 +347,31 @@ describe('metrics server', () => {
       await second.close();
     }
   });
+
+  test("publisher queue depths: each topic's waiting messages as the publisher reports them when scraped", async () => {
+    let queued: Record<string, number> = { actions: 0, events: 0 };
+    const server = await startMetricsServer({ port: 0, events: new Subject<TelemetryEvent>(), queuedMessages: () => queued });
+    try {
+      assert.equal(value(await scrape(server), 'percept_publisher_queued_messages', { topic: 'actions' }), 0);
+      queued = { actions: 3, events: 1 };
+      const f = await scrape(server);
+      assert.deepEqual(
+        [
+          value(f, 'percept_publisher_queued_messages', { topic: 'actions' }),
+          value(f, 'percept_publisher_queued_messages', { topic: 'events' }),
+        ],
+        [3, 1],
+      );
+    } finally {
+      await server.close();
+    }
+    const without = await startMetricsServer({ port: 0, events: new Subject<TelemetryEvent>() });
+    try {
+      assert.equal((await scrape(without)).has('percept_publisher_queued_messages'), false, 'no publisher, no family');
+    } finally {
+      await without.close();
+    }
+  });
 });
 
 describe('metrics.endpoint', () => {
