@@ -13,6 +13,14 @@ const int =
     if (!Number.isInteger(n)) throw new InvalidArgumentError(`${name} must be an integer, got '${value}'`);
     return n;
   };
+/** A virtualServiceSeed: an integer in [0, 2^32). */
+const seed =
+  (name: string) =>
+  (value: string): number => {
+    const n = int(name)(value);
+    if (n < 0 || n > 0xffffffff) throw new InvalidArgumentError(`${name} must be in [0, 4294967295], got '${value}'`);
+    return n;
+  };
 const bool =
   (name: string) =>
   (value: string): boolean => {
@@ -509,7 +517,7 @@ program
     '--calibration <file>',
     "stage costs from a calibration file written by percept calibrate, in place of the config's virtualServiceMs",
   )
-  .option('--seed <n>', "seeds the draws from the calibrated distributions (default: the config's virtualServiceSeed)", int('--seed'))
+  .option('--seed <n>', "seeds the draws from the calibrated distributions (default: the config's virtualServiceSeed)", seed('--seed'))
   .option(
     '--fail-under <limits>',
     'exit 2 when a metric is on the wrong side: valid=0.99,accuracy=0.8,iou=0.5,agreement=0.9 (minimums), miss=0.05 (maximum)',
@@ -609,7 +617,7 @@ program
   .option(
     '--seed <n>',
     "virtual mode: seeds the draws from the calibrated distributions (default: the config's virtualServiceSeed)",
-    int('--seed'),
+    seed('--seed'),
   )
   .addOption(
     new Option('--pace <pace>', 'virtual mode: lockstep, or the recorded pace (edge policies matter)').choices(['lockstep', 'recorded']),

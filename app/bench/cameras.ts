@@ -237,7 +237,9 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     } else {
       outcomes.completed += 1;
       // Its llama_decode calls after the prompt: a sampled token with its forced run is one.
-      actions.push({ steps: Number(event.data.decodeCalls ?? event.data.tokens ?? 0), tokens: Number(event.data.tokens ?? 0) });
+      if (typeof event.data.decodeCalls !== 'number')
+        throw new Error(`bench cameras: a completed decode note has no decodeCalls (frame ${event.frameId})`);
+      actions.push({ steps: event.data.decodeCalls, tokens: Number(event.data.tokens ?? 0) });
     }
     const prefilled = Number(event.data.promptTokens ?? 0) - Number(event.data.reusedTokens ?? 0);
     if (event.data.predictedMiss !== true && prefilled > 0) prefilledPositions.push(prefilled);

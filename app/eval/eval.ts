@@ -366,6 +366,31 @@ export interface EvalOptions {
   readonly seed?: number;
 }
 
+/** The knobs of each ladder level of a config: level 0 is `initial`, each next one adds a rung. */
+function ladderLevels(config: PerceptConfig): Record<string, unknown>[] {
+  const levels: Record<string, unknown>[] = [{ ...config.ladder.initial }];
+  for (const rung of config.ladder.rungs) levels.push({ ...levels.at(-1), ...rung });
+  return levels;
+}
+
+/** A calibration charges level i the costs measured at its level i: the two ladders must be the same. */
+function checkCalibrationLadder(config: PerceptConfig, path: string): void {
+  const file = JSON.parse(readFileSync(path, 'utf8')) as { levels?: Record<string, unknown>[] };
+  if (!Array.isArray(file.levels)) return; // not a calibration: loadConfig says so
+  const ours = ladderLevels(config);
+  const fix = `calibrate with this config (percept calibrate -c …), or eval with the config it was measured with`;
+  if (file.levels.length !== ours.length)
+    throw new Error(`--calibration ${path}: it measured ${file.levels.length} ladder levels, the config has ${ours.length}; ${fix}`);
+  file.levels.forEach((level, i) => {
+    for (const [knob, value] of Object.entries(level)) {
+      if (JSON.stringify(ours[i]![knob]) !== JSON.stringify(value))
+        throw new Error(
+          `--calibration ${path}: level ${i} was measured at ${knob}=${JSON.stringify(value)}, the config's is ${JSON.stringify(ours[i]![knob])}; ${fix}`,
+        );
+    }
+  });
+}
+
 /** The calibration file a config names in virtualServiceMs, resolved, or null. */
 export function namedCalibration(configPath: string | undefined): string | null {
   if (!configPath) return null;
@@ -392,6 +417,7 @@ export async function evaluate(opts: EvalOptions): Promise<{ code: number; metri
     // eval reads percept's own recording profile, whatever the config records for ROS tools.
     let config: PerceptConfig = { ...given, recorder: { ...given.recorder, profile: '' as const } };
     if (name === 'run' && (opts.calibration || opts.seed !== undefined)) {
+      if (opts.calibration) checkCalibrationLadder(config, calibration!);
       config = loadConfig({
         ...config,
         ...(opts.calibration ? { virtualServiceMs: calibration } : {}),

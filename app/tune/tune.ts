@@ -150,9 +150,12 @@ async function grammarWorstCase(path: string, schema: ActionSchema): Promise<{ w
   }
 }
 
+/** Version 2: a point's serviceMs holds distributions (version 1 held medians). */
+const STATE_VERSION = 2;
+
 interface StateFile {
   readonly kind: 'percept.tune-state';
-  readonly version: 1;
+  readonly version: typeof STATE_VERSION;
   readonly points: Record<string, PointResult>;
   reference?: { readonly key: string; readonly frames: readonly ReferenceFrame[] };
 }
@@ -165,11 +168,15 @@ interface ReferenceFrame {
 }
 
 function readState(path: string): StateFile {
-  const empty: StateFile = { kind: 'percept.tune-state', version: 1, points: {} };
+  const empty: StateFile = { kind: 'percept.tune-state', version: STATE_VERSION, points: {} };
   if (!existsSync(path)) return empty;
   try {
     const state = JSON.parse(readFileSync(path, 'utf8')) as StateFile;
-    if (state?.kind === 'percept.tune-state' && state.version === 1 && typeof state.points === 'object') return state;
+    if (state?.kind === 'percept.tune-state' && state.version === STATE_VERSION && typeof state.points === 'object') return state;
+    if (state?.kind === 'percept.tune-state') {
+      log(`${path} is a tune state of version ${String(state.version)}, not ${STATE_VERSION}; measuring every point anew`);
+      return empty;
+    }
   } catch {
     // an unreadable state is measured anew
   }

@@ -411,4 +411,21 @@ describe('percept eval on calibrated distributions', { timeout: 600_000 }, () =>
     assert.notDeepEqual(other.metrics.stages.decode, stages.decode);
     assert.notDeepEqual(other.metrics.endToEnd, endToEnd);
   });
+
+  test('a calibration measured on another ladder is refused, naming the level and the knob', async () => {
+    const bag = join(dir, 'twelve.mcap');
+    if (!existsSync(bag)) await makeSampleBag(bag, { frames: 12, width: 320, height: 180 });
+    writeFileSync(join(dir, 'tiny.json'), JSON.stringify(config));
+    const level = config.ladder.initial;
+    const refused = async (levels: object[], message: RegExp) => {
+      const path = join(dir, 'cal-ladder.json');
+      writeFileSync(path, JSON.stringify({ ...calibration, levels }));
+      await assert.rejects(
+        evaluate({ bag, config: join(dir, 'tiny.json'), calibration: path, out: join(dir, 'refused'), progress: false }),
+        message,
+      );
+    };
+    await refused([level, { ...level, imageTokens: 140 }], /measured 2 ladder levels, the config has 1; calibrate with this config/);
+    await refused([{ ...level, imageTokens: 280 }], /level 0 was measured at imageTokens=280, the config's is 70/);
+  });
 });
