@@ -1,6 +1,6 @@
 // What a stage call costs on the virtual clock: a fixed figure, or a measured distribution sampled per call.
-// The sample is a pure function of (seed, stage, frame id), so a replay is deterministic whatever the call order,
-// and a frame is as slow at one ladder level as at another (the same quantile of each level's distribution).
+// The sample is a pure function of (seed, stage, frame id): a replay is deterministic whatever the call order.
+// A frame draws the same quantile at every ladder level, so levels differ by their costs, not by luck.
 // Semantics: pipeline/README.md#clocks-and-lockstep
 
 /** Measured service times as a quantile table: the inverse CDF through evenly spaced probabilities. */
