@@ -16,6 +16,7 @@ import type { ActionMessage } from '../../nodes/payloads.ts';
 import { createRos2Publisher, type Ros2Publisher } from '../../nodes/publisher-ros2.ts';
 import { ROS2_PUBLISHED_DEFINITIONS } from '../../app/run/ros2.ts';
 import { fakeSource, fakeStage, runGraph, testConfig } from '../support/pipeline-fakes.ts';
+import { DdsParticipant, ROS2_DEFAULT_QOS } from '../../native/dds/binding.ts';
 import { buildCyclonePeer, buildFastDdsPeer, startPeer, testDomainId, until, type Peer } from '../support/dds-peers.ts';
 
 const FRAMES = 24;
@@ -193,3 +194,27 @@ interface DiagnosticArray {
 function decodeHex(r: MessageReader, line: string): DiagnosticArray {
   return r.readMessage(Buffer.from(line.split(' ')[1]!, 'hex')) as DiagnosticArray;
 }
+
+// Closing the participant that created the domain must leave the others on it working (it used to delete them all).
+test('participants on one domain outlive the first one closed', { timeout: 600_000 }, async () => {
+  const domainId = testDomainId(7);
+  const first = await DdsParticipant.open({ domainId });
+  const out = await DdsParticipant.open({ domainId });
+  const inp = await DdsParticipant.open({ domainId });
+  let wake = (): void => {};
+  const got: Buffer[] = [];
+  const reader = inp.createReader('/shared', 'std_msgs/msg/String', ROS2_DEFAULT_QOS, () => {
+    got.push(...reader.take());
+    wake();
+  });
+  const writer = out.createWriter('/shared', 'std_msgs/msg/String', ROS2_DEFAULT_QOS);
+  first.close();
+  await until(() => writer.matched() === 1 && reader.matched() === 1);
+  const sample = Uint8Array.from([0, 1, 0, 0, 3, 0, 0, 0, 104, 105, 0, 0]);
+  const arrived = new Promise<void>((resolve) => (wake = resolve));
+  writer.write(sample);
+  await arrived;
+  assert.deepEqual([...got[0]!], [...sample]);
+  out.close();
+  inp.close();
+});

@@ -178,6 +178,15 @@ ddsi_sertype * newRawSertype(const std::string & typeName) {
 
 std::string ddsError(const char * what, dds_return_t rc) { return std::string(what) + ": " + dds_strretcode(rc); }
 
+// Deleting a domain deletes every participant in it, so the domain an explicit config created is deleted
+// only when the process's last participant on that domain id closes.
+struct DomainUse {
+    dds_entity_t domain = 0;  // 0: Cyclone created it implicitly
+    int participants = 0;
+};
+std::mutex domainsMu;
+std::map<dds_domainid_t, DomainUse> domains;
+
 struct WriterState {
     dds_entity_t writer = 0;
     ddsi_sertype * sertype = nullptr;  // not counted: the topic owns it
@@ -224,25 +233,34 @@ public:
         const auto domainId = static_cast<dds_domainid_t>(info[0].As<Napi::Number>().Uint32Value());
         const std::string config = info[1].As<Napi::String>().Utf8Value();
         capacity_ = info[2].As<Napi::Number>().Uint32Value();
-        if (!config.empty()) {
+        domainId_ = domainId;
+        std::lock_guard<std::mutex> lock(domainsMu);
+        DomainUse & use = domains[domainId];
+        if (!config.empty() && use.participants == 0) {
             const dds_entity_t domain = dds_create_domain(domainId, config.c_str());
-            // PRECONDITION_NOT_MET: this process already runs the domain (another participant); it keeps its config.
-            if (domain < 0 && domain != DDS_RETCODE_PRECONDITION_NOT_MET)
+            // PRECONDITION_NOT_MET: the domain runs already (created elsewhere); it keeps its config.
+            if (domain < 0 && domain != DDS_RETCODE_PRECONDITION_NOT_MET) {
+                domains.erase(domainId);
                 throw Napi::Error::New(env, ddsError("dds_create_domain", domain));
-            if (domain > 0) domain_ = domain;
+            }
+            if (domain > 0) use.domain = domain;
         }
         participant_ = dds_create_participant(domainId, nullptr, nullptr);
         if (participant_ < 0) {
-            if (domain_ > 0) dds_delete(domain_);
+            if (use.participants == 0) {
+                if (use.domain > 0) dds_delete(use.domain);
+                domains.erase(domainId);
+            }
             throw Napi::Error::New(env, ddsError("dds_create_participant", participant_));
         }
+        use.participants++;
         thread_ = std::thread([this] { Pump(); });
     }
 
     ~Participant() override { Shutdown(); }
 
 private:
-    dds_entity_t domain_ = 0;
+    dds_domainid_t domainId_ = 0;
     dds_entity_t participant_ = 0;
     size_t capacity_ = 1024;
     std::thread thread_;
@@ -296,10 +314,17 @@ private:
         // Deletes every reader, writer and topic; listeners in progress finish first.
         dds_delete(participant_);
         participant_ = 0;
-        if (domain_ > 0) dds_delete(domain_);
-        domain_ = 0;
+        ReleaseDomain();
         // The states stay until the participant is collected: a notification still queued may read them.
         for (auto & [_, r] : readers_) r->notify.Release();
+    }
+
+    void ReleaseDomain() {
+        std::lock_guard<std::mutex> lock(domainsMu);
+        auto it = domains.find(domainId_);
+        if (it == domains.end() || --it->second.participants > 0) return;
+        if (it->second.domain > 0) dds_delete(it->second.domain);
+        domains.erase(it);
     }
 
     void CheckOpen(Napi::Env env) {
