@@ -116,9 +116,10 @@ export async function createRos2Source(options: Ros2SourceOptions): Promise<Ros2
           wake = undefined;
           continue;
         }
+        // The batch arrived before take() returned it: one capture time for all its samples.
+        const captureNs = clock.nowNs();
+        const captureWallMs = clock.wallMs();
         for (const sample of samples) {
-          const captureNs = clock.nowNs();
-          const captureWallMs = clock.wallMs();
           counters.received += 1;
           let item: SourceItem<CameraFrame>;
           try {
