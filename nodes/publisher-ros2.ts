@@ -215,10 +215,9 @@ class DdsRos2Publisher implements Ros2Publisher {
     if (summary) this.#diagnose(this.#clock.nowNs(), endStatus(summary, this.#runId));
     this.#closing = true;
     await this.#participant.drain(this.#lingerMs);
-    const counters = this.stats();
+    // Read after closing: the write in flight has finished, and what the queue still held counts as dropped.
     this.#participant.close();
-    // What the queue still held when the participant closed counts as dropped.
-    this.#final = Object.fromEntries(Object.entries(counters).map(([k, c]) => [k, { ...c, dropped: c.dropped + c.queued, queued: 0 }]));
+    this.#final = this.stats();
     return this.#final;
   }
 

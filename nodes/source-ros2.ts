@@ -122,11 +122,15 @@ export async function createRos2Source(options: Ros2SourceOptions): Promise<Ros2
         for (const sample of samples) {
           counters.received += 1;
           let item: SourceItem<CameraFrame>;
+          let message: unknown;
           try {
-            item = toItem(reader.readMessage(sample), type, id, captureNs, captureWallMs);
+            message = reader.readMessage(sample);
+            item = toItem(message, type, id, captureNs, captureWallMs);
           } catch (err) {
             counters.rejected += 1;
-            yield rejectionOf(err, { sourceId: id, captureNs, captureWallMs }, `${topic} message ${counters.received}`);
+            // A message that decoded but does not fit keeps its camera's id, as its good frames do.
+            const sourceId = (message as RosImage | undefined)?.header?.frame_id || id;
+            yield rejectionOf(err, { sourceId, captureNs, captureWallMs }, `${topic} message ${counters.received}`);
             continue;
           }
           counters.yielded += 1;

@@ -132,7 +132,21 @@ export class DdsParticipant {
     const addon = await loadDdsAddon();
     const fromEnv = config === '' && Boolean(process.env.CYCLONEDDS_URI);
     const xml = config !== '' ? config : fromEnv ? '' : LOOPBACK_CYCLONE_CONFIG;
-    const native = new addon.Participant(domainId, xml, queueCapacity);
+    let native: NativeParticipant;
+    try {
+      native = new addon.Participant(domainId, xml, queueCapacity);
+    } catch (err) {
+      // Name where the refused configuration came from, so it can be found and fixed.
+      const where =
+        config !== ''
+          ? `ros2.cyclonedds ${JSON.stringify(config)}`
+          : fromEnv
+            ? `CYCLONEDDS_URI=${process.env.CYCLONEDDS_URI}`
+            : 'the loopback default';
+      throw new Error(`ros2: Cyclone DDS refused the domain ${domainId} configuration from ${where} (${(err as Error).message})`, {
+        cause: err,
+      });
+    }
     return new DdsParticipant(native, domainId, config !== '' ? 'config' : fromEnv ? 'CYCLONEDDS_URI' : 'loopback');
   }
 

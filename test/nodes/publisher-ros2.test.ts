@@ -218,3 +218,19 @@ test('participants on one domain outlive the first one closed', { timeout: 600_0
   out.close();
   inp.close();
 });
+
+test('a configuration Cyclone DDS refuses is an error naming where it came from', async () => {
+  const domainId = testDomainId(8);
+  await assert.rejects(
+    DdsParticipant.open({ domainId, config: 'file:///nonexistent/cyclonedds.xml' }),
+    /ros2: Cyclone DDS refused the domain \d+ configuration from ros2\.cyclonedds "file:\/\/\/nonexistent\/cyclonedds\.xml" \(dds_create_domain/,
+  );
+  const saved = process.env.CYCLONEDDS_URI;
+  process.env.CYCLONEDDS_URI = 'file:///nonexistent/from-env.xml';
+  try {
+    await assert.rejects(DdsParticipant.open({ domainId }), /configuration from CYCLONEDDS_URI=file:\/\/\/nonexistent\/from-env\.xml/);
+  } finally {
+    if (saved === undefined) delete process.env.CYCLONEDDS_URI;
+    else process.env.CYCLONEDDS_URI = saved;
+  }
+});

@@ -166,6 +166,7 @@ test('raw sensor_msgs/msg/Image frames from a writer in this process arrive with
   assert.deepEqual(b.sourceStamp, { sec: 1_700_000_100, nanosec: 1 });
   assert.equal(bad.rejected, 'the image has the wrong size');
   assert.equal(bad.detail, '/camera/image_raw message 3: 23 bytes of rgb8, need step × height = 24 for 4×2 step 12');
+  assert.equal(bad.sourceId, 'raw_cam', "a frame that decodes but does not fit keeps its camera's id");
 });
 
 test('a best-effort reader (ROS 2 sensor data profile, the default) matches a reliable publisher in C', { timeout: 600_000 }, async () => {
