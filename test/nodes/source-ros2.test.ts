@@ -13,7 +13,7 @@ import { DdsParticipant } from '../../native/dds/binding.ts';
 import { RealClock } from '../../pipeline/clock.ts';
 import { chain } from '../../pipeline/graph/chain.ts';
 import { eventToJson } from '../../pipeline/telemetry/events.ts';
-import type { SourceItem, SourceRejection } from '../../pipeline/types.ts';
+import { isRejection, type SourceItem, type SourceRejection } from '../../pipeline/types.ts';
 import type { CameraFrame } from '../../nodes/payloads.ts';
 import { encodePatternFrame, readPatternCounter } from '../../nodes/source-pattern.ts';
 import { createRos2Source } from '../../nodes/source-ros2.ts';
@@ -179,10 +179,19 @@ test('a best-effort reader (ROS 2 sensor data profile, the default) matches a re
     depth: 5,
     definition: ROS2_IMAGE_DEFINITIONS['sensor_msgs/msg/CompressedImage'],
   });
-  const pub = startPeer(publisher, [String(domainId), 'rt/camera/image/compressed', FRAME_ID, 'BAD']);
+  // The peer sends its frame until killed, so the reader gets one whenever it discovers the writer.
+  const pub = startPeer(publisher, [String(domainId), 'rt/camera/image/compressed', FRAME_ID, 'REPEAT', 'BAD']);
   peers.push(pub);
   await pub.waitForLine((l) => l === 'matched');
-  await until(() => source.matched() === 1);
-  assert.equal(await pub.exited, 0, pub.stderr());
+  const controller = new AbortController();
+  let first: SourceItem<CameraFrame> | SourceRejection | undefined;
+  for await (const item of source.frames(new RealClock(), controller.signal)) {
+    first = item;
+    break;
+  }
+  assert.equal(source.matched(), 1);
+  pub.child.kill();
   await source.close();
+  assert.ok(first && isRejection(first), 'the frame crossed from the reliable writer to the best-effort reader');
+  assert.equal(first.sourceId, FRAME_ID);
 });

@@ -44,8 +44,15 @@ int main(int argc, char **argv) {
   printf("matched\n");
   fflush(stdout);
   static const unsigned char NOT_JPEG[] = "this is not a JPEG";
-  for (int i = 4; i < argc; i++) {
-    const int k = i - 4;
+  // REPEAT first: send the frames again and again until killed (a best-effort reader may discover us late).
+  const int repeat = strcmp(argv[4], "REPEAT") == 0;
+  const int first = repeat ? 5 : 4;
+  for (int i = first; i < argc || repeat; i++) {
+    if (i == argc) {
+      i = first;
+      dds_sleepfor(DDS_MSECS(20));
+    }
+    const int k = i - first;
     sensor_msgs_msg_dds__CompressedImage_ msg;
     memset(&msg, 0, sizeof msg);
     msg.header.stamp.sec = 1700000000 + k;
