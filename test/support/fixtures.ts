@@ -15,6 +15,21 @@ export const MODEL_CACHE = join(REPO_ROOT, '.cache', 'models');
 /** The config's preprocess section as the schema defaults it, for preprocess stages made outside a run. */
 export const PREPROCESS_DEFAULTS = loadConfig({}).preprocess;
 
+/** A config for a short real run of the tiny decoder: `frames` pattern frames, every one decoded (queues, no deadlines). */
+export function tinyPatternRunConfig(frames: number, extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    source: { kind: 'pattern', fps: 4, frames, width: 320, height: 240 },
+    encoder: { kind: 'projection', seed: 1, tokens: 16 },
+    decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 128, nCtx: 2048 },
+    actions: { schema: join(REPO_ROOT, 'configs/actions/robot-action.schema.json') },
+    budgets: { endToEndMs: 3_600_000, stages: {}, dropPredictedMiss: false },
+    edges: { default: { policy: 'queue', capacity: frames } },
+    ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 128, draft: true, frameSkip: 0 }, rungs: [] },
+    telemetry: { liveTable: 'off' },
+    ...extra,
+  };
+}
+
 /** Path of the synthetic checkpoint `preset` in `wtype` (default seed), generating it once if missing. */
 export async function ensureSynthModel(preset: string, wtype: WeightType = 'q8_0'): Promise<string> {
   return resolveModel(`synth:${preset}?wtype=${wtype}`, 'decoder', { cacheDir: MODEL_CACHE });

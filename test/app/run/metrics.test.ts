@@ -15,7 +15,7 @@ import { VirtualClock } from '../../../pipeline/clock.ts';
 import { ConfigError, loadConfig, parseMetricsEndpoint } from '../../../pipeline/config.ts';
 import { createGraph } from '../../../pipeline/graph/graph.ts';
 import type { LatencyStats, RunSummary, TelemetryEvent } from '../../../pipeline/telemetry/events.ts';
-import { REPO_ROOT, freePort } from '../../support/fixtures.ts';
+import { freePort, tinyPatternRunConfig } from '../../support/fixtures.ts';
 import { eventfulRun, fakeStage } from '../../support/pipeline-fakes.ts';
 
 interface Sample {
@@ -418,17 +418,7 @@ describe('metrics.endpoint', () => {
     async () => {
       const frames = 4;
       const port = await freePort();
-      const config = loadConfig({
-        source: { kind: 'pattern', fps: 4, frames, width: 320, height: 240 },
-        encoder: { kind: 'projection', seed: 1, tokens: 16 },
-        decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 128, nCtx: 2048 },
-        actions: { schema: join(REPO_ROOT, 'configs/actions/robot-action.schema.json') },
-        budgets: { endToEndMs: 3_600_000, stages: {}, dropPredictedMiss: false },
-        edges: { default: { policy: 'queue', capacity: frames } },
-        ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 128, draft: true, frameSkip: 0 }, rungs: [] },
-        telemetry: { liveTable: 'off' },
-        metrics: { endpoint: `127.0.0.1:${port}` },
-      });
+      const config = loadConfig(tinyPatternRunConfig(frames, { metrics: { endpoint: `127.0.0.1:${port}` } }));
       const url = `http://127.0.0.1:${port}`;
       let during: Promise<{ ready: number; families: Map<string, Family> } | Error> | undefined;
       const { summary, failure } = await executeRun(config, {

@@ -1,27 +1,17 @@
 // `percept run --metrics`: a real run of the tiny models serves Prometheus metrics and /healthz while it
 // goes on, and the server is gone when the run ends.
 import assert from 'node:assert/strict';
-import { join } from 'node:path';
 import { test } from 'node:test';
 import { executeRun } from '../../../app/run/run.ts';
 import { loadConfig } from '../../../pipeline/config.ts';
-import { REPO_ROOT, freePort } from '../../support/fixtures.ts';
+import { freePort, tinyPatternRunConfig } from '../../support/fixtures.ts';
 
 test(
   'a run with metrics: scraped while it runs, healthy, its counters exposed, the server closed with the run',
   { timeout: 600_000 },
   async () => {
     const frames = 4;
-    const config = loadConfig({
-      source: { kind: 'pattern', fps: 4, frames, width: 320, height: 240 },
-      encoder: { kind: 'projection', seed: 1, tokens: 16 },
-      decoder: { model: 'synth:gemma4-tiny', maxNewTokens: 128, nCtx: 2048 },
-      actions: { schema: join(REPO_ROOT, 'configs/actions/robot-action.schema.json') },
-      budgets: { endToEndMs: 3_600_000, stages: {}, dropPredictedMiss: false },
-      edges: { default: { policy: 'queue', capacity: frames } },
-      ladder: { enabled: false, initial: { imageTokens: 70, maxNewTokens: 128, draft: true, frameSkip: 0 }, rungs: [] },
-      telemetry: { liveTable: 'off' },
-    });
+    const config = loadConfig(tinyPatternRunConfig(frames));
     const port = await freePort();
     const url = `http://127.0.0.1:${port}`;
     let during: { health: number; metrics: string } | undefined;
