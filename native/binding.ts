@@ -113,6 +113,8 @@ export interface NativeGenerateOptions {
   ignoreEos: boolean;
   jumpForward: boolean;
   recordSampleTimes: boolean;
+  /** K (0..64): record the K largest raw logits of every sampled row; 0: none. Refused on a context of several sequences. */
+  topLogits: number;
   speculative: boolean;
   /** A cancel() may come while llama.cpp computes: install its abort callback (else checked between tokens). */
   cancellable: boolean;
@@ -159,8 +161,17 @@ export interface NativeGenerateResult {
   readonly timings: NativeTimings;
   /** Microseconds of each sampling step (with recordSampleTimes). */
   readonly sampleUs?: Float32Array;
+  /** The K largest raw logits of each sampled row, highest first (with topLogits > 0). */
+  readonly topLogits?: readonly NativeTopLogits[];
   /** On a context of several sequences: where the request stood in the batch schedule. */
   readonly batch?: NativeBatchCounts;
+}
+
+/** One sampled row's largest raw logits: `step` indexes the token it sampled in the result's tokens. */
+export interface NativeTopLogits {
+  readonly step: number;
+  readonly ids: Int32Array;
+  readonly logits: Float32Array;
 }
 
 export interface NativeBatchCounts {

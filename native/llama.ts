@@ -455,6 +455,11 @@ export interface GenerateOptions {
   readonly jumpForward?: boolean;
   /** Return the duration of every sampling step (`sampleUs`; benchmarks). */
   readonly recordSampleTimes?: boolean;
+  /**
+   * K (integer 0..64): record the K largest raw logits of every sampled row (before samplers and
+   * grammar) in `topLogits`, for parity tests. 0 (default): nothing recorded. Single-sequence contexts only.
+   */
+  readonly topLogits?: number;
   /** Use the context's speculator (default true when one is attached). */
   readonly speculative?: boolean;
   /** Longest draft per step (default: the speculator's nMax). */
@@ -495,6 +500,14 @@ export interface GenerateResult {
   readonly timings: Timings;
   /** Microseconds of each sampling step, with `recordSampleTimes`. */
   readonly sampleUs?: Float32Array;
+  /**
+   * With `topLogits` K > 0: per sampled row, its K largest raw logits, highest first (ties: lower id
+   * first). `step` is the index in `tokens` of the token that row sampled; tokens forced by jump-forward
+   * are not sampled, so steps skip them. With a speculator several rows are sampled per decode, each
+   * recorded with its own step. A row whose token was not kept (EOS, a stop token, or sampled past
+   * the stop) has step >= `tokens.length`.
+   */
+  readonly topLogits?: readonly { readonly step: number; readonly ids: Int32Array; readonly logits: Float32Array }[];
   /** On a context of several sequences: where the request stood in the batch schedule. */
   readonly batch?: BatchCounts;
 }
@@ -517,6 +530,7 @@ const GENERATE_KEYS = [
   'grammar',
   'jumpForward',
   'recordSampleTimes',
+  'topLogits',
   'speculative',
   'nDraft',
   'signal',
@@ -657,10 +671,12 @@ export class LlamaContext {
     if (options.onTokens !== undefined && typeof options.onTokens !== 'function')
       throw invalid('options.onTokens', 'a function', options.onTokens);
     const nDraft = options.nDraft === undefined ? undefined : intIn('options.nDraft', options.nDraft, 0, 256);
+    const topLogits = options.topLogits === undefined ? 0 : intIn('options.topLogits', options.topLogits, 0, 64);
     const batched = this.info.nSeq > 1;
     const seq = options.seq === undefined ? 0 : intIn('options.seq', options.seq, 0, this.info.nSeq - 1);
     if (batched && options.onTokens !== undefined)
       throw new TypeError('options.onTokens: a context of several sequences does not stream tokens');
+    if (batched && topLogits > 0) throw new TypeError('options.topLogits: a context of several sequences does not record logits');
     if (batched ? this.#sequences.has(seq) : this.#running) {
       throw coded(
         'EBUSY',
@@ -688,6 +704,7 @@ export class LlamaContext {
           ignoreEos: options.ignoreEos ?? false,
           jumpForward: options.jumpForward ?? false,
           recordSampleTimes: options.recordSampleTimes ?? false,
+          topLogits,
           speculative: options.speculative ?? true,
           cancellable: signal !== undefined,
           ...(nDraft !== undefined ? { nDraft } : {}),
@@ -856,6 +873,7 @@ function toResult(r: NativeGenerateResult): GenerateResult {
     draftsCut: r.draftsCut,
     timings: r.timings,
     ...(r.sampleUs ? { sampleUs: r.sampleUs } : {}),
+    ...(r.topLogits ? { topLogits: r.topLogits } : {}),
     ...(r.batch ? { batch: r.batch } : {}),
   };
 }

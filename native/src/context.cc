@@ -116,7 +116,7 @@ void onTokensJs(Napi::Env env, Napi::Function fn, std::nullptr_t *, std::vector<
 }
 using TokenTsfn = Napi::TypedThreadSafeFunction<std::nullptr_t, std::vector<llama_token>, onTokensJs>;
 
-Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSampleTimes) {
+Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSampleTimes, bool topLogits) {
     Napi::Object o = Napi::Object::New(env);
     Napi::Int32Array toks = Napi::Int32Array::New(env, r.tokens.size());
     std::copy(r.tokens.begin(), r.tokens.end(), toks.Data());
@@ -149,6 +149,22 @@ Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSamp
         std::copy(r.sampleUs.begin(), r.sampleUs.end(), us.Data());
         o.Set("sampleUs", us);
     }
+    if (topLogits) {
+        Napi::Array rows = Napi::Array::New(env, r.topLogits.size());
+        for (size_t i = 0; i < r.topLogits.size(); i++) {
+            const TopLogits & t = r.topLogits[i];
+            Napi::Object row = Napi::Object::New(env);
+            row.Set("step", t.step);
+            Napi::Int32Array ids = Napi::Int32Array::New(env, t.ids.size());
+            std::copy(t.ids.begin(), t.ids.end(), ids.Data());
+            row.Set("ids", ids);
+            Napi::Float32Array logits = Napi::Float32Array::New(env, t.logits.size());
+            std::copy(t.logits.begin(), t.logits.end(), logits.Data());
+            row.Set("logits", logits);
+            rows.Set(uint32_t(i), row);
+        }
+        o.Set("topLogits", rows);
+    }
     return o;
 }
 
@@ -162,7 +178,7 @@ struct JsSeqJob : SeqJob {
 };
 
 Napi::Object batchResultToJs(Napi::Env env, const SeqJob & j) {
-    Napi::Object o = resultToJs(env, j.result, j.opts.recordSampleTimes);
+    Napi::Object o = resultToJs(env, j.result, j.opts.recordSampleTimes, j.opts.topLogits > 0);
     Napi::Object b = Napi::Object::New(env);
     b.Set("seq", j.seq);
     b.Set("queueMs", j.counts.queueMs);
@@ -205,7 +221,7 @@ public:
     GenerateWorker(Napi::Env env, Napi::Object self, Context * ctx, std::vector<Segment> segments, GenerateOptions opts,
                    GrammarInstance grammar, Napi::Object grammarObj, Napi::Value onTokens)
         : ThreadWorker(env, "percept:Context.generate", "EGENERATE"), self_(Napi::Persistent(self)), ctx_(ctx),
-          recordSampleTimes_(opts.recordSampleTimes),
+          recordSampleTimes_(opts.recordSampleTimes), topLogits_(opts.topLogits > 0),
           generation_(*ctx, std::move(segments), std::move(opts), std::move(grammar), sinkFor(env, onTokens)) {
         if (!grammarObj.IsEmpty()) grammarRef_ = Napi::Persistent(grammarObj);
     }
@@ -226,7 +242,7 @@ protected:
     }
     void OnOK() override {
         ctx_->releaseBusy();
-        deferred_.Resolve(resultToJs(Env(), res_, recordSampleTimes_));
+        deferred_.Resolve(resultToJs(Env(), res_, recordSampleTimes_, topLogits_));
     }
     void OnError(const Napi::Error & e) override {
         ctx_->releaseBusy();
@@ -247,6 +263,7 @@ private:
     TokenTsfn tsfn_;
     bool hasTsfn_ = false;
     bool recordSampleTimes_;
+    bool topLogits_;
     Generation generation_;
     GenerateResult res_;
 };
@@ -440,6 +457,7 @@ GenerateOptions parseGenerateOptions(const Napi::Object & o, const ModelInfo & m
     g.ignoreEos = requireBool(o, "ignoreEos", w);
     g.jumpForward = requireBool(o, "jumpForward", w);
     g.recordSampleTimes = requireBool(o, "recordSampleTimes", w);
+    g.topLogits = int32_t(requireInt(o, "topLogits", 0, 64, w));
     g.speculative = requireBool(o, "speculative", w);
     g.cancellable = requireBool(o, "cancellable", w);
     if (!o.Get("nDraft").IsUndefined()) g.nDraft = int32_t(requireInt(o, "nDraft", 0, 256, w));
@@ -687,6 +705,8 @@ Napi::Value Context::Generate(const Napi::CallbackInfo & info) {
     if (!onTokens.IsUndefined() && !onTokens.IsFunction()) throw Napi::TypeError::New(env, "generate: onTokens must be a function");
     if (native_->batch) {
         if (!onTokens.IsUndefined()) throw Napi::TypeError::New(env, "generate: a context of several sequences does not stream tokens");
+        if (g.topLogits > 0)
+            throw Napi::TypeError::New(env, "generate options.topLogits: a context of several sequences does not record logits");
         return GenerateOnSequence(info, std::move(segments), std::move(g), std::move(grammar), grammarObj);
     }
     if (!o.Get("seq").IsUndefined())

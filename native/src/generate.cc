@@ -359,7 +359,7 @@ bool Generation::verify(const std::vector<llama_token> & drafted, int32_t firstR
     std::vector<llama_token> ids;
     bool eos = false;
     for (size_t i = 0; i <= drafted.size(); i++) {
-        const llama_token t = sampleAt(firstRow + int32_t(i));
+        const llama_token t = sampleAt(firstRow + int32_t(i), int32_t(i));
         if (isEog(t) && !opts_.ignoreEos) {
             eos = true;
             break;
@@ -504,12 +504,35 @@ void Generation::truncateKv(llama_pos from) {
     if (SpecState * s = ctx_.speculator()) s->truncate(from);
 }
 
-llama_token Generation::sampleAt(int32_t idx) {
+// ahead: rows sampled earlier in this decode whose tokens are not yet in the output (verify).
+llama_token Generation::sampleAt(int32_t idx, int32_t ahead) {
+    if (opts_.topLogits > 0) recordTopLogits(idx, int32_t(res_.tokens.size()) + ahead);
     const int64_t ts = monotonicNs();
     const llama_token t = sampler_.sample(ctx_.raw(), idx);
     res_.sampleMs += msSince(ts);
     if (opts_.recordSampleTimes) res_.sampleUs.push_back(float(monotonicNs() - ts) / 1e3f);
     return t;
+}
+
+// Keeps the row's K largest raw logits (before any sampler), highest first, ties by lower id. Outside sampleMs.
+void Generation::recordTopLogits(int32_t idx, int32_t step) {
+    const float * logits = llama_get_logits_ith(ctx_.raw(), idx);
+    if (logits == nullptr) return;
+    const int32_t n = llama_vocab_n_tokens(ctx_.model()->vocab());
+    const size_t k = size_t(std::min(opts_.topLogits, n));
+    auto better = [logits](llama_token a, llama_token b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    std::vector<llama_token> top;
+    top.reserve(k + 1);
+    for (llama_token i = 0; i < n; i++) {
+        if (top.size() == k && !better(i, top.back())) continue;
+        top.insert(std::upper_bound(top.begin(), top.end(), i, better), i);
+        if (top.size() > k) top.pop_back();
+    }
+    TopLogits r;
+    r.step = step;
+    r.ids = top;
+    for (llama_token t : top) r.logits.push_back(logits[t]);
+    res_.topLogits.push_back(std::move(r));
 }
 
 // Appends a generated token to the output (and to what the sink gets next); true when generation

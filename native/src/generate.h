@@ -45,10 +45,18 @@ struct GenerateOptions {
     bool ignoreEos = false;
     bool jumpForward = false;
     bool recordSampleTimes = false;
+    int32_t topLogits = 0;  // K > 0: record the K largest raw logits of every sampled row (parity tests)
     bool speculative = false;
     int32_t nDraft = -1;  // -1: the speculator's nMax
     int64_t deadlineNs = 0;
     bool cancellable = false;  // a cancel may come while llama.cpp computes
+};
+
+// The K largest raw logits of one sampled row, highest first; step indexes the token it sampled in tokens.
+struct TopLogits {
+    int32_t step = 0;
+    std::vector<llama_token> ids;
+    std::vector<float> logits;
 };
 
 struct GenerateResult {
@@ -69,7 +77,8 @@ struct GenerateResult {
     int32_t graphReuses = 0;
     int32_t paddedSteps = 0;  // steps padded to the context's stepTokens
     double singleDecodeMs = 0;
-    std::vector<float> sampleUs;  // per sampling step, with recordSampleTimes
+    std::vector<float> sampleUs;       // per sampling step, with recordSampleTimes
+    std::vector<TopLogits> topLogits;  // per sampled row, with topLogits > 0
     double prefillMs = 0, ttftMs = 0, decodeMs = 0, sampleMs = 0, draftMs = 0, llamaDecodeMs = 0;
 };
 
@@ -118,7 +127,8 @@ private:
     int decodeTokens(TokenBatch & batch, int32_t nReal = -1);
     int decodeImage(const PromptItem & p, llama_pos pos0);
     void truncateKv(llama_pos from);
-    llama_token sampleAt(int32_t idx);
+    llama_token sampleAt(int32_t idx, int32_t ahead = 0);
+    void recordTopLogits(int32_t idx, int32_t step);
     bool pushOutput(llama_token t);
     void flush();
     bool isEog(llama_token t) const;

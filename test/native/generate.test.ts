@@ -1,5 +1,5 @@
 // Native binding: greedy parity with llama.cpp's C API, prompt segments (text, tokens, images),
-// prefix reuse, cancel/deadline, EBUSY, bad inputs, and event-loop responsiveness.
+// prefix reuse, cancel/deadline, EBUSY, bad inputs, topLogits, and event-loop responsiveness.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
@@ -207,6 +207,43 @@ describe('native generate on gemma4-tiny', () => {
     const a = await ctx.generate([{ text: 'sample' }], opts);
     const b = await ctx.generate([{ text: 'sample' }], opts);
     assert.deepEqual(a.tokens, b.tokens);
+  });
+
+  test('topLogits: the K largest raw logits of every sampled row, at the step of the token it sampled', async () => {
+    const prompt: PromptSegment[] = [{ text: PROMPT, addSpecial: true }];
+    const greedy = await ctx.generate(prompt, { maxTokens: 4, ignoreEos: true, topLogits: 5 });
+    const rows = greedy.topLogits ?? assert.fail('no topLogits');
+    assert.equal(greedy.tokens.length, 4);
+    assert.deepEqual(
+      rows.map((r) => r.step),
+      [0, 1, 2, 3],
+    );
+    for (const r of rows) {
+      assert.equal(r.ids.length, 5);
+      assert.equal(r.logits.length, 5);
+      for (let i = 1; i < 5; i++) {
+        assert.ok(r.logits[i - 1]! >= r.logits[i]!, `step ${r.step}: logits ${String(r.logits)} not highest first`);
+        if (r.logits[i - 1] === r.logits[i]) assert.ok(r.ids[i - 1]! < r.ids[i]!, 'ties: lower id first');
+      }
+      assert.equal(r.ids[0], greedy.tokens[r.step], `step ${r.step}: greedy takes the argmax`);
+    }
+    assert.equal((await ctx.generate(prompt, { maxTokens: 2 })).topLogits, undefined);
+
+    // Under a grammar with jump-forward, forced tokens are not sampled: their steps are skipped.
+    const grammar = await model.grammar('root ::= "{\\"action\\": \\"" ("move" | "stop" | "grasp") "\\", \\"speed\\": " [0-9] [0-9] "}"');
+    const guided = await ctx.generate(prompt, { maxTokens: 64, grammar, jumpForward: true, topLogits: 5 });
+    const steps = (guided.topLogits ?? assert.fail('no topLogits')).map((r) => r.step);
+    assert.ok(guided.forced > 0, 'the grammar forced no token');
+    assert.equal(steps.length, guided.tokens.length - guided.forced);
+    steps.forEach((s, i) => assert.ok(s < guided.tokens.length && (i === 0 || s > steps[i - 1]!), `steps ${String(steps)}`));
+
+    for (const bad of [-1, 1.5, 65]) await assert.rejects(ctx.generate(prompt, { maxTokens: 1, topLogits: bad }), /options\.topLogits/);
+    const several = await model.createContext({ nCtx: 256, nSeq: 2 });
+    try {
+      await assert.rejects(several.generate(prompt, { maxTokens: 1, seq: 0, topLogits: 5 }), /topLogits: a context of several sequences/);
+    } finally {
+      await several.dispose();
+    }
   });
 
   test('memory breakdown reports model, KV and compute bytes', () => {
