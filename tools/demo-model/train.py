@@ -461,6 +461,20 @@ class Runner:
         return z
 
 
+def bbox_token_weights(tok: dict, weight: float) -> list[list[float]]:
+    """Per action token: `weight` for the tokens that spell the bbox numbers, 1 elsewhere."""
+    out = []
+    for text, ids in zip(tok["texts"], tok["tokens"]):
+        a = text.find('"bbox":[')
+        lo, hi = (a + len('"bbox":['), text.find("]", a)) if a >= 0 else (-1, -1)
+        w, pos = [], 0
+        for t in ids:
+            w.append(weight if lo <= pos < hi else 1.0)
+            pos += len(tok["pieces"].get(str(t), ""))
+        out.append(w)
+    return out
+
+
 def batch_tensors(runner: Runner, targets: list[list[int]], device):
     """Teacher forcing: input = prompt + action[:-1]; the row before each action token predicts it."""
     import torch
@@ -732,6 +746,7 @@ def main() -> None:
     ap.add_argument("--init-from", help="start from a compact checkpoint folder (continue a run in another call)")
     ap.add_argument("--path", choices=["model", "manual"], help="force the forward path (default: Gemma4Model.forward, else manual)")
     ap.add_argument("--save-every-epoch", action="store_true")
+    ap.add_argument("--bbox-weight", type=float, default=1.0, help="loss weight of the bbox number tokens (1: plain mean)")
     args = ap.parse_args()
 
     if args.reassemble:
@@ -868,6 +883,11 @@ def main() -> None:
     val_idx = list(range(len(val_rows)))
     max_new = tok["actionTokens"]["max"] + 4
 
+    token_w = bbox_token_weights(tok, args.bbox_weight) if args.bbox_weight != 1.0 else None
+    if token_w is not None:
+        log("note", message=f"bbox number tokens weighted {args.bbox_weight}",
+            weighted_share=round(sum(x != 1.0 for w in token_w for x in w) / max(1, sum(map(len, token_w))), 4))
+
     def lr_at(step: int, frac: float) -> float:
         if step < args.warmup:
             return args.lr * (step + 1) / args.warmup
@@ -897,7 +917,11 @@ def main() -> None:
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 h = runner.hidden(ids, images["train"][torch.tensor(sel, device=device)])
                 z = runner.logits(h[bi, pi])
-                loss = F.cross_entropy(z, tg)
+                if token_w is None:
+                    loss = F.cross_entropy(z, tg)
+                else:
+                    w = torch.tensor([x for i in sel for x in token_w[train_rows[i]["k"]]], device=device)
+                    loss = (F.cross_entropy(z.float(), tg, reduction="none") * w).sum() / w.sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             for p in tables:
