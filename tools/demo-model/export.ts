@@ -1,7 +1,7 @@
 // Exports a train.py checkpoint into the compact weights file the repository ships (models/demo/), then
 // assembles the decoder, mmproj and ONNX encoder from it once and records their sha256 in the file.
 //
-//   node --import tsx tools/demo-model/export.ts --ckpt .carry/demo-model-run2/ckpt
+//   node --import tsx tools/demo-model/export.ts --ckpt .carry/demo-model-run3/ckpt
 //   node --import tsx tools/demo-model/export.ts --rehash        # assembly code changed: record new hashes
 import { readFileSync, statSync } from 'node:fs';
 import { mkdtemp, rename, rm } from 'node:fs/promises';
