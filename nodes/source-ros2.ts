@@ -1,7 +1,7 @@
 // source-ros2: frames from a ROS 2 image topic over DDS (Cyclone DDS, native/dds): sensor_msgs/msg/CompressedImage
 // (JPEG, PNG) or sensor_msgs/msg/Image (raw), best effort or reliable. No ROS install is needed.
 // A message that does not decode or fit is a rejected frame with its reason, and the source goes on.
-// Samples DDS itself lost or rejected are reported as 'skipped' incidents, with their count.
+// Samples DDS lost or rejected, and those the keep-last history overwrote untaken, are 'skipped' incidents with their count.
 // The capture time is the arrival time; the message's header.stamp is the frame's stamp and source stamp.
 import { parse as parseRosMsg } from '@foxglove/rosmsg';
 import { MessageReader } from '@foxglove/rosmsg2-serialization';
@@ -36,7 +36,7 @@ export interface Ros2SourceCounters {
   readonly yielded: number;
   /** Messages that did not decode or fit (yielded as rejected frames). */
   readonly rejected: number;
-  /** Samples DDS lost (gaps in a best-effort stream) or rejected, as its status counts them. */
+  /** Samples DDS lost (gaps in a best-effort stream) or rejected, and those a newer one overwrote in the keep-last history before they were taken. */
   readonly lost: number;
 }
 
@@ -103,9 +103,10 @@ export async function createRos2Source(options: Ros2SourceOptions): Promise<Ros2
         pending = false;
         const samples = dds.take();
         const status = dds.lost();
-        const lost = status.lost + status.rejected;
+        const lost = status.lost + status.rejected + status.overwritten;
         if (lost > counters.lost) {
-          report?.({ kind: 'skipped', detail: `${topic}: DDS lost or rejected ${lost - counters.lost} samples (${lost} in all)` });
+          const detail = `${topic}: ${lost - counters.lost} samples lost, rejected or overwritten by newer ones (${lost} in all: DDS lost ${status.lost}, rejected ${status.rejected}, overwritten ${status.overwritten})`;
+          report?.({ kind: 'skipped', detail });
           counters.lost = lost;
         }
         if (samples.length === 0) {

@@ -61,7 +61,7 @@ interface NativeParticipant {
   writerStats(writer: number): DdsWriterStats;
   matched(entity: number): number;
   take(reader: number, max: number): Buffer[];
-  lost(reader: number): { lost: number; rejected: number };
+  lost(reader: number): { lost: number; rejected: number; overwritten: number };
   drain(timeoutMs: number): Promise<boolean>;
   close(): void;
 }
@@ -104,8 +104,9 @@ export interface DdsReader {
   take(max?: number): Buffer[];
   /** Writers matched now. */
   matched(): number;
-  /** Samples DDS itself lost (a gap in a best-effort stream) or rejected (resource limits), in total. */
-  lost(): { readonly lost: number; readonly rejected: number };
+  /** In total: samples DDS itself lost (a gap in a best-effort stream) or rejected (resource limits), and samples a
+   * newer one pushed out of the keep-last history before they were taken. */
+  lost(): { readonly lost: number; readonly rejected: number; readonly overwritten: number };
 }
 
 /** One DDS participant of one domain, with its writers and readers. */

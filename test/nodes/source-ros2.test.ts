@@ -195,3 +195,43 @@ test('a best-effort reader (ROS 2 sensor data profile, the default) matches a re
   assert.ok(first && isRejection(first), 'the frame crossed from the reliable writer to the best-effort reader');
   assert.equal(first.sourceId, FRAME_ID);
 });
+
+test('samples the keep-last history overwrites before the pipeline takes them are counted as skipped', async () => {
+  const domainId = testDomainId(7);
+  const source = await createRos2Source({
+    domainId,
+    topic: '/camera/slow',
+    type: 'sensor_msgs/msg/Image',
+    reliability: 'reliable',
+    depth: 2,
+    definition: ROS2_IMAGE_DEFINITIONS['sensor_msgs/msg/Image'],
+  });
+  const participant = await DdsParticipant.open({ domainId });
+  const writer = participant.createWriter('/camera/slow', 'sensor_msgs/msg/Image', { reliable: true, depth: 10 });
+  await until(() => writer.matched() === 1 && source.matched() === 1);
+  const image = new MessageWriter(parseRosMsg(ROS2_IMAGE_DEFINITIONS['sensor_msgs/msg/Image'], { ros2: true }));
+  // Six frames before the source is read: a camera faster than the pipeline.
+  for (let k = 0; k < 6; k++) {
+    const header = { stamp: { sec: 1_700_000_200, nanosec: k }, frame_id: 'slow_cam' };
+    writer.write(
+      image.writeMessage({ header, height: 1, width: 1, encoding: 'mono8', is_bigendian: 0, step: 1, data: new Uint8Array([k]) }),
+    );
+  }
+  assert.equal(await participant.drain(60_000), true, 'every frame acknowledged');
+  const incidents: string[] = [];
+  const controller = new AbortController();
+  const items = [];
+  for await (const item of source.frames(new RealClock(), controller.signal, (i) => incidents.push(i.detail ?? ''))) {
+    items.push(item as SourceItem<CameraFrame>);
+    if (items.length === 2) break;
+  }
+  participant.close();
+  await source.close();
+  assert.deepEqual(
+    items.map((i) => i.sourceStamp?.nanosec),
+    [4, 5],
+    'the two newest frames are kept',
+  );
+  assert.equal(source.counters.lost, 4);
+  assert.match(incidents.join('\n'), /\/camera\/slow: 4 samples lost, rejected or overwritten by newer ones .*overwritten 4\)/);
+});

@@ -6,6 +6,7 @@
 // drains into dds_writecdr. Readers notify JS through a thread-safe function; JS then takes the samples.
 #include <napi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -197,12 +198,25 @@ struct WriterState {
     std::string lastError;
 };
 
+// Samples are taken from Cyclone as they arrive, into a queue of the reader's keep-last depth.
+// So an overwrite happens here, where it is counted: Cyclone's statuses do not count keep-last overwrites.
 struct ReaderState {
     dds_entity_t reader = 0;
     std::string topic;
     Napi::ThreadSafeFunction notify;
     std::atomic<bool> pending{false};
     std::atomic<bool> open{true};
+    std::mutex mu;
+    std::deque<ddsi_serdata *> samples;  // guarded by mu, oldest first
+    size_t depth = 1;
+    uint64_t overwritten = 0;  // guarded by mu
+
+    void clear() {
+        std::lock_guard<std::mutex> lock(mu);
+        for (ddsi_serdata * d : samples) ddsi_serdata_unref(d);
+        samples.clear();
+    }
+    ~ReaderState() { clear(); }
 };
 
 struct Job {
@@ -316,7 +330,10 @@ private:
         participant_ = 0;
         ReleaseDomain();
         // The states stay until the participant is collected: a notification still queued may read them.
-        for (auto & [_, r] : readers_) r->notify.Release();
+        for (auto & [_, r] : readers_) {
+            r->notify.Release();
+            r->clear();
+        }
     }
 
     void ReleaseDomain() {
@@ -374,9 +391,26 @@ private:
         return Napi::Number::New(env, state->writer);
     }
 
-    static void OnDataAvailable(dds_entity_t, void * arg) {
+    static void OnDataAvailable(dds_entity_t reader, void * arg) {
         auto * r = static_cast<ReaderState *>(arg);
         if (!r->open) return;
+        // On Cyclone's listener thread: move every arrived sample into the queue, counting what the depth pushes out.
+        for (;;) {
+            ddsi_serdata * d = nullptr;
+            dds_sample_info_t si;
+            if (dds_takecdr(reader, &d, 1, &si, DDS_ANY_STATE) <= 0) break;
+            if (!si.valid_data) {
+                ddsi_serdata_unref(d);
+                continue;
+            }
+            std::lock_guard<std::mutex> lock(r->mu);
+            r->samples.push_back(d);
+            if (r->samples.size() > r->depth) {
+                ddsi_serdata_unref(r->samples.front());
+                r->samples.pop_front();
+                r->overwritten++;
+            }
+        }
         // One notification in flight at a time: JS takes everything there is when it runs.
         if (r->pending.exchange(true)) return;
         auto call = [r](Napi::Env, Napi::Function fn) {
@@ -395,6 +429,7 @@ private:
         ddsi_sertype * sertype = nullptr;
         const dds_entity_t topic = MakeTopic(env, state->topic, info[1].As<Napi::String>().Utf8Value(), &sertype);
         ReaderState * raw = state.get();
+        state->depth = std::max<int32_t>(1, info[2].As<Napi::Object>().Get("depth").As<Napi::Number>().Int32Value());
         state->notify = Napi::ThreadSafeFunction::New(env, info[3].As<Napi::Function>(), "percept-dds-reader", 0, 1);
         dds_qos_t * qos = MakeQos(info[2].As<Napi::Object>());
         dds_listener_t * listener = dds_create_listener(raw);
@@ -473,32 +508,38 @@ private:
         return Napi::Number::New(env, count);
     }
 
-    // take(reader, max) → Buffer[]: the serialized samples waiting (invalid samples, such as a writer leaving, are skipped).
+    // take(reader, max) → Buffer[]: the serialized samples waiting, oldest first (invalid samples, such as a writer leaving, are skipped).
     Napi::Value Take(const Napi::CallbackInfo & info) {
         Napi::Env env = info.Env();
         CheckOpen(env);
-        const dds_entity_t reader = info[0].As<Napi::Number>().Int32Value();
+        std::shared_ptr<ReaderState> r = ReaderOf(env, info[0]);
         const uint32_t max = info[1].As<Napi::Number>().Uint32Value();
-        Napi::Array out = Napi::Array::New(env);
-        uint32_t n = 0;
-        while (n < max) {
-            ddsi_serdata * d = nullptr;
-            dds_sample_info_t si;
-            const dds_return_t rc = dds_takecdr(reader, &d, 1, &si, DDS_ANY_STATE);
-            if (rc < 0) throw Napi::Error::New(env, ddsError("dds_takecdr", rc));
-            if (rc == 0) break;
-            if (si.valid_data) {
-                const uint32_t size = ddsi_serdata_size(d);
-                Napi::Buffer<unsigned char> buf = Napi::Buffer<unsigned char>::New(env, size);
-                ddsi_serdata_to_ser(d, 0, size, buf.Data());
-                out.Set(n++, buf);
+        std::vector<ddsi_serdata *> taken;
+        {
+            std::lock_guard<std::mutex> lock(r->mu);
+            while (taken.size() < max && !r->samples.empty()) {
+                taken.push_back(r->samples.front());
+                r->samples.pop_front();
             }
-            ddsi_serdata_unref(d);
+        }
+        Napi::Array out = Napi::Array::New(env, taken.size());
+        for (size_t i = 0; i < taken.size(); i++) {
+            const uint32_t size = ddsi_serdata_size(taken[i]);
+            Napi::Buffer<unsigned char> buf = Napi::Buffer<unsigned char>::New(env, size);
+            ddsi_serdata_to_ser(taken[i], 0, size, buf.Data());
+            out.Set(uint32_t(i), buf);
+            ddsi_serdata_unref(taken[i]);
         }
         return out;
     }
 
-    // lost(reader) → { lost, rejected }: samples the reader's DDS layer lost or refused, in total.
+    std::shared_ptr<ReaderState> ReaderOf(Napi::Env env, const Napi::Value & v) {
+        auto it = readers_.find(v.As<Napi::Number>().Int32Value());
+        if (it == readers_.end()) throw Napi::Error::New(env, "dds: no such reader");
+        return it->second;
+    }
+
+    // lost(reader) → { lost, rejected, overwritten }: samples DDS lost or refused, and those a newer one pushed out of the queue.
     Napi::Value Lost(const Napi::CallbackInfo & info) {
         Napi::Env env = info.Env();
         CheckOpen(env);
@@ -511,6 +552,9 @@ private:
         Napi::Object out = Napi::Object::New(env);
         out.Set("lost", Napi::Number::New(env, lost.total_count));
         out.Set("rejected", Napi::Number::New(env, rejected.total_count));
+        std::shared_ptr<ReaderState> r = ReaderOf(env, info[0]);
+        std::lock_guard<std::mutex> lock(r->mu);
+        out.Set("overwritten", Napi::Number::New(env, double(r->overwritten)));
         return out;
     }
 
