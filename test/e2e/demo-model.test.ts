@@ -298,34 +298,37 @@ describe('the demo model against fp32 PyTorch, same weights and pixels', () => {
     const model = await LlamaModel.load(await resolveModel('demo:gemma4-robot', 'decoder'));
     try {
       const ctx = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512 });
-      const grammar = await model.grammarFromJsonSchema(loadActionSchema(config.actions.schema).schema);
-      const marker = '<__parity_image__>';
-      const messages = [
-        { role: 'system' as const, content: config.decoder.systemPrompt },
-        { role: 'user' as const, content: `${marker}\n${config.decoder.instruction}` },
-      ];
-      let worst = { diff: 0, at: '' };
-      for (const [i, e] of onnx.entries()) {
-        const want = PARITY.frames[i]!;
-        const prompt = model.chatPrompt(messages, [{ data: e.data, nTokens: e.nTokens }], { imageMarker: marker });
-        ctx.clearCache();
-        const r = await ctx.generate(prompt, { maxTokens: 96, grammar, jumpForward: true, topLogits: 5 });
-        assert.equal(r.text, want.text, `frame ${i}: text`);
-        assert.ok(r.topLogits && r.topLogits.length > 0, `frame ${i}: top logits recorded`);
-        for (const { step, ids, logits } of r.topLogits) {
-          const torch = want.top[step]!;
-          assert.equal(ids[0], torch.ids[0], `frame ${i} step ${step}: argmax`);
-          ids.forEach((id, k) => {
-            const j = torch.ids.indexOf(id);
-            if (j < 0) return; // below PyTorch's recorded top 8
-            const diff = Math.abs(logits[k]! - torch.logits[j]!);
-            if (diff > worst.diff) worst = { diff, at: `frame ${i} step ${step} token ${id}` };
-          });
+      try {
+        const grammar = await model.grammarFromJsonSchema(loadActionSchema(config.actions.schema).schema);
+        const marker = '<__parity_image__>';
+        const messages = [
+          { role: 'system' as const, content: config.decoder.systemPrompt },
+          { role: 'user' as const, content: `${marker}\n${config.decoder.instruction}` },
+        ];
+        let worst = { diff: 0, at: '' };
+        for (const [i, e] of onnx.entries()) {
+          const want = PARITY.frames[i]!;
+          const prompt = model.chatPrompt(messages, [{ data: e.data, nTokens: e.nTokens }], { imageMarker: marker });
+          ctx.clearCache();
+          const r = await ctx.generate(prompt, { maxTokens: 96, grammar, jumpForward: true, topLogits: 5 });
+          assert.equal(r.text, want.text, `frame ${i}: text`);
+          assert.ok(r.topLogits && r.topLogits.length > 0, `frame ${i}: top logits recorded`);
+          for (const { step, ids, logits } of r.topLogits) {
+            const torch = want.top[step]!;
+            assert.equal(ids[0], torch.ids[0], `frame ${i} step ${step}: argmax`);
+            ids.forEach((id, k) => {
+              const j = torch.ids.indexOf(id);
+              if (j < 0) return; // below PyTorch's recorded top 8
+              const diff = Math.abs(logits[k]! - torch.logits[j]!);
+              if (diff > worst.diff) worst = { diff, at: `frame ${i} step ${step} token ${id}` };
+            });
+          }
         }
+        console.log(`# largest logit difference from PyTorch ${worst.diff.toFixed(4)} (${worst.at})`);
+        assert.ok(worst.diff <= LOGIT_TOLERANCE, `${worst.at}: ${worst.diff} from PyTorch`);
+      } finally {
+        await ctx.dispose();
       }
-      console.log(`# largest logit difference from PyTorch ${worst.diff.toFixed(4)} (${worst.at})`);
-      assert.ok(worst.diff <= LOGIT_TOLERANCE, `${worst.at}: ${worst.diff} from PyTorch`);
-      await ctx.dispose();
     } finally {
       await model.dispose();
     }
