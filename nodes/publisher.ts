@@ -11,7 +11,7 @@ import { eventToJson, type RunSummary, type TelemetryEvent, type TelemetrySink }
 import type { CurveConfig, PublisherConfig } from '../pipeline/config.ts';
 import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../pipeline/endpoint.ts';
 import { RealClock, type Clock } from '../pipeline/clock.ts';
-import type { FrameMeta, Stage, StageContext, Stamp } from '../pipeline/types.ts';
+import type { Stage, StageContext, Stamp } from '../pipeline/types.ts';
 
 const HEADER_VERSION = 1;
 const EVENT_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Event';
@@ -140,35 +140,10 @@ const num = (value: number): string => (Number.isFinite(value) ? String(value) :
 const stampJson = (stamp: Stamp | null | undefined): string => (stamp ? `{"sec":${stamp.sec},"nanosec":${stamp.nanosec}}` : 'null');
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 /** ms since the Unix epoch of the instant `ns` on `clock`, exact to the ns (no float of the whole). */
-export const unixMs = (clock: Clock, ns: bigint): number => {
+const unixMs = (clock: Clock, ns: bigint): number => {
   const unixNs = clock.unixNs(ns);
   return Number(unixNs / 1_000_000n) + Number(unixNs % 1_000_000n) / 1e6;
 };
-
-/** The run's fields of every header (configs/wire/header.schema.json): its id and clock. */
-export const headerCommon = (runId: string, virtual: boolean): string =>
-  `"run_id":${JSON.stringify(runId)},"clock":"${virtual ? 'virtual' : 'real'}"`;
-
-/** A header's opening: version, schema id and the run's fields, without a trailing comma. */
-export const headerHead = (schemaId: string, common: string): string =>
-  `{"header_version":${HEADER_VERSION},"schema_id":${JSON.stringify(schemaId)},${common}`;
-
-/** An action header's frame fields, after its head: the frame, its capture time and deadline, the ladder level, the models. */
-export function actionFrameFields(
-  msg: ActionMessage,
-  frame: FrameMeta,
-  virtual: boolean,
-  modelsJson: string,
-  sourceIdJson: string = JSON.stringify(msg.sourceId),
-): string {
-  const untilMs = msg.captureWallMs + Number(frame.deadlineNs - frame.captureNs) / 1e6;
-  return (
-    `,"frame_id":${msg.frameId},"source_id":${sourceIdJson},"source_stamp":${stampJson(frame.sourceStamp)}` +
-    `,"capture_wall_ms":${virtual ? 'null' : num(msg.captureWallMs)},"valid_until_wall_ms":${virtual ? 'null' : num(untilMs)}` +
-    `,"virtual_capture_ms":${virtual ? num(msg.captureWallMs) : 'null'},"virtual_valid_until_ms":${virtual ? num(untilMs) : 'null'}` +
-    `,"degrade_level":${frame.degradeLevel},"models":${modelsJson}`
-  );
-}
 
 /** A header's last fields, written at send time: the per-topic seq and the publish time.
  * The publish time is wall time, or the replay clock's on a virtual clock.
@@ -351,9 +326,9 @@ class WirePublisher implements Publisher {
       telemetry: new TopicQueue(options.telemetryTopic, highWaterMarks.telemetry),
     };
     this.#byPriority = [this.#topics.actions, this.#topics.events, this.#topics.telemetry];
-    this.#common = headerCommon(runId, this.#virtual);
-    this.#eventHead = headerHead(EVENT_SCHEMA_ID, this.#common);
-    this.#telemetryHead = headerHead(TELEMETRY_SCHEMA_ID, this.#common);
+    this.#common = `"run_id":${JSON.stringify(runId)},"clock":"${this.#virtual ? 'virtual' : 'real'}"`;
+    this.#eventHead = `{"header_version":${HEADER_VERSION},"schema_id":"${EVENT_SCHEMA_ID}",${this.#common}`;
+    this.#telemetryHead = `{"header_version":${HEADER_VERSION},"schema_id":"${TELEMETRY_SCHEMA_ID}",${this.#common}`;
     this.#modelsJson = JSON.stringify(options.models);
     this.stage = { name: 'publish', process: (msg, ctx) => this.#publish(msg, ctx) };
     const undelivered = (): number => this.#undelivered;
@@ -384,7 +359,7 @@ class WirePublisher implements Publisher {
     const virtual = this.#virtual;
     let head = this.#actionHeads.get(msg.schemaId);
     if (head === undefined) {
-      head = headerHead(msg.schemaId, this.#common);
+      head = `{"header_version":${HEADER_VERSION},"schema_id":${JSON.stringify(msg.schemaId)},${this.#common}`;
       this.#actionHeads.set(msg.schemaId, head);
     }
     let sourceId = this.#sourceIds.get(msg.sourceId);
@@ -392,7 +367,13 @@ class WirePublisher implements Publisher {
       sourceId = JSON.stringify(msg.sourceId);
       if (this.#sourceIds.size < 1024) this.#sourceIds.set(msg.sourceId, sourceId);
     }
-    const frameFields = actionFrameFields(msg, frame, virtual, this.#modelsJson, sourceId);
+    const budgetMs = Number(frame.deadlineNs - frame.captureNs) / 1e6;
+    const untilMs = msg.captureWallMs + budgetMs;
+    const frameFields =
+      `,"frame_id":${msg.frameId},"source_id":${sourceId},"source_stamp":${stampJson(frame.sourceStamp)}` +
+      `,"capture_wall_ms":${virtual ? 'null' : num(msg.captureWallMs)},"valid_until_wall_ms":${virtual ? 'null' : num(untilMs)}` +
+      `,"virtual_capture_ms":${virtual ? num(msg.captureWallMs) : 'null'},"virtual_valid_until_ms":${virtual ? num(untilMs) : 'null'}` +
+      `,"degrade_level":${frame.degradeLevel},"models":${this.#modelsJson}`;
     // On a virtual clock, published when the stage takes it in, on the call's clock.
     const virtualMs = virtual ? unixMs(ctx.clock, ctx.clock.nowNs()) : undefined;
     this.#enqueue(this.#topics.actions, head + frameFields, JSON.stringify(msg.action), virtualMs);
