@@ -42,10 +42,13 @@ module.exports = {
       name: 'stages-never-import-stages',
       comment:
         'A stage sees only its input and output types: nodes/X.ts imports no other stage. The shared payload types, ' +
-        "the action schema, the shared MCAP reader and writer and the stage's own worker file are not stages.",
+        "the action schema, the action header, the shared MCAP reader and writer and the stage's own worker file are not stages.",
       severity: 'error',
       from: { path: '^nodes/([^/]+?)(\\.worker)?\\.ts$' },
-      to: { path: '^nodes/', pathNot: ['^nodes/(payloads|action-schema|mcap-read|mcap-write)\\.ts$', '^nodes/$1(\\.worker)?\\.(ts|mjs)$'] },
+      to: {
+        path: '^nodes/',
+        pathNot: ['^nodes/(payloads|action-schema|action-header|mcap-read|mcap-write)\\.ts$', '^nodes/$1(\\.worker)?\\.(ts|mjs)$'],
+      },
     },
     {
       name: 'models-resolved-by-app-only',

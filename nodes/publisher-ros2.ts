@@ -8,11 +8,11 @@ import { parse as parseRosMsg } from '@foxglove/rosmsg';
 import { MessageWriter } from '@foxglove/rosmsg2-serialization';
 import { DdsParticipant, ROS2_DEFAULT_QOS, type DdsQos, type DdsWriter } from '../native/dds/binding.ts';
 import type { ActionMessage } from './payloads.ts';
+import { actionFrameFields, closeHeader, headerCommon, headerHead, unixMs } from './action-header.ts';
 import { RealClock, type Clock } from '../pipeline/clock.ts';
 import { eventToJson, type RunSummary, type TelemetryEvent, type TelemetrySink } from '../pipeline/telemetry/events.ts';
-import type { Stage, StageContext, Stamp } from '../pipeline/types.ts';
+import type { Stage, StageContext } from '../pipeline/types.ts';
 
-const HEADER_VERSION = 1;
 const EVENT_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Event';
 /** Frames remembered for their detections' pixel size at most. */
 const MAX_FRAMES_TRACKED = 1024;
@@ -110,17 +110,11 @@ export async function createRos2Publisher(options: Ros2PublisherOptions): Promis
 }
 
 const writerFor = (definition: string): MessageWriter => new MessageWriter(parseRosMsg(definition, { ros2: true }));
-const num = (value: number): string => (Number.isFinite(value) ? String(value) : 'null');
-const stampJson = (stamp: Stamp | null | undefined): string => (stamp ? `{"sec":${stamp.sec},"nanosec":${stamp.nanosec}}` : 'null');
 /** A Unix ns instant as builtin_interfaces/Time. */
 const rosTime = (unixNs: bigint): { sec: number; nanosec: number } => ({
   sec: Number(unixNs / 1_000_000_000n),
   nanosec: Number(unixNs % 1_000_000_000n),
 });
-const unixMs = (clock: Clock, ns: bigint): number => {
-  const unixNs = clock.unixNs(ns);
-  return Number(unixNs / 1_000_000n) + Number(unixNs % 1_000_000n) / 1e6;
-};
 
 /** diagnostic_msgs/msg/DiagnosticStatus levels. */
 const LEVEL = { OK: 0, WARN: 1, ERROR: 2 } as const;
@@ -159,7 +153,7 @@ class DdsRos2Publisher implements Ros2Publisher {
     this.#clock = options.clock ?? new RealClock();
     this.#virtual = this.#clock.virtual;
     this.#runId = options.runId;
-    this.#common = `"run_id":${JSON.stringify(options.runId)},"clock":"${this.#virtual ? 'virtual' : 'real'}"`;
+    this.#common = headerCommon(options.runId, this.#virtual);
     this.#modelsJson = JSON.stringify(options.models ?? {});
     this.#serialize = {
       string: writerFor(options.definitions['std_msgs/msg/String']),
@@ -225,19 +219,10 @@ class DdsRos2Publisher implements Ros2Publisher {
     if (this.#closing) return Promise.reject(new Error('ros2 publisher: publish after close'));
     const frame = ctx.frame;
     const virtual = this.#virtual;
-    const budgetMs = Number(frame.deadlineNs - frame.captureNs) / 1e6;
-    const untilMs = msg.captureWallMs + budgetMs;
     const seq = this.#accepted.actions++;
-    const publishTimes = virtual
-      ? `"publish_wall_ms":null,"virtual_publish_ms":${num(unixMs(ctx.clock, ctx.clock.nowNs()))}`
-      : `"publish_wall_ms":${Date.now()},"virtual_publish_ms":null`;
-    // The ZeroMQ wire's ActionHeader (configs/wire/header.schema.json), field for field.
-    const header =
-      `{"header_version":${HEADER_VERSION},"schema_id":${JSON.stringify(msg.schemaId)},${this.#common}` +
-      `,"frame_id":${msg.frameId},"source_id":${JSON.stringify(msg.sourceId)},"source_stamp":${stampJson(frame.sourceStamp)}` +
-      `,"capture_wall_ms":${virtual ? 'null' : num(msg.captureWallMs)},"valid_until_wall_ms":${virtual ? 'null' : num(untilMs)}` +
-      `,"virtual_capture_ms":${virtual ? num(msg.captureWallMs) : 'null'},"virtual_valid_until_ms":${virtual ? num(untilMs) : 'null'}` +
-      `,"degrade_level":${frame.degradeLevel},"models":${this.#modelsJson},"seq":${seq},${publishTimes}}`;
+    // The ZeroMQ wire's ActionHeader (configs/wire/header.schema.json), by the same functions.
+    const head = headerHead(msg.schemaId, this.#common) + actionFrameFields(msg, frame, virtual, this.#modelsJson);
+    const header = closeHeader(head, seq, virtual ? unixMs(ctx.clock, ctx.clock.nowNs()) : undefined);
     const data = `{"header":${header},"body":${JSON.stringify(msg.action)}}`;
     this.#writers.actions.write(this.#serialize.string.writeMessage({ data }));
     const stamp = rosTime(frame.stampNs ?? ctx.clock.unixNs(frame.captureNs));

@@ -6,14 +6,14 @@
 // Concurrency: zeromq allows one pending send per socket; the pump below is the only sender.
 import { Publisher as PubSocket } from 'zeromq';
 import type { ActionMessage } from './payloads.ts';
+import { actionFrameFields, closeHeader, headerCommon, headerHead, unixMs } from './action-header.ts';
 import type { PublisherStats, TopicStats } from '../client/wire-types.ts';
 import { eventToJson, type RunSummary, type TelemetryEvent, type TelemetrySink } from '../pipeline/telemetry/events.ts';
 import type { CurveConfig, PublisherConfig } from '../pipeline/config.ts';
 import { insecureEndpointProblem, parseEndpoint, readCurveKey } from '../pipeline/endpoint.ts';
 import { RealClock, type Clock } from '../pipeline/clock.ts';
-import type { Stage, StageContext, Stamp } from '../pipeline/types.ts';
+import type { Stage, StageContext } from '../pipeline/types.ts';
 
-const HEADER_VERSION = 1;
 const EVENT_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Event';
 const TELEMETRY_SCHEMA_ID = 'percept/wire/messages/v1#/definitions/Telemetry';
 
@@ -136,25 +136,7 @@ class TopicQueue {
 /** The events published on the events topic; stats go to telemetry; the rest stays inside. */
 const EVENT_TYPES: ReadonlySet<TelemetryEvent['type']> = new Set(['drop', 'cancel', 'degrade', 'error', 'source', 'control']);
 
-const num = (value: number): string => (Number.isFinite(value) ? String(value) : 'null');
-const stampJson = (stamp: Stamp | null | undefined): string => (stamp ? `{"sec":${stamp.sec},"nanosec":${stamp.nanosec}}` : 'null');
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
-/** ms since the Unix epoch of the instant `ns` on `clock`, exact to the ns (no float of the whole). */
-const unixMs = (clock: Clock, ns: bigint): number => {
-  const unixNs = clock.unixNs(ns);
-  return Number(unixNs / 1_000_000n) + Number(unixNs % 1_000_000n) / 1e6;
-};
-
-/** A header's last fields, written at send time: the per-topic seq and the publish time.
- * The publish time is wall time, or the replay clock's on a virtual clock.
- * They close the header that `head` opens: everything before the seq, without a trailing comma. */
-export function closeHeader(head: string, seq: number, virtualMs?: number): string {
-  const times =
-    virtualMs === undefined
-      ? `"publish_wall_ms":${Date.now()},"virtual_publish_ms":null`
-      : `"publish_wall_ms":null,"virtual_publish_ms":${num(virtualMs)}`;
-  return `${head},"seq":${seq},${times}}`;
-}
 
 /** PublisherOptions with every default filled in and the run id chosen, as checkPublisherOptions returns them. */
 export type CheckedPublisherOptions = Required<Omit<PublisherOptions, 'highWaterMarks' | 'sendBufferSize'>> & {
@@ -326,9 +308,9 @@ class WirePublisher implements Publisher {
       telemetry: new TopicQueue(options.telemetryTopic, highWaterMarks.telemetry),
     };
     this.#byPriority = [this.#topics.actions, this.#topics.events, this.#topics.telemetry];
-    this.#common = `"run_id":${JSON.stringify(runId)},"clock":"${this.#virtual ? 'virtual' : 'real'}"`;
-    this.#eventHead = `{"header_version":${HEADER_VERSION},"schema_id":"${EVENT_SCHEMA_ID}",${this.#common}`;
-    this.#telemetryHead = `{"header_version":${HEADER_VERSION},"schema_id":"${TELEMETRY_SCHEMA_ID}",${this.#common}`;
+    this.#common = headerCommon(runId, this.#virtual);
+    this.#eventHead = headerHead(EVENT_SCHEMA_ID, this.#common);
+    this.#telemetryHead = headerHead(TELEMETRY_SCHEMA_ID, this.#common);
     this.#modelsJson = JSON.stringify(options.models);
     this.stage = { name: 'publish', process: (msg, ctx) => this.#publish(msg, ctx) };
     const undelivered = (): number => this.#undelivered;
@@ -359,7 +341,7 @@ class WirePublisher implements Publisher {
     const virtual = this.#virtual;
     let head = this.#actionHeads.get(msg.schemaId);
     if (head === undefined) {
-      head = `{"header_version":${HEADER_VERSION},"schema_id":${JSON.stringify(msg.schemaId)},${this.#common}`;
+      head = headerHead(msg.schemaId, this.#common);
       this.#actionHeads.set(msg.schemaId, head);
     }
     let sourceId = this.#sourceIds.get(msg.sourceId);
@@ -367,13 +349,7 @@ class WirePublisher implements Publisher {
       sourceId = JSON.stringify(msg.sourceId);
       if (this.#sourceIds.size < 1024) this.#sourceIds.set(msg.sourceId, sourceId);
     }
-    const budgetMs = Number(frame.deadlineNs - frame.captureNs) / 1e6;
-    const untilMs = msg.captureWallMs + budgetMs;
-    const frameFields =
-      `,"frame_id":${msg.frameId},"source_id":${sourceId},"source_stamp":${stampJson(frame.sourceStamp)}` +
-      `,"capture_wall_ms":${virtual ? 'null' : num(msg.captureWallMs)},"valid_until_wall_ms":${virtual ? 'null' : num(untilMs)}` +
-      `,"virtual_capture_ms":${virtual ? num(msg.captureWallMs) : 'null'},"virtual_valid_until_ms":${virtual ? num(untilMs) : 'null'}` +
-      `,"degrade_level":${frame.degradeLevel},"models":${this.#modelsJson}`;
+    const frameFields = actionFrameFields(msg, frame, virtual, this.#modelsJson, sourceId);
     // On a virtual clock, published when the stage takes it in, on the call's clock.
     const virtualMs = virtual ? unixMs(ctx.clock, ctx.clock.nowNs()) : undefined;
     this.#enqueue(this.#topics.actions, head + frameFields, JSON.stringify(msg.action), virtualMs);
