@@ -314,6 +314,7 @@ describe('the demo model against fp32 PyTorch, same weights and pixels', () => {
           assert.equal(r.text, want.text, `frame ${i}: text`);
           assert.ok(r.topLogits && r.topLogits.length > 0, `frame ${i}: top logits recorded`);
           for (const { step, ids, logits } of r.topLogits) {
+            assert.ok(step < want.top.length, `frame ${i}: step ${step} past PyTorch's ${want.top.length} recorded steps`);
             const torch = want.top[step]!;
             assert.equal(ids[0], torch.ids[0], `frame ${i} step ${step}: argmax`);
             ids.forEach((id, k) => {

@@ -30,6 +30,9 @@ export function gemma4PatchBytes(t: PixelTensor): { bytes: Uint8Array; cols: num
     n++;
   }
   if (n !== cols * rows) throw new RangeError(`parity frames: ${n} real patches do not fill a ${cols}×${rows} grid`);
+  if (t.pixelValues.length < n * width) {
+    throw new RangeError(`parity frames: ${t.pixelValues.length} pixel values for ${n} patches of ${width} (host pixels are required)`);
+  }
   const bytes = new Uint8Array(n * width);
   for (let i = 0; i < bytes.length; i++) bytes[i] = Math.round(t.pixelValues[i]! * 255);
   return { bytes, cols, rows };

@@ -200,7 +200,7 @@ struct WriterState {
 
 // Samples are taken from Cyclone as they arrive, into a queue of the reader's keep-last depth.
 // So an overwrite happens here, where it is counted: Cyclone's statuses do not count keep-last overwrites.
-struct ReaderState {
+struct ReaderState : std::enable_shared_from_this<ReaderState> {
     dds_entity_t reader = 0;
     std::string topic;
     Napi::ThreadSafeFunction notify;
@@ -329,7 +329,7 @@ private:
         dds_delete(participant_);
         participant_ = 0;
         ReleaseDomain();
-        // The states stay until the participant is collected: a notification still queued may read them.
+        // A notification still queued holds its own reference to its state.
         for (auto & [_, r] : readers_) {
             r->notify.Release();
             r->clear();
@@ -413,9 +413,10 @@ private:
         }
         // One notification in flight at a time: JS takes everything there is when it runs.
         if (r->pending.exchange(true)) return;
-        auto call = [r](Napi::Env, Napi::Function fn) {
-            r->pending = false;
-            if (r->open) fn.Call({});
+        // The queued call owns the state: it may run after the participant dropped it.
+        auto call = [self = r->shared_from_this()](Napi::Env, Napi::Function fn) {
+            self->pending = false;
+            if (self->open) fn.Call({});
         };
         if (r->notify.NonBlockingCall(call) != napi_ok) r->pending = false;
     }
