@@ -1,11 +1,14 @@
 // percept's trained demo model: a small Gemma 4 that maps a robot's camera frame to its action.
-// The repository holds its trained weights compactly; the decoder GGUF, the mmproj GGUF and the ONNX
-// encoder are assembled from them on first use, checked by hash. Format and provenance: models/README.md#demo-model
+// The repository holds its trained weights compactly (a gzip-compressed GGUF); the decoder GGUF, the mmproj GGUF
+// and the ONNX encoder are assembled from them on first use, checked by hash. Format and provenance: models/README.md#demo-model
 import { createHash } from 'node:crypto';
-import { createReadStream, existsSync, readFileSync } from 'node:fs';
+import { createReadStream, createWriteStream, existsSync } from 'node:fs';
 import { mkdir, rename, rm } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
+import { Transform, Writable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
+import { createGunzip, createGzip } from 'node:zlib';
 import { GGUFWriter, readGGUF, readTensorData, str, u32, type GGUFFile } from './gguf.ts';
 import { transpose2d, writeGemma4Mmproj } from './mmproj-synth.ts';
 import { CODEC_TYPES, GGMLType, dequantize, ggmlTypeName, type CodecType } from './quant.ts';
@@ -15,9 +18,9 @@ import { visionWeightSpecs, writeGemma4VisionOnnx, type Gemma4VisionSpec } from 
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 
-/** The demo models the repository ships, by the name a `demo:` spec uses. */
+/** The demo models the repository ships, by the name a `demo:` spec uses: gzip-compressed weights files. */
 export const DEMO_MODELS: Readonly<Record<string, string>> = {
-  'gemma4-robot': join(HERE, 'demo', 'gemma4-robot.weights.gguf'),
+  'gemma4-robot': join(HERE, 'demo', 'gemma4-robot.weights.gguf.gz'),
 };
 
 export type DemoPart = 'decoder' | 'vision' | 'mmproj';
@@ -43,8 +46,72 @@ const TABLES = ['language_model.embed_tokens.weight', 'language_model.embed_toke
 const TABLE_IDS = 'tables.ids';
 const tableRowsName = (torchName: string) => `tables.${torchName.split('.')[1]}.rows`;
 
+/**
+ * Streams a gzip file's decompressed content through `hash` into `out` (or nowhere): the sha256 of the content.
+ * A damaged file is an error naming it.
+ */
+async function gunzipHashed(path: string, out?: Writable): Promise<string> {
+  const hash = createHash('sha256');
+  const tee = new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      hash.update(chunk);
+      done(null, chunk);
+    },
+  });
+  const sink = out ?? new Writable({ write: (_chunk, _encoding, done) => done() });
+  try {
+    await pipeline(createReadStream(path), createGunzip(), tee, sink);
+    return hash.digest('hex');
+  } catch (err) {
+    // zlib's errors (Z_DATA_ERROR, Z_BUF_ERROR: a bad header, a bad checksum, a truncated file) say the file is damaged.
+    if (!String((err as NodeJS.ErrnoException).code).startsWith('Z_')) throw err;
+    throw new Error(`demo weights ${path}: cannot be decompressed (${(err as Error).message}); the file is damaged`, { cause: err });
+  }
+}
+
+/** The weights hash: sha256 of a weights file's GGUF content, decompressed when the path ends in `.gz`. */
+export async function demoWeightsSha256(path: string): Promise<string> {
+  return path.endsWith('.gz') ? gunzipHashed(path) : sha256File(path);
+}
+
+/**
+ * A weights file as a plain GGUF path. A `.gz` one is decompressed into `cacheDir` once, named by the weights
+ * hash (`demo-<name>-<sha12>.weights.gguf`), and reused after; a plain path is returned as is.
+ */
+export async function demoWeightsFile(path: string, cacheDir: string): Promise<string> {
+  if (!path.endsWith('.gz')) return path;
+  const sha = await demoWeightsSha256(path);
+  const name = basename(path)
+    .replace(/\.gz$/, '')
+    .replace(/(\.weights)?\.gguf$/, '');
+  const out = join(cacheDir, `demo-${name}-${sha.slice(0, 12)}.weights.gguf`);
+  if (existsSync(out)) return out;
+  await mkdir(cacheDir, { recursive: true });
+  const tmp = `${out}.tmp-${process.pid}`;
+  try {
+    if ((await gunzipHashed(path, createWriteStream(tmp))) !== sha)
+      throw new Error(`demo weights ${path}: changed while it was decompressed`);
+    await rename(tmp, out);
+    return out;
+  } finally {
+    await rm(tmp, { force: true });
+  }
+}
+
+/** Writes `src` gzip-compressed (zlib level 9, no name, no mtime: the same bytes every time) to `dst`, via a temp name. */
+export async function gzipDemoWeights(src: string, dst: string): Promise<void> {
+  const tmp = `${dst}.tmp-${process.pid}`;
+  try {
+    await pipeline(createReadStream(src), createGzip({ level: 9 }), createWriteStream(tmp));
+    await rename(tmp, dst);
+  } finally {
+    await rm(tmp, { force: true });
+  }
+}
+
 /** Reads a weights file: its model info and every tensor as f32, dequantized. */
 export class DemoWeights {
+  /** The plain GGUF read: the file given, or its decompressed copy in the cache. */
   readonly path: string;
   readonly info: DemoModelInfo;
   readonly #file: GGUFFile;
@@ -56,7 +123,11 @@ export class DemoWeights {
     this.info = info;
   }
 
-  static async open(path: string): Promise<DemoWeights> {
+  /** Opens a weights file; a `.gz` one is first decompressed into `cacheDir` (demoWeightsFile). */
+  static async open(source: string, cacheDir?: string): Promise<DemoWeights> {
+    if (source.endsWith('.gz') && cacheDir === undefined)
+      throw new Error(`${source}: a .gz weights file needs a cacheDir to decompress into`);
+    const path = cacheDir === undefined ? source : await demoWeightsFile(source, cacheDir);
     const file = await readGGUF(path);
     const raw = file.get(INFO_KEY);
     if (typeof raw !== 'string') throw new Error(`${path}: not a percept demo weights file (no ${INFO_KEY} KV)`);
@@ -255,6 +326,7 @@ async function writeDecoder(w: DemoWeights, name: string, out: string): Promise<
 }
 
 export interface AssembleDemoOptions {
+  /** Where assembled files go, and a `.gz` weights file's decompressed copy. */
   readonly cacheDir: string;
   /** Skip the hash check (the export tool, which computes the hashes). */
   readonly trustUnhashed?: boolean;
@@ -271,10 +343,10 @@ export async function assembleDemoModel(name: string, part: DemoPart, options: A
 /** As assembleDemoModel, from any weights file. */
 export async function assembleFrom(weightsPath: string, name: string, part: DemoPart, options: AssembleDemoOptions): Promise<string> {
   if (!existsSync(weightsPath)) throw new Error(`demo model ${name}: weights file ${weightsPath} is missing`);
-  const w = await DemoWeights.open(weightsPath);
+  const w = await DemoWeights.open(weightsPath, options.cacheDir);
   const expected = w.info.sha256[part];
   if (!expected && !options.trustUnhashed) throw new Error(`demo model ${name}: ${weightsPath} records no sha256 for its ${part}`);
-  const tag = (expected ?? createHash('sha256').update(readFileSync(weightsPath)).digest('hex')).slice(0, 12);
+  const tag = (expected ?? (await sha256File(w.path))).slice(0, 12);
   const out = join(options.cacheDir, ASSEMBLED_NAME[part](name, tag));
   if (existsSync(out)) return out;
   await mkdir(options.cacheDir, { recursive: true });

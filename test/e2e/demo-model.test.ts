@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import sharp from 'sharp';
 import { evaluate, readRecording } from '../../app/eval/eval.ts';
-import { DEMO_MODELS, sha256File } from '../../models/demo-model.ts';
+import { DEMO_MODELS, demoWeightsSha256 } from '../../models/demo-model.ts';
 import { resolveModel } from '../../models/resolve.ts';
 import { LlamaModel } from '../../native/llama.ts';
 import { loadActionSchema } from '../../nodes/action-schema.ts';
@@ -251,7 +251,7 @@ describe('the demo model against fp32 PyTorch, same weights and pixels', () => {
   });
 
   test('the fixture was recorded from the shipped weights file, on the pixels percept makes', async () => {
-    assert.equal(await sha256File(DEMO_MODELS['gemma4-robot']), PARITY.weightsSha256, 'weights changed: run record-parity.py again');
+    assert.equal(await demoWeightsSha256(DEMO_MODELS['gemma4-robot']), PARITY.weightsSha256, 'weights changed: run record-parity.py again');
     (await pixels()).forEach((t, i) => assert.equal(pixelDigest(t), PARITY.frames[i]!.sha256, `frame ${i}: preprocessing changed`));
   });
 

@@ -23,7 +23,7 @@ test('npm pack holds every tracked runtime file, the install script and the demo
     'README.md',
     'tools/percept.mjs',
     'tools/build-native.mjs',
-    'models/demo/gemma4-robot.weights.gguf',
+    'models/demo/gemma4-robot.weights.gguf.gz',
     'bags/sample.mcap',
   ])
     assert.ok(packed.has(p), `${p} is not packed`);

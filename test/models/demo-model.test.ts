@@ -1,11 +1,33 @@
-// The shipped demo model: its vocabulary tables redrawn as PyTorch drew them, its three files assembled
-// and checked by hash, and a damaged weights file refused.
+// The shipped demo model: its gzip-compressed weights decompressed into the cache, its vocabulary tables redrawn as
+// PyTorch drew them, its three files assembled and checked by hash, and damaged weights (GGUF or .gz) refused.
 import assert from 'node:assert/strict';
-import { copyFileSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, statSync, writeSync } from 'node:fs';
+import {
+  closeSync,
+  copyFileSync,
+  existsSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+  writeSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { DEMO_MODELS, DemoWeights, assembleFrom, decoderSourceNames, sha256File, type DemoPart } from '../../models/demo-model.ts';
+import { gunzipSync } from 'node:zlib';
+import {
+  DEMO_MODELS,
+  DemoWeights,
+  assembleFrom,
+  decoderSourceNames,
+  demoWeightsFile,
+  demoWeightsSha256,
+  sha256File,
+  type DemoPart,
+} from '../../models/demo-model.ts';
 import { readGGUF, readTensorData } from '../../models/gguf.ts';
 import { resolveModel } from '../../models/resolve.ts';
 import { TorchCpuGenerator, torchRandn } from '../../models/torch-random.ts';
@@ -28,14 +50,17 @@ let weights: DemoWeights;
 const assembled = new Map<DemoPart, string>();
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'percept-demo-weights-'));
-  weights = await DemoWeights.open(WEIGHTS);
+  weights = await DemoWeights.open(WEIGHTS, dir);
   for (const part of PARTS) assembled.set(part, await assembleFrom(WEIGHTS, 'gemma4-robot', part, { cacheDir: dir }));
 });
 after(() => rmSync(dir, { recursive: true, force: true }));
 
 describe('demo model weights', () => {
-  test('are at most 8 MiB and say what they hold', () => {
-    assert.ok(statSync(WEIGHTS).size <= 8 * 1024 * 1024, `${statSync(WEIGHTS).size} bytes`);
+  test('are at most 8 MiB, every file under models/demo/ counted, and say what they hold', () => {
+    const demoDir = dirname(WEIGHTS);
+    const files = readdirSync(demoDir, { recursive: true, encoding: 'utf8' }).filter((p) => statSync(join(demoDir, p)).isFile());
+    const bytes = files.reduce((sum, p) => sum + statSync(join(demoDir, p)).size, 0);
+    assert.ok(bytes <= 8 * 1024 * 1024, `${bytes} bytes in ${files.join(', ')}`);
     assert.equal(weights.info.imageTokens, 70);
     assert.deepEqual(Object.keys(weights.info.sha256).sort(), [...PARTS].sort());
   });
@@ -76,6 +101,41 @@ describe('demo model weights', () => {
   });
 });
 
+describe('demo model weights, gzip-compressed', () => {
+  test('are decompressed once into the cache, named by the sha256 of their content, and reused', async () => {
+    const content = gunzipSync(readFileSync(WEIGHTS));
+    const sha = await demoWeightsSha256(WEIGHTS);
+    assert.equal(sha, await sha256File(weights.path));
+    assert.equal(weights.path, join(dir, `demo-gemma4-robot-${sha.slice(0, 12)}.weights.gguf`));
+    assert.ok(readFileSync(weights.path).equals(content), 'the decompressed copy differs from the .gz content');
+    const mtime = statSync(weights.path).mtimeMs;
+    assert.equal(await demoWeightsFile(WEIGHTS, dir), weights.path);
+    assert.equal(statSync(weights.path).mtimeMs, mtime, 'the decompressed copy was written again');
+    assert.equal(await demoWeightsFile(weights.path, join(dir, 'unused')), weights.path, 'a plain path is read as is');
+    assert.equal(await demoWeightsSha256(weights.path), sha);
+  });
+
+  test('a damaged .gz is refused with an error that names it, and leaves nothing in the cache', async () => {
+    const gz = readFileSync(WEIGHTS);
+    const flipped = Buffer.from(gz);
+    flipped[gz.length >> 1] ^= 0xff;
+    for (const [what, bytes] of [
+      ['truncated', gz.subarray(0, gz.length >> 1)],
+      ['flipped', flipped],
+      ['not gzip', Buffer.from('not a gzip file')],
+    ] as const) {
+      const damaged = join(dir, `${what.replace(' ', '-')}.weights.gguf.gz`);
+      writeFileSync(damaged, bytes);
+      const cache = join(dir, `${what.replace(' ', '-')}-cache`);
+      const message = (err: Error) =>
+        err.message.startsWith(`demo weights ${damaged}: cannot be decompressed (`) && err.message.endsWith('damaged');
+      await assert.rejects(assembleFrom(damaged, 'gemma4-robot', 'vision', { cacheDir: cache }), message, what);
+      await assert.rejects(demoWeightsSha256(damaged), message, what);
+      assert.deepEqual(existsSync(cache) ? readdirSync(cache) : [], [], what);
+    }
+  });
+});
+
 describe('demo model assembly', () => {
   test('every part matches the sha256 the weights record', async () => {
     for (const part of PARTS) assert.equal(await sha256File(assembled.get(part)!), weights.info.sha256[part], part);
@@ -104,12 +164,14 @@ describe('demo model assembly', () => {
   });
 
   test('damaged weights are refused by hash and leave nothing in the cache', async () => {
+    // A plain GGUF, as export.ts and record-parity.py read it too.
     const damaged = join(dir, 'damaged.weights.gguf');
-    copyFileSync(WEIGHTS, damaged);
+    copyFileSync(weights.path, damaged);
     const f = await readGGUF(damaged);
     const t = f.tensor('vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight')!;
     const fd = openSync(damaged, 'r+');
     writeSync(fd, Buffer.from([0x7f]), 0, 1, f.dataOffset + t.offset + 100);
+    closeSync(fd);
     const cache = join(dir, 'damaged-cache');
     await assert.rejects(
       assembleFrom(damaged, 'gemma4-robot', 'vision', { cacheDir: cache }),

@@ -1,5 +1,6 @@
 // Exports a train.py checkpoint into the compact weights file the repository ships (models/demo/), then
 // assembles the decoder, mmproj and ONNX encoder from it once and records their sha256 in the file.
+// An --out ending in .gz (the default, the shipped file) is written gzip-compressed (gzipDemoWeights); others plain.
 //
 //   node --import tsx tools/demo-model/export.ts --ckpt .carry/demo-model-run3/ckpt
 //   node --import tsx tools/demo-model/export.ts --rehash        # assembly code changed: record new hashes
@@ -8,7 +9,16 @@ import { mkdtemp, rename, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { DEMO_MODELS, DemoWeights, assembleFrom, sha256File, type DemoModelInfo, type DemoPart } from '../../models/demo-model.ts';
+import {
+  DEMO_MODELS,
+  DemoWeights,
+  assembleFrom,
+  demoWeightsFile,
+  gzipDemoWeights,
+  sha256File,
+  type DemoModelInfo,
+  type DemoPart,
+} from '../../models/demo-model.ts';
 import { GGUFWriter, readGGUF, readTensorData, str } from '../../models/gguf.ts';
 import { GGMLType, blockSize, f16BitsToF32, quantize, type CodecType } from '../../models/quant.ts';
 import { VOCAB_SIZE, type Gemma4Config } from '../../models/synth.ts';
@@ -173,13 +183,13 @@ async function exportCheckpoint(ckptDir: string, out: string, text: CodecType, v
   console.log(`wrote ${out}: ${plan.length} tensors, ${statSync(out).size} bytes`);
 }
 
-/** Assembles every part from `path` into a scratch folder and writes their sha256 into the file. */
-async function rehash(path: string, name: string): Promise<void> {
+/** Assembles every part from the plain weights file `src` into a scratch folder; writes `dst` with their sha256. */
+async function rehash(src: string, dst: string, name: string): Promise<void> {
   const scratch = await mkdtemp(join(tmpdir(), 'percept-demo-'));
   try {
-    const w = await DemoWeights.open(path);
-    const unhashed = `${path}.unhashed-${process.pid}`;
-    await rewriteInfo(path, unhashed, { ...w.info, sha256: {} });
+    const w = await DemoWeights.open(src);
+    const unhashed = `${dst}.unhashed-${process.pid}`;
+    await rewriteInfo(src, unhashed, { ...w.info, sha256: {} });
     const sha256: Partial<Record<DemoPart, string>> = {};
     for (const part of PARTS) {
       const t0 = performance.now();
@@ -187,7 +197,7 @@ async function rehash(path: string, name: string): Promise<void> {
       sha256[part] = await sha256File(file);
       console.log(`${part}: ${statSync(file).size} bytes, sha256 ${sha256[part]} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     }
-    await rewriteInfo(unhashed, path, { ...w.info, sha256 });
+    await rewriteInfo(unhashed, dst, { ...w.info, sha256 });
     await rm(unhashed, { force: true });
   } finally {
     await rm(scratch, { recursive: true, force: true });
@@ -222,5 +232,20 @@ const text = STORAGE[values.text!];
 const vision = STORAGE[values.vision!];
 if (text === undefined || vision === undefined) throw new Error(`--text and --vision take one of ${Object.keys(STORAGE).join(', ')}`);
 if (!values.ckpt && !values.rehash) throw new Error('give --ckpt DIR (a train.py checkpoint) or --rehash');
-if (values.ckpt) await exportCheckpoint(values.ckpt, values.out!, text, vision);
-await rehash(values.out!, values.name!);
+const out = values.out!;
+if (!out.endsWith('.gz')) {
+  if (values.ckpt) await exportCheckpoint(values.ckpt, out, text, vision);
+  await rehash(out, out, values.name!);
+} else {
+  // The plain GGUF is made and rehashed in a scratch folder, then compressed into `out`.
+  const work = await mkdtemp(join(tmpdir(), 'percept-demo-export-'));
+  try {
+    const plain = join(work, 'weights.gguf');
+    if (values.ckpt) await exportCheckpoint(values.ckpt, plain, text, vision);
+    await rehash(values.ckpt ? plain : await demoWeightsFile(out, work), plain, values.name!);
+    await gzipDemoWeights(plain, out);
+    console.log(`wrote ${out}: ${statSync(out).size} bytes (gzip of ${statSync(plain).size})`);
+  } finally {
+    await rm(work, { recursive: true, force: true });
+  }
+}

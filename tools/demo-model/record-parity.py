@@ -5,18 +5,23 @@ the shipped weights file dequantized (Q8_0 / Q6_K blocks as llama.cpp reads them
 tables regenerated from their seed. It reads percept's own pixels (parity-frames.ts PNGs), so the
 comparison starts from identical inputs. Per frame it writes: the pixels' sha256, the encoder's soft
 tokens (first values of some rows), the unconstrained greedy action text, and the top logits at every
-action step (teacher-forced on that text).
+action step (teacher-forced on that text). A .gz weights file (the shipped one) is decompressed to a temp
+file first; the weights sha256 it records is of the decompressed GGUF content.
 
-    python3 tools/demo-model/record-parity.py --weights models/demo/gemma4-robot.weights.gguf \
+    python3 tools/demo-model/record-parity.py --weights models/demo/gemma4-robot.weights.gguf.gz \
         --frames DIR --tokens tokens.json.gz --gguf-py build/llama.cpp/gguf-py --out parity.json
 """
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
+import zlib
 
 import numpy as np
 from PIL import Image
@@ -29,8 +34,41 @@ ENCODER_VALUES = 8
 TOP = 8
 
 
+def open_weights(path: str):
+    """The weights file's GGUF content as a binary stream: decompressed when the path ends in .gz."""
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def copy_weights(path: str, dst) -> None:
+    """Copies the GGUF content into dst; a damaged .gz is an error naming the file."""
+    try:
+        with open_weights(path) as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise ValueError(f"demo weights {path}: cannot be decompressed ({e}); the file is damaged") from e
+
+
+def weights_sha256(path: str) -> str:
+    """The weights hash: sha256 of the GGUF content (decompressed), as percept's demoWeightsSha256."""
+    h = hashlib.sha256()
+
+    class Sink:
+        def write(self, b):
+            h.update(b)
+
+    copy_weights(path, Sink())
+    return h.hexdigest()
+
+
 def read_weights(path: str, gguf_py: str):
     """The weights file: its info KV and every tensor as float32 (or int32 ids), in PyTorch's shape order."""
+    if path.endswith(".gz"):
+        # gguf-py reads by file offset (a memmap): decompress to a temp file. The arrays below are copies.
+        with tempfile.TemporaryDirectory() as tmp:
+            plain = os.path.join(tmp, os.path.basename(path)[: -len(".gz")])
+            with open(plain, "wb") as dst:
+                copy_weights(path, dst)
+            return read_weights(plain, gguf_py)
     sys.path.insert(0, gguf_py)
     import gguf
     from gguf.quants import dequantize
@@ -42,9 +80,9 @@ def read_weights(path: str, gguf_py: str):
     for t in r.tensors:
         shape = tuple(int(x) for x in reversed(t.shape))
         if t.tensor_type == gguf.GGMLQuantizationType.I32:
-            out[t.name] = np.asarray(t.data, dtype=np.int32).reshape(shape)
+            out[t.name] = np.array(t.data, dtype=np.int32).reshape(shape)
         else:
-            out[t.name] = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+            out[t.name] = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
     return info, out
 
 
@@ -156,8 +194,8 @@ def main() -> None:
             )
     doc = {
         "format": "percept-demo-parity/1",
-        "weights": os.path.basename(args.weights),
-        "weightsSha256": hashlib.sha256(open(args.weights, "rb").read()).hexdigest(),
+        "weights": os.path.basename(args.weights).removesuffix(".gz"),
+        "weightsSha256": weights_sha256(args.weights),
         "recorded": {
             "torch": torch.__version__,
             "transformers": __import__("transformers").__version__,
