@@ -88,6 +88,14 @@ export interface BenchFrameResult {
   readonly graph_reuse_share: number | null;
   /** Share of those calls padded to decoder.stepTokens, one shape from step to step. */
   readonly padded_step_share: number | null;
+  /** With a draft (--draft, --draft-mtp, --ngram), summed over the frames: draft tokens verified and accepted,
+   * and accepted ÷ drafted. Null where the decoder did not say. */
+  readonly drafted: number | null;
+  readonly accepted: number | null;
+  readonly acceptance: number | null;
+  /** Tokens per generation decode: (new tokens − the first, which the prompt's decode gives) ÷ decode calls,
+   * summed over the frames. A step yields its token, its forced run and its accepted drafts. */
+  readonly tokens_per_decode: number | null;
   /** The slowest action the schema allows, whatever the logits, for the binding only. Its llama_decode
    * calls after the prompt are DecoderStage.worstCaseDecodeCalls. `worst_case_decode_ms` prices them at
    * this run's mean call time, an estimate of the decode time a budget must leave for it. */
@@ -140,6 +148,8 @@ export interface FrameSample {
   readonly llamaDecodeMs: number | null;
   readonly graphReuses: number | null;
   readonly paddedSteps: number | null;
+  readonly drafted: number | null;
+  readonly accepted: number | null;
   readonly httpMs: number | null;
   /** The decode stage's own time. */
   readonly decodeStageMs: number | null;
@@ -158,6 +168,10 @@ export type DecodeFigures = Pick<
   | 'multi_decode_ms_mean'
   | 'graph_reuse_share'
   | 'padded_step_share'
+  | 'drafted'
+  | 'accepted'
+  | 'acceptance'
+  | 'tokens_per_decode'
   | 'http_ms_p50'
   | 'http_ms_p99'
 >;
@@ -228,6 +242,16 @@ export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
     ),
     padded_step_share: ratioOf(
       sum((s) => s.paddedSteps),
+      calls,
+    ),
+    drafted: values((s) => s.drafted).length ? sum((s) => s.drafted) : null,
+    accepted: values((s) => s.accepted).length ? sum((s) => s.accepted) : null,
+    acceptance: ratioOf(
+      sum((s) => s.accepted),
+      sum((s) => s.drafted),
+    ),
+    tokens_per_decode: ratioOf(
+      sum((s) => (s.newTokens !== null && s.decodeCalls !== null ? s.newTokens - 1 : null)),
       calls,
     ),
     http_ms_p50: stat(http, 0.5),
@@ -339,6 +363,8 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
       llamaDecodeMs: n('llamaDecodeMs'),
       graphReuses: n('graphReuses'),
       paddedSteps: n('paddedSteps'),
+      drafted: n('drafted'),
+      accepted: n('accepted'),
       httpMs: n('httpMs'),
       decodeStageMs: stages.decode ?? null,
     };

@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { benchEncode } from '../../../app/bench/encode.ts';
-import { benchFrame, computeMib, slowest, worstCase, type FrameSample } from '../../../app/bench/frame.ts';
+import { benchFrame, computeMib, decodeFigures, slowest, worstCase, type FrameSample } from '../../../app/bench/frame.ts';
 
 test(
   'bench encode on an mmproj: preprocessing on one libvips thread, load report, phases per call, a batch, the check against clip',
@@ -142,6 +142,8 @@ test('slowest: the frame with the longest time, its stages and its decode note',
     llamaDecodeMs: 5 * decodeCalls,
     graphReuses: 0,
     paddedSteps: 0,
+    drafted: null,
+    accepted: null,
     httpMs: null,
     decodeStageMs: 50 + 5 * decodeCalls,
   });
@@ -178,6 +180,8 @@ test('worstCase: the bound in calls, and in ms at the frames’ mean call time',
     llamaDecodeMs,
     graphReuses: null,
     paddedSteps: null,
+    drafted: null,
+    accepted: null,
     httpMs: null,
     decodeStageMs: null,
   });
@@ -200,4 +204,29 @@ test('computeMib: compute bytes by buffer type in MiB', () => {
   };
   assert.deepEqual(computeMib(memory), { CUDA0: 3, CUDA_Host: 0.5 });
   assert.equal(computeMib(null), null);
+});
+
+test('decodeFigures: acceptance and tokens per decode, summed over the frames; null without a draft', () => {
+  const frame = (newTokens: number, decodeCalls: number, drafted: number | null, accepted: number | null): FrameSample => ({
+    totalMs: 0,
+    promptTokens: 100,
+    reusedTokens: 0,
+    newTokens,
+    prefillMs: 10,
+    decodeMs: 20,
+    decodeCalls,
+    singleDecodeCalls: 0,
+    singleDecodeMs: 0,
+    llamaDecodeMs: 20,
+    graphReuses: 0,
+    paddedSteps: 0,
+    drafted,
+    accepted,
+    httpMs: null,
+    decodeStageMs: 30,
+  });
+  const f = decodeFigures([frame(11, 4, 6, 3), frame(21, 6, 10, 2)]);
+  assert.deepEqual([f.drafted, f.accepted, f.acceptance, f.tokens_per_decode], [16, 5, 0.313, 3]);
+  const none = decodeFigures([frame(11, 10, null, null)]);
+  assert.deepEqual([none.drafted, none.accepted, none.acceptance, none.tokens_per_decode], [null, null, null, 1]);
 });
