@@ -12,6 +12,9 @@ import { createGunzip, createGzip } from 'node:zlib';
 import { GGUFWriter, readGGUF, readTensorData, str, u32, type GGUFFile } from './gguf.ts';
 import { transpose2d, writeGemma4Mmproj } from './mmproj-synth.ts';
 import { CODEC_TYPES, GGMLType, dequantize, ggmlTypeName, type CodecType } from './quant.ts';
+import { writeDemoAssistant, type DemoAssistantInfo } from './demo-assistant.ts';
+
+export type { DemoAssistantInfo } from './demo-assistant.ts';
 import { archKVs, findGemmaVocab, setTokenizer, tensorDefs, type Gemma4Config } from './synth.ts';
 import { TorchCpuGenerator, torchRandnAsync } from './torch-random.ts';
 import { visionWeightSpecs, writeGemma4VisionOnnx, type Gemma4VisionSpec } from './vision-synth.ts';
@@ -21,6 +24,8 @@ const HERE = dirname(fileURLToPath(import.meta.url));
 /** The demo models the repository ships, by the name a `demo:` spec uses: gzip-compressed weights files. */
 export const DEMO_MODELS: Readonly<Record<string, string>> = {
   'gemma4-robot': join(HERE, 'demo', 'gemma4-robot.weights.gguf.gz'),
+  // Its draft, an MTP assistant: a decoder-part only, attached as decoder.draftMtp.
+  'gemma4-robot-assistant': join(HERE, 'demo', 'gemma4-robot-assistant.weights.gguf'),
 };
 
 export type DemoPart = 'decoder' | 'vision' | 'mmproj';
@@ -113,11 +118,11 @@ export async function gzipDemoWeights(src: string, dst: string): Promise<void> {
 export class DemoWeights {
   /** The plain GGUF read: the file given, or its decompressed copy in the cache. */
   readonly path: string;
-  readonly info: DemoModelInfo;
+  readonly info: DemoModelInfo | DemoAssistantInfo;
   readonly #file: GGUFFile;
   readonly #cache = new Map<string, Float32Array>();
 
-  private constructor(path: string, file: GGUFFile, info: DemoModelInfo) {
+  private constructor(path: string, file: GGUFFile, info: DemoModelInfo | DemoAssistantInfo) {
     this.path = path;
     this.#file = file;
     this.info = info;
@@ -131,9 +136,16 @@ export class DemoWeights {
     const file = await readGGUF(path);
     const raw = file.get(INFO_KEY);
     if (typeof raw !== 'string') throw new Error(`${path}: not a percept demo weights file (no ${INFO_KEY} KV)`);
-    const info = JSON.parse(raw) as DemoModelInfo;
-    if (info.format !== 'percept-demo-weights/1') throw new Error(`${path}: unknown demo weights format ${JSON.stringify(info.format)}`);
+    const info = JSON.parse(raw) as DemoModelInfo | DemoAssistantInfo;
+    if (info.format !== 'percept-demo-weights/1' && info.format !== 'percept-demo-assistant/1')
+      throw new Error(`${path}: unknown demo weights format ${JSON.stringify((info as { format: unknown }).format)}`);
     return new DemoWeights(path, file, info);
+  }
+
+  /** The model's info: an error on an assistant's weights file. */
+  get model(): DemoModelInfo {
+    if (this.info.format !== 'percept-demo-weights/1') throw new Error(`${this.path}: an assistant's weights, not a model's`);
+    return this.info;
   }
 
   /** A tensor's values (row-major, torch's shape), dequantized to f32. */
@@ -163,12 +175,13 @@ export class DemoWeights {
    * Both vocabulary tables in full: torch.randn from the seed, as the trainer drew them, with the trained rows put back.
    */
   async tables(): Promise<Map<string, Float32Array>> {
-    const { seed, std, vocab } = this.info.tables;
+    const { seed, std, vocab } = this.model.tables;
     // train.py's regen_tables seeds its generator so.
     const g = new TorchCpuGenerator(seed * 1_000_003 + 17);
     const ids = await this.tableIds();
     const out = new Map<string, Float32Array>();
-    const widths = [this.info.text.hidden, this.info.text.layers * this.info.text.perLayerInput];
+    const { text } = this.model;
+    const widths = [text.hidden, text.layers * text.perLayerInput];
     for (const [i, torchName] of TABLES.entries()) {
       const width = widths[i]!;
       const table = await torchRandnAsync(vocab * width, g);
@@ -296,7 +309,7 @@ export async function sha256File(path: string): Promise<string> {
 
 /** The decoder GGUF: llama.cpp's tensor order and KVs for the text config, F32 weights, the real tokenizer. */
 async function writeDecoder(w: DemoWeights, name: string, out: string): Promise<void> {
-  const c = w.info.text;
+  const c = w.model.text;
   const defs = tensorDefs(c);
   const sources = decoderSourceNames(c.layers);
   const tables = await w.tables();
@@ -352,11 +365,14 @@ export async function assembleFrom(weightsPath: string, name: string, part: Demo
   await mkdir(options.cacheDir, { recursive: true });
   const tmp = `${out}.tmp-${process.pid}`;
   try {
-    if (part === 'decoder') await writeDecoder(w, name, tmp);
+    if (w.info.format === 'percept-demo-assistant/1') {
+      if (part !== 'decoder') throw new Error(`demo model ${name}: an MTP assistant has a decoder part only, not ${part}`);
+      await writeDemoAssistant(w, w.info, name, tmp);
+    } else if (part === 'decoder') await writeDecoder(w, name, tmp);
     else if (part === 'mmproj') {
-      const weights = await visionWeights(w, w.info.vision);
+      const weights = await visionWeights(w, w.model.vision);
       await writeGemma4Mmproj({
-        spec: w.info.vision,
+        spec: w.model.vision,
         get: (n) => weights.get(n)!,
         out: tmp,
         name: `percept demo ${name} vision`,
@@ -364,9 +380,9 @@ export async function assembleFrom(weightsPath: string, name: string, part: Demo
         stamp: { 'percept.demo.name': name },
       });
     } else {
-      const weights = await visionWeights(w, w.info.vision);
+      const weights = await visionWeights(w, w.model.vision);
       writeGemma4VisionOnnx({
-        spec: w.info.vision,
+        spec: w.model.vision,
         weightOf: (s) => weights.get(s.name)!,
         out: tmp,
         name: `percept-demo-${name}`,

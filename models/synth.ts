@@ -372,7 +372,8 @@ function gemma4Tensors(c: Gemma4Config): TensorDef[] {
 
 function gemma4AssistantTensors(c: Gemma4AssistantConfig): TensorDef[] {
   const t: TensorDef[] = [];
-  t.push(ropeFreqs(c.headDim.full, c.partialRotaryFull));
+  // llama.cpp creates rope_freqs only for a full-attention layer: an all-sliding assistant has none.
+  if (c.sliding.some((s) => !s)) t.push(ropeFreqs(c.headDim.full, c.partialRotaryFull));
   t.push({ name: 'token_embd.weight', shape: [c.hidden, VOCAB_SIZE] });
   t.push({ name: 'output_norm.weight', shape: [c.hidden], values: ones });
   t.push({ name: 'nextn.pre_projection.weight', shape: [2 * c.backboneHidden, c.hidden] });

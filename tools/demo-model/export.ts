@@ -4,6 +4,8 @@
 //
 //   node --import tsx tools/demo-model/export.ts --ckpt .carry/demo-model-run3/ckpt
 //   node --import tsx tools/demo-model/export.ts --rehash        # assembly code changed: record new hashes
+//   node --import tsx tools/demo-model/export.ts --assistant .carry/demo-assistant/assistant   # its MTP draft
+//   node --import tsx tools/demo-model/export.ts --name gemma4-robot-assistant --rehash
 import { readFileSync, statSync } from 'node:fs';
 import { mkdtemp, rename, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -16,12 +18,13 @@ import {
   demoWeightsFile,
   gzipDemoWeights,
   sha256File,
+  type DemoAssistantInfo,
   type DemoModelInfo,
   type DemoPart,
 } from '../../models/demo-model.ts';
 import { GGUFWriter, readGGUF, readTensorData, str } from '../../models/gguf.ts';
 import { GGMLType, blockSize, f16BitsToF32, quantize, type CodecType } from '../../models/quant.ts';
-import { VOCAB_SIZE, type Gemma4Config } from '../../models/synth.ts';
+import { VOCAB_SIZE, type Gemma4AssistantConfig, type Gemma4Config } from '../../models/synth.ts';
 import type { Gemma4VisionSpec } from '../../models/vision-synth.ts';
 
 const PARTS: readonly DemoPart[] = ['decoder', 'vision', 'mmproj'];
@@ -183,6 +186,127 @@ async function exportCheckpoint(ckptDir: string, out: string, text: CodecType, v
   console.log(`wrote ${out}: ${plan.length} tensors, ${statSync(out).size} bytes`);
 }
 
+/** train-assistant.py's state-dict names → llama.cpp's (per layer after `layers.i.`). */
+const LAYER_NAMES: Readonly<Record<string, string>> = {
+  attn_norm: 'attn_norm.weight',
+  'q.weight': 'attn_q.weight',
+  q_norm: 'attn_q_norm.weight',
+  'o.weight': 'attn_output.weight',
+  attn_post_norm: 'post_attention_norm.weight',
+  out_scale: 'layer_output_scale.weight',
+  ffn_norm: 'ffn_norm.weight',
+  'gate.weight': 'ffn_gate.weight',
+  'up.weight': 'ffn_up.weight',
+  'down.weight': 'ffn_down.weight',
+  ffn_post_norm: 'post_ffw_norm.weight',
+};
+
+/** llama.cpp's name of a train-assistant.py tensor. */
+function ggufName(torchName: string): string {
+  if (torchName === 'pre.weight') return 'nextn.pre_projection.weight';
+  if (torchName === 'post.weight') return 'nextn.post_projection.weight';
+  if (torchName === 'output_norm') return 'output_norm.weight';
+  if (torchName === 'rows') return 'tables.token_embd.rows';
+  if (torchName === 'ids') return 'tables.ids';
+  const m = /^layers\.(\d+)\.(.+)$/.exec(torchName);
+  const mapped = m ? LAYER_NAMES[m[2]!] : undefined;
+  if (!m || !mapped) throw new RangeError(`assistant export: no llama.cpp name for '${torchName}'`);
+  return `blk.${m[1]}.${mapped}`;
+}
+
+interface AssistantJson {
+  format: string;
+  config: {
+    layers: number;
+    hidden: number;
+    backbone_hidden: number;
+    heads: number;
+    kv_heads: number;
+    head_dim_sliding: number;
+    head_dim_full: number;
+    ffn: number;
+    sliding: boolean[];
+    window: number;
+    context: number;
+    rope_theta_sliding: number;
+    eps: number;
+    vocab: number;
+    table_seed: number;
+    table_std: number;
+  };
+  target_steps: number;
+  steps: number;
+  train_seconds: number;
+  seed: number;
+  steps_ahead: number;
+  final: Record<string, unknown>;
+}
+
+async function exportAssistant(dir: string, out: string, target: string, type: CodecType): Promise<void> {
+  const meta = JSON.parse(readFileSync(join(dir, 'assistant.json'), 'utf8')) as AssistantJson;
+  if (meta.format !== 'percept-demo-assistant/1') throw new Error(`${dir}/assistant.json: not a percept-demo-assistant/1 file`);
+  const c = meta.config;
+  if (c.vocab !== VOCAB_SIZE) throw new Error(`${dir}: vocabulary ${c.vocab}, percept's Gemma 4 has ${VOCAB_SIZE}`);
+  const assistant: Gemma4AssistantConfig = {
+    arch: 'gemma4-assistant',
+    target: `demo:${target}`,
+    layers: c.layers,
+    hidden: c.hidden,
+    backboneHidden: c.backbone_hidden,
+    heads: c.heads,
+    kvHeads: { sliding: c.kv_heads, full: c.kv_heads },
+    headDim: { sliding: c.head_dim_sliding, full: c.head_dim_full },
+    ffn: c.ffn,
+    sliding: c.sliding,
+    window: c.window,
+    context: c.context,
+    rope: { base: 1_000_000, baseSwa: c.rope_theta_sliding },
+    partialRotaryFull: 0.25,
+    eps: c.eps,
+  };
+  const info: DemoAssistantInfo = {
+    format: 'percept-demo-assistant/1',
+    assistant,
+    target,
+    tables: { seed: c.table_seed, std: c.table_std, vocab: c.vocab },
+    sha256: {},
+    provenance: {
+      trainer: 'tools/demo-model/train-assistant.py',
+      steps: meta.steps,
+      trainSeconds: meta.train_seconds,
+      seed: meta.seed,
+      stepsAhead: meta.steps_ahead,
+      targetSteps: meta.target_steps,
+      val: meta.final,
+      storage: Object.keys(STORAGE).find((k) => STORAGE[k] === type),
+    },
+  };
+  const tensors = readSafetensors(join(dir, 'assistant.safetensors'));
+  const g = new GGUFWriter();
+  g.set('general.architecture', str('percept-demo-weights'));
+  g.set('general.name', str(`${target} assistant`));
+  g.set('percept.demo.model', str(JSON.stringify(info)));
+  const plan: { name: string; type: number; shape: number[]; bytes: () => Uint8Array }[] = [];
+  for (const [torchName, t] of [...tensors].sort(([a], [b]) => a.localeCompare(b))) {
+    const name = ggufName(torchName);
+    const shape = [...t.shape].reverse();
+    if (t.values instanceof BigInt64Array) {
+      const ids = t.values;
+      plan.push({ name, type: GGMLType.I32, shape, bytes: () => new Uint8Array(Int32Array.from(ids, Number).buffer) });
+      continue;
+    }
+    const values = t.values;
+    const matrix = shape.length === 2 && name !== 'tables.token_embd.rows';
+    const st = !matrix ? GGMLType.F32 : shape[0]! % blockSize(type) === 0 ? type : GGMLType.F16;
+    plan.push({ name, type: st, shape, bytes: () => quantize(st, values) });
+  }
+  for (const p of plan) g.addTensor({ name: p.name, type: p.type, shape: p.shape });
+  await g.write(out, function* (_t, i) {
+    yield plan[i]!.bytes();
+  });
+  console.log(`wrote ${out}: ${plan.length} tensors, ${statSync(out).size} bytes`);
+}
+
 /** Assembles every part from the plain weights file `src` into a scratch folder; writes `dst` with their sha256. */
 async function rehash(src: string, dst: string, name: string): Promise<void> {
   const scratch = await mkdtemp(join(tmpdir(), 'percept-demo-'));
@@ -191,7 +315,7 @@ async function rehash(src: string, dst: string, name: string): Promise<void> {
     const unhashed = `${dst}.unhashed-${process.pid}`;
     await rewriteInfo(src, unhashed, { ...w.info, sha256: {} });
     const sha256: Partial<Record<DemoPart, string>> = {};
-    for (const part of PARTS) {
+    for (const part of w.info.format === 'percept-demo-assistant/1' ? (['decoder'] as const) : PARTS) {
       const t0 = performance.now();
       const file = await assembleFrom(unhashed, name, part, { cacheDir: scratch, trustUnhashed: true });
       sha256[part] = await sha256File(file);
@@ -205,7 +329,7 @@ async function rehash(src: string, dst: string, name: string): Promise<void> {
 }
 
 /** Copies a weights file with a new info KV (tensors byte for byte). */
-async function rewriteInfo(src: string, dst: string, info: DemoModelInfo): Promise<void> {
+async function rewriteInfo(src: string, dst: string, info: DemoModelInfo | DemoAssistantInfo): Promise<void> {
   const f = await readGGUF(src);
   const g = new GGUFWriter({ alignment: f.alignment });
   for (const kv of f.kvs) if (kv.key !== 'percept.demo.model' && kv.key !== 'general.alignment') g.set(kv.key, kv.asValue());
@@ -221,8 +345,10 @@ async function rewriteInfo(src: string, dst: string, info: DemoModelInfo): Promi
 const { values } = parseArgs({
   options: {
     ckpt: { type: 'string' },
-    out: { type: 'string', default: DEMO_MODELS['gemma4-robot'] },
-    name: { type: 'string', default: 'gemma4-robot' },
+    assistant: { type: 'string' },
+    out: { type: 'string' },
+    name: { type: 'string' },
+    target: { type: 'string', default: 'gemma4-robot' },
     text: { type: 'string', default: 'q8_0' },
     vision: { type: 'string', default: 'q6_k' },
     rehash: { type: 'boolean', default: false },
@@ -231,18 +357,27 @@ const { values } = parseArgs({
 const text = STORAGE[values.text!];
 const vision = STORAGE[values.vision!];
 if (text === undefined || vision === undefined) throw new Error(`--text and --vision take one of ${Object.keys(STORAGE).join(', ')}`);
-if (!values.ckpt && !values.rehash) throw new Error('give --ckpt DIR (a train.py checkpoint) or --rehash');
-const out = values.out!;
+if (!values.ckpt && !values.assistant && !values.rehash)
+  throw new Error('give --ckpt DIR (a train.py checkpoint), --assistant DIR (a train-assistant.py output) or --rehash');
+const name = values.name ?? (values.assistant ? `${values.target}-assistant` : values.target!);
+const out = values.out ?? DEMO_MODELS[name];
+if (!out) throw new Error(`--name ${name} is not a demo model (models/demo-model.ts DEMO_MODELS); give --out`);
+/** Writes the weights file from --ckpt or --assistant, if given. */
+async function exportTo(path: string): Promise<boolean> {
+  if (values.ckpt) await exportCheckpoint(values.ckpt, path, text!, vision!);
+  else if (values.assistant) await exportAssistant(values.assistant, path, values.target!, text!);
+  return Boolean(values.ckpt ?? values.assistant);
+}
 if (!out.endsWith('.gz')) {
-  if (values.ckpt) await exportCheckpoint(values.ckpt, out, text, vision);
-  await rehash(out, out, values.name!);
+  await exportTo(out);
+  await rehash(out, out, name);
 } else {
   // The plain GGUF is made and rehashed in a scratch folder, then compressed into `out`.
   const work = await mkdtemp(join(tmpdir(), 'percept-demo-export-'));
   try {
     const plain = join(work, 'weights.gguf');
-    if (values.ckpt) await exportCheckpoint(values.ckpt, plain, text, vision);
-    await rehash(values.ckpt ? plain : await demoWeightsFile(out, work), plain, values.name!);
+    const exported = await exportTo(plain);
+    await rehash(exported ? plain : await demoWeightsFile(out, work), plain, name);
     await gzipDemoWeights(plain, out);
     console.log(`wrote ${out}: ${statSync(out).size} bytes (gzip of ${statSync(plain).size})`);
   } finally {

@@ -2,6 +2,7 @@
 # One self-contained training run on the GPU host (python3 with torch + transformers, no Node.js, no
 # network), from the repository root:
 #   bash tools/demo-model/run-device.sh OUT_DIR [train.py options...]
+#   TRAINER=train-assistant.py bash tools/demo-model/run-device.sh OUT_DIR --target CKPT [options...]  (the draft)
 # It needs DATA (default .carry/demo-data) with
 #   scenegen.tar.xz   nodebin/node (this machine's Node.js) + scenegen/ (tools/make-scenes.ts bundled
 #                     by esbuild, with sharp and its libvips beside it): see README.md
@@ -24,6 +25,7 @@ JOBS=${JOBS:-16}
 WIDTH=${WIDTH:-640}
 HEIGHT=${HEIGHT:-360}
 SMOKE=${SMOKE:-1}
+TRAINER=${TRAINER:-train.py}
 t0=$(date +%s)
 stamp() { echo "[run-device +$(( $(date +%s) - t0 ))s] $*"; }
 
@@ -60,9 +62,15 @@ stamp "val scenes: $(cat "$WORK/gen-val.log")"
 
 if [ "$SMOKE" = 1 ]; then
   stamp "smoke test"
-  PYTHONUNBUFFERED=1 python3 tools/demo-model/train.py --tokens "$TOKENS" \
-    --train "$WORK/scenes/val" --val "$WORK/scenes/val" --max-train 512 --max-val 64 --steps 20 --log-every 5 \
-    --batch 32 --val-greedy 64 --out "$WORK/smoke" --workers 4
+  if [ "$TRAINER" = train.py ]; then
+    PYTHONUNBUFFERED=1 python3 tools/demo-model/train.py --tokens "$TOKENS" \
+      --train "$WORK/scenes/val" --val "$WORK/scenes/val" --max-train 512 --max-val 64 --steps 20 --log-every 5 \
+      --batch 32 --val-greedy 64 --out "$WORK/smoke" --workers 4
+  else
+    PYTHONUNBUFFERED=1 python3 "tools/demo-model/$TRAINER" --tokens "$TOKENS" \
+      --train "$WORK/scenes/val" --val "$WORK/scenes/val" --max-train 256 --max-val 64 --steps 3 --log-every 1 \
+      --batch 32 --out "$WORK/smoke" --workers 4 "$@"
+  fi
   stamp "smoke passed"
 fi
 
@@ -76,6 +84,11 @@ if [ -n "$test_pid" ]; then
 fi
 [ -z "$SAMPLE" ] || evals+=(--eval "sample=$SAMPLE")
 
-PYTHONUNBUFFERED=1 python3 tools/demo-model/train.py --tokens "$TOKENS" \
-  --train "${train_dirs[@]}" --val "$WORK/scenes/val" --out "$OUT" --save-every-epoch "${evals[@]}" "$@"
+if [ "$TRAINER" = train.py ]; then
+  PYTHONUNBUFFERED=1 python3 tools/demo-model/train.py --tokens "$TOKENS" \
+    --train "${train_dirs[@]}" --val "$WORK/scenes/val" --out "$OUT" --save-every-epoch "${evals[@]}" "$@"
+else
+  PYTHONUNBUFFERED=1 python3 "tools/demo-model/$TRAINER" --tokens "$TOKENS" \
+    --train "${train_dirs[@]}" --val "$WORK/scenes/val" --out "$OUT" "$@"
+fi
 stamp "done"

@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""Trains the demo model's draft: a Gemma 4 MTP assistant (llama.cpp's `gemma4-assistant`, transformers'
+Gemma4AssistantForCausalLM) for a trained demo target, on the target's own teacher-forced states.
+
+The assistant is written here in plain PyTorch, as llama.cpp's graph computes it
+(src/models/gemma4-assistant.cpp; common/speculative.cpp draft-mtp drives it), because percept runs
+it there: to draft the token after x[p+1], it takes the row concat(target embed(x[p+1])·√T, h[p]), where
+h[p] is the target's final-norm hidden state at p, projects it to its width, runs Q-only attention
+layers over the target's own KV cache (sliding layers read the target's last sliding layer, full
+layers its last full one), final norm, logits from its own token table, and post-projects its output
+to the next h. Every draft step of a burst queries the same position p+1 over the target's KV up to p.
+The image reaches the assistant through that KV cache, which holds the target's view of the image rows.
+
+The target is frozen (a train.py compact checkpoint, `--target`); each batch runs it teacher-forced as
+train.py does (percept's prompt, bidirectional image rows in its sliding layers) and takes h and the KV
+of its last sliding layer from transformers' cache. The loss is cross-entropy over the task's
+vocabulary rows (the rest of the assistant's table is redrawn from the seed and never trained), for
+--steps-ahead draft steps, the later ones fed the previous step's h and the true token.
+
+Usage: python3 tools/demo-model/train-assistant.py --target CKPT --tokens T.json.gz --train DIR... --val DIR
+                                                   --out OUT [--time-budget S] [--hidden 64] [--ffn 256]
+Writes OUT/assistant/{assistant.safetensors, assistant.json} and OUT/summary.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train as base  # noqa: E402  the target's data, layout and forward pass
+
+log = base.log
+TABLE_STD = 0.02
+
+
+def regen_assistant_table(seed: int, vocab: int, hidden: int):
+    """The assistant's token table before training: torch CPU randn from its own seed, as the exporter redraws it."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + 29)
+    return torch.randn(vocab, hidden, generator=g, dtype=torch.float32) * TABLE_STD
+
+
+def build_assistant(cfg: dict, used_ids: list[int], seed: int):
+    import torch
+    from torch import nn
+
+    F = nn.functional
+    d, T, H, hd, ff, eps = cfg["hidden"], cfg["backbone_hidden"], cfg["heads"], cfg["head_dim_sliding"], cfg["ffn"], cfg["eps"]
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype) * w
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn_norm = nn.Parameter(torch.ones(d))
+            self.q = nn.Linear(d, H * hd, bias=False)
+            self.q_norm = nn.Parameter(torch.ones(hd))
+            self.o = nn.Linear(H * hd, d, bias=False)
+            self.attn_post_norm = nn.Parameter(torch.ones(d))
+            self.ffn_norm = nn.Parameter(torch.ones(d))
+            self.gate = nn.Linear(d, ff, bias=False)
+            self.up = nn.Linear(d, ff, bias=False)
+            self.down = nn.Linear(ff, d, bias=False)
+            self.ffn_post_norm = nn.Parameter(torch.ones(d))
+            self.out_scale = nn.Parameter(torch.ones(1))
+
+    class Assistant(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pre = nn.Linear(2 * T, d, bias=False)
+            self.post = nn.Linear(d, T, bias=False)
+            self.layers = nn.ModuleList(Layer() for _ in range(cfg["layers"]))
+            self.output_norm = nn.Parameter(torch.ones(d))
+            table = regen_assistant_table(seed, cfg["vocab"], d)
+            self.register_buffer("used", torch.tensor(used_ids, dtype=torch.long))
+            self.rows = nn.Parameter(table[self.used].clone())
+
+        def forward(self, x_emb, h, q_pos, keys, values, kv_mask, cos_sin):
+            """x_emb, h [N, T]; q_pos [N]; keys/values [N, S, hd] (the target's, one KV head); kv_mask [N, S]
+            → logits over the used rows [N, U], next h [N, T]."""
+            cur = self.pre(torch.cat([x_emb, h], -1))
+            cos, sin = cos_sin
+            for layer in self.layers:
+                q = layer.q(rms(cur, layer.attn_norm)).view(-1, H, hd)
+                q = rms(q, layer.q_norm)
+                q = q * cos[:, None] + rotate_half(q) * sin[:, None]
+                att = torch.einsum("nhd,nsd->nhs", q.float(), keys.float())  # scale 1, as Gemma 4
+                att = att.masked_fill(~kv_mask[:, None], float("-inf")).softmax(-1)
+                a = torch.einsum("nhs,nsd->nhd", att, values.float()).reshape(-1, H * hd).to(cur.dtype)
+                attn_out = rms(layer.o(a), layer.attn_post_norm) + cur
+                f = rms(attn_out, layer.ffn_norm)
+                f = layer.down(F.gelu(layer.gate(f), approximate="tanh") * layer.up(f))
+                cur = (rms(f, layer.ffn_post_norm) + attn_out) * layer.out_scale
+            out = rms(cur, self.output_norm)
+            return out @ self.rows.t(), self.post(out)
+
+    def rotate_half(x):
+        a, b = x.chunk(2, -1)
+        return torch.cat([-b, a], -1)
+
+    return Assistant()
+
+
+def rope_cos_sin(pos, head_dim: int, theta: float):
+    """NEOX RoPE over the whole head (llama.cpp rope_ext, mode NEOX, no freq factors: the sliding layers)."""
+    import torch
+
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim))
+    ang = pos.float()[:, None] * inv[None]
+    ang = torch.cat([ang, ang], -1)
+    return ang.cos(), ang.sin()
+
+
+def cache_layer(cache, i: int):
+    """(keys, values) [B, kv heads, S, head dim] of layer i from a transformers cache, whichever API it has."""
+    if hasattr(cache, "layers"):
+        return cache.layers[i].keys, cache.layers[i].values
+    return cache.key_cache[i], cache.value_cache[i]
+
+
+class TargetStates:
+    """The frozen target, teacher-forced: final-norm hidden states and its last sliding layer's KV."""
+
+    def __init__(self, runner, layer: int):
+        self.r = runner
+        self.layer = layer
+
+    def __call__(self, ids, imgs_u8):
+        r = self.r
+        torch = r.torch
+        B, S = ids.shape
+        pv, pos = r.patches(imgs_u8)
+        hf_ids = ids.clone()
+        hf_ids[:, r.img0 : r.img0 + r.n_image] = r.image_token_id
+        out = r.model.model(input_ids=hf_ids, pixel_values=pv, image_position_ids=pos, attention_mask=r.masks(S, B), use_cache=True)
+        k, v = cache_layer(out.past_key_values, self.layer)
+        if k.shape[0] != B or k.shape[2] != S or k.shape[1] != 1:
+            raise RuntimeError(f"layer {self.layer} cache keys {tuple(k.shape)} for {B}x{S} ids (one KV head expected)")
+        return out.last_hidden_state, k[:, 0], v[:, 0]
+
+
+def draft_examples(runner, targets: list[list[int]], forced: list[str], ahead: int, device):
+    """Positions p (one per action token that has `ahead` successors or fewer): the row p, its sequence,
+    the tokens x[p+1..p+1+ahead] (the first is the input, the rest the step targets; -1 past the end),
+    and whether each target token is the model's pick (not forced by the grammar)."""
+    import torch
+
+    a0 = runner.a0
+    bi, pi, toks, picked = [], [], [], []
+    for b, (t, f) in enumerate(zip(targets, forced)):
+        # x[a0 + j] = t[j]; the target predicts t[0] at row a0-1, so the assistant starts at p = a0-1.
+        for j in range(len(t) - 1):
+            p = a0 - 1 + j
+            seq = t[j : j + 1 + ahead]
+            bi.append(b)
+            pi.append(p)
+            toks.append(seq + [-1] * (1 + ahead - len(seq)))
+            fl = f[j + 1 : j + 1 + ahead]
+            picked.append([c == "0" for c in fl] + [False] * (ahead - len(fl)))
+    as_t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
+    return as_t(bi), as_t(pi), as_t(toks), as_t(picked, torch.bool)
+
+
+def run_assistant(asst, target_table, states, ex, used_index, ahead: int, theta: float, head_dim: int):
+    """Per draft step: logits [N, U] and the used-row index of its target token (-1: none)."""
+    import torch
+
+    h_all, keys, values = states
+    bi, pi, toks, _ = ex
+    S = keys.shape[1]
+    h = h_all[bi, pi].float()
+    q_pos = pi + 1
+    kv_mask = torch.arange(S, device=pi.device)[None] <= pi[:, None]
+    cos_sin = rope_cos_sin(q_pos, head_dim, theta)
+    k, v = keys[bi], values[bi]
+    scale = math.sqrt(target_table.shape[1])
+    out = []
+    for step in range(ahead):
+        x = toks[:, step]
+        valid = x >= 0
+        x_emb = target_table[x.clamp(min=0)].float() * scale
+        logits, h = asst(x_emb, h, q_pos, k, v, kv_mask, cos_sin)
+        want = toks[:, step + 1]
+        want_idx = torch.where((want >= 0) & valid, used_index[want.clamp(min=0)], torch.full_like(want, -1))
+        out.append((logits, want_idx))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True, help="the target's compact checkpoint (train.py ckpt/)")
+    ap.add_argument("--tokens", required=True)
+    ap.add_argument("--train", nargs="+", required=True)
+    ap.add_argument("--val", nargs="+", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--ffn", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=1, help="Q-only layers, all sliding (they read the target's last sliding layer)")
+    ap.add_argument("--steps-ahead", type=int, default=3, help="draft steps trained per position")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--time-budget", type=float, default=240.0)
+    ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--max-train", type=int, default=0)
+    ap.add_argument("--max-val", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+
+    import torch
+    from safetensors.torch import save_file
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    os.makedirs(args.out, exist_ok=True)
+    device = torch.device(args.device)
+
+    with open(os.path.join(args.target, "checkpoint.json")) as f:
+        tinfo = json.load(f)
+    tok = base.read_tokens(args.tokens)
+    if tok["model"] != tinfo["tokens_file_model"] and tinfo.get("tokens_file_model"):
+        log("note", message=f"token file model {tok['model']} differs from the target's {tinfo['tokens_file_model']}")
+    train_rows, val_rows = base.read_scenes(args.train), base.read_scenes(args.val)
+    if args.max_train:
+        train_rows = train_rows[: args.max_train]
+    if args.max_val:
+        val_rows = val_rows[: args.max_val]
+    base.attach_targets(train_rows, tok)
+    base.attach_targets(val_rows, tok)
+    budget = tinfo["image_tokens_budget"]
+    tw, th = tinfo["image_size"]
+    cols, nrows = tinfo["patch_grid"]
+    n_image = tinfo["image_rows"]
+    images = {}
+    for name, rows_ in (("train", train_rows), ("val", val_rows)):
+        t = time.time()
+        images[name] = base.load_images([o["path"] for o in rows_], (tw, th), args.workers)
+        log("images", split=name, n=len(rows_), seconds=round(time.time() - t, 1))
+    images = {k: torch.from_numpy(v).to(device) for k, v in images.items()}
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+    cfg = base.model_config(budget)
+    model, _ = base.build_model(cfg, tinfo.get("table_seed", tinfo["seed"]))
+    missing, unexpected = model.load_state_dict(base.reassemble(args.target, None), strict=False)
+    model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    runner = base.Runner(model, tok, n_image, cols, nrows, device)
+    if list(runner.prompt) != list(tinfo["prompt_tokens"]):
+        raise ValueError("the token file's prompt differs from the one the target was trained on")
+    tc = model.config.text_config
+    types = list(tc.layer_types)
+    sliding = max(i for i, t in enumerate(types) if t == "sliding_attention")
+    if sliding != len(types) - 2:
+        raise ValueError(f"layer types {types}: llama.cpp's assistant reads layer n-2 as the last sliding one, here {sliding}")
+    head_dim = tc.head_dim
+    try:
+        theta = float(tc.rope_parameters["sliding_attention"]["rope_theta"])
+    except Exception:  # noqa: BLE001 - older configs: Gemma 4's sliding default
+        theta = 10000.0
+    T = tc.hidden_size
+    log("target", ckpt=args.target, missing=[k for k in missing if k != "lm_head.weight"][:5], unexpected=list(unexpected)[:5],
+        layer_types=types, kv_layer=sliding, head_dim=head_dim, rope_theta_sliding=theta)
+
+    used = set(runner.prompt) | {tok["endToken"], tok["special"]["eos"], tok["special"]["bos"], 0}
+    for seq in tok["tokens"]:
+        used.update(seq)
+    used_ids = sorted(used)
+    used_index = torch.full((tc.vocab_size,), -1, dtype=torch.long, device=device)
+    used_index[torch.tensor(used_ids, device=device)] = torch.arange(len(used_ids), device=device)
+    acfg = {
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "backbone_hidden": T,
+        "heads": args.heads,
+        "kv_heads": 1,
+        "head_dim_sliding": head_dim,
+        "head_dim_full": tc.global_head_dim if getattr(tc, "global_head_dim", None) else 2 * head_dim,
+        "ffn": args.ffn,
+        "sliding": [True] * args.layers,
+        "window": tc.sliding_window,
+        "context": tc.max_position_embeddings,
+        "rope_theta_sliding": theta,
+        "eps": tc.rms_norm_eps,
+        "vocab": tc.vocab_size,
+        "table_seed": args.seed,
+        "table_std": TABLE_STD,
+    }
+    asst = build_assistant(acfg, used_ids, args.seed).to(device)
+    n_params = sum(p.numel() for p in asst.parameters())
+    log("assistant", params=n_params, params_without_rows=n_params - asst.rows.numel(), **acfg)
+
+    target_table = runner.weight().detach()
+    states_of = TargetStates(runner, sliding)
+    opt = torch.optim.AdamW(asst.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    F = torch.nn.functional
+
+    def batch_loss(rows_, imgs, sel, train: bool):
+        targets = [tok["tokens"][rows_[i]["k"]] for i in sel]
+        forced = [tok["forced"][rows_[i]["k"]] for i in sel]
+        ids, _, _, _ = base.batch_tensors(runner, targets, device)
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+            states = states_of(ids, imgs[torch.tensor(sel, device=device)])
+        states = tuple(s.float() for s in states)
+        ex = draft_examples(runner, targets, forced, args.steps_ahead, device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=train):
+            steps = run_assistant(asst, target_table, states, ex, used_index, args.steps_ahead, theta, head_dim)
+        losses, stats = [], []
+        picked = ex[3]
+        for k, (logits, want) in enumerate(steps):
+            m = want >= 0
+            if not bool(m.any()):
+                continue
+            z = logits.float()[m]
+            losses.append(F.cross_entropy(z, want[m]) * (0.7**k))
+            ok = z.argmax(-1) == want[m]
+            pk = picked[:, k][m]
+            stats.append((int(ok.sum()), int(m.sum()), int((ok & pk).sum()), int(pk.sum())))
+        return sum(losses) / sum(0.7**k for k in range(len(losses))), stats
+
+    def lr_at(step: int, frac: float) -> float:
+        if step < args.warmup:
+            return args.lr * (step + 1) / args.warmup
+        return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+    def evaluate(rows_, imgs) -> dict:
+        asst.eval()
+        tot = [[0, 0, 0, 0] for _ in range(args.steps_ahead)]
+        loss_sum, n = 0.0, 0
+        with torch.no_grad():
+            for s in range(0, len(rows_), 250):
+                sel = list(range(s, min(len(rows_), s + 250)))
+                loss, stats = batch_loss(rows_, imgs, sel, False)
+                loss_sum += float(loss) * len(sel)
+                n += len(sel)
+                for k, st in enumerate(stats):
+                    tot[k] = [a + b for a, b in zip(tot[k], st)]
+        asst.train()
+        return {
+            "loss": round(loss_sum / max(1, n), 5),
+            "step_acc": [round(t[0] / max(1, t[1]), 4) for t in tot],
+            "step_acc_picked": [round(t[2] / max(1, t[3]), 4) for t in tot],
+            "positions": [t[1] for t in tot],
+            "picked_positions": [t[3] for t in tot],
+        }
+
+    log("eval", step=0, **evaluate(val_rows, images["val"]))
+    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
+    step, t0 = 0, time.time()
+    history = []
+    run = [0.0, 0]
+    n_train = len(train_rows)
+    stop = False
+    while not stop:
+        perm = torch.randperm(n_train, generator=gen).tolist()
+        for s in range(0, n_train - args.batch + 1, args.batch):
+            elapsed = time.time() - t0
+            frac = step / args.steps if args.steps else elapsed / args.time_budget
+            if (args.steps and step >= args.steps) or (not args.steps and elapsed >= args.time_budget):
+                stop = True
+                break
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, frac)
+            loss, _ = batch_loss(train_rows, images["train"], perm[s : s + args.batch], True)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(asst.parameters(), 1.0)
+            opt.step()
+            step += 1
+            run[0] += float(loss)
+            run[1] += 1
+            if step % args.log_every == 0 or step == 1:
+                log("train", step=step, loss=round(run[0] / run[1], 5), lr=round(lr_at(step, frac), 6),
+                    steps_per_s=round(step / max(1e-9, time.time() - t0), 2))
+                run = [0.0, 0]
+        else:
+            ev = evaluate(val_rows, images["val"])
+            history.append({"step": step, **ev})
+            log("eval", step=step, **ev)
+    train_seconds = time.time() - t0
+    final = evaluate(val_rows, images["val"])
+    log("final", step=step, train_seconds=round(train_seconds, 1), **final)
+
+    out_dir = os.path.join(args.out, "assistant")
+    os.makedirs(out_dir, exist_ok=True)
+    sd = {k: v.detach().float().cpu().contiguous() for k, v in asst.state_dict().items() if k != "used"}
+    sd["ids"] = torch.tensor(used_ids, dtype=torch.long)
+    save_file(sd, os.path.join(out_dir, "assistant.safetensors"))
+    meta = {
+        "format": "percept-demo-assistant/1",
+        "config": acfg,
+        "target_ckpt": os.path.basename(os.path.normpath(args.target)),
+        "target_steps": tinfo.get("init_steps", 0) + tinfo.get("steps", 0),
+        "steps": step,
+        "train_seconds": round(train_seconds, 1),
+        "seed": args.seed,
+        "steps_ahead": args.steps_ahead,
+        "tensors": {
+            "pre.weight": "nextn.pre_projection.weight ([hidden, 2·backbone])",
+            "post.weight": "nextn.post_projection.weight ([backbone, hidden])",
+            "rows": "token_embd rows for ids (the rest: regen_assistant_table(table_seed))",
+            "layers.i.*": "blk.i.* (q → attn_q, o → attn_output, attn_post_norm → post_attention_norm, out_scale → layer_output_scale)",
+        },
+        "final": final,
+    }
+    with open(os.path.join(out_dir, "assistant.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"final": final, "history": history, "steps": step, "train_seconds": train_seconds, "params": n_params}, f, indent=1)
+    log("saved", dir=out_dir)
+
+
+if __name__ == "__main__":
+    main()
