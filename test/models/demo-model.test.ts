@@ -61,7 +61,7 @@ describe('demo model weights', () => {
     const files = readdirSync(demoDir, { recursive: true, encoding: 'utf8' }).filter((p) => statSync(join(demoDir, p)).isFile());
     const bytes = files.reduce((sum, p) => sum + statSync(join(demoDir, p)).size, 0);
     assert.ok(bytes <= 8 * 1024 * 1024, `${bytes} bytes in ${files.join(', ')}`);
-    assert.equal(weights.info.imageTokens, 70);
+    assert.equal(weights.model.imageTokens, 70);
     assert.deepEqual(Object.keys(weights.info.sha256).sort(), [...PARTS].sort());
   });
 
