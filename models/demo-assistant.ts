@@ -1,9 +1,7 @@
 // The demo model's draft: a Gemma 4 MTP assistant (llama.cpp's gemma4-assistant) trained for a demo target by
 // tools/demo-model/train-assistant.py. Its weights file holds the trained tensors under llama.cpp's names and the
 // token table's trained rows; this writes the GGUF llama.cpp loads. Format: models/README.md#demo-model
-import { GGUFWriter, readGGUF, str, u32 } from './gguf.ts';
-import { GGMLType } from './quant.ts';
-import { archKVs, findGemmaVocab, setTokenizer, tensorDefs, type Gemma4AssistantConfig } from './synth.ts';
+import { writeTrainedGguf, type Gemma4AssistantConfig } from './synth.ts';
 import { TorchCpuGenerator, torchRandnAsync } from './torch-random.ts';
 
 /** What an assistant's weights file says about it (KV `percept.demo.model`, JSON). */
@@ -49,26 +47,5 @@ async function tokenTable(w: AssistantTensors, info: DemoAssistantInfo): Promise
 
 /** The assistant GGUF: llama.cpp's tensor order and KVs for its config, F32 weights, the real tokenizer. */
 export async function writeDemoAssistant(w: AssistantTensors, info: DemoAssistantInfo, name: string, out: string): Promise<void> {
-  const c = info.assistant;
-  const defs = tensorDefs(c);
-  const vocab = await readGGUF(await findGemmaVocab());
-  const g = new GGUFWriter();
-  g.set('general.architecture', str('gemma4-assistant'));
-  g.set('general.type', str('model'));
-  g.set('general.name', str(`percept demo ${name}`));
-  g.set('general.file_type', u32(0));
-  for (const [k, v] of archKVs(c)) g.set(k, v);
-  setTokenizer(g, vocab);
-  g.set('percept.demo.name', str(name));
-  for (const d of defs) g.addTensor({ name: d.name, type: GGMLType.F32, shape: d.shape });
-  await g.write(out, async function* (_t, i) {
-    const def = defs[i]!;
-    let values: Float32Array;
-    if (def.name === 'rope_freqs.weight') values = Float32Array.from({ length: def.shape[0]! }, (_, k) => def.values!(k));
-    else if (def.name === 'token_embd.weight') values = await tokenTable(w, info);
-    else values = await w.get(def.name);
-    const n = def.shape.reduce((a, b) => a * b, 1);
-    if (values.length !== n) throw new Error(`demo assistant: ${def.name} needs ${n} values, the weights hold ${values.length}`);
-    yield new Uint8Array(values.buffer, values.byteOffset, values.byteLength);
-  });
+  await writeTrainedGguf(info.assistant, name, out, (def) => (def.name === 'token_embd.weight' ? tokenTable(w, info) : w.get(def.name)));
 }

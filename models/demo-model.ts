@@ -9,15 +9,15 @@ import { Transform, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
 import { createGunzip, createGzip } from 'node:zlib';
-import { GGUFWriter, readGGUF, readTensorData, str, u32, type GGUFFile } from './gguf.ts';
+import { readGGUF, readTensorData, type GGUFFile } from './gguf.ts';
 import { transpose2d, writeGemma4Mmproj } from './mmproj-synth.ts';
 import { CODEC_TYPES, GGMLType, dequantize, ggmlTypeName, type CodecType } from './quant.ts';
 import { writeDemoAssistant, type DemoAssistantInfo } from './demo-assistant.ts';
-
-export type { DemoAssistantInfo } from './demo-assistant.ts';
-import { archKVs, findGemmaVocab, setTokenizer, tensorDefs, type Gemma4Config } from './synth.ts';
+import { writeTrainedGguf, type Gemma4Config } from './synth.ts';
 import { TorchCpuGenerator, torchRandnAsync } from './torch-random.ts';
 import { visionWeightSpecs, writeGemma4VisionOnnx, type Gemma4VisionSpec } from './vision-synth.ts';
+
+export type { DemoAssistantInfo } from './demo-assistant.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 
@@ -310,31 +310,12 @@ export async function sha256File(path: string): Promise<string> {
 /** The decoder GGUF: llama.cpp's tensor order and KVs for the text config, F32 weights, the real tokenizer. */
 async function writeDecoder(w: DemoWeights, name: string, out: string): Promise<void> {
   const c = w.model.text;
-  const defs = tensorDefs(c);
   const sources = decoderSourceNames(c.layers);
   const tables = await w.tables();
-  const vocab = await readGGUF(await findGemmaVocab());
-  const g = new GGUFWriter();
-  g.set('general.architecture', str('gemma4'));
-  g.set('general.type', str('model'));
-  g.set('general.name', str(`percept demo ${name}`));
-  g.set('general.file_type', u32(0));
-  for (const [k, v] of archKVs(c)) g.set(k, v);
-  setTokenizer(g, vocab);
-  g.set('percept.demo.name', str(name));
-  for (const d of defs) g.addTensor({ name: d.name, type: GGMLType.F32, shape: d.shape });
-  await g.write(out, async function* (_t, i) {
-    const def = defs[i]!;
-    let values: Float32Array;
-    if (def.name === 'rope_freqs.weight') values = Float32Array.from({ length: def.shape[0]! }, (_, k) => def.values!(k));
-    else {
-      const src = sources.get(def.name);
-      if (!src) throw new Error(`demo model: no source tensor for ${def.name}`);
-      values = tables.get(src) ?? (await w.get(src));
-    }
-    const n = def.shape.reduce((a, b) => a * b, 1);
-    if (values.length !== n) throw new Error(`demo model: ${def.name} needs ${n} values, the weights hold ${values.length}`);
-    yield new Uint8Array(values.buffer, values.byteOffset, values.byteLength);
+  await writeTrainedGguf(c, name, out, async (def) => {
+    const src = sources.get(def.name);
+    if (!src) throw new Error(`demo model: no source tensor for ${def.name}`);
+    return tables.get(src) ?? (await w.get(src));
   });
 }
 

@@ -790,6 +790,37 @@ async function checkpointWriter(presetName: string, plan: TensorPlan, wtype: Wei
   return w;
 }
 
+/**
+ * A trained model's GGUF (the demo model and its draft): llama.cpp's tensor order and KVs for `c`, F32 weights,
+ * the real tokenizer. `valueOf` gives each tensor but rope_freqs, which the config fixes.
+ */
+export async function writeTrainedGguf(
+  c: ModelConfig,
+  name: string,
+  out: string,
+  valueOf: (def: TensorDef) => Promise<Float32Array>,
+): Promise<void> {
+  const defs = tensorDefs(c);
+  const vocab = await readGGUF(await findGemmaVocab());
+  const g = new GGUFWriter();
+  g.set('general.architecture', str(c.arch));
+  g.set('general.type', str('model'));
+  g.set('general.name', str(`percept demo ${name}`));
+  g.set('general.file_type', u32(0));
+  for (const [k, v] of archKVs(c)) g.set(k, v);
+  setTokenizer(g, vocab);
+  g.set('percept.demo.name', str(name));
+  for (const d of defs) g.addTensor({ name: d.name, type: GGMLType.F32, shape: d.shape });
+  await g.write(out, async function* (_t, i) {
+    const def = defs[i]!;
+    const values =
+      def.name === 'rope_freqs.weight' ? Float32Array.from({ length: def.shape[0]! }, (_, k) => def.values!(k)) : await valueOf(def);
+    const n = def.shape.reduce((a, b) => a * b, 1);
+    if (values.length !== n) throw new Error(`demo model ${name}: ${def.name} needs ${n} values, the weights hold ${values.length}`);
+    yield new Uint8Array(values.buffer, values.byteOffset, values.byteLength);
+  });
+}
+
 /** Copies the Gemma 4 tokenizer's KVs verbatim from the vocab file into a writer. */
 export function setTokenizer(w: GGUFWriter, vocab: GGUFFile): void {
   const tokenizerKvs = vocab.kvs.filter((kv) => kv.key.startsWith('tokenizer.'));
