@@ -195,9 +195,173 @@ def run_assistant(asst, target_table, states, ex, used_index, ahead: int, theta:
     return out
 
 
+class Layout:
+    """percept's prompt around the image (train.py Runner's layout, without a model)."""
+
+    def __init__(self, tok: dict, n_image: int):
+        p = tok["prompt"]
+        self.prompt = p["before"] + [p["imageStart"]] + [0] * n_image + [p["imageEnd"]] + p["after"]
+        self.img0 = len(p["before"]) + 1
+        self.n_image = n_image
+        self.a0 = len(self.prompt)
+
+
+def hf_target(args, tok: dict, rows_of: dict, device) -> dict:
+    """The target from a train.py checkpoint through transformers (the GPU host): states computed per batch from the frames."""
+    import torch
+
+    with open(os.path.join(args.target, "checkpoint.json")) as f:
+        tinfo = json.load(f)
+    tw, th = tinfo["image_size"]
+    cols, nrows = tinfo["patch_grid"]
+    images = {}
+    for name, rows_ in rows_of.items():
+        t = time.time()
+        images[name] = torch.from_numpy(base.load_images([o["path"] for o in rows_], (tw, th), args.workers)).to(device)
+        log("images", split=name, n=len(rows_), seconds=round(time.time() - t, 1))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    model, _ = base.build_model(base.model_config(tinfo["image_tokens_budget"]), tinfo.get("table_seed", tinfo["seed"]))
+    missing, unexpected = model.load_state_dict(base.reassemble(args.target, None), strict=False)
+    model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    runner = base.Runner(model, tok, tinfo["image_rows"], cols, nrows, device)
+    if list(runner.prompt) != list(tinfo["prompt_tokens"]):
+        raise ValueError("the token file's prompt differs from the one the target was trained on")
+    tc = model.config.text_config
+    types = list(tc.layer_types)
+    sliding = max(i for i, t in enumerate(types) if t == "sliding_attention")
+    if sliding != len(types) - 2:
+        raise ValueError(f"layer types {types}: llama.cpp's assistant reads layer n-2 as the last sliding one, here {sliding}")
+    try:
+        theta = float(tc.rope_parameters["sliding_attention"]["rope_theta"])
+    except Exception:  # noqa: BLE001 - older configs: Gemma 4's sliding default
+        theta = 10000.0
+    states = TargetStates(runner, sliding)
+
+    def states_of(ids, split, sel):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return states(ids, images[split][torch.tensor(sel, device=device)])
+
+    return {
+        "layout": Layout(tok, tinfo["image_rows"]),
+        "states_of": states_of,
+        "table": runner.weight().detach(),
+        "config": {
+            "hidden": tc.hidden_size,
+            "head_dim": tc.head_dim,
+            "head_dim_full": getattr(tc, "global_head_dim", None) or 2 * tc.head_dim,
+            "rope_theta_sliding": theta,
+            "window": tc.sliding_window,
+            "context": tc.max_position_embeddings,
+            "eps": tc.rms_norm_eps,
+            "vocab": tc.vocab_size,
+        },
+        "source": os.path.basename(os.path.normpath(args.target)),
+        "steps": tinfo.get("init_steps", 0) + tinfo.get("steps", 0),
+        "missing": [k for k in missing if k != "lm_head.weight"][:5],
+        "unexpected": list(unexpected)[:5],
+        "kv_layer": sliding,
+    }
+
+
+def torch_target(args, tok: dict, rows_of: dict, device) -> dict:
+    """The target from the shipped weights through target_torch.py (plain PyTorch, checked against the parity
+    fixture): every frame's states computed once, from its soft tokens (soft-tokens.ts), and kept."""
+    import torch
+    import target_torch as tt
+
+    if not args.soft_tokens:
+        raise ValueError("--weights needs --soft-tokens TRAIN_DIR VAL_DIR")
+    torch.set_num_threads(os.cpu_count() or 1)
+    target = tt.load_target(args.weights, args.gguf_py)
+    text = target.info["text"]
+    kv_layer = tt.KV_LAYER
+    if kv_layer != target.L - 2:
+        raise ValueError(f"target_torch takes layer {kv_layer}'s KV; llama.cpp's assistant reads layer n-2 = {target.L - 2}")
+
+    def soft_tokens(d: str, seed: int):
+        with open(os.path.join(d, f"{seed}.f32"), "rb") as f:
+            x = np.frombuffer(f.read(), dtype="<f4")
+        return torch.from_numpy(x.copy()).view(-1, target.hidden)
+
+    cache: dict = {}
+    layout = None
+    for (split, rows_), d in zip(rows_of.items(), args.soft_tokens):
+        t = time.time()
+        per = []
+        for s in range(0, len(rows_), 16):
+            chunk = rows_[s : s + 16]
+            embeds = torch.stack([soft_tokens(d, o["seed"]) for o in chunk])
+            if layout is None:
+                layout = Layout(tok, embeds.shape[1])
+            targets = [tok["tokens"][o["k"]] for o in chunk]
+            ids, _, _, _ = base.batch_tensors(layout, targets, torch.device("cpu"))
+            with torch.no_grad():
+                h, k2, v2, _ = target.forward(ids, embeds, layout.img0, logits=False)
+            for b, tg in enumerate(targets):
+                n = layout.a0 + len(tg) - 1
+                per.append((h[b, :n].clone(), k2[b, :n].clone(), v2[b, :n].clone()))
+        cache[split] = per
+        log("states", split=split, n=len(per), seconds=round(time.time() - t, 1))
+
+    def states_of(ids, split, sel):
+        B, S = ids.shape
+        out = [torch.zeros(B, S, x.shape[-1], device=device) for x in cache[split][sel[0]]]
+        for b, i in enumerate(sel):
+            for o, x in zip(out, cache[split][i]):
+                o[b, : x.shape[0]] = x.to(device)
+        return tuple(out)
+
+    return {
+        "layout": layout,
+        "states_of": states_of,
+        "table": target.embed.to(device),
+        "config": {
+            "hidden": target.hidden,
+            "head_dim": text["headDim"]["sliding"],
+            "head_dim_full": text["headDim"]["full"],
+            "rope_theta_sliding": float(text["rope"]["baseSwa"]),
+            "window": text["window"],
+            "context": text["context"],
+            "eps": text["eps"],
+            "vocab": target.embed.shape[0],
+        },
+        "source": os.path.basename(args.weights),
+        "steps": target.info.get("provenance", {}).get("steps"),
+        "kv_layer": kv_layer,
+    }
+
+
+def save_safetensors(tensors: dict, path: str) -> None:
+    """The safetensors format (8-byte header length, JSON header, raw little-endian data), without the package."""
+    import torch
+
+    header, blobs, off = {}, [], 0
+    for k in sorted(tensors):
+        t = tensors[k].contiguous()
+        dtype = {torch.float32: "F32", torch.int64: "I64"}[t.dtype]
+        b = t.numpy().tobytes()
+        header[k] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True, help="the target's compact checkpoint (train.py ckpt/)")
+    ap.add_argument("--target", help="the target's compact checkpoint (train.py ckpt/): its states from transformers, on the GPU")
+    ap.add_argument("--weights", help="or the shipped weights file: its states from target_torch.py (plain PyTorch, CPU)")
+    ap.add_argument("--soft-tokens", nargs=2, metavar=("TRAIN_DIR", "VAL_DIR"),
+                    help="with --weights: soft-tokens.ts output for the --train and --val frames")
+    ap.add_argument("--gguf-py", default="build/llama.cpp/gguf-py", help="with --weights: llama.cpp's gguf-py")
     ap.add_argument("--tokens", required=True)
     ap.add_argument("--train", nargs="+", required=True)
     ap.add_argument("--val", nargs="+", required=True)
@@ -221,7 +385,6 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from safetensors.torch import save_file
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -229,11 +392,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     device = torch.device(args.device)
 
-    with open(os.path.join(args.target, "checkpoint.json")) as f:
-        tinfo = json.load(f)
     tok = base.read_tokens(args.tokens)
-    if tok["model"] != tinfo["tokens_file_model"] and tinfo.get("tokens_file_model"):
-        log("note", message=f"token file model {tok['model']} differs from the target's {tinfo['tokens_file_model']}")
     train_rows, val_rows = base.read_scenes(args.train), base.read_scenes(args.val)
     if args.max_train:
         train_rows = train_rows[: args.max_train]
@@ -241,84 +400,56 @@ def main() -> None:
         val_rows = val_rows[: args.max_val]
     base.attach_targets(train_rows, tok)
     base.attach_targets(val_rows, tok)
-    budget = tinfo["image_tokens_budget"]
-    tw, th = tinfo["image_size"]
-    cols, nrows = tinfo["patch_grid"]
-    n_image = tinfo["image_rows"]
-    images = {}
-    for name, rows_ in (("train", train_rows), ("val", val_rows)):
-        t = time.time()
-        images[name] = base.load_images([o["path"] for o in rows_], (tw, th), args.workers)
-        log("images", split=name, n=len(rows_), seconds=round(time.time() - t, 1))
-    images = {k: torch.from_numpy(v).to(device) for k, v in images.items()}
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    rows_of = {"train": train_rows, "val": val_rows}
+    if bool(args.target) == bool(args.weights):
+        raise ValueError("give --target CKPT (transformers, GPU) or --weights FILE --soft-tokens TRAIN VAL (plain PyTorch)")
+    src = hf_target(args, tok, rows_of, device) if args.target else torch_target(args, tok, rows_of, device)
+    layout, states_of, target_table, tc = src["layout"], src["states_of"], src["table"], src["config"]
+    head_dim, theta = tc["head_dim"], tc["rope_theta_sliding"]
+    log("target", **{k: v for k, v in src.items() if k not in ("layout", "states_of", "table", "config")}, **tc)
 
-    cfg = base.model_config(budget)
-    model, _ = base.build_model(cfg, tinfo.get("table_seed", tinfo["seed"]))
-    missing, unexpected = model.load_state_dict(base.reassemble(args.target, None), strict=False)
-    model.to(device).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    runner = base.Runner(model, tok, n_image, cols, nrows, device)
-    if list(runner.prompt) != list(tinfo["prompt_tokens"]):
-        raise ValueError("the token file's prompt differs from the one the target was trained on")
-    tc = model.config.text_config
-    types = list(tc.layer_types)
-    sliding = max(i for i, t in enumerate(types) if t == "sliding_attention")
-    if sliding != len(types) - 2:
-        raise ValueError(f"layer types {types}: llama.cpp's assistant reads layer n-2 as the last sliding one, here {sliding}")
-    head_dim = tc.head_dim
-    try:
-        theta = float(tc.rope_parameters["sliding_attention"]["rope_theta"])
-    except Exception:  # noqa: BLE001 - older configs: Gemma 4's sliding default
-        theta = 10000.0
-    T = tc.hidden_size
-    log("target", ckpt=args.target, missing=[k for k in missing if k != "lm_head.weight"][:5], unexpected=list(unexpected)[:5],
-        layer_types=types, kv_layer=sliding, head_dim=head_dim, rope_theta_sliding=theta)
-
-    used = set(runner.prompt) | {tok["endToken"], tok["special"]["eos"], tok["special"]["bos"], 0}
+    used = set(layout.prompt) | {tok["endToken"], tok["special"]["eos"], tok["special"]["bos"], 0}
     for seq in tok["tokens"]:
         used.update(seq)
     used_ids = sorted(used)
-    used_index = torch.full((tc.vocab_size,), -1, dtype=torch.long, device=device)
+    used_index = torch.full((tc["vocab"],), -1, dtype=torch.long, device=device)
     used_index[torch.tensor(used_ids, device=device)] = torch.arange(len(used_ids), device=device)
     acfg = {
         "layers": args.layers,
         "hidden": args.hidden,
-        "backbone_hidden": T,
+        "backbone_hidden": tc["hidden"],
         "heads": args.heads,
         "kv_heads": 1,
         "head_dim_sliding": head_dim,
-        "head_dim_full": tc.global_head_dim if getattr(tc, "global_head_dim", None) else 2 * head_dim,
+        "head_dim_full": tc["head_dim_full"],
         "ffn": args.ffn,
         "sliding": [True] * args.layers,
-        "window": tc.sliding_window,
-        "context": tc.max_position_embeddings,
+        "window": tc["window"],
+        "context": tc["context"],
         "rope_theta_sliding": theta,
-        "eps": tc.rms_norm_eps,
-        "vocab": tc.vocab_size,
+        "eps": tc["eps"],
+        "vocab": tc["vocab"],
         "table_seed": args.seed,
         "table_std": TABLE_STD,
     }
     asst = build_assistant(acfg, used_ids, args.seed).to(device)
     n_params = sum(p.numel() for p in asst.parameters())
     log("assistant", params=n_params, params_without_rows=n_params - asst.rows.numel(), **acfg)
-
-    target_table = runner.weight().detach()
-    states_of = TargetStates(runner, sliding)
+    runner = layout
     opt = torch.optim.AdamW(asst.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     F = torch.nn.functional
 
-    def batch_loss(rows_, imgs, sel, train: bool):
+    gpu = device.type == "cuda"
+
+    def batch_loss(split: str, sel, train: bool):
+        rows_ = rows_of[split]
         targets = [tok["tokens"][rows_[i]["k"]] for i in sel]
         forced = [tok["forced"][rows_[i]["k"]] for i in sel]
         ids, _, _, _ = base.batch_tensors(runner, targets, device)
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-            states = states_of(ids, imgs[torch.tensor(sel, device=device)])
-        states = tuple(s.float() for s in states)
+        with torch.no_grad():
+            states = tuple(s.float() for s in states_of(ids, split, sel))
         ex = draft_examples(runner, targets, forced, args.steps_ahead, device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=train):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=train and gpu):
             steps = run_assistant(asst, target_table, states, ex, used_index, args.steps_ahead, theta, head_dim)
         losses, stats = [], []
         picked = ex[3]
@@ -338,14 +469,15 @@ def main() -> None:
             return args.lr * (step + 1) / args.warmup
         return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
-    def evaluate(rows_, imgs) -> dict:
+    def evaluate(split: str) -> dict:
         asst.eval()
         tot = [[0, 0, 0, 0] for _ in range(args.steps_ahead)]
         loss_sum, n = 0.0, 0
         with torch.no_grad():
-            for s in range(0, len(rows_), 250):
-                sel = list(range(s, min(len(rows_), s + 250)))
-                loss, stats = batch_loss(rows_, imgs, sel, False)
+            n_rows = len(rows_of[split])
+            for s in range(0, n_rows, 125):
+                sel = list(range(s, min(n_rows, s + 125)))
+                loss, stats = batch_loss(split, sel, False)
                 loss_sum += float(loss) * len(sel)
                 n += len(sel)
                 for k, st in enumerate(stats):
@@ -359,12 +491,12 @@ def main() -> None:
             "picked_positions": [t[3] for t in tot],
         }
 
-    log("eval", step=0, **evaluate(val_rows, images["val"]))
+    log("eval", step=0, **evaluate("val"))
     gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
     step, t0 = 0, time.time()
     history = []
     run = [0.0, 0]
-    n_train = len(train_rows)
+    n_train = len(rows_of["train"])
     stop = False
     while not stop:
         perm = torch.randperm(n_train, generator=gen).tolist()
@@ -376,7 +508,7 @@ def main() -> None:
                 break
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, frac)
-            loss, _ = batch_loss(train_rows, images["train"], perm[s : s + args.batch], True)
+            loss, _ = batch_loss("train", perm[s : s + args.batch], True)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(asst.parameters(), 1.0)
@@ -389,23 +521,23 @@ def main() -> None:
                     steps_per_s=round(step / max(1e-9, time.time() - t0), 2))
                 run = [0.0, 0]
         else:
-            ev = evaluate(val_rows, images["val"])
+            ev = evaluate("val")
             history.append({"step": step, **ev})
             log("eval", step=step, **ev)
     train_seconds = time.time() - t0
-    final = evaluate(val_rows, images["val"])
+    final = evaluate("val")
     log("final", step=step, train_seconds=round(train_seconds, 1), **final)
 
     out_dir = os.path.join(args.out, "assistant")
     os.makedirs(out_dir, exist_ok=True)
     sd = {k: v.detach().float().cpu().contiguous() for k, v in asst.state_dict().items() if k != "used"}
     sd["ids"] = torch.tensor(used_ids, dtype=torch.long)
-    save_file(sd, os.path.join(out_dir, "assistant.safetensors"))
+    save_safetensors(sd, os.path.join(out_dir, "assistant.safetensors"))
     meta = {
         "format": "percept-demo-assistant/1",
         "config": acfg,
-        "target_ckpt": os.path.basename(os.path.normpath(args.target)),
-        "target_steps": tinfo.get("init_steps", 0) + tinfo.get("steps", 0),
+        "target": src["source"],
+        "target_steps": src["steps"],
         "steps": step,
         "train_seconds": round(train_seconds, 1),
         "seed": args.seed,
