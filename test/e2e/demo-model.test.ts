@@ -48,6 +48,8 @@ const ENCODER_TOLERANCE = { onnx: 1e-4, mtmd: 5e-3 };
 const LOGIT_TOLERANCE = 0.1;
 /** With the mmproj encoder one sample frame's box lands 0.02 from PyTorch's: a near tie that the f16 attention tips. */
 const MTMD_BOX_TOLERANCE = 0.02;
+/** The trained draft's share of accepted drafts on the sample frames, greedy under the grammar (a random assistant's is 0). */
+const MIN_ACCEPTANCE = 0.6;
 
 const decision = (a: Action | undefined) => a && { action: a.action, label: a.target?.label, hazards: a.hazards ?? [] };
 
@@ -331,6 +333,43 @@ describe('the demo model against fp32 PyTorch, same weights and pixels', () => {
         await ctx.dispose();
       }
     } finally {
+      await model.dispose();
+    }
+  });
+
+  test(`the trained MTP assistant drafts without changing one greedy text, accepting ≥ ${MIN_ACCEPTANCE} of its drafts`, async () => {
+    const onnx = embeddings.get('onnx');
+    assert.ok(onnx, 'the ONNX encoder test ran first');
+    const model = await LlamaModel.load(await resolveModel('demo:gemma4-robot', 'decoder'));
+    const assistant = await LlamaModel.load(await resolveModel('demo:gemma4-robot-assistant', 'decoder'));
+    try {
+      const ctx = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512 });
+      try {
+        await ctx.attachSpeculator({ type: 'draft-mtp', draftModel: assistant, nMax: 3 });
+        const grammar = await model.grammarFromJsonSchema(loadActionSchema(config.actions.schema).schema);
+        const marker = '<__parity_image__>';
+        const messages = [
+          { role: 'system' as const, content: config.decoder.systemPrompt },
+          { role: 'user' as const, content: `${marker}\n${config.decoder.instruction}` },
+        ];
+        let drafted = 0;
+        let accepted = 0;
+        for (const [i, e] of onnx.entries()) {
+          const prompt = model.chatPrompt(messages, [{ data: e.data, nTokens: e.nTokens }], { imageMarker: marker });
+          ctx.clearCache();
+          const r = await ctx.generate(prompt, { maxTokens: 96, grammar, jumpForward: true });
+          assert.equal(r.text, PARITY.frames[i]!.text, `frame ${i}: text with the draft`);
+          drafted += r.drafted;
+          accepted += r.accepted;
+        }
+        console.log(`# MTP assistant: ${accepted} of ${drafted} drafts accepted (${(accepted / drafted).toFixed(3)})`);
+        assert.ok(drafted >= onnx.length, `${drafted} drafts over ${onnx.length} frames`);
+        assert.ok(accepted / drafted >= MIN_ACCEPTANCE, `${accepted} of ${drafted} drafts accepted`);
+      } finally {
+        await ctx.dispose();
+      }
+    } finally {
+      await assistant.dispose();
       await model.dispose();
     }
   });

@@ -180,3 +180,54 @@ describe('demo model assembly', () => {
     assert.deepEqual(existsSync(cache) ? readdirSync(cache) : [], []);
   });
 });
+
+describe('the demo model draft (an MTP assistant)', () => {
+  const ASSISTANT = DEMO_MODELS['gemma4-robot-assistant']!;
+  /** Rows of train-assistant.py's regen_assistant_table(0), recorded with PyTorch. */
+  const TORCH_ROWS = JSON.parse(readFileSync(join(REPO_ROOT, 'test/fixtures/demo-model/torch-assistant-table.json'), 'utf8')) as {
+    ids: number[];
+    token_embd: Record<string, string>;
+  };
+
+  test('assembles to the gemma4-assistant GGUF it records, with the weights and table rows as stored', async () => {
+    const w = await DemoWeights.open(ASSISTANT, dir);
+    assert.equal(w.info.format, 'percept-demo-assistant/1');
+    assert.throws(() => w.model, /an assistant's weights/);
+    const path = await assembleFrom(ASSISTANT, 'gemma4-robot-assistant', 'decoder', { cacheDir: dir });
+    assert.equal(await resolveModel('demo:gemma4-robot-assistant', 'decoder', { cacheDir: dir }), path);
+    assert.equal(await sha256File(path), w.info.sha256.decoder);
+    const f = await readGGUF(path);
+    assert.equal(f.get('general.architecture'), 'gemma4-assistant');
+    assert.equal(f.get('gemma4-assistant.embedding_length_out'), 256);
+    assert.equal((f.get('tokenizer.ggml.tokens') as string[]).length, 262144);
+    const tensor = async (name: string) => {
+      const bytes = await readTensorData(path, f, name);
+      return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+    };
+    for (const name of ['nextn.pre_projection.weight', 'blk.0.attn_q.weight', 'blk.0.ffn_down.weight'])
+      assert.deepEqual(await tensor(name), await w.get(name), name);
+    const table = await tensor('token_embd.weight');
+    const width = table.length / 262144;
+    const ids = [...(await w.tableIds())];
+    const rows = await w.get('tables.token_embd.rows');
+    for (const [k, id] of ids.entries())
+      assert.deepEqual(table.subarray(id * width, (id + 1) * width), rows.subarray(k * width, (k + 1) * width), `row ${id} (trained)`);
+    let compared = 0;
+    for (const id of TORCH_ROWS.ids) {
+      if (ids.includes(id)) continue;
+      const torch = rowOf(TORCH_ROWS.token_embd[String(id)]!);
+      table.subarray(id * width, (id + 1) * width).forEach((v, i) => {
+        compared++;
+        assert.ok(Math.abs(v - torch[i]!) <= ULP, `token_embd[${id}][${i}]: ${v} vs PyTorch ${torch[i]}`);
+      });
+    }
+    assert.ok(compared >= 3 * width, `${compared} untrained values compared`);
+  });
+
+  test('has no vision part', async () => {
+    await assert.rejects(
+      assembleFrom(ASSISTANT, 'gemma4-robot-assistant', 'vision', { cacheDir: dir, trustUnhashed: true }),
+      /an MTP assistant has a decoder part only, not vision/,
+    );
+  });
+});

@@ -37,3 +37,25 @@ test('export --rehash on the shipped weights records the hashes they already hol
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('export --rehash on the shipped draft (a plain GGUF) reproduces it byte for byte', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'percept-demo-export-'));
+  try {
+    const copy = join(dir, 'gemma4-robot-assistant.weights.gguf');
+    copyFileSync(DEMO_MODELS['gemma4-robot-assistant']!, copy);
+    const run = spawnSync(
+      process.execPath,
+      ['--import', 'tsx', join(REPO_ROOT, 'tools/demo-model/export.ts'), '--name', 'gemma4-robot-assistant', '--rehash', '--out', copy],
+      { cwd: REPO_ROOT, encoding: 'utf8', env: { ...process.env, TMPDIR: dir } },
+    );
+    assert.equal(run.status, 0, run.stderr);
+    assert.match(run.stdout, /^decoder: \d+ bytes, sha256 [0-9a-f]{64}/m);
+    assert.doesNotMatch(run.stdout, /^(vision|mmproj):/m);
+    assert.ok(
+      readFileSync(copy).equals(readFileSync(DEMO_MODELS['gemma4-robot-assistant']!)),
+      'the rehashed copy differs from the shipped file',
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
