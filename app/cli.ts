@@ -64,7 +64,7 @@ function speculationOptions(command: Command, what: { draft: string; draftMtp: s
 }
 const SPECULATION = {
   draft: 'draft model (same vocabulary), or synth:PRESET',
-  draftMtp: 'Gemma 4 MTP assistant GGUF, or synth:PRESET',
+  draftMtp: 'Gemma 4 MTP assistant GGUF, synth:PRESET or demo:gemma4-robot-assistant',
   ngram: 'n-gram drafting',
 };
 
