@@ -41,7 +41,11 @@ async function tokenTable(w: AssistantTensors, info: DemoAssistantInfo): Promise
   const rows = await w.get(ROWS);
   if (rows.length !== ids.length * width)
     throw new Error(`demo assistant: ${ROWS} holds ${rows.length} values, not ${ids.length}×${width}`);
-  ids.forEach((id, r) => table.set(rows.subarray(r * width, (r + 1) * width), id * width));
+  ids.forEach((id, r) => {
+    if (id < 0 || id >= vocab)
+      throw new RangeError(`demo assistant ${info.target}: stored table row id ${id} is outside the vocabulary of ${vocab}`);
+    table.set(rows.subarray(r * width, (r + 1) * width), id * width);
+  });
   return table;
 }
 

@@ -55,7 +55,7 @@ export interface Gemma4Config {
   /** intermediate_size; doubled in KV-shared layers when doubleWideMlp (E2B's use_double_wide_mlp). */
   readonly ffn: number;
   readonly doubleWideMlp: boolean;
-  /** true = sliding-window layer; the last layer must be full. */
+  /** true = sliding-window layer; a gemma4 model's last layer must be full. */
   readonly sliding: readonly boolean[];
   readonly window: number;
   readonly sharedKvLayers: number;
@@ -887,7 +887,8 @@ function validateConfig(name: string, c: ModelConfig): void {
   };
   if (c.arch === 'gemma3') return;
   if (c.sliding.length !== c.layers) fail(`sliding pattern has ${c.sliding.length} entries for ${c.layers} layers`);
-  if (c.sliding[c.layers - 1]) fail('the last layer must be full attention');
+  // gemma4's loader wants a full last layer; an assistant may be all sliding (it reads the target's layers).
+  if (c.arch === 'gemma4' && c.sliding[c.layers - 1]) fail('the last layer must be full attention');
   if (c.arch === 'gemma4' && c.sharedKvLayers > 0) {
     const kvFrom = c.layers - c.sharedKvLayers;
     if (kvFrom < 2) fail('KV sharing needs at least 2 non-shared layers');

@@ -93,8 +93,8 @@ export interface BenchFrameResult {
   readonly drafted: number | null;
   readonly accepted: number | null;
   readonly acceptance: number | null;
-  /** Tokens per generation decode: (new tokens − the first, which the prompt's decode gives) ÷ decode calls,
-   * summed over the frames. A step yields its token, its forced run and its accepted drafts. */
+  /** New tokens per decode that yields them, summed over the frames: the prompt's last decode counts as one.
+   * It gives the first token and the opening forced run; each later step its token, forced run and accepted drafts. */
   readonly tokens_per_decode: number | null;
   /** The slowest action the schema allows, whatever the logits, for the binding only. Its llama_decode
    * calls after the prompt are DecoderStage.worstCaseDecodeCalls. `worst_case_decode_ms` prices them at
@@ -251,8 +251,8 @@ export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
       sum((s) => s.drafted),
     ),
     tokens_per_decode: ratioOf(
-      sum((s) => (s.newTokens !== null && s.decodeCalls !== null ? s.newTokens - 1 : null)),
-      calls,
+      sum((s) => (s.decodeCalls !== null ? s.newTokens : null)),
+      sum((s) => (s.newTokens !== null && s.decodeCalls !== null ? s.decodeCalls + 1 : null)),
     ),
     http_ms_p50: stat(http, 0.5),
     http_ms_p99: stat(http, 0.99),

@@ -48,7 +48,7 @@ const ENCODER_TOLERANCE = { onnx: 1e-4, mtmd: 5e-3 };
 const LOGIT_TOLERANCE = 0.1;
 /** With the mmproj encoder one sample frame's box lands 0.02 from PyTorch's: a near tie that the f16 attention tips. */
 const MTMD_BOX_TOLERANCE = 0.02;
-/** The trained draft's share of accepted drafts on the sample frames, greedy under the grammar (a random assistant's is 0). */
+/** The least share of the trained draft's drafts accepted on the sample frames, greedy under the grammar. */
 const MIN_ACCEPTANCE = 0.6;
 
 const decision = (a: Action | undefined) => a && { action: a.action, label: a.target?.label, hazards: a.hazards ?? [] };

@@ -24,7 +24,7 @@ import {
 } from '../../models/demo-model.ts';
 import { GGUFWriter, readGGUF, readTensorData, str } from '../../models/gguf.ts';
 import { GGMLType, blockSize, f16BitsToF32, quantize, type CodecType } from '../../models/quant.ts';
-import { VOCAB_SIZE, type Gemma4AssistantConfig, type Gemma4Config } from '../../models/synth.ts';
+import { VOCAB_SIZE, tensorDefs, type Gemma4AssistantConfig, type Gemma4Config } from '../../models/synth.ts';
 import type { Gemma4VisionSpec } from '../../models/vision-synth.ts';
 
 const PARTS: readonly DemoPart[] = ['decoder', 'vision', 'mmproj'];
@@ -247,6 +247,9 @@ async function exportAssistant(dir: string, out: string, target: string, type: C
   if (meta.format !== 'percept-demo-assistant/1') throw new Error(`${dir}/assistant.json: not a percept-demo-assistant/1 file`);
   const c = meta.config;
   if (c.vocab !== VOCAB_SIZE) throw new Error(`${dir}: vocabulary ${c.vocab}, percept's Gemma 4 has ${VOCAB_SIZE}`);
+  if (c.hidden === c.backbone_hidden)
+    throw new Error(`${dir}: hidden ${c.hidden} equals the model's; llama.cpp's assistant needs them to differ`);
+  if (c.sliding.some((s) => !s)) throw new Error(`${dir}: a full-attention layer; this export writes sliding layers only`);
   const assistant: Gemma4AssistantConfig = {
     arch: 'gemma4-assistant',
     target: `demo:${target}`,
@@ -282,6 +285,8 @@ async function exportAssistant(dir: string, out: string, target: string, type: C
     },
   };
   const tensors = readSafetensors(join(dir, 'assistant.safetensors'));
+  // Every stored matrix in the shape llama.cpp loads (a transposed one would pass a count check).
+  const shapes = new Map(tensorDefs(assistant).map((d) => [d.name, d.shape.join('×')]));
   const g = new GGUFWriter();
   g.set('general.architecture', str('percept-demo-weights'));
   g.set('general.name', str(`${target} assistant`));
@@ -296,6 +301,9 @@ async function exportAssistant(dir: string, out: string, target: string, type: C
       continue;
     }
     const values = t.values;
+    const want = shapes.get(name);
+    if (want !== undefined && want !== shape.join('×'))
+      throw new Error(`${dir}/assistant.safetensors: ${torchName} is ${shape.join('×')} as llama.cpp's ${name}, which is ${want}`);
     const matrix = shape.length === 2 && name !== 'tables.token_embd.rows';
     const st = !matrix ? GGMLType.F32 : shape[0]! % blockSize(type) === 0 ? type : GGMLType.F16;
     plan.push({ name, type: st, shape, bytes: () => quantize(st, values) });
@@ -357,6 +365,7 @@ const { values } = parseArgs({
 const text = STORAGE[values.text!];
 const vision = STORAGE[values.vision!];
 if (text === undefined || vision === undefined) throw new Error(`--text and --vision take one of ${Object.keys(STORAGE).join(', ')}`);
+if (values.ckpt && values.assistant) throw new Error('give --ckpt or --assistant, not both: each writes its own weights file');
 if (!values.ckpt && !values.assistant && !values.rehash)
   throw new Error('give --ckpt DIR (a train.py checkpoint), --assistant DIR (a train-assistant.py output) or --rehash');
 const name = values.name ?? (values.assistant ? `${values.target}-assistant` : values.target!);

@@ -124,9 +124,8 @@ class Target:
         self.ple_model_proj = T("per_layer_model_projection.weight")  # [L*P, hidden]
         self.ple_proj_norm = T("per_layer_projection_norm.weight")
 
-        # RoPE as transformers computes it (the fixture's reference): sliding layers 'default' over the whole head
-        # (theta baseSwa); full layers 'proportional' (theta base, the first partial·head_dim/2 pairs rotate with
-        # exponents 2i/head_dim, the rest not at all: llama.cpp's rope_freqs 1e30). NEOX halves.
+        # RoPE as transformers computes it: sliding layers over the whole head; full layers rotate only the first
+        # partial·head_dim/2 pairs (llama.cpp's rope_freqs 1e30 for the rest). NEOX halves.
         rope = text["rope"]
         self.inv_freq = []
         for i, s in enumerate(self.sliding):
@@ -262,7 +261,7 @@ class Target:
 
 
 def load_target(weights_path: str, gguf_py: str) -> Target:
-    """The shipped weights file (a .gguf or its .gz) → Target (about 350 MB of fp32 tables)."""
+    """The shipped weights file (a .gguf or its .gz) → Target, both vocabulary tables in fp32."""
     rp = _record_parity()
     info, tensors = rp.read_weights(weights_path, gguf_py)
     return Target(info, tensors)
@@ -312,7 +311,7 @@ def check(args) -> int:
     for b0 in range(0, len(frames), args.batch):
         batch = frames[b0 : b0 + args.batch]
         imgs = torch.stack([soft(fr["index"]) for fr in batch])
-        for fr, img in zip(batch, imgs):  # the soft tokens are the fixture's (PyTorch's encoder) within 1e-4
+        for fr, img in zip(batch, imgs):  # the soft tokens against the fixture's first values
             for r, vs in fr["encoder"]["first"].items():
                 enc_worst = max(enc_worst, float((img[int(r), : len(vs)] - torch.tensor(vs)).abs().max()))
         n = max(len(fr["tokens"]) for fr in batch)

@@ -1,24 +1,12 @@
 #!/usr/bin/env python3
-"""Trains the demo model's draft: a Gemma 4 MTP assistant (llama.cpp's `gemma4-assistant`, transformers'
-Gemma4AssistantForCausalLM) for a trained demo target, on the target's own teacher-forced states.
+"""Trains the demo model's draft: a Gemma 4 MTP assistant (llama.cpp's `gemma4-assistant`) on the frozen
+model's teacher-forced states. The assistant is llama.cpp's graph written in plain PyTorch, since llama.cpp runs it.
+Design, runs and numbers: tools/demo-model/README.md ("The draft").
 
-The assistant is written here in plain PyTorch, as llama.cpp's graph computes it
-(src/models/gemma4-assistant.cpp; common/speculative.cpp draft-mtp drives it), because percept runs
-it there: to draft the token after x[p+1], it takes the row concat(target embed(x[p+1])·√T, h[p]), where
-h[p] is the target's final-norm hidden state at p, projects it to its width, runs Q-only attention
-layers over the target's own KV cache (sliding layers read the target's last sliding layer, full
-layers its last full one), final norm, logits from its own token table, and post-projects its output
-to the next h. Every draft step of a burst queries the same position p+1 over the target's KV up to p.
-The image reaches the assistant through that KV cache, which holds the target's view of the image rows.
-
-The target is frozen (a train.py compact checkpoint, `--target`); each batch runs it teacher-forced as
-train.py does (percept's prompt, bidirectional image rows in its sliding layers) and takes h and the KV
-of its last sliding layer from transformers' cache. The loss is cross-entropy over the task's
-vocabulary rows (the rest of the assistant's table is redrawn from the seed and never trained), for
---steps-ahead draft steps, the later ones fed the previous step's h and the true token.
-
-Usage: python3 tools/demo-model/train-assistant.py --target CKPT --tokens T.json.gz --train DIR... --val DIR
-                                                   --out OUT [--time-budget S] [--hidden 64] [--ffn 256]
+Usage (the model's states from transformers on the GPU host, or from target_torch.py on the CPU):
+    python3 tools/demo-model/train-assistant.py --target CKPT --tokens T.json.gz --train DIR... --val DIR --out OUT
+    python3 tools/demo-model/train-assistant.py --weights models/demo/gemma4-robot.weights.gguf.gz \
+        --soft-tokens TRAIN_SOFT VAL_SOFT --tokens T.json.gz --train DIR --val DIR --out OUT --device cpu
 Writes OUT/assistant/{assistant.safetensors, assistant.json} and OUT/summary.json.
 """
 from __future__ import annotations
@@ -41,7 +29,7 @@ TABLE_STD = 0.02
 
 
 def regen_assistant_table(seed: int, vocab: int, hidden: int):
-    """The assistant's token table before training: torch CPU randn from its own seed, as the exporter redraws it."""
+    """The assistant's token table before training: torch CPU randn from its own seed (models/demo-assistant.ts redraws it)."""
     import torch
 
     g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + 29)
@@ -84,9 +72,8 @@ def build_assistant(cfg: dict, used_ids: list[int], seed: int):
             self.register_buffer("used", torch.tensor(used_ids, dtype=torch.long))
             self.rows = nn.Parameter(table[self.used].clone())
 
-        def forward(self, x_emb, h, q_pos, keys, values, kv_mask, cos_sin):
-            """x_emb, h [N, T]; q_pos [N]; keys/values [N, S, hd] (the target's, one KV head); kv_mask [N, S]
-            → logits over the used rows [N, U], next h [N, T]."""
+        def forward(self, x_emb, h, keys, values, kv_mask, cos_sin):
+            """x_emb, h [N, T]; the target's keys/values [N, S, hd]; kv_mask [N, S] → logits of the used rows, next h."""
             cur = self.pre(torch.cat([x_emb, h], -1))
             cos, sin = cos_sin
             for layer in self.layers:
@@ -148,13 +135,12 @@ class TargetStates:
         return out.last_hidden_state, k[:, 0], v[:, 0]
 
 
-def draft_examples(runner, targets: list[list[int]], forced: list[str], ahead: int, device):
-    """Positions p (one per action token that has `ahead` successors or fewer): the row p, its sequence,
-    the tokens x[p+1..p+1+ahead] (the first is the input, the rest the step targets; -1 past the end),
-    and whether each target token is the model's pick (not forced by the grammar)."""
+def draft_examples(layout, targets: list[list[int]], forced: list[str], ahead: int, device):
+    """One example per action token but the last: its sequence, its row p, the tokens x[p+1..p+1+ahead]
+    (input, then step targets; -1 past the end), and which targets the model picks (the grammar does not force)."""
     import torch
 
-    a0 = runner.a0
+    a0 = layout.a0
     bi, pi, toks, picked = [], [], [], []
     for b, (t, f) in enumerate(zip(targets, forced)):
         # x[a0 + j] = t[j]; the target predicts t[0] at row a0-1, so the assistant starts at p = a0-1.
@@ -188,7 +174,7 @@ def run_assistant(asst, target_table, states, ex, used_index, ahead: int, theta:
         x = toks[:, step]
         valid = x >= 0
         x_emb = target_table[x.clamp(min=0)].float() * scale
-        logits, h = asst(x_emb, h, q_pos, k, v, kv_mask, cos_sin)
+        logits, h = asst(x_emb, h, k, v, kv_mask, cos_sin)
         want = toks[:, step + 1]
         want_idx = torch.where((want >= 0) & valid, used_index[want.clamp(min=0)], torch.full_like(want, -1))
         out.append((logits, want_idx))
@@ -281,10 +267,23 @@ def torch_target(args, tok: dict, rows_of: dict, device) -> dict:
     if kv_layer != target.L - 2:
         raise ValueError(f"target_torch takes layer {kv_layer}'s KV; llama.cpp's assistant reads layer n-2 = {target.L - 2}")
 
+    for d in args.soft_tokens:
+        with open(os.path.join(d, "index.json")) as f:
+            budget = json.load(f).get("imageTokens")
+        if budget != target.info["imageTokens"]:
+            raise ValueError(f"{d}: soft tokens at {budget} image tokens; the model was trained at {target.info['imageTokens']}")
+    want_rows: list[int] = []
+
     def soft_tokens(d: str, seed: int):
-        with open(os.path.join(d, f"{seed}.f32"), "rb") as f:
+        """A frame's soft tokens; every frame must have as many rows as the first."""
+        path = os.path.join(d, f"{seed}.f32")
+        with open(path, "rb") as f:
             x = np.frombuffer(f.read(), dtype="<f4")
-        return torch.from_numpy(x.copy()).view(-1, target.hidden)
+        rows = x.size // target.hidden
+        want_rows[:] = want_rows or [rows]
+        if x.size % target.hidden or rows != want_rows[0]:
+            raise ValueError(f"{path}: {x.size} values, not {want_rows[0]} rows of {target.hidden}")
+        return torch.from_numpy(x.copy()).view(rows, target.hidden)
 
     cache: dict = {}
     layout = None
@@ -401,8 +400,8 @@ def main() -> None:
     base.attach_targets(train_rows, tok)
     base.attach_targets(val_rows, tok)
     rows_of = {"train": train_rows, "val": val_rows}
-    if bool(args.target) == bool(args.weights):
-        raise ValueError("give --target CKPT (transformers, GPU) or --weights FILE --soft-tokens TRAIN VAL (plain PyTorch)")
+    if bool(args.target) == bool(args.weights) or bool(args.soft_tokens) != bool(args.weights):
+        raise ValueError("give --target CKPT (transformers, GPU), or --weights FILE with --soft-tokens TRAIN VAL (plain PyTorch)")
     src = hf_target(args, tok, rows_of, device) if args.target else torch_target(args, tok, rows_of, device)
     layout, states_of, target_table, tc = src["layout"], src["states_of"], src["table"], src["config"]
     head_dim, theta = tc["head_dim"], tc["rope_theta_sliding"]
@@ -435,7 +434,6 @@ def main() -> None:
     asst = build_assistant(acfg, used_ids, args.seed).to(device)
     n_params = sum(p.numel() for p in asst.parameters())
     log("assistant", params=n_params, params_without_rows=n_params - asst.rows.numel(), **acfg)
-    runner = layout
     opt = torch.optim.AdamW(asst.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     F = torch.nn.functional
 
@@ -445,10 +443,10 @@ def main() -> None:
         rows_ = rows_of[split]
         targets = [tok["tokens"][rows_[i]["k"]] for i in sel]
         forced = [tok["forced"][rows_[i]["k"]] for i in sel]
-        ids, _, _, _ = base.batch_tensors(runner, targets, device)
+        ids, _, _, _ = base.batch_tensors(layout, targets, device)
         with torch.no_grad():
             states = tuple(s.float() for s in states_of(ids, split, sel))
-        ex = draft_examples(runner, targets, forced, args.steps_ahead, device)
+        ex = draft_examples(layout, targets, forced, args.steps_ahead, device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=train and gpu):
             steps = run_assistant(asst, target_table, states, ex, used_index, args.steps_ahead, theta, head_dim)
         losses, stats = [], []
@@ -497,6 +495,8 @@ def main() -> None:
     history = []
     run = [0.0, 0]
     n_train = len(rows_of["train"])
+    if n_train < args.batch:
+        raise ValueError(f"{n_train} training frames, fewer than one batch (--batch {args.batch})")
     stop = False
     while not stop:
         perm = torch.randperm(n_train, generator=gen).tolist()

@@ -206,7 +206,7 @@ test('computeMib: compute bytes by buffer type in MiB', () => {
   assert.equal(computeMib(null), null);
 });
 
-test('decodeFigures: acceptance and tokens per decode, summed over the frames; null without a draft', () => {
+test("decodeFigures: acceptance and tokens per decode (the prompt's decode counted), summed over the frames; null without a draft", () => {
   const frame = (newTokens: number, decodeCalls: number, drafted: number | null, accepted: number | null): FrameSample => ({
     totalMs: 0,
     promptTokens: 100,
@@ -226,7 +226,7 @@ test('decodeFigures: acceptance and tokens per decode, summed over the frames; n
     decodeStageMs: 30,
   });
   const f = decodeFigures([frame(11, 4, 6, 3), frame(21, 6, 10, 2)]);
-  assert.deepEqual([f.drafted, f.accepted, f.acceptance, f.tokens_per_decode], [16, 5, 0.313, 3]);
+  assert.deepEqual([f.drafted, f.accepted, f.acceptance, f.tokens_per_decode], [16, 5, 0.313, 2.667]);
   const none = decodeFigures([frame(11, 10, null, null)]);
   assert.deepEqual([none.drafted, none.accepted, none.acceptance, none.tokens_per_decode], [null, null, null, 1]);
 });
