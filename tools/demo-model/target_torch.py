@@ -58,7 +58,7 @@ def _record_parity():
 
 def rms_norm(x, weight, eps):
     """Gemma 4's RMSNorm (transformers Gemma3nRMSNorm, llama.cpp build_norm LLM_NORM_RMS): weight as-is, no +1."""
-    y = x * torch.pow(x.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    y = x * torch.pow(x.float().pow(2).mean(-1, keepdim=True) + eps, -0.5).to(x.dtype)  # the mean in fp32 under autocast
     return y if weight is None else y * weight
 
 

@@ -23,6 +23,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train as base  # noqa: E402  the target's data, layout and forward pass
+import target_torch as tt  # noqa: E402  the target as plain PyTorch: its layout, ops and forward
+from target_torch import prompt_layout, rms_norm, rotate_half  # noqa: E402
 
 log = base.log
 TABLE_STD = 0.02
@@ -44,7 +46,7 @@ def build_assistant(cfg: dict, used_ids: list[int], seed: int):
     d, T, H, hd, ff, eps = cfg["hidden"], cfg["backbone_hidden"], cfg["heads"], cfg["head_dim_sliding"], cfg["ffn"], cfg["eps"]
 
     def rms(x, w):
-        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype) * w
+        return rms_norm(x, w, eps)
 
     class Layer(nn.Module):
         def __init__(self):
@@ -89,10 +91,6 @@ def build_assistant(cfg: dict, used_ids: list[int], seed: int):
                 cur = (rms(f, layer.ffn_post_norm) + attn_out) * layer.out_scale
             out = rms(cur, self.output_norm)
             return out @ self.rows.t(), self.post(out)
-
-    def rotate_half(x):
-        a, b = x.chunk(2, -1)
-        return torch.cat([-b, a], -1)
 
     return Assistant()
 
@@ -185,9 +183,7 @@ class Layout:
     """percept's prompt around the image (train.py Runner's layout, without a model)."""
 
     def __init__(self, tok: dict, n_image: int):
-        p = tok["prompt"]
-        self.prompt = p["before"] + [p["imageStart"]] + [0] * n_image + [p["imageEnd"]] + p["after"]
-        self.img0 = len(p["before"]) + 1
+        self.prompt, self.img0 = prompt_layout(tok, n_image)
         self.n_image = n_image
         self.a0 = len(self.prompt)
 
@@ -256,7 +252,6 @@ def torch_target(args, tok: dict, rows_of: dict, device) -> dict:
     """The target from the shipped weights through target_torch.py (plain PyTorch, checked against the parity
     fixture): every frame's states computed once, from its soft tokens (soft-tokens.ts), and kept."""
     import torch
-    import target_torch as tt
 
     if not args.soft_tokens:
         raise ValueError("--weights needs --soft-tokens TRAIN_DIR VAL_DIR")
