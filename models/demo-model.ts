@@ -3,7 +3,7 @@
 // and the ONNX encoder are assembled from them on first use, checked by hash. Format and provenance: models/README.md#demo-model
 import { createHash } from 'node:crypto';
 import { createReadStream, createWriteStream, existsSync } from 'node:fs';
-import { mkdir, rename, rm } from 'node:fs/promises';
+import { mkdir, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { Transform, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -79,24 +79,30 @@ export async function demoWeightsSha256(path: string): Promise<string> {
   return path.endsWith('.gz') ? gunzipHashed(path) : sha256File(path);
 }
 
+/** This process's decompressed copies, by .gz path and cache: each is found again without inflating 8 MB. */
+const decompressed = new Map<string, { readonly size: number; readonly mtimeMs: number; readonly out: string }>();
+
 /**
  * A weights file as a plain GGUF path. A `.gz` one is decompressed into `cacheDir` once, named by the weights
  * hash (`demo-<name>-<sha12>.weights.gguf`), and reused after; a plain path is returned as is.
  */
 export async function demoWeightsFile(path: string, cacheDir: string): Promise<string> {
   if (!path.endsWith('.gz')) return path;
-  const sha = await demoWeightsSha256(path);
+  const key = `${path}\0${cacheDir}`;
+  const { size, mtimeMs } = await stat(path);
+  const known = decompressed.get(key);
+  if (known && known.size === size && known.mtimeMs === mtimeMs && existsSync(known.out)) return known.out;
   const name = basename(path)
     .replace(/\.gz$/, '')
     .replace(/(\.weights)?\.gguf$/, '');
-  const out = join(cacheDir, `demo-${name}-${sha.slice(0, 12)}.weights.gguf`);
-  if (existsSync(out)) return out;
   await mkdir(cacheDir, { recursive: true });
-  const tmp = `${out}.tmp-${process.pid}`;
+  // One pass: decompressed into a temp file while hashed, then named by the hash (or dropped if that copy exists).
+  const tmp = join(cacheDir, `demo-${name}.weights.gguf.tmp-${process.pid}`);
   try {
-    if ((await gunzipHashed(path, createWriteStream(tmp))) !== sha)
-      throw new Error(`demo weights ${path}: changed while it was decompressed`);
-    await rename(tmp, out);
+    const sha = await gunzipHashed(path, createWriteStream(tmp));
+    const out = join(cacheDir, `demo-${name}-${sha.slice(0, 12)}.weights.gguf`);
+    if (!existsSync(out)) await rename(tmp, out);
+    decompressed.set(key, { size, mtimeMs, out });
     return out;
   } finally {
     await rm(tmp, { force: true });
