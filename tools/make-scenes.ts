@@ -299,11 +299,21 @@ function placeCupOnTable(room: Room): boolean {
   return false;
 }
 
-/** A person, near (tall, low in the image) or farther away; most walk, some stand. */
+/**
+ * A person, near (at least NEAR_PERSON of the image high) or farther away; most walk, some stand.
+ * Heights cover each side of NEAR_PERSON whole; the feet stand deeper the taller the person looks.
+ */
 function makePerson(room: Room, near: boolean): SceneObject {
   const { uniform, chance } = room;
-  const y1 = near ? Math.min(0.995, floorY(room, uniform(0.75, 1))) : floorY(room, uniform(0.05, 0.35));
-  const h = near ? Math.min(uniform(0.55, 0.85), y1 - 0.02) : Math.min(uniform(0.15, 0.33), y1 - 0.02);
+  // Half the people stand within 0.08 of NEAR_PERSON, where the action turns on the box's height.
+  const band = chance(0.5);
+  const tall = near
+    ? uniform(NEAR_PERSON, band ? NEAR_PERSON + 0.08 : 0.85)
+    : uniform(band ? NEAR_PERSON - 0.08 : 0.13, NEAR_PERSON - 0.005);
+  // A person of typical size looks 0.15 + 0.55 * depth high; people vary around it.
+  const depth = Math.min(1, Math.max(0.05, (tall - 0.15) / 0.55 + uniform(-0.25, 0.25)));
+  const y1 = Math.min(0.995, floorY(room, depth));
+  const h = Math.min(tall, y1 - 0.02);
   const ratio = uniform(0.26, 0.34); // body width / body height, pixels
   const bodyH = h / (1 + 0.87 * ratio);
   const w = (bodyH * ratio) / ASPECT;

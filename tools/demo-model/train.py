@@ -461,15 +461,19 @@ class Runner:
         return z
 
 
-def bbox_token_weights(tok: dict, weight: float) -> list[list[float]]:
-    """Per action token: `weight` for the tokens that spell the bbox numbers, 1 elsewhere."""
+def token_weights(tok: dict, bbox_weight: float, action_weight: float = 1.0) -> list[list[float]]:
+    """Per action token: `bbox_weight` for the tokens that spell the bbox numbers, `action_weight` for
+    those that spell the action's name (the decision), 1 elsewhere."""
     out = []
     for text, ids in zip(tok["texts"], tok["tokens"]):
-        a = text.find('"bbox":[')
-        lo, hi = (a + len('"bbox":['), text.find("]", a)) if a >= 0 else (-1, -1)
+        spans = []
+        for key, weight, end in (('"bbox":[', bbox_weight, "]"), ('"action":"', action_weight, '"')):
+            a = text.find(key)
+            if a >= 0:
+                spans.append((a + len(key), text.find(end, a + len(key)), weight))
         w, pos = [], 0
         for t in ids:
-            w.append(weight if lo <= pos < hi else 1.0)
+            w.append(next((x for lo, hi, x in spans if lo <= pos < hi), 1.0))
             pos += len(tok["pieces"].get(str(t), ""))
         out.append(w)
     return out
@@ -747,6 +751,7 @@ def main() -> None:
     ap.add_argument("--path", choices=["model", "manual"], help="force the forward path (default: Gemma4Model.forward, else manual)")
     ap.add_argument("--save-every-epoch", action="store_true")
     ap.add_argument("--bbox-weight", type=float, default=1.0, help="loss weight of the bbox number tokens (1: plain mean)")
+    ap.add_argument("--action-weight", type=float, default=1.0, help="loss weight of the tokens that spell the action's name")
     args = ap.parse_args()
 
     if args.reassemble:
@@ -883,9 +888,10 @@ def main() -> None:
     val_idx = list(range(len(val_rows)))
     max_new = tok["actionTokens"]["max"] + 4
 
-    token_w = bbox_token_weights(tok, args.bbox_weight) if args.bbox_weight != 1.0 else None
+    weighted = args.bbox_weight != 1.0 or args.action_weight != 1.0
+    token_w = token_weights(tok, args.bbox_weight, args.action_weight) if weighted else None
     if token_w is not None:
-        log("note", message=f"bbox number tokens weighted {args.bbox_weight}",
+        log("note", message=f"bbox number tokens weighted {args.bbox_weight}, action name tokens {args.action_weight}",
             weighted_share=round(sum(x != 1.0 for w in token_w for x in w) / max(1, sum(map(len, token_w))), 4))
 
     def lr_at(step: int, frac: float) -> float:
