@@ -253,6 +253,24 @@ describe('rules', () => {
       assert.ok(share(k) >= 0.03, `${k}: ${share(k)}`);
   });
 
+  test('persons come at every height, crowded about NEAR_PERSON, and their boxes stay in the frame', () => {
+    const heights: number[] = [];
+    for (let k = 0; k < 3000 && heights.length < 600; k++) {
+      const scene = makeScene(seedOf('train', k));
+      for (const o of scene.objects.filter((o) => o.kind === 'person')) {
+        const [, y0, , y1] = o.box;
+        assert.ok(y0 >= 0 && y1 <= 1, `seed ${scene.seed}: person box ${o.box.join(', ')} leaves the frame`);
+        heights.push(y1 - y0);
+      }
+    }
+    const within = (lo: number, hi: number): number => heights.filter((h) => h >= lo && h < hi).length / heights.length;
+    // Every tenth of the range between far and near holds persons; the band on either side of the threshold most.
+    for (let lo = 0.15; lo < 0.75; lo += 0.1)
+      assert.ok(within(lo, lo + 0.1) >= 0.03, `heights ${lo.toFixed(2)}–${(lo + 0.1).toFixed(2)}: ${within(lo, lo + 0.1)}`);
+    assert.ok(within(NEAR_PERSON - 0.08, NEAR_PERSON) >= 0.15, `just below NEAR_PERSON: ${within(NEAR_PERSON - 0.08, NEAR_PERSON)}`);
+    assert.ok(within(NEAR_PERSON, NEAR_PERSON + 0.08) >= 0.15, `just above NEAR_PERSON: ${within(NEAR_PERSON, NEAR_PERSON + 0.08)}`);
+  });
+
   test('the labels are where the objects are drawn', () => {
     const W = 320;
     const H = 180;
