@@ -95,18 +95,22 @@ export async function demoWeightsFile(path: string, cacheDir: string): Promise<s
   const name = basename(path)
     .replace(/\.gz$/, '')
     .replace(/(\.weights)?\.gguf$/, '');
-  await mkdir(cacheDir, { recursive: true });
-  // One pass: decompressed into a temp file while hashed, then named by the hash (or dropped if that copy exists).
-  const tmp = join(cacheDir, `demo-${name}.weights.gguf.tmp-${process.pid}`);
-  try {
-    const sha = await gunzipHashed(path, createWriteStream(tmp));
-    const out = join(cacheDir, `demo-${name}-${sha.slice(0, 12)}.weights.gguf`);
-    if (!existsSync(out)) await rename(tmp, out);
-    decompressed.set(key, { size, mtimeMs, out });
-    return out;
-  } finally {
-    await rm(tmp, { force: true });
+  // Hashed first, without writing: a copy already in the cache is the usual case.
+  const sha = await demoWeightsSha256(path);
+  const out = join(cacheDir, `demo-${name}-${sha.slice(0, 12)}.weights.gguf`);
+  if (!existsSync(out)) {
+    await mkdir(cacheDir, { recursive: true });
+    const tmp = `${out}.tmp-${process.pid}`;
+    try {
+      if ((await gunzipHashed(path, createWriteStream(tmp))) !== sha)
+        throw new Error(`demo weights ${path}: changed while it was decompressed`);
+      await rename(tmp, out);
+    } finally {
+      await rm(tmp, { force: true });
+    }
   }
+  decompressed.set(key, { size, mtimeMs, out });
+  return out;
 }
 
 /** Writes `src` gzip-compressed (zlib level 9, no name, no mtime: the same bytes every time) to `dst`, via a temp name. */
