@@ -244,6 +244,18 @@ describe('the demo model against fp32 PyTorch, same weights and pixels', () => {
     return out;
   };
   const embeddings = new Map<string, ImageEmbedding[]>();
+  /** Each frame's prompt as percept builds it, its soft tokens in the image slot, and the action grammar. */
+  const parityPrompts = async (model: LlamaModel, frames: readonly ImageEmbedding[]) => {
+    const marker = '<__parity_image__>';
+    const messages = [
+      { role: 'system' as const, content: config.decoder.systemPrompt },
+      { role: 'user' as const, content: `${marker}\n${config.decoder.instruction}` },
+    ];
+    return {
+      grammar: await model.grammarFromJsonSchema(loadActionSchema(config.actions.schema).schema),
+      prompts: frames.map((e) => model.chatPrompt(messages, [{ data: e.data, nTokens: e.nTokens }], { imageMarker: marker })),
+    };
+  };
 
   before(async () => {
     const source = await createBagSource({ path: sampleBag });
@@ -301,16 +313,10 @@ describe('the demo model against fp32 PyTorch, same weights and pixels', () => {
     try {
       const ctx = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512 });
       try {
-        const grammar = await model.grammarFromJsonSchema(loadActionSchema(config.actions.schema).schema);
-        const marker = '<__parity_image__>';
-        const messages = [
-          { role: 'system' as const, content: config.decoder.systemPrompt },
-          { role: 'user' as const, content: `${marker}\n${config.decoder.instruction}` },
-        ];
+        const { grammar, prompts } = await parityPrompts(model, onnx);
         let worst = { diff: 0, at: '' };
-        for (const [i, e] of onnx.entries()) {
+        for (const [i, prompt] of prompts.entries()) {
           const want = PARITY.frames[i]!;
-          const prompt = model.chatPrompt(messages, [{ data: e.data, nTokens: e.nTokens }], { imageMarker: marker });
           ctx.clearCache();
           const r = await ctx.generate(prompt, { maxTokens: 96, grammar, jumpForward: true, topLogits: 5 });
           assert.equal(r.text, want.text, `frame ${i}: text`);
@@ -346,16 +352,10 @@ describe('the demo model against fp32 PyTorch, same weights and pixels', () => {
       const ctx = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512 });
       try {
         await ctx.attachSpeculator({ type: 'draft-mtp', draftModel: assistant, nMax: 3 });
-        const grammar = await model.grammarFromJsonSchema(loadActionSchema(config.actions.schema).schema);
-        const marker = '<__parity_image__>';
-        const messages = [
-          { role: 'system' as const, content: config.decoder.systemPrompt },
-          { role: 'user' as const, content: `${marker}\n${config.decoder.instruction}` },
-        ];
+        const { grammar, prompts } = await parityPrompts(model, onnx);
         let drafted = 0;
         let accepted = 0;
-        for (const [i, e] of onnx.entries()) {
-          const prompt = model.chatPrompt(messages, [{ data: e.data, nTokens: e.nTokens }], { imageMarker: marker });
+        for (const [i, prompt] of prompts.entries()) {
           ctx.clearCache();
           const r = await ctx.generate(prompt, { maxTokens: 96, grammar, jumpForward: true });
           assert.equal(r.text, PARITY.frames[i]!.text, `frame ${i}: text with the draft`);
