@@ -117,6 +117,11 @@ def load_model(info: dict, tensors: dict, device):
     return model.float().to(device).eval()
 
 
+def cut(ids: list, end: int) -> list:
+    """ids up to and including the first end token."""
+    return ids[: ids.index(end) + 1] if end in ids else ids
+
+
 def patch_digest(img: np.ndarray) -> str:
     """sha256 of the patches' bytes (HWC inside a 16×16 patch, patches row-major): parity-frames.ts' pixelDigest."""
     H, W, _ = img.shape
@@ -158,6 +163,8 @@ def main() -> None:
         raise RuntimeError(f"the model refused the image attention masks: {probe}")
     max_new = tok["actionTokens"]["max"] + 4
     records = []
+    changed = []  # frames whose greedy text differs when each step's forward has its own length
+    inconsistent = []  # frames whose greedy text is not its own teacher-forced argmax
     with torch.no_grad():
         for fr, img in zip(frames, imgs):
             digest = patch_digest(img)
@@ -166,14 +173,19 @@ def main() -> None:
             x = torch.from_numpy(img[None]).to(device)
             pv, pos = runner.patches(x)
             enc = runner.image_rows(pv, pos, 1)[0].float()
-            ids = train.greedy(runner, x, max_new)[0]
-            if runner.end in ids:
-                ids = ids[: ids.index(runner.end) + 1]
+            ids = cut(train.greedy(runner, x, max_new, fixed_length=True)[0], runner.end)
             text = "".join(tok["pieces"].get(str(t), f"<{t}>") for t in ids if t != runner.end)
             seq = torch.tensor(runner.prompt + ids[:-1], device=device)[None]
             h = runner.hidden(seq, x)[0, runner.a0 - 1 : runner.a0 - 1 + len(ids)]
             z = runner.logits(h)
             top = torch.topk(z, TOP, dim=-1)
+            # The greedy text must be its own teacher-forced argmax at every step.
+            steps = [j for j in range(len(ids)) if int(top.indices[j, 0]) != ids[j]]
+            if steps:
+                inconsistent.append({"frame": fr["index"], "steps": steps})
+            varying = cut(train.greedy(runner, x, max_new)[0], runner.end)
+            if varying != ids:
+                changed.append(fr["index"])
             records.append(
                 {
                     "index": fr["index"],
@@ -209,7 +221,9 @@ def main() -> None:
     }
     with open(args.out, "w") as f:
         json.dump(doc, f, separators=(",", ":"))
-    print(json.dumps({"frames": len(records), "seconds": doc["recorded"]["seconds"], "texts": [r["text"] for r in records[:3]]}))
+    print(json.dumps({"frames": len(records), "seconds": doc["recorded"]["seconds"], "varying_length_differs": changed, "texts": [r["text"] for r in records[:3]]}))
+    if inconsistent:
+        sys.exit(f"{args.out}: greedy text is not the teacher-forced argmax: {inconsistent}")
 
 
 if __name__ == "__main__":
