@@ -301,13 +301,9 @@ export interface Telemetry {
 // ---- configs/actions/robot-action.schema.json (percept/robot-action/v1)
 
 /**
- * One structured action the decoder proposes for a camera frame. This file is the single source of truth: the decoding grammar, the ajv validator, the TypeScript type, the wire header schema_id and the MCAP channel schema are all derived from it.
+ * One structured action the decoder proposes for a camera frame. The decoder writes the properties in the order listed here, so the target and its box come before the decision. This file is the single source of truth: the decoding grammar, the ajv validator, the TypeScript type, the wire header schema_id and the MCAP channel schema are all derived from it.
  */
 export interface RobotAction {
-  action: 'stop' | 'move' | 'turn' | 'grasp' | 'release' | 'wait';
-  confidence: number;
-  speed?: number;
-  heading_deg?: number;
   target?: {
     label: 'person' | 'cup' | 'box' | 'door' | 'obstacle' | 'none';
     /**
@@ -316,6 +312,10 @@ export interface RobotAction {
      */
     bbox?: [number, number, number, number];
   };
+  action: 'stop' | 'move' | 'turn' | 'grasp' | 'release' | 'wait';
+  confidence: number;
+  speed?: number;
+  heading_deg?: number;
   /**
    * @maxItems 3
    */

@@ -1,6 +1,7 @@
 // JSON Schema → GBNF for schema-constrained decoding.
 // llama.cpp's converter (common/json-schema-to-grammar) writes the structure: objects, arrays, enums, $ref, anyOf.
-// Objects keep their optional properties in schema order.
+// Objects without extra properties keep every property in schema order, required or not, as llguidance does
+// (llama.cpp's converter puts required ones first; inSchemaOrder rewrites that): the schema says what comes first.
 // Before it runs, the schema is checked: a schema no value satisfies is refused, naming where.
 // The schema is also made finite. Numbers and integers become rules bounded in value and digits.
 // Free strings and arrays get length bounds.
@@ -72,8 +73,9 @@ export function jsonSchemaToGbnf(schema: object | string, options: GbnfOptions =
     throw new TypeError(`jsonSchemaToGbnf: schema is not valid JSON: ${(err as Error).message}`, { cause: err });
   }
   const rules: string[] = [];
-  const prepared = prepare(parsed, '#', opts, rules);
-  let gbnf = loadAddon().jsonSchemaToGrammar(JSON.stringify(prepared));
+  const objects: OrderedObject[] = [];
+  const prepared = prepare(parsed, '#', opts, rules, objects);
+  let gbnf = inSchemaOrder(loadAddon().jsonSchemaToGrammar(JSON.stringify(prepared)), objects);
   rules.forEach((rule, i) => {
     const literal = `"\\"${placeholder(i)}\\""`;
     gbnf = gbnf.split(literal).join(`percept-${i}`) + `percept-${i} ::= ${rule}\n`;
@@ -92,7 +94,7 @@ const placeholder = (i: number): string => `@@percept-${i}@@`;
 const SCHEMA_MAPS = ['properties', '$defs', 'definitions', 'patternProperties', 'dependentSchemas'] as const;
 const SCHEMA_LISTS = ['allOf', 'prefixItems'] as const;
 
-function prepare(node: unknown, path: string, opts: Resolved, rules: string[]): unknown {
+function prepare(node: unknown, path: string, opts: Resolved, rules: string[], objects: OrderedObject[]): unknown {
   if (node === false) throw new SchemaGrammarError(path, 'the schema `false` admits no value');
   if (typeof node !== 'object' || node === null || Array.isArray(node)) return node;
   const n = { ...(node as Node) };
@@ -101,7 +103,7 @@ function prepare(node: unknown, path: string, opts: Resolved, rules: string[]): 
     if (n.type.length === 0) throw new SchemaGrammarError(`${path}/type`, 'an empty type list admits no value');
     if (n.type.length > 1) {
       const { type, ...rest } = n;
-      return prepare({ anyOf: (type as unknown[]).map((t) => ({ ...rest, type: t })) }, path, opts, rules);
+      return prepare({ anyOf: (type as unknown[]).map((t) => ({ ...rest, type: t })) }, path, opts, rules, objects);
     }
     n.type = n.type[0];
   }
@@ -109,12 +111,14 @@ function prepare(node: unknown, path: string, opts: Resolved, rules: string[]): 
   for (const key of SCHEMA_MAPS) {
     const m = n[key];
     if (typeof m === 'object' && m !== null && !Array.isArray(m)) {
-      n[key] = Object.fromEntries(Object.entries(m).map(([k, v]) => [k, prepare(v, `${path}/${key}/${escapePointer(k)}`, opts, rules)]));
+      n[key] = Object.fromEntries(
+        Object.entries(m).map(([k, v]) => [k, prepare(v, `${path}/${key}/${escapePointer(k)}`, opts, rules, objects)]),
+      );
     }
   }
   for (const key of SCHEMA_LISTS) {
     const l = n[key];
-    if (Array.isArray(l)) n[key] = l.map((v, i) => prepare(v, `${path}/${key}/${i}`, opts, rules));
+    if (Array.isArray(l)) n[key] = l.map((v, i) => prepare(v, `${path}/${key}/${i}`, opts, rules, objects));
   }
   for (const key of ['anyOf', 'oneOf'] as const) {
     const l = n[key];
@@ -123,7 +127,7 @@ function prepare(node: unknown, path: string, opts: Resolved, rules: string[]): 
     let firstError: SchemaGrammarError | undefined;
     l.forEach((v, i) => {
       try {
-        kept.push(prepare(v, `${path}/${key}/${i}`, opts, rules));
+        kept.push(prepare(v, `${path}/${key}/${i}`, opts, rules, objects));
       } catch (err) {
         if (!(err instanceof SchemaGrammarError)) throw err;
         firstError ??= err;
@@ -132,10 +136,10 @@ function prepare(node: unknown, path: string, opts: Resolved, rules: string[]): 
     if (kept.length === 0) throw firstError ?? new SchemaGrammarError(`${path}/${key}`, 'an empty list of alternatives admits no value');
     n[key] = kept;
   }
-  if (Array.isArray(n.items)) n.items = n.items.map((v, i) => prepare(v, `${path}/items/${i}`, opts, rules));
-  else if (n.items !== undefined) n.items = prepare(n.items, `${path}/items`, opts, rules);
+  if (Array.isArray(n.items)) n.items = n.items.map((v, i) => prepare(v, `${path}/items/${i}`, opts, rules, objects));
+  else if (n.items !== undefined) n.items = prepare(n.items, `${path}/items`, opts, rules, objects);
   if (typeof n.additionalProperties === 'object' && n.additionalProperties !== null) {
-    n.additionalProperties = prepare(n.additionalProperties, `${path}/additionalProperties`, opts, rules);
+    n.additionalProperties = prepare(n.additionalProperties, `${path}/additionalProperties`, opts, rules, objects);
   }
 
   if (n.enum !== undefined || n.const !== undefined) return prepareValues(n, path);
@@ -153,6 +157,7 @@ function prepare(node: unknown, path: string, opts: Resolved, rules: string[]): 
       return prepareArray(n, path, opts);
     case 'object':
       checkObject(n, path);
+      noteOrder(n, path, objects);
       return n;
     default:
       return n;
@@ -186,6 +191,84 @@ function checkObject(n: Node, path: string): void {
   const minP = typeof n.minProperties === 'number' ? n.minProperties : 0;
   const maxP = typeof n.maxProperties === 'number' ? n.maxProperties : Infinity;
   if (minP > maxP) throw new SchemaGrammarError(path, `minProperties ${minP} > maxProperties ${maxP}`);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Objects in schema order
+
+/** An object whose schema order differs from llama.cpp's (required first): its keys, in schema order. */
+interface OrderedObject {
+  readonly path: string;
+  readonly keys: readonly string[];
+  readonly required: ReadonlySet<string>;
+}
+
+function noteOrder(n: Node, path: string, objects: OrderedObject[]): void {
+  const keys = Object.keys((n.properties ?? {}) as Node);
+  const required = new Set(
+    Array.isArray(n.required) ? n.required.filter((r): r is string => typeof r === 'string' && keys.includes(r)) : [],
+  );
+  const llamaOrder = [...keys.filter((k) => required.has(k)), ...keys.filter((k) => !required.has(k))];
+  if (llamaOrder.every((k, i) => k === keys[i])) return;
+  // Extra properties ride in llama.cpp's optional group, so such an object keeps its order (required first).
+  // With properties listed, llama.cpp admits extras only where additionalProperties says so.
+  if ((n.additionalProperties !== undefined && n.additionalProperties !== false) || n.patternProperties !== undefined) return;
+  objects.push({ path, keys, required });
+}
+
+const RULE_LINE = /^([A-Za-z0-9-]+) ::= (.*)$/;
+const KV_KEY = /^"\\"((?:[^"\\]|\\.)*)\\"" space ":" space /;
+const RULE_REF = /[A-Za-z][A-Za-z0-9-]*/g;
+
+/**
+ * Rewrites each noted object's rule to write its properties in schema order: optional ones before the
+ * first required one as `(kv ",")?`, required ones as `kv`, later optional ones as `("," kv)?`.
+ * An object's rule names only its `-kv` and `-rest` rules; it is found by their keys and which are required.
+ */
+function inSchemaOrder(gbnf: string, objects: readonly OrderedObject[]): string {
+  if (objects.length === 0) return gbnf;
+  const lines = gbnf.split('\n');
+  const keyOf = new Map<string, string>();
+  for (const line of lines) {
+    const m = RULE_LINE.exec(line);
+    const key = m && m[1]!.endsWith('-kv') ? KV_KEY.exec(m[2]!) : null;
+    if (key) keyOf.set(m![1]!, JSON.parse(`"${key[1]!}"`) as string);
+  }
+  const same = (a: ReadonlySet<string>, b: readonly string[]): boolean => a.size === b.length && b.every((k) => a.has(k));
+  const done = new Set<string>();
+  const out = lines.map((line) => {
+    const m = RULE_LINE.exec(line);
+    if (!m || !m[2]!.startsWith('"{" space ')) return line;
+    const body = m[2]!.replace(/"(?:[^"\\]|\\.)*"/g, ' ');
+    const refs = body.match(RULE_REF) ?? [];
+    // An open object's rule also names its extras' rule (`-additional-kv`): it keeps llama.cpp's order.
+    if (!refs.every((r) => r === 'space' || keyOf.has(r) || r.endsWith('-rest'))) return line;
+    const kvs = new Map(refs.filter((r) => keyOf.has(r)).map((r) => [keyOf.get(r)!, r]));
+    // llama.cpp writes the required ones before the first group.
+    const required = (body.split(' ( ')[0]!.match(RULE_REF) ?? []).filter((r) => keyOf.has(r)).map((r) => keyOf.get(r)!);
+    const matches = objects.filter((o) => same(new Set(o.keys), [...kvs.keys()]) && same(o.required, required));
+    if (matches.length === 0) return line;
+    const object = matches[0]!;
+    const other = matches.find((o) => o.keys.some((k, i) => k !== object.keys[i]));
+    if (other) {
+      throw new SchemaGrammarError(
+        other.path,
+        `has the properties of ${object.path} in another order; their grammar rules cannot be told apart`,
+      );
+    }
+    for (const o of matches) done.add(o.path);
+    const first = object.keys.findIndex((k) => object.required.has(k));
+    const parts = object.keys.map((k, i) => {
+      const kv = kvs.get(k)!;
+      if (i < first) return `( ${kv} "," space )?`;
+      if (i === first) return kv;
+      return object.required.has(k) ? `"," space ${kv}` : `( "," space ${kv} )?`;
+    });
+    return `${m[1]} ::= "{" space ${parts.join(' ')} space "}"${m[2]!.endsWith('"}" space') ? ' space' : ''}`;
+  });
+  const missed = objects.find((o) => !done.has(o.path));
+  if (missed) throw new Error(`jsonSchemaToGbnf: the rule of the object at ${missed.path} was not found to put in schema order`);
+  return out.join('\n');
 }
 
 /** enum / const: keeps only the values the node's other keywords accept. */

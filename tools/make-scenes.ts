@@ -488,11 +488,11 @@ export function makeScene(seed: number): Scene {
 
 /** An action in configs/actions/robot-action.schema.json, keys in the schema's order. */
 export interface RobotAction {
+  target?: { label: 'person' | 'cup' | 'box' | 'door' | 'obstacle' | 'none'; bbox?: number[] };
   action: 'stop' | 'move' | 'turn' | 'grasp' | 'release' | 'wait';
   confidence: number;
   speed?: number;
   heading_deg?: number;
-  target?: { label: 'person' | 'cup' | 'box' | 'door' | 'obstacle' | 'none'; bbox?: number[] };
   hazards?: ('person_close' | 'edge' | 'wet_floor' | 'low_light')[];
 }
 

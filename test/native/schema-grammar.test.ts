@@ -187,15 +187,17 @@ describe('jsonSchemaToGbnf: numbers bounded in value and digits', () => {
 });
 
 describe('jsonSchemaToGbnf: the action grammar', () => {
+  // Schema order: the target (optional) comes before the action.
   const valid =
-    '{"action":"move","confidence":0.5,"speed":1.25,"heading_deg":-90,"target":{"label":"cup","bbox":[0.1,0.2,0.3,0.4]},"hazards":["edge"]}';
+    '{"target":{"label":"cup","bbox":[0.1,0.2,0.3,0.4]},"action":"move","confidence":0.5,"speed":1.25,"heading_deg":-90,"hazards":["edge"]}';
 
-  test('compact separators, bounded numbers and arrays, optional properties in schema order', async () => {
+  test('compact separators, bounded numbers and arrays, every property in schema order', async () => {
     const gbnf = jsonSchemaToGbnf(ACTION_SCHEMA);
     assert.match(gbnf, /^space ::= ""$/m);
     const g = await grammarOf(ACTION_SCHEMA);
     assert.equal(g(valid), true);
     assert.equal(g('{"action":"stop","confidence":1}'), true);
+    assert.equal(g('{"target":{"label":"person"},"action":"stop","confidence":1}'), true);
     for (const bad of [
       valid.replace('"move",', '"move", '), // whitespace
       valid.replace('0.5', '1.5'), // above maximum
@@ -205,7 +207,11 @@ describe('jsonSchemaToGbnf: the action grammar', () => {
       valid.replace('[0.1,0.2,0.3,0.4]', '[0.1,0.2,0.3]'), // minItems 4
       valid.replace('["edge"]', '["edge","edge","edge","edge"]'), // maxItems 3
       valid.replace('"speed":1.25,"heading_deg":-90', '"heading_deg":-90,"speed":1.25'), // schema order
+      // The old order (llama.cpp's: required first), the target after the action.
+      '{"action":"move","confidence":0.5,"speed":1.25,"heading_deg":-90,"target":{"label":"cup","bbox":[0.1,0.2,0.3,0.4]},"hazards":["edge"]}',
+      '{"action":"stop","confidence":1,"target":{"label":"person"}}',
       '{"confidence":0.5}', // required action
+      '{"target":{"label":"cup"}}', // required action and confidence
     ]) {
       assert.equal(g(bad), false, bad);
     }
@@ -235,6 +241,113 @@ describe('jsonSchemaToGbnf: the action grammar', () => {
   test('options are checked', () => {
     assert.throws(() => jsonSchemaToGbnf(ACTION_SCHEMA, { decimals: -1 }), /options\.decimals/);
     assert.throws(() => jsonSchemaToGbnf('{not json'), /not valid JSON/);
+  });
+});
+
+describe('jsonSchemaToGbnf: the order of properties', () => {
+  const digit = { type: 'integer', minimum: 0, maximum: 9 };
+  /** An object of digit properties `keys`, in that order, with `required`. */
+  const object = (keys: string[], required: string[], extra: object = {}): object => ({
+    type: 'object',
+    properties: Object.fromEntries(keys.map((k) => [k, digit])),
+    required,
+    ...extra,
+  });
+  /** Every text of every ordering of every subset of `keys`, values 1, 2, … in key order. */
+  function texts(keys: string[]): string[][] {
+    const out: string[][] = [[]];
+    const grow = (prefix: string[]): void => {
+      for (const k of keys) {
+        if (prefix.includes(k)) continue;
+        out.push([...prefix, k]);
+        grow([...prefix, k]);
+      }
+    };
+    grow([]);
+    return out;
+  }
+  const text = (ks: string[]): string => `{${ks.map((k) => `"${k}":${'abcde'.indexOf(k) + 1}`).join(',')}}`;
+  /** The keys are a subsequence of `order` and hold every required one. */
+  const inOrder = (ks: string[], order: string[], required: string[]): boolean =>
+    required.every((r) => ks.includes(r)) && ks.every((k, i) => i === 0 || order.indexOf(k) > order.indexOf(ks[i - 1]!));
+
+  test('a closed object: every property in schema order, an optional one before the required one', async () => {
+    const g = await grammarOf(object(['a', 'b', 'c'], ['b'], { additionalProperties: false }));
+    for (const [t, want] of [
+      ['{"a":1,"b":2,"c":3}', true],
+      ['{"b":2}', true],
+      ['{"a":1,"b":2}', true],
+      ['{"b":2,"c":3}', true],
+      ['{"b":2,"a":1}', false], // llama.cpp's order: required first
+      ['{"c":3,"b":2}', false],
+      ['{"a":1}', false], // b is required
+      ['{"a":1,"c":3}', false],
+      ['{}', false],
+    ] as const) {
+      assert.equal(g(t), want, t);
+    }
+    const wrong = texts(['a', 'b', 'c']).filter((ks) => g(text(ks)) !== inOrder(ks, ['a', 'b', 'c'], ['b']));
+    assert.deepEqual(wrong.map(text), []);
+  });
+
+  test('a closed object: optional and required properties interleaved, and nested', async () => {
+    const keys = ['a', 'b', 'c', 'd', 'e'];
+    const g = await grammarOf(object(keys, ['b', 'd'], { additionalProperties: false }));
+    const wrong = texts(keys).filter((ks) => g(text(ks)) !== inOrder(ks, keys, ['b', 'd']));
+    assert.deepEqual(wrong.map(text), []);
+    assert.equal(g('{"a":1,"b":2,"c":3,"d":4,"e":5}'), true);
+    assert.equal(g('{"b":2,"d":4,"a":1,"c":3,"e":5}'), false);
+    const nested = await grammarOf(one(object(['a', 'b'], ['b'], { additionalProperties: false })));
+    assert.equal(nested('{"x":{"a":1,"b":2}}'), true);
+    assert.equal(nested('{"x":{"b":2}}'), true);
+    assert.equal(nested('{"x":{"b":2,"a":1}}'), false);
+  });
+
+  test('without additionalProperties, listed properties only (as llama.cpp admits them), in schema order', async () => {
+    const g = await grammarOf(object(['a', 'b', 'c'], ['b']));
+    const wrong = texts(['a', 'b', 'c']).filter((ks) => g(text(ks)) !== inOrder(ks, ['a', 'b', 'c'], ['b']));
+    assert.deepEqual(wrong.map(text), []);
+    assert.equal(g('{"b":2,"z":0}'), false);
+  });
+
+  test("an object that admits extra properties keeps llama.cpp's order: required first, then the optional ones", async () => {
+    for (const additionalProperties of [true, digit]) {
+      const g = await grammarOf(object(['a', 'b', 'c'], ['b'], { additionalProperties }));
+      assert.equal(g('{"b":2,"a":1,"c":3}'), true);
+      assert.equal(g('{"b":2,"a":1,"z":0}'), true);
+      assert.equal(g('{"a":1,"b":2}'), false);
+    }
+  });
+
+  test('objects of the same properties at several places: each in schema order; an open one keeps its extras', async () => {
+    const closed = object(['a', 'b'], ['b'], { additionalProperties: false });
+    const two = await grammarOf({
+      type: 'object',
+      properties: { p: closed, q: closed },
+      required: ['p', 'q'],
+      additionalProperties: false,
+    });
+    assert.equal(two('{"p":{"a":1,"b":2},"q":{"b":2}}'), true);
+    assert.equal(two('{"p":{"b":2},"q":{"b":2,"a":1}}'), false);
+    const open = object(['a', 'b'], ['b'], { additionalProperties: true });
+    const mixed = await grammarOf({
+      type: 'object',
+      properties: { p: closed, q: open },
+      required: ['p', 'q'],
+      additionalProperties: false,
+    });
+    assert.equal(mixed('{"p":{"a":1,"b":2},"q":{"b":2,"a":1,"z":0}}'), true);
+    assert.equal(mixed('{"p":{"b":2,"a":1},"q":{"b":2}}'), false);
+  });
+
+  test('the same properties in two orders are refused, naming where', () => {
+    const p = object(['a', 'b', 'c'], ['c'], { additionalProperties: false });
+    const q = object(['b', 'a', 'c'], ['c'], { additionalProperties: false });
+    assert.throws(
+      () => jsonSchemaToGbnf({ type: 'object', properties: { p, q }, additionalProperties: false }),
+      (err: unknown) =>
+        err instanceof SchemaGrammarError && err.path === '#/properties/q' && /#\/properties\/p in another order/.test(err.message),
+    );
   });
 });
 

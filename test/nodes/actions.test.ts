@@ -107,11 +107,12 @@ describe('actions stage', () => {
   const stage = createActionsStage({ schema: loadActionSchema(schemaPath) });
 
   test('turns valid decoder text into an ActionMessage with the frame info', async () => {
+    // Keys in schema order, as the decoder writes them: the target first.
     const action = {
+      target: { label: 'door', bbox: [0.1, 0.2, 0.3, 0.4] },
       action: 'turn',
       confidence: 0.9,
       heading_deg: -45,
-      target: { label: 'door', bbox: [0.1, 0.2, 0.3, 0.4] },
       hazards: ['edge'],
     };
     const msg = await stage.process(generation(JSON.stringify(action)), context(42));
@@ -122,6 +123,10 @@ describe('actions stage', () => {
       captureWallMs: 1_700_000_000_123,
       action,
     });
+    // Validation ignores key order: the action first gives the same action.
+    const { target, ...rest } = action;
+    const actionFirst = await stage.process(generation(JSON.stringify({ ...rest, target })), context(42));
+    assert.deepEqual(actionFirst.action, action);
   });
 
   test('accepts surrounding whitespace and one Markdown json fence', async () => {

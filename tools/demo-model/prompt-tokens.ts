@@ -35,9 +35,9 @@ const DECIMALS = 4;
 type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
 type SchemaNode = Record<string, unknown>;
 
-/** The JSON text the grammar admits for `value`: keys in llama.cpp's order (required properties in
- * schema order, then the optional ones in schema order), no whitespace, numbers rounded to the
- * grammar's digits and written as JSON.stringify writes them. */
+/** The JSON text the grammar admits for `value`: keys in schema order (native/schema-grammar.ts keeps
+ * it for closed objects), no whitespace, numbers rounded to the grammar's digits and written as
+ * JSON.stringify writes them. */
 export function canonicalJson(value: Json, schema: SchemaNode, path = '#'): string {
   if (value === null || typeof value === 'boolean' || typeof value === 'string') return JSON.stringify(value);
   if (typeof value === 'number') {
@@ -50,11 +50,9 @@ export function canonicalJson(value: Json, schema: SchemaNode, path = '#'): stri
     return `[${value.map((v, i) => canonicalJson(v, items, `${path}/${i}`)).join(',')}]`;
   }
   const props = (schema.properties ?? {}) as Record<string, SchemaNode>;
-  const required = new Set(Array.isArray(schema.required) ? (schema.required as string[]) : []);
   const names = Object.keys(props);
-  const order = [...names.filter((k) => required.has(k)), ...names.filter((k) => !required.has(k))];
   for (const k of Object.keys(value)) if (!names.includes(k)) throw new RangeError(`${path}: property ${k} is not in the schema`);
-  const parts = order
+  const parts = names
     .filter((k) => value[k] !== undefined)
     .map((k) => `${JSON.stringify(k)}:${canonicalJson(value[k]!, props[k]!, `${path}/${k}`)}`);
   return `{${parts.join(',')}}`;
