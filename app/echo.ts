@@ -1,6 +1,6 @@
 // `percept echo`: what arrives on a running percept's topics, one line per message, with seq gaps,
 // age and staleness. It reads through percept/client, the client robot stacks use.
-//   text:   actions #12 run 3f2a… frame 34 cam_front level 0 age 45.2 ms STALE {"action":"move",…}
+//   text:   actions #12 run 3f2a… frame 34 cam_front level 0 age 45.2 ms STALE {"target":{"label":"door",…}
 //   --json: {"header": …, "body": …} per line (gaps and invalid messages go to stderr as text)
 import { readCurveKey } from '../pipeline/endpoint.ts';
 import { STOP_SIGNALS } from '../pipeline/graph/graph.ts';
