@@ -196,11 +196,12 @@ function checkObject(n: Node, path: string): void {
 // ---------------------------------------------------------------------------------------------
 // Objects in schema order
 
-/** An object whose schema order differs from llama.cpp's (required first): its keys, in schema order. */
+/** An object without extra properties: its keys in schema order; reordered where that is not llama.cpp's. */
 interface OrderedObject {
   readonly path: string;
   readonly keys: readonly string[];
   readonly required: ReadonlySet<string>;
+  readonly reordered: boolean;
 }
 
 function noteOrder(n: Node, path: string, objects: OrderedObject[]): void {
@@ -208,12 +209,12 @@ function noteOrder(n: Node, path: string, objects: OrderedObject[]): void {
   const required = new Set(
     Array.isArray(n.required) ? n.required.filter((r): r is string => typeof r === 'string' && keys.includes(r)) : [],
   );
-  const llamaOrder = [...keys.filter((k) => required.has(k)), ...keys.filter((k) => !required.has(k))];
-  if (llamaOrder.every((k, i) => k === keys[i])) return;
   // Extra properties ride in llama.cpp's optional group, so such an object keeps its order (required first).
   // With properties listed, llama.cpp admits extras only where additionalProperties says so.
   if ((n.additionalProperties !== undefined && n.additionalProperties !== false) || n.patternProperties !== undefined) return;
-  objects.push({ path, keys, required });
+  const llamaOrder = [...keys.filter((k) => required.has(k)), ...keys.filter((k) => !required.has(k))];
+  // Objects already in llama.cpp's order are noted too: another order of the same keys would share their rule shape.
+  objects.push({ path, keys, required, reordered: llamaOrder.some((k, i) => k !== keys[i]) });
 }
 
 const RULE_LINE = /^([A-Za-z0-9-]+) ::= (.*)$/;
@@ -226,7 +227,7 @@ const RULE_REF = /[A-Za-z][A-Za-z0-9-]*/g;
  * An object's rule names only its `-kv` and `-rest` rules; it is found by their keys and which are required.
  */
 function inSchemaOrder(gbnf: string, objects: readonly OrderedObject[]): string {
-  if (objects.length === 0) return gbnf;
+  if (!objects.some((o) => o.reordered)) return gbnf;
   const lines = gbnf.split('\n');
   const keyOf = new Map<string, string>();
   for (const line of lines) {
@@ -247,7 +248,7 @@ function inSchemaOrder(gbnf: string, objects: readonly OrderedObject[]): string 
     // llama.cpp writes the required ones before the first group.
     const required = (body.split(' ( ')[0]!.match(RULE_REF) ?? []).filter((r) => keyOf.has(r)).map((r) => keyOf.get(r)!);
     const matches = objects.filter((o) => same(new Set(o.keys), [...kvs.keys()]) && same(o.required, required));
-    if (matches.length === 0) return line;
+    if (!matches.some((o) => o.reordered)) return line;
     const object = matches[0]!;
     const other = matches.find((o) => o.keys.some((k, i) => k !== object.keys[i]));
     if (other) {
@@ -266,7 +267,7 @@ function inSchemaOrder(gbnf: string, objects: readonly OrderedObject[]): string 
     });
     return `${m[1]} ::= "{" space ${parts.join(' ')} space "}"${m[2]!.endsWith('"}" space') ? ' space' : ''}`;
   });
-  const missed = objects.find((o) => !done.has(o.path));
+  const missed = objects.find((o) => o.reordered && !done.has(o.path));
   if (missed) throw new Error(`jsonSchemaToGbnf: the rule of the object at ${missed.path} was not found to put in schema order`);
   return out.join('\n');
 }

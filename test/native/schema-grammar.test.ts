@@ -340,7 +340,14 @@ describe('jsonSchemaToGbnf: the order of properties', () => {
     assert.equal(mixed('{"p":{"b":2,"a":1},"q":{"b":2}}'), false);
   });
 
-  test('the same properties in two orders are refused, naming where', () => {
+  test('the same properties in two orders are refused, naming where, also when one is llama.cpp order', () => {
+    const llama = object(['a', 'b'], ['a'], { additionalProperties: false });
+    const other = object(['b', 'a'], ['a'], { additionalProperties: false });
+    assert.throws(
+      () => jsonSchemaToGbnf({ type: 'object', properties: { p: llama, q: other }, additionalProperties: false }),
+      (err: unknown) => err instanceof SchemaGrammarError && /in another order/.test(err.message),
+    );
+
     const p = object(['a', 'b', 'c'], ['c'], { additionalProperties: false });
     const q = object(['b', 'a', 'c'], ['c'], { additionalProperties: false });
     assert.throws(
