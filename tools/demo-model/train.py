@@ -563,22 +563,19 @@ def summarize(scores: list[dict]) -> dict:
     return s
 
 
-def greedy(runner: Runner, imgs_u8, max_new: int, fixed_length: bool = False) -> list[list[int]]:
-    """Unconstrained greedy decoding (stricter than percept's grammar-constrained decoder). fixed_length:
-    every step runs the whole prompt + max_new positions (pad ids after the last token, which causal
-    attention keeps out), so each step's forward has one shape."""
+def greedy(runner: Runner, imgs_u8, max_new: int) -> list[list[int]]:
+    """Unconstrained greedy decoding (stricter than percept's grammar-constrained decoder). Every step runs
+    prompt + max_new positions (pad ids after the last token, which causal attention keeps out): stepping at
+    the growing length, fp32 transformers once picked a token its own teacher-forced pass did not."""
     torch = runner.torch
     B = imgs_u8.shape[0]
     ids = torch.tensor(runner.prompt, dtype=torch.long, device=runner.device)[None].repeat(B, 1)
     done = torch.zeros(B, dtype=torch.bool, device=runner.device)
     out = []
     for _ in range(max_new):
-        if fixed_length:
-            n = ids.shape[1]
-            pad = torch.zeros(B, runner.a0 + max_new - n, dtype=torch.long, device=runner.device)
-            h = runner.hidden(torch.cat([ids, pad], dim=1), imgs_u8)[:, n - 1]
-        else:
-            h = runner.hidden(ids, imgs_u8)[:, -1]
+        n = ids.shape[1]
+        pad = torch.zeros(B, runner.a0 + max_new - n, dtype=torch.long, device=runner.device)
+        h = runner.hidden(torch.cat([ids, pad], dim=1), imgs_u8)[:, n - 1]
         nxt = runner.logits(h).argmax(-1)
         nxt = torch.where(done, torch.full_like(nxt, runner.end), nxt)
         out.append(nxt)
