@@ -267,6 +267,13 @@ describe('jsonSchemaToGbnf: the order of properties', () => {
     return out;
   }
   const text = (ks: string[]): string => `{${ks.map((k) => `"${k}":${'abcde'.indexOf(k) + 1}`).join(',')}}`;
+  /** A closed object holding `p` and `q`, both required. */
+  const pair = (p: object, q: object): object => ({
+    type: 'object',
+    properties: { p, q },
+    required: ['p', 'q'],
+    additionalProperties: false,
+  });
   /** The keys are a subsequence of `order` and hold every required one. */
   const inOrder = (ks: string[], order: string[], required: string[]): boolean =>
     required.every((r) => ks.includes(r)) && ks.every((k, i) => i === 0 || order.indexOf(k) > order.indexOf(ks[i - 1]!));
@@ -321,21 +328,11 @@ describe('jsonSchemaToGbnf: the order of properties', () => {
 
   test('objects of the same properties at several places: each in schema order; an open one keeps its extras', async () => {
     const closed = object(['a', 'b'], ['b'], { additionalProperties: false });
-    const two = await grammarOf({
-      type: 'object',
-      properties: { p: closed, q: closed },
-      required: ['p', 'q'],
-      additionalProperties: false,
-    });
+    const two = await grammarOf(pair(closed, closed));
     assert.equal(two('{"p":{"a":1,"b":2},"q":{"b":2}}'), true);
     assert.equal(two('{"p":{"b":2},"q":{"b":2,"a":1}}'), false);
     const open = object(['a', 'b'], ['b'], { additionalProperties: true });
-    const mixed = await grammarOf({
-      type: 'object',
-      properties: { p: closed, q: open },
-      required: ['p', 'q'],
-      additionalProperties: false,
-    });
+    const mixed = await grammarOf(pair(closed, open));
     assert.equal(mixed('{"p":{"a":1,"b":2},"q":{"b":2,"a":1,"z":0}}'), true);
     assert.equal(mixed('{"p":{"b":2,"a":1},"q":{"b":2}}'), false);
   });
@@ -344,14 +341,14 @@ describe('jsonSchemaToGbnf: the order of properties', () => {
     const llama = object(['a', 'b'], ['a'], { additionalProperties: false });
     const other = object(['b', 'a'], ['a'], { additionalProperties: false });
     assert.throws(
-      () => jsonSchemaToGbnf({ type: 'object', properties: { p: llama, q: other }, additionalProperties: false }),
+      () => jsonSchemaToGbnf(pair(llama, other)),
       (err: unknown) => err instanceof SchemaGrammarError && /in another order/.test(err.message),
     );
 
     const p = object(['a', 'b', 'c'], ['c'], { additionalProperties: false });
     const q = object(['b', 'a', 'c'], ['c'], { additionalProperties: false });
     assert.throws(
-      () => jsonSchemaToGbnf({ type: 'object', properties: { p, q }, additionalProperties: false }),
+      () => jsonSchemaToGbnf(pair(p, q)),
       (err: unknown) =>
         err instanceof SchemaGrammarError && err.path === '#/properties/q' && /#\/properties\/p in another order/.test(err.message),
     );
