@@ -290,7 +290,12 @@ bench
     '--no-drop-predicted-conflation',
     "encode every frame (default: drop one before preprocess when its camera's next frame would replace it at decode anyway)",
   )
-  .option('--prefill-chunk <n>', 'prompt positions read per decode step (default: the config default)', int('--prefill-chunk'))
+  .option('--admit <how>', 'together: a group of arrivals at a time (the default); each: one at a time (batching.admit)')
+  .option(
+    '--prefill-chunk <n>',
+    'with --admit each: prompt positions read per decode step (default: the config default)',
+    int('--prefill-chunk'),
+  )
   .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
   .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)
   .option(

@@ -54,6 +54,8 @@ export interface NativeContextOptions {
   /** nSeq > 1: sequences per batched step, and prompt positions per step. */
   maxActive: number;
   prefillChunk: number;
+  /** nSeq > 1: arrivals wait for the running group and are admitted together as the next one. */
+  admitTogether: boolean;
   maxOutputs: number;
   /** Tokens per sequence and generation step, padded (1: no padding). */
   stepTokens: number;
@@ -76,6 +78,7 @@ export interface NativeContextInfo {
   readonly kvUnified: boolean;
   readonly maxActive: number;
   readonly prefillChunk: number;
+  readonly admitTogether: boolean;
   readonly maxOutputs: number;
   /** Tokens each sequence decodes per generation step, padded (1: no padding). */
   readonly stepTokens: number;

@@ -124,6 +124,12 @@ export interface ContextOptions {
   /** Several sequences: prompt positions decoded per step at most, shared among joining prompts (default nUbatch). */
   readonly prefillChunk?: number;
   /**
+   * Several sequences (default false): requests that arrive while others generate wait for them to end, unless they
+   * would then miss their deadline, and are admitted together. Their prompts are read in as few decodes as nBatch and
+   * nUbatch take, not prefillChunk at a time (native/README.md#admitting-together).
+   */
+  readonly admitTogether?: boolean;
+  /**
    * Tokens each sequence decodes per generation step (default 1): the sampled token and any forced
    * run, then padding that is dropped from the KV cache, so the steps keep one shape: llama.cpp
    * reuses its graph and ggml-cuda replays its CUDA graph from step to step (and with a KV stream
@@ -263,6 +269,7 @@ export class LlamaModel {
       'kvUnified',
       'maxActive',
       'prefillChunk',
+      'admitTogether',
       'stepTokens',
       'shapeGraphs',
       'graphSlots',
@@ -273,13 +280,14 @@ export class LlamaModel {
       options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
     const nSeq = options.nSeq === undefined ? 1 : intIn('options.nSeq', options.nSeq, 1, Math.min(MAX_SEQUENCES, nBatch));
     if (nSeq === 1) {
-      for (const key of ['kvUnified', 'maxActive', 'prefillChunk'] as const) {
+      for (const key of ['kvUnified', 'maxActive', 'prefillChunk', 'admitTogether'] as const) {
         if (options[key] !== undefined) throw new TypeError(`options.${key} is for a context of several sequences (nSeq > 1)`);
       }
     }
     const kvUnified = options.kvUnified === undefined ? false : bool('options.kvUnified', options.kvUnified);
     const maxActive = options.maxActive === undefined ? nSeq : intIn('options.maxActive', options.maxActive, 1, nSeq);
     const prefillChunk = options.prefillChunk === undefined ? nUbatch : intIn('options.prefillChunk', options.prefillChunk, 1, nBatch);
+    const admitTogether = options.admitTogether === undefined ? false : bool('options.admitTogether', options.admitTogether);
     // A batched step reads one logits row per sequence; a single sequence one per draft position.
     const outputs = nSeq > 1 ? nSeq : Math.min(MAX_OUTPUTS, nBatch);
     const maxOutputs = options.maxOutputs === undefined ? outputs : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
@@ -306,6 +314,7 @@ export class LlamaModel {
         kvUnified,
         maxActive,
         prefillChunk,
+        admitTogether,
         maxOutputs,
         stepTokens,
         shapeGraphs,

@@ -20,6 +20,8 @@ import {
 
 /** Physical batch: an image attended bidirectionally must fit one ubatch (Gemma 4's largest is 1120 tokens). */
 const IMAGE_UBATCH = 1152;
+/** Cameras admitted together: the largest ubatch their images are read in (llama-bench's figures go to -ub 4096). */
+const GROUP_UBATCH_MAX = 8192;
 /** n-gram length the ngram-simple drafter matches on. */
 const NGRAM_N = 3;
 /** Top-k / top-p applied when sampling with a temperature > 0. */
@@ -105,6 +107,8 @@ export interface CameraBatching {
   readonly cameras: number;
   /** Cameras per step at most (null: all). */
   readonly maxActive: number | null;
+  /** together: arrivals wait for the running group and go in together; each: one at a time. Default together. */
+  readonly admit?: 'together' | 'each';
   readonly prefillChunk: number;
   readonly kvUnified: boolean;
   /** The most image rows a frame brings (every ladder level's): with the prompt and maxNewTokens,
@@ -329,10 +333,13 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     const threads = config.threads !== null ? { threads: config.threads } : {};
     const draftMax = config.draftMax ?? DRAFT_MAX;
     const cameras = batching && batching.cameras > 1 ? batching : undefined;
+    // A group's images are read in one decode: a ubatch for every camera's largest image, within GROUP_UBATCH_MAX.
+    const together = cameras !== undefined && (cameras.admit ?? 'together') === 'together';
+    const ubatch = together ? Math.min(GROUP_UBATCH_MAX, Math.max(IMAGE_UBATCH, cameras.cameras * cameras.imageTokens)) : IMAGE_UBATCH;
     ctx = await model.createContext({
       nCtx: config.nCtx,
-      nBatch: IMAGE_UBATCH,
-      nUbatch: IMAGE_UBATCH,
+      nBatch: ubatch,
+      nUbatch: ubatch,
       kvType: config.kvType,
       stepTokens: config.stepTokens,
       shapeGraphs,
@@ -344,7 +351,8 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         ? {
             nSeq: cameras.cameras,
             maxActive: cameras.maxActive ?? cameras.cameras,
-            prefillChunk: cameras.prefillChunk,
+            prefillChunk: Math.min(cameras.prefillChunk, ubatch),
+            admitTogether: together,
             kvUnified: cameras.kvUnified,
           }
         : { maxOutputs: 1 + draftMax }),

@@ -219,6 +219,8 @@ export interface BatchingConfig {
   readonly encodeWaitMs: number;
   /** null: every camera. */
   readonly decodeMaxActive: number | null;
+  /** together: a group of arrivals at a time (native/README.md#admitting-together); each: one at a time. */
+  readonly admit: 'together' | 'each';
   readonly prefillChunk: number;
   readonly kvUnified: boolean;
 }

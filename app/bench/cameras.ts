@@ -40,6 +40,8 @@ export interface BenchCamerasOptions {
   /** Drop a frame before preprocess when a newer one of its camera would replace it at decode anyway (default true, the config's). */
   readonly dropPredictedConflation?: boolean;
   readonly prefillChunk?: number;
+  /** batching.admit: 'together' (the default) or 'each'. */
+  readonly admit?: 'together' | 'each';
   readonly maxActive?: number;
   readonly encodeWaitMs?: number;
   /** Decode the grammar's forced runs in the step that reaches them (default true, the config's). */
@@ -122,6 +124,8 @@ export interface BenchCamerasResult {
   readonly kv_unified: boolean;
   readonly drop_predicted_miss: boolean;
   readonly drop_predicted_conflation: boolean;
+  /** batching.admit: how arrivals joined the decoder. */
+  readonly admit: 'together' | 'each';
   readonly prefill_chunk: number;
   /** Where the host side waits: the JS thread's busy fraction and its worst delays. Also how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
@@ -207,6 +211,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     batching: {
       ...(opts.kvUnified !== undefined ? { kvUnified: opts.kvUnified } : {}),
       ...(opts.prefillChunk !== undefined ? { prefillChunk: opts.prefillChunk } : {}),
+      ...(opts.admit !== undefined ? { admit: opts.admit } : {}),
       ...(opts.maxActive !== undefined ? { decodeMaxActive: opts.maxActive } : {}),
       ...(opts.encodeWaitMs !== undefined ? { encodeWaitMs: opts.encodeWaitMs } : {}),
     },
@@ -311,6 +316,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     kv_unified: config.batching.kvUnified,
     drop_predicted_miss: config.cameras![0]!.budgets.dropPredictedMiss,
     drop_predicted_conflation: config.cameras![0]!.budgets.dropPredictedConflation,
+    admit: config.batching.admit,
     prefill_chunk: config.batching.prefillChunk,
     host,
   };

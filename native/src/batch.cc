@@ -222,11 +222,20 @@ void BatchScheduler::admit() {
     bool deadlines = false;
     for (const auto & j : waiting_) deadlines = deadlines || j->opts.deadlineNs > 0;
     for (const auto & a : active_) deadlines = deadlines || a->job->opts.deadlineNs > 0;
+    // Admitting together: while a group runs, a waiting request waits for its end and the next group, unless it would then miss.
+    // holdMs is that wait and the request's own time in the next group; below 0, nothing is held (no group, or no history).
+    double holdMs = -1;
+    if (opts_.admitTogether && !active_.empty()) {
+        const double own = predictMs(std::min(opts_.maxActive, int32_t(waiting_.size())), nullptr, true, kTypical);
+        if (own > 0) holdMs = groupRestMs() + own;
+    }
+    auto held = [&](const SeqJob & j) { return holdMs >= 0 && (j.opts.deadlineNs == 0 || now + nsOf(holdMs) <= j.opts.deadlineNs); };
     while (!waiting_.empty() && int32_t(active_.size()) < opts_.maxActive) {
         const int32_t seqs = int32_t(active_.size()) + 1;
         // With deadlines, the sharing grows one step at a time, to one past the most that has been timed.
         // So a burst is not admitted whole before anything says what a step of that many costs.
-        if (deadlines && seqs > 2 && stepMsAt(seqs, kLeast).ms == 0 && stepMsAt(seqs - 1, kLeast).ms == 0) return;
+        // A group is admitted whole: the check below keeps it to what its members can make in time.
+        if (!opts_.admitTogether && deadlines && seqs > 2 && stepMsAt(seqs, kLeast).ms == 0 && stepMsAt(seqs - 1, kLeast).ms == 0) return;
         // One more sequence must not make an admitted request miss that would make it as things are.
         const double ms = predictMs(seqs, nullptr, seqs > 1, kTypical);
         if (ms > 0 && seqs > 1) {
@@ -242,7 +251,7 @@ void BatchScheduler::admit() {
         auto earliest = [&](double within) {
             auto fits = [&](const SeqJob & j) {
                 const int64_t dl = j.opts.deadlineNs;
-                return !(within > 0 && dl > 0 && now + nsOf(within) > dl);
+                return !held(j) && !(within > 0 && dl > 0 && now + nsOf(within) > dl);
             };
             auto first = waiting_.end();
             for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
@@ -418,14 +427,30 @@ double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, do
     return prefill + double(gen) * step.ms + kSpread * step.sd * std::sqrt(double(gen));
 }
 
+// Admitting together: the time the running group still needs, its slowest member's prediction (0: none runs).
+double BatchScheduler::groupRestMs() const {
+    double rest = 0;
+    for (const auto & a : active_) {
+        if (!a->done) rest = std::max(rest, predictMs(int32_t(active_.size()), a.get(), false, kTypical));
+    }
+    return rest;
+}
+
 // What admission would predict for a request that arrived now, by its drop rule at today's sharing.
 // It serves callers that decide before they submit (predictedMs()).
 void BatchScheduler::publishPrediction() {
     const bool idle = active_.empty();
     const double ms = idle ? predictMs(1, nullptr, false, kLeast) : predictMs(int32_t(active_.size()), nullptr, false, kTypical);
     predicted_.store(ms, std::memory_order_relaxed);
+    std::vector<double> own;
+    const double rest = opts_.admitTogether && !idle ? groupRestMs() : 0;
+    if (opts_.admitTogether) {
+        for (int32_t k = 1; k <= opts_.maxActive; k++) own.push_back(predictMs(k, nullptr, k > 1, idle ? kLeast : kTypical));
+    }
     {
         std::lock_guard<std::mutex> lock(queueMutex_);
+        groupRestMs_ = rest;
+        groupOwnMs_.swap(own);
         queueGapMs_ = admitGapMs_.empty() ? 0 : quantile(admitGapMs_, 0.5);
         waitingDeadlines_.clear();
         for (const auto & j : waiting_) waitingDeadlines_.push_back(j->opts.deadlineNs > 0 ? j->opts.deadlineNs : INT64_MAX);
@@ -445,7 +470,16 @@ double BatchScheduler::predictedMs(int64_t deadlineNs, int32_t reservedAhead) co
     // A request without a deadline comes after every one with.
     const int64_t key = deadlineNs > 0 ? deadlineNs : INT64_MAX;
     const auto ahead = std::upper_bound(waitingDeadlines_.begin(), waitingDeadlines_.end(), key) - waitingDeadlines_.begin();
-    return ms + double(ahead + reservedAhead) * queueGapMs_;
+    if (!opts_.admitTogether) return ms + double(ahead + reservedAhead) * queueGapMs_;
+    // Admitting together: after the running group, every waiting and reserved request goes in the next one.
+    // Past maxActive, those admitted before it fill whole groups first.
+    const int64_t before = ahead + reservedAhead;
+    const int64_t all = int64_t(waitingDeadlines_.size()) + reservedAhead + 1;
+    const int64_t groupsBefore = before / opts_.maxActive;
+    const int64_t size = std::min<int64_t>(opts_.maxActive, all - groupsBefore * opts_.maxActive);
+    const double own = groupOwnMs_.empty() ? 0 : groupOwnMs_[size_t(size - 1)];
+    if (own == 0) return 0;
+    return groupRestMs_ + double(groupsBefore) * groupOwnMs_.back() + own;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -585,7 +619,8 @@ void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t to
         return x->job->submittedNs < y->job->submittedNs;
     });
     const ModelInfo & mi = model_->info();
-    int32_t budget = opts_.prefillChunk;
+    // A group's prompts are read in as few decodes as the batch and the ubatch take.
+    int32_t budget = opts_.admitTogether ? opts_.nBatch : opts_.prefillChunk;
     int32_t imageRows = 0;  // in this step's image decode
     int32_t wholeRows = 0;  // rows of the whole images there (0: none)
     bool causalRows = false;

@@ -27,7 +27,10 @@ class Model;
 struct BatchOptions {
     int32_t nSeq = 1;          // sequences (cameras), seq ids 0 … nSeq-1
     int32_t maxActive = 1;     // sequences per step at most
-    int32_t prefillChunk = 0;  // prompt positions per step at most
+    int32_t prefillChunk = 0;  // prompt positions per step at most (admitting one at a time)
+    // Requests that arrive while a group generates wait for it to end and are admitted together as the next group.
+    // Its prompts are read in as few decodes as the batch takes (native/README.md#admitting-together).
+    bool admitTogether = false;
     int32_t nBatch = 0;
     int32_t nUbatch = 0;
     bool kvUnified = false;  // one KV buffer for every sequence (else a stream per sequence)
@@ -142,6 +145,7 @@ private:
     StepTime stepMs(int32_t seqs, bool orMore, double q) const;
     StepTime stepMsAt(int32_t seqs, double q) const;
     double predictMs(int32_t seqs, const Active * a, bool orMore, double q) const;
+    double groupRestMs() const;
 
     llama_context * ctx_;
     Model * model_;
@@ -168,8 +172,11 @@ private:
     mutable std::mutex queueMutex_;
     double queueGapMs_ = 0;                  // guarded by queueMutex_
     std::vector<int64_t> waitingDeadlines_;  // guarded by queueMutex_
-    std::atomic<int64_t> idleSinceNs_{0};    // the last step's end while idle; 0: busy
-    std::vector<int64_t> admittedNs_;        // per sequence: when its last request was admitted (0: never)
+    // Admitting together: the running group's predicted rest, and a request's own time per group size (index: size less one).
+    double groupRestMs_ = 0;               // guarded by queueMutex_
+    std::vector<double> groupOwnMs_;       // guarded by queueMutex_
+    std::atomic<int64_t> idleSinceNs_{0};  // the last step's end while idle; 0: busy
+    std::vector<int64_t> admittedNs_;      // per sequence: when its last request was admitted (0: never)
     uint64_t rotation_ = 0;
     // What admission predicts from (native/README.md#deadlines).
     // Per sharing, the last steps' ms; the index is the step's sequences less one.

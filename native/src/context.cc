@@ -382,6 +382,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.kvUnified = requireBool(o, "kvUnified", w);
     c.maxActive = uint32_t(requireInt(o, "maxActive", 1, c.nSeq, w));
     c.prefillChunk = uint32_t(requireInt(o, "prefillChunk", 1, c.nBatch, w));
+    c.admitTogether = requireBool(o, "admitTogether", w);
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
     c.shapeGraphs = requireBool(o, "shapeGraphs", w);
@@ -566,6 +567,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.nSeq = int32_t(opts_.nSeq);
         bo.maxActive = int32_t(opts_.maxActive);
         bo.prefillChunk = int32_t(opts_.prefillChunk);
+        bo.admitTogether = opts_.admitTogether;
         bo.nBatch = int32_t(opts_.nBatch);
         bo.nUbatch = int32_t(opts_.nUbatch);
         bo.kvUnified = opts_.kvUnified;
@@ -644,6 +646,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("kvUnified", opts_.kvUnified);
     o.Set("maxActive", opts_.maxActive);
     o.Set("prefillChunk", opts_.prefillChunk);
+    o.Set("admitTogether", opts_.admitTogether);
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("stepTokens", opts_.stepTokens);
     o.Set("graphSlots", opts_.graphSlots);

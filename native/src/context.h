@@ -34,10 +34,11 @@ struct ContextOptions {
     uint32_t nBatch = 0;
     uint32_t nUbatch = 0;
     uint32_t nSeq = 0;
-    bool kvUnified = false;     // one KV buffer for every sequence (else a stream per sequence)
-    uint32_t maxActive = 0;     // sequences per batched step (nSeq > 1)
-    uint32_t prefillChunk = 0;  // prompt positions per batched step (nSeq > 1)
-    uint32_t maxOutputs = 0;    // outputs per batch: 1 + the longest draft (sizes the compute buffer)
+    bool kvUnified = false;      // one KV buffer for every sequence (else a stream per sequence)
+    uint32_t maxActive = 0;      // sequences per batched step (nSeq > 1)
+    uint32_t prefillChunk = 0;   // prompt positions per batched step (nSeq > 1)
+    bool admitTogether = false;  // arrivals wait for the running group and are admitted as the next one (nSeq > 1)
+    uint32_t maxOutputs = 0;     // outputs per batch: 1 + the longest draft (sizes the compute buffer)
     // Tokens per sequence and generation step, padded (1: none). Same-shape steps let llama.cpp reuse
     // its graph and ggml-cuda replay it. On a fast GPU the padded rows cost what the replay saves,
     // so it is a knob for hosts that build graphs slower (native/README.md#measurements).

@@ -66,15 +66,18 @@ describe('batched decoding on gemma4-tiny', () => {
   // image alone; a large one reads the four bidirectional images in one decode.
   // Padded steps (stepTokens 4: a forced run longer than 3 tokens goes on in the next step) give the
   // same tokens too; a padding row left in the KV cache would make the next step's rows collide.
-  for (const [kvUnified, causal, prefillChunk, stepTokens] of [
-    [false, false, 16, 1],
-    [false, false, 512, 1],
-    [false, true, 16, 1],
-    [true, true, 16, 1],
-    [false, false, 16, 4],
-    [true, true, 16, 4],
+  // Admitted together, the four prompts are read in as few decodes as the batch takes, whatever the chunk.
+  for (const [kvUnified, causal, prefillChunk, stepTokens, admitTogether] of [
+    [false, false, 16, 1, false],
+    [false, false, 512, 1, false],
+    [false, true, 16, 1, false],
+    [true, true, 16, 1, false],
+    [false, false, 16, 4, false],
+    [true, true, 16, 4, false],
+    [false, false, 16, 1, true],
+    [false, true, 16, 1, true],
   ] as const) {
-    test(`four cameras at once give each camera's output decoded alone (action grammar, jump-forward, ${causal ? 'causal' : 'bidirectional'} images, prefill chunk ${prefillChunk}, kvUnified ${kvUnified}, stepTokens ${stepTokens})`, async () => {
+    test(`four cameras at once give each camera's output decoded alone (action grammar, jump-forward, ${causal ? 'causal' : 'bidirectional'} images, prefill chunk ${prefillChunk}, kvUnified ${kvUnified}, stepTokens ${stepTokens}${admitTogether ? ', admitted together' : ''})`, async () => {
       // One KV buffer for all: once it holds 512 cells, a step of one row (the last camera still
       // running) takes ggml-cpu's flash attention split among threads, which sums the cells in
       // other groups than alone (the last bits of the logits move, and with random weights a near
@@ -88,6 +91,7 @@ describe('batched decoding on gemma4-tiny', () => {
         kvUnified,
         prefillChunk,
         stepTokens,
+        admitTogether,
         threads,
       });
       const reference = kvUnified ? await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512, threads }) : single;
@@ -126,6 +130,8 @@ describe('batched decoding on gemma4-tiny', () => {
             'jump-forward ran in the batch',
           );
           if (round === 1) for (const r of got) assert.ok(r.reusedTokens > 0, 'the second frame reuses the camera prefix');
+          // Together, every prompt is in after its image decode and its text decode: its first token follows them.
+          if (admitTogether && round === 0) for (const r of got) assert.equal(r.batch!.peakSeqs, 4, 'the four were admitted as one group');
         }
         for (let i = 0; i < 4; i++) assert.ok(ctx.cachedPositions(i) > 0);
       } finally {
@@ -262,6 +268,44 @@ describe('batched decoding on gemma4-tiny', () => {
     } finally {
       await ctx.dispose();
     }
+  });
+
+  test('admitting together: an arrival waits for the running group, unless waiting would make it miss', async () => {
+    const prompt = (k: number): PromptSegment[] => [{ text: `Camera front, frame ${k}: the robot`, addSpecial: true }];
+    const long = { maxTokens: 400, ignoreEos: true };
+    // Camera 0 generates 400 tokens; once it has begun, camera 1 asks for a few.
+    const arrival = async (admitTogether: boolean, deadlineMs?: number): Promise<{ r1: GenerateResult; startedAt: number }> => {
+      const ctx = await model.createContext({ nCtx: 1024, nSeq: 2, threads: 1, admitTogether });
+      try {
+        // History for the predictions: requests of 400 steps.
+        await ctx.generate(prompt(0), { ...long, seq: 0 });
+        // Emptied, so its positions count the next request's prompt and tokens only.
+        ctx.clearCache(0);
+        const first = ctx.generate(prompt(1), { ...long, seq: 0 });
+        while (ctx.cachedPositions(0) < 24) await new Promise((resolve) => setTimeout(resolve, 1));
+        const startedAt = ctx.cachedPositions(0);
+        const deadline = deadlineMs === undefined ? {} : { deadlineNs: process.hrtime.bigint() + BigInt(Math.round(deadlineMs * 1e6)) };
+        const r1 = await ctx.generate(prompt(2), { ...long, maxTokens: 5, seq: 1, ...deadline });
+        await first;
+        return { r1, startedAt };
+      } finally {
+        await ctx.dispose();
+      }
+    };
+    const t0 = process.hrtime.bigint();
+    const plain = await arrival(false);
+    const pairMs = Number(process.hrtime.bigint() - t0) / 1e6;
+    assert.equal(plain.r1.batch!.peakSeqs, 2, 'one at a time: it joins the running camera');
+    // Without a deadline it waits for the group: it ran alone, after steps it waited through.
+    const waited = await arrival(true);
+    assert.equal(waited.r1.tokens.length, 5);
+    assert.equal(waited.r1.batch!.peakSeqs, 1, `held until camera 0 ended (camera 0 at ${waited.startedAt} positions when it came)`);
+    assert.ok(waited.r1.batch!.waitSteps > 0, 'camera 0 stepped while it waited');
+    // A deadline that one 400-token request's time meets, but not the rest of camera 0's and its own: it joins at once.
+    // pairMs covers two such requests and the context's creation, so a third of it is about one request.
+    const joined = await arrival(true, (pairMs / 3) * 1.5);
+    assert.equal(joined.r1.stopReason, 'max_tokens');
+    assert.equal(joined.r1.batch!.peakSeqs, 2, `it joined camera 0 (camera 0 at ${joined.startedAt} positions when it came)`);
   });
 
   test('a request whose deadline its predicted time would miss is dropped before its prefill', async () => {
