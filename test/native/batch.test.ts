@@ -272,19 +272,29 @@ describe('batched decoding on gemma4-tiny', () => {
 
   test('admitting together: an arrival waits for the running group, unless waiting would make it miss', async () => {
     const prompt = (k: number): PromptSegment[] => [{ text: `Camera front, frame ${k}: the robot`, addSpecial: true }];
-    const long = { maxTokens: 400, ignoreEos: true };
-    // Camera 0 generates 400 tokens; once it has begun, camera 1 asks for a few.
-    const arrival = async (admitTogether: boolean, deadlineMs?: number): Promise<{ r1: GenerateResult; startedAt: number }> => {
+    const long = { maxTokens: 200, ignoreEos: true };
+    // Camera 0 generates 200 tokens; once it has begun, camera 1 asks for a few, with a deadline of `requests`
+    // times what one 200-token request took in the same context just before (none: no deadline).
+    const arrival = async (admitTogether: boolean, requests?: number): Promise<{ r1: GenerateResult; startedAt: number }> => {
       const ctx = await model.createContext({ nCtx: 1024, nSeq: 2, threads: 1, admitTogether });
       try {
-        // History for the predictions: requests of 400 steps.
+        // History for the predictions: a request of 200 steps, timed.
+        const t0 = process.hrtime.bigint();
         await ctx.generate(prompt(0), { ...long, seq: 0 });
-        // Emptied, so its positions count the next request's prompt and tokens only.
+        const oneNs = Number(process.hrtime.bigint() - t0);
+        // Emptied, so its positions count the next request's prompt and tokens only (once the loop has taken the clear).
+        const before = ctx.cachedPositions(0);
         ctx.clearCache(0);
-        const first = ctx.generate(prompt(1), { ...long, seq: 0 });
-        while (ctx.cachedPositions(0) < 24) await new Promise((resolve) => setTimeout(resolve, 1));
+        let running = true;
+        const first = ctx.generate(prompt(1), { ...long, seq: 0 }).finally(() => (running = false));
+        let cleared = false;
+        for (let p = before; running && !(cleared && p >= 24); p = ctx.cachedPositions(0)) {
+          cleared ||= p < before;
+          await new Promise((resolve) => setTimeout(resolve, 1));
+        }
+        assert.ok(running, 'camera 0 was still generating when camera 1 came');
         const startedAt = ctx.cachedPositions(0);
-        const deadline = deadlineMs === undefined ? {} : { deadlineNs: process.hrtime.bigint() + BigInt(Math.round(deadlineMs * 1e6)) };
+        const deadline = requests === undefined ? {} : { deadlineNs: process.hrtime.bigint() + BigInt(Math.round(requests * oneNs)) };
         const r1 = await ctx.generate(prompt(2), { ...long, maxTokens: 5, seq: 1, ...deadline });
         await first;
         return { r1, startedAt };
@@ -292,20 +302,20 @@ describe('batched decoding on gemma4-tiny', () => {
         await ctx.dispose();
       }
     };
-    const t0 = process.hrtime.bigint();
     const plain = await arrival(false);
-    const pairMs = Number(process.hrtime.bigint() - t0) / 1e6;
     assert.equal(plain.r1.batch!.peakSeqs, 2, 'one at a time: it joins the running camera');
     // Without a deadline it waits for the group: it ran alone, after steps it waited through.
     const waited = await arrival(true);
     assert.equal(waited.r1.tokens.length, 5);
     assert.equal(waited.r1.batch!.peakSeqs, 1, `held until camera 0 ended (camera 0 at ${waited.startedAt} positions when it came)`);
     assert.ok(waited.r1.batch!.waitSteps > 0, 'camera 0 stepped while it waited');
-    // A deadline that one 400-token request's time meets, but not the rest of camera 0's and its own: it joins at once.
-    // pairMs covers two such requests and the context's creation, so a third of it is about one request.
-    const joined = await arrival(true, (pairMs / 3) * 1.5);
+    // Its own time is predicted as one such request; waiting first for camera 0's rest would take nearly two.
+    // With a deadline of one and a half, it joins at once.
+    const joined = await arrival(true, 1.5);
+    const seen = `camera 0 at ${joined.startedAt} positions when it came; predicted ${joined.r1.batch!.predictedMs.toFixed(1)} ms`;
+    assert.equal(joined.r1.batch!.predictedMiss, false, seen);
+    assert.equal(joined.r1.batch!.peakSeqs, 2, `it joined camera 0 (${seen})`);
     assert.equal(joined.r1.stopReason, 'max_tokens');
-    assert.equal(joined.r1.batch!.peakSeqs, 2, `it joined camera 0 (camera 0 at ${joined.startedAt} positions when it came)`);
   });
 
   test('a request whose deadline its predicted time would miss is dropped before its prefill', async () => {
@@ -544,6 +554,44 @@ describe('batched decoding on gemma4-tiny', () => {
       assert.ok(ctx.predictedMs() < last, `an empty queue predicts less: ${ctx.predictedMs().toFixed(1)} ms`);
       assert.throws(() => ctx.predictedMs(5 as unknown as bigint), /deadlineNs must be a bigint/);
       assert.throws(() => ctx.predictedMs(far, -1), /reservedAhead/);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
+  test('admitting together, what a caller is told includes the rest of the running group, and a whole group per maxActive before it', async () => {
+    const ctx = await model.createContext({ nCtx: 1024, nSeq: 3, maxActive: 1, admitTogether: true, threads: 1 });
+    try {
+      const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${k}: the robot`, addSpecial: true }];
+      const far = process.hrtime.bigint() + 600_000_000_000n;
+      // History: requests of 300 steps.
+      await ctx.generate(prompt(0), { maxTokens: 300, ignoreEos: true, seq: 0 });
+      await ctx.generate(prompt(1), { maxTokens: 300, ignoreEos: true, seq: 1 });
+      const idle = ctx.predictedMs(far);
+      assert.ok(idle > 0, 'predicted from the history');
+      assert.equal(ctx.predictedMs(far, 2), idle + 2 * idle, 'idle, two reserved ahead: two whole groups of one before it');
+      ctx.clearCache(0);
+      const long = ctx.generate(prompt(2), { maxTokens: 600, ignoreEos: true, seq: 0 });
+      // Early in the running request: read one step's snapshot (two readings that agree on the group's rest).
+      let rest = 0;
+      let own = 0;
+      for (let tries = 0; tries < 1000 && !(rest > 0); tries++) {
+        await new Promise((resolve) => setTimeout(resolve, 1));
+        if (ctx.cachedPositions(0) < 8) continue;
+        const none = ctx.predictedMs(far);
+        const two = ctx.predictedMs(far, 2);
+        own = (two - none) / 2;
+        rest = none - own;
+      }
+      const positions = ctx.cachedPositions(0);
+      await long;
+      assert.ok(own > 0, `a group's own time: ${own.toFixed(1)} ms`);
+      // The rest is what the running request still needs of the 300 steps its history predicts, read within its first half.
+      assert.ok(
+        rest > 0,
+        `the running group's rest counts: ${rest.toFixed(1)} ms (own ${own.toFixed(1)} ms, read at ${positions} positions)`,
+      );
+      assert.ok(ctx.predictedMs(far) < own + rest, 'idle again, no rest');
     } finally {
       await ctx.dispose();
     }
