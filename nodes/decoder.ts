@@ -20,7 +20,7 @@ import {
 
 /** Physical batch: an image attended bidirectionally must fit one ubatch (Gemma 4's largest is 1120 tokens). */
 const IMAGE_UBATCH = 1152;
-/** Cameras admitted together: the largest ubatch their images are read in (llama-bench's figures go to -ub 4096). */
+/** Cameras admitted together: the largest ubatch their images are read in (the compute buffer grows with it). */
 const GROUP_UBATCH_MAX = 8192;
 /** n-gram length the ngram-simple drafter matches on. */
 const NGRAM_N = 3;
@@ -333,9 +333,10 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     const threads = config.threads !== null ? { threads: config.threads } : {};
     const draftMax = config.draftMax ?? DRAFT_MAX;
     const cameras = batching && batching.cameras > 1 ? batching : undefined;
-    // A group's images are read in one decode: a ubatch for every camera's largest image, within GROUP_UBATCH_MAX.
+    // A group's images are read in one decode: a ubatch for the largest image of every camera a step takes, within GROUP_UBATCH_MAX.
     const together = cameras !== undefined && (cameras.admit ?? 'together') === 'together';
-    const ubatch = together ? Math.min(GROUP_UBATCH_MAX, Math.max(IMAGE_UBATCH, cameras.cameras * cameras.imageTokens)) : IMAGE_UBATCH;
+    const groupRows = together ? (cameras.maxActive ?? cameras.cameras) * cameras.imageTokens : 0;
+    const ubatch = Math.min(GROUP_UBATCH_MAX, Math.max(IMAGE_UBATCH, groupRows));
     ctx = await model.createContext({
       nCtx: config.nCtx,
       nBatch: ubatch,
@@ -351,7 +352,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         ? {
             nSeq: cameras.cameras,
             maxActive: cameras.maxActive ?? cameras.cameras,
-            prefillChunk: Math.min(cameras.prefillChunk, ubatch),
+            prefillChunk: cameras.prefillChunk,
             admitTogether: together,
             kvUnified: cameras.kvUnified,
           }
