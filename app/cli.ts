@@ -298,6 +298,7 @@ bench
   )
   .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
   .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)
+  .option('--group-wait-ms <ms>', 'admitting together: how long an idle decoder may hold a group for frames on their way', Number)
   .option(
     '--step-tokens <n>',
     'tokens per camera and decode step, padded (decoder.stepTokens; default 1: no padding)',

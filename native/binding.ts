@@ -56,6 +56,8 @@ export interface NativeContextOptions {
   prefillChunk: number;
   /** nSeq > 1: arrivals wait for the running group and are admitted together as the next one. */
   admitTogether: boolean;
+  /** Admitting together: how long an idle decoder holds its waiting requests for frames on their way (expect). */
+  groupWaitMs: number;
   maxOutputs: number;
   /** Tokens per sequence and generation step, padded (1: no padding). */
   stepTokens: number;
@@ -79,6 +81,7 @@ export interface NativeContextInfo {
   readonly maxActive: number;
   readonly prefillChunk: number;
   readonly admitTogether: boolean;
+  readonly groupWaitMs: number;
   readonly maxOutputs: number;
   /** Tokens each sequence decodes per generation step, padded (1: no padding). */
   readonly stepTokens: number;
@@ -226,6 +229,8 @@ export declare class NativeContext {
   /** Several sequences: the sequence is required. */
   clearCache(seq?: number): void;
   cachedPositions(seq?: number): number;
+  /** Several sequences: frames on their way to `seq`, +1 when one is reserved, -1 when it is submitted or dropped. */
+  expect(seq: number, delta: 1 | -1): void;
   /** Step shapes given their own CUDA graph key so far (0 without shape graphs). */
   shapeGraphShapes(): number;
   /** Several sequences: the ms admission would predict for a request with this deadline submitted now (0: none). */

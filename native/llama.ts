@@ -130,6 +130,12 @@ export interface ContextOptions {
    */
   readonly admitTogether?: boolean;
   /**
+   * Admitting together (default 0): how long (ms) an idle decoder holds its waiting requests for the requests on their way
+   * to other sequences (`expect`), so frames triggered together form one group. Only while each waiting request could
+   * still make its deadline after the hold.
+   */
+  readonly groupWaitMs?: number;
+  /**
    * Tokens each sequence decodes per generation step (default 1): the sampled token and any forced
    * run, then padding that is dropped from the KV cache, so the steps keep one shape: llama.cpp
    * reuses its graph and ggml-cuda replays its CUDA graph from step to step (and with a KV stream
@@ -270,6 +276,7 @@ export class LlamaModel {
       'maxActive',
       'prefillChunk',
       'admitTogether',
+      'groupWaitMs',
       'stepTokens',
       'shapeGraphs',
       'graphSlots',
@@ -280,7 +287,7 @@ export class LlamaModel {
       options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
     const nSeq = options.nSeq === undefined ? 1 : intIn('options.nSeq', options.nSeq, 1, Math.min(MAX_SEQUENCES, nBatch));
     if (nSeq === 1) {
-      for (const key of ['kvUnified', 'maxActive', 'prefillChunk', 'admitTogether'] as const) {
+      for (const key of ['kvUnified', 'maxActive', 'prefillChunk', 'admitTogether', 'groupWaitMs'] as const) {
         if (options[key] !== undefined) throw new TypeError(`options.${key} is for a context of several sequences (nSeq > 1)`);
       }
     }
@@ -288,6 +295,7 @@ export class LlamaModel {
     const maxActive = options.maxActive === undefined ? nSeq : intIn('options.maxActive', options.maxActive, 1, nSeq);
     const prefillChunk = options.prefillChunk === undefined ? nUbatch : intIn('options.prefillChunk', options.prefillChunk, 1, nBatch);
     const admitTogether = options.admitTogether === undefined ? false : bool('options.admitTogether', options.admitTogether);
+    const groupWaitMs = options.groupWaitMs === undefined ? 0 : numIn('options.groupWaitMs', options.groupWaitMs, 0, 1000);
     // A batched step reads one logits row per sequence; a single sequence one per draft position.
     const outputs = nSeq > 1 ? nSeq : Math.min(MAX_OUTPUTS, nBatch);
     const maxOutputs = options.maxOutputs === undefined ? outputs : intIn('options.maxOutputs', options.maxOutputs, 1, nBatch);
@@ -315,6 +323,7 @@ export class LlamaModel {
         maxActive,
         prefillChunk,
         admitTogether,
+        groupWaitMs,
         maxOutputs,
         stepTokens,
         shapeGraphs,
@@ -610,6 +619,14 @@ export class LlamaContext {
    * yet that will be admitted before it (frames on their way to the decoder with earlier deadlines),
    * each counted as one more waiting request.
    */
+  /**
+   * A context of several sequences: a request for `seq` is on its way (+1: a frame reserved before its preprocess) or
+   * no longer (-1: submitted or dropped). Admitting together, an idle decoder holds for such requests (groupWaitMs).
+   */
+  expect(seq: number, delta: 1 | -1): void {
+    this.#live().expect(seq, delta);
+  }
+
   predictedMs(deadlineNs?: bigint, reservedAhead = 0): number {
     if (deadlineNs !== undefined && typeof deadlineNs !== 'bigint')
       throw new TypeError(`predictedMs: deadlineNs must be a bigint (process.hrtime.bigint() clock), got ${typeof deadlineNs}`);

@@ -109,6 +109,8 @@ export interface CameraBatching {
   readonly maxActive: number | null;
   /** together: arrivals wait for the running group and go in together; each: one at a time. Default together. */
   readonly admit?: 'together' | 'each';
+  /** Admitting together: how long an idle decoder holds a group for frames still on their way (default 0). */
+  readonly groupWaitMs?: number;
   readonly prefillChunk: number;
   readonly kvUnified: boolean;
   /** The most image rows a frame brings (every ladder level's): with the prompt and maxNewTokens,
@@ -354,6 +356,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
             maxActive: cameras.maxActive ?? cameras.cameras,
             prefillChunk: cameras.prefillChunk,
             admitTogether: together,
+            ...(together ? { groupWaitMs: cameras.groupWaitMs ?? 0 } : {}),
             kvUnified: cameras.kvUnified,
           }
         : { maxOutputs: 1 + draftMax }),
@@ -443,6 +446,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
 
   const reservations = new Reservations();
   let memoryAtClose: MemoryBreakdown | null = null;
+  let closed = false;
   return {
     handle: (seq) => ({
       name: 'decode',
@@ -466,11 +470,23 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         ? {
             predictMs: (deadlineNs: bigint, entering: boolean) =>
               ctx.predictedMs(deadlineNs, entering ? 0 : reservations.ahead(deadlineNs, seq ?? 0)),
-            reserve: (deadlineNs: bigint) => reservations.add(deadlineNs, seq ?? 0),
+            reserve: (deadlineNs: bigint) => {
+              // The scheduler learns of the frame too: admitting together, an idle decoder holds a group for it.
+              const camera = seq ?? 0;
+              const release = reservations.add(deadlineNs, camera);
+              if (!closed) ctx.expect(camera, 1);
+              let held = true;
+              return () => {
+                if (held && !closed) ctx.expect(camera, -1);
+                held = false;
+                release();
+              };
+            },
           }
         : {}),
     }),
     async close() {
+      closed = true;
       memoryAtClose = ctx.memoryBreakdown();
       await model.dispose();
       await draft?.dispose();

@@ -221,6 +221,8 @@ export interface BatchingConfig {
   readonly decodeMaxActive: number | null;
   /** together: a group of arrivals at a time (native/README.md#admitting-together); each: one at a time. */
   readonly admit: 'together' | 'each';
+  /** Admitting together: how long an idle decoder holds a group for frames still on their way. */
+  readonly groupWaitMs: number;
   readonly prefillChunk: number;
   readonly kvUnified: boolean;
 }

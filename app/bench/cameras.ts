@@ -44,6 +44,8 @@ export interface BenchCamerasOptions {
   readonly admit?: 'together' | 'each';
   readonly maxActive?: number;
   readonly encodeWaitMs?: number;
+  /** batching.groupWaitMs: how long an idle decoder holds a group for frames on their way. */
+  readonly groupWaitMs?: number;
   /** Decode the grammar's forced runs in the step that reaches them (default true, the config's). */
   readonly jumpForward?: boolean;
   /** decoder.stepTokens, tokens per camera and decode step, padded. Default: the config's, where 1 means no padding. */
@@ -126,6 +128,7 @@ export interface BenchCamerasResult {
   readonly drop_predicted_conflation: boolean;
   /** batching.admit: how arrivals joined the decoder. */
   readonly admit: 'together' | 'each';
+  readonly group_wait_ms: number;
   readonly prefill_chunk: number;
   /** Where the host side waits: the JS thread's busy fraction and its worst delays. Also how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
@@ -214,6 +217,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       ...(opts.admit !== undefined ? { admit: opts.admit } : {}),
       ...(opts.maxActive !== undefined ? { decodeMaxActive: opts.maxActive } : {}),
       ...(opts.encodeWaitMs !== undefined ? { encodeWaitMs: opts.encodeWaitMs } : {}),
+      ...(opts.groupWaitMs !== undefined ? { groupWaitMs: opts.groupWaitMs } : {}),
     },
     telemetry: { liveTable: 'off' },
   });
@@ -317,6 +321,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     drop_predicted_miss: config.cameras![0]!.budgets.dropPredictedMiss,
     drop_predicted_conflation: config.cameras![0]!.budgets.dropPredictedConflation,
     admit: config.batching.admit,
+    group_wait_ms: config.batching.groupWaitMs,
     prefill_chunk: config.batching.prefillChunk,
     host,
   };

@@ -89,6 +89,7 @@ export async function createCameraStages(
         cameras: n,
         maxActive: config.batching.decodeMaxActive,
         admit: config.batching.admit,
+        groupWaitMs: config.batching.groupWaitMs,
         prefillChunk: config.batching.prefillChunk,
         kvUnified: config.batching.kvUnified,
         imageTokens: Math.max(...cameras.map((camera) => Math.max(...ladderLevels(camera).map((k) => k.imageTokens)))),

@@ -4,6 +4,7 @@
 #include "util.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <stdexcept>
@@ -88,15 +89,20 @@ BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread 
     : ctx_(ctx), model_(model), thread_(thread), opts_(options), done_(std::move(done)),
       // A unified cache lets one sequence take every cell; llama_n_ctx_seq is the whole context.
       // Each gets its share instead, so every camera's prompt and new tokens fit at the same time.
-      nCtxSeq_(options.kvUnified ? int32_t(llama_n_ctx(ctx)) / options.nSeq : int32_t(llama_n_ctx_seq(ctx))), caches_(size_t(options.nSeq)),
+      nCtxSeq_(options.kvUnified ? int32_t(llama_n_ctx(ctx)) / options.nSeq : int32_t(llama_n_ctx_seq(ctx))),
+      expected_(new std::atomic<int32_t>[size_t(options.nSeq)]), caches_(size_t(options.nSeq)),
       positions_(new std::atomic<int32_t>[size_t(options.nSeq)]), tokens_(std::make_unique<TokenBatch>(options.nBatch)),
       admittedNs_(size_t(options.nSeq), 0), stepMs_(size_t(options.nSeq)) {
-    for (int32_t s = 0; s < opts_.nSeq; s++) positions_[size_t(s)].store(0);
+    for (int32_t s = 0; s < opts_.nSeq; s++) {
+        positions_[size_t(s)].store(0);
+        expected_[size_t(s)].store(0);
+    }
 }
 
 BatchScheduler::~BatchScheduler() {
     std::unique_lock<std::mutex> lock(mutex_);
     closing_ = true;
+    wake_.notify_all();
     idle_.wait(lock, [this]() { return !running_; });
 }
 
@@ -109,6 +115,7 @@ void BatchScheduler::submit(std::unique_ptr<SeqJob> job) {
         start = !running_;
         running_ = true;
     }
+    wake_.notify_all();
     if (start) thread_.post([this]() { loop(); });
 }
 
@@ -120,7 +127,17 @@ void BatchScheduler::clear(int32_t seq) {
         start = !running_;
         running_ = true;
     }
+    wake_.notify_all();
     if (start) thread_.post([this]() { loop(); });
+}
+
+void BatchScheduler::expect(int32_t seq, int32_t delta) {
+    {
+        // Under the lock, so a loop about to wait sees it or is woken.
+        std::lock_guard<std::mutex> lock(mutex_);
+        expected_[size_t(seq)].fetch_add(delta, std::memory_order_relaxed);
+    }
+    wake_.notify_all();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -132,7 +149,12 @@ void BatchScheduler::loop() {
         std::deque<Inbox> items;
         bool closing = false;
         {
-            std::lock_guard<std::mutex> lock(mutex_);
+            std::unique_lock<std::mutex> lock(mutex_);
+            // Holding a group: sleep until a request or an expect() comes, or the hold ends.
+            if (holdUntilNs_ > 0 && inbox_.empty() && !closing_) {
+                const int64_t left = holdUntilNs_ - monotonicNs();
+                if (left > 0) wake_.wait_for(lock, std::chrono::nanoseconds(left));
+            }
             items.swap(inbox_);
             closing = closing_;
             if (items.empty() && waiting_.empty() && active_.empty()) {
@@ -175,6 +197,7 @@ void BatchScheduler::intake(std::deque<Inbox> & items) {
 // Then, while there is room, the earliest deadline that can still make it at that sharing is admitted.
 // That holds only while one more sequence would make none of the admitted ones miss.
 void BatchScheduler::admit() {
+    holdUntilNs_ = 0;
     if (waiting_.empty()) {
         lastAdmitQueued_ = false;  // see below
         return;
@@ -230,6 +253,7 @@ void BatchScheduler::admit() {
         if (own > 0) holdMs = groupRestMs() + own;
     }
     auto held = [&](const SeqJob & j) { return holdMs >= 0 && (j.opts.deadlineNs == 0 || now + nsOf(holdMs) <= j.opts.deadlineNs); };
+    if (opts_.admitTogether && active_.empty() && holdForComing(now)) return;
     while (!waiting_.empty() && int32_t(active_.size()) < opts_.maxActive) {
         const int32_t seqs = int32_t(active_.size()) + 1;
         // With deadlines, the sharing grows one step at a time, to one past the most that has been timed.
@@ -283,6 +307,31 @@ void BatchScheduler::admit() {
         lastAdmitQueued_ = !waiting_.empty();
         start(std::move(j));
     }
+}
+
+// Admitting together, an idle decoder holds its waiting requests for the frames on their way to the sequences without one.
+// It holds at most groupWaitNs from the oldest waiting request, and only while each could still make its deadline after it.
+bool BatchScheduler::holdForComing(int64_t now) {
+    if (opts_.groupWaitNs <= 0) return false;
+    std::vector<bool> waits(size_t(opts_.nSeq), false);
+    int64_t oldest = now;
+    for (const auto & j : waiting_) {
+        waits[size_t(j->seq)] = true;
+        oldest = std::min(oldest, j->submittedNs);
+    }
+    int32_t coming = 0;
+    for (int32_t s = 0; s < opts_.nSeq; s++)
+        coming += !waits[size_t(s)] && expected_[size_t(s)].load(std::memory_order_relaxed) > 0 ? 1 : 0;
+    const int64_t until = oldest + opts_.groupWaitNs;
+    if (coming == 0 || now >= until) return false;
+    const int32_t size = std::min(opts_.maxActive, int32_t(waiting_.size()) + coming);
+    const double own = predictMs(size, nullptr, true, kTypical);
+    for (const auto & j : waiting_) {
+        const int64_t dl = j->opts.deadlineNs;
+        if (j->cancelled.load() || (dl > 0 && until + nsOf(own) > dl)) return false;
+    }
+    holdUntilNs_ = until;
+    return true;
 }
 
 // Plans the prompt against the sequence's cache and drops the KV cells past the reused prefix.

@@ -31,6 +31,8 @@ struct BatchOptions {
     // Requests that arrive while a group generates wait for it to end and are admitted together as the next group.
     // Its prompts are read in as few decodes as the batch takes (native/README.md#admitting-together).
     bool admitTogether = false;
+    // Admitting together: how long an idle decoder holds its waiting requests for the frames still on their way (expect()).
+    int64_t groupWaitNs = 0;
     int32_t nBatch = 0;
     int32_t nUbatch = 0;
     bool kvUnified = false;  // one KV buffer for every sequence (else a stream per sequence)
@@ -109,6 +111,9 @@ public:
     // 0: nothing to predict from, or an idle decoder that would admit anything (a probe).
     // Why the wait counts: native/README.md#predicting-before-submit
     double predictedMs(int64_t deadlineNs = 0, int32_t reservedAhead = 0) const;
+    // Any thread. Frames on their way to `seq` (reserved before preprocess): +1 when one is reserved, -1 when it is
+    // submitted or dropped. Admitting together, an idle decoder holds its waiting requests for them (groupWaitNs at most).
+    void expect(int32_t seq, int32_t delta);
 
 private:
     struct Active;
@@ -118,6 +123,7 @@ private:
     };
 
     void loop();
+    bool holdForComing(int64_t now);
     void intake(std::deque<Inbox> & items);
     void admit();
     void start(std::unique_ptr<SeqJob> job);
@@ -156,9 +162,12 @@ private:
 
     std::mutex mutex_;
     std::condition_variable idle_;
-    std::deque<Inbox> inbox_;  // guarded by mutex_
-    bool running_ = false;     // guarded by mutex_: the loop is queued or running
-    bool closing_ = false;     // guarded by mutex_
+    std::deque<Inbox> inbox_;                           // guarded by mutex_
+    bool running_ = false;                              // guarded by mutex_: the loop is queued or running
+    bool closing_ = false;                              // guarded by mutex_
+    std::condition_variable wake_;                      // a submit, clear or expect() while the loop holds a group
+    std::unique_ptr<std::atomic<int32_t>[]> expected_;  // per sequence: frames on their way (expect())
+    int64_t holdUntilNs_ = 0;                           // the loop's: an idle decoder holds its waiting requests until then (0: no hold)
 
     // The loop's own state (context thread only).
     std::deque<std::unique_ptr<SeqJob>> waiting_;

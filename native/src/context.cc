@@ -383,6 +383,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.maxActive = uint32_t(requireInt(o, "maxActive", 1, c.nSeq, w));
     c.prefillChunk = uint32_t(requireInt(o, "prefillChunk", 1, c.nBatch, w));
     c.admitTogether = requireBool(o, "admitTogether", w);
+    c.groupWaitMs = requireNumber(o, "groupWaitMs", 0, 1000, w);
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
     c.shapeGraphs = requireBool(o, "shapeGraphs", w);
@@ -536,6 +537,7 @@ Napi::Function Context::Init(Napi::Env env) {
                            InstanceMethod<&Context::Cancel>("cancel"),
                            InstanceMethod<&Context::ClearCache>("clearCache"),
                            InstanceMethod<&Context::CachedPositions>("cachedPositions"),
+                           InstanceMethod<&Context::Expect>("expect"),
                            InstanceMethod<&Context::ShapeGraphShapes>("shapeGraphShapes"),
                            InstanceMethod<&Context::PredictedMs>("predictedMs"),
                            InstanceMethod<&Context::MeasureCeiling>("measureCeiling"),
@@ -568,6 +570,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.maxActive = int32_t(opts_.maxActive);
         bo.prefillChunk = int32_t(opts_.prefillChunk);
         bo.admitTogether = opts_.admitTogether;
+        bo.groupWaitNs = int64_t(opts_.groupWaitMs * 1e6);
         bo.nBatch = int32_t(opts_.nBatch);
         bo.nUbatch = int32_t(opts_.nUbatch);
         bo.kvUnified = opts_.kvUnified;
@@ -647,6 +650,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("maxActive", opts_.maxActive);
     o.Set("prefillChunk", opts_.prefillChunk);
     o.Set("admitTogether", opts_.admitTogether);
+    o.Set("groupWaitMs", opts_.groupWaitMs);
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("stepTokens", opts_.stepTokens);
     o.Set("graphSlots", opts_.graphSlots);
@@ -813,6 +817,14 @@ Napi::Value Context::CachedPositions(const Napi::CallbackInfo & info) {
     int32_t n = 0;
     for (const auto & c : cache_) n += c.positions();
     return Napi::Number::New(info.Env(), n);
+}
+
+// expect(seq, delta): a context of several sequences: frames on their way to `seq` (+1 reserved, -1 submitted or dropped).
+void Context::Expect(const Napi::CallbackInfo & info) {
+    const int32_t seq = requireSeq(info[0], "expect seq");
+    const double delta = info[1].IsNumber() ? info[1].As<Napi::Number>().DoubleValue() : 0;
+    if (delta != 1 && delta != -1) throw Napi::TypeError::New(info.Env(), "expect delta must be 1 or -1");
+    if (native_->batch) native_->batch->expect(seq, int32_t(delta));
 }
 
 // predictedMs(deadlineNs?: bigint, reservedAhead?: number): a context of several sequences: what its

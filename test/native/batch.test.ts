@@ -318,6 +318,38 @@ describe('batched decoding on gemma4-tiny', () => {
     assert.equal(joined.r1.stopReason, 'max_tokens');
   });
 
+  test('admitting together, an idle decoder holds a request for one on its way (expect), so both go in one group', async () => {
+    const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${k}: the corridor`, addSpecial: true }];
+    const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+    // Camera 0 asks; camera 1 asks a moment later. Announced, camera 0 has decoded nothing by then.
+    const pair = async (announce: boolean): Promise<{ results: GenerateResult[]; positions: number }> => {
+      const ctx = await model.createContext({ nCtx: 512, nSeq: 2, threads: 1, admitTogether: true, groupWaitMs: 1000 });
+      try {
+        if (announce) ctx.expect(1, 1);
+        let running = true;
+        const first = ctx.generate(prompt(0), { maxTokens: 60, ignoreEos: true, seq: 0 }).finally(() => (running = false));
+        if (announce) await sleep(50);
+        else while (running && ctx.cachedPositions(0) === 0) await sleep(1);
+        const positions = ctx.cachedPositions(0);
+        if (announce) ctx.expect(1, -1);
+        const second = ctx.generate(prompt(1), { maxTokens: 60, ignoreEos: true, seq: 1 });
+        return { results: await Promise.all([first, second]), positions };
+      } finally {
+        await ctx.dispose();
+      }
+    };
+    const held = await pair(true);
+    assert.equal(held.positions, 0, 'camera 0 was held while camera 1 was on its way');
+    assert.deepEqual(
+      held.results.map((r) => r.batch!.peakSeqs),
+      [2, 2],
+      'they went in as one group',
+    );
+    const alone = await pair(false);
+    assert.ok(alone.positions > 0, 'with nothing announced, camera 0 started at once');
+    await assert.rejects(model.createContext({ nCtx: 64, groupWaitMs: 5 }), /groupWaitMs is for a context of several sequences/);
+  });
+
   test('a request whose deadline its predicted time would miss is dropped before its prefill', async () => {
     const ctx = await model.createContext({ nCtx: 512, nSeq: 2, threads: 1 });
     try {

@@ -52,7 +52,14 @@ test('a camera takes the top-level budgets, edges and ladder with its own fields
   assert.deepEqual(rear!.ladder.rungs, [], 'an array replaces the top-level one');
   assert.equal(rear!.ladder.initial.imageTokens, 280);
   assert.equal(rear!.source.kind === 'pattern' && rear!.source.frames, 20, 'the source is defaulted by the source schema');
-  assert.deepEqual(config.batching, { encodeWaitMs: 2, decodeMaxActive: null, admit: 'together', prefillChunk: 512, kvUnified: true });
+  assert.deepEqual(config.batching, {
+    encodeWaitMs: 2,
+    decodeMaxActive: null,
+    admit: 'together',
+    groupWaitMs: 50,
+    prefillChunk: 512,
+    kvUnified: true,
+  });
   const graph = cameraGraphConfig(config, rear!);
   assert.equal(graph.budgets.endToEndMs, 1600);
   assert.equal(graph.clock, 'real');
