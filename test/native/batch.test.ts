@@ -1,7 +1,8 @@
 // Batched decoding on a context of several sequences (one per camera): outputs equal each sequence
 // decoded alone (greedy, token for token, under the action grammar, with images), a cancelled or
 // late sequence leaves the others' outputs unchanged, a huge prompt delays a short one by at most
-// one step (counted in steps, not ms), FIFO admission past maxActive starves no sequence, and the
+// one step (counted in steps, not ms), FIFO admission past maxActive starves no sequence, admission
+// in groups (an arrival held for the running group, a hold for a request on its way), and the
 // API's refusals. Timing is never asserted: only outputs, stop reasons and step counts.
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
