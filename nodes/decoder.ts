@@ -444,9 +444,16 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     return r; // a GenerateResult is a Generation (payloads.ts) with more timings
   };
 
-  const reservations = new Reservations();
   let memoryAtClose: MemoryBreakdown | null = null;
   let closed = false;
+  // Admitting together, the scheduler hears of the frames on their way too: an idle decoder holds a group for them.
+  const reservations = new Reservations(
+    ctx.info.admitTogether
+      ? (camera, delta) => {
+          if (!closed) ctx.expect(camera, delta);
+        }
+      : undefined,
+  );
   return {
     handle: (seq) => ({
       name: 'decode',
@@ -470,18 +477,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         ? {
             predictMs: (deadlineNs: bigint, entering: boolean) =>
               ctx.predictedMs(deadlineNs, entering ? 0 : reservations.ahead(deadlineNs, seq ?? 0)),
-            reserve: (deadlineNs: bigint) => {
-              // The scheduler learns of the frame too: admitting together, an idle decoder holds a group for it.
-              const camera = seq ?? 0;
-              const release = reservations.add(deadlineNs, camera);
-              if (!closed) ctx.expect(camera, 1);
-              let held = true;
-              return () => {
-                if (held && !closed) ctx.expect(camera, -1);
-                held = false;
-                release();
-              };
-            },
+            reserve: (deadlineNs: bigint) => reservations.add(deadlineNs, seq ?? 0),
           }
         : {}),
     }),
@@ -512,6 +508,12 @@ export class Reservations {
   /** camera → the turn its last frame got its decode (a counter: only the order matters) */
   readonly #servedAt = new Map<number, number>();
   #turn = 0;
+  readonly #onChange: ((camera: number, delta: 1 | -1) => void) | undefined;
+
+  /** `onChange(camera, ±1)` hears each reservation added and each removed, once. */
+  constructor(onChange?: (camera: number, delta: 1 | -1) => void) {
+    this.#onChange = onChange;
+  }
 
   get size(): number {
     return this.#held.size;
@@ -542,6 +544,9 @@ export class Reservations {
   add(deadlineNs: bigint, camera: number): () => void {
     const r: Reservation = { deadlineNs, camera };
     this.#held.add(r);
-    return () => void this.#held.delete(r);
+    this.#onChange?.(camera, 1);
+    return () => {
+      if (this.#held.delete(r)) this.#onChange?.(camera, -1);
+    };
   }
 }

@@ -245,6 +245,8 @@ void BatchScheduler::admit() {
     bool deadlines = false;
     for (const auto & j : waiting_) deadlines = deadlines || j->opts.deadlineNs > 0;
     for (const auto & a : active_) deadlines = deadlines || a->job->opts.deadlineNs > 0;
+    // Admitting together, an idle decoder may hold its waiting requests for those on their way.
+    if (opts_.admitTogether && active_.empty() && holdForComing(now)) return;
     // Admitting together: while a group runs, a waiting request waits for its end and the next group, unless it would then miss.
     // holdMs is that wait and the request's own time in the next group; below 0, nothing is held (no group, or no history).
     double holdMs = -1;
@@ -253,7 +255,6 @@ void BatchScheduler::admit() {
         if (own > 0) holdMs = groupRestMs() + own;
     }
     auto held = [&](const SeqJob & j) { return holdMs >= 0 && (j.opts.deadlineNs == 0 || now + nsOf(holdMs) <= j.opts.deadlineNs); };
-    if (opts_.admitTogether && active_.empty() && holdForComing(now)) return;
     while (!waiting_.empty() && int32_t(active_.size()) < opts_.maxActive) {
         const int32_t seqs = int32_t(active_.size()) + 1;
         // With deadlines, the sharing grows one step at a time, to one past the most that has been timed.

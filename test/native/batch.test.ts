@@ -35,6 +35,8 @@ function fakeImage(nTokens: number, nEmbd: number, seed: number): Float32Array {
 
 const CAMERAS = ['front', 'left', 'right', 'rear'];
 
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
 describe('batched decoding on gemma4-tiny', () => {
   let model: LlamaModel;
   let grammar: LlamaGrammar;
@@ -291,7 +293,7 @@ describe('batched decoding on gemma4-tiny', () => {
         let cleared = false;
         for (let p = before; running && !(cleared && p >= 24); p = ctx.cachedPositions(0)) {
           cleared ||= p < before;
-          await new Promise((resolve) => setTimeout(resolve, 1));
+          await sleep(1);
         }
         assert.ok(running, 'camera 0 was still generating when camera 1 came');
         const startedAt = ctx.cachedPositions(0);
@@ -321,7 +323,6 @@ describe('batched decoding on gemma4-tiny', () => {
 
   test('admitting together, an idle decoder holds a request for one on its way (expect), so both go in one group', async () => {
     const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${k}: the corridor`, addSpecial: true }];
-    const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
     // Camera 0 asks; camera 1 asks a moment later. Announced, camera 0 has decoded nothing by then.
     const pair = async (announce: boolean): Promise<{ results: GenerateResult[]; positions: number }> => {
       const ctx = await model.createContext({ nCtx: 512, nSeq: 2, threads: 1, admitTogether: true, groupWaitMs: 1000 });
@@ -390,7 +391,6 @@ describe('batched decoding on gemma4-tiny', () => {
 
   test('an idle decoder whose history predicts every request to miss still admits one (a probe) after a second without steps', async () => {
     const ctx = await model.createContext({ nCtx: 512, nSeq: 2, threads: 1 });
-    const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
     try {
       const prompt = (k: number): PromptSegment[] => [{ text: `Camera front, frame ${k}: the robot`, addSpecial: true }];
       const options = { maxTokens: 200, ignoreEos: true, seq: 1 };
@@ -521,7 +521,6 @@ describe('batched decoding on gemma4-tiny', () => {
     // first: all of them for a request without a deadline, none for one whose deadline is earlier
     // than theirs. Only times this run measured are compared, so no machine is too slow for it.
     const ctx = await model.createContext({ nCtx: 1024, nSeq: 5, maxActive: 1, threads: 1 });
-    const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
     try {
       const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${k}: the robot`, addSpecial: true }];
       const burst = await Promise.all([0, 1, 2, 3, 4].map((seq) => ctx.generate(prompt(seq), { maxTokens: 20, ignoreEos: true, seq })));
@@ -609,7 +608,7 @@ describe('batched decoding on gemma4-tiny', () => {
       let rest = 0;
       let own = 0;
       for (let tries = 0; tries < 1000 && !(rest > 0); tries++) {
-        await new Promise((resolve) => setTimeout(resolve, 1));
+        await sleep(1);
         if (ctx.cachedPositions(0) < 8) continue;
         const none = ctx.predictedMs(far);
         const two = ctx.predictedMs(far, 2);

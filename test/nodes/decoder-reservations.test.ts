@@ -56,4 +56,20 @@ describe('Reservations', () => {
     // One more than the window later: every reservation counts.
     assert.equal(r.ahead(t + 3_000_000n + W + 1n, 7), 5);
   });
+  test('onChange hears each reservation added and each removed once, however often its release is called', () => {
+    const heard: [number, number][] = [];
+    const r = new Reservations((camera, delta) => heard.push([camera, delta]));
+    const first = r.add(1n, 3);
+    const second = r.add(2n, 5);
+    first();
+    first();
+    second();
+    assert.deepEqual(heard, [
+      [3, 1],
+      [5, 1],
+      [3, -1],
+      [5, -1],
+    ]);
+    assert.equal(r.size, 0);
+  });
 });
