@@ -53,13 +53,21 @@ export interface ServerInfo {
   readonly model: string;
   /** The probe's round trip (ms): it ran vision, prefill and a schema-constrained decode on the server. */
   readonly probeMs: number;
-  /** How each frame's output is constrained: percept's own finite grammar (GBNF) where the server
-   * takes one (llama-server's `grammar`), else the schema as response_format json_schema. */
-  readonly constraint: 'grammar' | 'json_schema';
+  /** The request field that constrains each frame's output: percept's own finite grammar (GBNF) where the
+   * server takes one (see GrammarField), else the schema as `json_schema` (response_format). */
+  readonly constraint: GrammarField | 'json_schema';
+  /** Why a server that takes grammars got the json_schema instead: what it answered to percept's grammar. */
+  readonly grammarRefused: string | null;
 }
 
-/** Servers that take percept's GBNF in the request's `grammar` field: llama.cpp's llama-server. */
-const GRAMMAR_SERVERS: readonly string[] = ['llamacpp'];
+/**
+ * Where a server takes percept's GBNF: llama-server's `grammar`; vLLM's `structured_outputs.grammar` from 0.10.2
+ * (XGrammar or llguidance reads it), its `guided_grammar` before.
+ */
+export type GrammarField = 'grammar' | 'structured_outputs' | 'guided_grammar';
+
+/** The first vLLM that takes `structured_outputs` (0.12 dropped `guided_grammar`). */
+const VLLM_STRUCTURED_OUTPUTS = [0, 10, 2];
 
 export interface OpenAIDecoderStage extends Stage<CameraFrame, Generation> {
   readonly server: ServerInfo;
@@ -367,11 +375,18 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
       chat_template_kwargs: { enable_thinking: false },
     });
 
-  const probed = await probeServer(baseUrl, chatUrl, headers, model, body, config.maxNewTokens ?? PROBE_MAX_TOKENS);
-  const takesGrammar = GRAMMAR_SERVERS.includes(probed.name);
-  // The same bounded grammar the local decoder runs: llama-server's own json_schema grammar leaves numbers unbounded.
-  if (takesGrammar) constraint = { grammar: jsonSchemaToGbnf(config.actionSchema.schema) };
-  const server: ServerInfo = { ...probed, constraint: takesGrammar ? 'grammar' : 'json_schema' };
+  const probeTokens = config.maxNewTokens ?? PROBE_MAX_TOKENS;
+  const probed = await probeServer(baseUrl, chatUrl, headers, model, body, probeTokens);
+  // The same bounded grammar the local decoder runs: servers' own json_schema grammars leave numbers unbounded.
+  const field = await grammarField(probed.name, baseUrl, headers);
+  let grammarRefused: string | null = null;
+  if (field) {
+    const gbnf = jsonSchemaToGbnf(config.actionSchema.schema);
+    constraint = field === 'structured_outputs' ? { structured_outputs: { grammar: gbnf } } : { [field]: gbnf };
+    grammarRefused = await probeGrammar(chatUrl, headers, body, probeTokens);
+    if (grammarRefused !== null) constraint = { response_format: responseFormat };
+  }
+  const server: ServerInfo = { ...probed, constraint: field && grammarRefused === null ? field : 'json_schema', grammarRefused };
   const who = `${server.name} at ${baseUrl}`;
   /** The fastest reply so far (ms): what a retry needs left before the deadline to be worth starting. */
   let fastestMs = Infinity;
@@ -456,6 +471,67 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
   return { name: 'decode', concurrency: config.concurrency, server, process };
 }
 
+/** Where the server named `name` (GET /v1/models' owned_by) takes percept's GBNF, or null. */
+async function grammarField(name: string, baseUrl: string, headers: Record<string, string>): Promise<GrammarField | null> {
+  if (name === 'llamacpp') return 'grammar';
+  if (name !== 'vllm') return null;
+  // vLLM answers GET /version at its root with {"version": "0.11.0"}; a server that does not is taken as current.
+  const root = baseUrl.replace(/\/v1$/, '');
+  try {
+    const { body } = await request(`${root}/version`, { headers, signal: AbortSignal.timeout(PROBE_TIMEOUT_MS) });
+    const version = String((body as { version?: unknown }).version ?? '')
+      .split(/[.+-]/)
+      .slice(0, 3)
+      .map(Number);
+    if (version.length === 3 && version.every(Number.isFinite)) {
+      const older = version.findIndex((v, i) => v !== VLLM_STRUCTURED_OUTPUTS[i]);
+      if (older >= 0 && version[older]! < VLLM_STRUCTURED_OUTPUTS[older]!) return 'guided_grammar';
+    }
+  } catch (err) {
+    if (!(err instanceof RequestError)) throw err;
+  }
+  return 'structured_outputs';
+}
+
+/** One probe under percept's grammar: null when the server took it and replied JSON, else what went wrong. */
+async function probeGrammar(
+  chatUrl: string,
+  headers: Record<string, string>,
+  body: (image: string, maxTokens: number, seed: number) => string,
+  maxTokens: number,
+): Promise<string | null> {
+  try {
+    const reply = await request(chatUrl, {
+      method: 'POST',
+      headers,
+      body: body(await probeImage(), maxTokens, 0),
+      signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
+    });
+    const choice = asCompletion(reply.body, chatUrl).choices[0]!;
+    const text = choice.message?.content ?? '';
+    if (choice.finish_reason !== 'stop') return null;
+    try {
+      JSON.parse(text);
+      return null;
+    } catch {
+      return `under it, the reply was not JSON: ${JSON.stringify(text.slice(0, SNIPPET_CHARS))}`;
+    }
+  } catch (err) {
+    if (err instanceof RequestError) return err.message;
+    if ((err as Error).name === 'TimeoutError') return `it did not answer a probe under the grammar within ${PROBE_TIMEOUT_MS} ms`;
+    throw err;
+  }
+}
+
+/** The probes' image: a flat grey square, as a data URL. */
+const probeImage = (): Promise<string> =>
+  imageDataUrl({
+    encoding: 'mono8',
+    data: Buffer.alloc(PROBE_IMAGE_SIDE * PROBE_IMAGE_SIDE, 128),
+    width: PROBE_IMAGE_SIDE,
+    height: PROBE_IMAGE_SIDE,
+  });
+
 /** Finds who serves `model` at `baseUrl` and checks it takes an image and a json_schema response_format:
  * a small request with both must come back as JSON. Every failure names the server and what is missing. */
 async function probeServer(
@@ -465,7 +541,7 @@ async function probeServer(
   model: string,
   body: (image: string, maxTokens: number, seed: number) => string,
   maxTokens: number,
-): Promise<Omit<ServerInfo, 'constraint'>> {
+): Promise<Omit<ServerInfo, 'constraint' | 'grammarRefused'>> {
   const fail = (what: string, cause?: unknown): Error =>
     new Error(`decoder: the OpenAI-compatible server at ${baseUrl} ${what}`, cause === undefined ? undefined : { cause });
   const modelsUrl = `${baseUrl}/models`;
@@ -490,8 +566,7 @@ async function probeServer(
   const lacks = (what: string, detail: string, cause?: unknown): Error =>
     new Error(`decoder: ${who} (model ${JSON.stringify(model)}) lacks ${what}: ${detail}`, cause === undefined ? undefined : { cause });
 
-  const gray = Buffer.alloc(PROBE_IMAGE_SIDE * PROBE_IMAGE_SIDE, 128);
-  const image = await imageDataUrl({ encoding: 'mono8', data: gray, width: PROBE_IMAGE_SIDE, height: PROBE_IMAGE_SIDE });
+  const image = await probeImage();
   const t0 = performance.now();
   let reply: Reply;
   try {

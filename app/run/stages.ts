@@ -155,8 +155,10 @@ export async function createRemoteDecoder(
   const { server } = decoder;
   log(
     `decoder: ${server.name} at ${server.baseUrl}, model ${server.model}, ${config.decoder.concurrency} in flight, ` +
-      `constrained by ${server.constraint === 'grammar' ? "percept's grammar" : 'response_format json_schema'} (probe ${server.probeMs.toFixed(0)} ms)`,
+      `constrained by ${server.constraint === 'json_schema' ? 'response_format json_schema' : `percept's grammar (${server.constraint})`} (probe ${server.probeMs.toFixed(0)} ms)`,
   );
+  if (server.grammarRefused)
+    log(`decoder: ${server.name} refused percept's grammar, so numbers are bounded only by the actions stage: ${server.grammarRefused}`);
   if (warmup) {
     const { standaloneContext } = await import('../../pipeline/standalone.ts');
     const knobs = new DegradeLadder(warmup.ladder, config.budgets.endToEndMs).knobsAt(0);

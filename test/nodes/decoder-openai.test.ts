@@ -23,6 +23,7 @@ import {
   type OpenAIDecoderStage,
   type OpenAIDecoderStageConfig,
 } from '../../nodes/decoder-openai.ts';
+import { jsonSchemaToGbnf } from '../../native/schema-grammar.ts';
 import type { ActionMessage } from '../../nodes/payloads.ts';
 import { RealClock, msToNs } from '../../pipeline/clock.ts';
 import { ConfigError, loadConfig } from '../../pipeline/config.ts';
@@ -131,6 +132,7 @@ describe('against llama-server (same llama.cpp tree, tiny Gemma 4 + gemma4v mmpr
     const decoder = stages.chain.stages[0] as unknown as OpenAIDecoderStage;
     assert.equal(decoder.server.name, 'llamacpp');
     assert.equal(decoder.server.constraint, 'grammar');
+    assert.equal(decoder.server.grammarRefused, null);
     const graph = createGraph({
       source: await createSource(config.source, config.preprocess.maxPixels),
       stages: stages.chain,
@@ -460,6 +462,51 @@ describe('retries, timeouts and concurrency (stub server)', () => {
     } finally {
       await stub.close();
     }
+  });
+
+  test("vLLM gets percept's grammar in the field its version reads; one that refuses it gets the json_schema, saying why", async () => {
+    // What a vLLM answers: /v1/models owned by "vllm", /version at its root. Each chat request's constraint is kept.
+    const vllm = async (version: string | null, refuseGrammar = false) => {
+      const constraints: string[] = [];
+      const grammars: unknown[] = [];
+      const srv = createServer((req, res) => {
+        let text = '';
+        req.on('data', (chunk: Buffer) => (text += chunk.toString()));
+        req.on('end', () => {
+          if (req.url === '/v1/models') return res.end(JSON.stringify({ data: [{ id: 'stub', owned_by: 'vllm' }] }));
+          if (req.url === '/version') return version === null ? res.writeHead(404).end('{}') : res.end(JSON.stringify({ version }));
+          const sent = JSON.parse(text) as Record<string, unknown>;
+          const field = ['structured_outputs', 'guided_grammar', 'response_format'].find((k) => k in sent)!;
+          constraints.push(field);
+          if (refuseGrammar && field !== 'response_format') {
+            return res.writeHead(400).end(JSON.stringify({ error: { message: 'grammar is not supported by this backend' } }));
+          }
+          if (field !== 'response_format')
+            grammars.push(field === 'structured_outputs' ? (sent[field] as { grammar?: unknown }).grammar : sent[field]);
+          res.end(JSON.stringify({ choices: [{ finish_reason: 'stop', message: { content: VALID_REPLY } }] }));
+        });
+      });
+      await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve));
+      try {
+        const url = `http://127.0.0.1:${(srv.address() as AddressInfo).port}`;
+        const { server } = await createOpenAIDecoderStage(stageConfig(url, { model: 'stub' }));
+        for (const gbnf of grammars) assert.equal(gbnf, jsonSchemaToGbnf(schema.schema), 'the GBNF the local decoder runs');
+        return { server, constraints };
+      } finally {
+        await new Promise<void>((resolve) => srv.close(() => resolve()));
+      }
+    };
+    const current = await vllm('0.11.2');
+    assert.equal(current.server.constraint, 'structured_outputs');
+    assert.deepEqual(current.constraints, ['response_format', 'structured_outputs']);
+    assert.equal((await vllm('0.10.2+cu128')).server.constraint, 'structured_outputs');
+    assert.equal((await vllm(null)).server.constraint, 'structured_outputs', 'no /version: taken as current');
+    const old = await vllm('0.9.2');
+    assert.equal(old.server.constraint, 'guided_grammar');
+    assert.deepEqual(old.constraints, ['response_format', 'guided_grammar']);
+    const refusing = await vllm('0.11.2', true);
+    assert.equal(refusing.server.constraint, 'json_schema');
+    assert.match(refusing.server.grammarRefused ?? '', /answered 400 .*grammar is not supported by this backend/);
   });
 
   test('a server that ignores response_format fails at load: it lacks structured output', async () => {
