@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+# Summarizes kernels.csv (sections "## ppN", each an nsys cuda_gpu_kern_sum or an ncu --csv dump) by kernel and kind.
+import csv, io, re, sys
+from collections import defaultdict
+text = open(sys.argv[1]).read()
+def kind(n):
+    n = n.lower()
+    if 'flash_attn' in n or 'fattn' in n: return 'attention'
+    if 'mul_mat_q' in n or 'mmq' in n: return 'matmul (MMQ)'
+    if 'gemm' in n or 'cublas' in n or 'nvjet' in n or 'xmma' in n: return 'matmul (cuBLAS)'
+    if 'mul_mat_vec' in n or 'mmv' in n: return 'matvec'
+    if 'quantize' in n: return 'quantize activations'
+    if 'get_rows' in n: return 'get_rows'
+    if 'norm' in n: return 'norm'
+    if 'rope' in n: return 'rope'
+    if 'convert' in n or 'cpy' in n: return 'copy/convert'
+    return 'elementwise/other'
+for sec in re.split(r'^## ', text, flags=re.M)[1:]:
+    tag, body = sec.split('\n', 1)
+    lines = [l for l in body.splitlines() if l.startswith('"') or l.startswith('Time') or l.startswith('ID')]
+    rows = list(csv.reader(io.StringIO('\n'.join(lines))))
+    if not rows: print(tag, 'no rows'); continue
+    hdr = rows[0]; per = defaultdict(float); cnt = defaultdict(int)
+    if 'Metric Value' in hdr:
+        ni, vi, ui = hdr.index('Kernel Name'), hdr.index('Metric Value'), hdr.index('Metric Unit')
+        for r in rows[1:]:
+            if len(r) <= vi: continue
+            v = float(r[vi].replace(',', '')); u = r[ui]
+            ms = v / 1e6 if u == 'nsecond' else v / 1e3 if u == 'usecond' else v if u == 'msecond' else v / 1e6
+            per[r[ni][:90]] += ms; cnt[r[ni][:90]] += 1
+        reps = 1
+    else:
+        ni, ti, ci = hdr.index('Name'), hdr.index('Total Time (ns)'), hdr.index('Instances')
+        for r in rows[1:]:
+            per[r[ni][:90]] += float(r[ti]) / 1e6; cnt[r[ni][:90]] += int(r[ci])
+        reps = 3  # nsys run: warm-up + 2 repetitions
+    total = sum(per.values()) / reps
+    bykind = defaultdict(float)
+    for k, v in per.items(): bykind[kind(k)] += v / reps
+    print(f'== {tag}: {total:.2f} ms of kernels per prefill')
+    for k, v in sorted(bykind.items(), key=lambda x: -x[1]): print(f'   {k:24s} {v:8.2f} ms {100*v/total:5.1f} %')
+    for k, v in sorted(per.items(), key=lambda x: -x[1])[:15]: print(f'   {v/reps:8.3f} ms x{cnt[k]//reps:<5d} {k}')
