@@ -14,6 +14,7 @@ import { createStages } from '../../app/run/run.ts';
 import { createSource } from '../../app/run/stages.ts';
 import { startLlamaServer, type LlamaServer } from '../../app/bench/llama-server.ts';
 import { resolveModel } from '../../models/resolve.ts';
+import { jsonSchemaToGbnf } from '../../native/schema-grammar.ts';
 import { loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
 import {
   apiBaseUrl,
@@ -23,7 +24,6 @@ import {
   type OpenAIDecoderStage,
   type OpenAIDecoderStageConfig,
 } from '../../nodes/decoder-openai.ts';
-import { jsonSchemaToGbnf } from '../../native/schema-grammar.ts';
 import type { ActionMessage } from '../../nodes/payloads.ts';
 import { RealClock, msToNs } from '../../pipeline/clock.ts';
 import { ConfigError, loadConfig } from '../../pipeline/config.ts';
