@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-# Summarizes kernels.csv (sections "## ppN", each an nsys cuda_gpu_kern_sum or an ncu --csv dump) by kernel and kind.
+# Summarizes kernel times by kind (quantized matmul, attention, ...) and the top kernels: an ncu --csv dump, an nsys
+# cuda_gpu_kern_sum, or a file of sections headed "## NAME" holding either.
 import csv, io, re, sys
 from collections import defaultdict
 text = open(sys.argv[1]).read()
@@ -15,7 +16,8 @@ def kind(n):
     if 'rope' in n: return 'rope'
     if 'convert' in n or 'cpy' in n: return 'copy/convert'
     return 'elementwise/other'
-for sec in re.split(r'^## ', text, flags=re.M)[1:]:
+sections = re.split(r'^## ', text, flags=re.M)[1:] or [f'{sys.argv[1]}\n{text}']
+for sec in sections:
     tag, body = sec.split('\n', 1)
     lines = [l for l in body.splitlines() if l.startswith('"') or l.startswith('Time') or l.startswith('ID')]
     rows = list(csv.reader(io.StringIO('\n'.join(lines))))
