@@ -66,8 +66,8 @@ export interface ServerInfo {
  */
 export type GrammarField = 'grammar' | 'structured_outputs' | 'guided_grammar';
 
-/** The first vLLM that takes `structured_outputs` (0.12 dropped `guided_grammar`). */
-const VLLM_STRUCTURED_OUTPUTS = [0, 10, 2];
+/** The first vLLM that takes `structured_outputs`, 0.10.2, as major·10⁶ + minor·10³ + patch (0.12 dropped `guided_grammar`). */
+const VLLM_STRUCTURED_OUTPUTS = 10_002;
 
 export interface OpenAIDecoderStage extends Stage<CameraFrame, Generation> {
   readonly server: ServerInfo;
@@ -383,10 +383,11 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
   if (field) {
     const gbnf = jsonSchemaToGbnf(config.actionSchema.schema);
     constraint = field === 'structured_outputs' ? { structured_outputs: { grammar: gbnf } } : { [field]: gbnf };
-    grammarRefused = await probeGrammar(chatUrl, headers, body, probeTokens);
+    grammarRefused = await probeGrammar(chatUrl, headers, body(probed.image, probeTokens, 0));
     if (grammarRefused !== null) constraint = { response_format: responseFormat };
   }
-  const server: ServerInfo = { ...probed, constraint: field && grammarRefused === null ? field : 'json_schema', grammarRefused };
+  const { image: _, ...info } = probed;
+  const server: ServerInfo = { ...info, constraint: field && grammarRefused === null ? field : 'json_schema', grammarRefused };
   const who = `${server.name} at ${baseUrl}`;
   /** The fastest reply so far (ms): what a retry needs left before the deadline to be worth starting. */
   let fastestMs = Infinity;
@@ -479,14 +480,10 @@ async function grammarField(name: string, baseUrl: string, headers: Record<strin
   const root = baseUrl.replace(/\/v1$/, '');
   try {
     const { body } = await request(`${root}/version`, { headers, signal: AbortSignal.timeout(PROBE_TIMEOUT_MS) });
-    const version = String((body as { version?: unknown }).version ?? '')
+    const [major, minor, patch] = String((body as { version?: unknown }).version ?? '')
       .split(/[.+-]/)
-      .slice(0, 3)
       .map(Number);
-    if (version.length === 3 && version.every(Number.isFinite)) {
-      const older = version.findIndex((v, i) => v !== VLLM_STRUCTURED_OUTPUTS[i]);
-      if (older >= 0 && version[older]! < VLLM_STRUCTURED_OUTPUTS[older]!) return 'guided_grammar';
-    }
+    if (major! * 1e6 + minor! * 1e3 + patch! < VLLM_STRUCTURED_OUTPUTS) return 'guided_grammar';
   } catch (err) {
     if (!(err instanceof RequestError)) throw err;
   }
@@ -494,28 +491,11 @@ async function grammarField(name: string, baseUrl: string, headers: Record<strin
 }
 
 /** One probe under percept's grammar: null when the server took it and replied JSON, else what went wrong. */
-async function probeGrammar(
-  chatUrl: string,
-  headers: Record<string, string>,
-  body: (image: string, maxTokens: number, seed: number) => string,
-  maxTokens: number,
-): Promise<string | null> {
+async function probeGrammar(chatUrl: string, headers: Record<string, string>, body: string): Promise<string | null> {
   try {
-    const reply = await request(chatUrl, {
-      method: 'POST',
-      headers,
-      body: body(await probeImage(), maxTokens, 0),
-      signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
-    });
-    const choice = asCompletion(reply.body, chatUrl).choices[0]!;
-    const text = choice.message?.content ?? '';
-    if (choice.finish_reason !== 'stop') return null;
-    try {
-      JSON.parse(text);
-      return null;
-    } catch {
-      return `under it, the reply was not JSON: ${JSON.stringify(text.slice(0, SNIPPET_CHARS))}`;
-    }
+    const reply = await request(chatUrl, { method: 'POST', headers, body, signal: AbortSignal.timeout(PROBE_TIMEOUT_MS) });
+    const text = notJson(asCompletion(reply.body, chatUrl));
+    return text === null ? null : `under it, the reply was not JSON: ${text}`;
   } catch (err) {
     if (err instanceof RequestError) return err.message;
     if ((err as Error).name === 'TimeoutError') return `it did not answer a probe under the grammar within ${PROBE_TIMEOUT_MS} ms`;
@@ -523,14 +503,18 @@ async function probeGrammar(
   }
 }
 
-/** The probes' image: a flat grey square, as a data URL. */
-const probeImage = (): Promise<string> =>
-  imageDataUrl({
-    encoding: 'mono8',
-    data: Buffer.alloc(PROBE_IMAGE_SIDE * PROBE_IMAGE_SIDE, 128),
-    width: PROBE_IMAGE_SIDE,
-    height: PROBE_IMAGE_SIDE,
-  });
+/** A reply that stopped on its own with text that is not JSON: the start of that text, quoted; else null. */
+function notJson(completion: ChatCompletion): string | null {
+  const choice = completion.choices[0]!;
+  const text = choice.message?.content ?? '';
+  if (choice.finish_reason !== 'stop') return null;
+  try {
+    JSON.parse(text);
+    return null;
+  } catch {
+    return JSON.stringify(text.slice(0, SNIPPET_CHARS));
+  }
+}
 
 /** Finds who serves `model` at `baseUrl` and checks it takes an image and a json_schema response_format:
  * a small request with both must come back as JSON. Every failure names the server and what is missing. */
@@ -541,7 +525,7 @@ async function probeServer(
   model: string,
   body: (image: string, maxTokens: number, seed: number) => string,
   maxTokens: number,
-): Promise<Omit<ServerInfo, 'constraint' | 'grammarRefused'>> {
+): Promise<Omit<ServerInfo, 'constraint' | 'grammarRefused'> & { readonly image: string }> {
   const fail = (what: string, cause?: unknown): Error =>
     new Error(`decoder: the OpenAI-compatible server at ${baseUrl} ${what}`, cause === undefined ? undefined : { cause });
   const modelsUrl = `${baseUrl}/models`;
@@ -566,7 +550,8 @@ async function probeServer(
   const lacks = (what: string, detail: string, cause?: unknown): Error =>
     new Error(`decoder: ${who} (model ${JSON.stringify(model)}) lacks ${what}: ${detail}`, cause === undefined ? undefined : { cause });
 
-  const image = await probeImage();
+  const gray = Buffer.alloc(PROBE_IMAGE_SIDE * PROBE_IMAGE_SIDE, 128);
+  const image = await imageDataUrl({ encoding: 'mono8', data: gray, width: PROBE_IMAGE_SIDE, height: PROBE_IMAGE_SIDE });
   const t0 = performance.now();
   let reply: Reply;
   try {
@@ -587,18 +572,8 @@ async function probeServer(
       throw lacks('structured output (it refused response_format json_schema)', err.message, err);
     throw fail(`failed a probe request with an image and the action schema: ${err.message}`, err);
   }
-  const completion = asCompletion(reply.body, chatUrl);
-  const choice = completion.choices[0]!;
-  const text = choice.message?.content ?? '';
-  if (choice.finish_reason === 'stop') {
-    try {
-      JSON.parse(text);
-    } catch {
-      throw lacks(
-        'structured output',
-        `asked for response_format json_schema, it replied with text that is not JSON: ${JSON.stringify(text.slice(0, SNIPPET_CHARS))}`,
-      );
-    }
-  }
-  return { baseUrl, name, model, probeMs: performance.now() - t0 };
+  const text = notJson(asCompletion(reply.body, chatUrl));
+  if (text !== null)
+    throw lacks('structured output', `asked for response_format json_schema, it replied with text that is not JSON: ${text}`);
+  return { baseUrl, name, model, probeMs: performance.now() - t0, image };
 }

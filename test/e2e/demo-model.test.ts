@@ -1,5 +1,6 @@
-// The trained demo model through the whole pipeline on the CPU: it agrees with PyTorch on the sample bag,
-// and the image path keeps meaning what the image shows (orientation, channel order, colour, resolution).
+// The trained demo model through the whole pipeline on the CPU (on a CUDA build, PERCEPT_TEST_GPU_LAYERS puts it on the GPU):
+// it agrees with PyTorch on the sample bag, and the image path keeps meaning what the image shows (orientation, channel
+// order, colour, resolution).
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -51,6 +52,8 @@ const LOGIT_TOLERANCE = 0.1;
 const MTMD_BOX_TOLERANCE = 0.02;
 /** The least share of the trained draft's drafts accepted on the sample frames, greedy under the grammar. */
 const MIN_ACCEPTANCE = 0.6;
+/** Decoder layers and the mmproj encoder on the GPU, for a CUDA build (tools/device/); 0 here, on the CPU. */
+const GPU_LAYERS = Number(process.env.PERCEPT_TEST_GPU_LAYERS ?? 0);
 
 const decision = (a: Action | undefined) => a && { action: a.action, label: a.target?.label, hazards: a.hazards ?? [] };
 
@@ -61,6 +64,7 @@ async function actionsOf(bag: string, out: string, edit: (config: ConfigJson) =>
   const json = JSON.parse(readFileSync(join(REPO_ROOT, 'configs/default.json'), 'utf8')) as ConfigJson;
   delete json.$schema;
   json.actions = { schema: join(REPO_ROOT, 'configs/actions/robot-action.schema.json') };
+  json.decoder = { ...json.decoder, gpuLayers: GPU_LAYERS };
   edit(json);
   const config = join(dir, `${out.split('/').at(-1)}.json`);
   writeFileSync(config, JSON.stringify(json));
@@ -84,7 +88,11 @@ describe('the demo model against PyTorch', () => {
   });
 
   test(`percept on the CPU, the mmproj encoder (llama.cpp's clip): PyTorch's decision on every frame, boxes within ${MTMD_BOX_TOLERANCE}`, async (t) => {
-    const got = await actionsOf(sampleBag, join(dir, 'sample-mtmd'), (c) => (c.encoder = { kind: 'mtmd', mmproj: 'demo:gemma4-robot' }));
+    const got = await actionsOf(
+      sampleBag,
+      join(dir, 'sample-mtmd'),
+      (c) => (c.encoder = { kind: 'mtmd', mmproj: 'demo:gemma4-robot', gpuLayers: GPU_LAYERS }),
+    );
     assert.equal(got.length, TORCH.length);
     const same = got.filter((a, i) => isDeepStrictEqual(a, TORCH[i])).length;
     t.diagnostic(`mtmd: ${same} of ${got.length} actions identical to PyTorch's`);

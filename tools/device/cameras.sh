@@ -3,18 +3,13 @@
 set -uo pipefail
 OUT=${1:?OUT}; source tools/device/setup.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a $OUT/log.txt
-which nsys ncu nvcc | tee -a $OUT/log.txt
-( NODE_OPTIONS=--max-old-space-size=16000 synth > /tmp/synth.log 2>&1; echo "synth rc $?" >> /tmp/synth.log ) &
-SP=$!
-log "build"; build || exit 1; log "built"
-wait $SP; cat /tmp/synth.log | tee -a $OUT/log.txt
-M=$(sed -n 's/^M=//p' /tmp/synth.log); E=$(sed -n 's/^E=//p' /tmp/synth.log)
+prepare || exit 1
 for r in ${RUNS:-280:together 280:each 70:together 70:each}; do
   tok=${r%%:*}; adm=${r##*:}
   [ $(el) -lt ${STOP_AT:-470} ] || { log "skip $r (time)"; continue; }
   log "cameras $tok $adm"
   $P bench cameras --cameras 16 --fps 10 --seconds 10 --image-tokens $tok --budget-ms 1000 -m "$M" -e "$E" --gpu-layers 99 \
-    --admit $adm --json > $OUT/cameras-$tok-$adm.json 2>> $OUT/err.txt || tail -20 $OUT/err.txt
+    --admit $adm ${CAMERAS_ARGS:-} --json > $OUT/cameras-$tok-$adm.json 2>> $OUT/err.txt || tail -20 $OUT/err.txt
   node -e "const j=require('$OUT/cameras-$tok-$adm.json'); console.log(JSON.stringify({admit:j.admit, actions_per_s:j.actions_per_s, ceiling_share:j.ceiling_share, ceiling:j.ceiling, batch_mean:j.decode_batch_mean, graph_reuse:j.decode_graph_reuse, p50:j.e2e_ms_p50, p99:j.e2e_ms_p99, in:j.frames_in, out:j.frames_out, fair:j.fairness}))" 2>&1 | tee -a $OUT/log.txt
 done
 if [ $(el) -lt ${FRAME_BY:-500} ]; then

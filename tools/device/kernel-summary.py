@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Summarizes kernel times by kind (quantized matmul, attention, ...) and the top kernels: an ncu --csv dump, an nsys
-# cuda_gpu_kern_sum, or a file of sections headed "## NAME" holding either.
+# cuda_gpu_kern_sum, or a file of sections headed "## NAME" holding either, each of one prefill.
 import csv, io, re, sys
 from collections import defaultdict
 text = open(sys.argv[1]).read()
@@ -30,15 +30,13 @@ for sec in sections:
             v = float(r[vi].replace(',', '')); u = r[ui]
             ms = v / 1e6 if u == 'nsecond' else v / 1e3 if u == 'usecond' else v if u == 'msecond' else v / 1e6
             per[r[ni][:90]] += ms; cnt[r[ni][:90]] += 1
-        reps = 1
     else:
         ni, ti, ci = hdr.index('Name'), hdr.index('Total Time (ns)'), hdr.index('Instances')
         for r in rows[1:]:
             per[r[ni][:90]] += float(r[ti]) / 1e6; cnt[r[ni][:90]] += int(r[ci])
-        reps = 3  # nsys run: warm-up + 2 repetitions
-    total = sum(per.values()) / reps
+    total = sum(per.values())
     bykind = defaultdict(float)
-    for k, v in per.items(): bykind[kind(k)] += v / reps
+    for k, v in per.items(): bykind[kind(k)] += v
     print(f'== {tag}: {total:.2f} ms of kernels per prefill')
     for k, v in sorted(bykind.items(), key=lambda x: -x[1]): print(f'   {k:24s} {v:8.2f} ms {100*v/total:5.1f} %')
-    for k, v in sorted(per.items(), key=lambda x: -x[1])[:15]: print(f'   {v/reps:8.3f} ms x{cnt[k]//reps:<5d} {k}')
+    for k, v in sorted(per.items(), key=lambda x: -x[1])[:15]: print(f'   {v:8.3f} ms x{cnt[k]:<5d} {k}')

@@ -1,5 +1,5 @@
 # Sourced by every device script: node on the PATH, node_modules and build/llama.cpp unpacked once per machine,
-# the CUDA addon built once (the build stays on a warm machine between calls).
+# and the steps the scripts share. A warm machine keeps the build and the checkpoints between calls.
 T0=${T0:-$(date +%s)}
 el() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[+$(el)s] $*" | tee -a "$OUT/log.txt"; }
@@ -8,10 +8,45 @@ mkdir -p "$OUT" /tmp/nodebin
 export PATH=/tmp/nodebin:$PATH
 [ -d node_modules/rxjs ] || { tar -xJf .carry/device/tree.tar.xz && log "unpacked"; }
 P="node --import tsx app/cli.ts"
-MODEL='synth:gemma4-e4b?wtype=q4_k'
-MMPROJ='synth:gemma4-vision-e4b-mmproj?dtype=f16'
-synth() { node --import tsx --input-type=module -e "const {resolveModel}=await import('./models/resolve.ts'); for (const [s,k] of [['$MODEL','decoder'],['$MMPROJ','mmproj']]) console.log((k==='decoder'?'M=':'E=')+await resolveModel(s,k));"; }
-build() {
-  if grep -q "GGML_CUDA:BOOL=ON" build/native/CMakeCache.txt 2>/dev/null && [ -f build/native/Release/percept.node ]; then return 0; fi
-  PERCEPT_CUDA=1 PERCEPT_BUILD_JOBS=16 PERCEPT_PEERS=llama-bench node tools/build-native.mjs > /tmp/build.log 2>&1 || { tail -40 /tmp/build.log | tee -a "$OUT/log.txt"; return 1; }
+LB=build/native/bin/llama-bench
+
+# M and E: the E4B checkpoint and its tower, synthesized (cached in .cache/models) while the CUDA addon and
+# llama-bench build (~250 s on 16 cores, once per machine).
+prepare() {
+  node --import tsx --input-type=module -e "const {resolveModel}=await import('./models/resolve.ts');
+    console.log('M=' + await resolveModel('synth:gemma4-e4b?wtype=q4_k', 'decoder'));
+    console.log('E=' + await resolveModel('synth:gemma4-vision-e4b-mmproj?dtype=f16', 'mmproj'));" > /tmp/synth.log 2>&1 &
+  local synth=$!
+  log "build"
+  if ! grep -q "GGML_CUDA:BOOL=ON" build/native/CMakeCache.txt 2>/dev/null || ! [ -f build/native/Release/percept.node ]; then
+    PERCEPT_CUDA=1 PERCEPT_BUILD_JOBS=16 PERCEPT_PEERS=llama-bench node tools/build-native.mjs > /tmp/build.log 2>&1 ||
+      { tail -40 /tmp/build.log | tee -a "$OUT/log.txt"; return 1; }
+  fi
+  [ -x $LB ] || node tools/build-native.mjs --peers llama-bench > /tmp/build.log 2>&1 || { tail -20 /tmp/build.log | tee -a "$OUT/log.txt"; return 1; }
+  wait $synth || { cat /tmp/synth.log | tee -a "$OUT/log.txt"; return 1; }
+  M=$(sed -n 's/^M=//p' /tmp/synth.log); E=$(sed -n 's/^E=//p' /tmp/synth.log)
+  log "built; $M, $E"
+}
+
+# llama-bench's prefill at 290 and 4640 positions and its decode, flash attention on, ubatch 4096.
+llama_bench() {
+  log "llama-bench"
+  $LB -m "$M" -ngl 99 -fa 1 -b 4096 -ub 4096 -p 290,4640 -n 32 -r 3 -o json > $OUT/llama-bench.json 2>> $OUT/err.txt
+  node -e "for (const r of require('$OUT/llama-bench.json')) console.log('pp', r.n_prompt, 'tg', r.n_gen, Math.round(r.avg_ts), 'tok/s')" | tee -a $OUT/log.txt
+}
+
+# Per-kernel times of one prefill of $1 positions, appended to $OUT/kernels.csv under "## pp$1": nsys where it is
+# installed, else ncu over at most NCU_N kernels and NCU_S seconds. kernel-summary.py reads either.
+kernels() {
+  log "kernels pp$1"
+  local args=(-m "$M" -ngl 99 -fa 1 -b 4096 -ub 4096 -p $1 -n 0 -r 1 --no-warmup)
+  echo "## pp$1" >> $OUT/kernels.csv
+  if command -v nsys >/dev/null; then
+    nsys profile -t cuda -o /tmp/p$1 -f true $LB "${args[@]}" > /dev/null 2>> $OUT/err.txt
+    nsys stats -r cuda_gpu_kern_sum -f csv -o /tmp/k$1 /tmp/p$1.nsys-rep > /dev/null 2>> $OUT/err.txt
+    cat /tmp/k$1_cuda_gpu_kern_sum.csv >> $OUT/kernels.csv
+  else
+    timeout ${NCU_S:-110} ncu --metrics gpu__time_duration.sum --csv --launch-count ${NCU_N:-1400} --cache-control none \
+      --clock-control none $LB "${args[@]}" >> $OUT/kernels.csv 2>> $OUT/err.txt
+  fi
 }
