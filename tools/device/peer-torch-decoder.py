@@ -4,7 +4,7 @@
 # graph, with torch.profiler's per-kernel times of one prefill. The shape is the one the batched decoder prefills:
 # B sequences of N positions (16 cameras x 290), each attending causally to its own positions; the output head runs
 # on each sequence's last position only, as llama.cpp's does. Needs torch with CUDA; prints one JSON line.
-#   python3 tools/peer-torch-decoder.py [--shapes 1x290,16x290] [--layers 42]
+#   python3 tools/device/peer-torch-decoder.py [--shapes 1x290,16x290,1x4640] [--layers 42]
 import argparse, json, math, time, torch, torch.nn as nn, torch.nn.functional as F
 
 # E4B: 42 layers (5 sliding, 1 full) x 7, hidden 2560, 8 heads over 2 KV heads, head 256 (sliding) / 512 (full),
@@ -147,7 +147,7 @@ def profile(f, reps=3):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('--shapes', default='1x290,16x290')
+    ap.add_argument('--shapes', default='1x290,16x290,1x4640')
     ap.add_argument('--layers', type=int, default=42)
     ap.add_argument('--iters', type=int, default=20)
     a = ap.parse_args()

@@ -3,7 +3,7 @@
 T0=${T0:-$(date +%s)}
 el() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[+$(el)s] $*" | tee -a "$OUT/log.txt"; }
-mkdir -p "$OUT" /tmp/nodebin
+mkdir -p "$OUT" ${RES:-$OUT} /tmp/nodebin
 [ -x /tmp/nodebin/node ] || { xz -dc .carry/device/node.xz > /tmp/nodebin/node && chmod +x /tmp/nodebin/node; }
 export PATH=/tmp/nodebin:$PATH
 [ -d node_modules/rxjs ] || { tar -xJf .carry/device/tree.tar.xz && log "unpacked"; }
@@ -19,7 +19,7 @@ prepare() {
   local synth=$!
   log "build"
   if ! grep -q "GGML_CUDA:BOOL=ON" build/native/CMakeCache.txt 2>/dev/null || ! [ -f build/native/Release/percept.node ]; then
-    PERCEPT_CUDA=1 PERCEPT_BUILD_JOBS=16 PERCEPT_PEERS=llama-bench node tools/build-native.mjs > /tmp/build.log 2>&1 ||
+    PERCEPT_CUDA=1 PERCEPT_BUILD_JOBS=${BUILD_JOBS:-16} PERCEPT_PEERS=llama-bench node tools/build-native.mjs > /tmp/build.log 2>&1 ||
       { tail -40 /tmp/build.log | tee -a "$OUT/log.txt"; return 1; }
   fi
   [ -x $LB ] || node tools/build-native.mjs --peers llama-bench > /tmp/build.log 2>&1 || { tail -20 /tmp/build.log | tee -a "$OUT/log.txt"; return 1; }
@@ -28,11 +28,17 @@ prepare() {
   log "built; $M, $E"
 }
 
-# llama-bench's prefill at 290 and 4640 positions and its decode, flash attention on, ubatch 4096.
+# The tool brings back at most 8 files: a script with more results writes them to $RES and calls keep after each step.
+RES=${RES:-$OUT}
+keep() { [ "$RES" = "$OUT" ] || tar -czf $OUT/results.tgz -C $RES .; }
+
+# llama-bench's prefill at $LB_SIZES positions (default 290 and 4640) and its decode, flash attention on, ubatch 4096,
+# into $RES/llama-bench${1:+-$1}.json; run under PERCEPT_CUDA_MMQ_MAX_BATCH for the cuBLAS path.
 llama_bench() {
-  log "llama-bench"
-  $LB -m "$M" -ngl 99 -fa 1 -b 4096 -ub 4096 -p 290,4640 -n 32 -r 3 -o json > $OUT/llama-bench.json 2>> $OUT/err.txt
-  node -e "for (const r of require('$OUT/llama-bench.json')) console.log('pp', r.n_prompt, 'tg', r.n_gen, Math.round(r.avg_ts), 'tok/s')" | tee -a $OUT/log.txt
+  local json=$RES/llama-bench${1:+-$1}.json
+  log "llama-bench ${1:-} (PERCEPT_CUDA_MMQ_MAX_BATCH=${PERCEPT_CUDA_MMQ_MAX_BATCH:-})"
+  $LB -m "$M" -ngl 99 -fa 1 -b 4096 -ub 4096 -p ${LB_SIZES:-290,4640} -n 32 -r 3 -o json > $json 2>> $OUT/err.txt
+  node -e "for (const r of require('$json')) console.log('pp', r.n_prompt, 'tg', r.n_gen, Math.round(r.avg_ts), 'tok/s')" | tee -a $OUT/log.txt
 }
 
 # Per-kernel times of one prefill of $1 positions, appended to $OUT/kernels.csv under "## pp$1": nsys where it is
