@@ -201,6 +201,12 @@ export interface NativeBatchCounts {
   readonly predictedMiss: boolean;
 }
 
+/** A batched context's prediction for a request submitted now (ms): the wait before its own run, and that run. */
+export interface NativePrediction {
+  readonly waitMs: number;
+  readonly ownMs: number;
+}
+
 export interface NativeCeilingOptions {
   readonly sequences: number;
   readonly promptTokens: number;
@@ -233,8 +239,9 @@ export declare class NativeContext {
   expect(seq: number, delta: 1 | -1): void;
   /** Step shapes given their own CUDA graph key so far (0 without shape graphs). */
   shapeGraphShapes(): number;
-  /** Several sequences: the ms admission would predict for a request with this deadline submitted now (0: none). */
-  predictedMs(deadlineNs?: bigint, reservedAhead?: number): number;
+  /** Several sequences: the ms admission would predict for a request with this deadline submitted now, as the wait
+   * before its own run and that run (both 0: none). */
+  prediction(deadlineNs?: bigint, reservedAhead?: number): NativePrediction;
   /** Times raw decodes of one shape, as llama-batched-bench does (native/src/batch.h timeCeiling). */
   measureCeiling(options: NativeCeilingOptions): Promise<NativeCeilingTimes>;
   /** Creates the speculator's state off the JS thread (the KV cache starts empty afterwards). */

@@ -21,6 +21,7 @@ import {
   type NativeTimings,
   type NativeBatchCounts,
   type NativeCeilingTimes,
+  type NativePrediction,
   type SpeculatorType,
 } from './binding.ts';
 
@@ -502,6 +503,7 @@ export interface CeilingOptions {
 }
 
 export type CeilingTimes = NativeCeilingTimes;
+export type Prediction = NativePrediction;
 
 export interface GenerateResult {
   readonly text: string;
@@ -628,10 +630,19 @@ export class LlamaContext {
   }
 
   predictedMs(deadlineNs?: bigint, reservedAhead = 0): number {
+    const { waitMs, ownMs } = this.prediction(deadlineNs, reservedAhead);
+    return waitMs + ownMs;
+  }
+
+  /**
+   * predictedMs() in its two parts: `waitMs`, until the request's own run would start (the running group's rest and
+   * the requests admitted before it), and `ownMs`, its own run. Work a caller does before it submits overlaps the wait.
+   */
+  prediction(deadlineNs?: bigint, reservedAhead = 0): Prediction {
     if (deadlineNs !== undefined && typeof deadlineNs !== 'bigint')
-      throw new TypeError(`predictedMs: deadlineNs must be a bigint (process.hrtime.bigint() clock), got ${typeof deadlineNs}`);
-    intIn('predictedMs: reservedAhead', reservedAhead, 0, 1e6);
-    return this.#live().predictedMs(deadlineNs, reservedAhead);
+      throw new TypeError(`prediction: deadlineNs must be a bigint (process.hrtime.bigint() clock), got ${typeof deadlineNs}`);
+    intIn('prediction: reservedAhead', reservedAhead, 0, 1e6);
+    return this.#live().prediction(deadlineNs, reservedAhead);
   }
 
   #live(): NativeContext {

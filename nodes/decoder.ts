@@ -469,14 +469,14 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         return generation;
       },
       // The cameras share one scheduler: what it predicts for a frame now lets the stages ahead
-      // (preprocess, encode) drop a frame it would drop anyway (Stage.predictMs), counting the
+      // (preprocess, encode) drop a frame it would drop anyway (Stage.predict), counting the
       // frames of every camera already on their way here that it will serve first (Stage.reserve).
       // At the decoder's own entry the frame is encoded already: it is not dropped for frames still
       // on their way (those are checked when they arrive).
       ...(batched
         ? {
-            predictMs: (deadlineNs: bigint, entering: boolean) =>
-              ctx.predictedMs(deadlineNs, entering ? 0 : reservations.ahead(deadlineNs, seq ?? 0)),
+            predict: (deadlineNs: bigint, entering: boolean) =>
+              ctx.prediction(deadlineNs, entering ? 0 : reservations.ahead(deadlineNs, seq ?? 0)),
             reserve: (deadlineNs: bigint) => reservations.add(deadlineNs, seq ?? 0),
           }
         : {}),

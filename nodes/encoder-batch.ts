@@ -2,7 +2,7 @@
 // The stages are handles onto one BatchingEncoder, which encodes frames that arrive together in one call.
 // The rule (a bounded wait) and cancel: nodes/README.md#encoder-batching
 import type { ImageEmbedding, PixelTensor } from './payloads.ts';
-import type { Stage, StageContext } from '../pipeline/types.ts';
+import type { Stage, StageContext, StagePrediction } from '../pipeline/types.ts';
 
 /** The encoder the cameras share: its stage, and its batched call when it has one. */
 export interface BatchableEncoder extends Stage<PixelTensor, ImageEmbedding> {
@@ -69,6 +69,7 @@ export function createCameraEncoderStages(encoder: BatchableEncoder, options: Ca
     return {
       name: encoder.name,
       process: (input: PixelTensor, ctx: StageContext) => engine.submit(camera, input, ctx),
+      predict: (_deadlineNs: bigint, entering: boolean) => engine.predict(entering),
       stats: () => engine.stats(),
       announcing: <I>(stage: Stage<I, PixelTensor>): Stage<I, PixelTensor> => ({
         ...stage,
@@ -91,11 +92,17 @@ export function createCameraEncoderStages(encoder: BatchableEncoder, options: Ca
   });
 }
 
+/** Calls whose time per frame predicts the next ones (Stage.predict). */
+const RECENT_CALLS = 16;
+
 class BatchingEncoder {
   readonly #encoder: BatchableEncoder;
   readonly #cameras: number;
   readonly #waitNs: bigint;
   readonly #lastCallNs = new Map<string, bigint>();
+  /** The last RECENT_CALLS calls' time per frame (ms), oldest first, and the running call's start and frames. */
+  readonly #msPerFrame: number[] = [];
+  #runningSince: { readonly startNs: bigint; readonly frames: number; readonly clock: StageContext['clock'] } | undefined;
   /** Per camera: frames its preprocess is working on (announced); null: nothing announces. */
   #coming: number[] | null = null;
   #waiting: Waiting[] = [];
@@ -115,6 +122,22 @@ class BatchingEncoder {
 
   stats(): BatchingEncoderStats {
     return { calls: this.#calls, frames: this.#frames, maxBatch: this.#maxBatch, discarded: this.#discarded };
+  }
+
+  /**
+   * A frame entering now (`entering`), or entering preprocess now: the running call's rest (waitMs), then one call
+   * with every frame waiting and announced (ownMs), each at the median time per frame of the recent calls. Without
+   * encodeBatch the frames ahead take a call each, in the wait. 0 and 0 before any call has been timed.
+   */
+  predict(entering: boolean): StagePrediction {
+    if (this.#msPerFrame.length === 0) return { waitMs: 0, ownMs: 0 };
+    const perFrameMs = [...this.#msPerFrame].sort((a, b) => a - b)[this.#msPerFrame.length >> 1]!;
+    const running = this.#runningSince;
+    const restMs = running ? Math.max(0, running.frames * perFrameMs - Number(running.clock.nowNs() - running.startNs) / 1e6) : 0;
+    // A frame at encode entry is still announced by its preprocess; one at preprocess entry is not yet.
+    const ahead = this.#waiting.length + (this.#coming?.reduce((a, b) => a + b, 0) ?? 0) - (entering ? 1 : 0);
+    if (!this.#encoder.encodeBatch) return { waitMs: restMs + Math.max(0, ahead) * perFrameMs, ownMs: perFrameMs };
+    return { waitMs: restMs, ownMs: Math.min(this.#cameras, Math.max(0, ahead) + 1) * perFrameMs };
   }
 
   /** A camera's preprocess took (+1) or let go of (−1) a frame. */
@@ -198,6 +221,7 @@ class BatchingEncoder {
     this.#maxBatch = Math.max(this.#maxBatch, group.length);
     const clock = group[0]!.ctx.clock;
     const startNs = clock.nowNs();
+    this.#runningSince = { startNs, frames: group.length, clock };
     // One frame: the encoder's own call, which honours the frame's signal.
     const encode = async (): Promise<ImageEmbedding[]> =>
       group.length === 1 || !this.#encoder.encodeBatch
@@ -207,7 +231,10 @@ class BatchingEncoder {
       let outcome: { ok: true; out: ImageEmbedding[] } | { ok: false; error: unknown };
       try {
         outcome = { ok: true, out: await encode() };
-        this.#lastCallNs.set(group[0]!.key, clock.nowNs() - startNs);
+        const callNs = clock.nowNs() - startNs;
+        this.#lastCallNs.set(group[0]!.key, callNs);
+        this.#msPerFrame.push(Number(callNs) / 1e6 / group.length);
+        if (this.#msPerFrame.length > RECENT_CALLS) this.#msPerFrame.shift();
       } catch (error) {
         outcome = { ok: false, error };
       }
@@ -221,6 +248,7 @@ class BatchingEncoder {
     })();
     void this.#running.finally(() => {
       this.#running = undefined;
+      this.#runningSince = undefined;
       this.#schedule();
     });
   }

@@ -78,6 +78,12 @@ export interface StageContext {
   report(event: StageEvent): void;
 }
 
+/** A stage's prediction for a frame (Stage.predict), in ms: the wait before its call could start, and the call. */
+export interface StagePrediction {
+  readonly waitMs: number;
+  readonly ownMs: number;
+}
+
 /** One stage, one file in nodes/.
  * `process` may throw. The runtime then emits an error event and drops the frame as 'error'; the graph runs on. */
 export interface Stage<I, O> {
@@ -88,17 +94,18 @@ export interface Stage<I, O> {
   /** Calls the runtime lets run at once (default 1). Beyond it, frames wait on the stage's edge, under
    * its policy: a stage never queues work of its own. Outputs leave in the order calls finish. */
   readonly concurrency?: number;
-  /** The least time (ms) a call entering now would take, for a frame with end-to-end deadline `deadlineNs`.
-   * The stage predicts it from state the runtime does not see. A shared decoder knows its load and recent steps.
-   * 0: no prediction.
-   * On a real clock, budgets.dropPredictedMiss uses the larger of this and the stage's fastest recent run.
-   * So a frame this stage would drop anyway is dropped before earlier stages spend on it.
+  /** The least time a call entering now would take, for a frame with end-to-end deadline `deadlineNs`, in two parts:
+   * `waitMs` before the call could start (work already queued on a shared engine, counted from now) and `ownMs`, the
+   * call itself. The stage predicts them from state the runtime does not see. A shared decoder knows its load and recent steps.
+   * 0 and 0: no prediction.
+   * On a real clock, budgets.dropPredictedMiss uses the larger of ownMs and the stage's fastest recent run.
+   * The stages before it run during waitMs, so a frame this stage would drop anyway is dropped before earlier stages spend on it.
    * `entering`: the frame is at this stage's own entry, not an earlier one.
    * Then frames still on their way (reserve) are not counted; each is checked at its own arrival.
    * See pipeline/README.md#deadlines-and-cancel. */
-  predictMs?(deadlineNs: bigint, entering: boolean): number;
+  predict?(deadlineNs: bigint, entering: boolean): StagePrediction;
   /** A frame that passed budgets.dropPredictedMiss at an earlier stage is on its way here (real clock).
-   * Until the returned release is called, predictMs counts it for frames with later deadlines.
+   * Until the returned release is called, predict counts it for frames with later deadlines.
    * The runtime calls release once, when the frame enters this stage or is dropped.
    * So frames passing the early check together never exceed what this stage can serve in time. */
   reserve?(deadlineNs: bigint): () => void;

@@ -311,7 +311,7 @@ void BatchScheduler::admit() {
 }
 
 // Admitting together, an idle decoder holds its waiting requests for the frames on their way to the sequences without one.
-// It holds at most groupWaitNs from the oldest waiting request, and only while each could still make its deadline after it.
+// It holds at most groupWaitNs from the oldest waiting request, and until the first of them would otherwise miss.
 bool BatchScheduler::holdForComing(int64_t now) {
     if (opts_.groupWaitNs <= 0) return false;
     std::vector<bool> waits(size_t(opts_.nSeq), false);
@@ -323,14 +323,19 @@ bool BatchScheduler::holdForComing(int64_t now) {
     int32_t coming = 0;
     for (int32_t s = 0; s < opts_.nSeq; s++)
         coming += !waits[size_t(s)] && expected_[size_t(s)].load(std::memory_order_relaxed) > 0 ? 1 : 0;
-    const int64_t until = oldest + opts_.groupWaitNs;
+    int64_t until = oldest + opts_.groupWaitNs;
     if (coming == 0 || now >= until) return false;
+    // The hold ends where the first waiting request would otherwise miss in the group it makes with those coming.
     const int32_t size = std::min(opts_.maxActive, int32_t(waiting_.size()) + coming);
     const double own = predictMs(size, nullptr, true, kTypical);
     for (const auto & j : waiting_) {
         const int64_t dl = j->opts.deadlineNs;
-        if (j->cancelled.load() || (dl > 0 && until + nsOf(own) > dl)) return false;
+        if (j->cancelled.load()) return false;
+        // Without a history (own 0), only a hold that ends before the deadline.
+        if (dl > 0 && own == 0 && until > dl) return false;
+        if (dl > 0) until = std::min(until, dl - nsOf(own));
     }
+    if (now >= until) return false;
     holdUntilNs_ = until;
     return true;
 }
@@ -509,18 +514,18 @@ void BatchScheduler::publishPrediction() {
     idleSinceNs_.store(idle ? std::max<int64_t>(lastDecodeNs_, 1) : 0, std::memory_order_relaxed);
 }
 
-double BatchScheduler::predictedMs(int64_t deadlineNs, int32_t reservedAhead) const {
+BatchScheduler::Prediction BatchScheduler::predicted(int64_t deadlineNs, int32_t reservedAhead) const {
     const int64_t idleSince = idleSinceNs_.load(std::memory_order_relaxed);
     // An idle decoder past kProbeNs admits a request whatever its prediction (see admit()).
-    if (idleSince > 0 && monotonicNs() - idleSince >= kProbeNs) return 0;
+    if (idleSince > 0 && monotonicNs() - idleSince >= kProbeNs) return {};
     const double ms = predicted_.load(std::memory_order_relaxed);
-    if (ms == 0) return 0;
+    if (ms == 0) return {};
     std::lock_guard<std::mutex> lock(queueMutex_);
     // Admission's order (native/README.md#deadlines): earlier deadlines first, ties taken by turns and counted as ahead.
     // A request without a deadline comes after every one with.
     const int64_t key = deadlineNs > 0 ? deadlineNs : INT64_MAX;
     const auto ahead = std::upper_bound(waitingDeadlines_.begin(), waitingDeadlines_.end(), key) - waitingDeadlines_.begin();
-    if (!opts_.admitTogether) return ms + double(ahead + reservedAhead) * queueGapMs_;
+    if (!opts_.admitTogether) return {double(ahead + reservedAhead) * queueGapMs_, ms};
     // Admitting together: after the running group, every waiting and reserved request goes in the next one.
     // Past maxActive, those admitted before it fill whole groups first.
     const int64_t before = ahead + reservedAhead;
@@ -528,8 +533,8 @@ double BatchScheduler::predictedMs(int64_t deadlineNs, int32_t reservedAhead) co
     const int64_t groupsBefore = before / opts_.maxActive;
     const int64_t size = std::min<int64_t>(opts_.maxActive, all - groupsBefore * opts_.maxActive);
     const double own = groupOwnMs_.empty() ? 0 : groupOwnMs_[size_t(size - 1)];
-    if (own == 0) return 0;
-    return groupRestMs_ + double(groupsBefore) * groupOwnMs_.back() + own;
+    if (own == 0) return {};
+    return {groupRestMs_ + double(groupsBefore) * groupOwnMs_.back(), own};
 }
 
 // ------------------------------------------------------------------------------------------------

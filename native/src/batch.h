@@ -110,7 +110,17 @@ public:
     // So a caller with work before it submits (preprocess, encode) can drop a frame that would be dropped anyway.
     // 0: nothing to predict from, or an idle decoder that would admit anything (a probe).
     // Why the wait counts: native/README.md#predicting-before-submit
-    double predictedMs(int64_t deadlineNs = 0, int32_t reservedAhead = 0) const;
+    // The two parts of that time: the wait before the request's own run starts (the running group's rest, and the
+    // requests admitted before it), and its own run. A caller with work before it overlaps its work with the wait.
+    struct Prediction {
+        double waitMs = 0;
+        double ownMs = 0;
+    };
+    Prediction predicted(int64_t deadlineNs = 0, int32_t reservedAhead = 0) const;
+    double predictedMs(int64_t deadlineNs = 0, int32_t reservedAhead = 0) const {
+        const Prediction p = predicted(deadlineNs, reservedAhead);
+        return p.waitMs + p.ownMs;
+    }
     // Any thread. Frames on their way to `seq` (reserved before preprocess): +1 when one is reserved, -1 when it is
     // submitted or dropped. Admitting together, an idle decoder holds its waiting requests for them (groupWaitNs at most).
     void expect(int32_t seq, int32_t delta);

@@ -539,7 +539,7 @@ Napi::Function Context::Init(Napi::Env env) {
                            InstanceMethod<&Context::CachedPositions>("cachedPositions"),
                            InstanceMethod<&Context::Expect>("expect"),
                            InstanceMethod<&Context::ShapeGraphShapes>("shapeGraphShapes"),
-                           InstanceMethod<&Context::PredictedMs>("predictedMs"),
+                           InstanceMethod<&Context::Prediction>("prediction"),
                            InstanceMethod<&Context::MeasureCeiling>("measureCeiling"),
                            InstanceMethod<&Context::AttachSpeculator>("attachSpeculator"),
                            InstanceMethod<&Context::DetachSpeculator>("detachSpeculator"),
@@ -827,14 +827,14 @@ void Context::Expect(const Napi::CallbackInfo & info) {
     if (native_->batch) native_->batch->expect(seq, int32_t(delta));
 }
 
-// predictedMs(deadlineNs?: bigint, reservedAhead?: number): a context of several sequences: what its
+// prediction(deadlineNs?: bigint, reservedAhead?: number): a context of several sequences: what its
 // admission would predict for a request with that deadline submitted now, were `reservedAhead`
-// more requests waiting before it (ms; 0: no prediction). One sequence: always 0.
-Napi::Value Context::PredictedMs(const Napi::CallbackInfo & info) {
+// more requests waiting before it: { waitMs, ownMs } (both 0: no prediction). One sequence: always 0.
+Napi::Value Context::Prediction(const Napi::CallbackInfo & info) {
     int64_t deadlineNs = 0;
     if (info.Length() > 0 && !info[0].IsUndefined()) {
         if (!info[0].IsBigInt())
-            throw Napi::TypeError::New(info.Env(), "predictedMs deadlineNs must be a bigint (process.hrtime.bigint() clock)");
+            throw Napi::TypeError::New(info.Env(), "prediction deadlineNs must be a bigint (process.hrtime.bigint() clock)");
         bool lossless = true;
         deadlineNs = std::max<int64_t>(info[0].As<Napi::BigInt>().Int64Value(&lossless), 1);
     }
@@ -842,10 +842,15 @@ Napi::Value Context::PredictedMs(const Napi::CallbackInfo & info) {
     if (info.Length() > 1 && !info[1].IsUndefined()) {
         const double n = info[1].IsNumber() ? info[1].As<Napi::Number>().DoubleValue() : -1;
         if (!(n >= 0 && n <= 1e6 && n == std::floor(n)))
-            throw Napi::TypeError::New(info.Env(), "predictedMs reservedAhead must be an integer in [0, 1e6]");
+            throw Napi::TypeError::New(info.Env(), "prediction reservedAhead must be an integer in [0, 1e6]");
         reservedAhead = int32_t(n);
     }
-    return Napi::Number::New(info.Env(), native_->batch ? native_->batch->predictedMs(deadlineNs, reservedAhead) : 0.0);
+    BatchScheduler::Prediction p;
+    if (native_->batch) p = native_->batch->predicted(deadlineNs, reservedAhead);
+    Napi::Object o = Napi::Object::New(info.Env());
+    o.Set("waitMs", p.waitMs);
+    o.Set("ownMs", p.ownMs);
+    return o;
 }
 
 // measureCeiling({ sequences, promptTokens, steps, repeats }): times raw decodes of that shape (timeCeiling, batch.h).

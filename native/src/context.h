@@ -113,7 +113,7 @@ private:
     Napi::Value CachedPositions(const Napi::CallbackInfo & info);
     void Expect(const Napi::CallbackInfo & info);
     Napi::Value ShapeGraphShapes(const Napi::CallbackInfo & info);
-    Napi::Value PredictedMs(const Napi::CallbackInfo & info);
+    Napi::Value Prediction(const Napi::CallbackInfo & info);
     Napi::Value MeasureCeiling(const Napi::CallbackInfo & info);
     Napi::Value AttachSpeculator(const Napi::CallbackInfo & info);
     Napi::Value DetachSpeculator(const Napi::CallbackInfo & info);

@@ -107,14 +107,18 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     const notes: string[] = [];
     let t = enterNs;
     for (let i = from; i < this.#stages.length; i++) {
-      const { ownMs, fastestNs } = this.#fastestRun(i, level, deadlineNs, i === from);
+      const { waitMs, ownMs, fastestNs } = this.#fastestRun(i, level, deadlineNs, i === from);
       const runner = this.#runners[i]!;
-      if (ownMs > 0) notes.push(`${runner.name} predicts ${ownMs.toFixed(1)} ms`);
+      if (ownMs > 0)
+        notes.push(`${runner.name} predicts ${ownMs.toFixed(1)} ms${waitMs > 0 ? ` after ${waitMs.toFixed(1)} ms of its queue` : ''}`);
       if (i > from) {
         const free = runner.freeAtNs(t, fastestNs);
         if (free > t) notes.push(`${runner.name} busy for ${nsToMs(free - t).toFixed(1)} ms more`);
         t = free;
       }
+      // The stage's queue drains from now, while the stages before it run.
+      const startNs = enterNs + msToNs(waitMs);
+      if (startNs > t) t = startNs;
       t += fastestNs;
     }
     return { endNs: t, notes };
@@ -148,13 +152,20 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     return undefined;
   }
 
-  /** Stage i's time for a frame at `level` with deadline `deadlineNs`: the larger of its fastest recent run and ownMs.
-   * The stage's own prediction, ownMs, is on the monotonic clock, so a virtual graph does not ask.
-   * `entering`: the frame is at stage i's own entry. */
-  #fastestRun(i: number, level: number, deadlineNs: bigint, entering: boolean): { readonly ownMs: number; readonly fastestNs: bigint } {
+  /** Stage i's time for a frame at `level` with deadline `deadlineNs`: the larger of its fastest recent run and ownMs,
+   * and the wait the stage predicts before it (waitMs). Its prediction is on the monotonic clock, so a virtual graph
+   * does not ask. `entering`: the frame is at stage i's own entry. */
+  #fastestRun(
+    i: number,
+    level: number,
+    deadlineNs: bigint,
+    entering: boolean,
+  ): { readonly waitMs: number; readonly ownMs: number; readonly fastestNs: bigint } {
     const stage = this.#stages[i]!;
-    const ownMs = this.virtual ? 0 : Math.max(0, stage.predictMs?.(deadlineNs, entering) ?? 0);
-    return { ownMs, fastestNs: msToNs(Math.max(ownMs, this.costModel.fastestMs(stage.name, level))) };
+    const predicted = this.virtual ? undefined : stage.predict?.(deadlineNs, entering);
+    const waitMs = Math.max(0, predicted?.waitMs ?? 0);
+    const ownMs = Math.max(0, predicted?.ownMs ?? 0);
+    return { waitMs, ownMs, fastestNs: msToNs(Math.max(ownMs, this.costModel.fastestMs(stage.name, level))) };
   }
 
   readonly #source: FrameSource<unknown>;

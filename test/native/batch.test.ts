@@ -352,6 +352,33 @@ describe('batched decoding on gemma4-tiny', () => {
     await assert.rejects(model.createContext({ nCtx: 64, groupWaitMs: 5 }), /groupWaitMs is for a context of several sequences/);
   });
 
+  test('admitting together, the hold for a request on its way ends where the waiting one would otherwise miss', async () => {
+    // Camera 1 is announced and never comes; camera 0 asks with a deadline well inside groupWaitMs. It is held,
+    // then admitted in time to make it, not at groupWaitMs (the deadline would have passed) and not at once.
+    const ctx = await model.createContext({ nCtx: 512, nSeq: 2, threads: 1, admitTogether: true, groupWaitMs: 1000 });
+    try {
+      const t0 = process.hrtime.bigint();
+      await ctx.generate([{ text: 'Camera 0: the corridor', addSpecial: true }], { maxTokens: 8, ignoreEos: true, seq: 0 });
+      const ranNs = process.hrtime.bigint() - t0; // what a request takes here, as the history now says
+      ctx.expect(1, 1);
+      const submitNs = process.hrtime.bigint();
+      const deadlineNs = submitNs + 400_000_000n + 2n * ranNs;
+      const r = await ctx.generate([{ text: 'Camera 0: the door', addSpecial: true }], {
+        maxTokens: 8,
+        ignoreEos: true,
+        seq: 0,
+        deadlineNs,
+      });
+      ctx.expect(1, -1);
+      const seen = `held ${r.batch!.queueMs.toFixed(1)} ms; a request took ${(Number(ranNs) / 1e6).toFixed(1)} ms`;
+      assert.equal(r.stopReason, 'max_tokens', seen);
+      assert.ok(r.batch!.queueMs >= 100, `it was held for camera 1 (${seen})`);
+      assert.ok(r.batch!.queueMs < Number(deadlineNs - submitNs) / 1e6, `and admitted before its deadline (${seen})`);
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
   test('a request whose deadline its predicted time would miss is dropped before its prefill', async () => {
     const ctx = await model.createContext({ nCtx: 512, nSeq: 2, threads: 1 });
     try {

@@ -164,14 +164,14 @@ describe('camera decode stages on gemma4-tiny (one sequence per camera)', () => 
     await stages[0]!.process(image(rows, stages[0]!.nEmbd, 1), first);
     const note = first.events.find((e) => e.kind === 'note' && e.message === 'decode');
     assert.ok(note?.kind === 'note' && note.data);
-    // With a history, the stages ahead can read what admission will predict (Stage.predictMs).
+    // With a history, the stages ahead can read what admission will predict (Stage.predict).
     const due = process.hrtime.bigint() + 60_000_000_000n;
-    const predicted = stages[0]!.predictMs?.(due, false) ?? 0;
-    assert.ok(predicted > 0);
+    const predicted = stages[0]!.predict?.(due, false);
+    assert.ok(predicted && predicted.ownMs > 0 && predicted.waitMs >= 0, JSON.stringify(predicted));
     // At the decoder's own entry no frame on its way counts: another camera's reservation, due
     // earlier, leaves that prediction as it was.
     const release = stages[1]!.reserve!(due - 120_000_000n);
-    assert.equal(stages[0]!.predictMs?.(due, true), predicted);
+    assert.deepEqual(stages[0]!.predict?.(due, true), predicted);
     release();
     // A quarter of the time the last frame's prefill took: its image rows alone need more.
     const late = stageContext(2, { budgetMs: Number(note.data.prefillMs) / 4 });

@@ -237,3 +237,48 @@ test('announced frames: a frame dropped after preprocess (never submitted) does 
     [[0], [1]],
   );
 });
+
+test("what the shared encoder predicts for a frame: the running call's rest, then one call of every frame waiting or announced", async () => {
+  // Calls take 200 ms a frame (at least), except the one the test holds open. Predictions are in those units.
+  let hold: Promise<void> | undefined;
+  const fake = fakeEncoder({ gate: () => hold ?? new Promise((r) => setTimeout(r, 200)) });
+  const stages = createCameraEncoderStages(fake.encoder, { cameras: 4, waitMs: 0 });
+  assert.deepEqual(stages[3]!.predict!(0n, false), { waitMs: 0, ownMs: 0 }, 'no call timed yet: no prediction');
+  await warm(stages[0]!, fake.calls);
+  const one = stages[3]!.predict!(0n, false);
+  assert.equal(one.waitMs, 0, 'idle, nothing waiting');
+  assert.ok(one.ownMs >= 200, `one frame at the warm call's pace (${one.ownMs} ms)`);
+
+  let release!: () => void;
+  hold = new Promise<void>((r) => (release = r));
+  const running = stages[0]!.process(tensor(1), ctxWith()); // idle, no hold: runs alone, held open
+  hold = undefined;
+  const waiting = stages[1]!.process(tensor(2), ctxWith()); // waits for the next call
+  const pre = gatedPreprocess();
+  const announced = stages[2]!.announcing(pre.stage).process(3, ctxWith()); // camera 2 in preprocess
+  const before = stages[3]!.predict!(0n, false); // camera 3 at its preprocess entry
+  assert.ok(before.waitMs > 0 && before.waitMs <= one.ownMs, `the running call's rest (${before.waitMs} ms)`);
+  assert.equal(before.ownMs, 3 * one.ownMs, 'camera 1 waiting, camera 2 announced, and this frame: one call of three');
+  // At its encode entry a frame is still announced by its own preprocess: counted once.
+  assert.equal(stages[2]!.predict!(0n, true).ownMs, 2 * one.ownMs);
+  release();
+  pre.finish();
+  await Promise.all([running, waiting, announced.then((t) => stages[2]!.process(t, ctxWith()))]);
+
+  // An encoder that cannot batch takes the frames ahead one call each, in the wait.
+  let holdOne: Promise<void> | undefined;
+  const single = fakeEncoder({ batch: false, gate: () => holdOne ?? new Promise((r) => setTimeout(r, 200)) });
+  const solo = createCameraEncoderStages(single.encoder, { cameras: 3, waitMs: 0 });
+  await warm(solo[0]!, single.calls);
+  const each = solo[2]!.predict!(0n, false).ownMs;
+  let releaseOne!: () => void;
+  holdOne = new Promise<void>((r) => (releaseOne = r));
+  const first = solo[0]!.process(tensor(1), ctxWith());
+  holdOne = undefined;
+  const second = solo[1]!.process(tensor(2), ctxWith());
+  const behind = solo[2]!.predict!(0n, false);
+  assert.ok(behind.waitMs >= each && behind.waitMs <= 2 * each, `the running call's rest and camera 1's call (${behind.waitMs} ms)`);
+  assert.equal(behind.ownMs, each);
+  releaseOne();
+  await Promise.all([first, second]);
+});

@@ -147,14 +147,14 @@ describe('deadlines', () => {
     const ahead = (deadlineNs: bigint): number => [...held.values()].filter((d) => d < deadlineNs).length;
     const entries: boolean[] = []; // `entering` of each ask about a frame at decode's own entry or before
     const decode = Object.assign(fakeStage<number>('decode'), {
-      predictMs: (deadlineNs: bigint, entering: boolean): number => {
+      predict: (deadlineNs: bigint, entering: boolean) => {
         entries.push(entering);
         // At its own entry the frame is past the stages ahead: frames still on their way do not count.
-        if (entering) return 1;
+        if (entering) return { waitMs: 0, ownMs: 1 };
         asked.add(deadlineNs);
         // Each frame is asked about at preprocess entry first: once all have been, the encoder goes on.
         if (asked.size === FRAMES) openGate();
-        return 1 + 25_000 * ahead(deadlineNs);
+        return { waitMs: 0, ownMs: 1 + 25_000 * ahead(deadlineNs) };
       },
       reserve: (deadlineNs: bigint): (() => void) => {
         reserved += 1;
@@ -210,11 +210,11 @@ describe('deadlines', () => {
     const run = async (predictedMs: number, clock: 'real' | 'virtual') => {
       const preprocess = fakeStage<number>('preprocess');
       const encode = fakeStage<number>('encode');
-      const predictMs = (deadlineNs: bigint): number => {
+      const predict = (deadlineNs: bigint) => {
         asked.push({ deadlineNs, atNs: realClock.nowNs() });
-        return predictedMs;
+        return { waitMs: 0, ownMs: predictedMs };
       };
-      const decode = Object.assign(fakeStage<number>('decode'), { predictMs });
+      const decode = Object.assign(fakeStage<number>('decode'), { predict });
       const result = await runGraph({
         source: fakeSource({ frames: 4, periodMs: 5 }),
         stages: chain(preprocess, encode, decode),
@@ -254,6 +254,50 @@ describe('deadlines', () => {
     // A virtual graph's time is its own: a stage's monotonic-clock prediction does not apply.
     const virtual = await run(600_000, 'virtual');
     assert.deepEqual(virtual.calls, [4, 4, 4]);
+  });
+
+  test("a stage's predicted wait runs while the stages before it work, and only its own call adds to theirs (real clock)", async () => {
+    // Decode predicts 1 ms of its own after a queue of `waitMs` from a frame's first ask, which drains from then on (a
+    // shared decoder's running group); at its own entry the frame waits no more. Preprocess takes at least 100 ms, against a 1050 ms budget.
+    // A wait of 1000 ms overlaps preprocess and passes; added to it (1101 ms), it would not.
+    // A wait of 1100 ms misses whatever overlaps it.
+    const realClock = new RealClock();
+    const run = async (waitMs: number) => {
+      const preprocess = fakeStage<number>('preprocess', { work: async (x: number) => (await delay(100), x) });
+      const encode = fakeStage<number>('encode');
+      const firstAskNs = new Map<bigint, bigint>(); // by deadline: one per frame
+      const predict = (deadlineNs: bigint, entering: boolean) => {
+        if (entering) return { waitMs: 0, ownMs: 1 };
+        const nowNs = realClock.nowNs();
+        const sinceMs = Number(nowNs - (firstAskNs.get(deadlineNs) ?? nowNs)) / 1e6;
+        if (!firstAskNs.has(deadlineNs)) firstAskNs.set(deadlineNs, nowNs);
+        return { waitMs: Math.max(0, waitMs - sinceMs), ownMs: 1 };
+      };
+      const decode = Object.assign(fakeStage<number>('decode'), { predict });
+      const result = await runGraph({
+        source: fakeSource({ frames: 3, periodMs: 150 }),
+        stages: chain(preprocess, encode, decode),
+        clock: realClock,
+        config: testConfig({
+          clock: 'real',
+          budgets: { endToEndMs: 1050, stages: {}, dropPredictedMiss: true },
+          edges: { default: { policy: 'queue', capacity: 4 } },
+          ladder: { enabled: false, minSamples: 1 },
+        }),
+      });
+      assertConservation(result);
+      return { result, drops: result.events.flatMap((e) => (e.type === 'drop' ? [e] : [])) };
+    };
+    const overlapped = await run(1000);
+    assert.deepEqual(overlapped.drops, [], 'the frames after the first, with preprocess timed, pass too');
+    assert.equal(overlapped.result.summary.frames.out, 3);
+    const doomed = await run(1100);
+    assert.equal(doomed.result.summary.frames.out, 0);
+    assert.equal(doomed.drops.length, 3);
+    for (const d of doomed.drops) {
+      assert.equal(d.stage, 'preprocess');
+      assert.match(d.detail, /^predicted miss: .*decode predicts 1\.0 ms after 1100\.0 ms of its queue/);
+    }
   });
 
   test("a frame its source's next frame would replace at a busy decode is dropped before preprocess and never encoded", async () => {
