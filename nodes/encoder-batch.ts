@@ -126,18 +126,19 @@ class BatchingEncoder {
 
   /**
    * A frame entering now (`entering`), or entering preprocess now: the running call's rest (waitMs), then one call
-   * with every frame waiting and announced (ownMs), each at the median time per frame of the recent calls. Without
-   * encodeBatch the frames ahead take a call each, in the wait. 0 and 0 before any call has been timed.
+   * with every frame ahead of it (ownMs), each at the median time per frame of the recent calls. Without encodeBatch
+   * the frames ahead take a call each, in the wait. 0 and 0 before any call has been timed.
    */
   predict(entering: boolean): StagePrediction {
     if (this.#msPerFrame.length === 0) return { waitMs: 0, ownMs: 0 };
     const perFrameMs = [...this.#msPerFrame].sort((a, b) => a - b)[this.#msPerFrame.length >> 1]!;
     const running = this.#runningSince;
     const restMs = running ? Math.max(0, running.frames * perFrameMs - Number(running.clock.nowNs() - running.startNs) / 1e6) : 0;
-    // A frame at encode entry is still announced by its preprocess; one at preprocess entry is not yet.
-    const ahead = this.#waiting.length + (this.#coming?.reduce((a, b) => a + b, 0) ?? 0) - (entering ? 1 : 0);
-    if (!this.#encoder.encodeBatch) return { waitMs: restMs + Math.max(0, ahead) * perFrameMs, ownMs: perFrameMs };
-    return { waitMs: restMs, ownMs: Math.min(this.#cameras, Math.max(0, ahead) + 1) * perFrameMs };
+    // Ahead of a frame at encode entry: the frames waiting. At preprocess entry, also those other cameras preprocess.
+    const coming = entering ? 0 : (this.#coming?.reduce((a, b) => a + b, 0) ?? 0);
+    const ahead = this.#waiting.length + coming;
+    if (!this.#encoder.encodeBatch) return { waitMs: restMs + ahead * perFrameMs, ownMs: perFrameMs };
+    return { waitMs: restMs, ownMs: Math.min(this.#cameras, ahead + 1) * perFrameMs };
   }
 
   /** A camera's preprocess took (+1) or let go of (−1) a frame. */

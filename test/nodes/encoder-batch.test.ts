@@ -238,7 +238,7 @@ test('announced frames: a frame dropped after preprocess (never submitted) does 
   );
 });
 
-test("what the shared encoder predicts for a frame: the running call's rest, then one call of every frame waiting or announced", async () => {
+test("what the shared encoder predicts for a frame: the running call's rest, then one call of every frame ahead of it", async () => {
   // Calls take 200 ms a frame (at least), except the one the test holds open. Predictions are in those units.
   let hold: Promise<void> | undefined;
   const fake = fakeEncoder({ gate: () => hold ?? new Promise((r) => setTimeout(r, 200)) });
@@ -259,8 +259,8 @@ test("what the shared encoder predicts for a frame: the running call's rest, the
   const before = stages[3]!.predict!(0n, false); // camera 3 at its preprocess entry
   assert.ok(before.waitMs > 0 && before.waitMs <= one.ownMs, `the running call's rest (${before.waitMs} ms)`);
   assert.equal(before.ownMs, 3 * one.ownMs, 'camera 1 waiting, camera 2 announced, and this frame: one call of three');
-  // At its encode entry a frame is still announced by its own preprocess: counted once.
-  assert.equal(stages[2]!.predict!(0n, true).ownMs, 2 * one.ownMs);
+  // At its encode entry, camera 1's waiting frame goes with it; camera 2's, still in preprocess, comes after.
+  assert.equal(stages[3]!.predict!(0n, true).ownMs, 2 * one.ownMs);
   release();
   pre.finish();
   await Promise.all([running, waiting, announced.then((t) => stages[2]!.process(t, ctxWith()))]);
@@ -279,6 +279,18 @@ test("what the shared encoder predicts for a frame: the running call's rest, the
   const behind = solo[2]!.predict!(0n, false);
   assert.ok(behind.waitMs >= each && behind.waitMs <= 2 * each, `the running call's rest and camera 1's call (${behind.waitMs} ms)`);
   assert.equal(behind.ownMs, each);
+  // A frame in preprocess is ahead of one entering preprocess, not of one entering encode.
+  const soloPre = gatedPreprocess();
+  const soloAnnounced = solo[2]!.announcing(soloPre.stage).process(3, ctxWith());
+  const atPreprocess = solo[0]!.predict!(0n, false);
+  const atEncode = solo[0]!.predict!(0n, true);
+  assert.ok(
+    atPreprocess.waitMs - atEncode.waitMs >= each - 1e-6,
+    `camera 2's call counts at preprocess entry only (${JSON.stringify([atPreprocess, atEncode])})`,
+  );
+  assert.ok(atEncode.waitMs <= behind.waitMs, 'at encode entry, camera 1 alone is ahead');
+  soloPre.finish();
+  await soloAnnounced;
   releaseOne();
   await Promise.all([first, second]);
 });
