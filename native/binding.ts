@@ -325,6 +325,14 @@ export const ADDON_PATH = process.env.PERCEPT_NATIVE ?? join(ROOT, 'build', 'nat
  */
 export const OPENMP_SPIN_COUNT = 100;
 
+/**
+ * The widest quantized matmul (tokens) that takes llama.cpp's own kernels (MMQ) on NVIDIA tensor cores; wider ones
+ * (prefills) take cuBLAS on F16 weights (native/patches/ggml-cuda-mmq-max-batch.diff, docs/gpu.md). Decode steps of up
+ * to this many tokens keep MMQ, which is faster there. Set before the addon loads; PERCEPT_CUDA_MMQ_MAX_BATCH wins.
+ * Children (llama-bench) inherit it.
+ */
+export const CUDA_MMQ_MAX_BATCH = 128;
+
 /** Loads the addon (Node's module cache makes repeated calls free) with a clear error when missing. */
 export function loadAddon(): NativeAddon {
   if (!existsSync(ADDON_PATH)) {
@@ -333,6 +341,7 @@ export function loadAddon(): NativeAddon {
   if (process.env.GOMP_SPINCOUNT === undefined && process.env.OMP_WAIT_POLICY === undefined) {
     process.env.GOMP_SPINCOUNT = String(OPENMP_SPIN_COUNT);
   }
+  process.env.PERCEPT_CUDA_MMQ_MAX_BATCH ??= String(CUDA_MMQ_MAX_BATCH);
   const require = createRequire(import.meta.url);
   const addon = require(ADDON_PATH) as NativeAddon;
   if (typeof addon.Model !== 'function') {

@@ -54,6 +54,7 @@ const MTMD_BOX_TOLERANCE = 0.02;
 const MIN_ACCEPTANCE = 0.6;
 /** Decoder layers and the mmproj encoder on the GPU, for a CUDA build (tools/device/); 0 here, on the CPU. */
 const GPU_LAYERS = Number(process.env.PERCEPT_TEST_GPU_LAYERS ?? 0);
+const WHERE = GPU_LAYERS > 0 ? 'the GPU' : 'the CPU';
 
 const decision = (a: Action | undefined) => a && { action: a.action, label: a.target?.label, hazards: a.hazards ?? [] };
 
@@ -81,13 +82,13 @@ before(() => {
 after(() => rmSync(dir, { recursive: true, force: true }));
 
 describe('the demo model against PyTorch', () => {
-  test("percept on the CPU, the ONNX encoder: PyTorch's greedy action on every sample-bag frame, boxes included", async () => {
+  test(`percept on ${WHERE}, the ONNX encoder: PyTorch's greedy action on every sample-bag frame, boxes included`, async () => {
     const got = await actionsOf(sampleBag, join(dir, 'sample-onnx'), (c) => (c.encoder = { kind: 'onnx', model: 'demo:gemma4-robot' }));
     assert.equal(got.length, TORCH.length);
     got.forEach((a, i) => assert.deepEqual(a, TORCH[i], `frame ${i}`));
   });
 
-  test(`percept on the CPU, the mmproj encoder (llama.cpp's clip): PyTorch's decision on every frame, boxes within ${MTMD_BOX_TOLERANCE}`, async (t) => {
+  test(`percept on ${WHERE}, the mmproj encoder (llama.cpp's clip): PyTorch's decision on every frame, boxes within ${MTMD_BOX_TOLERANCE}`, async (t) => {
     const got = await actionsOf(
       sampleBag,
       join(dir, 'sample-mtmd'),

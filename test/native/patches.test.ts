@@ -1,12 +1,14 @@
 // percept's own llama.cpp patches (native/patches/*.diff, applied by tools/build-native.mjs after
 // node-llama-cpp's): each is applied to build/llama.cpp and recorded in its extraction stamp with a
 // hash of its content, so a patch that changes re-extracts the tree instead of being applied twice.
+// The addon's loader sets the default of the variable one of them reads.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { test } from 'node:test';
+import { CUDA_MMQ_MAX_BATCH } from '../../native/binding.ts';
 import { REPO_ROOT } from '../support/fixtures.ts';
 
 const patchDir = join(REPO_ROOT, 'native', 'patches');
@@ -48,4 +50,29 @@ test('every patch is applied to build/llama.cpp: it reverses cleanly and no long
     assert.equal(applies(f, true), true, `${f} reverses`);
     assert.equal(applies(f, false), false, `${f} is not applicable a second time`);
   }
+});
+
+test('loading the addon sets the MMQ width of ggml-cuda-mmq-max-batch.diff, unless the environment names one; children inherit it', () => {
+  const script = `const { loadAddon } = await import(${JSON.stringify(join(REPO_ROOT, 'native', 'binding.ts'))});
+    loadAddon();
+    console.log(require('node:child_process').execFileSync(process.execPath, ['-p', 'process.env.PERCEPT_CUDA_MMQ_MAX_BATCH'], { encoding: 'utf8' }).trim());`;
+  const inherited = (env: NodeJS.ProcessEnv) =>
+    execFileSync(
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        '--input-type=module',
+        '-e',
+        `import { createRequire } from 'node:module'; const require = createRequire(import.meta.url); ${script}`,
+      ],
+      {
+        cwd: REPO_ROOT,
+        env,
+        encoding: 'utf8',
+      },
+    ).trim();
+  const { PERCEPT_CUDA_MMQ_MAX_BATCH: _, ...clean } = process.env;
+  assert.equal(inherited(clean), String(CUDA_MMQ_MAX_BATCH));
+  assert.equal(inherited({ ...clean, PERCEPT_CUDA_MMQ_MAX_BATCH: '0' }), '0', 'the environment wins');
 });
