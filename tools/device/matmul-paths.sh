@@ -11,8 +11,8 @@ if [ -z "${NO_TORCH:-}" ]; then
 fi
 BUILD_JOBS=14 prepare || exit 1
 [ -n "${torch:-}" ] && { wait $torch && log "torch peer done" || log "torch peer failed"; keep; }
-# Each path: a name and the widest matmul MMQ takes (empty: every width).
-PATHS=${PATHS:-mmq: cublas:0}
+# Each path: a name and the widest matmul MMQ takes (empty: every width; 128 is percept's default).
+PATHS=${PATHS:-mmq: cublas:0 above128:128}
 for p in $PATHS; do
   LB_SIZES=${LB_SIZES:-16,64,128,290,1024,4640} PERCEPT_CUDA_MMQ_MAX_BATCH=${p#*:} llama_bench ${p%%:*}
   keep
@@ -25,7 +25,7 @@ for p in $PATHS; do
   node -e "const j=require('$RES/frame-${p%%:*}.json'); console.log(JSON.stringify({p50:j.frame_to_action_ms_p50, p99:j.frame_to_action_ms_p99, prefill:j.prefill_ms_median, token:j.decode_ms_per_token_median, out:j.frames_out}))" 2>&1 | tee -a $OUT/log.txt
 done
 # Each cameras run: a name, the widest matmul MMQ takes, the group hold (batching.groupWaitMs; empty: the default).
-for r in ${CAMERA_RUNS:-mmq:: cublas:0: cublas-hold300:0:300}; do
+for r in ${CAMERA_RUNS:-mmq:: above128:128: above128-hold300:128:300}; do
   IFS=: read -r name mmq hold <<< "$r"
   [ $(el) -lt ${STOP_AT:-480} ] || { log "skip cameras $name (time)"; continue; }
   log "cameras $name"
