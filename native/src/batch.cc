@@ -311,7 +311,7 @@ void BatchScheduler::admit() {
 }
 
 // Admitting together, an idle decoder holds its waiting requests for the frames on their way to the sequences without one.
-// It holds at most groupWaitNs from the oldest waiting request, and until the first of them would otherwise miss.
+// It holds at most groupWaitNs from the oldest waiting request, and ends while each still has twice its predicted time left.
 bool BatchScheduler::holdForComing(int64_t now) {
     if (opts_.groupWaitNs <= 0) return false;
     std::vector<bool> waits(size_t(opts_.nSeq), false);
@@ -325,7 +325,8 @@ bool BatchScheduler::holdForComing(int64_t now) {
         coming += !waits[size_t(s)] && expected_[size_t(s)].load(std::memory_order_relaxed) > 0 ? 1 : 0;
     int64_t until = oldest + opts_.groupWaitNs;
     if (coming == 0 || now >= until) return false;
-    // The hold ends where the first waiting request would otherwise miss in the group it makes with those coming.
+    // The hold ends where the first waiting request would have but twice its time left in the group it makes with those
+    // coming: the other half is margin for a slower run than predicted.
     const int32_t size = std::min(opts_.maxActive, int32_t(waiting_.size()) + coming);
     const double own = predictMs(size, nullptr, true, kTypical);
     for (const auto & j : waiting_) {
@@ -333,7 +334,7 @@ bool BatchScheduler::holdForComing(int64_t now) {
         if (j->cancelled.load()) return false;
         // Without a history (own 0), only a hold that ends before the deadline.
         if (dl > 0 && own == 0 && until > dl) return false;
-        if (dl > 0) until = std::min(until, dl - nsOf(own));
+        if (dl > 0) until = std::min(until, dl - 2 * nsOf(own));
     }
     if (now >= until) return false;
     holdUntilNs_ = until;

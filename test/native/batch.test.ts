@@ -352,9 +352,10 @@ describe('batched decoding on gemma4-tiny', () => {
     await assert.rejects(model.createContext({ nCtx: 64, groupWaitMs: 5 }), /groupWaitMs is for a context of several sequences/);
   });
 
-  test('admitting together, the hold for a request on its way ends where the waiting one would otherwise miss', async () => {
-    // Camera 1 is announced and never comes; camera 0 asks with a deadline well inside groupWaitMs. It is held,
-    // then admitted in time to make it, not at groupWaitMs (the deadline would have passed) and not at once.
+  test('admitting together, the hold for a request on its way ends with time left for the waiting one, not at groupWaitMs', async () => {
+    // Camera 1 is announced and never comes; camera 0 asks with a deadline well inside groupWaitMs. It is held, then
+    // admitted with time left for its run, not at groupWaitMs (the deadline would have passed) and not at once.
+    // Whether the run then fits depends on this machine's load, so only the admission is asserted.
     const ctx = await model.createContext({ nCtx: 512, nSeq: 2, threads: 1, admitTogether: true, groupWaitMs: 1000 });
     try {
       const t0 = process.hrtime.bigint();
@@ -370,10 +371,10 @@ describe('batched decoding on gemma4-tiny', () => {
         deadlineNs,
       });
       ctx.expect(1, -1);
-      const seen = `held ${r.batch!.queueMs.toFixed(1)} ms; a request took ${(Number(ranNs) / 1e6).toFixed(1)} ms`;
-      assert.equal(r.stopReason, 'max_tokens', seen);
+      const ranMs = Number(ranNs) / 1e6;
+      const seen = `held ${r.batch!.queueMs.toFixed(1)} ms; a request took ${ranMs.toFixed(1)} ms; ${r.stopReason}`;
       assert.ok(r.batch!.queueMs >= 100, `it was held for camera 1 (${seen})`);
-      assert.ok(r.batch!.queueMs < Number(deadlineNs - submitNs) / 1e6, `and admitted before its deadline (${seen})`);
+      assert.ok(r.batch!.queueMs + ranMs <= Number(deadlineNs - submitNs) / 1e6, `and admitted with a run's time left (${seen})`);
     } finally {
       await ctx.dispose();
     }
