@@ -100,8 +100,9 @@ class BatchingEncoder {
   readonly #cameras: number;
   readonly #waitNs: bigint;
   readonly #lastCallNs = new Map<string, bigint>();
-  /** The last RECENT_CALLS calls' time per frame (ms), oldest first, and the running call's start and frames. */
+  /** The last RECENT_CALLS calls' time per frame (ms), oldest first; their median (0: no call yet); the running call. */
   readonly #msPerFrame: number[] = [];
+  #medianMsPerFrame = 0;
   #runningSince: { readonly startNs: bigint; readonly frames: number; readonly clock: StageContext['clock'] } | undefined;
   /** Per camera: frames its preprocess is working on (announced); null: nothing announces. */
   #coming: number[] | null = null;
@@ -130,8 +131,8 @@ class BatchingEncoder {
    * the frames ahead take a call each, in the wait. 0 and 0 before any call has been timed.
    */
   predict(entering: boolean): StagePrediction {
-    if (this.#msPerFrame.length === 0) return { waitMs: 0, ownMs: 0 };
-    const perFrameMs = [...this.#msPerFrame].sort((a, b) => a - b)[this.#msPerFrame.length >> 1]!;
+    const perFrameMs = this.#medianMsPerFrame;
+    if (perFrameMs === 0) return { waitMs: 0, ownMs: 0 };
     const running = this.#runningSince;
     const restMs = running ? Math.max(0, running.frames * perFrameMs - Number(running.clock.nowNs() - running.startNs) / 1e6) : 0;
     // Ahead of a frame at encode entry: the frames waiting. At preprocess entry, also those other cameras preprocess.
@@ -236,6 +237,7 @@ class BatchingEncoder {
         this.#lastCallNs.set(group[0]!.key, callNs);
         this.#msPerFrame.push(Number(callNs) / 1e6 / group.length);
         if (this.#msPerFrame.length > RECENT_CALLS) this.#msPerFrame.shift();
+        this.#medianMsPerFrame = [...this.#msPerFrame].sort((a, b) => a - b)[this.#msPerFrame.length >> 1]!;
       } catch (error) {
         outcome = { ok: false, error };
       }

@@ -493,7 +493,7 @@ double BatchScheduler::groupRestMs() const {
 }
 
 // What admission would predict for a request that arrived now, by its drop rule at today's sharing.
-// It serves callers that decide before they submit (predictedMs()).
+// It serves callers that decide before they submit (predicted()).
 void BatchScheduler::publishPrediction() {
     const bool idle = active_.empty();
     const double ms = idle ? predictMs(1, nullptr, false, kLeast) : predictMs(int32_t(active_.size()), nullptr, false, kTypical);
@@ -915,7 +915,7 @@ void BatchScheduler::removeFinished() {
         }
     }
     if (finished.empty()) return;
-    // Before the callers hear of it: one that asks predictedMs() next sees this history.
+    // Before the callers hear of it: one that asks predicted() next sees this history.
     publishPrediction();
     for (auto & j : finished) done_(std::move(j));
 }

@@ -104,23 +104,17 @@ public:
     int32_t nCtxSeq() const { return nCtxSeq_; }
     // Steps run so far (every llama_decode round over the active sequences).
     int64_t steps() const { return steps_.load(std::memory_order_relaxed); }
-    // Any thread. The time (ms) admission would predict for a request submitted now with deadline `deadlineNs` (0: none).
+    // Any thread. The time (ms) admission would predict for a request submitted now with deadline `deadlineNs`, in two
+    // parts: the wait before its own run starts (the running group's rest, the requests admission takes first), and that run.
     // It applies the rule that drops a request before its prefill, as of the last step.
-    // It adds the wait behind the requests admission takes first, each at the median recent admission gap.
-    // So a caller with work before it submits (preprocess, encode) can drop a frame that would be dropped anyway.
-    // 0: nothing to predict from, or an idle decoder that would admit anything (a probe).
+    // So a caller with work before it submits (preprocess, encode) overlaps it with the wait, and drops a frame that
+    // would be dropped anyway. Both 0: nothing to predict from, or an idle decoder that would admit anything (a probe).
     // Why the wait counts: native/README.md#predicting-before-submit
-    // The two parts of that time: the wait before the request's own run starts (the running group's rest, and the
-    // requests admitted before it), and its own run. A caller with work before it overlaps its work with the wait.
     struct Prediction {
         double waitMs = 0;
         double ownMs = 0;
     };
     Prediction predicted(int64_t deadlineNs = 0, int32_t reservedAhead = 0) const;
-    double predictedMs(int64_t deadlineNs = 0, int32_t reservedAhead = 0) const {
-        const Prediction p = predicted(deadlineNs, reservedAhead);
-        return p.waitMs + p.ownMs;
-    }
     // Any thread. Frames on their way to `seq` (reserved before preprocess): +1 when one is reserved, -1 when it is
     // submitted or dropped. Admitting together, an idle decoder holds its waiting requests for them (groupWaitNs at most).
     void expect(int32_t seq, int32_t delta);
@@ -186,7 +180,7 @@ private:
     std::unique_ptr<std::atomic<int32_t>[]> positions_;
     std::atomic<int64_t> steps_{0};
     std::atomic<double> predicted_{0};  // without the wait behind waiting requests
-    // What predictedMs() adds the wait from, as of the last step.
+    // What predicted() takes the wait from, as of the last step.
     // The queue's pace (0: unknown), and the waiting requests' sorted deadlines (INT64_MAX: none).
     mutable std::mutex queueMutex_;
     double queueGapMs_ = 0;                  // guarded by queueMutex_
@@ -209,7 +203,7 @@ private:
     int64_t lastDecodeNs_ = 0;      // when the last step ended (0: none yet)
     std::deque<double> prefillMs_;  // admission → first token
     std::deque<int32_t> genSteps_;  // generation steps of requests that ended on their own or late generating
-    // Admissions while requests waited: how fast the queue drains (see predictedMs()).
+    // Admissions while requests waited: how fast the queue drains (see predicted()).
     std::deque<double> admitGapMs_;  // time from one such admission to the next
     int64_t lastAdmitNs_ = 0;        // the last admission (0: none yet)
     bool lastAdmitQueued_ = false;   // whether requests still waited after it

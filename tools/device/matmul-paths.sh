@@ -28,10 +28,7 @@ done
 for r in ${CAMERA_RUNS:-mmq:: above128:128: above128-hold300:128:300}; do
   IFS=: read -r name mmq hold <<< "$r"
   [ $(el) -lt ${STOP_AT:-480} ] || { log "skip cameras $name (time)"; continue; }
-  log "cameras $name"
-  PERCEPT_CUDA_MMQ_MAX_BATCH=$mmq $P bench cameras --cameras 16 --fps 10 --seconds 10 --image-tokens 280 --budget-ms 1000 \
-    -m "$M" -e "$E" --gpu-layers 99 --admit together ${hold:+--group-wait-ms $hold} --json > $RES/cameras-$name.json 2>> $OUT/err.txt || tail -5 $OUT/err.txt
-  node -e "const j=require('$RES/cameras-$name.json'); console.log(JSON.stringify({actions_per_s:j.actions_per_s, ceiling_share:j.ceiling_share, ceiling:j.ceiling, batch_mean:j.decode_batch_mean, p50:j.e2e_ms_p50, p99:j.e2e_ms_p99}))" 2>&1 | tee -a $OUT/log.txt
+  PERCEPT_CUDA_MMQ_MAX_BATCH=$mmq bench_cameras $name 280 together ${hold:+--group-wait-ms $hold}
   keep
 done
 log "done"

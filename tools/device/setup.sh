@@ -41,6 +41,16 @@ llama_bench() {
   node -e "for (const r of require('$json')) console.log('pp', r.n_prompt, 'tg', r.n_gen, Math.round(r.avg_ts), 'tok/s')" | tee -a $OUT/log.txt
 }
 
+# bench cameras, 16 x 10 Hz for 10 s with a 1 s budget, at $2 image tokens, admitting $3, further options after them:
+# into $RES/cameras-$1.json, its summary in the log.
+bench_cameras() {
+  local name=$1 tokens=$2 admit=$3; shift 3
+  log "cameras $name"
+  $P bench cameras --cameras 16 --fps 10 --seconds 10 --image-tokens $tokens --budget-ms 1000 -m "$M" -e "$E" --gpu-layers 99 \
+    --admit $admit "$@" --json > $RES/cameras-$name.json 2>> $OUT/err.txt || tail -5 $OUT/err.txt
+  node -e "const j=require('$RES/cameras-$name.json'); console.log(JSON.stringify({admit:j.admit, actions_per_s:j.actions_per_s, ceiling_share:j.ceiling_share, ceiling:j.ceiling, batch_mean:j.decode_batch_mean, graph_reuse:j.decode_graph_reuse, p50:j.e2e_ms_p50, p99:j.e2e_ms_p99, in:j.frames_in, out:j.frames_out, fair:j.fairness}))" 2>&1 | tee -a $OUT/log.txt
+}
+
 # Per-kernel times of one prefill of $1 positions, appended to $OUT/kernels.csv under "## pp$1": nsys where it is
 # installed, else ncu over at most NCU_N kernels and NCU_S seconds. kernel-summary.py reads either.
 kernels() {
