@@ -138,6 +138,9 @@ const EVENT_TYPES: ReadonlySet<TelemetryEvent['type']> = new Set(['drop', 'cance
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** How long open() retries a bind refused as EADDRINUSE: a socket closed on that address frees it on ZeroMQ's reaper thread. */
+const BIND_RETRY_MS = 1000;
+
 /** PublisherOptions with every default filled in and the run id chosen, as checkPublisherOptions returns them. */
 export type CheckedPublisherOptions = Required<Omit<PublisherOptions, 'highWaterMarks' | 'sendBufferSize'>> & {
   readonly highWaterMarks: PublisherConfig['highWaterMarks'];
@@ -283,12 +286,20 @@ class WirePublisher implements Publisher {
       ...(options.sendBufferSize !== undefined ? { sendBufferSize: options.sendBufferSize } : {}),
       ...(secretKeyFile ? { curveServer: true, curveSecretKey: readCurveKey(secretKeyFile, 'publisher secret key') } : {}),
     });
-    try {
-      await socket.bind(endpoint);
-    } catch (err) {
-      socket.close();
-      const code = (err as { code?: string }).code;
-      throw new Error(`publisher: cannot bind ${endpoint}${code ? ` (${code})` : ''}: ${(err as Error).message}`, { cause: err });
+    // A publisher closed just before on this address frees it on ZeroMQ's reaper thread, moments later.
+    for (const start = Date.now(); ;) {
+      try {
+        await socket.bind(endpoint);
+        break;
+      } catch (err) {
+        const code = (err as { code?: string }).code;
+        if (code === 'EADDRINUSE' && Date.now() - start < BIND_RETRY_MS) {
+          await sleep(10);
+          continue;
+        }
+        socket.close();
+        throw new Error(`publisher: cannot bind ${endpoint}${code ? ` (${code})` : ''}: ${(err as Error).message}`, { cause: err });
+      }
     }
     return new WirePublisher(options, socket, socket.lastEndpoint ?? endpoint);
   }
@@ -524,10 +535,8 @@ class WirePublisher implements Publisher {
     // What is still queued will not go out: it counts as dropped.
     for (const queue of this.#byPriority) while (queue.shift()) queue.dropped += 1;
     // Handed to ZeroMQ is not yet on the wire: let it flush for what is left of lingerMs.
+    // Not unbind: it drops what its connections still hold. close() frees the address moments later (open() retries).
     socket.linger = Math.max(0, deadline - Date.now());
-    // close() releases the endpoint later, on ZeroMQ's reaper thread.
-    // Unbind first, so the address is free when close() resolves and a restart can bind it at once.
-    await socket.unbind(this.endpoint).catch(() => undefined);
     socket.close();
     await this.#pumping;
     return this.stats();

@@ -470,6 +470,31 @@ describe('publisher', () => {
     assert.equal(stats1.events!.sent, probes + 2);
   });
 
+  test('what close() has handed to ZeroMQ reaches a subscriber that reads only after it resolves; the address binds again at once', async () => {
+    let endpoint = 'tcp://127.0.0.1:*';
+    for (let round = 0; round < 10; round++) {
+      // Rounds after the first bind the address the last one closed.
+      const pub = await open({ endpoint, lingerMs: 30_000 });
+      endpoint = pub.endpoint;
+      const sub = connect(pub, ['actions', 'events']);
+      await probe(pub, sub);
+      // Large bodies: what close() hands over fills the socket buffers and waits in ZeroMQ's queues.
+      const note = 'x'.repeat(2000);
+      for (let i = 0; i < 100; i++) await pub.stage.process(message(i, context(i), { action: 'move', confidence: 0.5, note }), context(i));
+      const counters = await pub.close(new TelemetryAggregator('real').snapshot());
+      assert.equal(counters.actions!.sent, 100, JSON.stringify(counters));
+      const actions: number[] = [];
+      for (let m = parse(await sub.receive()); m.body.type !== 'end'; m = parse(await sub.receive())) {
+        if (m.topic === 'actions') actions.push(m.header.seq);
+      }
+      assert.deepEqual(
+        actions,
+        Array.from({ length: 100 }, (_, i) => i),
+        `round ${round}: every action, in order, before the end`,
+      );
+    }
+  });
+
   test('CURVE: a subscriber with the server key receives, one with a wrong key gets nothing', async () => {
     const dir = join(root, '.cache', 'publisher-test');
     mkdirSync(dir, { recursive: true });
