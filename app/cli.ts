@@ -290,7 +290,10 @@ bench
     '--no-drop-predicted-conflation',
     "encode every frame (default: drop one before preprocess when its camera's next frame would replace it at decode anyway)",
   )
-  .option('--admit <how>', 'together: a group of arrivals at a time (the default); each: one at a time (batching.admit)')
+  .option(
+    '--admit <how>',
+    "together: a group of arrivals at a time (the default); rolling: together, the group's tail takes the next in; each: one at a time (batching.admit)",
+  )
   .option(
     '--prefill-chunk <n>',
     'with --admit each: prompt positions read per decode step (default: the config default)',

@@ -56,6 +56,8 @@ export interface NativeContextOptions {
   prefillChunk: number;
   /** nSeq > 1: arrivals wait for the running group and are admitted together as the next one. */
   admitTogether: boolean;
+  /** Admitting together: the running group's tail takes the waiting requests in once they outnumber its members. */
+  admitTail: boolean;
   /** Admitting together: how long an idle decoder holds its waiting requests for frames on their way (expect). */
   groupWaitMs: number;
   maxOutputs: number;
@@ -81,6 +83,7 @@ export interface NativeContextInfo {
   readonly maxActive: number;
   readonly prefillChunk: number;
   readonly admitTogether: boolean;
+  readonly admitTail: boolean;
   readonly groupWaitMs: number;
   readonly maxOutputs: number;
   /** Tokens each sequence decodes per generation step, padded (1: no padding). */
@@ -207,6 +210,19 @@ export interface NativePrediction {
   readonly ownMs: number;
 }
 
+/** Where a batched context's scheduler spent its time (ms), as of its last step: its steps, and within them the image
+ * decodes, the token decodes (llama_decode to synchronize) and the sampling after them; its holds for frames on their way. */
+export interface NativeTimeAccount {
+  /** Admissions into an idle decoder: admitting together, the groups. */
+  readonly groups: number;
+  readonly steps: number;
+  readonly stepMs: number;
+  readonly imageMs: number;
+  readonly tokenMs: number;
+  readonly sampleMs: number;
+  readonly holdMs: number;
+}
+
 export interface NativeCeilingOptions {
   readonly sequences: number;
   readonly promptTokens: number;
@@ -242,6 +258,10 @@ export declare class NativeContext {
   /** Several sequences: the ms admission would predict for a request with this deadline submitted now, as the wait
    * before its own run and that run (both 0: none). */
   prediction(deadlineNs?: bigint, reservedAhead?: number): NativePrediction;
+  /** Several sequences: when the request of `seq` ends, predicted from now (ms); -1: none known. */
+  restMs(seq: number): number;
+  /** Several sequences: where the scheduler's time went so far (ms); null with one sequence. */
+  timeAccount(): NativeTimeAccount | null;
   /** Times raw decodes of one shape, as llama-batched-bench does (native/src/batch.h timeCeiling). */
   measureCeiling(options: NativeCeilingOptions): Promise<NativeCeilingTimes>;
   /** Creates the speculator's state off the JS thread (the KV cache starts empty afterwards). */

@@ -22,6 +22,7 @@ import {
   type NativeBatchCounts,
   type NativeCeilingTimes,
   type NativePrediction,
+  type NativeTimeAccount,
   type SpeculatorType,
 } from './binding.ts';
 
@@ -130,6 +131,12 @@ export interface ContextOptions {
    * nUbatch take, not prefillChunk at a time (native/README.md#admitting-together).
    */
   readonly admitTogether?: boolean;
+  /**
+   * Admitting together (default false): the running group's tail takes the waiting requests in once no more of its
+   * members run than requests wait, so their prefill rides with its last steps instead of waiting for its longest member
+   * (native/README.md#admitting-together).
+   */
+  readonly admitTail?: boolean;
   /**
    * Admitting together (default 0): how long (ms) an idle decoder holds its waiting requests for the requests on their way
    * to other sequences (`expect`), so frames triggered together form one group. Only while each waiting request could
@@ -277,6 +284,7 @@ export class LlamaModel {
       'maxActive',
       'prefillChunk',
       'admitTogether',
+      'admitTail',
       'groupWaitMs',
       'stepTokens',
       'shapeGraphs',
@@ -288,7 +296,7 @@ export class LlamaModel {
       options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
     const nSeq = options.nSeq === undefined ? 1 : intIn('options.nSeq', options.nSeq, 1, Math.min(MAX_SEQUENCES, nBatch));
     if (nSeq === 1) {
-      for (const key of ['kvUnified', 'maxActive', 'prefillChunk', 'admitTogether', 'groupWaitMs'] as const) {
+      for (const key of ['kvUnified', 'maxActive', 'prefillChunk', 'admitTogether', 'admitTail', 'groupWaitMs'] as const) {
         if (options[key] !== undefined) throw new TypeError(`options.${key} is for a context of several sequences (nSeq > 1)`);
       }
     }
@@ -296,6 +304,8 @@ export class LlamaModel {
     const maxActive = options.maxActive === undefined ? nSeq : intIn('options.maxActive', options.maxActive, 1, nSeq);
     const prefillChunk = options.prefillChunk === undefined ? nUbatch : intIn('options.prefillChunk', options.prefillChunk, 1, nBatch);
     const admitTogether = options.admitTogether === undefined ? false : bool('options.admitTogether', options.admitTogether);
+    const admitTail = options.admitTail === undefined ? false : bool('options.admitTail', options.admitTail);
+    if (admitTail && !admitTogether) throw new TypeError('options.admitTail is for a context that admits together (admitTogether)');
     const groupWaitMs = options.groupWaitMs === undefined ? 0 : numIn('options.groupWaitMs', options.groupWaitMs, 0, 1000);
     // A batched step reads one logits row per sequence; a single sequence one per draft position.
     const outputs = nSeq > 1 ? nSeq : Math.min(MAX_OUTPUTS, nBatch);
@@ -324,6 +334,7 @@ export class LlamaModel {
         maxActive,
         prefillChunk,
         admitTogether,
+        admitTail,
         groupWaitMs,
         maxOutputs,
         stepTokens,
@@ -504,6 +515,7 @@ export interface CeilingOptions {
 
 export type CeilingTimes = NativeCeilingTimes;
 export type Prediction = NativePrediction;
+export type TimeAccount = NativeTimeAccount;
 
 export interface GenerateResult {
   readonly text: string;
@@ -643,6 +655,22 @@ export class LlamaContext {
       throw new TypeError(`prediction: deadlineNs must be a bigint (process.hrtime.bigint() clock), got ${typeof deadlineNs}`);
     intIn('prediction: reservedAhead', reservedAhead, 0, 1e6);
     return this.#live().prediction(deadlineNs, reservedAhead);
+  }
+
+  /**
+   * A context of several sequences: when the request of sequence `seq` ends, predicted from now (ms), as of the
+   * scheduler's last step: running, its own rest; waiting, the running group's rest and its own run. undefined: none
+   * known (none in flight, one submitted since that step, or one sequence).
+   */
+  restMs(seq: number): number | undefined {
+    if (this.info.nSeq === 1) return undefined;
+    const ms = this.#live().restMs(intIn('seq', seq, 0, this.info.nSeq - 1));
+    return ms < 0 ? undefined : ms;
+  }
+
+  /** A context of several sequences: where its scheduler's time went since it was created (ms); null with one sequence. */
+  timeAccount(): TimeAccount | null {
+    return this.#live().timeAccount();
   }
 
   #live(): NativeContext {

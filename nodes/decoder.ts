@@ -16,6 +16,7 @@ import {
   type ModelInfo,
   type PromptSegment,
   type SpeculatorOptions,
+  type TimeAccount,
 } from '../native/llama.ts';
 
 /** Physical batch: an image attended bidirectionally must fit one ubatch (Gemma 4's largest is 1120 tokens). */
@@ -85,6 +86,8 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
   /** The decoder context's memory by buffer type as the stage closed (null before): its compute
    * buffers grow with the step shapes it ran, so this is what a run of frames needed. */
   memoryAtClose(): MemoryBreakdown | null;
+  /** A decoder the cameras share: where its scheduler's time went so far, or until it closed (null: not shared). */
+  schedulerTime(): TimeAccount | null;
 }
 
 const IMAGE_MARKER = '<__percept_image__>';
@@ -107,8 +110,9 @@ export interface CameraBatching {
   readonly cameras: number;
   /** Cameras per step at most (null: all). */
   readonly maxActive: number | null;
-  /** together: arrivals wait for the running group and go in together; each: one at a time. Default together. */
-  readonly admit?: 'together' | 'each';
+  /** together: arrivals wait for the running group and go in together; rolling: together, and the group's tail takes them
+   * in once they outnumber its members; each: one at a time. Default together. */
+  readonly admit?: 'together' | 'rolling' | 'each';
   /** Admitting together: how long an idle decoder holds a group for frames still on their way (default 0). */
   readonly groupWaitMs?: number;
   readonly prefillChunk: number;
@@ -336,7 +340,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     const draftMax = config.draftMax ?? DRAFT_MAX;
     const cameras = batching && batching.cameras > 1 ? batching : undefined;
     // A group's images are read in one decode: a ubatch for the largest image of every camera a step takes, within GROUP_UBATCH_MAX.
-    const together = cameras !== undefined && (cameras.admit ?? 'together') === 'together';
+    const together = cameras !== undefined && (cameras.admit ?? 'together') !== 'each';
     const groupRows = together ? (cameras.maxActive ?? cameras.cameras) * cameras.imageTokens : 0;
     const ubatch = Math.min(GROUP_UBATCH_MAX, Math.max(IMAGE_UBATCH, groupRows));
     ctx = await model.createContext({
@@ -356,7 +360,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
             maxActive: cameras.maxActive ?? cameras.cameras,
             prefillChunk: cameras.prefillChunk,
             admitTogether: together,
-            ...(together ? { groupWaitMs: cameras.groupWaitMs ?? 0 } : {}),
+            ...(together ? { groupWaitMs: cameras.groupWaitMs ?? 0, admitTail: cameras.admit === 'rolling' } : {}),
             kvUnified: cameras.kvUnified,
           }
         : { maxOutputs: 1 + draftMax }),
@@ -445,6 +449,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   };
 
   let memoryAtClose: MemoryBreakdown | null = null;
+  let timeAtClose: TimeAccount | null = null;
   let closed = false;
   // Admitting together, the scheduler hears of the frames on their way too: an idle decoder holds a group for them.
   const reservations = new Reservations(
@@ -454,6 +459,8 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         }
       : undefined,
   );
+  // Cameras whose decode call is in flight (a camera runs one at a time).
+  const inFlight = new Set<number>();
   return {
     handle: (seq) => ({
       name: 'decode',
@@ -463,10 +470,16 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       contract,
       modelInfo: info,
       memoryAtClose: () => memoryAtClose,
+      schedulerTime: () => (closed ? timeAtClose : ctx.timeAccount()),
       process: async (input, sc) => {
-        const generation = await process(batched ? seq : undefined, input, sc);
-        if (batched) reservations.served(seq ?? 0);
-        return generation;
+        inFlight.add(seq ?? 0);
+        try {
+          const generation = await process(batched ? seq : undefined, input, sc);
+          if (batched) reservations.served(seq ?? 0);
+          return generation;
+        } finally {
+          inFlight.delete(seq ?? 0);
+        }
       },
       // The cameras share one scheduler: what it predicts for a frame now lets the stages ahead
       // (preprocess, encode) drop a frame it would drop anyway (Stage.predict), counting the
@@ -475,8 +488,13 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       // on their way (those are checked when they arrive).
       ...(batched
         ? {
-            predict: (deadlineNs: bigint, entering: boolean) =>
-              ctx.prediction(deadlineNs, entering ? 0 : reservations.ahead(deadlineNs, seq ?? 0)),
+            predict: (deadlineNs: bigint, entering: boolean) => {
+              const p = ctx.prediction(deadlineNs, entering ? 0 : reservations.ahead(deadlineNs, seq ?? 0));
+              if (!inFlight.has(seq ?? 0)) return p;
+              // This camera's frame ahead: the scheduler's prediction of its end, or, submitted since its last step, a new request's.
+              const busyMs = ctx.restMs(seq ?? 0) ?? (p.ownMs > 0 ? p.waitMs + p.ownMs : undefined);
+              return busyMs === undefined ? p : { ...p, busyMs };
+            },
             reserve: (deadlineNs: bigint) => reservations.add(deadlineNs, seq ?? 0),
           }
         : {}),
@@ -484,6 +502,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     async close() {
       closed = true;
       memoryAtClose = ctx.memoryBreakdown();
+      timeAtClose = ctx.timeAccount();
       await model.dispose();
       await draft?.dispose();
     },

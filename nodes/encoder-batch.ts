@@ -24,6 +24,8 @@ export interface BatchingEncoderStats {
   readonly maxBatch: number;
   /** Frames whose signal fired while their call ran (their result, if any, went nowhere). */
   readonly discarded: number;
+  /** The time its calls took, in all (ms). */
+  readonly busyMs: number;
 }
 
 export interface CameraEncoderStage extends Stage<PixelTensor, ImageEmbedding> {
@@ -113,6 +115,7 @@ class BatchingEncoder {
   #frames = 0;
   #maxBatch = 0;
   #discarded = 0;
+  #busyNs = 0n;
   #closed = false;
 
   constructor(encoder: BatchableEncoder, cameras: number, waitNs: bigint) {
@@ -122,7 +125,8 @@ class BatchingEncoder {
   }
 
   stats(): BatchingEncoderStats {
-    return { calls: this.#calls, frames: this.#frames, maxBatch: this.#maxBatch, discarded: this.#discarded };
+    const busyMs = Number(this.#busyNs) / 1e6;
+    return { calls: this.#calls, frames: this.#frames, maxBatch: this.#maxBatch, discarded: this.#discarded, busyMs };
   }
 
   /**
@@ -241,6 +245,7 @@ class BatchingEncoder {
       } catch (error) {
         outcome = { ok: false, error };
       }
+      this.#busyNs += clock.nowNs() - startNs;
       group.forEach((w, i) => {
         w.ctx.signal.removeEventListener('abort', w.onAbort);
         if (w.settled) return;

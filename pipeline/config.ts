@@ -219,8 +219,9 @@ export interface BatchingConfig {
   readonly encodeWaitMs: number;
   /** null: every camera. */
   readonly decodeMaxActive: number | null;
-  /** together: a group of arrivals at a time (native/README.md#admitting-together); each: one at a time. */
-  readonly admit: 'together' | 'each';
+  /** together: a group of arrivals at a time (native/README.md#admitting-together); rolling: together, and the group's tail
+   * takes the next one in; each: one at a time. */
+  readonly admit: 'together' | 'rolling' | 'each';
   /** Admitting together: how long an idle decoder holds a group for frames still on their way. */
   readonly groupWaitMs: number;
   readonly prefillChunk: number;

@@ -82,6 +82,9 @@ export interface StageContext {
 export interface StagePrediction {
   readonly waitMs: number;
   readonly ownMs: number;
+  /** When this stage's call in flight (the frame ahead of this one here) ends, from now.
+   * Absent: none in flight, or not known; the runtime then counts that call at the stage's fastest recent run. */
+  readonly busyMs?: number;
 }
 
 /** One stage, one file in nodes/.

@@ -8,6 +8,7 @@ import { pbkdf2 } from 'node:crypto';
 import { loadavg } from 'node:os';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { RealClock } from '../../pipeline/clock.ts';
+import type { TimeAccount } from '../../native/llama.ts';
 import { loadConfig, type PerceptConfig } from '../../pipeline/config.ts';
 import type { LatencyStats } from '../../pipeline/telemetry/events.ts';
 import { loadActionSchema } from '../../nodes/action-schema.ts';
@@ -40,8 +41,8 @@ export interface BenchCamerasOptions {
   /** Drop a frame before preprocess when a newer one of its camera would replace it at decode anyway (default true, the config's). */
   readonly dropPredictedConflation?: boolean;
   readonly prefillChunk?: number;
-  /** batching.admit: 'together' (the default) or 'each'. */
-  readonly admit?: 'together' | 'each';
+  /** batching.admit: 'together' (the default), 'rolling' or 'each'. */
+  readonly admit?: 'together' | 'rolling' | 'each';
   readonly maxActive?: number;
   readonly encodeWaitMs?: number;
   /** batching.groupWaitMs: how long an idle decoder holds a group for frames on their way. */
@@ -119,6 +120,15 @@ export interface BenchCamerasResult {
   readonly decode_wasted: { prefills: number; tokens: number };
   /** Stage runs cut short, per stage and reason. */
   readonly cancels: Readonly<Record<string, Readonly<Record<string, number>>>>;
+  /** Where the shared decoder's time went over the run (ms; null: not measured). `wall` is the run's; `steps` its decode
+   * steps, of which `image_decode` and `token_decode` (llama_decode to synchronize), `sample` after them, and
+   * `other_in_step` (planning, grammar); `hold` its holds for frames on their way; `idle` the rest, with no request to run. */
+  readonly decoder_time_ms: DecoderTime | null;
+  /** llama_decode calls after the prompt per completed action (the ceiling takes their mean). A group in lockstep
+   * runs as long as its longest member. Null without a completed action. */
+  readonly action_steps: { readonly p50: number; readonly p90: number; readonly max: number } | null;
+  /** The time the shared encoder's calls took over the run (ms). On one GPU they compete with the decoder's steps. */
+  readonly encoder_busy_ms: number;
   /** Encoder calls and the frames they took (warm-up included). */
   readonly encoder_calls: number;
   readonly encoder_frames: number;
@@ -127,12 +137,52 @@ export interface BenchCamerasResult {
   readonly drop_predicted_miss: boolean;
   readonly drop_predicted_conflation: boolean;
   /** batching.admit: how arrivals joined the decoder. */
-  readonly admit: 'together' | 'each';
+  readonly admit: 'together' | 'rolling' | 'each';
   readonly group_wait_ms: number;
   readonly prefill_chunk: number;
   /** Where the host side waits: the JS thread's busy fraction and its worst delays. Also how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
   readonly host: HostLoad;
+}
+
+export interface DecoderTime {
+  readonly wall: number;
+  readonly steps: number;
+  readonly step_count: number;
+  /** Admissions into an idle decoder: admitting together, the groups. */
+  readonly groups: number;
+  readonly image_decode: number;
+  readonly token_decode: number;
+  readonly sample: number;
+  readonly other_in_step: number;
+  readonly hold: number;
+  readonly idle: number;
+}
+
+/** The decoder's time over a run from its scheduler's accounts at the start and the end, and the run's wall time. */
+export function decoderTime(start: TimeAccount | null, end: TimeAccount | null, wallMs: number): DecoderTime | null {
+  if (!start || !end) return null;
+  const r = (x: number): number => Math.round(x * 10) / 10;
+  const d = (k: keyof TimeAccount): number => end[k] - start[k];
+  const steps = d('stepMs');
+  return {
+    wall: r(wallMs),
+    steps: r(steps),
+    step_count: d('steps'),
+    groups: d('groups'),
+    image_decode: r(d('imageMs')),
+    token_decode: r(d('tokenMs')),
+    sample: r(d('sampleMs')),
+    other_in_step: r(steps - d('imageMs') - d('tokenMs') - d('sampleMs')),
+    hold: r(d('holdMs')),
+    idle: r(Math.max(0, wallMs - steps - d('holdMs'))),
+  };
+}
+
+function actionSteps(actions: readonly { steps: number }[]): BenchCamerasResult['action_steps'] {
+  if (actions.length === 0) return null;
+  const steps = actions.map((a) => a.steps);
+  return { p50: quantile(steps, 0.5), p90: quantile(steps, 0.9), max: Math.max(...steps) };
 }
 
 /** Jain's fairness index of `shares`, `(Σx)² / (n·Σx²)`. Null when every share is 0 or there is none. */
@@ -258,7 +308,10 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     if (typeof event.data.peakSeqs === 'number') batchSizes.push(event.data.peakSeqs);
   });
   const stopWatching = watchHost();
+  const timeAtStart = stages.decoderTime();
+  const encoderAtStart = stages.encoderStats().busyMs;
   const summary = await group.run();
+  const timeAtEnd = stages.decoderTime();
   const host = stopWatching();
   const durationS = summary.durationMs / 1000;
   const perCamera: Record<string, CameraBenchRow> = {};
@@ -314,6 +367,9 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     decode_outcomes: outcomes,
     decode_wasted: { prefills: wastedPrefills, tokens: wastedTokens },
     cancels: summary.cancels as Record<string, Record<string, number>>,
+    decoder_time_ms: decoderTime(timeAtStart, timeAtEnd, summary.durationMs),
+    action_steps: actionSteps(actions),
+    encoder_busy_ms: round(enc.busyMs - encoderAtStart),
     encoder_calls: enc.calls,
     encoder_frames: enc.frames,
     encoder_batch_max: enc.maxBatch,

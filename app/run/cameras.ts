@@ -16,6 +16,7 @@ import type { BatchingEncoderStats } from '../../nodes/encoder-batch.ts';
 import { loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame } from '../../nodes/payloads.ts';
 import { resolveModel } from '../../models/resolve.ts';
+import type { TimeAccount } from '../../native/llama.ts';
 import {
   checkEncoderFitsDecoder,
   createEncoder,
@@ -33,7 +34,7 @@ import {
 } from './stages.ts';
 
 /** A remote decoder's server encodes the images: percept's encoder makes no calls. */
-const NO_ENCODER: BatchingEncoderStats = { calls: 0, frames: 0, maxBatch: 0, discarded: 0 };
+const NO_ENCODER: BatchingEncoderStats = { calls: 0, frames: 0, maxBatch: 0, discarded: 0, busyMs: 0 };
 
 export interface CameraStages {
   /** Per camera, in config order: camera frame → published or validated action. */
@@ -41,6 +42,8 @@ export interface CameraStages {
   readonly publisher?: Publisher;
   /** The shared encoder's batching so far. */
   encoderStats(): BatchingEncoderStats;
+  /** Where the shared decoder's scheduler spent its time so far (null: a remote decoder). */
+  decoderTime(): TimeAccount | null;
 }
 
 /** A source whose frames carry the camera id as their source id (the actions' source_id). */
@@ -79,7 +82,7 @@ export async function createCameraStages(
         const validated = chain(decoder, createActionsStage({ schema: actionSchema }));
         return publisher ? append(validated, publisher.stage) : validated;
       });
-      return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => NO_ENCODER };
+      return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => NO_ENCODER, decoderTime: () => null };
     }
     const { createCameraDecoderStages } = await import('../../nodes/decoder.ts');
     log(`decoder: ${config.decoder.model} (${n} cameras, one sequence each, batched)`);
@@ -119,7 +122,12 @@ export async function createCameraStages(
       const validated = chain(encoders[i]!.announcing(preprocess[i]!), encoders[i]!, decoders[i]!, actions[i]!);
       return publisher ? append(validated, publisher.stage) : validated;
     });
-    return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => encoders[0]!.stats() };
+    return {
+      chains,
+      ...(publisher ? { publisher } : {}),
+      encoderStats: () => encoders[0]!.stats(),
+      decoderTime: () => decoder.schedulerTime(),
+    };
   } catch (err) {
     for (const stage of built) await stage.close?.().catch(() => undefined);
     await publisher?.close();

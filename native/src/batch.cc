@@ -92,7 +92,7 @@ BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread 
       nCtxSeq_(options.kvUnified ? int32_t(llama_n_ctx(ctx)) / options.nSeq : int32_t(llama_n_ctx_seq(ctx))),
       expected_(new std::atomic<int32_t>[size_t(options.nSeq)]), caches_(size_t(options.nSeq)),
       positions_(new std::atomic<int32_t>[size_t(options.nSeq)]), tokens_(std::make_unique<TokenBatch>(options.nBatch)),
-      admittedNs_(size_t(options.nSeq), 0), stepMs_(size_t(options.nSeq)) {
+      seqRestMs_(size_t(options.nSeq), 0), admittedNs_(size_t(options.nSeq), 0), stepMs_(size_t(options.nSeq)) {
     for (int32_t s = 0; s < opts_.nSeq; s++) {
         positions_[size_t(s)].store(0);
         expected_[size_t(s)].store(0);
@@ -152,8 +152,10 @@ void BatchScheduler::loop() {
             std::unique_lock<std::mutex> lock(mutex_);
             // Holding a group: sleep until a request or an expect() comes, or the hold ends.
             if (holdUntilNs_ > 0 && inbox_.empty() && !closing_) {
-                const int64_t left = holdUntilNs_ - monotonicNs();
+                const int64_t t0 = monotonicNs();
+                const int64_t left = holdUntilNs_ - t0;
                 if (left > 0) wake_.wait_for(lock, std::chrono::nanoseconds(left));
+                account_.holdMs += msBetween(t0, monotonicNs());
             }
             items.swap(inbox_);
             closing = closing_;
@@ -169,7 +171,9 @@ void BatchScheduler::loop() {
                 for (auto & j : waiting_) j->cancelled.store(true);
                 for (auto & a : active_) a->job->cancelled.store(true);
             }
+            const bool idle = active_.empty();
             admit();
+            if (idle && !active_.empty()) account_.groups++;
             step();
             publishPrediction();  // the sharing and step times as of this step
         } catch (const std::exception & e) {
@@ -250,7 +254,9 @@ void BatchScheduler::admit() {
     // Admitting together: while a group runs, a waiting request waits for its end and the next group, unless it would then miss.
     // holdMs is that wait and the request's own time in the next group; below 0, nothing is held (no group, or no history).
     double holdMs = -1;
-    if (opts_.admitTogether && !active_.empty()) {
+    // The group's tail: the waiting requests go in beside its last members, not after the longest of them.
+    const bool tail = opts_.admitTail && int32_t(active_.size()) <= int32_t(waiting_.size());
+    if (opts_.admitTogether && !active_.empty() && !tail) {
         const double own = predictMs(std::min(opts_.maxActive, int32_t(waiting_.size())), nullptr, true, kTypical);
         if (own > 0) holdMs = groupRestMs() + own;
     }
@@ -503,10 +509,24 @@ void BatchScheduler::publishPrediction() {
     if (opts_.admitTogether) {
         for (int32_t k = 1; k <= opts_.maxActive; k++) own.push_back(predictMs(k, nullptr, k > 1, idle ? kLeast : kTypical));
     }
+    // Each sequence's request: running, its own rest; waiting, after the running group (or at today's sharing) its own run.
+    std::vector<double> seqRest(size_t(opts_.nSeq), 0);
+    const int32_t n = int32_t(active_.size());
+    for (const auto & a : active_) {
+        if (!a->done) seqRest[size_t(a->seq)] = predictMs(n, a.get(), false, kTypical);
+    }
+    if (!waiting_.empty()) {
+        const auto next = int32_t(std::min<size_t>(size_t(opts_.maxActive), opts_.admitTogether ? waiting_.size() : size_t(n) + 1));
+        const double after = (opts_.admitTogether ? rest : 0) + predictMs(next, nullptr, false, idle ? kLeast : kTypical);
+        for (const auto & j : waiting_) seqRest[size_t(j->seq)] = after;
+    }
     {
         std::lock_guard<std::mutex> lock(queueMutex_);
         groupRestMs_ = rest;
         groupOwnMs_.swap(own);
+        seqRestMs_.swap(seqRest);
+        publishedNs_ = monotonicNs();
+        accountPublished_ = account_;
         queueGapMs_ = admitGapMs_.empty() ? 0 : quantile(admitGapMs_, 0.5);
         waitingDeadlines_.clear();
         for (const auto & j : waiting_) waitingDeadlines_.push_back(j->opts.deadlineNs > 0 ? j->opts.deadlineNs : INT64_MAX);
@@ -536,6 +556,17 @@ BatchScheduler::Prediction BatchScheduler::predicted(int64_t deadlineNs, int32_t
     const double own = groupOwnMs_.empty() ? 0 : groupOwnMs_[size_t(size - 1)];
     if (own == 0) return {};
     return {groupRestMs_ + double(groupsBefore) * groupOwnMs_.back(), own};
+}
+
+BatchScheduler::TimeAccount BatchScheduler::timeAccount() const {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    return accountPublished_;
+}
+
+double BatchScheduler::restMs(int32_t seq) const {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    const double ms = seqRestMs_[size_t(seq)];
+    return ms > 0 ? std::max(0.0, ms - msBetween(publishedNs_, monotonicNs())) : -1;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -577,7 +608,9 @@ void BatchScheduler::step() {
         used += std::max(int32_t(a->run.size()), opts_.stepTokens);
     }
     planPrefill(order, opts_.nBatch - used);
+    const int64_t tImages = monotonicNs();
     const bool images = decodeImages(bySeq);
+    if (images) account_.imageMs += msBetween(tImages, monotonicNs());
 
     TokenBatch & tokens = *tokens_;
     tokens.clear();
@@ -611,6 +644,8 @@ void BatchScheduler::step() {
         keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, t1)}, kStepSamples);
         lastDecodeNs_ = t1;
     }
+    account_.steps++;
+    account_.stepMs += msBetween(t0, monotonicNs());
     removeFinished();
 }
 
@@ -785,7 +820,9 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
     const int32_t reusedBefore = llama_perf_context(ctx_).n_reused;
     const int ret = llama_decode(ctx_, tokens.b);
     llama_synchronize(ctx_);
-    const double ms = msBetween(t0, monotonicNs());
+    const int64_t tDecoded = monotonicNs();
+    const double ms = msBetween(t0, tDecoded);
+    account_.tokenMs += ms;
     const bool reused = llama_perf_context(ctx_).n_reused > reusedBefore;
     for (Active * a : order) {
         if (a->done || a->tokCount == 0) continue;
@@ -817,6 +854,7 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
         }
         a->row = -1;
     }
+    account_.sampleMs += msBetween(tDecoded, monotonicNs());
 }
 
 // The prompt is in the KV cache: sample the first token from its last row (or stop: maxTokens 0).

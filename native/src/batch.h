@@ -31,6 +31,9 @@ struct BatchOptions {
     // Requests that arrive while a group generates wait for it to end and are admitted together as the next group.
     // Its prompts are read in as few decodes as the batch takes (native/README.md#admitting-together).
     bool admitTogether = false;
+    // Admitting together: the running group's tail takes the waiting requests in once no more of its members run than
+    // requests wait. Their prefill then rides with the tail's steps instead of waiting for its longest member.
+    bool admitTail = false;
     // Admitting together: how long an idle decoder holds its waiting requests for the frames still on their way (expect()).
     int64_t groupWaitNs = 0;
     int32_t nBatch = 0;
@@ -115,6 +118,22 @@ public:
         double ownMs = 0;
     };
     Prediction predicted(int64_t deadlineNs = 0, int32_t reservedAhead = 0) const;
+    // Any thread. When the request of `seq` that admission knew of at the last step ends, predicted from now (ms):
+    // running, its own rest; waiting, the running group's rest and its own run. -1: none known.
+    double restMs(int32_t seq) const;
+    // Where the loop's time went since it was created (ms), as of the last step: the steps, and within them the image
+    // decodes, the token decodes (llama_decode to synchronize) and the sampling after them; the holds for frames on their way.
+    // `groups`: admissions into an idle decoder (admitting together, the groups).
+    struct TimeAccount {
+        int64_t groups = 0;
+        int64_t steps = 0;
+        double stepMs = 0;
+        double imageMs = 0;
+        double tokenMs = 0;
+        double sampleMs = 0;
+        double holdMs = 0;
+    };
+    TimeAccount timeAccount() const;
     // Any thread. Frames on their way to `seq` (reserved before preprocess): +1 when one is reserved, -1 when it is
     // submitted or dropped. Admitting together, an idle decoder holds its waiting requests for them (groupWaitNs at most).
     void expect(int32_t seq, int32_t delta);
@@ -188,6 +207,10 @@ private:
     // Admitting together: the running group's predicted rest, and a request's own time per group size (index: size less one).
     double groupRestMs_ = 0;               // guarded by queueMutex_
     std::vector<double> groupOwnMs_;       // guarded by queueMutex_
+    std::vector<double> seqRestMs_;        // guarded by queueMutex_: per sequence, restMs() as of the last step
+    TimeAccount account_;                  // the loop's own
+    TimeAccount accountPublished_;         // guarded by queueMutex_
+    int64_t publishedNs_ = 0;              // guarded by queueMutex_: when they were published
     std::atomic<int64_t> idleSinceNs_{0};  // the last step's end while idle; 0: busy
     std::vector<int64_t> admittedNs_;      // per sequence: when its last request was admitted (0: never)
     uint64_t rotation_ = 0;

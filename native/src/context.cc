@@ -383,6 +383,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.maxActive = uint32_t(requireInt(o, "maxActive", 1, c.nSeq, w));
     c.prefillChunk = uint32_t(requireInt(o, "prefillChunk", 1, c.nBatch, w));
     c.admitTogether = requireBool(o, "admitTogether", w);
+    c.admitTail = requireBool(o, "admitTail", w);
     c.groupWaitMs = requireNumber(o, "groupWaitMs", 0, 1000, w);
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
@@ -540,6 +541,8 @@ Napi::Function Context::Init(Napi::Env env) {
                            InstanceMethod<&Context::Expect>("expect"),
                            InstanceMethod<&Context::ShapeGraphShapes>("shapeGraphShapes"),
                            InstanceMethod<&Context::Prediction>("prediction"),
+                           InstanceMethod<&Context::RestMs>("restMs"),
+                           InstanceMethod<&Context::TimeAccount>("timeAccount"),
                            InstanceMethod<&Context::MeasureCeiling>("measureCeiling"),
                            InstanceMethod<&Context::AttachSpeculator>("attachSpeculator"),
                            InstanceMethod<&Context::DetachSpeculator>("detachSpeculator"),
@@ -570,6 +573,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.maxActive = int32_t(opts_.maxActive);
         bo.prefillChunk = int32_t(opts_.prefillChunk);
         bo.admitTogether = opts_.admitTogether;
+        bo.admitTail = opts_.admitTail;
         bo.groupWaitNs = int64_t(opts_.groupWaitMs * 1e6);
         bo.nBatch = int32_t(opts_.nBatch);
         bo.nUbatch = int32_t(opts_.nUbatch);
@@ -650,6 +654,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("maxActive", opts_.maxActive);
     o.Set("prefillChunk", opts_.prefillChunk);
     o.Set("admitTogether", opts_.admitTogether);
+    o.Set("admitTail", opts_.admitTail);
     o.Set("groupWaitMs", opts_.groupWaitMs);
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("stepTokens", opts_.stepTokens);
@@ -850,6 +855,29 @@ Napi::Value Context::Prediction(const Napi::CallbackInfo & info) {
     Napi::Object o = Napi::Object::New(info.Env());
     o.Set("waitMs", p.waitMs);
     o.Set("ownMs", p.ownMs);
+    return o;
+}
+
+// restMs(seq): a context of several sequences: when the request of `seq` ends, predicted from now (ms); -1: none known
+// (none submitted, or submitted after the last step). One sequence: always -1.
+Napi::Value Context::RestMs(const Napi::CallbackInfo & info) {
+    const int32_t seq = requireSeq(info[0], "restMs seq");
+    return Napi::Number::New(info.Env(), native_->batch ? native_->batch->restMs(seq) : -1);
+}
+
+// timeAccount(): a context of several sequences: where its scheduler's time went so far (ms), as of its last step
+// ({ groups, steps, stepMs, imageMs, tokenMs, sampleMs, holdMs }); null with one sequence.
+Napi::Value Context::TimeAccount(const Napi::CallbackInfo & info) {
+    if (!native_->batch) return info.Env().Null();
+    const BatchScheduler::TimeAccount t = native_->batch->timeAccount();
+    Napi::Object o = Napi::Object::New(info.Env());
+    o.Set("groups", double(t.groups));
+    o.Set("steps", double(t.steps));
+    o.Set("stepMs", t.stepMs);
+    o.Set("imageMs", t.imageMs);
+    o.Set("tokenMs", t.tokenMs);
+    o.Set("sampleMs", t.sampleMs);
+    o.Set("holdMs", t.holdMs);
     return o;
 }
 

@@ -38,6 +38,7 @@ struct ContextOptions {
     uint32_t maxActive = 0;      // sequences per batched step (nSeq > 1)
     uint32_t prefillChunk = 0;   // prompt positions per batched step (nSeq > 1)
     bool admitTogether = false;  // arrivals wait for the running group and are admitted as the next one (nSeq > 1)
+    bool admitTail = false;      // admitting together: the group's tail takes them in once they outnumber its members
     double groupWaitMs = 0;      // admitting together: how long an idle decoder holds for frames on their way
     uint32_t maxOutputs = 0;     // outputs per batch: 1 + the longest draft (sizes the compute buffer)
     // Tokens per sequence and generation step, padded (1: none). Same-shape steps let llama.cpp reuse
@@ -114,6 +115,8 @@ private:
     void Expect(const Napi::CallbackInfo & info);
     Napi::Value ShapeGraphShapes(const Napi::CallbackInfo & info);
     Napi::Value Prediction(const Napi::CallbackInfo & info);
+    Napi::Value RestMs(const Napi::CallbackInfo & info);
+    Napi::Value TimeAccount(const Napi::CallbackInfo & info);
     Napi::Value MeasureCeiling(const Napi::CallbackInfo & info);
     Napi::Value AttachSpeculator(const Napi::CallbackInfo & info);
     Napi::Value DetachSpeculator(const Napi::CallbackInfo & info);

@@ -222,12 +222,14 @@ export class StageRunner {
   }
 
   /** The earliest a frame arriving at `arriveNs` could start here, if every call takes `fastestNs`.
-   * That is its arrival while a slot is free, else when the first call in flight ends.
-   * On a 'queue' edge, add a turn per `concurrency` frames queued ahead. On a 'latest' edge it replaces the waiting frame. */
-  freeAtNs(arriveNs: bigint, fastestNs: bigint): bigint {
+   * That is its arrival while a slot is free, else when the first call in flight ends: no earlier than `busyUntilNs`
+   * where the stage predicts it. On a 'queue' edge, add a turn per `concurrency` frames queued ahead.
+   * On a 'latest' edge it replaces the waiting frame. */
+  freeAtNs(arriveNs: bigint, fastestNs: bigint, busyUntilNs?: bigint): bigint {
     if (this.#inFlight.size < this.#concurrency) return arriveNs;
     let firstEnd: bigint | undefined;
     for (const f of this.#inFlight) if (firstEnd === undefined || f.startNs + fastestNs < firstEnd) firstEnd = f.startNs + fastestNs;
+    if (busyUntilNs !== undefined && busyUntilNs > firstEnd!) firstEnd = busyUntilNs;
     const ahead = this.#edge.dropReason === 'queue_full' ? BigInt(Math.floor(this.#edge.size / this.#concurrency)) : 0n;
     return max(arriveNs, firstEnd!) + ahead * fastestNs;
   }

@@ -657,6 +657,84 @@ describe('batched decoding on gemma4-tiny', () => {
     }
   });
 
+  test("admitTail: the group's tail takes the waiting requests in once they outnumber its members; without it they wait for its end", async () => {
+    // Two long requests run; a short one arrives (one waiting, two running): held. A second arrives (two and two): both
+    // go in beside the long ones and end first. Without admitTail both wait for the long ones.
+    const run = async (admitTail: boolean) => {
+      const ctx = await model.createContext({ nCtx: 1024, nSeq: 4, admitTogether: true, admitTail, threads: 1 });
+      try {
+        assert.equal(ctx.info.admitTail, admitTail);
+        const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${CAMERAS[k]}: the robot`, addSpecial: true }];
+        const ended: number[] = [];
+        const generate = (seq: number, maxTokens: number) =>
+          ctx.generate(prompt(seq), { maxTokens, ignoreEos: true, seq }).then((r) => (ended.push(seq), r));
+        // History first: without it nothing predicts a group's rest, and nothing is held.
+        await generate(0, 8);
+        ctx.clearCache(0);
+        ended.length = 0;
+        const long = [generate(2, 400), generate(3, 400)];
+        const until = async (what: () => boolean) => {
+          for (let tries = 0; tries < 10_000 && !what(); tries++) await sleep(1);
+        };
+        await until(() => ctx.cachedPositions(2) > 8 && ctx.cachedPositions(3) > 8);
+        const first = generate(0, 4);
+        const at = ctx.cachedPositions(3);
+        await until(() => ctx.cachedPositions(3) > at + 40);
+        const heldAlone = ctx.cachedPositions(0);
+        const second = generate(1, 4);
+        const short = await Promise.all([first, second]);
+        await Promise.all(long);
+        return { heldAlone, ended, peak: short.map((r) => r.batch!.peakSeqs) };
+      } finally {
+        await ctx.dispose();
+      }
+    };
+    const tail = await run(true);
+    assert.equal(tail.heldAlone, 0, 'one waiting beside two running: held');
+    assert.deepEqual(tail.ended.slice(2).sort(), [2, 3], `the two short ones end first: ${tail.ended}`);
+    assert.deepEqual(tail.peak, [4, 4], 'they ran beside the long ones');
+    const plain = await run(false);
+    assert.deepEqual(plain.ended.slice(0, 2).sort(), [2, 3], `without admitTail the long ones end first: ${plain.ended}`);
+    await assert.rejects(model.createContext({ nSeq: 2, admitTail: true }), /admitTail is for a context that admits together/);
+  });
+
+  test("restMs: a running request's rest, a waiting one's after it, none for a sequence without one", async () => {
+    const ctx = await model.createContext({ nCtx: 1024, nSeq: 3, maxActive: 1, admitTogether: true, threads: 1 });
+    try {
+      const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${k}: the robot`, addSpecial: true }];
+      // History: a request of 300 steps.
+      await ctx.generate(prompt(0), { maxTokens: 300, ignoreEos: true, seq: 0 });
+      assert.equal(ctx.restMs(0), undefined, 'none in flight');
+      ctx.clearCache(0);
+      const long = ctx.generate(prompt(2), { maxTokens: 600, ignoreEos: true, seq: 0 });
+      const queued = ctx.generate(prompt(1), { maxTokens: 20, ignoreEos: true, seq: 1 });
+      let running: number | undefined;
+      let waiting: number | undefined;
+      let none: number | undefined;
+      for (let tries = 0; tries < 1000 && (running === undefined || waiting === undefined); tries++) {
+        await sleep(1);
+        if (ctx.cachedPositions(0) < 8) continue;
+        running = ctx.restMs(0);
+        waiting = ctx.restMs(1);
+        none = ctx.restMs(2);
+      }
+      await Promise.all([long, queued]);
+      assert.ok(running !== undefined && running > 0, `the running request's rest: ${running} ms`);
+      assert.ok(waiting !== undefined && waiting > running, `the waiting one ends after it: ${waiting} ms, ${running} ms`);
+      assert.equal(none, undefined, 'a sequence without a request');
+      assert.deepEqual([ctx.restMs(0), ctx.restMs(1)], [undefined, undefined], 'both ended');
+      assert.throws(() => ctx.restMs(3), /seq/);
+      // Where the time went: three requests, one at a time (maxActive 1), each admitted into an idle decoder.
+      const t = ctx.timeAccount()!;
+      assert.equal(t.groups, 3, JSON.stringify(t));
+      assert.ok(t.steps >= 300 + 600 + 20, `a step per token at least: ${t.steps}`);
+      assert.ok(t.tokenMs > 0 && t.sampleMs > 0 && t.imageMs === 0, JSON.stringify(t));
+      assert.ok(t.stepMs >= t.tokenMs + t.sampleMs, 'the steps hold their decodes and sampling');
+    } finally {
+      await ctx.dispose();
+    }
+  });
+
   test('deadlines within 50 ms count as one: the camera admitted least recently goes first (cameras take turns)', async () => {
     const ctx = await model.createContext({ nCtx: 256, nSeq: 4, maxActive: 1 });
     try {

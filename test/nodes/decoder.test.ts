@@ -182,6 +182,28 @@ describe('camera decode stages on gemma4-tiny (one sequence per camera)', () => 
     const g = await stages[0]!.process(image(rows, stages[0]!.nEmbd, 3), stageContext(3));
     assert.equal(g.stopReason, 'eos');
   });
+
+  test("while a camera's frame decodes, its stage says when that call ends (busyMs); the other camera's does not", async () => {
+    const due = process.hrtime.bigint() + 60_000_000_000n;
+    assert.equal(stages[0]!.predict?.(due, false).busyMs, undefined, 'nothing in flight');
+    let ended = false;
+    const decoding = stages[0]!.process(image(480, stages[0]!.nEmbd, 6), stageContext(6)).finally(() => (ended = true));
+    const told: number[] = [];
+    const other: (number | undefined)[] = [];
+    while (!ended) {
+      const busyMs = stages[0]!.predict?.(due, false).busyMs;
+      if (busyMs !== undefined) told.push(busyMs);
+      other.push(stages[1]!.predict?.(due, false).busyMs);
+      await new Promise((r) => setTimeout(r, 2));
+    }
+    await decoding;
+    assert.ok(told.length > 0 && told.some((ms) => ms > 0), `told while it ran: ${told.slice(0, 5).join(', ')} ms`);
+    assert.ok(
+      other.every((ms) => ms === undefined),
+      'camera 1 has nothing in flight',
+    );
+    assert.equal(stages[0]!.predict?.(due, false).busyMs, undefined, 'ended');
+  });
 });
 
 test('camera stages refuse, at load, a decoder.nCtx that cannot hold a frame, in both KV layouts', async () => {

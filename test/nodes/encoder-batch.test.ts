@@ -85,7 +85,19 @@ test('frames of every camera that arrive together are encoded in one call, in ca
       ['batch', [1, 2, 3]],
     ],
   );
-  assert.deepEqual(stages[0]!.stats(), { calls: 2, frames: 4, maxBatch: 3, discarded: 0 });
+  const { busyMs, ...counts } = stages[0]!.stats();
+  assert.deepEqual(counts, { calls: 2, frames: 4, maxBatch: 3, discarded: 0 });
+  assert.ok(busyMs >= 0, `busy ${busyMs} ms`);
+});
+
+test('busyMs adds up the time the calls took', async () => {
+  const fake = fakeEncoder({ gate: () => new Promise((r) => setTimeout(r, 30)) });
+  const stages = createCameraEncoderStages(fake.encoder, { cameras: 2, waitMs: 0 });
+  await stages[0]!.process(tensor(1), ctxWith());
+  await stages[1]!.process(tensor(2), ctxWith());
+  const { calls, busyMs } = stages[0]!.stats();
+  assert.equal(calls, 2);
+  assert.ok(busyMs >= 2 * 29, `two calls of at least 30 ms each: ${busyMs} ms`);
 });
 
 test('frames that arrive while the encoder runs go together in the next call', async () => {

@@ -358,6 +358,61 @@ describe('deadlines', () => {
     assert.deepEqual(last.calls, [6, 6]);
   });
 
+  test('a stage that says when its call in flight ends lets the conflation check see a busy decode its fastest run hides (real clock)', async () => {
+    // Frames every 50 ms. Decode takes 10 ms for frame 0, then 600 ms for frame 1 (a shared decoder's group:
+    // its fastest run says nothing of it). Told when that call ends (busyMs), the frames that would wait
+    // there more than two intervals are dropped 'conflated' before preprocess; counted at the fastest run,
+    // none is, and each is preprocessed and encoded only to be replaced at decode.
+    const realClock = new RealClock();
+    const run = async (sayBusy: boolean) => {
+      const encode = fakeStage<number>('encode');
+      let endsNs: bigint | undefined;
+      const decode = Object.assign(
+        fakeStage<number>('decode', {
+          work: async (x: number) => {
+            const ms = x === 1 ? 600 : 10;
+            endsNs = realClock.nowNs() + BigInt(ms) * 1_000_000n;
+            await delay(ms);
+            endsNs = undefined;
+            return x;
+          },
+        }),
+        {
+          predict: () =>
+            sayBusy && endsNs !== undefined
+              ? { waitMs: 0, ownMs: 0, busyMs: Math.max(0, Number(endsNs - realClock.nowNs()) / 1e6) }
+              : { waitMs: 0, ownMs: 0 },
+        },
+      );
+      const result = await runGraph({
+        source: fakeSource({ frames: 14, periodMs: 50 }),
+        stages: chain(fakeStage<number>('preprocess'), encode, decode),
+        clock: realClock,
+        config: testConfig({
+          clock: 'real',
+          budgets: { endToEndMs: 60_000, stages: {}, dropPredictedMiss: false, dropPredictedConflation: true },
+          edges: { default: { policy: 'latest' } },
+          ladder: { enabled: false, minSamples: 1 },
+        }),
+      });
+      assertConservation(result);
+      const early = result.events.flatMap((e) => (e.type === 'drop' && e.stage === 'preprocess' ? [e] : []));
+      return { result, early, encodeCalls: encode.calls };
+    };
+    const told = await run(true);
+    assert.ok(told.early.length > 0, 'frames waiting behind the long call are dropped before preprocess');
+    for (const d of told.early) {
+      assert.equal(d.reason, 'conflated');
+      assert.match(d.detail, /^would be replaced at decode by frame \d+: decode busy for [\d.]+ ms more/);
+    }
+    assert.equal(told.encodeCalls, 14 - told.early.length, 'a frame dropped early is never encoded');
+    const untold = await run(false);
+    assert.deepEqual(untold.early, [], 'at its fastest run decode looks free');
+    assert.equal(untold.encodeCalls, 14);
+    const atDecode = (r: typeof told): number => r.result.summary.drops.byStage.decode?.conflated ?? 0;
+    assert.ok(atDecode(untold) > atDecode(told), `replaced at decode: ${atDecode(untold)} untold, ${atDecode(told)} told`);
+  });
+
   test('a frame whose decode frees within the margin is not dropped early', async () => {
     // As above with decode 190 ms: a frame waits at decode at most 190 ms, less than two intervals,
     // though often more than one (a margin of one interval would drop some), and some frames are still

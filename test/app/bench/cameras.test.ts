@@ -1,6 +1,6 @@
 // `percept bench cameras` as a user runs it, on the tiny decoder with the projection encoder: its JSON and its printed table carry the
 // engine's ceiling for the run's shape (ceiling_actions_per_s raw and capped, ceiling_share), positive and
-// finite, with share = actions/s ÷ the capped ceiling. No speed is asserted: the machine may be loaded.
+// finite, with share = actions/s ÷ the capped ceiling; and where the decoder's time went. No speed is asserted: the machine may be loaded.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
@@ -55,6 +55,18 @@ describe('bench cameras: the engine ceiling', () => {
     assert.ok(Math.abs(formula - raw) <= 1e-3 * Math.max(1, raw), `${formula} against ${raw}`);
     assert.ok(Math.abs(capped - Math.min(raw, c.offered_per_s)) <= 1e-3, `capped ${capped}, raw ${raw}, offered ${c.offered_per_s}`);
     assert.ok(Math.abs(share - r.actions_per_s / capped) <= 1e-3, `share ${share} against ${r.actions_per_s} / ${capped}`);
+    // Where the shared decoder's time went: its steps are its parts, and with its holds they fit the run's wall time.
+    const t = r.decoder_time_ms!;
+    for (const key of ['wall', 'steps', 'step_count', 'groups', 'token_decode'] as const) positive(t[key], `decoder_time_ms.${key}`);
+    assert.ok(t.groups <= t.step_count, 'a group takes a step at least');
+    const parts = t.image_decode + t.token_decode + t.sample + t.other_in_step;
+    assert.ok(Math.abs(parts - t.steps) <= 0.5, `parts ${parts} against steps ${t.steps}`);
+    assert.ok(t.image_decode >= 0 && t.sample >= 0 && t.other_in_step >= -0.5 && t.hold >= 0, JSON.stringify(t));
+    assert.ok(Math.abs(t.steps + t.hold + t.idle - t.wall) <= 0.5 || t.idle === 0, JSON.stringify(t));
+    positive(r.encoder_busy_ms, 'encoder_busy_ms');
+    const a = r.action_steps!;
+    assert.ok(positive(a.p50, 'action_steps.p50') <= a.p90 && a.p90 <= a.max, JSON.stringify(a));
+    assert.ok(c.action_steps <= a.max, `the ceiling's steps, their mean rounded up (${c.action_steps}), at most the longest`);
   });
 
   test('the printed table has the same fields', async () => {
