@@ -511,13 +511,18 @@ void BatchScheduler::publishPrediction() {
     }
     // Each sequence's request: running, its own rest; waiting, after the running group (or at today's sharing) its own run.
     std::vector<double> seqRest(size_t(opts_.nSeq), 0);
+    std::vector<double> memberRest;  // the running members' rests, shortest first
     const int32_t n = int32_t(active_.size());
     for (const auto & a : active_) {
-        if (!a->done) seqRest[size_t(a->seq)] = predictMs(n, a.get(), false, kTypical);
+        if (a->done) continue;
+        seqRest[size_t(a->seq)] = predictMs(n, a.get(), false, kTypical);
+        memberRest.push_back(seqRest[size_t(a->seq)]);
     }
+    std::sort(memberRest.begin(), memberRest.end());
     if (!waiting_.empty()) {
         const auto next = int32_t(std::min<size_t>(size_t(opts_.maxActive), opts_.admitTogether ? waiting_.size() : size_t(n) + 1));
-        const double after = (opts_.admitTogether ? rest : 0) + predictMs(next, nullptr, false, idle ? kLeast : kTypical);
+        const double wait = opts_.admitTail ? tailWaitMs(memberRest, int64_t(waiting_.size())) : opts_.admitTogether ? rest : 0;
+        const double after = wait + predictMs(next, nullptr, false, idle ? kLeast : kTypical);
         for (const auto & j : waiting_) seqRest[size_t(j->seq)] = after;
     }
     {
@@ -525,6 +530,7 @@ void BatchScheduler::publishPrediction() {
         groupRestMs_ = rest;
         groupOwnMs_.swap(own);
         seqRestMs_.swap(seqRest);
+        memberRestMs_.swap(memberRest);
         publishedNs_ = monotonicNs();
         accountPublished_ = account_;
         queueGapMs_ = admitGapMs_.empty() ? 0 : quantile(admitGapMs_, 0.5);
@@ -555,7 +561,15 @@ BatchScheduler::Prediction BatchScheduler::predicted(int64_t deadlineNs, int32_t
     const int64_t size = std::min<int64_t>(opts_.maxActive, all - groupsBefore * opts_.maxActive);
     const double own = groupOwnMs_.empty() ? 0 : groupOwnMs_[size_t(size - 1)];
     if (own == 0) return {};
-    return {groupRestMs_ + double(groupsBefore) * groupOwnMs_.back(), own};
+    // With admitTail the waiting go in once no more members run than requests wait, those on their way and this one counted.
+    const double first = opts_.admitTail ? tailWaitMs(memberRestMs_, all) : groupRestMs_;
+    return {first + double(groupsBefore) * groupOwnMs_.back(), own};
+}
+
+// Admitting the tail: how long until no more of the running members (their rests, shortest first) run than `waiting`.
+double BatchScheduler::tailWaitMs(const std::vector<double> & memberRest, int64_t waiting) {
+    const auto k = int64_t(memberRest.size());
+    return waiting >= k ? 0 : memberRest[size_t(k - waiting - 1)];
 }
 
 BatchScheduler::TimeAccount BatchScheduler::timeAccount() const {

@@ -175,6 +175,7 @@ private:
     StepTime stepMsAt(int32_t seqs, double q) const;
     double predictMs(int32_t seqs, const Active * a, bool orMore, double q) const;
     double groupRestMs() const;
+    static double tailWaitMs(const std::vector<double> & memberRest, int64_t waiting);
 
     llama_context * ctx_;
     Model * model_;
@@ -208,6 +209,7 @@ private:
     double groupRestMs_ = 0;               // guarded by queueMutex_
     std::vector<double> groupOwnMs_;       // guarded by queueMutex_
     std::vector<double> seqRestMs_;        // guarded by queueMutex_: per sequence, restMs() as of the last step
+    std::vector<double> memberRestMs_;     // guarded by queueMutex_: the running members' rests, shortest first
     TimeAccount account_;                  // the loop's own
     TimeAccount accountPublished_;         // guarded by queueMutex_
     int64_t publishedNs_ = 0;              // guarded by queueMutex_: when they were published

@@ -681,20 +681,24 @@ describe('batched decoding on gemma4-tiny', () => {
         const at = ctx.cachedPositions(3);
         await until(() => ctx.cachedPositions(3) > at + 40);
         const heldAlone = ctx.cachedPositions(0);
+        // A request asking now would make two waiting beside two running: with admitTail it waits for no one.
+        const waitMs = ctx.prediction(process.hrtime.bigint() + 600_000_000_000n).waitMs;
         const second = generate(1, 4);
         const short = await Promise.all([first, second]);
         await Promise.all(long);
-        return { heldAlone, ended, peak: short.map((r) => r.batch!.peakSeqs) };
+        return { heldAlone, waitMs, ended, peak: short.map((r) => r.batch!.peakSeqs) };
       } finally {
         await ctx.dispose();
       }
     };
     const tail = await run(true);
     assert.equal(tail.heldAlone, 0, 'one waiting beside two running: held');
+    assert.equal(tail.waitMs, 0, 'a second one would not wait: predicted so');
     assert.deepEqual(tail.ended.slice(2).sort(), [2, 3], `the two short ones end first: ${tail.ended}`);
     assert.deepEqual(tail.peak, [4, 4], 'they ran beside the long ones');
     const plain = await run(false);
     assert.deepEqual(plain.ended.slice(0, 2).sort(), [2, 3], `without admitTail the long ones end first: ${plain.ended}`);
+    assert.ok(plain.waitMs > 0, `without it a request waits for the running group: ${plain.waitMs} ms`);
     await assert.rejects(model.createContext({ nSeq: 2, admitTail: true }), /admitTail is for a context that admits together/);
   });
 
