@@ -276,15 +276,14 @@ describe('batched decoding on gemma4-tiny', () => {
   test('admitting together: an arrival waits for the running group, unless waiting would make it miss', async () => {
     const prompt = (k: number): PromptSegment[] => [{ text: `Camera front, frame ${k}: the robot`, addSpecial: true }];
     const long = { maxTokens: 200, ignoreEos: true };
-    // Camera 0 generates 200 tokens; once it has begun, camera 1 asks for a few, with a deadline of `requests`
-    // times what one 200-token request took in the same context just before (none: no deadline).
-    const arrival = async (admitTogether: boolean, requests?: number): Promise<{ r1: GenerateResult; startedAt: number }> => {
+    // Camera 0 generates 200 tokens; once it has begun, camera 1 asks for a few. With `between`, its deadline lies halfway
+    // between the time admission predicts for its own run and that after camera 0's rest (none: no deadline).
+    // Both come from the same history, so a slow machine moves them together.
+    const arrival = async (admitTogether: boolean, between = false): Promise<{ r1: GenerateResult; startedAt: number }> => {
       const ctx = await model.createContext({ nCtx: 1024, nSeq: 2, threads: 1, admitTogether });
       try {
-        // History for the predictions: a request of 200 steps, timed.
-        const t0 = process.hrtime.bigint();
+        // History for the predictions: a request of 200 steps.
         await ctx.generate(prompt(0), { ...long, seq: 0 });
-        const oneNs = Number(process.hrtime.bigint() - t0);
         // Emptied, so its positions count the next request's prompt and tokens only (once the loop has taken the clear).
         const before = ctx.cachedPositions(0);
         ctx.clearCache(0);
@@ -297,7 +296,10 @@ describe('batched decoding on gemma4-tiny', () => {
         }
         assert.ok(running, 'camera 0 was still generating when camera 1 came');
         const startedAt = ctx.cachedPositions(0);
-        const deadline = requests === undefined ? {} : { deadlineNs: process.hrtime.bigint() + BigInt(Math.round(requests * oneNs)) };
+        const now = process.hrtime.bigint();
+        const { waitMs, ownMs } = ctx.prediction(now + 600_000_000_000n);
+        if (between) assert.ok(waitMs > 0 && ownMs > 0, `camera 0's rest ${waitMs} ms, a request's own time ${ownMs} ms`);
+        const deadline = between ? { deadlineNs: now + BigInt(Math.round((ownMs + waitMs / 2) * 1e6)) } : {};
         const r1 = await ctx.generate(prompt(2), { ...long, maxTokens: 5, seq: 1, ...deadline });
         await first;
         return { r1, startedAt };
@@ -312,9 +314,8 @@ describe('batched decoding on gemma4-tiny', () => {
     assert.equal(waited.r1.tokens.length, 5);
     assert.equal(waited.r1.batch!.peakSeqs, 1, `held until camera 0 ended (camera 0 at ${waited.startedAt} positions when it came)`);
     assert.ok(waited.r1.batch!.waitSteps > 0, 'camera 0 stepped while it waited');
-    // Its own time is predicted as one such request; waiting first for camera 0's rest would take nearly two.
-    // With a deadline of one and a half, it joins at once.
-    const joined = await arrival(true, 1.5);
+    // Its own time would make the deadline; waiting first for camera 0's rest would not: it joins at once.
+    const joined = await arrival(true, true);
     const seen = `camera 0 at ${joined.startedAt} positions when it came; predicted ${joined.r1.batch!.predictedMs.toFixed(1)} ms`;
     assert.equal(joined.r1.batch!.predictedMiss, false, seen);
     assert.equal(joined.r1.batch!.peakSeqs, 2, `it joined camera 0 (${seen})`);
