@@ -459,8 +459,6 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         }
       : undefined,
   );
-  // Cameras whose decode call is in flight (a camera runs one at a time).
-  const inFlight = new Set<number>();
   return {
     handle: (seq) => ({
       name: 'decode',
@@ -472,14 +470,9 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       memoryAtClose: () => memoryAtClose,
       schedulerTime: () => (closed ? timeAtClose : ctx.timeAccount()),
       process: async (input, sc) => {
-        inFlight.add(seq ?? 0);
-        try {
-          const generation = await process(batched ? seq : undefined, input, sc);
-          if (batched) reservations.served(seq ?? 0);
-          return generation;
-        } finally {
-          inFlight.delete(seq ?? 0);
-        }
+        const generation = await process(batched ? seq : undefined, input, sc);
+        if (batched) reservations.served(seq ?? 0);
+        return generation;
       },
       // The cameras share one scheduler: what it predicts for a frame now lets the stages ahead
       // (preprocess, encode) drop a frame it would drop anyway (Stage.predict), counting the
@@ -490,9 +483,8 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
         ? {
             predict: (deadlineNs: bigint, entering: boolean) => {
               const p = ctx.prediction(deadlineNs, entering ? 0 : reservations.ahead(deadlineNs, seq ?? 0));
-              if (!inFlight.has(seq ?? 0)) return p;
-              // This camera's frame ahead: the scheduler's prediction of its end, or, submitted since its last step, a new request's.
-              const busyMs = ctx.restMs(seq ?? 0) ?? (p.ownMs > 0 ? p.waitMs + p.ownMs : undefined);
+              // This camera's frame ahead, as the scheduler knew it at its last step (none: the graph counts its fastest run).
+              const busyMs = ctx.restMs(seq ?? 0);
               return busyMs === undefined ? p : { ...p, busyMs };
             },
             reserve: (deadlineNs: bigint) => reservations.add(deadlineNs, seq ?? 0),

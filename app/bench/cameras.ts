@@ -160,7 +160,7 @@ export interface DecoderTime {
 }
 
 /** The decoder's time over a run from its scheduler's accounts at the start and the end, and the run's wall time. */
-export function decoderTime(start: TimeAccount | null, end: TimeAccount | null, wallMs: number): DecoderTime | null {
+function decoderTimeOver(start: TimeAccount | null, end: TimeAccount | null, wallMs: number): DecoderTime | null {
   if (!start || !end) return null;
   const r = (x: number): number => Math.round(x * 10) / 10;
   const d = (k: keyof TimeAccount): number => end[k] - start[k];
@@ -367,7 +367,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     decode_outcomes: outcomes,
     decode_wasted: { prefills: wastedPrefills, tokens: wastedTokens },
     cancels: summary.cancels as Record<string, Record<string, number>>,
-    decoder_time_ms: decoderTime(timeAtStart, timeAtEnd, summary.durationMs),
+    decoder_time_ms: decoderTimeOver(timeAtStart, timeAtEnd, summary.durationMs),
     action_steps: actionSteps(actions),
     encoder_busy_ms: round(enc.busyMs - encoderAtStart),
     encoder_calls: enc.calls,

@@ -505,7 +505,6 @@ void BatchScheduler::publishPrediction() {
     const double ms = idle ? predictMs(1, nullptr, false, kLeast) : predictMs(int32_t(active_.size()), nullptr, false, kTypical);
     predicted_.store(ms, std::memory_order_relaxed);
     std::vector<double> own;
-    const double rest = opts_.admitTogether && !idle ? groupRestMs() : 0;
     if (opts_.admitTogether) {
         for (int32_t k = 1; k <= opts_.maxActive; k++) own.push_back(predictMs(k, nullptr, k > 1, idle ? kLeast : kTypical));
     }
@@ -521,13 +520,12 @@ void BatchScheduler::publishPrediction() {
     std::sort(memberRest.begin(), memberRest.end());
     if (!waiting_.empty()) {
         const auto next = int32_t(std::min<size_t>(size_t(opts_.maxActive), opts_.admitTogether ? waiting_.size() : size_t(n) + 1));
-        const double wait = opts_.admitTail ? tailWaitMs(memberRest, int64_t(waiting_.size())) : opts_.admitTogether ? rest : 0;
+        const double wait = opts_.admitTogether ? groupWaitMs(memberRest, int64_t(waiting_.size())) : 0;
         const double after = wait + predictMs(next, nullptr, false, idle ? kLeast : kTypical);
         for (const auto & j : waiting_) seqRest[size_t(j->seq)] = after;
     }
     {
         std::lock_guard<std::mutex> lock(queueMutex_);
-        groupRestMs_ = rest;
         groupOwnMs_.swap(own);
         seqRestMs_.swap(seqRest);
         memberRestMs_.swap(memberRest);
@@ -561,15 +559,16 @@ BatchScheduler::Prediction BatchScheduler::predicted(int64_t deadlineNs, int32_t
     const int64_t size = std::min<int64_t>(opts_.maxActive, all - groupsBefore * opts_.maxActive);
     const double own = groupOwnMs_.empty() ? 0 : groupOwnMs_[size_t(size - 1)];
     if (own == 0) return {};
-    // With admitTail the waiting go in once no more members run than requests wait, those on their way and this one counted.
-    const double first = opts_.admitTail ? tailWaitMs(memberRestMs_, all) : groupRestMs_;
-    return {first + double(groupsBefore) * groupOwnMs_.back(), own};
+    // Those on their way and this one count as waiting.
+    return {groupWaitMs(memberRestMs_, all) + double(groupsBefore) * groupOwnMs_.back(), own};
 }
 
-// Admitting the tail: how long until no more of the running members (their rests, shortest first) run than `waiting`.
-double BatchScheduler::tailWaitMs(const std::vector<double> & memberRest, int64_t waiting) {
+// Admitting together, how long `waiting` requests wait for the running members (their rests, shortest first):
+// the whole group's rest, or with admitTail until no more members run than requests wait.
+double BatchScheduler::groupWaitMs(const std::vector<double> & memberRest, int64_t waiting) const {
     const auto k = int64_t(memberRest.size());
-    return waiting >= k ? 0 : memberRest[size_t(k - waiting - 1)];
+    const int64_t left = opts_.admitTail ? std::min(waiting, k) : 0;  // members still running when they go in
+    return left >= k ? 0 : memberRest[size_t(k - left - 1)];
 }
 
 BatchScheduler::TimeAccount BatchScheduler::timeAccount() const {

@@ -175,7 +175,7 @@ private:
     StepTime stepMsAt(int32_t seqs, double q) const;
     double predictMs(int32_t seqs, const Active * a, bool orMore, double q) const;
     double groupRestMs() const;
-    static double tailWaitMs(const std::vector<double> & memberRest, int64_t waiting);
+    double groupWaitMs(const std::vector<double> & memberRest, int64_t waiting) const;
 
     llama_context * ctx_;
     Model * model_;
@@ -205,8 +205,7 @@ private:
     mutable std::mutex queueMutex_;
     double queueGapMs_ = 0;                  // guarded by queueMutex_
     std::vector<int64_t> waitingDeadlines_;  // guarded by queueMutex_
-    // Admitting together: the running group's predicted rest, and a request's own time per group size (index: size less one).
-    double groupRestMs_ = 0;               // guarded by queueMutex_
+    // Admitting together: a request's own time per group size (index: size less one).
     std::vector<double> groupOwnMs_;       // guarded by queueMutex_
     std::vector<double> seqRestMs_;        // guarded by queueMutex_: per sequence, restMs() as of the last step
     std::vector<double> memberRestMs_;     // guarded by queueMutex_: the running members' rests, shortest first

@@ -107,12 +107,12 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     const notes: string[] = [];
     let t = enterNs;
     for (let i = from; i < this.#stages.length; i++) {
-      const { waitMs, ownMs, busyMs, fastestNs } = this.#fastestRun(i, level, deadlineNs, i === from);
+      const { waitMs, ownMs, busyUntilNs, fastestNs } = this.#fastestRun(i, level, deadlineNs, i === from, enterNs);
       const runner = this.#runners[i]!;
       if (ownMs > 0)
         notes.push(`${runner.name} predicts ${ownMs.toFixed(1)} ms${waitMs > 0 ? ` after ${waitMs.toFixed(1)} ms of its queue` : ''}`);
       if (i > from) {
-        const free = runner.freeAtNs(t, fastestNs, busyMs === undefined ? undefined : enterNs + msToNs(busyMs));
+        const free = runner.freeAtNs(t, fastestNs, busyUntilNs);
         if (free > t) notes.push(`${runner.name} busy for ${nsToMs(free - t).toFixed(1)} ms more`);
         t = free;
       }
@@ -133,11 +133,11 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
     const everyNs = intervalNs * BigInt(frameSkip + 1);
     let t = enterNs;
     for (let i = from; i < this.#stages.length; i++) {
-      const { busyMs, fastestNs } = this.#fastestRun(i, env.degradeLevel, env.deadlineNs, i === from);
+      const { busyUntilNs, fastestNs } = this.#fastestRun(i, env.degradeLevel, env.deadlineNs, i === from, enterNs);
       if (fastestNs === 0n) return undefined; // a stage not timed yet: nothing is known
       if (i > from) {
         const runner = this.#runners[i]!;
-        const freeNs = runner.freeAtNs(t, fastestNs, busyMs === undefined ? undefined : enterNs + msToNs(busyMs));
+        const freeNs = runner.freeAtNs(t, fastestNs, busyUntilNs);
         // The next frame gets here about one interval after this one. It is no later, since it waits less behind busy stages.
         // One more interval of margin covers a late next frame, or upstream runs slower than their fastest.
         if (runner.conflates && freeNs - t > 2n * everyNs) {
@@ -153,20 +153,21 @@ class GraphRuntime implements Graph, RunnerHost, GraphControl {
   }
 
   /** Stage i's time for a frame at `level` with deadline `deadlineNs`: the larger of its fastest recent run and ownMs,
-   * the wait the stage predicts before it (waitMs), and when its call in flight ends (busyMs, where it says).
+   * the wait the stage predicts before it (waitMs), and when its call in flight ends, asked at `nowNs` (where it says).
    * Its prediction is on the monotonic clock, so a virtual graph does not ask. `entering`: the frame is at stage i's own entry. */
   #fastestRun(
     i: number,
     level: number,
     deadlineNs: bigint,
     entering: boolean,
-  ): { readonly waitMs: number; readonly ownMs: number; readonly busyMs: number | undefined; readonly fastestNs: bigint } {
+    nowNs: bigint,
+  ): { readonly waitMs: number; readonly ownMs: number; readonly busyUntilNs: bigint | undefined; readonly fastestNs: bigint } {
     const stage = this.#stages[i]!;
     const predicted = this.virtual ? undefined : stage.predict?.(deadlineNs, entering);
     const waitMs = Math.max(0, predicted?.waitMs ?? 0);
     const ownMs = Math.max(0, predicted?.ownMs ?? 0);
-    const busyMs = predicted?.busyMs === undefined ? undefined : Math.max(0, predicted.busyMs);
-    return { waitMs, ownMs, busyMs, fastestNs: msToNs(Math.max(ownMs, this.costModel.fastestMs(stage.name, level))) };
+    const busyUntilNs = predicted?.busyMs === undefined ? undefined : nowNs + msToNs(Math.max(0, predicted.busyMs));
+    return { waitMs, ownMs, busyUntilNs, fastestNs: msToNs(Math.max(ownMs, this.costModel.fastestMs(stage.name, level))) };
   }
 
   readonly #source: FrameSource<unknown>;

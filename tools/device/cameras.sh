@@ -10,7 +10,6 @@ for r in ${RUNS:-280:together 280:each 70:together 70:each}; do
   bench_cameras $tok-$adm $tok $adm ${CAMERAS_ARGS:-}
 done
 if [ $(el) -lt ${FRAME_BY:-500} ]; then
-  log "frame"
-  $P bench frame -m "$M" -e "$E" --gpu-layers 99 --image-tokens 280 --frames 30 --fps 4 --json > $OUT/frame-280.json 2>> $OUT/err.txt || tail -20 $OUT/err.txt
+  bench_frame 280
 fi
 log "done"

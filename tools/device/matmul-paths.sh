@@ -19,10 +19,7 @@ for p in $PATHS; do
 done
 for p in $PATHS; do
   [ $(el) -lt ${FRAME_BY:-450} ] || { log "skip frame ${p%%:*} (time)"; continue; }
-  log "frame ${p%%:*}"
-  PERCEPT_CUDA_MMQ_MAX_BATCH=${p#*:} $P bench frame -m "$M" -e "$E" --gpu-layers 99 --image-tokens 280 --frames 30 --fps 4 \
-    --json > $RES/frame-${p%%:*}.json 2>> $OUT/err.txt || tail -5 $OUT/err.txt
-  node -e "const j=require('$RES/frame-${p%%:*}.json'); console.log(JSON.stringify({p50:j.frame_to_action_ms_p50, p99:j.frame_to_action_ms_p99, prefill:j.prefill_ms_median, token:j.decode_ms_per_token_median, out:j.frames_out}))" 2>&1 | tee -a $OUT/log.txt
+  PERCEPT_CUDA_MMQ_MAX_BATCH=${p#*:} bench_frame ${p%%:*}
 done
 # Each cameras run: a name, the widest matmul MMQ takes, the group hold (batching.groupWaitMs; empty: the default).
 for r in ${CAMERA_RUNS:-mmq:: above128:128: above128-hold300:128:300}; do

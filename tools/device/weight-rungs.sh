@@ -25,10 +25,7 @@ for w in $RUNGS; do
   [ $(el) -lt ${STOP_AT:-500} ] || { log "skip $w (time)"; continue; }
   LB_SIZES=${LB_SIZES:-16,64,290,1024,4640} llama_bench $w
   keep
-  log "frame $w"
-  $P bench frame -m "$M" -e "$E" --gpu-layers 99 --image-tokens 280 --frames 30 --fps 4 --json > $RES/frame-$w.json 2>> $OUT/err.txt ||
-    tail -5 $OUT/err.txt
-  node -e "const j=require('$RES/frame-$w.json'); console.log(JSON.stringify({p50:j.frame_to_action_ms_p50, p99:j.frame_to_action_ms_p99, prefill:j.prefill_ms_median, token:j.decode_ms_per_token_median, out:j.frames_out}))" 2>&1 | tee -a $OUT/log.txt
+  bench_frame $w
   keep
   for tok in ${TOKENS:-280 70}; do
     [ $(el) -lt ${STOP_AT:-500} ] || { log "skip cameras $w-$tok (time)"; continue; }
