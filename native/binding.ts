@@ -221,6 +221,16 @@ export interface NativeTimeAccount {
   readonly tokenMs: number;
   readonly sampleMs: number;
   readonly holdMs: number;
+  /** Image decodes and their rows. */
+  readonly imageDecodes: number;
+  readonly imageRows: number;
+  /** Token decodes, their rows (padding included) and the sequences each covered, summed. */
+  readonly tokenDecodes: number;
+  readonly tokenRows: number;
+  readonly tokenSeqs: number;
+  /** Token decodes that reused llama.cpp's graph, and their time (within tokenMs). */
+  readonly reusedDecodes: number;
+  readonly reusedMs: number;
 }
 
 export interface NativeCeilingOptions {

@@ -157,6 +157,18 @@ export interface DecoderTime {
   readonly other_in_step: number;
   readonly hold: number;
   readonly idle: number;
+  /** Image decodes, and their mean time (ms) and rows. */
+  readonly image_decodes: number;
+  readonly image_decode_mean: number | null;
+  readonly image_rows_mean: number | null;
+  /** Token decodes, their mean rows and the sequences each covered. */
+  readonly token_decodes: number;
+  readonly token_rows_mean: number | null;
+  readonly token_seqs_mean: number | null;
+  /** Token decodes on llama.cpp's previous graph, and the mean time (ms) of those and of the ones built anew. */
+  readonly token_reused: number;
+  readonly token_reused_mean: number | null;
+  readonly token_built_mean: number | null;
 }
 
 /** The decoder's time over a run from its scheduler's accounts at the start and the end, and the run's wall time. */
@@ -165,6 +177,7 @@ function decoderTimeOver(start: TimeAccount | null, end: TimeAccount | null, wal
   const r = (x: number): number => Math.round(x * 10) / 10;
   const d = (k: keyof TimeAccount): number => end[k] - start[k];
   const steps = d('stepMs');
+  const per = (total: number, count: number): number | null => (count > 0 ? r(total / count) : null);
   return {
     wall: r(wallMs),
     steps: r(steps),
@@ -176,6 +189,15 @@ function decoderTimeOver(start: TimeAccount | null, end: TimeAccount | null, wal
     other_in_step: r(steps - d('imageMs') - d('tokenMs') - d('sampleMs')),
     hold: r(d('holdMs')),
     idle: r(Math.max(0, wallMs - steps - d('holdMs'))),
+    image_decodes: d('imageDecodes'),
+    image_decode_mean: per(d('imageMs'), d('imageDecodes')),
+    image_rows_mean: per(d('imageRows'), d('imageDecodes')),
+    token_decodes: d('tokenDecodes'),
+    token_rows_mean: per(d('tokenRows'), d('tokenDecodes')),
+    token_seqs_mean: per(d('tokenSeqs'), d('tokenDecodes')),
+    token_reused: d('reusedDecodes'),
+    token_reused_mean: per(d('reusedMs'), d('reusedDecodes')),
+    token_built_mean: per(d('tokenMs') - d('reusedMs'), d('tokenDecodes') - d('reusedDecodes')),
   };
 }
 

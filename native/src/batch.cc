@@ -797,6 +797,8 @@ bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     }
     for (int32_t i = 0; i < rows; i++) seqIdPtrs_[size_t(i)] = &seqIds_[size_t(i)];
     llama_batch b{rows, nullptr, embd_.data(), pos_.data(), nSeqId_.data(), seqIdPtrs_.data(), logits_.data()};
+    account_.imageDecodes++;
+    account_.imageRows += rows;
     if (bidirectional) llama_set_causal_attn(ctx_, false);
     const int ret = llama_decode(ctx_, b);
     llama_synchronize(ctx_);
@@ -837,6 +839,13 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
     const double ms = msBetween(t0, tDecoded);
     account_.tokenMs += ms;
     const bool reused = llama_perf_context(ctx_).n_reused > reusedBefore;
+    account_.tokenDecodes++;
+    account_.tokenRows += tokens.b.n_tokens;
+    for (Active * a : order) account_.tokenSeqs += !a->done && a->tokCount > 0 ? 1 : 0;
+    if (reused) {
+        account_.reusedDecodes++;
+        account_.reusedMs += ms;
+    }
     for (Active * a : order) {
         if (a->done || a->tokCount == 0) continue;
         const int32_t count = a->tokCount;

@@ -123,7 +123,8 @@ public:
     double restMs(int32_t seq) const;
     // Where the loop's time went since it was created (ms), as of the last step: the steps, and within them the image
     // decodes, the token decodes (llama_decode to synchronize) and the sampling after them; the holds for frames on their way.
-    // `groups`: admissions into an idle decoder (admitting together, the groups).
+    // `groups`: admissions into an idle decoder (admitting together, the groups). The counts say what the times bought:
+    // decodes, their rows, the sequences a token decode covered, and the token decodes that reused llama.cpp's graph.
     struct TimeAccount {
         int64_t groups = 0;
         int64_t steps = 0;
@@ -132,6 +133,13 @@ public:
         double tokenMs = 0;
         double sampleMs = 0;
         double holdMs = 0;
+        int64_t imageDecodes = 0;
+        int64_t imageRows = 0;
+        int64_t tokenDecodes = 0;
+        int64_t tokenRows = 0;
+        int64_t tokenSeqs = 0;
+        int64_t reusedDecodes = 0;
+        double reusedMs = 0;
     };
     TimeAccount timeAccount() const;
     // Any thread. Frames on their way to `seq` (reserved before preprocess): +1 when one is reserved, -1 when it is

@@ -866,7 +866,7 @@ Napi::Value Context::RestMs(const Napi::CallbackInfo & info) {
 }
 
 // timeAccount(): a context of several sequences: where its scheduler's time went so far (ms), as of its last step
-// ({ groups, steps, stepMs, imageMs, tokenMs, sampleMs, holdMs }); null with one sequence.
+// ({ groups, steps, stepMs, imageMs, tokenMs, sampleMs, holdMs, and the counts: see batch.h }); null with one sequence.
 Napi::Value Context::TimeAccount(const Napi::CallbackInfo & info) {
     if (!native_->batch) return info.Env().Null();
     const BatchScheduler::TimeAccount t = native_->batch->timeAccount();
@@ -878,6 +878,13 @@ Napi::Value Context::TimeAccount(const Napi::CallbackInfo & info) {
     o.Set("tokenMs", t.tokenMs);
     o.Set("sampleMs", t.sampleMs);
     o.Set("holdMs", t.holdMs);
+    o.Set("imageDecodes", double(t.imageDecodes));
+    o.Set("imageRows", double(t.imageRows));
+    o.Set("tokenDecodes", double(t.tokenDecodes));
+    o.Set("tokenRows", double(t.tokenRows));
+    o.Set("tokenSeqs", double(t.tokenSeqs));
+    o.Set("reusedDecodes", double(t.reusedDecodes));
+    o.Set("reusedMs", t.reusedMs);
     return o;
 }
 

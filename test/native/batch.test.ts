@@ -735,6 +735,13 @@ describe('batched decoding on gemma4-tiny', () => {
       assert.ok(t.steps >= 300 + 600 + 20, `a step per token at least: ${t.steps}`);
       assert.ok(t.tokenMs > 0 && t.sampleMs > 0 && t.imageMs === 0, JSON.stringify(t));
       assert.ok(t.stepMs >= t.tokenMs + t.sampleMs, 'the steps hold their decodes and sampling');
+      // What the times bought: one sequence a decode, and steps of one shape reuse the graph.
+      assert.equal(t.imageDecodes + t.imageRows, 0, JSON.stringify(t));
+      assert.ok(t.tokenDecodes >= 300 + 600 + 20 && t.tokenDecodes <= t.steps, JSON.stringify(t));
+      assert.equal(t.tokenSeqs, t.tokenDecodes, 'maxActive 1: one sequence in each token decode');
+      assert.ok(t.tokenRows >= t.tokenDecodes, JSON.stringify(t));
+      assert.ok(t.reusedDecodes > 0 && t.reusedDecodes <= t.tokenDecodes, JSON.stringify(t));
+      assert.ok(t.reusedMs > 0 && t.reusedMs <= t.tokenMs, JSON.stringify(t));
     } finally {
       await ctx.dispose();
     }

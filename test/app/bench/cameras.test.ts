@@ -63,6 +63,13 @@ describe('bench cameras: the engine ceiling', () => {
     assert.ok(Math.abs(parts - t.steps) <= 0.5, `parts ${parts} against steps ${t.steps}`);
     assert.ok(t.image_decode >= 0 && t.sample >= 0 && t.other_in_step >= -0.5 && t.hold >= 0, JSON.stringify(t));
     assert.ok(Math.abs(t.steps + t.hold + t.idle - t.wall) <= 0.5 || t.idle === 0, JSON.stringify(t));
+    // What the decodes bought: each token decode covers a sequence at least and a row for each.
+    positive(t.image_decodes, 'image_decodes');
+    assert.ok(t.image_decodes <= t.step_count && t.token_decodes <= t.step_count, JSON.stringify(t));
+    assert.ok(positive(t.token_seqs_mean!, 'token_seqs_mean') <= t.token_rows_mean!, JSON.stringify(t));
+    assert.ok(t.token_seqs_mean! <= 2, 'two cameras at most in a token decode');
+    assert.ok(t.token_reused <= t.token_decodes, JSON.stringify(t));
+    assert.ok(Math.abs(t.image_decode_mean! * t.image_decodes - t.image_decode) <= 0.05 * t.image_decodes + 0.5, JSON.stringify(t));
     positive(r.encoder_busy_ms, 'encoder_busy_ms');
     const a = r.action_steps!;
     assert.ok(positive(a.p50, 'action_steps.p50') <= a.p90 && a.p90 <= a.max, JSON.stringify(a));
