@@ -6,25 +6,10 @@ import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 import { LlamaModel, type LlamaContext, type PromptSegment } from '../../native/llama.ts';
-import { ensureSynthModel, findPeer } from '../support/fixtures.ts';
+import { ensureSynthModel, fakeImage, findPeer } from '../support/fixtures.ts';
 
 const run = promisify(execFile);
 const PROMPT = 'The robot sees a red cup on the table and';
-
-/** Deterministic pseudo-random image rows (xorshift), so equal seeds give equal images. */
-function fakeImage(nTokens: number, nEmbd: number, seed: number): Float32Array {
-  const out = new Float32Array(nTokens * nEmbd);
-  let s = seed >>> 0 || 1;
-  for (let i = 0; i < out.length; i++) {
-    s ^= s << 13;
-    s >>>= 0;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    s >>>= 0;
-    out[i] = (s / 0xffffffff - 0.5) * 2;
-  }
-  return out;
-}
 
 async function peerGreedy(model: string, n: number, prompt: string): Promise<number[]> {
   const peer = findPeer('percept-peer-greedy');

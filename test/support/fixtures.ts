@@ -55,3 +55,18 @@ export function freePort(): Promise<number> {
     server.on('error', reject);
   });
 }
+
+/** Deterministic pseudo-random image rows (xorshift): nTokens × nEmbd floats in [-1, 1]; equal seeds give equal images. */
+export function fakeImage(nTokens: number, nEmbd: number, seed: number): Float32Array {
+  const out = new Float32Array(nTokens * nEmbd);
+  let s = seed >>> 0 || 1;
+  for (let i = 0; i < out.length; i++) {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    out[i] = (s / 0xffffffff - 0.5) * 2;
+  }
+  return out;
+}
