@@ -1,13 +1,14 @@
 // Built graphs kept per step shape (ContextOptions.graphSlots, native/patches/llama-graph-slots.diff):
 // greedy jump-forward generations, whose steps alternate between one token and a token with its forced
 // run, give token for token what llama.cpp's last-graph-only reuse gives, and reuse a built graph at
-// more of their steps; the slots are on by default (DEFAULT_GRAPH_SLOTS).
+// more of their steps; the slots are on by default (DEFAULT_GRAPH_SLOTS). An image decoded both ways
+// (Gemma 4's rule) keeps them (native/patches/llama-causal-attn-no-reserve.diff).
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, describe, test } from 'node:test';
-import { DEFAULT_GRAPH_SLOTS, LlamaModel, MAX_GRAPH_SLOTS } from '../../native/llama.ts';
-import { ensureSynthModel, REPO_ROOT } from '../support/fixtures.ts';
+import { DEFAULT_GRAPH_SLOTS, LlamaModel, MAX_GRAPH_SLOTS, type GenerateResult, type PromptSegment } from '../../native/llama.ts';
+import { ensureSynthModel, fakeImage, REPO_ROOT } from '../support/fixtures.ts';
 
 const PROMPTS = [
   'Describe the scene as one robot action in JSON:',
@@ -72,6 +73,36 @@ describe('graph slots', () => {
   test("the slots' schedulers' compute buffers are counted in the context's memory", () => {
     // Each slot that built a graph allocated it on a scheduler of its own.
     assert.ok(kept.compute > none.compute, `${kept.compute} bytes with slots, ${none.compute} without`);
+  });
+
+  test('an image decoded both ways keeps the built graphs: the same prompt again reuses more of its steps', async () => {
+    // Gemma 4 attends to an image's rows both ways, so its decode switches causal attention off and on again.
+    // Each switch re-reserved llama.cpp's scheduler, which dropped every built graph, so a second frame rebuilt them all.
+    // `causal: true` decodes the image without the switch: the control.
+    const schema = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
+    const grammar = await model.grammarFromJsonSchema(schema);
+    const image = fakeImage(8, model.info.nEmbd, 11);
+    const seen: Record<string, number[]> = {};
+    for (const causal of [false, true]) {
+      const ctx = await model.createContext({ nCtx: 1024, threads: 2, graphSlots: 4 });
+      const prompt: PromptSegment[] = [
+        { text: 'Camera 1, hallway:', addSpecial: true },
+        { image, nTokens: 8, ...(causal ? { causal: true } : {}) },
+        { text: 'Next action as JSON:' },
+      ];
+      const frames: GenerateResult[] = [];
+      for (let frame = 0; frame < 2; frame++) {
+        ctx.clearCache(); // the whole prompt again, image included
+        frames.push(await ctx.generate(prompt, { maxTokens: grammar.worstCaseTokens!, grammar, jumpForward: true }));
+      }
+      ctx.dispose();
+      const [first, second] = frames as [GenerateResult, GenerateResult];
+      assert.deepEqual(second.tokens, first.tokens, `causal ${causal}: the same frame, the same action`);
+      assert.equal(second.timings.decodeCalls, first.timings.decodeCalls);
+      seen[String(causal)] = [first.timings.graphReuses, second.timings.graphReuses, first.timings.decodeCalls];
+    }
+    for (const [causal, [first, second, calls]] of Object.entries(seen))
+      assert.ok(second! > first!, `causal ${causal}: ${second} reuses in the second frame, ${first} in the first, of ${calls} calls`);
   });
 
   test('the option is validated, and on by default', async () => {
