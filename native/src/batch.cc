@@ -841,7 +841,6 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
     const bool reused = llama_perf_context(ctx_).n_reused > reusedBefore;
     account_.tokenDecodes++;
     account_.tokenRows += tokens.b.n_tokens;
-    for (Active * a : order) account_.tokenSeqs += !a->done && a->tokCount > 0 ? 1 : 0;
     if (reused) {
         account_.reusedDecodes++;
         account_.reusedMs += ms;
@@ -850,6 +849,7 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
         if (a->done || a->tokCount == 0) continue;
         const int32_t count = a->tokCount;
         a->tokCount = 0;
+        account_.tokenSeqs++;
         if (reused) a->job->counts.graphReuses++;
         if (a->generating) {
             a->job->result.llamaDecodeMs += ms;

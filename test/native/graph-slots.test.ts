@@ -15,6 +15,7 @@ const PROMPTS = [
   'The robot sees a red box on the left of the table and a person waving. Answer with one action in JSON:',
   'Camera 2, dock area: a pallet blocks the path. Next action as JSON:',
 ];
+const SCHEMA = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
 
 interface Runs {
   readonly graphSlots: number;
@@ -24,9 +25,8 @@ interface Runs {
 }
 
 async function runs(model: LlamaModel, graphSlots: number): Promise<Runs> {
-  const schema = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
   const ctx = await model.createContext({ nCtx: 1024, threads: 2, graphSlots });
-  const grammar = await model.grammarFromJsonSchema(schema);
+  const grammar = await model.grammarFromJsonSchema(SCHEMA);
   const out = [];
   // Twice round the prompts, each from an empty cache and with a reused prefix in turn.
   for (let round = 0; round < 2; round++) {
@@ -79,8 +79,7 @@ describe('graph slots', () => {
     // Gemma 4 attends to an image's rows both ways, so its decode switches causal attention off and on again.
     // Each switch re-reserved llama.cpp's scheduler, which dropped every built graph, so a second frame rebuilt them all.
     // `causal: true` decodes the image without the switch: the control.
-    const schema = JSON.parse(await readFile(join(REPO_ROOT, 'configs/actions/robot-action.schema.json'), 'utf8')) as object;
-    const grammar = await model.grammarFromJsonSchema(schema);
+    const grammar = await model.grammarFromJsonSchema(SCHEMA);
     const image = fakeImage(8, model.info.nEmbd, 11);
     const seen: Record<string, number[]> = {};
     for (const causal of [false, true]) {
