@@ -300,8 +300,18 @@ bench
     int('--prefill-chunk'),
   )
   .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
+  .option(
+    '--lanes <n>',
+    'decoder contexts the cameras are spread over, each batched on its own (batching.lanes; default 1)',
+    int('--lanes'),
+  )
   .option('--encode-wait-ms <ms>', 'how long an idle encoder may hold a frame for the other cameras', Number)
   .option('--group-wait-ms <ms>', 'admitting together: how long an idle decoder may hold a group for frames on their way', Number)
+  .option(
+    '--rolling-join <n>',
+    "with --admit rolling: the fewest waiting frames that go in beside a group's tail (batching.rollingJoin; default 1)",
+    int('--rolling-join'),
+  )
   .option(
     '--step-tokens <n>',
     'tokens per camera and decode step, padded (decoder.stepTokens; default 1: no padding)',

@@ -58,6 +58,8 @@ export interface NativeContextOptions {
   admitTogether: boolean;
   /** Admitting together: the running group's tail takes the waiting requests in once they outnumber its members. */
   admitTail: boolean;
+  /** Admitting the tail: the fewest waiting requests that go in beside it. */
+  tailJoin: number;
   /** Admitting together: how long an idle decoder holds its waiting requests for frames on their way (expect). */
   groupWaitMs: number;
   maxOutputs: number;
@@ -84,6 +86,7 @@ export interface NativeContextInfo {
   readonly prefillChunk: number;
   readonly admitTogether: boolean;
   readonly admitTail: boolean;
+  readonly tailJoin: number;
   readonly groupWaitMs: number;
   readonly maxOutputs: number;
   /** Tokens each sequence decodes per generation step, padded (1: no padding). */

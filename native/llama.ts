@@ -137,6 +137,9 @@ export interface ContextOptions {
    * (native/README.md#admitting-together).
    */
   readonly admitTail?: boolean;
+  /** With admitTail (default 1): the fewest waiting requests that go in beside the tail, so that their image decode
+   * reads several frames at once; fewer wait for the group's end. */
+  readonly tailJoin?: number;
   /**
    * Admitting together (default 0): how long (ms) an idle decoder holds its waiting requests for the requests on their way
    * to other sequences (`expect`), so frames triggered together form one group. Only while each waiting request could
@@ -285,6 +288,7 @@ export class LlamaModel {
       'prefillChunk',
       'admitTogether',
       'admitTail',
+      'tailJoin',
       'groupWaitMs',
       'stepTokens',
       'shapeGraphs',
@@ -296,7 +300,7 @@ export class LlamaModel {
       options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
     const nSeq = options.nSeq === undefined ? 1 : intIn('options.nSeq', options.nSeq, 1, Math.min(MAX_SEQUENCES, nBatch));
     if (nSeq === 1) {
-      for (const key of ['kvUnified', 'maxActive', 'prefillChunk', 'admitTogether', 'admitTail', 'groupWaitMs'] as const) {
+      for (const key of ['kvUnified', 'maxActive', 'prefillChunk', 'admitTogether', 'admitTail', 'tailJoin', 'groupWaitMs'] as const) {
         if (options[key] !== undefined) throw new TypeError(`options.${key} is for a context of several sequences (nSeq > 1)`);
       }
     }
@@ -306,6 +310,8 @@ export class LlamaModel {
     const admitTogether = options.admitTogether === undefined ? false : bool('options.admitTogether', options.admitTogether);
     const admitTail = options.admitTail === undefined ? false : bool('options.admitTail', options.admitTail);
     if (admitTail && !admitTogether) throw new TypeError('options.admitTail is for a context that admits together (admitTogether)');
+    const tailJoin = options.tailJoin === undefined ? 1 : intIn('options.tailJoin', options.tailJoin, 1, nSeq);
+    if (tailJoin > 1 && !admitTail) throw new TypeError('options.tailJoin is for a context that admits the tail (admitTail)');
     const groupWaitMs = options.groupWaitMs === undefined ? 0 : numIn('options.groupWaitMs', options.groupWaitMs, 0, 1000);
     // A batched step reads one logits row per sequence; a single sequence one per draft position.
     const outputs = nSeq > 1 ? nSeq : Math.min(MAX_OUTPUTS, nBatch);
@@ -335,6 +341,7 @@ export class LlamaModel {
         prefillChunk,
         admitTogether,
         admitTail,
+        tailJoin,
         groupWaitMs,
         maxOutputs,
         stepTokens,

@@ -17,6 +17,7 @@ import {
   type PromptSegment,
   type SpeculatorOptions,
   type TimeAccount,
+  defaultThreads,
 } from '../native/llama.ts';
 
 /** Physical batch: an image attended bidirectionally must fit one ubatch (Gemma 4's largest is 1120 tokens). */
@@ -86,8 +87,11 @@ export interface DecoderStage extends Stage<ImageEmbedding, Generation> {
   /** The decoder context's memory by buffer type as the stage closed (null before): its compute
    * buffers grow with the step shapes it ran, so this is what a run of frames needed. */
   memoryAtClose(): MemoryBreakdown | null;
-  /** A decoder the cameras share: where its scheduler's time went so far, or until it closed (null: not shared). */
+  /** A decoder the cameras share: where its scheduler's time went so far, or until it closed (null: not shared).
+   * With lanes, their accounts added (times in lane-ms). */
   schedulerTime(): TimeAccount | null;
+  /** Contexts the cameras are spread over (batching.lanes; 1 for one camera). */
+  readonly lanes: number;
 }
 
 const IMAGE_MARKER = '<__percept_image__>';
@@ -115,8 +119,13 @@ export interface CameraBatching {
   readonly admit?: 'together' | 'rolling' | 'each';
   /** Admitting together: how long an idle decoder holds a group for frames still on their way (default 0). */
   readonly groupWaitMs?: number;
+  /** Admitting rolling: the fewest waiting frames that go in beside a group's tail (default 1). */
+  readonly rollingJoin?: number;
   readonly prefillChunk: number;
   readonly kvUnified: boolean;
+  /** Contexts the cameras are spread over, each a batched decoder of its own on the one model (default 1).
+   * Camera i decodes on lane i % lanes; on a GPU the lanes' decodes run side by side. */
+  readonly lanes?: number;
   /** The most image rows a frame brings (every ladder level's): with the prompt and maxNewTokens,
    * what each camera's KV room must hold, checked at load. */
   readonly imageTokens: number;
@@ -330,44 +339,59 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   // With graphs on, one per step shape: ggml-cuda alone keeps one per context (LlamaContext's shapeGraphs).
   const shapeGraphs = gpuLayers > 0 && cudaGraphsWanted(config);
   const graphSlots = config.graphSlots !== null ? { graphSlots: config.graphSlots } : {};
+  const cameras = batching && batching.cameras > 1 ? batching : undefined;
+  const laneCount = cameras ? checkLanes(cameras) : 1;
   const model = await LlamaModel.load(config.model, { gpuLayers });
   let draft: LlamaModel | undefined;
-  let ctx: LlamaContext;
+  // One context, or with cameras one per lane (camera i on lane i % lanes, sequence floor(i / lanes) there).
+  const lanes: LlamaContext[] = [];
   let grammar: LlamaGrammar;
   let budget: DecodeBudget;
   try {
-    const threads = config.threads !== null ? { threads: config.threads } : {};
+    // Lanes on the CPU share its cores; on a GPU each lane's host work is small.
+    const threads =
+      config.threads !== null
+        ? { threads: config.threads }
+        : laneCount > 1 && gpuLayers === 0
+          ? { threads: Math.max(1, Math.floor(defaultThreads() / laneCount)) }
+          : {};
     const draftMax = config.draftMax ?? DRAFT_MAX;
-    const cameras = batching && batching.cameras > 1 ? batching : undefined;
     // A group's images are read in one decode: a ubatch for the largest image of every camera a step takes, within GROUP_UBATCH_MAX.
     const together = cameras !== undefined && (cameras.admit ?? 'together') !== 'each';
-    const groupRows = together ? (cameras.maxActive ?? cameras.cameras) * cameras.imageTokens : 0;
-    const ubatch = Math.min(GROUP_UBATCH_MAX, Math.max(IMAGE_UBATCH, groupRows));
-    ctx = await model.createContext({
-      nCtx: config.nCtx,
-      nBatch: ubatch,
-      nUbatch: ubatch,
-      kvType: config.kvType,
-      stepTokens: config.stepTokens,
-      shapeGraphs,
-      ...graphSlots,
-      ...threads,
-      // Several cameras: one sequence each, decoded in one batch. One camera: a verify batch reads
-      // one row per draft position and one for the last certain token.
-      ...(cameras
-        ? {
-            nSeq: cameras.cameras,
-            maxActive: cameras.maxActive ?? cameras.cameras,
-            prefillChunk: cameras.prefillChunk,
-            admitTogether: together,
-            ...(together ? { groupWaitMs: cameras.groupWaitMs ?? 0, admitTail: cameras.admit === 'rolling' } : {}),
-            kvUnified: cameras.kvUnified,
-          }
-        : { maxOutputs: 1 + draftMax }),
-    });
+    for (let lane = 0; lane < laneCount; lane++) {
+      const nSeq = cameras ? laneCameras(cameras.cameras, laneCount, lane) : 1;
+      const maxActive = cameras ? Math.min(cameras.maxActive ?? nSeq, nSeq) : 1;
+      const groupRows = together ? maxActive * cameras.imageTokens : 0;
+      const ubatch = Math.min(GROUP_UBATCH_MAX, Math.max(IMAGE_UBATCH, groupRows));
+      lanes.push(
+        await model.createContext({
+          nCtx: config.nCtx,
+          nBatch: ubatch,
+          nUbatch: ubatch,
+          kvType: config.kvType,
+          stepTokens: config.stepTokens,
+          shapeGraphs,
+          ...graphSlots,
+          ...threads,
+          // Several cameras: one sequence each, decoded in one batch. One camera: a verify batch reads
+          // one row per draft position and one for the last certain token.
+          ...(cameras
+            ? {
+                nSeq,
+                maxActive,
+                prefillChunk: cameras.prefillChunk,
+                admitTogether: together,
+                ...(together ? { groupWaitMs: cameras.groupWaitMs ?? 0, admitTail: cameras.admit === 'rolling' } : {}),
+                ...(cameras.admit === 'rolling' ? { tailJoin: Math.min(cameras.rollingJoin ?? 1, nSeq) } : {}),
+                kvUnified: cameras.kvUnified,
+              }
+            : { maxOutputs: 1 + draftMax }),
+        }),
+      );
+    }
     if (!cameras) {
       const flags = { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: draftMax };
-      draft = await attachSpeculation(ctx, flags, gpuLayers);
+      draft = await attachSpeculation(lanes[0]!, flags, gpuLayers);
     }
     const schemaPath = config.actionSchema.path;
     try {
@@ -395,17 +419,17 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   const promptTemplate = model.chatPrompt(messages, [{ data: new Float32Array(0), nTokens: 0 }], { imageMarker: IMAGE_MARKER });
   const contract: EncoderContract = info.arch === 'gemma3' ? 'gemma3' : 'gemma4';
 
-  const batched = ctx.info.nSeq > 1;
+  const batched = cameras !== undefined;
   if (batched) {
     try {
       // Gemma 3's encoder always gives 256 rows.
-      checkCameraRoom(model, ctx, promptTemplate, contract === 'gemma3' ? 256 : batching!.imageTokens, maxNewTokens);
+      for (const ctx of lanes) checkCameraRoom(model, ctx, promptTemplate, contract === 'gemma3' ? 256 : cameras.imageTokens, maxNewTokens);
     } catch (err) {
       await model.dispose();
       throw err;
     }
   }
-  const process = async (seq: number | undefined, input: ImageEmbedding, sc: StageContext): Promise<Generation> => {
+  const process = async (ctx: LlamaContext, seq: number | undefined, input: ImageEmbedding, sc: StageContext): Promise<Generation> => {
     if (input.nEmbd !== info.nEmbd) {
       throw new RangeError(
         `decoder: image embedding is ${input.nEmbd} wide but ${config.model} takes ${info.nEmbd} (encoder/decoder mismatch)`,
@@ -451,53 +475,111 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   let memoryAtClose: MemoryBreakdown | null = null;
   let timeAtClose: TimeAccount | null = null;
   let closed = false;
-  // Admitting together, the scheduler hears of the frames on their way too: an idle decoder holds a group for them.
-  const reservations = new Reservations(
-    ctx.info.admitTogether
-      ? (camera, delta) => {
-          if (!closed) ctx.expect(camera, delta);
-        }
-      : undefined,
+  // Admitting together, each lane's scheduler hears of its frames on their way too: an idle decoder holds a group for them.
+  const reservations = lanes.map(
+    (ctx) =>
+      new Reservations(
+        ctx.info.admitTogether
+          ? (camera, delta) => {
+              if (!closed) ctx.expect(camera, delta);
+            }
+          : undefined,
+      ),
   );
+  const timeAccount = (): TimeAccount | null => {
+    const accounts = lanes.map((ctx) => ctx.timeAccount());
+    return accounts.every((a) => a !== null) ? sumTimeAccounts(accounts) : null;
+  };
   return {
-    handle: (seq) => ({
-      name: 'decode',
-      maxNewTokens,
-      worstCaseDecodeCalls,
-      nEmbd: info.nEmbd,
-      contract,
-      modelInfo: info,
-      memoryAtClose: () => memoryAtClose,
-      schedulerTime: () => (closed ? timeAtClose : ctx.timeAccount()),
-      process: async (input, sc) => {
-        const generation = await process(batched ? seq : undefined, input, sc);
-        if (batched) reservations.served(seq ?? 0);
-        return generation;
-      },
-      // The cameras share one scheduler: what it predicts for a frame now lets the stages ahead
-      // (preprocess, encode) drop a frame it would drop anyway (Stage.predict), counting the
-      // frames of every camera already on their way here that it will serve first (Stage.reserve).
-      // At the decoder's own entry the frame is encoded already: it is not dropped for frames still
-      // on their way (those are checked when they arrive).
-      ...(batched
-        ? {
-            predict: (deadlineNs: bigint, entering: boolean) => {
-              const p = ctx.prediction(deadlineNs, entering ? 0 : reservations.ahead(deadlineNs, seq ?? 0));
-              // This camera's frame ahead, as the scheduler knew it at its last step (none: the graph counts its fastest run).
-              const busyMs = ctx.restMs(seq ?? 0);
-              return busyMs === undefined ? p : { ...p, busyMs };
-            },
-            reserve: (deadlineNs: bigint) => reservations.add(deadlineNs, seq ?? 0),
-          }
-        : {}),
-    }),
+    handle: (camera) => {
+      // The camera's lane and its sequence there.
+      const lane = batched ? (camera ?? 0) % laneCount : 0;
+      const seq = batched ? Math.floor((camera ?? 0) / laneCount) : undefined;
+      const ctx = lanes[lane]!;
+      const held = reservations[lane]!;
+      return {
+        name: 'decode',
+        maxNewTokens,
+        worstCaseDecodeCalls,
+        nEmbd: info.nEmbd,
+        contract,
+        modelInfo: info,
+        lanes: laneCount,
+        memoryAtClose: () => memoryAtClose,
+        schedulerTime: () => (closed ? timeAtClose : timeAccount()),
+        process: async (input, sc) => {
+          const generation = await process(ctx, seq, input, sc);
+          if (seq !== undefined) held.served(seq);
+          return generation;
+        },
+        // The lane's cameras share one scheduler: what it predicts for a frame now lets the stages ahead
+        // (preprocess, encode) drop a frame it would drop anyway (Stage.predict), counting the
+        // frames of every camera already on their way here that it will serve first (Stage.reserve).
+        // At the decoder's own entry the frame is encoded already: it is not dropped for frames still
+        // on their way (those are checked when they arrive).
+        ...(seq !== undefined
+          ? {
+              predict: (deadlineNs: bigint, entering: boolean) => {
+                const p = ctx.prediction(deadlineNs, entering ? 0 : held.ahead(deadlineNs, seq));
+                // This camera's frame ahead, as the scheduler knew it at its last step (none: the graph counts its fastest run).
+                const busyMs = ctx.restMs(seq);
+                return busyMs === undefined ? p : { ...p, busyMs };
+              },
+              reserve: (deadlineNs: bigint) => held.add(deadlineNs, seq),
+            }
+          : {}),
+      };
+    },
     async close() {
       closed = true;
-      memoryAtClose = ctx.memoryBreakdown();
-      timeAtClose = ctx.timeAccount();
+      memoryAtClose = sumMemory(lanes.map((ctx) => ctx.memoryBreakdown()));
+      timeAtClose = timeAccount();
       await model.dispose();
       await draft?.dispose();
     },
+  };
+}
+
+/** Checks batching.lanes against the cameras (each lane decodes two cameras at least) and returns it. */
+function checkLanes(cameras: CameraBatching): number {
+  const lanes = cameras.lanes ?? 1;
+  if (!Number.isInteger(lanes) || lanes < 1 || lanes > Math.floor(cameras.cameras / 2)) {
+    throw new RangeError(
+      `decoder: lanes must be an integer from 1 to ${Math.max(1, Math.floor(cameras.cameras / 2))} (two cameras a lane at least, ${cameras.cameras} cameras), got ${lanes}`,
+    );
+  }
+  return lanes;
+}
+
+/** Cameras on `lane` of `lanes`: camera i decodes on lane i % lanes. */
+export function laneCameras(cameras: number, lanes: number, lane: number): number {
+  return Math.floor((cameras - lane + lanes - 1) / lanes);
+}
+
+/** The lanes' accounts added field by field. */
+export function sumTimeAccounts(accounts: readonly (TimeAccount | null)[]): TimeAccount {
+  const sum: Record<string, number> = {};
+  for (const a of accounts) for (const [k, v] of Object.entries(a ?? {})) sum[k] = (sum[k] ?? 0) + v;
+  return sum as unknown as TimeAccount;
+}
+
+/** The lanes' memory: the model once, their contexts and compute buffers added. */
+function sumMemory(parts: readonly MemoryBreakdown[]): MemoryBreakdown {
+  const byType = new Map<string, { bufferType: string; model: number; context: number; compute: number }>();
+  for (const [i, part] of parts.entries()) {
+    for (const b of part.byBufferType) {
+      const t = byType.get(b.bufferType) ?? { bufferType: b.bufferType, model: 0, context: 0, compute: 0 };
+      if (i === 0) t.model += b.model;
+      t.context += b.context;
+      t.compute += b.compute;
+      byType.set(b.bufferType, t);
+    }
+  }
+  return {
+    model: parts[0]?.model ?? 0,
+    context: parts.reduce((n, p) => n + p.context, 0),
+    compute: parts.reduce((n, p) => n + p.compute, 0),
+    byBufferType: [...byType.values()],
   };
 }
 

@@ -224,7 +224,11 @@ export interface BatchingConfig {
   readonly admit: 'together' | 'rolling' | 'each';
   /** Admitting together: how long an idle decoder holds a group for frames still on their way. */
   readonly groupWaitMs: number;
+  /** Admitting rolling: the fewest waiting frames that go in beside a running group's tail. */
+  readonly rollingJoin: number;
   readonly prefillChunk: number;
+  /** Contexts the cameras are spread over on the one model (camera i on lane i % lanes). */
+  readonly lanes: number;
   readonly kvUnified: boolean;
 }
 
@@ -689,9 +693,15 @@ function checkCameras(config: PerceptConfig): ConfigIssue[] {
     ['/decoder/ngram', config.decoder.ngram],
   ];
   for (const [path, on] of drafts) if (on) issues.push({ path, message: 'cameras are decoded together in one batch, without drafts' });
-  const { decodeMaxActive } = config.batching;
+  const { decodeMaxActive, lanes } = config.batching;
   if (decodeMaxActive !== null && decodeMaxActive > cameras.length) {
     issues.push({ path: '/batching/decodeMaxActive', message: `must be at most the number of cameras (${cameras.length})` });
+  }
+  if (lanes > Math.max(1, Math.floor(cameras.length / 2))) {
+    issues.push({
+      path: '/batching/lanes',
+      message: `must leave two cameras a lane at least: at most ${Math.max(1, Math.floor(cameras.length / 2))} with ${cameras.length} cameras`,
+    });
   }
   return issues;
 }

@@ -44,9 +44,13 @@ export interface BenchCamerasOptions {
   /** batching.admit: 'together' (the default), 'rolling' or 'each'. */
   readonly admit?: 'together' | 'rolling' | 'each';
   readonly maxActive?: number;
+  /** batching.lanes: contexts the cameras are spread over (default 1, the config's). */
+  readonly lanes?: number;
   readonly encodeWaitMs?: number;
   /** batching.groupWaitMs: how long an idle decoder holds a group for frames on their way. */
   readonly groupWaitMs?: number;
+  /** batching.rollingJoin: with admit rolling, the fewest waiting frames that join a group's tail. */
+  readonly rollingJoin?: number;
   /** Decode the grammar's forced runs in the step that reaches them (default true, the config's). */
   readonly jumpForward?: boolean;
   /** decoder.stepTokens, tokens per camera and decode step, padded. Default: the config's, where 1 means no padding. */
@@ -122,7 +126,8 @@ export interface BenchCamerasResult {
   readonly cancels: Readonly<Record<string, Readonly<Record<string, number>>>>;
   /** Where the shared decoder's time went over the run (ms; null: not measured). `wall` is the run's; `steps` its decode
    * steps, of which `image_decode` and `token_decode` (llama_decode to synchronize), `sample` after them, and
-   * `other_in_step` (planning, grammar); `hold` its holds for frames on their way; `idle` the rest, with no request to run. */
+   * `other_in_step` (planning, grammar); `hold` its holds for frames on their way; `idle` the rest, with no request to run.
+   * With lanes, every time but `wall` is summed over them (lane-ms), and `idle` is of `wall` × lanes. */
   readonly decoder_time_ms: DecoderTime | null;
   /** llama_decode calls after the prompt per completed action (the ceiling takes their mean). A group in lockstep
    * runs as long as its longest member. Null without a completed action. */
@@ -138,7 +143,11 @@ export interface BenchCamerasResult {
   readonly drop_predicted_conflation: boolean;
   /** batching.admit: how arrivals joined the decoder. */
   readonly admit: 'together' | 'rolling' | 'each';
+  /** batching.lanes: the contexts the cameras were spread over. */
+  readonly lanes: number;
   readonly group_wait_ms: number;
+  /** batching.rollingJoin (used with admit rolling). */
+  readonly rolling_join: number;
   readonly prefill_chunk: number;
   /** Where the host side waits: the JS thread's busy fraction and its worst delays. Also how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
@@ -172,7 +181,7 @@ export interface DecoderTime {
 }
 
 /** The decoder's time over a run from its scheduler's accounts at the start and the end, and the run's wall time. */
-function decoderTimeOver(start: TimeAccount | null, end: TimeAccount | null, wallMs: number): DecoderTime | null {
+function decoderTimeOver(start: TimeAccount | null, end: TimeAccount | null, wallMs: number, lanes: number): DecoderTime | null {
   if (!start || !end) return null;
   const r = (x: number): number => Math.round(x * 10) / 10;
   const d = (k: keyof TimeAccount): number => end[k] - start[k];
@@ -188,7 +197,7 @@ function decoderTimeOver(start: TimeAccount | null, end: TimeAccount | null, wal
     sample: r(d('sampleMs')),
     other_in_step: r(steps - d('imageMs') - d('tokenMs') - d('sampleMs')),
     hold: r(d('holdMs')),
-    idle: r(Math.max(0, wallMs - steps - d('holdMs'))),
+    idle: r(Math.max(0, wallMs * lanes - steps - d('holdMs'))),
     image_decodes: d('imageDecodes'),
     image_decode_mean: per(d('imageMs'), d('imageDecodes')),
     image_rows_mean: per(d('imageRows'), d('imageDecodes')),
@@ -288,8 +297,10 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       ...(opts.prefillChunk !== undefined ? { prefillChunk: opts.prefillChunk } : {}),
       ...(opts.admit !== undefined ? { admit: opts.admit } : {}),
       ...(opts.maxActive !== undefined ? { decodeMaxActive: opts.maxActive } : {}),
+      ...(opts.lanes !== undefined ? { lanes: opts.lanes } : {}),
       ...(opts.encodeWaitMs !== undefined ? { encodeWaitMs: opts.encodeWaitMs } : {}),
       ...(opts.groupWaitMs !== undefined ? { groupWaitMs: opts.groupWaitMs } : {}),
+      ...(opts.rollingJoin !== undefined ? { rollingJoin: opts.rollingJoin } : {}),
     },
     telemetry: { liveTable: 'off' },
   });
@@ -389,7 +400,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     decode_outcomes: outcomes,
     decode_wasted: { prefills: wastedPrefills, tokens: wastedTokens },
     cancels: summary.cancels as Record<string, Record<string, number>>,
-    decoder_time_ms: decoderTimeOver(timeAtStart, timeAtEnd, summary.durationMs),
+    decoder_time_ms: decoderTimeOver(timeAtStart, timeAtEnd, summary.durationMs, config.batching.lanes),
     action_steps: actionSteps(actions),
     encoder_busy_ms: round(enc.busyMs - encoderAtStart),
     encoder_calls: enc.calls,
@@ -399,7 +410,9 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     drop_predicted_miss: config.cameras![0]!.budgets.dropPredictedMiss,
     drop_predicted_conflation: config.cameras![0]!.budgets.dropPredictedConflation,
     admit: config.batching.admit,
+    lanes: config.batching.lanes,
     group_wait_ms: config.batching.groupWaitMs,
+    rolling_join: config.batching.rollingJoin,
     prefill_chunk: config.batching.prefillChunk,
     host,
   };

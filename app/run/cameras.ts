@@ -85,7 +85,8 @@ export async function createCameraStages(
       return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => NO_ENCODER, decoderTime: () => null };
     }
     const { createCameraDecoderStages } = await import('../../nodes/decoder.ts');
-    log(`decoder: ${config.decoder.model} (${n} cameras, one sequence each, batched)`);
+    const lanes = config.batching.lanes > 1 ? `, over ${config.batching.lanes} lanes` : '';
+    log(`decoder: ${config.decoder.model} (${n} cameras, one sequence each, batched${lanes})`);
     const decoders = await createCameraDecoderStages(
       { ...config.decoder, model: await resolveModel(config.decoder.model, 'decoder'), actionSchema },
       {
@@ -93,7 +94,9 @@ export async function createCameraStages(
         maxActive: config.batching.decodeMaxActive,
         admit: config.batching.admit,
         groupWaitMs: config.batching.groupWaitMs,
+        rollingJoin: config.batching.rollingJoin,
         prefillChunk: config.batching.prefillChunk,
+        lanes: config.batching.lanes,
         kvUnified: config.batching.kvUnified,
         imageTokens: Math.max(...cameras.map((camera) => Math.max(...ladderLevels(camera).map((k) => k.imageTokens)))),
       },

@@ -34,6 +34,8 @@ struct BatchOptions {
     // Admitting together: the running group's tail takes the waiting requests in once no more of its members run than
     // requests wait. Their prefill then rides with the tail's steps instead of waiting for its longest member.
     bool admitTail = false;
+    // Admitting the tail: the fewest waiting requests that go in beside it, so their image decode is not a frame or two.
+    int32_t tailJoin = 1;
     // Admitting together: how long an idle decoder holds its waiting requests for the frames still on their way (expect()).
     int64_t groupWaitNs = 0;
     int32_t nBatch = 0;

@@ -384,6 +384,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.prefillChunk = uint32_t(requireInt(o, "prefillChunk", 1, c.nBatch, w));
     c.admitTogether = requireBool(o, "admitTogether", w);
     c.admitTail = requireBool(o, "admitTail", w);
+    c.tailJoin = uint32_t(requireInt(o, "tailJoin", 1, c.nSeq, w));
     c.groupWaitMs = requireNumber(o, "groupWaitMs", 0, 1000, w);
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
@@ -574,6 +575,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.prefillChunk = int32_t(opts_.prefillChunk);
         bo.admitTogether = opts_.admitTogether;
         bo.admitTail = opts_.admitTail;
+        bo.tailJoin = int32_t(opts_.tailJoin);
         bo.groupWaitNs = int64_t(opts_.groupWaitMs * 1e6);
         bo.nBatch = int32_t(opts_.nBatch);
         bo.nUbatch = int32_t(opts_.nUbatch);
@@ -655,6 +657,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("prefillChunk", opts_.prefillChunk);
     o.Set("admitTogether", opts_.admitTogether);
     o.Set("admitTail", opts_.admitTail);
+    o.Set("tailJoin", opts_.tailJoin);
     o.Set("groupWaitMs", opts_.groupWaitMs);
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("stepTokens", opts_.stepTokens);

@@ -645,13 +645,21 @@ describe('batched decoding on gemma4-tiny', () => {
     }
   });
 
-  test("admitTail: the group's tail takes the waiting requests in once they outnumber its members; without it they wait for its end", async () => {
+  test("admitTail: the group's tail takes the waiting requests in once they outnumber its members (and tailJoin wait); without it they wait for its end", async () => {
     // Two long requests run; a short one arrives (one waiting, two running): held. A second arrives (two and two): both
     // go in beside the long ones and end first. Without admitTail both wait for the long ones.
-    const run = async (admitTail: boolean) => {
-      const ctx = await model.createContext({ nCtx: 1024, nSeq: 4, admitTogether: true, admitTail, threads: 1 });
+    const run = async (admitTail: boolean, tailJoin = 1) => {
+      const ctx = await model.createContext({
+        nCtx: 1024,
+        nSeq: 4,
+        admitTogether: true,
+        admitTail,
+        ...(admitTail ? { tailJoin } : {}),
+        threads: 1,
+      });
       try {
         assert.equal(ctx.info.admitTail, admitTail);
+        assert.equal(ctx.info.tailJoin, tailJoin);
         const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${CAMERAS[k]}: the robot`, addSpecial: true }];
         const ended: number[] = [];
         const generate = (seq: number, maxTokens: number) =>
@@ -687,6 +695,14 @@ describe('batched decoding on gemma4-tiny', () => {
     const plain = await run(false);
     assert.deepEqual(plain.ended.slice(0, 2).sort(), [2, 3], `without admitTail the long ones end first: ${plain.ended}`);
     assert.ok(plain.waitMs > 0, `without it a request waits for the running group: ${plain.waitMs} ms`);
+    // tailJoin 3: two waiting are too few to go in beside the tail, so they wait for its end.
+    const three = await run(true, 3);
+    assert.deepEqual(three.ended.slice(0, 2).sort(), [2, 3], `two of three to join: the long ones end first: ${three.ended}`);
+    assert.ok(three.waitMs > 0, `two of three to join wait for the running group: ${three.waitMs} ms`);
+    await assert.rejects(
+      model.createContext({ nSeq: 2, admitTogether: true, tailJoin: 2 }),
+      /tailJoin is for a context that admits the tail/,
+    );
     await assert.rejects(model.createContext({ nSeq: 2, admitTail: true }), /admitTail is for a context that admits together/);
   });
 

@@ -1,11 +1,19 @@
 // The decode stage over the native binding: schema-valid actions from image embeddings, system
 // prefix reuse across frames, the knobs, cancel/deadline reporting, the width check, and the camera
-// stages' drop of a frame whose deadline cannot be met.
+// stages' drop of a frame whose deadline cannot be met, and cameras spread over lanes.
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { decodeBudget, loadActionSchema } from '../../nodes/action-schema.ts';
-import { createCameraDecoderStages, createDecoderStage, decodeCallBound, type DecoderStage } from '../../nodes/decoder.ts';
+import {
+  createCameraDecoderStages,
+  createDecoderStage,
+  decodeCallBound,
+  laneCameras,
+  sumTimeAccounts,
+  type DecoderStage,
+} from '../../nodes/decoder.ts';
+import type { TimeAccount } from '../../native/llama.ts';
 import { RealClock } from '../../pipeline/clock.ts';
 import { loadConfig } from '../../pipeline/config.ts';
 import type { ImageEmbedding } from '../../nodes/payloads.ts';
@@ -230,4 +238,57 @@ test('camera stages refuse, at load, a decoder.nCtx that cannot hold a frame, in
     { cameras: 3, maxActive: null, prefillChunk: 512, kvUnified: true, imageTokens: 280 },
   );
   for (const s of stages) await s.close?.();
+});
+
+describe('camera decode stages spread over lanes (one context each)', () => {
+  test('camera i decodes on lane i % lanes: each lane holds its share, frames decode as on one lane, and the accounts add up', async () => {
+    assert.deepEqual(
+      [0, 1].map((lane) => laneCameras(5, 2, lane)),
+      [3, 2],
+    );
+    assert.deepEqual(
+      [0, 1, 2].map((lane) => laneCameras(16, 3, lane)),
+      [6, 5, 5],
+    );
+    const model = await ensureSynthModel('gemma4-tiny');
+    const { decoder } = loadConfig({ decoder: { nCtx: 1024, temperature: 0, seed: 1, jumpForward: true } });
+    const config = { ...decoder, model, actionSchema: schema, threads: 1 };
+    // A stream per camera: each decodes exactly as alone, so every lane gives the same text for one image.
+    const batching = { cameras: 4, maxActive: null, prefillChunk: 512, kvUnified: false, imageTokens: 64 };
+    await assert.rejects(createCameraDecoderStages(config, { ...batching, lanes: 3 }), {
+      name: 'RangeError',
+      message: 'decoder: lanes must be an integer from 1 to 2 (two cameras a lane at least, 4 cameras), got 3',
+    });
+    const one = await createCameraDecoderStages(config, batching);
+    const alone = await one[0]!.process(image(64, one[0]!.nEmbd, 9), stageContext(1));
+    for (const s of one) await s.close?.();
+
+    const stages = await createCameraDecoderStages(config, { ...batching, lanes: 2 });
+    try {
+      assert.deepEqual(
+        stages.map((s) => s.lanes),
+        [2, 2, 2, 2],
+      );
+      // One frame at a time: each is a group of its own on its camera's lane.
+      const texts: string[] = [];
+      for (const [i, s] of stages.entries()) texts.push((await s.process(image(64, s.nEmbd, 9), stageContext(10 + i))).text);
+      assert.deepEqual(texts, [alone.text, alone.text, alone.text, alone.text]);
+      // Both lanes' schedulers count: two groups and two image decodes each.
+      const time = stages[3]!.schedulerTime();
+      assert.ok(time);
+      assert.equal(time.groups, 4);
+      assert.equal(time.imageDecodes, 4);
+      assert.ok(time.tokenSeqs >= 4, `token decodes covered ${time.tokenSeqs} sequences`);
+    } finally {
+      for (const s of stages) await s.close?.();
+    }
+    const time = stages[0]!.schedulerTime();
+    assert.equal(time?.groups, 4, 'closed: the accounts as they closed');
+  });
+
+  test('the lanes’ accounts are added field by field', () => {
+    const a = { groups: 1, steps: 2, stepMs: 3.5 } as unknown as TimeAccount;
+    const b = { groups: 2, steps: 5, stepMs: 1 } as unknown as TimeAccount;
+    assert.deepEqual(sumTimeAccounts([a, b]), { groups: 3, steps: 7, stepMs: 4.5 });
+  });
 });

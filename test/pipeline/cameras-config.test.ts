@@ -57,7 +57,9 @@ test('a camera takes the top-level budgets, edges and ladder with its own fields
     decodeMaxActive: null,
     admit: 'together',
     groupWaitMs: 50,
+    rollingJoin: 1,
     prefillChunk: 512,
+    lanes: 1,
     kvUnified: true,
   });
   const graph = cameraGraphConfig(config, rear!);
@@ -87,7 +89,7 @@ test('what cameras cannot have is refused, naming the path', () => {
     clock: 'virtual',
     decoder: { ngram: true },
     control: { enabled: true },
-    batching: { decodeMaxActive: 3 },
+    batching: { decodeMaxActive: 3, lanes: 2 },
     cameras: [
       { id: 'a', source: pattern },
       { id: 'a', source: pattern, budgets: { endToEndMs: 100, stages: { decode: 150 } } },
@@ -100,6 +102,7 @@ test('what cameras cannot have is refused, naming the path', () => {
     '/decoder/ngram: cameras are decoded together in one batch, without drafts',
     '/control/enabled: is not supported with cameras yet (it serves one graph)',
     '/batching/decodeMaxActive: must be at most the number of cameras (2)',
+    '/batching/lanes: must leave two cameras a lane at least: at most 1 with 2 cameras',
   ]) {
     assert.ok(issues.includes(expected), `missing: ${expected}\nin:\n${issues.join('\n')}`);
   }

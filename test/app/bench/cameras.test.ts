@@ -1,6 +1,6 @@
 // `percept bench cameras` as a user runs it, on the tiny decoder with the projection encoder: its JSON and its printed table carry the
 // engine's ceiling for the run's shape (ceiling_actions_per_s raw and capped, ceiling_share), positive and
-// finite, with share = actions/s ÷ the capped ceiling; and where the decoder's time went. No speed is asserted: the machine may be loaded.
+// finite, with share = actions/s ÷ the capped ceiling; and where the decoder's time went, over one lane or two. No speed is asserted: the machine may be loaded.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
@@ -88,5 +88,15 @@ describe('bench cameras: the engine ceiling', () => {
     positive(line('ceiling_actions_per_s_uncapped'), 'ceiling_actions_per_s_uncapped');
     // The table prints three decimals.
     assert.ok(Math.abs(share - line('actions_per_s') / capped) <= 2e-3 * Math.max(1, share));
+  });
+
+  test('with lanes, each lane decodes its own cameras, and the times are summed over the lanes', async () => {
+    const r = JSON.parse(await benchCameras(['--json', '--no-ceiling', '--cameras', '4', '--lanes', '2'])) as BenchCamerasResult;
+    assert.equal(r.lanes, 2);
+    assert.equal(Object.keys(r.per_camera).length, 4);
+    for (const [id, c] of Object.entries(r.per_camera)) positive(c.frames_out, `camera ${id} frames_out`);
+    const t = r.decoder_time_ms!;
+    assert.ok(t.token_seqs_mean! <= 2, `two cameras a lane, so two at most in a token decode: ${t.token_seqs_mean}`);
+    assert.ok(Math.abs(t.steps + t.hold + t.idle - 2 * t.wall) <= 1 || t.idle === 0, JSON.stringify(t));
   });
 });
