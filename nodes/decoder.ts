@@ -488,7 +488,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   );
   const timeAccount = (): TimeAccount | null => {
     const accounts = lanes.map((ctx) => ctx.timeAccount());
-    return accounts.every((a) => a !== null) ? sumTimeAccounts(accounts) : null;
+    return accounts.every((a): a is TimeAccount => a !== null) ? sumTimeAccounts(accounts) : null;
   };
   return {
     handle: (camera) => {
@@ -557,9 +557,9 @@ export function laneCameras(cameras: number, lanes: number, lane: number): numbe
 }
 
 /** The lanes' accounts added field by field. */
-export function sumTimeAccounts(accounts: readonly (TimeAccount | null)[]): TimeAccount {
+export function sumTimeAccounts(accounts: readonly TimeAccount[]): TimeAccount {
   const sum: Record<string, number> = {};
-  for (const a of accounts) for (const [k, v] of Object.entries(a ?? {})) sum[k] = (sum[k] ?? 0) + v;
+  for (const a of accounts) for (const [k, v] of Object.entries(a)) sum[k] = (sum[k] ?? 0) + v;
   return sum as unknown as TimeAccount;
 }
 
