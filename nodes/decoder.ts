@@ -4,7 +4,7 @@
 import { env } from 'node:process';
 import { decodeBudget, type ActionSchema, type DecodeBudget } from './action-schema.ts';
 import type { EncoderContract, Generation, ImageEmbedding } from './payloads.ts';
-import type { DecoderConfig } from '../pipeline/config.ts';
+import { maxLanes, type DecoderConfig } from '../pipeline/config.ts';
 import { DropFrame, StageAbort, type Stage, type StageContext } from '../pipeline/types.ts';
 import {
   DRAFT_MAX,
@@ -543,9 +543,9 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
 /** Checks batching.lanes against the cameras (each lane decodes two cameras at least) and returns it. */
 function checkLanes(cameras: CameraBatching): number {
   const lanes = cameras.lanes ?? 1;
-  if (!Number.isInteger(lanes) || lanes < 1 || lanes > Math.floor(cameras.cameras / 2)) {
+  if (!Number.isInteger(lanes) || lanes < 1 || lanes > maxLanes(cameras.cameras)) {
     throw new RangeError(
-      `decoder: lanes must be an integer from 1 to ${Math.max(1, Math.floor(cameras.cameras / 2))} (two cameras a lane at least, ${cameras.cameras} cameras), got ${lanes}`,
+      `decoder: lanes must be an integer from 1 to ${maxLanes(cameras.cameras)} (two cameras a lane at least, ${cameras.cameras} cameras), got ${lanes}`,
     );
   }
   return lanes;

@@ -697,13 +697,18 @@ function checkCameras(config: PerceptConfig): ConfigIssue[] {
   if (decodeMaxActive !== null && decodeMaxActive > cameras.length) {
     issues.push({ path: '/batching/decodeMaxActive', message: `must be at most the number of cameras (${cameras.length})` });
   }
-  if (lanes > Math.max(1, Math.floor(cameras.length / 2))) {
+  if (lanes > maxLanes(cameras.length)) {
     issues.push({
       path: '/batching/lanes',
-      message: `must leave two cameras a lane at least: at most ${Math.max(1, Math.floor(cameras.length / 2))} with ${cameras.length} cameras`,
+      message: `must leave two cameras a lane at least: at most ${maxLanes(cameras.length)} with ${cameras.length} cameras`,
     });
   }
   return issues;
+}
+
+/** batching.lanes at most for `cameras`: two cameras a lane at least (one lane always). */
+export function maxLanes(cameras: number): number {
+  return Math.max(1, Math.floor(cameras / 2));
 }
 
 /** The part of the config one camera's graph reads. */

@@ -255,7 +255,7 @@ void BatchScheduler::admit() {
     // holdMs is that wait and the request's own time in the next group; below 0, nothing is held (no group, or no history).
     double holdMs = -1;
     // The group's tail: the waiting requests go in beside its last members, not after the longest of them.
-    const bool tail = opts_.admitTail && int32_t(active_.size()) <= int32_t(waiting_.size()) && int32_t(waiting_.size()) >= opts_.tailJoin;
+    const bool tail = joinsTail(int64_t(waiting_.size())) && active_.size() <= waiting_.size();
     if (opts_.admitTogether && !active_.empty() && !tail) {
         const double own = predictMs(std::min(opts_.maxActive, int32_t(waiting_.size())), nullptr, true, kTypical);
         if (own > 0) holdMs = groupRestMs() + own;
@@ -567,8 +567,7 @@ BatchScheduler::Prediction BatchScheduler::predicted(int64_t deadlineNs, int32_t
 // the whole group's rest, or with admitTail (and tailJoin waiting) until no more members run than requests wait.
 double BatchScheduler::groupWaitMs(const std::vector<double> & memberRest, int64_t waiting) const {
     const auto k = int64_t(memberRest.size());
-    // Members still running when they go in.
-    const int64_t left = opts_.admitTail && waiting >= opts_.tailJoin ? std::min(waiting, k) : 0;
+    const int64_t left = joinsTail(waiting) ? std::min(waiting, k) : 0;  // members still running when they go in
     return left >= k ? 0 : memberRest[size_t(k - left - 1)];
 }
 

@@ -35,7 +35,7 @@ struct BatchOptions {
     // requests wait. Their prefill then rides with the tail's steps instead of waiting for its longest member.
     bool admitTail = false;
     // Admitting the tail: the fewest waiting requests that go in beside it, so their image decode is not a frame or two.
-    int32_t tailJoin = 1;
+    int64_t tailJoin = 1;
     // Admitting together: how long an idle decoder holds its waiting requests for the frames still on their way (expect()).
     int64_t groupWaitNs = 0;
     int32_t nBatch = 0;
@@ -186,6 +186,8 @@ private:
     double predictMs(int32_t seqs, const Active * a, bool orMore, double q) const;
     double groupRestMs() const;
     double groupWaitMs(const std::vector<double> & memberRest, int64_t waiting) const;
+    // Admitting the tail: `waiting` requests are enough to go in beside it (once no more members run than they).
+    bool joinsTail(int64_t waiting) const { return opts_.admitTail && waiting >= opts_.tailJoin; }
 
     llama_context * ctx_;
     Model * model_;

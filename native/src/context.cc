@@ -575,7 +575,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.prefillChunk = int32_t(opts_.prefillChunk);
         bo.admitTogether = opts_.admitTogether;
         bo.admitTail = opts_.admitTail;
-        bo.tailJoin = int32_t(opts_.tailJoin);
+        bo.tailJoin = int64_t(opts_.tailJoin);
         bo.groupWaitNs = int64_t(opts_.groupWaitMs * 1e6);
         bo.nBatch = int32_t(opts_.nBatch);
         bo.nUbatch = int32_t(opts_.nUbatch);
