@@ -142,8 +142,8 @@ describe('warm-up plan', () => {
 });
 
 describe('warm-up on the tiny models', () => {
-  // The encoder is where this machine shows first-call work: onnxruntime's first two runs at a new input
-  // shape take 2–4× the CPU time of later ones (its memory plan for the shape). Time is the process's
+  // The encoder is where this machine shows first-call work: onnxruntime's first runs at a new input
+  // shape take several times the CPU time of later ones (its memory plan for the shape). Time is the process's
   // CPU time during the encode (the worker thread included), which load from other processes does not
   // stretch the way it stretches wall time.
   // Frames walk up the ladder: a smaller shape after a larger one reuses its memory, so each rung
@@ -185,8 +185,10 @@ describe('warm-up on the tiny models', () => {
     }
   }
 
+  // The bound is relative to the cold run measured beside it, so load that stretches every encode alike
+  // moves both: the warm-up must remove most of the first frame's extra work, not reach a fixed ratio.
   test(
-    'after the warm-up the first frame at each rung is within 1.5× the median; without it, it is not',
+    'after the warm-up the first frame at each rung keeps at most a quarter of the extra time it takes cold',
     { timeout: 600_000 },
     async () => {
       const trials = { cold: [] as number[][], warm: [] as number[][] };
@@ -196,18 +198,18 @@ describe('warm-up on the tiny models', () => {
       }
       const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[1]!;
       RUNGS.forEach((imageTokens, r) => {
-        const cold = trials.cold.map((t) => t[r]!);
-        const warm = trials.warm.map((t) => t[r]!);
+        const cold = median(trials.cold.map((t) => t[r]!));
+        const warm = median(trials.warm.map((t) => t[r]!));
         console.log(
-          `${imageTokens} tokens, first ÷ median: cold ${cold.map((x) => x.toFixed(2)).join(', ')}; warm ${warm.map((x) => x.toFixed(2)).join(', ')}`,
+          `${imageTokens} tokens, first ÷ median: cold ${trials.cold.map((t) => t[r]!.toFixed(2)).join(', ')}; warm ${trials.warm.map((t) => t[r]!.toFixed(2)).join(', ')}`,
         );
         assert.ok(
-          median(warm) <= 1.5,
-          `${imageTokens} tokens: with the warm-up the first frame takes ${median(warm).toFixed(2)}× the median`,
+          cold > 2,
+          `${imageTokens} tokens: without the warm-up the first frame takes only ${cold.toFixed(2)}× the median; the check below proves nothing`,
         );
         assert.ok(
-          median(cold) > 1.5,
-          `${imageTokens} tokens: without the warm-up the first frame takes only ${median(cold).toFixed(2)}× the median; the check above proves nothing`,
+          warm - 1 <= (cold - 1) / 4,
+          `${imageTokens} tokens: with the warm-up the first frame takes ${warm.toFixed(2)}× the median, against ${cold.toFixed(2)}× cold`,
         );
       });
     },
