@@ -313,6 +313,11 @@ bench
     int('--rolling-join'),
   )
   .option(
+    '--step-rows <n>',
+    'a row for every camera in each token decode, rows padded to a multiple of N, so llama.cpp reuses its graph (batching.stepRows; default 0: off)',
+    int('--step-rows'),
+  )
+  .option(
     '--step-tokens <n>',
     'tokens per camera and decode step, padded (decoder.stepTokens; default 1: no padding)',
     int('--step-tokens'),

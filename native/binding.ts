@@ -65,6 +65,8 @@ export interface NativeContextOptions {
   maxOutputs: number;
   /** Tokens per sequence and generation step, padded (1: no padding). */
   stepTokens: number;
+  /** nSeq > 1, kvUnified: every token decode has a row and an output per sequence, rows padded to a multiple (0: off). */
+  stepRows: number;
   /** CUDA: one ggml-cuda graph per step shape. */
   shapeGraphs: boolean;
   /** Built graphs kept besides the current one (0: only the last is reused). */
@@ -91,6 +93,8 @@ export interface NativeContextInfo {
   readonly maxOutputs: number;
   /** Tokens each sequence decodes per generation step, padded (1: no padding). */
   readonly stepTokens: number;
+  /** Every token decode has a row and an output per sequence, its rows padded to a multiple of this (0: off). */
+  readonly stepRows: number;
   /** Built graphs kept besides the current one, each with its scheduler (0: only the last is reused). */
   readonly graphSlots: number;
   /** CUDA backends whose decode graphs ggml-cuda keeps one per step shape (0: none, or not asked). */

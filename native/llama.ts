@@ -157,6 +157,13 @@ export interface ContextOptions {
    */
   readonly stepTokens?: number;
   /**
+   * Several sequences in one KV buffer (default 0: off). Every token decode gets a row and an output for every
+   * sequence (a padding row at the next position of one that has none) and padding rows up to a multiple of
+   * stepRows, so its rows, outputs and sequences repeat from step to step and llama.cpp reuses its graph. The
+   * padding's KV cells (nSeq + stepRows − 1 besides the sequences') are dropped after each decode.
+   */
+  readonly stepRows?: number;
+  /**
    * CUDA (default false): ggml-cuda keeps one CUDA graph per step shape instead of one per context.
    * It keys its graphs by the first node's address, which every graph of a llama_context shares,
    * so steps that alternate between a token and a token with its forced run never replay; with
@@ -291,6 +298,7 @@ export class LlamaModel {
       'tailJoin',
       'groupWaitMs',
       'stepTokens',
+      'stepRows',
       'shapeGraphs',
       'graphSlots',
     ]);
@@ -321,6 +329,11 @@ export class LlamaModel {
       options.stepTokens === undefined
         ? 1
         : intIn('options.stepTokens', options.stepTokens, 1, Math.max(1, Math.min(nUbatch, Math.floor(nBatch / maxActive))));
+    const stepRows = options.stepRows === undefined ? 0 : intIn('options.stepRows', options.stepRows, 0, 256);
+    if (stepRows > 0 && !(nSeq > 1 && kvUnified))
+      throw new TypeError('options.stepRows is for a context of several sequences in one KV buffer (nSeq > 1, kvUnified)');
+    if (stepRows > 0 && nSeq + stepRows - 1 + nSeq > nBatch)
+      throw new RangeError(`options.stepRows ${stepRows} with nSeq ${nSeq} pads a decode past nBatch (${nBatch})`);
     const shapeGraphs = options.shapeGraphs === undefined ? false : bool('options.shapeGraphs', options.shapeGraphs);
     const graphSlots =
       options.graphSlots === undefined ? DEFAULT_GRAPH_SLOTS : intIn('options.graphSlots', options.graphSlots, 0, MAX_GRAPH_SLOTS);
@@ -345,6 +358,7 @@ export class LlamaModel {
         groupWaitMs,
         maxOutputs,
         stepTokens,
+        stepRows,
         shapeGraphs,
         graphSlots,
         flashAttention: fa,

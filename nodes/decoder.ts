@@ -126,6 +126,8 @@ export interface CameraBatching {
   /** Contexts the cameras are spread over, each a batched decoder of its own on the one model (default 1).
    * Camera i decodes on lane i % lanes; on a GPU the lanes' decodes run side by side. */
   readonly lanes?: number;
+  /** One KV buffer: every token decode has a row and an output per camera, rows padded to a multiple (default 0: off). */
+  readonly stepRows?: number;
   /** The most image rows a frame brings (every ladder level's): with the prompt and maxNewTokens,
    * what each camera's KV room must hold, checked at load. */
   readonly imageTokens: number;
@@ -384,6 +386,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
                 ...(together ? { groupWaitMs: cameras.groupWaitMs ?? 0, admitTail: cameras.admit === 'rolling' } : {}),
                 ...(cameras.admit === 'rolling' ? { tailJoin: Math.min(cameras.rollingJoin ?? 1, nSeq) } : {}),
                 kvUnified: cameras.kvUnified,
+                ...(cameras.stepRows ? { stepRows: cameras.stepRows } : {}),
               }
             : { maxOutputs: 1 + draftMax }),
         }),

@@ -229,6 +229,8 @@ export interface BatchingConfig {
   readonly prefillChunk: number;
   /** Contexts the cameras are spread over on the one model (camera i on lane i % lanes). */
   readonly lanes: number;
+  /** One KV buffer: every token decode has a row per camera, its rows padded to a multiple of this (0: off). */
+  readonly stepRows: number;
   readonly kvUnified: boolean;
 }
 
@@ -693,7 +695,8 @@ function checkCameras(config: PerceptConfig): ConfigIssue[] {
     ['/decoder/ngram', config.decoder.ngram],
   ];
   for (const [path, on] of drafts) if (on) issues.push({ path, message: 'cameras are decoded together in one batch, without drafts' });
-  const { decodeMaxActive, lanes } = config.batching;
+  const { decodeMaxActive, lanes, stepRows, kvUnified } = config.batching;
+  if (stepRows > 0 && !kvUnified) issues.push({ path: '/batching/stepRows', message: 'pads steps in one KV buffer: needs kvUnified' });
   if (decodeMaxActive !== null && decodeMaxActive > cameras.length) {
     issues.push({ path: '/batching/decodeMaxActive', message: `must be at most the number of cameras (${cameras.length})` });
   }

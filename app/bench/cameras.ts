@@ -51,6 +51,8 @@ export interface BenchCamerasOptions {
   readonly groupWaitMs?: number;
   /** batching.rollingJoin: with admit rolling, the fewest waiting frames that join a group's tail. */
   readonly rollingJoin?: number;
+  /** batching.stepRows: every token decode has a row per camera, its rows padded to a multiple of this (0: off). */
+  readonly stepRows?: number;
   /** Decode the grammar's forced runs in the step that reaches them (default true, the config's). */
   readonly jumpForward?: boolean;
   /** decoder.stepTokens, tokens per camera and decode step, padded. Default: the config's, where 1 means no padding. */
@@ -148,6 +150,8 @@ export interface BenchCamerasResult {
   readonly group_wait_ms: number;
   /** batching.rollingJoin (used with admit rolling). */
   readonly rolling_join: number;
+  /** batching.stepRows (0: token decodes unpadded). */
+  readonly step_rows: number;
   readonly prefill_chunk: number;
   /** Where the host side waits: the JS thread's busy fraction and its worst delays. Also how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
@@ -301,6 +305,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       ...(opts.encodeWaitMs !== undefined ? { encodeWaitMs: opts.encodeWaitMs } : {}),
       ...(opts.groupWaitMs !== undefined ? { groupWaitMs: opts.groupWaitMs } : {}),
       ...(opts.rollingJoin !== undefined ? { rollingJoin: opts.rollingJoin } : {}),
+      ...(opts.stepRows !== undefined ? { stepRows: opts.stepRows } : {}),
     },
     telemetry: { liveTable: 'off' },
   });
@@ -413,6 +418,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     lanes: config.batching.lanes,
     group_wait_ms: config.batching.groupWaitMs,
     rolling_join: config.batching.rollingJoin,
+    step_rows: config.batching.stepRows,
     prefill_chunk: config.batching.prefillChunk,
     host,
   };

@@ -97,6 +97,7 @@ export async function createCameraStages(
         rollingJoin: config.batching.rollingJoin,
         prefillChunk: config.batching.prefillChunk,
         lanes: config.batching.lanes,
+        stepRows: config.batching.stepRows,
         kvUnified: config.batching.kvUnified,
         imageTokens: Math.max(...cameras.map((camera) => Math.max(...ladderLevels(camera).map((k) => k.imageTokens)))),
       },

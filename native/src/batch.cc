@@ -89,10 +89,13 @@ BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread 
     : ctx_(ctx), model_(model), thread_(thread), opts_(options), done_(std::move(done)),
       // A unified cache lets one sequence take every cell; llama_n_ctx_seq is the whole context.
       // Each gets its share instead, so every camera's prompt and new tokens fit at the same time.
-      nCtxSeq_(options.kvUnified ? int32_t(llama_n_ctx(ctx)) / options.nSeq : int32_t(llama_n_ctx_seq(ctx))),
+      // With stepRows, the cells for padding rows are not any sequence's.
+      nCtxSeq_(options.kvUnified ? (int32_t(llama_n_ctx(ctx)) - paddingCells(options.nSeq, options.stepRows)) / options.nSeq
+                                 : int32_t(llama_n_ctx_seq(ctx))),
       expected_(new std::atomic<int32_t>[size_t(options.nSeq)]), caches_(size_t(options.nSeq)),
       positions_(new std::atomic<int32_t>[size_t(options.nSeq)]), tokens_(std::make_unique<TokenBatch>(options.nBatch)),
-      seqRestMs_(size_t(options.nSeq), 0), admittedNs_(size_t(options.nSeq), 0), stepMs_(size_t(options.nSeq)) {
+      seqRestMs_(size_t(options.nSeq), 0), admittedNs_(size_t(options.nSeq), 0), stepMs_(size_t(options.nSeq)),
+      padFrom_(size_t(options.nSeq), -1) {
     for (int32_t s = 0; s < opts_.nSeq; s++) {
         positions_[size_t(s)].store(0);
         expected_[size_t(s)].store(0);
@@ -612,15 +615,17 @@ void BatchScheduler::step() {
 
     int32_t generating = 0;
     for (Active * a : order) generating += a->generating ? 1 : 0;
+    // Rows the token decode may take before stepRows pads it.
+    const int32_t nBatch = opts_.nBatch - paddingCells(opts_.nSeq, opts_.stepRows);
     int32_t used = 0;
     for (Active * a : order) {
         if (!a->generating) continue;
         generating--;
-        const int32_t room = opts_.nBatch - used - generating * opts_.stepTokens;
+        const int32_t room = nBatch - used - generating * opts_.stepTokens;
         planGeneration(*a, opts_.stepTokens > 1 ? std::min(room, opts_.stepTokens) : room);
         used += std::max(int32_t(a->run.size()), opts_.stepTokens);
     }
-    planPrefill(order, opts_.nBatch - used);
+    planPrefill(order, nBatch - used);
     const int64_t tImages = monotonicNs();
     const bool images = decodeImages(bySeq);
     if (images) account_.imageMs += msBetween(tImages, monotonicNs());
@@ -648,6 +653,7 @@ void BatchScheduler::step() {
                 tokens.add(a->run.back(), a->nPast + a->tokCount + a->padCount, false, a->seq);
         }
     }
+    if (tokens.b.n_tokens > 0 && opts_.stepRows > 0) padToEverySequence();
     if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
     // Only a step that decoded rows is timed.
     // One whose requests all ended in planning, such as a grammar its forced run completed, costs next to nothing.
@@ -828,6 +834,36 @@ bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     return true;
 }
 
+// stepRows: a row and an output for every sequence, then rows up to a multiple of stepRows.
+// llama.cpp reuses a graph only for as many rows, outputs and distinct sequences as the last one.
+// A sequence without rows gets one at its next position; the rounding rows go after the batch's last row.
+// Each sequence's rows keep consecutive positions, and causal attention keeps padding out of real rows.
+void BatchScheduler::padToEverySequence() {
+    llama_batch & b = tokens_->b;
+    // Per sequence, its last row in the batch (-1: none), and whether one of its rows is an output.
+    std::vector<int32_t> last(size_t(opts_.nSeq), -1);
+    std::vector<bool> output(size_t(opts_.nSeq), false);
+    for (int32_t i = 0; i < b.n_tokens; i++) {
+        last[size_t(b.seq_id[i][0])] = i;
+        if (b.logits[i]) output[size_t(b.seq_id[i][0])] = true;
+    }
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const llama_token pad = b.token[0];
+    for (int32_t s = 0; s < opts_.nSeq; s++) {
+        if (last[size_t(s)] >= 0) {
+            if (!output[size_t(s)]) b.logits[last[size_t(s)]] = 1;  // a prompt chunk's, never read
+            continue;
+        }
+        padFrom_[size_t(s)] = llama_memory_seq_pos_max(mem, s) + 1;
+        tokens_->add(pad, padFrom_[size_t(s)], true, s);
+    }
+    const int32_t s = b.seq_id[b.n_tokens - 1][0];
+    for (llama_pos p = b.pos[b.n_tokens - 1] + 1; b.n_tokens % opts_.stepRows != 0; p++) {
+        if (padFrom_[size_t(s)] < 0) padFrom_[size_t(s)] = p;
+        tokens_->add(pad, p, false, s);
+    }
+}
+
 // The token decode: every generating sequence's next token(s) and the text chunks of joining prompts.
 void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
     TokenBatch & tokens = *tokens_;
@@ -835,6 +871,11 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
     const int32_t reusedBefore = llama_perf_context(ctx_).n_reused;
     const int ret = llama_decode(ctx_, tokens.b);
     llama_synchronize(ctx_);
+    for (int32_t s = 0; s < opts_.nSeq; s++) {
+        if (padFrom_[size_t(s)] < 0) continue;
+        llama_memory_seq_rm(llama_get_memory(ctx_), s, padFrom_[size_t(s)], -1);
+        padFrom_[size_t(s)] = -1;
+    }
     const int64_t tDecoded = monotonicNs();
     const double ms = msBetween(t0, tDecoded);
     account_.tokenMs += ms;
@@ -988,6 +1029,8 @@ void BatchScheduler::syncPositions(int32_t seq) {
 
 // ------------------------------------------------------------------------------------------------
 // The engine's ceiling (batch.h), as llama-batched-bench's loop over one (pp, tg, pl).
+
+int32_t paddingCells(int32_t nSeq, int32_t stepRows) { return stepRows > 0 ? nSeq + stepRows - 1 : 0; }
 
 CeilingTimes timeCeiling(llama_context * ctx, int32_t nSeq, int32_t promptTokens, int32_t steps, int32_t repeats) {
     const auto nVocab = uint32_t(llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx))));

@@ -45,7 +45,14 @@ struct BatchOptions {
     // Same-shape steps let llama.cpp reuse its graph and ggml-cuda replay it.
     // With a stream per sequence, equal counts also keep the step in one ubatch.
     int32_t stepTokens = 1;
+    // One KV buffer only. Every token decode gets a row and an output for every sequence (a padding row at the next
+    // position of one without), and padding rows up to a multiple of stepRows (0: none of this). Its shape then
+    // repeats, so llama.cpp reuses its graph. The padding's KV cells are dropped after the decode.
+    int32_t stepRows = 0;
 };
+
+// KV cells a context with these options needs beyond its sequences' own: padding rows of one decode at most.
+int32_t paddingCells(int32_t nSeq, int32_t stepRows);
 
 // Where a request stood in the schedule.
 struct BatchCounts {
@@ -166,6 +173,7 @@ private:
     int32_t appendOpeningRun(Active & a);
     void planPrefill(const std::vector<Active *> & order, int32_t tokenRoom);
     bool decodeImages(const std::vector<Active *> & order);
+    void padToEverySequence();
     void decodeTokens(const std::vector<Active *> & order);
     void afterPromptDecoded(Active & a, int32_t row);
     void sampleNext(Active & a);
@@ -251,6 +259,8 @@ private:
     std::vector<llama_seq_id> seqIds_;
     std::vector<llama_seq_id *> seqIdPtrs_;
     std::vector<int8_t> logits_;
+    // stepRows: per sequence, the first position of its padding rows in this step's token decode (-1: none).
+    std::vector<llama_pos> padFrom_;
 };
 
 }  // namespace percept

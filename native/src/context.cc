@@ -20,7 +20,8 @@ namespace {
 // takes the same, with its own outputs and sequence count).
 llama_context_params contextParams(const ContextOptions & o) {
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = o.nCtx;
+    // stepRows' padding rows take cells of their own for the length of a decode.
+    cp.n_ctx = o.nCtx + uint32_t(paddingCells(int32_t(o.nSeq), int32_t(o.stepRows)));
     cp.n_batch = o.nBatch;
     cp.n_ubatch = o.nUbatch;
     cp.n_seq_max = o.nSeq;
@@ -388,6 +389,15 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.groupWaitMs = requireNumber(o, "groupWaitMs", 0, 1000, w);
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
+    c.stepRows = uint32_t(requireInt(o, "stepRows", 0, 256, w));
+    if (c.stepRows > 0 && (c.nSeq < 2 || !c.kvUnified)) {
+        throw Napi::RangeError::New(o.Env(), "Context.create: stepRows needs several sequences (nSeq > 1) in one KV buffer (kvUnified)");
+    }
+    if (c.stepRows > 0 && uint32_t(paddingCells(int32_t(c.nSeq), int32_t(c.stepRows))) + c.nSeq > c.nBatch) {
+        throw Napi::RangeError::New(o.Env(),
+                                    "Context.create: stepRows " + std::to_string(c.stepRows) + " with nSeq " + std::to_string(c.nSeq) +
+                                        " pads a decode past nBatch " + std::to_string(c.nBatch));
+    }
     c.shapeGraphs = requireBool(o, "shapeGraphs", w);
     c.graphSlots = uint32_t(requireInt(o, "graphSlots", 0, kMaxGraphSlots, w));
     Napi::Value fa = o.Get("flashAttention");
@@ -581,6 +591,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.nUbatch = int32_t(opts_.nUbatch);
         bo.kvUnified = opts_.kvUnified;
         bo.stepTokens = int32_t(opts_.stepTokens);
+        bo.stepRows = int32_t(opts_.stepRows);
         native_->batch = std::make_unique<BatchScheduler>(raw(), model_, *native_->thread, bo, [this](std::unique_ptr<SeqJob> job) {
             SeqJob * raw = job.release();
             batchDone_.NonBlockingCall([this, raw](Napi::Env env, Napi::Function) { settle(env, std::unique_ptr<SeqJob>(raw)); });
@@ -661,6 +672,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("groupWaitMs", opts_.groupWaitMs);
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("stepTokens", opts_.stepTokens);
+    o.Set("stepRows", opts_.stepRows);
     o.Set("graphSlots", opts_.graphSlots);
     // CUDA backends whose graphs are keyed per step shape (0: none, or not asked).
     o.Set("shapeGraphBackends", double(native_->shapeGraphs ? native_->shapeGraphs->backends() : 0));

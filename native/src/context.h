@@ -46,6 +46,9 @@ struct ContextOptions {
     // its graph and ggml-cuda replay it. On a fast GPU the padded rows cost what the replay saves,
     // so it is a knob for hosts that build graphs slower (native/README.md#measurements).
     uint32_t stepTokens = 1;
+    // Batched, one KV buffer: every token decode has a row and an output for every sequence, and its rows
+    // are padded to a multiple of stepRows (0: off), so its shape repeats (BatchOptions::stepRows).
+    uint32_t stepRows = 0;
     // CUDA: one ggml-cuda graph per step shape (ShapeGraphs, llama-internal.h), so steps of
     // alternating shapes each replay their own graph.
     bool shapeGraphs = false;

@@ -55,17 +55,21 @@ describe('batched decoding on gemma4-tiny', () => {
   // Padded steps (stepTokens 4: a forced run longer than 3 tokens goes on in the next step) give the
   // same tokens too; a padding row left in the KV cache would make the next step's rows collide.
   // Admitted together, the four prompts are read in as few decodes as the batch takes, whatever the chunk.
-  for (const [kvUnified, causal, prefillChunk, stepTokens, admitTogether] of [
-    [false, false, 16, 1, false],
-    [false, false, 512, 1, false],
-    [false, true, 16, 1, false],
-    [true, true, 16, 1, false],
-    [false, false, 16, 4, false],
-    [true, true, 16, 4, false],
-    [false, false, 16, 1, true],
-    [false, true, 16, 1, true],
+  // stepRows pads every token decode with a row for each camera that has none and rounds its rows up; a padding
+  // row left in the KV cache would make the second round's rows collide.
+  for (const [kvUnified, causal, prefillChunk, stepTokens, admitTogether, stepRows] of [
+    [false, false, 16, 1, false, 0],
+    [false, false, 512, 1, false, 0],
+    [false, true, 16, 1, false, 0],
+    [true, true, 16, 1, false, 0],
+    [false, false, 16, 4, false, 0],
+    [true, true, 16, 4, false, 0],
+    [false, false, 16, 1, true, 0],
+    [false, true, 16, 1, true, 0],
+    [true, true, 16, 1, false, 8],
+    [true, true, 16, 4, false, 16],
   ] as const) {
-    test(`four cameras at once give each camera's output decoded alone (action grammar, jump-forward, ${causal ? 'causal' : 'bidirectional'} images, prefill chunk ${prefillChunk}, kvUnified ${kvUnified}, stepTokens ${stepTokens}${admitTogether ? ', admitted together' : ''})`, async () => {
+    test(`four cameras at once give each camera's output decoded alone (action grammar, jump-forward, ${causal ? 'causal' : 'bidirectional'} images, prefill chunk ${prefillChunk}, kvUnified ${kvUnified}, stepTokens ${stepTokens}${admitTogether ? ', admitted together' : ''}${stepRows ? `, stepRows ${stepRows}` : ''})`, async () => {
       // One KV buffer for all: once it holds 512 cells, a step of one row (the last camera still
       // running) takes ggml-cpu's flash attention split among threads, which sums the cells in
       // other groups than alone (the last bits of the logits move, and with random weights a near
@@ -80,8 +84,10 @@ describe('batched decoding on gemma4-tiny', () => {
         prefillChunk,
         stepTokens,
         admitTogether,
+        stepRows,
         threads,
       });
+      assert.equal(ctx.info.stepRows, stepRows);
       const reference = kvUnified ? await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512, threads }) : single;
       try {
         const expected: GenerateResult[] = [];
@@ -233,6 +239,48 @@ describe('batched decoding on gemma4-tiny', () => {
     assert.ok(
       share(padded) > 0.15 && share(padded) > 2 * share(plain),
       `padded ${padded.reuses}/${padded.steps}, plain ${plain.reuses}/${plain.steps}`,
+    );
+  });
+
+  test('stepRows: steps with a row and an output for every camera, rows in steps of 8, reuse the graph where unpadded steps rarely do', async () => {
+    // With one KV buffer llama.cpp reuses a graph for as many rows, outputs and distinct sequences as the
+    // last; unpadded, those change as cameras prefill, take forced runs and finish.
+    const reuse = async (stepRows: number): Promise<{ reuses: number; steps: number }> => {
+      const ctx = await model.createContext({
+        nCtx: 1024,
+        nBatch: 512,
+        nUbatch: 512,
+        nSeq: 4,
+        kvUnified: true,
+        admitTogether: true,
+        stepRows,
+        threads: 1,
+        graphSlots: 0,
+      });
+      try {
+        const got = await Promise.all(CAMERAS.map((_, i) => ctx.generate(cameraPrompt(i, false), { ...actionOptions(), seq: i })));
+        for (const r of got) {
+          assert.equal(r.stopReason, 'eos', `stepRows ${stepRows}: a complete action`);
+          JSON.parse(r.text);
+        }
+        return {
+          reuses: got.reduce((n, r) => n + r.batch!.graphReuses, 0),
+          steps: got.reduce((n, r) => n + r.batch!.steps, 0),
+        };
+      } finally {
+        await ctx.dispose();
+      }
+    };
+    const [plain, padded] = [await reuse(0), await reuse(8)];
+    const share = (r: { reuses: number; steps: number }): number => r.reuses / r.steps;
+    assert.ok(
+      share(padded) > 0.4 && share(padded) > 2 * share(plain),
+      `padded ${padded.reuses}/${padded.steps}, plain ${plain.reuses}/${plain.steps}`,
+    );
+    await assert.rejects(model.createContext({ nSeq: 4, stepRows: 8 }), /stepRows is for a context of several sequences in one KV buffer/);
+    await assert.rejects(
+      model.createContext({ nSeq: 16, kvUnified: true, nBatch: 32, stepRows: 8 }),
+      /stepRows 8 with nSeq 16 pads a decode past nBatch \(32\)/,
     );
   });
 

@@ -60,6 +60,7 @@ test('a camera takes the top-level budgets, edges and ladder with its own fields
     rollingJoin: 1,
     prefillChunk: 512,
     lanes: 1,
+    stepRows: 0,
     kvUnified: true,
   });
   const graph = cameraGraphConfig(config, rear!);
@@ -89,7 +90,7 @@ test('what cameras cannot have is refused, naming the path', () => {
     clock: 'virtual',
     decoder: { ngram: true },
     control: { enabled: true },
-    batching: { decodeMaxActive: 3, lanes: 2 },
+    batching: { decodeMaxActive: 3, lanes: 2, stepRows: 8, kvUnified: false },
     cameras: [
       { id: 'a', source: pattern },
       { id: 'a', source: pattern, budgets: { endToEndMs: 100, stages: { decode: 150 } } },
@@ -103,6 +104,7 @@ test('what cameras cannot have is refused, naming the path', () => {
     '/control/enabled: is not supported with cameras yet (it serves one graph)',
     '/batching/decodeMaxActive: must be at most the number of cameras (2)',
     '/batching/lanes: must leave two cameras a lane at least: at most 1 with 2 cameras',
+    '/batching/stepRows: pads steps in one KV buffer: needs kvUnified',
   ]) {
     assert.ok(issues.includes(expected), `missing: ${expected}\nin:\n${issues.join('\n')}`);
   }

@@ -48,7 +48,7 @@ bench_cameras() {
   log "cameras $name"
   $P bench cameras --cameras 16 --fps 10 --seconds 10 --image-tokens $tokens --budget-ms 1000 -m "$M" -e "$E" --gpu-layers 99 \
     --admit $admit "$@" --json > $RES/cameras-$name.json 2>> $OUT/err.txt || tail -5 $OUT/err.txt
-  node -e "const j=require('$RES/cameras-$name.json'); console.log(JSON.stringify({admit:j.admit, lanes:j.lanes, join:j.rolling_join, actions_per_s:j.actions_per_s, ceiling_share:j.ceiling_share, ceiling:j.ceiling, batch_mean:j.decode_batch_mean, graph_reuse:j.decode_graph_reuse, p50:j.e2e_ms_p50, p99:j.e2e_ms_p99, in:j.frames_in, out:j.frames_out, fair:j.fairness, decoder_ms:j.decoder_time_ms, encoder_ms:j.encoder_busy_ms}))" 2>&1 | tee -a $OUT/log.txt
+  node -e "const j=require('$RES/cameras-$name.json'); console.log(JSON.stringify({admit:j.admit, lanes:j.lanes, join:j.rolling_join, step_rows:j.step_rows, actions_per_s:j.actions_per_s, ceiling_share:j.ceiling_share, ceiling:j.ceiling, batch_mean:j.decode_batch_mean, graph_reuse:j.decode_graph_reuse, p50:j.e2e_ms_p50, p99:j.e2e_ms_p99, in:j.frames_in, out:j.frames_out, fair:j.fairness, decoder_ms:j.decoder_time_ms, encoder_ms:j.encoder_busy_ms}))" 2>&1 | tee -a $OUT/log.txt
 }
 
 # bench frame, 30 frames at 4 fps and 280 image tokens: into $RES/frame-$1.json, its summary in the log.

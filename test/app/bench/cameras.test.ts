@@ -90,6 +90,17 @@ describe('bench cameras: the engine ceiling', () => {
     assert.ok(Math.abs(share - line('actions_per_s') / capped) <= 2e-3 * Math.max(1, share));
   });
 
+  test('with --step-rows, every token decode is padded to a row per camera and a multiple of the rows, and reuses its graph', async () => {
+    const r = JSON.parse(await benchCameras(['--json', '--no-ceiling', '--cameras', '4', '--step-rows', '8'])) as BenchCamerasResult;
+    assert.equal(r.step_rows, 8);
+    for (const [id, c] of Object.entries(r.per_camera)) positive(c.frames_out, `camera ${id} frames_out`);
+    const t = r.decoder_time_ms!;
+    // The rows count the padding; the cameras a decode covers do not.
+    assert.ok(t.token_rows_mean! >= 8, `rows a decode: ${t.token_rows_mean}`);
+    assert.ok(positive(t.token_seqs_mean!, 'token_seqs_mean') <= 4, JSON.stringify(t));
+    assert.ok(t.token_reused >= t.token_decodes / 2, `${t.token_reused} of ${t.token_decodes} token decodes reused the graph`);
+  });
+
   test('with lanes, each lane decodes its own cameras, and the times are summed over the lanes', async () => {
     const r = JSON.parse(await benchCameras(['--json', '--no-ceiling', '--cameras', '4', '--lanes', '2'])) as BenchCamerasResult;
     assert.equal(r.lanes, 2);
