@@ -160,7 +160,8 @@ export interface ContextOptions {
    * Several sequences in one KV buffer (default 0: off). Every token decode gets a row and an output for every
    * sequence (a padding row at the next position of one that has none) and padding rows up to a multiple of
    * stepRows, so its rows, outputs and sequences repeat from step to step and llama.cpp reuses its graph. The
-   * padding's KV cells (nSeq + stepRows − 1 besides the sequences') are dropped after each decode.
+   * padding's KV cells (nSeq + stepRows − 1 besides the sequences') are dropped after each decode. On an H100 the
+   * padded rows cost more than the reuse saved (docs/cameras.md), so it is off unless asked for.
    */
   readonly stepRows?: number;
   /**
