@@ -333,8 +333,6 @@ export class LlamaModel {
     const stepRows = options.stepRows === undefined ? 0 : intIn('options.stepRows', options.stepRows, 0, 256);
     if (stepRows > 0 && !(nSeq > 1 && kvUnified))
       throw new TypeError('options.stepRows is for a context of several sequences in one KV buffer (nSeq > 1, kvUnified)');
-    if (stepRows > 0 && nSeq + stepRows - 1 + nSeq > nBatch)
-      throw new RangeError(`options.stepRows ${stepRows} with nSeq ${nSeq} pads a decode past nBatch (${nBatch})`);
     const shapeGraphs = options.shapeGraphs === undefined ? false : bool('options.shapeGraphs', options.shapeGraphs);
     const graphSlots =
       options.graphSlots === undefined ? DEFAULT_GRAPH_SLOTS : intIn('options.graphSlots', options.graphSlots, 0, MAX_GRAPH_SLOTS);

@@ -75,7 +75,6 @@ struct BatchScheduler::Active {
     // In the token batch being built: its first token, how many, its logits row (-1: none).
     int32_t tokStart = 0;
     int32_t tokCount = 0;
-    int32_t padCount = 0;  // padding after them (removed from the KV cache after the decode)
     int32_t row = -1;
     // This step's prompt take: positions, and whether they are image rows.
     int32_t take = 0;
@@ -600,7 +599,6 @@ void BatchScheduler::step() {
     for (auto & a : active_) {
         a->run.clear();
         a->tokCount = 0;
-        a->padCount = 0;
         a->row = -1;
         a->job->counts.steps++;
         a->job->counts.peakSeqs = std::max(a->job->counts.peakSeqs, int32_t(n));
@@ -648,9 +646,9 @@ void BatchScheduler::step() {
         if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
         // Padding rows come after the sequence's real ones: causal attention keeps them out of the
         // real rows' logits. Only where the sequence has room for them.
-        if (a->generating && a->tokCount > 0 && a->nPast + opts_.stepTokens <= nCtxSeq_) {
-            for (; a->tokCount + a->padCount < opts_.stepTokens; a->padCount++)
-                tokens.add(a->run.back(), a->nPast + a->tokCount + a->padCount, false, a->seq);
+        if (a->generating && a->tokCount > 0 && a->tokCount < opts_.stepTokens && a->nPast + opts_.stepTokens <= nCtxSeq_) {
+            padFrom_[size_t(a->seq)] = a->nPast + a->tokCount;
+            for (int32_t k = a->tokCount; k < opts_.stepTokens; k++) tokens.add(a->run.back(), a->nPast + k, false, a->seq);
         }
     }
     if (tokens.b.n_tokens > 0 && opts_.stepRows > 0) padToEverySequence();
@@ -834,6 +832,8 @@ bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     return true;
 }
 
+int32_t paddingCells(int32_t nSeq, int32_t stepRows) { return stepRows > 0 ? nSeq + stepRows - 1 : 0; }
+
 // stepRows: a row and an output for every sequence, then rows up to a multiple of stepRows.
 // llama.cpp reuses a graph only for as many rows, outputs and distinct sequences as the last one.
 // A sequence without rows gets one at its next position; the rounding rows go after the batch's last row.
@@ -871,6 +871,7 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
     const int32_t reusedBefore = llama_perf_context(ctx_).n_reused;
     const int ret = llama_decode(ctx_, tokens.b);
     llama_synchronize(ctx_);
+    // Every padding row's KV cell goes, stepTokens' and stepRows' alike, before positions are read again.
     for (int32_t s = 0; s < opts_.nSeq; s++) {
         if (padFrom_[size_t(s)] < 0) continue;
         llama_memory_seq_rm(llama_get_memory(ctx_), s, padFrom_[size_t(s)], -1);
@@ -904,7 +905,6 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
                           : "llama_decode failed with code " + std::to_string(ret));
             continue;
         }
-        if (a->padCount > 0) llama_memory_seq_rm(llama_get_memory(ctx_), a->seq, a->nPast + count, -1);
         std::vector<CacheItem> & cache = caches_[size_t(a->seq)];
         for (int32_t k = 0; k < count; k++) cache.push_back(CacheItem{tokens.b.token[a->tokStart + k], 0, 0});
         a->nPast += count;
@@ -1029,8 +1029,6 @@ void BatchScheduler::syncPositions(int32_t seq) {
 
 // ------------------------------------------------------------------------------------------------
 // The engine's ceiling (batch.h), as llama-batched-bench's loop over one (pp, tg, pl).
-
-int32_t paddingCells(int32_t nSeq, int32_t stepRows) { return stepRows > 0 ? nSeq + stepRows - 1 : 0; }
 
 CeilingTimes timeCeiling(llama_context * ctx, int32_t nSeq, int32_t promptTokens, int32_t steps, int32_t repeats) {
     const auto nVocab = uint32_t(llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx))));

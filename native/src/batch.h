@@ -259,7 +259,7 @@ private:
     std::vector<llama_seq_id> seqIds_;
     std::vector<llama_seq_id *> seqIdPtrs_;
     std::vector<int8_t> logits_;
-    // stepRows: per sequence, the first position of its padding rows in this step's token decode (-1: none).
+    // Per sequence, the first position of its padding rows (stepTokens', stepRows') in this step's token decode (-1: none).
     std::vector<llama_pos> padFrom_;
 };
 

@@ -390,13 +390,11 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
     c.stepRows = uint32_t(requireInt(o, "stepRows", 0, 256, w));
-    if (c.stepRows > 0 && (c.nSeq < 2 || !c.kvUnified)) {
-        throw Napi::RangeError::New(o.Env(), "Context.create: stepRows needs several sequences (nSeq > 1) in one KV buffer (kvUnified)");
-    }
+    // The padding rows go in the step's batch of nBatch rows, beside a row for every sequence at least.
     if (c.stepRows > 0 && uint32_t(paddingCells(int32_t(c.nSeq), int32_t(c.stepRows))) + c.nSeq > c.nBatch) {
         throw Napi::RangeError::New(o.Env(),
                                     "Context.create: stepRows " + std::to_string(c.stepRows) + " with nSeq " + std::to_string(c.nSeq) +
-                                        " pads a decode past nBatch " + std::to_string(c.nBatch));
+                                        " pads a decode past nBatch (" + std::to_string(c.nBatch) + ")");
     }
     c.shapeGraphs = requireBool(o, "shapeGraphs", w);
     c.graphSlots = uint32_t(requireInt(o, "graphSlots", 0, kMaxGraphSlots, w));
