@@ -74,3 +74,14 @@ kernels() {
       --clock-control none $LB "${args[@]}" >> $OUT/kernels.csv 2>> $OUT/err.txt
   fi
 }
+
+# The GPU's idle gaps within a prefill of $1 positions (llama-bench, 5 repeats after its warm-up) and the host's CUDA
+# calls meanwhile: prefill-gaps.py over nsys's trace, into $RES/gaps-$1.json; the last repeat in the log.
+gaps() {
+  log "gaps pp$1"
+  nsys profile -t cuda -s none --cpuctxsw=none -o /tmp/g$1 -f true $LB -m "$M" -ngl 99 -fa 1 -b 4096 -ub 4096 -p $1 -n 0 -r 5 \
+    > /dev/null 2>> $OUT/err.txt
+  nsys export --type=sqlite --output=/tmp/g$1.sqlite --force-overwrite=true /tmp/g$1.nsys-rep > /dev/null 2>> $OUT/err.txt
+  python3 tools/device/prefill-gaps.py /tmp/g$1.sqlite > $RES/gaps-$1.json 2>> $OUT/err.txt
+  python3 -c "import json; print(json.dumps(json.load(open('$RES/gaps-$1.json'))[-1]))" 2>&1 | tee -a $OUT/log.txt
+}
