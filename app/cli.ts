@@ -292,7 +292,7 @@ bench
   )
   .option(
     '--admit <how>',
-    "together: a group of arrivals at a time (the default); rolling: together, the group's tail takes the next in; each: one at a time (batching.admit)",
+    "together: a group of arrivals at a time (the default); rolling: together, the group's tail takes the next in; adaptive: together, the tail takes them in when predicted to pay; each: one at a time (batching.admit)",
   )
   .option(
     '--prefill-chunk <n>',

@@ -60,6 +60,8 @@ export interface NativeContextOptions {
   admitTail: boolean;
   /** Admitting the tail: the fewest waiting requests that go in beside it. */
   tailJoin: number;
+  /** Admitting the tail: when that is predicted to end more requests in time, or as many sooner (not by count). */
+  weighTail: boolean;
   /** Admitting together: how long an idle decoder holds its waiting requests for frames on their way (expect). */
   groupWaitMs: number;
   maxOutputs: number;
@@ -89,6 +91,7 @@ export interface NativeContextInfo {
   readonly admitTogether: boolean;
   readonly admitTail: boolean;
   readonly tailJoin: number;
+  readonly weighTail: boolean;
   readonly groupWaitMs: number;
   readonly maxOutputs: number;
   /** Tokens each sequence decodes per generation step, padded (1: no padding). */
@@ -238,6 +241,9 @@ export interface NativeTimeAccount {
   /** Token decodes that reused llama.cpp's graph, and their time (within tokenMs). */
   readonly reusedDecodes: number;
   readonly reusedMs: number;
+  /** Weighing the tail: admissions beside a running group, and steps that held waiting requests for its end. */
+  readonly tailJoins: number;
+  readonly tailHolds: number;
 }
 
 export interface NativeCeilingOptions {

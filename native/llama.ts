@@ -141,6 +141,11 @@ export interface ContextOptions {
    * reads several frames at once; fewer wait for the group's end. */
   readonly tailJoin?: number;
   /**
+   * With admitTail (default false): the tail takes the waiting requests in when that is predicted to end more requests
+   * by their deadlines, or as many sooner in all, instead of by count (native/README.md#the-tail-by-weight).
+   */
+  readonly weighTail?: boolean;
+  /**
    * Admitting together (default 0): how long (ms) an idle decoder holds its waiting requests for the requests on their way
    * to other sequences (`expect`), so frames triggered together form one group. Only while each waiting request could
    * still make its deadline after the hold.
@@ -297,6 +302,7 @@ export class LlamaModel {
       'admitTogether',
       'admitTail',
       'tailJoin',
+      'weighTail',
       'groupWaitMs',
       'stepTokens',
       'stepRows',
@@ -309,7 +315,16 @@ export class LlamaModel {
       options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
     const nSeq = options.nSeq === undefined ? 1 : intIn('options.nSeq', options.nSeq, 1, Math.min(MAX_SEQUENCES, nBatch));
     if (nSeq === 1) {
-      for (const key of ['kvUnified', 'maxActive', 'prefillChunk', 'admitTogether', 'admitTail', 'tailJoin', 'groupWaitMs'] as const) {
+      for (const key of [
+        'kvUnified',
+        'maxActive',
+        'prefillChunk',
+        'admitTogether',
+        'admitTail',
+        'tailJoin',
+        'weighTail',
+        'groupWaitMs',
+      ] as const) {
         if (options[key] !== undefined) throw new TypeError(`options.${key} is for a context of several sequences (nSeq > 1)`);
       }
     }
@@ -321,6 +336,9 @@ export class LlamaModel {
     if (admitTail && !admitTogether) throw new TypeError('options.admitTail is for a context that admits together (admitTogether)');
     const tailJoin = options.tailJoin === undefined ? 1 : intIn('options.tailJoin', options.tailJoin, 1, nSeq);
     if (tailJoin > 1 && !admitTail) throw new TypeError('options.tailJoin is for a context that admits the tail (admitTail)');
+    const weighTail = options.weighTail === undefined ? false : bool('options.weighTail', options.weighTail);
+    if (weighTail && !admitTail) throw new TypeError('options.weighTail is for a context that admits the tail (admitTail)');
+    if (weighTail && tailJoin > 1) throw new TypeError('options.weighTail weighs each admission; it takes no tailJoin');
     const groupWaitMs = options.groupWaitMs === undefined ? 0 : numIn('options.groupWaitMs', options.groupWaitMs, 0, 1000);
     // A batched step reads one logits row per sequence; a single sequence one per draft position.
     const outputs = nSeq > 1 ? nSeq : Math.min(MAX_OUTPUTS, nBatch);
@@ -354,6 +372,7 @@ export class LlamaModel {
         admitTogether,
         admitTail,
         tailJoin,
+        weighTail,
         groupWaitMs,
         maxOutputs,
         stepTokens,

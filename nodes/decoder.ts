@@ -115,8 +115,9 @@ export interface CameraBatching {
   /** Cameras per step at most (null: all). */
   readonly maxActive: number | null;
   /** together: arrivals wait for the running group and go in together; rolling: together, and the group's tail takes them
-   * in once they outnumber its members; each: one at a time. Default together. */
-  readonly admit?: 'together' | 'rolling' | 'each';
+   * in once they outnumber its members; adaptive: together, and the tail takes them in when predicted to pay; each: one at
+   * a time. Default together. */
+  readonly admit?: 'together' | 'rolling' | 'adaptive' | 'each';
   /** Admitting together: how long an idle decoder holds a group for frames still on their way (default 0). */
   readonly groupWaitMs?: number;
   /** Admitting rolling: the fewest waiting frames that go in beside a group's tail (default 1). */
@@ -383,8 +384,11 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
                 maxActive,
                 prefillChunk: cameras.prefillChunk,
                 admitTogether: together,
-                ...(together ? { groupWaitMs: cameras.groupWaitMs ?? 0, admitTail: cameras.admit === 'rolling' } : {}),
+                ...(together
+                  ? { groupWaitMs: cameras.groupWaitMs ?? 0, admitTail: cameras.admit === 'rolling' || cameras.admit === 'adaptive' }
+                  : {}),
                 ...(cameras.admit === 'rolling' ? { tailJoin: Math.min(cameras.rollingJoin ?? 1, nSeq) } : {}),
+                ...(cameras.admit === 'adaptive' ? { weighTail: true } : {}),
                 kvUnified: cameras.kvUnified,
                 ...(cameras.stepRows ? { stepRows: cameras.stepRows } : {}),
               }

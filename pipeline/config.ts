@@ -220,8 +220,8 @@ export interface BatchingConfig {
   /** null: every camera. */
   readonly decodeMaxActive: number | null;
   /** together: a group of arrivals at a time (native/README.md#admitting-together); rolling: together, and the group's tail
-   * takes the next one in; each: one at a time. */
-  readonly admit: 'together' | 'rolling' | 'each';
+   * takes the next one in; adaptive: together, and the tail takes them in when predicted to pay; each: one at a time. */
+  readonly admit: 'together' | 'rolling' | 'adaptive' | 'each';
   /** Admitting together: how long an idle decoder holds a group for frames still on their way. */
   readonly groupWaitMs: number;
   /** Admitting rolling: the fewest waiting frames that go in beside a running group's tail. */

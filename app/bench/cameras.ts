@@ -41,8 +41,8 @@ export interface BenchCamerasOptions {
   /** Drop a frame before preprocess when a newer one of its camera would replace it at decode anyway (default true, the config's). */
   readonly dropPredictedConflation?: boolean;
   readonly prefillChunk?: number;
-  /** batching.admit: 'together' (the default), 'rolling' or 'each'. */
-  readonly admit?: 'together' | 'rolling' | 'each';
+  /** batching.admit: 'together' (the default), 'rolling', 'adaptive' or 'each'. */
+  readonly admit?: 'together' | 'rolling' | 'adaptive' | 'each';
   readonly maxActive?: number;
   /** batching.lanes: contexts the cameras are spread over (default 1, the config's). */
   readonly lanes?: number;
@@ -144,7 +144,7 @@ export interface BenchCamerasResult {
   readonly drop_predicted_miss: boolean;
   readonly drop_predicted_conflation: boolean;
   /** batching.admit: how arrivals joined the decoder. */
-  readonly admit: 'together' | 'rolling' | 'each';
+  readonly admit: 'together' | 'rolling' | 'adaptive' | 'each';
   /** batching.lanes: the contexts the cameras were spread over. */
   readonly lanes: number;
   readonly group_wait_ms: number;
@@ -182,6 +182,9 @@ export interface DecoderTime {
   readonly token_reused: number;
   readonly token_reused_mean: number | null;
   readonly token_built_mean: number | null;
+  /** admit adaptive: admissions beside a running group's tail, and steps that held waiting frames for its end. */
+  readonly tail_joins: number;
+  readonly tail_holds: number;
 }
 
 /** The decoder's time over a run from its scheduler's accounts at the start and the end, and the run's wall time. */
@@ -211,6 +214,8 @@ function decoderTimeOver(start: TimeAccount | null, end: TimeAccount | null, wal
     token_reused: d('reusedDecodes'),
     token_reused_mean: per(d('reusedMs'), d('reusedDecodes')),
     token_built_mean: per(d('tokenMs') - d('reusedMs'), d('tokenDecodes') - d('reusedDecodes')),
+    tail_joins: d('tailJoins'),
+    tail_holds: d('tailHolds'),
   };
 }
 

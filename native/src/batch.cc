@@ -28,6 +28,8 @@ constexpr double kLeast = 0;
 // It admits the earliest deadline that fits; with no margin, those that just fit would miss half the time.
 constexpr double kSpread = 2;
 constexpr size_t kReqSamples = 16;
+// Image decodes the tail's weighing fits its line through: a group's, a tail's and a lone frame's sizes.
+constexpr size_t kImageSamples = 32;
 // An idle decoder that has run no step for this long admits its earliest deadline not yet late, even if predicted to miss.
 // That is a probe. Prefill times and generation steps never expire, and step times expire only as steps run.
 // Without probes, a history from a slow spell or a tighter budget could drop every later request for good.
@@ -257,7 +259,11 @@ void BatchScheduler::admit() {
     // holdMs is that wait and the request's own time in the next group; below 0, nothing is held (no group, or no history).
     double holdMs = -1;
     // The group's tail: the waiting requests go in beside its last members, not after the longest of them.
-    const bool tail = joinsTail(int64_t(waiting_.size())) && active_.size() <= waiting_.size();
+    bool tail = joinsTail(int64_t(waiting_.size())) && active_.size() <= waiting_.size();
+    if (opts_.weighTail && !active_.empty() && !waiting_.empty() && int32_t(active_.size()) < opts_.maxActive) {
+        tail = tailPays(now, joiners(false));
+        (tail ? account_.tailJoins : account_.tailHolds)++;
+    }
     if (opts_.admitTogether && !active_.empty() && !tail) {
         const double own = predictMs(std::min(opts_.maxActive, int32_t(waiting_.size())), nullptr, true, kTypical);
         if (own > 0) holdMs = groupRestMs() + own;
@@ -391,6 +397,9 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
         done_(std::move(a->job));
         return;
     }
+    int32_t imageRows = 0;
+    for (size_t i = a->plan.reuse; i < a->plan.items.size(); i++) imageRows += a->plan.items[i].item.imageTokens;
+    keepLast(imageRows_, imageRows, kReqSamples);
     const int32_t opening = appendOpeningRun(*a);
     size_t reuse = a->plan.reuse;
     llama_pos reusePos = a->plan.reusePositions;
@@ -520,9 +529,11 @@ void BatchScheduler::publishPrediction() {
         memberRest.push_back(seqRest[size_t(a->seq)]);
     }
     std::sort(memberRest.begin(), memberRest.end());
+    // Weighing the tail: whether the waiting requests and one more would join it now.
+    const bool wouldJoin = opts_.weighTail && n > 0 && n < opts_.maxActive && tailPays(monotonicNs(), joiners(true));
     if (!waiting_.empty()) {
         const auto next = int32_t(std::min<size_t>(size_t(opts_.maxActive), opts_.admitTogether ? waiting_.size() : size_t(n) + 1));
-        const double wait = opts_.admitTogether ? groupWaitMs(memberRest, int64_t(waiting_.size())) : 0;
+        const double wait = opts_.admitTogether ? groupWaitMs(memberRest, int64_t(waiting_.size()), wouldJoin) : 0;
         const double after = wait + predictMs(next, nullptr, false, idle ? kLeast : kTypical);
         for (const auto & j : waiting_) seqRest[size_t(j->seq)] = after;
     }
@@ -531,6 +542,7 @@ void BatchScheduler::publishPrediction() {
         groupOwnMs_.swap(own);
         seqRestMs_.swap(seqRest);
         memberRestMs_.swap(memberRest);
+        tailWouldJoin_ = wouldJoin;
         publishedNs_ = monotonicNs();
         accountPublished_ = account_;
         queueGapMs_ = admitGapMs_.empty() ? 0 : quantile(admitGapMs_, 0.5);
@@ -562,15 +574,117 @@ BatchScheduler::Prediction BatchScheduler::predicted(int64_t deadlineNs, int32_t
     const double own = groupOwnMs_.empty() ? 0 : groupOwnMs_[size_t(size - 1)];
     if (own == 0) return {};
     // Those on their way and this one count as waiting.
-    return {groupWaitMs(memberRestMs_, all) + double(groupsBefore) * groupOwnMs_.back(), own};
+    return {groupWaitMs(memberRestMs_, all, tailWouldJoin_) + double(groupsBefore) * groupOwnMs_.back(), own};
 }
 
 // Admitting together, how long `waiting` requests wait for the running members (their rests, shortest first):
 // the whole group's rest, or with admitTail (and tailJoin waiting) until no more members run than requests wait.
-double BatchScheduler::groupWaitMs(const std::vector<double> & memberRest, int64_t waiting) const {
+// Weighing the tail, none where the weighing said they would join it (weighed), else the whole rest.
+double BatchScheduler::groupWaitMs(const std::vector<double> & memberRest, int64_t waiting, bool weighed) const {
     const auto k = int64_t(memberRest.size());
+    if (opts_.weighTail) return weighed || k == 0 ? 0 : memberRest.back();
     const int64_t left = joinsTail(waiting) ? std::min(waiting, k) : 0;  // members still running when they go in
     return left >= k ? 0 : memberRest[size_t(k - left - 1)];
+}
+
+// The waiting requests the tail would take, in admission's order (deadlines first), as many as there is room for.
+// With `another`, one more like the last admitted ones and without a deadline: a caller asking before it submits.
+std::vector<BatchScheduler::Joiner> BatchScheduler::joiners(bool another) const {
+    std::vector<Joiner> all;
+    auto rowsOf = [](const SeqJob & j) {
+        int32_t rows = 0;
+        for (const Segment & s : j.segments) rows += s.kind == Segment::Image ? s.nTokens : 0;
+        return rows;
+    };
+    for (const auto & j : waiting_) all.push_back(Joiner{j->opts.deadlineNs, rowsOf(*j), j->opts.maxTokens});
+    if (another) all.push_back(Joiner{0, imageRows_.empty() ? 0 : quantile(imageRows_, 0.5), 0});
+    std::stable_sort(all.begin(), all.end(), [](const Joiner & x, const Joiner & y) {
+        return (x.deadlineNs > 0 ? x.deadlineNs : INT64_MAX) < (y.deadlineNs > 0 ? y.deadlineNs : INT64_MAX);
+    });
+    all.resize(std::min(all.size(), size_t(std::max(opts_.maxActive - int32_t(active_.size()), 0))));
+    return all;
+}
+
+// Weighing the tail: whether the joiners go in beside the running members now, or wait for the group's end.
+// Both sides are predicted from the steps' recent medians, the image decodes' line and the generation steps.
+// Joining, the members wait for the joiners' image decode and then share wider steps while both run; waiting, the
+// joiners start after the longest member's rest. It joins where more end by their deadlines, or as many sooner in all.
+// While a member still reads its prompt in, or without a history, the joiners wait, as admitting together does.
+bool BatchScheduler::tailPays(int64_t now, const std::vector<Joiner> & joiners) const {
+    if (joiners.empty() || genSteps_.empty()) return false;
+    int32_t k = 0;
+    for (const auto & a : active_) {
+        if (a->done) continue;
+        if (!a->generating) return false;
+        k++;
+    }
+    const auto w = int32_t(joiners.size());
+    const double stepNow = stepMs(k, true, 0.5).ms, stepShared = stepMs(k + w, true, 0.5).ms, stepAlone = stepMs(w, true, 0.5).ms;
+    if (k == 0 || stepNow == 0 || stepShared == 0 || stepAlone == 0) return false;
+    int32_t rows = 0;
+    for (const Joiner & j : joiners) rows += j.imageRows;
+    double image = 0;  // the joiners' image decodes, a ubatch each
+    for (int32_t left = rows; left > 0; left -= opts_.nUbatch) {
+        const double ms = imageDecodeMs(std::min(left, opts_.nUbatch));
+        if (ms == 0) return false;
+        image += ms;
+    }
+    const int32_t gen = quantile(genSteps_, 0.5);
+    auto stepsLeft = [&](int32_t done, int32_t maxTokens, int32_t tokens) {
+        const int32_t steps = gen - done;
+        return std::max(1, maxTokens > 0 ? std::min(steps, maxTokens - tokens) : steps);
+    };
+    // Steps left: each member's, and each joiner's; the wider steps last while both sides still run.
+    std::vector<int32_t> members;
+    for (const auto & a : active_) {
+        if (!a->done) members.push_back(stepsLeft(a->genSteps, a->job->opts.maxTokens, int32_t(a->job->result.tokens.size())));
+    }
+    std::vector<int32_t> theirs;
+    for (const Joiner & j : joiners) theirs.push_back(stepsLeft(0, j.maxTokens, 0));
+    const int32_t longestMember = *std::max_element(members.begin(), members.end());
+    const int32_t longestJoiner = *std::max_element(theirs.begin(), theirs.end());
+    int32_t inTimeJoin = 0, inTimeWait = 0;
+    double sumJoin = 0, sumWait = 0;
+    auto count = [&](int64_t deadlineNs, double waitMs, double joinMs) {
+        inTimeWait += deadlineNs == 0 || now + nsOf(waitMs) <= deadlineNs ? 1 : 0;
+        inTimeJoin += deadlineNs == 0 || now + nsOf(joinMs) <= deadlineNs ? 1 : 0;
+        sumWait += waitMs;
+        sumJoin += joinMs;
+    };
+    size_t i = 0;
+    for (const auto & a : active_) {
+        if (a->done) continue;
+        const int32_t steps = members[i++];
+        const int32_t shared = std::min(steps, longestJoiner);
+        count(a->job->opts.deadlineNs, steps * stepNow, image + shared * stepShared + (steps - shared) * stepNow);
+    }
+    for (size_t k = 0; k < joiners.size(); k++) {
+        const int32_t steps = theirs[k];
+        const int32_t shared = std::min(steps, longestMember);
+        count(joiners[k].deadlineNs, longestMember * stepNow + image + steps * stepAlone,
+              image + shared * stepShared + (steps - shared) * stepAlone);
+    }
+    return inTimeJoin > inTimeWait || (inTimeJoin == inTimeWait && sumJoin < sumWait);
+}
+
+// An image decode of `rows` rows: the least-squares line ms = a + b·rows through the recent image decodes.
+// With one size among them, that size's mean, scaled by rows above it (a smaller decode costs no more). 0: none timed.
+double BatchScheduler::imageDecodeMs(int32_t rows) const {
+    if (imageMs_.empty()) return 0;
+    double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (const ImageSample & x : imageMs_) {
+        n++;
+        sx += x.rows;
+        sy += x.ms;
+        sxx += double(x.rows) * x.rows;
+        sxy += double(x.rows) * x.ms;
+    }
+    const double spread = n * sxx - sx * sx;
+    const double slope = spread > 0 ? (n * sxy - sx * sy) / spread : 0;
+    if (spread <= 0 || slope <= 0) return sy / n * std::max(1.0, rows / (sx / n));
+    const double intercept = (sy - slope * sx) / n;
+    // A line below the origin: the one through it instead.
+    return intercept >= 0 ? intercept + slope * rows : sxy / sxx * rows;
 }
 
 BatchScheduler::TimeAccount BatchScheduler::timeAccount() const {
@@ -804,8 +918,10 @@ bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     account_.imageDecodes++;
     account_.imageRows += rows;
     if (bidirectional) llama_set_causal_attn(ctx_, false);
+    const int64_t t0 = monotonicNs();
     const int ret = llama_decode(ctx_, b);
     llama_synchronize(ctx_);
+    if (ret == 0) keepLast(imageMs_, ImageSample{rows, msBetween(t0, monotonicNs())}, kImageSamples);
     if (bidirectional) llama_set_causal_attn(ctx_, true);
     for (Active * a : order) {
         if (!a->takeImage || a->take == 0) continue;

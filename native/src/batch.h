@@ -36,6 +36,9 @@ struct BatchOptions {
     bool admitTail = false;
     // Admitting the tail: the fewest waiting requests that go in beside it, so their image decode is not a frame or two.
     int64_t tailJoin = 1;
+    // Admitting the tail by weight instead of by count: the waiting requests go in beside the tail when that is predicted
+    // to end more requests by their deadlines, or as many sooner in all (native/README.md#the-tail-by-weight).
+    bool weighTail = false;
     // Admitting together: how long an idle decoder holds its waiting requests for the frames still on their way (expect()).
     int64_t groupWaitNs = 0;
     int32_t nBatch = 0;
@@ -149,6 +152,8 @@ public:
         int64_t tokenSeqs = 0;
         int64_t reusedDecodes = 0;
         double reusedMs = 0;
+        int64_t tailJoins = 0;  // weighing the tail: admissions beside a running group
+        int64_t tailHolds = 0;  // weighing the tail: times it held waiting requests for the group's end
     };
     TimeAccount timeAccount() const;
     // Any thread. Frames on their way to `seq` (reserved before preprocess): +1 when one is reserved, -1 when it is
@@ -193,9 +198,17 @@ private:
     StepTime stepMsAt(int32_t seqs, double q) const;
     double predictMs(int32_t seqs, const Active * a, bool orMore, double q) const;
     double groupRestMs() const;
-    double groupWaitMs(const std::vector<double> & memberRest, int64_t waiting) const;
+    double groupWaitMs(const std::vector<double> & memberRest, int64_t waiting, bool weighed) const;
     // Admitting the tail: `waiting` requests are enough to go in beside it (once no more members run than they).
-    bool joinsTail(int64_t waiting) const { return opts_.admitTail && waiting >= opts_.tailJoin; }
+    bool joinsTail(int64_t waiting) const { return opts_.admitTail && !opts_.weighTail && waiting >= opts_.tailJoin; }
+    struct Joiner {
+        int64_t deadlineNs;  // 0: none
+        int32_t imageRows;
+        int32_t maxTokens;
+    };
+    std::vector<Joiner> joiners(bool another) const;
+    bool tailPays(int64_t now, const std::vector<Joiner> & joiners) const;
+    double imageDecodeMs(int32_t rows) const;
 
     llama_context * ctx_;
     Model * model_;
@@ -247,6 +260,13 @@ private:
     int64_t lastDecodeNs_ = 0;      // when the last step ended (0: none yet)
     std::deque<double> prefillMs_;  // admission → first token
     std::deque<int32_t> genSteps_;  // generation steps of requests that ended on their own or late generating
+    struct ImageSample {
+        int32_t rows;
+        double ms;
+    };
+    std::deque<ImageSample> imageMs_;  // the last image decodes: rows and time
+    std::deque<int32_t> imageRows_;    // the last admitted requests' image rows
+    bool tailWouldJoin_ = false;       // guarded by queueMutex_: weighing the tail, one more waiting request would join it
     // Admissions while requests waited: how fast the queue drains (see predicted()).
     std::deque<double> admitGapMs_;  // time from one such admission to the next
     int64_t lastAdmitNs_ = 0;        // the last admission (0: none yet)

@@ -386,6 +386,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.admitTogether = requireBool(o, "admitTogether", w);
     c.admitTail = requireBool(o, "admitTail", w);
     c.tailJoin = uint32_t(requireInt(o, "tailJoin", 1, c.nSeq, w));
+    c.weighTail = requireBool(o, "weighTail", w);
     c.groupWaitMs = requireNumber(o, "groupWaitMs", 0, 1000, w);
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
@@ -584,6 +585,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.admitTogether = opts_.admitTogether;
         bo.admitTail = opts_.admitTail;
         bo.tailJoin = int64_t(opts_.tailJoin);
+        bo.weighTail = opts_.weighTail;
         bo.groupWaitNs = int64_t(opts_.groupWaitMs * 1e6);
         bo.nBatch = int32_t(opts_.nBatch);
         bo.nUbatch = int32_t(opts_.nUbatch);
@@ -667,6 +669,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("admitTogether", opts_.admitTogether);
     o.Set("admitTail", opts_.admitTail);
     o.Set("tailJoin", opts_.tailJoin);
+    o.Set("weighTail", opts_.weighTail);
     o.Set("groupWaitMs", opts_.groupWaitMs);
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("stepTokens", opts_.stepTokens);
@@ -898,6 +901,8 @@ Napi::Value Context::TimeAccount(const Napi::CallbackInfo & info) {
     o.Set("tokenSeqs", double(t.tokenSeqs));
     o.Set("reusedDecodes", double(t.reusedDecodes));
     o.Set("reusedMs", t.reusedMs);
+    o.Set("tailJoins", double(t.tailJoins));
+    o.Set("tailHolds", double(t.tailHolds));
     return o;
 }
 

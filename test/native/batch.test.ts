@@ -754,6 +754,71 @@ describe('batched decoding on gemma4-tiny', () => {
     await assert.rejects(model.createContext({ nSeq: 2, admitTail: true }), /admitTail is for a context that admits together/);
   });
 
+  test('weighTail: the tail takes a short request in beside long ones, and holds one whose image decode would cost them more than it saves', async () => {
+    const ctx = await model.createContext({ nCtx: 1024, nSeq: 4, admitTogether: true, admitTail: true, weighTail: true, threads: 1 });
+    try {
+      assert.equal(ctx.info.weighTail, true);
+      const text = (k: number): PromptSegment[] => [{ text: `Camera ${CAMERAS[k]}: the robot`, addSpecial: true }];
+      const withImage = (k: number, rows: number): PromptSegment[] => [
+        { text: `Camera ${CAMERAS[k]}: the robot`, addSpecial: true },
+        { image: fakeImage(rows, model.info.nEmbd, 300 + k + rows), nTokens: rows },
+        { text: ' sees' },
+      ];
+      const ended: number[] = [];
+      const generate = (seq: number, prompt: PromptSegment[], maxTokens: number) =>
+        ctx.generate(prompt, { maxTokens, ignoreEos: true, seq }).then((r) => (ended.push(seq), r));
+      const until = async (what: () => boolean) => {
+        for (let tries = 0; tries < 20_000 && !what(); tries++) await sleep(1);
+      };
+      const clear = () => [0, 1, 2, 3].forEach((s) => ctx.clearCache(s));
+
+      // 1. History of long requests; two long ones run and a short one arrives: it goes in beside them and ends first.
+      await generate(0, text(0), 200);
+      clear();
+      ended.length = 0;
+      let account = ctx.timeAccount()!;
+      const long = [generate(2, text(2), 200), generate(3, text(3), 200)];
+      await until(() => ctx.cachedPositions(2) > 20 && ctx.cachedPositions(3) > 20);
+      const short = await generate(1, text(1), 4);
+      await Promise.all(long);
+      let now = ctx.timeAccount()!;
+      assert.equal(ended[0], 1, `the short one ends first: ${ended}`);
+      assert.equal(short.batch!.peakSeqs, 3, 'it ran beside the long ones');
+      assert.ok(now.tailJoins - account.tailJoins >= 1, `a join was counted: ${now.tailJoins - account.tailJoins}`);
+
+      // 2. History of short requests and a large image; two short ones near their end, and one with a large image
+      //    arrives: its image decode would hold both for longer than it waits, so it waits for their end.
+      clear();
+      await generate(0, withImage(0, 480), 24);
+      await generate(0, withImage(0, 24), 24);
+      clear();
+      ended.length = 0;
+      account = ctx.timeAccount()!;
+      const nearEnd = [generate(2, withImage(2, 24), 24), generate(3, withImage(3, 24), 24)];
+      const start = (seq: number) => ctx.cachedPositions(seq) >= 30;
+      await until(() => start(2) && start(3));
+      const base = Math.min(ctx.cachedPositions(2), ctx.cachedPositions(3));
+      await until(() => Math.min(ctx.cachedPositions(2), ctx.cachedPositions(3)) >= base + 16);
+      const large = await generate(1, withImage(1, 480), 24);
+      await Promise.all(nearEnd);
+      now = ctx.timeAccount()!;
+      assert.deepEqual(ended.slice(0, 2).sort(), [2, 3], `the two near their end end first: ${ended}`);
+      assert.equal(large.batch!.peakSeqs, 1, 'the large image ran after them');
+      assert.ok(now.tailHolds - account.tailHolds >= 1, `a hold was counted: ${now.tailHolds - account.tailHolds}`);
+      assert.equal(now.tailJoins, account.tailJoins, 'no join');
+    } finally {
+      await ctx.dispose();
+    }
+    await assert.rejects(
+      model.createContext({ nSeq: 2, admitTogether: true, weighTail: true }),
+      /weighTail is for a context that admits the tail/,
+    );
+    await assert.rejects(
+      model.createContext({ nSeq: 3, admitTogether: true, admitTail: true, weighTail: true, tailJoin: 2 }),
+      /takes no tailJoin/,
+    );
+  });
+
   test("restMs: a running request's rest, a waiting one's after it, none for a sequence without one", async () => {
     const ctx = await model.createContext({ nCtx: 1024, nSeq: 3, maxActive: 1, admitTogether: true, threads: 1 });
     try {

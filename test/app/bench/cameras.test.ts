@@ -101,6 +101,15 @@ describe('bench cameras: the engine ceiling', () => {
     assert.ok(t.token_reused >= t.token_decodes / 2, `${t.token_reused} of ${t.token_decodes} token decodes reused the graph`);
   });
 
+  test('with --admit adaptive, the decoder weighs each admission beside a running group and counts what it chose', async () => {
+    const r = JSON.parse(await benchCameras(['--json', '--no-ceiling', '--cameras', '4', '--admit', 'adaptive'])) as BenchCamerasResult;
+    assert.equal(r.admit, 'adaptive');
+    for (const [id, c] of Object.entries(r.per_camera)) positive(c.frames_out, `camera ${id} frames_out`);
+    const t = r.decoder_time_ms!;
+    // Four cameras at 4 fps keep the tiny decoder busy: frames arrive while others generate, and each such step is weighed.
+    positive(t.tail_joins + t.tail_holds, `tail joins ${t.tail_joins} + holds ${t.tail_holds}`);
+  });
+
   test('with lanes, each lane decodes its own cameras, and the times are summed over the lanes', async () => {
     const r = JSON.parse(await benchCameras(['--json', '--no-ceiling', '--cameras', '4', '--lanes', '2'])) as BenchCamerasResult;
     assert.equal(r.lanes, 2);
