@@ -340,7 +340,7 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
   if (!(config.temperature >= 0)) throw new RangeError(`decoder.temperature must be ≥ 0, got ${config.temperature}`);
   if (typeof config.actionSchema?.schema !== 'object')
     throw new TypeError('createOpenAIDecoderStage: actionSchema must be the result of loadActionSchema()');
-  // The server runs the grammar, so only the configured value bounds an action here.
+  // The server runs the grammar, so only the configured value bounds an action here (and the level's, under json_schema).
   const budget = decodeBudget(config.maxNewTokens, null, config.actionSchema.path);
   const { model, timeoutMs, retries, temperature, seed } = config;
   const chatUrl = `${baseUrl}/chat/completions`;
@@ -388,13 +388,16 @@ export async function createOpenAIDecoderStage(config: OpenAIDecoderStageConfig)
   }
   const { image: _, ...info } = probed;
   const server: ServerInfo = { ...info, constraint: field && grammarRefused === null ? field : 'json_schema', grammarRefused };
+  // Under percept's grammar an action ends by the grammar's own bound, as the local decoder's does: the level's
+  // maxNewTokens must not cut it. Its worst case in this server's tokens is unknown here, so the probe's bound holds.
+  const grammarTokens = server.constraint === 'json_schema' ? null : probeTokens;
   const who = `${server.name} at ${baseUrl}`;
   /** The fastest reply so far (ms): what a retry needs left before the deadline to be worth starting. */
   let fastestMs = Infinity;
 
   const process = async (frame: CameraFrame, sc: StageContext): Promise<Generation> => {
     const image = await imageDataUrl(frame);
-    const maxTokens = budget.atKnob(sc.knobs.maxNewTokens);
+    const maxTokens = grammarTokens ?? budget.atKnob(sc.knobs.maxNewTokens);
     const payload = body(image, maxTokens, (seed + sc.frame.frameId) >>> 0);
     const leftMs = (): number => Number(sc.stageDeadlineNs - sc.clock.nowNs()) / 1e6;
     const cancelled = (what: string): unknown => {

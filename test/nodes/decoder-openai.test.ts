@@ -147,6 +147,22 @@ describe('against llama-server (same llama.cpp tree, tiny Gemma 4 + gemma4v mmpr
     for (const out of outputs) assert.ok(valid.validate(out.action), JSON.stringify(out.action));
   });
 
+  test("under percept's grammar, a level's maxNewTokens below the grammar's worst case cuts no action", async () => {
+    // 16 new tokens cannot hold a robot action; the grammar bounds it, so the server gets the bound it was probed with.
+    const robot = join(REPO_ROOT, 'configs/actions/robot-action.schema.json');
+    const base = remoteConfig(server.url, 3, { maxNewTokens: null });
+    const config = loadConfig({
+      ...base,
+      decoder: { ...base.decoder, maxNewTokens: null },
+      actions: { schema: robot },
+      ladder: { enabled: false, initial: { maxNewTokens: 16 }, rungs: [] },
+    });
+    const { summary, outputs } = await runRemote(config);
+    assert.equal(summary.frames.out, 3, JSON.stringify(summary.drops));
+    const valid = loadActionSchema(robot);
+    for (const out of outputs) assert.ok(valid.validate(out.action), JSON.stringify(out.action));
+  });
+
   test('frames become actions that pass the schema, with the server’s token counts and timings', async () => {
     const { summary, events, outputs } = await runRemote(remoteConfig(server.url, 3));
     assert.equal(summary.frames.in, 3);
