@@ -48,6 +48,8 @@ export interface BenchFrameResult {
   readonly frames_in: number;
   readonly frames_out: number;
   readonly dropped: Readonly<Record<string, number>>;
+  /** The drops by what their stages said (the run summary's causes): why, and where. */
+  readonly drop_causes: Readonly<Record<string, number>>;
   readonly frame_to_action_ms_p50: number | null;
   readonly frame_to_action_ms_p99: number | null;
   readonly stages_ms_p50: Readonly<Record<string, number | null>>;
@@ -380,6 +382,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
     frames_in: summary.frames.in,
     frames_out: summary.frames.out,
     dropped: summary.drops.byReason as Record<string, number>,
+    drop_causes: summary.drops.causes,
     frame_to_action_ms_p50: summary.endToEnd.p50Ms,
     frame_to_action_ms_p99: summary.endToEnd.p99Ms,
     stages_ms_p50: pick('p50Ms'),

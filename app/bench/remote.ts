@@ -34,6 +34,8 @@ type ArmSummary = DecodeFigures & {
   readonly frame_to_action_ms_p99: number;
   /** Over all runs of the arm. Random weights often give invalid actions, dropped as 'invalid'. */
   readonly dropped: Readonly<Record<string, number>>;
+  /** The drops by what their stages said, over all runs of the arm. */
+  readonly drop_causes: Readonly<Record<string, number>>;
 };
 
 export interface BenchRemoteResult {
@@ -69,6 +71,7 @@ export async function benchRemote(opts: BenchRemoteOptions): Promise<BenchRemote
   });
   const arms = { local: [] as FrameSample[], remote: [] as FrameSample[] };
   const dropped = { local: {} as Record<string, number>, remote: {} as Record<string, number> };
+  const dropCauses = { local: {} as Record<string, number>, remote: {} as Record<string, number> };
   try {
     const common = { frames: opts.frames, fps: opts.fps, imageTokens: opts.imageTokens, gpuLayers: opts.gpuLayers, warmup: true };
     const max = opts.maxNewTokens !== undefined ? { maxNewTokens: opts.maxNewTokens } : {};
@@ -81,6 +84,7 @@ export async function benchRemote(opts: BenchRemoteOptions): Promise<BenchRemote
       // The first frame of a run pays what the warm-up did not reach; the steady frames are compared.
       arms[arm].push(...frames.slice(1));
       for (const [reason, n] of Object.entries(result.dropped)) dropped[arm][reason] = (dropped[arm][reason] ?? 0) + n;
+      for (const [cause, n] of Object.entries(result.drop_causes)) dropCauses[arm][cause] = (dropCauses[arm][cause] ?? 0) + n;
     };
     for (let r = 0; r < opts.rounds; r++) {
       const order: ('local' | 'remote')[] = r % 2 === 0 ? ['local', 'remote'] : ['remote', 'local'];
@@ -97,6 +101,7 @@ export async function benchRemote(opts: BenchRemoteOptions): Promise<BenchRemote
       frame_to_action_ms_p99: round(quantile(totals, 0.99)),
       ...decodeFigures(arms[arm]),
       dropped: dropped[arm],
+      drop_causes: dropCauses[arm],
     };
   };
   const local = summarize('local');
