@@ -4,6 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .carry/device
 [ -f .carry/device/node.xz ] || xz -T2 -9 -c "$(command -v node)" > .carry/device/node.xz
+# Nsight Compute's nsys importer on the GPU host lacks libdw (setup.sh's gaps): this machine's, with its libelf.
+mkdir -p .carry/device/lib && cp -L /usr/lib/x86_64-linux-gnu/libdw.so.1 /usr/lib/x86_64-linux-gnu/libelf.so.1 .carry/device/lib/
 S=/tmp/percept-pack && rm -rf $S && mkdir -p $S/build
 tar -C build -cf - --anchored --exclude=llama.cpp/.git --exclude=llama.cpp/docs --exclude=llama.cpp/models --exclude=llama.cpp/tests --exclude=llama.cpp/pocs --exclude=llama.cpp/benches --exclude=llama.cpp/media --exclude=llama.cpp/.github --exclude=llama.cpp/.devops --exclude=llama.cpp/gguf-py --exclude=llama.cpp/ggml/src/ggml-cann --exclude=llama.cpp/ggml/src/ggml-et --exclude=llama.cpp/ggml/src/ggml-hexagon --exclude=llama.cpp/ggml/src/ggml-metal --exclude=llama.cpp/ggml/src/ggml-opencl --exclude=llama.cpp/ggml/src/ggml-openvino --exclude=llama.cpp/ggml/src/ggml-sycl --exclude=llama.cpp/ggml/src/ggml-virtgpu --exclude=llama.cpp/ggml/src/ggml-vulkan --exclude=llama.cpp/ggml/src/ggml-webgpu --exclude=llama.cpp/ggml/src/ggml-zdnn --exclude=llama.cpp/ggml/src/ggml-zendnn --exclude=llama.cpp/tools/ui/tests llama.cpp | tar -C $S/build -xf -
 mkdir -p $S/build/llama.cpp/models $S/build/llama.cpp/tests $S/build/llama.cpp/pocs $S/build/llama.cpp/benches

@@ -11,7 +11,7 @@ P="node --import tsx app/cli.ts"
 LB=build/native/bin/llama-bench
 
 # M and E: the E4B checkpoint and its tower, synthesized (cached in .cache/models) while the CUDA addon and
-# llama-bench build (~250 s on 16 cores, once per machine).
+# the llama.cpp programs in PEERS (default llama-bench) build (~250 s on 16 cores, once per machine).
 prepare() {
   node --import tsx --input-type=module -e "const {resolveModel}=await import('./models/resolve.ts');
     console.log('M=' + await resolveModel('synth:gemma4-e4b?wtype=q4_k', 'decoder'));
@@ -19,7 +19,7 @@ prepare() {
   local synth=$!
   log "build"
   if ! grep -q "GGML_CUDA:BOOL=ON" build/native/CMakeCache.txt 2>/dev/null || ! [ -f build/native/Release/percept.node ]; then
-    PERCEPT_CUDA=1 PERCEPT_BUILD_JOBS=${BUILD_JOBS:-16} PERCEPT_PEERS=llama-bench node tools/build-native.mjs > /tmp/build.log 2>&1 ||
+    PERCEPT_CUDA=1 PERCEPT_BUILD_JOBS=${BUILD_JOBS:-16} PERCEPT_PEERS=${PEERS:-llama-bench} node tools/build-native.mjs > /tmp/build.log 2>&1 ||
       { tail -40 /tmp/build.log | tee -a "$OUT/log.txt"; return 1; }
   fi
   [ -x $LB ] || node tools/build-native.mjs --peers llama-bench > /tmp/build.log 2>&1 || { tail -20 /tmp/build.log | tee -a "$OUT/log.txt"; return 1; }
@@ -77,11 +77,18 @@ kernels() {
 
 # The GPU's idle gaps within a prefill of $1 positions (llama-bench, 5 repeats after its warm-up) and the host's CUDA
 # calls meanwhile: prefill-gaps.py over nsys's trace, into $RES/gaps-$1.json; the last repeat in the log.
+# Where nsys is not on the PATH, Nsight Compute's copy; its importer needs the libdw that pack.sh carries.
 gaps() {
   log "gaps pp$1"
-  nsys profile -t cuda -s none --cpuctxsw=none -o /tmp/g$1 -f true $LB -m "$M" -ngl 99 -fa 1 -b 4096 -ub 4096 -p $1 -n 0 -r 5 \
+  local nsys=$(command -v nsys || ls /opt/nvidia/nsight-*/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
+  [ -n "$nsys" ] || { log "no nsys"; return 1; }
+  "$nsys" profile -t cuda -s none --cpuctxsw=none -o /tmp/g$1 -f true $LB -m "$M" -ngl 99 -fa 1 -b 4096 -ub 4096 -p $1 -n 0 -r 5 \
     > /dev/null 2>> $OUT/err.txt
-  nsys export --type=sqlite --output=/tmp/g$1.sqlite --force-overwrite=true /tmp/g$1.nsys-rep > /dev/null 2>> $OUT/err.txt
+  if [ ! -f /tmp/g$1.nsys-rep ]; then
+    local importer=$(ls /opt/nvidia/nsight-*/*/host/linux-desktop-*/QdstrmImporter 2>/dev/null | head -1)
+    LD_LIBRARY_PATH=$PWD/.carry/device/lib:${LD_LIBRARY_PATH:-} "$importer" -i /tmp/g$1.qdstrm > /dev/null 2>> $OUT/err.txt
+  fi
+  "$nsys" export --type=sqlite --output=/tmp/g$1.sqlite --force-overwrite=true /tmp/g$1.nsys-rep > /dev/null 2>> $OUT/err.txt
   python3 tools/device/prefill-gaps.py /tmp/g$1.sqlite > $RES/gaps-$1.json 2>> $OUT/err.txt
   python3 -c "import json; print(json.dumps(json.load(open('$RES/gaps-$1.json'))[-1]))" 2>&1 | tee -a $OUT/log.txt
 }
