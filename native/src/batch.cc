@@ -658,17 +658,17 @@ bool BatchScheduler::tailPays(int64_t now, const std::vector<Joiner> & joiners) 
         const int32_t shared = std::min(steps, longestJoiner);
         count(a->job->opts.deadlineNs, steps * stepNow, image + shared * stepShared + (steps - shared) * stepNow);
     }
-    for (size_t k = 0; k < joiners.size(); k++) {
-        const int32_t steps = theirs[k];
+    for (size_t j = 0; j < joiners.size(); j++) {
+        const int32_t steps = theirs[j];
         const int32_t shared = std::min(steps, longestMember);
-        count(joiners[k].deadlineNs, longestMember * stepNow + image + steps * stepAlone,
+        count(joiners[j].deadlineNs, longestMember * stepNow + image + steps * stepAlone,
               image + shared * stepShared + (steps - shared) * stepAlone);
     }
     return inTimeJoin > inTimeWait || (inTimeJoin == inTimeWait && sumJoin < sumWait);
 }
 
 // An image decode of `rows` rows: the least-squares line ms = a + b·rows through the recent image decodes.
-// With one size among them, that size's mean, scaled by rows above it (a smaller decode costs no more). 0: none timed.
+// With one size among them, its mean: scaled up for more rows, kept for fewer (a smaller decode costs no more). 0: none timed.
 double BatchScheduler::imageDecodeMs(int32_t rows) const {
     if (imageMs_.empty()) return 0;
     double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;

@@ -153,7 +153,7 @@ public:
         int64_t reusedDecodes = 0;
         double reusedMs = 0;
         int64_t tailJoins = 0;  // weighing the tail: admissions beside a running group
-        int64_t tailHolds = 0;  // weighing the tail: times it held waiting requests for the group's end
+        int64_t tailHolds = 0;  // weighing the tail: steps that held the waiting requests for the group's end
     };
     TimeAccount timeAccount() const;
     // Any thread. Frames on their way to `seq` (reserved before preprocess): +1 when one is reserved, -1 when it is

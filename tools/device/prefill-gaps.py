@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-# Where a prefill's wall time goes besides its kernels, from an nsys report's SQLite export (nsys stats writes it):
-# the GPU's idle gaps within each prefill, the CUDA calls the host made meanwhile, and the copies.
+# Where a prefill's time on the GPU goes, from an nsys report's SQLite export (nsys export --type=sqlite): per
+# prefill its span (first kernel's start to last kernel's end), its kernels by name, the GPU's idle gaps, the CUDA
+# calls the host made meanwhile, and the copies.
 #   python3 tools/device/prefill-gaps.py REPORT.sqlite [--split-ms 3]
 # Prefills are told apart by gaps longer than --split-ms between kernels (llama-bench's repeats).
 import argparse, json, sqlite3
@@ -51,6 +52,9 @@ for i, run in enumerate(runs):
             if hi > lo:
                 in_gaps[names.get(n, str(n)).split('_v')[0]] += (hi - lo) / 1e6
     cp = [(b, kind, (c1 - c0) / 1e6) for c0, c1, b, kind in copies if c0 >= t0 and c1 <= t1]
+    by_name = defaultdict(float)
+    for k0, k1, n in run:
+        by_name[names.get(n, str(n))[:70]] += (k1 - k0) / 1e6
     after = defaultdict(lambda: [0, 0.0])  # the kernel that ends each long gap: what the GPU waited to start
     for g, _, _, n in long_gaps:
         a = after[names.get(n, str(n))[:60]]
@@ -58,9 +62,10 @@ for i, run in enumerate(runs):
         a[1] += g / 1e6
     out.append({
         'prefill': i,
-        'wall_ms': round((t1 - t0) / 1e6, 3),
+        'span_ms': round((t1 - t0) / 1e6, 3),
         'kernel_ms': round(busy / 1e6, 3),
         'kernels': len(run),
+        'top_kernels_ms': {k: round(v, 3) for k, v in sorted(by_name.items(), key=lambda x: -x[1])[:12]},
         'gap_ms': round(sum(g[0] for g in gaps) / 1e6, 3),
         'gaps': len(gaps),
         'long_gap_ms': round(sum(g[0] for g in long_gaps) / 1e6, 3),
