@@ -59,6 +59,17 @@ export const GRAMMAR_MAX_STATES = 20000;
 export const GRAMMAR_MAX_ENTRIES = 8 << 20;
 /** Sequences of one context at most (one per camera). */
 export const MAX_SEQUENCES = 256;
+/** Context options only a context of several sequences takes (nSeq > 1). */
+const SEQUENCE_OPTIONS = [
+  'kvUnified',
+  'maxActive',
+  'prefillChunk',
+  'admitTogether',
+  'admitTail',
+  'tailJoin',
+  'weighTail',
+  'groupWaitMs',
+] as const;
 /**
  * Built graphs a context keeps besides its current one (ContextOptions.graphSlots).
  * Jump-forward alternates step shapes, and each shape keeps its graph in a slot; more than 4 gained nothing.
@@ -296,14 +307,7 @@ export class LlamaModel {
       'kvType',
       'threads',
       'nSeq',
-      'kvUnified',
-      'maxActive',
-      'prefillChunk',
-      'admitTogether',
-      'admitTail',
-      'tailJoin',
-      'weighTail',
-      'groupWaitMs',
+      ...SEQUENCE_OPTIONS,
       'stepTokens',
       'stepRows',
       'shapeGraphs',
@@ -315,16 +319,7 @@ export class LlamaModel {
       options.nUbatch === undefined ? Math.min(nBatch, DEFAULT_N_BATCH) : intIn('options.nUbatch', options.nUbatch, 1, nBatch);
     const nSeq = options.nSeq === undefined ? 1 : intIn('options.nSeq', options.nSeq, 1, Math.min(MAX_SEQUENCES, nBatch));
     if (nSeq === 1) {
-      for (const key of [
-        'kvUnified',
-        'maxActive',
-        'prefillChunk',
-        'admitTogether',
-        'admitTail',
-        'tailJoin',
-        'weighTail',
-        'groupWaitMs',
-      ] as const) {
+      for (const key of SEQUENCE_OPTIONS) {
         if (options[key] !== undefined) throw new TypeError(`options.${key} is for a context of several sequences (nSeq > 1)`);
       }
     }

@@ -612,15 +612,23 @@ std::vector<BatchScheduler::Joiner> BatchScheduler::joiners(bool another) const 
 // While a member still reads its prompt in, or without a history, the joiners wait, as admitting together does.
 bool BatchScheduler::tailPays(int64_t now, const std::vector<Joiner> & joiners) const {
     if (joiners.empty() || genSteps_.empty()) return false;
-    int32_t k = 0;
+    const int32_t gen = quantile(genSteps_, 0.5);
+    auto stepsLeft = [&](int32_t done, int32_t maxTokens, int32_t tokens) {
+        const int32_t steps = gen - done;
+        return std::max(1, maxTokens > 0 ? std::min(steps, maxTokens - tokens) : steps);
+    };
+    // Each running member's steps left and deadline; a member still reading its prompt in ends the weighing.
+    std::vector<std::pair<int32_t, int64_t>> members;
     for (const auto & a : active_) {
         if (a->done) continue;
         if (!a->generating) return false;
-        k++;
+        members.emplace_back(stepsLeft(a->genSteps, a->job->opts.maxTokens, int32_t(a->job->result.tokens.size())),
+                             a->job->opts.deadlineNs);
     }
-    const auto w = int32_t(joiners.size());
+    const auto k = int32_t(members.size()), w = int32_t(joiners.size());
+    if (k == 0) return false;
     const double stepNow = stepMs(k, true, 0.5).ms, stepShared = stepMs(k + w, true, 0.5).ms, stepAlone = stepMs(w, true, 0.5).ms;
-    if (k == 0 || stepNow == 0 || stepShared == 0 || stepAlone == 0) return false;
+    if (stepNow == 0 || stepShared == 0 || stepAlone == 0) return false;
     int32_t rows = 0;
     for (const Joiner & j : joiners) rows += j.imageRows;
     double image = 0;  // the joiners' image decodes, a ubatch each
@@ -629,20 +637,10 @@ bool BatchScheduler::tailPays(int64_t now, const std::vector<Joiner> & joiners) 
         if (ms == 0) return false;
         image += ms;
     }
-    const int32_t gen = quantile(genSteps_, 0.5);
-    auto stepsLeft = [&](int32_t done, int32_t maxTokens, int32_t tokens) {
-        const int32_t steps = gen - done;
-        return std::max(1, maxTokens > 0 ? std::min(steps, maxTokens - tokens) : steps);
-    };
-    // Steps left: each member's, and each joiner's; the wider steps last while both sides still run.
-    std::vector<int32_t> members;
-    for (const auto & a : active_) {
-        if (!a->done) members.push_back(stepsLeft(a->genSteps, a->job->opts.maxTokens, int32_t(a->job->result.tokens.size())));
-    }
-    std::vector<int32_t> theirs;
-    for (const Joiner & j : joiners) theirs.push_back(stepsLeft(0, j.maxTokens, 0));
-    const int32_t longestMember = *std::max_element(members.begin(), members.end());
-    const int32_t longestJoiner = *std::max_element(theirs.begin(), theirs.end());
+    // The wider steps last while both sides still run.
+    int32_t longestMember = 0, longestJoiner = 0;
+    for (const auto & m : members) longestMember = std::max(longestMember, m.first);
+    for (const Joiner & j : joiners) longestJoiner = std::max(longestJoiner, stepsLeft(0, j.maxTokens, 0));
     int32_t inTimeJoin = 0, inTimeWait = 0;
     double sumJoin = 0, sumWait = 0;
     auto count = [&](int64_t deadlineNs, double waitMs, double joinMs) {
@@ -651,17 +649,14 @@ bool BatchScheduler::tailPays(int64_t now, const std::vector<Joiner> & joiners) 
         sumWait += waitMs;
         sumJoin += joinMs;
     };
-    size_t i = 0;
-    for (const auto & a : active_) {
-        if (a->done) continue;
-        const int32_t steps = members[i++];
+    for (const auto & [steps, deadlineNs] : members) {
         const int32_t shared = std::min(steps, longestJoiner);
-        count(a->job->opts.deadlineNs, steps * stepNow, image + shared * stepShared + (steps - shared) * stepNow);
+        count(deadlineNs, steps * stepNow, image + shared * stepShared + (steps - shared) * stepNow);
     }
-    for (size_t j = 0; j < joiners.size(); j++) {
-        const int32_t steps = theirs[j];
+    for (const Joiner & j : joiners) {
+        const int32_t steps = stepsLeft(0, j.maxTokens, 0);
         const int32_t shared = std::min(steps, longestMember);
-        count(joiners[j].deadlineNs, longestMember * stepNow + image + steps * stepAlone,
+        count(j.deadlineNs, longestMember * stepNow + image + steps * stepAlone,
               image + shared * stepShared + (steps - shared) * stepAlone);
     }
     return inTimeJoin > inTimeWait || (inTimeJoin == inTimeWait && sumJoin < sumWait);
