@@ -188,6 +188,14 @@ class Layout:
         self.a0 = len(self.prompt)
 
 
+def layer_head_dim(tc, layer: int) -> int:
+    """Layer `layer`'s head dim: transformers 5.17 keeps Gemma 4's per layer and refuses the global attribute."""
+    per_layer = getattr(tc, "per_layer_config", None)
+    if per_layer is not None:
+        return int(per_layer[layer].head_dim)
+    return int(tc.head_dim if tc.layer_types[layer] == "sliding_attention" else getattr(tc, "global_head_dim", None) or 2 * tc.head_dim)
+
+
 def hf_target(args, tok: dict, rows_of: dict, device) -> dict:
     """The target from a train.py checkpoint through transformers (the GPU host): states computed per batch from the frames."""
     import torch
@@ -226,14 +234,15 @@ def hf_target(args, tok: dict, rows_of: dict, device) -> dict:
         with torch.autocast(device.type, dtype=torch.bfloat16):
             return states(ids, images[split][torch.tensor(sel, device=device)])
 
+    full = next(i for i, t in enumerate(types) if t == "full_attention")
     return {
         "layout": Layout(tok, tinfo["image_rows"]),
         "states_of": states_of,
         "table": runner.weight().detach(),
         "config": {
             "hidden": tc.hidden_size,
-            "head_dim": tc.head_dim,
-            "head_dim_full": getattr(tc, "global_head_dim", None) or 2 * tc.head_dim,
+            "head_dim": layer_head_dim(tc, sliding),
+            "head_dim_full": layer_head_dim(tc, full),
             "rope_theta_sliding": theta,
             "window": tc.sliding_window,
             "context": tc.max_position_embeddings,
