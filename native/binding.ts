@@ -376,6 +376,13 @@ export const OPENMP_SPIN_COUNT = 100;
  */
 export const CUDA_MMQ_MAX_BATCH = 128;
 
+/**
+ * Whether ggml-cuda keeps an F16 copy of each quantized weight for those wide matmuls instead of dequantizing it at
+ * every one (native/patches/ggml-cuda-f16-weights.diff, docs/gpu.md): 2 bytes a weight of GPU memory, never past an
+ * eighth of the device left free. Set before the addon loads; PERCEPT_CUDA_F16_WEIGHTS wins (0: off).
+ */
+export const CUDA_F16_WEIGHTS = true;
+
 /** Loads the addon (Node's module cache makes repeated calls free) with a clear error when missing. */
 export function loadAddon(): NativeAddon {
   if (!existsSync(ADDON_PATH)) {
@@ -385,6 +392,7 @@ export function loadAddon(): NativeAddon {
     process.env.GOMP_SPINCOUNT = String(OPENMP_SPIN_COUNT);
   }
   process.env.PERCEPT_CUDA_MMQ_MAX_BATCH ??= String(CUDA_MMQ_MAX_BATCH);
+  process.env.PERCEPT_CUDA_F16_WEIGHTS ??= CUDA_F16_WEIGHTS ? '1' : '0';
   const require = createRequire(import.meta.url);
   const addon = require(ADDON_PATH) as NativeAddon;
   if (typeof addon.Model !== 'function') {

@@ -1,14 +1,14 @@
 // percept's own llama.cpp patches (native/patches/*.diff, applied by tools/build-native.mjs after
 // node-llama-cpp's): each is applied to build/llama.cpp and recorded in its extraction stamp with a
 // hash of its content, so a patch that changes re-extracts the tree instead of being applied twice.
-// The addon's loader sets the default of the variable one of them reads.
+// The addon's loader sets the defaults of the variables two of them read.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { test } from 'node:test';
-import { CUDA_MMQ_MAX_BATCH } from '../../native/binding.ts';
+import { CUDA_F16_WEIGHTS, CUDA_MMQ_MAX_BATCH } from '../../native/binding.ts';
 import { REPO_ROOT } from '../support/fixtures.ts';
 
 const patchDir = join(REPO_ROOT, 'native', 'patches');
@@ -52,27 +52,36 @@ test('every patch is applied to build/llama.cpp: it reverses cleanly and no long
   }
 });
 
-test('loading the addon sets the MMQ width of ggml-cuda-mmq-max-batch.diff, unless the environment names one; children inherit it', () => {
+/** What a child of a process that loaded the addon sees of `name`, under `env`. */
+function inheritedAfterLoad(name: string, env: NodeJS.ProcessEnv): string {
   const script = `const { loadAddon } = await import(${JSON.stringify(join(REPO_ROOT, 'native', 'binding.ts'))});
     loadAddon();
-    console.log(require('node:child_process').execFileSync(process.execPath, ['-p', 'process.env.PERCEPT_CUDA_MMQ_MAX_BATCH'], { encoding: 'utf8' }).trim());`;
-  const inherited = (env: NodeJS.ProcessEnv) =>
-    execFileSync(
-      process.execPath,
-      [
-        '--import',
-        'tsx',
-        '--input-type=module',
-        '-e',
-        `import { createRequire } from 'node:module'; const require = createRequire(import.meta.url); ${script}`,
-      ],
-      {
-        cwd: REPO_ROOT,
-        env,
-        encoding: 'utf8',
-      },
-    ).trim();
+    console.log(require('node:child_process').execFileSync(process.execPath, ['-p', 'process.env.${name}'], { encoding: 'utf8' }).trim());`;
+  return execFileSync(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      '--input-type=module',
+      '-e',
+      `import { createRequire } from 'node:module'; const require = createRequire(import.meta.url); ${script}`,
+    ],
+    { cwd: REPO_ROOT, env, encoding: 'utf8' },
+  ).trim();
+}
+
+test('loading the addon sets the MMQ width of ggml-cuda-mmq-max-batch.diff, unless the environment names one; children inherit it', () => {
   const { PERCEPT_CUDA_MMQ_MAX_BATCH: _, ...clean } = process.env;
-  assert.equal(inherited(clean), String(CUDA_MMQ_MAX_BATCH));
-  assert.equal(inherited({ ...clean, PERCEPT_CUDA_MMQ_MAX_BATCH: '0' }), '0', 'the environment wins');
+  assert.equal(inheritedAfterLoad('PERCEPT_CUDA_MMQ_MAX_BATCH', clean), String(CUDA_MMQ_MAX_BATCH));
+  assert.equal(
+    inheritedAfterLoad('PERCEPT_CUDA_MMQ_MAX_BATCH', { ...clean, PERCEPT_CUDA_MMQ_MAX_BATCH: '0' }),
+    '0',
+    'the environment wins',
+  );
+});
+
+test('loading the addon turns on the F16 weight copies of ggml-cuda-f16-weights.diff, unless the environment says 0; children inherit it', () => {
+  const { PERCEPT_CUDA_F16_WEIGHTS: _, ...clean } = process.env;
+  assert.equal(inheritedAfterLoad('PERCEPT_CUDA_F16_WEIGHTS', clean), CUDA_F16_WEIGHTS ? '1' : '0');
+  assert.equal(inheritedAfterLoad('PERCEPT_CUDA_F16_WEIGHTS', { ...clean, PERCEPT_CUDA_F16_WEIGHTS: '0' }), '0', 'the environment wins');
 });
