@@ -383,6 +383,23 @@ export const CUDA_MMQ_MAX_BATCH = 128;
  */
 export const CUDA_F16_WEIGHTS = true;
 
+/** The paths of ggml-cuda's quantized matmuls that the two variables above pick, as a bench's JSON reports them: the
+ * widest matmul kept on MMQ (null: every width) and whether F16 copies of the weights are kept. */
+export interface CudaMatmuls {
+  readonly mmq_max_batch: number | null;
+  readonly f16_weights: boolean;
+}
+
+/** Reads CudaMatmuls as the patches do; after loadAddon, process.env holds the defaults it set. */
+export function cudaMatmuls(env: NodeJS.ProcessEnv = process.env): CudaMatmuls {
+  const mmq = env.PERCEPT_CUDA_MMQ_MAX_BATCH;
+  const f16 = env.PERCEPT_CUDA_F16_WEIGHTS;
+  return {
+    mmq_max_batch: mmq === undefined || !/^\d+$/.test(mmq) ? null : Number(mmq),
+    f16_weights: f16 !== undefined && f16 !== '' && f16 !== '0',
+  };
+}
+
 /** Loads the addon (Node's module cache makes repeated calls free) with a clear error when missing. */
 export function loadAddon(): NativeAddon {
   if (!existsSync(ADDON_PATH)) {

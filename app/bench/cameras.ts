@@ -8,6 +8,7 @@ import { pbkdf2 } from 'node:crypto';
 import { loadavg } from 'node:os';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { RealClock } from '../../pipeline/clock.ts';
+import { cudaMatmuls, type CudaMatmuls } from '../../native/binding.ts';
 import type { TimeAccount } from '../../native/llama.ts';
 import { loadConfig, type PerceptConfig } from '../../pipeline/config.ts';
 import type { LatencyStats } from '../../pipeline/telemetry/events.ts';
@@ -141,6 +142,8 @@ export interface BenchCamerasResult {
   readonly encoder_frames: number;
   readonly encoder_batch_max: number;
   readonly kv_unified: boolean;
+  /** The decoder's quantized-matmul paths on a CUDA build (docs/gpu.md). */
+  readonly cuda_matmuls: CudaMatmuls;
   readonly drop_predicted_miss: boolean;
   readonly drop_predicted_conflation: boolean;
   /** batching.admit: how arrivals joined the decoder. */
@@ -417,6 +420,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     encoder_frames: enc.frames,
     encoder_batch_max: enc.maxBatch,
     kv_unified: config.batching.kvUnified,
+    cuda_matmuls: cudaMatmuls(),
     drop_predicted_miss: config.cameras![0]!.budgets.dropPredictedMiss,
     drop_predicted_conflation: config.cameras![0]!.budgets.dropPredictedConflation,
     admit: config.batching.admit,

@@ -6,6 +6,7 @@ import { loadConfig } from '../../pipeline/config.ts';
 import { createGraph } from '../../pipeline/graph/graph.ts';
 import { isMmprojSpec } from '../../models/resolve.ts';
 import { loadActionSchema } from '../../nodes/action-schema.ts';
+import { cudaMatmuls, type CudaMatmuls } from '../../native/binding.ts';
 import type { MemoryBreakdown } from '../../native/llama.ts';
 import { createStages } from '../run/run.ts';
 import { createSource } from '../run/stages.ts';
@@ -70,6 +71,8 @@ export interface BenchFrameResult {
   readonly warmup: boolean;
   readonly image_tokens: number;
   readonly decoder: 'local' | 'openai';
+  /** The local decoder's quantized-matmul paths on a CUDA build (docs/gpu.md); null for a remote decoder. */
+  readonly cuda_matmuls: CudaMatmuls | null;
   /** Medians over the frames' decode notes: prompt tokens with the image, tokens reused from the cache,
    * new tokens, and the decoder's own time per new token. */
   readonly prompt_tokens_median: number | null;
@@ -409,6 +412,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
     warmup: opts.warmup,
     image_tokens: imageTokens,
     decoder: kind,
+    cuda_matmuls: kind === 'local' ? cudaMatmuls() : null,
     ...decodeFigures(samples),
     ...worstCase(stages.decoder?.worstCaseDecodeCalls ?? null, samples),
     decoder_compute_mib: computeMib(stages.decoder?.memoryAtClose() ?? null),

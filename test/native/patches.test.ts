@@ -8,7 +8,7 @@ import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { test } from 'node:test';
-import { CUDA_F16_WEIGHTS, CUDA_MMQ_MAX_BATCH } from '../../native/binding.ts';
+import { CUDA_F16_WEIGHTS, CUDA_MMQ_MAX_BATCH, cudaMatmuls } from '../../native/binding.ts';
 import { REPO_ROOT } from '../support/fixtures.ts';
 
 const patchDir = join(REPO_ROOT, 'native', 'patches');
@@ -84,4 +84,24 @@ test('loading the addon turns on the F16 weight copies of ggml-cuda-f16-weights.
   const { PERCEPT_CUDA_F16_WEIGHTS: _, ...clean } = process.env;
   assert.equal(inheritedAfterLoad('PERCEPT_CUDA_F16_WEIGHTS', clean), CUDA_F16_WEIGHTS ? '1' : '0');
   assert.equal(inheritedAfterLoad('PERCEPT_CUDA_F16_WEIGHTS', { ...clean, PERCEPT_CUDA_F16_WEIGHTS: '0' }), '0', 'the environment wins');
+});
+
+test('cudaMatmuls reads the two variables as the patches do: a count of columns or MMQ at every width; copies unless unset, empty or 0', () => {
+  assert.deepEqual(cudaMatmuls({}), { mmq_max_batch: null, f16_weights: false });
+  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '128', PERCEPT_CUDA_F16_WEIGHTS: '1' }), {
+    mmq_max_batch: 128,
+    f16_weights: true,
+  });
+  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '0', PERCEPT_CUDA_F16_WEIGHTS: '0' }), {
+    mmq_max_batch: 0,
+    f16_weights: false,
+  });
+  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '', PERCEPT_CUDA_F16_WEIGHTS: '' }), {
+    mmq_max_batch: null,
+    f16_weights: false,
+  });
+  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '-4', PERCEPT_CUDA_F16_WEIGHTS: 'yes' }), {
+    mmq_max_batch: null,
+    f16_weights: true,
+  });
 });

@@ -7,6 +7,7 @@ import { promisify } from 'node:util';
 import { describe, test } from 'node:test';
 import type { BenchCamerasResult } from '../../../app/bench/cameras.ts';
 import { ceilingActionsPerS } from '../../../app/bench/ceiling.ts';
+import { CUDA_F16_WEIGHTS, CUDA_MMQ_MAX_BATCH, cudaMatmuls } from '../../../native/binding.ts';
 import { REPO_ROOT } from '../../support/fixtures.ts';
 
 const run = promisify(execFile);
@@ -74,6 +75,15 @@ describe('bench cameras: the engine ceiling', () => {
     const a = r.action_steps!;
     assert.ok(positive(a.p50, 'action_steps.p50') <= a.p90 && a.p90 <= a.max, JSON.stringify(a));
     assert.ok(c.action_steps <= a.max, `the ceiling's steps, their mean rounded up (${c.action_steps}), at most the longest`);
+    // The matmul paths it ran under: the loader's defaults where this environment names none.
+    const env = process.env;
+    assert.deepEqual(
+      r.cuda_matmuls,
+      cudaMatmuls({
+        PERCEPT_CUDA_MMQ_MAX_BATCH: env.PERCEPT_CUDA_MMQ_MAX_BATCH ?? String(CUDA_MMQ_MAX_BATCH),
+        PERCEPT_CUDA_F16_WEIGHTS: env.PERCEPT_CUDA_F16_WEIGHTS ?? (CUDA_F16_WEIGHTS ? '1' : '0'),
+      }),
+    );
   });
 
   test('the printed table has the same fields', async () => {
