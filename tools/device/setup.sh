@@ -82,12 +82,14 @@ gaps() {
   log "gaps pp$1"
   local nsys=$(command -v nsys || ls /opt/nvidia/nsight-*/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
   [ -n "$nsys" ] || { log "no nsys"; return 1; }
+  rm -f /tmp/g$1.qdstrm /tmp/g$1.nsys-rep /tmp/g$1.sqlite  # an earlier call's trace must not stand in for this one's
   "$nsys" profile -t cuda -s none --cpuctxsw=none -o /tmp/g$1 -f true $LB -m "$M" -ngl 99 -fa 1 -b 4096 -ub 4096 -p $1 -n 0 -r 5 \
     > /dev/null 2>> $OUT/err.txt
   if [ ! -f /tmp/g$1.nsys-rep ]; then
     local importer=$(ls /opt/nvidia/nsight-*/*/host/linux-desktop-*/QdstrmImporter 2>/dev/null | head -1)
     LD_LIBRARY_PATH=$PWD/.carry/device/lib:${LD_LIBRARY_PATH:-} "$importer" -i /tmp/g$1.qdstrm > /dev/null 2>> $OUT/err.txt
   fi
+  [ -f /tmp/g$1.nsys-rep ] || { log "gaps pp$1: no trace (nsys's importer failed: err.txt)"; return 1; }
   "$nsys" export --type=sqlite --output=/tmp/g$1.sqlite --force-overwrite=true /tmp/g$1.nsys-rep > /dev/null 2>> $OUT/err.txt
   python3 tools/device/prefill-gaps.py /tmp/g$1.sqlite > $RES/gaps-$1.json 2>> $OUT/err.txt
   python3 -c "import json; print(json.dumps(json.load(open('$RES/gaps-$1.json'))[-1]))" 2>&1 | tee -a $OUT/log.txt
