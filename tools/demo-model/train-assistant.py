@@ -190,10 +190,7 @@ class Layout:
 
 def layer_head_dim(tc, layer: int) -> int:
     """Layer `layer`'s head dim: transformers 5.17 keeps Gemma 4's per layer and refuses the global attribute."""
-    per_layer = getattr(tc, "per_layer_config", None)
-    if per_layer is not None:
-        return int(per_layer[layer].head_dim)
-    return int(tc.head_dim if tc.layer_types[layer] == "sliding_attention" else getattr(tc, "global_head_dim", None) or 2 * tc.head_dim)
+    return int(tc.per_layer_config[layer].head_dim)
 
 
 def hf_target(args, tok: dict, rows_of: dict, device) -> dict:
