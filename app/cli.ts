@@ -232,6 +232,12 @@ speculationOptions(
       "decoder.cudaGraphs: on (ggml-cuda's CUDA graphs, one per step shape) or off (default: the config's)",
     ).choices(['on', 'off']),
   )
+  .addOption(
+    new Option(
+      '--mixed-prefill <mode>',
+      "decoder.mixedPrefill: on (a causal Gemma 4 image and the text after it in one decode) or off (default: the config's)",
+    ).choices(['on', 'off']),
+  )
   .option(
     '--jpeg-decode <where>',
     'preprocess.jpegDecode: auto (default) decodes JPEG frames on the encoder GPU where it can (nvJPEG); host: libvips',

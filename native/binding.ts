@@ -73,6 +73,8 @@ export interface NativeContextOptions {
   shapeGraphs: boolean;
   /** Built graphs kept besides the current one (0: only the last is reused). */
   graphSlots: number;
+  /** A causal Gemma 4 image and the text after it in one decode. */
+  mixedPrefill: boolean;
   flashAttention: boolean | 'auto';
   kvType: 'f16' | 'q8_0';
   threads: number;
@@ -100,6 +102,8 @@ export interface NativeContextInfo {
   readonly stepRows: number;
   /** Built graphs kept besides the current one, each with its scheduler (0: only the last is reused). */
   readonly graphSlots: number;
+  /** A causal Gemma 4 image and the text after it share one decode. */
+  readonly mixedPrefill: boolean;
   /** CUDA backends whose decode graphs ggml-cuda keeps one per step shape (0: none, or not asked). */
   readonly shapeGraphBackends: number;
   readonly threads: number;
@@ -150,6 +154,8 @@ export type NativeStopReason = 'eos' | 'max_tokens' | 'stop' | 'cancelled' | 'de
 export interface NativeTimings {
   readonly prefillMs: number;
   readonly prefillTokens: number;
+  /** llama_decode calls of the prefill (a single-sequence context; 0 in a batched one, whose steps are shared). */
+  readonly prefillDecodeCalls: number;
   readonly ttftMs: number;
   readonly decodeMs: number;
   readonly decodeTokens: number;

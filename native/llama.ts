@@ -197,6 +197,12 @@ export interface ContextOptions {
    * compute buffer of its own (LlamaContext.memoryBreakdown counts them); 0 is llama.cpp's behaviour.
    */
   readonly graphSlots?: number;
+  /**
+   * A Gemma 4 image read causally (E2B, E4B) shares one llama_decode with the prompt text after it, one decode
+   * fewer a prefill (default true; native/patches/llama-mixed-batch-gemma4.diff). Other models, images read both
+   * ways and contexts with a speculator decode the image on its own either way.
+   */
+  readonly mixedPrefill?: boolean;
 }
 
 export class LlamaModel {
@@ -312,6 +318,7 @@ export class LlamaModel {
       'stepRows',
       'shapeGraphs',
       'graphSlots',
+      'mixedPrefill',
     ]);
     const nCtx = options.nCtx === undefined ? DEFAULT_N_CTX : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
     const nBatch = options.nBatch === undefined ? DEFAULT_N_BATCH : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
@@ -349,6 +356,7 @@ export class LlamaModel {
     const shapeGraphs = options.shapeGraphs === undefined ? false : bool('options.shapeGraphs', options.shapeGraphs);
     const graphSlots =
       options.graphSlots === undefined ? DEFAULT_GRAPH_SLOTS : intIn('options.graphSlots', options.graphSlots, 0, MAX_GRAPH_SLOTS);
+    const mixedPrefill = options.mixedPrefill === undefined ? true : bool('options.mixedPrefill', options.mixedPrefill);
     const fa = oneOf('options.flashAttention', options.flashAttention ?? 'auto', [true, false, 'auto']);
     const kvType = oneOf('options.kvType', options.kvType ?? 'f16', ['f16', 'q8_0']);
     if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
@@ -374,6 +382,7 @@ export class LlamaModel {
         stepRows,
         shapeGraphs,
         graphSlots,
+        mixedPrefill,
         flashAttention: fa,
         kvType,
         threads,

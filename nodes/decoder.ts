@@ -342,6 +342,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   // With graphs on, one per step shape: ggml-cuda alone keeps one per context (LlamaContext's shapeGraphs).
   const shapeGraphs = gpuLayers > 0 && cudaGraphsWanted(config);
   const graphSlots = config.graphSlots !== null ? { graphSlots: config.graphSlots } : {};
+  const mixedPrefill = config.mixedPrefill !== null ? { mixedPrefill: config.mixedPrefill } : {};
   const cameras = batching && batching.cameras > 1 ? batching : undefined;
   const laneCount = cameras ? checkLanes(cameras) : 1;
   const model = await LlamaModel.load(config.model, { gpuLayers });
@@ -375,6 +376,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
           stepTokens: config.stepTokens,
           shapeGraphs,
           ...graphSlots,
+          ...mixedPrefill,
           ...threads,
           // Several cameras: one sequence each, decoded in one batch. One camera: a verify batch reads
           // one row per draft position and one for the last certain token.

@@ -130,6 +130,8 @@ export interface DecoderConfig {
   readonly graphSlots: number | null;
   /** local, CUDA: decode steps as CUDA graphs, one per step shape (null: on). */
   readonly cudaGraphs: boolean | null;
+  /** local: a causal Gemma 4 image and the prompt text after it in one decode (null: the binding's default, on). */
+  readonly mixedPrefill: boolean | null;
   readonly gpuLayers: number;
   readonly nCtx: number;
   readonly systemPrompt: string;
@@ -536,6 +538,7 @@ function checkDecoder(decoder: DecoderConfig): ConfigIssue[] {
     if (decoder.stepTokens !== 1) only('stepTokens', 'local');
     if (decoder.graphSlots !== null) only('graphSlots', 'local');
     if (decoder.cudaGraphs !== null) only('cudaGraphs', 'local');
+    if (decoder.mixedPrefill !== null) only('mixedPrefill', 'local');
   } else {
     if (decoder.endpoint !== null) only('endpoint', 'openai');
     if (decoder.apiKey !== null) only('apiKey', 'openai');

@@ -36,6 +36,8 @@ export interface BenchFrameOptions {
   readonly graphSlots?: number;
   /** decoder.cudaGraphs, 'on' or 'off'. Default: the config's. */
   readonly cudaGraphs?: 'on' | 'off';
+  /** decoder.mixedPrefill, 'on' or 'off'. Default: the config's. */
+  readonly mixedPrefill?: 'on' | 'off';
   /** preprocess.jpegDecode. The default 'auto' decodes JPEG frames on the encoder's GPU where it can. */
   readonly jpegDecode?: 'auto' | 'host';
   readonly draftMtp?: string;
@@ -315,6 +317,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
           ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
           ...(opts.graphSlots !== undefined ? { graphSlots: opts.graphSlots } : {}),
           ...(opts.cudaGraphs !== undefined ? { cudaGraphs: opts.cudaGraphs === 'on' } : {}),
+          ...(opts.mixedPrefill !== undefined ? { mixedPrefill: opts.mixedPrefill === 'on' } : {}),
           draft: opts.draft ?? null,
           draftMtp: opts.draftMtp ?? null,
           ngram: opts.ngram ?? false,

@@ -133,6 +133,7 @@ Napi::Object resultToJs(Napi::Env env, const GenerateResult & r, bool recordSamp
     Napi::Object t = Napi::Object::New(env);
     t.Set("prefillMs", r.prefillMs);
     t.Set("prefillTokens", r.prefillTokens);
+    t.Set("prefillDecodeCalls", r.prefillDecodeCalls);
     t.Set("ttftMs", r.ttftMs);
     t.Set("decodeMs", r.decodeMs);
     t.Set("decodeTokens", std::max<int32_t>(0, int32_t(r.tokens.size()) - 1));
@@ -399,6 +400,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     }
     c.shapeGraphs = requireBool(o, "shapeGraphs", w);
     c.graphSlots = uint32_t(requireInt(o, "graphSlots", 0, kMaxGraphSlots, w));
+    c.mixedPrefill = requireBool(o, "mixedPrefill", w);
     Napi::Value fa = o.Get("flashAttention");
     if (fa.IsBoolean()) c.flashAttention = fa.As<Napi::Boolean>().Value() ? 1 : 0;
     else if (requireChoice(o, "flashAttention", {"auto"}, w) == 0) c.flashAttention = -1;
@@ -675,6 +677,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("stepTokens", opts_.stepTokens);
     o.Set("stepRows", opts_.stepRows);
     o.Set("graphSlots", opts_.graphSlots);
+    o.Set("mixedPrefill", opts_.mixedPrefill);
     // CUDA backends whose graphs are keyed per step shape (0: none, or not asked).
     o.Set("shapeGraphBackends", double(native_->shapeGraphs ? native_->shapeGraphs->backends() : 0));
     o.Set("threads", opts_.threads);

@@ -56,6 +56,9 @@ struct ContextOptions {
     // Built graphs kept besides the current one, each with its scheduler (setGraphSlots,
     // llama-internal.h), so steps that alternate between shapes reuse theirs (0: only the last).
     uint32_t graphSlots = 0;
+    // A Gemma 4 image read causally shares one decode with the prompt text after it
+    // (patches/llama-mixed-batch-gemma4.diff): one llama_decode fewer a prefill.
+    bool mixedPrefill = false;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     std::string kvType;           // "f16" | "q8_0"
     int32_t threads = 0;

@@ -95,6 +95,7 @@ GenerateResult Generation::run() {
     const int64_t tPrefill = monotonicNs();
     if (stopped() || !prefill(p)) return res_;
     res_.prefillTokens = p.positions - p.reusePositions;
+    res_.prefillDecodeCalls = res_.decodeCalls;
     res_.decodeCalls = 0;  // from here on: generation decodes only
     res_.llamaDecodeMs = 0;
     res_.singleDecodeCalls = 0;
@@ -138,25 +139,39 @@ void Generation::reuseCache(const PromptPlan & p) {
 }
 
 // Decodes the items past the reused prefix: tokens in batches of nBatch, each image in its own
-// decode; logits only for the prompt's last position. False when stopped (cancel, deadline).
+// decode, or with the text after it where they mix; logits only for the prompt's last position.
+// False when stopped (cancel, deadline).
 bool Generation::prefill(const PromptPlan & p) {
     const int32_t nBatch = int32_t(ctx_.options().nBatch);
     TokenBatch batch(nBatch);
     llama_pos pos = p.reusePositions;
+    // An image waiting to share its decode with the text after it, and its first position.
+    const PromptItem * image = nullptr;
+    llama_pos imagePos = 0;
+    const auto imageRows = [&]() { return image ? image->item.imageTokens : 0; };
     const auto flushBatch = [&]() {
-        const bool ok = batch.b.n_tokens == 0 || decodeTokens(batch) == 0;
+        bool ok = true;
+        if (image) ok = decodeImageWithText(*image, imagePos, batch) == 0;
+        else if (batch.b.n_tokens > 0) ok = decodeTokens(batch) == 0;
+        image = nullptr;
         batch.clear();
         return ok;
     };
     for (size_t i = p.reuse; i < p.items.size(); i++) {
         const PromptItem & item = p.items[i];
         if (item.item.imageTokens > 0) {
-            if (!flushBatch() || decodeImage(item, pos) != 0) return false;
+            if (!flushBatch()) return false;
+            if (mixesWithText(item)) {
+                image = &item;
+                imagePos = pos;
+            } else if (decodeImage(item, pos) != 0) {
+                return false;
+            }
             pos += item.item.imageTokens;
             continue;
         }
         batch.add(item.item.token, pos++, i + 1 == p.items.size());
-        if (batch.b.n_tokens == nBatch && !flushBatch()) return false;
+        if (imageRows() + batch.b.n_tokens == nBatch && !flushBatch()) return false;
     }
     // The grammar's opening forced run (the action's `{"action":"`) rides in the prompt's last decode.
     // Jump-forward runs ride with the token before them the same way.
@@ -164,7 +179,7 @@ bool Generation::prefill(const PromptPlan & p) {
     if (opts_.jumpForward && sampler_.hasGrammar() && opts_.maxTokens > 0 && batch.b.n_tokens > 0) {
         const int32_t before = batch.b.n_tokens;
         nPast_ = batch.b.pos[0];  // jumpForward places its tokens after the batch, which starts at nPast_
-        stoppedEarly_ = jumpForward(batch, nBatch);
+        stoppedEarly_ = jumpForward(batch, nBatch - imageRows());
         openingRun_ = batch.b.n_tokens - before;
     }
     return flushBatch();
@@ -440,13 +455,72 @@ int Generation::decodeTokens(TokenBatch & batch, int32_t nReal) {
         llama_memory_seq_rm(llama_get_memory(lctx), 0, p0 + nReal, -1);
         res_.paddedSteps++;
     }
-    for (int i = 0; i < nReal; i++) {
-        ctx_.cache().push_back(CacheItem{batch.b.token[i], 0, 0});
-        history_.push_back(batch.b.token[i]);
-    }
+    keepTokens(batch, nReal);
     if (SpecState * s = ctx_.speculator()) {
         if (!common_speculative_process(s->spec(), batch.b)) throw std::runtime_error("speculator failed to process a batch");
     }
+    return 0;
+}
+
+// The prompt cache and history take a decoded batch's first n tokens.
+void Generation::keepTokens(const TokenBatch & batch, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        ctx_.cache().push_back(CacheItem{batch.b.token[i], 0, 0});
+        history_.push_back(batch.b.token[i]);
+    }
+}
+
+// The prompt cache and history take a decoded image.
+void Generation::keepImage(const PromptItem & p) {
+    ctx_.cache().push_back(p.item);
+    history_.insert(history_.end(), size_t(p.item.imageTokens), ctx_.model()->info().imageStartToken);
+}
+
+// Whether an image's rows may share a decode with the text after it: a Gemma 4 image read causally,
+// where the patch builds the mixed input, and no speculator that must see the image on its own.
+bool Generation::mixesWithText(const PromptItem & p) const {
+    const ModelInfo & mi = ctx_.model()->info();
+    return ctx_.options().mixedPrefill && mi.arch == "gemma4" && !imageNonCausal(mi, p) && ctx_.speculator() == nullptr &&
+        uint32_t(p.item.imageTokens) < ctx_.options().nBatch;
+}
+
+// Decodes an image's rows and then the text rows of `text` in one llama_decode (a mixed batch: a row with
+// LLAMA_TOKEN_NULL reads its embedding). Returns 0 on success, 2 when aborted; throws on other failures.
+int Generation::decodeImageWithText(const PromptItem & p, llama_pos pos0, TokenBatch & text) {
+    llama_context * lctx = ctx_.raw();
+    const size_t nEmbd = size_t(ctx_.model()->info().nEmbd);
+    const int32_t nImage = p.item.imageTokens;
+    const int32_t n = nImage + text.b.n_tokens;
+    std::vector<llama_token> tokens(size_t(n), LLAMA_TOKEN_NULL);
+    std::vector<float> embd(size_t(n) * nEmbd, 0.0f);
+    std::copy(p.embd, p.embd + size_t(nImage) * nEmbd, embd.begin());
+    std::vector<llama_pos> pos(static_cast<size_t>(n));
+    std::vector<int32_t> nSeq(size_t(n), 1);
+    llama_seq_id seq0 = 0;
+    std::vector<llama_seq_id *> seqIds(size_t(n), &seq0);
+    std::vector<int8_t> logits(size_t(n), 0);
+    for (int32_t i = 0; i < nImage; i++) pos[size_t(i)] = pos0 + i;
+    for (int32_t i = 0; i < text.b.n_tokens; i++) {
+        tokens[size_t(nImage + i)] = text.b.token[i];
+        pos[size_t(nImage + i)] = text.b.pos[i];
+        logits[size_t(nImage + i)] = text.b.logits[i];
+    }
+    llama_batch b{n, tokens.data(), embd.data(), pos.data(), nSeq.data(), seqIds.data(), logits.data()};
+    const int32_t reusedBefore = llama_perf_context(lctx).n_reused;
+    const int64_t td0 = monotonicNs();
+    const int ret = llama_decode(lctx, b);
+    llama_synchronize(lctx);
+    res_.llamaDecodeMs += msSince(td0);
+    res_.decodeCalls++;
+    if (llama_perf_context(lctx).n_reused > reusedBefore) res_.graphReuses++;
+    if (ret != 0) {
+        llama_memory_seq_rm(llama_get_memory(lctx), 0, pos0, -1);
+        if (ret == 2) return aborted();
+        throw std::runtime_error(ret == 1 ? "llama_decode: no KV slot for the image and its text (context full)"
+                                          : "llama_decode (image and text) failed with code " + std::to_string(ret));
+    }
+    keepImage(p);
+    keepTokens(text, text.b.n_tokens);
     return 0;
 }
 
@@ -482,8 +556,7 @@ int Generation::decodeImage(const PromptItem & p, llama_pos pos0) {
         throw std::runtime_error(ret == 1 ? "llama_decode: no KV slot for the image (context full)"
                                           : "llama_decode (image) failed with code " + std::to_string(ret));
     }
-    ctx_.cache().push_back(p.item);
-    history_.insert(history_.end(), size_t(n), mi.imageStartToken);
+    keepImage(p);
     if (SpecState * s = ctx_.speculator()) {
         if (s->ownsMemory()) {
             // The draft model cannot read the target's image rows: keep its positions aligned with

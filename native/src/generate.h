@@ -71,6 +71,7 @@ struct GenerateResult {
     int32_t forced = 0;
     int32_t draftsCut = 0;  // draft tokens the grammar refused, cut before verification
     int32_t decodeCalls = 0;
+    int32_t prefillDecodeCalls = 0;  // llama_decode calls of the prefill (single sequence; batched: 0, shared steps)
     // Generation decodes of one token, apart from those with more: a token and its forced run, or drafts.
     // llama.cpp reuses its graph, and ggml-cuda its CUDA graph, only while the shape stays.
     int32_t singleDecodeCalls = 0;
@@ -126,6 +127,10 @@ private:
     int aborted();
     int decodeTokens(TokenBatch & batch, int32_t nReal = -1);
     int decodeImage(const PromptItem & p, llama_pos pos0);
+    bool mixesWithText(const PromptItem & p) const;
+    int decodeImageWithText(const PromptItem & p, llama_pos pos0, TokenBatch & text);
+    void keepImage(const PromptItem & p);
+    void keepTokens(const TokenBatch & batch, int32_t n);
     void truncateKv(llama_pos from);
     llama_token sampleAt(int32_t idx, int32_t ahead = 0);
     void recordTopLogits(int32_t idx, int32_t step);

@@ -64,6 +64,16 @@ describe('loadConfig', () => {
     );
   });
 
+  test('decoder.mixedPrefill: null by default (the binding decides), a boolean, refused for a remote decoder', () => {
+    assert.equal(loadConfig({}).decoder.mixedPrefill, null);
+    assert.equal(loadConfig({ decoder: { mixedPrefill: false } }).decoder.mixedPrefill, false);
+    assert.throws(() => loadConfig({ decoder: { mixedPrefill: 'off' } }), /\/decoder\/mixedPrefill/);
+    assert.throws(
+      () => loadConfig({ decoder: { kind: 'openai', endpoint: 'http://x', model: 'm', mixedPrefill: true } }),
+      /\/decoder\/mixedPrefill: applies to decoder.kind "local" only/,
+    );
+  });
+
   test('decoder.stepTokens: 1 (no padding) by default, refused for a remote decoder and out of range', () => {
     assert.equal(loadConfig({}).decoder.stepTokens, 1);
     assert.equal(loadConfig({ decoder: { stepTokens: 4 } }).decoder.stepTokens, 4);
