@@ -204,7 +204,7 @@ describe('warm-up on the tiny models', () => {
           `${imageTokens} tokens, first ÷ median: cold ${trials.cold.map((t) => t[r]!.toFixed(2)).join(', ')}; warm ${trials.warm.map((t) => t[r]!.toFixed(2)).join(', ')}`,
         );
         assert.ok(
-          cold > 2,
+          cold > 1.5,
           `${imageTokens} tokens: without the warm-up the first frame takes only ${cold.toFixed(2)}× the median; the check below proves nothing`,
         );
         assert.ok(
