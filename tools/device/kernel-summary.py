@@ -19,7 +19,7 @@ def kind(n):
 sections = re.split(r'^## ', text, flags=re.M)[1:] or [f'{sys.argv[1]}\n{text}']
 for sec in sections:
     tag, body = sec.split('\n', 1)
-    lines = [l for l in body.splitlines() if l.startswith('"') or l.startswith('Time') or l.startswith('ID')]
+    lines = [l for l in body.splitlines() if l[:1] == '"' or l[:1].isdigit() or l.startswith('Time') or l.startswith('ID')]
     rows = list(csv.reader(io.StringIO('\n'.join(lines))))
     if not rows: print(tag, 'no rows'); continue
     hdr = rows[0]; per = defaultdict(float); cnt = defaultdict(int)
@@ -37,6 +37,6 @@ for sec in sections:
     total = sum(per.values())
     bykind = defaultdict(float)
     for k, v in per.items(): bykind[kind(k)] += v
-    print(f'== {tag}: {total:.2f} ms of kernels per prefill')
+    print(f'== {tag}: {total:.2f} ms of kernels')
     for k, v in sorted(bykind.items(), key=lambda x: -x[1]): print(f'   {k:24s} {v:8.2f} ms {100*v/total:5.1f} %')
     for k, v in sorted(per.items(), key=lambda x: -x[1])[:15]: print(f'   {v:8.3f} ms x{cnt[k]:<5d} {k}')

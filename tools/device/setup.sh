@@ -94,3 +94,25 @@ gaps() {
   python3 tools/device/prefill-gaps.py /tmp/g$1.sqlite > $RES/gaps-$1.json 2>> $OUT/err.txt
   python3 -c "import json; print(json.dumps(json.load(open('$RES/gaps-$1.json'))[-1]))" 2>&1 | tee -a $OUT/log.txt
 }
+
+# Where a decode step goes: nsys's trace of llama-bench's $1 decode steps (default 32), each a CUDA graph traced
+# node by node: per kernel into $RES/decode-kernels.csv (kernel-summary.py), per step into $RES/decode-steps.json.
+decode_kernels() {
+  log "decode kernels tg${1:-32}"
+  local nsys=$(command -v nsys || ls /opt/nvidia/nsight-*/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
+  [ -n "$nsys" ] || { log "no nsys"; return 1; }
+  rm -f /tmp/tg.qdstrm /tmp/tg.nsys-rep /tmp/tg.sqlite /tmp/tgk_cuda_gpu_kern_sum.csv
+  "$nsys" profile -t cuda --cuda-graph-trace=node -s none --cpuctxsw=none -o /tmp/tg -f true $LB -m "$M" -ngl 99 -fa 1 \
+    -p 0 -n ${1:-32} -r 1 > /dev/null 2>> $OUT/err.txt
+  if [ ! -f /tmp/tg.nsys-rep ]; then
+    local importer=$(ls /opt/nvidia/nsight-*/*/host/linux-desktop-*/QdstrmImporter 2>/dev/null | head -1)
+    LD_LIBRARY_PATH=$PWD/.carry/device/lib:${LD_LIBRARY_PATH:-} "$importer" -i /tmp/tg.qdstrm > /dev/null 2>> $OUT/err.txt
+  fi
+  [ -f /tmp/tg.nsys-rep ] || { log "decode kernels: no trace (nsys's importer failed: err.txt)"; return 1; }
+  "$nsys" stats -r cuda_gpu_kern_sum -f csv -o /tmp/tgk /tmp/tg.nsys-rep > /dev/null 2>> $OUT/err.txt
+  cp /tmp/tgk_cuda_gpu_kern_sum.csv $RES/decode-kernels.csv
+  python3 tools/device/kernel-summary.py $RES/decode-kernels.csv 2>&1 | head -12 | tee -a $OUT/log.txt
+  "$nsys" export --type=sqlite --output=/tmp/tg.sqlite --force-overwrite=true /tmp/tg.nsys-rep > /dev/null 2>> $OUT/err.txt
+  python3 tools/device/decode-steps.py /tmp/tg.sqlite > $RES/decode-steps.json 2>> $OUT/err.txt
+  cat $RES/decode-steps.json | tee -a $OUT/log.txt
+}
