@@ -314,6 +314,8 @@ function decodeNote(r: GenerateResult, virtual: boolean): Record<string, number 
           llamaDecodeMs: r.timings.llamaDecodeMs,
           graphReuses: r.batch ? r.batch.graphReuses : r.timings.graphReuses,
           paddedSteps: r.timings.paddedSteps,
+          // A batched context's prefill shares its steps: no count of its own.
+          ...(r.batch ? {} : { prefillDecodeCalls: r.timings.prefillDecodeCalls }),
         }),
     stopReason: r.stopReason,
     ...(r.batch

@@ -90,6 +90,9 @@ export interface BenchFrameResult {
    * one-token call and of a longer one. A longer call decodes a sampled token with its forced run, or drafts.
    * `graph_reuse_share` is the share of calls where llama.cpp reused the previous step's graph. */
   readonly decode_calls_median: number | null;
+  /** llama_decode calls of a frame's prefill past the cached prefix: 1 where its image and the text after it mix
+   * (decoder.mixedPrefill), 2 where the image is decoded alone. */
+  readonly prefill_decode_calls_median: number | null;
   readonly single_decode_ms_mean: number | null;
   readonly multi_decode_ms_mean: number | null;
   readonly graph_reuse_share: number | null;
@@ -150,6 +153,7 @@ export interface FrameSample {
   readonly prefillMs: number | null;
   readonly decodeMs: number | null;
   readonly decodeCalls: number | null;
+  readonly prefillDecodeCalls: number | null;
   readonly singleDecodeCalls: number | null;
   readonly singleDecodeMs: number | null;
   readonly llamaDecodeMs: number | null;
@@ -171,6 +175,7 @@ export type DecodeFigures = Pick<
   | 'decode_ms_per_token_median'
   | 'decode_other_ms_median'
   | 'decode_calls_median'
+  | 'prefill_decode_calls_median'
   | 'single_decode_ms_mean'
   | 'multi_decode_ms_mean'
   | 'graph_reuse_share'
@@ -241,6 +246,7 @@ export function decodeFigures(frames: readonly FrameSample[]): DecodeFigures {
     decode_ms_per_token_median: stat(values(msPerToken)),
     decode_other_ms_median: stat(values(decodeOtherMs)),
     decode_calls_median: stat(values((s) => s.decodeCalls)),
+    prefill_decode_calls_median: stat(values((s) => s.prefillDecodeCalls)),
     single_decode_ms_mean: ratioOf(singleMs, single),
     multi_decode_ms_mean: ratioOf(allMs - singleMs, calls - single),
     graph_reuse_share: ratioOf(
@@ -366,6 +372,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
       prefillMs: n('prefillMs'),
       decodeMs: n('decodeMs'),
       decodeCalls: n('decodeCalls'),
+      prefillDecodeCalls: n('prefillDecodeCalls'),
       singleDecodeCalls: n('singleDecodeCalls'),
       singleDecodeMs: n('singleDecodeMs'),
       llamaDecodeMs: n('llamaDecodeMs'),

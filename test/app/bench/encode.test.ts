@@ -112,6 +112,8 @@ test('bench frame reports the first frame apart from the rest, with and without 
     // the image reused, its own image prefilled (not the warm-up's image, nor an empty cache).
     assert.equal(d.reused_tokens, warmup ? r.reused_tokens_median : 0, `reused tokens of the first frame, warm-up ${warmup}`);
     assert.ok(r.reused_tokens_median! > 0 && r.reused_tokens_median! < r.prompt_tokens_median!);
+    // The tiny preset reads images both ways: its image is decoded alone, then the text after it.
+    assert.equal(r.prefill_decode_calls_median, 2);
     // The slowest frame is one of the three, no faster than the first, with its note.
     const slow = r.slowest_frame!;
     assert.ok(Number.isInteger(slow.index) && slow.index >= 0 && slow.index < 3, `index ${slow.index}`);
@@ -137,6 +139,7 @@ test('slowest: the frame with the longest time, its stages and its decode note',
     prefillMs: 40,
     decodeMs: 5 * decodeCalls,
     decodeCalls,
+    prefillDecodeCalls: 2,
     singleDecodeCalls: decodeCalls,
     singleDecodeMs: 5 * decodeCalls,
     llamaDecodeMs: 5 * decodeCalls,
@@ -175,6 +178,7 @@ test('worstCase: the bound in calls, and in ms at the frames’ mean call time',
     prefillMs: null,
     decodeMs: null,
     decodeCalls,
+    prefillDecodeCalls: 2,
     singleDecodeCalls: null,
     singleDecodeMs: null,
     llamaDecodeMs,
@@ -215,6 +219,7 @@ test("decodeFigures: acceptance and tokens per decode (the prompt's decode count
     prefillMs: 10,
     decodeMs: 20,
     decodeCalls,
+    prefillDecodeCalls: 2,
     singleDecodeCalls: 0,
     singleDecodeMs: 0,
     llamaDecodeMs: 20,
