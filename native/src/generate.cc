@@ -51,6 +51,24 @@ PromptPlan planChecked(const Model & model, const std::vector<Segment> & segment
 
 bool imageNonCausal(const ModelInfo & mi, const PromptItem & p) { return mi.imageAttention != "causal" && !p.forceCausal; }
 
+namespace {
+
+// Attention reads both ways while alive (an image under its model's rule), causal again after, thrown or not.
+struct NonCausalScope {
+    llama_context * ctx;
+    bool on;
+    NonCausalScope(llama_context * c, bool enabled) : ctx(c), on(enabled) {
+        if (on) llama_set_causal_attn(ctx, false);
+    }
+    ~NonCausalScope() {
+        if (on) llama_set_causal_attn(ctx, true);
+    }
+    NonCausalScope(const NonCausalScope &) = delete;
+    NonCausalScope & operator=(const NonCausalScope &) = delete;
+};
+
+}  // namespace
+
 bool appendOutput(const llama_vocab * vocab, const GenerateOptions & opts, GenerateResult & res, llama_token t) {
     for (int32_t s : opts.stopTokens) {
         if (s == t) {
@@ -433,24 +451,7 @@ int Generation::decodeTokens(TokenBatch & batch, int32_t nReal) {
     if (nReal < 0) nReal = batch.b.n_tokens;
     llama_context * lctx = ctx_.raw();
     const llama_pos p0 = batch.b.pos[0];
-    const int32_t reusedBefore = llama_perf_context(lctx).n_reused;
-    const int64_t td0 = monotonicNs();
-    const int ret = llama_decode(lctx, batch.b);
-    llama_synchronize(lctx);
-    const double ms = msSince(td0);
-    res_.llamaDecodeMs += ms;
-    res_.decodeCalls++;
-    if (nReal == 1) {
-        res_.singleDecodeCalls++;
-        res_.singleDecodeMs += ms;
-    }
-    if (llama_perf_context(lctx).n_reused > reusedBefore) res_.graphReuses++;
-    if (ret != 0) {
-        llama_memory_seq_rm(llama_get_memory(lctx), 0, p0, -1);
-        if (ret == 2) return aborted();
-        throw std::runtime_error(ret == 1 ? "llama_decode: no KV slot for the batch (context full)"
-                                          : "llama_decode failed with code " + std::to_string(ret));
-    }
+    if (const int ret = decodeCounted(batch.b, p0, "the batch", nReal == 1); ret != 0) return ret;
     if (nReal < batch.b.n_tokens) {
         llama_memory_seq_rm(llama_get_memory(lctx), 0, p0 + nReal, -1);
         res_.paddedSteps++;
@@ -460,6 +461,29 @@ int Generation::decodeTokens(TokenBatch & batch, int32_t nReal) {
         if (!common_speculative_process(s->spec(), batch.b)) throw std::runtime_error("speculator failed to process a batch");
     }
     return 0;
+}
+
+// One llama_decode to its end (synchronized), counted in the result; `single` counts it as a one-token call too.
+// On failure the KV cache drops the rows from pos0 on. Returns 0, or 2 when aborted; throws naming `what` otherwise.
+int Generation::decodeCounted(const llama_batch & b, llama_pos pos0, const char * what, bool single) {
+    llama_context * lctx = ctx_.raw();
+    const int32_t reusedBefore = llama_perf_context(lctx).n_reused;
+    const int64_t t0 = monotonicNs();
+    const int ret = llama_decode(lctx, b);
+    llama_synchronize(lctx);
+    const double ms = msSince(t0);
+    res_.llamaDecodeMs += ms;
+    res_.decodeCalls++;
+    if (single) {
+        res_.singleDecodeCalls++;
+        res_.singleDecodeMs += ms;
+    }
+    if (llama_perf_context(lctx).n_reused > reusedBefore) res_.graphReuses++;
+    if (ret == 0) return 0;
+    llama_memory_seq_rm(llama_get_memory(lctx), 0, pos0, -1);
+    if (ret == 2) return aborted();
+    throw std::runtime_error(ret == 1 ? std::string("llama_decode: no KV slot for ") + what + " (context full)"
+                                      : std::string("llama_decode (") + what + ") failed with code " + std::to_string(ret));
 }
 
 // The prompt cache and history take a decoded batch's first n tokens.
@@ -487,7 +511,6 @@ bool Generation::mixesWithText(const PromptItem & p) const {
 // Decodes an image's rows and then the text rows of `text` in one llama_decode (a mixed batch: a row with
 // LLAMA_TOKEN_NULL reads its embedding). Returns 0 on success, 2 when aborted; throws on other failures.
 int Generation::decodeImageWithText(const PromptItem & p, llama_pos pos0, TokenBatch & text) {
-    llama_context * lctx = ctx_.raw();
     const size_t nEmbd = size_t(ctx_.model()->info().nEmbd);
     const int32_t nImage = p.item.imageTokens;
     const int32_t n = nImage + text.b.n_tokens;
@@ -506,19 +529,7 @@ int Generation::decodeImageWithText(const PromptItem & p, llama_pos pos0, TokenB
         logits[size_t(nImage + i)] = text.b.logits[i];
     }
     llama_batch b{n, tokens.data(), embd.data(), pos.data(), nSeq.data(), seqIds.data(), logits.data()};
-    const int32_t reusedBefore = llama_perf_context(lctx).n_reused;
-    const int64_t td0 = monotonicNs();
-    const int ret = llama_decode(lctx, b);
-    llama_synchronize(lctx);
-    res_.llamaDecodeMs += msSince(td0);
-    res_.decodeCalls++;
-    if (llama_perf_context(lctx).n_reused > reusedBefore) res_.graphReuses++;
-    if (ret != 0) {
-        llama_memory_seq_rm(llama_get_memory(lctx), 0, pos0, -1);
-        if (ret == 2) return aborted();
-        throw std::runtime_error(ret == 1 ? "llama_decode: no KV slot for the image and its text (context full)"
-                                          : "llama_decode (image and text) failed with code " + std::to_string(ret));
-    }
+    if (const int ret = decodeCounted(b, pos0, "the image and its text"); ret != 0) return ret;
     keepImage(p);
     keepTokens(text, text.b.n_tokens);
     return 0;
@@ -546,15 +557,9 @@ int Generation::decodeImage(const PromptItem & p, llama_pos pos0) {
     std::vector<int8_t> logits(n, 0);
     for (int32_t i = 0; i < n; i++) pos[i] = pos0 + i;
     llama_batch b{n, nullptr, const_cast<float *>(p.embd), pos.data(), nSeq.data(), seqIds.data(), logits.data()};
-    if (nonCausal) llama_set_causal_attn(lctx, false);
-    const int ret = llama_decode(lctx, b);
-    if (nonCausal) llama_set_causal_attn(lctx, true);
-    res_.decodeCalls++;
-    if (ret != 0) {
-        llama_memory_seq_rm(llama_get_memory(lctx), 0, pos0, -1);
-        if (ret == 2) return aborted();
-        throw std::runtime_error(ret == 1 ? "llama_decode: no KV slot for the image (context full)"
-                                          : "llama_decode (image) failed with code " + std::to_string(ret));
+    {
+        const NonCausalScope scope(lctx, nonCausal);
+        if (const int ret = decodeCounted(b, pos0, "the image"); ret != 0) return ret;
     }
     keepImage(p);
     if (SpecState * s = ctx_.speculator()) {

@@ -126,6 +126,7 @@ private:
     bool stopped();
     int aborted();
     int decodeTokens(TokenBatch & batch, int32_t nReal = -1);
+    int decodeCounted(const llama_batch & b, llama_pos pos0, const char * what, bool single = false);
     int decodeImage(const PromptItem & p, llama_pos pos0);
     bool mixesWithText(const PromptItem & p) const;
     int decodeImageWithText(const PromptItem & p, llama_pos pos0, TokenBatch & text);
