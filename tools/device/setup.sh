@@ -75,22 +75,29 @@ kernels() {
   fi
 }
 
+# nsys's trace of a command into /tmp/$1.nsys-rep and /tmp/$1.sqlite: $2 adds nsys options, the rest is the command.
+# Where nsys is not on the PATH, Nsight Compute's copy; its importer needs the libdw that pack.sh carries.
+# An earlier call's trace never stands in for this one's. Sets NSYS for the caller's reports.
+nsys_trace() {
+  local name=$1 opts=$2
+  shift 2
+  NSYS=$(command -v nsys || ls /opt/nvidia/nsight-*/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
+  [ -n "$NSYS" ] || { log "no nsys"; return 1; }
+  rm -f /tmp/$name.qdstrm /tmp/$name.nsys-rep /tmp/$name.sqlite
+  "$NSYS" profile -t cuda $opts -s none --cpuctxsw=none -o /tmp/$name -f true "$@" > /dev/null 2>> $OUT/err.txt
+  if [ ! -f /tmp/$name.nsys-rep ]; then
+    local importer=$(ls /opt/nvidia/nsight-*/*/host/linux-desktop-*/QdstrmImporter 2>/dev/null | head -1)
+    LD_LIBRARY_PATH=$PWD/.carry/device/lib:${LD_LIBRARY_PATH:-} "$importer" -i /tmp/$name.qdstrm > /dev/null 2>> $OUT/err.txt
+  fi
+  [ -f /tmp/$name.nsys-rep ] || { log "$name: no trace (nsys's importer failed: err.txt)"; return 1; }
+  "$NSYS" export --type=sqlite --output=/tmp/$name.sqlite --force-overwrite=true /tmp/$name.nsys-rep > /dev/null 2>> $OUT/err.txt
+}
+
 # The GPU's idle gaps within a prefill of $1 positions (llama-bench, 5 repeats after its warm-up) and the host's CUDA
 # calls meanwhile: prefill-gaps.py over nsys's trace, into $RES/gaps-$1.json; the last repeat in the log.
-# Where nsys is not on the PATH, Nsight Compute's copy; its importer needs the libdw that pack.sh carries.
 gaps() {
   log "gaps pp$1"
-  local nsys=$(command -v nsys || ls /opt/nvidia/nsight-*/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
-  [ -n "$nsys" ] || { log "no nsys"; return 1; }
-  rm -f /tmp/g$1.qdstrm /tmp/g$1.nsys-rep /tmp/g$1.sqlite  # an earlier call's trace must not stand in for this one's
-  "$nsys" profile -t cuda -s none --cpuctxsw=none -o /tmp/g$1 -f true $LB -m "$M" -ngl 99 -fa 1 -b 4096 -ub 4096 -p $1 -n 0 -r 5 \
-    > /dev/null 2>> $OUT/err.txt
-  if [ ! -f /tmp/g$1.nsys-rep ]; then
-    local importer=$(ls /opt/nvidia/nsight-*/*/host/linux-desktop-*/QdstrmImporter 2>/dev/null | head -1)
-    LD_LIBRARY_PATH=$PWD/.carry/device/lib:${LD_LIBRARY_PATH:-} "$importer" -i /tmp/g$1.qdstrm > /dev/null 2>> $OUT/err.txt
-  fi
-  [ -f /tmp/g$1.nsys-rep ] || { log "gaps pp$1: no trace (nsys's importer failed: err.txt)"; return 1; }
-  "$nsys" export --type=sqlite --output=/tmp/g$1.sqlite --force-overwrite=true /tmp/g$1.nsys-rep > /dev/null 2>> $OUT/err.txt
+  nsys_trace g$1 "" $LB -m "$M" -ngl 99 -fa 1 -b 4096 -ub 4096 -p $1 -n 0 -r 5 || return 1
   python3 tools/device/prefill-gaps.py /tmp/g$1.sqlite > $RES/gaps-$1.json 2>> $OUT/err.txt
   python3 -c "import json; print(json.dumps(json.load(open('$RES/gaps-$1.json'))[-1]))" 2>&1 | tee -a $OUT/log.txt
 }
@@ -99,20 +106,11 @@ gaps() {
 # node by node: per kernel into $RES/decode-kernels.csv (kernel-summary.py), per step into $RES/decode-steps.json.
 decode_kernels() {
   log "decode kernels tg${1:-32}"
-  local nsys=$(command -v nsys || ls /opt/nvidia/nsight-*/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
-  [ -n "$nsys" ] || { log "no nsys"; return 1; }
-  rm -f /tmp/tg.qdstrm /tmp/tg.nsys-rep /tmp/tg.sqlite /tmp/tgk_cuda_gpu_kern_sum.csv
-  "$nsys" profile -t cuda --cuda-graph-trace=node -s none --cpuctxsw=none -o /tmp/tg -f true $LB -m "$M" -ngl 99 -fa 1 \
-    -p 0 -n ${1:-32} -r 1 > /dev/null 2>> $OUT/err.txt
-  if [ ! -f /tmp/tg.nsys-rep ]; then
-    local importer=$(ls /opt/nvidia/nsight-*/*/host/linux-desktop-*/QdstrmImporter 2>/dev/null | head -1)
-    LD_LIBRARY_PATH=$PWD/.carry/device/lib:${LD_LIBRARY_PATH:-} "$importer" -i /tmp/tg.qdstrm > /dev/null 2>> $OUT/err.txt
-  fi
-  [ -f /tmp/tg.nsys-rep ] || { log "decode kernels: no trace (nsys's importer failed: err.txt)"; return 1; }
-  "$nsys" stats -r cuda_gpu_kern_sum -f csv -o /tmp/tgk /tmp/tg.nsys-rep > /dev/null 2>> $OUT/err.txt
+  nsys_trace tg --cuda-graph-trace=node $LB -m "$M" -ngl 99 -fa 1 -p 0 -n ${1:-32} -r 1 || return 1
+  rm -f /tmp/tgk_cuda_gpu_kern_sum.csv
+  "$NSYS" stats -r cuda_gpu_kern_sum -f csv -o /tmp/tgk /tmp/tg.nsys-rep > /dev/null 2>> $OUT/err.txt
   cp /tmp/tgk_cuda_gpu_kern_sum.csv $RES/decode-kernels.csv
   python3 tools/device/kernel-summary.py $RES/decode-kernels.csv 2>&1 | head -12 | tee -a $OUT/log.txt
-  "$nsys" export --type=sqlite --output=/tmp/tg.sqlite --force-overwrite=true /tmp/tg.nsys-rep > /dev/null 2>> $OUT/err.txt
   python3 tools/device/decode-steps.py /tmp/tg.sqlite > $RES/decode-steps.json 2>> $OUT/err.txt
   cat $RES/decode-steps.json | tee -a $OUT/log.txt
 }
