@@ -323,6 +323,12 @@ bench
     'a row for every camera in each token decode, rows padded to a multiple of N, so llama.cpp reuses its graph (batching.stepRows; default 0: off)',
     int('--step-rows'),
   )
+  .addOption(
+    new Option(
+      '--mixed-prefill <mode>',
+      "decoder.mixedPrefill: on (a step's causal image rows and its token rows in one decode) or off (default: the config's)",
+    ).choices(['on', 'off']),
+  )
   .option(
     '--step-tokens <n>',
     'tokens per camera and decode step, padded (decoder.stepTokens; default 1: no padding)',

@@ -73,7 +73,7 @@ export interface NativeContextOptions {
   shapeGraphs: boolean;
   /** Built graphs kept besides the current one (0: only the last is reused). */
   graphSlots: number;
-  /** A causal Gemma 4 image and the text after it in one decode. */
+  /** A causal Gemma 4 image and the text after it in one decode; with nSeq > 1, a step's image and token rows. */
   mixedPrefill: boolean;
   flashAttention: boolean | 'auto';
   kvType: 'f16' | 'q8_0';
@@ -247,6 +247,9 @@ export interface NativeTimeAccount {
   /** Token decodes that reused llama.cpp's graph, and their time (within tokenMs). */
   readonly reusedDecodes: number;
   readonly reusedMs: number;
+  /** Image decodes that carried the step's token rows too (mixedPrefill), and those rows; within imageDecodes and imageMs. */
+  readonly mixedDecodes: number;
+  readonly mixedTokenRows: number;
   /** Weighing the tail: admissions beside a running group, and steps that held waiting requests for its end. */
   readonly tailJoins: number;
   readonly tailHolds: number;

@@ -199,8 +199,9 @@ export interface ContextOptions {
   readonly graphSlots?: number;
   /**
    * A Gemma 4 image read causally (E2B, E4B) shares one llama_decode with the prompt text after it, one decode
-   * fewer a prefill (default true; native/patches/llama-mixed-batch-gemma4.diff). Other models, images read both
-   * ways and contexts with a speculator decode the image on its own either way.
+   * fewer a prefill (default true; native/patches/llama-mixed-batch-gemma4.diff). With several sequences (kvUnified, no
+   * stepRows), a step's image rows and its token rows share one decode. Other models, images read both ways and
+   * contexts with a speculator decode the image on its own either way.
    */
   readonly mixedPrefill?: boolean;
 }

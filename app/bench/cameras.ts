@@ -54,6 +54,8 @@ export interface BenchCamerasOptions {
   readonly rollingJoin?: number;
   /** batching.stepRows: every token decode has a row per camera, its rows padded to a multiple of this (0: off). */
   readonly stepRows?: number;
+  /** decoder.mixedPrefill, 'on' or 'off': a step's causal image rows and its token rows in one decode. Default: the config's. */
+  readonly mixedPrefill?: 'on' | 'off';
   /** Decode the grammar's forced runs in the step that reaches them (default true, the config's). */
   readonly jumpForward?: boolean;
   /** decoder.stepTokens, tokens per camera and decode step, padded. Default: the config's, where 1 means no padding. */
@@ -155,6 +157,8 @@ export interface BenchCamerasResult {
   readonly rolling_join: number;
   /** batching.stepRows (0: token decodes unpadded). */
   readonly step_rows: number;
+  /** decoder.mixedPrefill: whether a step's causal image rows could carry its token rows (decoder_time_ms.mixed_decodes). */
+  readonly mixed_prefill: boolean;
   readonly prefill_chunk: number;
   /** Where the host side waits: the JS thread's busy fraction and its worst delays. Also how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
@@ -185,6 +189,9 @@ export interface DecoderTime {
   readonly token_reused: number;
   readonly token_reused_mean: number | null;
   readonly token_built_mean: number | null;
+  /** Image decodes that carried the step's token rows too (mixedPrefill; counted in image_decodes), and their mean token rows. */
+  readonly mixed_decodes: number;
+  readonly mixed_token_rows_mean: number | null;
   /** admit adaptive: admissions beside a running group's tail, and steps that held waiting frames for its end. */
   readonly tail_joins: number;
   readonly tail_holds: number;
@@ -217,6 +224,8 @@ function decoderTimeOver(start: TimeAccount | null, end: TimeAccount | null, wal
     token_reused: d('reusedDecodes'),
     token_reused_mean: per(d('reusedMs'), d('reusedDecodes')),
     token_built_mean: per(d('tokenMs') - d('reusedMs'), d('tokenDecodes') - d('reusedDecodes')),
+    mixed_decodes: d('mixedDecodes'),
+    mixed_token_rows_mean: per(d('mixedTokenRows'), d('mixedDecodes')),
     tail_joins: d('tailJoins'),
     tail_holds: d('tailHolds'),
   };
@@ -295,6 +304,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       gpuLayers,
       ...(opts.jumpForward !== undefined ? { jumpForward: opts.jumpForward } : {}),
       ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
+      ...(opts.mixedPrefill !== undefined ? { mixedPrefill: opts.mixedPrefill === 'on' } : {}),
     },
     budgets: {
       endToEndMs: budgetMs,
@@ -428,6 +438,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     group_wait_ms: config.batching.groupWaitMs,
     rolling_join: config.batching.rollingJoin,
     step_rows: config.batching.stepRows,
+    mixed_prefill: config.decoder.mixedPrefill ?? true,
     prefill_chunk: config.batching.prefillChunk,
     host,
   };

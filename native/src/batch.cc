@@ -96,6 +96,8 @@ BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread 
       expected_(new std::atomic<int32_t>[size_t(options.nSeq)]), caches_(size_t(options.nSeq)),
       positions_(new std::atomic<int32_t>[size_t(options.nSeq)]), tokens_(std::make_unique<TokenBatch>(options.nBatch)),
       seqRestMs_(size_t(options.nSeq), 0), admittedNs_(size_t(options.nSeq), 0), stepMs_(size_t(options.nSeq)),
+      // Only gemma4's graph builds the mixed input; padded steps and per-sequence streams keep their own layouts.
+      mixImages_(options.mixImages && options.kvUnified && options.stepRows == 0 && model->info().arch == "gemma4"),
       padFrom_(size_t(options.nSeq), -1) {
     for (int32_t s = 0; s < opts_.nSeq; s++) {
         positions_[size_t(s)].store(0);
@@ -733,35 +735,24 @@ void BatchScheduler::step() {
         used += std::max(int32_t(a->run.size()), opts_.stepTokens);
     }
     planPrefill(order, nBatch - used);
-    const int64_t tImages = monotonicNs();
-    const bool images = decodeImages(bySeq);
-    if (images) account_.imageMs += msBetween(tImages, monotonicNs());
-
     TokenBatch & tokens = *tokens_;
-    tokens.clear();
-    for (Active * a : bySeq) {
-        if (a->done) continue;
-        a->tokStart = tokens.b.n_tokens;
-        if (a->generating) {
-            a->tokCount = int32_t(a->run.size());
-            for (int32_t k = 0; k < a->tokCount; k++) tokens.add(a->run[size_t(k)], a->nPast + k, k + 1 == a->tokCount, a->seq);
-        } else if (a->take > 0 && !a->takeImage) {
-            a->tokCount = a->take;
-            for (int32_t k = 0; k < a->take; k++) {
-                const size_t i = a->next + size_t(k);
-                tokens.add(a->plan.items[i].item.token, a->nPast + k, i + 1 == a->plan.items.size(), a->seq);
-            }
+    // Image rows that may carry the token rows: those are laid out first (no stepRows padding reads positions then).
+    const int32_t mixRows = imageRowsToMix(bySeq);
+    if (mixRows > 0) buildTokenBatch(bySeq);
+    bool images = false;
+    if (mixRows > 0 && tokens.b.n_tokens > 0 && mixRows + tokens.b.n_tokens <= opts_.nBatch) {
+        decodeMixed(bySeq);
+        images = true;
+    } else {
+        const int64_t tImages = monotonicNs();
+        images = decodeImages(bySeq);
+        if (images) account_.imageMs += msBetween(tImages, monotonicNs());
+        if (mixRows == 0) {
+            buildTokenBatch(bySeq);
+            if (tokens.b.n_tokens > 0 && opts_.stepRows > 0) padToEverySequence();
         }
-        if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
-        // Padding rows come after the sequence's real ones: causal attention keeps them out of the
-        // real rows' logits. Only where the sequence has room for them.
-        if (a->generating && a->tokCount > 0 && a->tokCount < opts_.stepTokens && a->nPast + opts_.stepTokens <= nCtxSeq_) {
-            padFrom_[size_t(a->seq)] = a->nPast + a->tokCount;
-            for (int32_t k = a->tokCount; k < opts_.stepTokens; k++) tokens.add(a->run.back(), a->nPast + k, false, a->seq);
-        }
+        if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
     }
-    if (tokens.b.n_tokens > 0 && opts_.stepRows > 0) padToEverySequence();
-    if (tokens.b.n_tokens > 0) decodeTokens(bySeq);
     // Only a step that decoded rows is timed.
     // One whose requests all ended in planning, such as a grammar its forced run completed, costs next to nothing.
     // Timing it would make steps look fast.
@@ -873,30 +864,62 @@ void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t to
 // The image rows this step takes, in one decode; bidirectional when the one image there needs it.
 // false: there were none.
 bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
-    const ModelInfo & mi = model_->info();
-    const int32_t nEmbd = mi.nEmbd;
-    int32_t rows = 0;
+    RowsOf rowsOf;
     bool bidirectional = false;
+    const int32_t rows = fillImageRows(order, rowsOf, bidirectional);
+    if (rows == 0) return false;
+    llama_batch b{rows, nullptr, embd_.data(), pos_.data(), nSeqId_.data(), seqIdPtrs_.data(), logits_.data()};
+    account_.imageDecodes++;
+    account_.imageRows += rows;
+    if (bidirectional) llama_set_causal_attn(ctx_, false);
+    const int64_t t0 = monotonicNs();
+    const int ret = llama_decode(ctx_, b);
+    llama_synchronize(ctx_);
+    if (ret == 0) keepLast(imageMs_, ImageSample{rows, msBetween(t0, monotonicNs())}, kImageSamples);
+    if (bidirectional) llama_set_causal_attn(ctx_, true);
+    afterImageDecode(order, ret, rowsOf);
+    return true;
+}
+
+// The rows of this step's image decode when it may carry the step's token rows: mixImages, and every image
+// there read causally. 0: it may not, or there is none.
+int32_t BatchScheduler::imageRowsToMix(const std::vector<Active *> & order) const {
+    if (!mixImages_) return 0;
+    const ModelInfo & mi = model_->info();
+    int32_t rows = 0;
+    for (const Active * a : order) {
+        if (!a->takeImage || a->take == 0) continue;
+        if (imageNonCausal(mi, a->item())) return 0;
+        rows += a->take;
+    }
+    return rows;
+}
+
+// Lays this step's image rows out in embd_, pos_, seqIds_ and logits_ (rows 0 …), with each sequence whose
+// prompt ends in its image and that row. Returns the rows; `bidirectional` when an image there needs it.
+int32_t BatchScheduler::fillImageRows(const std::vector<Active *> & order, RowsOf & rowsOf, bool & bidirectional) {
+    const ModelInfo & mi = model_->info();
+    const size_t nEmbd = size_t(mi.nEmbd);
+    int32_t rows = 0;
     for (Active * a : order) {
         if (a->takeImage && a->take > 0) {
             rows += a->take;
             bidirectional = bidirectional || imageNonCausal(mi, a->item());
         }
     }
-    if (rows == 0) return false;
-    embd_.resize(size_t(rows) * size_t(nEmbd));
+    if (rows == 0) return 0;
+    embd_.resize(size_t(rows) * nEmbd);
     pos_.resize(size_t(rows));
     nSeqId_.assign(size_t(rows), 1);
     seqIds_.resize(size_t(rows));
     seqIdPtrs_.resize(size_t(rows));
     logits_.assign(size_t(rows), 0);
-    std::vector<std::pair<Active *, int32_t>> rowsOf;  // each sequence's logits row, for a prompt that ends in this image
     int32_t r = 0;
     for (Active * a : order) {
         if (!a->takeImage || a->take == 0) continue;
         const PromptItem & p = a->item();
-        std::copy(p.embd + size_t(a->imageRows) * size_t(nEmbd), p.embd + size_t(a->imageRows + a->take) * size_t(nEmbd),
-                  embd_.begin() + std::ptrdiff_t(size_t(r) * size_t(nEmbd)));
+        std::copy(p.embd + size_t(a->imageRows) * nEmbd, p.embd + size_t(a->imageRows + a->take) * nEmbd,
+                  embd_.begin() + std::ptrdiff_t(size_t(r) * nEmbd));
         for (int32_t k = 0; k < a->take; k++) {
             pos_[size_t(r + k)] = a->nPast + k;
             seqIds_[size_t(r + k)] = a->seq;
@@ -909,15 +932,11 @@ bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
         }
     }
     for (int32_t i = 0; i < rows; i++) seqIdPtrs_[size_t(i)] = &seqIds_[size_t(i)];
-    llama_batch b{rows, nullptr, embd_.data(), pos_.data(), nSeqId_.data(), seqIdPtrs_.data(), logits_.data()};
-    account_.imageDecodes++;
-    account_.imageRows += rows;
-    if (bidirectional) llama_set_causal_attn(ctx_, false);
-    const int64_t t0 = monotonicNs();
-    const int ret = llama_decode(ctx_, b);
-    llama_synchronize(ctx_);
-    if (ret == 0) keepLast(imageMs_, ImageSample{rows, msBetween(t0, monotonicNs())}, kImageSamples);
-    if (bidirectional) llama_set_causal_attn(ctx_, true);
+    return rows;
+}
+
+// The image rows are in the KV cache (ret 0), or their sequences fail.
+void BatchScheduler::afterImageDecode(const std::vector<Active *> & order, int ret, const RowsOf & rowsOf) {
     for (Active * a : order) {
         if (!a->takeImage || a->take == 0) continue;
         if (ret != 0) {
@@ -940,7 +959,53 @@ bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     for (auto & [a, row] : rowsOf) {
         if (!a->done) afterPromptDecoded(*a, row);
     }
-    return true;
+}
+
+// The image rows and then the token rows in one llama_decode: a mixed batch, where a row with LLAMA_TOKEN_NULL
+// reads its embedding. The image-time predictor learns from its rows and time, as the image decode it replaces.
+void BatchScheduler::decodeMixed(const std::vector<Active *> & order) {
+    TokenBatch & tokens = *tokens_;
+    RowsOf rowsOf;
+    bool bidirectional = false;
+    const int32_t nImage = fillImageRows(order, rowsOf, bidirectional);
+    const int32_t nText = tokens.b.n_tokens;
+    const int32_t n = nImage + nText;
+    const size_t nEmbd = size_t(model_->info().nEmbd);
+    embd_.resize(size_t(n) * nEmbd);  // the token rows' embeddings are not read
+    pos_.resize(size_t(n));
+    nSeqId_.assign(size_t(n), 1);
+    seqIds_.resize(size_t(n));
+    seqIdPtrs_.resize(size_t(n));
+    logits_.resize(size_t(n));
+    mixedTokens_.assign(size_t(n), LLAMA_TOKEN_NULL);
+    for (int32_t i = 0; i < nText; i++) {
+        const size_t r = size_t(nImage + i);
+        mixedTokens_[r] = tokens.b.token[i];
+        pos_[r] = tokens.b.pos[i];
+        seqIds_[r] = tokens.b.seq_id[i][0];
+        logits_[r] = tokens.b.logits[i];
+    }
+    for (int32_t i = 0; i < n; i++) seqIdPtrs_[size_t(i)] = &seqIds_[size_t(i)];
+    // A sequence's output row moves past the image rows.
+    for (Active * a : order) {
+        if (a->tokCount > 0 && a->row >= 0) a->row += nImage;
+    }
+    llama_batch b{n, mixedTokens_.data(), embd_.data(), pos_.data(), nSeqId_.data(), seqIdPtrs_.data(), logits_.data()};
+    const int64_t t0 = monotonicNs();
+    const int ret = llama_decode(ctx_, b);
+    llama_synchronize(ctx_);
+    dropPadding();
+    const int64_t tDecoded = monotonicNs();
+    const double ms = msBetween(t0, tDecoded);
+    if (ret == 0) keepLast(imageMs_, ImageSample{n, ms}, kImageSamples);
+    account_.imageDecodes++;
+    account_.imageRows += nImage;
+    account_.imageMs += ms;
+    account_.mixedDecodes++;
+    account_.mixedTokenRows += nText;
+    afterImageDecode(order, ret, rowsOf);
+    afterTokenDecode(order, ret, ms, false);
+    account_.sampleMs += msBetween(tDecoded, monotonicNs());
 }
 
 int32_t paddingCells(int32_t nSeq, int32_t stepRows) { return stepRows > 0 ? nSeq + stepRows - 1 : 0; }
@@ -975,19 +1040,51 @@ void BatchScheduler::padToEverySequence() {
     }
 }
 
-// The token decode: every generating sequence's next token(s) and the text chunks of joining prompts.
+// This step's token rows: every generating sequence's next token(s) and the text chunks of joining prompts,
+// in sequence order, each sequence's output row kept in its `row`.
+void BatchScheduler::buildTokenBatch(const std::vector<Active *> & order) {
+    TokenBatch & tokens = *tokens_;
+    tokens.clear();
+    for (Active * a : order) {
+        if (a->done) continue;
+        a->tokStart = tokens.b.n_tokens;
+        if (a->generating) {
+            a->tokCount = int32_t(a->run.size());
+            for (int32_t k = 0; k < a->tokCount; k++) tokens.add(a->run[size_t(k)], a->nPast + k, k + 1 == a->tokCount, a->seq);
+        } else if (a->take > 0 && !a->takeImage) {
+            a->tokCount = a->take;
+            for (int32_t k = 0; k < a->take; k++) {
+                const size_t i = a->next + size_t(k);
+                tokens.add(a->plan.items[i].item.token, a->nPast + k, i + 1 == a->plan.items.size(), a->seq);
+            }
+        }
+        if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
+        // Padding rows come after the sequence's real ones: causal attention keeps them out of the
+        // real rows' logits. Only where the sequence has room for them.
+        if (a->generating && a->tokCount > 0 && a->tokCount < opts_.stepTokens && a->nPast + opts_.stepTokens <= nCtxSeq_) {
+            padFrom_[size_t(a->seq)] = a->nPast + a->tokCount;
+            for (int32_t k = a->tokCount; k < opts_.stepTokens; k++) tokens.add(a->run.back(), a->nPast + k, false, a->seq);
+        }
+    }
+}
+
+// Every padding row's KV cell goes, stepTokens' and stepRows' alike, before positions are read again.
+void BatchScheduler::dropPadding() {
+    for (int32_t s = 0; s < opts_.nSeq; s++) {
+        if (padFrom_[size_t(s)] < 0) continue;
+        llama_memory_seq_rm(llama_get_memory(ctx_), s, padFrom_[size_t(s)], -1);
+        padFrom_[size_t(s)] = -1;
+    }
+}
+
+// The token decode of the token batch.
 void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
     TokenBatch & tokens = *tokens_;
     const int64_t t0 = monotonicNs();
     const int32_t reusedBefore = llama_perf_context(ctx_).n_reused;
     const int ret = llama_decode(ctx_, tokens.b);
     llama_synchronize(ctx_);
-    // Every padding row's KV cell goes, stepTokens' and stepRows' alike, before positions are read again.
-    for (int32_t s = 0; s < opts_.nSeq; s++) {
-        if (padFrom_[size_t(s)] < 0) continue;
-        llama_memory_seq_rm(llama_get_memory(ctx_), s, padFrom_[size_t(s)], -1);
-        padFrom_[size_t(s)] = -1;
-    }
+    dropPadding();
     const int64_t tDecoded = monotonicNs();
     const double ms = msBetween(t0, tDecoded);
     account_.tokenMs += ms;
@@ -998,11 +1095,20 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
         account_.reusedDecodes++;
         account_.reusedMs += ms;
     }
+    account_.tokenSeqs += afterTokenDecode(order, ret, ms, reused);
+    account_.sampleMs += msBetween(tDecoded, monotonicNs());
+}
+
+// The token rows are in the KV cache (ret 0): generating sequences sample their next token, joining prompts move on.
+// Otherwise their sequences fail. Returns the sequences that had rows there.
+int32_t BatchScheduler::afterTokenDecode(const std::vector<Active *> & order, int ret, double ms, bool reused) {
+    TokenBatch & tokens = *tokens_;
+    int32_t seqs = 0;
     for (Active * a : order) {
         if (a->done || a->tokCount == 0) continue;
         const int32_t count = a->tokCount;
         a->tokCount = 0;
-        account_.tokenSeqs++;
+        seqs++;
         if (reused) a->job->counts.graphReuses++;
         if (a->generating) {
             a->job->result.llamaDecodeMs += ms;
@@ -1028,7 +1134,7 @@ void BatchScheduler::decodeTokens(const std::vector<Active *> & order) {
         }
         a->row = -1;
     }
-    account_.sampleMs += msBetween(tDecoded, monotonicNs());
+    return seqs;
 }
 
 // The prompt is in the KV cache: sample the first token from its last row (or stop: maxTokens 0).

@@ -52,6 +52,9 @@ struct BatchOptions {
     // position of one without), and padding rows up to a multiple of stepRows (0: none of this). Its shape then
     // repeats, so llama.cpp reuses its graph. The padding's KV cells are dropped after the decode.
     int32_t stepRows = 0;
+    // A step's causal image rows and its token rows in one llama_decode, a mixed batch (Gemma 4 only; with kvUnified and
+    // no stepRows). A decode passes over every weight, so such a step saves one pass (native/README.md#mixed-steps).
+    bool mixImages = false;
 };
 
 // KV cells a context with these options needs beyond its sequences' own: padding rows of one decode at most.
@@ -152,6 +155,9 @@ public:
         int64_t tokenSeqs = 0;
         int64_t reusedDecodes = 0;
         double reusedMs = 0;
+        // Image decodes that carried the step's token rows too (mixImages), and those rows. Timed within imageMs.
+        int64_t mixedDecodes = 0;
+        int64_t mixedTokenRows = 0;
         int64_t tailJoins = 0;  // weighing the tail: admissions beside a running group
         int64_t tailHolds = 0;  // weighing the tail: steps that held the waiting requests for the group's end
     };
@@ -178,8 +184,16 @@ private:
     int32_t appendOpeningRun(Active & a);
     void planPrefill(const std::vector<Active *> & order, int32_t tokenRoom);
     bool decodeImages(const std::vector<Active *> & order);
+    int32_t imageRowsToMix(const std::vector<Active *> & order) const;
+    void buildTokenBatch(const std::vector<Active *> & order);
+    void decodeMixed(const std::vector<Active *> & order);
+    using RowsOf = std::vector<std::pair<Active *, int32_t>>;
+    int32_t fillImageRows(const std::vector<Active *> & order, RowsOf & rowsOf, bool & bidirectional);
+    void afterImageDecode(const std::vector<Active *> & order, int ret, const RowsOf & rowsOf);
     void padToEverySequence();
     void decodeTokens(const std::vector<Active *> & order);
+    int32_t afterTokenDecode(const std::vector<Active *> & order, int ret, double ms, bool reused);
+    void dropPadding();
     void afterPromptDecoded(Active & a, int32_t row);
     void sampleNext(Active & a);
     llama_token sampleAt(Active & a, int32_t row);
@@ -279,6 +293,8 @@ private:
     std::vector<llama_seq_id> seqIds_;
     std::vector<llama_seq_id *> seqIdPtrs_;
     std::vector<int8_t> logits_;
+    std::vector<llama_token> mixedTokens_;  // a mixed decode's tokens: LLAMA_TOKEN_NULL for its image rows
+    const bool mixImages_;                  // opts_.mixImages where the model and the layout allow it
     // Per sequence, the first position of its padding rows (stepTokens', stepRows') in this step's token decode (-1: none).
     std::vector<llama_pos> padFrom_;
 };

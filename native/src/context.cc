@@ -594,6 +594,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.kvUnified = opts_.kvUnified;
         bo.stepTokens = int32_t(opts_.stepTokens);
         bo.stepRows = int32_t(opts_.stepRows);
+        bo.mixImages = opts_.mixedPrefill;
         native_->batch = std::make_unique<BatchScheduler>(raw(), model_, *native_->thread, bo, [this](std::unique_ptr<SeqJob> job) {
             SeqJob * raw = job.release();
             batchDone_.NonBlockingCall([this, raw](Napi::Env env, Napi::Function) { settle(env, std::unique_ptr<SeqJob>(raw)); });
@@ -904,6 +905,8 @@ Napi::Value Context::TimeAccount(const Napi::CallbackInfo & info) {
     o.Set("tokenSeqs", double(t.tokenSeqs));
     o.Set("reusedDecodes", double(t.reusedDecodes));
     o.Set("reusedMs", t.reusedMs);
+    o.Set("mixedDecodes", double(t.mixedDecodes));
+    o.Set("mixedTokenRows", double(t.mixedTokenRows));
     o.Set("tailJoins", double(t.tailJoins));
     o.Set("tailHolds", double(t.tailHolds));
     return o;

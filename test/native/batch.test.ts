@@ -15,6 +15,7 @@ import {
   type LlamaContext,
   type LlamaGrammar,
   type PromptSegment,
+  type TimeAccount,
 } from '../../native/llama.ts';
 import { REPO_ROOT, ensureSynthModel, fakeImage } from '../support/fixtures.ts';
 
@@ -134,6 +135,44 @@ describe('batched decoding on gemma4-tiny', () => {
       }
     });
   }
+
+  // mixedPrefill (on by default): a step's causal image rows and the other cameras' token rows share one llama_decode.
+  test("a step's causal image rows carry the token rows in one decode: the same outputs, fewer decodes; images read both ways are not mixed", async () => {
+    const run = async (mixedPrefill: boolean, causal: boolean) => {
+      const ctx = await model.createContext({
+        nCtx: 1024,
+        nBatch: 512,
+        nUbatch: 512,
+        nSeq: 4,
+        kvUnified: true,
+        prefillChunk: 16,
+        threads: 1,
+        mixedPrefill,
+      });
+      try {
+        const got = await Promise.all(CAMERAS.map((_, i) => ctx.generate(cameraPrompt(i, causal), { ...actionOptions(), seq: i })));
+        return { got, account: ctx.timeAccount()! };
+      } finally {
+        await ctx.dispose();
+      }
+    };
+    const separate = await run(false, true);
+    const mixed = await run(true, true);
+    mixed.got.forEach((r, i) => {
+      assert.deepEqual(r.tokens, separate.got[i]!.tokens, `camera ${i}: the same tokens`);
+      assert.equal(r.text, separate.got[i]!.text);
+    });
+    assert.equal(separate.account.mixedDecodes, 0, 'mixedPrefill off: no mixed decode');
+    assert.ok(mixed.account.mixedDecodes > 0, 'some image decodes carried token rows');
+    assert.ok(mixed.account.mixedTokenRows >= mixed.account.mixedDecodes);
+    assert.ok(mixed.account.mixedDecodes <= mixed.account.imageDecodes);
+    // llama_decode calls: unmixed, a step with image and token rows takes two; mixed, every step takes one at most.
+    const decodes = (a: TimeAccount) => a.imageDecodes + a.tokenDecodes;
+    assert.ok(decodes(separate.account) > separate.account.steps, 'unmixed, some step decoded twice');
+    assert.ok(decodes(mixed.account) <= mixed.account.steps, `${decodes(mixed.account)} decodes in ${mixed.account.steps} steps`);
+    const bidirectional = await run(true, false);
+    assert.equal(bidirectional.account.mixedDecodes, 0, 'an image read both ways is decoded alone');
+  });
 
   test('a cancelled and a late sequence leave the others unchanged', async () => {
     const ctx = await model.createContext({ nCtx: 1024, nSeq: 4 });
