@@ -81,6 +81,8 @@ struct BatchScheduler::Active {
     // This step's prompt take: positions, and whether they are image rows.
     int32_t take = 0;
     bool takeImage = false;
+    // Mixing: text rows after an image this step completes, decoded with it.
+    int32_t takeText = 0;
 
     const PromptItem & item() const { return plan.items[next]; }
     bool promptDone() const { return next == plan.items.size(); }
@@ -810,12 +812,14 @@ void BatchScheduler::planGeneration(Active & a, int32_t room) {
 }
 
 // How much of each joining prompt this step decodes, by the rule in native/README.md#batching.
-// One kind (text or image rows) per sequence. Bidirectional and causal image rows never share the image decode.
+// One kind (text or image rows) per sequence, except that mixing, a causal image completed here takes the text after it.
+// Bidirectional and causal image rows never share the image decode.
 void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t tokenRoom) {
     std::vector<Active *> joining;
     for (Active * a : order) {
         a->take = 0;
         a->takeImage = false;
+        a->takeText = 0;
         if (!a->done && !a->generating && !a->promptDone()) joining.push_back(a);
     }
     if (joining.empty()) return;
@@ -848,6 +852,13 @@ void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t to
                 if (wholeRows > 0) continue;
                 a->take = std::min({rest, budget, opts_.nUbatch - imageRows});
                 causalRows = a->take > 0;
+                if (mixImages_ && a->take > 0 && a->take == rest) {
+                    int32_t text = 0;
+                    for (size_t i = a->next + 1; i < a->plan.items.size() && a->plan.items[i].item.imageTokens == 0; i++) text++;
+                    a->takeText = std::min({text, budget - a->take, tokenRoom});
+                    tokenRoom -= a->takeText;
+                    budget -= a->takeText;
+                }
             }
             a->takeImage = a->take > 0;
             imageRows += a->take;
@@ -1056,6 +1067,13 @@ void BatchScheduler::buildTokenBatch(const std::vector<Active *> & order) {
             for (int32_t k = 0; k < a->take; k++) {
                 const size_t i = a->next + size_t(k);
                 tokens.add(a->plan.items[i].item.token, a->nPast + k, i + 1 == a->plan.items.size(), a->seq);
+            }
+        } else if (a->takeText > 0) {
+            // The text after this step's image rows: laid out before the image decode moves `next` and `nPast`.
+            a->tokCount = a->takeText;
+            for (int32_t k = 0; k < a->takeText; k++) {
+                const size_t i = a->next + 1 + size_t(k);
+                tokens.add(a->plan.items[i].item.token, a->nPast + a->take + k, i + 1 == a->plan.items.size(), a->seq);
             }
         }
         if (a->tokCount > 0 && tokens.b.logits[tokens.b.n_tokens - 1]) a->row = tokens.b.n_tokens - 1;
