@@ -51,12 +51,14 @@ bench_cameras() {
   node -e "const j=require('$RES/cameras-$name.json'); console.log(JSON.stringify({admit:j.admit, lanes:j.lanes, join:j.rolling_join, step_rows:j.step_rows, actions_per_s:j.actions_per_s, ceiling_share:j.ceiling_share, ceiling:j.ceiling, batch_mean:j.decode_batch_mean, graph_reuse:j.decode_graph_reuse, p50:j.e2e_ms_p50, p99:j.e2e_ms_p99, in:j.frames_in, out:j.frames_out, fair:j.fairness, decoder_ms:j.decoder_time_ms, encoder_ms:j.encoder_busy_ms}))" 2>&1 | tee -a $OUT/log.txt
 }
 
-# bench frame, 30 frames at 4 fps and 280 image tokens: into $RES/frame-$1.json, its summary in the log.
+# bench frame, 30 frames at 4 fps and 280 image tokens, further options after the name: into $RES/frame-$1.json,
+# its summary in the log.
 bench_frame() {
-  log "frame $1"
-  $P bench frame -m "$M" -e "$E" --gpu-layers 99 --image-tokens 280 --frames 30 --fps 4 --json > $RES/frame-$1.json 2>> $OUT/err.txt ||
+  local name=$1; shift
+  log "frame $name $*"
+  $P bench frame -m "$M" -e "$E" --gpu-layers 99 --image-tokens 280 --frames 30 --fps 4 "$@" --json > $RES/frame-$name.json 2>> $OUT/err.txt ||
     tail -5 $OUT/err.txt
-  node -e "const j=require('$RES/frame-$1.json'); console.log(JSON.stringify({p50:j.frame_to_action_ms_p50, p99:j.frame_to_action_ms_p99, prefill:j.prefill_ms_median, token:j.decode_ms_per_token_median, out:j.frames_out}))" 2>&1 | tee -a $OUT/log.txt
+  node -e "const j=require('$RES/frame-$name.json'); console.log(JSON.stringify({p50:j.frame_to_action_ms_p50, p99:j.frame_to_action_ms_p99, prefill:j.prefill_ms_median, calls:j.prefill_decode_calls_median, token:j.decode_ms_per_token_median, out:j.frames_out}))" 2>&1 | tee -a $OUT/log.txt
 }
 
 # Per-kernel times of one prefill of $1 positions, appended to $OUT/kernels.csv under "## pp$1": nsys where it is
