@@ -325,8 +325,8 @@ bench
   )
   .addOption(
     new Option(
-      '--mixed-prefill <mode>',
-      "decoder.mixedPrefill: on (a step's causal image rows and its token rows in one decode) or off (default: the config's)",
+      '--mix-steps <mode>',
+      "batching.mixSteps: on (a step's causal image rows and its token rows in one decode) or off (default: the config's, off)",
     ).choices(['on', 'off']),
   )
   .option(

@@ -73,8 +73,10 @@ export interface NativeContextOptions {
   shapeGraphs: boolean;
   /** Built graphs kept besides the current one (0: only the last is reused). */
   graphSlots: number;
-  /** A causal Gemma 4 image and the text after it in one decode; with nSeq > 1, a step's image and token rows. */
+  /** A causal Gemma 4 image and the text after it in one decode. */
   mixedPrefill: boolean;
+  /** nSeq > 1, kvUnified: a step's causal Gemma 4 image rows and its token rows in one decode. */
+  mixSteps: boolean;
   flashAttention: boolean | 'auto';
   kvType: 'f16' | 'q8_0';
   threads: number;
@@ -104,6 +106,8 @@ export interface NativeContextInfo {
   readonly graphSlots: number;
   /** A causal Gemma 4 image and the text after it share one decode. */
   readonly mixedPrefill: boolean;
+  /** A step's causal image rows and its token rows share one decode (nSeq > 1). */
+  readonly mixSteps: boolean;
   /** CUDA backends whose decode graphs ggml-cuda keeps one per step shape (0: none, or not asked). */
   readonly shapeGraphBackends: number;
   readonly threads: number;
@@ -247,7 +251,7 @@ export interface NativeTimeAccount {
   /** Token decodes that reused llama.cpp's graph, and their time (within tokenMs). */
   readonly reusedDecodes: number;
   readonly reusedMs: number;
-  /** Image decodes that carried the step's token rows too (mixedPrefill), and those rows; within imageDecodes and imageMs. */
+  /** Image decodes that carried the step's token rows too (mixSteps), and those rows; within imageDecodes and imageMs. */
   readonly mixedDecodes: number;
   readonly mixedTokenRows: number;
   /** Weighing the tail: admissions beside a running group, and steps that held waiting requests for its end. */

@@ -199,11 +199,16 @@ export interface ContextOptions {
   readonly graphSlots?: number;
   /**
    * A Gemma 4 image read causally (E2B, E4B) shares one llama_decode with the prompt text after it, one decode
-   * fewer a prefill (default true; native/patches/llama-mixed-batch-gemma4.diff). With several sequences (kvUnified, no
-   * stepRows), a step's image rows and its token rows share one decode. Other models, images read both ways and
-   * contexts with a speculator decode the image on its own either way.
+   * fewer a prefill (default true; native/patches/llama-mixed-batch-gemma4.diff). Other models, images read both
+   * ways and contexts with a speculator decode the image on its own either way.
    */
   readonly mixedPrefill?: boolean;
+  /**
+   * nSeq > 1, kvUnified, no stepRows: a step's causal Gemma 4 image rows share one llama_decode with its token rows
+   * (the other sequences' tokens, and the text after an image the step completes). Default false: on an H100 it did
+   * not raise bench cameras' actions/s (native/README.md#mixed-steps).
+   */
+  readonly mixSteps?: boolean;
 }
 
 export class LlamaModel {
@@ -320,6 +325,7 @@ export class LlamaModel {
       'shapeGraphs',
       'graphSlots',
       'mixedPrefill',
+      'mixSteps',
     ]);
     const nCtx = options.nCtx === undefined ? DEFAULT_N_CTX : intIn('options.nCtx', options.nCtx, 16, 1 << 24);
     const nBatch = options.nBatch === undefined ? DEFAULT_N_BATCH : intIn('options.nBatch', options.nBatch, 1, 1 << 20);
@@ -358,6 +364,9 @@ export class LlamaModel {
     const graphSlots =
       options.graphSlots === undefined ? DEFAULT_GRAPH_SLOTS : intIn('options.graphSlots', options.graphSlots, 0, MAX_GRAPH_SLOTS);
     const mixedPrefill = options.mixedPrefill === undefined ? true : bool('options.mixedPrefill', options.mixedPrefill);
+    const mixSteps = options.mixSteps === undefined ? false : bool('options.mixSteps', options.mixSteps);
+    if (mixSteps && !(nSeq > 1 && kvUnified && stepRows === 0))
+      throw new TypeError('options.mixSteps is for a context of several sequences in one KV buffer without stepRows (nSeq > 1, kvUnified)');
     const fa = oneOf('options.flashAttention', options.flashAttention ?? 'auto', [true, false, 'auto']);
     const kvType = oneOf('options.kvType', options.kvType ?? 'f16', ['f16', 'q8_0']);
     if (kvType === 'q8_0' && fa === false) throw new TypeError("options.kvType 'q8_0' needs flashAttention (true or 'auto')");
@@ -384,6 +393,7 @@ export class LlamaModel {
         shapeGraphs,
         graphSlots,
         mixedPrefill,
+        mixSteps,
         flashAttention: fa,
         kvType,
         threads,

@@ -129,6 +129,8 @@ export interface CameraBatching {
   readonly lanes?: number;
   /** One KV buffer: every token decode has a row and an output per camera, rows padded to a multiple (default 0: off). */
   readonly stepRows?: number;
+  /** A step's causal image rows and its token rows in one decode (default false). */
+  readonly mixSteps?: boolean;
   /** The most image rows a frame brings (every ladder level's): with the prompt and maxNewTokens,
    * what each camera's KV room must hold, checked at load. */
   readonly imageTokens: number;
@@ -395,6 +397,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
                 ...(cameras.admit === 'adaptive' ? { weighTail: true } : {}),
                 kvUnified: cameras.kvUnified,
                 ...(cameras.stepRows ? { stepRows: cameras.stepRows } : {}),
+                ...(cameras.mixSteps ? { mixSteps: true } : {}),
               }
             : { maxOutputs: 1 + draftMax }),
         }),

@@ -234,6 +234,8 @@ export interface BatchingConfig {
   /** One KV buffer: every token decode has a row per camera, its rows padded to a multiple of this (0: off). */
   readonly stepRows: number;
   readonly kvUnified: boolean;
+  /** A step's causal image rows and its token rows in one decode (kvUnified, no stepRows). */
+  readonly mixSteps: boolean;
 }
 
 export interface PerceptConfig {
@@ -698,8 +700,10 @@ function checkCameras(config: PerceptConfig): ConfigIssue[] {
     ['/decoder/ngram', config.decoder.ngram],
   ];
   for (const [path, on] of drafts) if (on) issues.push({ path, message: 'cameras are decoded together in one batch, without drafts' });
-  const { decodeMaxActive, lanes, stepRows, kvUnified } = config.batching;
+  const { decodeMaxActive, lanes, stepRows, kvUnified, mixSteps } = config.batching;
   if (stepRows > 0 && !kvUnified) issues.push({ path: '/batching/stepRows', message: 'pads steps in one KV buffer: needs kvUnified' });
+  if (mixSteps && (!kvUnified || stepRows > 0))
+    issues.push({ path: '/batching/mixSteps', message: 'mixes steps in one KV buffer without padding: needs kvUnified and stepRows 0' });
   if (decodeMaxActive !== null && decodeMaxActive > cameras.length) {
     issues.push({ path: '/batching/decodeMaxActive', message: `must be at most the number of cameras (${cameras.length})` });
   }

@@ -54,8 +54,8 @@ export interface BenchCamerasOptions {
   readonly rollingJoin?: number;
   /** batching.stepRows: every token decode has a row per camera, its rows padded to a multiple of this (0: off). */
   readonly stepRows?: number;
-  /** decoder.mixedPrefill, 'on' or 'off': a step's causal image rows and its token rows in one decode. Default: the config's. */
-  readonly mixedPrefill?: 'on' | 'off';
+  /** batching.mixSteps, 'on' or 'off': a step's causal image rows and its token rows in one decode. Default: the config's (off). */
+  readonly mixSteps?: 'on' | 'off';
   /** Decode the grammar's forced runs in the step that reaches them (default true, the config's). */
   readonly jumpForward?: boolean;
   /** decoder.stepTokens, tokens per camera and decode step, padded. Default: the config's, where 1 means no padding. */
@@ -157,8 +157,8 @@ export interface BenchCamerasResult {
   readonly rolling_join: number;
   /** batching.stepRows (0: token decodes unpadded). */
   readonly step_rows: number;
-  /** decoder.mixedPrefill: whether a step's causal image rows could carry its token rows (decoder_time_ms.mixed_decodes). */
-  readonly mixed_prefill: boolean;
+  /** batching.mixSteps: whether a step's causal image rows could carry its token rows (decoder_time_ms.mixed_decodes). */
+  readonly mix_steps: boolean;
   readonly prefill_chunk: number;
   /** Where the host side waits: the JS thread's busy fraction and its worst delays. Also how long a
    * job on libuv's pool (sharp, the layout pass) took to come back, probed every 50 ms. */
@@ -189,7 +189,7 @@ export interface DecoderTime {
   readonly token_reused: number;
   readonly token_reused_mean: number | null;
   readonly token_built_mean: number | null;
-  /** Image decodes that carried the step's token rows too (mixedPrefill; counted in image_decodes), and their mean token rows. */
+  /** Image decodes that carried the step's token rows too (mix_steps; counted in image_decodes), and their mean token rows. */
   readonly mixed_decodes: number;
   readonly mixed_token_rows_mean: number | null;
   /** admit adaptive: admissions beside a running group's tail, and steps that held waiting frames for its end. */
@@ -304,7 +304,6 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       gpuLayers,
       ...(opts.jumpForward !== undefined ? { jumpForward: opts.jumpForward } : {}),
       ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
-      ...(opts.mixedPrefill !== undefined ? { mixedPrefill: opts.mixedPrefill === 'on' } : {}),
     },
     budgets: {
       endToEndMs: budgetMs,
@@ -324,6 +323,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       ...(opts.groupWaitMs !== undefined ? { groupWaitMs: opts.groupWaitMs } : {}),
       ...(opts.rollingJoin !== undefined ? { rollingJoin: opts.rollingJoin } : {}),
       ...(opts.stepRows !== undefined ? { stepRows: opts.stepRows } : {}),
+      ...(opts.mixSteps !== undefined ? { mixSteps: opts.mixSteps === 'on' } : {}),
     },
     telemetry: { liveTable: 'off' },
   });
@@ -438,7 +438,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     group_wait_ms: config.batching.groupWaitMs,
     rolling_join: config.batching.rollingJoin,
     step_rows: config.batching.stepRows,
-    mixed_prefill: config.decoder.mixedPrefill ?? true,
+    mix_steps: config.batching.mixSteps,
     prefill_chunk: config.batching.prefillChunk,
     host,
   };

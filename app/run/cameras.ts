@@ -98,6 +98,7 @@ export async function createCameraStages(
         prefillChunk: config.batching.prefillChunk,
         lanes: config.batching.lanes,
         stepRows: config.batching.stepRows,
+        mixSteps: config.batching.mixSteps,
         kvUnified: config.batching.kvUnified,
         imageTokens: Math.max(...cameras.map((camera) => Math.max(...ladderLevels(camera).map((k) => k.imageTokens)))),
       },

@@ -401,6 +401,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.shapeGraphs = requireBool(o, "shapeGraphs", w);
     c.graphSlots = uint32_t(requireInt(o, "graphSlots", 0, kMaxGraphSlots, w));
     c.mixedPrefill = requireBool(o, "mixedPrefill", w);
+    c.mixSteps = requireBool(o, "mixSteps", w);
     Napi::Value fa = o.Get("flashAttention");
     if (fa.IsBoolean()) c.flashAttention = fa.As<Napi::Boolean>().Value() ? 1 : 0;
     else if (requireChoice(o, "flashAttention", {"auto"}, w) == 0) c.flashAttention = -1;
@@ -594,7 +595,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.kvUnified = opts_.kvUnified;
         bo.stepTokens = int32_t(opts_.stepTokens);
         bo.stepRows = int32_t(opts_.stepRows);
-        bo.mixImages = opts_.mixedPrefill;
+        bo.mixImages = opts_.mixSteps;
         native_->batch = std::make_unique<BatchScheduler>(raw(), model_, *native_->thread, bo, [this](std::unique_ptr<SeqJob> job) {
             SeqJob * raw = job.release();
             batchDone_.NonBlockingCall([this, raw](Napi::Env env, Napi::Function) { settle(env, std::unique_ptr<SeqJob>(raw)); });
@@ -679,6 +680,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("stepRows", opts_.stepRows);
     o.Set("graphSlots", opts_.graphSlots);
     o.Set("mixedPrefill", opts_.mixedPrefill);
+    o.Set("mixSteps", opts_.mixSteps);
     // CUDA backends whose graphs are keyed per step shape (0: none, or not asked).
     o.Set("shapeGraphBackends", double(native_->shapeGraphs ? native_->shapeGraphs->backends() : 0));
     o.Set("threads", opts_.threads);

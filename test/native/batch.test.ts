@@ -136,11 +136,11 @@ describe('batched decoding on gemma4-tiny', () => {
     });
   }
 
-  // mixedPrefill (on by default): a step's causal image rows and its token rows share one llama_decode, the other
+  // mixSteps: a step's causal image rows and its token rows share one llama_decode, the other
   // cameras' tokens and the text after an image the step completes.
   for (const admitTogether of [false, true]) {
     test(`a step's causal image rows carry its token rows in one decode (${admitTogether ? 'admitted together' : 'prefill chunk 16'}): the same outputs, fewer decodes; images read both ways are not mixed`, async () => {
-      const run = async (mixedPrefill: boolean, causal: boolean) => {
+      const run = async (mixSteps: boolean, causal: boolean) => {
         const ctx = await model.createContext({
           nCtx: 1024,
           nBatch: 512,
@@ -148,7 +148,7 @@ describe('batched decoding on gemma4-tiny', () => {
           nSeq: 4,
           kvUnified: true,
           threads: 1,
-          mixedPrefill,
+          mixSteps,
           ...(admitTogether ? { admitTogether, groupWaitMs: 1000 } : { prefillChunk: 16 }),
         });
         try {
@@ -187,7 +187,7 @@ describe('batched decoding on gemma4-tiny', () => {
           JSON.parse(r.text);
         }
       });
-      assert.equal(separate.account.mixedDecodes, 0, 'mixedPrefill off: no mixed decode');
+      assert.equal(separate.account.mixedDecodes, 0, 'mixSteps off: no mixed decode');
       assert.ok(mixed.account.mixedDecodes > 0, 'some image decodes carried token rows');
       assert.ok(mixed.account.mixedTokenRows >= mixed.account.mixedDecodes);
       assert.ok(mixed.account.mixedDecodes <= mixed.account.imageDecodes);
@@ -972,7 +972,7 @@ describe('batched decoding on gemma4-tiny', () => {
     }
   });
 
-  test('refusals: a busy sequence, a sequence out of range, a speculator, options for one sequence', async () => {
+  test('refusals: a busy sequence, a sequence out of range, a speculator, options for one sequence, mixed steps outside one KV buffer', async () => {
     const ctx = await model.createContext({ nCtx: 256, nSeq: 2 });
     try {
       const running = ctx.generate([{ text: 'a', addSpecial: true }], { maxTokens: 4, ignoreEos: true, seq: 1 });
@@ -989,6 +989,7 @@ describe('batched decoding on gemma4-tiny', () => {
       assert.equal(r.reusedTokens, 0);
       await assert.rejects(model.createContext({ nCtx: 256, maxActive: 1 }), /several sequences/);
       await assert.rejects(model.createContext({ nCtx: 256, nSeq: 2, maxActive: 3 }), /maxActive/);
+      await assert.rejects(model.createContext({ nCtx: 256, nSeq: 2, mixSteps: true }), /mixSteps/);
       await assert.rejects(single.generate([{ text: 'a' }], { maxTokens: 1, seq: 1 }), /options\.seq/);
     } finally {
       await ctx.dispose();

@@ -62,6 +62,7 @@ test('a camera takes the top-level budgets, edges and ladder with its own fields
     lanes: 1,
     stepRows: 0,
     kvUnified: true,
+    mixSteps: false,
   });
   const graph = cameraGraphConfig(config, rear!);
   assert.equal(graph.budgets.endToEndMs, 1600);
@@ -90,7 +91,7 @@ test('what cameras cannot have is refused, naming the path', () => {
     clock: 'virtual',
     decoder: { ngram: true },
     control: { enabled: true },
-    batching: { decodeMaxActive: 3, lanes: 2, stepRows: 8, kvUnified: false },
+    batching: { decodeMaxActive: 3, lanes: 2, stepRows: 8, kvUnified: false, mixSteps: true },
     cameras: [
       { id: 'a', source: pattern },
       { id: 'a', source: pattern, budgets: { endToEndMs: 100, stages: { decode: 150 } } },
@@ -105,6 +106,7 @@ test('what cameras cannot have is refused, naming the path', () => {
     '/batching/decodeMaxActive: must be at most the number of cameras (2)',
     '/batching/lanes: must leave two cameras a lane at least: at most 1 with 2 cameras',
     '/batching/stepRows: pads steps in one KV buffer: needs kvUnified',
+    '/batching/mixSteps: mixes steps in one KV buffer without padding: needs kvUnified and stepRows 0',
   ]) {
     assert.ok(issues.includes(expected), `missing: ${expected}\nin:\n${issues.join('\n')}`);
   }

@@ -71,8 +71,8 @@ describe('bench cameras: the engine ceiling', () => {
     assert.ok(t.token_seqs_mean! <= 2, 'two cameras at most in a token decode');
     assert.ok(t.token_reused <= t.token_decodes, JSON.stringify(t));
     assert.ok(Math.abs(t.image_decode_mean! * t.image_decodes - t.image_decode) <= 0.05 * t.image_decodes + 0.5, JSON.stringify(t));
-    // The tiny preset reads images both ways, so no image decode carries token rows (test/native/batch.test.ts mixes them).
-    assert.equal(r.mixed_prefill, true, 'decoder.mixedPrefill is on by default');
+    // Steps are not mixed by default (test/native/batch.test.ts mixes them).
+    assert.equal(r.mix_steps, false, 'batching.mixSteps is off by default');
     assert.deepEqual([t.mixed_decodes, t.mixed_token_rows_mean], [0, null], JSON.stringify(t));
     positive(r.encoder_busy_ms, 'encoder_busy_ms');
     const a = r.action_steps!;
