@@ -99,7 +99,7 @@ BatchScheduler::BatchScheduler(llama_context * ctx, Model * model, SerialThread 
       positions_(new std::atomic<int32_t>[size_t(options.nSeq)]), tokens_(std::make_unique<TokenBatch>(options.nBatch)),
       seqRestMs_(size_t(options.nSeq), 0), admittedNs_(size_t(options.nSeq), 0), stepMs_(size_t(options.nSeq)),
       // Only gemma4's graph builds the mixed input; padded steps and per-sequence streams keep their own layouts.
-      mixImages_(options.mixImages && options.kvUnified && options.stepRows == 0 && model->info().arch == "gemma4"),
+      mixSteps_(options.mixSteps && options.kvUnified && options.stepRows == 0 && model->info().arch == "gemma4"),
       padFrom_(size_t(options.nSeq), -1) {
     for (int32_t s = 0; s < opts_.nSeq; s++) {
         positions_[size_t(s)].store(0);
@@ -852,7 +852,7 @@ void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t to
                 if (wholeRows > 0) continue;
                 a->take = std::min({rest, budget, opts_.nUbatch - imageRows});
                 causalRows = a->take > 0;
-                if (mixImages_ && a->take > 0 && a->take == rest) {
+                if (mixSteps_ && a->take > 0 && a->take == rest) {
                     int32_t text = 0;
                     for (size_t i = a->next + 1; i < a->plan.items.size() && a->plan.items[i].item.imageTokens == 0; i++) text++;
                     a->takeText = std::min({text, budget - a->take, tokenRoom});
@@ -892,10 +892,10 @@ bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     return true;
 }
 
-// The rows of this step's image decode when it may carry the step's token rows: mixImages, and every image
+// The rows of this step's image decode when it may carry the step's token rows: mixSteps, and every image
 // there read causally. 0: it may not, or there is none.
 int32_t BatchScheduler::imageRowsToMix(const std::vector<Active *> & order) const {
-    if (!mixImages_) return 0;
+    if (!mixSteps_) return 0;
     const ModelInfo & mi = model_->info();
     int32_t rows = 0;
     for (const Active * a : order) {

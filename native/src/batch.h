@@ -54,7 +54,7 @@ struct BatchOptions {
     int32_t stepRows = 0;
     // A step's causal image rows and its token rows in one llama_decode, a mixed batch (Gemma 4 only; with kvUnified and
     // no stepRows). A decode passes over every weight, so such a step saves one pass (native/README.md#mixed-steps).
-    bool mixImages = false;
+    bool mixSteps = false;
 };
 
 // KV cells a context with these options needs beyond its sequences' own: padding rows of one decode at most.
@@ -155,7 +155,7 @@ public:
         int64_t tokenSeqs = 0;
         int64_t reusedDecodes = 0;
         double reusedMs = 0;
-        // Image decodes that carried the step's token rows too (mixImages), and those rows. Timed within imageMs.
+        // Image decodes that carried the step's token rows too (mixSteps), and those rows. Timed within imageMs.
         int64_t mixedDecodes = 0;
         int64_t mixedTokenRows = 0;
         int64_t tailJoins = 0;  // weighing the tail: admissions beside a running group
@@ -294,7 +294,7 @@ private:
     std::vector<llama_seq_id *> seqIdPtrs_;
     std::vector<int8_t> logits_;
     std::vector<llama_token> mixedTokens_;  // a mixed decode's tokens: LLAMA_TOKEN_NULL for its image rows
-    const bool mixImages_;                  // opts_.mixImages where the model and the layout allow it
+    const bool mixSteps_;                   // opts_.mixSteps where the model and the layout allow it
     // Per sequence, the first position of its padding rows (stepTokens', stepRows') in this step's token decode (-1: none).
     std::vector<llama_pos> padFrom_;
 };

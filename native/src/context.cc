@@ -595,7 +595,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.kvUnified = opts_.kvUnified;
         bo.stepTokens = int32_t(opts_.stepTokens);
         bo.stepRows = int32_t(opts_.stepRows);
-        bo.mixImages = opts_.mixSteps;
+        bo.mixSteps = opts_.mixSteps;
         native_->batch = std::make_unique<BatchScheduler>(raw(), model_, *native_->thread, bo, [this](std::unique_ptr<SeqJob> job) {
             SeqJob * raw = job.release();
             batchDone_.NonBlockingCall([this, raw](Napi::Env env, Napi::Function) { settle(env, std::unique_ptr<SeqJob>(raw)); });

@@ -152,6 +152,7 @@ describe('batched decoding on gemma4-tiny', () => {
           ...(admitTogether ? { admitTogether, groupWaitMs: 1000 } : { prefillChunk: 16 }),
         });
         try {
+          assert.equal(ctx.info.mixSteps, mixSteps);
           // Together: announced first, the four go in as one group, so both runs lay their KV cells out alike.
           if (admitTogether) CAMERAS.forEach((_, i) => ctx.expect(i, 1));
           const got = await Promise.all(
