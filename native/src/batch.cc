@@ -831,6 +831,12 @@ void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t to
         return x->job->submittedNs < y->job->submittedNs;
     });
     const ModelInfo & mi = model_->info();
+    // The text positions of a's prompt from item i up to its next image.
+    auto textFrom = [](const Active * a, size_t i) {
+        int32_t n = 0;
+        for (; i < a->plan.items.size() && a->plan.items[i].item.imageTokens == 0; i++) n++;
+        return n;
+    };
     // A group's prompts are read in as few decodes as the batch and the ubatch take.
     int32_t budget = opts_.admitTogether ? opts_.nBatch : opts_.prefillChunk;
     int32_t imageRows = 0;  // in this step's image decode
@@ -853,9 +859,7 @@ void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t to
                 a->take = std::min({rest, budget, opts_.nUbatch - imageRows});
                 causalRows = a->take > 0;
                 if (mixSteps_ && a->take > 0 && a->take == rest) {
-                    int32_t text = 0;
-                    for (size_t i = a->next + 1; i < a->plan.items.size() && a->plan.items[i].item.imageTokens == 0; i++) text++;
-                    a->takeText = std::min({text, budget - a->take, tokenRoom});
+                    a->takeText = std::min({textFrom(a, a->next + 1), budget - a->take, tokenRoom});
                     tokenRoom -= a->takeText;
                     budget -= a->takeText;
                 }
@@ -863,9 +867,7 @@ void BatchScheduler::planPrefill(const std::vector<Active *> & order, int32_t to
             a->takeImage = a->take > 0;
             imageRows += a->take;
         } else {
-            int32_t text = 0;
-            for (size_t i = a->next; i < a->plan.items.size() && a->plan.items[i].item.imageTokens == 0; i++) text++;
-            a->take = std::min({text, budget, tokenRoom});
+            a->take = std::min({textFrom(a, a->next), budget, tokenRoom});
             tokenRoom -= a->take;
         }
         budget -= a->take;
@@ -882,12 +884,14 @@ bool BatchScheduler::decodeImages(const std::vector<Active *> & order) {
     llama_batch b{rows, nullptr, embd_.data(), pos_.data(), nSeqId_.data(), seqIdPtrs_.data(), logits_.data()};
     account_.imageDecodes++;
     account_.imageRows += rows;
-    if (bidirectional) llama_set_causal_attn(ctx_, false);
-    const int64_t t0 = monotonicNs();
-    const int ret = llama_decode(ctx_, b);
-    llama_synchronize(ctx_);
-    if (ret == 0) keepLast(imageMs_, ImageSample{rows, msBetween(t0, monotonicNs())}, kImageSamples);
-    if (bidirectional) llama_set_causal_attn(ctx_, true);
+    int ret = 0;
+    {
+        const NonCausalScope scope(ctx_, bidirectional);
+        const int64_t t0 = monotonicNs();
+        ret = llama_decode(ctx_, b);
+        llama_synchronize(ctx_);
+        if (ret == 0) keepLast(imageMs_, ImageSample{rows, msBetween(t0, monotonicNs())}, kImageSamples);
+    }
     afterImageDecode(order, ret, rowsOf);
     return true;
 }

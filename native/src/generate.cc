@@ -51,24 +51,6 @@ PromptPlan planChecked(const Model & model, const std::vector<Segment> & segment
 
 bool imageNonCausal(const ModelInfo & mi, const PromptItem & p) { return mi.imageAttention != "causal" && !p.forceCausal; }
 
-namespace {
-
-// Attention reads both ways while alive (an image under its model's rule), causal again after, thrown or not.
-struct NonCausalScope {
-    llama_context * ctx;
-    bool on;
-    NonCausalScope(llama_context * c, bool enabled) : ctx(c), on(enabled) {
-        if (on) llama_set_causal_attn(ctx, false);
-    }
-    ~NonCausalScope() {
-        if (on) llama_set_causal_attn(ctx, true);
-    }
-    NonCausalScope(const NonCausalScope &) = delete;
-    NonCausalScope & operator=(const NonCausalScope &) = delete;
-};
-
-}  // namespace
-
 bool appendOutput(const llama_vocab * vocab, const GenerateOptions & opts, GenerateResult & res, llama_token t) {
     for (int32_t s : opts.stopTokens) {
         if (s == t) {

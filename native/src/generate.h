@@ -96,6 +96,19 @@ PromptPlan planChecked(const Model & model, const std::vector<Segment> & segment
                        int32_t nCtxSeq);
 // Whether an image is decoded with bidirectional attention (the model's rule, unless forced causal).
 bool imageNonCausal(const ModelInfo & mi, const PromptItem & p);
+// Attention reads both ways while alive (an image under its model's rule), causal again after, thrown or not.
+struct NonCausalScope {
+    llama_context * ctx;
+    bool on;
+    NonCausalScope(llama_context * c, bool enabled) : ctx(c), on(enabled) {
+        if (on) llama_set_causal_attn(ctx, false);
+    }
+    ~NonCausalScope() {
+        if (on) llama_set_causal_attn(ctx, true);
+    }
+    NonCausalScope(const NonCausalScope &) = delete;
+    NonCausalScope & operator=(const NonCausalScope &) = delete;
+};
 // Appends a generated token's id and text to the result. True when generation must stop, with the stop reason set.
 // A stop token is not appended. At a stop string the text is cut before it. Max tokens also stops.
 bool appendOutput(const llama_vocab * vocab, const GenerateOptions & opts, GenerateResult & res, llama_token t);

@@ -16,6 +16,7 @@ import {
   type LlamaGrammar,
   type PromptSegment,
   type TimeAccount,
+  type ContextOptions,
 } from '../../native/llama.ts';
 import { REPO_ROOT, ensureSynthModel, fakeImage } from '../support/fixtures.ts';
 
@@ -49,6 +50,25 @@ describe('batched decoding on gemma4-tiny', () => {
   async function alone(prompt: readonly PromptSegment[], options: GenerateOptions, ctx = single): Promise<GenerateResult> {
     ctx.clearCache();
     return ctx.generate(prompt, options);
+  }
+
+  /** The four cameras' actions at once on a context of four sequences in one KV buffer, one thread, with `options`;
+   * `announce`d first (expect), they go in as one group. Returns them and the scheduler's time account. */
+  async function fourAtOnce(options: ContextOptions, causal: boolean, announce = false) {
+    const ctx = await model.createContext({ nCtx: 1024, nBatch: 512, nUbatch: 512, nSeq: 4, kvUnified: true, threads: 1, ...options });
+    try {
+      if (announce) CAMERAS.forEach((_, i) => ctx.expect(i, 1));
+      const got = await Promise.all(
+        CAMERAS.map((_, i) => {
+          const r = ctx.generate(cameraPrompt(i, causal), { ...actionOptions(), seq: i });
+          if (announce) ctx.expect(i, -1);
+          return r;
+        }),
+      );
+      return { got, account: ctx.timeAccount()!, info: ctx.info };
+    } finally {
+      await ctx.dispose();
+    }
   }
 
   // A small prefill chunk cuts causal images into several decodes and reads each bidirectional
@@ -140,32 +160,15 @@ describe('batched decoding on gemma4-tiny', () => {
   // cameras' tokens and the text after an image the step completes.
   for (const admitTogether of [false, true]) {
     test(`a step's causal image rows carry its token rows in one decode (${admitTogether ? 'admitted together' : 'prefill chunk 16'}): the same outputs, fewer decodes; images read both ways are not mixed`, async () => {
+      // Together: announced first, the four go in as one group, so both runs lay their KV cells out alike.
       const run = async (mixSteps: boolean, causal: boolean) => {
-        const ctx = await model.createContext({
-          nCtx: 1024,
-          nBatch: 512,
-          nUbatch: 512,
-          nSeq: 4,
-          kvUnified: true,
-          threads: 1,
-          mixSteps,
-          ...(admitTogether ? { admitTogether, groupWaitMs: 1000 } : { prefillChunk: 16 }),
-        });
-        try {
-          assert.equal(ctx.info.mixSteps, mixSteps);
-          // Together: announced first, the four go in as one group, so both runs lay their KV cells out alike.
-          if (admitTogether) CAMERAS.forEach((_, i) => ctx.expect(i, 1));
-          const got = await Promise.all(
-            CAMERAS.map((_, i) => {
-              const r = ctx.generate(cameraPrompt(i, causal), { ...actionOptions(), seq: i });
-              if (admitTogether) ctx.expect(i, -1);
-              return r;
-            }),
-          );
-          return { got, account: ctx.timeAccount()! };
-        } finally {
-          await ctx.dispose();
-        }
+        const r = await fourAtOnce(
+          { mixSteps, ...(admitTogether ? { admitTogether, groupWaitMs: 1000 } : { prefillChunk: 16 }) },
+          causal,
+          admitTogether,
+        );
+        assert.equal(r.info.mixSteps, mixSteps);
+        return r;
       };
       const separate = await run(false, true);
       const mixed = await run(true, true);
@@ -313,30 +316,15 @@ describe('batched decoding on gemma4-tiny', () => {
     // With one KV buffer llama.cpp reuses a graph for as many rows, outputs and distinct sequences as the
     // last; unpadded, those change as cameras prefill, take forced runs and finish.
     const reuse = async (stepRows: number): Promise<{ reuses: number; steps: number }> => {
-      const ctx = await model.createContext({
-        nCtx: 1024,
-        nBatch: 512,
-        nUbatch: 512,
-        nSeq: 4,
-        kvUnified: true,
-        admitTogether: true,
-        stepRows,
-        threads: 1,
-        graphSlots: 0,
-      });
-      try {
-        const got = await Promise.all(CAMERAS.map((_, i) => ctx.generate(cameraPrompt(i, false), { ...actionOptions(), seq: i })));
-        for (const r of got) {
-          assert.equal(r.stopReason, 'eos', `stepRows ${stepRows}: a complete action`);
-          JSON.parse(r.text);
-        }
-        return {
-          reuses: got.reduce((n, r) => n + r.batch!.graphReuses, 0),
-          steps: got.reduce((n, r) => n + r.batch!.steps, 0),
-        };
-      } finally {
-        await ctx.dispose();
+      const { got } = await fourAtOnce({ admitTogether: true, stepRows, graphSlots: 0 }, false);
+      for (const r of got) {
+        assert.equal(r.stopReason, 'eos', `stepRows ${stepRows}: a complete action`);
+        JSON.parse(r.text);
       }
+      return {
+        reuses: got.reduce((n, r) => n + r.batch!.graphReuses, 0),
+        steps: got.reduce((n, r) => n + r.batch!.steps, 0),
+      };
     };
     const [plain, padded] = [await reuse(0), await reuse(8)];
     const share = (r: { reuses: number; steps: number }): number => r.reuses / r.steps;
