@@ -1,9 +1,24 @@
 #!/usr/bin/env python3
 # Summarizes kernel times by kind (quantized matmul, attention, ...) and the top kernels: an ncu --csv dump, an nsys
-# cuda_gpu_kern_sum, or a file of sections headed "## NAME" holding either, each of one prefill.
-import csv, io, re, sys
+# cuda_gpu_kern_sum, a file of sections headed "## NAME" holding either, each of one prefill, or nsys's SQLite
+# export, of which `--last-of N` keeps the last N-th of the kernels in launch order (the last of N equal ubatches).
+import csv, io, re, sqlite3, sys
 from collections import defaultdict
-text = open(sys.argv[1]).read()
+def sqlite_sections(path, last_of):
+    db = sqlite3.connect(path)
+    rows = db.execute('select s.value, k.end - k.start from CUPTI_ACTIVITY_KIND_KERNEL k '
+                      'join StringIds s on k.demangledName = s.id order by k.start').fetchall()
+    rows = rows[len(rows) - len(rows) // last_of:] if last_of > 1 else rows
+    per = defaultdict(lambda: [0, 0])
+    for name, ns in rows: per[name][0] += ns; per[name][1] += 1
+    out = io.StringIO(); w = csv.writer(out, quoting=csv.QUOTE_ALL)
+    w.writerow(['Total Time (ns)', 'Instances', 'Name'])
+    for name, (ns, n) in per.items(): w.writerow([ns, n, name])
+    return f'{path} (last 1/{last_of}: {len(rows)} kernels)\n' + out.getvalue()
+args = sys.argv[1:]
+last_of = int(args[args.index('--last-of') + 1]) if '--last-of' in args else 1
+with open(args[0], 'rb') as f: is_sqlite = f.read(16) == b'SQLite format 3\x00'
+text = '## ' + sqlite_sections(args[0], last_of) if is_sqlite else open(args[0]).read()
 def kind(n):
     n = n.lower()
     if 'flash_attn' in n or 'fattn' in n: return 'attention'

@@ -116,3 +116,19 @@ decode_kernels() {
   python3 tools/device/decode-steps.py /tmp/tg.sqlite > $RES/decode-steps.json 2>> $OUT/err.txt
   cat $RES/decode-steps.json | tee -a $OUT/log.txt
 }
+
+# Per-kernel times of a prefill of $1 sequences of $2 positions in one KV buffer and one ubatch (the shape of bench
+# cameras' ceiling): nsys over llama-perplexity (prepare with PEERS holding it) reading three such ubatches, graphs
+# traced node by node, percept's matmul path unless the caller sets its variables; the last ubatch's kernels by kind
+# (kernel-summary.py) into $RES/seqs-kernels-$1x$2.txt. The first ubatch also makes the F16 weight copies.
+seqs_kernels() {
+  local n=$1 p=$2
+  log "kernels of $n x $p in one ubatch"
+  [ -x build/native/bin/llama-perplexity ] || { log "no llama-perplexity: PEERS=\"llama-bench llama-perplexity\" prepare"; return 1; }
+  cat docs/*.md native/README.md pipeline/README.md app/README.md > /tmp/text.txt
+  PERCEPT_CUDA_MMQ_MAX_BATCH=${PERCEPT_CUDA_MMQ_MAX_BATCH-128} PERCEPT_CUDA_F16_WEIGHTS=${PERCEPT_CUDA_F16_WEIGHTS-1} \
+    nsys_trace seqs --cuda-graph-trace=node build/native/bin/llama-perplexity -m "$M" -f /tmp/text.txt -ngl 99 -fa on \
+    -c $p -b $((n * p)) -ub $((n * p)) -kvu --chunks $((3 * n)) || return 1
+  python3 tools/device/kernel-summary.py /tmp/seqs.sqlite --last-of 3 > $RES/seqs-kernels-${n}x$p.txt 2>> $OUT/err.txt
+  head -12 $RES/seqs-kernels-${n}x$p.txt | tee -a $OUT/log.txt
+}
