@@ -59,7 +59,7 @@ struct ContextOptions {
     // A Gemma 4 image read causally shares one decode with the prompt text after it
     // (patches/llama-mixed-batch-gemma4.diff): one llama_decode fewer a prefill.
     bool mixedPrefill = false;
-    // Batched: a step's causal Gemma 4 image rows and its token rows in one decode (BatchOptions::mixImages).
+    // Batched: a step's causal Gemma 4 image rows and its token rows in one decode (BatchOptions::mixSteps).
     bool mixSteps = false;
     int32_t flashAttention = -1;  // -1 auto, 0 off, 1 on
     std::string kvType;           // "f16" | "q8_0"

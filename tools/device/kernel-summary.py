@@ -4,21 +4,6 @@
 # export, of which `--last-of N` keeps the last N-th of the kernels in launch order (the last of N equal ubatches).
 import csv, io, re, sqlite3, sys
 from collections import defaultdict
-def sqlite_sections(path, last_of):
-    db = sqlite3.connect(path)
-    rows = db.execute('select s.value, k.end - k.start from CUPTI_ACTIVITY_KIND_KERNEL k '
-                      'join StringIds s on k.demangledName = s.id order by k.start').fetchall()
-    rows = rows[len(rows) - len(rows) // last_of:] if last_of > 1 else rows
-    per = defaultdict(lambda: [0, 0])
-    for name, ns in rows: per[name][0] += ns; per[name][1] += 1
-    out = io.StringIO(); w = csv.writer(out, quoting=csv.QUOTE_ALL)
-    w.writerow(['Total Time (ns)', 'Instances', 'Name'])
-    for name, (ns, n) in per.items(): w.writerow([ns, n, name])
-    return f'{path} (last 1/{last_of}: {len(rows)} kernels)\n' + out.getvalue()
-args = sys.argv[1:]
-last_of = int(args[args.index('--last-of') + 1]) if '--last-of' in args else 1
-with open(args[0], 'rb') as f: is_sqlite = f.read(16) == b'SQLite format 3\x00'
-text = '## ' + sqlite_sections(args[0], last_of) if is_sqlite else open(args[0]).read()
 def kind(n):
     n = n.lower()
     if 'flash_attn' in n or 'fattn' in n: return 'attention'
@@ -31,24 +16,41 @@ def kind(n):
     if 'rope' in n: return 'rope'
     if 'convert' in n or 'cpy' in n: return 'copy/convert'
     return 'elementwise/other'
-sections = re.split(r'^## ', text, flags=re.M)[1:] or [f'{sys.argv[1]}\n{text}']
-for sec in sections:
-    tag, body = sec.split('\n', 1)
-    lines = [l for l in body.splitlines() if l[:1] == '"' or l[:1].isdigit() or l.startswith('Time') or l.startswith('ID')]
-    rows = list(csv.reader(io.StringIO('\n'.join(lines))))
-    if not rows: print(tag, 'no rows'); continue
-    hdr = rows[0]; per = defaultdict(float); cnt = defaultdict(int)
-    if 'Metric Value' in hdr:
-        ni, vi, ui = hdr.index('Kernel Name'), hdr.index('Metric Value'), hdr.index('Metric Unit')
-        for r in rows[1:]:
-            if len(r) <= vi: continue
-            v = float(r[vi].replace(',', '')); u = r[ui]
-            ms = v / 1e6 if u == 'nsecond' else v / 1e3 if u == 'usecond' else v if u == 'msecond' else v / 1e6
-            per[r[ni][:90]] += ms; cnt[r[ni][:90]] += 1
-    else:
-        ni, ti, ci = hdr.index('Name'), hdr.index('Total Time (ns)'), hdr.index('Instances')
-        for r in rows[1:]:
-            per[r[ni][:90]] += float(r[ti]) / 1e6; cnt[r[ni][:90]] += int(r[ci])
+def from_sqlite(path, last_of):
+    """One section: ms and launches per kernel name from nsys's export, the last `last_of`-th of them."""
+    rows = sqlite3.connect(path).execute('select s.value, k.end - k.start from CUPTI_ACTIVITY_KIND_KERNEL k '
+                                         'join StringIds s on k.demangledName = s.id order by k.start').fetchall()
+    rows = rows[len(rows) - len(rows) // last_of:]
+    per = defaultdict(float); cnt = defaultdict(int)
+    for name, ns in rows: per[name[:90]] += ns / 1e6; cnt[name[:90]] += 1
+    yield f'{path} (last 1/{last_of}: {len(rows)} kernels)', per, cnt
+def from_csv(path):
+    """One section per "## NAME" (or the whole file): ms and launches per kernel name from ncu's or nsys's CSV."""
+    text = open(path).read()
+    for sec in re.split(r'^## ', text, flags=re.M)[1:] or [f'{path}\n{text}']:
+        tag, body = sec.split('\n', 1)
+        lines = [l for l in body.splitlines() if l[:1] == '"' or l[:1].isdigit() or l.startswith('Time') or l.startswith('ID')]
+        rows = list(csv.reader(io.StringIO('\n'.join(lines))))
+        per = defaultdict(float); cnt = defaultdict(int)
+        if not rows: yield tag, per, cnt; continue
+        hdr = rows[0]
+        if 'Metric Value' in hdr:
+            ni, vi, ui = hdr.index('Kernel Name'), hdr.index('Metric Value'), hdr.index('Metric Unit')
+            for r in rows[1:]:
+                if len(r) <= vi: continue
+                v = float(r[vi].replace(',', '')); u = r[ui]
+                ms = v / 1e6 if u == 'nsecond' else v / 1e3 if u == 'usecond' else v if u == 'msecond' else v / 1e6
+                per[r[ni][:90]] += ms; cnt[r[ni][:90]] += 1
+        else:
+            ni, ti, ci = hdr.index('Name'), hdr.index('Total Time (ns)'), hdr.index('Instances')
+            for r in rows[1:]:
+                per[r[ni][:90]] += float(r[ti]) / 1e6; cnt[r[ni][:90]] += int(r[ci])
+        yield tag, per, cnt
+args = sys.argv[1:]
+last_of = int(args[args.index('--last-of') + 1]) if '--last-of' in args else 1
+with open(args[0], 'rb') as f: is_sqlite = f.read(16) == b'SQLite format 3\x00'
+for tag, per, cnt in from_sqlite(args[0], last_of) if is_sqlite else from_csv(args[0]):
+    if not per: print(tag, 'no rows'); continue
     total = sum(per.values())
     bykind = defaultdict(float)
     for k, v in per.items(): bykind[kind(k)] += v
