@@ -396,20 +396,29 @@ export const CUDA_MMQ_MAX_BATCH = 128;
  */
 export const CUDA_F16_WEIGHTS = true;
 
-/** The paths of ggml-cuda's quantized matmuls that the two variables above pick, as a bench's JSON reports them: the
- * widest matmul kept on MMQ (null: every width) and whether F16 copies of the weights are kept. */
+/**
+ * Whether cuBLAS's F16 matmuls on Hopper accumulate and write F32, so no kernel converts each output
+ * (native/patches/ggml-cuda-cublas-f32-out.diff, docs/gpu.md). Other GPUs are unaffected. Set before the addon loads;
+ * PERCEPT_CUDA_CUBLAS_F32_OUT wins (0: off).
+ */
+export const CUDA_CUBLAS_F32_OUT = true;
+
+/** The paths of ggml-cuda's matmuls that the three variables above pick, as a bench's JSON reports them: the widest
+ * matmul kept on MMQ (null: every width), whether F16 copies of the weights are kept, whether cuBLAS writes F32 on Hopper. */
 export interface CudaMatmuls {
   readonly mmq_max_batch: number | null;
   readonly f16_weights: boolean;
+  readonly cublas_f32_out: boolean;
 }
 
 /** Reads CudaMatmuls as the patches do; after loadAddon, process.env holds the defaults it set. */
 export function cudaMatmuls(env: NodeJS.ProcessEnv = process.env): CudaMatmuls {
   const mmq = env.PERCEPT_CUDA_MMQ_MAX_BATCH;
-  const f16 = env.PERCEPT_CUDA_F16_WEIGHTS;
+  const on = (value: string | undefined) => value !== undefined && value !== '' && value !== '0';
   return {
     mmq_max_batch: mmq === undefined || !/^\d+$/.test(mmq) ? null : Number(mmq),
-    f16_weights: f16 !== undefined && f16 !== '' && f16 !== '0',
+    f16_weights: on(env.PERCEPT_CUDA_F16_WEIGHTS),
+    cublas_f32_out: on(env.PERCEPT_CUDA_CUBLAS_F32_OUT),
   };
 }
 
@@ -423,6 +432,7 @@ export function loadAddon(): NativeAddon {
   }
   process.env.PERCEPT_CUDA_MMQ_MAX_BATCH ??= String(CUDA_MMQ_MAX_BATCH);
   process.env.PERCEPT_CUDA_F16_WEIGHTS ??= CUDA_F16_WEIGHTS ? '1' : '0';
+  process.env.PERCEPT_CUDA_CUBLAS_F32_OUT ??= CUDA_CUBLAS_F32_OUT ? '1' : '0';
   const require = createRequire(import.meta.url);
   const addon = require(ADDON_PATH) as NativeAddon;
   if (typeof addon.Model !== 'function') {

@@ -1,14 +1,14 @@
 // percept's own llama.cpp patches (native/patches/*.diff, applied by tools/build-native.mjs after
 // node-llama-cpp's): each is applied to build/llama.cpp and recorded in its extraction stamp with a
 // hash of its content, so a patch that changes re-extracts the tree instead of being applied twice.
-// The addon's loader sets the defaults of the variables two of them read.
+// The addon's loader sets the defaults of the variables three of them read.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { test } from 'node:test';
-import { CUDA_F16_WEIGHTS, CUDA_MMQ_MAX_BATCH, cudaMatmuls } from '../../native/binding.ts';
+import { CUDA_CUBLAS_F32_OUT, CUDA_F16_WEIGHTS, CUDA_MMQ_MAX_BATCH, cudaMatmuls } from '../../native/binding.ts';
 import { REPO_ROOT } from '../support/fixtures.ts';
 
 const patchDir = join(REPO_ROOT, 'native', 'patches');
@@ -86,22 +86,36 @@ test('loading the addon turns on the F16 weight copies of ggml-cuda-f16-weights.
   assert.equal(inheritedAfterLoad('PERCEPT_CUDA_F16_WEIGHTS', { ...clean, PERCEPT_CUDA_F16_WEIGHTS: '0' }), '0', 'the environment wins');
 });
 
-test('cudaMatmuls reads the two variables as the patches do: a count of columns or MMQ at every width; copies unless unset, empty or 0', () => {
-  assert.deepEqual(cudaMatmuls({}), { mmq_max_batch: null, f16_weights: false });
-  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '128', PERCEPT_CUDA_F16_WEIGHTS: '1' }), {
+test('loading the addon turns on F32 output of cuBLAS on Hopper (ggml-cuda-cublas-f32-out.diff), unless the environment says 0; children inherit it', () => {
+  const { PERCEPT_CUDA_CUBLAS_F32_OUT: _, ...clean } = process.env;
+  assert.equal(inheritedAfterLoad('PERCEPT_CUDA_CUBLAS_F32_OUT', clean), CUDA_CUBLAS_F32_OUT ? '1' : '0');
+  assert.equal(
+    inheritedAfterLoad('PERCEPT_CUDA_CUBLAS_F32_OUT', { ...clean, PERCEPT_CUDA_CUBLAS_F32_OUT: '0' }),
+    '0',
+    'the environment wins',
+  );
+});
+
+test('cudaMatmuls reads the three variables as the patches do: a count of columns or MMQ at every width; on unless unset, empty or 0', () => {
+  assert.deepEqual(cudaMatmuls({}), { mmq_max_batch: null, f16_weights: false, cublas_f32_out: false });
+  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '128', PERCEPT_CUDA_F16_WEIGHTS: '1', PERCEPT_CUDA_CUBLAS_F32_OUT: '1' }), {
     mmq_max_batch: 128,
     f16_weights: true,
+    cublas_f32_out: true,
   });
-  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '0', PERCEPT_CUDA_F16_WEIGHTS: '0' }), {
+  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '0', PERCEPT_CUDA_F16_WEIGHTS: '0', PERCEPT_CUDA_CUBLAS_F32_OUT: '0' }), {
     mmq_max_batch: 0,
     f16_weights: false,
+    cublas_f32_out: false,
   });
-  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '', PERCEPT_CUDA_F16_WEIGHTS: '' }), {
+  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '', PERCEPT_CUDA_F16_WEIGHTS: '', PERCEPT_CUDA_CUBLAS_F32_OUT: '' }), {
     mmq_max_batch: null,
     f16_weights: false,
+    cublas_f32_out: false,
   });
-  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '-4', PERCEPT_CUDA_F16_WEIGHTS: 'yes' }), {
+  assert.deepEqual(cudaMatmuls({ PERCEPT_CUDA_MMQ_MAX_BATCH: '-4', PERCEPT_CUDA_F16_WEIGHTS: 'yes', PERCEPT_CUDA_CUBLAS_F32_OUT: 'yes' }), {
     mmq_max_batch: null,
     f16_weights: true,
+    cublas_f32_out: true,
   });
 });

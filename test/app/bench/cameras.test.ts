@@ -7,7 +7,7 @@ import { promisify } from 'node:util';
 import { describe, test } from 'node:test';
 import type { BenchCamerasResult } from '../../../app/bench/cameras.ts';
 import { ceilingActionsPerS } from '../../../app/bench/ceiling.ts';
-import { CUDA_F16_WEIGHTS, CUDA_MMQ_MAX_BATCH, cudaMatmuls } from '../../../native/binding.ts';
+import { CUDA_CUBLAS_F32_OUT, CUDA_F16_WEIGHTS, CUDA_MMQ_MAX_BATCH, cudaMatmuls } from '../../../native/binding.ts';
 import { REPO_ROOT } from '../../support/fixtures.ts';
 
 const run = promisify(execFile);
@@ -85,6 +85,7 @@ describe('bench cameras: the engine ceiling', () => {
       cudaMatmuls({
         PERCEPT_CUDA_MMQ_MAX_BATCH: env.PERCEPT_CUDA_MMQ_MAX_BATCH ?? String(CUDA_MMQ_MAX_BATCH),
         PERCEPT_CUDA_F16_WEIGHTS: env.PERCEPT_CUDA_F16_WEIGHTS ?? (CUDA_F16_WEIGHTS ? '1' : '0'),
+        PERCEPT_CUDA_CUBLAS_F32_OUT: env.PERCEPT_CUDA_CUBLAS_F32_OUT ?? (CUDA_CUBLAS_F32_OUT ? '1' : '0'),
       }),
     );
   });
