@@ -46,14 +46,15 @@ def from_csv(path):
             for r in rows[1:]:
                 per[r[ni][:90]] += float(r[ti]) / 1e6; cnt[r[ni][:90]] += int(r[ci])
         yield tag, per, cnt
-args = sys.argv[1:]
-last_of = int(args[args.index('--last-of') + 1]) if '--last-of' in args else 1
-with open(args[0], 'rb') as f: is_sqlite = f.read(16) == b'SQLite format 3\x00'
-for tag, per, cnt in from_sqlite(args[0], last_of) if is_sqlite else from_csv(args[0]):
-    if not per: print(tag, 'no rows'); continue
-    total = sum(per.values())
-    bykind = defaultdict(float)
-    for k, v in per.items(): bykind[kind(k)] += v
-    print(f'== {tag}: {total:.2f} ms of kernels')
-    for k, v in sorted(bykind.items(), key=lambda x: -x[1]): print(f'   {k:24s} {v:8.2f} ms {100*v/total:5.1f} %')
-    for k, v in sorted(per.items(), key=lambda x: -x[1])[:15]: print(f'   {v:8.3f} ms x{cnt[k]:<5d} {k}')
+if __name__ == '__main__':
+    args = sys.argv[1:]
+    last_of = int(args[args.index('--last-of') + 1]) if '--last-of' in args else 1
+    with open(args[0], 'rb') as f: is_sqlite = f.read(16) == b'SQLite format 3\x00'
+    for tag, per, cnt in from_sqlite(args[0], last_of) if is_sqlite else from_csv(args[0]):
+        if not per: print(tag, 'no rows'); continue
+        total = sum(per.values())
+        bykind = defaultdict(float)
+        for k, v in per.items(): bykind[kind(k)] += v
+        print(f'== {tag}: {total:.2f} ms of kernels')
+        for k, v in sorted(bykind.items(), key=lambda x: -x[1]): print(f'   {k:24s} {v:8.2f} ms {100*v/total:5.1f} %')
+        for k, v in sorted(per.items(), key=lambda x: -x[1])[:15]: print(f'   {v:8.3f} ms x{cnt[k]:<5d} {k}')

@@ -105,16 +105,37 @@ gaps() {
 }
 
 # Where a decode step goes: nsys's trace of llama-bench's $1 decode steps (default 32), each a CUDA graph traced
-# node by node: per kernel into $RES/decode-kernels.csv (kernel-summary.py), per step into $RES/decode-steps.json.
+# node by node; the last six steps by kernel kind (decode-steps.py) into $RES/decode-steps.json and the log.
 decode_kernels() {
   log "decode kernels tg${1:-32}"
   nsys_trace tg --cuda-graph-trace=node $LB -m "$M" -ngl 99 -fa 1 -p 0 -n ${1:-32} -r 1 || return 1
-  rm -f /tmp/tgk_cuda_gpu_kern_sum.csv
-  "$NSYS" stats -r cuda_gpu_kern_sum -f csv -o /tmp/tgk /tmp/tg.nsys-rep > /dev/null 2>> $OUT/err.txt
-  cp /tmp/tgk_cuda_gpu_kern_sum.csv $RES/decode-kernels.csv
-  python3 tools/device/kernel-summary.py $RES/decode-kernels.csv 2>&1 | head -12 | tee -a $OUT/log.txt
   python3 tools/device/decode-steps.py /tmp/tg.sqlite > $RES/decode-steps.json 2>> $OUT/err.txt
   cat $RES/decode-steps.json | tee -a $OUT/log.txt
+}
+
+# The same for the steps of $1 sequences decoded together after a prompt of ${2:-289} tokens each: llama-batched-bench
+# (prepare with PEERS holding it) in one KV buffer, or a stream per sequence where KVU=0, into
+# $RES/batched-steps-$1[-streams].json. The shape of bench cameras' ceiling step.
+batched_kernels() {
+  local n=$1 pp=${2:-289} kvu=(-kvu) tag=""
+  [ "${KVU:-1}" = 0 ] && { kvu=(); tag=-streams; }
+  log "batched decode kernels: $n sequences after $pp tokens${tag}"
+  [ -x build/native/bin/llama-batched-bench ] || { log "no llama-batched-bench: PEERS=\"llama-bench llama-batched-bench\" prepare"; return 1; }
+  nsys_trace bt --cuda-graph-trace=node build/native/bin/llama-batched-bench -m "$M" -ngl 99 -fa on -c $((n * (pp + 40))) \
+    -b 4096 -ub 4096 -npp $pp -ntg 24 -npl $n "${kvu[@]}" || return 1
+  python3 tools/device/decode-steps.py /tmp/bt.sqlite > $RES/batched-steps-$n$tag.json 2>> $OUT/err.txt
+  cat $RES/batched-steps-$n$tag.json | tee -a $OUT/log.txt
+}
+
+# How busy the GPU was through a `bench cameras` run (16 x 10 Hz for 6 s, $1 image tokens, together; nsys, graphs node by
+# node): gpu-busy.py's share of each 500 ms that some kernel ran, per CUDA stream (decoder, encoder, the ceiling's
+# context), into $RES/cameras-busy-$1.json. Tracing slows the host: compare shares, not the run's actions/s.
+cameras_busy() {
+  log "GPU busy through bench cameras, $1 tokens"
+  nsys_trace cams --cuda-graph-trace=node $P bench cameras --cameras 16 --fps 10 --seconds 6 --image-tokens $1 --budget-ms 1000 \
+    -m "$M" -e "$E" --gpu-layers 99 --admit together --json || return 1
+  python3 tools/device/gpu-busy.py /tmp/cams.sqlite --bin 500 > $RES/cameras-busy-$1.json 2>> $OUT/err.txt
+  cat $RES/cameras-busy-$1.json | tee -a $OUT/log.txt
 }
 
 # Per-kernel times of a prefill of $1 sequences of $2 positions in one KV buffer and one ubatch (the shape of bench
@@ -129,7 +150,8 @@ seqs_kernels() {
   # The addon loader's defaults (native/binding.ts) for this program started outside percept; the caller's win.
   ( eval "$(node --import tsx --input-type=module -e "const b = await import('./native/binding.ts');
       console.log('export PERCEPT_CUDA_MMQ_MAX_BATCH=\${PERCEPT_CUDA_MMQ_MAX_BATCH-' + b.CUDA_MMQ_MAX_BATCH + '}');
-      console.log('export PERCEPT_CUDA_F16_WEIGHTS=\${PERCEPT_CUDA_F16_WEIGHTS-' + (b.CUDA_F16_WEIGHTS ? 1 : 0) + '}');")"
+      console.log('export PERCEPT_CUDA_F16_WEIGHTS=\${PERCEPT_CUDA_F16_WEIGHTS-' + (b.CUDA_F16_WEIGHTS ? 1 : 0) + '}');
+      console.log('export PERCEPT_CUDA_CUBLAS_F32_OUT=\${PERCEPT_CUDA_CUBLAS_F32_OUT-' + (b.CUDA_CUBLAS_F32_OUT ? 1 : 0) + '}');")"
     nsys_trace seqs --cuda-graph-trace=node build/native/bin/llama-perplexity -m "$M" -f /tmp/text.txt -ngl 99 -fa on \
       -c $p -b $((n * p)) -ub $((n * p)) -kvu --chunks $((3 * n)) ) || return 1
   python3 tools/device/kernel-summary.py /tmp/seqs.sqlite --last-of 3 > $RES/seqs-kernels-${n}x$p.txt 2>> $OUT/err.txt
