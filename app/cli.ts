@@ -306,6 +306,7 @@ bench
     int('--prefill-chunk'),
   )
   .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
+  .option('--threads <n>', "llama.cpp's CPU threads for the decoder (decoder.threads; default every core)", int('--threads'))
   .option(
     '--lanes <n>',
     'decoder contexts the cameras are spread over, each batched on its own (batching.lanes; default 1)',

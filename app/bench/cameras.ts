@@ -9,7 +9,7 @@ import { loadavg } from 'node:os';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { RealClock } from '../../pipeline/clock.ts';
 import { cudaMatmuls, type CudaMatmuls } from '../../native/binding.ts';
-import type { TimeAccount } from '../../native/llama.ts';
+import { defaultThreads, type TimeAccount } from '../../native/llama.ts';
 import { loadConfig, type PerceptConfig } from '../../pipeline/config.ts';
 import type { LatencyStats } from '../../pipeline/telemetry/events.ts';
 import { loadActionSchema } from '../../nodes/action-schema.ts';
@@ -37,6 +37,8 @@ export interface BenchCamerasOptions {
   readonly budgetMs: number;
   /** One KV buffer for every camera. Default: the config's, true. */
   readonly kvUnified?: boolean;
+  /** llama.cpp's CPU threads for the decoder (decoder.threads). Default: every core. */
+  readonly threads?: number;
   /** Drop a frame before preprocess when the decoder predicts it misses (default true, the config's). */
   readonly dropPredictedMiss?: boolean;
   /** Drop a frame before preprocess when a newer one of its camera would replace it at decode anyway (default true, the config's). */
@@ -144,6 +146,8 @@ export interface BenchCamerasResult {
   readonly encoder_frames: number;
   readonly encoder_batch_max: number;
   readonly kv_unified: boolean;
+  /** llama.cpp's CPU threads for the decoder: decoder.threads, or every core. */
+  readonly decoder_threads: number;
   /** The decoder's quantized-matmul paths on a CUDA build (docs/gpu.md). */
   readonly cuda_matmuls: CudaMatmuls;
   readonly drop_predicted_miss: boolean;
@@ -302,6 +306,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     decoder: {
       model: opts.model,
       gpuLayers,
+      ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
       ...(opts.jumpForward !== undefined ? { jumpForward: opts.jumpForward } : {}),
       ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
     },
@@ -430,6 +435,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     encoder_frames: enc.frames,
     encoder_batch_max: enc.maxBatch,
     kv_unified: config.batching.kvUnified,
+    decoder_threads: config.decoder.threads ?? defaultThreads(),
     cuda_matmuls: cudaMatmuls(),
     drop_predicted_miss: config.cameras![0]!.budgets.dropPredictedMiss,
     drop_predicted_conflation: config.cameras![0]!.budgets.dropPredictedConflation,

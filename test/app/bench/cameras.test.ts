@@ -3,6 +3,7 @@
 // finite, with share = actions/s ÷ the capped ceiling; and where the decoder's time went, over one lane or two. No speed is asserted: the machine may be loaded.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { availableParallelism } from 'node:os';
 import { promisify } from 'node:util';
 import { describe, test } from 'node:test';
 import type { BenchCamerasResult } from '../../../app/bench/cameras.ts';
@@ -78,6 +79,7 @@ describe('bench cameras: the engine ceiling', () => {
     const a = r.action_steps!;
     assert.ok(positive(a.p50, 'action_steps.p50') <= a.p90 && a.p90 <= a.max, JSON.stringify(a));
     assert.ok(c.action_steps <= a.max, `the ceiling's steps, their mean rounded up (${c.action_steps}), at most the longest`);
+    assert.equal(r.decoder_threads, availableParallelism(), "the decoder's threads: every core unless --threads names them");
     // The matmul paths it ran under: the loader's defaults where this environment names none.
     const env = process.env;
     assert.deepEqual(
@@ -105,8 +107,11 @@ describe('bench cameras: the engine ceiling', () => {
   });
 
   test('with --step-rows, every token decode is padded to a row per camera and a multiple of the rows, and reuses its graph', async () => {
-    const r = JSON.parse(await benchCameras(['--json', '--no-ceiling', '--cameras', '4', '--step-rows', '8'])) as BenchCamerasResult;
+    const r = JSON.parse(
+      await benchCameras(['--json', '--no-ceiling', '--cameras', '4', '--step-rows', '8', '--threads', '1']),
+    ) as BenchCamerasResult;
     assert.equal(r.step_rows, 8);
+    assert.equal(r.decoder_threads, 1, '--threads sets decoder.threads');
     for (const [id, c] of Object.entries(r.per_camera)) positive(c.frames_out, `camera ${id} frames_out`);
     const t = r.decoder_time_ms!;
     // The rows count the padding; the cameras a decode covers do not.
