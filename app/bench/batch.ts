@@ -34,6 +34,10 @@ export interface BatchRow {
   readonly total_tok_per_s: number;
   /** Batched steps the slowest sequence took part in. */
   readonly steps: number;
+  /** Per step of ours: llama_decode and its synchronize (the slowest sequence's share of the shared decodes), and
+   * the sampling of every sequence's row; the rest of a step is the scheduler's own work. */
+  readonly decode_ms_per_step: number;
+  readonly sample_ms_per_step: number;
   readonly peer_tg_tok_per_s?: number;
   readonly peer_total_tok_per_s?: number;
   readonly ratio_tg?: number;
@@ -87,10 +91,14 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
       );
       const totalMs = performance.now() - t0;
       const lastFirstMs = Math.max(...results.map((r) => r.timings.ttftMs));
+      const slowest = results.reduce((a, b) => ((b.batch?.steps ?? 0) > (a.batch?.steps ?? 0) ? b : a));
+      const calls = Math.max(1, slowest.timings.decodeCalls);
       return {
         tg: (n * (tg - 1)) / ((totalMs - lastFirstMs) / 1000),
         total: (n * (pp + tg)) / (totalMs / 1000),
-        steps: Math.max(...results.map((r) => r.batch?.steps ?? 0)),
+        steps: slowest.batch?.steps ?? 0,
+        decodeMsPerStep: slowest.timings.llamaDecodeMs / calls,
+        sampleMsPerStep: results.reduce((sum, r) => sum + r.timings.sampleMs, 0) / calls,
       };
     };
     await run(Math.min(2, maxSeq)); // warm-up: first touch of the weights, graph allocation
@@ -102,6 +110,8 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
         tg_tok_per_s: round(ours.tg),
         total_tok_per_s: round(ours.total),
         steps: ours.steps,
+        decode_ms_per_step: round2(ours.decodeMsPerStep),
+        sample_ms_per_step: round2(ours.sampleMsPerStep),
       };
       if (!peer) {
         rows.push(row);
@@ -136,3 +146,4 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
 }
 
 const round = (x: number): number => Math.round(x * 10) / 10;
+const round2 = (x: number): number => Math.round(x * 100) / 100;
