@@ -403,6 +403,13 @@ export const CUDA_F16_WEIGHTS = true;
  */
 export const CUDA_CUBLAS_F32_OUT = true;
 
+/** The variables those patches read, each with the default the loader sets where the environment names none. */
+export const CUDA_PATCH_DEFAULTS: Readonly<Record<string, string>> = {
+  PERCEPT_CUDA_MMQ_MAX_BATCH: String(CUDA_MMQ_MAX_BATCH),
+  PERCEPT_CUDA_F16_WEIGHTS: CUDA_F16_WEIGHTS ? '1' : '0',
+  PERCEPT_CUDA_CUBLAS_F32_OUT: CUDA_CUBLAS_F32_OUT ? '1' : '0',
+};
+
 /** The paths of ggml-cuda's matmuls that the three variables above pick, as a bench's JSON reports them: the widest
  * matmul kept on MMQ (null: every width), whether F16 copies of the weights are kept, whether cuBLAS writes F32 on Hopper. */
 export interface CudaMatmuls {
@@ -430,9 +437,7 @@ export function loadAddon(): NativeAddon {
   if (process.env.GOMP_SPINCOUNT === undefined && process.env.OMP_WAIT_POLICY === undefined) {
     process.env.GOMP_SPINCOUNT = String(OPENMP_SPIN_COUNT);
   }
-  process.env.PERCEPT_CUDA_MMQ_MAX_BATCH ??= String(CUDA_MMQ_MAX_BATCH);
-  process.env.PERCEPT_CUDA_F16_WEIGHTS ??= CUDA_F16_WEIGHTS ? '1' : '0';
-  process.env.PERCEPT_CUDA_CUBLAS_F32_OUT ??= CUDA_CUBLAS_F32_OUT ? '1' : '0';
+  for (const [name, value] of Object.entries(CUDA_PATCH_DEFAULTS)) process.env[name] ??= value;
   const require = createRequire(import.meta.url);
   const addon = require(ADDON_PATH) as NativeAddon;
   if (typeof addon.Model !== 'function') {

@@ -70,31 +70,20 @@ function inheritedAfterLoad(name: string, env: NodeJS.ProcessEnv): string {
   ).trim();
 }
 
-test('loading the addon sets the MMQ width of ggml-cuda-mmq-max-batch.diff, unless the environment names one; children inherit it', () => {
-  const { PERCEPT_CUDA_MMQ_MAX_BATCH: _, ...clean } = process.env;
-  assert.equal(inheritedAfterLoad('PERCEPT_CUDA_MMQ_MAX_BATCH', clean), String(CUDA_MMQ_MAX_BATCH));
-  assert.equal(
-    inheritedAfterLoad('PERCEPT_CUDA_MMQ_MAX_BATCH', { ...clean, PERCEPT_CUDA_MMQ_MAX_BATCH: '0' }),
-    '0',
-    'the environment wins',
-  );
-});
+// Each variable a patch reads: the default the loader sets (its constant in binding.ts) and that the environment wins.
+const loaderDefaults = [
+  ['PERCEPT_CUDA_MMQ_MAX_BATCH', 'the MMQ width of ggml-cuda-mmq-max-batch.diff', String(CUDA_MMQ_MAX_BATCH)],
+  ['PERCEPT_CUDA_F16_WEIGHTS', 'the F16 weight copies of ggml-cuda-f16-weights.diff', CUDA_F16_WEIGHTS ? '1' : '0'],
+  ['PERCEPT_CUDA_CUBLAS_F32_OUT', "cuBLAS's F32 output on Hopper of ggml-cuda-cublas-f32-out.diff", CUDA_CUBLAS_F32_OUT ? '1' : '0'],
+] as const;
 
-test('loading the addon turns on the F16 weight copies of ggml-cuda-f16-weights.diff, unless the environment says 0; children inherit it', () => {
-  const { PERCEPT_CUDA_F16_WEIGHTS: _, ...clean } = process.env;
-  assert.equal(inheritedAfterLoad('PERCEPT_CUDA_F16_WEIGHTS', clean), CUDA_F16_WEIGHTS ? '1' : '0');
-  assert.equal(inheritedAfterLoad('PERCEPT_CUDA_F16_WEIGHTS', { ...clean, PERCEPT_CUDA_F16_WEIGHTS: '0' }), '0', 'the environment wins');
-});
-
-test('loading the addon turns on F32 output of cuBLAS on Hopper (ggml-cuda-cublas-f32-out.diff), unless the environment says 0; children inherit it', () => {
-  const { PERCEPT_CUDA_CUBLAS_F32_OUT: _, ...clean } = process.env;
-  assert.equal(inheritedAfterLoad('PERCEPT_CUDA_CUBLAS_F32_OUT', clean), CUDA_CUBLAS_F32_OUT ? '1' : '0');
-  assert.equal(
-    inheritedAfterLoad('PERCEPT_CUDA_CUBLAS_F32_OUT', { ...clean, PERCEPT_CUDA_CUBLAS_F32_OUT: '0' }),
-    '0',
-    'the environment wins',
-  );
-});
+for (const [name, what, value] of loaderDefaults) {
+  test(`loading the addon sets ${what}, unless the environment names it; children inherit it`, () => {
+    const { [name]: _, ...clean } = process.env;
+    assert.equal(inheritedAfterLoad(name, clean), value);
+    assert.equal(inheritedAfterLoad(name, { ...clean, [name]: '0' }), '0', 'the environment wins');
+  });
+}
 
 test('cudaMatmuls reads the three variables as the patches do: a count of columns or MMQ at every width; on unless unset, empty or 0', () => {
   assert.deepEqual(cudaMatmuls({}), { mmq_max_batch: null, f16_weights: false, cublas_f32_out: false });

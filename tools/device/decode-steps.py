@@ -1,19 +1,15 @@
 #!/usr/bin/env python3
 # nsys's trace of decode steps (llama-bench's or llama-batched-bench's: `decode_kernels`, `batched_kernels` in
 # setup.sh), exported to SQLite: the steps are runs of kernels apart by more than 200 us. Per step of the last six: its
-# kernels, GPU span and summed kernel time; the host's time between steps; their kernel time by kind (kernel-summary.py's
+# kernels, GPU span and summed kernel time; the host's time between steps; their kernel time by kind (nsys_kernels.py's
 # kinds) and the top kernels, in ms a step. Kernel times overlap under programmatic dependent launch, so their sum may
 # pass the span.
 #   python3 tools/device/decode-steps.py trace.sqlite
-import importlib.util, json, os, sqlite3, sys
+import json, sys
 from collections import defaultdict
+from nsys_kernels import kernel_rows, kind
 
-spec = importlib.util.spec_from_file_location('kernel_summary', os.path.join(os.path.dirname(__file__), 'kernel-summary.py'))
-summary = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(summary)
-
-rows = sqlite3.connect(sys.argv[1]).execute('select k.start, k.end, s.value from CUPTI_ACTIVITY_KIND_KERNEL k '
-                                            'join StringIds s on k.demangledName = s.id order by k.start').fetchall()
+rows = [(start, end, name) for start, end, _, name in kernel_rows(sys.argv[1])]
 steps, cur = [], [rows[0]]
 for r in rows[1:]:
     if r[0] - cur[-1][1] > 200_000:
@@ -31,7 +27,7 @@ out['between_steps_ms'] = [round((steps[i + 1][0][0] - steps[i][-1][1]) / 1e6, 3
 by_kind, by_name = defaultdict(float), defaultdict(float)
 for s in last:
     for b, e, name in s:
-        by_kind[summary.kind(name)] += (e - b) / 1e6 / len(last)
+        by_kind[kind(name)] += (e - b) / 1e6 / len(last)
         by_name[name[:90]] += (e - b) / 1e6 / len(last)
 out['kind_ms_per_step'] = {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda x: -x[1])}
 out['top_ms_per_step'] = {k: round(v, 3) for k, v in sorted(by_name.items(), key=lambda x: -x[1])[:8]}

@@ -3,13 +3,13 @@
 # bin of --bin ms (default 1000), the share of it some kernel ran, and per CUDA stream (the decoder's context and the
 # encoder each have their own) its share and kernels. Streams are named by their most-timed kernel.
 #   python3 tools/device/gpu-busy.py trace.sqlite [--bin 1000]
-import json, sqlite3, sys
+import json, sys
 from collections import defaultdict
+from nsys_kernels import kernel_rows
 
 args = sys.argv[1:]
 bin_ns = int(float(args[args.index('--bin') + 1]) * 1e6) if '--bin' in args else 1_000_000_000
-rows = sqlite3.connect(args[0]).execute('select k.start, k.end, k.streamId, s.value from CUPTI_ACTIVITY_KIND_KERNEL k '
-                                        'join StringIds s on k.demangledName = s.id order by k.start').fetchall()
+rows = kernel_rows(args[0])
 t0 = rows[0][0]
 
 

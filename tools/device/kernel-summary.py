@@ -2,27 +2,15 @@
 # Summarizes kernel times by kind (quantized matmul, attention, ...) and the top kernels: an ncu --csv dump, an nsys
 # cuda_gpu_kern_sum, a file of sections headed "## NAME" holding either, each of one prefill, or nsys's SQLite
 # export, of which `--last-of N` keeps the last N-th of the kernels in launch order (the last of N equal ubatches).
-import csv, io, re, sqlite3, sys
+import csv, io, re, sys
 from collections import defaultdict
-def kind(n):
-    n = n.lower()
-    if 'flash_attn' in n or 'fattn' in n: return 'attention'
-    if 'mul_mat_q' in n or 'mmq' in n: return 'matmul (MMQ)'
-    if 'gemm' in n or 'cublas' in n or 'nvjet' in n or 'xmma' in n: return 'matmul (cuBLAS)'
-    if 'mul_mat_vec' in n or 'mmv' in n: return 'matvec'
-    if 'quantize' in n: return 'quantize activations'
-    if 'get_rows' in n: return 'get_rows'
-    if 'norm' in n: return 'norm'
-    if 'rope' in n: return 'rope'
-    if 'convert' in n or 'cpy' in n: return 'copy/convert'
-    return 'elementwise/other'
+from nsys_kernels import kernel_rows, kind
 def from_sqlite(path, last_of):
     """One section: ms and launches per kernel name from nsys's export, the last `last_of`-th of them."""
-    rows = sqlite3.connect(path).execute('select s.value, k.end - k.start from CUPTI_ACTIVITY_KIND_KERNEL k '
-                                         'join StringIds s on k.demangledName = s.id order by k.start').fetchall()
+    rows = kernel_rows(path)
     rows = rows[len(rows) - len(rows) // last_of:]
     per = defaultdict(float); cnt = defaultdict(int)
-    for name, ns in rows: per[name[:90]] += ns / 1e6; cnt[name[:90]] += 1
+    for start, end, _, name in rows: per[name[:90]] += (end - start) / 1e6; cnt[name[:90]] += 1
     yield f'{path} (last 1/{last_of}: {len(rows)} kernels)', per, cnt
 def from_csv(path):
     """One section per "## NAME" (or the whole file): ms and launches per kernel name from ncu's or nsys's CSV."""
@@ -46,15 +34,14 @@ def from_csv(path):
             for r in rows[1:]:
                 per[r[ni][:90]] += float(r[ti]) / 1e6; cnt[r[ni][:90]] += int(r[ci])
         yield tag, per, cnt
-if __name__ == '__main__':
-    args = sys.argv[1:]
-    last_of = int(args[args.index('--last-of') + 1]) if '--last-of' in args else 1
-    with open(args[0], 'rb') as f: is_sqlite = f.read(16) == b'SQLite format 3\x00'
-    for tag, per, cnt in from_sqlite(args[0], last_of) if is_sqlite else from_csv(args[0]):
-        if not per: print(tag, 'no rows'); continue
-        total = sum(per.values())
-        bykind = defaultdict(float)
-        for k, v in per.items(): bykind[kind(k)] += v
-        print(f'== {tag}: {total:.2f} ms of kernels')
-        for k, v in sorted(bykind.items(), key=lambda x: -x[1]): print(f'   {k:24s} {v:8.2f} ms {100*v/total:5.1f} %')
-        for k, v in sorted(per.items(), key=lambda x: -x[1])[:15]: print(f'   {v:8.3f} ms x{cnt[k]:<5d} {k}')
+args = sys.argv[1:]
+last_of = int(args[args.index('--last-of') + 1]) if '--last-of' in args else 1
+with open(args[0], 'rb') as f: is_sqlite = f.read(16) == b'SQLite format 3\x00'
+for tag, per, cnt in from_sqlite(args[0], last_of) if is_sqlite else from_csv(args[0]):
+    if not per: print(tag, 'no rows'); continue
+    total = sum(per.values())
+    bykind = defaultdict(float)
+    for k, v in per.items(): bykind[kind(k)] += v
+    print(f'== {tag}: {total:.2f} ms of kernels')
+    for k, v in sorted(bykind.items(), key=lambda x: -x[1]): print(f'   {k:24s} {v:8.2f} ms {100*v/total:5.1f} %')
+    for k, v in sorted(per.items(), key=lambda x: -x[1])[:15]: print(f'   {v:8.3f} ms x{cnt[k]:<5d} {k}')

@@ -149,9 +149,7 @@ seqs_kernels() {
   cat docs/*.md native/README.md pipeline/README.md app/README.md > /tmp/text.txt
   # The addon loader's defaults (native/binding.ts) for this program started outside percept; the caller's win.
   ( eval "$(node --import tsx --input-type=module -e "const b = await import('./native/binding.ts');
-      console.log('export PERCEPT_CUDA_MMQ_MAX_BATCH=\${PERCEPT_CUDA_MMQ_MAX_BATCH-' + b.CUDA_MMQ_MAX_BATCH + '}');
-      console.log('export PERCEPT_CUDA_F16_WEIGHTS=\${PERCEPT_CUDA_F16_WEIGHTS-' + (b.CUDA_F16_WEIGHTS ? 1 : 0) + '}');
-      console.log('export PERCEPT_CUDA_CUBLAS_F32_OUT=\${PERCEPT_CUDA_CUBLAS_F32_OUT-' + (b.CUDA_CUBLAS_F32_OUT ? 1 : 0) + '}');")"
+      for (const [k, v] of Object.entries(b.CUDA_PATCH_DEFAULTS)) console.log('export ' + k + '=\${' + k + '-' + v + '}');")"
     nsys_trace seqs --cuda-graph-trace=node build/native/bin/llama-perplexity -m "$M" -f /tmp/text.txt -ngl 99 -fa on \
       -c $p -b $((n * p)) -ub $((n * p)) -kvu --chunks $((3 * n)) ) || return 1
   python3 tools/device/kernel-summary.py /tmp/seqs.sqlite --last-of 3 > $RES/seqs-kernels-${n}x$p.txt 2>> $OUT/err.txt

@@ -8,7 +8,7 @@ import { promisify } from 'node:util';
 import { describe, test } from 'node:test';
 import type { BenchCamerasResult } from '../../../app/bench/cameras.ts';
 import { ceilingActionsPerS } from '../../../app/bench/ceiling.ts';
-import { CUDA_CUBLAS_F32_OUT, CUDA_F16_WEIGHTS, CUDA_MMQ_MAX_BATCH, cudaMatmuls } from '../../../native/binding.ts';
+import { CUDA_PATCH_DEFAULTS, cudaMatmuls } from '../../../native/binding.ts';
 import { REPO_ROOT } from '../../support/fixtures.ts';
 
 const run = promisify(execFile);
@@ -84,11 +84,7 @@ describe('bench cameras: the engine ceiling', () => {
     const env = process.env;
     assert.deepEqual(
       r.cuda_matmuls,
-      cudaMatmuls({
-        PERCEPT_CUDA_MMQ_MAX_BATCH: env.PERCEPT_CUDA_MMQ_MAX_BATCH ?? String(CUDA_MMQ_MAX_BATCH),
-        PERCEPT_CUDA_F16_WEIGHTS: env.PERCEPT_CUDA_F16_WEIGHTS ?? (CUDA_F16_WEIGHTS ? '1' : '0'),
-        PERCEPT_CUDA_CUBLAS_F32_OUT: env.PERCEPT_CUDA_CUBLAS_F32_OUT ?? (CUDA_CUBLAS_F32_OUT ? '1' : '0'),
-      }),
+      cudaMatmuls(Object.fromEntries(Object.entries(CUDA_PATCH_DEFAULTS).map(([name, value]) => [name, env[name] ?? value]))),
     );
   });
 
