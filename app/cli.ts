@@ -216,6 +216,12 @@ speculationOptions(
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
   .option('--max-new-tokens <n>', "max new tokens per action (default: the action schema's worst case)", int('--max-new-tokens'))
   .option('--threads <n>', "llama.cpp's CPU threads for the decoder (decoder.threads; default every core)", int('--threads'))
+  .addOption(
+    new Option(
+      '--embeddings-on-gpu <mode>',
+      "decoder.embeddingsOnGpu: on (the token embedding tables on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded)",
+    ).choices(['on', 'off']),
+  )
   .option(
     '--step-tokens <n>',
     'tokens per decode step, padded so every step has one shape (decoder.stepTokens; default 1: no padding)',
@@ -307,6 +313,12 @@ bench
   )
   .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
   .option('--threads <n>', "llama.cpp's CPU threads for the decoder (decoder.threads; default every core)", int('--threads'))
+  .addOption(
+    new Option(
+      '--embeddings-on-gpu <mode>',
+      "decoder.embeddingsOnGpu: on (the token embedding tables on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded)",
+    ).choices(['on', 'off']),
+  )
   .option(
     '--lanes <n>',
     'decoder contexts the cameras are spread over, each batched on its own (batching.lanes; default 1)',
@@ -357,6 +369,12 @@ bench
   .option('--gpu-layers <n>', 'layers on the GPU', int('--gpu-layers'), 0)
   .option('--kv-unified', 'one KV buffer for every sequence (default: one stream per sequence)')
   .option('--threads <n>', 'CPU threads', int('--threads'))
+  .addOption(
+    new Option(
+      '--embeddings-on-gpu <mode>',
+      "on (the token embedding tables on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded; the peer gets the same `-ot`)",
+    ).choices(['on', 'off']),
+  )
   .option('--peer', 'also run llama-batched-bench from the same llama.cpp build and report the ratio')
   .option('--json', 'print JSON')
   .action(async (opts) => {

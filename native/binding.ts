@@ -25,12 +25,18 @@ export interface NativeModelInfo {
   readonly bos: number;
   readonly eos: number;
   readonly vocabOnly: boolean;
+  /** token_embd and per_layer_token_embd were loaded on the GPU. */
+  readonly embeddingsOnGpu: boolean;
 }
 
 export interface NativeLoadOptions {
   gpuLayers: number;
   mmap: boolean;
   vocabOnly: boolean;
+  /** null: when every layer is offloaded. */
+  embeddingsOnGpu: boolean | null;
+  /** The tables' tensor names, a regex (EMBEDDING_TABLES). */
+  embeddingTables: string;
 }
 
 export declare class NativeModel {

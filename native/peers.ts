@@ -5,6 +5,7 @@ import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { ADDON_PATH } from './binding.ts';
+import { EMBEDDING_TABLES } from './llama.ts';
 
 /** The build the addon came from. PERCEPT_NATIVE may point at another build: its programs are the peers. */
 export const PEER_BUILD_DIR = dirname(dirname(ADDON_PATH));
@@ -34,4 +35,10 @@ export async function ensurePeerProgram(name: string, log: (msg: string) => void
   const built = findPeerProgram(name);
   if (!built) throw new Error(`cmake built target ${name}, but no program ${name} is in ${PEER_BUILD_DIR}/bin`);
   return built;
+}
+
+/** The arguments that put a llama.cpp program's token embedding tables where LlamaModel put ours (info.embeddingsOnGpu). */
+export function embeddingTablesArgs(onGpu: boolean): string[] {
+  // percept builds CUDA only, so the first GPU's buffer type is CUDA0.
+  return onGpu ? ['-ot', `${EMBEDDING_TABLES}=CUDA0`] : [];
 }

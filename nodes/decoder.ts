@@ -349,7 +349,8 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   const mixedPrefill = config.mixedPrefill !== null ? { mixedPrefill: config.mixedPrefill } : {};
   const cameras = batching && batching.cameras > 1 ? batching : undefined;
   const laneCount = cameras ? checkLanes(cameras) : 1;
-  const model = await LlamaModel.load(config.model, { gpuLayers });
+  const embeddings = config.embeddingsOnGpu !== null ? { embeddingsOnGpu: config.embeddingsOnGpu } : {};
+  const model = await LlamaModel.load(config.model, { gpuLayers, ...embeddings });
   let draft: LlamaModel | undefined;
   // One context, or with cameras one per lane (camera i on lane i % lanes, sequence floor(i / lanes) there).
   const lanes: LlamaContext[] = [];

@@ -16,7 +16,7 @@ import type { BatchingEncoderStats } from '../../nodes/encoder-batch.ts';
 import { loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame } from '../../nodes/payloads.ts';
 import { resolveModel } from '../../models/resolve.ts';
-import type { TimeAccount } from '../../native/llama.ts';
+import type { ModelInfo, TimeAccount } from '../../native/llama.ts';
 import {
   checkEncoderFitsDecoder,
   createEncoder,
@@ -44,6 +44,8 @@ export interface CameraStages {
   encoderStats(): BatchingEncoderStats;
   /** Where the shared decoder's scheduler spent its time so far (null: a remote decoder). */
   decoderTime(): TimeAccount | null;
+  /** The shared decoder's model (null: a remote decoder). */
+  readonly decoderModel: ModelInfo | null;
 }
 
 /** A source whose frames carry the camera id as their source id (the actions' source_id). */
@@ -82,7 +84,7 @@ export async function createCameraStages(
         const validated = chain(decoder, createActionsStage({ schema: actionSchema }));
         return publisher ? append(validated, publisher.stage) : validated;
       });
-      return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => NO_ENCODER, decoderTime: () => null };
+      return { chains, ...(publisher ? { publisher } : {}), encoderStats: () => NO_ENCODER, decoderTime: () => null, decoderModel: null };
     }
     const { createCameraDecoderStages } = await import('../../nodes/decoder.ts');
     const lanes = config.batching.lanes > 1 ? `, over ${config.batching.lanes} lanes` : '';
@@ -132,6 +134,7 @@ export async function createCameraStages(
       ...(publisher ? { publisher } : {}),
       encoderStats: () => encoders[0]!.stats(),
       decoderTime: () => decoder.schedulerTime(),
+      decoderModel: decoder.modelInfo,
     };
   } catch (err) {
     for (const stage of built) await stage.close?.().catch(() => undefined);

@@ -16,7 +16,7 @@ import type { Publisher } from '../../nodes/publisher.ts';
 import { loadActionSchema, type ActionSchema } from '../../nodes/action-schema.ts';
 import type { ActionMessage, CameraFrame } from '../../nodes/payloads.ts';
 import type { Recorder } from '../../nodes/recorder.ts';
-import type { MemoryBreakdown } from '../../native/llama.ts';
+import type { MemoryBreakdown, ModelInfo } from '../../native/llama.ts';
 import { resolveModel } from '../../models/resolve.ts';
 import { replayRunId, runIdentity, type RunIdentity } from './identity.ts';
 import {
@@ -112,9 +112,13 @@ export interface PipelineStages {
   /** The publisher, when it is part of the chain. Its stage is the chain's last and its sink takes the
    * graph's events. The run closes it after the graph, with the final summary. */
   readonly publisher?: Publisher;
-  /** The in-process decoder, absent for a remote one. It gives its llama_decode calls for the slowest action
-   * and its context's memory as it closed (DecoderStage.memoryAtClose). */
-  readonly decoder?: { readonly worstCaseDecodeCalls: number | null; memoryAtClose(): MemoryBreakdown | null };
+  /** The in-process decoder, absent for a remote one. It gives its llama_decode calls for the slowest action,
+   * its model and its context's memory as it closed (DecoderStage.memoryAtClose). */
+  readonly decoder?: {
+    readonly worstCaseDecodeCalls: number | null;
+    readonly modelInfo: ModelInfo;
+    memoryAtClose(): MemoryBreakdown | null;
+  };
 }
 
 export interface CreateStagesOptions {
@@ -186,7 +190,7 @@ export async function createStages(
       logWarmup(await warmUpStages({ preprocess, encode: encoder, decode: decoder }, frames, levels), contract);
     }
     const validated = chain(preprocess, encoder, decoder, actions);
-    const bounds = { decoder: { worstCaseDecodeCalls, memoryAtClose: () => decoder.memoryAtClose() } };
+    const bounds = { decoder: { worstCaseDecodeCalls, modelInfo: decoder.modelInfo, memoryAtClose: () => decoder.memoryAtClose() } };
     if (!publisher) return { chain: validated, ...bounds };
     return { chain: append(validated, publisher.stage), publisher, ...bounds };
   } catch (err) {

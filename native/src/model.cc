@@ -2,6 +2,7 @@
 
 #include "chat.h"
 #include "util.h"
+#include "ggml-backend.h"
 #include "gguf.h"
 
 #include <cstdio>
@@ -41,20 +42,36 @@ struct LoadOptions {
     int32_t gpuLayers = 0;
     bool mmap = true;
     bool vocabOnly = false;
+    int32_t embeddingsOnGpu = -1;  // 1 on, 0 off, -1 when every layer is offloaded
+    std::string embeddingTables;   // the tables' names, a regex (native/llama.ts EMBEDDING_TABLES)
 };
 
-// Reads general.architecture without loading tensors, so an unsupported or corrupt file is
+struct FileHeader {
+    std::string arch;
+    int64_t blockCount = -1;  // <arch>.block_count; -1 when absent
+};
+
+// Reads general.architecture and the layer count without loading tensors, so an unsupported or corrupt file is
 // refused with a clear reason before llama.cpp starts allocating.
-std::string readArchitecture(const std::string & path) {
+FileHeader readHeader(const std::string & path) {
     gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
     gguf_context * g = gguf_init_from_file(path.c_str(), params);
     if (g == nullptr) throw std::runtime_error("not a valid GGUF file (bad magic, version or truncated header)");
-    std::string arch;
+    FileHeader h;
     int64_t k = gguf_find_key(g, "general.architecture");
-    if (k >= 0 && gguf_get_kv_type(g, k) == GGUF_TYPE_STRING) arch = gguf_get_val_str(g, k);
+    if (k >= 0 && gguf_get_kv_type(g, k) == GGUF_TYPE_STRING) h.arch = gguf_get_val_str(g, k);
+    int64_t b = h.arch.empty() ? -1 : gguf_find_key(g, (h.arch + ".block_count").c_str());
+    if (b >= 0 && gguf_get_kv_type(g, b) == GGUF_TYPE_UINT32) h.blockCount = gguf_get_val_u32(g, b);
     gguf_free(g);
-    if (arch.empty()) throw std::runtime_error("GGUF has no general.architecture");
-    return arch;
+    if (h.arch.empty()) throw std::runtime_error("GGUF has no general.architecture");
+    return h;
+}
+
+// Where layer 0 goes by default: the first GPU, or an integrated one (Jetson).
+ggml_backend_buffer_type_t firstGpuBufferType() {
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
+    if (dev == nullptr) dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
+    return dev == nullptr ? nullptr : ggml_backend_dev_buffer_type(dev);
 }
 
 class LoadWorker : public PromiseWorker {
@@ -69,7 +86,8 @@ protected:
                 SetCodedError("ENOENT", "ENOENT: model file not found: " + opts_.path);
                 return;
             }
-            std::string arch = readArchitecture(opts_.path);
+            FileHeader header = readHeader(opts_.path);
+            const std::string & arch = header.arch;
             if (!acceptedArch(arch)) {
                 SetError("unsupported architecture '" + arch + "' in " + opts_.path +
                          " (percept accepts gemma3 and gemma4 targets and gemma4-assistant drafts)");
@@ -80,6 +98,16 @@ protected:
             mp.n_gpu_layers = opts_.gpuLayers;
             mp.load_mode = opts_.mmap ? LLAMA_LOAD_MODE_AUTO : LLAMA_LOAD_MODE_NONE;
             mp.vocab_only = opts_.vocabOnly;
+            const bool everyLayer = opts_.gpuLayers < 0 || (header.blockCount >= 0 && opts_.gpuLayers > header.blockCount);
+            ggml_backend_buffer_type_t gpu = opts_.vocabOnly ? nullptr : firstGpuBufferType();
+            if (gpu != nullptr && (opts_.embeddingsOnGpu == 1 || (opts_.embeddingsOnGpu < 0 && everyLayer))) {
+                // llama.cpp keeps input-layer tensors in host memory: each decode gathers its rows of the embedding
+                // tables on the CPU and copies them over. On the GPU the decode has no CPU part. A tied output
+                // projection's GPU copy of token_embd is then shared, not duplicated.
+                overrides_[0] = {opts_.embeddingTables.c_str(), gpu};
+                mp.tensor_buft_overrides = overrides_;
+                embeddingsOnGpu_ = true;
+            }
             model_.reset(llama_model_load_from_file(opts_.path.c_str(), mp));
             if (!model_) {
                 std::string why = capture.text();
@@ -92,14 +120,17 @@ protected:
     void OnOK() override {
         Napi::Env env = Env();
         // Ownership moves to the JS object: a load that never resolves frees the model with the worker.
-        Napi::Object obj = addonData(env).modelCtor.New(
-            {Napi::External<llama_model>::New(env, model_.release()), Napi::Boolean::New(env, opts_.vocabOnly)});
+        Napi::Object obj =
+            addonData(env).modelCtor.New({Napi::External<llama_model>::New(env, model_.release()), Napi::Boolean::New(env, opts_.vocabOnly),
+                                          Napi::Boolean::New(env, embeddingsOnGpu_)});
         deferred_.Resolve(obj);
     }
 
 private:
     LoadOptions opts_;
     llama_model_ptr model_;
+    llama_model_tensor_buft_override overrides_[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+    bool embeddingsOnGpu_ = false;
 };
 
 }  // namespace
@@ -153,6 +184,7 @@ Model::Model(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Model>(info) {
     info_.bos = llama_vocab_bos(v);
     info_.eos = llama_vocab_eos(v);
     info_.vocabOnly = info[1].ToBoolean().Value();
+    info_.embeddingsOnGpu = info.Length() > 2 && info[2].ToBoolean().Value();
 }
 
 // GC without dispose(): contexts hold a reference to this object, so none is alive here.
@@ -196,6 +228,9 @@ Napi::Value Model::Load(const Napi::CallbackInfo & info) {
     opts.gpuLayers = int32_t(requireInt(o, "gpuLayers", -1, 100000, w));
     opts.mmap = requireBool(o, "mmap", w);
     opts.vocabOnly = requireBool(o, "vocabOnly", w);
+    Napi::Value e = o.Get("embeddingsOnGpu");
+    opts.embeddingsOnGpu = e.IsUndefined() || e.IsNull() ? -1 : (requireBool(o, "embeddingsOnGpu", w) ? 1 : 0);
+    opts.embeddingTables = requireString(o, "embeddingTables", w);
     auto * worker = new LoadWorker(env, std::move(opts));
     Napi::Promise p = worker->promise();
     worker->Queue();
@@ -222,6 +257,7 @@ Napi::Value Model::Info(const Napi::CallbackInfo & info) {
     o.Set("bos", info_.bos);
     o.Set("eos", info_.eos);
     o.Set("vocabOnly", info_.vocabOnly);
+    o.Set("embeddingsOnGpu", info_.embeddingsOnGpu);
     return o;
 }
 

@@ -4,7 +4,9 @@ import assert from 'node:assert/strict';
 import { mkdir, open, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { imageAttentionRule, LlamaModel, setLlamaLogger } from '../../native/llama.ts';
+import { EMBEDDING_TABLES, imageAttentionRule, LlamaModel, setLlamaLogger } from '../../native/llama.ts';
+import { embeddingTablesArgs } from '../../native/peers.ts';
+import { loadAddon } from '../../native/binding.ts';
 import { jsonSchemaToGbnf } from '../../native/schema-grammar.ts';
 import { ensureSynthModel, REPO_ROOT } from '../support/fixtures.ts';
 
@@ -54,6 +56,32 @@ describe('native model', () => {
     assert.equal(i.imageAttention, 'bidirectional-swa');
     assert.equal(typeof i.chatTemplate, 'string');
     assert.equal(i.bos, 2);
+  });
+
+  test('the embedding tables: both tables and nothing else, in host memory without a GPU whatever is asked', async () => {
+    const tables = new RegExp(EMBEDDING_TABLES); // std::regex's ECMAScript grammar, as llama.cpp reads it
+    const names = [
+      'token_embd.weight',
+      'per_layer_token_embd.weight',
+      'per_layer_model_proj.weight',
+      'output.weight',
+      'blk.0.token_embd.weight',
+    ];
+    assert.deepEqual(
+      names.filter((n) => tables.test(n)),
+      ['token_embd.weight', 'per_layer_token_embd.weight'],
+    );
+    assert.deepEqual(embeddingTablesArgs(true), ['-ot', `${EMBEDDING_TABLES}=CUDA0`], "the peers' -ot for the first CUDA device");
+    assert.deepEqual(embeddingTablesArgs(false), []);
+    assert.equal(model.info.embeddingsOnGpu, false, 'no layer offloaded: the tables stay in host memory');
+    if (loadAddon().gpuKernels.visionAttention) return; // a CUDA build: where they go depends on the device
+    const asked = await LlamaModel.load(gemma4, { gpuLayers: -1, embeddingsOnGpu: true });
+    try {
+      assert.equal(asked.info.embeddingsOnGpu, false, 'a CPU build has no GPU to put them on');
+      assert.equal(asked.info.nLayer, 4, 'and the model loads as before');
+    } finally {
+      await asked.dispose();
+    }
   });
 
   test('gemma3 is bidirectional and finds its image tokens by text', async () => {
@@ -198,7 +226,7 @@ describe('native model', () => {
       await assert.rejects(LlamaModel.load(gemma4, { gpuLayers: 1.5 }), /gpuLayers/);
       await assert.rejects(
         LlamaModel.load(gemma4, { bogus: 1 } as never),
-        /Expected undefined \(options takes only gpuLayers, mmap and vocabOnly\) for options.bogus/,
+        /Expected undefined \(options takes only gpuLayers, mmap, vocabOnly and embeddingsOnGpu\) for options.bogus/,
       );
       assert.throws(() => model.detokenize([1, 999_999_999]), /a token id of this model/);
       assert.throws(() => model.tokenText(-1), /token/);

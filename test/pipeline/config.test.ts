@@ -64,6 +64,16 @@ describe('loadConfig', () => {
     );
   });
 
+  test('decoder.embeddingsOnGpu: null by default (on with every layer offloaded), a boolean, refused for a remote decoder', () => {
+    assert.equal(loadConfig({}).decoder.embeddingsOnGpu, null);
+    assert.equal(loadConfig({ decoder: { embeddingsOnGpu: false } }).decoder.embeddingsOnGpu, false);
+    assert.throws(() => loadConfig({ decoder: { embeddingsOnGpu: 'on' } }), /\/decoder\/embeddingsOnGpu/);
+    assert.throws(
+      () => loadConfig({ decoder: { kind: 'openai', endpoint: 'http://x', model: 'm', embeddingsOnGpu: true } }),
+      /\/decoder\/embeddingsOnGpu: applies to decoder.kind "local" only/,
+    );
+  });
+
   test('decoder.mixedPrefill: null by default (the binding decides), a boolean, refused for a remote decoder', () => {
     assert.equal(loadConfig({}).decoder.mixedPrefill, null);
     assert.equal(loadConfig({ decoder: { mixedPrefill: false } }).decoder.mixedPrefill, false);
