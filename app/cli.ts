@@ -218,8 +218,8 @@ speculationOptions(
   .option('--threads <n>', "llama.cpp's CPU threads for the decoder (decoder.threads; default every core)", int('--threads'))
   .addOption(
     new Option(
-      '--embeddings-on-gpu <mode>',
-      "decoder.embeddingsOnGpu: on (the token embedding tables on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded)",
+      '--per-layer-embeddings-on-gpu <mode>',
+      "decoder.perLayerEmbeddingsOnGpu: on (Gemma 4's per-layer embedding table on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded)",
     ).choices(['on', 'off']),
   )
   .option(
@@ -315,8 +315,8 @@ bench
   .option('--threads <n>', "llama.cpp's CPU threads for the decoder (decoder.threads; default every core)", int('--threads'))
   .addOption(
     new Option(
-      '--embeddings-on-gpu <mode>',
-      "decoder.embeddingsOnGpu: on (the token embedding tables on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded)",
+      '--per-layer-embeddings-on-gpu <mode>',
+      "decoder.perLayerEmbeddingsOnGpu: on (Gemma 4's per-layer embedding table on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded)",
     ).choices(['on', 'off']),
   )
   .option(
@@ -371,8 +371,8 @@ bench
   .option('--threads <n>', 'CPU threads', int('--threads'))
   .addOption(
     new Option(
-      '--embeddings-on-gpu <mode>',
-      "on (the token embedding tables on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded; the peer gets the same `-ot`)",
+      '--per-layer-embeddings-on-gpu <mode>',
+      "on (Gemma 4's per-layer embedding table on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded; the peer gets the same `-ot`)",
     ).choices(['on', 'off']),
   )
   .option('--peer', 'also run llama-batched-bench from the same llama.cpp build and report the ratio')

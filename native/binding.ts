@@ -25,8 +25,8 @@ export interface NativeModelInfo {
   readonly bos: number;
   readonly eos: number;
   readonly vocabOnly: boolean;
-  /** token_embd and per_layer_token_embd were loaded on the GPU. */
-  readonly embeddingsOnGpu: boolean;
+  /** per_layer_token_embd was loaded on the GPU (LoadModelOptions.perLayerEmbeddingsOnGpu). */
+  readonly perLayerEmbeddingsOnGpu: boolean;
 }
 
 export interface NativeLoadOptions {
@@ -34,9 +34,9 @@ export interface NativeLoadOptions {
   mmap: boolean;
   vocabOnly: boolean;
   /** null: when every layer is offloaded. */
-  embeddingsOnGpu: boolean | null;
-  /** The tables' tensor names, a regex (EMBEDDING_TABLES). */
-  embeddingTables: string;
+  perLayerEmbeddingsOnGpu: boolean | null;
+  /** The table's tensor name, a regex (PER_LAYER_EMBEDDINGS). */
+  perLayerEmbeddingsPattern: string;
 }
 
 export declare class NativeModel {

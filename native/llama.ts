@@ -99,8 +99,8 @@ export function setLlamaLogger(callback: ((level: number, text: string) => void)
 
 // ---------------------------------------------------------------------------------------------
 
-/** The token embedding tables LoadModelOptions.embeddingsOnGpu moves, as a regex over tensor names (llama.cpp's `-ot`). */
-export const EMBEDDING_TABLES = '^(per_layer_)?token_embd\\.weight$';
+/** Gemma 4's per-layer embedding table, which LoadModelOptions.perLayerEmbeddingsOnGpu moves: a regex over tensor names (llama.cpp's `-ot`). */
+export const PER_LAYER_EMBEDDINGS = '^per_layer_token_embd\\.weight$';
 
 export interface LoadModelOptions {
   /** Layers offloaded to the GPU (-1: all). Default 0. */
@@ -109,11 +109,11 @@ export interface LoadModelOptions {
   /** Load only the tokenizer (no weights; no context can be created). */
   readonly vocabOnly?: boolean;
   /**
-   * The token embedding tables (token_embd, Gemma 4's per_layer_token_embd) on the first GPU, with the layers. llama.cpp
-   * keeps them in host memory and gathers each decode's rows on the CPU. Default: when every layer is offloaded (gpuLayers
-   * -1 or more than the model's layers). No effect without a GPU. `info.embeddingsOnGpu` says where they went.
+   * Gemma 4's per-layer embedding table (per_layer_token_embd) on the first GPU, with the layers. llama.cpp keeps it in
+   * host memory and gathers each decode's rows on the CPU. Default: when every layer is offloaded (gpuLayers -1 or more
+   * than the model's layers). No effect without a GPU or the table. `info.perLayerEmbeddingsOnGpu` says where it went.
    */
-  readonly embeddingsOnGpu?: boolean;
+  readonly perLayerEmbeddingsOnGpu?: boolean;
 }
 
 export interface ChatMessage {
@@ -237,11 +237,12 @@ export class LlamaModel {
   static async load(path: string, options: LoadModelOptions = {}): Promise<LlamaModel> {
     nonEmptyString('path', path);
     const o = plainObject('options', options);
-    knownKeys('options', o, ['gpuLayers', 'mmap', 'vocabOnly', 'embeddingsOnGpu']);
+    knownKeys('options', o, ['gpuLayers', 'mmap', 'vocabOnly', 'perLayerEmbeddingsOnGpu']);
     const gpuLayers = options.gpuLayers === undefined ? 0 : intIn('options.gpuLayers', options.gpuLayers, -1, 100000);
     const mmap = options.mmap === undefined ? true : bool('options.mmap', options.mmap);
     const vocabOnly = options.vocabOnly === undefined ? false : bool('options.vocabOnly', options.vocabOnly);
-    const embeddingsOnGpu = options.embeddingsOnGpu === undefined ? null : bool('options.embeddingsOnGpu', options.embeddingsOnGpu);
+    const perLayerEmbeddingsOnGpu =
+      options.perLayerEmbeddingsOnGpu === undefined ? null : bool('options.perLayerEmbeddingsOnGpu', options.perLayerEmbeddingsOnGpu);
     const stack = new Error();
     try {
       const s = await stat(path);
@@ -255,8 +256,8 @@ export class LlamaModel {
         gpuLayers,
         mmap,
         vocabOnly,
-        embeddingsOnGpu,
-        embeddingTables: EMBEDDING_TABLES,
+        perLayerEmbeddingsOnGpu,
+        perLayerEmbeddingsPattern: PER_LAYER_EMBEDDINGS,
       });
       return new LlamaModel(path, native);
     } catch (err) {

@@ -5,7 +5,7 @@ import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { ADDON_PATH } from './binding.ts';
-import { EMBEDDING_TABLES } from './llama.ts';
+import { PER_LAYER_EMBEDDINGS } from './llama.ts';
 
 /** The build the addon came from. PERCEPT_NATIVE may point at another build: its programs are the peers. */
 export const PEER_BUILD_DIR = dirname(dirname(ADDON_PATH));
@@ -37,8 +37,8 @@ export async function ensurePeerProgram(name: string, log: (msg: string) => void
   return built;
 }
 
-/** The arguments that put a llama.cpp program's token embedding tables where LlamaModel put ours (info.embeddingsOnGpu). */
-export function embeddingTablesArgs(onGpu: boolean): string[] {
+/** The arguments that put a llama.cpp program's per-layer embedding table where LlamaModel put ours (info.perLayerEmbeddingsOnGpu). */
+export function perLayerEmbeddingsArgs(onGpu: boolean): string[] {
   // percept builds CUDA only, so the first GPU's buffer type is CUDA0.
-  return onGpu ? ['-ot', `${EMBEDDING_TABLES}=CUDA0`] : [];
+  return onGpu ? ['-ot', `${PER_LAYER_EMBEDDINGS}=CUDA0`] : [];
 }

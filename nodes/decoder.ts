@@ -12,6 +12,7 @@ import {
   type GenerateResult,
   type LlamaContext,
   type LlamaGrammar,
+  type LoadModelOptions,
   type MemoryBreakdown,
   type ModelInfo,
   type PromptSegment,
@@ -40,8 +41,14 @@ export interface SpeculationFlags {
   readonly nDraft?: number;
 }
 
-/** Loads the draft (if any) and attaches the speculator the flags ask for; returns the draft model to dispose. */
-export async function attachSpeculation(ctx: LlamaContext, flags: SpeculationFlags, gpuLayers: number): Promise<LlamaModel | undefined> {
+/** Loads the draft (if any) and attaches the speculator the flags ask for; returns the draft model to dispose.
+ * `placement` places the draft's per-layer embedding table as the target's (default: the binding's rule). */
+export async function attachSpeculation(
+  ctx: LlamaContext,
+  flags: SpeculationFlags,
+  gpuLayers: number,
+  placement: Pick<LoadModelOptions, 'perLayerEmbeddingsOnGpu'> = {},
+): Promise<LlamaModel | undefined> {
   const chosen = [flags.draft ? 'draft' : '', flags.draftMtp ? 'draftMtp' : '', flags.ngram ? 'ngram' : ''].filter(Boolean);
   if (chosen.length > 1) throw new TypeError(`choose one of --draft, --draft-mtp, --ngram (got ${chosen.join(', ')})`);
   const nMax = flags.nDraft !== undefined ? { nMax: flags.nDraft } : {};
@@ -51,7 +58,7 @@ export async function attachSpeculation(ctx: LlamaContext, flags: SpeculationFla
   }
   const spec = flags.draft ?? flags.draftMtp;
   if (!spec) return undefined;
-  const draftModel = await LlamaModel.load(spec, { gpuLayers });
+  const draftModel = await LlamaModel.load(spec, { gpuLayers, ...placement });
   try {
     const options: SpeculatorOptions = flags.draft
       ? { type: 'draft-simple', draftModel, ...nMax }
@@ -349,7 +356,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   const mixedPrefill = config.mixedPrefill !== null ? { mixedPrefill: config.mixedPrefill } : {};
   const cameras = batching && batching.cameras > 1 ? batching : undefined;
   const laneCount = cameras ? checkLanes(cameras) : 1;
-  const embeddings = config.embeddingsOnGpu !== null ? { embeddingsOnGpu: config.embeddingsOnGpu } : {};
+  const embeddings = config.perLayerEmbeddingsOnGpu !== null ? { perLayerEmbeddingsOnGpu: config.perLayerEmbeddingsOnGpu } : {};
   const model = await LlamaModel.load(config.model, { gpuLayers, ...embeddings });
   let draft: LlamaModel | undefined;
   // One context, or with cameras one per lane (camera i on lane i % lanes, sequence floor(i / lanes) there).
@@ -406,7 +413,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     }
     if (!cameras) {
       const flags = { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: draftMax };
-      draft = await attachSpeculation(lanes[0]!, flags, gpuLayers);
+      draft = await attachSpeculation(lanes[0]!, flags, gpuLayers, embeddings);
     }
     const schemaPath = config.actionSchema.path;
     try {

@@ -132,8 +132,8 @@ export interface DecoderConfig {
   readonly cudaGraphs: boolean | null;
   /** local: a causal Gemma 4 image and the prompt text after it in one decode (null: the binding's default, on). */
   readonly mixedPrefill: boolean | null;
-  /** local: the token embedding tables on the GPU (null: when every layer is offloaded). */
-  readonly embeddingsOnGpu: boolean | null;
+  /** local: Gemma 4's per-layer embedding table on the GPU (null: when every layer is offloaded). */
+  readonly perLayerEmbeddingsOnGpu: boolean | null;
   readonly gpuLayers: number;
   readonly nCtx: number;
   readonly systemPrompt: string;
@@ -543,7 +543,7 @@ function checkDecoder(decoder: DecoderConfig): ConfigIssue[] {
     if (decoder.graphSlots !== null) only('graphSlots', 'local');
     if (decoder.cudaGraphs !== null) only('cudaGraphs', 'local');
     if (decoder.mixedPrefill !== null) only('mixedPrefill', 'local');
-    if (decoder.embeddingsOnGpu !== null) only('embeddingsOnGpu', 'local');
+    if (decoder.perLayerEmbeddingsOnGpu !== null) only('perLayerEmbeddingsOnGpu', 'local');
   } else {
     if (decoder.endpoint !== null) only('endpoint', 'openai');
     if (decoder.apiKey !== null) only('apiKey', 'openai');

@@ -9,7 +9,7 @@ import { promisify } from 'node:util';
 import { LlamaModel } from '../../native/llama.ts';
 import { resolveModel } from '../../models/resolve.ts';
 import { randomTokens } from './decode.ts';
-import { embeddingTablesArgs, ensurePeerProgram } from '../../native/peers.ts';
+import { perLayerEmbeddingsArgs, ensurePeerProgram } from '../../native/peers.ts';
 
 const execFileAsync = promisify(execFile);
 
@@ -22,8 +22,8 @@ export interface BenchBatchOptions {
   readonly gpuLayers: number;
   readonly kvUnified?: boolean;
   readonly threads?: number;
-  /** The token embedding tables on the GPU, 'on' or 'off' (default: on when every layer is offloaded). */
-  readonly embeddingsOnGpu?: 'on' | 'off';
+  /** Gemma 4's per-layer embedding table on the GPU, 'on' or 'off' (default: on when every layer is offloaded). */
+  readonly perLayerEmbeddingsOnGpu?: 'on' | 'off';
   /** Also run llama-batched-bench and report the ratios. */
   readonly peer?: boolean;
 }
@@ -50,8 +50,8 @@ export interface BenchBatchResult {
   readonly prompt_tokens: number;
   readonly gen_tokens: number;
   readonly kv_unified: boolean;
-  /** Where the token embedding tables went (LlamaModel info.embeddingsOnGpu); the peer's `-ot` puts them there too. */
-  readonly embeddings_on_gpu: boolean;
+  /** Whether the per-layer embedding table went to the GPU (LlamaModel info); the peer's `-ot` puts it there too. */
+  readonly per_layer_embeddings_on_gpu: boolean;
   readonly rows: readonly BatchRow[];
   readonly loadavg: { readonly start: number[]; readonly end: number[] };
 }
@@ -72,9 +72,9 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
   const start = loadavg();
   const model = await LlamaModel.load(path, {
     gpuLayers: opts.gpuLayers,
-    ...(opts.embeddingsOnGpu !== undefined ? { embeddingsOnGpu: opts.embeddingsOnGpu === 'on' } : {}),
+    ...(opts.perLayerEmbeddingsOnGpu !== undefined ? { perLayerEmbeddingsOnGpu: opts.perLayerEmbeddingsOnGpu === 'on' } : {}),
   });
-  const embeddingsOnGpu = model.info.embeddingsOnGpu;
+  const perLayerEmbeddingsOnGpu = model.info.perLayerEmbeddingsOnGpu;
   const maxSeq = sequences.at(-1)!;
   const nCtx = pp + tg + 8;
   const nBatch = Math.max(2048, maxSeq);
@@ -128,7 +128,7 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
       const args = ['-m', path, '-c', String(nCtx * n), '-b', String(nBatch), '-ub', '512', '-npp', String(pp), '-ntg', String(tg)];
       args.push('-npl', String(n), '-ngl', String(opts.gpuLayers), '--output-format', 'jsonl');
       if (opts.kvUnified) args.push('-kvu');
-      args.push(...embeddingTablesArgs(embeddingsOnGpu));
+      args.push(...perLayerEmbeddingsArgs(perLayerEmbeddingsOnGpu));
       if (opts.threads !== undefined) args.push('-t', String(opts.threads));
       const { stdout, stderr } = await execFileAsync(peer, args, { maxBuffer: 16 << 20 });
       const line = `${stdout}\n${stderr}`.split('\n').find((l) => l.startsWith('{') && l.includes('"speed_tg"'));
@@ -149,7 +149,7 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
     prompt_tokens: pp,
     gen_tokens: tg,
     kv_unified: opts.kvUnified ?? false,
-    embeddings_on_gpu: embeddingsOnGpu,
+    per_layer_embeddings_on_gpu: perLayerEmbeddingsOnGpu,
     rows,
     loadavg: { start, end: loadavg() },
   };

@@ -39,8 +39,8 @@ export interface BenchCamerasOptions {
   readonly kvUnified?: boolean;
   /** llama.cpp's CPU threads for the decoder (decoder.threads). Default: every core. */
   readonly threads?: number;
-  /** decoder.embeddingsOnGpu, 'on' or 'off'. Default: the config's, on when every layer is offloaded. */
-  readonly embeddingsOnGpu?: 'on' | 'off';
+  /** decoder.perLayerEmbeddingsOnGpu, 'on' or 'off'. Default: the config's, on when every layer is offloaded. */
+  readonly perLayerEmbeddingsOnGpu?: 'on' | 'off';
   /** Drop a frame before preprocess when the decoder predicts it misses (default true, the config's). */
   readonly dropPredictedMiss?: boolean;
   /** Drop a frame before preprocess when a newer one of its camera would replace it at decode anyway (default true, the config's). */
@@ -150,8 +150,8 @@ export interface BenchCamerasResult {
   readonly kv_unified: boolean;
   /** llama.cpp's CPU threads for the decoder: decoder.threads, or every core. */
   readonly decoder_threads: number;
-  /** Whether the decoder's token embedding tables are on the GPU (decoder.embeddingsOnGpu; null: a remote decoder). */
-  readonly embeddings_on_gpu: boolean | null;
+  /** Whether the decoder's per-layer embedding table is on the GPU (decoder.perLayerEmbeddingsOnGpu; null: a remote decoder). */
+  readonly per_layer_embeddings_on_gpu: boolean | null;
   /** The decoder's quantized-matmul paths on a CUDA build (docs/gpu.md). */
   readonly cuda_matmuls: CudaMatmuls;
   readonly drop_predicted_miss: boolean;
@@ -311,7 +311,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       model: opts.model,
       gpuLayers,
       ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
-      ...(opts.embeddingsOnGpu !== undefined ? { embeddingsOnGpu: opts.embeddingsOnGpu === 'on' } : {}),
+      ...(opts.perLayerEmbeddingsOnGpu !== undefined ? { perLayerEmbeddingsOnGpu: opts.perLayerEmbeddingsOnGpu === 'on' } : {}),
       ...(opts.jumpForward !== undefined ? { jumpForward: opts.jumpForward } : {}),
       ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
     },
@@ -441,7 +441,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     encoder_batch_max: enc.maxBatch,
     kv_unified: config.batching.kvUnified,
     decoder_threads: config.decoder.threads ?? defaultThreads(),
-    embeddings_on_gpu: stages.decoderModel?.embeddingsOnGpu ?? null,
+    per_layer_embeddings_on_gpu: stages.decoderModel?.perLayerEmbeddingsOnGpu ?? null,
     cuda_matmuls: cudaMatmuls(),
     drop_predicted_miss: config.cameras![0]!.budgets.dropPredictedMiss,
     drop_predicted_conflation: config.cameras![0]!.budgets.dropPredictedConflation,
@@ -475,7 +475,7 @@ async function measureCeilingOf(
   return measureEngineCeiling({
     model: await resolveModel(decoder.model, 'decoder'),
     gpuLayers: decoder.gpuLayers,
-    embeddingsOnGpu: decoder.embeddingsOnGpu,
+    perLayerEmbeddingsOnGpu: decoder.perLayerEmbeddingsOnGpu,
     cameras,
     promptTokens: Math.round(median(prefilledPositions)),
     actionSteps: Math.max(1, Math.ceil(mean((a) => a.steps))),

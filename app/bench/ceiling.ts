@@ -7,7 +7,7 @@
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { LlamaModel, defaultThreads } from '../../native/llama.ts';
-import { embeddingTablesArgs, ensurePeerProgram } from '../../native/peers.ts';
+import { perLayerEmbeddingsArgs, ensurePeerProgram } from '../../native/peers.ts';
 import { median } from '../stats.ts';
 
 const execFileAsync = promisify(execFile);
@@ -19,8 +19,8 @@ export interface CeilingShape {
   /** Decoder GGUF path (resolved). */
   readonly model: string;
   readonly gpuLayers: number;
-  /** decoder.embeddingsOnGpu (null: when every layer is offloaded). */
-  readonly embeddingsOnGpu: boolean | null;
+  /** decoder.perLayerEmbeddingsOnGpu (null: when every layer is offloaded). */
+  readonly perLayerEmbeddingsOnGpu: boolean | null;
   /** N: cameras, one sequence each. */
   readonly cameras: number;
   /** P: prompt positions of one frame, its image rows included. */
@@ -67,8 +67,8 @@ export interface EngineCeiling extends CeilingFigures {
   readonly offered_per_s: number;
   readonly ubatch: number;
   readonly repeats: number;
-  /** Where the model's token embedding tables went (LlamaModel info.embeddingsOnGpu); the peer's `-ot` puts them there too. */
-  readonly embeddings_on_gpu: boolean;
+  /** Whether the per-layer embedding table went to the GPU (LlamaModel info); the peer's `-ot` puts it there too. */
+  readonly per_layer_embeddings_on_gpu: boolean;
   /** llama-batched-bench on the same shape (`--peer`). */
   readonly peer?: CeilingFigures & { readonly program: 'llama-batched-bench' };
 }
@@ -105,9 +105,9 @@ export async function measureEngineCeiling(shape: CeilingShape): Promise<EngineC
   const nCtx = Math.max(shape.nCtx, p + d);
   const model = await LlamaModel.load(shape.model, {
     gpuLayers: shape.gpuLayers,
-    ...(shape.embeddingsOnGpu !== null ? { embeddingsOnGpu: shape.embeddingsOnGpu } : {}),
+    ...(shape.perLayerEmbeddingsOnGpu !== null ? { perLayerEmbeddingsOnGpu: shape.perLayerEmbeddingsOnGpu } : {}),
   });
-  const embeddingsOnGpu = model.info.embeddingsOnGpu;
+  const perLayerEmbeddingsOnGpu = model.info.perLayerEmbeddingsOnGpu;
   let ours: CeilingFigures;
   try {
     const ctx = await model.createContext({
@@ -126,7 +126,7 @@ export async function measureEngineCeiling(shape: CeilingShape): Promise<EngineC
   } finally {
     await model.dispose();
   }
-  const peer = shape.peer ? await peerCeiling(shape, { nCtx, ubatch, repeats, embeddingsOnGpu }) : undefined;
+  const peer = shape.peer ? await peerCeiling(shape, { nCtx, ubatch, repeats, perLayerEmbeddingsOnGpu }) : undefined;
   return {
     cameras: n,
     prompt_tokens: p,
@@ -135,7 +135,7 @@ export async function measureEngineCeiling(shape: CeilingShape): Promise<EngineC
     offered_per_s: round(shape.offeredPerS),
     ubatch,
     repeats,
-    embeddings_on_gpu: embeddingsOnGpu,
+    per_layer_embeddings_on_gpu: perLayerEmbeddingsOnGpu,
     ...ours,
     ...(peer ? { peer: { program: 'llama-batched-bench' as const, ...peer } } : {}),
   };
@@ -149,7 +149,7 @@ interface PeerRow {
 
 async function peerCeiling(
   shape: CeilingShape,
-  { nCtx, ubatch, repeats, embeddingsOnGpu }: { nCtx: number; ubatch: number; repeats: number; embeddingsOnGpu: boolean },
+  { nCtx, ubatch, repeats, perLayerEmbeddingsOnGpu }: { nCtx: number; ubatch: number; repeats: number; perLayerEmbeddingsOnGpu: boolean },
 ): Promise<CeilingFigures> {
   const program = await ensurePeerProgram('llama-batched-bench', (msg) => process.stderr.write(`percept: ${msg}\n`));
   const n = shape.cameras;
@@ -158,7 +158,7 @@ async function peerCeiling(
   args.push('-npp', String(shape.promptTokens), '-ntg', String(shape.actionSteps), '-npl', Array(repeats).fill(n).join(','));
   args.push('-ngl', String(shape.gpuLayers), '-ctk', shape.kvType, '-ctv', shape.kvType, '--output-format', 'jsonl');
   if (shape.kvUnified) args.push('-kvu');
-  args.push(...embeddingTablesArgs(embeddingsOnGpu));
+  args.push(...perLayerEmbeddingsArgs(perLayerEmbeddingsOnGpu));
   args.push('-t', String(shape.threads ?? defaultThreads())); // the binding's default, not llama.cpp's
   const { stdout, stderr } = await execFileAsync(program, args, { maxBuffer: 16 << 20 });
   const rows = `${stdout}\n${stderr}`

@@ -2,7 +2,7 @@
 import { execFile } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { promisify } from 'node:util';
-import { ensurePeerProgram } from '../../native/peers.ts';
+import { ensurePeerProgram, perLayerEmbeddingsArgs } from '../../native/peers.ts';
 import { defaultThreads, LlamaModel, type GrammarIndexInfo, type LlamaContext } from '../../native/llama.ts';
 import { attachSpeculation, type SpeculationFlags } from '../../nodes/decoder.ts';
 import { resolveModel } from '../../models/resolve.ts';
@@ -280,6 +280,7 @@ export async function benchDecode(opts: BenchDecodeOptions): Promise<BenchDecode
       String(gpuLayers),
       '-fa',
       'auto',
+      ...perLayerEmbeddingsArgs(model.info.perLayerEmbeddingsOnGpu),
     ];
     const peerTg: number[] = [];
     const peerPp: number[] = [];

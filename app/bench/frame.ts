@@ -34,8 +34,8 @@ export interface BenchFrameOptions {
   readonly stepTokens?: number;
   /** decoder.graphSlots, built decode graphs kept besides the current one. Default: the config's. */
   readonly graphSlots?: number;
-  /** decoder.embeddingsOnGpu, 'on' or 'off'. Default: the config's, on when every layer is offloaded. */
-  readonly embeddingsOnGpu?: 'on' | 'off';
+  /** decoder.perLayerEmbeddingsOnGpu, 'on' or 'off'. Default: the config's, on when every layer is offloaded. */
+  readonly perLayerEmbeddingsOnGpu?: 'on' | 'off';
   /** decoder.cudaGraphs, 'on' or 'off'. Default: the config's. */
   readonly cudaGraphs?: 'on' | 'off';
   /** decoder.mixedPrefill, 'on' or 'off'. Default: the config's. */
@@ -77,8 +77,8 @@ export interface BenchFrameResult {
   readonly decoder: 'local' | 'openai';
   /** The local decoder's quantized-matmul paths on a CUDA build (docs/gpu.md); null for a remote decoder. */
   readonly cuda_matmuls: CudaMatmuls | null;
-  /** Whether the decoder's token embedding tables are on the GPU (decoder.embeddingsOnGpu; null: a remote decoder). */
-  readonly embeddings_on_gpu: boolean | null;
+  /** Whether the decoder's per-layer embedding table is on the GPU (decoder.perLayerEmbeddingsOnGpu; null: a remote decoder). */
+  readonly per_layer_embeddings_on_gpu: boolean | null;
   /** Medians over the frames' decode notes: prompt tokens with the image, tokens reused from the cache,
    * new tokens, and the decoder's own time per new token. */
   readonly prompt_tokens_median: number | null;
@@ -327,7 +327,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
           ...(opts.stepTokens !== undefined ? { stepTokens: opts.stepTokens } : {}),
           ...(opts.graphSlots !== undefined ? { graphSlots: opts.graphSlots } : {}),
           ...(opts.cudaGraphs !== undefined ? { cudaGraphs: opts.cudaGraphs === 'on' } : {}),
-          ...(opts.embeddingsOnGpu !== undefined ? { embeddingsOnGpu: opts.embeddingsOnGpu === 'on' } : {}),
+          ...(opts.perLayerEmbeddingsOnGpu !== undefined ? { perLayerEmbeddingsOnGpu: opts.perLayerEmbeddingsOnGpu === 'on' } : {}),
           ...(opts.mixedPrefill !== undefined ? { mixedPrefill: opts.mixedPrefill === 'on' } : {}),
           draft: opts.draft ?? null,
           draftMtp: opts.draftMtp ?? null,
@@ -428,7 +428,7 @@ export async function benchFrameSamples(opts: BenchFrameOptions): Promise<{ resu
     image_tokens: imageTokens,
     decoder: kind,
     cuda_matmuls: kind === 'local' ? cudaMatmuls() : null,
-    embeddings_on_gpu: stages.decoder?.modelInfo.embeddingsOnGpu ?? null,
+    per_layer_embeddings_on_gpu: stages.decoder?.modelInfo.perLayerEmbeddingsOnGpu ?? null,
     ...decodeFigures(samples),
     ...worstCase(stages.decoder?.worstCaseDecodeCalls ?? null, samples),
     decoder_compute_mib: computeMib(stages.decoder?.memoryAtClose() ?? null),

@@ -4,7 +4,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { dirname } from 'node:path';
 import { OPENMP_SPIN_COUNT } from '../../native/binding.ts';
-import { ensurePeerProgram } from '../../native/peers.ts';
+import { ensurePeerProgram, perLayerEmbeddingsArgs } from '../../native/peers.ts';
 
 export interface LlamaServerOptions {
   /** Decoder GGUF path. */
@@ -20,6 +20,8 @@ export interface LlamaServerOptions {
   /** Context size over all slots (default 4096). */
   readonly ctx?: number;
   readonly gpuLayers?: number;
+  /** Gemma 4's per-layer embedding table on the GPU (`-ot`), where a local decoder put it (default: llama.cpp's place). */
+  readonly perLayerEmbeddingsOnGpu?: boolean;
   /** Gemma 4 image tokens per image (--image-min-tokens and --image-max-tokens), to match a local run. */
   readonly imageTokens?: number;
   /** Readiness limit in ms. The default, 120 s, allows for a model load on a busy machine. */
@@ -49,6 +51,7 @@ export async function startLlamaServer(opts: LlamaServerOptions): Promise<LlamaS
   if (opts.mmproj) args.push('--mmproj', opts.mmproj);
   if (opts.alias) args.push('--alias', opts.alias);
   if (opts.gpuLayers !== undefined) args.push('-ngl', String(opts.gpuLayers));
+  args.push(...perLayerEmbeddingsArgs(opts.perLayerEmbeddingsOnGpu ?? false));
   if (opts.imageTokens !== undefined)
     args.push('--image-min-tokens', String(opts.imageTokens), '--image-max-tokens', String(opts.imageTokens));
   const bin = await ensurePeerProgram('llama-server', (msg) => process.stderr.write(`percept: ${msg}\n`));

@@ -8,7 +8,7 @@
 import { availableParallelism, loadavg } from 'node:os';
 import { resolveModel } from '../../models/resolve.ts';
 import { benchFrameSamples, decodeFigures, type DecodeFigures, type FrameSample } from './frame.ts';
-import { startLlamaServer } from './llama-server.ts';
+import { startLlamaServer, type LlamaServer } from './llama-server.ts';
 import { quantile } from '../stats.ts';
 
 export interface BenchRemoteOptions {
@@ -61,14 +61,19 @@ export async function benchRemote(opts: BenchRemoteOptions): Promise<BenchRemote
   if (!Number.isInteger(opts.rounds) || opts.rounds < 1) throw new RangeError(`--rounds must be an integer ≥ 1, got ${opts.rounds}`);
   const load0 = loadavg()[0]!;
   const threads = opts.threads ?? availableParallelism();
-  const server = await startLlamaServer({
-    model: await resolveModel(opts.model, 'decoder'),
-    mmproj: await resolveModel(opts.encoder, 'mmproj'),
-    alias: SERVED_MODEL,
-    threads,
-    gpuLayers: opts.gpuLayers,
-    imageTokens: opts.imageTokens,
-  });
+  // The server starts after the first local run, so its per-layer embedding table goes where the local decoder's went.
+  let server: LlamaServer | undefined;
+  let localPlacement = false;
+  const startServer = async (): Promise<LlamaServer> =>
+    startLlamaServer({
+      model: await resolveModel(opts.model, 'decoder'),
+      mmproj: await resolveModel(opts.encoder, 'mmproj'),
+      alias: SERVED_MODEL,
+      threads,
+      gpuLayers: opts.gpuLayers,
+      imageTokens: opts.imageTokens,
+      perLayerEmbeddingsOnGpu: localPlacement,
+    });
   const arms = { local: [] as FrameSample[], remote: [] as FrameSample[] };
   const dropped = { local: {} as Record<string, number>, remote: {} as Record<string, number> };
   const dropCauses = { local: {} as Record<string, number>, remote: {} as Record<string, number> };
@@ -76,11 +81,13 @@ export async function benchRemote(opts: BenchRemoteOptions): Promise<BenchRemote
     const common = { frames: opts.frames, fps: opts.fps, imageTokens: opts.imageTokens, gpuLayers: opts.gpuLayers, warmup: true };
     const max = opts.maxNewTokens !== undefined ? { maxNewTokens: opts.maxNewTokens } : {};
     const run = async (arm: 'local' | 'remote') => {
+      if (arm === 'remote') server ??= await startServer();
       const { result, frames } = await benchFrameSamples(
         arm === 'local'
           ? { ...common, ...max, model: opts.model, encoder: opts.encoder }
-          : { ...common, ...max, model: SERVED_MODEL, encoder: opts.encoder, decoder: 'openai', endpoint: server.url },
+          : { ...common, ...max, model: SERVED_MODEL, encoder: opts.encoder, decoder: 'openai', endpoint: server!.url },
       );
+      if (arm === 'local') localPlacement = result.per_layer_embeddings_on_gpu ?? false;
       // The first frame of a run pays what the warm-up did not reach; the steady frames are compared.
       arms[arm].push(...frames.slice(1));
       for (const [reason, n] of Object.entries(result.dropped)) dropped[arm][reason] = (dropped[arm][reason] ?? 0) + n;
@@ -91,7 +98,7 @@ export async function benchRemote(opts: BenchRemoteOptions): Promise<BenchRemote
       for (const arm of order) await run(arm);
     }
   } finally {
-    await server.close();
+    await server?.close();
   }
   const summarize = (arm: 'local' | 'remote'): ArmSummary => {
     const totals = arms[arm].map((f) => f.totalMs);

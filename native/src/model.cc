@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <regex>
 #include <sys/stat.h>
 
 namespace percept {
@@ -42,18 +43,19 @@ struct LoadOptions {
     int32_t gpuLayers = 0;
     bool mmap = true;
     bool vocabOnly = false;
-    int32_t embeddingsOnGpu = -1;  // 1 on, 0 off, -1 when every layer is offloaded
-    std::string embeddingTables;   // the tables' names, a regex (native/llama.ts EMBEDDING_TABLES)
+    int32_t perLayerEmbeddingsOnGpu = -1;   // 1 on, 0 off, -1 when every layer is offloaded
+    std::string perLayerEmbeddingsPattern;  // the table's name, a regex (native/llama.ts PER_LAYER_EMBEDDINGS)
 };
 
 struct FileHeader {
     std::string arch;
-    int64_t blockCount = -1;  // <arch>.block_count; -1 when absent
+    int64_t blockCount = -1;     // <arch>.block_count; -1 when absent
+    bool perLayerTable = false;  // a tensor matches LoadOptions.perLayerEmbeddingsPattern
 };
 
-// Reads general.architecture and the layer count without loading tensors, so an unsupported or corrupt file is
-// refused with a clear reason before llama.cpp starts allocating.
-FileHeader readHeader(const std::string & path) {
+// Reads general.architecture, the layer count and the tensor names without loading tensors, so an unsupported or
+// corrupt file is refused with a clear reason before llama.cpp starts allocating.
+FileHeader readHeader(const std::string & path, const std::string & perLayerPattern) {
     gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
     gguf_context * g = gguf_init_from_file(path.c_str(), params);
     if (g == nullptr) throw std::runtime_error("not a valid GGUF file (bad magic, version or truncated header)");
@@ -62,6 +64,10 @@ FileHeader readHeader(const std::string & path) {
     if (k >= 0 && gguf_get_kv_type(g, k) == GGUF_TYPE_STRING) h.arch = gguf_get_val_str(g, k);
     int64_t b = h.arch.empty() ? -1 : gguf_find_key(g, (h.arch + ".block_count").c_str());
     if (b >= 0 && gguf_get_kv_type(g, b) == GGUF_TYPE_UINT32) h.blockCount = gguf_get_val_u32(g, b);
+    // Matched as llama.cpp matches tensor overrides (std::regex_search).
+    const std::regex table(perLayerPattern);
+    for (int64_t i = 0; i < gguf_get_n_tensors(g) && !h.perLayerTable; i++)
+        h.perLayerTable = std::regex_search(gguf_get_tensor_name(g, i), table);
     gguf_free(g);
     if (h.arch.empty()) throw std::runtime_error("GGUF has no general.architecture");
     return h;
@@ -86,7 +92,7 @@ protected:
                 SetCodedError("ENOENT", "ENOENT: model file not found: " + opts_.path);
                 return;
             }
-            FileHeader header = readHeader(opts_.path);
+            FileHeader header = readHeader(opts_.path, opts_.perLayerEmbeddingsPattern);
             const std::string & arch = header.arch;
             if (!acceptedArch(arch)) {
                 SetError("unsupported architecture '" + arch + "' in " + opts_.path +
@@ -100,13 +106,15 @@ protected:
             mp.vocab_only = opts_.vocabOnly;
             const bool everyLayer = opts_.gpuLayers < 0 || (header.blockCount >= 0 && opts_.gpuLayers > header.blockCount);
             ggml_backend_buffer_type_t gpu = opts_.vocabOnly ? nullptr : firstGpuBufferType();
-            if (gpu != nullptr && (opts_.embeddingsOnGpu == 1 || (opts_.embeddingsOnGpu < 0 && everyLayer))) {
-                // llama.cpp keeps input-layer tensors in host memory: each decode gathers its rows of the embedding
-                // tables on the CPU and copies them over. On the GPU the decode has no CPU part. A tied output
-                // projection's GPU copy of token_embd is then shared, not duplicated.
-                overrides_[0] = {opts_.embeddingTables.c_str(), gpu};
+            const bool wanted = opts_.perLayerEmbeddingsOnGpu == 1 || (opts_.perLayerEmbeddingsOnGpu < 0 && everyLayer);
+            if (gpu != nullptr && header.perLayerTable && wanted) {
+                // llama.cpp keeps input-layer tensors in host memory: each decode gathers its rows of Gemma 4's
+                // per-layer table on the CPU and copies them over. On the GPU that part of the decode stays there.
+                overrides_[0] = {opts_.perLayerEmbeddingsPattern.c_str(), gpu};
                 mp.tensor_buft_overrides = overrides_;
-                embeddingsOnGpu_ = true;
+                // A lazily read table (over 4 GiB) would stay in host memory whatever the override says.
+                mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
+                perLayerEmbeddingsOnGpu_ = true;
             }
             model_.reset(llama_model_load_from_file(opts_.path.c_str(), mp));
             if (!model_) {
@@ -122,7 +130,7 @@ protected:
         // Ownership moves to the JS object: a load that never resolves frees the model with the worker.
         Napi::Object obj =
             addonData(env).modelCtor.New({Napi::External<llama_model>::New(env, model_.release()), Napi::Boolean::New(env, opts_.vocabOnly),
-                                          Napi::Boolean::New(env, embeddingsOnGpu_)});
+                                          Napi::Boolean::New(env, perLayerEmbeddingsOnGpu_)});
         deferred_.Resolve(obj);
     }
 
@@ -130,7 +138,7 @@ private:
     LoadOptions opts_;
     llama_model_ptr model_;
     llama_model_tensor_buft_override overrides_[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
-    bool embeddingsOnGpu_ = false;
+    bool perLayerEmbeddingsOnGpu_ = false;
 };
 
 }  // namespace
@@ -184,7 +192,7 @@ Model::Model(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Model>(info) {
     info_.bos = llama_vocab_bos(v);
     info_.eos = llama_vocab_eos(v);
     info_.vocabOnly = info[1].ToBoolean().Value();
-    info_.embeddingsOnGpu = info.Length() > 2 && info[2].ToBoolean().Value();
+    info_.perLayerEmbeddingsOnGpu = info.Length() > 2 && info[2].ToBoolean().Value();
 }
 
 // GC without dispose(): contexts hold a reference to this object, so none is alive here.
@@ -228,9 +236,9 @@ Napi::Value Model::Load(const Napi::CallbackInfo & info) {
     opts.gpuLayers = int32_t(requireInt(o, "gpuLayers", -1, 100000, w));
     opts.mmap = requireBool(o, "mmap", w);
     opts.vocabOnly = requireBool(o, "vocabOnly", w);
-    Napi::Value e = o.Get("embeddingsOnGpu");
-    opts.embeddingsOnGpu = e.IsUndefined() || e.IsNull() ? -1 : (requireBool(o, "embeddingsOnGpu", w) ? 1 : 0);
-    opts.embeddingTables = requireString(o, "embeddingTables", w);
+    Napi::Value e = o.Get("perLayerEmbeddingsOnGpu");
+    opts.perLayerEmbeddingsOnGpu = e.IsUndefined() || e.IsNull() ? -1 : (requireBool(o, "perLayerEmbeddingsOnGpu", w) ? 1 : 0);
+    opts.perLayerEmbeddingsPattern = requireString(o, "perLayerEmbeddingsPattern", w);
     auto * worker = new LoadWorker(env, std::move(opts));
     Napi::Promise p = worker->promise();
     worker->Queue();
@@ -257,7 +265,7 @@ Napi::Value Model::Info(const Napi::CallbackInfo & info) {
     o.Set("bos", info_.bos);
     o.Set("eos", info_.eos);
     o.Set("vocabOnly", info_.vocabOnly);
-    o.Set("embeddingsOnGpu", info_.embeddingsOnGpu);
+    o.Set("perLayerEmbeddingsOnGpu", info_.perLayerEmbeddingsOnGpu);
     return o;
 }
 

@@ -30,7 +30,7 @@ struct ModelInfo {
     int32_t bos = -1;
     int32_t eos = -1;
     bool vocabOnly = false;
-    bool embeddingsOnGpu = false;  // token_embd and per_layer_token_embd loaded on the GPU (LoadOptions)
+    bool perLayerEmbeddingsOnGpu = false;  // per_layer_token_embd loaded on the GPU (LoadOptions)
 };
 
 // How image embeddings attend to each other, mirroring mtmd_decode_use_non_causal() (mtmd.cpp):

@@ -102,11 +102,11 @@ test('the typed API refuses bad options with the same shape (no model needed)', 
     [() => LlamaModel.load('m.gguf', { mmap: 'yes' as never }), 'Expected a boolean for options.mmap but received yes of type string'],
     [
       () => LlamaModel.load('m.gguf', { bogus: 1 } as never),
-      'Expected undefined (options takes only gpuLayers, mmap, vocabOnly and embeddingsOnGpu) for options.bogus but received 1 of type number',
+      'Expected undefined (options takes only gpuLayers, mmap, vocabOnly and perLayerEmbeddingsOnGpu) for options.bogus but received 1 of type number',
     ],
     [
-      () => LlamaModel.load('m.gguf', { embeddingsOnGpu: 'on' as never }),
-      'Expected a boolean for options.embeddingsOnGpu but received on of type string',
+      () => LlamaModel.load('m.gguf', { perLayerEmbeddingsOnGpu: 'on' as never }),
+      'Expected a boolean for options.perLayerEmbeddingsOnGpu but received on of type string',
     ],
     [
       () => LlamaVision.load('v.gguf', { threads: 0 }),
@@ -147,7 +147,7 @@ test('the typed API refuses bad options with the same shape (no model needed)', 
 
 test('C++ checks every field again, required, with the same message shape', async () => {
   const addon = loadAddon();
-  const load = { gpuLayers: 0, mmap: true, vocabOnly: false, embeddingsOnGpu: null, embeddingTables: '^token_embd' };
+  const load = { gpuLayers: 0, mmap: true, vocabOnly: false, perLayerEmbeddingsOnGpu: null, perLayerEmbeddingsPattern: '^token_embd' };
   const vision = { useGpu: false, threads: 1, flashAttention: 'auto' as const, warmup: false, profile: false, graph: 'percept' as const };
   const layout = {
     width: 2,
@@ -175,12 +175,12 @@ test('C++ checks every field again, required, with the same message shape', asyn
     ],
     [() => addon.Model.load('m.gguf', null as never), 'Expected an object for Model.load options but received null'],
     [
-      () => addon.Model.load('m.gguf', { ...load, embeddingsOnGpu: 'on' as never }),
-      'Expected a boolean for Model.load options.embeddingsOnGpu but received on of type string',
+      () => addon.Model.load('m.gguf', { ...load, perLayerEmbeddingsOnGpu: 'on' as never }),
+      'Expected a boolean for Model.load options.perLayerEmbeddingsOnGpu but received on of type string',
     ],
     [
-      () => addon.Model.load('m.gguf', { ...load, embeddingTables: undefined as never }),
-      'Expected a string for Model.load options.embeddingTables but received undefined of type undefined',
+      () => addon.Model.load('m.gguf', { ...load, perLayerEmbeddingsPattern: undefined as never }),
+      'Expected a string for Model.load options.perLayerEmbeddingsPattern but received undefined of type undefined',
     ],
     [
       () => addon.Vision.load('v.gguf', { ...vision, threads: 0 }),

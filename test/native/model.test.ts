@@ -4,8 +4,8 @@ import assert from 'node:assert/strict';
 import { mkdir, open, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { EMBEDDING_TABLES, imageAttentionRule, LlamaModel, setLlamaLogger } from '../../native/llama.ts';
-import { embeddingTablesArgs } from '../../native/peers.ts';
+import { PER_LAYER_EMBEDDINGS, imageAttentionRule, LlamaModel, setLlamaLogger } from '../../native/llama.ts';
+import { perLayerEmbeddingsArgs } from '../../native/peers.ts';
 import { loadAddon } from '../../native/binding.ts';
 import { jsonSchemaToGbnf } from '../../native/schema-grammar.ts';
 import { ensureSynthModel, REPO_ROOT } from '../support/fixtures.ts';
@@ -58,31 +58,49 @@ describe('native model', () => {
     assert.equal(i.bos, 2);
   });
 
-  test('the embedding tables: both tables and nothing else, in host memory without a GPU whatever is asked', async () => {
-    const tables = new RegExp(EMBEDDING_TABLES); // std::regex's ECMAScript grammar, as llama.cpp reads it
-    const names = [
-      'token_embd.weight',
-      'per_layer_token_embd.weight',
-      'per_layer_model_proj.weight',
-      'output.weight',
-      'blk.0.token_embd.weight',
-    ];
+  test('the per-layer embedding table: its name alone, and in host memory without a GPU whatever is asked', async () => {
+    const table = new RegExp(PER_LAYER_EMBEDDINGS); // std::regex's ECMAScript grammar, as llama.cpp reads it
+    const names = ['token_embd.weight', 'per_layer_token_embd.weight', 'per_layer_model_proj.weight', 'blk.0.per_layer_token_embd.weight'];
     assert.deepEqual(
-      names.filter((n) => tables.test(n)),
-      ['token_embd.weight', 'per_layer_token_embd.weight'],
+      names.filter((n) => table.test(n)),
+      ['per_layer_token_embd.weight'],
     );
-    assert.deepEqual(embeddingTablesArgs(true), ['-ot', `${EMBEDDING_TABLES}=CUDA0`], "the peers' -ot for the first CUDA device");
-    assert.deepEqual(embeddingTablesArgs(false), []);
-    assert.equal(model.info.embeddingsOnGpu, false, 'no layer offloaded: the tables stay in host memory');
-    if (loadAddon().gpuKernels.visionAttention) return; // a CUDA build: where they go depends on the device
-    const asked = await LlamaModel.load(gemma4, { gpuLayers: -1, embeddingsOnGpu: true });
+    assert.deepEqual(perLayerEmbeddingsArgs(true), ['-ot', `${PER_LAYER_EMBEDDINGS}=CUDA0`], "the peers' -ot for the first CUDA device");
+    assert.deepEqual(perLayerEmbeddingsArgs(false), []);
+    assert.equal(model.info.perLayerEmbeddingsOnGpu, false, 'no layer offloaded: the table stays in host memory');
+    if (loadAddon().gpuKernels.visionAttention) return; // a CUDA build: the next test
+    const asked = await LlamaModel.load(gemma4, { gpuLayers: -1, perLayerEmbeddingsOnGpu: true });
     try {
-      assert.equal(asked.info.embeddingsOnGpu, false, 'a CPU build has no GPU to put them on');
+      assert.equal(asked.info.perLayerEmbeddingsOnGpu, false, 'a CPU build has no GPU to put it on');
       assert.equal(asked.info.nLayer, 4, 'and the model loads as before');
     } finally {
       await asked.dispose();
     }
   });
+
+  test(
+    'on a GPU the table goes with every layer, or when asked, and only where the model has one',
+    { skip: !loadAddon().gpuKernels.visionAttention && 'a CPU build' },
+    async () => {
+      // gemma4-tiny has 4 layers: 5 or -1 offloads every one (and the output); gemma3-tiny has no per-layer table.
+      const cases: [string, { gpuLayers: number; perLayerEmbeddingsOnGpu?: boolean }, boolean][] = [
+        ['gemma4', { gpuLayers: 4 }, false],
+        ['gemma4', { gpuLayers: 5 }, true],
+        ['gemma4', { gpuLayers: -1 }, true],
+        ['gemma4', { gpuLayers: -1, perLayerEmbeddingsOnGpu: false }, false],
+        ['gemma4', { gpuLayers: 1, perLayerEmbeddingsOnGpu: true }, true],
+        ['gemma3', { gpuLayers: -1 }, false],
+      ];
+      for (const [arch, options, expected] of cases) {
+        const m = await LlamaModel.load(arch === 'gemma4' ? gemma4 : gemma3, options);
+        try {
+          assert.equal(m.info.perLayerEmbeddingsOnGpu, expected, `${arch} ${JSON.stringify(options)}`);
+        } finally {
+          await m.dispose();
+        }
+      }
+    },
+  );
 
   test('gemma3 is bidirectional and finds its image tokens by text', async () => {
     const m3 = await LlamaModel.load(gemma3);
@@ -226,7 +244,7 @@ describe('native model', () => {
       await assert.rejects(LlamaModel.load(gemma4, { gpuLayers: 1.5 }), /gpuLayers/);
       await assert.rejects(
         LlamaModel.load(gemma4, { bogus: 1 } as never),
-        /Expected undefined \(options takes only gpuLayers, mmap, vocabOnly and embeddingsOnGpu\) for options.bogus/,
+        /Expected undefined \(options takes only gpuLayers, mmap, vocabOnly and perLayerEmbeddingsOnGpu\) for options.bogus/,
       );
       assert.throws(() => model.detokenize([1, 999_999_999]), /a token id of this model/);
       assert.throws(() => model.tokenText(-1), /token/);

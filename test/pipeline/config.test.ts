@@ -64,13 +64,13 @@ describe('loadConfig', () => {
     );
   });
 
-  test('decoder.embeddingsOnGpu: null by default (on with every layer offloaded), a boolean, refused for a remote decoder', () => {
-    assert.equal(loadConfig({}).decoder.embeddingsOnGpu, null);
-    assert.equal(loadConfig({ decoder: { embeddingsOnGpu: false } }).decoder.embeddingsOnGpu, false);
-    assert.throws(() => loadConfig({ decoder: { embeddingsOnGpu: 'on' } }), /\/decoder\/embeddingsOnGpu/);
+  test('decoder.perLayerEmbeddingsOnGpu: null by default (on with every layer offloaded), a boolean, refused for a remote decoder', () => {
+    assert.equal(loadConfig({}).decoder.perLayerEmbeddingsOnGpu, null);
+    assert.equal(loadConfig({ decoder: { perLayerEmbeddingsOnGpu: false } }).decoder.perLayerEmbeddingsOnGpu, false);
+    assert.throws(() => loadConfig({ decoder: { perLayerEmbeddingsOnGpu: 'on' } }), /\/decoder\/perLayerEmbeddingsOnGpu/);
     assert.throws(
-      () => loadConfig({ decoder: { kind: 'openai', endpoint: 'http://x', model: 'm', embeddingsOnGpu: true } }),
-      /\/decoder\/embeddingsOnGpu: applies to decoder.kind "local" only/,
+      () => loadConfig({ decoder: { kind: 'openai', endpoint: 'http://x', model: 'm', perLayerEmbeddingsOnGpu: true } }),
+      /\/decoder\/perLayerEmbeddingsOnGpu: applies to decoder.kind "local" only/,
     );
   });
 

@@ -12,10 +12,10 @@ test('benchBatch reports, per sequence count, tok/s, the steps and what a step s
     genTokens: 6,
     gpuLayers: 0,
     kvUnified: true,
-    embeddingsOnGpu: 'off',
+    perLayerEmbeddingsOnGpu: 'off',
   });
   assert.equal(r.kv_unified, true);
-  assert.equal(r.embeddings_on_gpu, false, 'asked off, in host memory');
+  assert.equal(r.per_layer_embeddings_on_gpu, false, 'asked off, in host memory');
   assert.deepEqual(
     r.rows.map((row) => row.sequences),
     [1, 3],

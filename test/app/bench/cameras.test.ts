@@ -80,8 +80,8 @@ describe('bench cameras: the engine ceiling', () => {
     assert.ok(positive(a.p50, 'action_steps.p50') <= a.p90 && a.p90 <= a.max, JSON.stringify(a));
     assert.ok(c.action_steps <= a.max, `the ceiling's steps, their mean rounded up (${c.action_steps}), at most the longest`);
     assert.equal(r.decoder_threads, availableParallelism(), "the decoder's threads: every core unless --threads names them");
-    // No layer on a GPU: the tables stay in host memory, in the run and in its ceiling.
-    assert.deepEqual([r.embeddings_on_gpu, c.embeddings_on_gpu], [false, false]);
+    // No layer on a GPU: the per-layer embedding table stays in host memory, in the run and in its ceiling.
+    assert.deepEqual([r.per_layer_embeddings_on_gpu, c.per_layer_embeddings_on_gpu], [false, false]);
     // The matmul paths it ran under: the loader's defaults where this environment names none.
     const env = process.env;
     assert.deepEqual(

@@ -97,11 +97,10 @@ test('bench frame reports the first frame apart from the rest, with and without 
       fps: 4,
       gpuLayers: 0,
       warmup,
-      ...(warmup ? { embeddingsOnGpu: 'on' as const } : {}),
     });
     assert.equal(r.warmup, warmup);
-    // Asked on or not, this CPU build keeps the embedding tables in host memory.
-    assert.equal(r.embeddings_on_gpu, false);
+    // No layer offloaded: the per-layer embedding table stays in host memory.
+    assert.equal(r.per_layer_embeddings_on_gpu, false);
     assert.ok(r.first_frame_ms !== null && r.first_frame_ms > 0);
     assert.ok(r.first_over_median !== null && r.first_over_median > 0);
     for (const stage of ['preprocess', 'encode', 'decode']) {
