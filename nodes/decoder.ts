@@ -356,8 +356,8 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
   const mixedPrefill = config.mixedPrefill !== null ? { mixedPrefill: config.mixedPrefill } : {};
   const cameras = batching && batching.cameras > 1 ? batching : undefined;
   const laneCount = cameras ? checkLanes(cameras) : 1;
-  const embeddings = config.perLayerEmbeddingsOnGpu !== null ? { perLayerEmbeddingsOnGpu: config.perLayerEmbeddingsOnGpu } : {};
-  const model = await LlamaModel.load(config.model, { gpuLayers, ...embeddings });
+  const placement = config.perLayerEmbeddingsOnGpu !== null ? { perLayerEmbeddingsOnGpu: config.perLayerEmbeddingsOnGpu } : {};
+  const model = await LlamaModel.load(config.model, { gpuLayers, ...placement });
   let draft: LlamaModel | undefined;
   // One context, or with cameras one per lane (camera i on lane i % lanes, sequence floor(i / lanes) there).
   const lanes: LlamaContext[] = [];
@@ -413,7 +413,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
     }
     if (!cameras) {
       const flags = { draft: config.draft, draftMtp: config.draftMtp, ngram: config.ngram, nDraft: draftMax };
-      draft = await attachSpeculation(lanes[0]!, flags, gpuLayers, embeddings);
+      draft = await attachSpeculation(lanes[0]!, flags, gpuLayers, placement);
     }
     const schemaPath = config.actionSchema.path;
     try {

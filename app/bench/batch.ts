@@ -9,7 +9,7 @@ import { promisify } from 'node:util';
 import { LlamaModel } from '../../native/llama.ts';
 import { resolveModel } from '../../models/resolve.ts';
 import { randomTokens } from './decode.ts';
-import { perLayerEmbeddingsArgs, ensurePeerProgram } from '../../native/peers.ts';
+import { ensurePeerProgram, perLayerEmbeddingsArgs } from '../../native/peers.ts';
 
 const execFileAsync = promisify(execFile);
 

@@ -7,7 +7,7 @@
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { LlamaModel, defaultThreads } from '../../native/llama.ts';
-import { perLayerEmbeddingsArgs, ensurePeerProgram } from '../../native/peers.ts';
+import { ensurePeerProgram, perLayerEmbeddingsArgs } from '../../native/peers.ts';
 import { median } from '../stats.ts';
 
 const execFileAsync = promisify(execFile);
