@@ -62,6 +62,13 @@ function speculationOptions(command: Command, what: { draft: string; draftMtp: s
     .addOption(new Option('--draft-mtp <file>', what.draftMtp).conflicts(['ngram']))
     .option('--ngram', what.ngram);
 }
+/** --per-layer-embeddings-on-gpu on|off, for the benches that load the decoder; `prefix` and `suffix` frame its help. */
+const perLayerEmbeddingsOption = (prefix: string, suffix = ''): Option =>
+  new Option(
+    '--per-layer-embeddings-on-gpu <mode>',
+    `${prefix}on (Gemma 4's per-layer embedding table on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded${suffix})`,
+  ).choices(['on', 'off']);
+
 const SPECULATION = {
   draft: 'draft model (same vocabulary), or synth:PRESET',
   draftMtp: 'Gemma 4 MTP assistant GGUF, synth:PRESET or demo:gemma4-robot-assistant',
@@ -216,12 +223,7 @@ speculationOptions(
   .option('--fps <n>', 'frame rate (keep it below what the pipeline sustains)', positiveNumber('--fps'), 2)
   .option('--max-new-tokens <n>', "max new tokens per action (default: the action schema's worst case)", int('--max-new-tokens'))
   .option('--threads <n>', "llama.cpp's CPU threads for the decoder (decoder.threads; default every core)", int('--threads'))
-  .addOption(
-    new Option(
-      '--per-layer-embeddings-on-gpu <mode>',
-      "decoder.perLayerEmbeddingsOnGpu: on (Gemma 4's per-layer embedding table on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded)",
-    ).choices(['on', 'off']),
-  )
+  .addOption(perLayerEmbeddingsOption('decoder.perLayerEmbeddingsOnGpu: '))
   .option(
     '--step-tokens <n>',
     'tokens per decode step, padded so every step has one shape (decoder.stepTokens; default 1: no padding)',
@@ -313,12 +315,7 @@ bench
   )
   .option('--max-active <n>', 'cameras decoded together at most (default: all)', int('--max-active'))
   .option('--threads <n>', "llama.cpp's CPU threads for the decoder (decoder.threads; default every core)", int('--threads'))
-  .addOption(
-    new Option(
-      '--per-layer-embeddings-on-gpu <mode>',
-      "decoder.perLayerEmbeddingsOnGpu: on (Gemma 4's per-layer embedding table on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded)",
-    ).choices(['on', 'off']),
-  )
+  .addOption(perLayerEmbeddingsOption('decoder.perLayerEmbeddingsOnGpu: '))
   .option(
     '--lanes <n>',
     'decoder contexts the cameras are spread over, each batched on its own (batching.lanes; default 1)',
@@ -369,12 +366,7 @@ bench
   .option('--gpu-layers <n>', 'layers on the GPU', int('--gpu-layers'), 0)
   .option('--kv-unified', 'one KV buffer for every sequence (default: one stream per sequence)')
   .option('--threads <n>', 'CPU threads', int('--threads'))
-  .addOption(
-    new Option(
-      '--per-layer-embeddings-on-gpu <mode>',
-      "on (Gemma 4's per-layer embedding table on the GPU) or off (in host memory, llama.cpp's place; default: on when every layer is offloaded; the peer gets the same `-ot`)",
-    ).choices(['on', 'off']),
-  )
+  .addOption(perLayerEmbeddingsOption('', '; the peer gets the same `-ot`'))
   .option('--peer', 'also run llama-batched-bench from the same llama.cpp build and report the ratio')
   .option('--json', 'print JSON')
   .action(async (opts) => {

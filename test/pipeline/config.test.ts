@@ -64,25 +64,21 @@ describe('loadConfig', () => {
     );
   });
 
-  test('decoder.perLayerEmbeddingsOnGpu: null by default (on with every layer offloaded), a boolean, refused for a remote decoder', () => {
-    assert.equal(loadConfig({}).decoder.perLayerEmbeddingsOnGpu, null);
-    assert.equal(loadConfig({ decoder: { perLayerEmbeddingsOnGpu: false } }).decoder.perLayerEmbeddingsOnGpu, false);
-    assert.throws(() => loadConfig({ decoder: { perLayerEmbeddingsOnGpu: 'on' } }), /\/decoder\/perLayerEmbeddingsOnGpu/);
-    assert.throws(
-      () => loadConfig({ decoder: { kind: 'openai', endpoint: 'http://x', model: 'm', perLayerEmbeddingsOnGpu: true } }),
-      /\/decoder\/perLayerEmbeddingsOnGpu: applies to decoder.kind "local" only/,
-    );
-  });
-
-  test('decoder.mixedPrefill: null by default (the binding decides), a boolean, refused for a remote decoder', () => {
-    assert.equal(loadConfig({}).decoder.mixedPrefill, null);
-    assert.equal(loadConfig({ decoder: { mixedPrefill: false } }).decoder.mixedPrefill, false);
-    assert.throws(() => loadConfig({ decoder: { mixedPrefill: 'off' } }), /\/decoder\/mixedPrefill/);
-    assert.throws(
-      () => loadConfig({ decoder: { kind: 'openai', endpoint: 'http://x', model: 'm', mixedPrefill: true } }),
-      /\/decoder\/mixedPrefill: applies to decoder.kind "local" only/,
-    );
-  });
+  // Nullable booleans of the local decoder: null by default (the binding decides), a boolean, refused for a remote one.
+  for (const [key, why] of [
+    ['perLayerEmbeddingsOnGpu', 'on with every layer offloaded'],
+    ['mixedPrefill', 'the binding decides'],
+  ] as const) {
+    test(`decoder.${key}: null by default (${why}), a boolean, refused for a remote decoder`, () => {
+      assert.equal(loadConfig({}).decoder[key], null);
+      assert.equal(loadConfig({ decoder: { [key]: false } }).decoder[key], false);
+      assert.throws(() => loadConfig({ decoder: { [key]: 'off' } }), new RegExp(`/decoder/${key}`));
+      assert.throws(
+        () => loadConfig({ decoder: { kind: 'openai', endpoint: 'http://x', model: 'm', [key]: true } }),
+        new RegExp(`/decoder/${key}: applies to decoder.kind "local" only`),
+      );
+    });
+  }
 
   test('decoder.stepTokens: 1 (no padding) by default, refused for a remote decoder and out of range', () => {
     assert.equal(loadConfig({}).decoder.stepTokens, 1);
