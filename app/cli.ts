@@ -328,6 +328,12 @@ bench
     "with --admit rolling: the fewest waiting frames that go in beside a group's tail (batching.rollingJoin; default 1)",
     int('--rolling-join'),
   )
+  .addOption(
+    new Option(
+      '--join-running <mode>',
+      "batching.joinRunning: on (a frame that would miss waiting for the running group joins it at once) or off (it is dropped) (default: the config's, on)",
+    ).choices(['on', 'off']),
+  )
   .option(
     '--step-rows <n>',
     'a row for every camera in each token decode, rows padded to a multiple of N, so llama.cpp reuses its graph (batching.stepRows; default 0: off)',

@@ -68,6 +68,8 @@ export interface NativeContextOptions {
   tailJoin: number;
   /** Admitting the tail: when that is predicted to end more requests in time, or as many sooner (not by count). */
   weighTail: boolean;
+  /** Admitting together: one that would miss waiting for the group's end joins it at once (else it is dropped). */
+  joinRunning: boolean;
   /** Admitting together: how long an idle decoder holds its waiting requests for frames on their way (expect). */
   groupWaitMs: number;
   maxOutputs: number;
@@ -102,6 +104,7 @@ export interface NativeContextInfo {
   readonly admitTail: boolean;
   readonly tailJoin: number;
   readonly weighTail: boolean;
+  readonly joinRunning: boolean;
   readonly groupWaitMs: number;
   readonly maxOutputs: number;
   /** Tokens each sequence decodes per generation step, padded (1: no padding). */

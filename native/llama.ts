@@ -68,6 +68,7 @@ const SEQUENCE_OPTIONS = [
   'admitTail',
   'tailJoin',
   'weighTail',
+  'joinRunning',
   'groupWaitMs',
 ] as const;
 /**
@@ -165,6 +166,12 @@ export interface ContextOptions {
    * by their deadlines, or as many sooner in all, instead of by count (native/README.md#the-tail-by-weight).
    */
   readonly weighTail?: boolean;
+  /**
+   * Admitting together (default true): a waiting request that would miss its deadline by waiting for the running group's
+   * end joins it at once. False: it is dropped as a predicted miss instead, so groups stay whole and its sequence's next
+   * request can go in the next group (native/README.md#admitting-together).
+   */
+  readonly joinRunning?: boolean;
   /**
    * Admitting together (default 0): how long (ms) an idle decoder holds its waiting requests for the requests on their way
    * to other sequences (`expect`), so frames triggered together form one group. Only while each waiting request could
@@ -365,6 +372,8 @@ export class LlamaModel {
     const weighTail = options.weighTail === undefined ? false : bool('options.weighTail', options.weighTail);
     if (weighTail && !admitTail) throw new TypeError('options.weighTail is for a context that admits the tail (admitTail)');
     if (weighTail && tailJoin > 1) throw new TypeError('options.weighTail weighs each admission; it takes no tailJoin');
+    const joinRunning = options.joinRunning === undefined ? true : bool('options.joinRunning', options.joinRunning);
+    if (!joinRunning && !admitTogether) throw new TypeError('options.joinRunning is for a context that admits together (admitTogether)');
     const groupWaitMs = options.groupWaitMs === undefined ? 0 : numIn('options.groupWaitMs', options.groupWaitMs, 0, 1000);
     // A batched step reads one logits row per sequence; a single sequence one per draft position.
     const outputs = nSeq > 1 ? nSeq : Math.min(MAX_OUTPUTS, nBatch);
@@ -403,6 +412,7 @@ export class LlamaModel {
         admitTail,
         tailJoin,
         weighTail,
+        joinRunning,
         groupWaitMs,
         maxOutputs,
         stepTokens,

@@ -129,6 +129,8 @@ export interface CameraBatching {
   readonly groupWaitMs?: number;
   /** Admitting rolling: the fewest waiting frames that go in beside a group's tail (default 1). */
   readonly rollingJoin?: number;
+  /** Admitting together: a frame that would miss waiting for the running group joins it at once (default true). */
+  readonly joinRunning?: boolean;
   readonly prefillChunk: number;
   readonly kvUnified: boolean;
   /** Contexts the cameras are spread over, each a batched decoder of its own on the one model (default 1).
@@ -403,6 +405,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
                   : {}),
                 ...(cameras.admit === 'rolling' ? { tailJoin: Math.min(cameras.rollingJoin ?? 1, nSeq) } : {}),
                 ...(cameras.admit === 'adaptive' ? { weighTail: true } : {}),
+                ...(together && cameras.joinRunning === false ? { joinRunning: false } : {}),
                 kvUnified: cameras.kvUnified,
                 ...(cameras.stepRows ? { stepRows: cameras.stepRows } : {}),
                 ...(cameras.mixSteps ? { mixSteps: true } : {}),

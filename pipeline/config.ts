@@ -228,6 +228,8 @@ export interface BatchingConfig {
   readonly admit: 'together' | 'rolling' | 'adaptive' | 'each';
   /** Admitting together: how long an idle decoder holds a group for frames still on their way. */
   readonly groupWaitMs: number;
+  /** Admitting together: a frame that would miss waiting for the running group's end joins it at once (else it is dropped). */
+  readonly joinRunning: boolean;
   /** Admitting rolling: the fewest waiting frames that go in beside a running group's tail. */
   readonly rollingJoin: number;
   readonly prefillChunk: number;

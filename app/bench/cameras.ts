@@ -56,6 +56,8 @@ export interface BenchCamerasOptions {
   readonly groupWaitMs?: number;
   /** batching.rollingJoin: with admit rolling, the fewest waiting frames that join a group's tail. */
   readonly rollingJoin?: number;
+  /** batching.joinRunning, 'on' or 'off': a frame that would miss waiting for the running group joins it at once. Default: the config's (on). */
+  readonly joinRunning?: 'on' | 'off';
   /** batching.stepRows: every token decode has a row per camera, its rows padded to a multiple of this (0: off). */
   readonly stepRows?: number;
   /** batching.mixSteps, 'on' or 'off': a step's causal image rows and its token rows in one decode. Default: the config's (off). */
@@ -163,6 +165,8 @@ export interface BenchCamerasResult {
   readonly group_wait_ms: number;
   /** batching.rollingJoin (used with admit rolling). */
   readonly rolling_join: number;
+  /** batching.joinRunning: whether a frame that would miss waiting for the running group joined it at once. */
+  readonly join_running: boolean;
   /** batching.stepRows (0: token decodes unpadded). */
   readonly step_rows: number;
   /** batching.mixSteps: whether a step's causal image rows could carry its token rows (decoder_time_ms.mixed_decodes). */
@@ -332,6 +336,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
       ...(opts.encodeWaitMs !== undefined ? { encodeWaitMs: opts.encodeWaitMs } : {}),
       ...(opts.groupWaitMs !== undefined ? { groupWaitMs: opts.groupWaitMs } : {}),
       ...(opts.rollingJoin !== undefined ? { rollingJoin: opts.rollingJoin } : {}),
+      ...(opts.joinRunning !== undefined ? { joinRunning: opts.joinRunning === 'on' } : {}),
       ...(opts.stepRows !== undefined ? { stepRows: opts.stepRows } : {}),
       ...(opts.mixSteps !== undefined ? { mixSteps: opts.mixSteps === 'on' } : {}),
     },
@@ -449,6 +454,7 @@ export async function benchCameras(opts: BenchCamerasOptions): Promise<BenchCame
     lanes: config.batching.lanes,
     group_wait_ms: config.batching.groupWaitMs,
     rolling_join: config.batching.rollingJoin,
+    join_running: config.batching.joinRunning,
     step_rows: config.batching.stepRows,
     mix_steps: config.batching.mixSteps,
     prefill_chunk: config.batching.prefillChunk,

@@ -97,6 +97,7 @@ export async function createCameraStages(
         admit: config.batching.admit,
         groupWaitMs: config.batching.groupWaitMs,
         rollingJoin: config.batching.rollingJoin,
+        joinRunning: config.batching.joinRunning,
         prefillChunk: config.batching.prefillChunk,
         lanes: config.batching.lanes,
         stepRows: config.batching.stepRows,

@@ -272,7 +272,27 @@ void BatchScheduler::admit() {
         const double own = predictMs(std::min(opts_.maxActive, int32_t(waiting_.size())), nullptr, true, kTypical);
         if (own > 0) holdMs = groupRestMs() + own;
     }
-    auto held = [&](const SeqJob & j) { return holdMs >= 0 && (j.opts.deadlineNs == 0 || now + nsOf(holdMs) <= j.opts.deadlineNs); };
+    // Without joinRunning every waiting request waits for the group's end. One that would then miss is dropped now, so
+    // its sequence's next request can be in the next group.
+    const bool holdAll = opts_.admitTogether && !opts_.joinRunning && !active_.empty() && !tail;
+    for (auto it = waiting_.begin(); holdAll && holdMs >= 0 && it != waiting_.end();) {
+        const int64_t dl = (*it)->opts.deadlineNs;
+        if (dl == 0 || now + nsOf(holdMs) <= dl) {
+            ++it;
+            continue;
+        }
+        std::unique_ptr<SeqJob> job = std::move(*it);
+        it = waiting_.erase(it);
+        job->result.stopReason = "deadline";
+        job->counts.queueMs = msBetween(job->submittedNs, now);
+        job->counts.predictedMs = holdMs;
+        job->counts.predictedMiss = true;
+        done_(std::move(job));
+        if (waiting_.empty()) lastAdmitQueued_ = false;
+    }
+    auto held = [&](const SeqJob & j) {
+        return holdAll || (holdMs >= 0 && (j.opts.deadlineNs == 0 || now + nsOf(holdMs) <= j.opts.deadlineNs));
+    };
     while (!waiting_.empty() && int32_t(active_.size()) < opts_.maxActive) {
         const int32_t seqs = int32_t(active_.size()) + 1;
         // With deadlines, the sharing grows one step at a time, to one past the most that has been timed.
@@ -504,13 +524,44 @@ double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, do
     return prefill + double(gen) * step.ms + kSpread * step.sd * std::sqrt(double(gen));
 }
 
-// Admitting together: the time the running group still needs, its slowest member's prediction (0: none runs).
+// Admitting together: the time the running group still needs, until its longest member ends (0: none runs, or no history).
+// Its members' prefill rest, then groupStepsLeft() steps at today's sharing, with predictMs's margin.
 double BatchScheduler::groupRestMs() const {
-    double rest = 0;
+    const int32_t steps = groupStepsLeft();
+    if (steps == 0 || prefillMs_.empty()) return 0;
+    const StepTime step = stepMs(int32_t(active_.size()), false, kTypical);
+    if (step.ms == 0) return 0;
+    const int64_t now = monotonicNs();
+    double prefill = 0;
     for (const auto & a : active_) {
-        if (!a->done) rest = std::max(rest, predictMs(int32_t(active_.size()), a.get(), false, kTypical));
+        if (!a->done && !a->generating) prefill = std::max(prefill, quantile(prefillMs_, 0.5) - msBetween(a->tAdmit, now));
     }
-    return rest;
+    return std::max(prefill, 0.0) + double(steps) * step.ms + kSpread * step.sd * std::sqrt(double(steps));
+}
+
+// The steps until the running group's longest member ends: the median of the longest of its members' rests.
+// A member that has run d steps ends like the recent requests that ran more than d; one past them all, in one step.
+// A group in lockstep runs as long as that member, so one member's median rest would predict it too short.
+int32_t BatchScheduler::groupStepsLeft() const {
+    if (genSteps_.empty()) return 0;
+    std::vector<int32_t> sorted(genSteps_.begin(), genSteps_.end());
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int32_t> ran;
+    for (const auto & a : active_) {
+        if (!a->done) ran.push_back(a->genSteps);
+    }
+    if (ran.empty()) return 0;
+    // P(longest rest <= r) is the product of each member's P(rest <= r); the first r where it reaches one half.
+    for (int32_t r = 1; r < sorted.back(); r++) {
+        double p = 1;
+        for (const int32_t d : ran) {
+            const auto longer = std::upper_bound(sorted.begin(), sorted.end(), d);
+            const auto n = sorted.end() - longer;
+            if (n > 0) p *= double(std::upper_bound(longer, sorted.end(), d + r) - longer) / double(n);
+        }
+        if (p >= 0.5) return r;
+    }
+    return std::max(sorted.back(), 1);
 }
 
 // What admission would predict for a request that arrived now, by its drop rule at today's sharing.
@@ -533,6 +584,8 @@ void BatchScheduler::publishPrediction() {
         memberRest.push_back(seqRest[size_t(a->seq)]);
     }
     std::sort(memberRest.begin(), memberRest.end());
+    // The longest member's rest is the group's, which counts how long the longest of them may run.
+    if (!memberRest.empty()) memberRest.back() = std::max(memberRest.back(), groupRestMs());
     // Weighing the tail: whether the waiting requests and one more would join it now.
     const bool wouldJoin = opts_.weighTail && n > 0 && n < opts_.maxActive && tailPays(monotonicNs(), joiners(true));
     if (!waiting_.empty()) {

@@ -39,6 +39,9 @@ struct BatchOptions {
     // Admitting the tail by weight instead of by count: the waiting requests go in beside the tail when that is predicted
     // to end more requests by their deadlines, or as many sooner in all (native/README.md#the-tail-by-weight).
     bool weighTail = false;
+    // Admitting together: a waiting request that would miss its deadline by waiting for the group's end joins the running
+    // group at once (true), or is dropped as a predicted miss so its sequence's next request can be next (false).
+    bool joinRunning = true;
     // Admitting together: how long an idle decoder holds its waiting requests for the frames still on their way (expect()).
     int64_t groupWaitNs = 0;
     int32_t nBatch = 0;
@@ -212,6 +215,7 @@ private:
     StepTime stepMsAt(int32_t seqs, double q) const;
     double predictMs(int32_t seqs, const Active * a, bool orMore, double q) const;
     double groupRestMs() const;
+    int32_t groupStepsLeft() const;
     double groupWaitMs(const std::vector<double> & memberRest, int64_t waiting, bool weighed) const;
     // Admitting the tail: `waiting` requests are enough to go in beside it (once no more members run than they).
     bool joinsTail(int64_t waiting) const { return opts_.admitTail && !opts_.weighTail && waiting >= opts_.tailJoin; }

@@ -41,6 +41,7 @@ struct ContextOptions {
     bool admitTail = false;      // admitting together: the group's tail takes them in once they outnumber its members
     uint32_t tailJoin = 1;       // admitting the tail: the fewest waiting requests that go in beside it
     bool weighTail = false;      // admitting the tail: when predicted to pay (BatchOptions::weighTail), not by count
+    bool joinRunning = true;     // admitting together: one that would miss waiting joins the running group (BatchOptions)
     double groupWaitMs = 0;      // admitting together: how long an idle decoder holds for frames on their way
     uint32_t maxOutputs = 0;     // outputs per batch: 1 + the longest draft (sizes the compute buffer)
     // Tokens per sequence and generation step, padded (1: none). Same-shape steps let llama.cpp reuse

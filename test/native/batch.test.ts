@@ -367,8 +367,12 @@ describe('batched decoding on gemma4-tiny', () => {
     // Camera 0 generates 200 tokens; once it has begun, camera 1 asks for a few. With `between`, its deadline lies halfway
     // between the time admission predicts for its own run and that after camera 0's rest (none: no deadline).
     // Both come from the same history, so a slow machine moves them together.
-    const arrival = async (admitTogether: boolean, between = false): Promise<{ r1: GenerateResult; startedAt: number }> => {
-      const ctx = await model.createContext({ nCtx: 1024, nSeq: 2, threads: 1, admitTogether });
+    const arrival = async (
+      admitTogether: boolean,
+      between = false,
+      joinRunning = true,
+    ): Promise<{ r1: GenerateResult; startedAt: number }> => {
+      const ctx = await model.createContext({ nCtx: 1024, nSeq: 2, threads: 1, admitTogether, ...(joinRunning ? {} : { joinRunning }) });
       try {
         // History for the predictions: a request of 200 steps.
         await ctx.generate(prompt(0), { ...long, seq: 0 });
@@ -408,6 +412,44 @@ describe('batched decoding on gemma4-tiny', () => {
     assert.equal(joined.r1.batch!.predictedMiss, false, seen);
     assert.equal(joined.r1.batch!.peakSeqs, 2, `it joined camera 0 (${seen})`);
     assert.equal(joined.r1.stopReason, 'max_tokens');
+    // joinRunning false: the same arrival does not join; it would miss waiting, so it is dropped as a predicted miss.
+    const dropped = await arrival(true, true, false);
+    const seenDropped = `camera 0 at ${dropped.startedAt} positions when it came; predicted ${dropped.r1.batch!.predictedMs.toFixed(1)} ms`;
+    assert.equal(dropped.r1.stopReason, 'deadline', seenDropped);
+    assert.equal(dropped.r1.batch!.predictedMiss, true, seenDropped);
+    assert.equal(dropped.r1.tokens.length, 0, `no token decoded (${seenDropped})`);
+    assert.ok(dropped.r1.batch!.predictedMs > 0, 'the drop names the wait and run it predicted');
+  });
+
+  test("admitting together, a running group's rest lasts until its longest member is predicted to end, not its median", async () => {
+    // History: three requests of 10 steps and one of 100. A member past 10 steps ends like the 100-step one did,
+    // where the median (10) would say one step is left. A request that waits for the group sees that rest.
+    const ctx = await model.createContext({ nCtx: 1024, nSeq: 2, threads: 1, admitTogether: true });
+    try {
+      const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${k}: the robot`, addSpecial: true }];
+      for (const [k, maxTokens] of [10, 10, 10, 100].entries()) {
+        ctx.clearCache(0);
+        await ctx.generate(prompt(k), { maxTokens, ignoreEos: true, seq: 0 });
+      }
+      ctx.clearCache(0);
+      const far = process.hrtime.bigint() + 600_000_000_000n;
+      const long = ctx.generate(prompt(5), { maxTokens: 100, ignoreEos: true, seq: 0 });
+      let reading = { waitMs: 0, ownMs: 0 };
+      let positions = 0;
+      // Read once the member has run 20 steps at least (its prompt is under 16 positions) and before it ends.
+      for (let tries = 0; tries < 5000 && reading.waitMs === 0; tries++) {
+        await sleep(1);
+        positions = ctx.cachedPositions(0);
+        if (positions >= 36 && positions < 80) reading = ctx.prediction(far);
+      }
+      await long;
+      const seen = `rest ${reading.waitMs.toFixed(1)} ms, a request's own ${reading.ownMs.toFixed(1)} ms, read at ${positions} positions`;
+      assert.ok(reading.ownMs > 0, seen);
+      // About 60 steps left against one of prefill and 10 steps: well above the own time, where the median said one step.
+      assert.ok(reading.waitMs > 2 * reading.ownMs, seen);
+    } finally {
+      await ctx.dispose();
+    }
   });
 
   test('admitting together, an idle decoder holds a request for one on its way (expect), so both go in one group', async () => {
@@ -873,6 +915,8 @@ describe('batched decoding on gemma4-tiny', () => {
       model.createContext({ nSeq: 3, admitTogether: true, admitTail: true, weighTail: true, tailJoin: 2 }),
       /takes no tailJoin/,
     );
+    await assert.rejects(model.createContext({ nSeq: 2, joinRunning: false }), /joinRunning is for a context that admits together/);
+    await assert.rejects(model.createContext({ joinRunning: true }), /joinRunning is for a context of several sequences/);
   });
 
   test("restMs: a running request's rest, a waiting one's after it, none for a sequence without one", async () => {

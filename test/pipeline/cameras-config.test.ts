@@ -57,6 +57,7 @@ test('a camera takes the top-level budgets, edges and ladder with its own fields
     decodeMaxActive: null,
     admit: 'together',
     groupWaitMs: 50,
+    joinRunning: true,
     rollingJoin: 1,
     prefillChunk: 512,
     lanes: 1,

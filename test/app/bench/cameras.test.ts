@@ -74,6 +74,7 @@ describe('bench cameras: the engine ceiling', () => {
     assert.ok(Math.abs(t.image_decode_mean! * t.image_decodes - t.image_decode) <= 0.05 * t.image_decodes + 0.5, JSON.stringify(t));
     // Steps are not mixed by default (test/native/batch.test.ts mixes them).
     assert.equal(r.mix_steps, false, 'batching.mixSteps is off by default');
+    assert.equal(r.join_running, true, 'batching.joinRunning is on by default');
     assert.deepEqual([t.mixed_decodes, t.mixed_token_rows_mean], [0, null], JSON.stringify(t));
     positive(r.encoder_busy_ms, 'encoder_busy_ms');
     const a = r.action_steps!;
@@ -104,11 +105,12 @@ describe('bench cameras: the engine ceiling', () => {
     assert.ok(Math.abs(share - line('actions_per_s') / capped) <= 2e-3 * Math.max(1, share));
   });
 
-  test('with --step-rows, every token decode is padded to a row per camera and a multiple of the rows, and reuses its graph', async () => {
+  test('with --step-rows, every token decode is padded to a row per camera and a multiple of the rows, and reuses its graph (groups not joined)', async () => {
     const r = JSON.parse(
-      await benchCameras(['--json', '--no-ceiling', '--cameras', '4', '--step-rows', '8', '--threads', '1']),
+      await benchCameras(['--json', '--no-ceiling', '--cameras', '4', '--step-rows', '8', '--threads', '1', '--join-running', 'off']),
     ) as BenchCamerasResult;
     assert.equal(r.step_rows, 8);
+    assert.equal(r.join_running, false, '--join-running off sets batching.joinRunning');
     assert.equal(r.decoder_threads, 1, '--threads sets decoder.threads');
     for (const [id, c] of Object.entries(r.per_camera)) positive(c.frames_out, `camera ${id} frames_out`);
     const t = r.decoder_time_ms!;
