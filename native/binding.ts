@@ -244,6 +244,8 @@ export interface NativePrediction {
 export interface NativeTimeAccount {
   /** Admissions into an idle decoder: admitting together, the groups. */
   readonly groups: number;
+  /** Admissions beside a running group, by any rule (a frame that would miss waiting, the tail). */
+  readonly joins: number;
   readonly steps: number;
   readonly stepMs: number;
   readonly imageMs: number;

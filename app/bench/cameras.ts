@@ -183,6 +183,8 @@ export interface DecoderTime {
   readonly step_count: number;
   /** Admissions into an idle decoder: admitting together, the groups. */
   readonly groups: number;
+  /** Frames admitted beside a running group, by any rule: with admit together, those that would miss waiting. */
+  readonly joins: number;
   readonly image_decode: number;
   readonly token_decode: number;
   readonly sample: number;
@@ -221,6 +223,7 @@ function decoderTimeOver(start: TimeAccount | null, end: TimeAccount | null, wal
     steps: r(steps),
     step_count: d('steps'),
     groups: d('groups'),
+    joins: d('joins'),
     image_decode: r(d('imageMs')),
     token_decode: r(d('tokenMs')),
     sample: r(d('sampleMs')),

@@ -293,6 +293,7 @@ void BatchScheduler::admit() {
     auto held = [&](const SeqJob & j) {
         return holdAll || (holdMs >= 0 && (j.opts.deadlineNs == 0 || now + nsOf(holdMs) <= j.opts.deadlineNs));
     };
+    const bool running = !active_.empty();  // admissions now join a running group
     while (!waiting_.empty() && int32_t(active_.size()) < opts_.maxActive) {
         const int32_t seqs = int32_t(active_.size()) + 1;
         // With deadlines, the sharing grows one step at a time, to one past the most that has been timed.
@@ -344,6 +345,7 @@ void BatchScheduler::admit() {
         if (lastAdmitQueued_) keepLast(admitGapMs_, msBetween(lastAdmitNs_, now), kReqSamples);
         lastAdmitNs_ = now;
         lastAdmitQueued_ = !waiting_.empty();
+        if (running) account_.joins++;
         start(std::move(j));
     }
 }

@@ -141,10 +141,11 @@ public:
     double restMs(int32_t seq) const;
     // Where the loop's time went since it was created (ms), as of the last step: the steps, and within them the image
     // decodes, the token decodes (llama_decode to synchronize) and the sampling after them; the holds for frames on their way.
-    // `groups`: admissions into an idle decoder (admitting together, the groups). The counts say what the times bought:
-    // decodes, their rows, the sequences a token decode covered, and the token decodes that reused llama.cpp's graph.
+    // `groups`: admissions into an idle decoder (admitting together, the groups); `joins`, beside a running one. The counts say what the
+    // times bought: decodes, their rows, the sequences a token decode covered, and the token decodes that reused llama.cpp's graph.
     struct TimeAccount {
         int64_t groups = 0;
+        int64_t joins = 0;  // admissions beside a running group, by any rule
         int64_t steps = 0;
         double stepMs = 0;
         double imageMs = 0;

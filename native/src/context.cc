@@ -891,12 +891,13 @@ Napi::Value Context::RestMs(const Napi::CallbackInfo & info) {
 }
 
 // timeAccount(): a context of several sequences: where its scheduler's time went so far (ms), as of its last step
-// ({ groups, steps, stepMs, imageMs, tokenMs, sampleMs, holdMs, and the counts: see batch.h }); null with one sequence.
+// ({ groups, joins, steps, stepMs, imageMs, tokenMs, sampleMs, holdMs, and the counts: see batch.h }); null with one sequence.
 Napi::Value Context::TimeAccount(const Napi::CallbackInfo & info) {
     if (!native_->batch) return info.Env().Null();
     const BatchScheduler::TimeAccount t = native_->batch->timeAccount();
     Napi::Object o = Napi::Object::New(info.Env());
     o.Set("groups", double(t.groups));
+    o.Set("joins", double(t.joins));
     o.Set("steps", double(t.steps));
     o.Set("stepMs", t.stepMs);
     o.Set("imageMs", t.imageMs);

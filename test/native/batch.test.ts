@@ -371,7 +371,7 @@ describe('batched decoding on gemma4-tiny', () => {
       admitTogether: boolean,
       between = false,
       joinRunning = true,
-    ): Promise<{ r1: GenerateResult; startedAt: number }> => {
+    ): Promise<{ r1: GenerateResult; startedAt: number; joins: number }> => {
       const ctx = await model.createContext({ nCtx: 1024, nSeq: 2, threads: 1, admitTogether, ...(joinRunning ? {} : { joinRunning }) });
       try {
         // History for the predictions: a request of 200 steps.
@@ -394,24 +394,27 @@ describe('batched decoding on gemma4-tiny', () => {
         const deadline = between ? { deadlineNs: now + BigInt(Math.round((ownMs + waitMs / 2) * 1e6)) } : {};
         const r1 = await ctx.generate(prompt(2), { ...long, maxTokens: 5, seq: 1, ...deadline });
         await first;
-        return { r1, startedAt };
+        return { r1, startedAt, joins: ctx.timeAccount()!.joins };
       } finally {
         await ctx.dispose();
       }
     };
     const plain = await arrival(false);
     assert.equal(plain.r1.batch!.peakSeqs, 2, 'one at a time: it joins the running camera');
+    assert.equal(plain.joins, 1, 'its admission beside the running camera is counted');
     // Without a deadline it waits for the group: it ran alone, after steps it waited through.
     const waited = await arrival(true);
     assert.equal(waited.r1.tokens.length, 5);
     assert.equal(waited.r1.batch!.peakSeqs, 1, `held until camera 0 ended (camera 0 at ${waited.startedAt} positions when it came)`);
     assert.ok(waited.r1.batch!.waitSteps > 0, 'camera 0 stepped while it waited');
+    assert.equal(waited.joins, 0, 'it went in alone, not beside camera 0');
     // Its own time would make the deadline; waiting first for camera 0's rest would not: it joins at once.
     const joined = await arrival(true, true);
     const seen = `camera 0 at ${joined.startedAt} positions when it came; predicted ${joined.r1.batch!.predictedMs.toFixed(1)} ms`;
     assert.equal(joined.r1.batch!.predictedMiss, false, seen);
     assert.equal(joined.r1.batch!.peakSeqs, 2, `it joined camera 0 (${seen})`);
     assert.equal(joined.r1.stopReason, 'max_tokens');
+    assert.equal(joined.joins, 1, seen);
     // joinRunning false: the same arrival does not join; it would miss waiting, so it is dropped as a predicted miss.
     const dropped = await arrival(true, true, false);
     const seenDropped = `camera 0 at ${dropped.startedAt} positions when it came; predicted ${dropped.r1.batch!.predictedMs.toFixed(1)} ms`;
@@ -419,6 +422,7 @@ describe('batched decoding on gemma4-tiny', () => {
     assert.equal(dropped.r1.batch!.predictedMiss, true, seenDropped);
     assert.equal(dropped.r1.tokens.length, 0, `no token decoded (${seenDropped})`);
     assert.ok(dropped.r1.batch!.predictedMs > 0, 'the drop names the wait and run it predicted');
+    assert.equal(dropped.joins, 0, seenDropped);
   });
 
   test("admitting together, a running group's rest lasts until its longest member is predicted to end, not its median", async () => {

@@ -132,6 +132,7 @@ describe('bench cameras: the engine ceiling', () => {
     const t = r.decoder_time_ms!;
     // Four cameras at 4 fps keep the tiny decoder busy: frames arrive while others generate, and each such step is weighed.
     positive(t.tail_joins + t.tail_holds, `tail joins ${t.tail_joins} + holds ${t.tail_holds}`);
+    assert.ok(t.joins >= t.tail_joins, `every tail join is a join beside a running group: ${t.joins} against ${t.tail_joins}`);
   });
 
   test('with lanes, each lane decodes its own cameras, and the times are summed over the lanes', async () => {
