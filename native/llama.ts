@@ -167,9 +167,9 @@ export interface ContextOptions {
    */
   readonly weighTail?: boolean;
   /**
-   * Admitting together (default true): a waiting request that would miss its deadline by waiting for the running group's
-   * end joins it at once. False: it is dropped as a predicted miss instead, so groups stay whole and its sequence's next
-   * request can go in the next group (native/README.md#admitting-together).
+   * Admitting together without admitTail (default true): a waiting request that would miss its deadline by waiting for
+   * the running group's end joins it at once. False: it is dropped as a predicted miss instead, so groups stay whole and
+   * its sequence's next request can go in the next group (native/README.md#admitting-together).
    */
   readonly joinRunning?: boolean;
   /**
@@ -373,7 +373,8 @@ export class LlamaModel {
     if (weighTail && !admitTail) throw new TypeError('options.weighTail is for a context that admits the tail (admitTail)');
     if (weighTail && tailJoin > 1) throw new TypeError('options.weighTail weighs each admission; it takes no tailJoin');
     const joinRunning = options.joinRunning === undefined ? true : bool('options.joinRunning', options.joinRunning);
-    if (!joinRunning && !admitTogether) throw new TypeError('options.joinRunning is for a context that admits together (admitTogether)');
+    if (!joinRunning && (!admitTogether || admitTail))
+      throw new TypeError('options.joinRunning is for a context that admits together without a tail (admitTogether, no admitTail)');
     const groupWaitMs = options.groupWaitMs === undefined ? 0 : numIn('options.groupWaitMs', options.groupWaitMs, 0, 1000);
     // A batched step reads one logits row per sequence; a single sequence one per draft position.
     const outputs = nSeq > 1 ? nSeq : Math.min(MAX_OUTPUTS, nBatch);

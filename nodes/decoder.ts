@@ -405,7 +405,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
                   : {}),
                 ...(cameras.admit === 'rolling' ? { tailJoin: Math.min(cameras.rollingJoin ?? 1, nSeq) } : {}),
                 ...(cameras.admit === 'adaptive' ? { weighTail: true } : {}),
-                ...(together && cameras.joinRunning === false ? { joinRunning: false } : {}),
+                ...((cameras.admit ?? 'together') === 'together' && cameras.joinRunning === false ? { joinRunning: false } : {}),
                 kvUnified: cameras.kvUnified,
                 ...(cameras.stepRows ? { stepRows: cameras.stepRows } : {}),
                 ...(cameras.mixSteps ? { mixSteps: true } : {}),
@@ -489,7 +489,7 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
       const left = Number(sc.stageDeadlineNs - sc.clock.nowNs()) / 1e6;
       throw new DropFrame(
         'stale',
-        `predicted miss: decoding takes about ${r.batch.predictedMs.toFixed(1)} ms at the current sharing, ${left.toFixed(1)} ms left`,
+        `predicted miss: about ${r.batch.predictedMs.toFixed(1)} ms to its action at the current sharing (any wait for the running group included), ${left.toFixed(1)} ms left`,
       );
     }
     if (r.stopReason === 'cancelled') throw sc.signal.reason;

@@ -705,7 +705,9 @@ function checkCameras(config: PerceptConfig): ConfigIssue[] {
     ['/decoder/ngram', config.decoder.ngram],
   ];
   for (const [path, on] of drafts) if (on) issues.push({ path, message: 'cameras are decoded together in one batch, without drafts' });
-  const { decodeMaxActive, lanes, stepRows, kvUnified, mixSteps } = config.batching;
+  const { decodeMaxActive, lanes, stepRows, kvUnified, mixSteps, admit, joinRunning } = config.batching;
+  if (!joinRunning && admit !== 'together')
+    issues.push({ path: '/batching/joinRunning', message: `false is for admit "together" (a group without a tail), not "${admit}"` });
   if (stepRows > 0 && !kvUnified) issues.push({ path: '/batching/stepRows', message: 'pads steps in one KV buffer: needs kvUnified' });
   if (mixSteps && (!kvUnified || stepRows > 0))
     issues.push({ path: '/batching/mixSteps', message: 'mixes steps in one KV buffer without padding: needs kvUnified and stepRows 0' });

@@ -272,8 +272,7 @@ void BatchScheduler::admit() {
         const double own = predictMs(std::min(opts_.maxActive, int32_t(waiting_.size())), nullptr, true, kTypical);
         if (own > 0) holdMs = groupRestMs() + own;
     }
-    // Without joinRunning every waiting request waits for the group's end. One that would then miss is dropped now, so
-    // its sequence's next request can be in the next group.
+    // Without joinRunning, every waiting request waits for the group's end; one that would then miss is dropped now.
     const bool holdAll = opts_.admitTogether && !opts_.joinRunning && !active_.empty() && !tail;
     for (auto it = waiting_.begin(); holdAll && holdMs >= 0 && it != waiting_.end();) {
         const int64_t dl = (*it)->opts.deadlineNs;
@@ -293,7 +292,7 @@ void BatchScheduler::admit() {
     auto held = [&](const SeqJob & j) {
         return holdAll || (holdMs >= 0 && (j.opts.deadlineNs == 0 || now + nsOf(holdMs) <= j.opts.deadlineNs));
     };
-    const bool running = !active_.empty();  // admissions now join a running group
+    const bool joining = !active_.empty();  // admissions now go in beside a running group
     while (!waiting_.empty() && int32_t(active_.size()) < opts_.maxActive) {
         const int32_t seqs = int32_t(active_.size()) + 1;
         // With deadlines, the sharing grows one step at a time, to one past the most that has been timed.
@@ -345,7 +344,7 @@ void BatchScheduler::admit() {
         if (lastAdmitQueued_) keepLast(admitGapMs_, msBetween(lastAdmitNs_, now), kReqSamples);
         lastAdmitNs_ = now;
         lastAdmitQueued_ = !waiting_.empty();
-        if (running) account_.joins++;
+        if (joining) account_.joins++;
         start(std::move(j));
     }
 }
@@ -527,41 +526,58 @@ double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, do
 }
 
 // Admitting together: the time the running group still needs, until its longest member ends (0: none runs, or no history).
-// Its members' prefill rest, then groupStepsLeft() steps at today's sharing, with predictMs's margin.
+// The larger of the members' own predictions and groupStepsLeft() steps at today's sharing, with predictMs's margin.
+// A member with a deadline leaves by it, so where every member has one, the rest ends by the latest.
 double BatchScheduler::groupRestMs() const {
-    const int32_t steps = groupStepsLeft();
-    if (steps == 0 || prefillMs_.empty()) return 0;
-    const StepTime step = stepMs(int32_t(active_.size()), false, kTypical);
-    if (step.ms == 0) return 0;
     const int64_t now = monotonicNs();
+    double own = 0;
     double prefill = 0;
+    int64_t lastDeadline = 0;
     for (const auto & a : active_) {
-        if (!a->done && !a->generating) prefill = std::max(prefill, quantile(prefillMs_, 0.5) - msBetween(a->tAdmit, now));
+        if (a->done) continue;
+        own = std::max(own, predictMs(int32_t(active_.size()), a.get(), false, kTypical));
+        if (!a->generating && !prefillMs_.empty()) prefill = std::max(prefill, quantile(prefillMs_, 0.5) - msBetween(a->tAdmit, now));
+        const int64_t dl = a->job->opts.deadlineNs;
+        lastDeadline = (dl == 0 || lastDeadline == INT64_MAX) ? INT64_MAX : std::max(lastDeadline, dl);
     }
-    return std::max(prefill, 0.0) + double(steps) * step.ms + kSpread * step.sd * std::sqrt(double(steps));
+    double rest = own;
+    const int32_t steps = groupStepsLeft();
+    const StepTime step = stepMs(int32_t(active_.size()), false, kTypical);
+    if (steps > 0 && step.ms > 0) {
+        rest = std::max(rest, prefill + double(steps) * step.ms + kSpread * step.sd * std::sqrt(double(steps)));
+    }
+    if (lastDeadline > 0 && lastDeadline < INT64_MAX) rest = std::min(rest, std::max(0.0, msBetween(now, lastDeadline)));
+    return rest;
 }
 
 // The steps until the running group's longest member ends: the median of the longest of its members' rests.
-// A member that has run d steps ends like the recent requests that ran more than d; one past them all, in one step.
-// A group in lockstep runs as long as that member, so one member's median rest would predict it too short.
+// A member that has run d steps ends like the recent requests that ran longer, and by its maxTokens at the latest.
 int32_t BatchScheduler::groupStepsLeft() const {
     if (genSteps_.empty()) return 0;
     std::vector<int32_t> sorted(genSteps_.begin(), genSteps_.end());
     std::sort(sorted.begin(), sorted.end());
-    std::vector<int32_t> ran;
+    struct Member {
+        int32_t ran;
+        int32_t most;  // steps it may still take (its tokens left), INT32_MAX: no bound
+    };
+    std::vector<Member> members;
     for (const auto & a : active_) {
-        if (!a->done) ran.push_back(a->genSteps);
+        if (a->done) continue;
+        const int32_t maxTokens = a->job->opts.maxTokens;
+        const auto tokens = int32_t(a->job->result.tokens.size());
+        members.push_back({a->genSteps, maxTokens > 0 ? std::max(1, maxTokens - tokens) : INT32_MAX});
     }
-    if (ran.empty()) return 0;
-    // P(longest rest <= r) is the product of each member's P(rest <= r); the first r where it reaches one half.
+    if (members.empty()) return 0;
+    // P(longest rest <= r) is the product of the members' P(rest <= r); the first r past one half (the upper median).
     for (int32_t r = 1; r < sorted.back(); r++) {
         double p = 1;
-        for (const int32_t d : ran) {
-            const auto longer = std::upper_bound(sorted.begin(), sorted.end(), d);
+        for (const Member & m : members) {
+            if (r >= m.most) continue;
+            const auto longer = std::upper_bound(sorted.begin(), sorted.end(), m.ran);
             const auto n = sorted.end() - longer;
-            if (n > 0) p *= double(std::upper_bound(longer, sorted.end(), d + r) - longer) / double(n);
+            if (n > 0) p *= double(std::upper_bound(longer, sorted.end(), m.ran + r) - longer) / double(n);
         }
-        if (p >= 0.5) return r;
+        if (p > 0.5) return r;
     }
     return std::max(sorted.back(), 1);
 }
@@ -586,8 +602,8 @@ void BatchScheduler::publishPrediction() {
         memberRest.push_back(seqRest[size_t(a->seq)]);
     }
     std::sort(memberRest.begin(), memberRest.end());
-    // The longest member's rest is the group's, which counts how long the longest of them may run.
-    if (!memberRest.empty()) memberRest.back() = std::max(memberRest.back(), groupRestMs());
+    // The longest member's rest is the group's (groupRestMs), as admission holds for it.
+    if (!memberRest.empty()) memberRest.back() = groupRestMs();
     // Weighing the tail: whether the waiting requests and one more would join it now.
     const bool wouldJoin = opts_.weighTail && n > 0 && n < opts_.maxActive && tailPays(monotonicNs(), joiners(true));
     if (!waiting_.empty()) {

@@ -39,8 +39,8 @@ struct BatchOptions {
     // Admitting the tail by weight instead of by count: the waiting requests go in beside the tail when that is predicted
     // to end more requests by their deadlines, or as many sooner in all (native/README.md#the-tail-by-weight).
     bool weighTail = false;
-    // Admitting together: a waiting request that would miss its deadline by waiting for the group's end joins the running
-    // group at once (true), or is dropped as a predicted miss so its sequence's next request can be next (false).
+    // Admitting together, no tail: a waiting request that would miss waiting for the group's end joins it at once (true),
+    // or is dropped as a predicted miss (false).
     bool joinRunning = true;
     // Admitting together: how long an idle decoder holds its waiting requests for the frames still on their way (expect()).
     int64_t groupWaitNs = 0;

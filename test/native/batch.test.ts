@@ -435,22 +435,29 @@ describe('batched decoding on gemma4-tiny', () => {
         ctx.clearCache(0);
         await ctx.generate(prompt(k), { maxTokens, ignoreEos: true, seq: 0 });
       }
-      ctx.clearCache(0);
-      const far = process.hrtime.bigint() + 600_000_000_000n;
-      const long = ctx.generate(prompt(5), { maxTokens: 100, ignoreEos: true, seq: 0 });
-      let reading = { waitMs: 0, ownMs: 0 };
-      let positions = 0;
-      // Read once the member has run 20 steps at least (its prompt is under 16 positions) and before it ends.
-      for (let tries = 0; tries < 5000 && reading.waitMs === 0; tries++) {
-        await sleep(1);
-        positions = ctx.cachedPositions(0);
-        if (positions >= 36 && positions < 80) reading = ctx.prediction(far);
-      }
-      await long;
-      const seen = `rest ${reading.waitMs.toFixed(1)} ms, a request's own ${reading.ownMs.toFixed(1)} ms, read at ${positions} positions`;
-      assert.ok(reading.ownMs > 0, seen);
+      // The rest read while a member of `maxTokens` has run 20 steps at least (its prompt is under 16 positions).
+      const restAt = async (maxTokens: number): Promise<{ waitMs: number; ownMs: number; seen: string }> => {
+        ctx.clearCache(0);
+        const far = process.hrtime.bigint() + 600_000_000_000n;
+        const member = ctx.generate(prompt(5), { maxTokens, ignoreEos: true, seq: 0 });
+        let reading = { waitMs: 0, ownMs: 0 };
+        let positions = 0;
+        for (let tries = 0; tries < 5000 && reading.waitMs === 0; tries++) {
+          await sleep(1);
+          positions = ctx.cachedPositions(0);
+          if (positions >= 36 && positions < 44) reading = ctx.prediction(far);
+        }
+        await member;
+        const seen = `maxTokens ${maxTokens}: rest ${reading.waitMs.toFixed(1)} ms, a request's own ${reading.ownMs.toFixed(1)} ms, read at ${positions} positions`;
+        assert.ok(reading.ownMs > 0 && reading.waitMs > 0, seen);
+        return { ...reading, seen };
+      };
       // About 60 steps left against one of prefill and 10 steps: well above the own time, where the median said one step.
-      assert.ok(reading.waitMs > 2 * reading.ownMs, seen);
+      const open = await restAt(100);
+      assert.ok(open.waitMs > 2 * open.ownMs, open.seen);
+      // A member with 40 tokens at most has about 16 steps left, whatever the history says.
+      const bounded = await restAt(40);
+      assert.ok(bounded.waitMs < 2 * bounded.ownMs, bounded.seen);
     } finally {
       await ctx.dispose();
     }
@@ -920,6 +927,10 @@ describe('batched decoding on gemma4-tiny', () => {
       /takes no tailJoin/,
     );
     await assert.rejects(model.createContext({ nSeq: 2, joinRunning: false }), /joinRunning is for a context that admits together/);
+    await assert.rejects(
+      model.createContext({ nSeq: 2, admitTogether: true, admitTail: true, joinRunning: false }),
+      /joinRunning is for a context that admits together without a tail/,
+    );
     await assert.rejects(model.createContext({ joinRunning: true }), /joinRunning is for a context of several sequences/);
   });
 

@@ -92,7 +92,7 @@ test('what cameras cannot have is refused, naming the path', () => {
     clock: 'virtual',
     decoder: { ngram: true },
     control: { enabled: true },
-    batching: { decodeMaxActive: 3, lanes: 2, stepRows: 8, kvUnified: false, mixSteps: true },
+    batching: { decodeMaxActive: 3, lanes: 2, stepRows: 8, kvUnified: false, mixSteps: true, admit: 'rolling', joinRunning: false },
     cameras: [
       { id: 'a', source: pattern },
       { id: 'a', source: pattern, budgets: { endToEndMs: 100, stages: { decode: 150 } } },
@@ -108,9 +108,15 @@ test('what cameras cannot have is refused, naming the path', () => {
     '/batching/lanes: must leave two cameras a lane at least: at most 1 with 2 cameras',
     '/batching/stepRows: pads steps in one KV buffer: needs kvUnified',
     '/batching/mixSteps: mixes steps in one KV buffer without padding: needs kvUnified and stepRows 0',
+    '/batching/joinRunning: false is for admit "together" (a group without a tail), not "rolling"',
   ]) {
     assert.ok(issues.includes(expected), `missing: ${expected}\nin:\n${issues.join('\n')}`);
   }
+  const two = [
+    { id: 'a', source: pattern },
+    { id: 'b', source: pattern },
+  ];
+  assert.equal(loadConfig({ batching: { joinRunning: false }, cameras: two }).batching.joinRunning, false, 'with admit together');
   assert.ok(
     issuesOf({ cameras: [{ id: 'a', source: { kind: 'bag' } }] }).some((i) => i.startsWith('/cameras/0/source')),
     'a camera source is checked by the source schema',

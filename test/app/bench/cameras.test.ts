@@ -111,6 +111,7 @@ describe('bench cameras: the engine ceiling', () => {
     ) as BenchCamerasResult;
     assert.equal(r.step_rows, 8);
     assert.equal(r.join_running, false, '--join-running off sets batching.joinRunning');
+    assert.equal(r.decoder_time_ms!.joins, 0, 'no frame went in beside a running group');
     assert.equal(r.decoder_threads, 1, '--threads sets decoder.threads');
     for (const [id, c] of Object.entries(r.per_camera)) positive(c.frames_out, `camera ${id} frames_out`);
     const t = r.decoder_time_ms!;
@@ -132,7 +133,6 @@ describe('bench cameras: the engine ceiling', () => {
     const t = r.decoder_time_ms!;
     // Four cameras at 4 fps keep the tiny decoder busy: frames arrive while others generate, and each such step is weighed.
     positive(t.tail_joins + t.tail_holds, `tail joins ${t.tail_joins} + holds ${t.tail_holds}`);
-    assert.ok(t.joins >= t.tail_joins, `every tail join is a join beside a running group: ${t.joins} against ${t.tail_joins}`);
   });
 
   test('with lanes, each lane decodes its own cameras, and the times are summed over the lanes', async () => {
