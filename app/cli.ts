@@ -373,6 +373,12 @@ bench
   .option('--kv-unified', 'one KV buffer for every sequence (default: one stream per sequence)')
   .option('--threads <n>', 'CPU threads', int('--threads'))
   .addOption(perLayerEmbeddingsOption('', '; the peer gets the same `-ot`'))
+  .addOption(
+    new Option('--backend-sampling <mode>', "on (default): each row's argmax in llama.cpp's graph; off: on the host").choices([
+      'on',
+      'off',
+    ]),
+  )
   .option('--peer', 'also run llama-batched-bench from the same llama.cpp build and report the ratio')
   .option('--json', 'print JSON')
   .action(async (opts) => {

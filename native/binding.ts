@@ -70,6 +70,8 @@ export interface NativeContextOptions {
   weighTail: boolean;
   /** Admitting together: one that would miss waiting for the group's end joins it at once (else it is dropped). */
   joinRunning: boolean;
+  /** nSeq > 1: greedy requests without a grammar take their argmax in llama.cpp's graph. */
+  backendSampling: boolean;
   /** Admitting together: how long an idle decoder holds its waiting requests for frames on their way (expect). */
   groupWaitMs: number;
   maxOutputs: number;
@@ -105,6 +107,7 @@ export interface NativeContextInfo {
   readonly tailJoin: number;
   readonly weighTail: boolean;
   readonly joinRunning: boolean;
+  readonly backendSampling: boolean;
   readonly groupWaitMs: number;
   readonly maxOutputs: number;
   /** Tokens each sequence decodes per generation step, padded (1: no padding). */
@@ -231,6 +234,8 @@ export interface NativeBatchCounts {
   readonly predictedMs: number;
   /** Dropped at admission, before any prefill: predictedMs would pass its deadline (stopReason 'deadline', no tokens). */
   readonly predictedMiss: boolean;
+  /** Its tokens were taken in llama.cpp's graph (greedy, no grammar, ContextOptions.backendSampling). */
+  readonly backendSampled: boolean;
 }
 
 /** A batched context's prediction for a request submitted now (ms): the wait before its own run, and that run. */

@@ -69,6 +69,7 @@ const SEQUENCE_OPTIONS = [
   'tailJoin',
   'weighTail',
   'joinRunning',
+  'backendSampling',
   'groupWaitMs',
 ] as const;
 /**
@@ -172,6 +173,12 @@ export interface ContextOptions {
    * its sequence's next request can go in the next group (native/README.md#admitting-together).
    */
   readonly joinRunning?: boolean;
+  /**
+   * Several sequences (default true): a greedy request without a grammar takes its argmax in llama.cpp's graph, through
+   * a backend sampler on its sequence, so a step whose outputs are all such requests copies no logits to the host.
+   * `result.batch.backendSampled` says which requests did (native/README.md#backend-sampling).
+   */
+  readonly backendSampling?: boolean;
   /**
    * Admitting together (default 0): how long (ms) an idle decoder holds its waiting requests for the requests on their way
    * to other sequences (`expect`), so frames triggered together form one group. Only while each waiting request could
@@ -375,6 +382,7 @@ export class LlamaModel {
     const joinRunning = options.joinRunning === undefined ? true : bool('options.joinRunning', options.joinRunning);
     if (!joinRunning && (!admitTogether || admitTail))
       throw new TypeError('options.joinRunning is for a context that admits together without a tail (admitTogether, no admitTail)');
+    const backendSampling = options.backendSampling === undefined ? true : bool('options.backendSampling', options.backendSampling);
     const groupWaitMs = options.groupWaitMs === undefined ? 0 : numIn('options.groupWaitMs', options.groupWaitMs, 0, 1000);
     // A batched step reads one logits row per sequence; a single sequence one per draft position.
     const outputs = nSeq > 1 ? nSeq : Math.min(MAX_OUTPUTS, nBatch);
@@ -414,6 +422,7 @@ export class LlamaModel {
         tailJoin,
         weighTail,
         joinRunning,
+        backendSampling,
         groupWaitMs,
         maxOutputs,
         stepTokens,

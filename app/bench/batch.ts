@@ -1,7 +1,8 @@
 // `percept bench batch`: the batched decoder alone, measured as llama.cpp's llama-batched-bench does,
 // so the two compare on the same GGUF. B sequences run at once, each a random P-token prompt and T new tokens.
 // Ours runs B concurrent generate() calls on one context. Its BatchScheduler makes each step one llama_decode
-// over all of them, and samples every row greedily. The peer decodes the same shapes with no sampling at all.
+// over all of them, and takes every row's argmax in llama.cpp's graph (--backend-sampling off: on the host).
+// The peer decodes the same shapes with no sampling at all.
 // With --peer, llama-batched-bench from the same llama.cpp tree runs right after ours for each B.
 import { execFile } from 'node:child_process';
 import { loadavg } from 'node:os';
@@ -24,6 +25,8 @@ export interface BenchBatchOptions {
   readonly threads?: number;
   /** Gemma 4's per-layer embedding table on the GPU, 'on' or 'off' (default: on when every layer is offloaded). */
   readonly perLayerEmbeddingsOnGpu?: 'on' | 'off';
+  /** Greedy argmax in llama.cpp's graph (ContextOptions.backendSampling), 'on' (default) or 'off' (on the host). */
+  readonly backendSampling?: 'on' | 'off';
   /** Also run llama-batched-bench and report the ratios. */
   readonly peer?: boolean;
 }
@@ -52,6 +55,8 @@ export interface BenchBatchResult {
   readonly kv_unified: boolean;
   /** Whether the per-layer embedding table went to the GPU (LlamaModel info); the peer's `-ot` puts it there too. */
   readonly per_layer_embeddings_on_gpu: boolean;
+  /** Whether every sequence's tokens were taken in llama.cpp's graph (backendSampling); false: greedy on the host. */
+  readonly backend_sampling: boolean;
   readonly rows: readonly BatchRow[];
   readonly loadavg: { readonly start: number[]; readonly end: number[] };
 }
@@ -79,6 +84,7 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
   const nCtx = pp + tg + 8;
   const nBatch = Math.max(2048, maxSeq);
   const rows: BatchRow[] = [];
+  let backendSampled = true;
   try {
     const ctx = await model.createContext({
       nCtx,
@@ -87,6 +93,7 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
       nSeq: Math.max(2, maxSeq),
       prefillChunk: nBatch,
       kvUnified: opts.kvUnified ?? false,
+      backendSampling: opts.backendSampling !== 'off',
       ...(opts.threads !== undefined ? { threads: opts.threads } : {}),
     });
     const run = async (n: number) => {
@@ -99,6 +106,7 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
       );
       const totalMs = performance.now() - t0;
       const lastFirstMs = Math.max(...results.map((r) => r.timings.ttftMs));
+      backendSampled &&= results.every((r) => r.batch?.backendSampled === true);
       const slowest = results.reduce((a, b) => ((b.batch?.steps ?? 0) > (a.batch?.steps ?? 0) ? b : a));
       const calls = Math.max(1, slowest.timings.decodeCalls);
       return {
@@ -150,6 +158,7 @@ export async function benchBatch(opts: BenchBatchOptions): Promise<BenchBatchRes
     gen_tokens: tg,
     kv_unified: opts.kvUnified ?? false,
     per_layer_embeddings_on_gpu: perLayerEmbeddingsOnGpu,
+    backend_sampling: backendSampled,
     rows,
     loadavg: { start, end: loadavg() },
   };

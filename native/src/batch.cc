@@ -63,12 +63,13 @@ struct BatchScheduler::Active {
     const llama_seq_id seq;
     Sampler sampler;
     PromptPlan plan;
-    size_t next = 0;          // the next plan item to decode
-    int32_t imageRows = 0;    // rows of plan.items[next] (an image chunked causally) in the KV already
-    llama_pos nPast = 0;      // positions in the KV cache (a partial image's rows included)
-    llama_token idLast = -1;  // generating: the last sampled token, decoded in the next step
-    bool generating = false;  // the prompt is decoded and the first token sampled
-    int32_t genSteps = 0;     // steps that decoded its generated tokens
+    size_t next = 0;             // the next plan item to decode
+    int32_t imageRows = 0;       // rows of plan.items[next] (an image chunked causally) in the KV already
+    llama_pos nPast = 0;         // positions in the KV cache (a partial image's rows included)
+    llama_token idLast = -1;     // generating: the last sampled token, decoded in the next step
+    bool generating = false;     // the prompt is decoded and the first token sampled
+    bool backendGreedy = false;  // its tokens are taken in llama.cpp's graph (useBackendGreedy)
+    int32_t genSteps = 0;        // steps that decoded its generated tokens
     bool done = false;
     int64_t tAdmit = 0;
     int64_t tFirst = 0;
@@ -112,6 +113,32 @@ BatchScheduler::~BatchScheduler() {
     closing_ = true;
     wake_.notify_all();
     idle_.wait(lock, [this]() { return !running_; });
+    // The loop has stopped: take the chains off the context before they are freed.
+    for (size_t s = 0; s < backendGreedy_.size(); s++) {
+        if (backendGreedy_[s]) llama_set_sampler(ctx_, llama_seq_id(s), nullptr);
+    }
+}
+
+// Whether a request on `seq` that `wants` it samples in llama.cpp's graph. Sets or takes off the sequence's greedy chain;
+// each change makes llama.cpp reserve its scheduler again, so a chain stays while its sequence's requests want it.
+bool BatchScheduler::useBackendGreedy(int32_t seq, bool wants) {
+    const auto s = size_t(seq);
+    if (backendGreedy_.size() <= s) backendGreedy_.resize(size_t(opts_.nSeq));
+    wants = wants && opts_.backendSampling && !backendRefused_;
+    if (wants && !backendGreedy_[s]) {
+        SamplerChainPtr chain(llama_sampler_chain_init(llama_sampler_chain_default_params()));
+        llama_sampler_chain_add(chain.get(), llama_sampler_init_greedy());
+        if (!llama_set_sampler(ctx_, seq, chain.get())) {
+            backendRefused_ = true;
+            return false;
+        }
+        backendGreedy_[s] = std::move(chain);
+    } else if (!wants && backendGreedy_[s]) {
+        // Off the context before it is freed; llama.cpp builds its next graph without it.
+        llama_set_sampler(ctx_, seq, nullptr);
+        backendGreedy_[s].reset();
+    }
+    return bool(backendGreedy_[s]);
 }
 
 void BatchScheduler::submit(std::unique_ptr<SeqJob> job) {
@@ -441,6 +468,9 @@ void BatchScheduler::start(std::unique_ptr<SeqJob> job) {
     j.result.promptTokens = a->plan.positions - opening;
     j.result.reusedTokens = reusePos;
     j.result.prefillTokens = a->plan.positions - opening - reusePos;
+    const bool greedy = j.opts.sampling.temperature <= 0.0f && !a->sampler.hasGrammar() && j.opts.topLogits == 0;
+    a->backendGreedy = useBackendGreedy(a->seq, greedy);
+    j.counts.backendSampled = a->backendGreedy;
     active_.push_back(std::move(a));
 }
 
@@ -1266,7 +1296,8 @@ void BatchScheduler::sampleNext(Active & a) {
 llama_token BatchScheduler::sampleAt(Active & a, int32_t row) {
     GenerateResult & res = a.job->result;
     const int64_t ts = monotonicNs();
-    const llama_token t = a.sampler.sample(ctx_, row);
+    const llama_token t = a.backendGreedy ? llama_get_sampled_token_ith(ctx_, row) : a.sampler.sample(ctx_, row);
+    if (t == LLAMA_TOKEN_NULL) throw std::runtime_error("no token sampled in the graph for batch index " + std::to_string(row));
     const int64_t te = monotonicNs();
     res.sampleMs += msBetween(ts, te);
     if (a.job->opts.recordSampleTimes) res.sampleUs.push_back(float(te - ts) / 1e3f);

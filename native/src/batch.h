@@ -58,6 +58,9 @@ struct BatchOptions {
     // A step's causal image rows and its token rows in one llama_decode, a mixed batch (Gemma 4 only; with kvUnified and
     // no stepRows). A decode passes over every weight, so such a step saves one pass (native/README.md#mixed-steps).
     bool mixSteps = false;
+    // Greedy requests without a grammar take their argmax in llama.cpp's graph (a backend sampler on their sequence).
+    // A step whose outputs are all such requests then copies no logits to the host.
+    bool backendSampling = true;
 };
 
 // KV cells a context with these options needs beyond its sequences' own: padding rows of one decode at most.
@@ -75,7 +78,8 @@ struct BatchCounts {
     // The time predicted at admission, or when it ended waiting, for its prefill and generation.
     // It is at the sharing it would join (native/README.md#deadlines); 0: nothing to predict from.
     double predictedMs = 0;
-    bool predictedMiss = false;  // dropped before its prefill: predictedMs would pass its deadline
+    bool predictedMiss = false;   // dropped before its prefill: predictedMs would pass its deadline
+    bool backendSampled = false;  // its tokens were taken in llama.cpp's graph (BatchOptions::backendSampling)
 };
 
 // One generate call on one sequence. The scheduler fills result/counts (or error) and hands the job
@@ -290,6 +294,11 @@ private:
     std::deque<double> admitGapMs_;  // time from one such admission to the next
     int64_t lastAdmitNs_ = 0;        // the last admission (0: none yet)
     bool lastAdmitQueued_ = false;   // whether requests still waited after it
+    // Backend sampling: each sequence's greedy chain set on ctx_ (null: none). A chain is set once, as llama.cpp
+    // initializes it on the backend then; taking it off makes llama.cpp build its graphs anew.
+    std::vector<SamplerChainPtr> backendGreedy_;
+    bool backendRefused_ = false;  // llama.cpp would not take a greedy chain: not asked again
+    bool useBackendGreedy(int32_t seq, bool wants);
     // Batches reused from step to step.
     std::unique_ptr<TokenBatch> tokens_;
     std::vector<float> embd_;

@@ -190,6 +190,7 @@ Napi::Object batchResultToJs(Napi::Env env, const SeqJob & j) {
     b.Set("graphReuses", j.counts.graphReuses);
     b.Set("predictedMs", j.counts.predictedMs);
     b.Set("predictedMiss", j.counts.predictedMiss);
+    b.Set("backendSampled", j.counts.backendSampled);
     o.Set("batch", b);
     return o;
 }
@@ -389,6 +390,7 @@ ContextOptions parseContextOptions(const Napi::Object & o) {
     c.tailJoin = uint32_t(requireInt(o, "tailJoin", 1, c.nSeq, w));
     c.weighTail = requireBool(o, "weighTail", w);
     c.joinRunning = requireBool(o, "joinRunning", w);
+    c.backendSampling = requireBool(o, "backendSampling", w);
     c.groupWaitMs = requireNumber(o, "groupWaitMs", 0, 1000, w);
     c.maxOutputs = uint32_t(requireInt(o, "maxOutputs", 1, c.nBatch, w));
     c.stepTokens = uint32_t(requireInt(o, "stepTokens", 1, std::max(1u, std::min(c.nUbatch, c.nBatch / c.maxActive)), w));
@@ -591,6 +593,7 @@ Context::Context(const Napi::CallbackInfo & info) : Napi::ObjectWrap<Context>(in
         bo.tailJoin = int64_t(opts_.tailJoin);
         bo.weighTail = opts_.weighTail;
         bo.joinRunning = opts_.joinRunning;
+        bo.backendSampling = opts_.backendSampling;
         bo.groupWaitNs = int64_t(opts_.groupWaitMs * 1e6);
         bo.nBatch = int32_t(opts_.nBatch);
         bo.nUbatch = int32_t(opts_.nUbatch);
@@ -677,6 +680,7 @@ Napi::Value Context::Info(const Napi::CallbackInfo & info) {
     o.Set("tailJoin", opts_.tailJoin);
     o.Set("weighTail", opts_.weighTail);
     o.Set("joinRunning", opts_.joinRunning);
+    o.Set("backendSampling", opts_.backendSampling);
     o.Set("groupWaitMs", opts_.groupWaitMs);
     o.Set("maxOutputs", opts_.maxOutputs);
     o.Set("stepTokens", opts_.stepTokens);

@@ -34,16 +34,17 @@ struct ContextOptions {
     uint32_t nBatch = 0;
     uint32_t nUbatch = 0;
     uint32_t nSeq = 0;
-    bool kvUnified = false;      // one KV buffer for every sequence (else a stream per sequence)
-    uint32_t maxActive = 0;      // sequences per batched step (nSeq > 1)
-    uint32_t prefillChunk = 0;   // prompt positions per batched step (nSeq > 1)
-    bool admitTogether = false;  // arrivals wait for the running group and are admitted as the next one (nSeq > 1)
-    bool admitTail = false;      // admitting together: the group's tail takes them in once they outnumber its members
-    uint32_t tailJoin = 1;       // admitting the tail: the fewest waiting requests that go in beside it
-    bool weighTail = false;      // admitting the tail: when predicted to pay (BatchOptions::weighTail), not by count
-    bool joinRunning = true;     // admitting together: one that would miss waiting joins the running group (BatchOptions)
-    double groupWaitMs = 0;      // admitting together: how long an idle decoder holds for frames on their way
-    uint32_t maxOutputs = 0;     // outputs per batch: 1 + the longest draft (sizes the compute buffer)
+    bool kvUnified = false;       // one KV buffer for every sequence (else a stream per sequence)
+    uint32_t maxActive = 0;       // sequences per batched step (nSeq > 1)
+    uint32_t prefillChunk = 0;    // prompt positions per batched step (nSeq > 1)
+    bool admitTogether = false;   // arrivals wait for the running group and are admitted as the next one (nSeq > 1)
+    bool admitTail = false;       // admitting together: the group's tail takes them in once they outnumber its members
+    uint32_t tailJoin = 1;        // admitting the tail: the fewest waiting requests that go in beside it
+    bool weighTail = false;       // admitting the tail: when predicted to pay (BatchOptions::weighTail), not by count
+    bool joinRunning = true;      // admitting together: one that would miss waiting joins the running group (BatchOptions)
+    bool backendSampling = true;  // greedy requests without a grammar take their argmax in llama.cpp's graph (BatchOptions)
+    double groupWaitMs = 0;       // admitting together: how long an idle decoder holds for frames on their way
+    uint32_t maxOutputs = 0;      // outputs per batch: 1 + the longest draft (sizes the compute buffer)
     // Tokens per sequence and generation step, padded (1: none). Same-shape steps let llama.cpp reuse
     // its graph and ggml-cuda replay it. On a fast GPU the padded rows cost what the replay saves,
     // so it is a knob for hosts that build graphs slower (native/README.md#measurements).

@@ -205,6 +205,38 @@ describe('batched decoding on gemma4-tiny', () => {
     });
   }
 
+  test('backend sampling: greedy rows without a grammar are taken in the graph, token for token as on the host; a grammar request samples on the host', async () => {
+    const prompt = (k: number): PromptSegment[] => [{ text: `Camera ${CAMERAS[k]}: the robot sees`, addSpecial: true }];
+    const greedy = (seq: number): GenerateOptions & { seq: number } => ({ maxTokens: 24, ignoreEos: true, seq });
+    const outputs = async (backendSampling: boolean): Promise<GenerateResult[]> => {
+      const ctx = await model.createContext({ nCtx: 512, nSeq: 3, threads: 1, kvUnified: true, backendSampling });
+      try {
+        assert.equal(ctx.info.backendSampling, backendSampling);
+        const first = await Promise.all([0, 1, 2].map((s) => ctx.generate(prompt(s), greedy(s))));
+        // Sequence 1 takes a grammar request, then a greedy one again: off the graph and back on.
+        ctx.clearCache(1);
+        const action = await ctx.generate([{ text: 'Camera left: act', addSpecial: true }], { ...actionOptions(), seq: 1 });
+        ctx.clearCache(1);
+        const again = await ctx.generate(prompt(1), greedy(1));
+        return [...first, action, again];
+      } finally {
+        await ctx.dispose();
+      }
+    };
+    const graph = await outputs(true);
+    const host = await outputs(false);
+    assert.deepEqual(
+      graph.map((r) => r.batch!.backendSampled),
+      [true, true, true, false, true],
+    );
+    assert.ok(host.every((r) => r.batch!.backendSampled === false));
+    for (const [i, r] of graph.entries()) {
+      assert.equal(r.tokens.length, host[i]!.tokens.length, `request ${i}`);
+      assert.deepEqual(r.tokens, host[i]!.tokens, `request ${i}: the same tokens in the graph as on the host`);
+    }
+    assert.deepEqual(graph[4]!.tokens, graph[1]!.tokens, 'back in the graph after the grammar request, the same output');
+  });
+
   test('a cancelled and a late sequence leave the others unchanged', async () => {
     const ctx = await model.createContext({ nCtx: 1024, nSeq: 4 });
     try {
@@ -932,6 +964,7 @@ describe('batched decoding on gemma4-tiny', () => {
       /joinRunning is for a context that admits together without a tail/,
     );
     await assert.rejects(model.createContext({ joinRunning: true }), /joinRunning is for a context of several sequences/);
+    await assert.rejects(model.createContext({ backendSampling: true }), /backendSampling is for a context of several sequences/);
   });
 
   test("restMs: a running request's rest, a waiting one's after it, none for a sequence without one", async () => {
