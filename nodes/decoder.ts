@@ -407,6 +407,8 @@ async function openDecoder(config: DecoderStageConfig, batching?: CameraBatching
                 ...(cameras.admit === 'adaptive' ? { weighTail: true } : {}),
                 ...((cameras.admit ?? 'together') === 'together' && cameras.joinRunning === false ? { joinRunning: false } : {}),
                 kvUnified: cameras.kvUnified,
+                // Cameras decode under the action grammar: none samples in the graph, and no chain changes their graphs.
+                backendSampling: false,
                 ...(cameras.stepRows ? { stepRows: cameras.stepRows } : {}),
                 ...(cameras.mixSteps ? { mixSteps: true } : {}),
               }

@@ -128,17 +128,33 @@ bool BatchScheduler::useBackendGreedy(int32_t seq, bool wants) {
     if (wants && !backendGreedy_[s]) {
         SamplerChainPtr chain(llama_sampler_chain_init(llama_sampler_chain_default_params()));
         llama_sampler_chain_add(chain.get(), llama_sampler_init_greedy());
-        if (!llama_set_sampler(ctx_, seq, chain.get())) {
+        // llama.cpp names a sampler it runs in the graph "+name"; a device without the op gets none.
+        const bool set = llama_set_sampler(ctx_, seq, chain.get());
+        const char * name = set ? llama_sampler_name(llama_sampler_chain_get(chain.get(), 0)) : nullptr;
+        if (!name || name[0] != '+') {
+            if (set) llama_set_sampler(ctx_, seq, nullptr);
             backendRefused_ = true;
+            samplersChanged_ = samplersChanged_ || set;
             return false;
         }
         backendGreedy_[s] = std::move(chain);
+        samplersChanged_ = true;
     } else if (!wants && backendGreedy_[s]) {
         // Off the context before it is freed; llama.cpp builds its next graph without it.
         llama_set_sampler(ctx_, seq, nullptr);
         backendGreedy_[s].reset();
+        samplersChanged_ = true;
     }
     return bool(backendGreedy_[s]);
+}
+
+// Every sequence's chain off the context, as raw decodes (timeCeiling) must not sample. Only while no request runs.
+void BatchScheduler::dropBackendSamplers() {
+    for (size_t s = 0; s < backendGreedy_.size(); s++) {
+        if (!backendGreedy_[s]) continue;
+        llama_set_sampler(ctx_, llama_seq_id(s), nullptr);
+        backendGreedy_[s].reset();
+    }
 }
 
 void BatchScheduler::submit(std::unique_ptr<SeqJob> job) {
@@ -859,9 +875,11 @@ void BatchScheduler::step() {
     // Only a step that decoded rows is timed.
     // One whose requests all ended in planning, such as a grammar its forced run completed, costs next to nothing.
     // Timing it would make steps look fast.
+    // Nor is one after a sampler chain was set or taken off: llama.cpp reserved its scheduler again in it.
     if (images || tokens.b.n_tokens > 0) {
         const int64_t t1 = monotonicNs();
-        keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, t1)}, kStepSamples);
+        if (!samplersChanged_) keepLast(stepMs_[n - 1], StepSample{++stepIndex_, msBetween(t0, t1)}, kStepSamples);
+        samplersChanged_ = false;
         lastDecodeNs_ = t1;
     }
     account_.steps++;

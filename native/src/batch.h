@@ -169,6 +169,8 @@ public:
         int64_t tailJoins = 0;  // weighing the tail: admissions beside a running group
         int64_t tailHolds = 0;  // weighing the tail: steps that held the waiting requests for the group's end
     };
+    // Takes every backend sampler chain off the context (native/README.md#backend-sampling). Only while no request runs.
+    void dropBackendSamplers();
     TimeAccount timeAccount() const;
     // Any thread. Frames on their way to `seq` (reserved before preprocess): +1 when one is reserved, -1 when it is
     // submitted or dropped. Admitting together, an idle decoder holds its waiting requests for them (groupWaitNs at most).
@@ -297,7 +299,8 @@ private:
     // Backend sampling: each sequence's greedy chain set on ctx_ (null: none). A chain is set once, as llama.cpp
     // initializes it on the backend then; taking it off makes llama.cpp build its graphs anew.
     std::vector<SamplerChainPtr> backendGreedy_;
-    bool backendRefused_ = false;  // llama.cpp would not take a greedy chain: not asked again
+    bool backendRefused_ = false;   // llama.cpp would not take a greedy chain: not asked again
+    bool samplersChanged_ = false;  // a chain was set or taken off since the last timed step
     bool useBackendGreedy(int32_t seq, bool wants);
     // Batches reused from step to step.
     std::unique_ptr<TokenBatch> tokens_;

@@ -289,6 +289,7 @@ public:
 protected:
     void Execute() override {
         try {
+            ctx_->dropBackendSamplers();
             times_ = timeCeiling(ctx_->raw(), nSeq_, promptTokens_, steps_, repeats_);
         } catch (const std::exception & e) {
             SetError(e.what());
@@ -944,6 +945,10 @@ Napi::Value Context::MeasureCeiling(const Napi::CallbackInfo & info) {
     Napi::Promise p = worker->promise();
     worker->Queue(*native_->thread);
     return p;
+}
+
+void Context::dropBackendSamplers() {
+    if (native_ && native_->batch) native_->batch->dropBackendSamplers();
 }
 
 void Context::forgetCaches() {

@@ -139,6 +139,8 @@ private:
     void freeNative();
     // After raw decodes (measureCeiling): no sequence's prompt cache holds what the KV cells had.
     void forgetCaches();
+    // The batch scheduler's backend sampler chains off the context (none without a scheduler). On the context's thread.
+    void dropBackendSamplers();
 
     std::unique_ptr<ContextNative> native_;  // null once disposed
     Model * model_ = nullptr;

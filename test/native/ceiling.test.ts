@@ -1,6 +1,7 @@
 // LlamaContext.measureCeiling: llama-batched-bench's timing of one shape through the binding. It gives one
 // positive, finite time per repeat; it is refused while a generation runs; and a context of one or several
-// sequences generates the same tokens after it as before (the prompt caches forget what its decodes overwrote).
+// sequences generates the same tokens after it as before (the prompt caches forget what its decodes overwrote, and
+// the backend sampler it takes off is set again).
 // Timing is never compared: the machine may be loaded.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -38,6 +39,8 @@ describe('measureCeiling on gemma4-tiny', () => {
         if (nSeq === 1) assert.equal(ctx.cachedPositions(), 0);
         const afterwards = await ctx.generate(PROMPT, { ...greedy, ...seq });
         assert.deepEqual(afterwards.tokens, before.tokens);
+        // Several sequences: greedy requests sample in the graph; the ceiling took the chain off and the next set it again.
+        if (nSeq > 1) assert.deepEqual([before.batch!.backendSampled, afterwards.batch!.backendSampled], [true, true]);
         assert.equal(afterwards.reusedTokens, 0, 'nothing of the old prompt is reused from overwritten KV cells');
       } finally {
         await ctx.dispose();
