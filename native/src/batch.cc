@@ -572,26 +572,22 @@ double BatchScheduler::predictMs(int32_t seqs, const Active * a, bool orMore, do
 }
 
 // Admitting together: the time the running group still needs, until its longest member ends (0: none runs, or no history).
-// The larger of the members' own predictions and groupStepsLeft() steps at today's sharing, with predictMs's margin.
+// Its members' prefill rest, then groupStepsLeft() steps at today's sharing, with predictMs's margin.
 // A member with a deadline leaves by it, so where every member has one, the rest ends by the latest.
 double BatchScheduler::groupRestMs() const {
+    const int32_t steps = groupStepsLeft();
+    const StepTime step = stepMs(int32_t(active_.size()), false, kTypical);
+    if (steps == 0 || step.ms == 0 || prefillMs_.empty()) return 0;
     const int64_t now = monotonicNs();
-    double own = 0;
     double prefill = 0;
     int64_t lastDeadline = 0;
     for (const auto & a : active_) {
         if (a->done) continue;
-        own = std::max(own, predictMs(int32_t(active_.size()), a.get(), false, kTypical));
-        if (!a->generating && !prefillMs_.empty()) prefill = std::max(prefill, quantile(prefillMs_, 0.5) - msBetween(a->tAdmit, now));
+        if (!a->generating) prefill = std::max(prefill, quantile(prefillMs_, 0.5) - msBetween(a->tAdmit, now));
         const int64_t dl = a->job->opts.deadlineNs;
         lastDeadline = (dl == 0 || lastDeadline == INT64_MAX) ? INT64_MAX : std::max(lastDeadline, dl);
     }
-    double rest = own;
-    const int32_t steps = groupStepsLeft();
-    const StepTime step = stepMs(int32_t(active_.size()), false, kTypical);
-    if (steps > 0 && step.ms > 0) {
-        rest = std::max(rest, prefill + double(steps) * step.ms + kSpread * step.sd * std::sqrt(double(steps)));
-    }
+    double rest = prefill + double(steps) * step.ms + kSpread * step.sd * std::sqrt(double(steps));
     if (lastDeadline > 0 && lastDeadline < INT64_MAX) rest = std::min(rest, std::max(0.0, msBetween(now, lastDeadline)));
     return rest;
 }
@@ -648,8 +644,11 @@ void BatchScheduler::publishPrediction() {
         memberRest.push_back(seqRest[size_t(a->seq)]);
     }
     std::sort(memberRest.begin(), memberRest.end());
-    // The longest member's rest is the group's (groupRestMs), as admission holds for it.
-    if (!memberRest.empty()) memberRest.back() = groupRestMs();
+    // The longest member's rest is the group's (groupRestMs), as admission holds for it; no member's is longer.
+    if (!memberRest.empty()) {
+        memberRest.back() = groupRestMs();
+        for (double & rest : memberRest) rest = std::min(rest, memberRest.back());
+    }
     // Weighing the tail: whether the waiting requests and one more would join it now.
     const bool wouldJoin = opts_.weighTail && n > 0 && n < opts_.maxActive && tailPays(monotonicNs(), joiners(true));
     if (!waiting_.empty()) {
