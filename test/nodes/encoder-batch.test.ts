@@ -252,8 +252,9 @@ test('announced frames: a frame dropped after preprocess (never submitted) does 
 
 test("what the shared encoder predicts for a frame: the running call's rest, then one call of every frame ahead of it", async () => {
   // Calls take 200 ms a frame (at least), except the one the test holds open. Predictions are in those units.
+  // The timer waits 201 ms: it may fire up to a millisecond early by the monotonic clock the encoder times with.
   let hold: Promise<void> | undefined;
-  const fake = fakeEncoder({ gate: () => hold ?? new Promise((r) => setTimeout(r, 200)) });
+  const fake = fakeEncoder({ gate: () => hold ?? new Promise((r) => setTimeout(r, 201)) });
   const stages = createCameraEncoderStages(fake.encoder, { cameras: 4, waitMs: 0 });
   assert.deepEqual(stages[3]!.predict!(0n, false), { waitMs: 0, ownMs: 0 }, 'no call timed yet: no prediction');
   await warm(stages[0]!, fake.calls);
