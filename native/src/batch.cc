@@ -114,9 +114,7 @@ BatchScheduler::~BatchScheduler() {
     wake_.notify_all();
     idle_.wait(lock, [this]() { return !running_; });
     // The loop has stopped: take the chains off the context before they are freed.
-    for (size_t s = 0; s < backendGreedy_.size(); s++) {
-        if (backendGreedy_[s]) llama_set_sampler(ctx_, llama_seq_id(s), nullptr);
-    }
+    dropBackendSamplers();
 }
 
 // Whether a request on `seq` that `wants` it samples in llama.cpp's graph. Sets or takes off the sequence's greedy chain;
@@ -258,6 +256,19 @@ void BatchScheduler::admit() {
         return;
     }
     const int64_t now = monotonicNs();
+    // Ends a waiting request before its prefill: cancelled, late, or a predicted miss (predictedMs > 0).
+    auto endWaiting = [&](auto it, const char * reason, double predictedMs) {
+        std::unique_ptr<SeqJob> job = std::move(*it);
+        it = waiting_.erase(it);
+        job->result.stopReason = reason;
+        job->counts.queueMs = msBetween(job->submittedNs, now);
+        if (predictedMs > 0) {
+            job->counts.predictedMs = predictedMs;
+            job->counts.predictedMiss = true;
+        }
+        done_(std::move(job));
+        return it;
+    };
     const int32_t sharing = std::max(int32_t(active_.size()), 1);
     // An idle decoder drops only what its fastest recent times could not finish in time.
     // Only running corrects a prediction, so one from a slow spell must not drop every request for good.
@@ -285,15 +296,7 @@ void BatchScheduler::admit() {
             ++it;
             continue;
         }
-        std::unique_ptr<SeqJob> job = std::move(*it);
-        it = waiting_.erase(it);
-        job->result.stopReason = cancelled ? "cancelled" : "deadline";
-        job->counts.queueMs = msBetween(job->submittedNs, now);
-        if (predicted) {
-            job->counts.predictedMs = hopelessMs;
-            job->counts.predictedMiss = true;
-        }
-        done_(std::move(job));
+        it = endWaiting(it, cancelled ? "cancelled" : "deadline", predicted ? hopelessMs : 0);
     }
     // The queue emptied without an admission: the next gap would measure idle time, not its pace.
     if (waiting_.empty()) lastAdmitQueued_ = false;
@@ -323,13 +326,7 @@ void BatchScheduler::admit() {
             ++it;
             continue;
         }
-        std::unique_ptr<SeqJob> job = std::move(*it);
-        it = waiting_.erase(it);
-        job->result.stopReason = "deadline";
-        job->counts.queueMs = msBetween(job->submittedNs, now);
-        job->counts.predictedMs = holdMs;
-        job->counts.predictedMiss = true;
-        done_(std::move(job));
+        it = endWaiting(it, "deadline", holdMs);
         if (waiting_.empty()) lastAdmitQueued_ = false;
     }
     auto held = [&](const SeqJob & j) {
